@@ -1,0 +1,404 @@
+"""Tests for forgetwatch.probes: loading, validation, presets, selection, saving."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from forgetwatch.probes import MAX_REPORTED_ERRORS, Probe, ProbeError, ProbeSet
+
+MC = {"id": "mc1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1, "category": "math"}
+GEN = {"id": "gen1", "question": "6 * 12 =", "answer": "72", "extract": "number"}
+
+
+def write_lines(tmp_path: Path, lines: list[str | bytes], name: str = "probes.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines) + b"\n")
+    return path
+
+
+def row(**fields) -> str:
+    return json.dumps(fields)
+
+
+def load_error(tmp_path: Path, lines: list[str | bytes]) -> tuple[str, ProbeError, Path]:
+    path = write_lines(tmp_path, lines)
+    with pytest.raises(ProbeError) as info:
+        ProbeSet.from_jsonl(path)
+    return str(info.value), info.value, path
+
+
+# -- validation of JSONL files -------------------------------------------------------------------
+
+# (bad row placed on line 2 after a good row, field named in the error, text the message must contain)
+BAD_ROWS = [
+    pytest.param(row(question="q", answer="a"), "id", "missing", id="missing-id"),
+    pytest.param(row(id=7, question="q", answer="a"), "id", 'quote it: "7"', id="id-not-str"),
+    pytest.param(row(id="x", answer="a"), "question", "missing", id="missing-question"),
+    pytest.param(row(id="x", question="  \t", answer="a"), "question", "empty", id="blank-question"),
+    pytest.param(row(id="x", question="q", choices="A or B", answer=0), "choices", "list", id="choices-not-list"),
+    pytest.param(row(id="x", question="q", choices=["only"], answer=0), "choices", "at least 2", id="one-choice"),
+    pytest.param(row(id="x", question="q", choices=["a", " "], answer=0), "choices", "index 1 is empty",
+                 id="blank-choice"),
+    pytest.param(row(id="x", question="q", choices=["a", "b", 3], answer=0), "choices", "index 2 must be a string",
+                 id="non-str-choice"),
+    pytest.param(row(id="x", question="q", choices=["a", "b"]), "answer", "missing", id="mc-answer-missing"),
+    pytest.param(row(id="x", question="q"), "answer", "missing", id="gen-answer-missing"),
+    pytest.param(row(id="x", question="q", choices=["a", "b", "c"], answer="b"), "answer", "(0 to 2)",
+                 id="mc-answer-str"),
+    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=True), "answer", "integer index",
+                 id="mc-answer-bool"),
+    pytest.param(row(id="x", question="q", choices=["a", "b", "c"], answer=3), "answer", "use 0 to 2",
+                 id="mc-answer-out-of-range"),
+    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", "out of range",
+                 id="mc-answer-negative"),
+    pytest.param(row(id="x", question="q", answer=72), "answer", 'write "72" not 72', id="gen-answer-not-str"),
+    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=0, extract="number"), "extract",
+                 "extract applies only to generative probes", id="extract-on-mc"),
+    pytest.param(row(id="x", question="q", answer="1", extract="numbr"), "extract", "unknown extract mode",
+                 id="unknown-extract"),
+    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+"), "extract", "does not compile",
+                 id="regex-bad"),
+    pytest.param(row(id="x", question="q", answer="1", extract="\\d+ apples"), "extract", "0 capture groups",
+                 id="regex-no-group"),
+    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+) (apples)"), "extract", "2 capture groups",
+                 id="regex-two-groups"),
+    pytest.param(row(id="x", question="q", answer="1", category=3), "category", "must be a string",
+                 id="category-not-str"),
+]
+
+
+@pytest.mark.parametrize("bad, fld, text", BAD_ROWS)
+def test_bad_row_error_names_file_line_and_field(tmp_path, bad, fld, text):
+    message, err, path = load_error(tmp_path, [json.dumps(MC), bad])
+    assert f"{path}: line 2: field '{fld}': " in message
+    assert text in message
+    assert [e[:3] for e in err.errors] == [(str(path), 2, fld)]
+
+
+def test_generative_answer_error_explains_and_spots_choices_typo(tmp_path):
+    message, _, _ = load_error(tmp_path, [row(id="x", question="q", choises=["a", "b"], answer=1)])
+    assert "has no 'choices', so it is generative" in message
+    assert "'choises'" in message and "did you mean 'choices'" in message
+
+
+def test_mc_answer_written_as_choice_text_suggests_index(tmp_path):
+    message, _, _ = load_error(tmp_path, [row(id="x", question="q", choices=["A", "B"], answer="B")])
+    assert "index 1" in message
+
+
+def test_invalid_json_line(tmp_path):
+    message, err, path = load_error(tmp_path, [json.dumps(MC), '{"id": "x", "question": }'])
+    assert message.startswith(f"{path}: line 2: invalid JSON")
+    assert err.errors[0][1:3] == (2, None)
+
+
+def test_non_object_line(tmp_path):
+    message, _, path = load_error(tmp_path, [json.dumps(MC), '["id", "question"]'])
+    assert f"{path}: line 2: expected a JSON object" in message and "got list" in message
+
+
+def test_non_utf8_line_reports_its_line_number(tmp_path):
+    latin1 = json.dumps({"id": "x", "question": "café", "answer": "1"}, ensure_ascii=False).encode("latin-1")
+    message, err, path = load_error(tmp_path, [json.dumps(MC), "", latin1, json.dumps(GEN)])
+    assert f"{path}: line 3: not valid UTF-8" in message
+    assert len(err.errors) == 1
+
+
+def test_duplicate_id_names_first_occurrence(tmp_path):
+    message, _, path = load_error(tmp_path, [json.dumps(MC), json.dumps(GEN), json.dumps({**GEN, "answer": "7"})])
+    assert f"{path}: line 3: field 'id': duplicate id 'gen1' (first used on line 2)" in message
+
+
+@pytest.mark.parametrize("lines", [[], ["", "   ", "\t"]], ids=["empty", "blank-only"])
+def test_file_without_probes_is_an_error(tmp_path, lines):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n".join(lines))
+    with pytest.raises(ProbeError, match="no probes found") as info:
+        ProbeSet.from_jsonl(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    path = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match="probe file not found") as info:
+        ProbeSet.from_jsonl(path)
+    assert not isinstance(info.value, ProbeError)
+    assert str(path) in str(info.value)
+
+
+def test_all_bad_rows_reported_together(tmp_path):
+    lines = [
+        json.dumps(MC),
+        row(id="a", question="q", answer=1),                  # line 2
+        "not json",                                           # line 3
+        json.dumps(GEN),
+        row(id="b", question="", choices=["x"], answer="x"),  # line 5: question, choices, answer
+        row(id="b", question="q", choices=["x", ""], answer=2),  # line 6: id (dup of a bad row), choices, answer
+    ]
+    message, err, _ = load_error(tmp_path, lines)
+    assert [(e[1], e[2]) for e in err.errors] == [(2, "answer"), (3, None), (5, "question"), (5, "choices"),
+                                                  (5, "answer"), (6, "id"), (6, "choices"), (6, "answer")]
+    assert "first used on line 5" in message
+
+
+def test_error_report_is_capped(tmp_path):
+    lines = [row(id=f"q{i}", question="q", answer=i) for i in range(MAX_REPORTED_ERRORS + 5)]
+    message, err, path = load_error(tmp_path, lines)
+    assert len(err.errors) == MAX_REPORTED_ERRORS + 1
+    assert [e[1] for e in err.errors[:-1]] == list(range(1, MAX_REPORTED_ERRORS + 1))
+    assert err.errors[-1][1:3] == (None, None) and "5 more problem(s) not shown" in err.errors[-1][3]
+    assert message.splitlines()[-1].startswith(f"{path}: ")
+
+
+def test_valid_file_loads_with_blank_lines_bom_and_meta(tmp_path):
+    path = write_lines(tmp_path, [b"\xef\xbb\xbf" + json.dumps(MC).encode(), "", "  ", json.dumps(
+        {**GEN, "source": "hand", "note": {"difficulty": 2}}), "\r"])
+    probes = ProbeSet.from_jsonl(path)
+    assert probes.ids == ["mc1", "gen1"] and probes.source == str(path)
+    mc, gen = probes
+    assert mc == Probe(id="mc1", question="2 + 2 =", answer=1, choices=("3", "4"), category="math")
+    assert (gen.answer, gen.extract, gen.category, gen.choices) == ("72", "number", "all", None)
+    assert gen.meta == {"source": "hand", "note": {"difficulty": 2}}
+    assert probes.categories == ["all", "math"]
+
+
+def test_regex_extract_with_one_group_is_accepted(tmp_path):
+    probes = ProbeSet.from_records([{**GEN, "extract": r"answer is (?:about )?(\d+)"}])
+    assert probes[0].extract == r"answer is (?:about )?(\d+)"
+
+
+# -- from_records ----------------------------------------------------------------------------------
+
+
+def test_from_records_errors_name_record_numbers():
+    with pytest.raises(ProbeError) as info:
+        ProbeSet.from_records([MC, {**GEN, "answer": 4}, "not a dict", MC], source="mine")
+    message = str(info.value)
+    assert "mine: record 2: field 'answer': " in message
+    assert "mine: record 3: expected a mapping" in message
+    assert "mine: record 4: field 'id': duplicate id 'mc1' (first used on record 1)" in message
+    assert "line" not in message
+
+
+# -- from_hf presets --------------------------------------------------------------------------------
+
+MMLU_ROW = {"question": "  Find the degree of Q(sqrt(2)) over Q.\n", "subject": "abstract_algebra",
+            "choices": ["0", "4", "2", "6"], "answer": 2}
+
+
+def test_mmlu_preset():
+    probes = ProbeSet.from_hf([MMLU_ROW, {**MMLU_ROW, "choices": ["yes", "no"], "answer": 0}], "mmlu")
+    p = probes[0]
+    assert p.question == (
+        "The following are multiple choice questions (with answers) about abstract algebra.\n\n"
+        "Find the degree of Q(sqrt(2)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:"
+    )
+    assert (p.choices, p.answer, p.category, p.id) == (("A", "B", "C", "D"), 2, "abstract_algebra",
+                                                       "mmlu/abstract_algebra/0")
+    assert probes[1].choices == ("A", "B") and probes[1].question.endswith("\nA. yes\nB. no\nAnswer:")
+    assert probes[1].id == "mmlu/abstract_algebra/1"
+
+
+def test_arc_preset_with_letter_and_digit_keys():
+    rows = [
+        {"id": "Mercury_1", "question": "Which is a gas?", "answerKey": "C",
+         "choices": {"text": ["rock", "water", "steam", "ice"], "label": ["A", "B", "C", "D"]}},
+        {"id": "NYSEDREGENTS_2", "question": "Pick one.", "answerKey": "1",
+         "choices": {"text": ["first", "second"], "label": ["1", "2"]}},
+    ]
+    probes = ProbeSet.from_hf(rows, "arc")
+    assert probes[0] == Probe(id="Mercury_1", question="Question: Which is a gas?\nAnswer:",
+                              choices=("rock", "water", "steam", "ice"), answer=2, category="arc")
+    assert (probes[1].id, probes[1].answer) == ("NYSEDREGENTS_2", 0)
+    assert ProbeSet.from_hf(rows, "arc", category="arc_easy").categories == ["arc_easy"]
+
+
+def test_arc_answer_key_not_in_labels():
+    bad = {"id": "a", "question": "q", "answerKey": "E", "choices": {"text": ["x", "y"], "label": ["A", "B"]}}
+    with pytest.raises(ProbeError, match=r"dataset row 0: field 'answerKey': 'E' is not one of"):
+        ProbeSet.from_hf([bad], "arc")
+
+
+HELLASWAG_ROW = {
+    "ind": 24, "activity_label": "Roof shingle removal",
+    "ctx_a": "A man is sitting on a roof.", "ctx_b": "he", "ctx": "unused",
+    "endings": ["is using wrap to wrap a pair of skis.", "starts [header] pulling up roofing.",
+                "is ripping level tiles off [title] Remove the rest.", "  is holding a rubik's cube. "],
+    "label": "3",
+}
+
+
+def test_hellaswag_preset_preprocesses_like_lm_eval():
+    row_title = {**HELLASWAG_ROW, "ctx_b": "then [title] he climbs", "ind": None}
+    probes = ProbeSet.from_hf([HELLASWAG_ROW, row_title], "hellaswag")
+    p = probes[0]
+    assert p.question == "Roof shingle removal: A man is sitting on a roof. He"
+    assert p.choices == ("is using wrap to wrap a pair of skis.", "starts pulling up roofing.",
+                         "is ripping level tiles off. Remove the rest.", "is holding a rubik's cube.")
+    assert (p.answer, p.category, p.id) == (3, "hellaswag", "hellaswag/24")
+    # capitalize() lowercases the rest, then " [title]" becomes ". " and the double space collapses
+    assert probes[1].question == "Roof shingle removal: A man is sitting on a roof. Then. he climbs"
+    assert probes[1].id == "hellaswag/1"  # no ind: falls back to the row index
+
+
+def test_hellaswag_unlabelled_row_is_an_error():
+    with pytest.raises(ProbeError, match=r"dataset row 0: field 'label': '' is not an integer"):
+        ProbeSet.from_hf([{**HELLASWAG_ROW, "label": ""}], "hellaswag")
+
+
+def test_gsm8k_preset():
+    rows = [{"question": "Janet has 1,000 ducks...", "answer": "She sells 1,234 - 0 = 1,234.\n#### 1,234"},
+            {"question": "Two?", "answer": "a #### b\n#### -5 "}]
+    probes = ProbeSet.from_hf(rows, "gsm8k")
+    p = probes[0]
+    assert p == Probe(id="gsm8k/0", question="Question: Janet has 1,000 ducks...\nAnswer:", answer="1234",
+                      extract="number", category="gsm8k")
+    assert not p.is_multiple_choice
+    assert (probes[1].id, probes[1].answer) == ("gsm8k/1", "-5")
+
+
+def test_preset_missing_column_names_it_and_lists_row_columns():
+    rows = [MMLU_ROW, {"question": "q", "choices": ["a", "b"], "answer": 0}, {**MMLU_ROW, "answer": 9}]
+    with pytest.raises(ProbeError) as info:
+        ProbeSet.from_hf(rows, "mmlu", source="cais/mmlu")
+    lines = str(info.value).splitlines()
+    assert lines[0] == ("cais/mmlu: dataset row 1: field 'subject': missing column 'subject' needed by "
+                        "preset 'mmlu'; this row has columns: question, choices, answer")
+    assert lines[1].startswith("cais/mmlu: dataset row 2: field 'answer': index 9 is out of range")
+    assert len(lines) == 2
+
+
+def test_from_hf_with_a_real_dataset_and_limit():
+    datasets = pytest.importorskip("datasets")
+    rows = [{**MMLU_ROW, "subject": s} for s in ("anatomy", "virology", "anatomy")]
+    ds = datasets.Dataset.from_list(rows)
+    probes = ProbeSet.from_hf(ds, "mmlu", limit=2)
+    assert probes.ids == ["mmlu/anatomy/0", "mmlu/virology/1"]
+    assert probes[:].ids == ProbeSet.from_hf(rows[:2], "mmlu").ids
+    assert [p.answer for p in probes] == [2, 2] and all(type(p.answer) is int for p in probes)
+
+
+def test_from_hf_schema_rows_from_a_dataset_with_padded_columns():
+    datasets = pytest.importorskip("datasets")
+    # from_list takes its columns from the first row and pads the others' missing keys with None
+    rows = [{"id": "gen2", "question": "q", "answer": "x", "category": "c", "src": "web"},
+            {"id": "gen3", "question": "r", "answer": "y"}]
+    ds = datasets.Dataset.from_list(rows)
+    probes = ProbeSet.from_hf(ds)
+    assert list(probes) == list(ProbeSet.from_records(rows))
+    assert [p.meta for p in probes] == [{"src": "web"}, {}]
+    assert [p.category for p in probes] == ["c", "all"]
+    assert ProbeSet.from_hf([MC, GEN], category="mine").categories == ["mine"]
+
+
+def test_explicit_column_mapping_with_callable():
+    rows = [{"uid": "u1", "prompt": "Pick.", "options": ["x", "y", "z"], "gold": "z", "topic": "t1"},
+            {"uid": "u2", "prompt": "Pick again.", "options": ["x", "y"], "gold": "x", "topic": "t2"}]
+    columns = {"id": "uid", "question": "prompt", "choices": "options", "category": "topic",
+               "answer": lambda r: r["options"].index(r["gold"])}
+    probes = ProbeSet.from_hf(rows, columns=columns)
+    assert probes[0] == Probe(id="u1", question="Pick.", choices=("x", "y", "z"), answer=2, category="t1")
+    assert probes.ids == ["u1", "u2"] and probes[1].answer == 0
+
+    no_id = ProbeSet.from_hf(rows, columns={"question": "prompt", "answer": "gold"})
+    assert no_id.ids == ["0", "1"] and no_id[0].answer == "z"
+
+
+def test_column_mapping_problems_are_row_errors():
+    rows = [{"prompt": "p", "gold": "a"}, {"text": "p", "gold": "b"}, {"prompt": "p"}]
+    with pytest.raises(ProbeError) as info:
+        ProbeSet.from_hf(rows, columns={"question": "prompt", "answer": lambda r: r["gold"]})
+    message = str(info.value)
+    assert ("dataset row 1: field 'prompt': missing column 'prompt' needed by columns['question']; "
+            "this row has columns: text, gold") in message
+    assert "dataset row 2: field 'answer': column function raised KeyError" in message
+
+
+def test_from_hf_argument_errors():
+    with pytest.raises(ValueError, match="either preset= or columns=, not both"):
+        ProbeSet.from_hf([MMLU_ROW], "mmlu", columns={"question": "question"})
+    with pytest.raises(ValueError, match="unknown preset 'mmul'"):
+        ProbeSet.from_hf([MMLU_ROW], "mmul")
+    with pytest.raises(ValueError, match="unknown probe field"):
+        ProbeSet.from_hf([MMLU_ROW], columns={"prompt": "question"})
+    with pytest.raises(TypeError, match="pick a split"):
+        ProbeSet.from_hf({"test": [MMLU_ROW]}, "mmlu")
+
+
+# -- subset and sample -------------------------------------------------------------------------------
+
+
+def make_set(counts: dict[str, int]) -> ProbeSet:
+    records = [{"id": f"{cat}{i}", "question": "q", "answer": "a", "category": cat}
+               for cat, n in counts.items() for i in range(n)]
+    # interleave categories so "original order" is not the same as "grouped by category"
+    records.sort(key=lambda r: (int(r["id"].lstrip("abcdefghijklmnopqrstuvwxyz")), r["category"]))
+    return ProbeSet.from_records(records, source="made")
+
+
+def test_subset_by_ids_and_predicate_keeps_order():
+    probes = make_set({"a": 3, "b": 3})
+    assert probes.subset(["b2", "a0", "a2"]).ids == ["a0", "a2", "b2"]
+    assert probes.subset(lambda p: p.category == "b").ids == ["b0", "b1", "b2"]
+    assert probes.subset("a1").ids == ["a1"]
+    with pytest.raises(KeyError, match="'zz'"):
+        probes.subset(["a0", "zz"])
+
+
+def test_sample_is_deterministic_ordered_and_seed_dependent():
+    probes = make_set({"a": 30, "b": 30})
+    first = probes.sample(10, seed=3)
+    assert first.ids == probes.sample(10, seed=3).ids
+    order = {pid: i for i, pid in enumerate(probes.ids)}
+    assert [order[i] for i in first.ids] == sorted(order[i] for i in first.ids)
+    assert len({tuple(probes.sample(10, seed=s).ids) for s in range(5)}) > 1
+    assert len(probes.sample(7, stratify=False)) == 7
+
+
+@pytest.mark.parametrize("counts, n, expected", [
+    ({"a": 60, "b": 30, "c": 10}, 10, {"a": 6, "b": 3, "c": 1}),
+    ({"a": 50, "b": 30, "c": 20}, 7, {"a": 4, "b": 2, "c": 1}),  # quotas 3.5, 2.1, 1.4
+    ({"a": 97, "b": 2, "c": 1}, 3, {"a": 1, "b": 1, "c": 1}),    # every category gets one
+])
+def test_sample_stratified_allocation(counts, n, expected):
+    sample = make_set(counts).sample(n, seed=0)
+    assert Counter(p.category for p in sample) == expected
+
+
+def test_sample_bounds():
+    probes = make_set({"a": 3})
+    assert probes.sample(3).ids == probes.ids
+    with pytest.raises(ValueError, match="cannot sample 4"):
+        probes.sample(4)
+
+
+# -- saving and fingerprints --------------------------------------------------------------------------
+
+
+def test_jsonl_round_trip_keeps_probes_meta_and_fingerprint(tmp_path):
+    records = [MC, {**GEN, "question": "Ünïcode \u2028 question?", "tags": ["x"], "n": 1}]
+    probes = ProbeSet.from_records(records)
+    path = probes.to_jsonl(tmp_path / "sub" / "out.jsonl")
+    assert "Ünïcode" in path.read_text(encoding="utf-8")  # ensure_ascii=False
+    again = ProbeSet.from_jsonl(path)
+    assert list(again) == list(probes)
+    assert [p.meta for p in again] == [{}, {"tags": ["x"], "n": 1}]
+    assert again.to_records() == probes.to_records()
+    assert ProbeSet.from_records(probes.to_records()).to_records() == probes.to_records()
+    assert again.fingerprint() == probes.fingerprint()
+
+
+def test_fingerprint_tracks_content_and_scoring_not_meta(tmp_path):
+    path = write_lines(tmp_path, [json.dumps(MC), json.dumps(GEN)])
+    fp = ProbeSet.from_jsonl(path).fingerprint()
+    assert fp == ProbeSet.from_jsonl(path).fingerprint()
+    assert fp == ProbeSet.from_records([{**MC, "note": "ignored"}, GEN]).fingerprint()
+    assert fp != ProbeSet.from_records([{**MC, "answer": 0}, GEN]).fingerprint()
+    assert fp != ProbeSet.from_records([MC, {**GEN, "extract": "exact"}]).fingerprint()
+    assert fp != ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 256})
+    scored = ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 256})
+    assert scored != ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 512})
