@@ -1,0 +1,220 @@
+"""TransitionReport: the per-sample transition counts and rates, as a table, a dict or a CSV."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .files import atomic_write
+
+if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
+    from .answers import Answers
+
+#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
+ROW_COLUMNS = (
+    "category", "n", "acc_before", "acc_after", "0->0", "0->1", "1->0", "1->1",
+    "forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted",
+    "forgetting_max", "backward_transfer_max", "mcnemar_p",
+)
+
+#: Columns of :func:`write_samples_csv`.
+SAMPLE_COLUMNS = (
+    "id", "category", "correct_before", "correct_after", "transition",
+    "predicted_before", "predicted_after", "gold_logprob_before", "gold_logprob_after",
+)
+
+_NAN = math.nan
+
+
+@dataclass(frozen=True)
+class TransitionReport:
+    """How answers changed between a base model (before) and the current model (after).
+
+    Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0.
+    Rates are shares of ``n`` (NaN when ``n == 0``); see :mod:`forgetwatch.metrics` for the
+    definitions. Build one with :func:`forgetwatch.metrics.compare`.
+
+    Example:
+        >>> r = TransitionReport(n=2, forgotten=1, kept=1)
+        >>> r.forgotten, r.by_category
+        (1, {})
+    """
+
+    n: int = 0
+    forgotten: int = 0
+    gained: int = 0
+    kept: int = 0
+    never: int = 0
+    accuracy_before: float = _NAN
+    accuracy_after: float = _NAN
+    forgetting: float = _NAN
+    backward_transfer: float = _NAN
+    forgetting_adjusted: float = _NAN
+    backward_transfer_adjusted: float = _NAN
+    forgetting_max: float = _NAN
+    backward_transfer_max: float = _NAN
+    forgetting_relative: float = _NAN
+    backward_transfer_relative: float = _NAN
+    forgetting_ci: tuple[float, float] = (_NAN, _NAN)
+    backward_transfer_ci: tuple[float, float] = (_NAN, _NAN)
+    mcnemar_p: float = 1.0
+    logprob_drop: float = _NAN
+    choice_kl: float = _NAN
+    forgotten_ids: list[str] = field(default_factory=list)
+    gained_ids: list[str] = field(default_factory=list)
+    by_category: dict[str, TransitionReport] = field(default_factory=dict)
+
+    # -- plain data ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested.
+
+        Example:
+            >>> TransitionReport().to_dict()["forgetting"] is None
+            True
+        """
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "by_category":
+                out[name] = {cat: child.to_dict() for cat, child in value.items()}
+            elif isinstance(value, (tuple, list)):
+                out[name] = [_json_value(v) for v in value]
+            else:
+                out[name] = _json_value(value)
+        return out
+
+    def _row(self, category: str) -> dict[str, Any]:
+        return {
+            "category": category, "n": self.n,
+            "acc_before": self.accuracy_before, "acc_after": self.accuracy_after,
+            "0->0": self.never, "0->1": self.gained, "1->0": self.forgotten, "1->1": self.kept,
+            "forgetting": self.forgetting, "backward_transfer": self.backward_transfer,
+            "forgetting_adjusted": self.forgetting_adjusted,
+            "backward_transfer_adjusted": self.backward_transfer_adjusted,
+            "forgetting_max": self.forgetting_max,
+            "backward_transfer_max": self.backward_transfer_max,
+            "mcnemar_p": self.mcnemar_p,
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per row: ``"overall"`` first, then each category (keys :data:`ROW_COLUMNS`).
+
+        Example:
+            >>> [r["category"] for r in TransitionReport().rows()]
+            ['overall']
+        """
+        return [self._row("overall")] + [
+            child._row(cat) for cat, child in self.by_category.items()
+        ]
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell).
+
+        Example:
+            >>> report.to_csv("transitions.csv")  # doctest: +SKIP
+        """
+        path = Path(path)
+        with atomic_write(path) as f:
+            writer = csv.DictWriter(f, fieldnames=ROW_COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            for row in self.rows():
+                writer.writerow({k: _csv_value(v) for k, v in row.items()})
+        return path
+
+    # -- terminal --------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text table, one row for ``overall`` then one per category.
+
+        Example:
+            >>> print(TransitionReport().summary().splitlines()[0].split()[:3])
+            ['category', 'n', 'acc_before']
+        """
+        header = ["category", "n", "acc_before", "acc_after", "F", "BT", "F_adj", "BT_adj",
+                  "forgotten", "gained", "McNemar p"]
+        table = [header] + [
+            [
+                str(r["category"]), str(r["n"]),
+                _fmt(r["acc_before"]), _fmt(r["acc_after"]),
+                _fmt(r["forgetting"]), _fmt(r["backward_transfer"]),
+                _fmt(r["forgetting_adjusted"]), _fmt(r["backward_transfer_adjusted"]),
+                str(r["1->0"]), str(r["0->1"]), _fmt_p(r["mcnemar_p"]),
+            ]
+            for r in self.rows()
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        lines = []
+        for j, row in enumerate(table):
+            # category left-aligned, numbers right-aligned so digits line up
+            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+            lines.append("  ".join(cells).rstrip())
+            if j == 0:
+                lines.append("-" * len(lines[0]))
+        # the drift measures warn before answers flip, so show them when there are any
+        if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
+            lines.append(
+                f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, "
+                f"choice KL {_fmt(self.choice_kl)}"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def write_samples_csv(
+    base: Answers, current: Answers, path: str | os.PathLike[str]
+) -> Path:
+    """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
+
+    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; missing
+    predictions and NaN log-probabilities are empty cells.
+
+    Example:
+        >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
+    """
+    base.check_compatible(current)
+    path = Path(path)
+    with atomic_write(path) as f:
+        writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for i, sample_id in enumerate(base.ids):
+            before, after = int(base.correct[i]), int(current.correct[i])
+            writer.writerow({
+                "id": sample_id,
+                "category": base.categories[i],
+                "correct_before": before,
+                "correct_after": after,
+                "transition": f"{before}->{after}",
+                "predicted_before": _csv_value(base.predicted[i]),
+                "predicted_after": _csv_value(current.predicted[i]),
+                "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
+                "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
+            })
+    return path
+
+
+def _json_value(v: Any) -> Any:
+    # JSON has no NaN or infinity (an infinite choice KL is possible); both become null
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return v
+
+
+def _fmt(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.4f}"
+
+
+def _fmt_p(p: float) -> str:
+    return "-" if math.isnan(p) else f"{p:.3g}"
