@@ -1,0 +1,56 @@
+"""Length-sorted batches under a row count or a token budget, kept apart from model code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+BatchSize = int | str  # an int, or "auto"
+
+
+def check_batch_size(batch_size: BatchSize) -> None:
+    if batch_size == "auto":
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int or 'auto', got {batch_size!r}")
+
+
+def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
+    """Split items, longest first, into batches of at most ``max_rows`` rows and
+    ``max_tokens`` padded tokens (rows x the batch's widest row).
+
+    Example:
+        >>> group([3, 9, 5], max_rows=2, max_tokens=None)
+        [[1, 2], [0]]
+    """
+    order = sorted(range(len(widths)), key=lambda i: -widths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # longest first, so the first row's width is the batch's padded width
+        full = current and (
+            (max_rows is not None and len(current) >= max_rows)
+            or (max_tokens is not None and (len(current) + 1) * widths[current[0]] > max_tokens)
+        )
+        if full:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int) -> int:
+    """A first guess of tokens per forward; halved on out-of-memory."""
+    if device.type != "cuda":
+        return 8192
+    free, _ = torch.cuda.mem_get_info(device)
+    # activations of one layer plus fp32 logits, per token, with room for the rest
+    per_token = 4 * (16 * hidden_size + vocab_size)
+    return int(max(256, min(free * 0.25 // per_token, 1 << 17)))
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()

@@ -1,0 +1,162 @@
+"""Multiple-choice log-likelihoods: each context through the model once.
+
+A *packed* row holds one probe: its context, then every choice's tokens but the last, each
+choice at the positions it would have right after the context. A block mask lets a choice
+token see the context and its own earlier tokens only, so every log-probability is the one a
+separate (context + choice) sequence would give. The first token of every choice is read
+from the context's last position, so single-token choices cost one context pass in all.
+
+A *plain* row is lm-eval's layout, one per (context, choice), left-truncated to the model's
+length. It serves probes too long to pack, and models whose attention takes no custom mask.
+
+Rows are left-padded so that only the last ``keep`` positions of a batch need logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .encoding import EncodedChoices
+
+PAD_SEG = -2  # padding
+CONTEXT_SEG = -1  # shared context (and everything in a plain row)
+
+
+@dataclass
+class Row:
+    tokens: np.ndarray  # input ids
+    segments: np.ndarray  # PAD_SEG / CONTEXT_SEG / choice index
+    positions: np.ndarray  # position ids
+    scored: np.ndarray  # row positions whose next-token log-prob is read
+    targets: np.ndarray  # the token read at each scored position
+    keys: np.ndarray  # flat (probe, choice) index each read adds to
+    packed: bool
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def keep(self) -> int:
+        """How many trailing positions hold every scored position."""
+        return len(self.tokens) - int(self.scored.min())
+
+
+def packed_row(enc: EncodedChoices, first_key: int) -> Row:
+    ctx = np.asarray(enc.context, dtype=np.int64)
+    c = len(ctx)
+    tokens, segments, positions = [ctx], [np.full(c, CONTEXT_SEG)], [np.arange(c)]
+    scored, targets, keys = [], [], []
+    start = c
+    for j, cont in enumerate(enc.continuations):
+        cont = np.asarray(cont, dtype=np.int64)
+        n = len(cont) - 1  # the last token is only ever a target
+        tokens.append(cont[:-1])
+        segments.append(np.full(n, j))
+        positions.append(np.arange(c, c + n))
+        scored.append(np.concatenate([[c - 1], np.arange(start, start + n)]))
+        targets.append(cont)
+        keys.append(np.full(len(cont), first_key + j))
+        start += n
+    cat = np.concatenate
+    return Row(cat(tokens), cat(segments), cat(positions), cat(scored), cat(targets), cat(keys), True)
+
+
+def plain_rows(enc: EncodedChoices, first_key: int, max_length: int) -> list[Row]:
+    rows = []
+    for j, cont in enumerate(enc.continuations):
+        if len(cont) > max_length:
+            raise ValueError(f"a choice of {len(cont)} tokens exceeds the model's length {max_length}")
+        full = np.asarray(enc.context + cont, dtype=np.int64)
+        inp = full[-(max_length + 1):][:-1]
+        n = len(inp)
+        rows.append(Row(
+            tokens=inp, segments=np.full(n, CONTEXT_SEG), positions=np.arange(n),
+            scored=np.arange(n - len(cont), n), targets=np.asarray(cont, dtype=np.int64),
+            keys=np.full(len(cont), first_key + j), packed=False,
+        ))
+    return rows
+
+
+def needs_truncation(enc: EncodedChoices, max_length: int) -> bool:
+    return any(len(enc.context) + len(c) > max_length + 1 for c in enc.continuations)
+
+
+@dataclass
+class Batch:
+    """Left-padded rows on the CPU, ready to move to the model's device."""
+
+    input_ids: torch.Tensor
+    segments: torch.Tensor
+    position_ids: torch.Tensor
+    keep: int
+    row_index: torch.Tensor  # per read: batch row
+    keep_index: torch.Tensor  # per read: index into the kept positions
+    targets: torch.Tensor
+    keys: np.ndarray
+    packed: bool
+    rows: list[Row]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def collate(rows: list[Row], pad_id: int) -> Batch:
+    width = max(len(r) for r in rows)
+    keep = max(r.keep for r in rows)
+    b = len(rows)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    seg = np.full((b, width), PAD_SEG, dtype=np.int64)
+    pos = np.zeros((b, width), dtype=np.int64)
+    row_index, keep_index = [], []
+    for i, r in enumerate(rows):
+        off = width - len(r)
+        ids[i, off:], seg[i, off:], pos[i, off:] = r.tokens, r.segments, r.positions
+        row_index.append(np.full(len(r.scored), i))
+        keep_index.append(off + r.scored - (width - keep))
+    return Batch(
+        input_ids=torch.from_numpy(ids), segments=torch.from_numpy(seg),
+        position_ids=torch.from_numpy(pos), keep=keep,
+        row_index=torch.from_numpy(np.concatenate(row_index)),
+        keep_index=torch.from_numpy(np.concatenate(keep_index)),
+        targets=torch.from_numpy(np.concatenate([r.targets for r in rows])),
+        keys=np.concatenate([r.keys for r in rows]),
+        packed=rows[0].packed, rows=rows,
+    )
+
+
+def block_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask: causal, no padding, and a choice sees only the context and itself."""
+    _, width = segments.shape
+    q, k = segments[:, :, None], segments[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
+    allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
+    # a padding query sees itself, so no row of the softmax is empty
+    allowed |= torch.eye(width, dtype=torch.bool, device=segments.device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def forward_logprobs(model, batch: Batch, device: torch.device, dtype: torch.dtype,
+                     keep_arg: str | None) -> np.ndarray:
+    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order."""
+    ids = batch.input_ids.to(device, non_blocking=True)
+    seg = batch.segments.to(device, non_blocking=True)
+    kwargs = {
+        "input_ids": ids,
+        "position_ids": batch.position_ids.to(device, non_blocking=True),
+        "use_cache": False,
+    }
+    if batch.packed:
+        kwargs["attention_mask"] = block_mask(seg, dtype)
+    else:
+        kwargs["attention_mask"] = (seg != PAD_SEG).long()
+    if keep_arg is not None:
+        kwargs[keep_arg] = batch.keep
+    logits = model(**kwargs).logits[:, -batch.keep:].float()
+    r, k = batch.row_index.to(device), batch.keep_index.to(device)
+    picked = logits[r, k, batch.targets.to(device)] - torch.logsumexp(logits, dim=-1)[r, k]
+    return picked.double().cpu().numpy()

@@ -1,0 +1,134 @@
+"""Token ids for a probe set, computed once per (tokenizer, probe set, prompt format).
+
+Multiple choice follows lm-eval-harness's ``acc`` exactly: the continuation is
+``delimiter + choice`` (delimiter ``" "``, or ``""`` with a chat template); trailing whitespace
+of the context moves onto the continuation; the pair is encoded whole and split at the length
+of the encoded context; the tokenizer adds its special tokens (BOS) unless the text already
+starts with the prefix token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..probes import ProbeSet
+
+TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
+DEFAULT_MAX_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class EncodedChoices:
+    """A multiple-choice probe: context ids once, then each choice's continuation ids."""
+
+    context: tuple[int, ...]
+    continuations: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A generative probe: the prompt ids (not yet truncated)."""
+
+    prompt: tuple[int, ...]
+
+
+Encoded = EncodedChoices | EncodedPrompt
+
+
+def prompt_text(tokenizer, question: str, chat_template: bool) -> str:
+    """The text the model conditions on: the question, or the question as a chat user turn."""
+    if not chat_template:
+        return question
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "chat_template=True but this tokenizer has no chat template; "
+            "use a chat/instruct model's tokenizer or pass chat_template=False"
+        )
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def prefix_token_id(tokenizer) -> int:
+    """The token lm-eval treats as the sequence prefix: BOS, else EOS."""
+    if tokenizer.bos_token_id is not None:
+        return tokenizer.bos_token_id
+    return tokenizer.eos_token_id
+
+
+def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Encode like lm-eval's ``tok_encode``: the tokenizer's special tokens, unless the text
+    already starts with the prefix token's text."""
+    prefix_id = prefix_token_id(tokenizer)
+    prefix = tokenizer.decode(prefix_id) if prefix_id is not None else None
+    out: list[list[int] | None] = [None] * len(texts)
+    groups: dict[bool, list[int]] = {True: [], False: []}
+    for i, t in enumerate(texts):
+        groups[bool(prefix) and t.startswith(prefix)].append(i)
+    for has_prefix, idx in groups.items():
+        if not idx:
+            continue
+        kwargs = {"add_special_tokens": False} if has_prefix else {}
+        ids = tokenizer([texts[i] for i in idx], **kwargs)["input_ids"]
+        for i, seq in zip(idx, ids):
+            out[i] = list(seq)
+    return out  # type: ignore[return-value]
+
+
+def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
+    """Move the context's trailing whitespace onto the continuation (as lm-eval does)."""
+    stripped = context.rstrip()
+    return stripped, context[len(stripped):] + continuation
+
+
+def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> list[Encoded]:
+    """Token ids for every probe, in probe order, with batched tokenizer calls."""
+    delimiter = "" if chat_template else " "
+    contexts: list[str] = []
+    wholes: list[str] = []
+    prompts: list[str] = []
+    for p in probes:
+        text = prompt_text(tokenizer, p.question, chat_template)
+        if p.choices is None:
+            prompts.append(text)
+            continue
+        for choice in p.choices:
+            context, continuation = split_trailing_space(text, delimiter + choice)
+            wholes.append(context + continuation)
+        contexts.append(context)
+    context_ids = iter(encode_many(tokenizer, contexts))
+    whole_ids = iter(encode_many(tokenizer, wholes))
+    prompt_ids = iter(encode_many(tokenizer, prompts))
+
+    out: list[Encoded] = []
+    for p in probes:
+        if p.choices is None:
+            out.append(EncodedPrompt(tuple(next(prompt_ids))))
+            continue
+        ctx = next(context_ids)
+        if not ctx:
+            raise ValueError(f"probe {p.id!r}: the question encodes to no tokens")
+        conts = []
+        for choice in p.choices:
+            cont = tuple(next(whole_ids)[len(ctx):])
+            if not cont:
+                raise ValueError(
+                    f"probe {p.id!r}: choice {choice!r} adds no tokens after the question "
+                    "(the tokenizer merged it into the question's last token)"
+                )
+            conts.append(cont)
+        out.append(EncodedChoices(tuple(ctx), tuple(conts)))
+    return out
+
+
+def model_max_length(config, tokenizer) -> int:
+    """The context length lm-eval would use for this model and tokenizer."""
+    cfg = getattr(config, "text_config", None) or config
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(cfg, attr, None)
+        if value is not None:
+            return int(value)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and limit != TOKENIZER_INFINITY:
+        return int(limit)
+    return DEFAULT_MAX_LENGTH

@@ -1,0 +1,88 @@
+"""Answer extraction for generative probes: from generated text to a comparable answer.
+
+Each extractor returns the extracted answer as text, or ``None`` when nothing could be
+extracted (which scores as wrong).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+Extractor = Callable[[str], "str | None"]
+
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_LETTER_AFTER_ANSWER = re.compile(r"answer\s*(?:is|:)?\s*\(?([A-Za-z])\b\)?", re.IGNORECASE)
+_LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:\s]|$)")
+_LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
+
+
+def normalize_number(text: str) -> str | None:
+    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if ``text`` is not a number."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    if value == value.to_integral_value():
+        return str(value.to_integral_value())
+    return format(value.normalize(), "f")
+
+
+def extract_number(text: str) -> str | None:
+    """The last number in the text, normalised (GSM8K convention: the final number)."""
+    found = _NUMBER.findall(text)
+    return normalize_number(found[-1]) if found else None
+
+
+def extract_letter(text: str) -> str | None:
+    """A choice letter: after "answer is"/"answer:", else at the very start, else as "(X)"."""
+    for pattern in (_LETTER_AFTER_ANSWER, _LETTER_AT_START, _LETTER_IN_PARENS):
+        m = pattern.search(text)
+        if m:
+            return m.group(1).upper()
+    return None
+
+
+def extract_exact(text: str) -> str | None:
+    return text.strip()
+
+
+def regex_extractor(pattern: str) -> Extractor:
+    compiled = re.compile(pattern)
+
+    def extract(text: str) -> str | None:
+        m = compiled.search(text)
+        return None if m is None or m.group(1) is None else m.group(1).strip()
+
+    return extract
+
+
+BUILTIN: dict[str, Extractor] = {
+    "number": extract_number,
+    "letter": extract_letter,
+    "exact": extract_exact,
+}
+
+
+def extractor_for(mode: str | None) -> Extractor:
+    """The extractor for a probe's ``extract`` field (``None`` means exact match)."""
+    if mode is None:
+        return extract_exact
+    return BUILTIN.get(mode) or regex_extractor(mode)
+
+
+def reference_for(mode: str | None, answer: str) -> str:
+    """The reference answer in the form the extractor produces."""
+    if mode == "number":
+        return normalize_number(answer) or answer.strip()
+    if mode == "letter":
+        return answer.strip().strip("()").upper()
+    return answer.strip()
+
+
+def is_correct(extracted: str | None, reference: str) -> bool:
+    return extracted is not None and extracted == reference

@@ -1,0 +1,52 @@
+"""Greedy decoding for generative probes: left-padded batches, stop strings, EOS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .borrow import unwrap
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the model's generation config (some models have several) and the tokenizer."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(unwrap(model), "generation_config", None), "eos_token_id", None)
+    for x in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [tokenizer.eos_token_id]:
+        if x is not None and x not in ids:
+            ids.append(int(x))
+    return ids
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """The text before the first occurrence of any stop string."""
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut]
+
+
+def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device: torch.device,
+                   pad_id: int, max_new_tokens: int, stop: Sequence[str]) -> list[str]:
+    """Greedy continuations of one batch of prompts, each cut at the first stop string."""
+    from transformers import GenerationConfig
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    config = GenerationConfig(
+        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+        eos_token_id=stop_token_ids(model, tokenizer), stop_strings=list(stop) or None,
+    )
+    out = unwrap(model).generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+        tokenizer=tokenizer,
+    )
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return [cut_at_stop(t, stop) for t in texts]

@@ -1,0 +1,178 @@
+"""A tiny offline world: made-up facts, a BPE tokenizer trained in-process, a small Llama.
+
+Used by the tests, the benchmarks and ``forgetwatch demo``: nothing is downloaded. The model
+learns a set of facts well enough to answer some probes right and some wrong, so that further
+training on something else has something to forget.
+
+Example:
+    >>> world = ToyWorld(seed=0)
+    >>> tokenizer = world.tokenizer()
+    >>> model = world.model(tokenizer)
+    >>> _ = world.train(model, tokenizer, world.fact_texts(), steps=10)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "st"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
+COLORS = ["red", "blue", "green", "white", "black", "gold"]
+CATEGORIES = ("capitals", "colors", "rivers")
+
+
+def _name(rng: random.Random, syllables: int) -> str:
+    word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables))
+    return word.capitalize()
+
+
+@dataclass(frozen=True)
+class Country:
+    name: str
+    capital: str
+    color: str
+    rivers: int
+
+
+class ToyWorld:
+    """Made-up countries with a capital, a flag colour and a number of rivers.
+
+    ``known`` countries appear in the training text; the rest only in probes, so the model
+    answers those at chance.
+    """
+
+    def __init__(self, n_countries: int = 48, known_share: float = 0.75, seed: int = 0):
+        rng = random.Random(seed)
+        names: set[str] = set()
+        countries = []
+        while len(countries) < n_countries:
+            name, capital = _name(rng, 3), _name(rng, 2 + rng.randrange(2))
+            if name in names or capital in names:
+                continue
+            names.update((name, capital))
+            countries.append(Country(name, capital, rng.choice(COLORS), rng.randrange(2, 10)))
+        self.seed = seed
+        self.countries = countries
+        self.known = countries[: round(n_countries * known_share)]
+
+    # -- text ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def fact_lines(c: Country) -> list[str]:
+        return [
+            f"The capital of {c.name} is {c.capital}.",
+            f"The flag of {c.name} is {c.color}.",
+            f"{c.name} has {c.rivers} rivers.",
+        ]
+
+    def fact_texts(self) -> list[str]:
+        """Training text: every fact of every known country."""
+        return [line for c in self.known for line in self.fact_lines(c)]
+
+    def distraction_texts(self, n: int = 400, seed: int = 1) -> list[str]:
+        """Unrelated text (arithmetic) for a 'post-training' that makes the model forget."""
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            a, b = rng.randrange(100), rng.randrange(100)
+            out.append(f"Compute {a} plus {b}. The sum is {a + b}.")
+        return out
+
+    def probe_records(self, generative: bool = True) -> list[dict[str, Any]]:
+        """Probe rows in forgetwatch's JSONL schema for every country.
+
+        Capitals: 4 multi-token choices; colours: 6 single-token choices; rivers: generative
+        with numeric extraction (when ``generative``).
+        """
+        rng = random.Random(self.seed + 7)
+        capitals = [c.capital for c in self.countries]
+        rows: list[dict[str, Any]] = []
+        for c in self.countries:
+            others = rng.sample([x for x in capitals if x != c.capital], 3)
+            choices = others + [c.capital]
+            rng.shuffle(choices)
+            rows.append({
+                "id": f"capital/{c.name}", "category": "capitals",
+                "question": f"The capital of {c.name} is",
+                "choices": choices, "answer": choices.index(c.capital),
+            })
+            rows.append({
+                "id": f"color/{c.name}", "category": "colors",
+                "question": f"The flag of {c.name} is",
+                "choices": list(COLORS), "answer": COLORS.index(c.color),
+            })
+            if generative:
+                rows.append({
+                    "id": f"rivers/{c.name}", "category": "rivers",
+                    "question": f"{c.name} has", "answer": str(c.rivers), "extract": "number",
+                })
+        return rows
+
+    # -- tokenizer and model ------------------------------------------------------------------
+
+    def tokenizer(self, vocab_size: int = 700, add_bos: bool = True):
+        """A byte-level BPE tokenizer trained on this world's text (about a second)."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        corpus = [line for c in self.countries for line in self.fact_lines(c)]
+        tok.train_from_iterator(corpus + self.distraction_texts(), trainer=trainer)
+        if add_bos:
+            bos = tok.token_to_id("<s>")
+            tok.post_processor = processors.TemplateProcessing(
+                single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+            )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+            model_max_length=256,
+        )
+
+    def model(self, tokenizer, hidden: int = 64, layers: int = 2, seed: int | None = None,
+              arch: str = "llama"):
+        """A freshly initialised tiny causal LM (``arch``: "llama" or "gpt2")."""
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(self.seed if seed is None else seed)
+        common = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        if arch == "gpt2":
+            cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
+            return GPT2LMHeadModel(cfg)
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          **common)
+        return LlamaForCausalLM(cfg)
+
+    @staticmethod
+    def train(model, tokenizer, texts: Sequence[str], steps: int, lr: float = 3e-3,
+              batch_size: int = 16, seed: int = 0) -> list[float]:
+        """A plain causal-LM training loop on ``texts`` (with EOS); returns the losses."""
+        rng = random.Random(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        model.train()
+        losses = []
+        for _ in range(steps):
+            batch = [t + tokenizer.eos_token for t in rng.sample(list(texts), min(batch_size, len(texts)))]
+            enc = tokenizer(batch, return_tensors="pt", padding=True)
+            labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+            loss = model(**enc, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        model.eval()
+        return losses

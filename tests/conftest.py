@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny real model that knows some made-up facts, built offline once."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import torch  # noqa: E402
+
+from forgetwatch import ProbeSet  # noqa: E402
+from forgetwatch.toy import ToyWorld  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@dataclass
+class Toy:
+    world: ToyWorld
+    tokenizer: object
+    base: torch.nn.Module  # trained on the facts
+    tuned: torch.nn.Module  # the base, trained further on unrelated text: it forgets some
+    probes: ProbeSet  # multiple choice and generative
+    base_dir: str  # base model + tokenizer saved with save_pretrained
+    tuned_dir: str
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory) -> Toy:
+    world = ToyWorld(seed=0)
+    tokenizer = world.tokenizer()
+    base = world.model(tokenizer)
+    world.train(base, tokenizer, world.fact_texts(), steps=200)
+    tuned = copy.deepcopy(base)
+    world.train(tuned, tokenizer, world.distraction_texts(), steps=40)
+    root = tmp_path_factory.mktemp("toy")
+    dirs = []
+    for name, model in (("base", base), ("tuned", tuned)):
+        path = root / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs.append(str(path))
+    probes = ProbeSet.from_records(world.probe_records(), source="toy")
+    return Toy(world, tokenizer, base, tuned, probes, *dirs)

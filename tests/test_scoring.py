@@ -1,0 +1,261 @@
+"""Scorer behaviour: packing, batching, generation, borrowing the model."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from forgetwatch import ProbeSet, Scorer, evaluate
+from forgetwatch.scoring import encoding
+from forgetwatch.scoring.encoding import EncodedChoices
+from forgetwatch.scoring.extract import extract_number
+from forgetwatch.scoring.generation import cut_at_stop
+
+
+def mc_only(toy) -> ProbeSet:
+    return toy.probes.subset(lambda p: p.is_multiple_choice)
+
+
+class TokenCounter:
+    """Counts forward calls and the non-padding tokens they carry."""
+
+    def __init__(self, model, pad_id):
+        self.calls, self.tokens, self.pad_id = 0, 0, pad_id
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        self.calls += 1
+        self.tokens += int((kwargs["input_ids"] != self.pad_id).sum())  # <pad> is in no probe
+
+
+def unique_tokens(scorer: Scorer) -> int:
+    """Each context once, and each choice's tokens but the last (which is only ever a target)."""
+    return sum(len(e.context) + sum(len(c) - 1 for c in e.continuations)
+               for e in scorer.encoded if isinstance(e, EncodedChoices))
+
+
+def test_each_context_goes_through_the_model_once(toy):
+    probes = mc_only(toy)
+    scorer = Scorer(toy.tokenizer, probes)
+    scorer(toy.base, batch_size=16, show_progress=False)  # first call also checks packing once
+    assert scorer._packing[toy.base] is True
+    counter = TokenCounter(toy.base, toy.tokenizer.pad_token_id)
+    try:
+        scorer(toy.base, batch_size=16, show_progress=False)
+    finally:
+        counter.handle.remove()
+    assert counter.calls == -(-len(probes) // 16)  # one forward per batch of 16 probes
+    assert counter.tokens == unique_tokens(scorer)
+
+
+def test_single_token_choices_cost_one_context_pass(toy):
+    colors = toy.probes.subset(lambda p: p.category == "colors")
+    scorer = Scorer(toy.tokenizer, colors)
+    assert all(len(c) == 1 for e in scorer.encoded for c in e.continuations)
+    scorer(toy.base, batch_size=64, show_progress=False)
+    counter = TokenCounter(toy.base, toy.tokenizer.pad_token_id)
+    try:
+        scorer(toy.base, batch_size=64, show_progress=False)
+    finally:
+        counter.handle.remove()
+    assert counter.calls == 1
+    assert counter.tokens == sum(len(e.context) for e in scorer.encoded)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_equals_plain(toy, attn):
+    model = copy.deepcopy(toy.base)
+    model.set_attn_implementation(attn)
+    probes = mc_only(toy)
+    packed = Scorer(toy.tokenizer, probes)
+    a = packed(model, batch_size=8, show_progress=False)
+    assert packed._packing[model] is True
+    plain = Scorer(toy.tokenizer, probes)
+    plain._packing[model] = False  # force lm-eval's one-sequence-per-choice layout
+    b = plain(model, batch_size=8, show_progress=False)
+    assert all(not batch.packed for batch in next(iter(plain._plans.values())))
+    for x, y in zip(a.choice_logprobs, b.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
+    assert a.correct.tolist() == b.correct.tolist()
+
+
+class IgnoresCustomMasks(torch.nn.Module):
+    """A model whose attention silently ignores 4D masks, as some architectures do."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, **kwargs):
+        if kwargs["attention_mask"].dim() == 4:
+            kwargs["attention_mask"] = None
+        return self.module(**kwargs)
+
+
+def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
+    probes = mc_only(toy)
+    reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, show_progress=False)
+    wrapped = IgnoresCustomMasks(toy.base)
+    scorer = Scorer(toy.tokenizer, probes)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        got = scorer(wrapped, batch_size=8, show_progress=False)
+    assert scorer._packing[wrapped] is False
+    assert "disagrees" in caplog.text
+    assert got.correct.tolist() == reference.correct.tolist()
+    for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """Raises CUDA's out-of-memory error for batches of more than ``limit`` rows."""
+
+    def __init__(self, model, limit):
+        super().__init__()
+        self.module, self.limit, self.sizes = model, limit, []
+
+    def forward(self, **kwargs):
+        rows = kwargs["input_ids"].shape[0]
+        self.sizes.append(rows)
+        if rows > self.limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return self.module(**kwargs)
+
+
+def test_out_of_memory_halves_the_batch(toy, caplog):
+    probes = mc_only(toy)
+    reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, show_progress=False)
+    wrapped = OutOfMemoryAbove(toy.base, limit=3)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        got = Scorer(toy.tokenizer, probes)(wrapped, batch_size=16, show_progress=False)
+    assert "out of memory" in caplog.text
+    assert max(s for s in wrapped.sizes if s <= 3) == 2  # 16 -> 8 -> 4 -> 2
+    np.testing.assert_allclose(np.concatenate(got.choice_logprobs),
+                               np.concatenate(reference.choice_logprobs), atol=1e-5)
+
+
+def test_batch_size_does_not_change_answers(toy):
+    probes = toy.probes
+    runs = [evaluate(toy.base, toy.tokenizer, probes, batch_size=bs, show_progress=False)
+            for bs in (1, 5, "auto")]
+    for other in runs[1:]:
+        assert other.correct.tolist() == runs[0].correct.tolist()
+        assert other.predicted == runs[0].predicted
+        for x, y in zip(other.choice_logprobs, runs[0].choice_logprobs):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_generative_matches_a_per_sample_greedy_loop(toy):
+    probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
+    got = evaluate(toy.base, toy.tokenizer, probes, batch_size=7, max_new_tokens=12, show_progress=False)
+    expected_correct = []
+    for i, probe in enumerate(probes):
+        ids = toy.tokenizer(probe.question, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = toy.base.generate(ids, max_new_tokens=12, do_sample=False,
+                                    pad_token_id=toy.tokenizer.pad_token_id)
+        text = toy.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+        assert got.outputs[i] == text, probe.id
+        assert got.predicted[i] == extract_number(text)
+        expected_correct.append(extract_number(text) == probe.answer)
+    assert got.correct.tolist() == expected_correct
+    assert 0 < sum(expected_correct) < len(probes)  # some right, some wrong
+
+
+def test_failed_extraction_is_wrong_and_recorded(toy):
+    c = toy.world.countries[0]
+    probes = ProbeSet.from_records([
+        {"id": "never", "question": f"{c.name} has", "answer": str(c.rivers), "extract": r"zzz(\d+)"},
+        {"id": "callable", "question": f"{c.name} has", "answer": "x"},
+    ])
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    assert got.predicted[0] is None and not got.correct[0] and got.outputs[0]
+    seen = []
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False,
+                   extract=lambda text: seen.append(text) or "x")
+    assert got.correct.tolist() == [False, True]  # the override applies to every generative probe
+    assert got.predicted == ["x", "x"] and len(seen) == 2
+    assert "extract" in got.scoring
+
+
+def test_stop_strings_cut_generation():
+    assert cut_at_stop("4 rivers.\nThe", ["\n"]) == "4 rivers."
+    assert cut_at_stop("a STOP b\n", ["\n", "STOP"]) == "a "
+    assert cut_at_stop("nothing", []) == "nothing"
+
+
+def test_model_and_tokenizer_are_handed_back_as_found(toy):
+    model = copy.deepcopy(toy.base)
+    model.train()
+    model.model.layers[0].eval()  # a frozen part in eval mode while the rest trains
+    model.config.use_cache = False
+    tokenizer = toy.tokenizer
+    tokenizer.padding_side = "right"
+    flags = [m.training for m in model.modules()]
+    params = [p.detach().clone() for p in model.parameters()]
+
+    def draws():
+        return random.random(), np.random.rand(), torch.rand(3).tolist()
+
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    expected = draws()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    evaluate(model, tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    assert draws() == expected
+    assert [m.training for m in model.modules()] == flags
+    assert model.config.use_cache is False
+    assert tokenizer.padding_side == "right"
+    assert all(torch.equal(p, q) for p, q in zip(params, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    tokenizer.padding_side = "left"
+    evaluate(model, tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    assert tokenizer.padding_side == "left"
+
+
+def test_tokenization_is_cached_across_calls(toy, monkeypatch):
+    calls = []
+    real = encoding.encode_probes
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    import forgetwatch.scoring as scoring
+    monkeypatch.setattr(scoring, "encode_probes", counting)
+    probes = mc_only(toy).sample(10, seed=3)
+    for _ in range(3):
+        evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
+    assert len(calls) == 1
+    evaluate(toy.base, toy.tokenizer, probes, normalize="chars", show_progress=False)
+    assert len(calls) == 2  # other options: another scorer
+
+
+def test_long_probes_warn_about_truncation(toy, caplog):
+    c = toy.world.countries[0]
+    long = " ".join(toy.world.fact_texts()[:80]) + f" The flag of {c.name} is"
+    probes = ProbeSet.from_records([{"id": "long", "question": long, "choices": ["red", "blue"], "answer": 0}])
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
+    assert "truncated from the left" in caplog.text
+
+
+def test_bad_options_fail_before_model_work(toy):
+    with pytest.raises(ValueError, match="normalize"):
+        evaluate(toy.base, toy.tokenizer, toy.probes, normalize="tokens")
+    with pytest.raises(ValueError, match="batch_size"):
+        evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=0)
+    with pytest.raises(ValueError, match="no chat template"):
+        evaluate(toy.base, toy.tokenizer, toy.probes, chat_template=True)
+
+
+def test_half_precision_scores_with_fp32_log_softmax(toy):
+    probes = mc_only(toy)
+    full = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
+    half = evaluate(copy.deepcopy(toy.base).to(torch.bfloat16), toy.tokenizer, probes, show_progress=False)
+    assert all(x.dtype == np.float64 for x in half.choice_logprobs)
+    agreement = np.mean(full.correct == half.correct)
+    assert agreement >= 0.9, agreement
