@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +94,8 @@ class Answers:
             ids=[s["id"] for s in samples],
             correct=np.array([bool(s["correct"]) for s in samples], dtype=bool),
             predicted=[s.get("predicted") for s in samples],
-            choice_logprobs=[np.asarray(s.get("choice_logprobs", ()), float) for s in samples],
+            choice_logprobs=[np.array([_float(x) for x in s.get("choice_logprobs", ())], dtype=float)
+                             for s in samples],
             gold_logprob=np.array([_float(s.get("gold_logprob")) for s in samples]),
             n_choices=np.array([int(s.get("n_choices", 0)) for s in samples], dtype=np.int64),
             categories=[s.get("category", "all") for s in samples],
@@ -119,7 +122,7 @@ class Answers:
                 "category": self.categories[i],
                 "correct": bool(self.correct[i]),
                 "predicted": self.predicted[i],
-                "choice_logprobs": self.choice_logprobs[i].tolist(),
+                "choice_logprobs": [_json_float(x) for x in self.choice_logprobs[i]],
                 "gold_logprob": _json_float(self.gold_logprob[i]),
                 "n_choices": int(self.n_choices[i]),
                 "output": self.outputs[i],
@@ -203,7 +206,9 @@ class Answers:
                     doc["probe_fingerprint"], doc.get("scoring", {}), doc["samples"],
                     model=doc.get("model", ""), meta=doc.get("meta", {}),
                 )
-        except (KeyError, ValueError, TypeError, OSError) as e:
+        # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
+        except (KeyError, ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
+                NotImplementedError) as e:
             if isinstance(e, AnswersMismatchError):
                 raise
             raise ValueError(f"{path}: not a readable forgetwatch answers file ({e})") from e
@@ -261,6 +266,8 @@ class Answers:
 
 
 def _check_header(doc: dict[str, Any]) -> None:
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
     if doc.get("format") != FORMAT:
         raise ValueError(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
     if doc.get("version") != VERSION:
@@ -276,5 +283,12 @@ def _float(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def _json_float(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
+def _json_float(x: float) -> float | str | None:
+    """Strict JSON has no NaN or infinity: NaN -> null, infinities -> "inf" / "-inf".
+
+    A log-probability can be -inf (a model that masks part of its vocabulary with -inf);
+    ``float()`` and numpy read the strings back.
+    """
+    if math.isnan(x):
+        return None
+    return float(x) if math.isfinite(x) else ("inf" if x > 0 else "-inf")

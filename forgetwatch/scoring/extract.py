@@ -13,8 +13,9 @@ from decimal import Decimal, InvalidOperation
 Extractor = Callable[[str], "str | None"]
 
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_LETTER_AFTER_ANSWER = re.compile(r"answer\s*(?:is|:)?\s*\(?([A-Za-z])\b\)?", re.IGNORECASE)
-_LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:\s]|$)")
+_LETTER_AFTER_ANSWER = re.compile(r"\banswer\b\s*(?:is\s*:?|:)?\s*\(?([A-Za-z])\b\)?", re.IGNORECASE)
+# A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
+_LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
 
 
@@ -28,7 +29,7 @@ def normalize_number(text: str) -> str | None:
     if not value.is_finite():
         return None
     if value == value.to_integral_value():
-        return str(value.to_integral_value())
+        return format(value.to_integral_value(), "f")  # "1e3" -> "1000", not "1E+3"
     return format(value.normalize(), "f")
 
 

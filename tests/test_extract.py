@@ -1,0 +1,117 @@
+"""Answer extraction for generative probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from forgetwatch import probes
+from forgetwatch.scoring import extract
+from forgetwatch.scoring.extract import (
+    extract_exact,
+    extract_letter,
+    extract_number,
+    extractor_for,
+    is_correct,
+    normalize_number,
+    reference_for,
+)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("3 apples and 4 pears make 7", "7"),  # the last number wins
+    ("She paid $1,234 in total", "1234"),
+    ("The change is -5 degrees", "-5"),
+    ("It costs 3.50", "3.5"),
+    ("It weighs 72.0 kg", "72"),
+    ("So the answer is 5.", "5"),
+    ("Work: 600 + 634 = 1234\n#### 1,234", "1234"),
+    ("-$20 overall", "-20"),
+    ("about .5 of it", "0.5"),
+    ("no number here", None),
+    ("", None),
+])
+def test_extract_number(text, expected):
+    assert extract_number(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("$1,234.50", "1234.5"),
+    (" 42 ", "42"),
+    ("7.", "7"),
+    ("-0.250", "-0.25"),
+    ("1,000.00", "1000"),
+    ("abc", None),
+    ("", None),
+    ("NaN", None),
+    ("Infinity", None),
+])
+def test_normalize_number(text, expected):
+    assert normalize_number(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is (B).", "B"),
+    ("answer: c", "C"),
+    ("The answer is: D", "D"),
+    ("B. because it is larger", "B"),
+    ("(C) since water boils", "C"),
+    ("A\nbecause it is first", "A"),
+    ("I think (D)", "D"),  # the pronoun "I" is not a choice letter
+    ("A dog would say (C)", "C"),  # nor is the article "A"
+    ("Both answers (A) and (B) fit", "A"),  # "answers" is not "answer s"
+    ("no letter here", None),
+])
+def test_extract_letter(text, expected):
+    assert extract_letter(text) == expected
+
+
+def test_extract_exact_strips():
+    assert extract_exact("  Paris\n") == "Paris"
+
+
+def test_regex_extractor():
+    extractor = extractor_for(r"Answer: (\w+)")
+    assert extractor("Thinking...\nAnswer: Paris ") == "Paris"
+    assert extractor("I don't know") is None
+
+
+def test_extractor_for_builtin_modes():
+    assert extractor_for(None) is extract_exact
+    assert extractor_for("number") is extract_number
+    assert extractor_for("letter") is extract_letter
+    assert extractor_for("exact") is extract_exact
+
+
+def test_builtin_modes_match_probe_validator():
+    assert set(extract.BUILTIN) == set(probes.EXTRACT_MODES)
+
+
+@pytest.mark.parametrize("mode, answer, expected", [
+    ("number", "1,234", "1234"),
+    ("number", "$3.50", "3.5"),
+    ("number", " not a number ", "not a number"),
+    ("letter", "(b)", "B"),
+    ("letter", " c ", "C"),
+    ("exact", "  Paris ", "Paris"),
+    (None, " Paris\n", "Paris"),
+    (r"Answer: (\w+)", " Paris ", "Paris"),
+])
+def test_reference_for(mode, answer, expected):
+    assert reference_for(mode, answer) == expected
+
+
+def test_extracted_matches_reference_end_to_end():
+    assert is_correct(extract_number("so 1000 + 234 = $1,234.00"), reference_for("number", "1234"))
+    assert is_correct(extract_letter("The answer is (b)"), reference_for("letter", "B"))
+
+
+def test_is_correct():
+    assert is_correct("42", "42")
+    assert not is_correct("41", "42")
+    assert not is_correct(None, "42")
+    assert not is_correct(None, "")  # a failed extraction never matches, even an empty reference
+
+
+def test_exponent_numbers_normalize_without_exponent():
+    assert normalize_number("1e3") == "1000"
+    assert normalize_number("2.50E1") == "25"
