@@ -1,0 +1,204 @@
+"""``forgetwatch`` command line: the offline workflow on saved checkpoints.
+
+    forgetwatch evaluate --model PATH --probes FILE --out FILE
+    forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
+
+``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
+``.npz``), so the base model is scored once and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from .answers import Answers, AnswersMismatchError
+from .files import atomic_write
+from .probes import ProbeError, ProbeSet
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_ANSWER_SUFFIXES = (".json", ".npz")
+
+
+class UsageError(Exception):
+    """A problem with the command's input: printed without a traceback, exit code 2."""
+
+
+def _batch_size(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return n
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    scoring = argparse.ArgumentParser(add_help=False)
+    scoring.add_argument("--probes", required=True, metavar="FILE", help="probe set (JSONL)")
+    scoring.add_argument("--batch-size", type=_batch_size, default="auto", metavar="N",
+                         help="sequences per forward, or 'auto' (default)")
+    scoring.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    scoring.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                         help="weights' dtype (default: as saved)")
+    scoring.add_argument("--chat-template", action="store_true",
+                         help="wrap each question as a chat user turn (instruct models)")
+    scoring.add_argument("--normalize", choices=["chars"], default=None,
+                         help="acc_norm: divide choice log-probs by their length in characters")
+    scoring.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                         help="generation length for generative probes (default 64)")
+    scoring.add_argument("--tokenizer", default=None, metavar="PATH",
+                         help="tokenizer to use (default: the one saved with each model)")
+    scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
+    ev.add_argument("--model", required=True, metavar="PATH", help="model directory or hub id")
+    ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
+
+    cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
+    cmp.add_argument("--base", required=True, metavar="PATH",
+                     help="base model directory, hub id, or answers file from 'forgetwatch evaluate'")
+    cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
+    cmp.add_argument("--out", default=None, metavar="DIR",
+                     help="write both answers, per-sample and per-category CSVs and a JSON summary here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``forgetwatch`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "evaluate":
+            return _evaluate_command(args)
+        return _compare_command(args)
+    except (UsageError, ProbeError, AnswersMismatchError) as err:
+        print(f"forgetwatch: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
+
+
+def _evaluate_command(args: argparse.Namespace) -> int:
+    if Path(args.out).suffix not in _ANSWER_SUFFIXES:
+        raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
+    probes = _load_probes(args.probes)
+    _check_model_path("--model", args.model)
+    answers = _score(args, args.model, probes)
+    answers.save(args.out)
+    print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
+    return 0
+
+
+def _compare_command(args: argparse.Namespace) -> int:
+    from .metrics import compare
+    from .report import write_samples_csv
+
+    probes = _load_probes(args.probes)
+    base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
+    if base_is_answers:
+        if not Path(args.base).is_file():
+            raise UsageError(f"--base {args.base}: no such answers file")
+        try:
+            base = Answers.load(args.base, probes=probes)
+        except ValueError as err:
+            raise UsageError(f"--base: {err}") from err
+    else:
+        _check_model_path("--base", args.base)
+    _check_model_path("--model", args.model)
+    if not base_is_answers:
+        base = _score(args, args.base, probes)
+    current = _score(args, args.model, probes)
+    report = compare(base, current)
+
+    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {args.probes} ({len(probes)})\n")
+    print(report.summary())
+    if args.out:
+        out = Path(args.out)
+        base.save(out / "base_answers.json")
+        current.save(out / "model_answers.json")
+        write_samples_csv(base, current, out / "samples.csv")
+        report.to_csv(out / "transitions.csv")
+        summary: dict[str, Any] = {"base": args.base, "model": args.model, "probes": args.probes,
+                                   "report": report.to_dict()}
+        with atomic_write(out / "summary.json") as f:
+            json.dump(summary, f, indent=2, ensure_ascii=False)
+        print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
+    return 0
+
+
+def _load_probes(path: str) -> ProbeSet:
+    try:
+        return ProbeSet.from_jsonl(path)
+    except FileNotFoundError as err:
+        raise UsageError(f"--probes {path}: no such file") from err
+    except (IsADirectoryError, PermissionError) as err:
+        raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
+
+
+def _check_model_path(flag: str, path: str) -> None:
+    """Fail fast, before any model is loaded, on a path that is neither local nor a hub id."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: expected a model directory (saved with save_pretrained)")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise UsageError(f"{flag} {path}: no config.json in this directory; is it a saved model?")
+    elif not _HUB_ID.match(path):
+        raise UsageError(f"{flag} {path}: no such directory")
+
+
+def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .scoring import evaluate
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype: Any = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    tok_path = args.tokenizer or path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load a tokenizer from {tok_path} ({_first_line(err)}); "
+                         "pass --tokenizer PATH") from err
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **{_dtype_kwarg(): dtype}).to(device)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise UsageError(f"cannot load a causal language model from {path} ({_first_line(err)})") from err
+    try:
+        answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
+                           normalize=args.normalize, chat_template=args.chat_template,
+                           max_new_tokens=args.max_new_tokens, show_progress=not args.no_progress)
+    except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
+        raise UsageError(str(err)) from err
+    answers.model = path
+    return answers
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained`` took ``torch_dtype`` before transformers 4.56 and ``dtype`` since."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

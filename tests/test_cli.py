@@ -1,0 +1,112 @@
+"""The command line on saved checkpoints: output, files, and clean errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from forgetwatch import Answers, ProbeSet, compare, evaluate
+from forgetwatch.cli import main
+
+
+@pytest.fixture(scope="module")
+def probe_file(toy, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "probes.jsonl"
+    toy.probes.to_jsonl(path)
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main([*argv, "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, capsys):
+    code, out, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
+                         "--probes", probe_file, "--out", str(tmp_path), "--batch-size", "8")
+    assert code == 0, err
+    for category in ("overall", "capitals", "colors", "rivers"):
+        assert category in out
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"base_answers.json", "model_answers.json", "samples.csv", "transitions.csv", "summary.json"}
+
+    # the same numbers as scoring the in-memory models directly
+    probes = ProbeSet.from_jsonl(probe_file)
+    expected = compare(evaluate(toy.base, toy.tokenizer, probes, show_progress=False),
+                       evaluate(toy.tuned, toy.tokenizer, probes, show_progress=False))
+    summary = json.loads((tmp_path / "summary.json").read_text())["report"]
+    for key in ("n", "forgotten", "gained", "kept", "never", "forgotten_ids", "gained_ids"):
+        assert summary[key] == getattr(expected, key), key
+    assert expected.forgotten > 0  # the tuned model forgot something
+    assert Answers.load(tmp_path / "base_answers.json", probes=probes).correct.tolist() == \
+        evaluate(toy.base, toy.tokenizer, probes, show_progress=False).correct.tolist()
+    lines = (tmp_path / "samples.csv").read_text().splitlines()
+    assert len(lines) == len(probes) + 1
+
+
+def test_evaluate_snapshot_then_compare_against_it(toy, probe_file, tmp_path, capsys):
+    snapshot = tmp_path / "base.npz"
+    code, out, err = run(capsys, "evaluate", "--model", toy.base_dir, "--probes", probe_file, "--out", str(snapshot))
+    assert code == 0, err
+    assert "accuracy" in out and snapshot.is_file()
+    code, out, err = run(capsys, "compare", "--base", str(snapshot), "--model", toy.tuned_dir, "--probes", probe_file)
+    assert code == 0, err
+    assert "overall" in out
+
+
+@pytest.mark.parametrize("case", ["missing-model", "not-a-model-dir", "missing-probes", "bad-probes",
+                                  "bad-out", "other-probes-snapshot", "bad-batch-size"])
+def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, capsys, case):
+    probes = ["--probes", probe_file]
+    if case == "missing-model":
+        argv = ["compare", "--base", str(tmp_path / "nope"), "--model", toy.tuned_dir, *probes]
+        expect = "no such directory"
+    elif case == "not-a-model-dir":
+        argv = ["evaluate", "--model", str(tmp_path), *probes, "--out", str(tmp_path / "a.json")]
+        expect = "no config.json"
+    elif case == "missing-probes":
+        argv = ["evaluate", "--model", toy.base_dir, "--probes", str(tmp_path / "none.jsonl"),
+                "--out", str(tmp_path / "a.json")]
+        expect = "no such file"
+    elif case == "bad-probes":
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"id": "a", "question": "q", "choices": ["x", "y"], "answer": 0}\n'
+                       '{"id": "b", "question": "q", "choices": ["x"], "answer": 0}\n')
+        argv = ["evaluate", "--model", toy.base_dir, "--probes", str(bad), "--out", str(tmp_path / "a.json")]
+        expect = f"{bad}: line 2: field 'choices'"
+    elif case == "bad-out":
+        argv = ["evaluate", "--model", toy.base_dir, *probes, "--out", str(tmp_path / "a.txt")]
+        expect = ".json or .npz"
+    elif case == "other-probes-snapshot":
+        other = ProbeSet.from_records(toy.world.probe_records()[:5])
+        snapshot = tmp_path / "other.json"
+        evaluate(toy.base, toy.tokenizer, other, show_progress=False).save(snapshot)
+        argv = ["compare", "--base", str(snapshot), "--model", toy.tuned_dir, *probes]
+        expect = "different probe set"
+    else:
+        with pytest.raises(SystemExit) as exc:
+            main(["evaluate", "--model", toy.base_dir, *probes, "--out", "a.json", "--batch-size", "0"])
+        assert exc.value.code == 2
+        assert "positive integer" in capsys.readouterr().err
+        return
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert expect in err and "Traceback" not in err
+    assert err.startswith("forgetwatch: error:")
+
+
+def test_installed_console_script(toy, probe_file, tmp_path):
+    exe = shutil.which("forgetwatch")
+    cmd = [exe] if exe else [sys.executable, "-m", "forgetwatch"]
+    done = subprocess.run([*cmd, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
+                           "--probes", probe_file, "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "overall" in done.stdout
+    done = subprocess.run([*cmd, "evaluate", "--model", str(tmp_path / "missing"), "--probes", probe_file,
+                           "--out", "x.json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
