@@ -10,7 +10,6 @@ Runs on a CPU in well under a minute; nothing is downloaded.
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -21,11 +20,7 @@ from forgetwatch.toy import ToyWorld
 def main(out: str = "out/toy") -> None:
     root = Path(out)
     world = ToyWorld(seed=0)
-    tokenizer = world.tokenizer()
-    base = world.model(tokenizer)
-    world.train(base, tokenizer, world.fact_texts(), steps=200)
-    tuned = copy.deepcopy(base)
-    world.train(tuned, tokenizer, world.distraction_texts(), steps=40)
+    tokenizer, base, tuned = world.base_and_tuned()
     for name, model in (("base", base), ("tuned", tuned)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)

@@ -32,14 +32,11 @@ from typing import Any, overload
 from .files import atomic_write
 
 EXTRACT_MODES = ("number", "letter", "exact")
-PRESETS = ("mmlu", "arc", "hellaswag", "gsm8k")
 MAX_REPORTED_ERRORS = 20
 
-_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
-_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
 
 ErrorTuple = tuple[str, int | None, str | None, str]
-ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
 
 
 class ProbeError(ValueError):
@@ -108,7 +105,8 @@ class Probe:
 Problem = tuple[str | None, str]  # (field, message) within one row
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """How a JSON value's type reads in an error message."""
     return "null" if value is None else type(value).__name__
 
 
@@ -128,7 +126,7 @@ def _is_blank(value: str) -> bool:
 
 def _did_you_mean(row: Mapping[str, Any], fld: str) -> str:
     """A hint naming an unknown key of ``row`` that looks like a misspelling of ``fld``."""
-    unknown = [k for k in row if isinstance(k, str) and k not in _FIELDS]
+    unknown = [k for k in row if isinstance(k, str) and k not in PROBE_FIELDS]
     close = difflib.get_close_matches(fld, unknown, n=1, cutoff=0.75)
     return f" (found key '{close[0]}': did you mean '{fld}'?)" if close else ""
 
@@ -139,7 +137,7 @@ def _check_id(row: Mapping[str, Any]) -> str | None:
     value = row["id"]
     if not isinstance(value, str):
         hint = f'; quote it: "{value}"' if _is_scalar(value) else ""
-        return f"must be a string, got {_type_name(value)} {value!r}{hint}"
+        return f"must be a string, got {type_name(value)} {value!r}{hint}"
     if _is_blank(value):
         return "is empty; give every probe a unique, non-empty id"
     return None
@@ -150,7 +148,7 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
         return "missing; give the full prompt text" + _did_you_mean(row, "question")
     value = row["question"]
     if not isinstance(value, str):
-        return f"must be a string (the full prompt text), got {_type_name(value)}"
+        return f"must be a string (the full prompt text), got {type_name(value)}"
     if _is_blank(value):
         return "is empty; give the full prompt text"
     return None
@@ -158,7 +156,7 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
 
 def _check_category(value: Any) -> str | None:
     if not isinstance(value, str):
-        return f"must be a string, got {_type_name(value)} {value!r}; quote it or leave it out (default 'all')"
+        return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
     if _is_blank(value):
         return "is empty; leave it out to use the default category 'all'"
     return None
@@ -166,14 +164,14 @@ def _check_category(value: Any) -> str | None:
 
 def _check_choices(value: Any) -> list[Problem]:
     if not isinstance(value, (list, tuple)):
-        return [("choices", f"must be a list of strings, got {_type_name(value)}; "
+        return [("choices", f"must be a list of strings, got {type_name(value)}; "
                             "for a generative probe leave 'choices' out")]
     if len(value) < 2:
         return [("choices", f"needs at least 2 choices, got {len(value)}")]
     problems: list[Problem] = []
     for i, choice in enumerate(value):
         if not isinstance(choice, str):
-            problems.append(("choices", f"choice at index {i} must be a string, got {_type_name(choice)} {choice!r}"))
+            problems.append(("choices", f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}"))
         elif _is_blank(choice):
             problems.append(("choices", f"choice at index {i} is empty; every choice needs text"))
     return problems
@@ -196,7 +194,7 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
     answer = row["answer"]
     span = "" if choices is None else f" (0 to {len(choices) - 1})"
     if not _is_int(answer):
-        return (f"must be an integer index into 'choices'{span}, got {_type_name(answer)} {answer!r}"
+        return (f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}"
                 + _mc_answer_hint(answer, choices))
     if choices is not None and not 0 <= answer < len(choices):
         return f"index {answer} is out of range; 'choices' has {len(choices)} entries, so use 0 to {len(choices) - 1}"
@@ -212,7 +210,7 @@ def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
         if _is_scalar(answer):
             hint = f'; write "{json.dumps(answer)}" not {json.dumps(answer)}'
         else:
-            hint = f", got {_type_name(answer)}"
+            hint = f", got {type_name(answer)}"
         return ("must be a string for a generative probe (this row has no 'choices', so it is "
                 f"generative){hint}" + _did_you_mean(row, "choices"))
     if _is_blank(answer):
@@ -223,7 +221,7 @@ def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
 def _check_extract(value: Any) -> str | None:
     modes = ", ".join(repr(m) for m in EXTRACT_MODES)
     if not isinstance(value, str):
-        return f"must be a string ({modes} or a regex), got {_type_name(value)}"
+        return f"must be a string ({modes} or a regex), got {type_name(value)}"
     if value in EXTRACT_MODES:
         return None
     if _is_blank(value):
@@ -283,7 +281,7 @@ def _parse_row(row: Mapping[str, Any]) -> Probe | list[Problem]:
         choices=tuple(present["choices"]) if is_mc else None,
         category=present.get("category", "all"),
         extract=present.get("extract"),
-        meta={k: v for k, v in present.items() if k not in _FIELDS},
+        meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
     )
 
 
@@ -306,7 +304,7 @@ class _Collector:
     def row(self, where: int, row: Any) -> None:
         if not isinstance(row, Mapping):
             kind = "a JSON object ({...})" if self.unit == "line" else "a mapping (dict)"
-            self.error(where, None, f"expected {kind}, got {_type_name(row)}")
+            self.error(where, None, f"expected {kind}, got {type_name(row)}")
             return
         parsed = _parse_row(row)
         # Track ids of invalid rows too, so a duplicate is reported now rather than after a fix.
@@ -359,160 +357,6 @@ def _decode_jsonl_line(raw: bytes, first: bool) -> tuple[Any, str | None]:
                       "each non-blank line must be one JSON object")
 
 
-# -- Hugging Face datasets and presets --------------------------------------------------------
-
-
-class _RowProblem(Exception):
-    """Raised by a preset or column mapping when a row cannot be turned into a probe record."""
-
-    def __init__(self, fld: str | None, message: str):
-        super().__init__(message)
-        self.field = fld
-        self.message = message
-
-
-def _need(row: Mapping[str, Any], column: str, what: str) -> Any:
-    if column not in row:
-        columns = ", ".join(map(str, row)) or "(none)"
-        raise _RowProblem(column, f"missing column '{column}' needed by {what}; this row has columns: {columns}")
-    return row[column]
-
-
-def _need_str(row: Mapping[str, Any], column: str, what: str) -> str:
-    value = _need(row, column, what)
-    if not isinstance(value, str):
-        raise _RowProblem(column, f"must be a string, got {_type_name(value)}")
-    return value
-
-
-def _need_str_list(row: Mapping[str, Any], column: str, what: str) -> list[str]:
-    value = _need(row, column, what)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise _RowProblem(column, f"must be a list of strings, got {_type_name(value)}")
-    return list(value)
-
-
-def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'mmlu'"
-    subject = _need_str(row, "subject", what)
-    question = _need_str(row, "question", what)
-    options = _need_str_list(row, "choices", what)
-    if len(options) > len(_LETTERS):
-        raise _RowProblem("choices", f"has {len(options)} choices; at most {len(_LETTERS)} can be lettered")
-    letters = list(_LETTERS[: len(options)])
-    listed = "".join(f"\n{letter}. {option}" for letter, option in zip(letters, options))
-    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}."
-    return {
-        "id": f"mmlu/{subject}/{index}",
-        "question": f"{header}\n\n{question.strip()}{listed}\nAnswer:",
-        "choices": letters,  # lm-eval scores the letter, not the option text
-        "answer": _need(row, "answer", what),
-        "category": subject,
-    }
-
-
-def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'arc'"
-    choices = _need(row, "choices", what)
-    if not isinstance(choices, Mapping) or "text" not in choices or "label" not in choices:
-        raise _RowProblem("choices", "must be a mapping with 'text' and 'label' lists (the ai2_arc layout)")
-    labels = list(choices["label"])
-    key = _need(row, "answerKey", what)
-    if key not in labels:
-        raise _RowProblem("answerKey", f"{key!r} is not one of the choice labels {labels}")
-    return {
-        "id": _need(row, "id", what),
-        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
-        "choices": list(choices["text"]),
-        "answer": labels.index(key),
-        "category": "arc",
-    }
-
-
-_BRACKETED = re.compile(r"\[.*?\]")
-
-
-def _hellaswag_clean(text: str) -> str:
-    """lm-evaluation-harness's hellaswag text preprocessing (WikiHow markup removal)."""
-    text = text.strip().replace(" [title]", ". ")
-    text = _BRACKETED.sub("", text)
-    return text.replace("  ", " ")
-
-
-def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'hellaswag'"
-    activity = _need_str(row, "activity_label", what)
-    ctx_a = _need_str(row, "ctx_a", what)
-    ctx_b = _need_str(row, "ctx_b", what)
-    endings = _need_str_list(row, "endings", what)
-    label = _need(row, "label", what)
-    try:
-        answer = int(label)
-    except (TypeError, ValueError):
-        raise _RowProblem("label", f"{label!r} is not an integer; the hellaswag test split has no "
-                                   "labels, use the validation split") from None
-    ind = row.get("ind")
-    return {
-        "id": f"hellaswag/{index if ind is None else ind}",
-        "question": _hellaswag_clean(f"{activity}: {ctx_a} {ctx_b.capitalize()}"),
-        "choices": [_hellaswag_clean(e) for e in endings],
-        "answer": answer,
-        "category": "hellaswag",
-    }
-
-
-def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'gsm8k'"
-    solution = _need_str(row, "answer", what)
-    if "####" not in solution:
-        raise _RowProblem("answer", "has no final '#### <number>' line (the gsm8k answer layout)")
-    return {
-        "id": f"gsm8k/{index}",
-        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
-        "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""),
-        "extract": "number",
-        "category": "gsm8k",
-    }
-
-
-_PRESET_FUNCS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
-    "mmlu": _mmlu, "arc": _arc, "hellaswag": _hellaswag, "gsm8k": _gsm8k,
-}
-
-
-def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, ColumnSpec]) -> dict[str, Any]:
-    record: dict[str, Any] = {}
-    for fld, spec in columns.items():
-        if callable(spec):
-            try:
-                record[fld] = spec(row)
-            except Exception as exc:  # a user's lambda failing on one row is a row problem
-                raise _RowProblem(fld, f"column function raised {type(exc).__name__}: {exc}") from None
-        else:
-            record[fld] = _need(row, spec, f"columns['{fld}']")
-    record.setdefault("id", f"{index}")
-    return record
-
-
-def _check_columns_arg(columns: Mapping[str, ColumnSpec]) -> None:
-    unknown = sorted(set(columns) - set(_FIELDS))
-    if unknown:
-        raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(_FIELDS)}")
-    bad = [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]
-    if bad:
-        raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
-
-
-def _dataset_source(dataset: Any) -> str:
-    """A readable name for a datasets.Dataset (name and split when known)."""
-    info = getattr(dataset, "info", None)
-    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
-    split = getattr(dataset, "split", None)
-    if name:
-        return f"{name}[{split}]" if split else str(name)
-    return "<dataset>"
-
-
 # -- stratified sampling ----------------------------------------------------------------------
 
 
@@ -552,6 +396,7 @@ class ProbeSet(Sequence[Probe]):
         self._probes = tuple(probes)
         self.source = source
         self._index = {p.id: i for i, p in enumerate(self._probes)}
+        self._content_hash: Any = None
         if len(self._index) != len(self._probes):
             raise ValueError(f"{source}: probe ids must be unique")
 
@@ -598,7 +443,7 @@ class ProbeSet(Sequence[Probe]):
         dataset: Iterable[Mapping[str, Any]],
         preset: str | None = None,
         *,
-        columns: Mapping[str, ColumnSpec] | None = None,
+        columns: Mapping[str, Any] | None = None,
         category: str | None = None,
         limit: int | None = None,
         source: str | None = None,
@@ -613,35 +458,23 @@ class ProbeSet(Sequence[Probe]):
         Example:
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
         """
-        if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-            raise TypeError(f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; "
-                            "pick a split, e.g. dataset['test']")
-        if preset is not None and columns is not None:
-            raise ValueError("give either preset= or columns=, not both")
-        if preset is not None and preset not in _PRESET_FUNCS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
-        if columns is not None:
-            _check_columns_arg(columns)
+        from .presets import check_from_hf_args, dataset_source, row_to_record, RowProblem
+
+        check_from_hf_args(dataset, preset, columns)
         if category is not None and (message := _check_category(category)):
             raise ValueError(f"category= {message}")
         if limit is not None and (not _is_int(limit) or limit < 0):
             raise ValueError(f"limit= must be a non-negative integer, got {limit!r}")
 
-        collector = _Collector(source or _dataset_source(dataset), "dataset row")
+        collector = _Collector(source or dataset_source(dataset), "dataset row")
         rows = dataset if limit is None else islice(dataset, limit)
         for index, row in enumerate(rows):
             if not isinstance(row, Mapping):
                 collector.row(index, row)  # reports the type problem
                 continue
             try:
-                if preset is not None:
-                    record = _PRESET_FUNCS[preset](row, index)
-                elif columns is not None:
-                    record = _map_columns(row, index, columns)
-                else:
-                    # Arrow pads keys a row lacks with None; treat those as absent.
-                    record = {k: v for k, v in row.items() if v is not None}
-            except _RowProblem as problem:
+                record = row_to_record(row, index, preset, columns)
+            except RowProblem as problem:
                 collector.error(index, problem.field, problem.message)
                 continue
             if category is not None:
@@ -759,11 +592,19 @@ class ProbeSet(Sequence[Probe]):
         return Path(path)
 
     def fingerprint(self, scoring: Mapping[str, Any] | None = None) -> str:
-        """A stable hash of the probes' content, and of ``scoring`` options when given."""
-        h = hashlib.sha256()
-        for p in self._probes:
-            h.update(json.dumps(p.content(), sort_keys=True, ensure_ascii=False).encode())
-            h.update(b"\n")
+        """A stable hash of the probes' content, and of ``scoring`` options when given.
+
+        Example:
+            >>> probes.fingerprint()  # doctest: +SKIP
+            '3f9c0a51d2e84b17'
+        """
+        if self._content_hash is None:  # probes are immutable: hash their content once
+            h = hashlib.sha256()
+            for p in self._probes:
+                h.update(json.dumps(p.content(), sort_keys=True, ensure_ascii=False).encode())
+                h.update(b"\n")
+            self._content_hash = h
+        h = self._content_hash.copy()
         if scoring:
             h.update(json.dumps(dict(scoring), sort_keys=True, default=str).encode())
         return h.hexdigest()[:16]

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,6 +157,16 @@ class ToyWorld:
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                           **common)
         return LlamaForCausalLM(cfg)
+
+    def base_and_tuned(self, base_steps: int = 200, tuned_steps: int = 40):
+        """``(tokenizer, base, tuned)``: a model that learned the facts, and a copy of it
+        post-trained on unrelated arithmetic, which forgets some of them."""
+        tokenizer = self.tokenizer()
+        base = self.model(tokenizer)
+        self.train(base, tokenizer, self.fact_texts(), steps=base_steps)
+        tuned = copy.deepcopy(base)
+        self.train(tuned, tokenizer, self.distraction_texts(), steps=tuned_steps)
+        return tokenizer, base, tuned
 
     @staticmethod
     def train(model, tokenizer, texts: Sequence[str], steps: int, lr: float = 3e-3,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 
@@ -35,11 +34,7 @@ class Toy:
 @pytest.fixture(scope="session")
 def toy(tmp_path_factory) -> Toy:
     world = ToyWorld(seed=0)
-    tokenizer = world.tokenizer()
-    base = world.model(tokenizer)
-    world.train(base, tokenizer, world.fact_texts(), steps=200)
-    tuned = copy.deepcopy(base)
-    world.train(tuned, tokenizer, world.distraction_texts(), steps=40)
+    tokenizer, base, tuned = world.base_and_tuned()
     root = tmp_path_factory.mktemp("toy")
     dirs = []
     for name, model in (("base", base), ("tuned", tuned)):

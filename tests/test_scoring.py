@@ -138,6 +138,24 @@ def test_out_of_memory_halves_the_batch(toy, caplog):
                                np.concatenate(reference.choice_logprobs), atol=1e-5)
 
 
+def test_out_of_memory_in_generation_halves_the_batch(toy):
+    probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
+    reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    model = copy.deepcopy(toy.base)
+    real, sizes = model.generate, []
+
+    def generate(**kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        if sizes[-1] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(**kwargs)
+
+    model.generate = generate
+    got = evaluate(model, toy.tokenizer, probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    assert sizes[:3] == [8, 4, 2]
+    assert got.outputs == reference.outputs
+
+
 def test_batch_size_does_not_change_answers(toy):
     probes = toy.probes
     runs = [evaluate(toy.base, toy.tokenizer, probes, batch_size=bs, show_progress=False)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..answers import Answers
 from ..probes import ProbeSet
-from .batching import BatchSize, check_batch_size, default_token_budget, group, is_out_of_memory
+from .batching import BatchSize, check_batch_size, default_token_budget, group, run_halving
 from .borrow import borrowed, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
@@ -145,9 +145,13 @@ class Scorer:
         dtype, keep_arg = _compute_dtype(inner), _keep_arg(inner)
         keys, values = [], []
         for batch in batches:
-            for part, logprobs in self._run(model, batch, device, dtype, keep_arg, pad_id):
-                keys.append(part.keys)
-                values.append(logprobs)
+            def forward(rows: list[Row], batch: Batch = batch) -> tuple[np.ndarray, np.ndarray]:
+                part = batch if rows is batch.rows else collate(rows, pad_id)
+                return part.keys, forward_logprobs(model, part, device, dtype, keep_arg)
+
+            for _, (k, v) in run_halving(forward, batch.rows, lambda n: self._out_of_memory(n, device)):
+                keys.append(k)
+                values.append(v)
             bar.update(len(batch))
         return np.bincount(np.concatenate(keys), weights=np.concatenate(values), minlength=n_keys)
 
@@ -174,11 +178,7 @@ class Scorer:
         return rows
 
     def _plan(self, max_length, packing, pad_id, batch_size, inner, device) -> list[Batch]:
-        if batch_size == "auto" and self._token_budget is None:
-            cfg = inner.config
-            self._token_budget = default_token_budget(
-                device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
-        limit = (batch_size, None) if batch_size != "auto" else (None, self._token_budget)
+        limit = (batch_size, None) if batch_size != "auto" else (None, self._budget(inner, device))
         key = (max_length, packing, pad_id, limit)
         if key not in self._plans:
             rows = self._rows(max_length, packing, getattr(inner.config, "sliding_window", None))
@@ -190,22 +190,21 @@ class Scorer:
             self._plans = {key: batches}  # one model shape at a time
         return self._plans[key]
 
-    def _run(self, model, batch: Batch, device, dtype, keep_arg, pad_id):
-        """Yield (batch, log-probs); on out-of-memory, halve the batch (and the budget)."""
-        try:
-            yield batch, forward_logprobs(model, batch, device, dtype, keep_arg)
-        except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
-            if not is_out_of_memory(err) or len(batch) == 1:
-                raise
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            if self._token_budget is not None:
-                self._token_budget = max(1, self._token_budget // 2)
-                self._plans.clear()
-            logger.warning("out of memory with %d rows per batch; retrying with %d", len(batch), len(batch) // 2)
-            half = len(batch.rows) // 2
-            for rows in (batch.rows[:half], batch.rows[half:]):
-                yield from self._run(model, collate(rows, pad_id), device, dtype, keep_arg, pad_id)
+    def _budget(self, inner, device) -> int:
+        """Tokens per forward for ``batch_size="auto"``: a first guess, then what worked."""
+        if self._token_budget is None:
+            cfg = getattr(inner, "config", None)
+            self._token_budget = default_token_budget(
+                device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
+        return self._token_budget
+
+    def _out_of_memory(self, rows: int, device) -> None:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self._token_budget is not None:
+            self._token_budget = max(1, self._token_budget // 2)
+            self._plans.clear()
+        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, rows // 2)
 
     def _packing_allowed(self, inner) -> bool:
         impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
@@ -243,16 +242,20 @@ class Scorer:
         """Generated text by probe index."""
         order = list(prompts)
         if batch_size == "auto":
-            budget = self._token_budget or default_token_budget(device, 1024, 32000)
+            budget = self._budget(unwrap(model), device)
             batches = group([len(prompts[i]) + self.max_new_tokens for i in order], None, budget)
         else:
             batches = group([len(prompts[i]) for i in order], batch_size, None)
+
+        def generate(chunk: list[int]) -> list[str]:
+            return generate_texts(model, self.tokenizer, [prompts[i] for i in chunk], device=device,
+                                  pad_id=pad_id, max_new_tokens=self.max_new_tokens, stop=self.stop)
+
         texts: dict[int, str] = {}
         for idx in batches:
             chunk = [order[j] for j in idx]
-            out = generate_texts(model, self.tokenizer, [prompts[i] for i in chunk], device=device,
-                                 pad_id=pad_id, max_new_tokens=self.max_new_tokens, stop=self.stop)
-            texts.update(zip(chunk, out))
+            for part, out in run_halving(generate, chunk, lambda n: self._out_of_memory(n, device)):
+                texts.update(zip(part, out))
             bar.update(len(chunk))
         return texts
 
@@ -313,7 +316,8 @@ def _pad_id(tokenizer) -> int:
     return 0
 
 
-_SCORERS: dict[tuple, tuple[weakref.ref, Scorer]] = {}
+_SCORERS: dict[tuple, Scorer] = {}  # the last few scorers, so repeated calls skip tokenizing
+_MAX_SCORERS = 8
 
 
 def evaluate(
@@ -342,16 +346,13 @@ def evaluate(
         >>> answers.accuracy                                               # doctest: +SKIP
         0.62
     """
-    options = (normalize, chat_template, max_new_tokens, tuple([stop] if isinstance(stop, str) else stop),
-               id(extract) if extract else None)
-    key = (id(tokenizer), probes.fingerprint(), options)
-    hit = _SCORERS.get(key)
-    if hit is None or hit[0]() is not tokenizer:
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    key = (id(tokenizer), probes.fingerprint(), normalize, chat_template, max_new_tokens, stop, extract)
+    scorer = _SCORERS.pop(key, None)
+    if scorer is None or scorer.tokenizer is not tokenizer:
         scorer = Scorer(tokenizer, probes, normalize=normalize, chat_template=chat_template,
                         max_new_tokens=max_new_tokens, stop=stop, extract=extract)
-        if len(_SCORERS) >= 8:
-            _SCORERS.pop(next(iter(_SCORERS)))
-        _SCORERS[key] = (weakref.ref(tokenizer), scorer)
-    else:
-        scorer = hit[1]
+    _SCORERS[key] = scorer  # most recently used last
+    while len(_SCORERS) > _MAX_SCORERS:
+        _SCORERS.pop(next(iter(_SCORERS)))
     return scorer(model, batch_size=batch_size, show_progress=show_progress)

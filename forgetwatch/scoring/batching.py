@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 BatchSize = int | str  # an int, or "auto"
 
@@ -54,3 +57,25 @@ def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int
 
 def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def run_halving(fn: Callable[[list[T]], Any], items: list[T],
+                on_out_of_memory: Callable[[int], None]) -> Iterator[tuple[list[T], Any]]:
+    """Yield ``(items, fn(items))``; on out-of-memory, split ``items`` in halves and retry
+    each (recursively), calling ``on_out_of_memory(len(items))`` first.
+
+    Example:
+        >>> list(run_halving(sum, [1, 2, 3], print))
+        [([1, 2, 3], 6)]
+    """
+    try:
+        result = fn(items)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err) or len(items) == 1:
+            raise
+        on_out_of_memory(len(items))
+        half = len(items) // 2
+        yield from run_halving(fn, items[:half], on_out_of_memory)
+        yield from run_halving(fn, items[half:], on_out_of_memory)
+        return
+    yield items, result

@@ -1,0 +1,188 @@
+"""Dataset layouts as probe records: lm-eval-harness's zero-shot prompt formats for MMLU,
+ARC, HellaSwag and GSM8K, and an explicit column mapping for anything else.
+
+Used by :meth:`forgetwatch.ProbeSet.from_hf`; every record still goes through the probe
+validator afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .probes import PROBE_FIELDS, type_name
+
+ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+class RowProblem(Exception):
+    """Raised by a preset or column mapping when a row cannot be turned into a probe record."""
+
+    def __init__(self, fld: str | None, message: str):
+        super().__init__(message)
+        self.field = fld
+        self.message = message
+
+
+def _need(row: Mapping[str, Any], column: str, what: str) -> Any:
+    if column not in row:
+        columns = ", ".join(map(str, row)) or "(none)"
+        raise RowProblem(column, f"missing column '{column}' needed by {what}; this row has columns: {columns}")
+    return row[column]
+
+
+def _need_str(row: Mapping[str, Any], column: str, what: str) -> str:
+    value = _need(row, column, what)
+    if not isinstance(value, str):
+        raise RowProblem(column, f"must be a string, got {type_name(value)}")
+    return value
+
+
+def _need_str_list(row: Mapping[str, Any], column: str, what: str) -> list[str]:
+    value = _need(row, column, what)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise RowProblem(column, f"must be a list of strings, got {type_name(value)}")
+    return list(value)
+
+
+def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    what = "preset 'mmlu'"
+    subject = _need_str(row, "subject", what)
+    question = _need_str(row, "question", what)
+    options = _need_str_list(row, "choices", what)
+    if len(options) > len(_LETTERS):
+        raise RowProblem("choices", f"has {len(options)} choices; at most {len(_LETTERS)} can be lettered")
+    letters = list(_LETTERS[: len(options)])
+    listed = "".join(f"\n{letter}. {option}" for letter, option in zip(letters, options))
+    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}."
+    return {
+        "id": f"mmlu/{subject}/{index}",
+        "question": f"{header}\n\n{question.strip()}{listed}\nAnswer:",
+        "choices": letters,  # lm-eval scores the letter, not the option text
+        "answer": _need(row, "answer", what),
+        "category": subject,
+    }
+
+
+def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    what = "preset 'arc'"
+    choices = _need(row, "choices", what)
+    if not isinstance(choices, Mapping) or "text" not in choices or "label" not in choices:
+        raise RowProblem("choices", "must be a mapping with 'text' and 'label' lists (the ai2_arc layout)")
+    labels = list(choices["label"])
+    key = _need(row, "answerKey", what)
+    if key not in labels:
+        raise RowProblem("answerKey", f"{key!r} is not one of the choice labels {labels}")
+    return {
+        "id": _need(row, "id", what),
+        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
+        "choices": list(choices["text"]),
+        "answer": labels.index(key),
+        "category": "arc",
+    }
+
+
+_BRACKETED = re.compile(r"\[.*?\]")
+
+
+def _hellaswag_clean(text: str) -> str:
+    """lm-evaluation-harness's hellaswag text preprocessing (WikiHow markup removal)."""
+    text = text.strip().replace(" [title]", ". ")
+    text = _BRACKETED.sub("", text)
+    return text.replace("  ", " ")
+
+
+def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    what = "preset 'hellaswag'"
+    activity = _need_str(row, "activity_label", what)
+    ctx_a = _need_str(row, "ctx_a", what)
+    ctx_b = _need_str(row, "ctx_b", what)
+    endings = _need_str_list(row, "endings", what)
+    label = _need(row, "label", what)
+    try:
+        answer = int(label)
+    except (TypeError, ValueError):
+        raise RowProblem("label", f"{label!r} is not an integer; the hellaswag test split has no "
+                                   "labels, use the validation split") from None
+    ind = row.get("ind")
+    return {
+        "id": f"hellaswag/{index if ind is None else ind}",
+        "question": _hellaswag_clean(f"{activity}: {ctx_a} {ctx_b.capitalize()}"),
+        "choices": [_hellaswag_clean(e) for e in endings],
+        "answer": answer,
+        "category": "hellaswag",
+    }
+
+
+def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    what = "preset 'gsm8k'"
+    solution = _need_str(row, "answer", what)
+    if "####" not in solution:
+        raise RowProblem("answer", "has no final '#### <number>' line (the gsm8k answer layout)")
+    return {
+        "id": f"gsm8k/{index}",
+        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
+        "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""),
+        "extract": "number",
+        "category": "gsm8k",
+    }
+
+
+PRESETS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
+    "mmlu": _mmlu, "arc": _arc, "hellaswag": _hellaswag, "gsm8k": _gsm8k,
+}
+
+
+def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, ColumnSpec]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for fld, spec in columns.items():
+        if callable(spec):
+            try:
+                record[fld] = spec(row)
+            except Exception as exc:  # a user's lambda failing on one row is a row problem
+                raise RowProblem(fld, f"column function raised {type(exc).__name__}: {exc}") from None
+        else:
+            record[fld] = _need(row, spec, f"columns['{fld}']")
+    record.setdefault("id", f"{index}")
+    return record
+
+
+def check_from_hf_args(dataset: Any, preset: str | None, columns: Mapping[str, ColumnSpec] | None) -> None:
+    """Reject a wrong call to ``ProbeSet.from_hf`` before reading any row."""
+    if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
+        raise TypeError(f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; "
+                        "pick a split, e.g. dataset['test']")
+    if preset is not None and columns is not None:
+        raise ValueError("give either preset= or columns=, not both")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
+    if columns is not None:
+        unknown = sorted(set(columns) - set(PROBE_FIELDS))
+        if unknown:
+            raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(PROBE_FIELDS)}")
+        bad = [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]
+        if bad:
+            raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
+
+
+def row_to_record(row: Mapping[str, Any], index: int, preset: str | None,
+                  columns: Mapping[str, ColumnSpec] | None) -> dict[str, Any]:
+    """One dataset row as a probe record (raises :class:`RowProblem`)."""
+    if preset is not None:
+        return PRESETS[preset](row, index)
+    if columns is not None:
+        return _map_columns(row, index, columns)
+    # Arrow pads keys a row lacks with None; treat those as absent.
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def dataset_source(dataset: Any) -> str:
+    """A readable name for a datasets.Dataset (name and split when known)."""
+    info = getattr(dataset, "info", None)
+    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
+    split = getattr(dataset, "split", None)
+    if name:
+        return f"{name}[{split}]" if split else str(name)
+    return "<dataset>"
