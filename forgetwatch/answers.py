@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import zipfile
 import zlib
@@ -218,7 +219,7 @@ class Answers:
 
     def _to_arrays(self) -> dict[str, np.ndarray]:
         pred_index = np.array(
-            [p if isinstance(p, int) else -1 for p in self.predicted], dtype=np.int64
+            [int(p) if isinstance(p, numbers.Integral) else -1 for p in self.predicted], dtype=np.int64
         )
         pred_text = [p if isinstance(p, str) else "" for p in self.predicted]
         flat = (

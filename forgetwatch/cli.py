@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate_command(args: argparse.Namespace) -> int:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
+    _check_writable("--out", Path(args.out).parent)
     probes = _load_probes(args.probes)
     _check_model_path("--model", args.model)
     answers = _score(args, args.model, probes)
@@ -106,6 +107,10 @@ def _compare_command(args: argparse.Namespace) -> int:
     from .metrics import compare
     from .report import write_samples_csv
 
+    if args.out:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise UsageError(f"--out {args.out}: exists and is not a directory")
+        _check_writable("--out", Path(args.out))
     probes = _load_probes(args.probes)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     if base_is_answers:
@@ -115,6 +120,7 @@ def _compare_command(args: argparse.Namespace) -> int:
             base = Answers.load(args.base, probes=probes)
         except ValueError as err:
             raise UsageError(f"--base: {err}") from err
+        _check_same_options(args, base)
     else:
         _check_model_path("--base", args.base)
     _check_model_path("--model", args.model)
@@ -146,6 +152,22 @@ def _load_probes(path: str) -> ProbeSet:
         raise UsageError(f"--probes {path}: no such file") from err
     except (IsADirectoryError, PermissionError) as err:
         raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
+
+
+def _check_writable(flag: str, directory: Path) -> None:
+    """Fail before scoring, not after, when results could not be written."""
+    existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag}: cannot write into {directory}")
+
+
+def _check_same_options(args: argparse.Namespace, base: Answers) -> None:
+    """A base snapshot must have been scored the way this run will score the model."""
+    wanted = {"normalize": args.normalize, "chat_template": args.chat_template}
+    got = {k: base.scoring.get(k) for k in wanted}
+    if got != wanted:
+        raise UsageError(f"--base {args.base} was scored with {got}, this run uses {wanted}; "
+                         "pass the same --normalize / --chat-template")
 
 
 def _check_model_path(flag: str, path: str) -> None:

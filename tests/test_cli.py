@@ -60,7 +60,8 @@ def test_evaluate_snapshot_then_compare_against_it(toy, probe_file, tmp_path, ca
 
 
 @pytest.mark.parametrize("case", ["missing-model", "not-a-model-dir", "missing-probes", "bad-probes",
-                                  "bad-out", "other-probes-snapshot", "bad-batch-size"])
+                                  "bad-out", "out-is-a-file", "other-probes-snapshot",
+                                  "other-options-snapshot", "bad-batch-size"])
 def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, capsys, case):
     probes = ["--probes", probe_file]
     if case == "missing-model":
@@ -82,6 +83,16 @@ def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, c
     elif case == "bad-out":
         argv = ["evaluate", "--model", toy.base_dir, *probes, "--out", str(tmp_path / "a.txt")]
         expect = ".json or .npz"
+    elif case == "out-is-a-file":
+        (tmp_path / "file").write_text("x")
+        argv = ["compare", "--base", toy.base_dir, "--model", toy.tuned_dir, *probes, "--out", str(tmp_path / "file")]
+        expect = "not a directory"
+    elif case == "other-options-snapshot":
+        snapshot = tmp_path / "norm.json"
+        evaluate(toy.base, toy.tokenizer, ProbeSet.from_jsonl(probe_file), normalize="chars",
+                 show_progress=False).save(snapshot)
+        argv = ["compare", "--base", str(snapshot), "--model", toy.tuned_dir, *probes]
+        expect = "pass the same --normalize"
     elif case == "other-probes-snapshot":
         other = ProbeSet.from_records(toy.world.probe_records()[:5])
         snapshot = tmp_path / "other.json"

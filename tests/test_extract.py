@@ -60,6 +60,10 @@ def test_normalize_number(text, expected):
     ("A dog would say (C)", "C"),  # nor is the article "A"
     ("Both answers (A) and (B) fit", "A"),  # "answers" is not "answer s"
     ("no letter here", None),
+    ("The answer is B because it is larger", "B"),
+    ("The answer is a cat.", None),  # the article "a" is not a choice letter
+    ("Answer: I am not sure, maybe (C)", "C"),  # nor is the pronoun "I"
+    ("the answer is (c)", "C"),
 ])
 def test_extract_letter(text, expected):
     assert extract_letter(text) == expected
@@ -113,5 +117,6 @@ def test_is_correct():
 
 
 def test_exponent_numbers_normalize_without_exponent():
+    assert normalize_number("-0") == normalize_number("0.0") == "0"
     assert normalize_number("1e3") == "1000"
     assert normalize_number("2.50E1") == "25"

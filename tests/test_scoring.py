@@ -98,14 +98,15 @@ class IgnoresCustomMasks(torch.nn.Module):
 
 
 def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
-    probes = mc_only(toy)
+    # single-token choices first: packing them tests nothing, the check must look further
+    probes = ProbeSet.from_records(sorted(mc_only(toy).to_records(), key=lambda r: r["category"] != "colors"))
     reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, show_progress=False)
     wrapped = IgnoresCustomMasks(toy.base)
     scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         got = scorer(wrapped, batch_size=8, show_progress=False)
     assert scorer._packing[wrapped] is False
-    assert "disagrees" in caplog.text
+    assert "packed scores differ from plain ones" in caplog.text
     assert got.correct.tolist() == reference.correct.tolist()
     for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5)
@@ -130,12 +131,19 @@ def test_out_of_memory_halves_the_batch(toy, caplog):
     probes = mc_only(toy)
     reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, show_progress=False)
     wrapped = OutOfMemoryAbove(toy.base, limit=3)
+    scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        got = Scorer(toy.tokenizer, probes)(wrapped, batch_size=16, show_progress=False)
+        got = scorer(wrapped, batch_size=16, show_progress=False)
     assert "out of memory" in caplog.text
-    assert max(s for s in wrapped.sizes if s <= 3) == 2  # 16 -> 8 -> 4 -> 2
+    assert max(s for s in wrapped.sizes if s <= 3) == 2  # halved down to 2 rows
+    # the size that fitted is remembered: only the first too-large batch is halved repeatedly
+    failures = [s for s in wrapped.sizes if s > 3]
+    assert len(failures) == len(set(failures)) <= 5
     np.testing.assert_allclose(np.concatenate(got.choice_logprobs),
                                np.concatenate(reference.choice_logprobs), atol=1e-5)
+    wrapped.sizes.clear()
+    scorer(wrapped, batch_size=16, show_progress=False)
+    assert max(wrapped.sizes) <= 2  # later evaluations start at the size that fitted
 
 
 def test_out_of_memory_in_generation_halves_the_batch(toy):
@@ -268,12 +276,80 @@ def test_bad_options_fail_before_model_work(toy):
         evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=0)
     with pytest.raises(ValueError, match="no chat template"):
         evaluate(toy.base, toy.tokenizer, toy.probes, chat_template=True)
+    with pytest.raises(ValueError, match="stop strings"):
+        evaluate(toy.base, toy.tokenizer, toy.probes, stop=["\n", ""])
 
 
 def test_half_precision_scores_with_fp32_log_softmax(toy):
     probes = mc_only(toy)
     full = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
-    half = evaluate(copy.deepcopy(toy.base).to(torch.bfloat16), toy.tokenizer, probes, show_progress=False)
+    model = copy.deepcopy(toy.base).to(torch.bfloat16)
+    scorer = Scorer(toy.tokenizer, probes)
+    half = scorer(model, show_progress=False)
+    assert scorer._packing[model] is True  # bf16 rounding is no reason to give up packing
     assert all(x.dtype == np.float64 for x in half.choice_logprobs)
     agreement = np.mean(full.correct == half.correct)
     assert agreement >= 0.9, agreement
+
+
+def unbatched_logprobs(model, scorer):
+    """Each (context, choice) alone, unpadded, lm-eval's layout: the reference for any model."""
+    out = []
+    for enc in scorer.encoded:
+        ids = [torch.tensor([list(enc.context + c)]) for c in enc.continuations]
+        with torch.no_grad():
+            lps = [torch.log_softmax(model(input_ids=x).logits[0].float(), -1) for x in ids]
+        out.append([float(lp[len(enc.context) - 1 + np.arange(len(c)), list(c)].sum())
+                    for lp, c in zip(lps, enc.continuations)])
+    return out
+
+
+def recurrent_or_alibi_models(tokenizer):
+    from transformers import JambaConfig, JambaForCausalLM, MptConfig, MptForCausalLM
+
+    common = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    yield "ALiBi", MptForCausalLM(MptConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=256, **common))
+    yield "recurrent", JambaForCausalLM(JambaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_expand=2, **common))
+
+
+def test_models_that_cannot_be_packed_are_scored_exactly(toy, caplog):
+    probes = mc_only(toy).sample(24, seed=0)
+    for reason, model in recurrent_or_alibi_models(toy.tokenizer):
+        toy.world.train(model, toy.tokenizer, toy.world.fact_texts(), steps=20)
+        scorer = Scorer(toy.tokenizer, probes)
+        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+            got = scorer(model, batch_size=8, show_progress=False)
+        assert scorer._packing[model] is False
+        assert reason in caplog.text
+        for x, y in zip(got.choice_logprobs, unbatched_logprobs(model, scorer)):
+            np.testing.assert_allclose(x, y, atol=1e-4, err_msg=reason)
+
+
+def test_generation_ignores_the_model_generation_config(toy):
+    probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
+    reference = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    model = copy.deepcopy(toy.base)
+    config = model.generation_config
+    config.repetition_penalty, config.min_new_tokens, config.no_repeat_ngram_size = 3.0, 6, 1
+    config.suppress_tokens = list(range(10, 200))
+    got = evaluate(model, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    assert got.outputs == reference.outputs  # plain greedy whatever the model's config says
+    assert model.generation_config is config and config.repetition_penalty == 3.0
+
+
+def test_forwards_bypass_data_parallel_wrappers(toy):
+    wrapped = torch.nn.DataParallel(toy.base)
+    calls = []
+    handle = wrapped.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        got = evaluate(wrapped, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    finally:
+        handle.remove()
+    assert calls == []  # DDP/DataParallel forwards would start collectives
+    reference = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    assert got.correct.tolist() == reference.correct.tolist()

@@ -20,18 +20,19 @@ from tqdm.auto import tqdm
 from ..answers import Answers
 from ..probes import ProbeSet
 from .batching import BatchSize, check_batch_size, default_token_budget, group, run_halving
-from .borrow import borrowed, unwrap
+from .batching import is_out_of_memory
+from .borrow import borrowed, forward_module, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
 from .extract import extractor_for, is_correct, reference_for
 from .generation import generate_texts
+from .packing import check_probes, packing_agrees, packing_blocker
 
 __all__ = ["Scorer", "evaluate"]
 
 logger = logging.getLogger("forgetwatch")
 
 NORMALIZE_MODES = (None, "chars")
-PACKABLE_ATTENTION = ("eager", "sdpa", None)
 
 
 class Scorer:
@@ -70,6 +71,8 @@ class Scorer:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if isinstance(stop, str):
             stop = (stop,)
+        if any(not isinstance(x, str) or not x for x in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         self.tokenizer = tokenizer
         self.probes = probes
         self.normalize = normalize
@@ -83,7 +86,8 @@ class Scorer:
         self._plans: dict[tuple, list[Batch]] = {}
         self._packing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._token_budget: int | None = None
-        self._warned_truncation = False
+        self._row_cap: int | None = None  # rows per forward that fit, once one ran out of memory
+        self._warned: set[str] = set()  # warnings given once per scorer
 
     @property
     def scoring(self) -> dict[str, Any]:
@@ -99,7 +103,7 @@ class Scorer:
                  show_progress: bool = True) -> Answers:
         check_batch_size(batch_size)
         inner = unwrap(model)
-        config = getattr(inner, "config", None)
+        config = _text_config(inner)
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("forgetwatch scores decoder-only causal language models; "
                              "this model is an encoder-decoder")
@@ -117,21 +121,22 @@ class Scorer:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return self._answers(sums, texts, config)
+        return self._answers(sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
 
     def _prepare(self, model, device, pad_id, max_length, batch_size):
         """Multiple-choice batches for this model shape, and generative prompts by probe index."""
-        inner = unwrap(model)
         batches: list[Batch] = []
         if self._first_key[-1]:
-            packing = self._packing_allowed(inner)
-            if packing and self._packing.get(model) is None:
-                self._packing[model] = self._packing_agrees(
-                    model, device, _compute_dtype(inner), _keep_arg(inner), pad_id, max_length)
-            batches = self._plan(max_length, packing and self._packing[model], pad_id,
-                                 batch_size, inner, device)
+            if model not in self._packing:
+                self._packing[model] = self._may_pack(model, device, pad_id, max_length)
+            batches = self._plan(model, max_length, self._packing[model], pad_id, batch_size, device)
         room = max(1, max_length - self.max_new_tokens)
         prompts = {i: e.prompt[-room:] for i, e in enumerate(self.encoded) if isinstance(e, EncodedPrompt)}
+        truncated = sum(len(e.prompt) > room for i, e in enumerate(self.encoded) if i in prompts)
+        if truncated:
+            self._warn_once("prompt", "%d generative prompt(s) are longer than the model's maximum length "
+                            "(%d tokens) less max_new_tokens (%d); they are truncated from the left",
+                            truncated, max_length, self.max_new_tokens)
         return batches, prompts
 
     # -- multiple choice -----------------------------------------------------------------------
@@ -141,19 +146,26 @@ class Scorer:
         n_keys = int(self._first_key[-1])
         if not batches:
             return np.zeros(n_keys)
-        inner = unwrap(model)
-        dtype, keep_arg = _compute_dtype(inner), _keep_arg(inner)
+        run = self._forward(model, device)
         keys, values = [], []
         for batch in batches:
             def forward(rows: list[Row], batch: Batch = batch) -> tuple[np.ndarray, np.ndarray]:
                 part = batch if rows is batch.rows else collate(rows, pad_id)
-                return part.keys, forward_logprobs(model, part, device, dtype, keep_arg)
+                return part.keys, run(part)
 
-            for _, (k, v) in run_halving(forward, batch.rows, lambda n: self._out_of_memory(n, device)):
+            for _, (k, v) in self._within_memory(forward, batch.rows, device):
                 keys.append(k)
                 values.append(v)
             bar.update(len(batch))
         return np.bincount(np.concatenate(keys), weights=np.concatenate(values), minlength=n_keys)
+
+    def _forward(self, model, device) -> Callable[[Batch], np.ndarray]:
+        """Log-probabilities of one batch's reads, through the module forwards must go through."""
+        inner = unwrap(model)
+        fwd = forward_module(model)
+        additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
+        keep_arg = _keep_arg(inner)
+        return lambda batch: forward_logprobs(fwd, batch, device, additive, keep_arg)
 
     def _rows(self, max_length: int, packing: bool, sliding_window: int | None) -> list[Row]:
         rows: list[Row] = []
@@ -170,18 +182,36 @@ class Scorer:
                     rows.append(row)
                     continue
             rows.extend(plain_rows(enc, first, max_length))
-        if truncated and not self._warned_truncation:
-            self._warned_truncation = True
-            logger.warning(
-                "%d probe(s) are longer than the model's maximum length (%d tokens); their "
-                "questions are truncated from the left, as lm-eval-harness does", truncated, max_length)
+        if truncated:
+            self._warn_once("choices", "%d probe(s) are longer than the model's maximum length (%d "
+                            "tokens); their questions are truncated from the left, as lm-eval-harness "
+                            "does", truncated, max_length)
         return rows
 
-    def _plan(self, max_length, packing, pad_id, batch_size, inner, device) -> list[Batch]:
-        limit = (batch_size, None) if batch_size != "auto" else (None, self._budget(inner, device))
+    def _within_memory(self, fn, items: list, device):
+        """Yield ``(chunk, fn(chunk))`` over ``items``: no more at once than has fitted in
+        memory before, and fewer after an out-of-memory (see :func:`run_halving`)."""
+        start = 0
+        while start < len(items):
+            chunk = items[start:start + (self._row_cap or len(items))]
+            yield from run_halving(fn, chunk, lambda n: self._out_of_memory(n, device))
+            start += len(chunk)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    def _plan(self, model, max_length, packing, pad_id, batch_size, device) -> list[Batch]:
+        inner = unwrap(model)
+        if batch_size == "auto":
+            limit = (self._row_cap, self._budget(inner, device))
+        else:
+            limit = (min(batch_size, self._row_cap or batch_size), None)
         key = (max_length, packing, pad_id, limit)
         if key not in self._plans:
-            rows = self._rows(max_length, packing, getattr(inner.config, "sliding_window", None))
+            window = getattr(_text_config(inner), "sliding_window", None)
+            rows = self._rows(max_length, packing, window)
             batches = []
             for kind in (True, False):  # packed and plain rows never share a batch
                 subset = [r for r in rows if r.packed is kind]
@@ -191,50 +221,56 @@ class Scorer:
         return self._plans[key]
 
     def _budget(self, inner, device) -> int:
-        """Tokens per forward for ``batch_size="auto"``: a first guess, then what worked."""
-        if self._token_budget is None:
-            cfg = getattr(inner, "config", None)
-            self._token_budget = default_token_budget(
-                device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
+        """Tokens per forward for ``batch_size="auto"``: a guess from the memory free now (it
+        shrinks once training holds optimizer state), never above a size that ran out."""
+        cfg = _text_config(inner)
+        guess = default_token_budget(device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
+        if self._token_budget is None or guess < self._token_budget:
+            self._token_budget = guess
         return self._token_budget
 
-    def _out_of_memory(self, rows: int, device) -> None:
+    def _out_of_memory(self, rows: int, device) -> int:
+        """Remember that ``rows`` sequences did not fit, for this evaluation and later ones;
+        return how many to try instead."""
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        self._row_cap = max(1, min(rows, self._row_cap or rows) // 2)
         if self._token_budget is not None:
             self._token_budget = max(1, self._token_budget // 2)
-            self._plans.clear()
-        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, rows // 2)
+        self._plans.clear()
+        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, self._row_cap)
+        return self._row_cap
 
-    def _packing_allowed(self, inner) -> bool:
-        impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-        return impl in PACKABLE_ATTENTION
+    def _may_pack(self, model, device, pad_id, max_length) -> bool:
+        """Once per model: may its multiple-choice probes be scored packed?"""
+        reason = packing_blocker(unwrap(model), _text_config(unwrap(model)))
+        if reason is None:
+            probes = check_probes([(int(self._first_key[i]), e) for i, e in enumerate(self.encoded)
+                                   if isinstance(e, EncodedChoices) and not needs_truncation(e, max_length)])
+            if not probes:
+                return True
+            run = self._forward(model, device)
+            n_keys = int(self._first_key[-1])
 
-    def _packing_agrees(self, model, device, dtype, keep_arg, pad_id, max_length) -> bool:
-        """Once per model: check packed rows give the plain rows' log-probs on a few probes."""
-        probes = [(i, e) for i, e in enumerate(self.encoded)
-                  if isinstance(e, EncodedChoices) and not needs_truncation(e, max_length)][:2]
-        if not probes:
-            return True
-        packed = [packed_row(e, int(self._first_key[i])) for i, e in probes]
-        plain = [r for i, e in probes for r in plain_rows(e, int(self._first_key[i]), max_length)]
-        try:
-            sums = []
-            for rows in (packed, plain):
-                b = collate(rows, pad_id)
-                lp = forward_logprobs(model, b, device, dtype, keep_arg)
-                sums.append(np.bincount(b.keys, weights=lp, minlength=int(self._first_key[-1])))
-        except Exception as err:  # a model whose attention rejects a 4D mask
-            logger.warning("this model does not take a custom attention mask (%s); scoring each "
-                           "choice as its own sequence, which is slower", err)
-            return False
-        tol = 1e-3 if dtype == torch.float32 else 5e-2
-        if not np.allclose(sums[0], sums[1], atol=tol, rtol=tol):
-            logger.warning("packed scoring disagrees with plain scoring on this model (max "
-                           "difference %.3g); scoring each choice as its own sequence, which is slower",
-                           float(np.abs(sums[0] - sums[1]).max()))
-            return False
-        return True
+            def score(rows: list[Row]) -> np.ndarray:
+                sums = np.zeros(n_keys)
+                for part, lp in self._within_memory(lambda rs: run(collate(rs, pad_id)), rows, device):
+                    sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
+                return sums
+
+            try:
+                agrees, error, tolerance = packing_agrees(probes, score, max_length, _weights_eps(model))
+            except (RuntimeError, ValueError, TypeError, IndexError) as err:
+                if is_out_of_memory(err) or _is_distributed_error(err):
+                    raise
+                reason = f"its forward rejects a custom attention mask ({_first_line(err)})"
+            else:
+                if agrees:
+                    return True
+                reason = (f"packed scores differ from plain ones by {error:.3g} nats per token "
+                          f"(tolerance {tolerance:.3g})")
+        self._warn_once("packing", "scoring each choice as its own sequence, which is slower: %s", reason)
+        return False
 
     # -- generative ----------------------------------------------------------------------------
 
@@ -253,15 +289,14 @@ class Scorer:
 
         texts: dict[int, str] = {}
         for idx in batches:
-            chunk = [order[j] for j in idx]
-            for part, out in run_halving(generate, chunk, lambda n: self._out_of_memory(n, device)):
+            for part, out in self._within_memory(generate, [order[j] for j in idx], device):
                 texts.update(zip(part, out))
-            bar.update(len(chunk))
+                bar.update(len(part))
         return texts
 
     # -- results -------------------------------------------------------------------------------
 
-    def _answers(self, sums: np.ndarray, texts: dict[int, str], config) -> Answers:
+    def _answers(self, sums: np.ndarray, texts: dict[int, str], model_name: str) -> Answers:
         samples = []
         for i, probe in enumerate(self.probes):
             sample: dict[str, Any] = {"id": probe.id, "category": probe.category}
@@ -281,8 +316,7 @@ class Scorer:
                               predicted=got, output=text, n_choices=0)
             samples.append(sample)
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        return Answers.from_samples(self.fingerprint, self.scoring, samples,
-                                    model=str(getattr(config, "_name_or_path", "") or ""), meta=meta)
+        return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
 
 
 def _input_device(model) -> torch.device:
@@ -292,11 +326,27 @@ def _input_device(model) -> torch.device:
         return next(model.parameters()).device
 
 
-def _compute_dtype(model) -> torch.dtype:
-    try:
-        return model.get_input_embeddings().weight.dtype
-    except (AttributeError, NotImplementedError):
-        return next(model.parameters()).dtype
+def _text_config(model):
+    """The language model's config (composite models nest it under ``text_config``)."""
+    config = getattr(model, "config", None)
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _weights_eps(model) -> float:
+    """Machine epsilon of the least precise floating-point weights."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return max((torch.finfo(d).eps for d in dtypes), default=torch.finfo(torch.float32).eps)
+
+
+def _is_distributed_error(err: BaseException) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", None)
+    return dist_error is not None and isinstance(err, dist_error)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _keep_arg(model) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -60,12 +61,15 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def run_halving(fn: Callable[[list[T]], Any], items: list[T],
-                on_out_of_memory: Callable[[int], None]) -> Iterator[tuple[list[T], Any]]:
-    """Yield ``(items, fn(items))``; on out-of-memory, split ``items`` in halves and retry
-    each (recursively), calling ``on_out_of_memory(len(items))`` first.
+                on_out_of_memory: Callable[[int], int]) -> Iterator[tuple[list[T], Any]]:
+    """Yield ``(chunk, fn(chunk))`` over ``items``, whole if it fits in memory.
+
+    On out-of-memory, ``on_out_of_memory(len(items))`` returns how many items to try at once
+    (smaller than before); ``items`` are split into chunks of that size, each retried the
+    same way.
 
     Example:
-        >>> list(run_halving(sum, [1, 2, 3], print))
+        >>> list(run_halving(sum, [1, 2, 3], lambda n: n // 2))
         [([1, 2, 3], 6)]
     """
     try:
@@ -73,9 +77,24 @@ def run_halving(fn: Callable[[list[T]], Any], items: list[T],
     except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
         if not is_out_of_memory(err) or len(items) == 1:
             raise
-        on_out_of_memory(len(items))
-        half = len(items) // 2
-        yield from run_halving(fn, items[:half], on_out_of_memory)
-        yield from run_halving(fn, items[half:], on_out_of_memory)
+        result = _FAILED
+    if result is _FAILED:
+        # retry outside the except block: its traceback would keep the failed attempt's
+        # activations alive, and then no retry could fit either
+        gc.collect()
+        size = [max(1, min(on_out_of_memory(len(items)), len(items) - 1))]
+
+        def shrink(n: int) -> int:  # a failure inside a chunk shrinks the chunks after it too
+            size[0] = max(1, min(on_out_of_memory(n), size[0]))
+            return size[0]
+
+        start = 0
+        while start < len(items):
+            chunk = items[start:start + size[0]]
+            yield from run_halving(fn, chunk, shrink)
+            start += len(chunk)
         return
     yield items, result
+
+
+_FAILED = object()

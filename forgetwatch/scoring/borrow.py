@@ -12,8 +12,17 @@ import torch
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside DDP/accelerate-style wrappers (``.module``), for config and devices."""
+    """The innermost model under any ``.module`` wrapper: where config and devices are read."""
     while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def forward_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module to run forwards on: through sharding engines (FSDP, DeepSpeed), which gather
+    parameters in their forward, but not through DDP, whose forward starts collectives that
+    would hang if ranks evaluate unevenly."""
+    while isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         model = model.module
     return model
 

@@ -7,9 +7,9 @@ separate (context + choice) sequence would give. The first token of every choice
 from the context's last position, so single-token choices cost one context pass in all.
 
 A *plain* row is lm-eval's layout, one per (context, choice), left-truncated to the model's
-length. It serves probes too long to pack, and models whose attention takes no custom mask.
+length and right-padded. It serves probes too long to pack, and models that cannot be packed.
 
-Rows are left-padded so that only the last ``keep`` positions of a batch need logits.
+Packed rows are left-padded so that only the last ``keep`` positions of a batch need logits.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ class Row:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def keep(self) -> int:
-        """How many trailing positions hold every scored position."""
-        return len(self.tokens) - int(self.scored.min())
 
 
 def packed_row(enc: EncodedChoices, first_key: int) -> Row:
@@ -104,16 +100,19 @@ class Batch:
 
 
 def collate(rows: list[Row], pad_id: int) -> Batch:
+    """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval)."""
     width = max(len(r) for r in rows)
-    keep = max(r.keep for r in rows)
+    packed = rows[0].packed
+    offsets = [width - len(r) if packed else 0 for r in rows]
+    # logits are needed from the earliest scored position of any row to the end
+    keep = max(width - off - int(r.scored.min()) for r, off in zip(rows, offsets))
     b = len(rows)
     ids = np.full((b, width), pad_id, dtype=np.int64)
     seg = np.full((b, width), PAD_SEG, dtype=np.int64)
     pos = np.zeros((b, width), dtype=np.int64)
     row_index, keep_index = [], []
-    for i, r in enumerate(rows):
-        off = width - len(r)
-        ids[i, off:], seg[i, off:], pos[i, off:] = r.tokens, r.segments, r.positions
+    for i, (r, off) in enumerate(zip(rows, offsets)):
+        ids[i, off:off + len(r)], seg[i, off:off + len(r)], pos[i, off:off + len(r)] = r.tokens, r.segments, r.positions
         row_index.append(np.full(len(r.scored), i))
         keep_index.append(off + r.scored - (width - keep))
     return Batch(
@@ -123,40 +122,46 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
         keep_index=torch.from_numpy(np.concatenate(keep_index)),
         targets=torch.from_numpy(np.concatenate([r.targets for r in rows])),
         keys=np.concatenate([r.keys for r in rows]),
-        packed=rows[0].packed, rows=rows,
+        packed=packed, rows=rows,
     )
 
 
-def block_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask: causal, no padding, and a choice sees only the context and itself."""
+def block_mask(segments: torch.Tensor, additive: bool) -> torch.Tensor:
+    """4D mask: causal, no padding, and a choice sees only the context and itself.
+
+    Boolean (True = attend) for SDPA; additive float32 for eager attention, which adds the
+    mask to its scores (float32 promotes any score dtype and holds the most negative value).
+    """
     _, width = segments.shape
     q, k = segments[:, :, None], segments[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
     allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
     # a padding query sees itself, so no row of the softmax is empty
     allowed |= torch.eye(width, dtype=torch.bool, device=segments.device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    if not additive:
+        return allowed[:, None]
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=segments.device)
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
     return mask[:, None]
 
 
-def forward_logprobs(model, batch: Batch, device: torch.device, dtype: torch.dtype,
+def forward_logprobs(model, batch: Batch, device: torch.device, additive_mask: bool,
                      keep_arg: str | None) -> np.ndarray:
     """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order."""
-    ids = batch.input_ids.to(device, non_blocking=True)
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
-        "input_ids": ids,
+        "input_ids": batch.input_ids.to(device, non_blocking=True),
         "position_ids": batch.position_ids.to(device, non_blocking=True),
         "use_cache": False,
     }
     if batch.packed:
-        kwargs["attention_mask"] = block_mask(seg, dtype)
+        kwargs["attention_mask"] = block_mask(seg, additive_mask)
     else:
         kwargs["attention_mask"] = (seg != PAD_SEG).long()
     if keep_arg is not None:
         kwargs[keep_arg] = batch.keep
     logits = model(**kwargs).logits[:, -batch.keep:].float()
-    r, k = batch.row_index.to(device), batch.keep_index.to(device)
-    picked = logits[r, k, batch.targets.to(device)] - torch.logsumexp(logits, dim=-1)[r, k]
+    # a model split across devices returns logits on its last device
+    r, k = batch.row_index.to(logits.device), batch.keep_index.to(logits.device)
+    picked = logits[r, k, batch.targets.to(logits.device)] - torch.logsumexp(logits, dim=-1)[r, k]
     return picked.double().cpu().numpy()

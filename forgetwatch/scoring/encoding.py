@@ -64,7 +64,7 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     out: list[list[int] | None] = [None] * len(texts)
     groups: dict[bool, list[int]] = {True: [], False: []}
     for i, t in enumerate(texts):
-        groups[bool(prefix) and t.startswith(prefix)].append(i)
+        groups[prefix is not None and t.startswith(prefix)].append(i)
     for has_prefix, idx in groups.items():
         if not idx:
             continue

@@ -13,7 +13,9 @@ from decimal import Decimal, InvalidOperation
 Extractor = Callable[[str], "str | None"]
 
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_LETTER_AFTER_ANSWER = re.compile(r"\banswer\b\s*(?:is\s*:?|:)?\s*\(?([A-Za-z])\b\)?", re.IGNORECASE)
+_LETTER_AFTER_ANSWER = re.compile(r"\b(?i:answer)\b\s*(?:(?i:is)\s*:?|:)?\s*(\()?([A-Za-z])(?![A-Za-z])")
+_SET_OFF = re.compile(r"\s*(?:$|[).,;:!?\n])")
+_PROSE_AFTER = re.compile(r"\s+[a-z]")
 # A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
 _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
@@ -28,6 +30,8 @@ def normalize_number(text: str) -> str | None:
         return None
     if not value.is_finite():
         return None
+    if value == 0:
+        return "0"  # not "-0"
     if value == value.to_integral_value():
         return format(value.to_integral_value(), "f")  # "1e3" -> "1000", not "1E+3"
     return format(value.normalize(), "f")
@@ -40,11 +44,22 @@ def extract_number(text: str) -> str | None:
 
 
 def extract_letter(text: str) -> str | None:
-    """A choice letter: after "answer is"/"answer:", else at the very start, else as "(X)"."""
-    for pattern in (_LETTER_AFTER_ANSWER, _LETTER_AT_START, _LETTER_IN_PARENS):
+    """A choice letter: after "answer is"/"answer:", else at the very start, else as "(X)".
+
+    After "answer", a letter counts when it is in parentheses, set off by punctuation or the
+    end, or a capital followed by more text, unless it reads as a word: "a"/"A"/"I" before a
+    lowercase word ("the answer is a cat", "Answer: I am not sure").
+    """
+    for m in _LETTER_AFTER_ANSWER.finditer(text):
+        paren, letter = m.group(1), m.group(2)
+        rest = text[m.end():]
+        if paren or _SET_OFF.match(rest) or (
+                letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(rest))):
+            return letter.upper()
+    for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
         m = pattern.search(text)
         if m:
-            return m.group(1).upper()
+            return m.group(1)
     return None
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .borrow import unwrap
+from .borrow import forward_module, unwrap
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -31,7 +31,14 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device: torch.device,
                    pad_id: int, max_new_tokens: int, stop: Sequence[str]) -> list[str]:
-    """Greedy continuations of one batch of prompts, each cut at the first stop string."""
+    """Greedy continuations of one batch of prompts, each cut at the first stop string.
+
+    Decoding is plain greedy whatever the model's own generation config says: transformers
+    fills every option a call leaves unset from ``model.generation_config`` (a repetition
+    penalty, a minimum length, suppressed tokens, ...), so a clean config stands in for it
+    during the call. Otherwise two checkpoints with different configs would be decoded
+    differently and their answers would not be comparable.
+    """
     from transformers import GenerationConfig
 
     width = max(len(p) for p in prompts)
@@ -40,13 +47,31 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p):] = 1
-    config = GenerationConfig(
+    greedy = GenerationConfig(
         do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
         eos_token_id=stop_token_ids(model, tokenizer), stop_strings=list(stop) or None,
     )
-    out = unwrap(model).generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-        tokenizer=tokenizer,
-    )
+    owner = _generation_config_owner(model)
+    saved = owner.generation_config
+    owner.generation_config = greedy
+    try:
+        out = generator(model).generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=greedy,
+            tokenizer=tokenizer,
+        )
+    finally:
+        owner.generation_config = saved
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return [cut_at_stop(t, stop) for t in texts]
+
+
+def generator(model):
+    """The module whose ``generate`` to call (DDP has none; the inner model does)."""
+    inner = forward_module(model)
+    return inner if hasattr(inner, "generate") else unwrap(model)
+
+
+def _generation_config_owner(model):
+    """The model whose ``generation_config`` ``generate`` reads (under PEFT: the base model)."""
+    inner = unwrap(model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner

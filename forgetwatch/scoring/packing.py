@@ -1,0 +1,78 @@
+"""Whether a model may be scored with packed rows: known blockers first, then a one-time check.
+
+Packing relies on attention being the only way tokens see each other, steered by the mask
+and the position ids. Models with position biases computed from the sequence layout (ALiBi),
+recurrent layers (state-space / linear attention, which also see padding), or virtual prompt
+tokens break that, as do attention kernels that take no custom mask. Those are refused up
+front; for everything else, packed scores are compared once with plain ones on the probes
+that exercise packing most, against the noise that batching alone causes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .choices import Row, packed_row, plain_rows
+from .encoding import EncodedChoices
+
+ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "baichuan", "jais"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+RECURRENT_CONFIG_KEYS = ("attn_layer_period", "mamba_d_state", "ssm_state_size", "state_size",
+                         "hybrid_override_pattern", "layers_block_type", "linear_num_value_heads")
+CHECK_PROBES = 4
+MIN_TOLERANCE = 1e-4  # per token, in nats: far below any leak through the mask
+EPS_FACTOR = 8  # per token, in units of the weights' machine epsilon (bf16: 0.0625 nats)
+
+
+def packing_blocker(model, config) -> str | None:
+    """Why this model cannot be scored packed, or ``None`` if it may be (subject to the check)."""
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in ("eager", "sdpa", None):
+        return f"attention implementation {impl!r} takes no custom mask"
+    if getattr(config, "alibi", False) or getattr(config, "model_type", None) in ALIBI_MODEL_TYPES:
+        return "ALiBi position biases depend on the sequence layout"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(t not in ATTENTION_LAYER_TYPES for t in layer_types) or any(
+            getattr(config, key, None) is not None for key in RECURRENT_CONFIG_KEYS):
+        return "recurrent layers see every earlier token, whatever the mask"
+    peft = getattr(model, "active_peft_config", None)
+    if getattr(peft, "is_prompt_learning", False):
+        return "prompt-learning adapters add virtual tokens outside the mask"
+    return None
+
+
+def check_probes(encoded: Sequence[tuple[int, EncodedChoices]], n: int = CHECK_PROBES):
+    """The probes that exercise packing most: most choice tokens behind the context."""
+    ranked = sorted(encoded, key=lambda item: -sum(len(c) - 1 for c in item[1].continuations))
+    return ranked[:n]
+
+
+def packing_agrees(
+    probes: Sequence[tuple[int, EncodedChoices]],
+    score: Callable[[list[Row]], np.ndarray],
+    max_length: int,
+    eps: float,
+) -> tuple[bool, float, float]:
+    """Compare packed with plain scores on ``probes`` (``(first key, encoding)`` pairs).
+
+    ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Per
+    choice token, the tolerance is the largest of: four times the difference batching alone
+    makes (plain rows scored together vs one by one), :data:`EPS_FACTOR` times ``eps`` (the
+    weights' machine epsilon: another layout rounds differently in half precision), and
+    :data:`MIN_TOLERANCE`. Returns ``(agrees, largest difference, tolerance)``.
+    """
+    packed = [packed_row(enc, key) for key, enc in probes]
+    plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]
+    together = score(plain)
+    alone = sum(score([r]) for r in plain)
+    tokens = np.zeros_like(together)
+    for key, enc in probes:
+        for j, cont in enumerate(enc.continuations):
+            tokens[key + j] = len(cont)
+    used = tokens > 0
+    noise = float(np.max(np.abs(together - alone)[used] / tokens[used]))
+    error = float(np.max(np.abs(score(packed) - together)[used] / tokens[used]))
+    tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
+    return error <= tolerance, error, tolerance
