@@ -15,9 +15,25 @@ from .scoring import Scorer, evaluate
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # the callback pulls in the transformers Trainer stack: import it when first asked for
+    if name == "ForgetWatchCallback":
+        from .callback import ForgetWatchCallback
+
+        return ForgetWatchCallback
+    if name == "ForgetWatchConfig":
+        from .config import ForgetWatchConfig
+
+        return ForgetWatchConfig
+    raise AttributeError(f"module 'forgetwatch' has no attribute {name!r}")
+
+
 __all__ = [
     "Answers",
     "AnswersMismatchError",
+    "ForgetWatchCallback",
+    "ForgetWatchConfig",
     "Probe",
     "ProbeError",
     "ProbeSet",

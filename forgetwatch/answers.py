@@ -139,11 +139,15 @@ class Answers:
                 f"(fingerprint {self.probe_fingerprint} vs {other.probe_fingerprint}); "
                 "evaluate both models on the same probe file"
             )
-        if _comparable_scoring(self.scoring) != _comparable_scoring(other.scoring):
+        if not self.scored_like(other.scoring):
             raise AnswersMismatchError(
                 f"these {what} were scored with different options ({self.scoring} vs {other.scoring}); "
                 "evaluate both with the same options"
             )
+
+    def scored_like(self, scoring: dict[str, Any]) -> bool:
+        """Whether these answers were scored with options that give the same answers."""
+        return _comparable_scoring(self.scoring) == _comparable_scoring(scoring)
 
     def check_probes(self, probes: Any) -> None:
         """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet)."""

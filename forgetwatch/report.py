@@ -88,6 +88,31 @@ class TransitionReport:
                 out[name] = _json_value(value)
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransitionReport:
+        """Inverse of :meth:`to_dict` (``None`` back to NaN; missing fields take their defaults).
+
+        Example:
+            >>> r = TransitionReport(n=2, forgotten=1, kept=1, forgotten_ids=["a"])
+            >>> TransitionReport.from_dict(r.to_dict()).forgotten_ids
+            ['a']
+        """
+        values: dict[str, Any] = {}
+        for name, f in cls.__dataclass_fields__.items():
+            if name not in data:
+                continue
+            value = data[name]
+            if name == "by_category":
+                value = {cat: cls.from_dict(child) for cat, child in (value or {}).items()}
+            elif name.endswith("_ci"):
+                value = tuple(_NAN if v is None else float(v) for v in value)
+            elif name.endswith("_ids"):
+                value = list(value)
+            elif f.type in ("float", float):
+                value = _NAN if value is None else float(value)
+            values[name] = value
+        return cls(**values)
+
     def _row(self, category: str) -> dict[str, Any]:
         return {
             "category": category, "n": self.n,

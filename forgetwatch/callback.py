@@ -1,0 +1,314 @@
+"""ForgetWatchCallback: watch forgetting inside a transformers / TRL training run.
+
+It decides when to evaluate and where results go; scoring, comparison, scheduling, stopping
+and storage each live in their own module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from . import sinks
+from .answers import Answers, AnswersMismatchError
+from .config import ForgetWatchConfig
+from .metrics import compare
+from .probes import ProbeSet
+from .report import TransitionReport
+from .schedule import Budget, EverySteps
+from .scoring import Scorer
+from .stopping import StopRule
+from .store import SUBDIR, RunStore, model_key, weights_key
+
+logger = logging.getLogger("forgetwatch")
+
+OnForgetting = Callable[[TransitionReport, int], Any]
+
+
+class ForgetWatchCallback(TrainerCallback):
+    """Measure per-sample forgetting on a probe set while a model trains.
+
+    The base model's answers are scored once when training begins (or loaded: ``base=``, a
+    cached snapshot, or the checkpoint's copy on resume); then the live model is re-scored
+    every ``eval_steps`` optimizer steps, or as often as ``max_overhead`` of wall time allows,
+    and at trainer evaluations and the end of training. Each evaluation is logged as
+    ``forgetwatch/*`` metrics to every reporting integration (W&B, TensorBoard, ...), written
+    to ``history.jsonl``, printed as one line, passed to ``on_forgetting``, and checked
+    against ``max_forgetting``.
+
+    Args:
+        probes: a :class:`~forgetwatch.ProbeSet` or the path of a probe JSONL file.
+        eval_steps: evaluate every N optimizer steps (default: the ``max_overhead`` budget).
+        max_forgetting: stop training once the forgetting rate exceeds this.
+        output_dir: where snapshot and history live (default ``<output_dir>/forgetwatch``).
+        base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
+            instead of scoring the model at the start.
+        tokenizer: defaults to the trainer's ``processing_class``.
+        on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
+        config: a :class:`~forgetwatch.config.ForgetWatchConfig`, instead of keywords.
+        **settings: any other :class:`~forgetwatch.config.ForgetWatchConfig` field
+            (``max_overhead``, ``stop_metric``, ``patience``, ``significance``, ...).
+
+    Attributes:
+        history: ``(global_step, TransitionReport)`` per evaluation.
+        base_answers: the base model's :class:`~forgetwatch.Answers`.
+
+    Example:
+        >>> from trl import SFTTrainer
+        >>> probes = ProbeSet.from_jsonl("probes.jsonl")                          # doctest: +SKIP
+        >>> trainer = SFTTrainer(model=model, train_dataset=ds,
+        ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
+        >>> trainer.train()                                                      # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        probes: ProbeSet | str | os.PathLike[str] | None = None,
+        *,
+        eval_steps: int | None = None,
+        max_forgetting: float | None = None,
+        output_dir: str | None = None,
+        base: Answers | str | os.PathLike[str] | None = None,
+        tokenizer: Any = None,
+        on_forgetting: OnForgetting | None = None,
+        config: ForgetWatchConfig | None = None,
+        **settings: Any,
+    ):
+        if config is None:
+            config = ForgetWatchConfig.from_dict(
+                {"eval_steps": eval_steps, "max_forgetting": max_forgetting, "output_dir": output_dir,
+                 **settings}, source="ForgetWatchCallback")
+        elif settings or eval_steps is not None or max_forgetting is not None or output_dir is not None:
+            raise TypeError("give either config= or setting keywords, not both")
+        probes = probes if probes is not None else config.probes
+        if probes is None:
+            raise ValueError("ForgetWatchCallback needs probes: a ProbeSet or a probe file path")
+        # a bad probe file fails here, before the trainer does any work
+        self.probes = probes if isinstance(probes, ProbeSet) else ProbeSet.from_jsonl(probes)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.on_forgetting = on_forgetting
+        self._base_given = base if base is not None else config.base
+        self.base_answers: Answers | None = None
+        self.history: list[tuple[int, TransitionReport]] = []
+        self._records: list[dict[str, Any]] = []
+        self._schedule = EverySteps(config.eval_steps) if config.eval_steps else Budget(config.max_overhead)
+        self._stop_rule = self._new_stop_rule()
+        self._scorer: Scorer | None = None
+        self._store: RunStore | None = None
+        self._handler: Any = None
+
+    @classmethod
+    def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
+        """Build from a :class:`~forgetwatch.config.ForgetWatchConfig` (its ``probes`` path
+        is loaded unless ``probes=`` is passed).
+
+        Example:
+            >>> cb = ForgetWatchCallback.from_config(ForgetWatchConfig(probes="p.jsonl", eval_steps=20))  # doctest: +SKIP
+        """
+        return cls(kwargs.pop("probes", None), config=config, **kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> ForgetWatchCallback:
+        """Build from a YAML file (see ``configs/``); ``kwargs`` as for :meth:`from_config`.
+
+        Example:
+            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml")  # doctest: +SKIP
+        """
+        return cls.from_config(ForgetWatchConfig.from_yaml(path), **kwargs)
+
+    def _new_stop_rule(self) -> StopRule:
+        c = self.config
+        return StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance, c.category_max_forgetting)
+
+    # -- trainer events ------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self._handler = sinks.find_handler(self)
+        self._run_before_early_stopping()
+        tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
+        if tokenizer is None:
+            raise ValueError("ForgetWatchCallback needs a tokenizer: pass processing_class to the "
+                             "trainer or tokenizer= to the callback")
+        c = self.config
+        self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
+                              max_new_tokens=c.max_new_tokens, stop=c.stop)
+        self._store = RunStore(c.output_dir or Path(args.output_dir) / "forgetwatch")
+        resumed = state.global_step > 0
+        self.base_answers, spent = self._base_snapshot(model, args, state, resumed)
+        if resumed:
+            self._restore_history(args, state)
+        elif state.is_world_process_zero:
+            self._store.set_aside_history()
+        self._schedule.start(state.global_step, spent)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if self._schedule.due(step):
+            self._evaluate(model, args, state, control, "schedule")
+        elif control.should_training_stop and self.config.eval_on_train_end and not self._evaluated(step):
+            # the last step: evaluate now, while every integration is still open
+            self._evaluate(model, args, state, control, "train_end")
+
+    def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
+        if not self.config.eval_on_evaluate or self.base_answers is None:
+            return
+        if self._evaluated(state.global_step):
+            report = self.history[-1][1]
+        else:
+            report = self._evaluate(model, args, state, control, "evaluate")
+        extra = sinks.eval_metric_values(report)
+        if metrics is not None:  # the dict best-model selection and EarlyStoppingCallback read
+            metrics.update(extra)
+        sinks.emit(self._handler, extra, args, state, control, source=self)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.config.eval_on_train_end and self.base_answers is not None and not self._evaluated(state.global_step):
+            self._evaluate(model, args, state, control, "train_end")
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            self._store.copy_to(checkpoint / SUBDIR)
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def _evaluated(self, step: int) -> bool:
+        return bool(self.history) and self.history[-1][0] == step
+
+    def _evaluate(self, model, args, state, control, trigger: str) -> TransitionReport:
+        start = time.perf_counter()
+        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=False)
+        report = compare(self.base_answers, answers)
+        seconds = time.perf_counter() - start
+        step = state.global_step
+        self._schedule.evaluated(step, seconds)
+        self.history.append((step, report))
+
+        record = {"step": step, "time": round(time.time(), 3), "seconds": round(seconds, 4),
+                  "trigger": trigger, "report": _history_report(report)}
+        reason = self._stop_rule.update(record["report"]) if self._stop_rule.active else None
+        if reason:
+            record["stop"] = reason
+        self._records.append(record)
+        if state.is_world_process_zero:
+            self._store.save_history(self._records)
+            if self.config.verbose:
+                print(sinks.console_line(step, report), flush=True)
+        sinks.emit(self._handler, sinks.metric_values(report, self.config.log_categories),
+                   args, state, control, source=self)
+        if self.on_forgetting is not None:
+            self.on_forgetting(report, step)
+        if reason:
+            self._stop(reason, step, state, control)
+        return report
+
+    def _stop(self, reason: str, step: int, state, control) -> None:
+        control.should_training_stop = True
+        if self.config.save_on_stop:
+            control.should_save = True
+        if state.is_world_process_zero:
+            logger.warning("forgetwatch: stopping training at step %d: %s", step, reason)
+            print(f"[forgetwatch] stopping training at step {step}: {reason}", flush=True)
+
+    # -- base snapshot and resume --------------------------------------------------------------
+
+    def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, float]:
+        """The base answers, and the seconds spent computing them (0 when loaded)."""
+        expected = {"model_key": model_key(model)}
+        if self._base_given is not None:
+            given = self._base_given
+            answers = given if isinstance(given, Answers) else Answers.load(given, probes=self.probes)
+            # any model's answers may serve as the base, if they cover these probes, scored alike
+            problem = self._mismatch(answers, {})
+            if problem:
+                raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
+                                           "it cannot be this run's base")
+            return answers, 0.0
+        if resumed:
+            for directory in self._resume_dirs(args, state):
+                answers = RunStore(directory).load_snapshot()
+                if answers is not None and self._mismatch(answers, expected) is None:
+                    return answers, 0.0
+            raise FileNotFoundError(
+                f"resuming at step {state.global_step}, but no base snapshot matching these probes and "
+                f"this model was found in {', '.join(map(str, self._resume_dirs(args, state)))}; the "
+                "resumed weights have moved, so they cannot stand in for the base: pass base=PATH with "
+                "the original run's base_answers.npz")
+        expected["weights_key"] = weights_key(model)
+        cached = self._store.load_snapshot() if self._store.snapshot_path.is_file() else None
+        if cached is not None:
+            problem = self._mismatch(cached, expected)
+            if problem is None:
+                logger.info("forgetwatch: reusing the base snapshot in %s", self._store.snapshot_path)
+                return cached, 0.0
+            logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
+                           self._store.snapshot_path, problem)
+        start = time.perf_counter()
+        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=state.is_world_process_zero)
+        answers.meta.update(expected)
+        if state.is_world_process_zero:
+            self._store.save_snapshot(answers)
+        return answers, time.perf_counter() - start
+
+    def _mismatch(self, answers: Answers, expected: dict[str, str]) -> str | None:
+        """What makes ``answers`` unusable as this run's base, or ``None``."""
+        if answers.probe_fingerprint != self._scorer.fingerprint:
+            return "another probe set"
+        if not answers.scored_like(self._scorer.scoring):
+            return f"other scoring options ({answers.scoring} vs {self._scorer.scoring})"
+        for key, value in expected.items():
+            if answers.meta.get(key) != value:
+                return "another model" if key == "model_key" else "other weights"
+        return None
+
+    def _resume_dirs(self, args, state) -> list[Path]:
+        """Where a resumed run looks for its base snapshot and history, in order."""
+        dirs = [Path(args.output_dir) / f"checkpoint-{state.global_step}" / SUBDIR]
+        if isinstance(getattr(args, "resume_from_checkpoint", None), str):
+            dirs.append(Path(args.resume_from_checkpoint) / SUBDIR)
+        dirs.append(self._store.dir)
+        return dirs
+
+    def _restore_history(self, args, state) -> None:
+        """Keep the history up to the checkpoint's step; replay it through the stop rule."""
+        for directory in self._resume_dirs(args, state):
+            records = RunStore(directory).load_history()
+            if records:
+                break
+        self._records = [r for r in records if r["step"] <= state.global_step]
+        self.history = [(r["step"], TransitionReport.from_dict(r["report"])) for r in self._records]
+        self._stop_rule = self._new_stop_rule()
+        for r in self._records:
+            self._stop_rule.update(r["report"])
+        if state.is_world_process_zero:
+            self._store.save_history(self._records)
+
+    def _run_before_early_stopping(self) -> None:
+        """Move this callback ahead of transformers' EarlyStoppingCallback, so the
+        ``eval_forgetwatch_*`` metrics exist when it reads them."""
+        from transformers import EarlyStoppingCallback
+
+        if self._handler is None:
+            return
+        callbacks = self._handler.callbacks
+        mine = next(i for i, cb in enumerate(callbacks) if cb is self)
+        first = next((i for i, cb in enumerate(callbacks) if isinstance(cb, EarlyStoppingCallback)), None)
+        if first is not None and first < mine:
+            callbacks.insert(first, callbacks.pop(mine))
+
+
+def _history_report(report: TransitionReport) -> dict[str, Any]:
+    """The report for history.jsonl: ids once, at the top level, not again per category."""
+    data = report.to_dict()
+    for child in data["by_category"].values():
+        child.pop("forgotten_ids", None)
+        child.pop("gained_ids", None)
+        child.pop("by_category", None)
+    return data

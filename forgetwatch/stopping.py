@@ -1,0 +1,88 @@
+"""When to stop a run that forgets too much: thresholds, patience, an optional significance guard.
+
+The rule reads plain report dicts (:meth:`TransitionReport.to_dict`), the same records the
+history file holds, so after a resume it is rebuilt by replaying the history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+STOP_METRICS = ("forgetting", "forgetting_adjusted")
+OVERALL = "overall"
+
+
+class StopRule:
+    """Stop once a forgetting rate stays over its threshold for ``patience`` evaluations.
+
+    Args:
+        max_forgetting: threshold on the overall rate (``None``: no overall threshold).
+        metric: ``"forgetting"`` (raw F) or ``"forgetting_adjusted"`` (chance-adjusted).
+        patience: consecutive evaluations over a threshold before stopping.
+        significance: compare the Wilson 95 % lower bound instead of the estimate, so a
+            small probe set's noise alone does not stop a run. For the adjusted rate the
+            bound is shifted by the same chance correction as the estimate.
+        category_max_forgetting: thresholds for single categories, each counted separately.
+
+    Example:
+        >>> rule = StopRule(max_forgetting=0.05, patience=2)
+        >>> rule.update({"forgetting": 0.08, "forgetting_adjusted": 0.07, "forgetting_ci": [0.06, 0.1]})
+        >>> rule.update({"forgetting": 0.09, "forgetting_adjusted": 0.08, "forgetting_ci": [0.07, 0.11]})
+        'forgetting 0.0900 > 0.0500 for 2 consecutive evaluations'
+    """
+
+    def __init__(
+        self,
+        max_forgetting: float | None = None,
+        metric: str = "forgetting",
+        patience: int = 1,
+        significance: bool = False,
+        category_max_forgetting: Mapping[str, float] | None = None,
+    ):
+        if metric not in STOP_METRICS:
+            raise ValueError(f"metric must be one of {STOP_METRICS}, got {metric!r}")
+        if patience < 1:
+            raise ValueError(f"patience must be at least 1, got {patience}")
+        self.thresholds: dict[str, float] = dict(category_max_forgetting or {})
+        if max_forgetting is not None:
+            self.thresholds[OVERALL] = max_forgetting
+        self.metric = metric
+        self.patience = patience
+        self.significance = significance
+        self.streaks: dict[str, int] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.thresholds)
+
+    def update(self, report: Mapping[str, Any]) -> str | None:
+        """Count one evaluation; return why to stop, or ``None`` to go on."""
+        reasons = []
+        for scope, threshold in self.thresholds.items():
+            figures = report if scope == OVERALL else (report.get("by_category") or {}).get(scope)
+            value = self.value(figures) if figures else math.nan
+            self.streaks[scope] = self.streaks.get(scope, 0) + 1 if value > threshold else 0
+            if self.streaks[scope] >= self.patience:
+                reasons.append(self._reason(scope, value, threshold))
+        return "; ".join(reasons) or None
+
+    def value(self, figures: Mapping[str, Any]) -> float:
+        """The number compared with the threshold (NaN compares as never over it)."""
+        estimate = _number(figures.get(self.metric))
+        if not self.significance:
+            return estimate
+        low = _number((figures.get("forgetting_ci") or [None])[0])
+        # shift the raw rate's lower bound by the chance correction the estimate received
+        return low - (_number(figures.get("forgetting")) - estimate)
+
+    def _reason(self, scope: str, value: float, threshold: float) -> str:
+        what = f"{self.metric}{' lower bound (95 %)' if self.significance else ''}"
+        where = "" if scope == OVERALL else f" in category {scope!r}"
+        times = f" for {self.patience} consecutive evaluations" if self.patience > 1 else ""
+        return f"{what}{where} {value:.4f} > {threshold:.4f}{times}"
+
+
+def _number(x: Any) -> float:
+    return math.nan if x is None else float(x)

@@ -1,0 +1,360 @@
+"""Tests for forgetwatch.plot: history loading, the PNG curves and the console curve."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from forgetwatch.answers import Answers
+from forgetwatch.metrics import compare
+from forgetwatch.plot import LEGEND_MAX, _figure, load_history, plot_history, text_curve
+
+# the PNG tests need the optional matplotlib; the console curve and the loader do not
+needs_mpl = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason='needs "forgetwatch[plot]"'
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# -- realistic records, built the way the callback builds them -----------------------------------
+
+
+def answers(correct, categories, k=4):
+    samples = [
+        {"id": f"q{i}", "correct": bool(c), "predicted": 0 if c else 1, "n_choices": k,
+         "choice_logprobs": [0.0 if j == 0 else -1.0 for j in range(k)], "gold_logprob": 0.0,
+         "category": cat}
+        for i, (c, cat) in enumerate(zip(correct, categories))
+    ]
+    return Answers.from_samples("fp-plot", {}, samples)
+
+
+def make_history(steps=(0, 20, 40, 60, 80), n_categories=3, n=240, seed=0):
+    """History records whose forgetting grows with the step, some categories faster."""
+    rng = random.Random(seed)
+    cats = [f"topic_{i % n_categories:02d}" for i in range(n)]
+    before = [rng.random() < 0.7 for _ in range(n)]
+    base = answers(before, cats)
+    records = []
+    for t, step in enumerate(steps):
+        after = []
+        for i, was in enumerate(before):
+            speed = 0.04 * (1 + i % n_categories)  # category i forgets i+1 times as fast
+            if was:
+                after.append(rng.random() >= speed * t)
+            else:
+                after.append(rng.random() < 0.3)
+        report = compare(base, answers(after, cats))
+        records.append({"step": step, "time": 1.5 * t, "report": report.to_dict()})
+    return records
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def read_png(path):
+    import matplotlib.image
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    return matplotlib.image.imread(path)
+
+
+def assert_not_blank(img):
+    background = img[0, 0]
+    differs = np.abs(img[..., :3] - background[:3]).sum(axis=-1) > 0.1
+    assert differs.mean() > 0.01, "image looks blank"
+
+
+def legend_texts(fig):
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+# -- PNG -----------------------------------------------------------------------------------------
+
+
+@needs_mpl
+def test_png_written_valid_and_not_blank(tmp_path):
+    out = plot_history(make_history(), tmp_path / "sub" / "curve.png", title="toy run")
+    assert out == tmp_path / "sub" / "curve.png"
+    img = read_png(out)
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
+    assert img.shape[1] == 1440 and 500 < img.shape[0] < 800  # 12 in wide at 120 dpi
+    assert_not_blank(img)
+    # atomic write: nothing left beside it
+    assert sorted(p.name for p in out.parent.iterdir()) == ["curve.png"]
+
+
+@needs_mpl
+def test_overwrites_existing_file(tmp_path):
+    out = tmp_path / "curve.png"
+    out.write_bytes(b"old")
+    plot_history(make_history(), out)
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_mpl
+def test_figure_content():
+    fig = _figure(make_history(), "my title")
+    texts = legend_texts(fig)
+    assert texts[:3] == ["overall", "overall, chance-adjusted", "overall, 95% interval"]
+    # categories ordered by peak forgetting: topic_02 forgets fastest
+    assert texts[3:] == ["topic_02", "topic_01", "topic_00"]
+    left, right = fig.axes[:2]
+    assert "Forgetting" in left.get_title() and "Backward transfer" in right.get_title()
+    assert "my title" in fig._suptitle.get_text() and "240 probes" in fig._suptitle.get_text()
+    # 3 categories + overall + adjusted per panel, all with markers at the 5 evaluated steps
+    for ax in (left, right):
+        assert len(ax.lines) == 5
+        for line in ax.lines:
+            assert line.get_marker() == "o"
+            assert list(line.get_xdata()) == [0, 20, 40, 60, 80]
+    # y axis in percent
+    left.figure.canvas.draw()
+    labels = [t.get_text() for t in left.get_yticklabels() if t.get_text()]
+    assert labels and all(label.endswith("%") for label in labels)
+    assert_all_data_visible(fig)
+    # one y scale, so F and BT compare at a glance
+    assert left.get_ylim() == right.get_ylim()
+
+
+@needs_mpl
+def test_many_categories_cap_the_legend(tmp_path):
+    history = make_history(n_categories=30, n=600)
+    fig = _figure(history, None)
+    texts = legend_texts(fig)
+    assert len(texts) <= LEGEND_MAX
+    assert texts[-1] == f"+{30 - (len(texts) - 4)} more categories"
+    # every category is still drawn (grey or coloured), plus overall and adjusted
+    assert len(fig.axes[0].lines) == 30 + 2
+    # the named ones are those that forgot the most
+    peak = {}
+    for r in history:
+        for cat, rep in r["report"]["by_category"].items():
+            peak[cat] = max(peak.get(cat, -1.0), rep["forgetting"])
+    named = texts[3:-1]
+    assert min(peak[c] for c in named) >= max(peak[c] for c in peak if c not in named)
+
+    img = read_png(plot_history(history, tmp_path / "many.png"))
+    assert_not_blank(img)
+
+
+@needs_mpl
+def test_nan_and_null_values_tolerated(tmp_path):
+    history = make_history()
+    empty = compare(answers([], []), answers([], [])).to_dict()  # n = 0: every rate null
+    history.insert(2, {"step": 30, "report": empty})
+    history[1]["report"]["forgetting"] = None
+    history[1]["report"]["forgetting_ci"] = [None, None]
+    history[3]["report"]["by_category"].pop("topic_01")  # a category missing at one step
+    history[3]["report"]["by_category"]["topic_00"]["backward_transfer"] = float("nan")
+    out = plot_history(history, tmp_path / "nan.png")
+    assert_not_blank(read_png(out))
+    text = text_curve(history)
+    assert "step 30  F    -  BT    -" in text.splitlines()[2]
+
+
+@needs_mpl
+def test_all_null_history_still_plots(tmp_path):
+    empty = compare(answers([], []), answers([], [])).to_dict()
+    out = plot_history([{"step": 5, "report": empty}], tmp_path / "null.png")
+    assert read_png(out).shape[1] == 1440
+    assert text_curve([{"step": 5, "report": empty}]) == "step 5  F    -  BT    -"
+
+
+def assert_all_data_visible(fig):
+    for ax in fig.axes[:2]:
+        low, high = ax.get_ylim()
+        assert low == 0.0
+        for line in ax.lines:
+            y = np.asarray(line.get_ydata(), dtype=float)
+            assert np.all(y[np.isfinite(y)] <= high), (ax.get_title(), line.get_ydata(), high)
+
+
+@needs_mpl
+def test_single_evaluation(tmp_path):
+    history = make_history(steps=(100,))  # step 0 of the generator: F = 0, BT > 0
+    assert history[0]["report"]["backward_transfer"] > 0.05
+    out = plot_history(history, tmp_path / "one.png")
+    assert_not_blank(read_png(out))
+    fig = _figure(history, None)
+    assert "1 evaluation," in fig._suptitle.get_text()
+    assert_all_data_visible(fig)
+    assert len(text_curve(history).splitlines()) == 1
+
+
+@needs_mpl
+def test_single_category_is_not_drawn_twice():
+    fig = _figure(make_history(n_categories=1), None)
+    assert legend_texts(fig)[3:] == []
+    assert len(fig.axes[0].lines) == 2  # overall and adjusted
+
+
+@needs_mpl
+def test_history_as_path_records_and_callback_pairs(tmp_path):
+    records = make_history()
+    path = write_jsonl(tmp_path / "history.jsonl", records)
+    a = plot_history(path, tmp_path / "a.png")
+    b = plot_history(str(path), tmp_path / "b.png")
+    c = plot_history(records, tmp_path / "c.png")
+    # ForgetWatchCallback.history form: (step, TransitionReport)
+    base = answers([True, True, False, False], ["x", "x", "y", "y"])
+    cur = answers([True, False, True, False], ["x", "x", "y", "y"])
+    d = plot_history([(0, compare(base, base)), (10, compare(base, cur))], tmp_path / "d.png")
+    for out in (a, b, c, d):
+        assert_not_blank(read_png(out))
+    assert a.read_bytes() == c.read_bytes()  # same records, same picture
+    assert text_curve(path) == text_curve(records)
+
+
+@needs_mpl
+def test_pyplot_state_untouched(tmp_path):
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    backend = matplotlib.get_backend()
+    fig = plt.figure()
+    try:
+        nums = plt.get_fignums()
+        plot_history(make_history(), tmp_path / "curve.png")
+        assert plt.get_fignums() == nums
+        assert plt.gcf() is fig
+        assert matplotlib.get_backend() == backend
+    finally:
+        plt.close(fig)
+
+
+@needs_mpl
+def test_pyplot_never_imported(tmp_path):
+    path = write_jsonl(tmp_path / "history.jsonl", make_history())
+    code = textwrap.dedent(f"""
+        import sys
+        from forgetwatch.plot import plot_history
+        plot_history({str(path)!r}, {str(tmp_path / 'x.png')!r})
+        assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
+    """)
+    env = dict(os.environ, MPLBACKEND="")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+def test_missing_matplotlib_message(tmp_path, monkeypatch):
+    for name in list(sys.modules):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=r'pip install "forgetwatch\[plot\]"'):
+        plot_history(make_history(), tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+    assert text_curve(make_history())  # the console curve needs no matplotlib
+
+
+# -- reading and errors --------------------------------------------------------------------------
+
+
+def test_load_history_skips_blank_lines(tmp_path):
+    records = make_history(steps=(0, 10))
+    path = tmp_path / "history.jsonl"
+    path.write_text("\n" + json.dumps(records[0]) + "\n  \n" + json.dumps(records[1]) + "\n\n")
+    loaded = load_history(path)
+    assert [r["step"] for r in loaded] == [0, 10]
+    assert loaded[1]["report"]["forgetting"] == records[1]["report"]["forgetting"]
+
+
+@needs_mpl
+@pytest.mark.parametrize("bad, why", [
+    ('{"step": 20, "report": {', "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"step": 20}', "record has no 'report'"),
+    ('{"report": {}}', "record has no 'step'"),
+])
+def test_load_history_error_names_file_and_line(tmp_path, bad, why):
+    records = make_history(steps=(0,))
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps(records[0]) + "\n\n" + bad + "\n")
+    with pytest.raises(ValueError, match=rf"history\.jsonl, line 3: {why}"):
+        load_history(path)
+    with pytest.raises(ValueError, match="line 3"):
+        plot_history(path, tmp_path / "x.png")
+
+
+@needs_mpl
+def test_empty_history_errors(tmp_path):
+    empty_file = tmp_path / "history.jsonl"
+    empty_file.write_text("\n\n")
+    for history in ([], empty_file):
+        with pytest.raises(ValueError, match="no evaluations"):
+            plot_history(history, tmp_path / "x.png")
+        with pytest.raises(ValueError, match="no evaluations"):
+            text_curve(history)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bad_records_rejected(tmp_path):
+    with pytest.raises(ValueError, match="record 1"):
+        text_curve([{"step": 0, "report": {}}, {"step": 1}])
+    with pytest.raises(ValueError, match="not an integer"):
+        text_curve([{"step": "late", "report": {}}])
+    with pytest.raises(ValueError, match="report"):
+        text_curve([{"step": 0, "report": 3}])
+
+
+# -- console curve -------------------------------------------------------------------------------
+
+LINE = re.compile(r"^step +(\d+)  F +([\d.]+|-)%?  BT +([\d.]+|-)%?(?:  (#+))?$")
+
+
+def test_text_curve_numbers_and_proportional_bars():
+    history = make_history()
+    text = text_curve(history, width=70)
+    lines = text.splitlines()
+    assert len(lines) == len(history)
+    assert max(len(line) for line in lines) == 70  # the largest F fills the width
+    bars = []
+    for line, record in zip(lines, history):
+        m = LINE.match(line)
+        assert m, line
+        rep = record["report"]
+        assert int(m.group(1)) == record["step"]
+        assert m.group(2) == f"{100 * rep['forgetting']:.1f}"
+        assert m.group(3) == f"{100 * rep['backward_transfer']:.1f}"
+        bars.append((len(m.group(4) or ""), rep["forgetting"]))
+    top_len, top_f = max(bars, key=lambda b: b[1])
+    assert bars[0] == (0, 0.0)  # step 0: nothing forgotten yet
+    for length, f in bars:
+        assert abs(length - top_len * f / top_f) <= 0.5 + 1e-9
+
+
+def test_text_curve_example_format_and_order():
+    history = [
+        {"step": 40, "report": {"forgetting": 0.031, "backward_transfer": 0.008}},
+        {"step": 0, "report": {"forgetting": 0.0, "backward_transfer": 0.0}},
+        {"step": 40, "report": {"forgetting": 0.062, "backward_transfer": 0.008}},  # later wins
+        {"step": 20, "report": {"forgetting": 0.031, "backward_transfer": 0.1234}},
+    ]
+    lines = text_curve(history, width=40).splitlines()
+    assert [line.split()[1] for line in lines] == ["0", "20", "40"]
+    assert lines[0] == "step  0  F  0.0%  BT  0.0%"
+    assert lines[1].startswith("step 20  F  3.1%  BT 12.3%  #")
+    assert lines[2].startswith("step 40  F  6.2%  BT  0.8%  #")
+    assert lines[2].count("#") == 2 * lines[1].count("#")
+    # narrow widths still get a readable bar
+    assert text_curve(history, width=1).splitlines()[2].count("#") == 10
+
+
+def test_text_curve_steps_aligned():
+    history = make_history(steps=(5, 50, 500))
+    lines = text_curve(history).splitlines()
+    assert [line.index("F") for line in lines] == [lines[0].index("F")] * 3
+    assert all(not math.isnan(float(LINE.match(x).group(2))) for x in lines)

@@ -1,0 +1,138 @@
+"""The evaluation schedule and the early-stop rule, on simulated clocks and reports."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from forgetwatch.schedule import Budget, EverySteps
+from forgetwatch.stopping import StopRule
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.reads = 0.0, 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.now
+
+
+def simulate(budget: Budget, clock: Clock, steps: int, step_time, eval_time: float, snapshot: float):
+    """A training run: returns evaluation steps and the share of time spent monitoring."""
+    clock.now = snapshot
+    budget.start(0, spent=snapshot)
+    evaluated, monitoring = [], snapshot
+    for step in range(1, steps + 1):
+        clock.now += step_time(step)
+        if budget.due(step):
+            clock.now += eval_time
+            monitoring += eval_time
+            budget.evaluated(step, eval_time)
+            evaluated.append(step)
+    return evaluated, monitoring / clock.now
+
+
+def test_every_steps():
+    s = EverySteps(25)
+    assert [n for n in range(1, 101) if s.due(n)] == [25, 50, 75, 100]
+    with pytest.raises(ValueError):
+        EverySteps(0)
+
+
+@pytest.mark.parametrize("overhead", [0.05, 0.2])
+def test_budget_keeps_monitoring_within_its_share(overhead):
+    clock = Clock()
+    evaluated, share = simulate(Budget(overhead, clock=clock), clock, steps=5000,
+                                step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0)
+    assert share <= overhead + 1e-9
+    # and it uses the budget: after the last evaluation, one more would have overspent
+    assert share > overhead * 0.8
+    gaps = {b - a for a, b in zip(evaluated, evaluated[1:])}
+    expected_gap = 2.0 * (1 - overhead) / overhead / 0.1  # training time one evaluation pays for
+    assert max(gaps) <= expected_gap + 1 and min(gaps) >= expected_gap - 1
+
+
+def test_budget_adapts_when_steps_get_slower():
+    clock = Clock()
+    evaluated, share = simulate(Budget(0.1, clock=clock), clock, steps=3000,
+                                step_time=lambda s: 0.05 if s < 1000 else 0.5, eval_time=1.0, snapshot=1.0)
+    assert share <= 0.1 + 1e-9
+    early = [s for s in evaluated if s < 1000]
+    late = [s for s in evaluated if s >= 1100]
+    # fixed evaluation cost, slower steps: evaluations come after fewer steps
+    assert (early[-1] - early[-2]) > 5 * (late[-1] - late[-2])
+
+
+def test_budget_reads_the_clock_only_at_planned_checks():
+    clock = Clock()
+    budget = Budget(0.05, clock=clock)
+    simulate(budget, clock, steps=2000, step_time=lambda s: 0.1, eval_time=1.0, snapshot=1.0)
+    # 2000 steps, but only a few dozen checks
+    assert clock.reads < 100
+
+
+def test_budget_evaluates_early_when_the_cost_is_unknown():
+    clock = Clock()
+    budget = Budget(0.05, clock=clock)
+    budget.start(0, spent=0.0)  # the snapshot was loaded, not computed: cost unknown
+    assert budget.due(1)
+    budget.evaluated(1, 3.0)
+    clock.now = 1.0
+    assert not budget.due(2)  # now 3 s per evaluation must be paid for by ~57 s of training
+
+
+def test_budget_rejects_bad_shares():
+    for bad in (0, 1, -0.1, 1.5):
+        with pytest.raises(ValueError):
+            Budget(bad)
+
+
+def report(f, f_adj=None, ci=(None, None), categories=None):
+    return {"forgetting": f, "forgetting_adjusted": f if f_adj is None else f_adj,
+            "forgetting_ci": list(ci), "by_category": categories or {}}
+
+
+def test_stop_rule_threshold_and_patience():
+    rule = StopRule(max_forgetting=0.05, patience=2)
+    assert rule.update(report(0.06)) is None  # once over: patience 2 waits
+    assert rule.update(report(0.04)) is None  # back under: streak resets
+    assert rule.update(report(0.07)) is None
+    reason = rule.update(report(0.08))
+    assert reason and "forgetting 0.0800 > 0.0500" in reason and "2 consecutive" in reason
+
+
+def test_stop_rule_on_the_adjusted_rate():
+    rule = StopRule(max_forgetting=0.05, metric="forgetting_adjusted")
+    assert rule.update(report(0.08, f_adj=0.04)) is None
+    assert "forgetting_adjusted" in rule.update(report(0.08, f_adj=0.06))
+
+
+def test_stop_rule_significance_uses_the_lower_bound():
+    rule = StopRule(max_forgetting=0.05, significance=True)
+    assert rule.update(report(0.08, ci=(0.03, 0.15))) is None  # estimate over, bound under
+    assert "lower bound" in rule.update(report(0.09, ci=(0.06, 0.12)))
+    adjusted = StopRule(max_forgetting=0.05, metric="forgetting_adjusted", significance=True)
+    # bound 0.06 shifted by the chance correction (0.09 - 0.07 = 0.02): 0.04, under
+    assert adjusted.update(report(0.09, f_adj=0.07, ci=(0.06, 0.12))) is None
+    assert adjusted.value(report(0.09, f_adj=0.07, ci=(0.06, 0.12))) == pytest.approx(0.04)
+
+
+def test_stop_rule_per_category():
+    rule = StopRule(category_max_forgetting={"math": 0.1})
+    assert rule.update(report(0.5, categories={"math": report(0.05)})) is None  # overall not watched
+    reason = rule.update(report(0.0, categories={"math": report(0.2)}))
+    assert "category 'math'" in reason
+    assert rule.update(report(0.0)) is None  # category absent: not over
+
+
+def test_stop_rule_ignores_nan_and_validates():
+    rule = StopRule(max_forgetting=0.0)
+    assert rule.update(report(None)) is None
+    assert rule.update(report(math.nan)) is None
+    assert not StopRule().active
+    with pytest.raises(ValueError):
+        StopRule(0.1, metric="loss")
+    with pytest.raises(ValueError):
+        StopRule(0.1, patience=0)

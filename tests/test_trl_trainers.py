@@ -1,0 +1,162 @@
+"""ForgetWatchCallback in TRL's SFT, DPO and GRPO trainers, and in W&B / TensorBoard."""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import pytest
+from transformers import TrainerCallback
+
+from forgetwatch import compare, evaluate
+from forgetwatch.callback import ForgetWatchCallback
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+# CPU, no bf16 autocast, no activation checkpointing (TRL's defaults), quiet
+COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, save_strategy="no",
+              report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, seed=0, disable_tqdm=True)
+
+
+def assert_final_counts_match(toy, callback, model):
+    """The last evaluation equals an independent scoring of the final weights."""
+    expected = compare(evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False),
+                       evaluate(model, toy.tokenizer, toy.probes, show_progress=False))
+    final = callback.history[-1][1]
+    for name in ("forgotten", "gained", "kept", "never", "forgotten_ids", "gained_ids"):
+        assert getattr(final, name) == getattr(expected, name), name
+
+
+def sft(toy, tmp_path, callbacks, model=None, **overrides):
+    args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 12, "per_device_train_batch_size": 8,
+                                          "learning_rate": 2e-3, "max_length": 64, "packing": False, **overrides})
+    texts = toy.world.distraction_texts(n=64)
+    return trl.SFTTrainer(model=model or copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"text": texts}), callbacks=callbacks)
+
+
+class Listener(TrainerCallback):
+    """Stands in for any reporting integration: records what on_log receives."""
+
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append((state.global_step, dict(logs)))
+
+
+def test_sft_history_and_final_counts(toy, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
+    trainer = sft(toy, tmp_path, [cb])
+    trainer.train()
+    assert [step for step, _ in cb.history] == [4, 8, 12]
+    assert_final_counts_match(toy, cb, trainer.model)
+
+
+def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
+    """Same seed, with and without forgetwatch: identical trainer logs; SFT's own keys
+    (averaged and cleared inside TRL's log()) on every logging line; our keys reach
+    every on_log listener at the step they were measured."""
+    def run(path, callbacks):
+        model = copy.deepcopy(toy.base)
+        for module in model.modules():  # training draws random numbers: the RNG must be restored
+            if hasattr(module, "attention_dropout"):
+                module.attention_dropout = 0.2
+        trainer = sft(toy, path, callbacks, model=model, logging_steps=3, max_steps=15)  # 8 steps/epoch
+        trainer.train()
+        return [e for e in trainer.state.log_history if "loss" in e]
+
+    plain = run(tmp_path / "plain", [])
+    listener = Listener()
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, log_categories=False)
+    watched = run(tmp_path / "watched", [cb, listener])
+    assert [e["step"] for e in watched] == [3, 6, 9, 12, 15]
+    for a, b in zip(plain, watched):
+        for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens"):
+            assert key in b, (b["step"], key)
+            assert a[key] == b[key], (b["step"], key)
+    ours = [(step, logs) for step, logs in listener.logs if "forgetwatch/forgetting" in logs]
+    assert [step for step, _ in ours] == [2, 4, 6, 8, 10, 12, 14, 15]
+    assert all(logs["forgetwatch/forgotten"] == report.forgotten for (_, logs), (_, report) in zip(ours, cb.history))
+
+
+def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from wandb_log import history_rows
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "forgetwatch-tests")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
+    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"])
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()
+        wandb.teardown()  # flushes the run file
+    rows = history_rows(tmp_path)
+    ours = [r for r in rows if "train/forgetwatch/forgetting" in r]
+    assert [r["train/global_step"] for r in ours] == [4, 8]
+    for row, (_, report) in zip(ours, cb.history):
+        assert row["train/forgetwatch/forgotten"] == report.forgotten
+        assert row["train/forgetwatch/capitals/forgetting"] == pytest.approx(report.by_category["capitals"].forgetting)
+    own = [r for r in rows if "train/loss" in r]
+    assert [r["train/global_step"] for r in own] == [2, 4, 6, 8]
+    assert all("train/entropy" in r for r in own)
+
+
+def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
+    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, report_to=["tensorboard"])
+    trainer.train()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    scalars = events.Scalars("train/forgetwatch/forgetting")
+    assert [s.step for s in scalars] == [4, 8]
+    assert [s.value for s in scalars] == pytest.approx([r.forgetting for _, r in cb.history])
+
+
+def test_dpo_history_and_final_counts(toy, tmp_path):
+    # from a saved directory, so DPO can build its reference model
+    rows = [{"prompt": f"The capital of {c.name} is", "chosen": f" {c.capital}.",
+             "rejected": f" {toy.world.countries[(i + 1) % len(toy.world.countries)].capital}."}
+            for i, c in enumerate(toy.world.known)]
+    args = trl.DPOConfig(str(tmp_path), **{**COMMON, "max_steps": 10, "per_device_train_batch_size": 4,
+                                          "learning_rate": 1e-3, "beta": 0.1, "max_length": 64})
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5)
+    trainer = trl.DPOTrainer(model=toy.base_dir, args=args, processing_class=toy.tokenizer,
+                             train_dataset=datasets.Dataset.from_list(rows), callbacks=[cb])
+    trainer.train()
+    assert [step for step, _ in cb.history] == [5, 10]
+    assert cb.base_answers.correct.tolist() == evaluate(
+        toy.base, toy.tokenizer, toy.probes, show_progress=False).correct.tolist()
+    assert_final_counts_match(toy, cb, trainer.model)
+
+
+def test_grpo_history_and_final_counts(toy, tmp_path):
+    prompts = [t.split(" plus")[0] + " plus" for t in toy.world.distraction_texts(n=32)]
+
+    def has_digit(completions, **kwargs):
+        return [1.0 if re.search(r"\d", c) else 0.0 for c in completions]
+
+    args = trl.GRPOConfig(str(tmp_path), **{**COMMON, "max_steps": 6, "per_device_train_batch_size": 4,
+                                           "num_generations": 2, "max_completion_length": 8,
+                                           "learning_rate": 1e-3})
+    cb = ForgetWatchCallback(toy.probes, eval_steps=3)
+    trainer = trl.GRPOTrainer(model=copy.deepcopy(toy.base), reward_funcs=has_digit, args=args,
+                              processing_class=toy.tokenizer, callbacks=[cb],
+                              train_dataset=datasets.Dataset.from_dict({"prompt": prompts}))
+    trainer.train()
+    assert [step for step, _ in cb.history] == [3, 6]
+    assert_final_counts_match(toy, cb, trainer.model)
+    rewards = [e for e in trainer.state.log_history if "reward" in e and "step" in e and "train_runtime" not in e]
+    assert [e["step"] for e in rewards] == [1, 2, 3, 4, 5, 6]  # GRPO's own metrics, every step
