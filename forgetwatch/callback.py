@@ -58,6 +58,8 @@ class ForgetWatchCallback(TrainerCallback):
     Attributes:
         history: ``(global_step, TransitionReport)`` per evaluation.
         base_answers: the base model's :class:`~forgetwatch.Answers`.
+        stop_reason: why it stopped training, or ``None``.
+        output_dir, history_path: where the snapshot and ``history.jsonl`` are written.
 
     Example:
         >>> from trl import SFTTrainer
@@ -97,6 +99,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._base_given = base if base is not None else config.base
         self.base_answers: Answers | None = None
         self.history: list[tuple[int, TransitionReport]] = []
+        self.stop_reason: str | None = None
         self._records: list[dict[str, Any]] = []
         self._schedule = EverySteps(config.eval_steps) if config.eval_steps else Budget(config.max_overhead)
         self._stop_rule = self._new_stop_rule()
@@ -122,6 +125,17 @@ class ForgetWatchCallback(TrainerCallback):
             >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml")  # doctest: +SKIP
         """
         return cls.from_config(ForgetWatchConfig.from_yaml(path), **kwargs)
+
+    @property
+    def output_dir(self) -> Path | None:
+        """Where snapshot and history go (known once training began, or when configured)."""
+        if self._store is not None:
+            return self._store.dir
+        return Path(self.config.output_dir) if self.config.output_dir else None
+
+    @property
+    def history_path(self) -> Path | None:
+        return self.output_dir / "history.jsonl" if self.output_dir else None
 
     def _new_stop_rule(self) -> StopRule:
         c = self.config
@@ -210,6 +224,7 @@ class ForgetWatchCallback(TrainerCallback):
         return report
 
     def _stop(self, reason: str, step: int, state, control) -> None:
+        self.stop_reason = f"step {step}: {reason}"
         control.should_training_stop = True
         if self.config.save_on_stop:
             control.should_save = True
@@ -251,7 +266,8 @@ class ForgetWatchCallback(TrainerCallback):
             logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
                            self._store.snapshot_path, problem)
         start = time.perf_counter()
-        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=state.is_world_process_zero)
+        show = self.config.verbose and state.is_world_process_zero
+        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=show)
         answers.meta.update(expected)
         if state.is_world_process_zero:
             self._store.save_snapshot(answers)

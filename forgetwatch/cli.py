@@ -1,7 +1,8 @@
-"""``forgetwatch`` command line: the offline workflow on saved checkpoints.
+"""``forgetwatch`` command line: the offline workflow on saved checkpoints, and the demo.
 
     forgetwatch evaluate --model PATH --probes FILE --out FILE
     forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
+    forgetwatch demo     [--out DIR]
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
 ``.npz``), so the base model is scored once and reused.
@@ -73,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
     cmp.add_argument("--out", default=None, metavar="DIR",
                      help="write both answers, per-sample and per-category CSVs and a JSON summary here")
+    demo = sub.add_parser("demo", help="watch a tiny model forget (CPU, no downloads, about a minute)")
+    demo.add_argument("--out", default="forgetwatch-demo", metavar="DIR",
+                      help="where the curve (PNG), history and probes go (default: forgetwatch-demo)")
+    demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
+    demo.add_argument("--eval-steps", type=int, default=5, metavar="N",
+                      help="re-score the probes every N steps (default 5)")
     return parser
 
 
@@ -82,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "evaluate":
             return _evaluate_command(args)
+        if args.command == "demo":
+            return _demo_command(args)
         return _compare_command(args)
     except (UsageError, ProbeError, AnswersMismatchError) as err:
         print(f"forgetwatch: error: {err}", file=sys.stderr)
@@ -142,6 +151,18 @@ def _compare_command(args: argparse.Namespace) -> int:
         with atomic_write(out / "summary.json") as f:
             json.dump(summary, f, indent=2, ensure_ascii=False)
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
+    return 0
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    if args.steps < 1 or args.eval_steps < 1:
+        raise UsageError("--steps and --eval-steps must be at least 1")
+    try:
+        run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
     return 0
 
 

@@ -89,6 +89,11 @@ class Probe:
         """Number of options; 0 for a generative probe."""
         return 0 if self.choices is None else len(self.choices)
 
+    @property
+    def answer_text(self) -> str:
+        """The correct answer as text: the right choice, or the reference."""
+        return self.choices[self.answer] if self.choices is not None else str(self.answer)
+
     def content(self) -> dict[str, Any]:
         """The fields that decide scoring, as a plain dict (what the fingerprint hashes)."""
         row: dict[str, Any] = {"id": self.id, "question": self.question, "category": self.category}

@@ -228,3 +228,15 @@ def test_from_config_and_yaml(toy, train_data, tmp_path):
     assert [s for s, _ in cb.history] == [15, 30]
     cb = ForgetWatchCallback.from_config(ForgetWatchConfig(eval_steps=10), probes=toy.probes)
     assert cb.config.eval_steps == 10
+
+
+@pytest.mark.parametrize("name", ["multiple_choice_every_50_steps", "early_stop_adjusted_5pct", "gsm8k_generative"])
+def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    cb = ForgetWatchCallback.from_yaml(path, probes=toy.probes)  # probes given: the file's path is not read
+    config = ForgetWatchConfig.from_yaml(path)
+    assert cb.config.eval_steps == config.eval_steps and cb.config.stop == config.stop
+    make_trainer(toy, train_data, tmp_path, [cb], max_steps=4).train()
+    assert cb.history and cb.history[-1][0] == 4

@@ -219,6 +219,7 @@ def test_model_and_tokenizer_are_handed_back_as_found(toy):
     model.train()
     model.model.layers[0].eval()  # a frozen part in eval mode while the rest trains
     model.config.use_cache = False
+    model.gradient_checkpointing_enable()
     tokenizer = toy.tokenizer
     tokenizer.padding_side = "right"
     flags = [m.training for m in model.modules()]
@@ -234,6 +235,7 @@ def test_model_and_tokenizer_are_handed_back_as_found(toy):
     assert draws() == expected
     assert [m.training for m in model.modules()] == flags
     assert model.config.use_cache is False
+    assert all(m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing"))
     assert tokenizer.padding_side == "right"
     assert all(torch.equal(p, q) for p, q in zip(params, model.parameters()))
     assert all(p.grad is None for p in model.parameters())

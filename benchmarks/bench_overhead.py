@@ -1,0 +1,123 @@
+"""Training-time overhead of ForgetWatchCallback in a TRL SFT run.
+
+One run, side by side: the same SFTTrainer run (same model, data, seed) without the callback
+(the anchor), with the default budget (``max_overhead=0.05``), and with fixed ``eval_steps``.
+Wall time covers ``trainer.train()`` whole, so it includes the base snapshot taken at train
+begin and the evaluation at train end. Repeats are interleaved so drift hits all alike;
+medians and ratios to the anchor are printed. Also timed: the callback's work on a step that
+does not evaluate (``on_step_end`` when nothing is due).
+
+    python benchmarks/bench_overhead.py [--steps 300] [--repeats 3] [--eval-steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import timeit
+import warnings
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+from forgetwatch import ProbeSet  # noqa: E402
+from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.toy import ToyWorld  # noqa: E402
+
+
+def train_once(world, tokenizer, base, probes, steps, out, callback_settings):
+    """Wall seconds of one SFT run; returns (seconds, callback or None)."""
+    import trl
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    callbacks = []
+    if callback_settings is not None:
+        callbacks.append(ForgetWatchCallback(probes, output_dir=out + "/fw", verbose=False, **callback_settings))
+    args = trl.SFTConfig(out, max_steps=steps, per_device_train_batch_size=16, learning_rate=1e-3,
+                         max_length=64, packing=False, logging_steps=50, save_strategy="no", report_to=[],
+                         use_cpu=True, bf16=False, activation_checkpointing=False, seed=0, disable_tqdm=True,
+                         dataloader_pin_memory=False)
+    trainer = trl.SFTTrainer(model=copy.deepcopy(base), args=args, processing_class=tokenizer, callbacks=callbacks,
+                             train_dataset=Dataset.from_dict({"text": world.distraction_texts(n=2000)}))
+    trainer.remove_callback(PrinterCallback)
+    start = time.perf_counter()
+    trainer.train()
+    return time.perf_counter() - start, (callbacks[0] if callbacks else None)
+
+
+def idle_step_cost(probes, tokenizer, model) -> float:
+    """Seconds per ``on_step_end`` call on a step where nothing is due (budget schedule)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    cb = ForgetWatchCallback(probes, verbose=False)
+    cb._schedule.start(0, spent=1e9)  # a huge past cost: nothing will be due
+    cb._schedule.due(1)  # plans the next clock reading far ahead
+    state, control = TrainerState(), TrainerControl()
+    args = TrainingArguments("/tmp/forgetwatch-bench-idle", report_to=[])
+    state.global_step = 2
+    n = 200_000
+    return timeit.timeit(lambda: cb.on_step_end(args, state, control, model=model), number=n) / n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--eval-steps", type=int, default=50)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()))
+    ap.add_argument("--out", default="/tmp/forgetwatch-bench-overhead")
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import datasets
+
+    datasets.disable_progress_bars()
+
+    world = ToyWorld(seed=0)
+    tokenizer = world.tokenizer()
+    base = world.model(tokenizer, hidden=args.hidden)
+    world.train(base, tokenizer, world.fact_texts(), steps=200)
+    probes = ProbeSet.from_records(world.probe_records(), source="bench")
+
+    runs = {"without": None, "budget 5%": {}, f"every {args.eval_steps} steps": {"eval_steps": args.eval_steps}}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    evaluations: dict[str, int] = {}
+    train_once(world, tokenizer, base, probes, 20, args.out + "/warmup", None)  # imports, first-call costs
+    for _ in range(args.repeats):
+        for name, settings in runs.items():
+            seconds, cb = train_once(world, tokenizer, base, probes, args.steps, f"{args.out}/{len(times[name])}",
+                                     settings)
+            times[name].append(seconds)
+            if cb is not None:
+                evaluations[name] = len(cb.history)
+    idle = idle_step_cost(probes, tokenizer, base)
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"TRL SFTTrainer, llama hidden={args.hidden}, {args.steps} steps of batch 16, {args.threads} CPU threads; "
+          f"{len(probes)} probes (96 multiple choice, 48 generative); medians of {args.repeats} interleaved runs")
+    print(f"\n{'':20}{'median s':>10}{'ratio':>8}{'evals':>7}   runs")
+    for name, v in times.items():
+        evals = "" if name == "without" else str(evaluations[name])
+        print(f"{name:20}{med[name]:10.2f}{med[name] / med['without']:8.3f}{evals:>7}   "
+              + " ".join(f"{x:.2f}" for x in v))
+    print(f"\ncallback work on a step that does not evaluate: {idle * 1e9:.0f} ns")
+    ratio = med["budget 5%"] / med["without"]
+    print(f"target (default budget <= 1.06x wall time): {'met' if ratio <= 1.06 else 'NOT met'} ({ratio:.3f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times": times, "median": med, "evaluations": evaluations, "idle_step_seconds": idle,
+                       "args": vars(args)}, f, indent=2)
+    return 0 if ratio <= 1.06 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""The example scripts under examples/: every code path but the downloads, offline, on the toy model.
+
+The hub datasets the examples use are stood in for by tiny in-memory datasets in the same
+layouts (cais/mmlu, trl-lib/Capybara, trl-lib/ultrafeedback_binarized, trl-lib/tldr), and the
+hub model by the toy Llama saved with a chat template.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forgetwatch import ProbeSet, TransitionReport, evaluate
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+# CPU, no bf16 autocast, no activation checkpointing, quiet, tiny batches
+CPU = {"activation_checkpointing": False, "save_strategy": "no", "dataloader_num_workers": 0,
+       "dataloader_pin_memory": False, "disable_tqdm": True, "logging_steps": 1, "seed": 0}
+
+
+@functools.cache
+def example(name: str):
+    """Import examples/<name>.py as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"forgetwatch_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAINING_EXAMPLES = ["sft_trl", "dpo_trl", "grpo_trl"]
+
+
+# -- stand-ins for the hub data, in the hub layouts -----------------------------------------------
+
+def toy_mmlu_rows(world) -> list[dict]:
+    """The toy world's capital and flag questions in the cais/mmlu layout."""
+    return [{"question": r["question"] + "?", "subject": f"toy_{r['category']}", "choices": r["choices"],
+             "answer": r["answer"]} for r in world.probe_records(generative=False)]
+
+
+def arithmetic(world, n: int = 32) -> list[tuple[str, str]]:
+    """(question, answer) pairs from the toy world's arithmetic: 'Compute a plus b.', 'The sum is c.'"""
+    return [tuple(t.split(". ", 1)) for t in world.distraction_texts(n=n)]
+
+
+def capybara_rows(world) -> list[dict]:
+    """trl-lib/Capybara: a ``messages`` conversation (some multi-turn) and a ``source``."""
+    pairs = arithmetic(world)
+    rows = []
+    for i in range(0, len(pairs) - 1, 2):
+        turns = pairs[i:i + 1 + i % 4 // 2]  # alternately one and two exchanges
+        messages = [m for q, a in turns for m in ({"role": "user", "content": q + "."},
+                                                   {"role": "assistant", "content": a})]
+        rows.append({"source": "toy", "messages": messages})
+    return rows
+
+
+def ultrafeedback_rows(world, explicit_prompt: bool) -> list[dict]:
+    """trl-lib/ultrafeedback_binarized: ``chosen`` / ``rejected`` conversations sharing the user
+    turn (implicit prompt) and scores; or the explicit-prompt layout other datasets use."""
+    rows = []
+    for q, a in arithmetic(world, n=16):
+        wrong = a.replace("sum is", "sum is not")
+        user = [{"role": "user", "content": q + "."}]
+        if explicit_prompt:
+            rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": a}],
+                         "rejected": [{"role": "assistant", "content": wrong}]})
+        else:
+            rows.append({"chosen": user + [{"role": "assistant", "content": a}],
+                         "rejected": user + [{"role": "assistant", "content": wrong}],
+                         "score_chosen": 8.0, "score_rejected": 2.0})
+    return rows
+
+
+def tldr_rows(world, conversational: bool) -> list[dict]:
+    """trl-lib/tldr: a plain-text ``prompt`` ending in 'TL;DR:' and a reference ``completion``;
+    or the same prompt as a user turn."""
+    rows = []
+    for q, a in arithmetic(world, n=16):
+        post = f"SUBREDDIT: r/toy\n\nTITLE: {q}\n\nPOST: {q} {a}\n\nTL;DR:"
+        prompt = [{"role": "user", "content": post}] if conversational else post
+        rows.append({"prompt": prompt, "completion": f" {a}"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(toy):
+    tokenizer = copy.deepcopy(toy.tokenizer)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(toy, chat_tokenizer, tmp_path_factory) -> str:
+    """The toy base model saved with a chat-template tokenizer: what main() loads by path."""
+    path = tmp_path_factory.mktemp("chat_model") / "model"
+    shutil.copytree(toy.base_dir, path)
+    chat_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def mmlu_probes(toy) -> ProbeSet:
+    return example("sft_trl").build_probes(toy_mmlu_rows(toy.world), n=16)
+
+
+def history_steps(trainer) -> list[int]:
+    return [step for step, _ in trainer.forgetwatch.history]
+
+
+def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
+    """History at the expected steps, on disk too; base scored with the chat template; summary."""
+    callback = trainer.forgetwatch
+    assert history_steps(trainer) == steps
+    assert callback.config.chat_template is True
+    expected = evaluate(toy.base, chat_tokenizer, probes, chat_template=True, show_progress=False)
+    np.testing.assert_allclose(callback.base_answers.gold_logprob, expected.gold_logprob, rtol=1e-4, atol=1e-4)
+    path = Path(trainer.args.output_dir) / "forgetwatch" / "history.jsonl"
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == steps
+    text = module.summarize(trainer)
+    assert callback.history[-1][1].summary() in text
+    assert f"history: {path}" in text
+    assert "stopped early" not in text
+
+
+# -- build_probes ---------------------------------------------------------------------------------
+
+MMLU_ROWS = [
+    {"question": "What is 2 + 2?", "subject": "elementary_mathematics", "choices": ["3", "4", "5", "6"], "answer": 1},
+    {"question": "Which planet is the largest?\n", "subject": "astronomy",
+     "choices": ["Mars", "Jupiter", "Venus", "Earth"], "answer": 1},
+    {"question": "What is 3 * 3?", "subject": "elementary_mathematics", "choices": ["6", "9", "12", "3"], "answer": 1},
+    {"question": "What is the Sun?", "subject": "astronomy", "choices": ["A star", "A planet", "A moon", "A comet"],
+     "answer": 0},
+    {"question": "What is 10 - 7?", "subject": "elementary_mathematics", "choices": ["2", "3", "4", "7"], "answer": 1},
+]
+
+
+@pytest.mark.parametrize("name", TRAINING_EXAMPLES)
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_build_probes_uses_lm_eval_mmlu_prompts(name, as_dataset):
+    build_probes = example(name).build_probes
+    rows = datasets.Dataset.from_list(MMLU_ROWS) if as_dataset else MMLU_ROWS
+    probes = build_probes(rows, n=500)  # fewer rows than asked: all of them
+    assert len(probes) == 5
+    assert probes.categories == ["astronomy", "elementary_mathematics"]
+    first, second = probes[0], probes[1]
+    assert first.question == ("The following are multiple choice questions (with answers) about elementary "
+                              "mathematics.\n\nWhat is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer:")
+    assert second.question == ("The following are multiple choice questions (with answers) about astronomy."
+                               "\n\nWhich planet is the largest?\nA. Mars\nB. Jupiter\nC. Venus\nD. Earth\nAnswer:")
+    assert first.choices == ("A", "B", "C", "D") and first.answer == 1
+    assert first.category == "elementary_mathematics" and first.id == "mmlu/elementary_mathematics/0"
+
+    small = build_probes(rows, n=2, seed=0)  # stratified: one per subject, deterministic
+    assert len(small) == 2 and small.categories == ["astronomy", "elementary_mathematics"]
+    assert small.ids == build_probes(rows, n=2, seed=0).ids
+
+
+# -- SFT ------------------------------------------------------------------------------------------
+
+def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_path):
+    sft = example("sft_trl")
+    train = datasets.Dataset.from_list(capybara_rows(toy.world))
+    trainer = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, train, mmlu_probes, str(tmp_path),
+                                max_steps=4, eval_steps=2, max_forgetting=0.9, use_cpu=True,
+                                per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                                learning_rate=1e-3, max_length=64, **CPU)
+    assert isinstance(trainer, trl.SFTTrainer)
+    assert trainer.args.report_to == []  # "none" by default
+    assert trainer.forgetwatch.config.max_forgetting == 0.9
+    trainer.train()
+    check_run(sft, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+    assert any("loss" in e for e in trainer.state.log_history)
+
+
+# -- DPO ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("explicit_prompt", [False, True], ids=["implicit_prompt", "explicit_prompt"])
+def test_dpo_example_on_ultrafeedback_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, explicit_prompt):
+    dpo = example("dpo_trl")
+    train = datasets.Dataset.from_list(ultrafeedback_rows(toy.world, explicit_prompt))
+    trainer = dpo.build_trainer(toy.base_dir, chat_tokenizer, train, mmlu_probes, str(tmp_path),
+                                max_steps=4, eval_steps=2, use_cpu=True, per_device_train_batch_size=4,
+                                gradient_accumulation_steps=1, learning_rate=1e-3, max_length=64, **CPU)
+    assert isinstance(trainer, trl.DPOTrainer)
+    assert trainer.ref_model is not None  # built by TRL from the path
+    trainer.train()
+    check_run(dpo, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+
+
+# -- GRPO -----------------------------------------------------------------------------------------
+
+def test_length_reward_scores_words_for_plain_and_conversational_completions():
+    grpo = example("grpo_trl")
+    reward = grpo.make_length_reward(4)
+    completions = ["one two three four", "one two", [{"role": "assistant", "content": "a b c d e f g h i j"}]]
+    assert reward(completions, prompts=["p"] * 3, completion=["ref"] * 3) == [1.0, 0.5, -0.5]
+    assert grpo.make_length_reward()(["w " * 20]) == [1.0]
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["plain_prompt", "conversational_prompt"])
+def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, conversational):
+    grpo = example("grpo_trl")
+    train = datasets.Dataset.from_list(tldr_rows(toy.world, conversational))
+    trainer = grpo.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, train, mmlu_probes, str(tmp_path),
+                                 max_steps=4, eval_steps=2, use_cpu=True, target_words=3,
+                                 per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
+                                 learning_rate=1e-3, **CPU)
+    assert isinstance(trainer, trl.GRPOTrainer)
+    assert not trainer.args.use_vllm
+    trainer.train()
+    check_run(grpo, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+    rewards = [e for e in trainer.state.log_history if "rewards/length_reward/mean" in e]
+    assert [e["step"] for e in rewards] == [1, 2, 3, 4]
+
+
+# -- summaries and main() -------------------------------------------------------------------------
+
+def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat_tokenizer, mmlu_probes, tmp_path):
+    sft = example("sft_trl")
+    data = datasets.Dataset.from_list(capybara_rows(toy.world))
+    trainer = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, data, mmlu_probes, str(tmp_path / "a"),
+                                max_steps=40, eval_steps=2, max_forgetting=0.0, use_cpu=True, learning_rate=1e-2,
+                                **CPU)
+    trainer.train()
+    text = sft.summarize(trainer)
+    step = trainer.state.global_step
+    assert step < 40 and trainer.forgetwatch.history[-1][1].forgetting > 0  # stopped at the first forgetting
+    assert f"forgetwatch stopped training at step {step}: forgetting" in text
+    assert f"history: {tmp_path / 'a' / 'forgetwatch' / 'history.jsonl'}" in text
+    quiet = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, data, mmlu_probes, str(tmp_path / "b"),
+                              max_steps=2, eval_steps=5, use_cpu=True, **CPU)
+    quiet.forgetwatch.config.eval_on_train_end = False
+    quiet.train()
+    assert "no forgetwatch evaluation ran" in sft.summarize(quiet)
+
+
+@pytest.mark.parametrize("name", TRAINING_EXAMPLES + ["replay_on_forgetting"])
+def test_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        example(name).main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--max-steps" in out and "--output-dir" in out
+
+
+def fake_load_dataset(world, train_rows):
+    """Stands in for datasets.load_dataset: MMLU and the training set from memory."""
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        if path == "cais/mmlu":
+            assert (name, split) == ("all", "test")
+            return datasets.Dataset.from_list(toy_mmlu_rows(world))
+        assert split == "train"
+        return datasets.Dataset.from_list(train_rows)
+
+    return load_dataset, calls
+
+
+SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
+
+
+@pytest.mark.parametrize("name, rows, extra", [
+    ("sft_trl", capybara_rows, SMALL_BATCH),
+    ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
+    ("grpo_trl", lambda w: tldr_rows(w, False),
+     ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
+])
+def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_model_dir, tmp_path, monkeypatch,
+                                                   capsys):
+    module = example(name)
+    load_dataset, calls = fake_load_dataset(toy.world, rows(toy.world))
+    monkeypatch.setattr(module, "load_dataset", load_dataset)
+    trainer = module.main(["--model", chat_model_dir, "--output-dir", str(tmp_path), "--max-steps", "2",
+                           "--eval-steps", "1", "--probes", "12", "--learning-rate", "1e-3", "--cpu", *extra])
+    assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
+    assert history_steps(trainer) == [1, 2]
+    assert len(trainer.forgetwatch.probes) == 12
+    assert trainer.args.use_cpu and trainer.args.report_to == []
+    out = capsys.readouterr().out
+    assert trainer.forgetwatch.history[-1][1].summary() in out
+    assert f"history: {tmp_path / 'forgetwatch' / 'history.jsonl'}" in out
+    assert (tmp_path / "forgetwatch" / "history.jsonl").is_file()
+
+
+# -- replay on forgetting -------------------------------------------------------------------------
+
+def test_replay_collector_records_newly_forgotten_probes(toy, tmp_path):
+    replay = example("replay_on_forgetting")
+    probes = toy.probes
+    collector = replay.ReplayCollector(probes, tmp_path / "sub" / "replay.jsonl")
+    assert collector.describe() == "no probe was forgotten: nothing to replay"
+    capital, color, rivers = (next(p for p in probes if p.category == c) for c in ("capitals", "colors", "rivers"))
+
+    assert collector(TransitionReport(forgotten_ids=[]), 2) == []
+    assert not collector.path.exists()  # nothing to write yet
+    assert collector(TransitionReport(forgotten_ids=[capital.id, rivers.id]), 4) == [capital.id, rivers.id]
+    assert collector(TransitionReport(forgotten_ids=[rivers.id, color.id]), 8) == [color.id]  # rivers: not again
+    assert collector(TransitionReport(forgotten_ids=[]), 12) == []  # recovered: still collected
+
+    assert collector.ids == {capital.id, rivers.id, color.id}
+    assert collector.counts == {"capitals": 1, "rivers": 1, "colors": 1}
+    records = replay.load_replay(collector.path)
+    assert [(r["id"], r["step"], r["category"]) for r in records] == [
+        (capital.id, 4, "capitals"), (rivers.id, 4, "rivers"), (color.id, 8, "colors")]
+    assert records[0]["text"] == f"{capital.question} {capital.choices[capital.answer]}"
+    assert records[1]["text"] == f"{rivers.question} {rivers.answer}"
+    assert sorted(p.name for p in collector.path.parent.iterdir()) == ["replay.jsonl"]  # no temp files left
+    text = collector.describe()
+    assert "collected 3 forgotten probe(s)" in text and "capitals: 1" in text and records[0]["text"] in text
+
+
+def test_replay_text_for_mmlu_probes_is_question_then_letter():
+    replay = example("replay_on_forgetting")
+    probe = example("sft_trl").build_probes(MMLU_ROWS[:1])[0]
+    assert replay.replay_text(probe) == probe.question + " B"
+
+
+def test_replay_run_collects_the_union_of_forgotten_ids(toy, tmp_path):
+    replay = example("replay_on_forgetting")
+    trainer, collector = replay.run(toy.world, toy.tokenizer, copy.deepcopy(toy.base), tmp_path,
+                                    max_steps=12, eval_steps=4)
+    history = trainer.forgetwatch.history
+    assert history_steps(trainer) == [4, 8, 12]
+    union = set().union(*(report.forgotten_ids for _, report in history))
+    assert union and collector.ids == union
+    records = replay.load_replay(tmp_path / "replay.jsonl")
+    assert {r["id"] for r in records} == union
+    by_id = {p.id: p for p in toy.probes}
+    for r in records:
+        assert r["text"] == replay.replay_text(by_id[r["id"]])
+        first = next(step for step, report in history if r["id"] in report.forgotten_ids)
+        assert r["step"] == first
+    assert sum(collector.counts.values()) == len(union)
+
+
+def test_replay_main_runs_offline(tmp_path, capsys):
+    replay = example("replay_on_forgetting")
+    collector = replay.main(["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "8",
+                             "--eval-steps", "4"])
+    out = capsys.readouterr().out
+    assert "forgetting at step 8" in out and "overall" in out
+    assert collector.describe() in out
+    if collector.records:
+        assert {r["id"] for r in replay.load_replay(tmp_path / "replay.jsonl")} == collector.ids
