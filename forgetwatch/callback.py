@@ -59,6 +59,7 @@ class ForgetWatchCallback(TrainerCallback):
         history: ``(global_step, TransitionReport)`` per evaluation.
         base_answers: the base model's :class:`~forgetwatch.Answers`.
         stop_reason: why it stopped training, or ``None``.
+        monitoring_seconds: wall time spent in forgetwatch (base snapshot and evaluations).
         output_dir, history_path: where the snapshot and ``history.jsonl`` are written.
 
     Example:
@@ -100,8 +101,10 @@ class ForgetWatchCallback(TrainerCallback):
         self.base_answers: Answers | None = None
         self.history: list[tuple[int, TransitionReport]] = []
         self.stop_reason: str | None = None
+        self.monitoring_seconds = 0.0
         self._records: list[dict[str, Any]] = []
-        self._schedule = EverySteps(config.eval_steps) if config.eval_steps else Budget(config.max_overhead)
+        self._schedule = (EverySteps(config.eval_steps) if config.eval_steps else
+                          Budget(config.max_overhead, reserve=int(config.eval_on_train_end)))
         self._stop_rule = self._new_stop_rule()
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
@@ -144,6 +147,7 @@ class ForgetWatchCallback(TrainerCallback):
     # -- trainer events ------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        start = time.perf_counter()
         self._handler = sinks.find_handler(self)
         self._run_before_early_stopping()
         tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
@@ -154,13 +158,18 @@ class ForgetWatchCallback(TrainerCallback):
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or Path(args.output_dir) / "forgetwatch")
+        # a callback may serve several train() calls: each starts from its own state
+        self.history, self._records, self.stop_reason = [], [], None
+        self._stop_rule = self._new_stop_rule()
         resumed = state.global_step > 0
-        self.base_answers, spent = self._base_snapshot(model, args, state, resumed)
+        self.base_answers, computed = self._base_snapshot(model, args, state, resumed)
         if resumed:
             self._restore_history(args, state)
         elif state.is_world_process_zero:
             self._store.set_aside_history()
-        self._schedule.start(state.global_step, spent)
+        self.monitoring_seconds = time.perf_counter() - start
+        # a loaded snapshot says nothing about what an evaluation costs
+        self._schedule.start(state.global_step, self.monitoring_seconds if computed else 0.0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
@@ -202,7 +211,6 @@ class ForgetWatchCallback(TrainerCallback):
         report = compare(self.base_answers, answers)
         seconds = time.perf_counter() - start
         step = state.global_step
-        self._schedule.evaluated(step, seconds)
         self.history.append((step, report))
 
         record = {"step": step, "time": round(time.time(), 3), "seconds": round(seconds, 4),
@@ -217,6 +225,10 @@ class ForgetWatchCallback(TrainerCallback):
                 print(sinks.console_line(step, report), flush=True)
         sinks.emit(self._handler, sinks.metric_values(report, self.config.log_categories),
                    args, state, control, source=self)
+        # all of it is monitoring cost: scoring, files and logs (the user's hook is not)
+        spent = time.perf_counter() - start
+        self._schedule.evaluated(step, spent)
+        self.monitoring_seconds += spent
         if self.on_forgetting is not None:
             self.on_forgetting(report, step)
         if reason:
@@ -234,8 +246,8 @@ class ForgetWatchCallback(TrainerCallback):
 
     # -- base snapshot and resume --------------------------------------------------------------
 
-    def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, float]:
-        """The base answers, and the seconds spent computing them (0 when loaded)."""
+    def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
+        """The base answers, and whether they were computed now (rather than loaded)."""
         expected = {"model_key": model_key(model)}
         if self._base_given is not None:
             given = self._base_given
@@ -245,33 +257,32 @@ class ForgetWatchCallback(TrainerCallback):
             if problem:
                 raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
                                            "it cannot be this run's base")
-            return answers, 0.0
+            return answers, False
         if resumed:
             for directory in self._resume_dirs(args, state):
                 answers = RunStore(directory).load_snapshot()
                 if answers is not None and self._mismatch(answers, expected) is None:
-                    return answers, 0.0
+                    return answers, False
             raise FileNotFoundError(
                 f"resuming at step {state.global_step}, but no base snapshot matching these probes and "
                 f"this model was found in {', '.join(map(str, self._resume_dirs(args, state)))}; the "
                 "resumed weights have moved, so they cannot stand in for the base: pass base=PATH with "
                 "the original run's base_answers.npz")
         expected["weights_key"] = weights_key(model)
-        cached = self._store.load_snapshot() if self._store.snapshot_path.is_file() else None
+        cached = self._store.load_snapshot()
         if cached is not None:
             problem = self._mismatch(cached, expected)
             if problem is None:
                 logger.info("forgetwatch: reusing the base snapshot in %s", self._store.snapshot_path)
-                return cached, 0.0
+                return cached, False
             logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
                            self._store.snapshot_path, problem)
-        start = time.perf_counter()
         show = self.config.verbose and state.is_world_process_zero
         answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=show)
         answers.meta.update(expected)
         if state.is_world_process_zero:
             self._store.save_snapshot(answers)
-        return answers, time.perf_counter() - start
+        return answers, True
 
     def _mismatch(self, answers: Answers, expected: dict[str, str]) -> str | None:
         """What makes ``answers`` unusable as this run's base, or ``None``."""

@@ -42,7 +42,9 @@ class Budget:
     Monitoring time counts every evaluation and the base snapshot (``spent`` at start); the
     rest of the wall time is training. An evaluation is due once training has run long
     enough that one more, costing what the last one did, keeps the share within budget:
-    ``train >= (spent + cost) * (1 - max_overhead) / max_overhead``. If the cost is not yet
+    ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) / max_overhead``, where
+    ``reserve`` holds back the cost of evaluations the schedule does not pace (the one at the
+    end of training), so the whole run stays within budget. If the cost is not yet
     known (the base snapshot was loaded, not computed), the first evaluation comes at once
     and measures it. Between checks the next one is planned in steps, from the measured
     step time, at most doubling the steps seen so far while that estimate is young.
@@ -55,10 +57,12 @@ class Budget:
         True
     """
 
-    def __init__(self, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter,
+                 reserve: int = 0):
         if not 0 < max_overhead < 1:
             raise ValueError(f"max_overhead must be between 0 and 1, got {max_overhead}")
         self.max_overhead = max_overhead
+        self.reserve = reserve
         self.clock = clock
         self._t0: float | None = None
 
@@ -80,7 +84,7 @@ class Budget:
             return True
         train = self.clock() - self._t0 - self._spent_since_start
         ratio = (1 - self.max_overhead) / self.max_overhead
-        wanted = (self._spent + self._cost) * ratio
+        wanted = (self._spent + self._cost * (1 + self.reserve)) * ratio
         if train >= wanted:
             return True
         steps = max(1, step - self._step0)

@@ -154,6 +154,8 @@ def test_train_end_is_evaluated_once(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=7)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=30).train()
     assert [step for step, _ in cb.history] == [7, 14, 21, 28, 30]
+    make_trainer(toy, train_data, tmp_path, [cb], max_steps=14).train()  # the same callback, a new run
+    assert [step for step, _ in cb.history] == [7, 14]
     cb = ForgetWatchCallback(toy.probes, eval_steps=7, eval_on_train_end=False)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=30).train()
     assert [step for step, _ in cb.history] == [7, 14, 21, 28]

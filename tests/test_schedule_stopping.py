@@ -54,6 +54,19 @@ def test_budget_keeps_monitoring_within_its_share(overhead):
     assert max(gaps) <= expected_gap + 1 and min(gaps) >= expected_gap - 1
 
 
+def test_budget_reserves_room_for_the_final_evaluation():
+    clock = Clock()
+    budget = Budget(0.05, clock=clock, reserve=1)
+    evaluated, share = simulate(budget, clock, steps=3000, step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0)
+    # one more evaluation at the end (as at train end) still fits the budget
+    final = (share * clock.now + 2.0) / (clock.now + 2.0)
+    assert final <= 0.05 + 1e-9
+    clock2 = Clock()
+    without, share2 = simulate(Budget(0.05, clock=clock2), clock2, steps=3000, step_time=lambda s: 0.1,
+                               eval_time=2.0, snapshot=2.0)
+    assert (share2 * clock2.now + 2.0) / (clock2.now + 2.0) > 0.05  # without the reserve it would not
+
+
 def test_budget_adapts_when_steps_get_slower():
     clock = Clock()
     evaluated, share = simulate(Budget(0.1, clock=clock), clock, steps=3000,
