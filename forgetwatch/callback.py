@@ -6,6 +6,7 @@ and storage each live in their own module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -13,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from . import sinks
 from .answers import Answers, AnswersMismatchError
+from .distributed import from_rank_zero
+from .introspect import calling_handler, resumed_checkpoint
 from .config import ForgetWatchConfig
 from .metrics import compare
 from .probes import ProbeSet
@@ -104,11 +108,13 @@ class ForgetWatchCallback(TrainerCallback):
         self.monitoring_seconds = 0.0
         self._records: list[dict[str, Any]] = []
         self._schedule = (EverySteps(config.eval_steps) if config.eval_steps else
-                          Budget(config.max_overhead, reserve=int(config.eval_on_train_end)))
+                          Budget(config.max_overhead, reserve=int(config.eval_on_train_end), agree=from_rank_zero))
         self._stop_rule = self._new_stop_rule()
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
         self._handler: Any = None
+        self._training = False
+        self._eval_logged_at: int | None = None
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
@@ -148,19 +154,24 @@ class ForgetWatchCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         start = time.perf_counter()
-        self._handler = sinks.find_handler(self)
+        self._handler = calling_handler(self)
         self._run_before_early_stopping()
         tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: pass processing_class to the "
                              "trainer or tokenizer= to the callback")
         c = self.config
+        unknown = sorted(set(c.category_max_forgetting) - set(self.probes.categories))
+        if unknown:
+            logger.warning("forgetwatch: category_max_forgetting names categories the probes do not "
+                           "have: %s (they have %s)", unknown, self.probes.categories)
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or Path(args.output_dir) / "forgetwatch")
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
         self._stop_rule = self._new_stop_rule()
+        self._training, self._eval_logged_at = True, None
         resumed = state.global_step > 0
         self.base_answers, computed = self._base_snapshot(model, args, state, resumed)
         if resumed:
@@ -172,59 +183,91 @@ class ForgetWatchCallback(TrainerCallback):
         self._schedule.start(state.global_step, self.monitoring_seconds if computed else 0.0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        step = state.global_step
-        if self._schedule.due(step):
+        if self._schedule.due(state.global_step):
             self._evaluate(model, args, state, control, "schedule")
-        elif control.should_training_stop and self.config.eval_on_train_end and not self._evaluated(step):
-            # the last step: evaluate now, while every integration is still open
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        # however training stops (max_steps, a callback, data running out), this runs before
+        # the trainer finalizes, while every integration is still open; and the trainer
+        # saves after it if asked to
+        if not control.should_training_stop:
+            return
+        step = state.global_step
+        if self.config.eval_on_train_end and not self._evaluated(step):
             self._evaluate(model, args, state, control, "train_end")
+        if self._stop_step == step and self.config.save_on_stop and not self._checkpoint(args, step).is_dir():
+            control.should_save = True  # e.g. save_strategy="best" overrode the request
 
     def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
         if not self.config.eval_on_evaluate or self.base_answers is None:
             return
-        if self._evaluated(state.global_step):
+        if not self._training:
+            # after train(): the weights may have changed (best model loaded); score them
+            # afresh, outside the run's history
+            report = compare(self.base_answers, self._scorer(model, batch_size=self.config.batch_size,
+                                                             show_progress=False))
+        elif self._evaluated(state.global_step):
             report = self.history[-1][1]
         else:
             report = self._evaluate(model, args, state, control, "evaluate")
         extra = sinks.eval_metric_values(report)
         if metrics is not None:  # the dict best-model selection and EarlyStoppingCallback read
             metrics.update(extra)
-        sinks.emit(self._handler, extra, args, state, control, source=self)
+        if self._eval_logged_at != state.global_step or not self._training:  # once per step
+            self._eval_logged_at = state.global_step
+            sinks.emit(self._handler, extra, args, state, control, source=self)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        # a fallback: integrations may be closed now, so the result goes to the history only
         if self.config.eval_on_train_end and self.base_answers is not None and not self._evaluated(state.global_step):
-            self._evaluate(model, args, state, control, "train_end")
+            self._evaluate(model, args, state, control, "train_end", log=False)
+        self._training = False
 
     def on_save(self, args, state, control, **kwargs):
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        checkpoint = self._checkpoint(args, state.global_step)
         if state.is_world_process_zero and checkpoint.is_dir():
             self._store.copy_to(checkpoint / SUBDIR)
 
     # -- evaluation ----------------------------------------------------------------------------
 
+    @property
+    def _stop_step(self) -> int | None:
+        return self.history[-1][0] if self.stop_reason and self.history else None
+
+    @staticmethod
+    def _checkpoint(args, step: int) -> Path:
+        return Path(args.output_dir) / f"checkpoint-{step}"
+
     def _evaluated(self, step: int) -> bool:
         return bool(self.history) and self.history[-1][0] == step
 
-    def _evaluate(self, model, args, state, control, trigger: str) -> TransitionReport:
+    def _evaluate(self, model, args, state, control, trigger: str, log: bool = True) -> TransitionReport:
         start = time.perf_counter()
         answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=False)
         report = compare(self.base_answers, answers)
-        seconds = time.perf_counter() - start
         step = state.global_step
         self.history.append((step, report))
 
-        record = {"step": step, "time": round(time.time(), 3), "seconds": round(seconds, 4),
+        record = {"step": step, "time": round(time.time(), 3), "seconds": round(time.perf_counter() - start, 4),
                   "trigger": trigger, "report": _history_report(report)}
-        reason = self._stop_rule.update(record["report"]) if self._stop_rule.active else None
+        reason = None
+        if self._stop_rule.active:
+            reason = self._stop_rule.update(record["report"])
+            # every rank must stop together: rank 0 decides
+            if from_rank_zero([int(reason is not None)])[0]:
+                reason = reason or "rank 0's forgetting rule fired"
+            else:
+                reason = None
         if reason:
             record["stop"] = reason
         self._records.append(record)
         if state.is_world_process_zero:
-            self._store.save_history(self._records)
+            self._store.append_history(record)
             if self.config.verbose:
-                print(sinks.console_line(step, report), flush=True)
-        sinks.emit(self._handler, sinks.metric_values(report, self.config.log_categories),
-                   args, state, control, source=self)
+                tqdm.write(sinks.console_line(step, report))
+        if log:
+            sinks.emit(self._handler, sinks.metric_values(report, self.config.log_categories),
+                       args, state, control, source=self)
         # all of it is monitoring cost: scoring, files and logs (the user's hook is not)
         spent = time.perf_counter() - start
         self._schedule.evaluated(step, spent)
@@ -242,13 +285,11 @@ class ForgetWatchCallback(TrainerCallback):
             control.should_save = True
         if state.is_world_process_zero:
             logger.warning("forgetwatch: stopping training at step %d: %s", step, reason)
-            print(f"[forgetwatch] stopping training at step {step}: {reason}", flush=True)
 
     # -- base snapshot and resume --------------------------------------------------------------
 
     def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
         """The base answers, and whether they were computed now (rather than loaded)."""
-        expected = {"model_key": model_key(model)}
         if self._base_given is not None:
             given = self._base_given
             answers = given if isinstance(given, Answers) else Answers.load(given, probes=self.probes)
@@ -257,19 +298,14 @@ class ForgetWatchCallback(TrainerCallback):
             if problem:
                 raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
                                            "it cannot be this run's base")
+            if state.is_world_process_zero:  # kept with the run, so a resume finds it
+                self._store.save_snapshot(answers)
             return answers, False
+        expected = {"model_key": model_key(model)}
         if resumed:
-            for directory in self._resume_dirs(args, state):
-                answers = RunStore(directory).load_snapshot()
-                if answers is not None and self._mismatch(answers, expected) is None:
-                    return answers, False
-            raise FileNotFoundError(
-                f"resuming at step {state.global_step}, but no base snapshot matching these probes and "
-                f"this model was found in {', '.join(map(str, self._resume_dirs(args, state)))}; the "
-                "resumed weights have moved, so they cannot stand in for the base: pass base=PATH with "
-                "the original run's base_answers.npz")
+            return self._resumed_snapshot(args, state, expected), False
         expected["weights_key"] = weights_key(model)
-        cached = self._store.load_snapshot()
+        cached = self._load_snapshot(self._store.dir)
         if cached is not None:
             problem = self._mismatch(cached, expected)
             if problem is None:
@@ -284,6 +320,43 @@ class ForgetWatchCallback(TrainerCallback):
             self._store.save_snapshot(answers)
         return answers, True
 
+    def _resumed_snapshot(self, args, state, expected: dict[str, str]) -> Answers:
+        """The original run's snapshot: the weights resumed with have moved and must never
+        stand in for the base. One for these probes and options is required; the model's
+        configuration is only compared, since loading it again may change it harmlessly."""
+        found: list[tuple[Path, Answers]] = []
+        rejected = []
+        for directory in self._resume_dirs(args, state):
+            answers = self._load_snapshot(directory)
+            if answers is None:
+                continue
+            problem = self._mismatch(answers, {})
+            if problem:
+                rejected.append(f"{directory}: for {problem}")
+            else:
+                found.append((directory, answers))
+        if not found:
+            looked = ", ".join(map(str, self._resume_dirs(args, state)))
+            why = f" ({'; '.join(rejected)})" if rejected else ""
+            raise FileNotFoundError(
+                f"resuming at step {state.global_step}, but no base snapshot for these probes and scoring "
+                f"options was found in {looked}{why}; the resumed weights have moved, so they cannot stand "
+                "in for the base: pass base=PATH with the original run's base_answers.npz")
+        for directory, answers in found:
+            if self._mismatch(answers, expected) is None:
+                return answers
+        directory, answers = found[0]
+        logger.warning("forgetwatch: resuming with the base snapshot in %s, made for a model of another "
+                       "configuration than this one", directory)
+        return answers
+
+    def _load_snapshot(self, directory: Path) -> Answers | None:
+        try:
+            return RunStore(directory).load_snapshot()
+        except ValueError as err:  # a damaged file: say so and look further
+            logger.warning("forgetwatch: ignoring %s", err)
+            return None
+
     def _mismatch(self, answers: Answers, expected: dict[str, str]) -> str | None:
         """What makes ``answers`` unusable as this run's base, or ``None``."""
         if answers.probe_fingerprint != self._scorer.fingerprint:
@@ -296,22 +369,27 @@ class ForgetWatchCallback(TrainerCallback):
         return None
 
     def _resume_dirs(self, args, state) -> list[Path]:
-        """Where a resumed run looks for its base snapshot and history, in order."""
-        dirs = [Path(args.output_dir) / f"checkpoint-{state.global_step}" / SUBDIR]
-        if isinstance(getattr(args, "resume_from_checkpoint", None), str):
-            dirs.append(Path(args.resume_from_checkpoint) / SUBDIR)
+        """Where a resumed run looks for its base snapshot and history, in order: the
+        checkpoint it resumes from, then the run's own forgetwatch directory."""
+        dirs = []
+        resuming = resumed_checkpoint()
+        if resuming:
+            dirs.append(Path(resuming) / SUBDIR)
+        dirs.append(self._checkpoint(args, state.global_step) / SUBDIR)
         dirs.append(self._store.dir)
-        return dirs
+        return list(dict.fromkeys(dirs))
 
     def _restore_history(self, args, state) -> None:
         """Keep the history up to the checkpoint's step; replay it through the stop rule."""
+        records: list[dict[str, Any]] = []
         for directory in self._resume_dirs(args, state):
             records = RunStore(directory).load_history()
             if records:
                 break
         self._records = [r for r in records if r["step"] <= state.global_step]
-        self.history = [(r["step"], TransitionReport.from_dict(r["report"])) for r in self._records]
-        self._stop_rule = self._new_stop_rule()
+        category = {p.id: p.category for p in self.probes}
+        self.history = [(r["step"], _with_category_ids(TransitionReport.from_dict(r["report"]), category))
+                        for r in self._records]
         for r in self._records:
             self._stop_rule.update(r["report"])
         if state.is_world_process_zero:
@@ -329,6 +407,16 @@ class ForgetWatchCallback(TrainerCallback):
         first = next((i for i, cb in enumerate(callbacks) if isinstance(cb, EarlyStoppingCallback)), None)
         if first is not None and first < mine:
             callbacks.insert(first, callbacks.pop(mine))
+
+
+def _with_category_ids(report: TransitionReport, category: dict[str, str]) -> TransitionReport:
+    """history.jsonl keeps the ids once; give each category report its own again."""
+    children = {
+        cat: dataclasses.replace(child, forgotten_ids=[i for i in report.forgotten_ids if category.get(i) == cat],
+                                 gained_ids=[i for i in report.gained_ids if category.get(i) == cat])
+        for cat, child in report.by_category.items()
+    }
+    return dataclasses.replace(report, by_category=children)
 
 
 def _history_report(report: TransitionReport) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class TransitionReport:
             if name == "by_category":
                 value = {cat: cls.from_dict(child) for cat, child in (value or {}).items()}
             elif name.endswith("_ci"):
-                value = tuple(_NAN if v is None else float(v) for v in value)
+                value = tuple(_NAN if v is None else float(v) for v in (value or (None, None)))
             elif name.endswith("_ids"):
                 value = list(value)
             elif f.type in ("float", float):

@@ -11,6 +11,8 @@ import math
 import time
 from collections.abc import Callable
 
+Agree = Callable[[list[int]], list[int]]
+
 
 class EverySteps:
     """Evaluate every ``n`` optimizer steps.
@@ -44,10 +46,16 @@ class Budget:
     enough that one more, costing what the last one did, keeps the share within budget:
     ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) / max_overhead``, where
     ``reserve`` holds back the cost of evaluations the schedule does not pace (the one at the
-    end of training), so the whole run stays within budget. If the cost is not yet
-    known (the base snapshot was loaded, not computed), the first evaluation comes at once
-    and measures it. Between checks the next one is planned in steps, from the measured
-    step time, at most doubling the steps seen so far while that estimate is young.
+    end of training), so the whole run stays within budget; and once the training since the
+    last evaluation alone pays for one (``cost * (1 - max_overhead) / max_overhead``), so a
+    long pause (a checkpoint, a trainer evaluation) does not release a burst of them. If the
+    cost is not yet known (the base snapshot was loaded, not computed), the first evaluation
+    comes at once and measures it. Between checks the next one is planned in steps, from the
+    measured step time, at most doubling the steps seen so far while that estimate is young.
+
+    In a distributed run every rank must evaluate at the same steps, but their clocks differ:
+    ``agree`` makes each check's outcome rank 0's (see :mod:`forgetwatch.distributed`).
+    Checks fall on the same steps everywhere, so it is called in step on every rank.
 
     Example:
         >>> clock = iter([100.0, 110.0]).__next__
@@ -58,12 +66,13 @@ class Budget:
     """
 
     def __init__(self, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter,
-                 reserve: int = 0):
+                 reserve: int = 0, agree: Agree = list):
         if not 0 < max_overhead < 1:
             raise ValueError(f"max_overhead must be between 0 and 1, got {max_overhead}")
         self.max_overhead = max_overhead
         self.reserve = reserve
         self.clock = clock
+        self.agree = agree
         self._t0: float | None = None
 
     def start(self, step: int, spent: float = 0.0) -> None:
@@ -72,6 +81,7 @@ class Budget:
         self._step0 = step
         self._spent = spent  # all monitoring time, for the budget
         self._spent_since_start = 0.0  # monitoring after t0, not training time
+        self._trained_at_last = 0.0  # training time when the last evaluation ended
         self._cost = spent or None
         self._next = step + 1
 
@@ -80,23 +90,32 @@ class Budget:
             self.start(step - 1)
         if step < self._next:
             return False
+        due, self._next = self.agree(self._decide(step))
+        return bool(due)
+
+    def _decide(self, step: int) -> list[int]:
+        """``[due, next check step]`` by this rank's clock."""
         if self._cost is None:
-            return True
-        train = self.clock() - self._t0 - self._spent_since_start
+            return [1, step + 1]
+        train = self._trained()
         ratio = (1 - self.max_overhead) / self.max_overhead
-        wanted = (self._spent + self._cost * (1 + self.reserve)) * ratio
+        wanted = max((self._spent + self._cost * (1 + self.reserve)) * ratio,
+                     self._trained_at_last + self._cost * ratio)
         if train >= wanted:
-            return True
+            return [1, step + 1]
         steps = max(1, step - self._step0)
         per_step = max(train / steps, 1e-9)
-        self._next = step + max(1, min(math.ceil((wanted - train) / per_step), steps))
-        return False
+        return [0, step + max(1, min(math.ceil((wanted - train) / per_step), steps))]
+
+    def _trained(self) -> float:
+        return self.clock() - self._t0 - self._spent_since_start
 
     def evaluated(self, step: int, seconds: float) -> None:
         """An evaluation at ``step`` took ``seconds`` (any evaluation: scheduled or not)."""
         self._spent += seconds
         self._spent_since_start += seconds
         self._cost = seconds
+        self._trained_at_last = self._trained()
         self._next = step + 1
 
     @property

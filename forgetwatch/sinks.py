@@ -10,7 +10,6 @@ values away from the trainer's next log line. Instead the metrics are appended t
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 from .report import TransitionReport
@@ -57,6 +56,10 @@ def eval_metric_values(report: TransitionReport) -> dict[str, float]:
     return {f"{EVAL_PREFIX}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
 
 
+def _prints_logs(callback: Any) -> bool:
+    return any(cls.__name__ in CONSOLE_CALLBACKS for cls in type(callback).__mro__)
+
+
 def console_line(step: int, report: TransitionReport) -> str:
     """One short line per evaluation."""
     return (f"[forgetwatch] step {step}: forgetting {_pct(report.forgetting)} "
@@ -70,25 +73,6 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def find_handler(callback: Any) -> Any:
-    """The transformers ``CallbackHandler`` that is calling ``callback`` right now, if any.
-
-    Callbacks are not told which trainer runs them; the handler dispatching the current event
-    is on the call stack (``CallbackHandler.call_event``), and it holds every other callback.
-    """
-    from transformers.trainer_callback import CallbackHandler
-
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, CallbackHandler) and any(cb is callback for cb in owner.callbacks):
-            return owner
-        frame = frame.f_back
-    return None
-
-
 def emit(handler: Any, metrics: dict[str, float], args: Any, state: Any, control: Any,
          source: Any = None) -> None:
     """Log ``metrics`` at ``state.global_step``: into ``state.log_history`` and to every
@@ -97,11 +81,13 @@ def emit(handler: Any, metrics: dict[str, float], args: Any, state: Any, control
     ``control.should_log`` is left alone (``CallbackHandler.on_log`` would reset it, which
     would cancel the trainer's own log line at this step).
     """
-    state.log_history.append({**metrics, "step": state.global_step})
+    entry = dict(metrics)
+    if state.epoch is not None:
+        entry["epoch"] = state.epoch
+    state.log_history.append({**entry, "step": state.global_step})  # as Trainer.log writes it
     if handler is None:
         return
-    listeners = [cb for cb in handler.callbacks
-                 if cb is not source and type(cb).__name__ not in CONSOLE_CALLBACKS]
+    listeners = [cb for cb in handler.callbacks if cb is not source and not _prints_logs(cb)]
     everyone = handler.callbacks
     handler.callbacks = listeners  # dispatch through the handler: same arguments as Trainer.log
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -21,20 +22,28 @@ import torch
 from .answers import Answers
 from .files import atomic_write
 
+logger = logging.getLogger("forgetwatch")
+
 SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
 
 
+# config fields that change without the model changing: where it was loaded from, the dtype
+# it was loaded in, what saving it records (library version, class name), flags trainers toggle
+VOLATILE_CONFIG = ("_name_or_path", "_commit_hash", "transformers_version", "architectures", "dtype",
+                   "torch_dtype", "use_cache")
+
+
 def model_key(model: torch.nn.Module) -> str:
-    """What the model is: its name and configuration (the same after training steps)."""
+    """What the model is: its architecture and configuration (the same after training steps)."""
     from .scoring.borrow import unwrap
 
     config = getattr(unwrap(model), "config", None)
     described = config.to_dict() if hasattr(config, "to_dict") else {}
-    for volatile in ("transformers_version", "_commit_hash", "use_cache"):  # trainers toggle use_cache
+    for volatile in VOLATILE_CONFIG:
         described.pop(volatile, None)
-    text = json.dumps(described, sort_keys=True, default=str)
+    text = json.dumps(described, sort_keys=True, default=lambda o: type(o).__name__)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -42,16 +51,20 @@ def weights_key(model: torch.nn.Module) -> str:
     """A cheap signature of the weights: a few strided values of every parameter.
 
     Catches a snapshot cached for other weights under the same name and configuration
-    (a re-trained base saved to the same path) without reading every parameter.
+    (a re-trained base saved to the same path) without reading every parameter. Parameters
+    with no values here (meta tensors, ZeRO-3 placeholders) count by name only; sharded
+    DTensors by their local shard.
     """
     h = hashlib.sha256()
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             h.update(name.encode())
-            flat = p.detach().reshape(-1)
-            if flat.numel():  # sharded-away parameters (ZeRO-3) hold no values here
-                sample = flat[:: max(1, flat.numel() // 16)][:16].float().cpu()
-                h.update(sample.numpy().tobytes())
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.is_meta or not local.numel():
+                continue
+            flat = local.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 16)][:16].float().cpu()
+            h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -81,29 +94,46 @@ class RunStore:
         answers.save(self.snapshot_path)
 
     def load_history(self) -> list[dict[str, Any]]:
+        """The records, in order. A last line cut short by a crash mid-write is dropped."""
         if not self.history_path.is_file():
             return []
+        text = self.history_path.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        if lines and lines[-1].strip():  # no final newline: the write of that line never finished
+            logger.warning("%s: dropping an incomplete last line", self.history_path)
         records = []
-        with open(self.history_path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        raise ValueError(f"{self.history_path}: line {number}: not JSON ({err.msg})") from err
+        for number, line in enumerate(lines[:-1], start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{self.history_path}: line {number}: not JSON ({err.msg})") from err
         return records
 
     def save_history(self, records: list[dict[str, Any]]) -> None:
-        """Rewrite the whole file atomically (it holds one short line per evaluation)."""
+        """Replace the whole file atomically (at the start of a run, or after a resume)."""
         with atomic_write(self.history_path) as f:
-            for record in records:
-                f.write(json.dumps(_json_safe(record), ensure_ascii=False, allow_nan=False) + "\n")
+            f.writelines(_line(r) for r in records)
+
+    def append_history(self, record: dict[str, Any]) -> None:
+        """Add one record: one write of one whole line, flushed to disk (a crash can cut only
+        this line short, and :meth:`load_history` drops such a line)."""
+        self.history_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.history_path, "a", encoding="utf-8") as f:
+            f.write(_line(record))
+            f.flush()
+            os.fsync(f.fileno())
 
     def set_aside_history(self) -> Path | None:
         """Move an earlier run's history out of the way (kept, renamed) before a fresh run."""
         if not self.history_path.is_file():
             return None
-        kept = self.dir / f"history-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        kept = self.dir / f"history-{stamp}.jsonl"
+        n = 1
+        while kept.exists():
+            n += 1
+            kept = self.dir / f"history-{stamp}-{n}.jsonl"
         os.replace(self.history_path, kept)
         return kept
 
@@ -115,6 +145,10 @@ class RunStore:
             if source.is_file():
                 with open(source, "rb") as src, atomic_write(target / source.name, "wb") as dst:
                     shutil.copyfileobj(src, dst)
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(_json_safe(record), ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def _json_safe(value: Any) -> Any:

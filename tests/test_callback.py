@@ -112,9 +112,14 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
     path = tmp_path / "base.json"
     base.save(path)
     cb = ForgetWatchCallback(toy.probes, eval_steps=30, base=str(path))
-    make_trainer(toy, train_data, tmp_path, [cb]).train()
-    assert not (tmp_path / "forgetwatch" / "base_answers.npz").exists()
+    make_trainer(toy, train_data, tmp_path, [cb], save_strategy="steps", save_steps=10).train()
     assert cb.history[-1][1].accuracy_before == base.accuracy
+    # kept with the run and its checkpoints, so a resume finds it without base= again
+    kept = Answers.load(tmp_path / "checkpoint-20" / "forgetwatch" / "base_answers.npz")
+    assert kept.correct.tolist() == base.correct.tolist()
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=30)
+    make_trainer(toy, train_data, tmp_path, [resumed]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
+    assert resumed.base_answers.correct.tolist() == base.correct.tolist()
 
     normalized = evaluate(toy.base, toy.tokenizer, toy.probes, normalize="chars", show_progress=False)
     with pytest.raises(ValueError, match="other scoring options"):
@@ -122,16 +127,18 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
 
 
 @pytest.mark.parametrize("patience", [1, 2])
-def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, capsys):
+def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, caplog):
     cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, patience=patience)
     trainer = make_trainer(toy, train_data, tmp_path, [cb])
-    trainer.train()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        trainer.train()
     stop_step = 5 * patience
     assert trainer.state.global_step == stop_step
     assert (tmp_path / f"checkpoint-{stop_step}" / "forgetwatch" / "history.jsonl").is_file()
     record = json.loads((tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()[-1])
     assert "forgetting" in record["stop"] and "> 0.0200" in record["stop"]
-    assert f"stopping training at step {stop_step}" in capsys.readouterr().out
+    assert f"stopping training at step {stop_step}" in caplog.text
+    assert cb.stop_reason.startswith(f"step {stop_step}: forgetting")
 
 
 def test_eval_metrics_drive_best_model_and_transformers_early_stopping(toy, train_data, tmp_path):
@@ -162,10 +169,61 @@ def test_train_end_is_evaluated_once(toy, train_data, tmp_path):
 
 
 def test_default_budget_schedule_evaluates_within_its_share(toy, train_data, tmp_path):
+    import time
+
     cb = ForgetWatchCallback(toy.probes, max_overhead=0.5)
-    make_trainer(toy, train_data, tmp_path, [cb], max_steps=60).train()
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=60)
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
     steps = [step for step, _ in cb.history]
     assert steps[-1] == 60 and len(steps) >= 2  # some scheduled evaluations, then the end
+    assert cb.monitoring_seconds / wall <= 0.5 + 0.1  # the share, up to timing noise
+
+
+class StopAt(TrainerCallback):
+    """Another callback ending training, after forgetwatch in the list."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_train_end_is_evaluated_whoever_stops_training(toy, train_data, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb, StopAt(12)])
+    trainer.train()
+    assert [step for step, _ in cb.history] == [5, 10, 12]
+    ours = [e for e in trainer.state.log_history if "forgetwatch/forgetting" in e]
+    assert [e["step"] for e in ours] == [5, 10, 12]
+    # logged before the trainer's final summary, while integrations are still open
+    summary = next(i for i, e in enumerate(trainer.state.log_history) if "train_runtime" in e)
+    assert trainer.state.log_history.index(ours[-1]) < summary
+
+
+def test_a_stop_is_saved_even_with_save_strategy_best(toy, train_data, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=1000, max_forgetting=0.02)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], eval_strategy="steps", eval_steps=5,
+                           save_strategy="best", metric_for_best_model="forgetwatch_forgetting",
+                           greater_is_better=False)
+    trainer.train()
+    step = trainer.state.global_step
+    assert cb.stop_reason and step < 30
+    assert (tmp_path / f"checkpoint-{step}").is_dir()
+
+
+def test_evaluation_after_training_scores_the_current_weights(toy, train_data, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=30)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb])
+    trainer.train()
+    assert cb.history[-1][1].forgotten > 0
+    trainer.model.load_state_dict(toy.base.state_dict())  # as if the best (here: first) model were loaded
+    metrics = trainer.evaluate()
+    assert metrics["eval_forgetwatch_forgotten"] == 0 and metrics["eval_forgetwatch_gained"] == 0
+    assert [step for step, _ in cb.history] == [30]  # not part of the run's history
 
 
 class KillAt(TrainerCallback):
@@ -200,6 +258,31 @@ def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, t
         assert (s1, r1.forgotten, r1.gained, r1.forgotten_ids) == (s2, r2.forgotten, r2.gained, r2.forgotten_ids)
     steps = [json.loads(x)["step"] for x in (run / "forgetwatch" / "history.jsonl").read_text().splitlines()]
     assert steps == [5, 10, 15, 20, 25, 30]  # the killed run's step 25 was dropped, then redone
+
+
+@pytest.mark.parametrize("how", ["moved-checkpoint", "latest", "model-from-checkpoint"])
+def test_resume_setups(toy, train_data, tmp_path, how):
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    common = dict(max_steps=20, save_strategy="steps", save_steps=10)
+    first = ForgetWatchCallback(toy.probes, eval_steps=5)
+    with pytest.raises(RuntimeError, match="killed"):
+        make_trainer(toy, train_data, tmp_path / "run", [first, KillAt(12)], **common).train()
+    checkpoint, model, out = tmp_path / "run" / "checkpoint-10", None, tmp_path / "run"
+    if how == "moved-checkpoint":  # resumed elsewhere, from a copy of the checkpoint
+        checkpoint = shutil.copytree(checkpoint, tmp_path / "elsewhere" / "checkpoint-10")
+        out = tmp_path / "new-output"
+    elif how == "model-from-checkpoint":  # loaded from the checkpoint: another _name_or_path
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
+    trainer = make_trainer(toy, train_data, out, [resumed], model=model, **common)
+    trainer.train(resume_from_checkpoint=True if how == "latest" else str(checkpoint))
+    assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
+    assert resumed.base_answers.correct.tolist() == first.base_answers.correct.tolist()
+    assert resumed.history[1][1].by_category["capitals"].forgotten_ids == \
+        first.history[1][1].by_category["capitals"].forgotten_ids  # restored per category too
 
 
 def test_resume_without_a_snapshot_fails_before_training(toy, train_data, tmp_path):
@@ -242,3 +325,21 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
     assert cb.config.eval_steps == config.eval_steps and cb.config.stop == config.stop
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=4).train()
     assert cb.history and cb.history[-1][0] == 4
+
+
+def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path):
+    from forgetwatch.store import RunStore, model_key, weights_key
+
+    with torch.device("meta"):  # offloaded / not yet materialised weights
+        ghost = toy.world.model(toy.tokenizer)
+    assert weights_key(ghost) != weights_key(toy.base)
+    assert model_key(ghost) == model_key(toy.base)
+    half = copy.deepcopy(toy.base).to(torch.bfloat16)
+    assert model_key(half) == model_key(toy.base)  # the dtype it was loaded in is not the model
+
+    store = RunStore(tmp_path)
+    store.append_history({"step": 1, "report": {}})
+    store.append_history({"step": 2, "report": {}})
+    with open(store.history_path, "a") as f:
+        f.write('{"step": 3, "rep')  # a crash in the middle of a write
+    assert [r["step"] for r in store.load_history()] == [1, 2]

@@ -123,6 +123,7 @@ def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monke
     scalars = events.Scalars("train/forgetwatch/forgetting")
     assert [s.step for s in scalars] == [4, 8]
     assert [s.value for s in scalars] == pytest.approx([r.forgetting for _, r in cb.history])
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1  # never reopened after the end
 
 
 def test_dpo_history_and_final_counts(toy, tmp_path):
