@@ -10,7 +10,7 @@ Also printed: the callback's own measured time (``monitoring_seconds``: snapshot
 their files and logs) as a share of wall time, and its work on a step that does not evaluate
 (``on_step_end`` when nothing is due).
 
-    python benchmarks/bench_overhead.py [--steps 300] [--repeats 3] [--eval-steps 50]
+    python benchmarks/bench_overhead.py [--steps 600] [--repeats 3] [--eval-steps 50]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def idle_step_cost(probes, tokenizer, model) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--eval-steps", type=int, default=50)
     ap.add_argument("--hidden", type=int, default=128)
