@@ -248,9 +248,10 @@ def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, t
         make_trainer(toy, train_data, run, [first, KillAt(27)], **common).train()
     assert [s for s, _ in first.history] == [5, 10, 15, 20, 25]  # 25 is past checkpoint-20
 
-    # resume with a model whose weights are not the base: the snapshot must come from disk
+    # the trainer loads checkpoint-20's weights before training begins: not the base, so the
+    # snapshot must come from disk
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = make_trainer(toy, train_data, run, [resumed], model=copy.deepcopy(toy.tuned), **common)
+    trainer = make_trainer(toy, train_data, run, [resumed], **common)
     trainer.train(resume_from_checkpoint=str(run / "checkpoint-20"))
     assert resumed.base_answers.correct.tolist() == whole.base_answers.correct.tolist()
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20, 25, 30]
