@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from common import HelpFormatter
 from trl import SFTConfig, SFTTrainer
 
 from forgetwatch import ForgetWatchCallback, Probe, ProbeSet, TransitionReport
@@ -166,15 +167,8 @@ def run(world: ToyWorld, tokenizer, model, output_dir: str | os.PathLike[str], *
     return trainer, collector
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except for on/off flags."""
-
-    def _get_help_string(self, action):
-        return action.help if action.nargs == 0 else super()._get_help_string(action)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--output-dir", default="out/replay", help="trainer output, replay.jsonl and forgetwatch/")
     parser.add_argument("--max-steps", type=int, default=24, help="fine-tuning steps on the arithmetic")
     parser.add_argument("--eval-steps", type=int, default=4, help="re-score the probes every N steps")
@@ -192,9 +186,7 @@ def main(argv: list[str] | None = None) -> ReplayCollector:
     print("fine-tuning it on unrelated arithmetic while forgetwatch watches the facts ...", flush=True)
     trainer, collector = run(world, tokenizer, base, args.output_dir, max_steps=args.max_steps,
                              eval_steps=args.eval_steps)
-    history = trainer.forgetwatch.history
-    if history:
-        print(f"\nforgetting at step {history[-1][0]}:\n{history[-1][1].summary()}\n")
+    print(f"\n{trainer.forgetwatch.summary()}\n")
     print(collector.describe())
     return collector
 

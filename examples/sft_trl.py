@@ -24,30 +24,18 @@ the forgetwatch evaluations run outside the autocast context, in float32 too.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import torch
+from common import build_probes, common_settings, parser, watched_trainer
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from forgetwatch import ForgetWatchCallback, ProbeSet
+from forgetwatch import ProbeSet
 
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 DATASET = "trl-lib/Capybara"
-
-
-def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
-    """``n`` MMLU probes in lm-eval-harness's zero-shot format, sampled across subjects.
-
-    ``mmlu_rows``: a ``datasets.Dataset`` or a list of dicts in the ``cais/mmlu`` layout
-    (``question``, ``subject``, ``choices``, ``answer``). Each subject gets a share of ``n``
-    proportional to its size; the sample is deterministic for ``seed``; with fewer rows than
-    ``n`` every row is kept.
-    """
-    probes = ProbeSet.from_hf(mmlu_rows, preset="mmlu")
-    return probes.sample(min(n, len(probes)), seed=seed)
+__all__ = ["build_probes", "build_trainer", "main"]
 
 
 def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
@@ -58,85 +46,29 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
 
     ``extra`` overrides any ``SFTConfig`` field (batch size, learning rate, max_length, ...).
     """
-    settings: dict[str, Any] = {
-        "max_steps": max_steps,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 4,
-        "learning_rate": 2e-5,
-        "max_length": 1024,
-        "logging_steps": 10,
-        "bf16": torch.cuda.is_available() and not use_cpu,
-        "use_cpu": use_cpu,
-        "report_to": report_to or "none",
-    }
-    settings.update(extra)
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_forgetting=max_forgetting,
-                                   chat_template=chat_template)
-    trainer = SFTTrainer(model=model, args=SFTConfig(output_dir, **settings), train_dataset=train_dataset,
-                         processing_class=tokenizer, callbacks=[callback])
-    trainer.forgetwatch = callback
-    return trainer
-
-
-def summarize(trainer) -> str:
-    """The final forgetting table, whether training was stopped, and where the history is."""
-    callback = trainer.forgetwatch
-    lines = []
-    if callback.history:
-        step, report = callback.history[-1]
-        lines += [f"forgetting at step {step} (vs. the model before training):", report.summary()]
-    else:
-        lines.append("no forgetwatch evaluation ran")
-    if callback.stop_reason:
-        lines.append(f"forgetwatch stopped training at {callback.stop_reason}")
-    lines.append(f"history: {callback.history_path}")
-    return "\n".join(lines)
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except for on/off flags."""
-
-    def _get_help_string(self, action):
-        return action.help if action.nargs == 0 else super()._get_help_string(action)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter)
-    parser.add_argument("--model", default=MODEL, help="hub id or local path of an instruct model")
-    parser.add_argument("--dataset", default=DATASET, help="conversational SFT dataset ('messages' column)")
-    parser.add_argument("--output-dir", default="out/sft", help="where checkpoints and forgetwatch/ go")
-    parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
-    parser.add_argument("--probes", type=int, default=500, help="MMLU probes, stratified by subject")
-    parser.add_argument("--eval-steps", type=int, default=50, help="re-score the probes every N steps")
-    parser.add_argument("--max-forgetting", type=float, default=None,
-                        help="stop training once this share of the probes is forgotten (e.g. 0.05)")
-    parser.add_argument("--learning-rate", type=float, default=2e-5, help="peak learning rate")
-    parser.add_argument("--batch-size", type=int, default=4, help="per device")
-    parser.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation steps")
-    parser.add_argument("--max-length", type=int, default=1024, help="truncate training sequences to this")
-    parser.add_argument("--report-to", default="none", help="wandb, tensorboard, ... or none")
-    parser.add_argument("--seed", type=int, default=0, help="training seed (the probe sample is fixed: seed 0)")
-    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
-                        help="score probes as plain text (for base models without a chat template)")
-    parser.add_argument("--cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
-    return parser.parse_args(argv)
+    defaults = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "learning_rate": 2e-5,
+                "max_length": 1024}
+    return watched_trainer(SFTTrainer, SFTConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
+                           eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
+                           report_to=report_to, chat_template=chat_template, extra=extra, model=model,
+                           train_dataset=train_dataset, processing_class=tokenizer)
 
 
 def main(argv: list[str] | None = None):
-    args = parse_args(argv)
+    p = parser(__doc__, dataset=DATASET, dataset_help="conversational SFT dataset ('messages' column)",
+               output_dir="out/sft", learning_rate=2e-5)
+    p.add_argument("--batch-size", type=int, default=4, help="per device")
+    p.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation steps")
+    p.add_argument("--max-length", type=int, default=1024, help="truncate training sequences to this")
+    args = p.parse_args(argv)
     probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    train_dataset = load_dataset(args.dataset, split="train")
-    trainer = build_trainer(
-        model, tokenizer, train_dataset, probes, args.output_dir,
-        max_steps=args.max_steps, eval_steps=args.eval_steps, max_forgetting=args.max_forgetting,
-        use_cpu=args.cpu, report_to=args.report_to, chat_template=args.chat_template,
-        learning_rate=args.learning_rate, per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum, max_length=args.max_length, seed=args.seed,
-    )
+    trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,
+                            **common_settings(args), per_device_train_batch_size=args.batch_size,
+                            gradient_accumulation_steps=args.grad_accum, max_length=args.max_length)
     trainer.train()
-    print(summarize(trainer))
+    print(trainer.forgetwatch.summary())
     return trainer
 
 

@@ -146,6 +146,24 @@ class ForgetWatchCallback(TrainerCallback):
     def history_path(self) -> Path | None:
         return self.output_dir / "history.jsonl" if self.output_dir else None
 
+    def summary(self) -> str:
+        """The last evaluation's table, why training stopped (if forgetwatch stopped it), and
+        where the history is: what to print when training ends.
+
+        Example:
+            >>> trainer.train(); print(callback.summary())  # doctest: +SKIP
+        """
+        if self.history:
+            step, report = self.history[-1]
+            lines = [f"forgetting at step {step} (against the model before training):", report.summary()]
+        else:
+            lines = ["forgetwatch has not evaluated yet"]
+        if self.stop_reason:
+            lines.append(f"forgetwatch stopped training at {self.stop_reason}")
+        if self.history_path:
+            lines.append(f"history: {self.history_path}")
+        return "\n".join(lines)
+
     def _new_stop_rule(self) -> StopRule:
         c = self.config
         return StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance, c.category_max_forgetting)

@@ -36,7 +36,10 @@ CPU = {"activation_checkpointing": False, "save_strategy": "no", "dataloader_num
 
 @functools.cache
 def example(name: str):
-    """Import examples/<name>.py as a module (the folder is not a package)."""
+    """Import examples/<name>.py as a module (the folder is not a package; its scripts import
+    their neighbour ``common``, as they do when run)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"forgetwatch_example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -134,7 +137,7 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
     np.testing.assert_allclose(callback.base_answers.gold_logprob, expected.gold_logprob, rtol=1e-4, atol=1e-4)
     path = Path(trainer.args.output_dir) / "forgetwatch" / "history.jsonl"
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == steps
-    text = module.summarize(trainer)
+    text = trainer.forgetwatch.summary()
     assert callback.history[-1][1].summary() in text
     assert f"history: {path}" in text
     assert "stopped early" not in text
@@ -241,7 +244,7 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
                                 max_steps=40, eval_steps=2, max_forgetting=0.0, use_cpu=True, learning_rate=1e-2,
                                 **CPU)
     trainer.train()
-    text = sft.summarize(trainer)
+    text = trainer.forgetwatch.summary()
     step = trainer.state.global_step
     assert step < 40 and trainer.forgetwatch.history[-1][1].forgetting > 0  # stopped at the first forgetting
     assert f"forgetwatch stopped training at step {step}: forgetting" in text
@@ -250,7 +253,7 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
                               max_steps=2, eval_steps=5, use_cpu=True, **CPU)
     quiet.forgetwatch.config.eval_on_train_end = False
     quiet.train()
-    assert "no forgetwatch evaluation ran" in sft.summarize(quiet)
+    assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
 
 
 @pytest.mark.parametrize("name", TRAINING_EXAMPLES + ["replay_on_forgetting"])

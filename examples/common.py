@@ -1,0 +1,79 @@
+"""What the TRL examples share: MMLU probes, the callback on a TRL trainer, common options.
+
+Keep this file beside the example you copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from forgetwatch import ForgetWatchCallback, ProbeSet
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
+    """``n`` MMLU probes in lm-eval-harness's zero-shot format, sampled across subjects.
+
+    ``mmlu_rows``: a ``datasets.Dataset`` or a list of dicts in the ``cais/mmlu`` layout
+    (``question``, ``subject``, ``choices``, ``answer``). Each subject gets a share of ``n``
+    proportional to its size; the sample is deterministic for ``seed``; with fewer rows than
+    ``n`` every row is kept.
+    """
+    probes = ProbeSet.from_hf(mmlu_rows, preset="mmlu")
+    return probes.sample(min(n, len(probes)), seed=seed)
+
+
+def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeSet, *, defaults: dict[str, Any],
+                    max_steps: int, eval_steps: int, max_forgetting: float | None, use_cpu: bool,
+                    report_to: str | list[str] | None, chat_template: bool, extra: dict[str, Any],
+                    **trainer_kwargs: Any):
+    """A TRL trainer with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
+
+    ``defaults`` are the example's config values; ``extra`` overrides any config field.
+    """
+    settings = {"max_steps": max_steps, "logging_steps": 10, "use_cpu": use_cpu,
+                "bf16": torch.cuda.is_available() and not use_cpu, "report_to": report_to or "none",
+                **defaults, **extra}
+    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_forgetting=max_forgetting,
+                                   chat_template=chat_template)
+    trainer = trainer_class(args=config_class(output_dir, **settings), callbacks=[callback], **trainer_kwargs)
+    trainer.forgetwatch = callback
+    return trainer
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except for on/off flags."""
+
+    def _get_help_string(self, action):
+        return action.help if action.nargs == 0 else super()._get_help_string(action)
+
+
+def parser(doc: str, *, dataset: str, dataset_help: str, output_dir: str, learning_rate: float) -> argparse.ArgumentParser:
+    """The options every example has; each adds its trainer's own."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--model", default=MODEL, help="hub id or local path of an instruct model")
+    p.add_argument("--dataset", default=dataset, help=dataset_help)
+    p.add_argument("--output-dir", default=output_dir, help="where checkpoints and forgetwatch/ go")
+    p.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
+    p.add_argument("--probes", type=int, default=500, help="MMLU probes, stratified by subject")
+    p.add_argument("--eval-steps", type=int, default=50, help="re-score the probes every N steps")
+    p.add_argument("--max-forgetting", type=float, default=None,
+                   help="stop training once this share of the probes is forgotten (e.g. 0.05)")
+    p.add_argument("--learning-rate", type=float, default=learning_rate, help="peak learning rate")
+    p.add_argument("--report-to", default="none", help="wandb, tensorboard, ... or none")
+    p.add_argument("--seed", type=int, default=0, help="training seed (the probe sample is fixed: seed 0)")
+    p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                   help="score probes as plain text (for base models without a chat template)")
+    p.add_argument("--cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
+    return p
+
+
+def common_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``build_trainer`` that come from the common options."""
+    return dict(max_steps=args.max_steps, eval_steps=args.eval_steps, max_forgetting=args.max_forgetting,
+                use_cpu=args.cpu, report_to=args.report_to, chat_template=args.chat_template,
+                learning_rate=args.learning_rate, seed=args.seed)
