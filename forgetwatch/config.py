@@ -29,12 +29,12 @@ from typing import Any, NamedTuple
 import yaml
 
 from .files import atomic_write
+from .stopping import STOP_METRICS
 
 __all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig"]
 
 #: Top-level key under which a bigger YAML file may hold the forgetwatch section.
 ROOT_KEY = "forgetwatch"
-STOP_METRICS = ("forgetting", "forgetting_adjusted")
 NORMALIZE_MODES = ("chars",)
 #: Fields holding file system paths: resolved against the YAML file's folder when relative.
 PATH_FIELDS = ("probes", "base", "output_dir")
