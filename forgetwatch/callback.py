@@ -109,7 +109,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._records: list[dict[str, Any]] = []
         self._schedule = (EverySteps(config.eval_steps) if config.eval_steps else
                           Budget(config.max_overhead, reserve=int(config.eval_on_train_end), agree=from_rank_zero))
-        self._stop_rule = self._new_stop_rule()
+        self._stop_rule: StopRule | None = None  # made when training begins
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
         self._handler: Any = None

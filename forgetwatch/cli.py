@@ -206,7 +206,7 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .scoring import evaluate
+    from .scoring import evaluate, first_line
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype: Any = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -214,12 +214,12 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
     try:
         tokenizer = AutoTokenizer.from_pretrained(tok_path)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a tokenizer from {tok_path} ({_first_line(err)}); "
+        raise UsageError(f"cannot load a tokenizer from {tok_path} ({first_line(err)}); "
                          "pass --tokenizer PATH") from err
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **{_dtype_kwarg(): dtype}).to(device)
     except (OSError, ValueError, RuntimeError) as err:
-        raise UsageError(f"cannot load a causal language model from {path} ({_first_line(err)})") from err
+        raise UsageError(f"cannot load a causal language model from {path} ({first_line(err)})") from err
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
@@ -236,11 +236,6 @@ def _dtype_kwarg() -> str:
     from packaging.version import Version
 
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ from tqdm.auto import tqdm
 
 from ..answers import Answers
 from ..probes import ProbeSet
-from .batching import BatchSize, check_batch_size, default_token_budget, group, run_halving
-from .batching import is_out_of_memory
+from .batching import BatchSize, check_batch_size, default_token_budget, group, is_out_of_memory, run_halving
 from .borrow import borrowed, forward_module, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
@@ -131,8 +130,9 @@ class Scorer:
                 self._packing[model] = self._may_pack(model, device, pad_id, max_length)
             batches = self._plan(model, max_length, self._packing[model], pad_id, batch_size, device)
         room = max(1, max_length - self.max_new_tokens)
-        prompts = {i: e.prompt[-room:] for i, e in enumerate(self.encoded) if isinstance(e, EncodedPrompt)}
-        truncated = sum(len(e.prompt) > room for i, e in enumerate(self.encoded) if i in prompts)
+        full = {i: e.prompt for i, e in enumerate(self.encoded) if isinstance(e, EncodedPrompt)}
+        prompts = {i: p[-room:] for i, p in full.items()}
+        truncated = sum(len(p) > room for p in full.values())
         if truncated:
             self._warn_once("prompt", "%d generative prompt(s) are longer than the model's maximum length "
                             "(%d tokens) less max_new_tokens (%d); they are truncated from the left",
@@ -263,7 +263,7 @@ class Scorer:
             except (RuntimeError, ValueError, TypeError, IndexError) as err:
                 if is_out_of_memory(err) or _is_distributed_error(err):
                     raise
-                reason = f"its forward rejects a custom attention mask ({_first_line(err)})"
+                reason = f"its forward rejects a custom attention mask ({first_line(err)})"
             else:
                 if agrees:
                     return True
@@ -344,7 +344,8 @@ def _is_distributed_error(err: BaseException) -> bool:
     return dist_error is not None and isinstance(err, dist_error)
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, for one-line reports."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
