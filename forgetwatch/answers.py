@@ -170,6 +170,21 @@ class Answers:
             "meta": self.meta,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-able values: the content of a ``.json`` answers file."""
+        return {**self._header(), "samples": self.samples()}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Answers:
+        """The inverse of :meth:`to_dict`.
+
+        Example:
+            >>> again = Answers.from_dict(answers.to_dict())  # doctest: +SKIP
+        """
+        _check_header(doc)
+        return cls.from_samples(doc["probe_fingerprint"], doc.get("scoring", {}), doc["samples"],
+                                model=doc.get("model", ""), meta=doc.get("meta", {}))
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically as JSON (``.json``) or numpy archive (``.npz``, no pickle).
 
@@ -182,9 +197,8 @@ class Answers:
             with atomic_write(path, "wb") as f:
                 np.savez_compressed(f, **arrays)
         elif path.suffix == ".json":
-            doc = {**self._header(), "samples": self.samples()}
             with atomic_write(path) as f:
-                json.dump(doc, f, ensure_ascii=False, allow_nan=False)
+                json.dump(self.to_dict(), f, ensure_ascii=False, allow_nan=False)
         else:
             raise ValueError(f"{path}: answers are saved as .json or .npz; choose one of those endings")
         return path
@@ -205,12 +219,7 @@ class Answers:
                     answers = cls._from_arrays({k: z[k] for k in z.files})
             else:
                 with open(path, encoding="utf-8") as f:
-                    doc = json.load(f)
-                _check_header(doc)
-                answers = cls.from_samples(
-                    doc["probe_fingerprint"], doc.get("scoring", {}), doc["samples"],
-                    model=doc.get("model", ""), meta=doc.get("meta", {}),
-                )
+                    answers = cls.from_dict(json.load(f))
         # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
         except (KeyError, ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
                 NotImplementedError) as e:

@@ -6,6 +6,7 @@ and storage each live in their own module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,9 +20,10 @@ from transformers import TrainerCallback
 
 from . import sinks
 from .answers import Answers, AnswersMismatchError
-from .distributed import from_rank_zero
+from .distributed import Ranks, from_rank_zero
 from .introspect import calling_handler, resumed_checkpoint
-from .config import ForgetWatchConfig
+from .adapters import adapters_disabled
+from .config import ADAPTER_DISABLED, ForgetWatchConfig
 from .metrics import compare
 from .probes import ProbeSet
 from .report import TransitionReport
@@ -52,7 +54,8 @@ class ForgetWatchCallback(TrainerCallback):
         max_forgetting: stop training once the forgetting rate exceeds this.
         output_dir: where snapshot and history live (default ``<output_dir>/forgetwatch``).
         base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
-            instead of scoring the model at the start.
+            instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
+            (LoRA) model with its adapters disabled, when training begins and on every resume.
         tokenizer: defaults to the trainer's ``processing_class``.
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
         config: a :class:`~forgetwatch.config.ForgetWatchConfig`, instead of keywords.
@@ -115,6 +118,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._handler: Any = None
         self._training = False
         self._eval_logged_at: int | None = None
+        self._writes = True  # whether this rank writes the run's files
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
@@ -190,11 +194,13 @@ class ForgetWatchCallback(TrainerCallback):
         self.history, self._records, self.stop_reason = [], [], None
         self._stop_rule = self._new_stop_rule()
         self._training, self._eval_logged_at = True, None
+        # one rank writes, or one per node when nodes keep their own files
+        self._writes = state.is_local_process_zero if args.save_on_each_node else state.is_world_process_zero
         resumed = state.global_step > 0
         self.base_answers, computed = self._base_snapshot(model, args, state, resumed)
         if resumed:
             self._restore_history(args, state)
-        elif state.is_world_process_zero:
+        elif self._writes:
             self._store.set_aside_history()
         self.monitoring_seconds = time.perf_counter() - start
         # a loaded snapshot says nothing about what an evaluation costs
@@ -222,8 +228,7 @@ class ForgetWatchCallback(TrainerCallback):
         if not self._training:
             # after train(): the weights may have changed (best model loaded); score them
             # afresh, outside the run's history
-            report = compare(self.base_answers, self._scorer(model, batch_size=self.config.batch_size,
-                                                             show_progress=False))
+            report = compare(self.base_answers, self._score(model))
         elif self._evaluated(state.global_step):
             report = self.history[-1][1]
         else:
@@ -243,7 +248,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = self._checkpoint(args, state.global_step)
-        if state.is_world_process_zero and checkpoint.is_dir():
+        if self._writes and checkpoint.is_dir():
             self._store.copy_to(checkpoint / SUBDIR)
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -261,8 +266,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     def _evaluate(self, model, args, state, control, trigger: str, log: bool = True) -> TransitionReport:
         start = time.perf_counter()
-        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=False)
-        report = compare(self.base_answers, answers)
+        report = compare(self.base_answers, self._score(model))
         step = state.global_step
         self.history.append((step, report))
 
@@ -279,7 +283,7 @@ class ForgetWatchCallback(TrainerCallback):
         if reason:
             record["stop"] = reason
         self._records.append(record)
-        if state.is_world_process_zero:
+        if self._writes:
             self._store.append_history(record)
             if self.config.verbose:
                 tqdm.write(sinks.console_line(step, report))
@@ -306,37 +310,62 @@ class ForgetWatchCallback(TrainerCallback):
 
     # -- base snapshot and resume --------------------------------------------------------------
 
+    def _score(self, model, show_progress: bool = False) -> Answers:
+        """Every rank scores its share of the probes; each gets all the answers."""
+        return self._scorer(model, batch_size=self.config.batch_size, show_progress=show_progress,
+                            distributed=True)
+
     def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
-        """The base answers, and whether they were computed now (rather than loaded)."""
-        if self._base_given is not None:
-            given = self._base_given
-            answers = given if isinstance(given, Answers) else Answers.load(given, probes=self.probes)
-            # any model's answers may serve as the base, if they cover these probes, scored alike
-            problem = self._mismatch(answers, {})
-            if problem:
-                raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
-                                           "it cannot be this run's base")
-            if state.is_world_process_zero:  # kept with the run, so a resume finds it
-                self._store.save_snapshot(answers)
-            return answers, False
-        expected = {"model_key": model_key(model)}
-        if resumed:
-            return self._resumed_snapshot(args, state, expected), False
-        expected["weights_key"] = weights_key(model)
-        cached = self._load_snapshot(self._store.dir)
-        if cached is not None:
-            problem = self._mismatch(cached, expected)
-            if problem is None:
-                logger.info("forgetwatch: reusing the base snapshot in %s", self._store.snapshot_path)
-                return cached, False
-            logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
-                           self._store.snapshot_path, problem)
-        show = self.config.verbose and state.is_world_process_zero
-        answers = self._scorer(model, batch_size=self.config.batch_size, show_progress=show)
+        """The base answers, and whether they were computed now (rather than loaded).
+
+        Rank 0 decides from its files whether one is found, and shares it, so every rank
+        either loads the same answers or joins in computing them."""
+        expected = {"model_key": model_key(model), "weights_key": weights_key(model)}
+        scope: Any = contextlib.nullcontext()
+        if self._base_given == ADAPTER_DISABLED:  # scored afresh every time, never read back
+            scope, expected = adapters_disabled(model), {"model_key": expected["model_key"], "base": ADAPTER_DISABLED}
+        elif isinstance(self._base_given, Answers):
+            return self._given_base(self._base_given), False
+        else:
+            found = Ranks.all().share_from_rank_zero(
+                lambda: _as_dict(self._stored_base(args, state, resumed, expected)))
+            if found is not None:
+                return Answers.from_dict(found), False
+        with scope:
+            answers = self._score(model, show_progress=self.config.verbose and state.is_world_process_zero)
         answers.meta.update(expected)
-        if state.is_world_process_zero:
+        if self._writes:
             self._store.save_snapshot(answers)
         return answers, True
+
+    def _given_base(self, given: Answers | str | os.PathLike[str]) -> Answers:
+        answers = given if isinstance(given, Answers) else Answers.load(given, probes=self.probes)
+        # any model's answers may serve as the base, if they cover these probes, scored alike
+        problem = self._mismatch(answers, {})
+        if problem:
+            raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
+                                       "it cannot be this run's base")
+        if self._writes:  # kept with the run, so a resume finds it
+            self._store.save_snapshot(answers)
+        return answers
+
+    def _stored_base(self, args, state, resumed: bool, expected: dict[str, str]) -> Answers | None:
+        """The base answers from files (run on rank 0): the ``base=`` file, the checkpoint's
+        snapshot on resume, or a cached snapshot of the same model and weights."""
+        if self._base_given is not None:
+            return self._given_base(self._base_given)
+        if resumed:
+            return self._resumed_snapshot(args, state, {"model_key": expected["model_key"]})
+        cached = self._load_snapshot(self._store.dir)
+        if cached is None:
+            return None
+        problem = self._mismatch(cached, expected)
+        if problem is None:
+            logger.info("forgetwatch: reusing the base snapshot in %s", self._store.snapshot_path)
+            return cached
+        logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
+                       self._store.snapshot_path, problem)
+        return None
 
     def _resumed_snapshot(self, args, state, expected: dict[str, str]) -> Answers:
         """The original run's snapshot: the weights resumed with have moved and must never
@@ -399,18 +428,21 @@ class ForgetWatchCallback(TrainerCallback):
 
     def _restore_history(self, args, state) -> None:
         """Keep the history up to the checkpoint's step; replay it through the stop rule."""
-        records: list[dict[str, Any]] = []
-        for directory in self._resume_dirs(args, state):
-            records = RunStore(directory).load_history()
-            if records:
-                break
+        def load() -> list[dict[str, Any]]:
+            for directory in self._resume_dirs(args, state):
+                records = RunStore(directory).load_history()
+                if records:
+                    return records
+            return []
+
+        records = Ranks.all().share_from_rank_zero(load)  # rank 0's files, on every rank
         self._records = [r for r in records if r["step"] <= state.global_step]
         category = {p.id: p.category for p in self.probes}
         self.history = [(r["step"], _with_category_ids(TransitionReport.from_dict(r["report"]), category))
                         for r in self._records]
         for r in self._records:
             self._stop_rule.update(r["report"])
-        if state.is_world_process_zero:
+        if self._writes:
             self._store.save_history(self._records)
 
     def _run_before_early_stopping(self) -> None:
@@ -435,6 +467,10 @@ def _with_category_ids(report: TransitionReport, category: dict[str, str]) -> Tr
         for cat, child in report.by_category.items()
     }
     return dataclasses.replace(report, by_category=children)
+
+
+def _as_dict(answers: Answers | None) -> dict[str, Any] | None:
+    return None if answers is None else answers.to_dict()
 
 
 def _history_report(report: TransitionReport) -> dict[str, Any]:

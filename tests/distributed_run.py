@@ -1,12 +1,20 @@
 """Run by tests/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo, CPU).
 
-Each rank trains the toy model with ForgetWatchCallback on the default budget schedule and an
-early-stop rule; rank 1 is made slower, so the ranks' clocks disagree. Each writes what it saw
-to ``<out>/rank<N>.json``.
+``python distributed_run.py MODE OUT``; each rank writes what it saw to ``OUT/rank<N>.json``.
+
+- ``sft``: TRL's SFTTrainer (DDP) with ForgetWatchCallback on the default budget schedule and
+  an early-stop rule; rank 1 is made slower, so the ranks' clocks disagree. Rank 0 saves the
+  weights at every evaluation (``OUT/step-<N>``), for the test to score them independently.
+- ``zero3``: the same under DeepSpeed ZeRO stage 3 (every rank holds a shard of each weight),
+  with a fixed schedule; the weights are saved with ``trainer.save_model``, which gathers them.
+- ``fsdp1`` / ``fsdp2``: the toy model sharded with FSDP1 (``FullyShardedDataParallel``) or
+  FSDP2 (``fully_shard``), scored with ``distributed=True``, next to an unsharded copy scored
+  by this rank alone.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -17,11 +25,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
-from forgetwatch import ProbeSet  # noqa: E402
+from forgetwatch import ProbeSet, Scorer  # noqa: E402
 from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 
@@ -31,27 +39,98 @@ class SlowerOnRankOne(TrainerCallback):
             time.sleep(0.03)
 
 
-def main(out: str) -> None:
+def toy_setup():
     torch.set_num_threads(1)
     world = ToyWorld(seed=0)
-    tokenizer, base, _ = world.base_and_tuned(base_steps=150, tuned_steps=0)
-    probes = ProbeSet.from_records(world.probe_records(generative=False))
-    data = Dataset.from_dict({"text": world.distraction_texts()}).map(
-        lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"])
-    cb = ForgetWatchCallback(probes, max_overhead=0.2, max_forgetting=0.45, verbose=False)
-    args = TrainingArguments(out, max_steps=150, per_device_train_batch_size=8, learning_rate=3e-3,
-                             report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-                             logging_steps=1000, ddp_backend="gloo")
-    trainer = Trainer(model=base, args=args, train_dataset=data, processing_class=tokenizer,
-                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
-                      callbacks=[cb, SlowerOnRankOne()])
+    tokenizer, base, _ = world.base_and_tuned(base_steps=150, tuned_steps=0)  # seeded: alike on every rank
+    probes = ProbeSet.from_records(world.probe_records(generative=True))
+    return world, tokenizer, base, probes
+
+
+def sft(out: str, zero3: bool = False) -> dict:
+    import trl
+    from datasets import Dataset
+
+    extra: dict = {}
+    if zero3:
+        import deepspeed
+
+        # DeepSpeed compiles an optional shared-memory speed-up for CPU collectives on first
+        # use (a minute on this machine); gloo alone is enough
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        extra["deepspeed"] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                              "gradient_accumulation_steps": "auto", "zero_optimization": {
+                                  "stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
+        del deepspeed
+    world, tokenizer, base, probes = toy_setup()
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        base.save_pretrained(os.path.join(out, "step-0"))
+    saved, shares = [], []
+
+    def after_evaluation(report, step):  # runs on every rank after each evaluation
+        # the weights an independent scorer will re-score (save_model gathers ZeRO-3 shards,
+        # so every rank takes part)
+        trainer.save_model(os.path.join(out, f"step-{step}"))
+        saved.append(step)
+        shares.append(cb._scorer.scored_here)
+
+    settings = {"eval_steps": 10} if zero3 else {"max_overhead": 0.2, "max_forgetting": 0.45}
+    cb = ForgetWatchCallback(probes, verbose=False, max_new_tokens=6, on_forgetting=after_evaluation, **settings)
+    args = trl.SFTConfig(out, max_steps=30 if zero3 else 150, per_device_train_batch_size=8, learning_rate=3e-3,
+                         report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
+                         logging_steps=1000, ddp_backend="gloo", bf16=False, max_length=64, packing=False,
+                         activation_checkpointing=False, dataloader_num_workers=0, **extra)
+    trainer = trl.SFTTrainer(model=base, args=args, processing_class=tokenizer,
+                             train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
+                             callbacks=[cb, SlowerOnRankOne()])
     trainer.train()
-    rank = args.process_index
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"world_size": args.world_size, "steps": [s for s, _ in cb.history],
-                   "forgotten": [r.forgotten for _, r in cb.history], "stopped": cb.stop_reason is not None,
-                   "global_step": trainer.state.global_step}, f)
+    return {"world_size": args.world_size, "steps": [s for s, _ in cb.history], "saved": saved,
+            "forgotten_ids": [r.forgotten_ids for _, r in cb.history], "gained_ids": [r.gained_ids for _, r in cb.history],
+            "correct_base": cb.base_answers.correct.tolist(), "stopped": cb.stop_reason is not None,
+            "global_step": trainer.state.global_step, "shares": shares, "n_probes": len(probes),
+            "sharded": is_sharded(trainer.model)}
+
+
+def sharded(mode: str) -> dict:
+    from functools import partial
+
+    import torch.distributed as dist
+
+    _, tokenizer, base, probes = toy_setup()
+    dist.init_process_group("gloo")
+    alone = Scorer(tokenizer, probes, max_new_tokens=6)(base, batch_size=8, show_progress=False)
+    model = copy.deepcopy(base)
+    layer = type(model.model.layers[0])
+    if mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True,
+                                         auto_wrap_policy=partial(transformer_auto_wrap_policy,
+                                                                  transformer_layer_cls={layer}))
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in model.model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    scorer = Scorer(tokenizer, probes, max_new_tokens=6)
+    together = scorer(model, batch_size=8, show_progress=False, distributed=True)
+    return {"alone_correct": alone.correct.tolist(), "together_correct": together.correct.tolist(),
+            "alone_outputs": alone.outputs, "together_outputs": together.outputs,
+            "max_logprob_diff": max((float(abs(a - b).max()) for a, b in
+                                     zip(alone.choice_logprobs, together.choice_logprobs) if len(a)), default=0.0),
+            "scored_here": scorer.scored_here, "n_probes": len(probes)}
+
+
+def main(mode: str, out: str) -> None:
+    result = sft(out, zero3=mode == "zero3") if mode in ("sft", "zero3") else sharded(mode)
+    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

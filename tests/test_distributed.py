@@ -1,4 +1,5 @@
-"""Two real processes (torchrun, gloo on CPU): ranks evaluate and stop in lockstep."""
+"""Two real processes (torchrun, gloo on CPU): sharded evaluation in lockstep, under DDP
+(TRL's SFTTrainer) and under FSDP1 / FSDP2, checked against single-process scoring."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from forgetwatch import ProbeSet, Scorer, compare
+from forgetwatch.toy import ToyWorld
+
+pytest.importorskip("trl")
 
 
 def free_port() -> int:
@@ -19,23 +26,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ranks_agree_on_when_to_evaluate_and_when_to_stop(tmp_path):
+def run_two_ranks(mode: str, out: Path, timeout: int = 300) -> list[dict]:
     script = Path(__file__).with_name("distributed_run.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     launch = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(free_port()), str(script), str(tmp_path)],
+         "--master_port", str(free_port()), str(script), mode, str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        _, stderr = launch.communicate(timeout=300)
+        _, stderr = launch.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:  # ranks out of step hang in a collective: fail, leave nothing behind
         os.killpg(launch.pid, signal.SIGKILL)
         launch.communicate()
-        pytest.fail("the ranks hung: they disagreed on when to evaluate or to stop")
+        pytest.fail(f"{mode}: the ranks hung (out of step in a collective)")
     assert launch.returncode == 0, stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["world_size"] == 2
-    assert ranks[0]["steps"] == ranks[1]["steps"] and len(ranks[0]["steps"]) >= 2
-    assert ranks[0]["global_step"] == ranks[1]["global_step"]
-    assert ranks[0]["stopped"] == ranks[1]["stopped"]
-    assert ranks[0]["forgotten"] == ranks[1]["forgotten"]  # same weights, same answers
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def about_half(share: int, total: int) -> bool:
+    return 0.3 * total <= share <= 0.7 * total
+
+
+@pytest.mark.parametrize("mode", ["sft", "zero3"])
+def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
+    if mode == "zero3":
+        pytest.importorskip("deepspeed")
+    r0, r1 = run_two_ranks(mode, tmp_path)
+    assert r0["world_size"] == 2
+    assert r0["sharded"] is (mode == "zero3")
+    # lockstep: same evaluations, same stop, identical results on both ranks
+    for key in ("steps", "global_step", "stopped", "forgotten_ids", "gained_ids", "correct_base"):
+        assert r0[key] == r1[key], key
+    assert len(r0["steps"]) >= 2
+    # each rank scored its own share of the probes, at the snapshot and every evaluation
+    assert len(r0["shares"]) == len(r0["steps"])
+    for a, b in zip(r0["shares"], r1["shares"]):
+        assert a + b == r0["n_probes"] and about_half(a, r0["n_probes"])
+
+    # independently: one process scores the saved weights of each evaluation
+    probes = ProbeSet.from_records(ToyWorld(seed=0).probe_records(generative=True))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / f"step-{r0['steps'][0]}")  # saved by the trainer
+    scorer = Scorer(tokenizer, probes, max_new_tokens=6)
+    base = scorer(AutoModelForCausalLM.from_pretrained(tmp_path / "step-0"), batch_size=8, show_progress=False)
+    assert base.correct.tolist() == r0["correct_base"]
+    for i, step in enumerate(r0["steps"]):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / f"step-{step}")
+        expected = compare(base, scorer(model, batch_size=8, show_progress=False))
+        assert expected.forgotten_ids == r0["forgotten_ids"][i], step
+        assert expected.gained_ids == r0["gained_ids"][i], step
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+def test_sharded_models_score_like_one_process(tmp_path, mode):
+    for rank in run_two_ranks(mode, tmp_path):
+        assert rank["together_correct"] == rank["alone_correct"]
+        assert rank["together_outputs"] == rank["alone_outputs"]  # generation in lockstep, ranks
+        assert rank["max_logprob_diff"] < 1e-5                    # finishing at different times
+        assert about_half(rank["scored_here"], rank["n_probes"])

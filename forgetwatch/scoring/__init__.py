@@ -10,6 +10,7 @@ import datetime
 import inspect
 import logging
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,8 +20,9 @@ from tqdm.auto import tqdm
 
 from ..answers import Answers
 from ..probes import ProbeSet
-from .batching import BatchSize, check_batch_size, default_token_budget, group, is_out_of_memory, run_halving
-from .borrow import borrowed, forward_module, unwrap
+from ..distributed import Ranks
+from .batching import BatchSize, check_batch_size, default_token_budget, group, is_out_of_memory, run_lockstep
+from .borrow import borrowed, forward_module, is_sharded, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
 from .extract import extractor_for, is_correct, reference_for
@@ -82,11 +84,15 @@ class Scorer:
         self.encoded = encode_probes(tokenizer, probes, chat_template)
         self.fingerprint = probes.fingerprint()
         self._first_key = np.cumsum([0] + [p.n_choices for p in probes])
+        self._choice_probes = [i for i, e in enumerate(self.encoded) if isinstance(e, EncodedChoices)]
         self._plans: dict[tuple, list[Batch]] = {}
         self._packing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._token_budget: int | None = None
         self._row_cap: int | None = None  # rows per forward that fit, once one ran out of memory
         self._warned: set[str] = set()  # warnings given once per scorer
+        #: how many probes this process scored itself in the last call (all of them, unless
+        #: ``distributed=True`` shared them out)
+        self.scored_here = 0
 
     @property
     def scoring(self) -> dict[str, Any]:
@@ -99,8 +105,13 @@ class Scorer:
         return options
 
     def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = "auto",
-                 show_progress: bool = True) -> Answers:
+                 show_progress: bool = True, distributed: bool = False) -> Answers:
+        """Score ``model``. With ``distributed=True`` every process of the default
+        ``torch.distributed`` group must call this together: each scores its own share of the
+        probes, with as many forward and generate calls as the others, and each gets all the
+        answers, identical on every rank."""
         check_batch_size(batch_size)
+        ranks = Ranks.all() if distributed else Ranks.alone()
         inner = unwrap(model)
         config = _text_config(inner)
         if getattr(config, "is_encoder_decoder", False):
@@ -110,189 +121,215 @@ class Scorer:
         pad_id = _pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
         with borrowed(model, self.tokenizer):
-            batches, prompts = self._prepare(model, device, pad_id, max_length, batch_size)
-            bar = tqdm(total=sum(map(len, batches)) + len(prompts), unit="seq",
-                       desc="forgetwatch: scoring probes", disable=not show_progress, leave=False)
+            run = _Run(model, device, pad_id, max_length, batch_size, ranks)
+            self.scored_here = 0
+            prompts = self._prompts(max_length)
+            bar = tqdm(unit="seq", desc="forgetwatch: scoring probes", disable=not show_progress, leave=False)
             try:
-                sums = self._score_choices(model, batches, device, pad_id, bar)
-                texts = self._generate(model, prompts, device, pad_id, batch_size, bar)
+                sums = self._score_choices(run, bar)
+                texts = self._generate(run, prompts, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return self._answers(sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
 
-    def _prepare(self, model, device, pad_id, max_length, batch_size):
-        """Multiple-choice batches for this model shape, and generative prompts by probe index."""
-        batches: list[Batch] = []
-        if self._first_key[-1]:
-            if model not in self._packing:
-                self._packing[model] = self._may_pack(model, device, pad_id, max_length)
-            batches = self._plan(model, max_length, self._packing[model], pad_id, batch_size, device)
+    def _prompts(self, max_length: int) -> dict[int, list[int]]:
+        """Generative prompts by probe index, left-truncated to leave room for the answer."""
         room = max(1, max_length - self.max_new_tokens)
         full = {i: e.prompt for i, e in enumerate(self.encoded) if isinstance(e, EncodedPrompt)}
-        prompts = {i: p[-room:] for i, p in full.items()}
         truncated = sum(len(p) > room for p in full.values())
         if truncated:
             self._warn_once("prompt", "%d generative prompt(s) are longer than the model's maximum length "
                             "(%d tokens) less max_new_tokens (%d); they are truncated from the left",
                             truncated, max_length, self.max_new_tokens)
-        return batches, prompts
+        return {i: p[-room:] for i, p in full.items()}
 
     # -- multiple choice -----------------------------------------------------------------------
 
-    def _score_choices(self, model, batches, device, pad_id, bar) -> np.ndarray:
+    def _score_choices(self, run: _Run, bar) -> np.ndarray:
         """Summed log-probability of every (probe, choice), flat in probe order."""
         n_keys = int(self._first_key[-1])
-        if not batches:
-            return np.zeros(n_keys)
-        run = self._forward(model, device)
-        keys, values = [], []
-        for batch in batches:
-            def forward(rows: list[Row], batch: Batch = batch) -> tuple[np.ndarray, np.ndarray]:
-                part = batch if rows is batch.rows else collate(rows, pad_id)
-                return part.keys, run(part)
-
-            for _, (k, v) in self._within_memory(forward, batch.rows, device):
-                keys.append(k)
-                values.append(v)
+        sums = np.zeros(n_keys)
+        if not n_keys:
+            return sums
+        packing = self._may_pack(run)
+        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
+        self._warn_truncated(run.max_length)
+        mine = [self._choice_probes[j] for j in run.ranks.my_share(
+            [self._cost(self.encoded[i]) for i in self._choice_probes])]
+        cheapest = min(self._choice_probes, key=lambda i: self._cost(self.encoded[i]))
+        filler = collate(self._rows([cheapest], run.max_length, packing, window)[:1], run.pad_id)
+        key = (run.max_length, packing, run.pad_id, self._limits(run), run.ranks)
+        if key not in self._plans:  # one model shape at a time
+            self._plans = {key: self._batches(self._rows(mine, run.max_length, packing, window), run)}
+        batches = self._plans[key]
+        self.scored_here += len(mine)
+        bar.total = (bar.total or 0) + sum(map(len, batches))
+        forward = self._forward(run)
+        for batch, logprobs in run_lockstep(batches, forward, replan=lambda rows: self._batches(rows, run),
+                                            items_of=lambda b: b.rows, filler=filler,
+                                            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+                                            ranks=run.ranks):
+            sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
             bar.update(len(batch))
-        return np.bincount(np.concatenate(keys), weights=np.concatenate(values), minlength=n_keys)
+        return run.ranks.sum(sums)
 
-    def _forward(self, model, device) -> Callable[[Batch], np.ndarray]:
+    def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through."""
-        inner = unwrap(model)
-        fwd = forward_module(model)
+        inner = unwrap(run.model)
+        fwd = forward_module(run.model)
         additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
         keep_arg = _keep_arg(inner)
-        return lambda batch: forward_logprobs(fwd, batch, device, additive, keep_arg)
+        return lambda batch: forward_logprobs(fwd, batch, run.device, additive, keep_arg)
 
-    def _rows(self, max_length: int, packing: bool, sliding_window: int | None) -> list[Row]:
+    @staticmethod
+    def _cost(enc: EncodedChoices | EncodedPrompt, new_tokens: int = 0) -> int:
+        """Tokens a probe puts through the model, roughly: what shards are balanced on."""
+        if isinstance(enc, EncodedPrompt):
+            return len(enc.prompt) + new_tokens
+        return len(enc.context) + sum(map(len, enc.continuations))
+
+    def _rows(self, indices: list[int], max_length: int, packing: bool, sliding_window: int | None) -> list[Row]:
         rows: list[Row] = []
-        truncated = 0
-        for i, enc in enumerate(self.encoded):
-            if not isinstance(enc, EncodedChoices):
-                continue
+        for i in indices:
+            enc = self.encoded[i]
             first = int(self._first_key[i])
-            too_long = needs_truncation(enc, max_length)
-            truncated += too_long
-            if packing and not too_long:
+            if packing and not needs_truncation(enc, max_length):
                 row = packed_row(enc, first)
                 if sliding_window is None or len(row) <= sliding_window:
                     rows.append(row)
                     continue
             rows.extend(plain_rows(enc, first, max_length))
+        return rows
+
+    def _warn_truncated(self, max_length: int) -> None:
+        truncated = sum(needs_truncation(self.encoded[i], max_length) for i in self._choice_probes)
         if truncated:
             self._warn_once("choices", "%d probe(s) are longer than the model's maximum length (%d "
                             "tokens); their questions are truncated from the left, as lm-eval-harness "
                             "does", truncated, max_length)
-        return rows
 
-    def _within_memory(self, fn, items: list, device):
-        """Yield ``(chunk, fn(chunk))`` over ``items``: no more at once than has fitted in
-        memory before, and fewer after an out-of-memory (see :func:`run_halving`)."""
-        start = 0
-        while start < len(items):
-            chunk = items[start:start + (self._row_cap or len(items))]
-            yield from run_halving(fn, chunk, lambda n: self._out_of_memory(n, device))
-            start += len(chunk)
+    def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
+        """Length-sorted batches within the current limits; packed and plain rows apart."""
+        batches = []
+        for kind in (True, False):
+            subset = [r for r in rows if r.packed is kind]
+            for idx in group([len(r) for r in subset], *self._limits(run)):
+                batches.append(collate([subset[i] for i in idx], run.pad_id))
+        return batches
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
 
-    def _plan(self, model, max_length, packing, pad_id, batch_size, device) -> list[Batch]:
-        inner = unwrap(model)
-        if batch_size == "auto":
-            limit = (self._row_cap, self._budget(inner, device))
-        else:
-            limit = (min(batch_size, self._row_cap or batch_size), None)
-        key = (max_length, packing, pad_id, limit)
-        if key not in self._plans:
-            window = getattr(_text_config(inner), "sliding_window", None)
-            rows = self._rows(max_length, packing, window)
-            batches = []
-            for kind in (True, False):  # packed and plain rows never share a batch
-                subset = [r for r in rows if r.packed is kind]
-                for idx in group([len(r) for r in subset], *limit):
-                    batches.append(collate([subset[i] for i in idx], pad_id))
-            self._plans = {key: batches}  # one model shape at a time
-        return self._plans[key]
+    def _limits(self, run: _Run) -> tuple[int | None, int | None]:
+        """Rows and tokens per forward: the user's batch size, or a budget for "auto"; never
+        more rows than have fitted in memory since an out-of-memory error."""
+        if run.batch_size == "auto":
+            return self._row_cap, self._budget(run)
+        return min(run.batch_size, self._row_cap or run.batch_size), None
 
-    def _budget(self, inner, device) -> int:
+    def _budget(self, run: _Run) -> int:
         """Tokens per forward for ``batch_size="auto"``: a guess from the memory free now (it
-        shrinks once training holds optimizer state), never above a size that ran out."""
-        cfg = _text_config(inner)
-        guess = default_token_budget(device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
+        shrinks once training holds optimizer state), the same on every rank, never above a
+        size that ran out."""
+        cfg = _text_config(unwrap(run.model))
+        guess = default_token_budget(run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
+        guess = run.ranks.agree_min([guess])[0]
         if self._token_budget is None or guess < self._token_budget:
             self._token_budget = guess
         return self._token_budget
 
-    def _out_of_memory(self, rows: int, device) -> int:
-        """Remember that ``rows`` sequences did not fit, for this evaluation and later ones;
-        return how many to try instead."""
-        if device.type == "cuda":
+    def _out_of_memory(self, rows: int, run: _Run) -> None:
+        """Remember that ``rows`` sequences did not fit, for this evaluation and later ones."""
+        if run.device.type == "cuda":
             torch.cuda.empty_cache()
         self._row_cap = max(1, min(rows, self._row_cap or rows) // 2)
         if self._token_budget is not None:
             self._token_budget = max(1, self._token_budget // 2)
         self._plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, self._row_cap)
-        return self._row_cap
 
-    def _may_pack(self, model, device, pad_id, max_length) -> bool:
-        """Once per model: may its multiple-choice probes be scored packed?"""
-        reason = packing_blocker(unwrap(model), _text_config(unwrap(model)))
-        if reason is None:
-            probes = check_probes([(int(self._first_key[i]), e) for i, e in enumerate(self.encoded)
-                                   if isinstance(e, EncodedChoices) and not needs_truncation(e, max_length)])
-            if not probes:
-                return True
-            run = self._forward(model, device)
-            n_keys = int(self._first_key[-1])
-
-            def score(rows: list[Row]) -> np.ndarray:
-                sums = np.zeros(n_keys)
-                for part, lp in self._within_memory(lambda rs: run(collate(rs, pad_id)), rows, device):
-                    sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
-                return sums
-
-            try:
-                agrees, error, tolerance = packing_agrees(probes, score, max_length, _weights_eps(model))
-            except (RuntimeError, ValueError, TypeError, IndexError) as err:
-                if is_out_of_memory(err) or _is_distributed_error(err):
-                    raise
-                reason = f"its forward rejects a custom attention mask ({first_line(err)})"
+    def _may_pack(self, run: _Run) -> bool:
+        """Once per model: may its multiple-choice probes be scored packed? (The same answer
+        on every rank: they all check the same probes, and all must agree.)"""
+        model = run.model
+        if model not in self._packing:
+            reason = self._packing_problem(run)
+            if run.ranks.agree_min([int(reason is None)])[0] and reason is None:
+                self._packing[model] = True
             else:
-                if agrees:
-                    return True
-                reason = (f"packed scores differ from plain ones by {error:.3g} nats per token "
-                          f"(tolerance {tolerance:.3g})")
-        self._warn_once("packing", "scoring each choice as its own sequence, which is slower: %s", reason)
-        return False
+                self._packing[model] = False
+                self._warn_once("packing", "scoring each choice as its own sequence, which is slower: %s",
+                                reason or "another rank found packing inexact")
+        return self._packing[model]
+
+    def _packing_problem(self, run: _Run) -> str | None:
+        inner = unwrap(run.model)
+        reason = packing_blocker(inner, _text_config(inner))
+        if reason is not None:
+            return reason
+        probes = check_probes([(int(self._first_key[i]), self.encoded[i]) for i in self._choice_probes
+                               if not needs_truncation(self.encoded[i], run.max_length)])
+        if not probes:
+            return None
+        forward = self._forward(run)
+        n_keys = int(self._first_key[-1])
+
+        def score(rows: list[Row]) -> np.ndarray:
+            # every rank checks the same rows, in lockstep
+            sums = np.zeros(n_keys)
+            chunks = lambda rs: [rs[i:i + (self._row_cap or len(rs))] for i in range(0, len(rs), self._row_cap or len(rs))]  # noqa: E731
+            for part, lp in run_lockstep(chunks(rows), lambda rs: forward(collate(rs, run.pad_id)), replan=chunks,
+                                         items_of=list, filler=rows[:1],
+                                         on_out_of_memory=lambda n: self._out_of_memory(n, run), ranks=run.ranks):
+                sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
+            return sums
+
+        try:
+            agrees, error, tolerance = packing_agrees(probes, score, run.max_length, _weights_eps(run.model))
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            if is_out_of_memory(err) or _is_distributed_error(err):
+                raise
+            return f"its forward rejects a custom attention mask ({first_line(err)})"
+        if agrees:
+            return None
+        return f"packed scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
 
     # -- generative ----------------------------------------------------------------------------
 
-    def _generate(self, model, prompts, device, pad_id, batch_size, bar) -> dict[int, str]:
-        """Generated text by probe index."""
+    def _generate(self, run: _Run, prompts: dict[int, list[int]], bar) -> dict[int, str]:
+        """Generated text by probe index (every rank gets all of them)."""
+        if not prompts:
+            return {}
         order = list(prompts)
-        if batch_size == "auto":
-            budget = self._budget(unwrap(model), device)
-            batches = group([len(prompts[i]) + self.max_new_tokens for i in order], None, budget)
-        else:
-            batches = group([len(prompts[i]) for i in order], batch_size, None)
+        costs = [self._cost(self.encoded[i], self.max_new_tokens) for i in order]
+        mine = [order[j] for j in run.ranks.my_share(costs)]
+        filler = [order[int(np.argmin(costs))]]
+        bar.total = (bar.total or 0) + len(mine)
+        self.scored_here += len(mine)
+        synced = run.ranks.size > 1 and is_sharded(run.model)
+
+        def plan(indices: list[int]) -> list[list[int]]:
+            if run.batch_size == "auto":
+                widths = [len(prompts[i]) + self.max_new_tokens for i in indices]
+            else:
+                widths = [len(prompts[i]) for i in indices]
+            return [[indices[j] for j in idx] for idx in group(widths, *self._limits(run))]
 
         def generate(chunk: list[int]) -> list[str]:
-            return generate_texts(model, self.tokenizer, [prompts[i] for i in chunk], device=device,
-                                  pad_id=pad_id, max_new_tokens=self.max_new_tokens, stop=self.stop)
+            return generate_texts(run.model, self.tokenizer, [prompts[i] for i in chunk], device=run.device,
+                                  pad_id=run.pad_id, max_new_tokens=self.max_new_tokens, stop=self.stop,
+                                  synced_gpus=synced)
 
-        texts: dict[int, str] = {}
-        for idx in batches:
-            for part, out in self._within_memory(generate, [order[j] for j in idx], device):
-                texts.update(zip(part, out))
-                bar.update(len(part))
-        return texts
+        texts: dict[str, str] = {}
+        for part, out in run_lockstep(plan(mine), generate, replan=plan, items_of=list, filler=filler,
+                                      on_out_of_memory=lambda n: self._out_of_memory(n, run), ranks=run.ranks):
+            texts.update((str(i), t) for i, t in zip(part, out))
+            bar.update(len(part))
+        return {int(i): t for shard in run.ranks.gather_json(texts) for i, t in shard.items()}
 
     # -- results -------------------------------------------------------------------------------
 
@@ -317,6 +354,18 @@ class Scorer:
             samples.append(sample)
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What one scoring call works with."""
+
+    model: torch.nn.Module
+    device: torch.device
+    pad_id: int
+    max_length: int
+    batch_size: BatchSize
+    ranks: Ranks
 
 
 def _input_device(model) -> torch.device:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
+from ..distributed import Ranks
+
 T = TypeVar("T")
+B = TypeVar("B")
+R = TypeVar("R")
 
 BatchSize = int | str  # an int, or "auto"
 
@@ -60,41 +64,55 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
-def run_halving(fn: Callable[[list[T]], Any], items: list[T],
-                on_out_of_memory: Callable[[int], int]) -> Iterator[tuple[list[T], Any]]:
-    """Yield ``(chunk, fn(chunk))`` over ``items``, whole if it fits in memory.
+def run_lockstep(
+    batches: list[B],
+    run: Callable[[B], R],
+    *,
+    replan: Callable[[list[T]], list[B]],
+    items_of: Callable[[B], list[T]],
+    filler: B,
+    on_out_of_memory: Callable[[int], None],
+    ranks: Ranks,
+) -> Iterator[tuple[B, R]]:
+    """Yield ``(batch, run(batch))`` for this rank's ``batches``, with exactly as many
+    ``run`` calls on every rank of ``ranks``.
 
-    On out-of-memory, ``on_out_of_memory(len(items))`` returns how many items to try at once
-    (smaller than before); ``items`` are split into chunks of that size, each retried the
-    same way.
+    A rank with fewer batches runs ``filler`` (its result dropped) until the others are done,
+    so forwards that gather sharded parameters never wait for a rank that has stopped. After
+    an out-of-memory error on any rank, every rank calls ``on_out_of_memory(rows)`` with the
+    same largest failed size (it shrinks the limits that ``replan`` uses) and replans what it
+    has left, starting with the batch that failed.
 
     Example:
-        >>> list(run_halving(sum, [1, 2, 3], lambda n: n // 2))
-        [([1, 2, 3], 6)]
+        >>> list(run_lockstep([[1, 2], [3]], sum, replan=lambda xs: [xs], items_of=list, filler=[0],
+        ...                   on_out_of_memory=print, ranks=Ranks.alone()))
+        [([1, 2], 3), ([3], 3)]
     """
-    try:
-        result = fn(items)
-    except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
-        if not is_out_of_memory(err) or len(items) == 1:
-            raise
-        result = _FAILED
-    if result is _FAILED:
-        # retry outside the except block: its traceback would keep the failed attempt's
-        # activations alive, and then no retry could fit either
-        gc.collect()
-        size = [max(1, min(on_out_of_memory(len(items)), len(items) - 1))]
-
-        def shrink(n: int) -> int:  # a failure inside a chunk shrinks the chunks after it too
-            size[0] = max(1, min(on_out_of_memory(n), size[0]))
-            return size[0]
-
-        start = 0
-        while start < len(items):
-            chunk = items[start:start + size[0]]
-            yield from run_halving(fn, chunk, shrink)
-            start += len(chunk)
-        return
-    yield items, result
-
-
-_FAILED = object()
+    pending = list(batches)
+    while True:
+        total = ranks.agree_max([len(pending)])[0]
+        for k in range(total):
+            batch = pending[k] if k < len(pending) else None
+            failed = 0
+            try:
+                result = run(filler if batch is None else batch)
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                failed = len(items_of(filler if batch is None else batch))
+            # retry outside the except block: its traceback would keep the failed attempt's
+            # activations alive, and then no retry could fit either
+            failed = ranks.agree_max([failed])[0]
+            if failed:
+                gc.collect()
+                if failed == 1:
+                    raise torch.cuda.OutOfMemoryError(
+                        "forgetwatch ran out of memory scoring a single sequence; evaluate with fewer "
+                        "max_new_tokens or shorter probes, or leave more memory free")
+                on_out_of_memory(failed)
+                pending = replan([x for b in pending[k:] for x in items_of(b)])
+                break
+            if batch is not None:
+                yield batch, result
+        else:
+            return

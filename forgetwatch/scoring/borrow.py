@@ -27,6 +27,29 @@ def forward_module(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are sharded across ranks and gathered in each forward:
+    FSDP (either version) or DeepSpeed ZeRO-3 (whose parameters carry a ``ds_id``)."""
+    fsdp_types = tuple(t for t in (_optional("torch.distributed.fsdp", "FullyShardedDataParallel"),
+                                   _optional("torch.distributed.fsdp", "FSDPModule")) if t is not None)
+    if fsdp_types and any(isinstance(m, fsdp_types) for m in model.modules()):
+        return True
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def is_fsdp1(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an FSDP1 ``FullyShardedDataParallel`` wrapper."""
+    wrapper = _optional("torch.distributed.fsdp", "FullyShardedDataParallel")
+    return wrapper is not None and isinstance(model, wrapper)
+
+
+def _optional(module: str, name: str) -> type | None:
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def capture_rng() -> dict[str, Any]:
     """Every global random state an evaluation could touch."""
     state: dict[str, Any] = {

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 
-from .borrow import forward_module, unwrap
+from .borrow import forward_module, is_fsdp1, unwrap
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -30,7 +31,7 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device: torch.device,
-                   pad_id: int, max_new_tokens: int, stop: Sequence[str]) -> list[str]:
+                   pad_id: int, max_new_tokens: int, stop: Sequence[str], synced_gpus: bool = False) -> list[str]:
     """Greedy continuations of one batch of prompts, each cut at the first stop string.
 
     Decoding is plain greedy whatever the model's own generation config says: transformers
@@ -38,6 +39,9 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     penalty, a minimum length, suppressed tokens, ...), so a clean config stands in for it
     during the call. Otherwise two checkpoints with different configs would be decoded
     differently and their answers would not be comparable.
+
+    ``synced_gpus``: keep stepping until every rank's batch is done, as a sharded model
+    (FSDP, ZeRO-3) needs: each step's forward gathers parameters from all ranks.
     """
     from transformers import GenerationConfig
 
@@ -55,10 +59,11 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     saved = owner.generation_config
     owner.generation_config = greedy
     try:
-        out = generator(model).generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=greedy,
-            tokenizer=tokenizer,
-        )
+        with _root_parameters_gathered(model):
+            out = generator(model).generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=greedy,
+                tokenizer=tokenizer, synced_gpus=synced_gpus,
+            )
     finally:
         owner.generation_config = saved
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
@@ -66,9 +71,23 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
 
 
 def generator(model):
-    """The module whose ``generate`` to call (DDP has none; the inner model does)."""
+    """The module whose ``generate`` to call: the model under DDP, which has none, and under
+    FSDP1, whose wrapper would hand it the root's parameters still sharded; else the model
+    itself (FSDP2 and DeepSpeed gather parameters in each submodule's forward)."""
     inner = forward_module(model)
+    if is_fsdp1(inner):
+        return inner.module
     return inner if hasattr(inner, "generate") else unwrap(model)
+
+
+def _root_parameters_gathered(model):
+    """FSDP1 gathers the root module's own parameters (embeddings, final norm) only in the
+    wrapper's forward, which ``generate`` bypasses: gather those for the call, read-only.
+    The wrapped layers still gather their own in their forwards."""
+    inner = forward_module(model)
+    if is_fsdp1(inner):
+        return inner.summon_full_params(inner, writeback=False, recurse=False)
+    return contextlib.nullcontext()
 
 
 def _generation_config_owner(model):
