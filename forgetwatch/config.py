@@ -38,6 +38,7 @@ ROOT_KEY = "forgetwatch"
 NORMALIZE_MODES = ("chars",)
 #: Fields holding file system paths: resolved against the YAML file's folder when relative.
 PATH_FIELDS = ("probes", "base", "output_dir")
+ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a path
 
 
 class ConfigProblem(NamedTuple):
@@ -111,7 +112,9 @@ class ForgetWatchConfig:
     save_on_stop: bool = True
     #: Where the base snapshot and history live; None: ``<trainer output_dir>/forgetwatch``.
     output_dir: str | None = None
-    #: A saved base answers snapshot (.json/.npz) to use instead of computing one.
+    #: A saved base answers snapshot (.json/.npz) to use instead of computing one; or
+    #: "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever
+    #: training begins or resumes, instead of keeping a snapshot.
     base: str | None = None
     #: Probes per forward pass: a positive integer or "auto".
     batch_size: int | str = "auto"
@@ -249,7 +252,7 @@ class ForgetWatchConfig:
             raise ConfigError(problems)
         if relative_to is not None:
             for name in PATH_FIELDS:
-                if cleaned.get(name) is not None:
+                if cleaned.get(name) not in (None, ADAPTER_DISABLED):
                     cleaned[name] = _resolve(cleaned[name], relative_to)
         return cls(**cleaned)
 
@@ -279,7 +282,7 @@ class ForgetWatchConfig:
         """
         data = self.to_dict()
         for name in PATH_FIELDS:
-            if data[name] is not None:
+            if data[name] not in (None, ADAPTER_DISABLED):
                 data[name] = _resolve(data[name], Path.cwd())
         text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                          allow_unicode=True)
@@ -473,7 +476,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "category_max_forgetting": _categories,
     "save_on_stop": _bool,
     "output_dir": _optional(_path, "<trainer output_dir>/forgetwatch"),
-    "base": _optional(_path, "computing the base snapshot"),
+    "base": _optional(lambda v: v if v == ADAPTER_DISABLED else _path(v), "computing the base snapshot"),
     "batch_size": _batch_size,
     "normalize": _choice(NORMALIZE_MODES, allow_none=True),
     "chat_template": _bool,

@@ -1,0 +1,109 @@
+"""LoRA (PEFT) models: scored like their merged equivalent; base="adapter_disabled"."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pytest
+
+from forgetwatch import compare, evaluate
+from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.config import ConfigError, ForgetWatchConfig
+
+peft = pytest.importorskip("peft")
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, report_to=[],
+              dataloader_num_workers=0, dataloader_pin_memory=False, seed=0, disable_tqdm=True,
+              per_device_train_batch_size=8, learning_rate=2e-2, max_length=64, packing=False)
+
+
+def lora_config():
+    return peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0,
+                           task_type="CAUSAL_LM")
+
+
+def sft(toy, tmp_path, callbacks, **overrides):
+    args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 12, "save_strategy": "no", **overrides})
+    return trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=64)}),
+                          peft_config=lora_config(), callbacks=callbacks)
+
+
+def test_lora_model_scores_like_its_merged_weights(toy, tmp_path):
+    trainer = sft(toy, tmp_path, [])
+    trainer.train()
+    lora = trainer.model
+    merged = copy.deepcopy(lora).merge_and_unload()  # a plain transformers model again
+    assert not hasattr(merged, "peft_config")
+    got = evaluate(lora, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    want = evaluate(merged, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    assert got.correct.tolist() == want.correct.tolist()
+    assert got.outputs == want.outputs
+    for x, y in zip(got.choice_logprobs, want.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-4)
+    # the adapters learned something: the LoRA model is not the base
+    base = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    assert compare(base, got).forgotten > 0
+
+
+def test_adapter_disabled_base_is_the_model_before_training(toy, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled", max_new_tokens=6)
+    trainer = sft(toy, tmp_path, [cb])
+    trainer.train()
+    base = evaluate(toy.base, toy.tokenizer, toy.probes, max_new_tokens=6, show_progress=False)
+    assert cb.base_answers.correct.tolist() == base.correct.tolist()
+    assert cb.base_answers.meta["base"] == "adapter_disabled"
+    assert [s for s, _ in cb.history] == [6, 12]
+    final = compare(base, evaluate(trainer.model, toy.tokenizer, toy.probes, max_new_tokens=6, show_progress=False))
+    assert cb.history[-1][1].forgotten_ids == final.forgotten_ids and final.forgotten > 0
+    assert cb.history[-1][1].gained_ids == final.gained_ids
+
+
+def test_adapter_disabled_base_is_scored_again_on_resume(toy, tmp_path):
+    first = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", max_new_tokens=6)
+    sft(toy, tmp_path, [first], save_strategy="steps", save_steps=8).train()
+    # the resumed run finds no snapshot to trust: it scores the disabled-adapter model again
+    (tmp_path / "forgetwatch" / "base_answers.npz").unlink()
+    for checkpoint in tmp_path.glob("checkpoint-*"):
+        (checkpoint / "forgetwatch" / "base_answers.npz").unlink()
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", max_new_tokens=6)
+    sft(toy, tmp_path, [resumed], save_strategy="steps", save_steps=8).train(
+        resume_from_checkpoint=str(tmp_path / "checkpoint-8"))
+    assert resumed.base_answers.correct.tolist() == first.base_answers.correct.tolist()
+    assert [s for s, _ in resumed.history] == [4, 8, 12]
+    for (_, a), (_, b) in zip(first.history, resumed.history):
+        assert a.forgotten_ids == b.forgotten_ids
+
+
+def test_adapter_disabled_needs_a_peft_model(toy, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled")
+    args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 2, "save_strategy": "no"})
+    trainer = trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
+                             train_dataset=datasets.Dataset.from_dict({"text": ["a b c"] * 16}), callbacks=[cb])
+    with pytest.raises(ValueError, match="needs a PEFT model"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_adapter_disabled_warns_when_base_weights_train(toy, tmp_path, caplog):
+    model = peft.get_peft_model(copy.deepcopy(toy.base), lora_config())
+    model.base_model.model.lm_head.weight.requires_grad_(True)
+    from forgetwatch.adapters import adapters_disabled
+
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"), adapters_disabled(model):
+        pass
+    assert "outside the adapters are trained" in caplog.text and "lm_head" in caplog.text
+
+
+def test_config_accepts_adapter_disabled(tmp_path):
+    path = tmp_path / "fw.yaml"
+    path.write_text("base: adapter_disabled\n")
+    assert ForgetWatchConfig.from_yaml(path).base == "adapter_disabled"  # not made a path
+    ForgetWatchConfig(base="adapter_disabled").to_yaml(path)
+    assert ForgetWatchConfig.from_yaml(path).base == "adapter_disabled"
+    with pytest.raises(ConfigError, match="base"):
+        ForgetWatchConfig.from_dict({"base": ""})
