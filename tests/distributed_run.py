@@ -10,6 +10,8 @@
 - ``fsdp1`` / ``fsdp2``: the toy model sharded with FSDP1 (``FullyShardedDataParallel``) or
   FSDP2 (``fully_shard``), scored with ``distributed=True``, next to an unsharded copy scored
   by this rank alone.
+- ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
+  than 3 rows and rank 0 never does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,19 @@ class SlowerOnRankOne(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if args.process_index == 1:
             time.sleep(0.03)
+
+
+class OutOfMemoryOnRankOne(torch.nn.Module):
+    def __init__(self, model, limit):
+        super().__init__()
+        self.module, self.limit, self.rows = model, limit, []
+
+    def forward(self, **kwargs):
+        rows = kwargs["input_ids"].shape[0]
+        self.rows.append(rows)
+        if rows > self.limit and int(os.environ["RANK"]) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return self.module(**kwargs)
 
 
 def toy_setup():
@@ -102,7 +117,9 @@ def sharded(mode: str) -> dict:
     alone = Scorer(tokenizer, probes, max_new_tokens=6)(base, batch_size=8, show_progress=False)
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
-    if mode == "fsdp1":
+    if mode == "oom":
+        model = OutOfMemoryOnRankOne(model, limit=3)
+    elif mode == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
@@ -123,7 +140,8 @@ def sharded(mode: str) -> dict:
             "alone_outputs": alone.outputs, "together_outputs": together.outputs,
             "max_logprob_diff": max((float(abs(a - b).max()) for a, b in
                                      zip(alone.choice_logprobs, together.choice_logprobs) if len(a)), default=0.0),
-            "scored_here": scorer.scored_here, "n_probes": len(probes)}
+            "scored_here": scorer.scored_here, "n_probes": len(probes), "row_cap": scorer._row_cap,
+            "rows": getattr(model, "rows", [])}
 
 
 def main(mode: str, out: str) -> None:

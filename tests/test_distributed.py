@@ -76,9 +76,13 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
         assert expected.gained_ids == r0["gained_ids"][i], step
 
 
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2", "oom"])
 def test_sharded_models_score_like_one_process(tmp_path, mode):
-    for rank in run_two_ranks(mode, tmp_path):
+    ranks = run_two_ranks(mode, tmp_path)
+    if mode == "oom":  # only rank 1 ran out of memory, yet both shrank their batches alike
+        assert ranks[0]["row_cap"] == ranks[1]["row_cap"] == 2
+        assert len(ranks[0]["rows"]) == len(ranks[1]["rows"])
+    for rank in ranks:
         assert rank["together_correct"] == rank["alone_correct"]
         assert rank["together_outputs"] == rank["alone_outputs"]  # generation in lockstep, ranks
         assert rank["max_logprob_diff"] < 1e-5                    # finishing at different times

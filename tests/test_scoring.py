@@ -230,9 +230,16 @@ def test_model_and_tokenizer_are_handed_back_as_found(toy):
 
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     expected = draws()
+    checkpointed = []  # calls of transformers' gradient-checkpointing function
+    for layer in model.model.layers:
+        real = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, real=real, **k: checkpointed.append(1) or real(*a, **k)
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     evaluate(model, tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
     assert draws() == expected
+    assert checkpointed == []  # off during evaluation (eval mode), on again for training:
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert checkpointed
     assert [m.training for m in model.modules()] == flags
     assert model.config.use_cache is False
     assert all(m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing"))
@@ -282,10 +289,11 @@ def test_bad_options_fail_before_model_work(toy):
         evaluate(toy.base, toy.tokenizer, toy.probes, stop=["\n", ""])
 
 
-def test_half_precision_scores_with_fp32_log_softmax(toy):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scores_with_fp32_log_softmax(toy, dtype):
     probes = mc_only(toy)
     full = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
-    model = copy.deepcopy(toy.base).to(torch.bfloat16)
+    model = copy.deepcopy(toy.base).to(dtype)
     scorer = Scorer(toy.tokenizer, probes)
     half = scorer(model, show_progress=False)
     assert scorer._packing[model] is True  # bf16 rounding is no reason to give up packing

@@ -87,7 +87,7 @@ class Scorer:
         self._choice_probes = [i for i, e in enumerate(self.encoded) if isinstance(e, EncodedChoices)]
         self._plans: dict[tuple, list[Batch]] = {}
         self._packing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._token_budget: int | None = None
+        self._token_cap: int | None = None  # tokens per forward that fit, once some ran out of memory
         self._row_cap: int | None = None  # rows per forward that fit, once one ran out of memory
         self._warned: set[str] = set()  # warnings given once per scorer
         #: how many probes this process scored itself in the last call (all of them, unless
@@ -232,23 +232,21 @@ class Scorer:
         return min(run.batch_size, self._row_cap or run.batch_size), None
 
     def _budget(self, run: _Run) -> int:
-        """Tokens per forward for ``batch_size="auto"``: a guess from the memory free now (it
-        shrinks once training holds optimizer state), the same on every rank, never above a
-        size that ran out."""
+        """Tokens per forward for ``batch_size="auto"``: a guess from the memory free now (see
+        :func:`default_token_budget`), the same on every rank, and never above a budget that
+        ran out of memory before."""
         cfg = _text_config(unwrap(run.model))
         guess = default_token_budget(run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000))
         guess = run.ranks.agree_min([guess])[0]
-        if self._token_budget is None or guess < self._token_budget:
-            self._token_budget = guess
-        return self._token_budget
+        return min(guess, self._token_cap) if self._token_cap else guess
 
     def _out_of_memory(self, rows: int, run: _Run) -> None:
         """Remember that ``rows`` sequences did not fit, for this evaluation and later ones."""
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
         self._row_cap = max(1, min(rows, self._row_cap or rows) // 2)
-        if self._token_budget is not None:
-            self._token_budget = max(1, self._token_budget // 2)
+        if run.batch_size == "auto":
+            self._token_cap = max(1, self._budget(run) // 2)
         self._plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, self._row_cap)
 

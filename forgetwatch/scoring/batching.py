@@ -51,13 +51,25 @@ def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -
 
 
 def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int) -> int:
-    """A first guess of tokens per forward; halved on out-of-memory."""
+    """A first guess of tokens per forward for ``batch_size="auto"``.
+
+    On CUDA: a quarter of the memory free now (counting what PyTorch caches but does not
+    use). Once training has run, the peak it reached bounds the guess too: evaluation may add
+    to what is held now (weights, optimizer state) no more than the peak plus a tenth, so it
+    never needs more memory than the training steps around it.
+    """
     if device.type != "cuda":
         return 8192
     free, _ = torch.cuda.mem_get_info(device)
-    # activations of one layer plus fp32 logits, per token, with room for the rest
+    held = torch.cuda.memory_allocated(device)
+    room = 0.25 * (free + torch.cuda.memory_reserved(device) - held)
+    peak = torch.cuda.max_memory_allocated(device)
+    if peak > 1.5 * held:  # something (training steps) needed far more than is held now
+        room = min(room, 1.1 * peak - held)
+    # per token: fp32 logits, and a few activations of one layer (no gradients are kept)
     per_token = 4 * (16 * hidden_size + vocab_size)
-    return int(max(256, min(free * 0.25 // per_token, 1 << 17)))
+    tokens = int(max(256, min(room // per_token, 1 << 17)))
+    return 1 << (tokens.bit_length() - 1)  # a power of two: planned batches stay cached
 
 
 def is_out_of_memory(err: BaseException) -> bool:
