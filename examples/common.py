@@ -30,16 +30,23 @@ def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
 def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeSet, *, defaults: dict[str, Any],
                     max_steps: int, eval_steps: int, max_forgetting: float | None, use_cpu: bool,
                     report_to: str | list[str] | None, chat_template: bool, extra: dict[str, Any],
-                    **trainer_kwargs: Any):
+                    lora: bool = False, **trainer_kwargs: Any):
     """A TRL trainer with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``defaults`` are the example's config values; ``extra`` overrides any config field.
+    ``lora``: train LoRA adapters on every linear layer, and score the base with them
+    disabled (no snapshot to keep).
     """
     settings = {"max_steps": max_steps, "logging_steps": 10, "use_cpu": use_cpu,
                 "bf16": torch.cuda.is_available() and not use_cpu, "report_to": report_to or "none",
                 **defaults, **extra}
+    if lora:
+        from peft import LoraConfig
+
+        trainer_kwargs["peft_config"] = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                   task_type="CAUSAL_LM")
     callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_forgetting=max_forgetting,
-                                   chat_template=chat_template)
+                                   chat_template=chat_template, base="adapter_disabled" if lora else None)
     trainer = trainer_class(args=config_class(output_dir, **settings), callbacks=[callback], **trainer_kwargs)
     trainer.forgetwatch = callback
     return trainer
@@ -68,6 +75,8 @@ def parser(doc: str, *, dataset: str, dataset_help: str, output_dir: str, learni
     p.add_argument("--seed", type=int, default=0, help="training seed (the probe sample is fixed: seed 0)")
     p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                    help="score probes as plain text (for base models without a chat template)")
+    p.add_argument("--lora", action="store_true",
+                   help="train LoRA adapters (pip install peft); the base is the model with them disabled")
     p.add_argument("--cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
     return p
 
@@ -76,4 +85,4 @@ def common_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``build_trainer`` that come from the common options."""
     return dict(max_steps=args.max_steps, eval_steps=args.eval_steps, max_forgetting=args.max_forgetting,
                 use_cpu=args.cpu, report_to=args.report_to, chat_template=args.chat_template,
-                learning_rate=args.learning_rate, seed=args.seed)
+                learning_rate=args.learning_rate, seed=args.seed, lora=args.lora)

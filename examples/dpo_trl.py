@@ -43,7 +43,7 @@ __all__ = ["build_probes", "build_trainer", "main"]
 def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
                   max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
                   use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, **extra: Any) -> DPOTrainer:
+                  chat_template: bool = True, lora: bool = False, **extra: Any) -> DPOTrainer:
     """A ``DPOTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``model`` is a hub id or local path: TRL builds both the policy and the reference model
@@ -53,7 +53,7 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
                 "beta": 0.1, "max_length": 1024}
     return watched_trainer(DPOTrainer, DPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
                            eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, model=model,
+                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 

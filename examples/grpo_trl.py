@@ -24,7 +24,7 @@ evaluated instruct models this way; for a base model without a chat template, pa
 
 Needs internet (model and datasets) and, realistically, a GPU: bf16 mixed precision is used
 when CUDA is available. The weights are loaded in float32 (the optimizer's master copy), and
-the forgetwatch evaluations run outside the autocast context, in float32 too.
+the forgetwatch evaluations run the model's forward as training does, under autocast.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def make_length_reward(target_words: int = TARGET_WORDS):
 def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
                   max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
                   use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, target_words: int = TARGET_WORDS, **extra: Any) -> GRPOTrainer:
+                  chat_template: bool = True, target_words: int = TARGET_WORDS, lora: bool = False,
+                  **extra: Any) -> GRPOTrainer:
     """A ``GRPOTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``extra`` overrides any ``GRPOConfig`` field (num_generations, max_completion_length, ...).
@@ -80,7 +81,7 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
                 "learning_rate": 1e-6, "use_vllm": False}
     return watched_trainer(GRPOTrainer, GRPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
                            eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, model=model,
+                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
                            reward_funcs=make_length_reward(target_words), train_dataset=train_dataset,
                            processing_class=tokenizer)
 

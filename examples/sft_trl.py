@@ -19,7 +19,7 @@ evaluated instruct models this way; for a base model without a chat template, pa
 
 Needs internet (model and datasets) and, realistically, a GPU: bf16 mixed precision is used
 when CUDA is available. The weights are loaded in float32 (the optimizer's master copy), and
-the forgetwatch evaluations run outside the autocast context, in float32 too.
+the forgetwatch evaluations run the model's forward as training does, under autocast.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = ["build_probes", "build_trainer", "main"]
 def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
                   max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
                   use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, **extra: Any) -> SFTTrainer:
+                  chat_template: bool = True, lora: bool = False, **extra: Any) -> SFTTrainer:
     """An ``SFTTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``extra`` overrides any ``SFTConfig`` field (batch size, learning rate, max_length, ...).
@@ -50,7 +50,7 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
                 "max_length": 1024}
     return watched_trainer(SFTTrainer, SFTConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
                            eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, model=model,
+                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 

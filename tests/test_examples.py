@@ -285,6 +285,7 @@ SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
 
 @pytest.mark.parametrize("name, rows, extra", [
     ("sft_trl", capybara_rows, SMALL_BATCH),
+    ("sft_trl", capybara_rows, [*SMALL_BATCH, "--lora"]),
     ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
     ("grpo_trl", lambda w: tldr_rows(w, False),
      ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
@@ -304,6 +305,9 @@ def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_
     assert trainer.forgetwatch.history[-1][1].summary() in out
     assert f"history: {tmp_path / 'forgetwatch' / 'history.jsonl'}" in out
     assert (tmp_path / "forgetwatch" / "history.jsonl").is_file()
+    lora = "--lora" in extra
+    assert hasattr(trainer.model, "peft_config") is lora
+    assert (trainer.forgetwatch.base_answers.meta.get("base") == "adapter_disabled") is lora
 
 
 # -- replay on forgetting -------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import datetime
 import inspect
 import logging
 import weakref
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -256,10 +256,8 @@ class Scorer:
         model = run.model
         if model not in self._packing:
             reason = self._packing_problem(run)
-            if run.ranks.agree_min([int(reason is None)])[0] and reason is None:
-                self._packing[model] = True
-            else:
-                self._packing[model] = False
+            self._packing[model] = bool(run.ranks.agree_min([int(reason is None)])[0])
+            if not self._packing[model]:
                 self._warn_once("packing", "scoring each choice as its own sequence, which is slower: %s",
                                 reason or "another rank found packing inexact")
         return self._packing[model]
@@ -276,10 +274,12 @@ class Scorer:
         forward = self._forward(run)
         n_keys = int(self._first_key[-1])
 
-        def score(rows: list[Row]) -> np.ndarray:
-            # every rank checks the same rows, in lockstep
+        def chunks(rows: list[Row]) -> list[list[Row]]:
+            size = self._row_cap or len(rows)
+            return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+        def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
             sums = np.zeros(n_keys)
-            chunks = lambda rs: [rs[i:i + (self._row_cap or len(rs))] for i in range(0, len(rs), self._row_cap or len(rs))]  # noqa: E731
             for part, lp in run_lockstep(chunks(rows), lambda rs: forward(collate(rs, run.pad_id)), replan=chunks,
                                          items_of=list, filler=rows[:1],
                                          on_out_of_memory=lambda n: self._out_of_memory(n, run), ranks=run.ranks):
@@ -430,13 +430,17 @@ def evaluate(
     stop: Sequence[str] = ("\n",),
     extract: Callable[[str], str | None] | None = None,
     show_progress: bool = True,
+    distributed: bool = False,
 ) -> Answers:
     """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes.
 
     Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``);
     generative probes are decoded greedily and their answer extracted. Tokenization is cached
     across calls with the same tokenizer and probe set. The model and tokenizer are handed
-    back exactly as found (mode, cache flag, padding side, random states).
+    back exactly as found (mode, cache flag, padding side, random states). With
+    ``distributed=True``, every process of a ``torch.distributed`` run calls it together and
+    each scores a share of the probes (any model: plain, DDP, FSDP, DeepSpeed ZeRO-3); all of
+    them get all the answers.
 
     Example:
         >>> probes = ProbeSet.from_jsonl("probes.jsonl")                   # doctest: +SKIP
@@ -453,4 +457,4 @@ def evaluate(
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
-    return scorer(model, batch_size=batch_size, show_progress=show_progress)
+    return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)
