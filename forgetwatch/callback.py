@@ -194,8 +194,8 @@ class ForgetWatchCallback(TrainerCallback):
         self.history, self._records, self.stop_reason = [], [], None
         self._stop_rule = self._new_stop_rule()
         self._training, self._eval_logged_at = True, None
-        # one rank writes, or one per node when nodes keep their own files
-        self._writes = state.is_local_process_zero if args.save_on_each_node else state.is_world_process_zero
+        # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
+        self._writes = state.is_world_process_zero
         resumed = state.global_step > 0
         self.base_answers, computed = self._base_snapshot(model, args, state, resumed)
         if resumed:

@@ -275,7 +275,7 @@ class Scorer:
         n_keys = int(self._first_key[-1])
 
         def chunks(rows: list[Row]) -> list[list[Row]]:
-            size = self._row_cap or len(rows)
+            size = self._row_cap or max(1, len(rows))
             return [rows[i:i + size] for i in range(0, len(rows), size)]
 
         def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
