@@ -320,13 +320,13 @@ class ForgetWatchCallback(TrainerCallback):
 
         Rank 0 decides from its files whether one is found, and shares it, so every rank
         either loads the same answers or joins in computing them."""
-        expected = {"model_key": model_key(model), "weights_key": weights_key(model)}
         scope: Any = contextlib.nullcontext()
         if self._base_given == ADAPTER_DISABLED:  # scored afresh every time, never read back
-            scope, expected = adapters_disabled(model), {"model_key": expected["model_key"], "base": ADAPTER_DISABLED}
+            scope, expected = adapters_disabled(model), {"model_key": model_key(model), "base": ADAPTER_DISABLED}
         elif isinstance(self._base_given, Answers):
             return self._given_base(self._base_given), False
         else:
+            expected = {"model_key": model_key(model), "weights_key": weights_key(model)}
             found = Ranks.all().share_from_rank_zero(
                 lambda: _as_dict(self._stored_base(args, state, resumed, expected)))
             if found is not None:

@@ -33,25 +33,13 @@ from forgetwatch import ProbeSet, Scorer  # noqa: E402
 from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
+from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
 
 class SlowerOnRankOne(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if args.process_index == 1:
             time.sleep(0.03)
-
-
-class OutOfMemoryOnRankOne(torch.nn.Module):
-    def __init__(self, model, limit):
-        super().__init__()
-        self.module, self.limit, self.rows = model, limit, []
-
-    def forward(self, **kwargs):
-        rows = kwargs["input_ids"].shape[0]
-        self.rows.append(rows)
-        if rows > self.limit and int(os.environ["RANK"]) == 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return self.module(**kwargs)
 
 
 def toy_setup():
@@ -68,15 +56,14 @@ def sft(out: str, zero3: bool = False) -> dict:
 
     extra: dict = {}
     if zero3:
-        import deepspeed
+        import importlib
 
         # DeepSpeed compiles an optional shared-memory speed-up for CPU collectives on first
         # use (a minute on this machine); gloo alone is enough
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         extra["deepspeed"] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                               "gradient_accumulation_steps": "auto", "zero_optimization": {
                                   "stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
-        del deepspeed
     world, tokenizer, base, probes = toy_setup()
     rank = int(os.environ["RANK"])
     if rank == 0:
@@ -118,7 +105,7 @@ def sharded(mode: str) -> dict:
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
     if mode == "oom":
-        model = OutOfMemoryOnRankOne(model, limit=3)
+        model = OutOfMemoryAbove(model, limit=3 if int(os.environ["RANK"]) == 1 else float("inf"))
     elif mode == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -141,7 +128,7 @@ def sharded(mode: str) -> dict:
             "max_logprob_diff": max((float(abs(a - b).max()) for a, b in
                                      zip(alone.choice_logprobs, together.choice_logprobs) if len(a)), default=0.0),
             "scored_here": scorer.scored_here, "n_probes": len(probes), "row_cap": scorer._row_cap,
-            "rows": getattr(model, "rows", [])}
+            "rows": getattr(model, "sizes", [])}
 
 
 def main(mode: str, out: str) -> None:

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from injected import OutOfMemoryAbove
 
 from forgetwatch import ProbeSet, Scorer, evaluate
 from forgetwatch.scoring import encoding
@@ -78,7 +79,7 @@ def test_packed_equals_plain(toy, attn):
     plain = Scorer(toy.tokenizer, probes)
     plain._packing[model] = False  # force lm-eval's one-sequence-per-choice layout
     b = plain(model, batch_size=8, show_progress=False)
-    assert all(not batch.packed for batch in next(iter(plain._plans.values())))
+    assert all(not batch.packed for batch in next(iter(plain._plans.values())).batches)
     for x, y in zip(a.choice_logprobs, b.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     assert a.correct.tolist() == b.correct.tolist()
@@ -110,21 +111,6 @@ def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
     assert got.correct.tolist() == reference.correct.tolist()
     for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5)
-
-
-class OutOfMemoryAbove(torch.nn.Module):
-    """Raises CUDA's out-of-memory error for batches of more than ``limit`` rows."""
-
-    def __init__(self, model, limit):
-        super().__init__()
-        self.module, self.limit, self.sizes = model, limit, []
-
-    def forward(self, **kwargs):
-        rows = kwargs["input_ids"].shape[0]
-        self.sizes.append(rows)
-        if rows > self.limit:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return self.module(**kwargs)
 
 
 def test_out_of_memory_halves_the_batch(toy, caplog):

@@ -12,7 +12,7 @@ import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -85,7 +85,7 @@ class Scorer:
         self.fingerprint = probes.fingerprint()
         self._first_key = np.cumsum([0] + [p.n_choices for p in probes])
         self._choice_probes = [i for i, e in enumerate(self.encoded) if isinstance(e, EncodedChoices)]
-        self._plans: dict[tuple, list[Batch]] = {}
+        self._plans: dict[tuple, _Plan] = {}
         self._packing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._token_cap: int | None = None  # tokens per forward that fit, once some ran out of memory
         self._row_cap: int | None = None  # rows per forward that fit, once one ran out of memory
@@ -154,17 +154,11 @@ class Scorer:
         if not n_keys:
             return sums
         packing = self._may_pack(run)
-        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
-        self._warn_truncated(run.max_length)
-        mine = [self._choice_probes[j] for j in run.ranks.my_share(
-            [self._cost(self.encoded[i]) for i in self._choice_probes])]
-        cheapest = min(self._choice_probes, key=lambda i: self._cost(self.encoded[i]))
-        filler = collate(self._rows([cheapest], run.max_length, packing, window)[:1], run.pad_id)
         key = (run.max_length, packing, run.pad_id, self._limits(run), run.ranks)
         if key not in self._plans:  # one model shape at a time
-            self._plans = {key: self._batches(self._rows(mine, run.max_length, packing, window), run)}
-        batches = self._plans[key]
-        self.scored_here += len(mine)
+            self._plans = {key: self._plan(run, packing)}
+        batches, filler, n_mine = self._plans[key]
+        self.scored_here += n_mine
         bar.total = (bar.total or 0) + sum(map(len, batches))
         forward = self._forward(run)
         for batch, logprobs in run_lockstep(batches, forward, replan=lambda rows: self._batches(rows, run),
@@ -174,6 +168,15 @@ class Scorer:
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
             bar.update(len(batch))
         return run.ranks.sum(sums)
+
+    def _plan(self, run: _Run, packing: bool) -> _Plan:
+        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
+        self._warn_truncated(run.max_length)
+        mine = [self._choice_probes[j] for j in run.ranks.my_share(
+            [self._cost(self.encoded[i]) for i in self._choice_probes])]
+        cheapest = min(self._choice_probes, key=lambda i: self._cost(self.encoded[i]))
+        filler = collate(self._rows([cheapest], run.max_length, packing, window)[:1], run.pad_id)
+        return _Plan(self._batches(self._rows(mine, run.max_length, packing, window), run), filler, len(mine))
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through."""
@@ -364,6 +367,15 @@ class _Run:
     max_length: int
     batch_size: BatchSize
     ranks: Ranks
+
+
+class _Plan(NamedTuple):
+    """This rank's multiple-choice batches, a one-row batch to fill in with, and how many
+    probes it scores."""
+
+    batches: list[Batch]
+    filler: Batch
+    n_probes: int
 
 
 def _input_device(model) -> torch.device:

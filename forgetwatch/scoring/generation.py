@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -59,8 +59,8 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     saved = owner.generation_config
     owner.generation_config = greedy
     try:
-        with _root_parameters_gathered(model):
-            out = generator(model).generate(
+        with generator(model) as module:
+            out = module.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=greedy,
                 tokenizer=tokenizer, synced_gpus=synced_gpus,
             )
@@ -70,24 +70,22 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     return [cut_at_stop(t, stop) for t in texts]
 
 
-def generator(model):
-    """The module whose ``generate`` to call: the model under DDP, which has none, and under
-    FSDP1, whose wrapper would hand it the root's parameters still sharded; else the model
-    itself (FSDP2 and DeepSpeed gather parameters in each submodule's forward)."""
+@contextlib.contextmanager
+def generator(model) -> Iterator[torch.nn.Module]:
+    """The module whose ``generate`` to call, ready for the call.
+
+    Under DDP, which has no ``generate``: the model inside. Under FSDP1: the model inside
+    too, with the root module's own parameters (embeddings, final norm) gathered read-only,
+    since the wrapper gathers them only in its forward, which ``generate`` bypasses (the
+    wrapped layers still gather their own). Otherwise the model itself: FSDP2 and DeepSpeed
+    gather parameters in each submodule's forward.
+    """
     inner = forward_module(model)
     if is_fsdp1(inner):
-        return inner.module
-    return inner if hasattr(inner, "generate") else unwrap(model)
-
-
-def _root_parameters_gathered(model):
-    """FSDP1 gathers the root module's own parameters (embeddings, final norm) only in the
-    wrapper's forward, which ``generate`` bypasses: gather those for the call, read-only.
-    The wrapped layers still gather their own in their forwards."""
-    inner = forward_module(model)
-    if is_fsdp1(inner):
-        return inner.summon_full_params(inner, writeback=False, recurse=False)
-    return contextlib.nullcontext()
+        with inner.summon_full_params(inner, writeback=False, recurse=False):
+            yield inner.module
+    else:
+        yield inner if hasattr(inner, "generate") else unwrap(model)
 
 
 def _generation_config_owner(model):
