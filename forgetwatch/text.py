@@ -1,0 +1,65 @@
+"""Small pieces of the messages we show: bounded descriptions of values, "did you mean",
+percentages, the first line of an error."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+#: Most characters of a user's value that an error message repeats (a huge value must not
+#: make a huge message, or cost seconds to format).
+SHOWN = 60
+
+
+def describe(value: Any, limit: int = SHOWN) -> str:
+    """``value`` as an error message shows it: a short repr and its type.
+
+    Example:
+        >>> describe("x" * 100, limit=10)
+        "'xxxxxx... (str)"
+    """
+    return f"{shorten(value, limit)} ({type(value).__name__})"
+
+
+def shorten(value: Any, limit: int = SHOWN) -> str:
+    """A repr of at most ``limit`` characters; containers are not rendered whole first.
+
+    Example:
+        >>> shorten(list(range(10**6)), 20)
+        'list of 1000000 items'
+    """
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > limit:
+        return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]  # repr of a slice: never of the whole text
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def did_you_mean(word: str, options: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The option closest to ``word`` (a likely misspelling), or ``None``.
+
+    Example:
+        >>> did_you_mean("eval_step", ["eval_steps", "patience"])
+        'eval_steps'
+    """
+    match = difflib.get_close_matches(word, [o for o in options if isinstance(o, str)], n=1, cutoff=cutoff)
+    return match[0] if match else None
+
+
+def pct(x: float) -> str:
+    """A rate as a percentage for the console; ``n/a`` when it does not apply.
+
+    Example:
+        >>> pct(0.0512), pct(float("nan"))
+        ('5.1%', 'n/a')
+    """
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, for one-line reports."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
