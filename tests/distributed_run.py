@@ -135,6 +135,11 @@ def main(mode: str, out: str) -> None:
     result = sft(out, zero3=mode == "zero3") if mode in ("sft", "zero3") else sharded(mode)
     with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
         json.dump(result, f)
+    # a process group left open at exit may abort the process while its threads are torn down
+    # ("terminate called without an active exception"), failing a run that went well
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
