@@ -145,6 +145,20 @@ class Answers:
                 "evaluate both with the same options"
             )
 
+    def mismatch(self, *, fingerprint: str, scoring: dict[str, Any], ids: Sequence[str] | None = None,
+                 meta: dict[str, str] | None = None) -> str | None:
+        """Why these answers cannot stand for the given probes and scoring, or ``None``."""
+        if self.probe_fingerprint != fingerprint:
+            return "another probe set"
+        if ids is not None and list(ids) != self.ids:
+            return "other probe ids"
+        if not self.scored_like(scoring):
+            return f"other scoring options ({self.scoring} vs {scoring})"
+        for key, value in (meta or {}).items():
+            if self.meta.get(key) != value:
+                return "another model" if key == "model_key" else "other weights"
+        return None
+
     def scored_like(self, scoring: dict[str, Any]) -> bool:
         """Whether these answers were scored with options that give the same answers."""
         return _comparable_scoring(self.scoring) == _comparable_scoring(scoring)

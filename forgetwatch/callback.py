@@ -1,40 +1,49 @@
 """ForgetWatchCallback: watch forgetting inside a transformers / TRL training run.
 
-It decides when to evaluate and where results go; scoring, comparison, scheduling, stopping
-and storage each live in their own module.
+It only orchestrates: when to evaluate (:mod:`.schedule`), where the base comes from
+(:mod:`.base`), scoring (:mod:`.scoring`), comparison (:mod:`.metrics`), stopping
+(:mod:`.stopping`), files (:mod:`.store`, :mod:`.history`), what is logged (:mod:`.sinks`) and
+the trainer's internals (:mod:`.trainer_bridge`) each live in their own module. Collectives
+are visible here: every cross-rank step goes through the one ``Ranks`` this callback holds.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from . import sinks
-from .answers import Answers, AnswersMismatchError
-from .distributed import Ranks, from_rank_zero
-from .introspect import calling_handler, resumed_checkpoint
 from .adapters import adapters_disabled
-from .config import ADAPTER_DISABLED, ForgetWatchConfig
+from .answers import Answers
+from .base import Expected, cached_base, given_base, model_key, resumed_base, weights_key
+from .config import ADAPTER_DISABLED, ConfigError, ConfigProblem, ForgetWatchConfig, options_doc
+from .distributed import Ranks
+from .history import history_record, report_from_record
 from .metrics import compare
 from .probes import ProbeSet
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
 from .stopping import StopRule
-from .store import SUBDIR, RunStore, model_key, weights_key
+from .store import SUBDIR, RunStore
+from .text import pct
+from .trainer_bridge import TrainerBridge, resumed_checkpoint
 
-logger = logging.getLogger("forgetwatch")
+logger = logging.getLogger(__name__)
 
 OnForgetting = Callable[[TransitionReport, int], Any]
+ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]]
+
+#: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
+_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "clock")
 
 
 class ForgetWatchCallback(TrainerCallback):
@@ -46,21 +55,32 @@ class ForgetWatchCallback(TrainerCallback):
     and at trainer evaluations and the end of training. Each evaluation is logged as
     ``forgetwatch/*`` metrics to every reporting integration (W&B, TensorBoard, ...), written
     to ``history.jsonl``, printed as one line, passed to ``on_forgetting``, and checked
-    against ``max_forgetting``.
+    against ``max_forgetting``. A file that cannot be written or a logger that fails during
+    training is a loud warning, never an exception out of the trainer.
 
     Args:
-        probes: a :class:`~forgetwatch.ProbeSet` or the path of a probe JSONL file.
-        eval_steps: evaluate every N optimizer steps (default: the ``max_overhead`` budget).
-        max_forgetting: stop training once the forgetting rate exceeds this.
-        output_dir: where snapshot and history live (default ``<output_dir>/forgetwatch``).
+        probes: a :class:`~forgetwatch.ProbeSet`, the path of a probe JSONL file, or a list of
+            probe rows (dicts in the probe-file schema).
+        eval_steps: evaluate every N optimizer steps (default ``None``: the ``max_overhead``
+            budget).
+        max_forgetting: stop training once the forgetting rate exceeds this (default ``None``:
+            never stop).
+        output_dir: where snapshot and history live (default ``None``:
+            ``<trainer output_dir>/forgetwatch``, or the trial's ``run-*`` folder in a
+            hyperparameter search).
         base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
             instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
             (LoRA) model with its adapters disabled, when training begins and on every resume.
         tokenizer: defaults to the trainer's ``processing_class``.
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
-        config: a :class:`~forgetwatch.config.ForgetWatchConfig`, instead of keywords.
-        **settings: any other :class:`~forgetwatch.config.ForgetWatchConfig` field
-            (``max_overhead``, ``stop_metric``, ``patience``, ``significance``, ...).
+        trainer: the trainer running this callback, if known (``trainer.add_callback(
+            ForgetWatchCallback(probes, trainer=trainer))``); otherwise it is found when training
+            begins.
+        config: a :class:`~forgetwatch.config.ForgetWatchConfig`; keywords given beside it
+            override its settings.
+        clock: the clock the overhead budget and ``monitoring_seconds`` read (default
+            ``time.perf_counter``).
+        **settings: any other setting below.
 
     Attributes:
         history: ``(global_step, TransitionReport)`` per evaluation.
@@ -75,11 +95,13 @@ class ForgetWatchCallback(TrainerCallback):
         >>> trainer = SFTTrainer(model=model, train_dataset=ds,
         ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
         >>> trainer.train()                                                      # doctest: +SKIP
+
+    Settings (``ForgetWatchConfig`` fields; keywords, ``config=`` or a YAML file):
     """
 
     def __init__(
         self,
-        probes: ProbeSet | str | os.PathLike[str] | None = None,
+        probes: ProbesLike | None = None,
         *,
         eval_steps: int | None = None,
         max_forgetting: float | None = None,
@@ -87,43 +109,52 @@ class ForgetWatchCallback(TrainerCallback):
         base: Answers | str | os.PathLike[str] | None = None,
         tokenizer: Any = None,
         on_forgetting: OnForgetting | None = None,
+        trainer: Any = None,
         config: ForgetWatchConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
         **settings: Any,
     ):
+        for name, value in (("eval_steps", eval_steps), ("max_forgetting", max_forgetting),
+                            ("output_dir", output_dir)):
+            if value is not None:
+                settings[name] = value
+        if base is not None and not isinstance(base, Answers):
+            settings["base"] = os.fspath(base) if isinstance(base, os.PathLike) else base  # checked as a setting
         if config is None:
-            config = ForgetWatchConfig.from_dict(
-                {"eval_steps": eval_steps, "max_forgetting": max_forgetting, "output_dir": output_dir,
-                 **settings}, source="ForgetWatchCallback")
-        elif settings or eval_steps is not None or max_forgetting is not None or output_dir is not None:
-            raise TypeError("give either config= or setting keywords, not both")
+            config = ForgetWatchConfig(**settings)
+        elif settings:
+            config = config.replace(**settings)
         probes = probes if probes is not None else config.probes
         if probes is None:
-            raise ValueError("ForgetWatchCallback needs probes: a ProbeSet or a probe file path")
+            raise ValueError("ForgetWatchCallback needs probes: a ProbeSet, a probe file path or a list of probe rows")
         # a bad probe file fails here, before the trainer does any work
-        self.probes = probes if isinstance(probes, ProbeSet) else ProbeSet.from_jsonl(probes)
+        self.probes = _probe_set(probes)
+        _check_categories(config, self.probes)
         self.config = config
         self.tokenizer = tokenizer
         self.on_forgetting = on_forgetting
-        self._base_given = base if base is not None else config.base
+        self._base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
+        self._clock = clock
+        self._bridge = TrainerBridge(self, trainer)
         self.base_answers: Answers | None = None
         self.history: list[tuple[int, TransitionReport]] = []
         self.stop_reason: str | None = None
         self.monitoring_seconds = 0.0
         self._records: list[dict[str, Any]] = []
-        self._schedule = (EverySteps(config.eval_steps) if config.eval_steps else
-                          Budget(config.max_overhead, reserve=int(config.eval_on_train_end), agree=from_rank_zero))
-        self._stop_rule: StopRule | None = None  # made when training begins
+        self._ranks = Ranks.alone()  # all of them once training begins
+        self._schedule: EverySteps | Budget = self._new_schedule()
+        self._stop_rule: StopRule | None = None
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
-        self._handler: Any = None
         self._training = False
         self._eval_logged_at: int | None = None
+        self._warned_short = False
         self._writes = True  # whether this rank writes the run's files
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
         """Build from a :class:`~forgetwatch.config.ForgetWatchConfig` (its ``probes`` path
-        is loaded unless ``probes=`` is passed).
+        is loaded unless ``probes=`` is passed); other keywords override its settings.
 
         Example:
             >>> cb = ForgetWatchCallback.from_config(ForgetWatchConfig(probes="p.jsonl", eval_steps=20))  # doctest: +SKIP
@@ -132,12 +163,17 @@ class ForgetWatchCallback(TrainerCallback):
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> ForgetWatchCallback:
-        """Build from a YAML file (see ``configs/``); ``kwargs`` as for :meth:`from_config`.
+        """Build from a YAML file (see ``configs/``); keywords override the file's settings.
 
         Example:
-            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml")  # doctest: +SKIP
+            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
+            >>> cb.config.eval_steps, cb.config.max_forgetting
+            (10, 0.05)
         """
-        return cls.from_config(ForgetWatchConfig.from_yaml(path), **kwargs)
+        own = {k: kwargs.pop(k) for k in _OWN if k in kwargs}
+        if isinstance(own.get("base"), (str, os.PathLike)):
+            kwargs["base"] = own.pop("base")
+        return cls(config=ForgetWatchConfig.from_yaml(path, **kwargs), **own)
 
     @property
     def output_dir(self) -> Path | None:
@@ -168,49 +204,48 @@ class ForgetWatchCallback(TrainerCallback):
             lines.append(f"history: {self.history_path}")
         return "\n".join(lines)
 
-    def _new_stop_rule(self) -> StopRule:
-        c = self.config
-        return StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance, c.category_max_forgetting)
-
     # -- trainer events ------------------------------------------------------------------------
 
-    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        start = time.perf_counter()
-        self._handler = calling_handler(self)
-        self._run_before_early_stopping()
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: torch.nn.Module | None = None, processing_class: Any = None, **kwargs: Any) -> None:
+        start = self._clock()
+        self._bridge.attach()
+        self._ranks = Ranks.all()
         tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: pass processing_class to the "
                              "trainer or tokenizer= to the callback")
         c = self.config
-        unknown = sorted(set(c.category_max_forgetting) - set(self.probes.categories))
-        if unknown:
-            logger.warning("forgetwatch: category_max_forgetting names categories the probes do not "
-                           "have: %s (they have %s)", unknown, self.probes.categories)
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
-        self._store = RunStore(c.output_dir or Path(args.output_dir) / "forgetwatch")
+        self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
-        self._stop_rule = self._new_stop_rule()
-        self._training, self._eval_logged_at = True, None
+        self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
+                                   c.category_max_forgetting)
+        self._schedule = self._new_schedule()
+        self._training, self._eval_logged_at, self._warned_short = True, None, False
         # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
         self._writes = state.is_world_process_zero
         resumed = state.global_step > 0
-        self.base_answers, computed = self._base_snapshot(model, args, state, resumed)
+        self.base_answers, computed = self._base(model, args, state, resumed)
         if resumed:
             self._restore_history(args, state)
         elif self._writes:
             self._store.set_aside_history()
-        self.monitoring_seconds = time.perf_counter() - start
+        self.monitoring_seconds = self._clock() - start
         # a loaded snapshot says nothing about what an evaluation costs
         self._schedule.start(state.global_step, self.monitoring_seconds if computed else 0.0)
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         if self._schedule.due(state.global_step):
             self._evaluate(model, args, state, control, "schedule")
+        elif not self._warned_short and not self.history:
+            self._warn_if_too_short(state)
 
-    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         # however training stops (max_steps, a callback, data running out), this runs before
         # the trainer finalizes, while every integration is still open; and the trainer
         # saves after it if asked to
@@ -219,10 +254,13 @@ class ForgetWatchCallback(TrainerCallback):
         step = state.global_step
         if self.config.eval_on_train_end and not self._evaluated(step):
             self._evaluate(model, args, state, control, "train_end")
-        if self._stop_step == step and self.config.save_on_stop and not self._checkpoint(args, step).is_dir():
+        if (self._stop_step == step and self.config.save_on_stop
+                and not self._bridge.checkpoint_dir(args, step).is_dir()):
             control.should_save = True  # e.g. save_strategy="best" overrode the request
 
-    def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics: dict[str, float] | None = None, model: torch.nn.Module | None = None,
+                    **kwargs: Any) -> None:
         if not self.config.eval_on_evaluate or self.base_answers is None:
             return
         if not self._training:
@@ -238,45 +276,57 @@ class ForgetWatchCallback(TrainerCallback):
             metrics.update(extra)
         if self._eval_logged_at != state.global_step or not self._training:  # once per step
             self._eval_logged_at = state.global_step
-            sinks.emit(self._handler, extra, args, state, control, source=self)
+            self._emit(extra, args, state, control)
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         # a fallback: integrations may be closed now, so the result goes to the history only
         if self.config.eval_on_train_end and self.base_answers is not None and not self._evaluated(state.global_step):
             self._evaluate(model, args, state, control, "train_end", log=False)
         self._training = False
 
-    def on_save(self, args, state, control, **kwargs):
-        checkpoint = self._checkpoint(args, state.global_step)
-        if self._writes and checkpoint.is_dir():
-            self._store.copy_to(checkpoint / SUBDIR)
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._copy_into_checkpoint(args, state)
+
+    def on_push_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        # the trainer pushes a checkpoint before on_save: put the files in it first
+        self._copy_into_checkpoint(args, state)
 
     # -- evaluation ----------------------------------------------------------------------------
+
+    def _new_schedule(self) -> EverySteps | Budget:
+        c = self.config
+        if c.eval_steps:
+            return EverySteps(c.eval_steps)
+        # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
+        return Budget(c.max_overhead, clock=self._clock, reserve=int(c.eval_on_train_end),
+                      agree=self._ranks.from_rank_zero)
 
     @property
     def _stop_step(self) -> int | None:
         return self.history[-1][0] if self.stop_reason and self.history else None
 
-    @staticmethod
-    def _checkpoint(args, step: int) -> Path:
-        return Path(args.output_dir) / f"checkpoint-{step}"
-
     def _evaluated(self, step: int) -> bool:
         return bool(self.history) and self.history[-1][0] == step
 
+    def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
+        """Every rank scores its share of the probes; each gets all the answers."""
+        return self._scorer(model, batch_size=self.config.batch_size, show_progress=show_progress,
+                            distributed=True)
+
     def _evaluate(self, model, args, state, control, trigger: str, log: bool = True) -> TransitionReport:
-        start = time.perf_counter()
+        start = self._clock()
         report = compare(self.base_answers, self._score(model))
         step = state.global_step
         self.history.append((step, report))
-
-        record = {"step": step, "time": round(time.time(), 3), "seconds": round(time.perf_counter() - start, 4),
-                  "trigger": trigger, "report": _history_report(report)}
+        record = history_record(step, report, time=round(time.time(), 3), trigger=trigger,
+                                seconds=round(self._clock() - start, 4))
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])
             # every rank must stop together: rank 0 decides
-            if from_rank_zero([int(reason is not None)])[0]:
+            if self._ranks.from_rank_zero([int(reason is not None)])[0]:
                 reason = reason or "rank 0's forgetting rule fired"
             else:
                 reason = None
@@ -284,14 +334,13 @@ class ForgetWatchCallback(TrainerCallback):
             record["stop"] = reason
         self._records.append(record)
         if self._writes:
-            self._store.append_history(record)
+            self._store.append_history(record)  # a failed write warns and is retried, never raised
             if self.config.verbose:
                 tqdm.write(sinks.console_line(step, report))
         if log:
-            sinks.emit(self._handler, sinks.metric_values(report, self.config.log_categories),
-                       args, state, control, source=self)
+            self._emit(sinks.metric_values(report, self.config.log_categories), args, state, control)
         # all of it is monitoring cost: scoring, files and logs (the user's hook is not)
-        spent = time.perf_counter() - start
+        spent = self._clock() - start
         self._schedule.evaluated(step, spent)
         self.monitoring_seconds += spent
         if self.on_forgetting is not None:
@@ -299,6 +348,14 @@ class ForgetWatchCallback(TrainerCallback):
         if reason:
             self._stop(reason, step, state, control)
         return report
+
+    def _emit(self, metrics: dict[str, float], args, state, control) -> None:
+        try:
+            self._bridge.emit(metrics, args, state, control)
+        except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
+            logger.warning("forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
+                           "(%s: %s); training goes on, and the figures are in %s", state.global_step,
+                           type(err).__name__, err, self.history_path)
 
     def _stop(self, reason: str, step: int, state, control) -> None:
         self.stop_reason = f"step {step}: {reason}"
@@ -308,112 +365,82 @@ class ForgetWatchCallback(TrainerCallback):
         if state.is_world_process_zero:
             logger.warning("forgetwatch: stopping training at step %d: %s", step, reason)
 
+    def _warn_if_too_short(self, state) -> None:
+        """Say early, once, when the budget would evaluate only at the end of this run."""
+        projected = self._schedule.projected
+        if projected is None or not state.max_steps or projected <= state.max_steps:
+            return
+        self._warned_short = True
+        if self._writes:
+            logger.warning("forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
+                           "evaluation before the end (the first would come at about step %d), so only the "
+                           "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
+                           state.max_steps, self.config.max_overhead, projected)
+
+    def _copy_into_checkpoint(self, args, state) -> None:
+        checkpoint = self._bridge.checkpoint_dir(args, state.global_step)
+        if self._writes and self._store is not None and checkpoint.is_dir():
+            self._store.copy_to(checkpoint / SUBDIR)  # a failed copy warns, never raises
+
     # -- base snapshot and resume --------------------------------------------------------------
 
-    def _score(self, model, show_progress: bool = False) -> Answers:
-        """Every rank scores its share of the probes; each gets all the answers."""
-        return self._scorer(model, batch_size=self.config.batch_size, show_progress=show_progress,
-                            distributed=True)
-
-    def _base_snapshot(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
+    def _base(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
         """The base answers, and whether they were computed now (rather than loaded).
 
         Rank 0 decides from its files whether one is found, and shares it, so every rank
-        either loads the same answers or joins in computing them."""
-        scope: Any = contextlib.nullcontext()
-        if self._base_given == ADAPTER_DISABLED:  # scored afresh every time, never read back
-            scope, expected = adapters_disabled(model), {"model_key": model_key(model), "base": ADAPTER_DISABLED}
-        elif isinstance(self._base_given, Answers):
-            return self._given_base(self._base_given), False
+        either loads the same answers or joins in computing them; an error there (a damaged
+        ``base=`` file, no snapshot to resume from) is raised on every rank."""
+        given = self._base_given
+        expected = Expected(self._scorer.fingerprint, self._scorer.scoring, self.probes.ids, keys={})
+        if given == ADAPTER_DISABLED:  # scored afresh every time, never read back
+            self._ranks.share_from_rank_zero(self._check_writable)
+            with adapters_disabled(model):
+                answers = self._score(model, show_progress=self._shows_progress(state))
+            answers.meta.update(model_key=model_key(model), base=ADAPTER_DISABLED)
+            self._save_snapshot(answers)
+            return answers, True
+        if isinstance(given, Answers):
+            self._ranks.share_from_rank_zero(self._check_writable)
+            answers = given_base(given, expected)
+            self._save_snapshot(answers)  # kept with the run, so a resume finds it
+            return answers, False
+        if given is None and not resumed:  # a cached snapshot must be of these very weights
+            expected = Expected(expected.fingerprint, expected.scoring, expected.ids,
+                                {"model_key": model_key(model), "weights_key": weights_key(model, self._ranks)})
         else:
-            expected = {"model_key": model_key(model), "weights_key": weights_key(model)}
-            found = Ranks.all().share_from_rank_zero(
-                lambda: _as_dict(self._stored_base(args, state, resumed, expected)))
-            if found is not None:
-                return Answers.from_dict(found), False
-        with scope:
-            answers = self._score(model, show_progress=self.config.verbose and state.is_world_process_zero)
-        answers.meta.update(expected)
-        if self._writes:
-            self._store.save_snapshot(answers)
+            expected = Expected(expected.fingerprint, expected.scoring, expected.ids, {"model_key": model_key(model)})
+
+        def from_files() -> dict[str, Any] | None:  # on rank 0
+            self._check_writable()
+            if given is not None:
+                answers = given_base(given, expected)
+                self._store.save_snapshot(answers)  # kept with the run, so a resume finds it
+            elif resumed:
+                answers = resumed_base(self._resume_dirs(args, state), expected, state.global_step)
+            else:
+                answers = cached_base(self._store.dir, expected)
+            return None if answers is None else answers.to_dict()
+
+        found = self._ranks.share_from_rank_zero(from_files)
+        if found is not None:
+            return Answers.from_dict(found), False
+        answers = self._score(model, show_progress=self._shows_progress(state))
+        answers.meta.update(expected.keys)
+        self._save_snapshot(answers)
+        if self._writes and self.config.verbose:
+            tqdm.write(f"[forgetwatch] base: accuracy {pct(answers.accuracy)} on {len(answers)} probes "
+                       f"({len(self.probes.categories)} categories); snapshot {self._store.snapshot_path}")
         return answers, True
 
-    def _given_base(self, given: Answers | str | os.PathLike[str]) -> Answers:
-        answers = given if isinstance(given, Answers) else Answers.load(given, probes=self.probes)
-        # any model's answers may serve as the base, if they cover these probes, scored alike
-        problem = self._mismatch(answers, {})
-        if problem:
-            raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; "
-                                       "it cannot be this run's base")
-        if self._writes:  # kept with the run, so a resume finds it
+    def _shows_progress(self, state) -> bool:
+        return self.config.verbose and state.is_world_process_zero
+
+    def _check_writable(self) -> None:
+        self._store.check_writable()  # the one time a file problem stops training: before it starts
+
+    def _save_snapshot(self, answers: Answers) -> None:
+        if self._writes:
             self._store.save_snapshot(answers)
-        return answers
-
-    def _stored_base(self, args, state, resumed: bool, expected: dict[str, str]) -> Answers | None:
-        """The base answers from files (run on rank 0): the ``base=`` file, the checkpoint's
-        snapshot on resume, or a cached snapshot of the same model and weights."""
-        if self._base_given is not None:
-            return self._given_base(self._base_given)
-        if resumed:
-            return self._resumed_snapshot(args, state, {"model_key": expected["model_key"]})
-        cached = self._load_snapshot(self._store.dir)
-        if cached is None:
-            return None
-        problem = self._mismatch(cached, expected)
-        if problem is None:
-            logger.info("forgetwatch: reusing the base snapshot in %s", self._store.snapshot_path)
-            return cached
-        logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one",
-                       self._store.snapshot_path, problem)
-        return None
-
-    def _resumed_snapshot(self, args, state, expected: dict[str, str]) -> Answers:
-        """The original run's snapshot: the weights resumed with have moved and must never
-        stand in for the base. One for these probes and options is required; the model's
-        configuration is only compared, since loading it again may change it harmlessly."""
-        found: list[tuple[Path, Answers]] = []
-        rejected = []
-        for directory in self._resume_dirs(args, state):
-            answers = self._load_snapshot(directory)
-            if answers is None:
-                continue
-            problem = self._mismatch(answers, {})
-            if problem:
-                rejected.append(f"{directory}: for {problem}")
-            else:
-                found.append((directory, answers))
-        if not found:
-            looked = ", ".join(map(str, self._resume_dirs(args, state)))
-            why = f" ({'; '.join(rejected)})" if rejected else ""
-            raise FileNotFoundError(
-                f"resuming at step {state.global_step}, but no base snapshot for these probes and scoring "
-                f"options was found in {looked}{why}; the resumed weights have moved, so they cannot stand "
-                "in for the base: pass base=PATH with the original run's base_answers.npz")
-        for directory, answers in found:
-            if self._mismatch(answers, expected) is None:
-                return answers
-        directory, answers = found[0]
-        logger.warning("forgetwatch: resuming with the base snapshot in %s, made for a model of another "
-                       "configuration than this one", directory)
-        return answers
-
-    def _load_snapshot(self, directory: Path) -> Answers | None:
-        try:
-            return RunStore(directory).load_snapshot()
-        except ValueError as err:  # a damaged file: say so and look further
-            logger.warning("forgetwatch: ignoring %s", err)
-            return None
-
-    def _mismatch(self, answers: Answers, expected: dict[str, str]) -> str | None:
-        """What makes ``answers`` unusable as this run's base, or ``None``."""
-        if answers.probe_fingerprint != self._scorer.fingerprint:
-            return "another probe set"
-        if not answers.scored_like(self._scorer.scoring):
-            return f"other scoring options ({answers.scoring} vs {self._scorer.scoring})"
-        for key, value in expected.items():
-            if answers.meta.get(key) != value:
-                return "another model" if key == "model_key" else "other weights"
-        return None
 
     def _resume_dirs(self, args, state) -> list[Path]:
         """Where a resumed run looks for its base snapshot and history, in order: the
@@ -422,7 +449,7 @@ class ForgetWatchCallback(TrainerCallback):
         resuming = resumed_checkpoint()
         if resuming:
             dirs.append(Path(resuming) / SUBDIR)
-        dirs.append(self._checkpoint(args, state.global_step) / SUBDIR)
+        dirs.append(self._bridge.checkpoint_dir(args, state.global_step) / SUBDIR)
         dirs.append(self._store.dir)
         return list(dict.fromkeys(dirs))
 
@@ -430,54 +457,43 @@ class ForgetWatchCallback(TrainerCallback):
         """Keep the history up to the checkpoint's step; replay it through the stop rule."""
         def load() -> list[dict[str, Any]]:
             for directory in self._resume_dirs(args, state):
-                records = RunStore(directory).load_history()
+                try:
+                    records = RunStore(directory).load_history()
+                except ValueError as err:  # a damaged line: the next copy may be whole
+                    logger.warning("forgetwatch: %s; looking for another copy of the history", err)
+                    continue
                 if records:
                     return records
             return []
 
-        records = Ranks.all().share_from_rank_zero(load)  # rank 0's files, on every rank
+        records = self._ranks.share_from_rank_zero(load)  # rank 0's files, on every rank
         self._records = [r for r in records if r["step"] <= state.global_step]
         category = {p.id: p.category for p in self.probes}
-        self.history = [(r["step"], _with_category_ids(TransitionReport.from_dict(r["report"]), category))
-                        for r in self._records]
+        self.history = [(r["step"], report_from_record(r, category)) for r in self._records]
         for r in self._records:
             self._stop_rule.update(r["report"])
         if self._writes:
             self._store.save_history(self._records)
 
-    def _run_before_early_stopping(self) -> None:
-        """Move this callback ahead of transformers' EarlyStoppingCallback, so the
-        ``eval_forgetwatch_*`` metrics exist when it reads them."""
-        from transformers import EarlyStoppingCallback
 
-        if self._handler is None:
-            return
-        callbacks = self._handler.callbacks
-        mine = next(i for i, cb in enumerate(callbacks) if cb is self)
-        first = next((i for i, cb in enumerate(callbacks) if isinstance(cb, EarlyStoppingCallback)), None)
-        if first is not None and first < mine:
-            callbacks.insert(first, callbacks.pop(mine))
+ForgetWatchCallback.__doc__ += options_doc()
 
 
-def _with_category_ids(report: TransitionReport, category: dict[str, str]) -> TransitionReport:
-    """history.jsonl keeps the ids once; give each category report its own again."""
-    children = {
-        cat: dataclasses.replace(child, forgotten_ids=[i for i in report.forgotten_ids if category.get(i) == cat],
-                                 gained_ids=[i for i in report.gained_ids if category.get(i) == cat])
-        for cat, child in report.by_category.items()
-    }
-    return dataclasses.replace(report, by_category=children)
+def _probe_set(probes: ProbesLike) -> ProbeSet:
+    if isinstance(probes, ProbeSet):
+        return probes
+    if isinstance(probes, (str, os.PathLike)):
+        return ProbeSet.from_jsonl(probes)
+    if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):
+        return ProbeSet.from_records(probes, source="ForgetWatchCallback(probes=[...])")
+    raise TypeError(f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
+                    f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf")
 
 
-def _as_dict(answers: Answers | None) -> dict[str, Any] | None:
-    return None if answers is None else answers.to_dict()
-
-
-def _history_report(report: TransitionReport) -> dict[str, Any]:
-    """The report for history.jsonl: ids once, at the top level, not again per category."""
-    data = report.to_dict()
-    for child in data["by_category"].values():
-        child.pop("forgotten_ids", None)
-        child.pop("gained_ids", None)
-        child.pop("by_category", None)
-    return data
+def _check_categories(config: ForgetWatchConfig, probes: ProbeSet) -> None:
+    """A misspelled category would leave its guard off all run long: refuse it now."""
+    unknown = sorted(set(config.category_max_forgetting) - set(probes.categories))
+    if unknown:
+        message = (f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
+                   f"they have {', '.join(map(repr, probes.categories))}")
+        raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])

@@ -159,8 +159,11 @@ class ForgetWatchConfig:
         """
         return cls._from_mapping(data, source, lines={}, relative_to=None)
 
+    def replace(self, **changes: Any) -> ForgetWatchConfig:
+        return type(self).from_dict({**self.to_dict(), **changes})
+
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str]) -> ForgetWatchConfig:
+    def from_yaml(cls, path: str | os.PathLike[str], **overrides: Any) -> ForgetWatchConfig:
         """Load a config from a YAML file.
 
         The document is either the config mapping itself or a bigger mapping holding it under a
@@ -220,7 +223,8 @@ class ForgetWatchConfig:
                 problems.append(ConfigProblem(source, key_lines[-1], key, message))
 
         relative_to = Path(path).absolute().parent
-        return cls._from_mapping(data, source, {k: v[0] for k, v in lines.items()}, relative_to, problems)
+        cfg = cls._from_mapping(data, source, {k: v[0] for k, v in lines.items()}, relative_to, problems)
+        return cfg.replace(**overrides) if overrides else cfg
 
     @classmethod
     def _from_mapping(
@@ -569,3 +573,7 @@ def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
             if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
                 found = value_node
     return found
+
+
+def options_doc() -> str:
+    return ""

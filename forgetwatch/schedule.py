@@ -23,6 +23,8 @@ class EverySteps:
         (True, False)
     """
 
+    projected: int | None = None  # as for Budget: a fixed interval never leaves a run without evaluations
+
     def __init__(self, n: int):
         if n < 1:
             raise ValueError(f"eval_steps must be at least 1, got {n}")
@@ -84,6 +86,9 @@ class Budget:
         self._trained_at_last = 0.0  # training time when the last evaluation ended
         self._cost = spent or None
         self._next = step + 1
+        #: at the last check that found none due, the step the next evaluation would come at
+        #: if steps keep their pace (``None`` before such a check)
+        self.projected: int | None = None
 
     def due(self, step: int) -> bool:
         if self._t0 is None:  # used without start(): training began before this step
@@ -105,7 +110,9 @@ class Budget:
             return [1, step + 1]
         steps = max(1, step - self._step0)
         per_step = max(train / steps, 1e-9)
-        return [0, step + max(1, min(math.ceil((wanted - train) / per_step), steps))]
+        wait = math.ceil((wanted - train) / per_step)
+        self.projected = step + wait
+        return [0, step + max(1, min(wait, steps))]
 
     def _trained(self) -> float:
         return self.clock() - self._t0 - self._spent_since_start

@@ -1,18 +1,17 @@
-"""Where evaluation results go: metric keys, the trainer's reporting integrations, the console.
+"""What an evaluation reports: the logged metric names and values, and the console line.
 
-forgetwatch does not call ``Trainer.log``: TRL trainers override it to average and clear their
-own metric buffers (loss, entropy, rewards), so an extra call from a callback would take those
-values away from the trainer's next log line. Instead the metrics are appended to
-``state.log_history`` and handed to every other callback's ``on_log`` directly, as
-``Trainer.log`` would, at the global step they were measured.
+A figure that does not apply (a multiple-choice drift measure of a generative-only category, a
+rate over no probes) is NaN in the report and left out here: no NaN reaches a logger, the
+trainer's ``log_history`` or a file. Sending the values to the trainer's integrations is
+:class:`~forgetwatch.trainer_bridge.TrainerBridge`'s job.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .report import TransitionReport
+from .text import pct
 
 PREFIX = "forgetwatch/"
 EVAL_PREFIX = "eval_forgetwatch_"
@@ -31,66 +30,39 @@ METRICS = {
     "choice_kl": "choice_kl",
 }
 
-# callbacks that print every log dict to the console: the one-line summary replaces them
-CONSOLE_CALLBACKS = frozenset({"ProgressCallback", "PrinterCallback", "NotebookProgressCallback",
-                               "RichProgressCallback"})
+
+def _figures(report: TransitionReport, prefix: str) -> dict[str, float]:
+    values = {f"{prefix}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
+    return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
 def metric_values(report: TransitionReport, categories: bool = True) -> dict[str, float]:
-    """``forgetwatch/<name>`` for the overall report and ``forgetwatch/<category>/<name>``.
+    """``forgetwatch/<name>`` for the overall report and ``forgetwatch/<category>/<name>``,
+    leaving out figures that do not apply (NaN or infinite).
 
     Example:
-        >>> metric_values(TransitionReport(n=2, forgotten=1), categories=False)["forgetwatch/forgotten"]
-        1.0
+        >>> values = metric_values(TransitionReport(n=2, forgotten=1), categories=False)
+        >>> values["forgetwatch/forgotten"], "forgetwatch/choice_kl" in values
+        (1.0, False)
     """
-    out = {f"{PREFIX}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
+    out = _figures(report, PREFIX)
     if categories:
         for cat, child in report.by_category.items():
-            out.update({f"{PREFIX}{cat}/{name}": float(getattr(child, attr)) for name, attr in METRICS.items()})
+            out.update(_figures(child, f"{PREFIX}{cat}/"))
     return out
 
 
 def eval_metric_values(report: TransitionReport) -> dict[str, float]:
     """Overall figures as trainer evaluation metrics (``eval_forgetwatch_forgetting``, ...),
     so ``metric_for_best_model="forgetwatch_forgetting"`` can select checkpoints on them."""
-    return {f"{EVAL_PREFIX}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
-
-
-def _prints_logs(callback: Any) -> bool:
-    return any(cls.__name__ in CONSOLE_CALLBACKS for cls in type(callback).__mro__)
+    return _figures(report, EVAL_PREFIX)
 
 
 def console_line(step: int, report: TransitionReport) -> str:
     """One short line per evaluation."""
-    return (f"[forgetwatch] step {step}: forgetting {_pct(report.forgetting)} "
-            f"(adjusted {_pct(report.forgetting_adjusted)}), backward transfer "
-            f"{_pct(report.backward_transfer)}, accuracy {_pct(report.accuracy_after)} "
-            f"(base {_pct(report.accuracy_before)}); {report.forgotten} forgotten, "
+    return (f"[forgetwatch] step {step}: forgetting {pct(report.forgetting)} "
+            f"(adjusted {pct(report.forgetting_adjusted)}), backward transfer "
+            f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
+            f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
             f"{report.gained} gained of {report.n}")
 
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
-
-
-def emit(handler: Any, metrics: dict[str, float], args: Any, state: Any, control: Any,
-         source: Any = None) -> None:
-    """Log ``metrics`` at ``state.global_step``: into ``state.log_history`` and to every
-    callback's ``on_log`` except console printers and ``source`` (the caller itself).
-
-    ``control.should_log`` is left alone (``CallbackHandler.on_log`` would reset it, which
-    would cancel the trainer's own log line at this step).
-    """
-    entry = dict(metrics)
-    if state.epoch is not None:
-        entry["epoch"] = state.epoch
-    state.log_history.append({**entry, "step": state.global_step})  # as Trainer.log writes it
-    if handler is None:
-        return
-    listeners = [cb for cb in handler.callbacks if cb is not source and not _prints_logs(cb)]
-    everyone = handler.callbacks
-    handler.callbacks = listeners  # dispatch through the handler: same arguments as Trainer.log
-    try:
-        handler.call_event("on_log", args, state, control, logs=dict(metrics))
-    finally:
-        handler.callbacks = everyone

@@ -7,7 +7,6 @@ resumes with have moved and must never stand in for the base).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -17,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .answers import Answers
 from .files import atomic_write
 
@@ -27,45 +24,6 @@ logger = logging.getLogger("forgetwatch")
 SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
-
-
-# config fields that change without the model changing: where it was loaded from, the dtype
-# it was loaded in, what saving it records (library version, class name), flags trainers toggle
-VOLATILE_CONFIG = ("_name_or_path", "_commit_hash", "transformers_version", "architectures", "dtype",
-                   "torch_dtype", "use_cache")
-
-
-def model_key(model: torch.nn.Module) -> str:
-    """What the model is: its architecture and configuration (the same after training steps)."""
-    from .scoring.borrow import unwrap
-
-    config = getattr(unwrap(model), "config", None)
-    described = config.to_dict() if hasattr(config, "to_dict") else {}
-    for volatile in VOLATILE_CONFIG:
-        described.pop(volatile, None)
-    text = json.dumps(described, sort_keys=True, default=lambda o: type(o).__name__)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def weights_key(model: torch.nn.Module) -> str:
-    """A cheap signature of the weights: a few strided values of every parameter.
-
-    Catches a snapshot cached for other weights under the same name and configuration
-    (a re-trained base saved to the same path) without reading every parameter. Parameters
-    with no values here (meta tensors, ZeRO-3 placeholders) count by name only; sharded
-    DTensors by their local shard.
-    """
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            h.update(name.encode())
-            local = p.to_local() if hasattr(p, "to_local") else p
-            if local.is_meta or not local.numel():
-                continue
-            flat = local.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 16)][:16].float().cpu()
-            h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 class RunStore:
@@ -86,6 +44,9 @@ class RunStore:
     @property
     def history_path(self) -> Path:
         return self.dir / HISTORY
+
+    def check_writable(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
 
     def load_snapshot(self) -> Answers | None:
         return Answers.load(self.snapshot_path) if self.snapshot_path.is_file() else None

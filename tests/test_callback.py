@@ -329,7 +329,8 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
 
 
 def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path):
-    from forgetwatch.store import RunStore, model_key, weights_key
+    from forgetwatch.base import model_key, weights_key
+    from forgetwatch.store import RunStore
 
     with torch.device("meta"):  # offloaded / not yet materialised weights
         ghost = toy.world.model(toy.tokenizer)
