@@ -10,6 +10,8 @@
 - ``fsdp1`` / ``fsdp2``: the toy model sharded with FSDP1 (``FullyShardedDataParallel``) or
   FSDP2 (``fully_shard``), scored with ``distributed=True``, next to an unsharded copy scored
   by this rank alone.
+- ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
+  the weights key: the same weights twice, then others.
 - ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
   than 3 rows and rank 0 never does.
 """
@@ -50,17 +52,21 @@ def toy_setup():
     return world, tokenizer, base, probes
 
 
+def skip_deepspeed_shm_build() -> None:
+    """DeepSpeed compiles an optional shared-memory speed-up for CPU collectives on first use
+    (a minute on this machine); gloo alone is enough."""
+    import importlib
+
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def sft(out: str, zero3: bool = False) -> dict:
     import trl
     from datasets import Dataset
 
     extra: dict = {}
     if zero3:
-        import importlib
-
-        # DeepSpeed compiles an optional shared-memory speed-up for CPU collectives on first
-        # use (a minute on this machine); gloo alone is enough
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        skip_deepspeed_shm_build()
         extra["deepspeed"] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                               "gradient_accumulation_steps": "auto", "zero_optimization": {
                                   "stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
@@ -131,8 +137,34 @@ def sharded(mode: str) -> dict:
             "rows": getattr(model, "sizes", [])}
 
 
+def zero3_keys() -> dict:
+    import deepspeed
+    import torch.distributed as dist
+
+    from forgetwatch.base import weights_key
+    from forgetwatch.distributed import Ranks
+
+    skip_deepspeed_shm_build()
+    dist.init_process_group("gloo")
+    world = ToyWorld(seed=0)
+    tokenizer = world.tokenizer()
+    keys, held = [], []
+    for scale in (1.0, 1.0, 1.01):
+        model = world.model(tokenizer)  # the same weights each time, then scaled
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+        deepspeed.zero.Init(module=model, config_dict_or_path={"train_batch_size": 2,
+                                                               "zero_optimization": {"stage": 3}})
+        held.append(sum(p.numel() for p in model.parameters()))  # placeholders: nothing here
+        keys.append(weights_key(model, Ranks.all()))
+    return {"keys": keys, "held": held}
+
+
 def main(mode: str, out: str) -> None:
-    result = sft(out, zero3=mode == "zero3") if mode in ("sft", "zero3") else sharded(mode)
+    if mode in ("sft", "zero3"):
+        result = sft(out, zero3=mode == "zero3")
+    else:
+        result = zero3_keys() if mode == "zero3key" else sharded(mode)
     with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
         json.dump(result, f)
     # a process group left open at exit may abort the process while its threads are torn down

@@ -87,3 +87,12 @@ def test_sharded_models_score_like_one_process(tmp_path, mode):
         assert rank["together_outputs"] == rank["alone_outputs"]  # generation in lockstep, ranks
         assert rank["max_logprob_diff"] < 1e-5                    # finishing at different times
         assert about_half(rank["scored_here"], rank["n_probes"])
+
+
+def test_weights_key_under_zero3_reads_the_partitions_not_the_placeholders(tmp_path):
+    pytest.importorskip("deepspeed")
+    r0, r1 = run_two_ranks("zero3key", tmp_path)
+    assert r0["held"] == [0, 0, 0]  # every parameter is an empty placeholder on each rank
+    assert r0["keys"] == r1["keys"]
+    same_a, same_b, other = r0["keys"]
+    assert same_a == same_b and other != same_a
