@@ -15,7 +15,7 @@ import torch
 
 from .scoring.borrow import unwrap
 
-logger = logging.getLogger("forgetwatch")
+logger = logging.getLogger(__name__)
 
 
 def peft_model(model: torch.nn.Module):

@@ -522,3 +522,14 @@ def test_a_failing_logger_is_a_warning_not_the_end_of_training(toy, train_data, 
     assert outage.failed == 1 and "step 5 to the trainer's integrations failed" in caplog.text
     steps = [json.loads(x)["step"] for x in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
     assert steps == [5, 10]
+
+
+def test_a_base_file_with_probes_deleted_or_reordered_is_refused_before_training(toy, train_data, tmp_path):
+    doc = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False).to_dict()
+    for name, samples in (("deleted", doc["samples"][10:]), ("reordered", doc["samples"][::-1])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**doc, "samples": samples}))
+        trainer = make_trainer(toy, train_data, tmp_path, [ForgetWatchCallback(toy.probes, base=str(path))])
+        with pytest.raises(ValueError, match=f"{name}.json"):  # by its ids, or as edited by hand
+            trainer.train()
+        assert trainer.state.global_step == 0
