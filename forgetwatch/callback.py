@@ -9,6 +9,8 @@ are visible here: every cross-rank step goes through the one ``Ranks`` this call
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import time
@@ -476,6 +478,21 @@ class ForgetWatchCallback(TrainerCallback):
             self._store.save_history(self._records)
 
 
+def _signature_with_settings() -> inspect.Signature:
+    """The constructor's signature with every config setting spelled out (type and default),
+    so ``help(ForgetWatchCallback)`` and editors that inspect live objects show them all."""
+    signature = inspect.signature(ForgetWatchCallback.__init__)
+    params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    named = {p.name for p in params}
+    for f in dataclasses.fields(ForgetWatchConfig):
+        if f.name not in named:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=f.type))
+    return signature.replace(parameters=params)
+
+
+ForgetWatchCallback.__init__.__signature__ = _signature_with_settings()
 ForgetWatchCallback.__doc__ += options_doc()
 
 

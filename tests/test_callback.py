@@ -533,3 +533,15 @@ def test_a_base_file_with_probes_deleted_or_reordered_is_refused_before_training
         with pytest.raises(ValueError, match=f"{name}.json"):  # by its ids, or as edited by hand
             trainer.train()
         assert trainer.state.global_step == 0
+
+
+def test_every_setting_shows_in_the_signature_with_its_default():
+    import dataclasses
+    import inspect
+
+    shown = inspect.signature(ForgetWatchCallback).parameters
+    defaults = ForgetWatchConfig()
+    for f in dataclasses.fields(ForgetWatchConfig):
+        if f.name != "probes":
+            assert shown[f.name].default == getattr(defaults, f.name), f.name
+            assert shown[f.name].annotation == f.type, f.name
