@@ -150,7 +150,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._store: RunStore | None = None
         self._training = False
         self._eval_logged_at: int | None = None
-        self._warned_short = False
+        self._length_checked = False
         self._writes = True  # whether this rank writes the run's files
 
     @classmethod
@@ -226,7 +226,8 @@ class ForgetWatchCallback(TrainerCallback):
         self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
                                    c.category_max_forgetting)
         self._schedule = self._new_schedule()
-        self._training, self._eval_logged_at, self._warned_short = True, None, False
+        self._training, self._eval_logged_at = True, None
+        self._length_checked = not isinstance(self._schedule, Budget)  # a fixed interval is never too long
         # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
         self._writes = state.is_world_process_zero
         resumed = state.global_step > 0
@@ -243,7 +244,7 @@ class ForgetWatchCallback(TrainerCallback):
                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         if self._schedule.due(state.global_step):
             self._evaluate(model, args, state, control, "schedule")
-        elif not self._warned_short and not self.history:
+        elif not self._length_checked:
             self._warn_if_too_short(state)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -368,12 +369,13 @@ class ForgetWatchCallback(TrainerCallback):
             logger.warning("forgetwatch: stopping training at step %d: %s", step, reason)
 
     def _warn_if_too_short(self, state) -> None:
-        """Say early, once, when the budget would evaluate only at the end of this run."""
+        """At the budget's first look at the clock (the first step it can measure), say if it
+        would evaluate only at the end of this run."""
         projected = self._schedule.projected
-        if projected is None or not state.max_steps or projected <= state.max_steps:
+        if projected is None and not self.history:
             return
-        self._warned_short = True
-        if self._writes:
+        self._length_checked = True
+        if self._writes and not self.history and state.max_steps and projected > state.max_steps:
             logger.warning("forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
                            "evaluation before the end (the first would come at about step %d), so only the "
                            "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",

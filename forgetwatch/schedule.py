@@ -23,8 +23,6 @@ class EverySteps:
         (True, False)
     """
 
-    projected: int | None = None  # as for Budget: a fixed interval never leaves a run without evaluations
-
     def __init__(self, n: int):
         if n < 1:
             raise ValueError(f"eval_steps must be at least 1, got {n}")
