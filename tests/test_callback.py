@@ -546,3 +546,48 @@ def test_every_setting_shows_in_the_signature_with_its_default():
             assert shown[f.name].default == getattr(defaults, f.name), f.name
             if f.name != "base":  # which also takes an Answers object
                 assert shown[f.name].annotation == f.type, f.name
+
+
+class BlockHistory(TrainerCallback):
+    """Puts a directory where the history file is (as a full disk would fail a write) for a
+    while, then takes it away."""
+
+    def __init__(self, path, block_at, free_at):
+        self.path, self.block_at, self.free_at = path, block_at, free_at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.block_at:
+            self.path.unlink()
+            self.path.mkdir()
+        elif state.global_step == self.free_at:
+            self.path.rmdir()
+
+
+def test_a_history_write_that_fails_mid_run_is_a_warning_and_is_retried(toy, train_data, tmp_path, caplog):
+    history = tmp_path / "forgetwatch" / "history.jsonl"
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5)
+    trainer = make_trainer(toy, train_data, tmp_path, [BlockHistory(history, 7, 12), cb], max_steps=20,
+                           save_strategy="steps", save_steps=10)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        trainer.train()
+    assert trainer.state.global_step == 20 and [s for s, _ in cb.history] == [5, 10, 15, 20]
+    assert str(history) in caplog.text  # said loudly, naming the file
+    # written again in full once the directory was gone
+    assert [json.loads(x)["step"] for x in history.read_text().splitlines()] == [5, 10, 15, 20]
+
+
+@pytest.mark.parametrize("damage", ["[1, 2]", '{"step": 20}', '{"step": "5", "report": {}}'])
+def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, train_data, tmp_path, caplog, damage):
+    common = dict(max_steps=20, save_strategy="steps", save_steps=10)
+    first = ForgetWatchCallback(toy.probes, eval_steps=5)
+    make_trainer(toy, train_data, tmp_path, [first], **common).train()
+    copied = tmp_path / "checkpoint-10" / "forgetwatch" / "history.jsonl"
+    copied.write_text(damage + "\n" + copied.read_text())
+
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        make_trainer(toy, train_data, tmp_path, [resumed], **common).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
+    assert f"{copied}: line 1" in caplog.text  # named, then the run's own copy was used
+    assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
+    assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
