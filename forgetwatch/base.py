@@ -183,3 +183,22 @@ def resumed_base(dirs: Sequence[Path], expected: Expected, step: int) -> Answers
     logger.warning("forgetwatch: resuming with the base snapshot in %s, made for a model of another "
                    "configuration than this one", directory)
     return answers
+
+
+def stored_base(given: Answers | str | os.PathLike[str] | None, expected: Expected, *, run_dir: Path,
+                resume_dirs: Sequence[Path] = (), step: int = 0) -> Answers | None:
+    """The base answers a run finds on disk (or was given), or ``None`` when they must be
+    scored now: ``base=`` answers if they can serve; on resume (``resume_dirs`` given) the
+    original run's snapshot, which must exist; else a snapshot cached in ``run_dir`` for this
+    very model. ``base="adapter_disabled"`` is never read back.
+
+    Example:
+        >>> stored_base(None, expected, run_dir=Path("out/forgetwatch"))   # doctest: +SKIP
+    """
+    if given == ADAPTER_DISABLED:
+        return None
+    if given is not None:
+        return given_base(given, expected)
+    if resume_dirs:
+        return resumed_base(resume_dirs, expected, step)
+    return cached_base(run_dir, expected)

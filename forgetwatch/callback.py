@@ -9,6 +9,7 @@ are visible here: every cross-rank step goes through the one ``Ranks`` this call
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -25,7 +26,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from . import sinks
 from .adapters import adapters_disabled
 from .answers import Answers
-from .base import Expected, cached_base, given_base, model_key, resumed_base, weights_key
+from .base import Expected, model_key, stored_base, weights_key
 from .config import ADAPTER_DISABLED, ConfigError, ConfigProblem, ForgetWatchConfig, options_doc
 from .distributed import Ranks
 from .history import history_record, report_from_record
@@ -395,56 +396,31 @@ class ForgetWatchCallback(TrainerCallback):
         either loads the same answers or joins in computing them; an error there (a damaged
         ``base=`` file, no snapshot to resume from) is raised on every rank."""
         given = self._base_given
-        expected = Expected(self._scorer.fingerprint, self._scorer.scoring, self.probes.ids, keys={})
-        if given == ADAPTER_DISABLED:  # scored afresh every time, never read back
-            self._ranks.share_from_rank_zero(self._check_writable)
-            with adapters_disabled(model):
-                answers = self._score(model, show_progress=self._shows_progress(state))
-            answers.meta.update(model_key=model_key(model), base=ADAPTER_DISABLED)
-            self._save_snapshot(answers)
-            return answers, True
-        if isinstance(given, Answers):
-            self._ranks.share_from_rank_zero(self._check_writable)
-            answers = given_base(given, expected)
-            self._save_snapshot(answers)  # kept with the run, so a resume finds it
-            return answers, False
+        keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
-            expected = Expected(expected.fingerprint, expected.scoring, expected.ids,
-                                {"model_key": model_key(model), "weights_key": weights_key(model, self._ranks)})
-        else:
-            expected = Expected(expected.fingerprint, expected.scoring, expected.ids, {"model_key": model_key(model)})
+            keys["weights_key"] = weights_key(model, self._ranks)
+        expected = Expected(self._scorer.fingerprint, self._scorer.scoring, self.probes.ids, keys)
+        dirs = self._resume_dirs(args, state) if resumed else []
 
         def from_files() -> dict[str, Any] | None:  # on rank 0
-            self._check_writable()
-            if given is not None:
-                answers = given_base(given, expected)
+            self._store.check_writable()  # the one time a file problem stops training: before it starts
+            answers = stored_base(given, expected, run_dir=self._store.dir, resume_dirs=dirs, step=state.global_step)
+            if given is not None and answers is not None:
                 self._store.save_snapshot(answers)  # kept with the run, so a resume finds it
-            elif resumed:
-                answers = resumed_base(self._resume_dirs(args, state), expected, state.global_step)
-            else:
-                answers = cached_base(self._store.dir, expected)
             return None if answers is None else answers.to_dict()
 
         found = self._ranks.share_from_rank_zero(from_files)
         if found is not None:
             return Answers.from_dict(found), False
-        answers = self._score(model, show_progress=self._shows_progress(state))
-        answers.meta.update(expected.keys)
-        self._save_snapshot(answers)
-        if self._writes and self.config.verbose:
-            tqdm.write(f"[forgetwatch] base: accuracy {pct(answers.accuracy)} on {len(answers)} probes "
-                       f"({len(self.probes.categories)} categories); snapshot {self._store.snapshot_path}")
-        return answers, True
-
-    def _shows_progress(self, state) -> bool:
-        return self.config.verbose and state.is_world_process_zero
-
-    def _check_writable(self) -> None:
-        self._store.check_writable()  # the one time a file problem stops training: before it starts
-
-    def _save_snapshot(self, answers: Answers) -> None:
+        with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
+            answers = self._score(model, show_progress=self.config.verbose and state.is_world_process_zero)
+        answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
         if self._writes:
             self._store.save_snapshot(answers)
+            if self.config.verbose:
+                tqdm.write(f"[forgetwatch] base: accuracy {pct(answers.accuracy)} on {len(answers)} probes "
+                           f"({len(self.probes.categories)} categories); snapshot {self._store.snapshot_path}")
+        return answers, True
 
     def _resume_dirs(self, args, state) -> list[Path]:
         """Where a resumed run looks for its base snapshot and history, in order: the
