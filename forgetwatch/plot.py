@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write
+from .history import read_history
 
 __all__ = ["load_history", "plot_history", "text_curve"]
 
@@ -51,33 +51,17 @@ _INSTALL_HINT = (
 def load_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a ``history.jsonl``: one evaluation record per line, blank lines skipped.
 
-    Raises ``ValueError`` naming the file and line when a line is not JSON, not an object,
-    or lacks ``step`` or ``report``.
+    The same reader the callback uses (:func:`forgetwatch.history.read_history`): a last
+    line cut short by a crash is dropped with a warning; any other line that is not JSON,
+    not an object, or lacks an integer ``step`` or a ``report`` object raises
+    :class:`~forgetwatch.history.HistoryError` (a ``ValueError``) naming the file and line.
 
     Example:
         >>> records = load_history("history.jsonl")   # doctest: +SKIP
         >>> records[0]["step"], records[0]["report"]["forgetting"]  # doctest: +SKIP
         (0, 0.0)
     """
-    path = Path(path)
-    records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}"
-                )
-            for key in ("step", "report"):
-                if key not in record:
-                    raise ValueError(f"{path}, line {lineno}: record has no {key!r}")
-            records.append(record)
-    return records
+    return read_history(path)
 
 
 @dataclass
