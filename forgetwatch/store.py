@@ -157,7 +157,7 @@ class RunStore:
     def save_snapshot(self, answers: Answers) -> bool:
         """Write the base answers; on failure keep them for a retry. Whether they are on disk."""
         self._snapshot = answers
-        return self._try(self._write_snapshot, self.snapshot_path, "the base snapshot is")
+        return self._try_snapshot()
 
     def load_history(self) -> list[dict[str, Any]]:
         """The records, in order (see :func:`~forgetwatch.history.read_history`); none without a file."""
@@ -166,7 +166,7 @@ class RunStore:
     def save_history(self, records: list[dict[str, Any]]) -> bool:
         """Replace the whole history (at the start of a run, or after a resume). Whether it is on disk."""
         self._written, self._unwritten = [], list(records)
-        return self._try(self._rewrite_history, self.history_path, f"{len(records)} history record(s) are")
+        return self._try_history()
 
     def append_history(self, record: dict[str, Any]) -> bool:
         """Add one record: one write of one whole line, flushed to disk (a crash can cut only
@@ -195,6 +195,7 @@ class RunStore:
         return kept
 
     def _free_name(self) -> Path:
+        """A name, not yet taken, for an earlier run's history."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         kept = self.dir / f"history-{stamp}.jsonl"
         n = 1
@@ -210,7 +211,7 @@ class RunStore:
         target = Path(directory)
         self._copies.pop(target, None)
         self.flush()  # earlier failures first: the copy then finds the history on disk
-        if not self._try(lambda: self._copy(target), target, "this checkpoint's forgetwatch files are"):
+        if not self._try_copy(target):
             self._copies[target] = None
         return self.pending == 0
 
@@ -221,23 +222,31 @@ class RunStore:
             >>> if not store.flush(): print(store.pending, "writes still owed")  # doctest: +SKIP
         """
         if self._snapshot is not None:
-            self._try(self._write_snapshot, self.snapshot_path, "the base snapshot is")
+            self._try_snapshot()
         if self._unwritten:
-            self._try(self._rewrite_history, self.history_path,
-                      f"{len(self._unwritten)} history record(s) are")
+            self._try_history()
         for target in list(self._copies):
-            if not target.parent.is_dir():  # the checkpoint was deleted since (rotation): nothing to copy into
-                del self._copies[target]
-            elif self._try(lambda: self._copy(target), target, "this checkpoint's forgetwatch files are"):
+            # a checkpoint deleted since (rotation) is not made again, without its weights
+            if not target.parent.is_dir() or self._try_copy(target):
                 del self._copies[target]
         return self.pending == 0
 
     # -- the writes ----------------------------------------------------------------------------
 
+    def _try_snapshot(self) -> bool:
+        return self._try(self._write_snapshot, self.snapshot_path, "the base snapshot is")
+
+    def _try_history(self) -> bool:
+        return self._try(self._rewrite_history, self.history_path, f"{len(self._unwritten)} history record(s) are")
+
+    def _try_copy(self, target: Path) -> bool:
+        return self._try(lambda: self._copy(target), target, "this checkpoint's forgetwatch files are")
+
     def _try(self, write: Callable[[], None], path: Path, what: str) -> bool:
+        """Whether ``write`` succeeded; a failure is logged, once, and not raised."""
         try:
             write()
-        except (OSError, HistoryError) as err:
+        except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
             self._warn(path, err, what)
             return False
         return True
