@@ -306,7 +306,8 @@ class Answers:
         # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
         except (KeyError, ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
                 NotImplementedError) as e:
-            raise AnswersFileError(_unreadable(e), path) from e
+            # not chained: the reason says what matters, and numpy's text may advise loading pickles
+            raise AnswersFileError(_unreadable(e), path) from None
         if probes is not None:
             answers.check_probes(probes)
         return answers

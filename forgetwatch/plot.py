@@ -1,6 +1,7 @@
 """Curves of forgetting and backward transfer over training, from a history of evaluations.
 
-The training callback appends one JSON object per evaluation to ``history.jsonl``::
+The training callback appends one JSON object per evaluation to ``history.jsonl`` (the
+format and its reader: :mod:`forgetwatch.history`)::
 
     {"step": 40, "time": 12.5, "report": {...TransitionReport.to_dict()...}}
 

@@ -439,3 +439,11 @@ def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
     assert message.startswith(f"{store.snapshot_path}: damaged")
     assert "delete it" in message and "base=" in message
     assert "not found" not in message
+
+
+def test_damaged_file_error_does_not_chain_numpys_message(tmp_path):
+    path = tmp_path / "a.npz"
+    np.savez(path, header=np.array("{}"), ids=np.array(["a", 1], dtype=object))
+    with pytest.raises(AnswersFileError) as info:
+        Answers.load(path)
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # a traceback shows no "allow_pickle"
