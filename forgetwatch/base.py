@@ -128,17 +128,13 @@ def given_base(given: Answers | str | os.PathLike[str], expected: Expected, prob
     return answers
 
 
-def _load(directory: Path) -> Answers | None:
-    try:
-        return RunStore(directory).load_snapshot()
-    except ValueError as err:  # a damaged file: say so and look further
-        logger.warning("forgetwatch: ignoring %s", err)
-        return None
-
-
 def cached_base(run_dir: Path, expected: Expected) -> Answers | None:
     """A snapshot left in the run's folder by an earlier run of the same model and weights."""
-    cached = _load(run_dir)
+    try:
+        cached = RunStore(run_dir).load_snapshot()
+    except ValueError as err:  # damaged: say so, and compute a new one
+        logger.warning("forgetwatch: ignoring %s", err)
+        return None
     if cached is None:
         return None
     problem = expected.problem(cached, expected.keys)
@@ -161,7 +157,11 @@ def resumed_base(dirs: Sequence[Path], expected: Expected, step: int) -> Answers
     found: list[tuple[Path, Answers]] = []
     rejected = []
     for directory in dirs:
-        answers = _load(directory)
+        try:
+            answers = RunStore(directory).load_snapshot()
+        except ValueError as err:  # damaged: say so, and look further
+            rejected.append(str(err))
+            continue
         if answers is None:
             continue
         problem = expected.problem(answers)

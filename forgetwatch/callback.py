@@ -29,14 +29,14 @@ from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
 from .config import ADAPTER_DISABLED, ConfigError, ConfigProblem, ForgetWatchConfig, options_doc
 from .distributed import Ranks
-from .history import history_record, report_from_record
+from .history import first_whole_history, history_record, report_from_record
 from .metrics import compare
 from .probes import ProbeSet
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
 from .stopping import StopRule
-from .store import SUBDIR, RunStore
+from .store import HISTORY, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
 
@@ -288,6 +288,8 @@ class ForgetWatchCallback(TrainerCallback):
         if self.config.eval_on_train_end and self.base_answers is not None and not self._evaluated(state.global_step):
             self._evaluate(model, args, state, control, "train_end", log=False)
         self._training = False
+        if self._writes and self._store is not None:
+            self._store.flush()  # a last try for anything a failed write left in memory
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._copy_into_checkpoint(args, state)
@@ -435,18 +437,8 @@ class ForgetWatchCallback(TrainerCallback):
 
     def _restore_history(self, args, state) -> None:
         """Keep the history up to the checkpoint's step; replay it through the stop rule."""
-        def load() -> list[dict[str, Any]]:
-            for directory in self._resume_dirs(args, state):
-                try:
-                    records = RunStore(directory).load_history()
-                except ValueError as err:  # a damaged line: the next copy may be whole
-                    logger.warning("forgetwatch: %s; looking for another copy of the history", err)
-                    continue
-                if records:
-                    return records
-            return []
-
-        records = self._ranks.share_from_rank_zero(load)  # rank 0's files, on every rank
+        paths = [d / HISTORY for d in self._resume_dirs(args, state)]
+        records = self._ranks.share_from_rank_zero(lambda: first_whole_history(paths))  # rank 0's files, everywhere
         self._records = [r for r in records if r["step"] <= state.global_step]
         category = {p.id: p.category for p in self.probes}
         self.history = [(r["step"], report_from_record(r, category)) for r in self._records]

@@ -1,13 +1,16 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Writing files: atomically (a reader sees the old file or the new one, never half of one),
+and as strict JSON (no NaN or infinity, which other JSON readers refuse)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 @contextlib.contextmanager
@@ -45,3 +48,55 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:
+    """``value`` with every NaN made ``None`` (``null``), recursively; tuples become lists.
+
+    Strict JSON has no NaN or infinity, and every file forgetwatch writes is strict JSON.
+    Infinities become ``None`` too, or with ``infinity_as_text`` the strings ``"inf"`` /
+    ``"-inf"``, which ``float()`` reads back (for values where infinity means something,
+    unlike "unknown").
+
+    Example:
+        >>> json_safe({"a": [float("nan"), 1.5], "b": (float("-inf"),)})
+        {'a': [None, 1.5], 'b': [None]}
+        >>> json_safe([float("-inf")], infinity_as_text=True)
+        ['-inf']
+    """
+    if isinstance(value, float):  # numpy's float64 too
+        if math.isfinite(value):
+            return float(value)
+        if infinity_as_text and not math.isnan(value):
+            return "inf" if value > 0 else "-inf"
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v, infinity_as_text=infinity_as_text) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, infinity_as_text=infinity_as_text) for v in value]
+    return value
+
+
+def strict_dumps(value: Any, *, sort_keys: bool = False) -> str:
+    """``value`` as strict JSON text (NaN as ``null``, see :func:`json_safe`), UTF-8 kept as is.
+
+    Example:
+        >>> strict_dumps({"f": float("nan"), "id": "é"})
+        '{"f": null, "id": "é"}'
+    """
+    return json.dumps(json_safe(value), ensure_ascii=False, allow_nan=False, sort_keys=sort_keys)
+
+
+def strict_dump(value: Any, f: IO[str]) -> None:
+    """Write ``value`` to ``f`` as strict JSON (see :func:`strict_dumps`)."""
+    json.dump(json_safe(value), f, ensure_ascii=False, allow_nan=False)
+
+
+def json_line(record: Any) -> str:
+    """One strict JSON line, newline included: a record of a ``.jsonl`` file.
+
+    Example:
+        >>> json_line({"step": 1, "loss": float("inf")})
+        '{"step": 1, "loss": null}\\n'
+    """
+    return strict_dumps(record) + "\n"

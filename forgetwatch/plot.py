@@ -1,6 +1,7 @@
 """Curves of forgetting and backward transfer over training, from a history of evaluations.
 
-The training callback appends one JSON object per evaluation to ``history.jsonl``::
+The training callback appends one JSON object per evaluation to ``history.jsonl`` (the
+format and its reader: :mod:`forgetwatch.history`)::
 
     {"step": 40, "time": 12.5, "report": {...TransitionReport.to_dict()...}}
 
@@ -17,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write
+from .history import read_history
+from .text import pct
 
 __all__ = ["load_history", "plot_history", "text_curve"]
 
@@ -51,33 +53,17 @@ _INSTALL_HINT = (
 def load_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a ``history.jsonl``: one evaluation record per line, blank lines skipped.
 
-    Raises ``ValueError`` naming the file and line when a line is not JSON, not an object,
-    or lacks ``step`` or ``report``.
+    The same reader the callback uses (:func:`forgetwatch.history.read_history`): a last
+    line cut short by a crash is dropped with a warning; any other line that is not JSON,
+    not an object, or lacks an integer ``step`` or a ``report`` object raises
+    :class:`~forgetwatch.history.HistoryError` (a ``ValueError``) naming the file and line.
 
     Example:
         >>> records = load_history("history.jsonl")   # doctest: +SKIP
         >>> records[0]["step"], records[0]["report"]["forgetting"]  # doctest: +SKIP
         (0, 0.0)
     """
-    path = Path(path)
-    records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}"
-                )
-            for key in ("step", "report"):
-                if key not in record:
-                    raise ValueError(f"{path}, line {lineno}: record has no {key!r}")
-            records.append(record)
-    return records
+    return read_history(path)
 
 
 @dataclass
@@ -170,8 +156,8 @@ def text_curve(history: History, width: int = 60) -> str:
     points = _points(history)
     step_w = max(len(str(p.step)) for p in points)
     heads = [
-        f"step {p.step:>{step_w}}  F {_pct(_num(p.report, 'forgetting'))}"
-        f"  BT {_pct(_num(p.report, 'backward_transfer'))}"
+        f"step {p.step:>{step_w}}  F {pct(_num(p.report, 'forgetting'), 4, '-')}"
+        f"  BT {pct(_num(p.report, 'backward_transfer'), 4, '-')}"
         for p in points
     ]
     f_values = [_num(p.report, "forgetting") for p in points]
@@ -184,10 +170,6 @@ def text_curve(history: History, width: int = 60) -> str:
         n = max(0, min(n, bar_max))  # negative or NaN rates get no bar
         lines.append(f"{head}  {'#' * n}" if n else head)
     return "\n".join(lines)
-
-
-def _pct(x: float) -> str:
-    return "   -" if math.isnan(x) else f"{100 * x:4.1f}%"
 
 
 # -- PNG -------------------------------------------------------------------------------------

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import atomic_write
+from .files import atomic_write, json_safe
 
 if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
     from .answers import Answers
@@ -82,10 +83,8 @@ class TransitionReport:
             value = getattr(self, name)
             if name == "by_category":
                 out[name] = {cat: child.to_dict() for cat, child in value.items()}
-            elif isinstance(value, (tuple, list)):
-                out[name] = [_json_value(v) for v in value]
-            else:
-                out[name] = _json_value(value)
+            else:  # an infinite choice KL is possible: null, like NaN
+                out[name] = json_safe(value)
         return out
 
     @classmethod
@@ -138,14 +137,15 @@ class TransitionReport:
         ]
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell).
+        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted, and
+        defused for spreadsheets by :func:`spreadsheet_safe`).
 
         Example:
             >>> report.to_csv("transitions.csv")  # doctest: +SKIP
         """
         path = Path(path)
         with atomic_write(path) as f:
-            writer = csv.DictWriter(f, fieldnames=ROW_COLUMNS, lineterminator="\n")
+            writer = _csv_writer(f, ROW_COLUMNS)
             writer.writeheader()
             for row in self.rows():
                 writer.writerow({k: _csv_value(v) for k, v in row.items()})
@@ -198,7 +198,8 @@ def write_samples_csv(
     """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
 
     Correctness is written as 0/1, the transition as ``"1->0"`` and so on; missing
-    predictions and NaN log-probabilities are empty cells.
+    predictions and NaN log-probabilities are empty cells. Text is quoted, and defused for
+    spreadsheets by :func:`spreadsheet_safe` (ids and outputs come from data and models).
 
     Example:
         >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
@@ -206,13 +207,13 @@ def write_samples_csv(
     base.check_compatible(current)
     path = Path(path)
     with atomic_write(path) as f:
-        writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, lineterminator="\n")
+        writer = _csv_writer(f, SAMPLE_COLUMNS)
         writer.writeheader()
         for i, sample_id in enumerate(base.ids):
             before, after = int(base.correct[i]), int(current.correct[i])
             writer.writerow({
-                "id": sample_id,
-                "category": base.categories[i],
+                "id": _csv_value(sample_id),
+                "category": _csv_value(base.categories[i]),
                 "correct_before": before,
                 "correct_after": after,
                 "transition": f"{before}->{after}",
@@ -224,17 +225,40 @@ def write_samples_csv(
     return path
 
 
-def _json_value(v: Any) -> Any:
-    # JSON has no NaN or infinity (an infinite choice KL is possible); both become null
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
+    # every text cell quoted: a "\r" inside an id would otherwise end the row early
+    return csv.DictWriter(f, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
 
 
 def _csv_value(v: Any) -> Any:
+    """A cell: empty for missing values, numbers as they are, text defused for spreadsheets."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
-    return v
+    return spreadsheet_safe(v) if isinstance(v, str) else v
+
+
+#: What makes a spreadsheet read a cell as a formula (or, tab and CR, hide that it is one).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a
+    formula (it starts with ``= + - @``, tab or CR), unless it is just a number.
+
+    Ids, categories and model outputs come from users' data or a model, and a cell like
+    ``=cmd|' /C calc'!A0`` runs when the CSV is opened in a spreadsheet. To read a cell back
+    exactly, drop one leading ``'`` when the rest, after any further ``'``, starts with one of
+    :data:`FORMULA_START` (text already starting with ``'`` before such a character gets one
+    more, so this undoes every case).
+
+    Example:
+        >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")
+        ("'=1+1", '-3', 'q1')
+    """
+    if text.lstrip("'").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
 
 
 def _fmt(x: float) -> str:

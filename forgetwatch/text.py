@@ -49,14 +49,15 @@ def did_you_mean(word: str, options: Iterable[str], cutoff: float = 0.6) -> str 
     return match[0] if match else None
 
 
-def pct(x: float) -> str:
-    """A rate as a percentage for the console; ``n/a`` when it does not apply.
+def pct(x: float | None, width: int = 0, missing: str = "n/a") -> str:
+    """A rate as a percentage for the console (``width`` pads the number for columns);
+    ``missing`` when it does not apply.
 
     Example:
-        >>> pct(0.0512), pct(float("nan"))
-        ('5.1%', 'n/a')
+        >>> pct(0.0512), pct(float("nan")), pct(0.05, width=4, missing="-")
+        ('5.1%', 'n/a', ' 5.0%')
     """
-    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+    return missing.rjust(width) if x is None or math.isnan(x) else f"{100 * x:{width}.1f}%"
 
 
 def first_line(err: BaseException) -> str:

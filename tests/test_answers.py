@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from forgetwatch import Answers, AnswersMismatchError, ProbeSet
+from forgetwatch.answers import AnswersFileError
 
 SCORING = {"normalize": "none", "max_new_tokens": 32, "batch_size": 8, "device": "cpu"}
 SAMPLES = [
@@ -140,7 +141,7 @@ def test_load_corrupt_or_foreign(tmp_path, name, content):
     assert not isinstance(info.value, AnswersMismatchError)
 
 
-@pytest.mark.parametrize("field, value", [("format", "other"), ("version", 2)])
+@pytest.mark.parametrize("field, value", [("format", "other"), ("version", 99)])
 def test_load_npz_with_foreign_header(tmp_path, field, value):
     path = make().save(tmp_path / "a.npz")
     with np.load(path, allow_pickle=False) as z:
@@ -267,3 +268,182 @@ def test_saved_files_have_ordinary_permissions(tmp_path):
     path.chmod(0o640)
     answers.save(path)
     assert path.stat().st_mode & 0o777 == 0o640  # overwriting keeps the file's permissions
+
+
+# -- why answers cannot serve as a base ----------------------------------------------------------
+
+IDS = [s["id"] for s in SAMPLES]
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(fingerprint="fp-1", scoring=SCORING, ids=IDS, meta={"note": "ünïcode"}), None),
+    (dict(fingerprint="fp-1", scoring={**SCORING, "batch_size": 1, "device": "cuda"}), None),
+    (dict(fingerprint="fp-2", scoring=SCORING), "another probe set"),
+    (dict(fingerprint="fp-1", ids=IDS + ["q3", "q4"]), "other probe ids (2 missing, e.g. 'q3')"),
+    (dict(fingerprint="fp-1", ids=IDS[:-1]), "other probe ids (1 extra, e.g. 'gen3')"),
+    (dict(fingerprint="fp-1", ids=IDS[::-1]), "other probe ids (the same ids in another order)"),
+    (dict(fingerprint="fp-1", scoring={**SCORING, "normalize": "chars"}), "other scoring options ("),
+    (dict(fingerprint="fp-1", meta={"model_key": "abc"}), "another model"),
+    (dict(fingerprint="fp-1", meta={"weights_key": "abc"}), "other weights"),
+])
+def test_mismatch_says_why(kwargs, reason):
+    got = make().mismatch(**kwargs)
+    if reason is None:
+        assert got is None
+    else:
+        assert got.startswith(reason)
+
+
+def _probe_set(n):
+    return ProbeSet.from_records([{"id": f"q{i}", "question": f"{i} + 1 =", "choices": [str(i), str(i + 1)],
+                                   "answer": 1} for i in range(n)])
+
+
+def _answers_for(probes, ids):
+    return Answers.from_samples(probes.fingerprint(), SCORING, [
+        dict(id=i, correct=True, predicted=1, choice_logprobs=[-2.0, -0.1], gold_logprob=-0.1, n_choices=2)
+        for i in ids])
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+@pytest.mark.parametrize("change, reason", [
+    (lambda ids: ids[:3] + ids[13:], "10 missing, e.g. 'q3'"),
+    (lambda ids: ids[::-1], "the same ids in another order"),
+])
+def test_base_file_is_checked_by_its_ids(tmp_path, suffix, change, reason):
+    # the header's fingerprint matches, but probes were deleted or reordered: this passed
+    # start-up and crashed training at the first evaluation
+    probes = _probe_set(20)
+    path = _answers_for(probes, change(probes.ids)).save(tmp_path / f"base{suffix}")
+    with pytest.raises(AnswersMismatchError, match=f"different probe set.*{reason}"):
+        Answers.load(path, probes=probes)
+    assert Answers.load(_answers_for(probes, probes.ids).save(tmp_path / f"ok{suffix}"), probes=probes)
+
+
+# -- checksum: a hand-edited file is refused ---------------------------------------------------
+
+
+def test_edited_json_is_refused(tmp_path):
+    path = make().save(tmp_path / "a.json")
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert len(doc["checksum"]) == 16
+    doc["samples"][0]["correct"] = False  # a "fix" by hand
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(AnswersFileError, match="a.json: edited or damaged since it was written"):
+        Answers.load(path)
+    del doc["samples"][1:3]  # probes deleted by hand
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(AnswersFileError, match="edited or damaged since it was written"):
+        Answers.load(path)
+
+
+def test_reformatted_json_still_loads(tmp_path):
+    path = make().save(tmp_path / "a.json")
+    path.write_text(json.dumps(json.loads(path.read_text(encoding="utf-8")), indent=2), encoding="utf-8")
+    assert_same(make(), Answers.load(path))
+
+
+def test_edited_npz_is_refused(tmp_path):
+    path = make().save(tmp_path / "a.npz")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["correct"] = ~arrays["correct"]
+    np.savez(path, **arrays)
+    with pytest.raises(AnswersFileError, match="a.npz: edited or damaged since it was written"):
+        Answers.load(path)
+
+
+def _version_1_arrays(a: Answers) -> dict:
+    """What forgetwatch wrote before version 2: fixed-width unicode text, no checksum."""
+    header = {"format": "forgetwatch.answers", "version": 1, "probe_fingerprint": a.probe_fingerprint,
+              "scoring": a.scoring, "model": a.model, "meta": a.meta}
+    return {
+        "header": np.array(json.dumps(header)),
+        "ids": np.array(a.ids, dtype=str), "categories": np.array(a.categories, dtype=str),
+        "correct": a.correct, "n_choices": a.n_choices, "gold_logprob": a.gold_logprob,
+        "choice_logprobs": np.concatenate(a.choice_logprobs),
+        "choice_counts": np.array([len(x) for x in a.choice_logprobs]),
+        "pred_index": np.array([p if isinstance(p, int) else -1 for p in a.predicted]),
+        "pred_text": np.array([p if isinstance(p, str) else "" for p in a.predicted], dtype=str),
+        "pred_none": np.array([p is None for p in a.predicted]),
+        "outputs": np.array([o or "" for o in a.outputs], dtype=str),
+        "outputs_none": np.array([o is None for o in a.outputs]),
+    }
+
+
+def test_version_1_files_still_load(tmp_path):
+    a = make()
+    np.savez_compressed(tmp_path / "v1.npz", **_version_1_arrays(a))
+    assert_same(a, Answers.load(tmp_path / "v1.npz"))
+    doc = {k: v for k, v in a.to_dict().items() if k != "checksum"}
+    (tmp_path / "v1.json").write_text(json.dumps({**doc, "version": 1}), encoding="utf-8")
+    assert_same(a, Answers.load(tmp_path / "v1.json"))
+
+
+# -- npz text as UTF-8 ---------------------------------------------------------------------------
+
+
+def test_npz_text_is_utf8_not_fixed_width(tmp_path):
+    # one 100k-character id among thousands: as fixed-width unicode every id took 400 kB
+    # (20k probes took 7.9 GB); as UTF-8 each costs its own length
+    odd = ["trailing space  ", "tab\t", " lead", "ünïcödé 🤷", "nul\x00", "", "q\r\n"]
+    ids = [f"q{i}" for i in range(3000)] + odd + ["x" * 100_000]
+    samples = [dict(id=i, category=f"cät {i[-3:]} ", correct=True, predicted=f"ans {i[:5]} ",
+                    output=f"out {i[:10]}\n") for i in ids]
+    a = Answers.from_samples("fp", {}, samples)
+    path = a.save(tmp_path / "big.npz")
+    assert path.stat().st_size < 300_000
+    with np.load(path, allow_pickle=False) as z:
+        assert sum(z[k].nbytes for k in z.files) < 2_000_000  # in memory too, not only compressed
+    b = Answers.load(path)
+    assert_same(a, b)
+    assert b.ids[3000:3000 + len(odd)] == odd
+
+
+def test_text_round_trips_exactly_in_both_formats(tmp_path):
+    odd = ["trailing space  ", "tab\t", "ünïcödé 🤷", "nul\x00", "", "\r"]
+    a = Answers.from_samples("fp", {}, [dict(id=t + str(i), category=t, correct=False, predicted=t, output=t)
+                                        for i, t in enumerate(odd)])
+    for suffix in (".json", ".npz"):
+        assert_same(a, Answers.load(a.save(tmp_path / f"odd{suffix}")))
+
+
+# -- damaged files say so ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: np.savez(p, header=np.array("{}"), ids=np.array(["a", 1], dtype=object)),
+    lambda p: p.write_bytes(b"\x80\x04K\x01."),  # a pickle (of 1), named .npz
+], ids=["object-array", "pickle"])
+def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
+    path = tmp_path / "a.npz"
+    write(path)
+    with pytest.raises(AnswersFileError) as info:
+        Answers.load(path)
+    message = str(info.value)
+    assert "damaged or not written by forgetwatch" in message
+    assert "forgetwatch never loads pickled data" in message
+    assert "allow_pickle" not in message and "unsafely" not in message
+
+
+def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
+    from forgetwatch.store import RunStore
+
+    store = RunStore(tmp_path)
+    assert store.load_snapshot() is None  # none: not an error
+    data = make().save(store.snapshot_path).read_bytes()
+    store.snapshot_path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(AnswersFileError) as info:
+        store.load_snapshot()
+    message = str(info.value)
+    assert message.startswith(f"{store.snapshot_path}: damaged")
+    assert "delete it" in message and "base=" in message
+    assert "not found" not in message
+
+
+def test_damaged_file_error_does_not_chain_numpys_message(tmp_path):
+    path = tmp_path / "a.npz"
+    np.savez(path, header=np.array("{}"), ids=np.array(["a", 1], dtype=object))
+    with pytest.raises(AnswersFileError) as info:
+        Answers.load(path)
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # a traceback shows no "allow_pickle"

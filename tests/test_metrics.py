@@ -23,7 +23,7 @@ from forgetwatch.metrics import (
     transition_counts,
     wilson_interval,
 )
-from forgetwatch.report import ROW_COLUMNS, SAMPLE_COLUMNS, TransitionReport, write_samples_csv
+from forgetwatch.report import FORMULA_START, ROW_COLUMNS, SAMPLE_COLUMNS, TransitionReport, write_samples_csv
 
 FP = "fp-test"
 
@@ -428,3 +428,72 @@ def test_write_samples_csv_round_trip(report_pair, tmp_path):
     # generative sample: failed extraction is empty, NaN gold log-prob is empty
     assert rows[2]["predicted_before"] == "" and rows[2]["predicted_after"] == "yes"
     assert rows[2]["gold_logprob_before"] == "" and rows[2]["gold_logprob_after"] == ""
+
+
+# -- CSV safety ----------------------------------------------------------------------------------
+
+FORMULAS = ["=cmd|' /C calc'!A0", "+1+1", "-2+3", "@SUM(1)", "\tq", "\rq", "'=already quoted"]
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def undo_prefix(cell: str) -> str:
+    """What a reader does to get the original text back (see report.spreadsheet_safe)."""
+    return cell[1:] if cell.startswith("'") and cell.lstrip("'").startswith(FORMULA_START) else cell
+
+
+def assert_no_formula_cells(rows):
+    for row in rows:
+        for cell in row.values():
+            assert not cell.startswith(FORMULA_START) or _is_number(cell), repr(cell)
+
+
+def _is_number(cell):
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def test_spreadsheet_safe():
+    from forgetwatch.report import spreadsheet_safe
+
+    assert [spreadsheet_safe(t) for t in FORMULAS] == [
+        "'=cmd|' /C calc'!A0", "'+1+1", "'-2+3", "'@SUM(1)", "'\tq", "'\rq", "''=already quoted"]
+    for number in ["-3", "+4", "-0.5", "-1e-3", ".5"]:  # extracted answers stay numbers
+        assert spreadsheet_safe(number) == number
+    for text in ["q1", "'plain", "", "a=b", "-", "--", "-inf"]:
+        assert undo_prefix(spreadsheet_safe(text)) == text
+    for text in FORMULAS:
+        assert undo_prefix(spreadsheet_safe(text)) == text
+
+
+def test_csv_outputs_are_safe_and_exact(tmp_path):
+    # ids and categories from users' data: formulas, a "\r" inside an id (was an unquoted row
+    # break: 145 rows read back for 144 probes), and an extracted answer "-3"
+    ids = [*FORMULAS, "line\rbreak", "plain", "q,comma", 'q"quote']
+    cats = ["=HYPERLINK(\"http://x\")", "+cat", "-cat", "@cat", "ok", "ok", "ok", "ok", "ok", "ok", "ok"]
+    n = len(ids)
+    before = make([1] * n, k=0, ids=ids, categories=cats, predicted=["-3"] * n)
+    after = make([i % 2 for i in range(n)], k=0, ids=ids, categories=cats, predicted=["=2+5"] * n)
+
+    rows = read_csv(write_samples_csv(before, after, tmp_path / "samples.csv"))
+    assert len(rows) == n
+    assert [undo_prefix(r["id"]) for r in rows] == ids
+    assert [undo_prefix(r["category"]) for r in rows] == cats
+    assert {r["predicted_before"] for r in rows} == {"-3"}
+    assert {undo_prefix(r["predicted_after"]) for r in rows} == {"=2+5"}
+    assert_no_formula_cells(rows)
+
+    report = compare(before, after)
+    rows = read_csv(report.to_csv(tmp_path / "transitions.csv"))
+    assert len(rows) == 1 + len(set(cats))
+    assert [undo_prefix(r["category"]) for r in rows[1:]] == list(report.by_category)
+    assert_no_formula_cells(rows)
+    # every text cell is quoted in the file itself
+    first_data_line = (tmp_path / "transitions.csv").read_text(encoding="utf-8").splitlines()[1]
+    assert first_data_line.startswith('"overall",')
