@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .answers import Answers, AnswersMismatchError
+from .demo import DEFAULT_OUT as DEMO_OUT
+from .demo import TAKES
 from .files import atomic_write, strict_dump
 from .options import batch_size_problem
 from .probes import ProbeError, ProbeSet
@@ -85,9 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
     cmp.add_argument("--out", default=None, metavar="DIR",
                      help="write both answers, per-sample and per-category CSVs and a JSON summary here")
-    demo = sub.add_parser("demo", help="watch a tiny model forget (CPU, no downloads, about a minute)")
-    demo.add_argument("--out", default="forgetwatch-demo", metavar="DIR",
-                      help="where the curve (PNG), history and probes go (default: forgetwatch-demo)")
+    demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
+    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
+                      help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
     demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
     demo.add_argument("--eval-steps", type=int, default=5, metavar="N",
                       help="re-score the probes every N steps (default 5)")
