@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from forgetwatch.cli import main
+from forgetwatch.demo import DEFAULT_OUT, TAKES
 
 pytest.importorskip("trl")
 
@@ -28,10 +32,6 @@ def test_demo_rejects_bad_arguments(capsys):
 
 
 def test_the_demo_takes_what_readme_and_help_say(capsys):
-    from pathlib import Path
-
-    from forgetwatch.demo import TAKES
-
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert f"it takes {TAKES}" in readme
     with pytest.raises(SystemExit):
@@ -40,12 +40,6 @@ def test_the_demo_takes_what_readme_and_help_say(capsys):
 
 
 def test_the_demo_output_folder_is_git_ignored():
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    from forgetwatch.demo import DEFAULT_OUT
-
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists() or not shutil.which("git"):
         pytest.skip("not a git checkout")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import tomllib
 from pathlib import Path
 
