@@ -11,16 +11,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import pickle
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .answers import Answers, AnswersMismatchError
-from .files import atomic_write
+from .demo import DEFAULT_OUT as DEMO_OUT
+from .demo import TAKES
+from .files import atomic_write, strict_dump
+from .options import batch_size_problem
 from .probes import ProbeError, ProbeSet
+from .text import first_line
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ANSWER_SUFFIXES = (".json", ".npz")
@@ -30,20 +34,29 @@ class UsageError(Exception):
     """A problem with the command's input: printed without a traceback, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error (exit code 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _batch_size(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
-    return n
+    """``--batch-size``: the text as the batch size it names (the rule is ``options``')."""
+    parsed: int | str = value
+    if value != "auto":
+        try:
+            parsed = int(value)
+        except ValueError:
+            pass
+    problem = batch_size_problem(parsed)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return parsed
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -74,9 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
     cmp.add_argument("--out", default=None, metavar="DIR",
                      help="write both answers, per-sample and per-category CSVs and a JSON summary here")
-    demo = sub.add_parser("demo", help="watch a tiny model forget (CPU, no downloads, about a minute)")
-    demo.add_argument("--out", default="forgetwatch-demo", metavar="DIR",
-                      help="where the curve (PNG), history and probes go (default: forgetwatch-demo)")
+    demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
+    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
+                      help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
     demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
     demo.add_argument("--eval-steps", type=int, default=5, metavar="N",
                       help="re-score the probes every N steps (default 5)")
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate_command(args: argparse.Namespace) -> int:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
+    _check_device(args.device)
     _check_writable("--out", Path(args.out).parent)
     probes = _load_probes(args.probes)
     _check_model_path("--model", args.model)
@@ -116,6 +130,7 @@ def _compare_command(args: argparse.Namespace) -> int:
     from .metrics import compare
     from .report import write_samples_csv
 
+    _check_device(args.device)
     if args.out:
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise UsageError(f"--out {args.out}: exists and is not a directory")
@@ -149,7 +164,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         summary: dict[str, Any] = {"base": args.base, "model": args.model, "probes": args.probes,
                                    "report": report.to_dict()}
         with atomic_write(out / "summary.json") as f:
-            json.dump(summary, f, indent=2, ensure_ascii=False)
+            strict_dump(summary, f)
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
     return 0
 
@@ -204,22 +219,11 @@ def _check_model_path(flag: str, path: str) -> None:
 
 def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .scoring import evaluate, first_line
+    from .scoring import evaluate
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype: Any = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
-    tok_path = args.tokenizer or path
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a tokenizer from {tok_path} ({first_line(err)}); "
-                         "pass --tokenizer PATH") from err
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **{_dtype_kwarg(): dtype}).to(device)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise UsageError(f"cannot load a causal language model from {path} ({first_line(err)})") from err
+    tokenizer, model = _load(path, args.tokenizer or path, args.dtype, device)
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
@@ -228,6 +232,56 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
         raise UsageError(str(err)) from err
     answers.model = path
     return answers
+
+
+def _load(path: str, tok_path: str, dtype_name: str, device: str) -> tuple[Any, Any]:
+    """Tokenizer and model from disk or the hub, running none of the checkpoint's own code:
+    no ``auto_map`` modules (``trust_remote_code=False``, so transformers never asks), and
+    pickled weights only as plain tensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load a tokenizer from {tok_path} ({_load_problem(err)}); "
+                         "pass --tokenizer PATH") from err
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False,
+                                                     **{_dtype_kwarg(): dtype}).to(device)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
+        raise UsageError(f"cannot load a causal language model from {path} ({_load_problem(err)})") from err
+    return tokenizer, model
+
+
+def _load_problem(err: BaseException) -> str:
+    """What went wrong loading a checkpoint, in one line."""
+    if isinstance(err, ValueError) and "trust_remote_code" in str(err):
+        return "it needs its own Python code (auto_map in its config), which forgetwatch does not run"
+    if isinstance(err, pickle.UnpicklingError):
+        return ("its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
+                "else from a pickle; re-save the model as safetensors with save_pretrained")
+    return first_line(err)
+
+
+def _check_device(device: str | None) -> None:
+    """Fail before anything is loaded on a device this machine does not have."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(f"--device {device}: not a device name (e.g. cpu, cuda, cuda:1)") from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UsageError(f"--device {device}: CUDA is not available here ({why}); use --device cpu")
+    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
 
 def _dtype_kwarg() -> str:

@@ -121,3 +121,93 @@ def test_installed_console_script(toy, probe_file, tmp_path):
     done = subprocess.run([*cmd, "evaluate", "--model", str(tmp_path / "missing"), "--probes", probe_file,
                            "--out", "x.json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def _copy_model(toy, tmp_path, name):
+    path = tmp_path / name
+    shutil.copytree(toy.base_dir, path)
+    return path
+
+
+def test_a_model_that_needs_its_own_code_is_refused_without_asking(toy, probe_file, tmp_path, capsys, monkeypatch):
+    """An ``auto_map`` checkpoint: transformers would ask "run the custom code? [y/N]"; we never run it."""
+    model = _copy_model(toy, tmp_path, "custom")
+    marker = tmp_path / "custom-code-ran"
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="fwcustom", auto_map={"AutoConfig": "configuration_fwcustom.FwConfig",
+                                                   "AutoModelForCausalLM": "modeling_fwcustom.FwModel"})
+    (model / "config.json").write_text(json.dumps(config))
+    ran = f"open({str(marker)!r}, 'w').close()\n"
+    (model / "configuration_fwcustom.py").write_text(
+        ran + "from transformers import LlamaConfig\n\nclass FwConfig(LlamaConfig):\n    model_type = 'fwcustom'\n")
+    (model / "modeling_fwcustom.py").write_text(
+        ran + "from transformers import LlamaForCausalLM\n\nclass FwModel(LlamaForCausalLM):\n    pass\n")
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+
+    code, out, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
+                         "--out", str(tmp_path / "a.json"))
+    assert code == 2
+    assert not asked and not marker.exists()
+    assert err.startswith("forgetwatch: error:") and err.count("\n") == 1
+    assert "its own Python code" in err and "does not run" in err
+
+
+def test_pickled_weights_that_hold_more_than_tensors_are_refused(toy, probe_file, tmp_path, capsys):
+    import argparse
+
+    import torch
+
+    model = _copy_model(toy, tmp_path, "pickled")
+    (model / "model.safetensors").unlink()
+    state = {k: v.clone() for k, v in toy.base.state_dict().items()}
+    state["extra"] = argparse.Namespace(note="not a tensor")  # torch.load(weights_only=True) refuses it
+    torch.save(state, model / "pytorch_model.bin")
+
+    code, out, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
+                         "--out", str(tmp_path / "a.json"))
+    assert code == 2
+    assert err.startswith("forgetwatch: error:") and err.count("\n") == 1
+    assert "pickled weights" in err and "safetensors" in err
+
+
+@pytest.mark.parametrize("device, expect", [("cuda", "CUDA is not available"), ("cuda:0", "CUDA is not available"),
+                                            ("gpu", "not a device name")])
+def test_a_device_this_machine_lacks_fails_before_anything_loads(tmp_path, capsys, monkeypatch, device, expect):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # nothing else is checked first: the probes and the model do not even exist
+    for argv in (["evaluate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "a.json")],
+                 ["compare", "--base", str(tmp_path / "none"), "--model", str(tmp_path / "none")]):
+        code, out, err = run(capsys, *argv, "--probes", str(tmp_path / "none.jsonl"), "--device", device)
+        assert code == 2
+        assert err.startswith(f"forgetwatch: error: --device {device}: {expect}") and err.count("\n") == 1
+
+
+def test_batch_size_follows_the_projects_one_rule_and_usage_errors_are_one_line(capsys):
+    from forgetwatch.options import batch_size_problem
+
+    for value, parsed in (("0", 0), ("-3", -3), ("1.5", "1.5"), ("big", "big")):
+        with pytest.raises(SystemExit) as exc:
+            main(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json", "--batch-size", value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and batch_size_problem(parsed) in err
+        assert "forgetwatch evaluate --help" in err
+
+
+def test_summary_is_strict_json_even_where_a_figure_does_not_apply(toy, tmp_path, capsys):
+    generative = ProbeSet.from_records([r for r in toy.world.probe_records() if "choices" not in r][:6])
+    probe_path = tmp_path / "gen.jsonl"
+    generative.to_jsonl(probe_path)
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
+                       "--probes", str(probe_path), "--out", str(out))
+    assert code == 0, err
+
+    def refuse(name):
+        raise AssertionError(f"{name} in summary.json")
+
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
+    assert summary["report"]["choice_kl"] is None  # no choices: the figure does not apply

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from forgetwatch.cli import main
+from forgetwatch.demo import DEFAULT_OUT, TAKES
 
 pytest.importorskip("trl")
 
@@ -25,3 +29,19 @@ def test_demo_command_writes_curve_png_and_history(tmp_path, capsys):
 def test_demo_rejects_bad_arguments(capsys):
     assert main(["demo", "--steps", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_the_demo_takes_what_readme_and_help_say(capsys):
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"it takes {TAKES}" in readme
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert TAKES in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_demo_output_folder_is_git_ignored():
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists() or not shutil.which("git"):
+        pytest.skip("not a git checkout")
+    done = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", f"{DEFAULT_OUT}/history.jsonl"])
+    assert done.returncode == 0, f"{DEFAULT_OUT}/ is not in .gitignore"

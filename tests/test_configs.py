@@ -1,0 +1,47 @@
+"""The shipped ``configs/*.yaml`` work on a fresh checkout: settings, probe file, callback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from forgetwatch import ForgetWatchCallback, ProbeSet
+from forgetwatch.config import ForgetWatchConfig
+from forgetwatch.presets import PRESETS
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+YAMLS = sorted(CONFIGS.glob("*.yaml"))
+
+
+def test_there_are_configs_to_check():
+    assert len(YAMLS) >= 3
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_config_loads_and_its_probe_file_is_shipped(path):
+    cfg = ForgetWatchConfig.from_yaml(path)
+    assert cfg.probes and Path(cfg.probes).is_relative_to(CONFIGS / "probes")
+    probes = ProbeSet.from_jsonl(cfg.probes)
+    assert len(probes) >= 30
+    assert len({p.category for p in probes}) >= 3
+    callback = ForgetWatchCallback.from_yaml(path)
+    assert callback.config == cfg
+    assert ForgetWatchCallback.from_yaml(path, eval_steps=7).config.eval_steps == 7
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_the_dataset_recipe_in_a_config_names_real_presets(path):
+    """The commented ``from_hf(...)`` recipe for users with the dataset names a preset we have."""
+    for preset in re.findall(r'preset="(\w+)"', path.read_text()):
+        assert preset in PRESETS
+
+
+def test_shipped_probe_files_are_what_the_configs_describe():
+    knowledge = ProbeSet.from_jsonl(CONFIGS / "probes" / "general_knowledge.jsonl")
+    arithmetic = ProbeSet.from_jsonl(CONFIGS / "probes" / "arithmetic.jsonl")
+    assert len(knowledge) == 40 and all(p.choices for p in knowledge)
+    assert len(arithmetic) == 30 and not any(p.choices for p in arithmetic)
+    assert {p.extract for p in arithmetic} == {"number"}
+    assert all(str(p.answer).isdigit() for p in arithmetic)

@@ -1,0 +1,95 @@
+"""Every code block of README.md works on a fresh clone.
+
+The ```python blocks run in order, in one namespace, offline (a block right after an
+``<!-- not run: ... -->`` comment is skipped: it needs a download). Every ```bash line names
+commands, flags, files and extras that exist. The ```json block is a valid probe file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from forgetwatch import ProbeSet
+from forgetwatch.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+NOT_RUN = "<!-- not run:"
+
+
+def blocks(language: str, text: str | None = None) -> list[tuple[str, bool]]:
+    """``(code, skipped)`` for each fenced block in ``language``; skipped when the line before
+    its fence is a ``<!-- not run: ... -->`` comment."""
+    text = README.read_text(encoding="utf-8") if text is None else text
+    found = []
+    for match in re.finditer(rf"^```{language}\n(.*?)^```$", text, flags=re.S | re.M):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        found.append((match.group(1), before.startswith(NOT_RUN)))
+    return found
+
+
+def test_block_extraction_sees_the_skip_marker():
+    text = "a\n```python\nx = 1\n```\n<!-- not run: needs a download -->\n```python\ny = 2\n```\n"
+    assert blocks("python", text) == [("x = 1\n", False), ("y = 2\n", True)]
+
+
+def test_only_dataset_downloads_are_skipped():
+    python = blocks("python")
+    skipped = [code for code, skip in python if skip]
+    assert len(python) >= 4 and len(skipped) == 1
+    assert "load_dataset(" in skipped[0]
+    assert not any("load_dataset(" in code for code, skip in python if not skip)
+
+
+def test_python_blocks_run_in_order(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__readme__"}
+    for i, (code, skipped) in enumerate(blocks("python")):
+        if not skipped:
+            exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+    report = namespace["report"]
+    assert report.n == len(namespace["probes"]) and report.forgotten > 0  # the run forgot something
+    assert (tmp_path / "transitions.csv").is_file() and (tmp_path / "base_answers.json").is_file()
+    assert (tmp_path / "out" / "forgetwatch" / "history.jsonl").is_file()
+    assert namespace["callback"].config.eval_steps == 10
+
+
+def test_json_block_is_a_valid_probe_file():
+    (code, _), = blocks("json")
+    probes = ProbeSet.from_records([json.loads(line) for line in code.splitlines()])
+    assert len(probes) == 2
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return capsys.readouterr().out
+
+
+def test_bash_lines_name_real_commands_flags_files_and_extras(capsys):
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lines = [line for code, _ in blocks("bash") for line in code.splitlines() if line.strip()]
+    assert any(line.startswith("forgetwatch ") for line in lines)
+    for line in lines:
+        line = line.split("#")[0]
+        for part in line.split("&&"):
+            words = shlex.split(part.replace("[", " ").replace("]", " "))
+            if words[:3] == ["pip", "install", "-e"]:
+                extra = re.fullmatch(r"\.\[(\w+)\]", part.split()[-1].strip('"'))
+                assert extra and extra.group(1) in extras, part
+            elif words[0] == "python":
+                assert (ROOT / words[1]).is_file(), part
+            elif words[0] == "forgetwatch":
+                text = _help(words[1], capsys)
+                for flag in (w for w in words[2:] if w.startswith("--")):
+                    assert flag in text, f"{flag} is not an option of 'forgetwatch {words[1]}'"
+            else:
+                assert words == ["pytest"], part
