@@ -218,7 +218,8 @@ class ForgetWatchCallback(TrainerCallback):
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: pass processing_class to the "
                              "trainer or tokenizer= to the callback")
-        c = self.config
+        # the config is frozen, but its lists and dicts can still be edited: check it again
+        c = self.config = self.config.replace()
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)

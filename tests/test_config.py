@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
 import yaml
 
-from forgetwatch.config import ConfigError, ForgetWatchConfig
+from forgetwatch.config import ConfigError, ForgetWatchConfig, options_doc
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -282,7 +283,7 @@ def test_choice_did_you_mean():
 def test_example_multiple_choice_every_50_steps():
     path = CONFIGS / "multiple_choice_every_50_steps.yaml"
     cfg = ForgetWatchConfig.from_yaml(path)
-    assert cfg.probes == str(CONFIGS / "probes" / "mmlu_subset.jsonl")
+    assert cfg.probes == str(CONFIGS / "probes" / "general_knowledge.jsonl")
     assert cfg.eval_steps == 50
     assert cfg.max_forgetting is None
     assert cfg.normalize is None
@@ -290,7 +291,7 @@ def test_example_multiple_choice_every_50_steps():
 
 def test_example_early_stop_adjusted_5pct():
     cfg = ForgetWatchConfig.from_yaml(CONFIGS / "early_stop_adjusted_5pct.yaml")
-    assert cfg.probes == str(CONFIGS / "probes" / "mmlu_subset.jsonl")
+    assert cfg.probes == str(CONFIGS / "probes" / "general_knowledge.jsonl")
     assert cfg.eval_steps is None  # the cost-budget schedule
     assert cfg.max_overhead == 0.05
     assert cfg.max_forgetting == 0.05
@@ -304,7 +305,7 @@ def test_example_gsm8k_generative():
     path = CONFIGS / "gsm8k_generative.yaml"
     assert "forgetwatch" in yaml.safe_load(path.read_text())  # shows the nested layout
     cfg = ForgetWatchConfig.from_yaml(path)
-    assert cfg.probes == str(CONFIGS / "probes" / "gsm8k_subset.jsonl")
+    assert cfg.probes == str(CONFIGS / "probes" / "arithmetic.jsonl")
     assert cfg.eval_steps == 100
     assert cfg.max_new_tokens == 256
     assert cfg.stop == ["Question:", "</s>", "<|im_end|>"]
@@ -516,3 +517,66 @@ def test_example_configs_round_trip(tmp_path):
         cfg = ForgetWatchConfig.from_yaml(source)
         cfg.to_yaml(tmp_path / source.name)
         assert ForgetWatchConfig.from_yaml(tmp_path / source.name) == cfg
+
+
+# --- declared once, immutable, bounded ---------------------------------------------------------
+
+
+def test_a_config_cannot_be_edited_only_replaced_with_a_checked_copy():
+    cfg = ForgetWatchConfig(eval_steps=50)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.eval_steps = 0  # used to mean the budget schedule, silently
+    assert cfg.replace(max_forgetting=0.1).max_forgetting == 0.1 and cfg.max_forgetting is None
+    with pytest.raises(ConfigError, match="key 'max_forgetting'"):
+        cfg.replace(max_forgetting=-1)  # used to stop at the first evaluation
+
+
+def test_unknown_keywords_and_empty_paths_are_config_errors():
+    with pytest.raises(ConfigError, match="key 'eval_step': unknown key \\(did you mean 'eval_steps'\\?\\)"):
+        ForgetWatchConfig(eval_step=10)
+    with pytest.raises(ConfigError, match="key 'base'"):
+        ForgetWatchConfig(base="")
+    assert "eval_steps" in str(inspect.signature(ForgetWatchConfig))  # still the dataclass's own
+
+
+def test_every_field_is_documented_once_with_type_and_default():
+    doc = options_doc()
+    for f in dataclasses.fields(ForgetWatchConfig):
+        assert f.metadata["help"] and callable(f.metadata["check"])
+        assert f"{f.name} ({f.type}, default " in doc
+    assert "max_overhead (float, default 0.05):" in ForgetWatchConfig.__doc__
+
+
+def test_yaml_keywords_override_the_file(tmp_path):
+    path = tmp_path / "fw.yaml"
+    path.write_text("eval_steps: 50\npatience: 2\n")
+    cfg = ForgetWatchConfig.from_yaml(path, eval_steps=10)
+    assert (cfg.eval_steps, cfg.patience) == (10, 2)
+    with pytest.raises(ConfigError, match="key 'patience'"):
+        ForgetWatchConfig.from_yaml(path, patience=0)
+
+
+def test_yaml_bombs_are_refused_before_they_go_off(tmp_path):
+    laughs = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        laughs.append(f"{chr(97 + i)}: &{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}"] * 9) + "]")
+    laughs.append("stop: *i")
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join(laughs) + "\n")
+    assert path.stat().st_size < 1024  # expands to 9**9 strings if built
+    with pytest.raises(ConfigError, match="anchors and aliases") as info:
+        ForgetWatchConfig.from_yaml(path)
+    assert len(str(info.value)) < 300
+    big = tmp_path / "big.yaml"
+    big.write_text("eval_steps: 5\n" + "# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match="bytes"):
+        ForgetWatchConfig.from_yaml(big)
+
+
+def test_error_messages_never_print_a_huge_value():
+    with pytest.raises(ConfigError) as info:
+        ForgetWatchConfig(stop="x" * 10_000_000)
+    assert len(str(info.value)) < 400
+    with pytest.raises(ConfigError) as info:
+        ForgetWatchConfig(category_max_forgetting=list(range(10_000_000)))
+    assert len(str(info.value)) < 400
