@@ -19,6 +19,7 @@ import difflib
 import errno
 import hashlib
 import json
+import logging
 import numbers
 import os
 import random
@@ -30,9 +31,19 @@ from pathlib import Path
 from typing import Any, overload
 
 from .files import atomic_write
+from .text import shorten
 
 EXTRACT_MODES = ("number", "letter", "exact")
+#: A question longer than this (characters) is more than any model sees: it loads, with one
+#: warning for all such probes, and is cut from the left before tokenizing.
+LONG_QUESTION = 100_000
+#: A probe file line longer than this (bytes) is refused, and so is a file over MAX_FILE_BYTES:
+#: reading stops there instead of filling memory (``--probes /dev/zero``).
+MAX_LINE_BYTES = 16 << 20
+MAX_FILE_BYTES = 4 << 30
 MAX_REPORTED_ERRORS = 20
+
+logger = logging.getLogger(__name__)
 
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
 
@@ -129,6 +140,27 @@ def _is_blank(value: str) -> bool:
     return not value.strip()
 
 
+# control characters (Unicode Cc) and lone surrogates; the first also allows tab and line breaks,
+# which prompts and answers may hold
+_UNKEEPABLE_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNKEEPABLE_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _unkeepable(value: str, allow_layout: bool) -> str | None:
+    """Why ``value`` cannot be kept as written (stored, compared, reloaded), or ``None``:
+    a lone surrogate cannot be encoded as UTF-8; a control character (NUL is stripped from
+    npz text, a line break splits a CSV row) is refused, bar tab and line breaks in prompts
+    and answers."""
+    found = (_UNKEEPABLE_IN_TEXT if allow_layout else _UNKEEPABLE_IN_NAME).search(value)
+    if found is None:
+        return None
+    ch, i = found.group(), found.start()
+    if "\ud800" <= ch <= "\udfff":
+        return f"has a lone surrogate (U+{ord(ch):04X}) at character {i}, which is not valid Unicode text"
+    where = "" if allow_layout else " (no tabs or line breaks either)"
+    return f"has a control character (U+{ord(ch):04X}) at character {i}; remove it{where}"
+
+
 def _did_you_mean(row: Mapping[str, Any], fld: str) -> str:
     """A hint naming an unknown key of ``row`` that looks like a misspelling of ``fld``."""
     unknown = [k for k in row if isinstance(k, str) and k not in PROBE_FIELDS]
@@ -145,7 +177,7 @@ def _check_id(row: Mapping[str, Any]) -> str | None:
         return f"must be a string, got {type_name(value)} {value!r}{hint}"
     if _is_blank(value):
         return "is empty; give every probe a unique, non-empty id"
-    return None
+    return _unkeepable(value, allow_layout=False)
 
 
 def _check_question(row: Mapping[str, Any]) -> str | None:
@@ -156,7 +188,7 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
         return f"must be a string (the full prompt text), got {type_name(value)}"
     if _is_blank(value):
         return "is empty; give the full prompt text"
-    return None
+    return _unkeepable(value, allow_layout=True)
 
 
 def _check_category(value: Any) -> str | None:
@@ -164,7 +196,7 @@ def _check_category(value: Any) -> str | None:
         return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
     if _is_blank(value):
         return "is empty; leave it out to use the default category 'all'"
-    return None
+    return _unkeepable(value, allow_layout=False)
 
 
 def _check_choices(value: Any) -> list[Problem]:
@@ -179,6 +211,14 @@ def _check_choices(value: Any) -> list[Problem]:
             problems.append(("choices", f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}"))
         elif _is_blank(choice):
             problems.append(("choices", f"choice at index {i} is empty; every choice needs text"))
+        elif message := _unkeepable(choice, allow_layout=True):
+            problems.append(("choices", f"choice at index {i} {message}"))
+    texts = [c for c in value if isinstance(c, str)]
+    for i, choice in enumerate(texts):
+        if choice in texts[:i]:
+            # ties go to the lowest index, so the later copy could never be chosen
+            problems.append(("choices", f"choice at index {i} repeats choice {texts.index(choice)} "
+                                        f"({shorten(choice)}); make every choice different"))
     return problems
 
 
@@ -220,6 +260,22 @@ def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
                 f"generative){hint}" + _did_you_mean(row, "choices"))
     if _is_blank(answer):
         return "is empty; give the reference answer text"
+    if message := _unkeepable(answer, allow_layout=True):
+        return message
+    return _never_extracted(answer, row.get("extract"))
+
+
+def _never_extracted(answer: str, mode: Any) -> str | None:
+    """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
+    if mode == "number":
+        from .scoring.extract import normalize_number  # here: scoring imports this module
+
+        if normalize_number(answer) is None:
+            return (f"{shorten(answer)} is not a number, but extract is 'number' (the last number of the "
+                    "output is compared with it); write the number, or use another extract mode")
+    elif mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
+        return (f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
+                "'B' is compared with it); write the letter, or use another extract mode")
     return None
 
 
@@ -336,10 +392,36 @@ class _Collector:
             raise ProbeError(errors, self.unit)
         if not self.probes:
             raise ProbeError([(self.source, None, None, "no probes found; add at least one probe row")], self.unit)
+        long = [len(p.question) for p in self.probes if len(p.question) > LONG_QUESTION]
+        if long:
+            logger.warning("%s: %d question(s) are longer than %d characters (the longest %d): more than a "
+                           "model sees; each is cut from the left to what the model can see before it is "
+                           "tokenized", self.source, len(long), LONG_QUESTION, max(long))
         return ProbeSet(self.probes, self.source)
 
 
 # -- JSONL ----------------------------------------------------------------------------------
+
+
+def _bounded_lines(path: str | os.PathLike[str], source: str) -> Iterator[bytes]:
+    """The file's lines as bytes, read in chunks: a line over :data:`MAX_LINE_BYTES` or a file
+    over :data:`MAX_FILE_BYTES` is an error as soon as it is seen, not after memory is full.
+    Split on b"\\n" only: str.splitlines would also split on U+2028 etc. inside JSON strings."""
+    number, total, pending = 0, 0, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise ProbeError([(source, None, None, f"is over {MAX_FILE_BYTES >> 30} GiB; a probe file is "
+                                                       "one JSON object per line: is this the right file?")])
+            *whole, pending = (pending + chunk).split(b"\n")
+            for line in whole:
+                number += 1
+                yield line
+            if len(pending) > MAX_LINE_BYTES:
+                raise ProbeError([(source, number + 1, None, f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
+                                                             "break; a probe file is one JSON object per line")])
+    yield pending
 
 _BLANK = object()
 
@@ -415,13 +497,10 @@ class ProbeSet(Sequence[Probe]):
             >>> probes = ProbeSet.from_jsonl("probes.jsonl")  # doctest: +SKIP
         """
         source = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "probe file not found; check the path", source) from None
+        if not Path(path).exists():
+            raise FileNotFoundError(errno.ENOENT, "probe file not found; check the path", source)
         collector = _Collector(source, "line")
-        # Split bytes on b"\n" only: str.splitlines would also split on U+2028 etc. inside JSON strings.
-        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        for lineno, raw in enumerate(_bounded_lines(path, source), start=1):
             obj, message = _decode_jsonl_line(raw, first=lineno == 1)
             if message is not None:
                 collector.error(lineno, None, message)

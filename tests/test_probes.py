@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -402,3 +404,54 @@ def test_fingerprint_tracks_content_and_scoring_not_meta(tmp_path):
     assert fp != ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 256})
     scored = ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 256})
     assert scored != ProbeSet.from_jsonl(path).fingerprint({"max_new_tokens": 512})
+
+
+# --- what a file cannot keep, rows that can never be right, bombs --------------------------------
+
+
+@pytest.mark.parametrize("row, field, words", [
+    ({"id": "a\x00", "question": "q", "answer": "1"}, "id", "control character (U+0000)"),
+    ({"id": "a\tb", "question": "q", "answer": "1"}, "id", "control character (U+0009)"),
+    ({"id": "a", "category": "x\ny", "question": "q", "answer": "1"}, "category", "control character"),
+    ({"id": "a", "question": "q\x07", "answer": "1"}, "question", "control character (U+0007)"),
+    ({"id": "a", "question": "q", "answer": "1\x1b"}, "answer", "control character"),
+    ({"id": "a", "question": "q", "choices": ["x", "y\x00"], "answer": 0}, "choices", "index 1 has a control"),
+    ({"id": "a\udc80", "question": "q", "answer": "1"}, "id", "lone surrogate (U+DC80)"),
+    ({"id": "a", "question": "q\ud800", "answer": "1"}, "question", "lone surrogate"),
+    ({"id": "a", "question": "q", "choices": ["x", "y", "x"], "answer": 2}, "choices", "index 2 repeats choice 0"),
+    ({"id": "a", "question": "q", "answer": "about six", "extract": "number"}, "answer", "not a number"),
+    ({"id": "a", "question": "q", "answer": "B or C", "extract": "letter"}, "answer", "not a single letter"),
+])
+def test_rows_a_file_cannot_keep_or_that_can_never_be_right_are_refused(row, field, words):
+    with pytest.raises(ProbeError, match=f"record 1: field '{field}': .*{re.escape(words)}"):
+        ProbeSet.from_records([row])
+
+
+def test_layout_in_prompts_and_the_usual_answers_stay_fine():
+    probes = ProbeSet.from_records([
+        {"id": "a", "question": "Q:\n\tfirst\r\nA:", "answer": "1,234.5", "extract": "number"},
+        {"id": "b", "question": "q", "answer": "(c)", "extract": "letter"},
+        {"id": "c", "question": "q", "answer": "-$3", "extract": "number"},
+    ])
+    assert probes.ids == ["a", "b", "c"]
+
+
+def test_a_surrogate_escape_in_a_file_is_named_by_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a", "question": "q", "answer": "1"}\n{"id": "b\\ud800", "question": "q", "answer": "1"}\n')
+    with pytest.raises(ProbeError, match="line 2: field 'id': has a lone surrogate"):
+        ProbeSet.from_jsonl(path)
+
+
+def test_reading_stops_at_a_line_without_end(tmp_path):
+    with pytest.raises(ProbeError, match="/dev/zero: line 1: is over 16 MiB with no line break"):
+        ProbeSet.from_jsonl("/dev/zero")  # read without limit before
+
+
+def test_a_huge_question_loads_with_one_warning(caplog):
+    rows = [{"id": f"q{i}", "question": "x" * 200_000 + f" {i}?", "answer": "1"} for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        probes = ProbeSet.from_records(rows)
+    assert len(probes) == 3
+    warned = [r for r in caplog.records if "longer than" in r.getMessage()]
+    assert len(warned) == 1 and "3 question(s)" in warned[0].getMessage()
