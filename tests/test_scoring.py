@@ -349,3 +349,17 @@ def test_forwards_bypass_data_parallel_wrappers(toy):
     assert calls == []  # DDP/DataParallel forwards would start collectives
     reference = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
     assert got.correct.tolist() == reference.correct.tolist()
+
+
+def test_a_custom_extractor_is_compared_with_the_answer_as_written(toy):
+    c = toy.world.countries[0]
+    probes = ProbeSet.from_records([
+        {"id": "comma", "question": f"{c.name} has", "answer": "1,234", "extract": "number"},
+        {"id": "letter", "question": f"{c.name} has", "answer": " (b) ", "extract": "letter"},
+    ])
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False,
+                   extract=lambda text: "1,234")
+    assert got.correct.tolist() == [True, False]  # not "1234": the user's text, the user's answer
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False,
+                   extract=lambda text: "(b)")
+    assert got.correct.tolist() == [False, True]

@@ -48,7 +48,8 @@ class Scorer:
         max_new_tokens: generation length for generative probes.
         stop: stop strings for generative probes (EOS always stops).
         extract: a callable ``text -> str | None`` used for every generative probe instead of
-            the probe's own ``extract`` mode.
+            the probe's own ``extract`` mode; its result is compared with the probe's answer as
+            written (stripped), not normalized the way the probe's mode would.
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -348,10 +349,11 @@ class Scorer:
                               gold_logprob=float(lps[probe.answer]), n_choices=probe.n_choices)
             else:
                 text = texts[i]
-                extractor = self.extract or extractor_for(probe.extract)
-                got = extractor(text)
-                sample.update(correct=is_correct(got, reference_for(probe.extract, probe.answer)),
-                              predicted=got, output=text, n_choices=0)
+                if self.extract is not None:  # the user's extractor: compared with the answer as written
+                    got, reference = self.extract(text), probe.answer.strip()
+                else:
+                    got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
+                sample.update(correct=is_correct(got, reference), predicted=got, output=text, n_choices=0)
             samples.append(sample)
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
@@ -447,7 +449,9 @@ def evaluate(
     """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes.
 
     Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``);
-    generative probes are decoded greedily and their answer extracted. Tokenization is cached
+    generative probes are decoded greedily and their answer extracted (by the probe's
+    ``extract`` mode, or by ``extract=callable``, whose text is compared with the probe's answer
+    as written). Tokenization is cached
     across calls with the same tokenizer and probe set. The model and tokenizer are handed
     back exactly as found (mode, cache flag, padding side, random states). With
     ``distributed=True``, every process of a ``torch.distributed`` run calls it together and
