@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -363,3 +364,39 @@ def test_a_custom_extractor_is_compared_with_the_answer_as_written(toy):
     got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False,
                    extract=lambda text: "(b)")
     assert got.correct.tolist() == [False, True]
+
+
+def test_a_model_that_rejects_a_custom_mask_is_scored_plain_and_right(toy, caplog):
+    class NoCustomMask(type(toy.base)):
+        def forward(self, *args, attention_mask=None, **kwargs):
+            if attention_mask is not None and attention_mask.dim() == 4:
+                raise ValueError("this attention takes a 2-D padding mask only")
+            return super().forward(*args, attention_mask=attention_mask, **kwargs)
+
+    model = copy.deepcopy(toy.base)
+    model.__class__ = NoCustomMask
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        got = Scorer(toy.tokenizer, toy.probes)(model, batch_size=8, show_progress=False)
+    assert "rejects a custom attention mask (this attention takes a 2-D" in caplog.text
+    want = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, show_progress=False)
+    assert got.correct.tolist() == want.correct.tolist()
+
+
+def test_our_own_bug_in_the_packing_check_surfaces_instead_of_a_fallback(toy, caplog, monkeypatch):
+    scorer_module = sys.modules[Scorer.__module__]
+
+    def broken(*args, **kwargs):
+        raise IndexError("a bug of ours")
+
+    monkeypatch.setattr(scorer_module, "forward_logprobs", broken)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"), pytest.raises(IndexError, match="a bug of ours"):
+        Scorer(toy.tokenizer, toy.probes)(copy.deepcopy(toy.base), batch_size=8, show_progress=False)
+    assert "as its own sequence" not in caplog.text  # no misleading "slower scoring" warning
+
+
+def test_bf16_autocast_keeps_packing(toy, caplog):
+    # fp32 weights computing in bf16, as under a trainer's bf16 mixed precision: packed and
+    # plain layouts round differently, by the precision of the arithmetic, not the weights'
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"), torch.autocast("cpu", dtype=torch.bfloat16):
+        Scorer(toy.tokenizer, toy.probes)(copy.deepcopy(toy.base), batch_size=8, show_progress=False)
+    assert "as its own sequence" not in caplog.text

@@ -27,7 +27,7 @@ from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, pa
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
 from .extract import extractor_for, is_correct, reference_for
 from .generation import generate_texts
-from .packing import check_probes, packing_agrees, packing_blocker
+from .packing import check_probes, packing_blocker, packing_problem
 
 __all__ = ["Scorer", "evaluate"]
 
@@ -290,15 +290,7 @@ class Scorer:
                 sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
             return sums
 
-        try:
-            agrees, error, tolerance = packing_agrees(probes, score, run.max_length, _weights_eps(run.model))
-        except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            if is_out_of_memory(err) or _is_distributed_error(err):
-                raise
-            return f"its forward rejects a custom attention mask ({first_line(err)})"
-        if agrees:
-            return None
-        return f"packed scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
+        return packing_problem(probes, score, run.max_length, _compute_eps(run))
 
     # -- generative ----------------------------------------------------------------------------
 
@@ -394,21 +386,13 @@ def _text_config(model):
     return get() if callable(get) else config
 
 
-def _weights_eps(model) -> float:
-    """Machine epsilon of the least precise floating-point weights."""
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+def _compute_eps(run: _Run) -> float:
+    """Machine epsilon of the least precise arithmetic a forward runs in: the weights' dtypes,
+    or autocast's (a trainer in bf16 mixed precision keeps fp32 weights but computes in bf16)."""
+    dtypes = {p.dtype for p in run.model.parameters() if p.is_floating_point()}
+    if torch.is_autocast_enabled(run.device.type):
+        dtypes.add(torch.get_autocast_dtype(run.device.type))
     return max((torch.finfo(d).eps for d in dtypes), default=torch.finfo(torch.float32).eps)
-
-
-def _is_distributed_error(err: BaseException) -> bool:
-    dist_error = getattr(torch.distributed, "DistError", None)
-    return dist_error is not None and isinstance(err, dist_error)
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an error's message, for one-line reports."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _keep_arg(model) -> str | None:

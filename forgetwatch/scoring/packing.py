@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import torch
 
+from ..text import first_line
 from .choices import Row, packed_row, plain_rows
 from .encoding import EncodedChoices
 
@@ -49,20 +51,26 @@ def check_probes(encoded: Sequence[tuple[int, EncodedChoices]], n: int = CHECK_P
     return ranked[:n]
 
 
-def packing_agrees(
+def packing_problem(
     probes: Sequence[tuple[int, EncodedChoices]],
     score: Callable[[list[Row]], np.ndarray],
     max_length: int,
     eps: float,
-) -> tuple[bool, float, float]:
-    """Compare packed with plain scores on ``probes`` (``(first key, encoding)`` pairs).
+) -> str | None:
+    """Compare packed with plain scores on ``probes`` (``(first key, encoding)`` pairs): why
+    this model may not be scored packed, or ``None``.
 
-    ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Per
-    choice token, the tolerance is the largest of: four times the difference batching alone
-    makes (plain rows scored together vs one by one), :data:`EPS_FACTOR` times ``eps`` (the
-    weights' machine epsilon: another layout rounds differently in half precision), and
-    :data:`MIN_TOLERANCE`. Returns ``(agrees, largest difference, tolerance)``.
+    ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Plain
+    rows are scored first, outside any error handling: a failure there is not about packing
+    and is raised. Only a failure of the packed forward, with the same code path having just
+    worked on plain rows, means the model rejects a custom attention mask. Per choice token,
+    the tolerance is the largest of: four times the difference batching alone makes (plain
+    rows scored together vs one by one), :data:`EPS_FACTOR` times ``eps`` (the machine epsilon
+    of the precision the forward runs in: another layout rounds differently in half
+    precision), and :data:`MIN_TOLERANCE`.
     """
+    from .batching import is_out_of_memory
+
     packed = [packed_row(enc, key) for key, enc in probes]
     plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]
     together = score(plain)
@@ -73,6 +81,19 @@ def packing_agrees(
             tokens[key + j] = len(cont)
     used = tokens > 0
     noise = float(np.max(np.abs(together - alone)[used] / tokens[used]))
-    error = float(np.max(np.abs(score(packed) - together)[used] / tokens[used]))
     tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
-    return error <= tolerance, error, tolerance
+    try:
+        packed_scores = score(packed)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        if is_out_of_memory(err) or _is_distributed_error(err):
+            raise
+        return f"its forward rejects a custom attention mask ({first_line(err)})"
+    error = float(np.max(np.abs(packed_scores - together)[used] / tokens[used]))
+    if error <= tolerance:
+        return None
+    return f"packed scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
+
+
+def _is_distributed_error(err: BaseException) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", None)
+    return dist_error is not None and isinstance(err, dist_error)
