@@ -400,3 +400,28 @@ def test_bf16_autocast_keeps_packing(toy, caplog):
     with caplog.at_level(logging.WARNING, logger="forgetwatch"), torch.autocast("cpu", dtype=torch.bfloat16):
         Scorer(toy.tokenizer, toy.probes)(copy.deepcopy(toy.base), batch_size=8, show_progress=False)
     assert "as its own sequence" not in caplog.text
+
+
+def test_a_huge_question_is_cut_before_tokenizing_with_the_same_answers(toy, monkeypatch):
+    from forgetwatch.scoring import encoding
+
+    c = toy.world.countries[0]
+    filler = "".join(f"{x.name} is a country. " for x in toy.world.countries) * 20_000  # ~5 MB
+    rows = [{"id": "mc", "question": filler + f"The capital of {c.name} is",
+             "choices": [c.capital, toy.world.countries[1].capital], "answer": 0},
+            {"id": "gen", "question": filler + f"{c.name} has", "answer": str(c.rivers), "extract": "number"}]
+    seen = []
+    real = type(toy.tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):
+        seen.extend(len(t) for t in ([text] if isinstance(text, str) else text))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(toy.tokenizer), "__call__", counting)
+    got = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(rows), max_new_tokens=4, show_progress=False)
+    assert len(filler) > 5_000_000 and max(seen) < 2_000_000  # the tokenizer never saw the whole text
+    by_hand = [{**r, "question": r["question"][-200_000:]} for r in rows]  # more than the model sees
+    want = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(by_hand), max_new_tokens=4, show_progress=False)
+    assert got.predicted == want.predicted and got.outputs == want.outputs
+    np.testing.assert_allclose(got.choice_logprobs[0], want.choice_logprobs[0], rtol=1e-6)
+    assert encoding.VISIBLE_TOKENS >= 1 << 17
