@@ -62,7 +62,6 @@ def edge_records(world):
         {"id": "tabs-and-spaces", "question": f"The capital of {c.name} is \t ", "choices": [c.capital, "Zu"], "answer": 0},
         {"id": "unicode", "question": "Die Flagge von Zürich — ünïcødé ist", "choices": ["blüe", "röt ✓", "日本"], "answer": 2},
         {"id": "long-truncated", "question": long_question, "choices": [c.color, "mauve", f"{c.capital} and more"], "answer": 0},
-        {"id": "tie", "question": f"The flag of {c.name} is", "choices": ["red", "red"], "answer": 1},
         {"id": "punctuation-choice", "question": f"{c.name} has", "choices": [".", "? no", f"{c.rivers} rivers."], "answer": 2},
         {"id": "uneven-lengths", "question": f"The capital of {c.name} is", "choices": ["B", c.capital, "Quite a long made-up capital name"], "answer": 1},
     ]
@@ -88,8 +87,6 @@ def test_agrees_with_lm_eval_llama_with_bos(toy, tmp_path, normalize):
     assert_agrees(ours, lmeval_samples(toy.base, toy.tokenizer, records, tmp_path), normalized=normalize == "chars")
     # the model knows something: neither all right nor all wrong
     assert 0.3 < ours.accuracy < 0.95
-    tie = ours.ids.index("tie")
-    assert ours.predicted[tie] == 0 and not ours.correct[tie]
 
 
 def test_agrees_with_lm_eval_gpt2_without_bos(toy, tmp_path):
