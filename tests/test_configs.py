@@ -9,7 +9,7 @@ import pytest
 
 from forgetwatch import ForgetWatchCallback, ProbeSet
 from forgetwatch.config import ForgetWatchConfig
-from forgetwatch.presets import PRESETS
+from forgetwatch.probes.presets import PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 YAMLS = sorted(CONFIGS.glob("*.yaml"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from forgetwatch import probes
-from forgetwatch.scoring import extract
-from forgetwatch.scoring.extract import (
+from forgetwatch import extract
+from forgetwatch.extract import (
     extract_exact,
     extract_letter,
     extract_number,

@@ -15,7 +15,7 @@ from injected import OutOfMemoryAbove
 from forgetwatch import ProbeSet, Scorer, evaluate
 from forgetwatch.scoring import encoding
 from forgetwatch.scoring.encoding import EncodedChoices
-from forgetwatch.scoring.extract import extract_number
+from forgetwatch.extract import extract_number
 from forgetwatch.scoring.generation import cut_at_stop
 
 

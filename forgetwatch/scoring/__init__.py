@@ -25,7 +25,7 @@ from .batching import BatchSize, check_batch_size, default_token_budget, group, 
 from .borrow import borrowed, forward_module, is_sharded, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
-from .extract import extractor_for, is_correct, reference_for
+from ..extract import extractor_for, is_correct, reference_for
 from .generation import generate_texts
 from .packing import check_probes, packing_blocker, packing_problem
 

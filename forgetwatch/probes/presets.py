@@ -2,16 +2,18 @@
 ARC, HellaSwag and GSM8K, and an explicit column mapping for anything else.
 
 Used by :meth:`forgetwatch.ProbeSet.from_hf`; every record still goes through the probe
-validator afterwards.
+validator afterwards (:func:`read_dataset`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
 from typing import Any
 
-from .probes import PROBE_FIELDS, type_name
+from .rows import RowCollector
+from .schema import PROBE_FIELDS, Probe, check_category, is_int, type_name
 
 ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -186,3 +188,36 @@ def dataset_source(dataset: Any) -> str:
     if name:
         return f"{name}[{split}]" if split else str(name)
     return "<dataset>"
+
+
+def read_dataset(
+    dataset: Iterable[Mapping[str, Any]],
+    preset: str | None = None,
+    *,
+    columns: Mapping[str, ColumnSpec] | None = None,
+    category: str | None = None,
+    limit: int | None = None,
+    source: str | None = None,
+) -> tuple[list[Probe], str]:
+    """The probes of a dataset's rows (see ``ProbeSet.from_hf``), validated, and the source
+    name their errors give; a :class:`~forgetwatch.ProbeError` names every bad row."""
+    check_from_hf_args(dataset, preset, columns)
+    if category is not None and (message := check_category(category)):
+        raise ValueError(f"category= {message}")
+    if limit is not None and (not is_int(limit) or limit < 0):
+        raise ValueError(f"limit= must be a non-negative integer, got {limit!r}")
+    source = source or dataset_source(dataset)
+    rows = RowCollector(source, "dataset row")
+    for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
+        if not isinstance(row, Mapping):
+            rows.row(index, row)  # reports the type problem
+            continue
+        try:
+            record = row_to_record(row, index, preset, columns)
+        except RowProblem as problem:
+            rows.error(index, problem.field, problem.message)
+            continue
+        if category is not None:
+            record["category"] = category
+        rows.row(index, record)
+    return rows.finish(), source

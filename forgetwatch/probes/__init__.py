@@ -1,0 +1,20 @@
+"""Probe sets: the held-out questions whose answers forgetwatch tracks.
+
+A probe file is JSONL, one object per line::
+
+    {"id": "q1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1, "category": "math"}
+    {"id": "q2", "question": "Question: 6 * 12?\\nAnswer:", "answer": "72", "extract": "number"}
+
+Every row is validated before anything is returned, so a bad file fails before model work.
+The package: :mod:`.schema` (one row's fields and checks), :mod:`.rows` (validating rows
+from any source), :mod:`.jsonl` (files), :mod:`.presets` (datasets), :mod:`.sampling`,
+:mod:`.probe_set` (:class:`ProbeSet`).
+"""
+
+from ..problems import MAX_REPORTED as MAX_REPORTED_ERRORS
+from .jsonl import MAX_FILE_BYTES, MAX_LINE_BYTES
+from .probe_set import ProbeSet
+from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError
+
+__all__ = ["EXTRACT_MODES", "LONG_QUESTION", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_REPORTED_ERRORS",
+           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeSet"]

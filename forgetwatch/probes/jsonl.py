@@ -1,0 +1,79 @@
+"""Reading a probe JSONL file: one JSON object per line, read in bounded chunks, every bad
+line reported with its number."""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .rows import RowCollector
+from .schema import Probe, ProbeError
+
+#: A probe file line longer than this (bytes) is refused, and so is a file over MAX_FILE_BYTES:
+#: reading stops there instead of filling memory (``--probes /dev/zero``).
+MAX_LINE_BYTES = 16 << 20
+MAX_FILE_BYTES = 4 << 30
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Probe]:
+    """The probes of a JSONL file, validated; a :class:`ProbeError` names every bad line."""
+    source = str(path)
+    if not Path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, "probe file not found; check the path", source)
+    rows = RowCollector(source, "line")
+    for lineno, raw in enumerate(_bounded_lines(path, source), start=1):
+        obj, message = _decode_line(raw, first=lineno == 1)
+        if message is not None:
+            rows.error(lineno, None, message)
+        elif obj is not _BLANK:
+            rows.row(lineno, obj)
+    return rows.finish()
+
+
+def _bounded_lines(path: str | os.PathLike[str], source: str) -> Iterator[bytes]:
+    """The file's lines as bytes, read in chunks: a line over :data:`MAX_LINE_BYTES` or a file
+    over :data:`MAX_FILE_BYTES` is an error as soon as it is seen, not after memory is full.
+    Split on b"\\n" only: str.splitlines would also split on U+2028 etc. inside JSON strings."""
+    number, total, pending = 0, 0, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise ProbeError([(source, None, None, f"is over {MAX_FILE_BYTES >> 30} GiB; a probe file is "
+                                                       "one JSON object per line: is this the right file?")])
+            *whole, pending = (pending + chunk).split(b"\n")
+            for line in whole:
+                number += 1
+                yield line
+            if len(pending) > MAX_LINE_BYTES:
+                raise ProbeError([(source, number + 1, None, f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
+                                                             "break; a probe file is one JSON object per line")])
+    yield pending
+
+_BLANK = object()
+
+
+def _decode_line(raw: bytes, first: bool) -> tuple[Any, str | None]:
+    """Return (object, None), (_BLANK, None) for a blank line, or (None, error message)."""
+    if first and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows like to add one
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, (f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
+                      "re-save the file with UTF-8 encoding")
+    if not text.strip():
+        return _BLANK, None
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, (f"invalid JSON ({exc.msg} at column {exc.colno}); "
+                      "each non-blank line must be one JSON object")
+
+
+# -- stratified sampling ----------------------------------------------------------------------

@@ -1,0 +1,308 @@
+"""The probe schema: what one probe row holds, and the checks that refuse a row that could
+not be scored as written (each problem names its field).
+
+A row with ``choices`` is multiple choice (``answer`` is a 0-based index); a row without is
+generative (``answer`` is the reference string, ``extract`` says how to pull the answer out of
+the generated text). Keys other than the probe fields are kept in :attr:`Probe.meta`.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..extract import normalize_number
+from ..problems import InputError
+from ..text import did_you_mean, shorten
+
+EXTRACT_MODES = ("number", "letter", "exact")
+#: A question longer than this (characters) is more than any model sees: it loads, with one
+#: warning for all such probes, and is cut from the left before tokenizing.
+LONG_QUESTION = 100_000
+#: A probe file line longer than this (bytes) is refused, and so is a file over MAX_FILE_BYTES:
+
+PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
+
+
+class ProbeError(InputError):
+    """A probe file or record set is malformed.
+
+    ``errors`` holds one ``(source, line, field, message)`` :class:`~forgetwatch.problems.Problem`
+    per problem found. ``unit`` names what ``line`` counts: ``"line"`` for files, ``"record"``
+    for :meth:`ProbeSet.from_records`, ``"dataset row"`` for :meth:`ProbeSet.from_hf`.
+    """
+
+    noun = "field"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: a question with either choices (multiple choice) or a reference answer.
+
+    Example:
+        >>> Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1).is_multiple_choice
+        True
+    """
+
+    id: str
+    question: str
+    answer: int | str
+    choices: tuple[str, ...] | None = None
+    category: str = "all"
+    extract: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_multiple_choice(self) -> bool:
+        return self.choices is not None
+
+    @property
+    def n_choices(self) -> int:
+        """Number of options; 0 for a generative probe."""
+        return 0 if self.choices is None else len(self.choices)
+
+    @property
+    def answer_text(self) -> str:
+        """The correct answer as text: the right choice, or the reference."""
+        return self.choices[self.answer] if self.choices is not None else str(self.answer)
+
+    def content(self) -> dict[str, Any]:
+        """The fields that decide scoring, as a plain dict (what the fingerprint hashes)."""
+        row: dict[str, Any] = {"id": self.id, "question": self.question, "category": self.category}
+        if self.choices is not None:
+            row["choices"] = list(self.choices)
+        row["answer"] = self.answer
+        if self.extract is not None:
+            row["extract"] = self.extract
+        return row
+
+
+# -- validation of one row ------------------------------------------------------------------
+
+FieldProblem = tuple[str | None, str]  # (field, message) within one row
+
+
+def type_name(value: Any) -> str:
+    """How a JSON value's type reads in an error message."""
+    return "null" if value is None else type(value).__name__
+
+
+def is_int(value: Any) -> bool:
+    # bool is an int subclass, but True as an answer index is almost surely a mistake.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_scalar(value: Any) -> bool:
+    """A number or bool: something the user probably meant to write as a quoted string."""
+    return isinstance(value, (bool, int, float))
+
+
+def _is_blank(value: str) -> bool:
+    return not value.strip()
+
+
+# control characters (Unicode Cc) and lone surrogates; the first also allows tab and line breaks,
+# which prompts and answers may hold
+_UNKEEPABLE_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNKEEPABLE_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _unkeepable(value: str, allow_layout: bool) -> str | None:
+    """Why ``value`` cannot be kept as written (stored, compared, reloaded), or ``None``:
+    a lone surrogate cannot be encoded as UTF-8; a control character (NUL is stripped from
+    npz text, a line break splits a CSV row) is refused, bar tab and line breaks in prompts
+    and answers."""
+    found = (_UNKEEPABLE_IN_TEXT if allow_layout else _UNKEEPABLE_IN_NAME).search(value)
+    if found is None:
+        return None
+    ch, i = found.group(), found.start()
+    if "\ud800" <= ch <= "\udfff":
+        return f"has a lone surrogate (U+{ord(ch):04X}) at character {i}, which is not valid Unicode text"
+    where = "" if allow_layout else " (no tabs or line breaks either)"
+    return f"has a control character (U+{ord(ch):04X}) at character {i}; remove it{where}"
+
+
+def _misspelled(row: Mapping[str, Any], fld: str) -> str:
+    """A hint naming an unknown key of ``row`` that looks like a misspelling of ``fld``."""
+    close = did_you_mean(fld, [k for k in row if k not in PROBE_FIELDS], cutoff=0.75)
+    return f" (found key '{close}': did you mean '{fld}'?)" if close else ""
+
+
+def _check_id(row: Mapping[str, Any]) -> str | None:
+    if "id" not in row:
+        return "missing; every probe needs a unique string id" + _misspelled(row, "id")
+    value = row["id"]
+    if not isinstance(value, str):
+        hint = f'; quote it: "{value}"' if _is_scalar(value) else ""
+        return f"must be a string, got {type_name(value)} {value!r}{hint}"
+    if _is_blank(value):
+        return "is empty; give every probe a unique, non-empty id"
+    return _unkeepable(value, allow_layout=False)
+
+
+def _check_question(row: Mapping[str, Any]) -> str | None:
+    if "question" not in row:
+        return "missing; give the full prompt text" + _misspelled(row, "question")
+    value = row["question"]
+    if not isinstance(value, str):
+        return f"must be a string (the full prompt text), got {type_name(value)}"
+    if _is_blank(value):
+        return "is empty; give the full prompt text"
+    return _unkeepable(value, allow_layout=True)
+
+
+def check_category(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
+    if _is_blank(value):
+        return "is empty; leave it out to use the default category 'all'"
+    return _unkeepable(value, allow_layout=False)
+
+
+def _check_choices(value: Any) -> list[FieldProblem]:
+    if not isinstance(value, (list, tuple)):
+        return [("choices", f"must be a list of strings, got {type_name(value)}; "
+                            "for a generative probe leave 'choices' out")]
+    if len(value) < 2:
+        return [("choices", f"needs at least 2 choices, got {len(value)}")]
+    problems: list[FieldProblem] = []
+    for i, choice in enumerate(value):
+        if not isinstance(choice, str):
+            problems.append(("choices", f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}"))
+        elif _is_blank(choice):
+            problems.append(("choices", f"choice at index {i} is empty; every choice needs text"))
+        elif message := _unkeepable(choice, allow_layout=True):
+            problems.append(("choices", f"choice at index {i} {message}"))
+    texts = [c for c in value if isinstance(c, str)]
+    for i, choice in enumerate(texts):
+        if choice in texts[:i]:
+            # ties go to the lowest index, so the later copy could never be chosen
+            problems.append(("choices", f"choice at index {i} repeats choice {texts.index(choice)} "
+                                        f"({shorten(choice)}); make every choice different"))
+    return problems
+
+
+def _mc_answer_hint(answer: Any, choices: Sequence[Any] | None) -> str:
+    """Suggest the index when a multiple-choice answer was written as a choice text or digit."""
+    if isinstance(answer, str) and choices is not None:
+        if answer in choices:
+            return f"; choice {answer!r} is at index {list(choices).index(answer)}, write that"
+        if answer.strip().isdigit():
+            return f"; write {answer.strip()} not \"{answer}\""
+    return ""
+
+
+def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> str | None:
+    """``choices`` is None when their number is unknown (then the range cannot be checked)."""
+    if "answer" not in row:
+        return "missing; give the 0-based index of the correct choice" + _misspelled(row, "answer")
+    answer = row["answer"]
+    span = "" if choices is None else f" (0 to {len(choices) - 1})"
+    if not is_int(answer):
+        return (f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}"
+                + _mc_answer_hint(answer, choices))
+    if choices is not None and not 0 <= answer < len(choices):
+        return f"index {answer} is out of range; 'choices' has {len(choices)} entries, so use 0 to {len(choices) - 1}"
+    return None
+
+
+def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
+    if "answer" not in row:
+        return ("missing; give the reference answer as a string (this row has no 'choices', "
+                "so it is generative)" + _misspelled(row, "answer"))
+    answer = row["answer"]
+    if not isinstance(answer, str):
+        if _is_scalar(answer):
+            hint = f'; write "{json.dumps(answer)}" not {json.dumps(answer)}'
+        else:
+            hint = f", got {type_name(answer)}"
+        return ("must be a string for a generative probe (this row has no 'choices', so it is "
+                f"generative){hint}" + _misspelled(row, "choices"))
+    if _is_blank(answer):
+        return "is empty; give the reference answer text"
+    if message := _unkeepable(answer, allow_layout=True):
+        return message
+    return _never_extracted(answer, row.get("extract"))
+
+
+def _never_extracted(answer: str, mode: Any) -> str | None:
+    """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
+    if mode == "number":
+        if normalize_number(answer) is None:
+            return (f"{shorten(answer)} is not a number, but extract is 'number' (the last number of the "
+                    "output is compared with it); write the number, or use another extract mode")
+    elif mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
+        return (f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
+                "'B' is compared with it); write the letter, or use another extract mode")
+    return None
+
+
+def _check_extract(value: Any) -> str | None:
+    modes = ", ".join(repr(m) for m in EXTRACT_MODES)
+    if not isinstance(value, str):
+        return f"must be a string ({modes} or a regex), got {type_name(value)}"
+    if value in EXTRACT_MODES:
+        return None
+    if _is_blank(value):
+        return f"is empty; use {modes}, a regex with one capture group, or leave it out"
+    if re.fullmatch(r"[A-Za-z_]+", value):
+        # A bare word is a typo'd mode far more often than an intended regex.
+        close = did_you_mean(value, EXTRACT_MODES)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        return f"unknown extract mode {value!r}{hint}; use {modes}, or a regex with exactly one capture group"
+    try:
+        groups = re.compile(value).groups
+    except re.error as exc:
+        return f"regex {value!r} does not compile ({exc}); fix it or use one of {modes}"
+    if groups != 1:
+        fix = ("wrap the answer part in (...)" if groups == 0
+               else "make the other groups non-capturing with (?:...)")
+        return f"regex {value!r} has {groups} capture groups but needs exactly one (the answer); {fix}"
+    return None
+
+
+def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
+    """Validate one probe row; return the Probe, or every problem found in the row."""
+    # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
+    present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract") and v is None)}
+    problems: list[FieldProblem] = []
+    for fld, check in (("id", _check_id), ("question", _check_question)):
+        message = check(present)
+        if message:
+            problems.append((fld, message))
+    if "category" in present and (message := check_category(present["category"])):
+        problems.append(("category", message))
+
+    is_mc = "choices" in present
+    if is_mc:
+        choice_problems = _check_choices(present["choices"])
+        problems += choice_problems
+        # Bad entries do not change the count, so the answer's range can still be checked.
+        choices = present["choices"]
+        countable = choices if isinstance(choices, (list, tuple)) and len(choices) >= 2 else None
+        if message := _check_mc_answer(present, countable):
+            problems.append(("answer", message))
+        if "extract" in present:
+            problems.append(("extract", "extract applies only to generative probes; "
+                                        "remove it from this multiple-choice row"))
+    else:
+        if message := _check_generative_answer(present):
+            problems.append(("answer", message))
+        if "extract" in present and (message := _check_extract(present["extract"])):
+            problems.append(("extract", message))
+    if problems:
+        return problems
+
+    return Probe(
+        id=present["id"],
+        question=present["question"],
+        answer=int(present["answer"]) if is_mc else present["answer"],
+        choices=tuple(present["choices"]) if is_mc else None,
+        category=present.get("category", "all"),
+        extract=present.get("extract"),
+        meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
+    )
