@@ -133,7 +133,7 @@ def sharded(mode: str) -> dict:
             "alone_outputs": alone.outputs, "together_outputs": together.outputs,
             "max_logprob_diff": max((float(abs(a - b).max()) for a, b in
                                      zip(alone.choice_logprobs, together.choice_logprobs) if len(a)), default=0.0),
-            "scored_here": scorer.scored_here, "n_probes": len(probes), "row_cap": scorer._row_cap,
+            "scored_here": scorer.scored_here, "n_probes": len(probes), "row_cap": scorer.state(model).row_cap,
             "rows": getattr(model, "sizes", [])}
 
 

@@ -45,7 +45,7 @@ def test_each_context_goes_through_the_model_once(toy):
     probes = mc_only(toy)
     scorer = Scorer(toy.tokenizer, probes)
     scorer(toy.base, batch_size=16, show_progress=False)  # first call also checks packing once
-    assert scorer._packing[toy.base] is True
+    assert scorer.state(toy.base).packing is True
     counter = TokenCounter(toy.base, toy.tokenizer.pad_token_id)
     try:
         scorer(toy.base, batch_size=16, show_progress=False)
@@ -76,11 +76,11 @@ def test_packed_equals_plain(toy, attn):
     probes = mc_only(toy)
     packed = Scorer(toy.tokenizer, probes)
     a = packed(model, batch_size=8, show_progress=False)
-    assert packed._packing[model] is True
+    assert packed.state(model).packing is True
     plain = Scorer(toy.tokenizer, probes)
-    plain._packing[model] = False  # force lm-eval's one-sequence-per-choice layout
+    plain.state(model).packing = False  # force lm-eval's one-sequence-per-choice layout
     b = plain(model, batch_size=8, show_progress=False)
-    assert all(not batch.packed for batch in next(iter(plain._plans.values())).batches)
+    assert all(not batch.packed for batch in next(iter(plain.state(model).plans.values())).batches)
     for x, y in zip(a.choice_logprobs, b.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     assert a.correct.tolist() == b.correct.tolist()
@@ -107,7 +107,7 @@ def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
     scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         got = scorer(wrapped, batch_size=8, show_progress=False)
-    assert scorer._packing[wrapped] is False
+    assert scorer.state(wrapped).packing is False
     assert "packed scores differ from plain ones" in caplog.text
     assert got.correct.tolist() == reference.correct.tolist()
     for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
@@ -131,6 +131,36 @@ def test_out_of_memory_halves_the_batch(toy, caplog):
     wrapped.sizes.clear()
     scorer(wrapped, batch_size=16, show_progress=False)
     assert max(wrapped.sizes) <= 2  # later evaluations start at the size that fitted
+
+
+def test_one_models_out_of_memory_caps_never_reach_another(toy):
+    # evaluate() keeps one scorer per tokenizer and probe set: what it learned about one model
+    # (batches that did not fit) must not shrink another model's batches
+    probes = mc_only(toy)
+    small = OutOfMemoryAbove(toy.base, limit=3)
+    evaluate(small, toy.tokenizer, probes, batch_size=16, show_progress=False)
+    assert max(s for s in small.sizes if s <= 3) == 2
+    roomy = OutOfMemoryAbove(toy.base, limit=10**6)
+    evaluate(roomy, toy.tokenizer, probes, batch_size=16, show_progress=False)
+    assert max(roomy.sizes) == 16
+    small.sizes.clear()
+    evaluate(small, toy.tokenizer, probes, batch_size=16, show_progress=False)
+    assert max(small.sizes) <= 2  # the first model's cap is still its own
+
+
+def test_ties_go_to_the_lowest_index(toy):
+    # a model with a zeroed output layer gives every token the same log-probability, so
+    # choices of equal token length tie exactly, as lm-eval's argmax sees them
+    model = copy.deepcopy(toy.base)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    one_token = [w for w in ("red", "blue", "green", "gold", "white", "black")
+                 if len(toy.tokenizer(" " + w, add_special_tokens=False).input_ids) == 1][:3]
+    assert len(one_token) == 3
+    probes = ProbeSet.from_records([{"id": f"q{k}", "question": "The flag is", "choices": one_token, "answer": k}
+                                    for k in range(3)])
+    got = evaluate(model, toy.tokenizer, probes, show_progress=False)
+    assert all(len(set(lps.tolist())) == 1 for lps in got.choice_logprobs)  # a real tie
+    assert list(got.predicted) == [0, 0, 0] and got.correct.tolist() == [True, False, False]
 
 
 def test_out_of_memory_in_generation_halves_the_batch(toy):
@@ -246,7 +276,7 @@ def test_tokenization_is_cached_across_calls(toy, monkeypatch):
         calls.append(1)
         return real(*args, **kwargs)
 
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.scorer as scoring
     monkeypatch.setattr(scoring, "encode_probes", counting)
     probes = mc_only(toy).sample(10, seed=3)
     for _ in range(3):
@@ -283,7 +313,7 @@ def test_half_precision_scores_with_fp32_log_softmax(toy, dtype):
     model = copy.deepcopy(toy.base).to(dtype)
     scorer = Scorer(toy.tokenizer, probes)
     half = scorer(model, show_progress=False)
-    assert scorer._packing[model] is True  # bf16 rounding is no reason to give up packing
+    assert scorer.state(model).packing is True  # bf16 rounding is no reason to give up packing
     assert all(x.dtype == np.float64 for x in half.choice_logprobs)
     agreement = np.mean(full.correct == half.correct)
     assert agreement >= 0.9, agreement
@@ -321,7 +351,7 @@ def test_models_that_cannot_be_packed_are_scored_exactly(toy, caplog):
         scorer = Scorer(toy.tokenizer, probes)
         with caplog.at_level(logging.WARNING, logger="forgetwatch"):
             got = scorer(model, batch_size=8, show_progress=False)
-        assert scorer._packing[model] is False
+        assert scorer.state(model).packing is False
         assert reason in caplog.text
         for x, y in zip(got.choice_logprobs, unbatched_logprobs(model, scorer)):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=reason)

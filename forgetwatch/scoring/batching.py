@@ -14,15 +14,6 @@ T = TypeVar("T")
 B = TypeVar("B")
 R = TypeVar("R")
 
-BatchSize = int | str  # an int, or "auto"
-
-
-def check_batch_size(batch_size: BatchSize) -> None:
-    if batch_size == "auto":
-        return
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int or 'auto', got {batch_size!r}")
-
 
 def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
     """Split items, longest first, into batches of at most ``max_rows`` rows and

@@ -1,0 +1,65 @@
+"""``evaluate()``: score a model in one call, reusing a cached :class:`Scorer` (its tokenized
+probes) across calls with the same tokenizer, probes and options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..answers import Answers
+from ..options import BatchSize
+from ..probes import ProbeSet
+from .scorer import Scorer
+
+__all__ = ["evaluate"]
+
+# The last few scorers, so repeated calls skip tokenizing. A scorer keeps what it learns
+# about each model (plans, out-of-memory caps) apart, so sharing one across models is safe.
+_SCORERS: dict[tuple, Scorer] = {}
+_MAX_SCORERS = 8
+
+
+def evaluate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    probes: ProbeSet,
+    *,
+    batch_size: BatchSize = "auto",
+    normalize: str | None = None,
+    chat_template: bool = False,
+    max_new_tokens: int = 64,
+    stop: Sequence[str] = ("\n",),
+    extract: Callable[[str], str | None] | None = None,
+    show_progress: bool = True,
+    distributed: bool = False,
+) -> Answers:
+    """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes.
+
+    Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``);
+    generative probes are decoded greedily and their answer extracted (by the probe's
+    ``extract`` mode, or by ``extract=callable``, whose text is compared with the probe's answer
+    as written). Tokenization is cached
+    across calls with the same tokenizer and probe set. The model and tokenizer are handed
+    back exactly as found (mode, cache flag, padding side, random states). With
+    ``distributed=True``, every process of a ``torch.distributed`` run calls it together and
+    each scores a share of the probes (any model: plain, DDP, FSDP, DeepSpeed ZeRO-3); all of
+    them get all the answers.
+
+    Example:
+        >>> probes = ProbeSet.from_jsonl("probes.jsonl")                   # doctest: +SKIP
+        >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
+        >>> answers.accuracy                                               # doctest: +SKIP
+        0.62
+    """
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    key = (id(tokenizer), probes.fingerprint(), normalize, chat_template, max_new_tokens, stop, extract)
+    scorer = _SCORERS.pop(key, None)
+    if scorer is None or scorer.tokenizer is not tokenizer:
+        scorer = Scorer(tokenizer, probes, normalize=normalize, chat_template=chat_template,
+                        max_new_tokens=max_new_tokens, stop=stop, extract=extract)
+    _SCORERS[key] = scorer  # most recently used last
+    while len(_SCORERS) > _MAX_SCORERS:
+        _SCORERS.pop(next(iter(_SCORERS)))
+    return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)
