@@ -12,217 +12,32 @@ or under a top-level ``forgetwatch:`` key of a bigger training config::
 
 Each setting is declared once, as a field carrying its default, its check and its help text.
 Every value is checked when the config is built, in code as well as from a file, and all the
-problems found are reported together in one :class:`ConfigError`. Reading YAML lives in
-:mod:`forgetwatch.config_yaml`.
+problems found are reported together in one :class:`ConfigError`. The checks live in
+:mod:`forgetwatch.config_checks`, reading and writing YAML in :mod:`forgetwatch.config_yaml`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import numbers
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from .options import NORMALIZE_MODES, batch_size_problem
+from . import config_checks as check
+from .config_checks import ConfigError, ConfigProblem, check_values
+from .config_yaml import read_section, write_settings
+from .options import NORMALIZE_MODES
 from .stopping import STOP_METRICS
-from .text import describe, did_you_mean, shorten
+from .text import describe, suggestion
 
-__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "options_doc"]
+__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "options_doc", "with_settings"]
 
-#: Top-level key under which a bigger YAML file may hold the forgetwatch section.
-ROOT_KEY = "forgetwatch"
 #: Fields holding file system paths: resolved against the YAML file's folder when relative.
 PATH_FIELDS = ("probes", "base", "output_dir")
 ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a path
-
-
-class ConfigProblem(NamedTuple):
-    """One problem in a config: where it is (``source``, ``line``, ``key``) and what is wrong."""
-
-    source: str
-    line: int | None
-    key: str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = self.source
-        if self.line is not None:
-            where += f": line {self.line}"
-        if self.key is not None:
-            where += f": key {shorten(self.key)}"
-        return f"{where}: {self.message}"
-
-
-class ConfigError(ValueError):
-    """A forgetwatch config is invalid.
-
-    The message has one line per problem, e.g.
-    ``train.yaml: line 3: key 'eval_step': unknown key (did you mean 'eval_steps'?)``;
-    ``errors`` holds the same problems as :class:`ConfigProblem` tuples
-    ``(source, line, key, message)``.
-    """
-
-    def __init__(self, errors: Sequence[ConfigProblem]):
-        self.errors = list(errors)
-        super().__init__("\n".join(str(e) for e in self.errors))
-
-
-# --- checks (each field's, named in its metadata) --------------------------------------------------------------------------------
-
-
-class _Invalid(Exception):
-    """Raised by a field check: what was expected, the value given, and what to do."""
-
-    def __init__(self, expected: str, value: Any, hint: str = "", prefix: str = ""):
-        self.expected, self.value, self.hint, self.prefix = expected, value, hint, prefix
-        message = f"{prefix}expected {expected}, got {describe(value)}"
-        super().__init__(f"{message}; {hint}" if hint else message)
-
-
-def _did_you_mean(word: str, options: Sequence[str]) -> str:
-    match = did_you_mean(word, options)
-    return f" (did you mean {match!r}?)" if match else ""
-
-
-def _slip_hint(value: Any, kind: str) -> str:
-    """A hint for the usual slips behind a wrong type, or ""."""
-    if isinstance(value, bool):
-        return "true/false is not a number here; write a number"
-    if isinstance(value, str):
-        text = value.strip()
-        if kind == "bool" and text.lower() in ("true", "false"):
-            return "remove the quotes"
-        try:
-            number = float(text)
-        except ValueError:
-            return ""
-        if kind == "float" and "e" in text.lower() and "." not in text:
-            # PyYAML (YAML 1.1) reads 5e-2 as text: its floats need a dot.
-            return f"YAML reads {shorten(text)} as text; write it with a dot: {number!r}"
-        return "remove the quotes"
-    return ""
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    is_01 = isinstance(value, numbers.Number) and value in (0, 1)
-    hint = _slip_hint(value, "bool") or "write true or false" + (", not 0 or 1" if is_01 else "")
-    raise _Invalid("true or false", value, hint)
-
-
-def _int(minimum: int) -> Callable[[Any], int]:
-    expected = f"an integer >= {minimum}"
-
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            if isinstance(value, float) and value.is_integer():
-                hint = f"write {int(value)}, without the decimal point"
-            else:
-                hint = _slip_hint(value, "int") or "write a whole number"
-            raise _Invalid(expected, value, hint)
-        if value < minimum:
-            raise _Invalid(expected, value, f"use {minimum} or more")
-        return int(value)
-
-    return check
-
-
-def _rate(low_open: bool, high_open: bool, example: str) -> Callable[[Any], float]:
-    """A number between 0 and 1, each end open or closed as asked."""
-    expected = f"a number in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
-
-    def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise _Invalid(expected, value, _slip_hint(value, "float") or f"write a number such as {example}")
-        number = float(value)
-        low_bad = number <= 0 if low_open else number < 0
-        high_bad = number >= 1 if high_open else number > 1
-        if math.isnan(number) or low_bad or high_bad:
-            if 1 < number <= 100:
-                hint = f"rates are fractions, not percentages: write {number / 100:g} for {number:g} %"
-            else:
-                hint = f"write a number such as {example}"
-            raise _Invalid(expected, value, hint)
-        return number
-
-    return check
-
-
-def _optional(check: Callable[[Any], Any], none_means: str) -> Callable[[Any], Any]:
-    def checked(value: Any) -> Any:
-        if value is None:
-            return None
-        try:
-            return check(value)
-        except _Invalid as exc:
-            expected = f"{exc.expected} or null ({none_means})"
-            raise _Invalid(expected, exc.value, exc.hint, exc.prefix) from None
-
-    return checked
-
-
-def _path(value: Any) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise _Invalid("a file system path (a non-empty string)", value, "give the path, or remove the key")
-    return value
-
-
-def _choice(options: tuple[str, ...], allow_none: bool = False) -> Callable[[Any], str | None]:
-    expected = "one of " + ", ".join(repr(o) for o in options) + (", null" if allow_none else "")
-
-    def check(value: Any) -> str | None:
-        if value is None and allow_none:
-            return None
-        if isinstance(value, str) and value in options:
-            return value
-        near = _did_you_mean(value, options).strip(" ()") if isinstance(value, str) else ""
-        raise _Invalid(expected, value, near or "pick one of these")
-
-    return check
-
-
-def _batch_size(value: Any) -> int | str:
-    if batch_size_problem(value):
-        raise _Invalid("a positive integer or 'auto'", value,
-                       "write e.g. 32, or 'auto' to find the largest batch that fits")
-    return value
-
-
-def _stop(value: Any) -> list[str]:
-    expected = 'a list of non-empty strings, e.g. ["\\n"]'
-    if isinstance(value, str):
-        raise _Invalid(expected, value, f"write a single stop string as a list: [{shorten(value)}]")
-    if not isinstance(value, (list, tuple)):
-        raise _Invalid(expected, value, 'remove the key to use the default ["\\n"]')
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or item == "":
-            hint = "remove it or give the text generation should stop at"
-            raise _Invalid("a non-empty string", item, hint, prefix=f"item {i}: ")
-    return list(value)
-
-
-def _categories(value: Any) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise _Invalid("a mapping of category name to rate in [0, 1], e.g. {math: 0.05}", value,
-                       "remove the key for no per-category thresholds")
-    rate = _rate(False, False, "0.05")
-    cleaned: dict[str, float] = {}
-    for category, threshold in value.items():
-        if not isinstance(category, str) or not category:
-            raise _Invalid("category names as non-empty strings", category,
-                           "quote the name in YAML, e.g. '2024': 0.05")
-        try:
-            cleaned[category] = rate(threshold)
-        except _Invalid as exc:
-            raise _Invalid(exc.expected, exc.value, exc.hint, prefix=f"category {shorten(category)}: ") from None
-    return cleaned
 
 
 def _setting(*, check: Callable[[Any], Any], help: str, **default: Any) -> Any:
@@ -246,94 +61,94 @@ class ForgetWatchConfig:
         >>> ForgetWatchConfig(patience=0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
-        forgetwatch.config.ConfigError: ForgetWatchConfig: key 'patience': expected an integer >= 1, got 0 (int); ...
+        forgetwatch.config_checks.ConfigError: ForgetWatchConfig: key 'patience': expected an integer >= 1, got 0 (int); ...
     """
 
     probes: str | None = _setting(
         default=None,
-        check=_optional(_path, "passing probes to the callback directly"),
+        check=check.optional(check.path, "passing probes to the callback directly"),
         help='Path to a probe JSONL file (the callback also accepts a ProbeSet object directly).')
     eval_steps: int | None = _setting(
         default=None,
-        check=_optional(_int(1), "the cost-budget schedule"),
+        check=check.optional(check.integer(1), "the cost-budget schedule"),
         help='Evaluate every N optimizer steps; None: the cost-budget schedule (see ``max_overhead``).')
     max_overhead: float = _setting(
         default=0.05,
-        check=_rate(True, True, "0.05 for 5 % of wall time"),
+        check=check.rate(True, True, "0.05 for 5 % of wall time"),
         help='With the budget schedule, the share of wall time monitoring may take (0 < x < 1).')
     eval_on_evaluate: bool = _setting(
         default=True,
-        check=_bool,
+        check=check.boolean,
         help='Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics).')
     eval_on_train_end: bool = _setting(
         default=True,
-        check=_bool,
+        check=check.boolean,
         help='Evaluate once more when training ends.')
     max_forgetting: float | None = _setting(
         default=None,
-        check=_optional(_rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop"),
+        check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop"),
         help='Stop training once the forgetting rate exceeds this (0..1); None: never stop.')
     stop_metric: str = _setting(
         default="forgetting",
-        check=_choice(STOP_METRICS),
+        check=check.choice(STOP_METRICS),
         help='Which rate ``max_forgetting`` applies to: "forgetting" or "forgetting_adjusted".')
     patience: int = _setting(
         default=1,
-        check=_int(1),
+        check=check.integer(1),
         help='Consecutive evaluations over the threshold before stopping (>= 1).')
     significance: bool = _setting(
         default=False,
-        check=_bool,
+        check=check.boolean,
         help='Stop only when the Wilson 95 % lower bound of the rate is over the threshold.')
     category_max_forgetting: dict[str, float] = _setting(
         default_factory=dict,
-        check=_categories,
+        check=check.category_rates,
         help='Per-category thresholds, category -> rate (0..1).')
     save_on_stop: bool = _setting(
         default=True,
-        check=_bool,
+        check=check.boolean,
         help='Ask the trainer for a checkpoint before stopping.')
     output_dir: str | None = _setting(
         default=None,
-        check=_optional(_path, "<trainer output_dir>/forgetwatch"),
+        check=check.optional(check.path, "<trainer output_dir>/forgetwatch"),
         help='Where the base snapshot and history live; None: ``<trainer output_dir>/forgetwatch``.')
     base: str | None = _setting(
         default=None,
-        check=_optional(lambda v: v if v == ADAPTER_DISABLED else _path(v), "computing the base snapshot"),
+        check=check.optional(lambda v: v if v == ADAPTER_DISABLED else check.path(v), "computing the base snapshot"),
         help='A saved base answers snapshot (.json/.npz) to use instead of computing one; or "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever training begins or resumes, instead of keeping a snapshot.')
     batch_size: int | str = _setting(
         default="auto",
-        check=_batch_size,
+        check=check.batch_size,
         help='Probes per forward pass: a positive integer or "auto".')
     normalize: str | None = _setting(
         default=None,
-        check=_choice(tuple(m for m in NORMALIZE_MODES if m), allow_none=True),
+        check=check.choice(tuple(m for m in NORMALIZE_MODES if m), allow_none=True),
         help='Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``).')
     chat_template: bool = _setting(
         default=False,
-        check=_bool,
+        check=check.boolean,
         help="Wrap each question in the tokenizer's chat template.")
     max_new_tokens: int = _setting(
         default=64,
-        check=_int(1),
+        check=check.integer(1),
         help='Generative probes: most tokens to generate (>= 1).')
     stop: list[str] = _setting(
         default_factory=lambda: ["\n"],
-        check=_stop,
+        check=check.stop_strings,
         help='Generative probes: generation stops at the first of these strings.')
     log_categories: bool = _setting(
         default=True,
-        check=_bool,
+        check=check.boolean,
         help='Also log ``forgetwatch/<category>/<metric>`` keys.')
     verbose: bool = _setting(
         default=True,
-        check=_bool,
+        check=check.boolean,
         help='Print one console line per evaluation.')
 
     def __post_init__(self) -> None:
         # Checked here, not only in from_dict, so configs built in code are held to the same rules.
         values = {name: getattr(self, name) for name in _CHECKS}
-        cleaned, problems = _check_values(values, "ForgetWatchConfig", {})
+        cleaned, problems = check_values(values, _CHECKS, "ForgetWatchConfig", {})
         if problems:
             raise ConfigError(problems)
         # Normalised copies (list/dict copies, ints as floats): the caller's objects are not shared.
@@ -354,7 +169,7 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig.from_dict({"eval_step": 50}, source="cfg")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
                 ...
-            forgetwatch.config.ConfigError: cfg: key 'eval_step': unknown key (did you mean 'eval_steps'?); ...
+            forgetwatch.config_checks.ConfigError: cfg: key 'eval_step': unknown key (did you mean 'eval_steps'?); ...
         """
         return cls._from_mapping(data, source, lines={}, relative_to=None)
 
@@ -388,8 +203,6 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).patience  # doctest: +SKIP
             5
         """
-        from .config_yaml import read_section
-
         data, lines, problems = read_section(path, _CHECKS)
         cfg = cls._from_mapping(data, str(path), lines, Path(path).absolute().parent, problems)
         return cfg.replace(**overrides) if overrides else cfg
@@ -413,12 +226,12 @@ class ForgetWatchConfig:
                 message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
                 problems.append(ConfigProblem(source, None, None, message))
             elif key not in _CHECKS:
-                hint = _did_you_mean(key, _CHECKS) or f" (known keys: {', '.join(_CHECKS)})"
+                hint = suggestion(key, _CHECKS) or f" (known keys: {', '.join(_CHECKS)})"
                 message = f"unknown key{hint}; fix or remove it"
                 problems.append(ConfigProblem(source, lines.get(key), key, message))
             else:
                 known[key] = value
-        cleaned, value_problems = _check_values(known, source, lines)
+        cleaned, value_problems = check_values(known, _CHECKS, source, lines)
         problems += value_problems
         if problems:
             raise ConfigError(problems)
@@ -427,6 +240,22 @@ class ForgetWatchConfig:
                 if cleaned.get(name) not in (None, ADAPTER_DISABLED):
                     cleaned[name] = _resolve(cleaned[name], relative_to)
         return cls(**cleaned)
+
+    def check_categories(self, categories: Sequence[str]) -> None:
+        """Refuse per-category thresholds for categories the probes do not have: a misspelled
+        one would leave its guard off all run long.
+
+        Example:
+            >>> ForgetWatchConfig(category_max_forgetting={"mth": 0.1}).check_categories(["math"])  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+                ...
+            forgetwatch.config_checks.ConfigError: ForgetWatchCallback: key 'category_max_forgetting': names categories ...
+        """
+        unknown = sorted(set(self.category_max_forgetting) - set(categories))
+        if unknown:
+            message = (f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
+                       f"they have {', '.join(map(repr, categories))}")
+            raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (only str, int, float, bool, None, list, dict): YAML/JSON-ready.
@@ -452,8 +281,6 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
             50
         """
-        from .config_yaml import write_settings
-
         data = self.to_dict()
         for name in PATH_FIELDS:
             if data[name] not in (None, ADAPTER_DISABLED):
@@ -471,7 +298,7 @@ def _init(self: ForgetWatchConfig, *args: Any, **kwargs: Any) -> None:
     # an unknown keyword is the project's error, with a hint, not a dataclass TypeError
     unknown = [k for k in kwargs if k not in _CHECKS]
     if unknown:
-        raise ConfigError([ConfigProblem("ForgetWatchConfig", None, k, f"unknown key{_did_you_mean(k, _CHECKS)}; "
+        raise ConfigError([ConfigProblem("ForgetWatchConfig", None, k, f"unknown key{suggestion(k, _CHECKS)}; "
                                          f"known keys: {', '.join(_CHECKS)}") for k in unknown])
     _dataclass_init(self, *args, **kwargs)
 
@@ -493,21 +320,20 @@ def options_doc() -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_settings(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` with every setting as a keyword-only parameter (type and default) in place
+    of its ``**kwargs``: what ``help()`` and editors show for a function taking settings."""
+    params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    named = {p.name for p in params}
+    for f in fields(ForgetWatchConfig):
+        if f.name not in named:
+            default = f.default if f.default is not MISSING else f.default_factory()
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=f.type))
+    return signature.replace(parameters=params)
+
+
 ForgetWatchConfig.__doc__ += "\n    Settings:\n" + "\n".join("    " + line for line in options_doc().splitlines()) + "\n"
-
-
-def _check_values(
-    values: Mapping[str, Any], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    """Check each known field; return the normalised values and every problem found."""
-    cleaned: dict[str, Any] = {}
-    problems: list[ConfigProblem] = []
-    for name, value in values.items():
-        try:
-            cleaned[name] = _CHECKS[name](value)
-        except _Invalid as exc:
-            problems.append(ConfigProblem(source, lines.get(name), name, str(exc)))
-    return cleaned, problems
 
 
 def _resolve(path: str, folder: Path) -> str:

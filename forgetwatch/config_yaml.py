@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
-from .config import ROOT_KEY, ConfigError, ConfigProblem
+from .config_checks import ConfigError, ConfigProblem
 from .files import atomic_write
 from .text import describe, did_you_mean, shorten
 
 MAX_BYTES = 1 << 20  # 1 MiB
+#: Top-level key under which a bigger YAML file may hold the forgetwatch section.
+ROOT_KEY = "forgetwatch"
 
 
 def read_section(path: str | Path, known: Iterable[str]) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:

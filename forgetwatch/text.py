@@ -49,6 +49,17 @@ def did_you_mean(word: str, options: Iterable[str], cutoff: float = 0.6) -> str 
     return match[0] if match else None
 
 
+def suggestion(word: str, options: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the option closest to ``word``, or ``""``.
+
+    Example:
+        >>> suggestion("eval_step", ["eval_steps", "patience"])
+        " (did you mean 'eval_steps'?)"
+    """
+    match = did_you_mean(word, options, cutoff)
+    return f" (did you mean {match!r}?)" if match else ""
+
+
 def pct(x: float | None, width: int = 0, missing: str = "n/a") -> str:
     """A rate as a percentage for the console (``width`` pads the number for columns);
     ``missing`` when it does not apply.

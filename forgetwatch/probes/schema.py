@@ -17,7 +17,7 @@ from typing import Any
 
 from ..extract import normalize_number
 from ..problems import InputError
-from ..text import did_you_mean, shorten
+from ..text import did_you_mean, shorten, suggestion
 
 EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
@@ -251,9 +251,7 @@ def _check_extract(value: Any) -> str | None:
         return f"is empty; use {modes}, a regex with one capture group, or leave it out"
     if re.fullmatch(r"[A-Za-z_]+", value):
         # A bare word is a typo'd mode far more often than an intended regex.
-        close = did_you_mean(value, EXTRACT_MODES)
-        hint = f" (did you mean {close!r}?)" if close else ""
-        return f"unknown extract mode {value!r}{hint}; use {modes}, or a regex with exactly one capture group"
+        return f"unknown extract mode {value!r}{suggestion(value, EXTRACT_MODES)}; use {modes}, or a regex with exactly one capture group"
     try:
         groups = re.compile(value).groups
     except re.error as exc:
