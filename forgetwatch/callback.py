@@ -10,12 +10,11 @@ are visible here: every cross-rank step goes through the one ``Ranks`` this call
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,11 @@ from . import sinks
 from .adapters import adapters_disabled
 from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
-from .config import ADAPTER_DISABLED, ConfigError, ConfigProblem, ForgetWatchConfig, options_doc
+from .config import ADAPTER_DISABLED, ForgetWatchConfig, options_doc, with_settings
 from .distributed import Ranks
 from .history import first_whole_history, history_record, report_from_record
 from .metrics import compare
-from .probes import ProbeSet
+from .probes import ProbesLike, as_probe_set
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
@@ -43,7 +42,6 @@ from .trainer_bridge import TrainerBridge, resumed_checkpoint
 logger = logging.getLogger(__name__)
 
 OnForgetting = Callable[[TransitionReport, int], Any]
-ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]]
 
 #: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
 _OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "clock")
@@ -131,8 +129,8 @@ class ForgetWatchCallback(TrainerCallback):
         if probes is None:
             raise ValueError("ForgetWatchCallback needs probes: a ProbeSet, a probe file path or a list of probe rows")
         # a bad probe file fails here, before the trainer does any work
-        self.probes = _probe_set(probes)
-        _check_categories(config, self.probes)
+        self.probes = as_probe_set(probes, source="ForgetWatchCallback(probes=[...])")
+        config.check_categories(self.probes.categories)
         self.config = config
         self.tokenizer = tokenizer
         self.on_forgetting = on_forgetting
@@ -449,39 +447,7 @@ class ForgetWatchCallback(TrainerCallback):
             self._store.save_history(self._records)
 
 
-def _signature_with_settings() -> inspect.Signature:
-    """The constructor's signature with every config setting spelled out (type and default),
-    so ``help(ForgetWatchCallback)`` and editors that inspect live objects show them all."""
-    signature = inspect.signature(ForgetWatchCallback.__init__)
-    params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    named = {p.name for p in params}
-    for f in dataclasses.fields(ForgetWatchConfig):
-        if f.name not in named:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=f.type))
-    return signature.replace(parameters=params)
-
-
-ForgetWatchCallback.__init__.__signature__ = _signature_with_settings()
+# every setting visible with its type and default, to help() and to editors that inspect live objects
+ForgetWatchCallback.__init__.__signature__ = with_settings(inspect.signature(ForgetWatchCallback.__init__))
 ForgetWatchCallback.__doc__ += options_doc()
 
-
-def _probe_set(probes: ProbesLike) -> ProbeSet:
-    if isinstance(probes, ProbeSet):
-        return probes
-    if isinstance(probes, (str, os.PathLike)):
-        return ProbeSet.from_jsonl(probes)
-    if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):
-        return ProbeSet.from_records(probes, source="ForgetWatchCallback(probes=[...])")
-    raise TypeError(f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
-                    f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf")
-
-
-def _check_categories(config: ForgetWatchConfig, probes: ProbeSet) -> None:
-    """A misspelled category would leave its guard off all run long: refuse it now."""
-    unknown = sorted(set(config.category_max_forgetting) - set(probes.categories))
-    if unknown:
-        message = (f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
-                   f"they have {', '.join(map(repr, probes.categories))}")
-        raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])

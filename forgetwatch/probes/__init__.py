@@ -13,8 +13,8 @@ from any source), :mod:`.jsonl` (files), :mod:`.presets` (datasets), :mod:`.samp
 
 from ..problems import MAX_REPORTED as MAX_REPORTED_ERRORS
 from .jsonl import MAX_FILE_BYTES, MAX_LINE_BYTES
-from .probe_set import ProbeSet
+from .probe_set import ProbeSet, ProbesLike, as_probe_set
 from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError
 
 __all__ = ["EXTRACT_MODES", "LONG_QUESTION", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_REPORTED_ERRORS",
-           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeSet"]
+           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeSet", "ProbesLike", "as_probe_set"]

@@ -198,3 +198,25 @@ class ProbeSet(Sequence[Probe]):
         if scoring:
             h.update(json.dumps(dict(scoring), sort_keys=True, default=str).encode())
         return h.hexdigest()[:16]
+
+
+#: What accepts probes: a :class:`ProbeSet`, a probe file's path, or a list of probe rows.
+ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]]
+
+
+def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
+    """``probes`` as a :class:`ProbeSet`: loaded from a file, or validated from rows (their
+    errors name ``source``).
+
+    Example:
+        >>> as_probe_set([{"id": "q1", "question": "2+2=", "answer": "4"}]).ids
+        ['q1']
+    """
+    if isinstance(probes, ProbeSet):
+        return probes
+    if isinstance(probes, (str, os.PathLike)):
+        return ProbeSet.from_jsonl(probes)
+    if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):
+        return ProbeSet.from_records(probes, source=source)
+    raise TypeError(f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
+                    f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf")
