@@ -93,3 +93,16 @@ def test_bash_lines_name_real_commands_flags_files_and_extras(capsys):
                     assert flag in text, f"{flag} is not an option of 'forgetwatch {words[1]}'"
             else:
                 assert words == ["pytest"], part
+
+
+def test_layout_tree_names_every_module():
+    tree = next(code for code, _ in blocks("text") if code.startswith("forgetwatch/"))
+    named, folders = set(), []
+    for line in tree.splitlines():
+        name = line.split()[0]
+        depth = (len(line) - len(line.lstrip())) // 2
+        folders[depth:] = [name] if name.endswith("/") else []
+        if name.endswith(".py"):
+            named.add("".join(folders[:depth]) + name)
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "forgetwatch").rglob("*.py")}
+    assert named == modules
