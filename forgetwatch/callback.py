@@ -91,7 +91,7 @@ class ForgetWatchCallback(TrainerCallback):
         output_dir, history_path: where the snapshot and ``history.jsonl`` are written.
 
     Example:
-        >>> from trl import SFTTrainer
+        >>> from trl import SFTTrainer                                          # doctest: +SKIP
         >>> probes = ProbeSet.from_jsonl("probes.jsonl")                          # doctest: +SKIP
         >>> trainer = SFTTrainer(model=model, train_dataset=ds,
         ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
