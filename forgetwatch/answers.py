@@ -59,7 +59,8 @@ class Answers:
             ``None`` when extraction failed).
         choice_logprobs: per sample, the summed log-probability of each choice
             (empty for generative probes).
-        gold_logprob: log-probability of the correct choice (NaN for generative probes).
+        gold_logprob: log-probability of the correct choice; for a generative probe, of its reference
+            answer after the prompt, teacher-forced (NaN where it was not scored).
         n_choices: number of choices per sample (0 for generative probes).
         categories: category per sample.
         outputs: raw generated text for generative probes (``None`` for multiple choice).

@@ -455,3 +455,18 @@ def test_a_huge_question_is_cut_before_tokenizing_with_the_same_answers(toy, mon
     assert got.predicted == want.predicted and got.outputs == want.outputs
     np.testing.assert_allclose(got.choice_logprobs[0], want.choice_logprobs[0], rtol=1e-6)
     assert encoding.VISIBLE_TOKENS >= 1 << 17
+
+
+def test_generative_reference_logprob_equals_a_plain_loop(toy):
+    # the reference answer, teacher-forced after the prompt: each probe alone, unpadded
+    probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
+    got = evaluate(toy.base, toy.tokenizer, probes, batch_size=4, max_new_tokens=4, show_progress=False)
+    for i, p in enumerate(probes):
+        context = p.question.rstrip()
+        ctx = toy.tokenizer(context)["input_ids"]
+        whole = toy.tokenizer(context + p.question[len(context):] + " " + p.answer)["input_ids"]
+        with torch.no_grad():
+            lp = torch.log_softmax(toy.base(input_ids=torch.tensor([whole])).logits[0].float(), -1)
+        expected = sum(float(lp[t - 1, whole[t]]) for t in range(len(ctx), len(whole)))
+        assert got.gold_logprob[i] == pytest.approx(expected, abs=1e-4), p.id
+    assert np.isfinite(got.gold_logprob).all() and (got.n_choices == 0).all()

@@ -34,9 +34,12 @@ class EncodedChoices:
 
 @dataclass(frozen=True)
 class EncodedPrompt:
-    """A generative probe: the prompt ids (not yet truncated)."""
+    """A generative probe: the prompt ids (not yet truncated), and its reference answer as the
+    one choice after the prompt (teacher-forced, for its log-probability: a drift signal), or
+    ``None`` when the reference adds no tokens of its own."""
 
     prompt: tuple[int, ...]
+    reference: EncodedChoices | None = None
 
 
 Encoded = EncodedChoices | EncodedPrompt
@@ -112,7 +115,8 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
 
 
 def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> list[Encoded]:
-    """Token ids for every probe, in probe order, with batched tokenizer calls."""
+    """Token ids for every probe, in probe order, with batched tokenizer calls. A generative
+    probe's reference answer is encoded like a choice (``delimiter + answer``)."""
     delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
@@ -121,8 +125,7 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> l
         text = prompt_text(tokenizer, visible_tail(tokenizer, p.question), chat_template)
         if p.choices is None:
             prompts.append(text)
-            continue
-        for choice in p.choices:
+        for choice in p.choices or (p.answer,):
             context, continuation = split_trailing_space(text, delimiter + choice)
             wholes.append(context + continuation)
         contexts.append(context)
@@ -133,7 +136,10 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> l
     out: list[Encoded] = []
     for p in probes:
         if p.choices is None:
-            out.append(EncodedPrompt(tuple(next(prompt_ids))))
+            ctx = next(context_ids)
+            cont = tuple(next(whole_ids)[len(ctx):])
+            reference = EncodedChoices(tuple(ctx), (cont,)) if ctx and cont else None
+            out.append(EncodedPrompt(tuple(next(prompt_ids)), reference))
             continue
         ctx = next(context_ids)
         if not ctx:

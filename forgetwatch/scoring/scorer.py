@@ -87,8 +87,12 @@ class Scorer:
         self.extract = extract
         self.encoded = encode_probes(tokenizer, probes, chat_template)
         self.fingerprint = probes.fingerprint()
-        self._first_key = np.cumsum([0] + [p.n_choices for p in probes])
-        self._choice_probes = [i for i, e in enumerate(self.encoded) if isinstance(e, EncodedChoices)]
+        # what goes through the log-likelihood forwards: each multiple-choice probe, and each
+        # generative probe's reference answer (teacher-forced, for its log-probability)
+        self._reads: list[EncodedChoices | None] = [e if isinstance(e, EncodedChoices) else e.reference
+                                                    for e in self.encoded]
+        self._first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in self._reads])
+        self._choice_probes = [i for i, r in enumerate(self._reads) if r is not None]
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
         self._models: weakref.WeakKeyDictionary[torch.nn.Module, ModelState] = weakref.WeakKeyDictionary()
         self._warned: set[str] = set()  # warnings given once per scorer
@@ -192,10 +196,11 @@ class Scorer:
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
         self._warn_truncated(run.max_length)
         mine = [self._choice_probes[j] for j in run.ranks.my_share(
-            [self._cost(self.encoded[i]) for i in self._choice_probes])]
-        cheapest = min(self._choice_probes, key=lambda i: self._cost(self.encoded[i]))
+            [self._cost(self._reads[i]) for i in self._choice_probes])]
+        cheapest = min(self._choice_probes, key=lambda i: self._cost(self._reads[i]))
         filler = collate(self._rows([cheapest], run.max_length, run.packing, window)[:1], run.pad_id)
-        return _Plan(self._batches(self._rows(mine, run.max_length, run.packing, window), run), filler, len(mine))
+        n_probes = sum(isinstance(self.encoded[i], EncodedChoices) for i in mine)  # generative: counted with generation
+        return _Plan(self._batches(self._rows(mine, run.max_length, run.packing, window), run), filler, n_probes)
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through."""
@@ -215,7 +220,7 @@ class Scorer:
     def _rows(self, indices: list[int], max_length: int, packing: bool, sliding_window: int | None) -> list[Row]:
         rows: list[Row] = []
         for i in indices:
-            enc = self.encoded[i]
+            enc = self._reads[i]
             first = int(self._first_key[i])
             if packing and not needs_truncation(enc, max_length):
                 row = packed_row(enc, first)
@@ -226,7 +231,7 @@ class Scorer:
         return rows
 
     def _warn_truncated(self, max_length: int) -> None:
-        truncated = sum(needs_truncation(self.encoded[i], max_length) for i in self._choice_probes)
+        truncated = sum(needs_truncation(self._reads[i], max_length) for i in self._choice_probes)
         if truncated:
             self._warn_once("choices", "%d probe(s) are longer than the model's maximum length (%d "
                             "tokens); their questions are truncated from the left, as lm-eval-harness "
@@ -283,8 +288,8 @@ class Scorer:
         reason = packing_blocker(inner, _text_config(inner))
         if reason is not None:
             return reason
-        probes = check_probes([(int(self._first_key[i]), self.encoded[i]) for i in self._choice_probes
-                               if not needs_truncation(self.encoded[i], run.max_length)])
+        probes = check_probes([(int(self._first_key[i]), self._reads[i]) for i in self._choice_probes
+                               if not needs_truncation(self._reads[i], run.max_length)])
         if not probes:
             return None
         forward = self._forward(run)
@@ -358,6 +363,8 @@ class Scorer:
                 else:
                     got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
                 sample.update(correct=is_correct(got, reference), predicted=got, output=text, n_choices=0)
+                if self._reads[i] is not None:  # the reference answer's teacher-forced log-probability
+                    sample["gold_logprob"] = float(sums[self._first_key[i]])
             samples.append(sample)
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
@@ -391,8 +398,8 @@ class _Run:
 
 
 class _Plan(NamedTuple):
-    """This rank's multiple-choice batches, a one-row batch to fill in with, and how many
-    probes it scores."""
+    """This rank's log-likelihood batches, a one-row batch to fill in with, and how many
+    multiple-choice probes it scores."""
 
     batches: list[Batch]
     filler: Batch
