@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HistoryError", "history_record", "read_history", "report_from_record"]
 
+#: The id lists of a report: kept once, at the top level of a record.
+_ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
+
 
 class HistoryError(ValueError):
     """A line of a history file that is not an evaluation record (names the file and line)."""
@@ -44,6 +47,7 @@ def history_record(
     seconds: float,
     trigger: str,
     stop: str | None = None,
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One evaluation as ``history.jsonl`` stores it.
 
@@ -58,6 +62,7 @@ def history_record(
         seconds: how long the evaluation took.
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``).
         stop: why forgetwatch stopped training here, if it did.
+        columns: the evaluation's trajectory column (:meth:`~forgetwatch.trajectory.Trajectory.column`).
 
     Example:
         >>> r = history_record(10, TransitionReport(n=1, kept=1), time=0.0, seconds=0.5, trigger="schedule")
@@ -66,13 +71,15 @@ def history_record(
     """
     data = report.to_dict()
     for child in data["by_category"].values():
-        child.pop("forgotten_ids", None)
-        child.pop("gained_ids", None)
+        for name in _ID_LISTS:
+            child.pop(name, None)
         child.pop("by_category", None)
     record: dict[str, Any] = {"step": step, "time": round(time, 3), "seconds": round(seconds, 4),
                               "trigger": trigger, "report": data}
     if stop is not None:
         record["stop"] = stop
+    if columns is not None:
+        record["columns"] = columns
     return record
 
 
@@ -89,9 +96,8 @@ def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]
     """
     report = TransitionReport.from_dict(record["report"])
     children = {
-        cat: dataclasses.replace(child,
-                                 forgotten_ids=[i for i in report.forgotten_ids if category_of.get(i) == cat],
-                                 gained_ids=[i for i in report.gained_ids if category_of.get(i) == cat])
+        cat: dataclasses.replace(child, **{name: [i for i in getattr(report, name) if category_of.get(i) == cat]
+                                           for name in _ID_LISTS})
         for cat, child in report.by_category.items()
     }
     return dataclasses.replace(report, by_category=children)

@@ -184,24 +184,65 @@ def mcnemar_exact(b: int, c: int) -> float:
     return math.exp(min(log_p, 0.0))
 
 
-def logprob_drop(
-    gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike, n_choices: ArrayLike
-) -> float:
-    """Mean fall of the gold choice's log-probability over base-correct multiple-choice samples.
+def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
+    """Mean fall of the gold answer's log-probability over base-correct samples where it was
+    scored (a choice, or a generative probe's teacher-forced reference; NaN where not).
 
     Positive means the current model is less sure of answers the base model got right, which
     shows before those answers flip. NaN when there is no such sample.
 
     Example:
-        >>> logprob_drop([-0.1, -0.2, -3.0], [-0.6, -0.2, -0.1], [True, True, False], [2, 2, 2])
+        >>> logprob_drop([-0.1, -0.2, -3.0, float("nan")], [-0.6, -0.2, -0.1, -1.0], [True, True, False, True])
         0.25
     """
     gb = np.asarray(gold_before, dtype=np.float64)
     ga = np.asarray(gold_after, dtype=np.float64)
-    mask = np.asarray(correct_before, dtype=bool) & (np.asarray(n_choices) > 0)
+    mask = np.asarray(correct_before, dtype=bool) & np.isfinite(gb) & np.isfinite(ga)
     if not mask.any():
         return math.nan
     return float(np.mean(gb[mask] - ga[mask]))
+
+
+def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike]) -> np.ndarray:
+    """Each sample's drift signal: for multiple choice its margin, the gold choice's
+    log-probability minus the best other choice's (below zero: answered wrong); for a
+    generative probe (no choices) the reference answer's log-probability. NaN where not scored.
+
+    Example:
+        >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
+        [1.0, -2.0]
+    """
+    gold = np.asarray(gold_logprob, dtype=np.float64)
+    out = gold.copy()
+    for i, lps in enumerate(choice_logprobs):
+        lps = np.asarray(lps, dtype=np.float64)
+        if len(lps) > 1:
+            others = lps[lps != gold[i]] if np.count_nonzero(lps == gold[i]) == 1 else lps
+            out[i] = gold[i] - others.max()
+    return out
+
+
+def at_risk(
+    correct_before: ArrayLike, correct_after: ArrayLike, signal_before: ArrayLike, signal_after: ArrayLike,
+    n_choices: ArrayLike, share: float = 0.5, floor: float = 0.1,
+) -> np.ndarray:
+    """Which samples are still right but slipping, before they flip (see :func:`margins`).
+
+    A sample right before and now is at risk when, for multiple choice, its margin fell below
+    ``share`` of its base margin or below ``floor`` nats; for a generative probe, when its
+    reference answer's probability fell below ``share`` of the base's (log-probability down by
+    more than ``-log(share)``).
+
+    Example:
+        >>> at_risk([1, 1, 1, 0], [1, 1, 0, 0], [2.0, 2.0, 2.0, -1.0], [0.5, 1.5, -1.0, -2.0], [4, 4, 4, 4]).tolist()
+        [True, False, False, False]
+    """
+    before, after = np.asarray(correct_before, dtype=bool), np.asarray(correct_after, dtype=bool)
+    sb, sa = np.asarray(signal_before, dtype=np.float64), np.asarray(signal_after, dtype=np.float64)
+    choice = np.asarray(n_choices) > 0
+    with np.errstate(invalid="ignore"):
+        slipping = np.where(choice, (sa < share * sb) | (sa < floor), sa < sb + math.log(share))
+    return before & after & np.isfinite(sb) & np.isfinite(sa) & slipping
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -254,9 +295,11 @@ def _report(
     base: Answers,
     current: Answers,
     idx: np.ndarray,
+    risky: np.ndarray,
     by_category: dict[str, TransitionReport] | None = None,
 ) -> TransitionReport:
-    """The report for the samples at positions ``idx`` (in probe order)."""
+    """The report for the samples at positions ``idx`` (in probe order); ``risky`` marks the
+    samples at risk (all of them, in probe order)."""
     before, after = base.correct[idx], current.correct[idx]
     k = base.n_choices[idx]
     t = transition_counts(before, after)
@@ -283,24 +326,26 @@ def _report(
         forgetting_ci=wilson_interval(t.n10, n),
         backward_transfer_ci=wilson_interval(t.n01, n),
         mcnemar_p=mcnemar_exact(t.n01, t.n10),
-        logprob_drop=logprob_drop(
-            base.gold_logprob[idx], current.gold_logprob[idx], before, k
-        ),
+        logprob_drop=logprob_drop(base.gold_logprob[idx], current.gold_logprob[idx], before),
         choice_kl=choice_kl(
             [base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]
         ),
         forgotten_ids=[base.ids[i] for i in idx[forgotten_mask]],
         gained_ids=[base.ids[i] for i in idx[gained_mask]],
+        at_risk=_ratio(int(risky[idx].sum()), n),
+        at_risk_ids=[base.ids[i] for i in idx[risky[idx]]],
         by_category=by_category or {},
     )
 
 
-def compare(base: Answers, current: Answers) -> TransitionReport:
+def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_risk_floor: float = 0.1
+            ) -> TransitionReport:
     """Compare the current model's answers with the base model's on the same probes.
 
     Raises :class:`~forgetwatch.answers.AnswersMismatchError` if the two answer sets are
     for different probes or scoring options. The report covers all samples, with one child
-    report per category in ``by_category`` (categories sorted).
+    report per category in ``by_category`` (categories sorted). ``at_risk_share`` and
+    ``at_risk_floor`` decide which still-right samples are at risk (see :func:`at_risk`).
 
     Example:
         >>> report = compare(base_answers, current_answers)  # doctest: +SKIP
@@ -310,8 +355,11 @@ def compare(base: Answers, current: Answers) -> TransitionReport:
     positions: dict[str, list[int]] = {}
     for i, cat in enumerate(base.categories):
         positions.setdefault(cat, []).append(i)
+    risky = at_risk(base.correct, current.correct, margins(base.gold_logprob, base.choice_logprobs),
+                    margins(current.gold_logprob, current.choice_logprobs), base.n_choices,
+                    at_risk_share, at_risk_floor)
     by_category = {
-        cat: _report(base, current, np.array(positions[cat], dtype=np.int64))
+        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky)
         for cat in sorted(positions)
     }
-    return _report(base, current, np.arange(len(base), dtype=np.int64), by_category)
+    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, by_category)

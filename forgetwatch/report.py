@@ -37,7 +37,10 @@ class TransitionReport:
 
     Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0.
     Rates are shares of ``n`` (NaN when ``n == 0``); see :mod:`forgetwatch.metrics` for the
-    definitions. Build one with :func:`forgetwatch.metrics.compare`.
+    definitions. Build one with :func:`forgetwatch.metrics.compare`. ``at_risk_ids`` are the
+    still-right probes whose margin is slipping (:func:`forgetwatch.metrics.at_risk`);
+    ``forgetting_events`` and ``forgetting_persistent`` come from the run's trajectory
+    (:mod:`forgetwatch.trajectory`), NaN outside a run.
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -67,6 +70,10 @@ class TransitionReport:
     choice_kl: float = _NAN
     forgotten_ids: list[str] = field(default_factory=list)
     gained_ids: list[str] = field(default_factory=list)
+    at_risk: float = _NAN
+    at_risk_ids: list[str] = field(default_factory=list)
+    forgetting_events: float = _NAN
+    forgetting_persistent: float = _NAN
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------

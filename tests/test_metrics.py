@@ -40,7 +40,7 @@ def make(correct, k=4, categories=None, logprobs=None, gold=None, ids=None, fing
             g = gold[i] if gold else lp[0]
             pred = predicted[i] if predicted else (0 if correct[i] else 1)
         else:
-            lp, g = [], None
+            lp, g = [], gold[i] if gold else None
             pred = predicted[i] if predicted else ("yes" if correct[i] else None)
         samples.append(dict(
             id=ids[i] if ids else f"q{i}", correct=bool(correct[i]), predicted=pred,
@@ -328,8 +328,43 @@ def test_logprob_drop_and_choice_kl_match_plain_loop():
     assert r.logprob_drop == pytest.approx(expected_drop, rel=1e-12)
     assert r.choice_kl == pytest.approx(expected_kl, rel=1e-9)
     assert math.isfinite(r.choice_kl) and r.choice_kl > 0
-    assert logprob_drop(base.gold_logprob, cur.gold_logprob, base.correct, base.n_choices) == r.logprob_drop
+    assert logprob_drop(base.gold_logprob, cur.gold_logprob, base.correct) == r.logprob_drop
     assert choice_kl(base.choice_logprobs, cur.choice_logprobs) == pytest.approx(expected_kl, rel=1e-9)
+
+
+def test_at_risk_matches_a_plain_loop():
+    rng = random.Random(5)
+    n, share, floor = 400, 0.6, 0.2
+    ks = [rng.choice([0, 0, 2, 4]) for _ in range(n)]
+    lp_b = [[rng.uniform(-4, 0) for _ in range(k)] for k in ks]
+    lp_a = [[x + rng.uniform(-1, 0.5) for x in row] for row in lp_b]
+    gen_b = [rng.uniform(-6, 0) if not k else None for k in ks]
+    gen_a = [g + rng.uniform(-2, 0.5) if g is not None else None for g in gen_b]
+    gen_b[1:n:37] = [None] * len(gen_b[1:n:37])  # some references were never scored
+    before = [rng.random() < 0.7 for _ in range(n)]
+    after = [b and rng.random() < 0.8 for b in before]
+    base = make(before, k=ks, logprobs=lp_b, gold=[row[0] if row else g for row, g in zip(lp_b, gen_b)],
+                categories=[rng.choice("ab") for _ in range(n)])
+    cur = make(after, k=ks, logprobs=lp_a, gold=[row[0] if row else g for row, g in zip(lp_a, gen_a)],
+               categories=list(base.categories))
+
+    expected = []
+    for i in range(n):
+        if not (before[i] and after[i]):
+            continue
+        if ks[i]:
+            mb, ma = lp_b[i][0] - max(lp_b[i][1:]), lp_a[i][0] - max(lp_a[i][1:])
+            risky = ma < share * mb or ma < floor
+        else:
+            risky = gen_b[i] is not None and math.exp(gen_a[i]) < share * math.exp(gen_b[i])
+        if risky:
+            expected.append(f"q{i}")
+
+    r = compare(base, cur, at_risk_share=share, at_risk_floor=floor)
+    assert r.at_risk_ids == expected and 20 < len(expected) < n / 2
+    assert r.at_risk == len(expected) / n
+    for cat, child in r.by_category.items():
+        assert child.at_risk_ids == [i for i in expected if base.categories[base.ids.index(i)] == cat]
 
 
 def test_choice_kl_hand_value_and_edges():
@@ -339,7 +374,7 @@ def test_choice_kl_hand_value_and_edges():
     assert is_nan(choice_kl([[], []], [[], []]))
     with pytest.raises(ValueError):
         choice_kl([[0.0, 0.0]], [[0.0, 0.0, 0.0]])
-    assert is_nan(logprob_drop([-1.0], [-2.0], [False], [4]))  # no base-correct sample
+    assert is_nan(logprob_drop([-1.0], [-2.0], [False]))  # no base-correct sample
 
 
 # -- compatibility -------------------------------------------------------------------------------
