@@ -12,6 +12,7 @@ from .metrics import compare
 from .probes import Probe, ProbeError, ProbeSet
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
+from .trajectory import Trajectory, load_trajectory
 
 __version__ = "0.1.0"
 
@@ -38,8 +39,10 @@ __all__ = [
     "ProbeError",
     "ProbeSet",
     "Scorer",
+    "Trajectory",
     "TransitionReport",
     "__version__",
     "compare",
     "evaluate",
+    "load_trajectory",
 ]

@@ -38,6 +38,7 @@ from .stopping import StopRule
 from .store import HISTORY, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
+from .trajectory import Trajectory, with_trajectory_figures
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class ForgetWatchCallback(TrainerCallback):
 
     Attributes:
         history: ``(global_step, TransitionReport)`` per evaluation.
+        trajectory: every probe's correctness and drift signal at the base and each evaluation
+            (a :class:`~forgetwatch.trajectory.Trajectory`; ``None`` before training begins).
         base_answers: the base model's :class:`~forgetwatch.Answers`.
         stop_reason: why it stopped training, or ``None``.
         monitoring_seconds: wall time spent in forgetwatch (base snapshot and evaluations).
@@ -139,6 +142,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._bridge = TrainerBridge(self, trainer)
         self.base_answers: Answers | None = None
         self.history: list[tuple[int, TransitionReport]] = []
+        self.trajectory: Trajectory | None = None
         self.stop_reason: str | None = None
         self.monitoring_seconds = 0.0
         self._records: list[dict[str, Any]] = []
@@ -232,6 +236,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._writes = state.is_world_process_zero
         resumed = state.global_step > 0
         self.base_answers, computed = self._base(model, args, state, resumed)
+        self.trajectory = Trajectory.start(self.base_answers)
         if resumed:
             self._restore_history(args, state)
         elif self._writes:
@@ -269,7 +274,7 @@ class ForgetWatchCallback(TrainerCallback):
         if not self._training:
             # after train(): the weights may have changed (best model loaded); score them
             # afresh, outside the run's history
-            report = compare(self.base_answers, self._score(model))
+            report = self._compare(self._score(model))
         elif self._evaluated(state.global_step):
             report = self.history[-1][1]
         else:
@@ -322,11 +327,13 @@ class ForgetWatchCallback(TrainerCallback):
 
     def _evaluate(self, model, args, state, control, trigger: str, log: bool = True) -> TransitionReport:
         start = self._clock()
-        report = compare(self.base_answers, self._score(model))
+        answers = self._score(model)
         step = state.global_step
+        self.trajectory.append(step, answers)
+        report = with_trajectory_figures(self._compare(answers), self.trajectory)
         self.history.append((step, report))
         record = history_record(step, report, time=round(time.time(), 3), trigger=trigger,
-                                seconds=round(self._clock() - start, 4))
+                                seconds=round(self._clock() - start, 4), columns=self.trajectory.column())
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])
@@ -353,6 +360,10 @@ class ForgetWatchCallback(TrainerCallback):
         if reason:
             self._stop(reason, step, state, control)
         return report
+
+    def _compare(self, answers: Answers) -> TransitionReport:
+        return compare(self.base_answers, answers, at_risk_share=self.config.at_risk_share,
+                       at_risk_floor=self.config.at_risk_floor)
 
     def _emit(self, metrics: dict[str, float], args, state, control) -> None:
         try:
@@ -441,6 +452,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._records = [r for r in records if r["step"] <= state.global_step]
         category = {p.id: p.category for p in self.probes}
         self.history = [(r["step"], report_from_record(r, category)) for r in self._records]
+        self.trajectory = Trajectory.from_history(self.base_answers, self._records)
         for r in self._records:
             self._stop_rule.update(r["report"])
         if self._writes:

@@ -104,6 +104,14 @@ class ForgetWatchConfig:
         default_factory=dict,
         check=check.category_rates,
         help='Per-category thresholds, category -> rate (0..1).')
+    at_risk_share: float = _setting(
+        default=0.5,
+        check=check.rate(True, True, "0.5"),
+        help='A still-right probe is at risk once its margin (multiple choice) or its reference answer\'s probability (generative) falls below this share of the base\'s (0 < x < 1).')
+    at_risk_floor: float = _setting(
+        default=0.1,
+        check=check.non_negative,
+        help='A still-right multiple-choice probe is also at risk once its margin falls below this many nats (>= 0).')
     save_on_stop: bool = _setting(
         default=True,
         check=check.boolean,

@@ -108,6 +108,12 @@ def rate(low_open: bool, high_open: bool, example: str) -> Callable[[Any], float
     return check
 
 
+def non_negative(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 or math.isinf(value):
+        raise Invalid("a number >= 0", value, _slip_hint(value, "float") or "write a number such as 0.1")
+    return float(value)
+
+
 def optional(check: Callable[[Any], Any], none_means: str) -> Callable[[Any], Any]:
     def checked(value: Any) -> Any:
         if value is None:

@@ -26,6 +26,9 @@ METRICS = {
     "gained": "gained",
     "accuracy": "accuracy_after",
     "accuracy_base": "accuracy_before",
+    "forgetting_events": "forgetting_events",
+    "forgetting_persistent": "forgetting_persistent",
+    "at_risk": "at_risk",
     "logprob_drop": "logprob_drop",
     "choice_kl": "choice_kl",
 }
@@ -64,5 +67,5 @@ def console_line(step: int, report: TransitionReport) -> str:
             f"(adjusted {pct(report.forgetting_adjusted)}), backward transfer "
             f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
             f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
-            f"{report.gained} gained of {report.n}")
+            f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk")
 

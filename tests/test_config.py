@@ -58,7 +58,7 @@ def test_field_names_and_order_are_the_documented_ones():
     assert [f.name for f in dataclasses.fields(ForgetWatchConfig)] == [
         "probes", "eval_steps", "max_overhead", "eval_on_evaluate", "eval_on_train_end",
         "max_forgetting", "stop_metric", "patience", "significance", "category_max_forgetting",
-        "save_on_stop", "output_dir", "base", "batch_size", "normalize", "chat_template",
+        "at_risk_share", "at_risk_floor", "save_on_stop", "output_dir", "base", "batch_size", "normalize", "chat_template",
         "max_new_tokens", "stop", "log_categories", "verbose",
     ]
 
@@ -248,6 +248,9 @@ def test_category_names_are_strings():
     ({"max_new_tokens": 0}, "key 'max_new_tokens': expected an integer >= 1, got 0"),
     ({"stop": ["\n", ""]}, "key 'stop': item 1: expected a non-empty string, got ''"),
     ({"batch_size": 0}, "key 'batch_size': expected a positive integer or 'auto', got 0"),
+    ({"at_risk_share": 1}, "key 'at_risk_share': expected a number in (0, 1), got 1 (int)"),
+    ({"at_risk_floor": -0.5}, "key 'at_risk_floor': expected a number >= 0, got -0.5 (float)"),
+    ({"at_risk_floor": "0.1"}, "key 'at_risk_floor': expected a number >= 0, got '0.1' (str); remove the quotes"),
     ({"batch_size": "big"}, "key 'batch_size': expected a positive integer or 'auto', got 'big'"),
     ({"batch_size": True}, "key 'batch_size': expected a positive integer or 'auto', got True"),
     ({"batch_size": 8.0}, "key 'batch_size': expected a positive integer or 'auto', got 8.0"),

@@ -1,0 +1,207 @@
+"""Per-probe correctness over a whole run: forgetting events, persistence, survival.
+
+A :class:`Trajectory` holds, for every probe, whether it was right at the base (step 0) and at
+each evaluation, in order, and its drift signal at each (the margin of a multiple-choice
+probe, the reference answer's log-probability of a generative one; see
+:func:`forgetwatch.metrics.margins`). The figures are pure functions of those arrays.
+
+A *forgetting event* is a probe going from right at one evaluation to wrong at the next (the
+base to the first evaluation included), as Toneva et al. (2019) count them in training; a
+probe is *persistently forgotten* when it was right at the base and is wrong at the last two
+evaluations.
+
+In the run directory the trajectory is not a file of its own: each ``history.jsonl`` record
+carries its evaluation's column (correctness bit-packed, the signal as float16), so it is
+appended, copied into checkpoints and cut back on resume with the history; the base column
+comes from the base snapshot. :func:`load_trajectory` reads it back.
+
+Example:
+    >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
+    >>> t.forgetting_events().tolist(), t.persistent().tolist(), t.survival().tolist()
+    ([1, 1], [False, False], [1.0, 0.5, 0.0])
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .answers import Answers
+from .history import read_history
+from .metrics import margins
+from .report import TransitionReport
+from .store import HISTORY, SNAPSHOT
+
+__all__ = ["Trajectory", "load_trajectory", "with_trajectory_figures"]
+
+
+class Trajectory:
+    """Whether each probe was right, and its drift signal, at the base and each evaluation.
+
+    Args:
+        ids: probe ids, in probe order.
+        categories: each probe's category.
+        steps: ``0`` for the base, then each evaluation's global step.
+        correct: probes × steps.
+        signal: probes × steps (NaN where not scored); default all NaN.
+    """
+
+    def __init__(self, ids: Sequence[str], categories: Sequence[str], steps: ArrayLike, correct: ArrayLike,
+                 signal: ArrayLike | None = None):
+        self.ids = list(ids)
+        self.categories = list(categories)
+        self.steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+        self.correct = np.asarray(correct, dtype=bool).reshape(len(self.ids), len(self.steps))
+        shape = self.correct.shape
+        self.signal = (np.full(shape, np.nan, dtype=np.float32) if signal is None
+                       else np.asarray(signal, dtype=np.float32).reshape(shape))
+
+    @classmethod
+    def start(cls, base: Answers) -> Trajectory:
+        """The trajectory of a run before its first evaluation: the base column alone."""
+        return cls(base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None])
+
+    def append(self, step: int, answers: Answers) -> None:
+        """Add an evaluation's column (answers aligned with :attr:`ids`)."""
+        self._add(step, answers.correct, _signal(answers))
+
+    def up_to(self, step: int) -> Trajectory:
+        """The base and the evaluations at or before ``step`` (what a resume keeps)."""
+        keep = self.steps <= step
+        keep[0] = True
+        return Trajectory(self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep])
+
+    def __repr__(self) -> str:
+        return f"Trajectory({len(self.ids)} probes, steps {self.steps.tolist()})"
+
+    # -- per probe ---------------------------------------------------------------------------
+
+    def forgetting_events(self) -> np.ndarray:
+        """How many times each probe went from right at one evaluation to wrong at the next."""
+        return (self.correct[:, :-1] & ~self.correct[:, 1:]).sum(axis=1)
+
+    def first_forgotten(self) -> np.ndarray:
+        """The step of each probe's first forgetting event; ``-1`` where it has none."""
+        events = self.correct[:, :-1] & ~self.correct[:, 1:]
+        if not events.shape[1]:
+            return np.full(len(self.ids), -1, dtype=np.int64)
+        return np.where(events.any(axis=1), self.steps[1:][np.argmax(events, axis=1)], -1)
+
+    def regained(self) -> np.ndarray:
+        """Whether each probe was right again at a later evaluation after a forgetting event."""
+        events = self.correct[:, :-1] & ~self.correct[:, 1:]
+        lost_before = np.cumsum(events, axis=1)[:, :-1] > 0  # for each column from the third on
+        return (lost_before & self.correct[:, 2:]).any(axis=1)
+
+    def persistent(self) -> np.ndarray:
+        """Right at the base and wrong at the last two evaluations (none before two)."""
+        if len(self.steps) < 3:
+            return np.zeros(len(self.ids), dtype=bool)
+        return self.correct[:, 0] & ~self.correct[:, -1] & ~self.correct[:, -2]
+
+    # -- over the run ------------------------------------------------------------------------
+
+    def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
+        """At each step, the share of base-correct probes (of ``rows``, default all) with no
+        forgetting event up to it; NaN where no probe was right at the base."""
+        rows = slice(None) if rows is None else np.asarray(rows)
+        correct = self.correct[rows]
+        right = correct[:, 0]
+        if not right.any():
+            return np.full(len(self.steps), np.nan)
+        events = np.concatenate([np.zeros((len(correct), 1), dtype=bool), correct[:, :-1] & ~correct[:, 1:]], axis=1)
+        unbroken = np.cumsum(events, axis=1) == 0
+        return unbroken[right].mean(axis=0)
+
+    def figures(self, rows: ArrayLike | None = None) -> dict[str, float]:
+        """The latest evaluation's trajectory figures for ``rows`` (default all probes):
+        ``forgetting_events`` (events so far, all probes together) and, from the second
+        evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
+        rows = slice(None) if rows is None else np.asarray(rows)
+        out = {"forgetting_events": float(self.forgetting_events()[rows].sum())}
+        n = len(self.correct[rows])
+        if len(self.steps) >= 3 and n:
+            out["forgetting_persistent"] = float(self.persistent()[rows].sum()) / n
+        return out
+
+    # -- a column as a history record stores it ----------------------------------------------
+
+    def column(self, position: int = -1) -> dict[str, str]:
+        """One evaluation's column as text for a history record: correctness bit-packed, the
+        signal as float16, each compressed and base64-encoded."""
+        return {"correct": _pack(np.packbits(self.correct[:, position]).tobytes()),
+                "signal": _pack(self.signal[:, position].astype("<f2").tobytes())}
+
+    def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
+        self.steps = np.append(self.steps, np.int64(step))
+        self.correct = np.concatenate([self.correct, np.asarray(correct, dtype=bool)[:, None]], axis=1)
+        self.signal = np.concatenate([self.signal, np.asarray(signal, dtype=np.float32)[:, None]], axis=1)
+
+    @classmethod
+    def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
+        """The trajectory of a run from its base answers and history records. A record without
+        a column (written before columns existed) gives its correctness from its forgotten and
+        gained ids, and no signal."""
+        trajectory = cls.start(base)
+        n = len(base)
+        for record in records:
+            column = record.get("columns")
+            if column:
+                correct = np.unpackbits(np.frombuffer(_unpack(column["correct"]), dtype=np.uint8))[:n].astype(bool)
+                signal = np.frombuffer(_unpack(column["signal"]), dtype="<f2").astype(np.float32)
+            else:
+                flipped = set(record["report"].get("forgotten_ids", [])) | set(record["report"].get("gained_ids", []))
+                correct = np.array([c != (i in flipped) for i, c in zip(base.ids, base.correct)], dtype=bool)
+                signal = np.full(n, np.nan, dtype=np.float32)
+            if len(correct) != n or len(signal) != n:
+                raise ValueError(f"history record of step {record['step']}: its column holds {len(signal)} probes, "
+                                 f"the base {n}; this history belongs to another probe set")
+            trajectory._add(record["step"], correct, signal)
+        return trajectory
+
+
+def with_trajectory_figures(report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
+    """``report`` with the trajectory's figures, overall and per category (see
+    :meth:`Trajectory.figures`); figures that do not apply stay NaN."""
+    rows: dict[str, list[int]] = {}
+    for i, category in enumerate(trajectory.categories):
+        rows.setdefault(category, []).append(i)
+    children = {cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))
+                for cat, child in report.by_category.items()}
+    return dataclasses.replace(report, by_category=children, **trajectory.figures())
+
+
+def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
+    """The trajectory of a monitored run from its forgetwatch directory (the callback's
+    ``output_dir``, or a checkpoint's ``forgetwatch/`` copy).
+
+    Example:
+        >>> t = load_trajectory("out/forgetwatch")                 # doctest: +SKIP
+        >>> t.steps[:3], t.forgetting_events().max()                # doctest: +SKIP
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / SNAPSHOT).is_file():
+        raise FileNotFoundError(f"{run_dir / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a "
+                                "run (e.g. OUTPUT_DIR/forgetwatch or OUTPUT_DIR/checkpoint-N/forgetwatch)")
+    history = run_dir / HISTORY
+    return Trajectory.from_history(Answers.load(run_dir / SNAPSHOT), read_history(history) if history.is_file() else [])
+
+
+def _signal(answers: Answers) -> np.ndarray:
+    return margins(answers.gold_logprob, answers.choice_logprobs).astype(np.float32)
+
+
+def _pack(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def _unpack(text: str) -> bytes:
+    return zlib.decompress(base64.b64decode(text))
