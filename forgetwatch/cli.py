@@ -22,12 +22,13 @@ from .answers import Answers, AnswersMismatchError
 from .demo import DEFAULT_OUT as DEMO_OUT
 from .demo import TAKES
 from .files import atomic_write, strict_dump
-from .options import batch_size_problem
+from .options import NORMALIZE_MODES, batch_size_problem, scoring_options
 from .probes import ProbeError, ProbeSet
 from .text import first_line
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ANSWER_SUFFIXES = (".json", ".npz")
+_STOP = ("\n",)  # generation stops at the end of the line
 
 
 class UsageError(Exception):
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="weights' dtype (default: as saved)")
     scoring.add_argument("--chat-template", action="store_true",
                          help="wrap each question as a chat user turn (instruct models)")
-    scoring.add_argument("--normalize", choices=["chars"], default=None,
+    scoring.add_argument("--normalize", choices=[m for m in NORMALIZE_MODES if m], default=None,
                          help="acc_norm: divide choice log-probs by their length in characters")
     scoring.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                          help="generation length for generative probes (default 64)")
@@ -144,7 +145,7 @@ def _compare_command(args: argparse.Namespace) -> int:
             base = Answers.load(args.base, probes=probes)
         except ValueError as err:
             raise UsageError(f"--base: {err}") from err
-        _check_same_options(args, base)
+        _check_same_options(args, base, probes)
     else:
         _check_model_path("--base", args.base)
     _check_model_path("--model", args.model)
@@ -197,13 +198,15 @@ def _check_writable(flag: str, directory: Path) -> None:
         raise UsageError(f"{flag}: cannot write into {directory}")
 
 
-def _check_same_options(args: argparse.Namespace, base: Answers) -> None:
+def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
     """A base snapshot must have been scored the way this run will score the model."""
-    wanted = {"normalize": args.normalize, "chat_template": args.chat_template}
-    got = {k: base.scoring.get(k) for k in wanted}
-    if got != wanted:
-        raise UsageError(f"--base {args.base} was scored with {got}, this run uses {wanted}; "
-                         "pass the same --normalize / --chat-template")
+    wanted = scoring_options(normalize=args.normalize, chat_template=args.chat_template,
+                             generative=any(not p.is_multiple_choice for p in probes),
+                             max_new_tokens=args.max_new_tokens, stop=_STOP)
+    problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
+    if problem:
+        raise UsageError(f"--base {args.base} was scored for {problem}; "
+                         "pass the same --normalize / --chat-template / --max-new-tokens")
 
 
 def _check_model_path(flag: str, path: str) -> None:
@@ -227,7 +230,7 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
-                           max_new_tokens=args.max_new_tokens, show_progress=not args.no_progress)
+                           max_new_tokens=args.max_new_tokens, stop=_STOP, show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = path

@@ -344,8 +344,9 @@ def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_r
 
     Raises :class:`~forgetwatch.answers.AnswersMismatchError` if the two answer sets are
     for different probes or scoring options. The report covers all samples, with one child
-    report per category in ``by_category`` (categories sorted). ``at_risk_share`` and
-    ``at_risk_floor`` decide which still-right samples are at risk (see :func:`at_risk`).
+    report per category in ``by_category`` (categories sorted). ``at_risk_share`` (default
+    0.5) and ``at_risk_floor`` (default 0.1 nats) decide which still-right samples are at
+    risk (see :func:`at_risk`).
 
     Example:
         >>> report = compare(base_answers, current_answers)  # doctest: +SKIP

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
@@ -22,6 +23,23 @@ def batch_size_problem(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return f"expected a positive integer or 'auto', got {value!r:.40}"
     return None
+
+
+def scoring_options(*, normalize: str | None, chat_template: bool, generative: bool, max_new_tokens: int,
+                    stop: Sequence[str], extract: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """The options that decide a set of answers, as stored with them: generation's options
+    count only when some probe is ``generative``.
+
+    Example:
+        >>> scoring_options(normalize=None, chat_template=False, generative=False, max_new_tokens=64, stop=["."])
+        {'normalize': None, 'chat_template': False}
+    """
+    options: dict[str, Any] = {"normalize": normalize, "chat_template": chat_template}
+    if generative:
+        options.update(max_new_tokens=max_new_tokens, stop=list(stop))
+        if extract is not None:
+            options["extract"] = getattr(extract, "__qualname__", repr(extract))
+    return options
 
 
 def check_batch_size(value: Any) -> BatchSize:

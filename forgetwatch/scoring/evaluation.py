@@ -47,6 +47,16 @@ def evaluate(
     each scores a share of the probes (any model: plain, DDP, FSDP, DeepSpeed ZeRO-3); all of
     them get all the answers.
 
+    Args:
+        model, tokenizer, probes: what to score, with what, on what.
+        batch_size: sequences per forward, or ``"auto"`` (default) for as many tokens as fit.
+        normalize, chat_template, max_new_tokens, stop, extract: as for
+            :class:`~forgetwatch.scoring.scorer.Scorer` (defaults ``None``, ``False``, 64,
+            ``("\n",)``, ``None``).
+        show_progress: a progress bar (default ``True``).
+        distributed: share the probes out over the ranks of ``torch.distributed`` (default
+            ``False``: this process scores them all).
+
     Example:
         >>> probes = ProbeSet.from_jsonl("probes.jsonl")                   # doctest: +SKIP
         >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..answers import Answers
 from ..distributed import Ranks
 from ..extract import extractor_for, is_correct, reference_for
-from ..options import NORMALIZE_MODES, BatchSize, check_batch_size
+from ..options import NORMALIZE_MODES, BatchSize, check_batch_size, scoring_options
 from ..probes import ProbeSet
 from .batching import default_token_budget, group, run_lockstep
 from .borrow import borrowed, forward_module, is_sharded, unwrap
@@ -45,14 +45,15 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize: ``None`` for lm-eval ``acc``; ``"chars"`` for ``acc_norm`` (log-prob
-            divided by the choice's length in characters).
-        chat_template: wrap each question as a user turn with the generation prompt.
-        max_new_tokens: generation length for generative probes.
-        stop: stop strings for generative probes (EOS always stops).
+        normalize: ``None`` (default) for lm-eval ``acc``; ``"chars"`` for ``acc_norm``
+            (log-prob divided by the choice's length in characters).
+        chat_template: wrap each question as a user turn with the generation prompt (default
+            ``False``).
+        max_new_tokens: generation length for generative probes (default 64).
+        stop: stop strings for generative probes (default ``("\n",)``; EOS always stops).
         extract: a callable ``text -> str | None`` used for every generative probe instead of
-            the probe's own ``extract`` mode; its result is compared with the probe's answer as
-            written (stripped), not normalized the way the probe's mode would.
+            the probe's own ``extract`` mode (default ``None``); its result is compared with the
+            probe's answer as written (stripped), not normalized the way the probe's mode would.
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -109,12 +110,9 @@ class Scorer:
     @property
     def scoring(self) -> dict[str, Any]:
         """The options that decide the answers (stored with them, checked by ``compare``)."""
-        options: dict[str, Any] = {"normalize": self.normalize, "chat_template": self.chat_template}
-        if any(isinstance(e, EncodedPrompt) for e in self.encoded):
-            options.update(max_new_tokens=self.max_new_tokens, stop=list(self.stop))
-            if self.extract is not None:
-                options["extract"] = getattr(self.extract, "__qualname__", repr(self.extract))
-        return options
+        return scoring_options(normalize=self.normalize, chat_template=self.chat_template,
+                               generative=any(isinstance(e, EncodedPrompt) for e in self.encoded),
+                               max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract)
 
     def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = "auto",
                  show_progress: bool = True, distributed: bool = False) -> Answers:
