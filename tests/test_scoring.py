@@ -424,6 +424,22 @@ def test_our_own_bug_in_the_packing_check_surfaces_instead_of_a_fallback(toy, ca
     assert "as its own sequence" not in caplog.text  # no misleading "slower scoring" warning
 
 
+def test_our_own_bug_on_the_packed_path_alone_surfaces_too(toy, caplog, monkeypatch):
+    # plain rows work, packed ones hit a bug of ours (not the model's): no fallback either
+    scorer_module = sys.modules[Scorer.__module__]
+    real = scorer_module.collate
+
+    def broken_when_packed(rows, pad_id):
+        if any(r.packed for r in rows):
+            raise IndexError("a bug of ours in packed collation")
+        return real(rows, pad_id)
+
+    monkeypatch.setattr(scorer_module, "collate", broken_when_packed)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"), pytest.raises(IndexError, match="packed collation"):
+        Scorer(toy.tokenizer, toy.probes)(copy.deepcopy(toy.base), batch_size=8, show_progress=False)
+    assert "as its own sequence" not in caplog.text
+
+
 def test_bf16_autocast_keeps_packing(toy, caplog):
     # fp32 weights computing in bf16, as under a trainer's bf16 mixed precision: packed and
     # plain layouts round differently, by the precision of the arithmetic, not the weights'

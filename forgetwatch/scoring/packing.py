@@ -19,6 +19,8 @@ from ..text import first_line
 from .choices import Row, packed_row, plain_rows
 from .encoding import EncodedChoices
 
+_MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it
+
 ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "baichuan", "jais"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 RECURRENT_CONFIG_KEYS = ("attn_layer_period", "mamba_d_state", "ssm_state_size", "state_size",
@@ -85,13 +87,24 @@ def packing_problem(
     try:
         packed_scores = score(packed)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        if is_out_of_memory(err) or _is_distributed_error(err):
+        if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
             raise
         return f"its forward rejects a custom attention mask ({first_line(err)})"
     error = float(np.max(np.abs(packed_scores - together)[used] / tokens[used]))
     if error <= tolerance:
         return None
     return f"packed scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
+
+
+def _raised_in_forward(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside a module's forward (the model's code), not by our own
+    collating, batching or summing around it: only the model may turn packing down."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _MODULE_CALL:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _is_distributed_error(err: BaseException) -> bool:
