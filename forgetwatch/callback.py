@@ -222,6 +222,7 @@ class ForgetWatchCallback(TrainerCallback):
                              "trainer or tokenizer= to the callback")
         # the config is frozen, but its lists and dicts can still be edited: check it again
         c = self.config = self.config.replace()
+        c.check_categories(self.probes.categories)
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)

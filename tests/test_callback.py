@@ -525,14 +525,33 @@ def test_a_failing_logger_is_a_warning_not_the_end_of_training(toy, train_data, 
 
 
 def test_a_base_file_with_probes_deleted_or_reordered_is_refused_before_training(toy, train_data, tmp_path):
-    doc = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False).to_dict()
-    for name, samples in (("deleted", doc["samples"][10:]), ("reordered", doc["samples"][::-1])):
+    base = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False)
+    doc = base.to_dict()
+    for name, samples in (("deleted", base.samples()[10:]), ("reordered", base.samples()[::-1])):
+        # a whole, checksummed file of the same probe set: only its ids tell it apart
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({**doc, "samples": samples}))
+        Answers.from_samples(base.probe_fingerprint, base.scoring, samples, model=base.model).save(path)
         trainer = make_trainer(toy, train_data, tmp_path, [ForgetWatchCallback(toy.probes, base=str(path))])
-        with pytest.raises(ValueError, match=f"{name}.json"):  # by its ids, or as edited by hand
+        with pytest.raises(ValueError, match=rf"{name}\.json.*other probe ids"):
             trainer.train()
         assert trainer.state.global_step == 0
+        # edited by hand (the checksum no longer fits): refused too, as edited
+        path.write_text(json.dumps({**doc, "samples": doc["samples"][10:]}))
+        with pytest.raises(ValueError, match=f"{name}.json"):
+            make_trainer(toy, train_data, tmp_path, [ForgetWatchCallback(toy.probes, base=str(path))]).train()
+
+
+@pytest.mark.parametrize("edit", ["stop", "category"])
+def test_a_config_edited_in_place_is_checked_again_before_training(toy, train_data, tmp_path, edit):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10)
+    if edit == "stop":
+        cb.config.stop.append("")  # a frozen config's list can still be changed in place
+    else:
+        cb.config.category_max_forgetting["capitls"] = 0.1
+    trainer = make_trainer(toy, train_data, tmp_path, [cb])
+    with pytest.raises(ConfigError, match="stop" if edit == "stop" else "capitls"):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 def test_every_setting_shows_in_the_signature_with_its_default():
