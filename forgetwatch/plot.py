@@ -339,7 +339,7 @@ def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
     """Write the latest known overall value beside its point: the number people look for."""
     for x, y in zip(reversed(steps), reversed(values)):
         if math.isfinite(y):
-            ax.annotate(f"{100 * y:.1f}%", (x, y), xytext=(6, 4), textcoords="offset points",
+            ax.annotate(pct(y), (x, y), xytext=(6, 4), textcoords="offset points",
                         fontsize="small", fontweight="bold", color=_OVERALL_COLOR, zorder=6)
             return
 

@@ -23,8 +23,6 @@ EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
 #: warning for all such probes, and is cut from the left before tokenizing.
 LONG_QUESTION = 100_000
-#: A probe file line longer than this (bytes) is refused, and so is a file over MAX_FILE_BYTES:
-
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
 
 
