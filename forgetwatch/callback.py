@@ -242,6 +242,8 @@ class ForgetWatchCallback(TrainerCallback):
             self._restore_history(args, state)
         elif self._writes:
             self._store.set_aside_history()
+        if self._writes:
+            self._store.save_probes(self.probes)
         self.monitoring_seconds = self._clock() - start
         # a loaded snapshot says nothing about what an evaluation costs
         self._schedule.start(state.global_step, self.monitoring_seconds if computed else 0.0)

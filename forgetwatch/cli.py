@@ -2,6 +2,7 @@
 
     forgetwatch evaluate --model PATH --probes FILE --out FILE
     forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
+    forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
     forgetwatch demo     [--out DIR]
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
@@ -88,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
     cmp.add_argument("--out", default=None, metavar="DIR",
                      help="write both answers, per-sample and per-category CSVs and a JSON summary here")
+    rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                     help="a run's forgetwatch directory (OUTPUT_DIR/forgetwatch) or the trainer's output directory")
+    rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
+    rep.add_argument("--png", default=None, metavar="FILE.png", help="also draw the curves as a PNG")
+    rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
                       help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
@@ -105,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             return _evaluate_command(args)
         if args.command == "demo":
             return _demo_command(args)
+        if args.command == "report":
+            return _report_command(args)
         return _compare_command(args)
     except (UsageError, ProbeError, AnswersMismatchError) as err:
         print(f"forgetwatch: error: {err}", file=sys.stderr)
@@ -179,6 +188,23 @@ def _demo_command(args: argparse.Namespace) -> int:
         run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps)
     except ImportError as err:
         raise UsageError(str(err)) from err
+    return 0
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    from .history import HistoryError
+    from .report_page import write_report
+
+    if args.top < 1:
+        raise UsageError("--top must be at least 1")
+    for flag, path in (("--out", args.out), ("--png", args.png)):
+        if path is not None:
+            _check_writable(flag, Path(path).absolute().parent)
+    try:
+        out = write_report(args.runs, args.out, png=args.png, top=args.top)
+    except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
+        raise UsageError(first_line(err)) from err
+    print(f"wrote {out}" + (f" and {args.png}" if args.png else ""))
     return 0
 
 

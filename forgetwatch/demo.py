@@ -40,6 +40,7 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
     from .callback import ForgetWatchCallback
     from .plot import plot_history, text_curve
     from .probes import ProbeSet
+    from .report_page import write_report
     from .toy import ToyWorld
 
     out = Path(out_dir)
@@ -51,7 +52,6 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
     base = world.model(tokenizer)
     world.train(base, tokenizer, world.fact_texts(), steps=200, seed=seed)
     probes = ProbeSet.from_records(world.probe_records(), source="demo facts")
-    probes.to_jsonl(out / "probes.jsonl")
 
     say(f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
         f"scoring {len(probes)} probes every {eval_steps} steps ...")
@@ -81,5 +81,9 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
                                        title="forgetwatch demo: SFT on arithmetic, probes on facts"))
     except ImportError as err:
         say(f"(no PNG: {err})")
+    try:
+        written.insert(1, write_report([out], out / "report.html"))
+    except ImportError as err:
+        say(f"(no report: {err})")
     say(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.0f} s")
     return callback

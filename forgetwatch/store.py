@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
+PROBES = "probes.jsonl"  # the questions, for reports
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
 
 
@@ -115,6 +116,16 @@ class RunStore:
         """Write the base answers; on failure keep them for a retry. Whether they are on disk."""
         self._snapshot = answers
         return self._try_snapshot()
+
+    def save_probes(self, probes: Any) -> bool:
+        """Write the probe set beside the history, for reports (a failure warns, once)."""
+        try:
+            probes.to_jsonl(self.dir / PROBES)
+        except OSError as err:
+            logger.warning("forgetwatch could not write %s (%s): reports will show probe ids without their "
+                           "questions; training goes on", self.dir / PROBES, first_line(err))
+            return False
+        return True
 
     def load_history(self) -> list[dict[str, Any]]:
         """The records, in order (see :func:`~forgetwatch.history.read_history`); none without a file."""
@@ -247,6 +258,8 @@ class RunStore:
                 f.writelines(json_line(r) for r in self._records())
         elif self.history_path.is_file():
             _copy_file(self.history_path, target / HISTORY)
+        if (self.dir / PROBES).is_file():
+            _copy_file(self.dir / PROBES, target / PROBES)
 
 
 def _copy_file(source: Path, target: Path) -> None:

@@ -497,7 +497,8 @@ def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
         train_dataset=train_data, data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
         processing_class=toy.tokenizer, callbacks=[cb])
     trainer.train()
-    assert pushed == {str(tmp_path / "checkpoint-10"): ["forgetwatch/base_answers.npz", "forgetwatch/history.jsonl"]}
+    assert pushed == {str(tmp_path / "checkpoint-10"): ["forgetwatch/base_answers.npz", "forgetwatch/history.jsonl",
+                                                       "forgetwatch/probes.jsonl"]}
 
 
 class Outage(TrainerCallback):

@@ -1,0 +1,329 @@
+"""``forgetwatch report``: one self-contained HTML page (and a PNG) of one or more runs.
+
+A run is its forgetwatch directory: the base snapshot, ``history.jsonl`` (which carries the
+trajectory) and, when the callback wrote it, ``probes.jsonl`` for the questions. The page
+holds the curves (forgetting, backward transfer, adjusted forgetting, accuracy against the
+base, with the noise floor where it was measured), a category × step heatmap, the survival
+curve, the probes forgotten most often or flickering, with their trajectories as
+sparklines, and the probes at risk at the last evaluation; several runs (a sweep) are
+overlaid. Charts are Plotly's, whose script is written into the page: it opens offline.
+
+Example:
+    >>> write_report(["out/forgetwatch"], "report.html")          # doctest: +SKIP
+    PosixPath('report.html')
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .answers import Answers
+from .files import atomic_write
+from .history import read_history
+from .probes import Probe, ProbeSet
+from .store import HISTORY, PROBES, SNAPSHOT, SUBDIR
+from .text import pct
+from .trajectory import Trajectory
+
+__all__ = ["Run", "load_run", "write_report"]
+
+#: Probes listed in each table of the page.
+TOP = 25
+_CURVES = (("forgetting", "forgetting"), ("backward_transfer", "backward transfer"),
+           ("forgetting_adjusted", "forgetting (chance-adjusted)"))
+
+
+@dataclass
+class Run:
+    """What the page shows of one run."""
+
+    name: str
+    dir: Path
+    records: list[dict[str, Any]]
+    trajectory: Trajectory
+    probes: dict[str, Probe]
+    noise_floor: float | None = None  # the share of probes that flipped when the base was scored again
+
+    @property
+    def steps(self) -> list[int]:
+        return [r["step"] for r in self.records]
+
+    def series(self, key: str, category: str | None = None) -> list[float | None]:
+        """One figure of every evaluation (``None`` where it does not apply)."""
+        out = []
+        for r in self.records:
+            report = r["report"] if category is None else r["report"].get("by_category", {}).get(category, {})
+            value = report.get(key)
+            out.append(None if value is None else float(value))
+        return out
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """A run from its forgetwatch directory, or from the trainer's output directory holding one.
+
+    Raises ``FileNotFoundError`` naming what is missing.
+    """
+    path = Path(path)
+    if not (path / SNAPSHOT).is_file() and (path / SUBDIR / SNAPSHOT).is_file():
+        path = path / SUBDIR
+    if not (path / HISTORY).is_file():
+        raise FileNotFoundError(f"{path}: no {HISTORY}; give a run's forgetwatch directory (OUTPUT_DIR/{SUBDIR}) "
+                                "or the trainer's output directory")
+    records = read_history(path / HISTORY)
+    base = Answers.load(path / SNAPSHOT)
+    probes_file = path / PROBES
+    probes = {p.id: p for p in ProbeSet.from_jsonl(probes_file)} if probes_file.is_file() else {}
+    name = path.parent.name if path.name == SUBDIR else path.name
+    return Run(name, path, records, Trajectory.from_history(base, records), probes, base.meta.get("noise_floor"))
+
+
+def write_report(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+                 png: str | os.PathLike[str] | None = None, top: int = TOP) -> Path:
+    """Write the HTML page of the runs in ``run_dirs`` (and, with ``png``, their curves as a
+    PNG); atomically. Needs ``plotly`` (``pip install "forgetwatch[report]"``)."""
+    runs = [load_run(d) for d in run_dirs]
+    _unique_names(runs)
+    page = _page(runs, top)
+    with atomic_write(out) as f:
+        f.write(page)
+    if png is not None:
+        _png(runs, png)
+    return Path(out)
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+
+def _page(runs: list[Run], top: int) -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise ImportError('forgetwatch report draws its charts with plotly: pip install "forgetwatch[report]"') from None
+    title = "forgetwatch: " + ", ".join(r.name for r in runs)
+    parts = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>",
+             *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))), _figure(_survival(runs), "survival")]
+    for k, run in enumerate(runs):
+        parts += [f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
+                  _figure(_heatmap(run), f"heatmap-{k}"), _probe_tables(run, top)]
+    body = "\n".join(parts)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n")
+
+
+def _summary(runs: list[Run]) -> str:
+    rows = []
+    for run in runs:
+        t, last = run.trajectory, run.records[-1]["report"] if run.records else {}
+        stop = next((r["stop"] for r in run.records if "stop" in r), None)
+        floor = run.noise_floor
+        rows.append("<tr>" + "".join(f"<td>{_e(x)}</td>" for x in (
+            run.name, len(t.ids), len(set(t.categories)), pct(float(t.correct[:, 0].mean())),
+            pct(last.get("accuracy_after")), pct(last.get("forgetting")), pct(last.get("backward_transfer")),
+            int(t.forgetting_events().sum()), "-" if floor is None else pct(floor),
+            f"step {run.steps[-1]}" if run.steps else "-", stop or "")) + "</tr>")
+    head = ("run", "probes", "categories", "base accuracy", "accuracy", "forgetting", "backward transfer",
+            "forgetting events", "noise floor", "last evaluation", "stopped")
+    return (f"<table class=\"summary\"><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(rows)}</table>"
+            "<p class=\"note\">Forgetting: right at the base, wrong now (share of all probes). Backward transfer: "
+            "the reverse. A forgetting event: right at one evaluation, wrong at the next.</p>")
+
+
+def _curves(runs: list[Run]) -> list[dict[str, Any]]:
+    """One run: its rates and accuracies in one chart. Several: rates overlaid, a colour a run,
+    and their accuracies in a second chart."""
+    if len(runs) == 1:
+        run = runs[0]
+        traces = [_line(run.steps, run.series(key), name, color, dash)
+                  for (key, name), color, dash in zip(_CURVES, ("#d62728", "#2ca02c", "#d62728"),
+                                                        ("solid", "solid", "dash"))]
+        traces += [_line(run.steps, run.series("accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
+                   _line(run.steps, run.series("accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2")]
+        traces += _noise(run, "#999")
+        layout = _layout("Forgetting, backward transfer and accuracy by training step", "share of probes")
+        layout["yaxis2"] = {"title": {"text": "accuracy"}, "tickformat": ".0%", "overlaying": "y", "side": "right",
+                            "range": [0, 1.02], "dtick": 0.2, "showgrid": False}
+        return [{"data": traces, "layout": layout}]
+    rates, accuracy = [], []
+    for k, run in enumerate(runs):
+        color = _COLORS[k % len(_COLORS)]
+        rates += [_line(run.steps, run.series("forgetting"), f"{run.name}: forgetting", color, "solid"),
+                  _line(run.steps, run.series("backward_transfer"), f"{run.name}: backward transfer", color, "dot")]
+        rates += _noise(run, color)
+        accuracy.append(_line(run.steps, run.series("accuracy_after"), run.name, color, "solid"))
+    return [{"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},
+            {"data": accuracy, "layout": _layout("Accuracy on the probes by training step", "accuracy")}]
+
+
+def _noise(run: Run, color: str) -> list[dict[str, Any]]:
+    if run.noise_floor is None or not run.steps:
+        return []
+    return [_line(run.steps, [run.noise_floor] * len(run.steps), f"{run.name}: noise floor", color, "dashdot")]
+
+
+def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
+    return {"title": {"text": title}, "xaxis": {"title": {"text": "training step"}},
+            "yaxis": {"title": {"text": y_title}, "tickformat": ".0%", "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": -0.22}, "height": height, "margin": {"t": 50}}
+
+
+def _heatmap(run: Run) -> dict[str, Any]:
+    categories = sorted(set(run.trajectory.categories))
+    z = [[None if v is None else v for v in run.series("forgetting", c)] for c in categories]
+    return {"data": [{"type": "heatmap", "z": z, "x": [str(s) for s in run.steps], "y": categories,
+                      "colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".0%"},
+                      "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>"}],
+            "layout": {"title": {"text": f"Forgetting by category ({run.name})"},
+                       "xaxis": {"title": {"text": "training step"}, "type": "category"},
+                       "height": 170 + 28 * len(categories), "margin": {"t": 50}}}
+
+
+def _survival(runs: list[Run]) -> dict[str, Any]:
+    traces = [_line([int(s) for s in run.trajectory.steps], [_num(v) for v in run.trajectory.survival()],
+                    run.name, _COLORS[k % len(_COLORS)], "solid", shape="hv") for k, run in enumerate(runs)]
+    layout = _layout("Survival: share of the base's right answers not yet forgotten once", "survival", height=380)
+    layout["yaxis"]["range"] = [0, 1.02]
+    return {"data": traces, "layout": layout}
+
+
+def _probe_tables(run: Run, top: int) -> str:
+    t = run.trajectory
+    events, regained = t.forgetting_events(), t.regained()
+    last_risk = set(run.records[-1]["report"].get("at_risk_ids", [])) if run.records else set()
+    most = [i for i in np.argsort(-events, kind="stable") if events[i] > 0][:top]
+    flicker = [i for i in np.argsort(-events, kind="stable") if events[i] >= 2 and regained[i]][:top]
+    risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
+    risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
+    return "".join([
+        _table(run, most, "Forgotten most often", "none of the probes was forgotten"),
+        _table(run, flicker, "Flickering: forgotten, regained, forgotten again", "no probe flickered"),
+        _table(run, risky, "At risk at the last evaluation: still right, margin slipping",
+               "no probe is at risk at the last evaluation"),
+    ])
+
+
+def _table(run: Run, rows: list[int], title: str, empty: str) -> str:
+    if not rows:
+        return f"<h3>{_e(title)}</h3><p class=\"note\">{_e(empty)}.</p>"
+    t = run.trajectory
+    events = t.forgetting_events()
+    lines = []
+    for i in rows:
+        probe = run.probes.get(t.ids[i])
+        question = probe.question if probe else ""
+        answer = probe.answer_text if probe else ""
+        lines.append(
+            f"<tr><td class=\"id\">{_e(t.ids[i])}</td><td>{_e(t.categories[i])}</td>"
+            f"<td class=\"q\" title=\"{_e(question)}\">{_e(_cut(question, 120))}</td><td>{_e(_cut(answer, 40))}</td>"
+            f"<td>{int(events[i])}</td><td>{_sparkline(t.correct[i], t.steps)}</td>"
+            f"<td>{_signal_line(t.signal[i])}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("id", "category", "question", "answer", "events",
+                                               "right (■) / wrong (□) at each evaluation", "margin"))
+    return f"<h3>{_e(title)}</h3><table class=\"probes\"><tr>{head}</tr>{''.join(lines)}</table>"
+
+
+def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
+    cells = "".join(
+        f"<rect x=\"{5 * k}\" y=\"1\" width=\"4\" height=\"10\" class=\"{'r' if c else 'w'}\">"
+        f"<title>step {int(s)}: {'right' if c else 'wrong'}</title></rect>" for k, (c, s) in enumerate(zip(correct, steps)))
+    return f"<svg class=\"spark\" width=\"{5 * len(correct)}\" height=\"12\">{cells}</svg>"
+
+
+def _signal_line(signal: np.ndarray) -> str:
+    finite = np.isfinite(signal)
+    if finite.sum() < 2:
+        return ""
+    lo, hi = float(signal[finite].min()), float(signal[finite].max())
+    span = hi - lo or 1.0
+    points = " ".join(f"{5 * k + 2},{11 - 10 * (float(v) - lo) / span:.1f}" for k, v in enumerate(signal)
+                      if math.isfinite(v))
+    return (f"<svg class=\"spark\" width=\"{5 * len(signal)}\" height=\"12\"><polyline points=\"{points}\">"
+            f"<title>from {float(signal[finite][0]):.2f} to {float(signal[finite][-1]):.2f} nats</title>"
+            "</polyline></svg>")
+
+
+# -- the PNG --------------------------------------------------------------------------------------
+
+
+def _png(runs: list[Run], out: str | os.PathLike[str]) -> None:
+    from .plot import plot_history
+
+    if len(runs) == 1:
+        plot_history(runs[0].records, out, title=f"forgetting: {runs[0].name}")
+        return
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    fig = Figure(figsize=(8, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for k, run in enumerate(runs):
+        ax.plot(run.steps, [_num(v) for v in run.series("forgetting")], marker="o", label=run.name,
+                color=_COLORS[k % len(_COLORS)])
+    ax.set_xlabel("training step")
+    ax.set_ylabel("forgetting")
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    with atomic_write(out, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+
+
+# -- small pieces ---------------------------------------------------------------------------------
+
+
+def _line(x: Sequence[int], y: Sequence[float | None], name: str, color: str | None, dash: str,
+          yaxis: str = "y", shape: str = "linear") -> dict[str, Any]:
+    line: dict[str, Any] = {"dash": dash, "shape": shape}
+    if color:
+        line["color"] = color
+    return {"type": "scatter", "mode": "lines+markers", "x": list(x), "y": list(y), "name": name,
+            "line": line, "yaxis": yaxis, "hovertemplate": "step %{x}: %{y:.1%}<extra>" + _e(name) + "</extra>"}
+
+
+def _figure(spec: dict[str, Any], key: str) -> str:
+    div = "fig-" + "".join(c if c.isalnum() else "-" for c in key)
+    data = json.dumps(spec, allow_nan=False).replace("</", "<\\/")  # no "</script>" inside the script
+    return (f"<div id=\"{div}\" class=\"fig\"></div><script>(function(){{var s={data};"
+            f"Plotly.newPlot({json.dumps(div)},s.data,s.layout,{{responsive:true,displaylogo:false}});}})();</script>")
+
+
+def _unique_names(runs: list[Run]) -> None:
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+        if seen[run.name] > 1:
+            run.name = f"{run.name} ({seen[run.name]})"
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px}h3{font-size:15px;margin-top:20px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border-bottom:1px solid #ddd;padding:4px 8px;
+text-align:left;vertical-align:middle}th{background:#f5f5f5}.note{color:#666;font-size:13px}
+td.q{max-width:420px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}td.id{font-family:monospace}
+.fig{margin:8px 0 16px}svg.spark rect.r{fill:#2b7}svg.spark rect.w{fill:#fff;stroke:#c33;stroke-width:1}
+svg.spark polyline{fill:none;stroke:#555;stroke-width:1.2}
+"""
