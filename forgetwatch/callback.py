@@ -27,6 +27,7 @@ from .adapters import adapters_disabled
 from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
 from .config import ADAPTER_DISABLED, ForgetWatchConfig, options_doc, with_settings
+from .dashboards import Dashboards, flip_rows, probe_rows
 from .distributed import Ranks
 from .history import first_whole_history, history_record, report_from_record
 from .metrics import compare
@@ -34,7 +35,8 @@ from .probes import ProbesLike, as_probe_set
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
-from .stopping import StopRule
+from .noise import measure_noise, wants_noise_check
+from .stopping import OVERALL, StopRule
 from .store import HISTORY, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
@@ -149,6 +151,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._ranks = Ranks.alone()  # all of them once training begins
         self._schedule: EverySteps | Budget = self._new_schedule()
         self._stop_rule: StopRule | None = None
+        self._dashboards = Dashboards()
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
         self._training = False
@@ -203,6 +206,9 @@ class ForgetWatchCallback(TrainerCallback):
             lines = [f"forgetting at step {step} (against the model before training):", report.summary()]
         else:
             lines = ["forgetwatch has not evaluated yet"]
+        if self.base_answers is not None and "noise_floor" in self.base_answers.meta:
+            lines.append(f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes flipped when "
+                         "the base was scored again; forgetting below it is noise")
         if self.stop_reason:
             lines.append(f"forgetwatch stopped training at {self.stop_reason}")
         if self.history_path:
@@ -216,6 +222,8 @@ class ForgetWatchCallback(TrainerCallback):
         start = self._clock()
         self._bridge.attach()
         self._ranks = Ranks.all()
+        # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
+        self._writes = state.is_world_process_zero
         tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: pass processing_class to the "
@@ -228,16 +236,23 @@ class ForgetWatchCallback(TrainerCallback):
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
-        self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
-                                   c.category_max_forgetting)
         self._schedule = self._new_schedule()
         self._training, self._eval_logged_at = True, None
         self._length_checked = not isinstance(self._schedule, Budget)  # a fixed interval is never too long
-        # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
-        self._writes = state.is_world_process_zero
+        self._dashboards = (Dashboards(self._bridge.integration("WandbCallback"),
+                                       self._bridge.integration("TensorBoardCallback"), c.table_rows)
+                            if self._writes else Dashboards())
         resumed = state.global_step > 0
         self.base_answers, computed = self._base(model, args, state, resumed)
         self.trajectory = Trajectory.start(self.base_answers)
+        meta = self.base_answers.meta
+        noise = {OVERALL: meta["noise_floor"], **meta["noise_floor_by_category"]} if "noise_floor" in meta else {}
+        self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
+                                   c.category_max_forgetting, noise_floor=noise)
+        if self._writes and c.verbose:
+            tqdm.write(sinks.base_line(self.base_answers, self._store.snapshot_path, computed))
+        if computed and noise:
+            self._emit({f"{sinks.PREFIX}noise_floor": meta["noise_floor"]}, args, state, control, own_section=True)
         if resumed:
             self._restore_history(args, state)
         elif self._writes:
@@ -265,6 +280,8 @@ class ForgetWatchCallback(TrainerCallback):
         step = state.global_step
         if self.config.eval_on_train_end and not self._evaluated(step):
             self._evaluate(model, args, state, control, "train_end")
+        if self._writes and self.trajectory is not None:  # while the integrations are still open
+            self._dashboards.probes(probe_rows(self.probes, self.trajectory, self.config.table_rows), step)
         if (self._stop_step == step and self.config.save_on_stop
                 and not self._bridge.checkpoint_dir(args, step).is_dir()):
             control.should_save = True  # e.g. save_strategy="best" overrode the request
@@ -353,7 +370,10 @@ class ForgetWatchCallback(TrainerCallback):
             if self.config.verbose:
                 tqdm.write(sinks.console_line(step, report))
         if log:
-            self._emit(sinks.metric_values(report, self.config.log_categories), args, state, control)
+            self._emit(sinks.metric_values(report, self.config.log_categories), args, state, control, own_section=True)
+            if self._writes:
+                self._dashboards.flips(flip_rows(step, self.probes, self.base_answers, answers, report,
+                                                 self.trajectory, self.config.table_rows), step)
         # all of it is monitoring cost: scoring, files and logs (the user's hook is not)
         spent = self._clock() - start
         self._schedule.evaluated(step, spent)
@@ -361,28 +381,44 @@ class ForgetWatchCallback(TrainerCallback):
         if self.on_forgetting is not None:
             self.on_forgetting(report, step)
         if reason:
-            self._stop(reason, step, state, control)
+            self._stop(reason, step, args, state, control)
         return report
 
     def _compare(self, answers: Answers) -> TransitionReport:
         return compare(self.base_answers, answers, at_risk_share=self.config.at_risk_share,
                        at_risk_floor=self.config.at_risk_floor)
 
-    def _emit(self, metrics: dict[str, float], args, state, control) -> None:
+    def _emit(self, metrics: dict[str, float], args, state, control, own_section: bool = False) -> None:
+        """To every integration of the trainer; ``forgetwatch/*`` figures (``own_section``) go
+        to W&B through the dashboards, in a section of their own rather than under ``train/``."""
+        to_wandb = own_section and self._dashboards.logs_to_wandb
+        if to_wandb:
+            self._dashboards.metrics(metrics, state.global_step)
         try:
-            self._bridge.emit(metrics, args, state, control)
+            self._bridge.emit(metrics, args, state, control, skip=("WandbCallback",) if to_wandb else ())
         except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
             logger.warning("forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
                            "(%s: %s); training goes on, and the figures are in %s", state.global_step,
                            type(err).__name__, err, self.history_path)
 
-    def _stop(self, reason: str, step: int, state, control) -> None:
+    def _stop(self, reason: str, step: int, args, state, control) -> None:
         self.stop_reason = f"step {step}: {reason}"
         control.should_training_stop = True
+        saved = ""
         if self.config.save_on_stop:
             control.should_save = True
+            saved = f"; saving checkpoint {self._bridge.checkpoint_dir(args, step)}"
         if state.is_world_process_zero:
-            logger.warning("forgetwatch: stopping training at step %d: %s", step, reason)
+            # on its own line above any progress bar, where a person sees it; and to the logs
+            message = f"stopping training at step {step}: {reason}{saved}; history {self.history_path}"
+            tqdm.write(f"[forgetwatch] {message}")
+            logger.info("forgetwatch: %s", message)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        # the trainer's final summary line (printed after this) says forgetwatch stopped it
+        if logs is not None and "train_runtime" in logs and self._stop_step is not None:
+            logs["forgetwatch_stopped_at_step"] = self._stop_step
 
     def _warn_if_too_short(self, state) -> None:
         """At the budget's first look at the clock (the first step it can measure), say if it
@@ -427,14 +463,15 @@ class ForgetWatchCallback(TrainerCallback):
         found = self._ranks.share_from_rank_zero(from_files)
         if found is not None:
             return Answers.from_dict(found), False
+        check = self.config.noise_check
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
             answers = self._score(model, show_progress=self.config.verbose and state.is_world_process_zero)
+            if check or (check is None and wants_noise_check(model)):
+                answers.meta.update(measure_noise(self._scorer, model, answers, self.config.batch_size,
+                                                  distributed=True))
         answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
         if self._writes:
             self._store.save_snapshot(answers)
-            if self.config.verbose:
-                tqdm.write(f"[forgetwatch] base: accuracy {pct(answers.accuracy)} on {len(answers)} probes "
-                           f"({len(self.probes.categories)} categories); snapshot {self._store.snapshot_path}")
         return answers, True
 
     def _resume_dirs(self, args, state) -> list[Path]:

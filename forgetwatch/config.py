@@ -112,6 +112,10 @@ class ForgetWatchConfig:
         default=0.1,
         check=check.non_negative,
         help='A still-right multiple-choice probe is also at risk once its margin falls below this many nats (>= 0).')
+    noise_check: bool | None = _setting(
+        default=None,
+        check=check.optional(check.boolean, "on for GPUs and half-precision models"),
+        help='Score the base twice, in batches of another size, and report how many probes flip with no weight change: the noise floor of forgetting; None: on for GPUs and half-precision models.')
     save_on_stop: bool = _setting(
         default=True,
         check=check.boolean,
@@ -144,6 +148,10 @@ class ForgetWatchConfig:
         default_factory=lambda: ["\n"],
         check=check.stop_strings,
         help='Generative probes: generation stops at the first of these strings.')
+    table_rows: int = _setting(
+        default=500,
+        check=check.integer(1),
+        help='W&B and TensorBoard tables: at most this many rows for each evaluation\'s flips, and in the final table of probes (>= 1).')
     log_categories: bool = _setting(
         default=True,
         check=check.boolean,

@@ -9,7 +9,10 @@ trainer's ``log_history`` or a file. Sending the values to the trainer's integra
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from .answers import Answers
+from .noise import smallest_detectable
 from .report import TransitionReport
 from .text import pct
 
@@ -59,6 +62,19 @@ def eval_metric_values(report: TransitionReport) -> dict[str, float]:
     """Overall figures as trainer evaluation metrics (``eval_forgetwatch_forgetting``, ...),
     so ``metric_for_best_model="forgetwatch_forgetting"`` can select checkpoints on them."""
     return _figures(report, EVAL_PREFIX)
+
+
+def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
+    """The line printed once the base is known: accuracy, probes, categories, the smallest
+    forgetting rate these probes can tell from zero, the noise floor if measured, the file."""
+    k, rate = smallest_detectable(len(base))
+    line = (f"[forgetwatch] base: accuracy {pct(base.accuracy)} on {len(base)} probes "
+            f"({len(set(base.categories))} categories); forgetting under {pct(rate)} ({k} probes) cannot be told "
+            "from zero here")
+    if "noise_floor" in base.meta:
+        line += (f"; noise floor {pct(base.meta['noise_floor'])} ({base.meta['noise_flips']} probes flipped "
+                 "when scored again)")
+    return line + f"; snapshot {snapshot}" + ("" if computed else " (loaded)")
 
 
 def console_line(step: int, report: TransitionReport) -> str:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .text import pct
+
 STOP_METRICS = ("forgetting", "forgetting_adjusted")
 OVERALL = "overall"
 
@@ -25,12 +27,14 @@ class StopRule:
             small probe set's noise alone does not stop a run. For the adjusted rate the
             bound is shifted by the same chance correction as the estimate.
         category_max_forgetting: thresholds for single categories, each counted separately.
+        noise_floor: with ``significance``, the share of probes that flip with no weight change
+            (overall under ``"overall"``, and per category): taken off the lower bound first.
 
     Example:
         >>> rule = StopRule(max_forgetting=0.05, patience=2)
         >>> rule.update({"forgetting": 0.08, "forgetting_adjusted": 0.07, "forgetting_ci": [0.06, 0.1]})
         >>> rule.update({"forgetting": 0.09, "forgetting_adjusted": 0.08, "forgetting_ci": [0.07, 0.11]})
-        'forgetting 0.0900 > 0.0500 for 2 consecutive evaluations'
+        'forgetting 9.00% > 5.00% for 2 consecutive evaluations'
     """
 
     def __init__(
@@ -40,6 +44,7 @@ class StopRule:
         patience: int = 1,
         significance: bool = False,
         category_max_forgetting: Mapping[str, float] | None = None,
+        noise_floor: Mapping[str, float] | None = None,
     ):
         if metric not in STOP_METRICS:
             raise ValueError(f"metric must be one of {STOP_METRICS}, got {metric!r}")
@@ -52,6 +57,7 @@ class StopRule:
         self.patience = patience
         self.significance = significance
         self.streaks: dict[str, int] = {}
+        self.noise_floor = dict(noise_floor or {})
 
     @property
     def active(self) -> bool:
@@ -62,26 +68,29 @@ class StopRule:
         reasons = []
         for scope, threshold in self.thresholds.items():
             figures = report if scope == OVERALL else (report.get("by_category") or {}).get(scope)
-            value = self.value(figures) if figures else math.nan
+            value = self.value(figures, self.noise_floor.get(scope, 0.0)) if figures else math.nan
             self.streaks[scope] = self.streaks.get(scope, 0) + 1 if value > threshold else 0
             if self.streaks[scope] >= self.patience:
                 reasons.append(self._reason(scope, value, threshold))
         return "; ".join(reasons) or None
 
-    def value(self, figures: Mapping[str, Any]) -> float:
-        """The number compared with the threshold (NaN compares as never over it)."""
+    def value(self, figures: Mapping[str, Any], noise: float = 0.0) -> float:
+        """The number compared with the threshold (NaN compares as never over it); with
+        ``significance``, less ``noise`` (the share that flips by itself)."""
         estimate = _number(figures.get(self.metric))
         if not self.significance:
             return estimate
         low = _number((figures.get("forgetting_ci") or [None])[0])
         # shift the raw rate's lower bound by the chance correction the estimate received
-        return low - (_number(figures.get("forgetting")) - estimate)
+        return low - (_number(figures.get("forgetting")) - estimate) - noise
 
     def _reason(self, scope: str, value: float, threshold: float) -> str:
-        what = f"{self.metric}{' lower bound (95 %)' if self.significance else ''}"
+        what = self.metric
+        if self.significance:
+            what += " lower bound (95 %)" + (" less the noise floor" if self.noise_floor.get(scope) else "")
         where = "" if scope == OVERALL else f" in category {scope!r}"
         times = f" for {self.patience} consecutive evaluations" if self.patience > 1 else ""
-        return f"{what}{where} {value:.4f} > {threshold:.4f}{times}"
+        return f"{what}{where} {pct(value, digits=2)} > {pct(threshold, digits=2)}{times}"
 
 
 def _number(x: Any) -> float:

@@ -60,15 +60,15 @@ def suggestion(word: str, options: Iterable[str], cutoff: float = 0.6) -> str:
     return f" (did you mean {match!r}?)" if match else ""
 
 
-def pct(x: float | None, width: int = 0, missing: str = "n/a") -> str:
-    """A rate as a percentage for the console (``width`` pads the number for columns);
-    ``missing`` when it does not apply.
+def pct(x: float | None, width: int = 0, missing: str = "n/a", digits: int = 1) -> str:
+    """A rate as a percentage for the console (``width`` pads the number for columns;
+    ``digits`` after the point); ``missing`` when it does not apply.
 
     Example:
-        >>> pct(0.0512), pct(float("nan")), pct(0.05, width=4, missing="-")
-        ('5.1%', 'n/a', ' 5.0%')
+        >>> pct(0.0512), pct(float("nan")), pct(0.05, width=4, missing="-"), pct(0.0204, digits=2)
+        ('5.1%', 'n/a', ' 5.0%', '2.04%')
     """
-    return missing.rjust(width) if x is None or math.isnan(x) else f"{100 * x:{width}.1f}%"
+    return missing.rjust(width) if x is None or math.isnan(x) else f"{100 * x:{width}.{digits}f}%"
 
 
 def first_line(err: BaseException) -> str:

@@ -112,9 +112,16 @@ class TrainerBridge:
 
         return self.run_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
 
-    def emit(self, metrics: Mapping[str, float], args: Any, state: Any, control: Any) -> None:
+    def integration(self, name: str) -> Any:
+        """The trainer's callback of class ``name`` (e.g. ``"WandbCallback"``), or ``None``."""
+        callbacks = getattr(self.handler, "callbacks", [])
+        return next((cb for cb in callbacks if any(c.__name__ == name for c in type(cb).__mro__)), None)
+
+    def emit(self, metrics: Mapping[str, float], args: Any, state: Any, control: Any,
+             skip: tuple[str, ...] = ()) -> None:
         """Log ``metrics`` at ``state.global_step``: into ``state.log_history`` and to every
-        callback's ``on_log`` except console printers and this callback itself.
+        callback's ``on_log`` except console printers, the classes named in ``skip`` and this
+        callback itself.
 
         ``control.should_log`` is left alone (``CallbackHandler.on_log`` would reset it, which
         would cancel the trainer's own log line at this step).
@@ -128,7 +135,8 @@ class TrainerBridge:
             return
         everyone = handler.callbacks
         # dispatch through the handler: the same arguments Trainer.log passes
-        handler.callbacks = [cb for cb in everyone if cb is not self.callback and not _prints_logs(cb)]
+        handler.callbacks = [cb for cb in everyone if cb is not self.callback and not _prints_logs(cb)
+                             and not any(c.__name__ in skip for c in type(cb).__mro__)]
         try:
             handler.call_event("on_log", args, state, control, logs=dict(metrics))
         finally:

@@ -44,3 +44,13 @@ def toy(tmp_path_factory) -> Toy:
         dirs.append(str(path))
     probes = ProbeSet.from_records(world.probe_records(), source="toy")
     return Toy(world, tokenizer, base, tuned, probes, *dirs)
+
+
+@pytest.fixture(scope="session")
+def train_data(toy):
+    """Unrelated text to post-train the toy model on (it forgets some facts)."""
+    from datasets import Dataset
+
+    texts = toy.world.distraction_texts()
+    return Dataset.from_dict({"text": texts}).map(
+        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"])

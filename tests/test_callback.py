@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 
 import pytest
 import torch
+from trainers import make_trainer
 from transformers import DataCollatorForLanguageModeling, EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
 
 from forgetwatch import Answers, compare, evaluate
@@ -16,26 +18,6 @@ from forgetwatch.config import ConfigError, ForgetWatchConfig
 
 CONTRACT = ("forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted",
             "forgotten", "gained", "accuracy", "accuracy_base")
-
-
-@pytest.fixture(scope="module")
-def train_data(toy):
-    from datasets import Dataset
-
-    texts = toy.world.distraction_texts()
-    return Dataset.from_dict({"text": texts}).map(
-        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"])
-
-
-def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
-    settings = dict(max_steps=30, per_device_train_batch_size=16, learning_rate=3e-3, logging_steps=5,
-                    report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True)
-    settings.update(overrides)
-    return Trainer(model=model if model is not None else copy.deepcopy(toy.base),
-                   args=TrainingArguments(str(tmp_path), **settings), train_dataset=train_data,
-                   eval_dataset=train_data.select(range(32)),
-                   data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
-                   processing_class=toy.tokenizer, callbacks=callbacks)
 
 
 def test_history_steps_and_counts_equal_an_independent_recomputation(toy, train_data, tmp_path):
@@ -127,17 +109,22 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
 
 
 @pytest.mark.parametrize("patience", [1, 2])
-def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, caplog):
+def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, capsys):
     cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, patience=patience)
-    trainer = make_trainer(toy, train_data, tmp_path, [cb])
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        trainer.train()
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], disable_tqdm=False)
+    trainer.train()
     stop_step = 5 * patience
     assert trainer.state.global_step == stop_step
     assert (tmp_path / f"checkpoint-{stop_step}" / "forgetwatch" / "history.jsonl").is_file()
     record = json.loads((tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()[-1])
-    assert "forgetting" in record["stop"] and "> 0.0200" in record["stop"]
-    assert f"stopping training at step {stop_step}" in caplog.text
+    assert "forgetting" in record["stop"] and "> 2.00%" in record["stop"]
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "stopping training" in x)
+    assert line.startswith(f"[forgetwatch] stopping training at step {stop_step}: forgetting ")  # a line of its own
+    assert re.search(r"\d+\.\d\d% > 2\.00%", line)  # in percent
+    assert f"saving checkpoint {tmp_path / f'checkpoint-{stop_step}'}" in line
+    assert f"history {tmp_path / 'forgetwatch' / 'history.jsonl'}" in line
+    assert f"'forgetwatch_stopped_at_step': {stop_step}" in out.split(line)[1]  # the trainer's summary says so
     assert cb.stop_reason.startswith(f"step {stop_step}: forgetting")
 
 

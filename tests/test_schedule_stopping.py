@@ -138,7 +138,7 @@ def test_stop_rule_threshold_and_patience():
     assert rule.update(report(0.04)) is None  # back under: streak resets
     assert rule.update(report(0.07)) is None
     reason = rule.update(report(0.08))
-    assert reason and "forgetting 0.0800 > 0.0500" in reason and "2 consecutive" in reason
+    assert reason and "forgetting 8.00% > 5.00%" in reason and "2 consecutive" in reason
 
 
 def test_stop_rule_on_the_adjusted_rate():

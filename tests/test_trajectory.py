@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from trainers import make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import Trajectory, evaluate, load_trajectory
@@ -166,16 +167,9 @@ def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
         assert metric_values(a) == metric_values(b)
 
 
-def test_a_history_without_columns_gives_correctness_from_its_ids(toy, tmp_path):
+def test_a_history_without_columns_gives_correctness_from_its_ids(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False)
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
-
-    data = datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=64)}).map(
-        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"])
-    Trainer(model=copy.deepcopy(toy.base), args=TrainingArguments(str(tmp_path), max_steps=20, use_cpu=True,
-            report_to=[], save_strategy="no", learning_rate=3e-3, per_device_train_batch_size=16, disable_tqdm=True),
-            train_dataset=data, data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
-            processing_class=toy.tokenizer, callbacks=[cb]).train()
+    make_trainer(toy, train_data, tmp_path, [cb], max_steps=20).train()
     path = tmp_path / "forgetwatch" / "history.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     for r in records:

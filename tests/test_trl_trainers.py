@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import warnings
 
@@ -100,11 +101,29 @@ def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch
         wandb.finish()
         wandb.teardown()  # flushes the run file
     rows = history_rows(tmp_path)
-    ours = [r for r in rows if "train/forgetwatch/forgetting" in r]
+    # a section of its own, not under train/, plotted at the trainer's global step
+    assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)
+    ours = [r for r in rows if "forgetwatch/forgetting" in r]
     assert [r["train/global_step"] for r in ours] == [4, 8]
     for row, (_, report) in zip(ours, cb.history):
-        assert row["train/forgetwatch/forgotten"] == report.forgotten
-        assert row["train/forgetwatch/capitals/forgetting"] == pytest.approx(report.by_category["capitals"].forgetting)
+        assert row["forgetwatch/forgotten"] == report.forgotten
+        assert row["forgetwatch/capitals/forgetting"] == pytest.approx(report.by_category["capitals"].forgetting)
+        assert row["forgetwatch/forgetting_events"] == report.forgetting_events
+
+    # the table of flips grows at each evaluation; the last holds one row per flip of every evaluation
+    flips = [r for r in rows if r.get("forgetwatch/flips/log_mode") == "INCREMENTAL"]
+    assert [r["train/global_step"] for r in flips] == [4, 8]
+    (run_dir,) = tmp_path.glob("wandb/offline-run-*")
+    tables = sorted(run_dir.glob("files/media/table/forgetwatch/flips*.table.json"), key=lambda p: p.stat().st_mtime)
+    logged = [row for t in tables for row in json.loads(t.read_text())["data"]]
+    expected = [(step, pid, "1→0") for step, r in cb.history for pid in r.forgotten_ids] + \
+               [(step, pid, "0→1") for step, r in cb.history for pid in r.gained_ids]
+    assert sorted((row[0], row[1], row[7]) for row in logged) == sorted(expected) and expected
+    # at the end, one row per probe with its trajectory
+    (final,) = run_dir.glob("files/media/table/forgetwatch/probes*.table.json")
+    probes = json.loads(final.read_text())["data"]
+    events = dict(zip(cb.trajectory.ids, cb.trajectory.forgetting_events().tolist()))
+    assert len(probes) == len(toy.probes) and all(row[4] == events[row[0]] for row in probes)
     own = [r for r in rows if "train/loss" in r]
     assert [r["train/global_step"] for r in own] == [2, 4, 6, 8]
     assert all("train/entropy" in r for r in own)
@@ -123,6 +142,13 @@ def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monke
     scalars = events.Scalars("train/forgetwatch/forgetting")
     assert [s.step for s in scalars] == [4, 8]
     assert [s.value for s in scalars] == pytest.approx([r.forgetting for _, r in cb.history])
+    # the flips of each evaluation and the final table of probes, as text
+    texts = {tag: events.Tensors(tag) for tag in events.Tags()["tensors"]}
+    flips = texts["forgetwatch/flips/text_summary"]
+    assert [t.step for t in flips] == [4, 8]
+    last = flips[-1].tensor_proto.string_val[0].decode()
+    assert all(f"| {pid} |" in last for pid in cb.history[-1][1].forgotten_ids)
+    assert texts["forgetwatch/probes/text_summary"][0].step == 8
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1  # never reopened after the end
 
 

@@ -107,6 +107,12 @@ class Scorer:
             self._models[model] = ModelState()
         return self._models[model]
 
+    def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
+        """The most rows a planned log-likelihood batch of ``model`` holds (``default`` before
+        any is planned)."""
+        sizes = [len(b) for plan in self.state(model).plans.values() for b in plan.batches]
+        return max(sizes, default=default)
+
     @property
     def scoring(self) -> dict[str, Any]:
         """The options that decide the answers (stored with them, checked by ``compare``)."""

@@ -1,0 +1,85 @@
+"""How much forgetting is noise: answers that flip with no weight change at all.
+
+Greedy answers can change when only the arithmetic does: bf16 and fp16 round differently in
+another batch, near-tie probes flip. Scoring the base twice, in batches of another size (so
+each probe keeps other company), counts those flips: forgetting below that share is noise.
+And at any N, too few flips one way cannot be told from zero at all (:func:`smallest_detectable`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .answers import Answers
+from .metrics import mcnemar_exact
+from .options import BatchSize
+
+
+def wants_noise_check(model: torch.nn.Module) -> bool:
+    """Whether the base should be scored twice by default: on a GPU, or in half precision
+    (weights or autocast), where batch composition changes the last bits."""
+    params = list(model.parameters())
+    device = params[0].device.type if params else "cpu"
+    half = any(p.is_floating_point() and p.dtype in (torch.float16, torch.bfloat16) for p in params)
+    return device == "cuda" or half or torch.is_autocast_enabled(device)
+
+
+def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
+    """A batch size that gives each probe other neighbours than ``batch_size`` did (the first
+    pass put about ``rows_per_batch`` rows in a batch).
+
+    Example:
+        >>> other_batch_size(32, 32), other_batch_size("auto", 90), other_batch_size(1, 1)
+        (17, 46, 2)
+    """
+    rows = batch_size if isinstance(batch_size, int) else rows_per_batch
+    other = rows // 2 + 1
+    return other if other != rows else rows + 1
+
+
+def measure_noise(scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize,
+                  distributed: bool = False) -> dict[str, object]:
+    """Score ``model`` again with ``scorer`` in batches of another size than ``first`` was
+    scored in, and count the flips (:func:`noise_figures`)."""
+    again = scorer(model, batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
+                   show_progress=False, distributed=distributed)
+    return noise_figures(first, again)
+
+
+def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
+    """How many probes flipped between two scorings of the same weights, overall and per
+    category, as shares: ``noise_flips``, ``noise_floor``, ``noise_floor_by_category``.
+
+    Example:
+        >>> a = Answers.from_samples("fp", {}, [dict(id="a", correct=True), dict(id="b", correct=True)])
+        >>> b = Answers.from_samples("fp", {}, [dict(id="a", correct=True), dict(id="b", correct=False)])
+        >>> noise_figures(a, b)["noise_floor"]
+        0.5
+    """
+    flipped = np.asarray(first.correct) != np.asarray(again.correct)
+    by_category: dict[str, float] = {}
+    categories = np.asarray(first.categories)
+    for category in sorted(set(first.categories)):
+        mask = categories == category
+        by_category[category] = float(flipped[mask].mean())
+    return {"noise_flips": int(flipped.sum()), "noise_floor": float(flipped.mean()) if len(flipped) else 0.0,
+            "noise_floor_by_category": by_category}
+
+
+def smallest_detectable(n: int, alpha: float = 0.05) -> tuple[int, float]:
+    """The fewest forgotten probes (none gained) whose exact McNemar test tells them from
+    chance at ``alpha``, and that count as a share of ``n``: smaller forgetting rates cannot
+    be told from zero on these probes.
+
+    Example:
+        >>> smallest_detectable(200)
+        (6, 0.03)
+    """
+    k = 1
+    while mcnemar_exact(0, k) >= alpha:
+        k += 1
+    return k, (k / n if n else math.nan)

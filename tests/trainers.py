@@ -1,0 +1,19 @@
+"""A transformers Trainer on the toy world, for the callback's tests (the data: conftest's
+``train_data`` fixture)."""
+
+from __future__ import annotations
+
+import copy
+
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+
+def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
+    settings = dict(max_steps=30, per_device_train_batch_size=16, learning_rate=3e-3, logging_steps=5,
+                    report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True)
+    settings.update(overrides)
+    return Trainer(model=model if model is not None else copy.deepcopy(toy.base),
+                   args=TrainingArguments(str(tmp_path), **settings), train_dataset=train_data,
+                   eval_dataset=train_data.select(range(32)),
+                   data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
+                   processing_class=toy.tokenizer, callbacks=callbacks)
