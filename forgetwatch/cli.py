@@ -169,7 +169,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         base.save(out / "base_answers.json")
         current.save(out / "model_answers.json")
-        write_samples_csv(base, current, out / "samples.csv")
+        write_samples_csv(base, current, out / "samples.csv", probes)
         report.to_csv(out / "transitions.csv")
         summary: dict[str, Any] = {"base": args.base, "model": args.model, "probes": args.probes,
                                    "report": report.to_dict()}

@@ -24,9 +24,12 @@ ROW_COLUMNS = (
 
 #: Columns of :func:`write_samples_csv`.
 SAMPLE_COLUMNS = (
-    "id", "category", "correct_before", "correct_after", "transition",
-    "predicted_before", "predicted_after", "gold_logprob_before", "gold_logprob_after",
+    "id", "category", "question", "correct_before", "correct_after", "transition",
+    "predicted_before", "predicted_after", "output_before", "output_after",
+    "gold_logprob_before", "gold_logprob_after",
 )
+#: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
+CSV_DIGITS = 6
 
 _NAN = math.nan
 
@@ -200,13 +203,15 @@ class TransitionReport:
 
 
 def write_samples_csv(
-    base: Answers, current: Answers, path: str | os.PathLike[str]
+    base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None
 ) -> Path:
     """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
 
-    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; missing
-    predictions and NaN log-probabilities are empty cells. Text is quoted, and defused for
-    spreadsheets by :func:`spreadsheet_safe` (ids and outputs come from data and models).
+    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question comes
+    from ``probes`` (a ProbeSet; empty without), the raw generated outputs from the answers;
+    missing predictions and NaN log-probabilities are empty cells, numbers have
+    :data:`CSV_DIGITS` significant digits. Text is quoted, and defused for spreadsheets by
+    :func:`spreadsheet_safe` (ids and outputs come from data and models).
 
     Example:
         >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
@@ -221,11 +226,14 @@ def write_samples_csv(
             writer.writerow({
                 "id": _csv_value(sample_id),
                 "category": _csv_value(base.categories[i]),
+                "question": _csv_value(probes[i].question if probes is not None else None),
                 "correct_before": before,
                 "correct_after": after,
                 "transition": f"{before}->{after}",
                 "predicted_before": _csv_value(base.predicted[i]),
                 "predicted_after": _csv_value(current.predicted[i]),
+                "output_before": _csv_value(base.outputs[i]),
+                "output_after": _csv_value(current.outputs[i]),
                 "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
                 "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
             })
@@ -238,9 +246,12 @@ def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
 
 
 def _csv_value(v: Any) -> Any:
-    """A cell: empty for missing values, numbers as they are, text defused for spreadsheets."""
+    """A cell: empty for missing values, floats to :data:`CSV_DIGITS` significant digits, text
+    defused for spreadsheets."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
+    if isinstance(v, float):
+        return float(f"{v:.{CSV_DIGITS}g}")
     return spreadsheet_safe(v) if isinstance(v, str) else v
 
 

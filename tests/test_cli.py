@@ -47,6 +47,17 @@ def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, 
         evaluate(toy.base, toy.tokenizer, probes, show_progress=False).correct.tolist()
     lines = (tmp_path / "samples.csv").read_text().splitlines()
     assert len(lines) == len(probes) + 1
+    # the questions and raw outputs beside each sample, numbers rounded (no 0.24000000000000002)
+    import csv
+
+    with open(tmp_path / "samples.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    tuned = Answers.load(tmp_path / "model_answers.json", probes=probes)
+    assert [r["question"] for r in rows] == [p.question for p in probes]
+    assert [r["output_after"] for r in rows] == [o or "" for o in tuned.outputs] and any(tuned.outputs)
+    numbers = [r[k] for r in rows for k in ("gold_logprob_before", "gold_logprob_after") if r[k]]
+    assert numbers and all(len(x.lstrip("-").replace(".", "").lstrip("0")) <= 6 for x in numbers)
+    assert all(float(r["gold_logprob_after"]) == pytest.approx(lp, rel=1e-5) for r, lp in zip(rows, tuned.gold_logprob))
 
 
 def test_evaluate_snapshot_then_compare_against_it(toy, probe_file, tmp_path, capsys):

@@ -438,13 +438,14 @@ def test_to_csv_round_trip(report_pair, tmp_path):
     assert reader.fieldnames == list(ROW_COLUMNS)
     assert ROW_COLUMNS[:8] == ("category", "n", "acc_before", "acc_after", "0->0", "0->1", "1->0", "1->1")
     assert [row["category"] for row in rows] == ["overall", "bio", "law", "math"]
-    assert rows == [{k: ("" if is_nan(v) else str(v)) for k, v in row.items()} for row in r.rows()]
+    assert rows == [{k: ("" if is_nan(v) else str(float(f"{v:.6g}") if isinstance(v, float) else v))
+                     for k, v in row.items()} for row in r.rows()]
     math_row = rows[3]
     child = r.by_category["math"]
     assert int(math_row["n"]) == child.n == 3
     assert int(math_row["1->0"]) == child.forgotten and int(math_row["0->1"]) == child.gained
-    assert float(math_row["forgetting"]) == child.forgetting
-    assert float(math_row["mcnemar_p"]) == child.mcnemar_p
+    assert float(math_row["forgetting"]) == pytest.approx(child.forgetting, rel=1e-5)
+    assert float(math_row["mcnemar_p"]) == pytest.approx(child.mcnemar_p, rel=1e-5)
 
 
 def test_write_samples_csv_round_trip(report_pair, tmp_path):
