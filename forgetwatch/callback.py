@@ -35,8 +35,8 @@ from .probes import ProbesLike, as_probe_set
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
-from .noise import measure_noise, wants_noise_check
-from .stopping import OVERALL, StopRule
+from .noise import measure_noise, noise_by_scope, wants_noise_check
+from .stopping import StopRule
 from .store import HISTORY, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
@@ -245,14 +245,9 @@ class ForgetWatchCallback(TrainerCallback):
         resumed = state.global_step > 0
         self.base_answers, computed = self._base(model, args, state, resumed)
         self.trajectory = Trajectory.start(self.base_answers)
-        meta = self.base_answers.meta
-        noise = {OVERALL: meta["noise_floor"], **meta["noise_floor_by_category"]} if "noise_floor" in meta else {}
         self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
-                                   c.category_max_forgetting, noise_floor=noise)
-        if self._writes and c.verbose:
-            tqdm.write(sinks.base_line(self.base_answers, self._store.snapshot_path, computed))
-        if computed and noise:
-            self._emit({f"{sinks.PREFIX}noise_floor": meta["noise_floor"]}, args, state, control, own_section=True)
+                                   c.category_max_forgetting, noise_floor=noise_by_scope(self.base_answers.meta))
+        self._announce_base(computed, args, state, control)
         if resumed:
             self._restore_history(args, state)
         elif self._writes:
@@ -473,6 +468,14 @@ class ForgetWatchCallback(TrainerCallback):
         if self._writes:
             self._store.save_snapshot(answers)
         return answers, True
+
+    def _announce_base(self, computed: bool, args, state, control) -> None:
+        """One console line on the base; its noise floor, once measured, logged once."""
+        if self._writes and self.config.verbose:
+            tqdm.write(sinks.base_line(self.base_answers, self._store.snapshot_path, computed))
+        if computed and "noise_floor" in self.base_answers.meta:
+            self._emit({f"{sinks.PREFIX}noise_floor": self.base_answers.meta["noise_floor"]}, args, state, control,
+                       own_section=True)
 
     def _resume_dirs(self, args, state) -> list[Path]:
         """Where a resumed run looks for its base snapshot and history, in order: the

@@ -17,6 +17,7 @@ import torch
 from .answers import Answers
 from .metrics import mcnemar_exact
 from .options import BatchSize
+from .stopping import OVERALL
 
 
 def wants_noise_check(model: torch.nn.Module) -> bool:
@@ -68,6 +69,14 @@ def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
         by_category[category] = float(flipped[mask].mean())
     return {"noise_flips": int(flipped.sum()), "noise_floor": float(flipped.mean()) if len(flipped) else 0.0,
             "noise_floor_by_category": by_category}
+
+
+def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:
+    """The noise floors kept in a snapshot's ``meta``, by stop-rule scope (``"overall"`` and
+    each category); empty when none was measured."""
+    if "noise_floor" not in meta:
+        return {}
+    return {OVERALL: meta["noise_floor"], **meta.get("noise_floor_by_category", {})}
 
 
 def smallest_detectable(n: int, alpha: float = 0.05) -> tuple[int, float]:

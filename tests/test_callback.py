@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from trainers import make_trainer
+from trainers import KillAt, make_trainer
 from transformers import DataCollatorForLanguageModeling, EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
 
 from forgetwatch import Answers, compare, evaluate
@@ -241,17 +241,6 @@ def test_evaluation_after_training_scores_the_current_weights(toy, train_data, t
     metrics = trainer.evaluate()
     assert metrics["eval_forgetwatch_forgotten"] == 0 and metrics["eval_forgetwatch_gained"] == 0
     assert [step for step, _ in cb.history] == [30]  # not part of the run's history
-
-
-class KillAt(TrainerCallback):
-    """Simulates a crash: raises once training reaches ``step``."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise RuntimeError("killed")
 
 
 def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, train_data, tmp_path):

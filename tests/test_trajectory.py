@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from trainers import make_trainer
+from trainers import KillAt, make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import Trajectory, evaluate, load_trajectory
@@ -101,15 +101,6 @@ class Recorder(TrainerCallback):
         if state.global_step % self.every == 0:
             self.columns[state.global_step] = evaluate(model, self.toy.tokenizer, self.toy.probes,
                                                        show_progress=False).correct.tolist()
-
-
-class KillAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise RuntimeError("killed")
 
 
 def sft(toy, path, callbacks):

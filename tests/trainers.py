@@ -1,11 +1,11 @@
-"""A transformers Trainer on the toy world, for the callback's tests (the data: conftest's
-``train_data`` fixture)."""
+"""A transformers Trainer on the toy world for the callback's tests (the data: conftest's
+``train_data`` fixture), and a simulated crash."""
 
 from __future__ import annotations
 
 import copy
 
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
 
 def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
@@ -17,3 +17,14 @@ def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
                    eval_dataset=train_data.select(range(32)),
                    data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
                    processing_class=toy.tokenizer, callbacks=callbacks)
+
+
+class KillAt(TrainerCallback):
+    """Simulates a crash: raises once training reaches ``step``."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise RuntimeError("killed")

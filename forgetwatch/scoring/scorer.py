@@ -54,6 +54,9 @@ class Scorer:
         extract: a callable ``text -> str | None`` used for every generative probe instead of
             the probe's own ``extract`` mode (default ``None``); its result is compared with the
             probe's answer as written (stripped), not normalized the way the probe's mode would.
+        reference_logprobs: also score each generative probe's reference answer, teacher-forced
+            after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
+            moves before the answer flips, for one extra forward per probe in the same batches.
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -70,6 +73,7 @@ class Scorer:
         max_new_tokens: int = 64,
         stop: Sequence[str] = ("\n",),
         extract: Callable[[str], str | None] | None = None,
+        reference_logprobs: bool = True,
     ):
         if normalize not in NORMALIZE_MODES:
             raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
@@ -90,8 +94,8 @@ class Scorer:
         self.fingerprint = probes.fingerprint()
         # what goes through the log-likelihood forwards: each multiple-choice probe, and each
         # generative probe's reference answer (teacher-forced, for its log-probability)
-        self._reads: list[EncodedChoices | None] = [e if isinstance(e, EncodedChoices) else e.reference
-                                                    for e in self.encoded]
+        self._reads: list[EncodedChoices | None] = [
+            e if isinstance(e, EncodedChoices) else e.reference if reference_logprobs else None for e in self.encoded]
         self._first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in self._reads])
         self._choice_probes = [i for i, r in enumerate(self._reads) if r is not None]
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
