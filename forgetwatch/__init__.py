@@ -10,6 +10,7 @@ Example:
 from .answers import Answers, AnswersMismatchError
 from .metrics import compare
 from .probes import Probe, ProbeError, ProbeSet
+from .replay import ReplayPool, ReplayPoolError
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
 from .trajectory import Trajectory, load_trajectory
@@ -38,6 +39,8 @@ __all__ = [
     "Probe",
     "ProbeError",
     "ProbeSet",
+    "ReplayPool",
+    "ReplayPoolError",
     "Scorer",
     "Trajectory",
     "TransitionReport",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..problems import InputError
 from .rows import RowCollector
 from .schema import Probe, ProbeError
 
@@ -22,20 +23,28 @@ MAX_FILE_BYTES = 4 << 30
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[Probe]:
     """The probes of a JSONL file, validated; a :class:`ProbeError` names every bad line."""
-    source = str(path)
-    if not Path(path).exists():
-        raise FileNotFoundError(errno.ENOENT, "probe file not found; check the path", source)
-    rows = RowCollector(source, "line")
-    for lineno, raw in enumerate(_bounded_lines(path, source), start=1):
-        obj, message = _decode_line(raw, first=lineno == 1)
+    rows = RowCollector(str(path), "line")
+    for lineno, obj, message in json_lines(path, "probe file", ProbeError):
         if message is not None:
             rows.error(lineno, None, message)
-        elif obj is not _BLANK:
+        else:
             rows.row(lineno, obj)
     return rows.finish()
 
 
-def _bounded_lines(path: str | os.PathLike[str], source: str) -> Iterator[bytes]:
+def json_lines(path: str | os.PathLike[str], what: str, error: type[InputError]) -> Iterator[tuple[int, Any, str | None]]:
+    """``(line number, object, None)`` for each non-blank line of a JSONL file, or
+    ``(line number, None, what is wrong)``; a file or line too big to be one raises ``error``."""
+    source = str(path)
+    if not Path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, f"{what} not found; check the path", source)
+    for lineno, raw in enumerate(_bounded_lines(path, source, what, error), start=1):
+        obj, message = _decode_line(raw, first=lineno == 1)
+        if obj is not _BLANK:
+            yield lineno, obj, message
+
+
+def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: type[InputError]) -> Iterator[bytes]:
     """The file's lines as bytes, read in chunks: a line over :data:`MAX_LINE_BYTES` or a file
     over :data:`MAX_FILE_BYTES` is an error as soon as it is seen, not after memory is full.
     Split on b"\\n" only: str.splitlines would also split on U+2028 etc. inside JSON strings."""
@@ -44,15 +53,15 @@ def _bounded_lines(path: str | os.PathLike[str], source: str) -> Iterator[bytes]
         while chunk := f.read(1 << 20):
             total += len(chunk)
             if total > MAX_FILE_BYTES:
-                raise ProbeError([(source, None, None, f"is over {MAX_FILE_BYTES >> 30} GiB; a probe file is "
-                                                       "one JSON object per line: is this the right file?")])
+                raise error([(source, None, None, f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is "
+                                                  "one JSON object per line: is this the right file?")])
             *whole, pending = (pending + chunk).split(b"\n")
             for line in whole:
                 number += 1
                 yield line
             if len(pending) > MAX_LINE_BYTES:
-                raise ProbeError([(source, number + 1, None, f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
-                                                             "break; a probe file is one JSON object per line")])
+                raise error([(source, number + 1, None, f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
+                                                        f"break; a {what} is one JSON object per line")])
     yield pending
 
 _BLANK = object()

@@ -1,0 +1,257 @@
+"""ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes.
+
+A pool file is JSONL, one row per line::
+
+    {"id": "r1", "text": "The capital of France is Paris.", "category": "geography"}
+    {"id": "r2", "messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
+
+``text`` is trained on as it is; ``messages`` (a chat) is rendered with the tokenizer's chat
+template. ``category`` (default ``"all"``) names the probe category the row helps repair.
+Every row is validated before anything is returned, and :meth:`ReplayPool.check_disjoint`
+refuses a pool that holds a probe's question: a probe trained on is no longer held out, and
+what it measures would mean nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from ..problems import InputError, Problems
+from ..probes.jsonl import json_lines
+from ..probes.schema import check_category, type_name
+from ..text import shorten
+
+__all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow"]
+
+#: Words of a probe's question that index it for the overlap check (shorter questions: all).
+INDEX_WORDS = 8
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class ReplayPoolError(InputError):
+    """A replay pool file or record set is malformed (one line per problem: file, line, field)."""
+
+    noun = "field"
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One row of a pool: ``text``, or a chat as ``messages`` (role/content dicts)."""
+
+    id: str
+    text: str | None = None
+    messages: tuple[Mapping[str, str], ...] | None = None
+    category: str = "all"
+
+    @property
+    def plain_text(self) -> str:
+        """What the row says, chat turns joined: what the overlap check reads."""
+        return self.text if self.text is not None else "\n".join(m["content"] for m in self.messages)
+
+    def render(self, tokenizer: Any) -> str:
+        """The text to train on: ``text``, or ``messages`` through the tokenizer's chat template."""
+        if self.text is not None:
+            return self.text
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"replay row {self.id!r} is a chat (messages) but the tokenizer has no chat template; "
+                             "give the row as text, or use a tokenizer with a chat template")
+        return tokenizer.apply_chat_template(list(self.messages), tokenize=False)
+
+
+class ReplayPool(Sequence[ReplayRow]):
+    """Validated replay rows with unique ids.
+
+    Example:
+        >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Paris is in France.", "category": "geo"}])
+        >>> pool.categories, pool[0].plain_text
+        (['geo'], 'Paris is in France.')
+    """
+
+    def __init__(self, rows: Iterable[ReplayRow], source: str = "<records>"):
+        self._rows = tuple(rows)
+        self.source = source
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike[str]) -> ReplayPool:
+        """Load and validate a JSONL pool file; every bad row is named in one :class:`ReplayPoolError`.
+
+        Example:
+            >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
+        """
+        rows = _Rows(str(path), "line")
+        for lineno, obj, message in json_lines(path, "replay pool file", ReplayPoolError):
+            if message is not None:
+                rows.problems.add(lineno, None, message)
+            else:
+                rows.add(lineno, obj)
+        return cls(rows.finish(), str(path))
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]], source: str = "<records>") -> ReplayPool:
+        """Build from dicts in the pool-file schema; errors name 1-based record numbers."""
+        rows = _Rows(source, "record")
+        for number, record in enumerate(records, start=1):
+            rows.add(number, record)
+        return cls(rows.finish(), source)
+
+    @classmethod
+    def from_hf(cls, dataset: Iterable[Mapping[str, Any]], *, text: str | None = None, messages: str | None = None,
+                id: str | None = None, category: str | None = None, limit: int | None = None) -> ReplayPool:
+        """Build from a ``datasets.Dataset`` (or any iterable of dict rows): ``text`` or
+        ``messages`` names the column to train on, ``id`` the id column (default: the row
+        number), ``category`` a category for every row; ``limit`` keeps the first N rows.
+        Errors name 0-based dataset rows.
+
+        Example:
+            >>> pool = ReplayPool.from_hf(load_dataset("wikitext", split="train"), text="text")  # doctest: +SKIP
+        """
+        if (text is None) == (messages is None):
+            raise ValueError("give the column to train on: text=COLUMN or messages=COLUMN (one of them)")
+        if category is not None and (message := check_category(category)):
+            raise ValueError(f"category= {message}")
+        rows = _Rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
+        for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
+            if not isinstance(row, Mapping):
+                rows.add(index, row)
+                continue
+            record: dict[str, Any] = {"id": str(row[id]) if id is not None and id in row else str(index)}
+            column = text if text is not None else messages
+            if column not in row:
+                rows.problems.add(index, column, f"missing column {column!r}; this row has {', '.join(map(str, row))}")
+                continue
+            record["text" if text is not None else "messages"] = row[column]
+            if category is not None:
+                record["category"] = category
+            rows.add(index, record)
+        return cls(rows.finish(), rows.problems.source)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return ReplayPool(self._rows[i], self.source) if isinstance(i, slice) else self._rows[i]
+
+    def __iter__(self) -> Iterator[ReplayRow]:
+        return iter(self._rows)
+
+    def __repr__(self) -> str:
+        return f"ReplayPool({len(self)} rows from {self.source!r})"
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({r.category for r in self._rows})
+
+    def check_disjoint(self, probes: Iterable[Any]) -> None:
+        """Refuse rows that contain a probe's question (case and whitespace aside): a
+        ``ValueError`` naming each such row and probe (up to 20 pairs).
+
+        Example:
+            >>> from forgetwatch import Probe
+            >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Q: The capital of Zeta is? A: Vo"}])
+            >>> pool.check_disjoint([Probe(id="p1", question="the capital of  zeta is?", answer="Vo")])
+            Traceback (most recent call last):
+                ...
+            ValueError: replay pool <records> holds probe questions; a probe trained on is no longer held out. Remove these rows: row 'r1' contains the question of probe 'p1'
+        """
+        pairs = overlaps(self._rows, probes)
+        if pairs:
+            shown = "; ".join(f"row {shorten(r)} contains the question of probe {shorten(p)}" for r, p in pairs[:20])
+            more = f"; and {len(pairs) - 20} more" if len(pairs) > 20 else ""
+            raise ValueError(f"replay pool {self.source} holds probe questions; a probe trained on is no longer "
+                             f"held out. Remove these rows: {shown}{more}")
+
+
+def normalized(text: str) -> list[str]:
+    """The words of ``text``, lowercased: what the overlap check compares."""
+    return text.lower().split()
+
+
+def overlaps(rows: Iterable[ReplayRow], probes: Iterable[Any]) -> list[tuple[str, str]]:
+    """``(row id, probe id)`` for every row whose text contains a probe's question (as word
+    sequences, case aside). Questions are indexed by their first :data:`INDEX_WORDS` words, so
+    each row is read once per distinct index length, not once per probe."""
+    index: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    for probe in probes:
+        words = normalized(probe.question)
+        if words:
+            index.setdefault(tuple(words[:INDEX_WORDS]), []).append((probe.id, " ".join(words)))
+    lengths = sorted({len(key) for key in index})
+    found: list[tuple[str, str]] = []
+    for row in rows:
+        words = normalized(row.plain_text)
+        text = " " + " ".join(words) + " "
+        seen: set[str] = set()
+        for n in lengths:
+            for start in range(len(words) - n + 1):
+                for probe_id, question in index.get(tuple(words[start:start + n]), ()):
+                    if probe_id not in seen and f" {question} " in text:
+                        seen.add(probe_id)
+                        found.append((row.id, probe_id))
+    return found
+
+
+class _Rows:
+    """Validates pool rows one by one: the rows, and every problem with its line or record."""
+
+    def __init__(self, source: str, unit: str):
+        self.problems = Problems(source, unit)
+        self.rows: list[ReplayRow] = []
+        self.first_seen: dict[str, int] = {}
+
+    def add(self, where: int, row: Any) -> None:
+        if not isinstance(row, Mapping):
+            self.problems.add(where, None, f"expected a JSON object ({{...}}), got {type_name(row)}")
+            return
+        problems = list(_check(row))
+        pid = row.get("id")
+        if isinstance(pid, str) and pid in self.first_seen:
+            problems.append(("id", f"duplicate id {shorten(pid)} (first used on {self.problems.unit} "
+                                   f"{self.first_seen[pid]}); ids must be unique"))
+        elif isinstance(pid, str):
+            self.first_seen[pid] = where
+        for field, message in problems:
+            self.problems.add(where, field, message)
+        if not problems:
+            messages = row.get("messages")
+            self.rows.append(ReplayRow(id=pid, text=row.get("text"), category=row.get("category", "all"),
+                                       messages=None if messages is None else tuple(dict(m) for m in messages)))
+
+    def finish(self) -> list[ReplayRow]:
+        self.problems.raise_if_any(ReplayPoolError)
+        if not self.rows:
+            raise ReplayPoolError([(self.problems.source, None, None, "no rows found; add at least one row")],
+                                  self.problems.unit)
+        return self.rows
+
+
+def _check(row: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
+    """Every problem of one pool row, as ``(field, message)``."""
+    pid = row.get("id")
+    if not isinstance(pid, str) or not pid.strip():
+        yield "id", f"must be a non-empty string, got {type_name(pid)}; give every row a unique id"
+    has_text, has_messages = row.get("text") is not None, row.get("messages") is not None
+    if has_text == has_messages:
+        yield None, "give either 'text' (a string) or 'messages' (a chat), not " + ("both" if has_text else "neither")
+    elif has_text and (not isinstance(row["text"], str) or not row["text"].strip()):
+        yield "text", f"must be non-empty text, got {type_name(row['text'])}"
+    elif has_messages:
+        yield from _check_messages(row["messages"])
+    if "category" in row and (message := check_category(row["category"])):
+        yield "category", message
+    unknown = sorted(set(row) - {"id", "text", "messages", "category"})
+    if unknown:
+        yield None, f"unknown field(s) {', '.join(map(repr, unknown))}; a row holds id, text or messages, category"
+
+
+def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        yield "messages", f"must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
+        return
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            yield "messages", (f"turn {i} must be {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}, "
+                               f"got {shorten(m)}")

@@ -1,0 +1,109 @@
+"""ReplayPool: rows validated like probe files, and never holding a probe's question."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from forgetwatch import ProbeSet, ReplayPool, ReplayPoolError
+
+
+def write(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
+                    encoding="utf-8")
+    return path
+
+
+def test_a_pool_file_loads_text_and_chats(tmp_path):
+    path = write(tmp_path / "pool.jsonl", [
+        {"id": "r1", "text": "Zeta lies north of Vo.", "category": "capitals"},
+        "",
+        {"id": "r2", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+    ])
+    pool = ReplayPool.from_jsonl(path)
+    assert [r.id for r in pool] == ["r1", "r2"] and pool.categories == ["all", "capitals"]
+    assert pool[1].plain_text == "Hi\nHello"
+
+
+def test_every_bad_row_is_named_by_file_line_and_field(tmp_path):
+    path = write(tmp_path / "pool.jsonl", [
+        {"id": "r1", "text": "fine"},
+        {"id": "r2"},                                               # neither text nor messages
+        {"id": "r3", "text": "a", "messages": [{"role": "user", "content": "b"}]},  # both
+        {"id": 4, "text": "x"},                                     # id not a string
+        {"id": "r5", "messages": [{"role": "bot", "content": "?"}]},  # unknown role
+        {"id": "r1", "text": "again"},                              # repeated id
+        "{not json",
+        {"id": "r8", "text": "x", "categry": "a"},                  # unknown field
+        {"id": "r9", "text": "   "},                                # empty text
+    ])
+    with pytest.raises(ReplayPoolError) as info:
+        ReplayPool.from_jsonl(path)
+    where = [(e.line, e.key) for e in info.value.errors]
+    assert where == [(2, None), (3, None), (4, "id"), (5, "messages"), (6, "id"), (7, None), (8, None), (9, "text")]
+    assert str(info.value).splitlines()[0].startswith(f"{path}: line 2: ")
+    assert "line 6: field 'id': duplicate id 'r1' (first used on line 1)" in str(info.value)
+
+
+def test_from_records_and_from_hf(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    pool = ReplayPool.from_records([{"id": "a", "text": "t"}])
+    assert pool[0].text == "t"
+    with pytest.raises(ReplayPoolError, match="record 1: field 'text'"):
+        ReplayPool.from_records([{"id": "a", "text": 3}])
+    data = datasets.Dataset.from_dict({"body": ["one", "two"], "key": ["k1", "k2"]})
+    pool = ReplayPool.from_hf(data, text="body", id="key", category="wiki")
+    assert [(r.id, r.text, r.category) for r in pool] == [("k1", "one", "wiki"), ("k2", "two", "wiki")]
+    with pytest.raises(ValueError, match="text=COLUMN or messages=COLUMN"):
+        ReplayPool.from_hf(data)
+
+
+def test_chat_rows_are_rendered_with_the_chat_template(toy):
+    tokenizer = toy.world.tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    row = ReplayPool.from_records([{"id": "c", "messages": [{"role": "user", "content": "Hi"}]}])[0]
+    assert row.render(tokenizer) == "<user>Hi\n"
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        row.render(tokenizer)
+
+
+def plain_overlaps(rows, probes):
+    """Brute force: every (row, probe) whose text holds the question as words, case aside."""
+    def norm(text):
+        return " " + " ".join(text.lower().split()) + " "
+    return [(r["id"], p["id"]) for r in rows for p in probes if norm(p["question"]) in norm(r["text"])]
+
+
+def test_the_overlap_check_equals_a_brute_force_search():
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(40)]
+    probes = [{"id": f"p{i}", "question": " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 14))),
+               "answer": "x"} for i in range(60)]
+    rows = []
+    for i in range(300):
+        words = [rng.choice(vocab) for _ in range(rng.randint(5, 60))]
+        if i % 7 == 0:  # plant a probe's question, in other case and spacing
+            p = rng.choice(probes)["question"].upper().split()
+            at = rng.randint(0, len(words))
+            words[at:at] = p
+        rows.append({"id": f"r{i}", "text": "  ".join(words) if i % 2 else "\n".join(words)})
+    expected = plain_overlaps(rows, probes)
+    assert len(expected) >= 40
+    pool, probe_set = ReplayPool.from_records(rows), ProbeSet.from_records(probes)
+    with pytest.raises(ValueError, match="holds probe questions") as info:
+        pool.check_disjoint(probe_set)
+    for row_id, probe_id in expected[:20]:
+        assert f"row '{row_id}' contains the question of probe '{probe_id}'" in str(info.value)
+    from forgetwatch.replay.pool import overlaps
+
+    assert sorted(overlaps(pool, probe_set)) == sorted(expected)
+    clean = ReplayPool.from_records([r for r in rows if r["id"] not in {x for x, _ in expected}])
+    clean.check_disjoint(probe_set)  # nothing left to refuse
+
+
+def test_a_word_inside_another_is_not_an_overlap():
+    pool = ReplayPool.from_records([{"id": "r", "text": "The capital of Zetaland is Vo"}])
+    pool.check_disjoint(ProbeSet.from_records([{"id": "p", "question": "capital of Zeta", "answer": "Vo"}]))
