@@ -1,6 +1,7 @@
 """Repair while training: the replay pool (text the model may be trained on, kept apart from
-the probes). :mod:`.pool` holds :class:`ReplayPool`."""
+the probes, :mod:`.pool`) and which of its rows to replay next (:mod:`.sampler`)."""
 
 from .pool import ReplayPool, ReplayPoolError, ReplayRow
+from .sampler import ReplaySampler, category_weights
 
-__all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow"]
+__all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow", "ReplaySampler", "category_weights"]

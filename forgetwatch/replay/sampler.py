@@ -1,0 +1,108 @@
+"""Which replay rows to train on next: categories weighted by the forgetting measured at the
+last evaluation, rows taken in a seeded shuffled order within each category.
+
+The weights are a pure function of the last report; the draws depend only on the seed and how
+many batches were drawn before, so every rank draws the same rows and a resumed run goes on
+where it stopped (:meth:`ReplaySampler.state_dict`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..report import TransitionReport
+from .pool import ReplayPool, ReplayRow
+
+__all__ = ["ReplaySampler", "category_weights"]
+
+#: Share of the draws spread evenly over the categories, so that none starves.
+FLOOR = 0.1
+#: How much a category's at-risk share counts next to its (chance-adjusted) forgetting.
+AT_RISK_WEIGHT = 0.5
+
+
+def category_weights(report: TransitionReport | None, categories: Sequence[str], floor: float = FLOOR,
+                     at_risk_weight: float = AT_RISK_WEIGHT) -> dict[str, float]:
+    """Shares of the next draws, summing to 1 over ``categories`` (the pool's).
+
+    Before any evaluation (``report`` is ``None``) they are even. After one, a category weighs
+    its chance-adjusted forgetting plus ``at_risk_weight`` times its at-risk share (a pool
+    category the probes do not have, such as ``"all"``, weighs the overall figures); the
+    weights are normalised and mixed with even shares by ``floor``. Figures that do not apply
+    count as 0; when every weight is 0, the shares are even.
+
+    Example:
+        >>> r = TransitionReport(by_category={"a": TransitionReport(forgetting_adjusted=0.3, at_risk=0.0),
+        ...                                   "b": TransitionReport(forgetting_adjusted=0.0, at_risk=0.2)})
+        >>> {k: round(v, 3) for k, v in category_weights(r, ["a", "b"]).items()}
+        {'a': 0.725, 'b': 0.275}
+    """
+    k = len(categories)
+    if report is None:
+        return {c: 1 / k for c in categories}
+    raw = {}
+    for c in categories:
+        figures = report.by_category.get(c, report)
+        raw[c] = _figure(figures.forgetting_adjusted) + at_risk_weight * _figure(figures.at_risk)
+    total = sum(raw.values())
+    if total <= 0:
+        return {c: 1 / k for c in categories}
+    return {c: (1 - floor) * w / total + floor / k for c, w in raw.items()}
+
+
+def _figure(x: float) -> float:
+    return 0.0 if x is None or not math.isfinite(x) else max(float(x), 0.0)
+
+
+class ReplaySampler:
+    """Draws batches of replay rows: a category per row by the weights, then the category's
+    next row in a seeded shuffled order (every row once before any twice).
+
+    Example:
+        >>> pool = ReplayPool.from_records([{"id": f"r{i}", "text": "t", "category": "ab"[i % 2]} for i in range(6)])
+        >>> sampler = ReplaySampler(pool, seed=0)
+        >>> [r.id for r in sampler.next_batch(4, {"a": 1.0, "b": 0.0})]
+        ['r2', 'r4', 'r0', 'r0']
+    """
+
+    def __init__(self, pool: ReplayPool, seed: int = 0):
+        self.pool = pool
+        self.seed = seed
+        self.categories = pool.categories
+        self._rows: dict[str, list[int]] = {c: [] for c in self.categories}
+        for i, row in enumerate(pool):
+            self._rows[row.category].append(i)
+        self.drawn = 0  # batches drawn so far
+        self._taken = {c: 0 for c in self.categories}  # rows taken per category so far
+
+    def next_batch(self, size: int, weights: Mapping[str, float]) -> list[ReplayRow]:
+        """``size`` rows; ``weights`` by category (see :func:`category_weights`)."""
+        p = np.array([max(weights.get(c, 0.0), 0.0) for c in self.categories], dtype=np.float64)
+        p = p / p.sum() if p.sum() > 0 else np.full(len(p), 1 / len(p))
+        rng = np.random.default_rng([self.seed, self.drawn])
+        picks = rng.choice(len(self.categories), size=size, p=p)
+        self.drawn += 1
+        return [self.pool[self._next_row(self.categories[c])] for c in picks]
+
+    def _next_row(self, category: str) -> int:
+        rows, taken = self._rows[category], self._taken[category]
+        epoch, position = divmod(taken, len(rows))
+        order = np.random.default_rng([self.seed, zlib.crc32(category.encode("utf-8")), epoch]).permutation(len(rows))
+        self._taken[category] = taken + 1
+        return rows[int(order[position])]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to draw the same rows next (JSON-ready)."""
+        return {"seed": self.seed, "drawn": self.drawn, "taken": dict(self._taken)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from :meth:`state_dict` (of a sampler over the same pool)."""
+        if state["seed"] != self.seed or set(state["taken"]) != set(self.categories):
+            raise ValueError("this replay state belongs to another seed or pool; resume with the same pool and seed")
+        self.drawn = int(state["drawn"])
+        self._taken = {c: int(n) for c, n in state["taken"].items()}
