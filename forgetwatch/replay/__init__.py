@@ -1,5 +1,6 @@
 """Repair while training: the replay pool (text the model may be trained on, kept apart from
-the probes, :mod:`.pool`) and which of its rows to replay next (:mod:`.sampler`)."""
+the probes, :mod:`.pool`), which of its rows to replay next (:mod:`.sampler`), and the
+gradient replaying them adds (:mod:`.penalty`)."""
 
 from .pool import ReplayPool, ReplayPoolError, ReplayRow
 from .sampler import ReplaySampler, category_weights

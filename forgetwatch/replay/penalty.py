@@ -1,0 +1,61 @@
+"""The replay penalty's gradient: replay rows forwarded in micro-batches, ``weight`` times their
+mean next-token loss backpropagated onto the gradients already there (the trainer's own),
+before the optimizer applies them.
+
+Only one micro-batch's logits live at a time: each micro-batch's share of the mean is
+backpropagated at once. Padding never counts. With ``weight == 0`` nothing runs at all, so
+the run (its random numbers included) is the run without replay.
+
+Example:
+    >>> ids = encode_rows(tokenizer, pool.rows[:8], max_length=256)          # doctest: +SKIP
+    >>> loss = replay_backward(model, ids, pad_id=0, weight=0.5, rows_per_batch=4)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..scoring.batching import group
+from .pool import ReplayRow
+
+__all__ = ["encode_rows", "replay_backward"]
+
+
+def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int) -> list[list[int]]:
+    """Token ids of each row's text (chats through the chat template), cut to ``max_length``;
+    rows shorter than two tokens teach nothing and are dropped."""
+    texts = [row.render(tokenizer) for row in rows]
+    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+    return [list(x) for x in ids if len(x) >= 2]
+
+
+def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
+                    rows_per_batch: int = 8) -> float:
+    """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
+    predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
+    ran). The model is used as found (train mode: dropout as in training)."""
+    if weight == 0 or not token_ids:
+        return float("nan")
+    device = next(model.parameters()).device
+    total = sum(len(x) - 1 for x in token_ids)  # every row predicts all its tokens but the first
+    summed = 0.0
+    for idx in group([len(x) for x in token_ids], rows_per_batch, None):
+        rows = [token_ids[i] for i in idx]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):  # right-padded: positions as in training
+            ids[r, :len(row)] = torch.tensor(row)
+            mask[r, :len(row)] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                reduction="none").view(len(rows), width - 1)
+        loss = (nll * mask[:, 1:]).sum()
+        (weight * loss / total).backward()
+        summed += float(loss.detach())
+        del logits, nll, loss  # one micro-batch's logits at a time
+    return summed / total
