@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import time
@@ -32,12 +33,15 @@ from .distributed import Ranks
 from .history import first_whole_history, history_record, report_from_record
 from .metrics import compare
 from .probes import ProbesLike, as_probe_set
+from .replay import ReplayPool
+from .replay.driver import Replay
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
+from .scoring.scorer import pad_id
 from .noise import measure_noise, noise_by_scope, wants_noise_check
 from .stopping import StopRule
-from .store import HISTORY, SUBDIR, RunStore
+from .store import HISTORY, REPLAY_STATE, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
 from .trajectory import Trajectory, with_trajectory_figures
@@ -47,7 +51,7 @@ logger = logging.getLogger(__name__)
 OnForgetting = Callable[[TransitionReport, int], Any]
 
 #: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
-_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "clock")
+_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "clock")
 
 
 class ForgetWatchCallback(TrainerCallback):
@@ -80,6 +84,10 @@ class ForgetWatchCallback(TrainerCallback):
         trainer: the trainer running this callback, if known (``trainer.add_callback(
             ForgetWatchCallback(probes, trainer=trainer))``); otherwise it is found when training
             begins.
+        replay: a :class:`~forgetwatch.ReplayPool` (or its file) to repair forgetting with:
+            before each optimizer step, ``replay_batch_size`` rows, drawn by the forgetting
+            measured at the last evaluation, add ``replay_weight`` times their loss gradient
+            (default ``None``: no replay). A pool holding a probe's question is refused.
         config: a :class:`~forgetwatch.config.ForgetWatchConfig`; keywords given beside it
             override its settings.
         clock: the clock the overhead budget and ``monitoring_seconds`` read (default
@@ -116,6 +124,7 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer: Any = None,
         on_forgetting: OnForgetting | None = None,
         trainer: Any = None,
+        replay: ReplayPool | str | os.PathLike[str] | None = None,
         config: ForgetWatchConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
         **settings: Any,
@@ -136,6 +145,11 @@ class ForgetWatchCallback(TrainerCallback):
         # a bad probe file fails here, before the trainer does any work
         self.probes = as_probe_set(probes, source="ForgetWatchCallback(probes=[...])")
         config.check_categories(self.probes.categories)
+        if replay is not None and not isinstance(replay, ReplayPool):
+            replay = ReplayPool.from_jsonl(replay)
+        if replay is not None:
+            replay.check_disjoint(self.probes)  # the probes must stay held out
+        self.replay_pool = replay
         self.config = config
         self.tokenizer = tokenizer
         self.on_forgetting = on_forgetting
@@ -152,6 +166,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._schedule: EverySteps | Budget = self._new_schedule()
         self._stop_rule: StopRule | None = None
         self._dashboards = Dashboards()
+        self._replay: Replay | None = None
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
         self._training = False
@@ -234,6 +249,8 @@ class ForgetWatchCallback(TrainerCallback):
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
+        self._replay = None if self.replay_pool is None else Replay(
+            self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed)
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
         self._schedule = self._new_schedule()
@@ -250,7 +267,9 @@ class ForgetWatchCallback(TrainerCallback):
         self._announce_base(computed, args, state, control)
         if resumed:
             self._restore_history(args, state)
-        elif self._writes:
+        if self._replay is not None:
+            self._start_replay(model, args, state, resumed)
+        if not resumed and self._writes:
             self._store.set_aside_history()
         if self._writes:
             self._store.save_probes(self.probes)
@@ -310,6 +329,13 @@ class ForgetWatchCallback(TrainerCallback):
         if self._writes and self._store is not None:
             self._store.flush()  # a last try for anything a failed write left in memory
 
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        # after the trainer's backward (and its clipping): the replay gradient joins it
+        if self._replay is not None:
+            self._replay.step(model, self._scorer.tokenizer, pad_id(self._scorer.tokenizer), args.max_grad_norm,
+                              self._scorer.rows_per_batch(model))
+
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._copy_into_checkpoint(args, state)
 
@@ -349,6 +375,11 @@ class ForgetWatchCallback(TrainerCallback):
         self.history.append((step, report))
         record = history_record(step, report, time=round(time.time(), 3), trigger=trigger,
                                 seconds=round(self._clock() - start, 4), columns=self.trajectory.column())
+        replayed = {}
+        if self._replay is not None:
+            replayed = self._replay.figures()
+            record["replay"] = {**replayed, **self._replay.state()}
+            self._replay.reweigh(report)
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])
@@ -365,7 +396,9 @@ class ForgetWatchCallback(TrainerCallback):
             if self.config.verbose:
                 tqdm.write(sinks.console_line(step, report))
         if log:
-            self._emit(sinks.metric_values(report, self.config.log_categories), args, state, control, own_section=True)
+            values = sinks.metric_values(report, self.config.log_categories)
+            values.update({f"{sinks.PREFIX}{name}": value for name, value in replayed.items()})
+            self._emit(values, args, state, control, own_section=True)
             if self._writes:
                 self._dashboards.flips(flip_rows(step, self.probes, self.base_answers, answers, report,
                                                  self.trajectory, self.config.table_rows), step)
@@ -432,6 +465,19 @@ class ForgetWatchCallback(TrainerCallback):
         checkpoint = self._bridge.checkpoint_dir(args, state.global_step)
         if self._writes and self._store is not None and checkpoint.is_dir():
             self._store.copy_to(checkpoint / SUBDIR)  # a failed copy warns, never raises
+            if self._replay is not None:  # where the draws stood at this very step
+                self._store.save_state(checkpoint / SUBDIR / REPLAY_STATE, self._replay.state())
+
+    def _start_replay(self, model, args, state, resumed: bool) -> None:
+        """Refuse what replay cannot run under; a resumed run goes on with the checkpoint's draws."""
+        found = None
+        if resumed:
+            paths = [d / REPLAY_STATE for d in self._resume_dirs(args, state)]
+            found = self._ranks.share_from_rank_zero(lambda: next(
+                (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
+        self._replay.start(model, args, found)
+        if self.history:
+            self._replay.reweigh(self.history[-1][1])
 
     # -- base snapshot and resume --------------------------------------------------------------
 

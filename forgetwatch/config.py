@@ -116,6 +116,22 @@ class ForgetWatchConfig:
         default=None,
         check=check.optional(check.boolean, "on for GPUs and half-precision models"),
         help='Score the base twice, in batches of another size, and report how many probes flip with no weight change: the noise floor of forgetting; None: on for GPUs and half-precision models.')
+    replay_loss: str = _setting(
+        default="lm",
+        check=check.choice(("lm",)),
+        help='With replay=: the loss replayed rows add, "lm" (next-token loss on their text).')
+    replay_weight: float = _setting(
+        default=1.0,
+        check=check.non_negative,
+        help='With replay=: how much the replay loss counts next to the trainer\'s (>= 0; 0 replays nothing).')
+    replay_batch_size: int = _setting(
+        default=8,
+        check=check.integer(1),
+        help='With replay=: pool rows replayed before each optimizer step (>= 1).')
+    replay_seed: int = _setting(
+        default=0,
+        check=check.integer(0),
+        help='With replay=: the seed of the draws (the same on every rank).')
     save_on_stop: bool = _setting(
         default=True,
         check=check.boolean,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .answers import Answers, AnswersFileError
-from .files import atomic_write, json_line
+from .files import atomic_write, json_line, strict_dumps
 from .history import HistoryError, read_history
 from .text import first_line
 
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
 PROBES = "probes.jsonl"  # the questions, for reports
+REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
 
 
@@ -124,6 +125,18 @@ class RunStore:
         except OSError as err:
             logger.warning("forgetwatch could not write %s (%s): reports will show probe ids without their "
                            "questions; training goes on", self.dir / PROBES, first_line(err))
+            return False
+        return True
+
+    def save_state(self, path: Path, state: dict[str, Any]) -> bool:
+        """Write a small JSON state file atomically; a failure warns (a resume would then draw
+        other replay rows) and is not raised."""
+        try:
+            with atomic_write(path) as f:
+                f.write(strict_dumps(state))
+        except OSError as err:
+            logger.warning("forgetwatch could not write %s (%s): a run resumed from this checkpoint will replay "
+                           "other rows than this one would have; training goes on", path, first_line(err))
             return False
         return True
 

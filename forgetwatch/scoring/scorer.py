@@ -138,10 +138,10 @@ class Scorer:
             raise ValueError("forgetwatch scores decoder-only causal language models; "
                              "this model is an encoder-decoder")
         device = _input_device(inner)
-        pad_id = _pad_id(self.tokenizer)
+        pad = pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
         with borrowed(model, self.tokenizer):
-            run = self._agree(_Run(model, device, pad_id, max_length, batch_size, ranks, self.state(model)))
+            run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model)))
             self.scored_here = 0
             prompts = self._prompts(max_length)
             bar = tqdm(unit="seq", desc="forgetwatch: scoring probes", disable=not show_progress, leave=False)
@@ -447,7 +447,8 @@ def _keep_arg(model) -> str | None:
     return None
 
 
-def _pad_id(tokenizer) -> int:
+def pad_id(tokenizer) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else EOS, else 0."""
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if candidate is not None:
             return int(candidate)

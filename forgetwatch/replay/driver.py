@@ -1,0 +1,87 @@
+"""Replay during a run: before each optimizer step, a batch of pool rows chosen by the forgetting
+measured at the last evaluation adds its weighted loss gradient to the trainer's.
+
+Where: transformers clips gradients before ``on_pre_optimizer_step``, so the replay gradient
+is added there and, when ``max_grad_norm`` is set, the sum is clipped again: the clip sees the
+replay gradient too. Every rank replays the same rows on the same weights (the draws are
+seeded), so the replay gradient is the same everywhere and parameters stay identical under
+DDP without another collective. Sharded models (DeepSpeed ZeRO-3, FSDP) and fp16's gradient
+scaler are refused when training begins: their gradients are not plain tensors here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..report import TransitionReport
+from ..scoring.borrow import is_sharded
+from .penalty import encode_rows, replay_backward
+from .pool import ReplayPool
+from .sampler import ReplaySampler, category_weights
+
+__all__ = ["Replay"]
+
+
+class Replay:
+    """The replay of one run: which rows, how much, and what it cost so far.
+
+    Args:
+        pool: the rows (already checked disjoint from the probes).
+        weight: how much the replay loss counts next to the trainer's (0: nothing runs).
+        batch_size: rows replayed per optimizer step.
+        seed: the draws' seed.
+        max_length: tokens kept of a row.
+    """
+
+    def __init__(self, pool: ReplayPool, *, weight: float = 1.0, batch_size: int = 8, seed: int = 0,
+                 max_length: int = 512):
+        self.pool, self.weight, self.batch_size, self.max_length = pool, weight, batch_size, max_length
+        self.sampler = ReplaySampler(pool, seed)
+        self.weights = category_weights(None, pool.categories)
+        self._loss_sum, self._steps = 0.0, 0
+
+    def start(self, model: torch.nn.Module, args: Any, resumed: Mapping[str, Any] | None = None) -> None:
+        """Refuse what replay cannot run under (before any training); go on from ``resumed``
+        (the last history record's ``replay``)."""
+        if getattr(args, "fp16", False):
+            raise ValueError("replay does not run under fp16 mixed precision (its gradient scaler): use bf16, or "
+                             "train without replay=")
+        if is_sharded(model) or getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+            raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
+                             "replay=, or under DDP")
+        if resumed:
+            self.sampler.load_state_dict(resumed["sampler"])
+
+    def reweigh(self, report: TransitionReport) -> None:
+        """Categories weighted by this evaluation's forgetting, for the draws until the next."""
+        self.weights = category_weights(report, self.pool.categories)
+
+    def step(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, max_grad_norm: float,
+             rows_per_batch: int) -> None:
+        """Add this optimizer step's replay gradient (then clip the sum again, if clipping)."""
+        if self.weight == 0:
+            return
+        rows = self.sampler.next_batch(self.batch_size, self.weights)
+        ids = encode_rows(tokenizer, rows, self.max_length)
+        loss = replay_backward(model, ids, pad_id, self.weight, rows_per_batch)
+        if max_grad_norm and max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_grad_norm)
+        if math.isfinite(loss):
+            self._loss_sum += loss
+            self._steps += 1
+
+    def figures(self) -> dict[str, float]:
+        """The mean replay loss since the last call, and the weight (nothing that does not apply)."""
+        out = {"replay/weight": float(self.weight)}
+        if self._steps:
+            out["replay/loss"] = self._loss_sum / self._steps
+        self._loss_sum, self._steps = 0.0, 0
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs (kept in the history record)."""
+        return {"sampler": self.sampler.state_dict(), "weight": self.weight}

@@ -1,0 +1,151 @@
+"""Replay while training: one step's arithmetic by hand, nothing when its weight is 0, probes
+never replayed, an exact resume, and every trainer."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trainers import KillAt, make_trainer
+from transformers import DataCollatorForLanguageModeling
+
+from forgetwatch import ReplayPool
+from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.replay.penalty import encode_rows
+from forgetwatch.replay.sampler import ReplaySampler
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+
+@pytest.fixture(scope="module")
+def pool(toy):
+    """Text the probes do not hold: the facts in other words, and unrelated sentences."""
+    rows = [{"id": f"f{i}", "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
+             "category": "colors" if i % 2 else "rivers"} for i, c in enumerate(toy.world.known)]
+    return ReplayPool.from_records(rows)
+
+
+def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path):
+    texts = toy.world.distraction_texts(n=32)
+    data = datasets.Dataset.from_dict({"text": texts}).map(lambda b: toy.tokenizer(b["text"]), batched=True,
+                                                           remove_columns=["text"])
+    weight, lr = 0.5, 0.05
+    cb = ForgetWatchCallback(toy.probes, eval_steps=100, replay=pool, replay_weight=weight, replay_batch_size=5,
+                             eval_on_train_end=False, verbose=False)
+    trainer = make_trainer(toy, data, tmp_path, [cb], max_steps=1, per_device_train_batch_size=32,
+                           optim="sgd", learning_rate=lr, max_grad_norm=0.0, lr_scheduler_type="constant")
+    trainer.train()
+
+    # by hand: the same batch (all 32 rows; the mean loss does not depend on their order) plus
+    # the rows the sampler draws first, every replay token alike
+    model = copy.deepcopy(toy.base).train()
+    batch = DataCollatorForLanguageModeling(toy.tokenizer, mlm=False)([data[i] for i in range(32)])
+    rows = ReplaySampler(pool, seed=0).next_batch(5, {c: 1 / len(pool.categories) for c in pool.categories})
+    tokens = []
+    for row in encode_rows(toy.tokenizer, rows, 512):
+        x = torch.tensor([row])
+        lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
+        tokens.append(-lp[torch.arange(len(row) - 1), x[0, 1:]])
+    (model(**batch).loss + weight * torch.cat(tokens).mean()).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    for (name, a), b in zip(trainer.model.named_parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4, msg=name)
+
+
+def test_weight_zero_is_a_run_without_replay(toy, train_data, tmp_path, pool):
+    runs = []
+    for name, extra in (("plain", {}), ("zero", {"replay": pool, "replay_weight": 0.0})):
+        cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False, **extra)
+        trainer = make_trainer(toy, train_data, tmp_path / name, [cb], max_steps=20)
+        trainer.train()
+        runs.append(([e["loss"] for e in trainer.state.log_history if "loss" in e], trainer.model.state_dict()))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_a_pool_holding_a_probe_question_is_refused_naming_both(toy):
+    probe = toy.probes[0]
+    leaky = ReplayPool.from_records([{"id": "leak", "text": f"Notes. {probe.question.upper()} ..."}])
+    with pytest.raises(ValueError, match=rf"row 'leak' contains the question of probe '{probe.id}'"):
+        ForgetWatchCallback(toy.probes, replay=leaky)
+
+
+def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool):
+    common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight=1.0, replay_batch_size=8)
+    plain = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
+    make_trainer(toy, train_data, tmp_path / "plain", [plain], **common).train()
+    whole = ForgetWatchCallback(toy.probes, **settings)
+    trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30] and all(e["forgetwatch/replay/weight"] == 1.0
+                                                                           for e in logged)
+    # replaying the facts in other words keeps more of them than training without it
+    assert whole.history[-1][1].forgotten < plain.history[-1][1].forgotten
+
+    run = tmp_path / "killed"
+    with pytest.raises(RuntimeError, match="killed"):
+        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **settings), KillAt(13)], **common).train()
+    resumed = ForgetWatchCallback(toy.probes, **settings)
+    again = make_trainer(toy, train_data, run, [resumed], **common)
+    again.train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+
+
+def test_sharded_models_and_fp16_are_refused_before_training(toy, train_data, tmp_path, pool):
+    cb = ForgetWatchCallback(toy.probes, replay=pool)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=2)
+    trainer.args.fp16 = True  # as a user would ask for it (the CPU trainer would refuse it itself)
+    with pytest.raises(ValueError, match="fp16"):
+        cb.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
+                          processing_class=toy.tokenizer)
+
+
+COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, save_strategy="no",
+              report_to=[], dataloader_num_workers=0, seed=0, disable_tqdm=True)
+
+
+def trl_trainer(kind, toy, path, callbacks):
+    if kind == "sft":
+        args = trl.SFTConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=8, max_length=64,
+                             packing=False, learning_rate=2e-3)
+        return trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
+                              train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=32)}),
+                              callbacks=callbacks)
+    if kind == "dpo":
+        rows = [{"prompt": f"{a} plus", "chosen": " one.", "rejected": " two."}
+                for a in ("One", "Two", "Three", "Four") * 4]
+        args = trl.DPOConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=4, max_length=32,
+                             learning_rate=1e-3)
+        return trl.DPOTrainer(model=toy.base_dir, args=args, processing_class=toy.tokenizer,
+                              train_dataset=datasets.Dataset.from_list(rows), callbacks=callbacks)
+    prompts = [t.split(" plus")[0] + " plus" for t in toy.world.distraction_texts(n=16)]
+    args = trl.GRPOConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=4, num_generations=2,
+                          max_completion_length=6, learning_rate=1e-3)
+    return trl.GRPOTrainer(model=copy.deepcopy(toy.base), reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+                           args=args, processing_class=toy.tokenizer, callbacks=callbacks,
+                           train_dataset=datasets.Dataset.from_dict({"prompt": prompts}))
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo", "grpo"])
+def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
+    steps = []
+
+    class Count(ForgetWatchCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            super().on_pre_optimizer_step(args, state, control, **kwargs)
+            steps.append(self._replay.sampler.drawn)
+
+    cb = Count(toy.probes, eval_steps=2, verbose=False, replay=pool, replay_batch_size=4)
+    trainer = trl_trainer(kind, toy, tmp_path, [cb])
+    trainer.train()
+    assert steps == [1, 2, 3, 4]  # one replay batch before each optimizer step
+    losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    assert len(losses) == 2 and all(0 < x < 20 for x in losses)
