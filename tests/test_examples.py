@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgetwatch import ProbeSet, TransitionReport, evaluate
+from forgetwatch import ProbeSet, evaluate
+from forgetwatch.toy import ToyWorld
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -312,61 +313,28 @@ def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_
 
 # -- replay on forgetting -------------------------------------------------------------------------
 
-def test_replay_collector_records_newly_forgotten_probes(toy, tmp_path):
+def test_the_replay_pool_is_the_other_half_of_the_facts():
     replay = example("replay_on_forgetting")
-    probes = toy.probes
-    collector = replay.ReplayCollector(probes, tmp_path / "sub" / "replay.jsonl")
-    assert collector.describe() == "no probe was forgotten: nothing to replay"
-    capital, color, rivers = (next(p for p in probes if p.category == c) for c in ("capitals", "colors", "rivers"))
-
-    assert collector(TransitionReport(forgotten_ids=[]), 2) == []
-    assert not collector.path.exists()  # nothing to write yet
-    assert collector(TransitionReport(forgotten_ids=[capital.id, rivers.id]), 4) == [capital.id, rivers.id]
-    assert collector(TransitionReport(forgotten_ids=[rivers.id, color.id]), 8) == [color.id]  # rivers: not again
-    assert collector(TransitionReport(forgotten_ids=[]), 12) == []  # recovered: still collected
-
-    assert collector.ids == {capital.id, rivers.id, color.id}
-    assert collector.counts == {"capitals": 1, "rivers": 1, "colors": 1}
-    records = replay.load_replay(collector.path)
-    assert [(r["id"], r["step"], r["category"]) for r in records] == [
-        (capital.id, 4, "capitals"), (rivers.id, 4, "rivers"), (color.id, 8, "colors")]
-    assert records[0]["text"] == f"{capital.question} {capital.choices[capital.answer]}"
-    assert records[1]["text"] == f"{rivers.question} {rivers.answer}"
-    assert sorted(p.name for p in collector.path.parent.iterdir()) == ["replay.jsonl"]  # no temp files left
-    text = collector.describe()
-    assert "collected 3 forgotten probe(s)" in text and "capitals: 1" in text and records[0]["text"] in text
+    world = ToyWorld(seed=0)
+    probes, pool = replay.split_world(world)
+    pool.check_disjoint(probes)  # no probe question in the pool
+    probed = {p.id.split("/", 1)[1] for p in probes}
+    pooled = {r.id.split("/", 1)[1] for r in pool}
+    assert probed and pooled and not probed & pooled  # disjoint countries, not only disjoint text
+    assert sorted(pool.categories) == ["capitals", "colors", "rivers"]
 
 
-def test_replay_text_for_mmlu_probes_is_question_then_letter():
+def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     replay = example("replay_on_forgetting")
-    probe = example("sft_trl").build_probes(MMLU_ROWS[:1])[0]
-    assert replay.replay_text(probe) == probe.question + " B"
-
-
-def test_replay_run_collects_the_union_of_forgotten_ids(toy, tmp_path):
-    replay = example("replay_on_forgetting")
-    trainer, collector = replay.run(toy.world, toy.tokenizer, copy.deepcopy(toy.base), tmp_path,
-                                    max_steps=12, eval_steps=4)
-    history = trainer.forgetwatch.history
-    assert history_steps(trainer) == [4, 8, 12]
-    union = set().union(*(report.forgotten_ids for _, report in history))
-    assert union and collector.ids == union
-    records = replay.load_replay(tmp_path / "replay.jsonl")
-    assert {r["id"] for r in records} == union
-    by_id = {p.id: p for p in toy.probes}
-    for r in records:
-        assert r["text"] == replay.replay_text(by_id[r["id"]])
-        first = next(step for step, report in history if r["id"] in report.forgotten_ids)
-        assert r["step"] == first
-    assert sum(collector.counts.values()) == len(union)
-
-
-def test_replay_main_runs_offline(tmp_path, capsys):
-    replay = example("replay_on_forgetting")
-    collector = replay.main(["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "8",
-                             "--eval-steps", "4"])
+    trainers = replay.main(["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "10",
+                            "--eval-steps", "5"])
     out = capsys.readouterr().out
-    assert "forgetting at step 8" in out and "overall" in out
-    assert collector.describe() in out
-    if collector.records:
-        assert {r["id"] for r in replay.load_replay(tmp_path / "replay.jsonl")} == collector.ids
+    assert "without replay" in out and "with replay" in out and "forgetting (right at the base" in out
+    plain, repaired = trainers["without replay"], trainers["with replay"]
+    assert [s for s, _ in plain.forgetwatch.history] == [s for s, _ in repaired.forgetwatch.history] == [5, 10]
+    logged = [e for e in repaired.state.log_history if "forgetwatch/replay/loss" in e]
+    assert [e["step"] for e in logged] == [5, 10]
+    assert not any("forgetwatch/replay/loss" in e for e in plain.state.log_history)
+    hook = repaired.forgetwatch.on_forgetting
+    assert sorted(hook.by_step) == [5, 10]
+    assert hook.by_step[10] == repaired.forgetwatch.history[-1][1].at_risk_ids
