@@ -250,7 +250,8 @@ class ForgetWatchCallback(TrainerCallback):
                               max_new_tokens=c.max_new_tokens, stop=c.stop)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         self._replay = None if self.replay_pool is None else Replay(
-            self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed)
+            self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
+            target=c.forgetting_target, metric=c.stop_metric)
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
         self._schedule = self._new_schedule()
@@ -477,7 +478,7 @@ class ForgetWatchCallback(TrainerCallback):
                 (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
         self._replay.start(model, args, found)
         if self.history:
-            self._replay.reweigh(self.history[-1][1])
+            self._replay.reweigh(self.history[-1][1], steer=False)
 
     # -- base snapshot and resume --------------------------------------------------------------
 

@@ -120,10 +120,14 @@ class ForgetWatchConfig:
         default="lm",
         check=check.choice(("lm",)),
         help='With replay=: the loss replayed rows add, "lm" (next-token loss on their text).')
-    replay_weight: float = _setting(
+    replay_weight: float | str = _setting(
         default=1.0,
-        check=check.non_negative,
-        help='With replay=: how much the replay loss counts next to the trainer\'s (>= 0; 0 replays nothing).')
+        check=check.weight_or_auto,
+        help='With replay=: how much the replay loss counts next to the trainer\'s (>= 0; 0 replays nothing), or "auto": set at each evaluation to bring forgetting to forgetting_target.')
+    forgetting_target: float | None = _setting(
+        default=None,
+        check=check.optional(check.rate(False, False, "0.05"), "no target"),
+        help='With replay_weight="auto": the forgetting rate (stop_metric) the replay weight steers toward (0..1).')
     replay_batch_size: int = _setting(
         default=8,
         check=check.integer(1),
@@ -181,6 +185,10 @@ class ForgetWatchConfig:
         # Checked here, not only in from_dict, so configs built in code are held to the same rules.
         values = {name: getattr(self, name) for name in _CHECKS}
         cleaned, problems = check_values(values, _CHECKS, "ForgetWatchConfig", {})
+        if not problems and cleaned["replay_weight"] == "auto" and cleaned["forgetting_target"] is None:
+            problems.append(ConfigProblem("ForgetWatchConfig", None, "forgetting_target",
+                                          'replay_weight="auto" steers toward a forgetting rate: give '
+                                          "forgetting_target, e.g. 0.05"))
         if problems:
             raise ConfigError(problems)
         # Normalised copies (list/dict copies, ints as floats): the caller's objects are not shared.

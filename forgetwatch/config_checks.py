@@ -114,6 +114,15 @@ def non_negative(value: Any) -> float:
     return float(value)
 
 
+def weight_or_auto(value: Any) -> float | str:
+    if value == "auto":
+        return value
+    try:
+        return non_negative(value)
+    except Invalid as exc:
+        raise Invalid('a number >= 0 or "auto"', value, exc.hint) from None
+
+
 def optional(check: Callable[[Any], Any], none_means: str) -> Callable[[Any], Any]:
     def checked(value: Any) -> Any:
         if value is None:

@@ -149,3 +149,36 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
     assert steps == [1, 2, 3, 4]  # one replay batch before each optimizer step
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
+
+
+def test_auto_weight_follows_the_multiplicative_law_and_survives_a_resume(toy, train_data, tmp_path, pool):
+    from forgetwatch.replay.controller import next_weight
+
+    target = 0.02
+    common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight="auto", forgetting_target=target)
+    whole = ForgetWatchCallback(toy.probes, **settings)
+    trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
+    trainer.train()
+    logged = [e["forgetwatch/replay/weight"] for e in trainer.state.log_history if "forgetwatch/replay/weight" in e]
+    expected, weight = [], 1.0
+    for _, report in whole.history:  # the weight logged at an evaluation is the one used up to it
+        expected.append(weight)
+        weight = next_weight(weight, report.forgetting, target)
+    assert logged == expected and len(set(logged)) > 1
+
+    run = tmp_path / "killed"
+    with pytest.raises(RuntimeError, match="killed"):
+        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **settings), KillAt(13)], **common).train()
+    resumed = ForgetWatchCallback(toy.probes, **settings)
+    again = make_trainer(toy, train_data, run, [resumed], **common)
+    again.train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    assert [e["forgetwatch/replay/weight"] for e in again.state.log_history
+            if "forgetwatch/replay/weight" in e][-4:] == logged[-4:]
+
+
+def test_auto_needs_a_target():
+    from forgetwatch.config import ConfigError, ForgetWatchConfig
+
+    with pytest.raises(ConfigError, match="forgetting_target"):
+        ForgetWatchConfig(replay_weight="auto")

@@ -20,6 +20,7 @@ import torch
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded
 from .penalty import encode_rows, replay_backward
+from .controller import START, next_weight
 from .pool import ReplayPool
 from .sampler import ReplaySampler, category_weights
 
@@ -31,15 +32,21 @@ class Replay:
 
     Args:
         pool: the rows (already checked disjoint from the probes).
-        weight: how much the replay loss counts next to the trainer's (0: nothing runs).
+        weight: how much the replay loss counts next to the trainer's (0: nothing runs), or
+            ``"auto"``: steered toward ``target`` by :func:`~forgetwatch.replay.controller.next_weight`.
+        target, metric: with ``"auto"``, the forgetting rate to steer toward, and which one
+            (``"forgetting"`` or ``"forgetting_adjusted"``).
         batch_size: rows replayed per optimizer step.
         seed: the draws' seed.
         max_length: tokens kept of a row.
     """
 
-    def __init__(self, pool: ReplayPool, *, weight: float = 1.0, batch_size: int = 8, seed: int = 0,
-                 max_length: int = 512):
-        self.pool, self.weight, self.batch_size, self.max_length = pool, weight, batch_size, max_length
+    def __init__(self, pool: ReplayPool, *, weight: float | str = 1.0, batch_size: int = 8, seed: int = 0,
+                 max_length: int = 512, target: float | None = None, metric: str = "forgetting"):
+        self.auto = weight == "auto"
+        self.weight = START if self.auto else float(weight)
+        self.pool, self.batch_size, self.max_length = pool, batch_size, max_length
+        self.target, self.metric = target, metric
         self.sampler = ReplaySampler(pool, seed)
         self.weights = category_weights(None, pool.categories)
         self._loss_sum, self._steps = 0.0, 0
@@ -55,10 +62,15 @@ class Replay:
                              "replay=, or under DDP")
         if resumed:
             self.sampler.load_state_dict(resumed["sampler"])
+            self.weight = float(resumed["weight"])
 
-    def reweigh(self, report: TransitionReport) -> None:
-        """Categories weighted by this evaluation's forgetting, for the draws until the next."""
+    def reweigh(self, report: TransitionReport, steer: bool = True) -> None:
+        """Categories weighted by this evaluation's forgetting, for the draws until the next;
+        with ``"auto"`` and ``steer``, the weight steered by it too (a resume restores the
+        weight instead)."""
         self.weights = category_weights(report, self.pool.categories)
+        if self.auto and steer:
+            self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
 
     def step(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, max_grad_norm: float,
              rows_per_batch: int) -> None:
