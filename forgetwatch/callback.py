@@ -222,8 +222,8 @@ class ForgetWatchCallback(TrainerCallback):
         else:
             lines = ["forgetwatch has not evaluated yet"]
         if self.base_answers is not None and "noise_floor" in self.base_answers.meta:
-            lines.append(f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes flipped when "
-                         "the base was scored again; forgetting below it is noise")
+            lines.append(f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes went from right "
+                         "to wrong when the base was scored again; forgetting below it is noise")
         if self.stop_reason:
             lines.append(f"forgetwatch stopped training at {self.stop_reason}")
         if self.history_path:
@@ -261,7 +261,8 @@ class ForgetWatchCallback(TrainerCallback):
                                        self._bridge.integration("TensorBoardCallback"), c.table_rows)
                             if self._writes else Dashboards())
         resumed = state.global_step > 0
-        self.base_answers, computed = self._base(model, args, state, resumed)
+        self.base_answers, cost = self._base(model, args, state, resumed)
+        computed = cost is not None
         self.trajectory = Trajectory.start(self.base_answers)
         self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
                                    c.category_max_forgetting, noise_floor=noise_by_scope(self.base_answers.meta))
@@ -276,7 +277,7 @@ class ForgetWatchCallback(TrainerCallback):
             self._store.save_probes(self.probes)
         self.monitoring_seconds = self._clock() - start
         # a loaded snapshot says nothing about what an evaluation costs
-        self._schedule.start(state.global_step, self.monitoring_seconds if computed else 0.0)
+        self._schedule.start(state.global_step, cost or 0.0)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
@@ -482,8 +483,9 @@ class ForgetWatchCallback(TrainerCallback):
 
     # -- base snapshot and resume --------------------------------------------------------------
 
-    def _base(self, model, args, state, resumed: bool) -> tuple[Answers, bool]:
-        """The base answers, and whether they were computed now (rather than loaded).
+    def _base(self, model, args, state, resumed: bool) -> tuple[Answers, float | None]:
+        """The base answers, and the seconds one scoring of them took (what an evaluation will
+        cost; ``None`` when they were loaded).
 
         Rank 0 decides from its files whether one is found, and shares it, so every rank
         either loads the same answers or joins in computing them; an error there (a damaged
@@ -504,17 +506,21 @@ class ForgetWatchCallback(TrainerCallback):
 
         found = self._ranks.share_from_rank_zero(from_files)
         if found is not None:
-            return Answers.from_dict(found), False
+            return Answers.from_dict(found), None
         check = self.config.noise_check
+        if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
+            check = bool(self._ranks.from_rank_zero([int(wants_noise_check(model))])[0])
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
+            start = self._clock()
             answers = self._score(model, show_progress=self.config.verbose and state.is_world_process_zero)
-            if check or (check is None and wants_noise_check(model)):
+            cost = self._clock() - start
+            if check:
                 answers.meta.update(measure_noise(self._scorer, model, answers, self.config.batch_size,
                                                   distributed=True))
         answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
         if self._writes:
             self._store.save_snapshot(answers)
-        return answers, True
+        return answers, cost
 
     def _announce_base(self, computed: bool, args, state, control) -> None:
         """One console line on the base; its noise floor, once measured, logged once."""

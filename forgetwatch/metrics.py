@@ -203,10 +203,12 @@ def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: 
     return float(np.mean(gb[mask] - ga[mask]))
 
 
-def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike]) -> np.ndarray:
+def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], normalized: bool = False) -> np.ndarray:
     """Each sample's drift signal: for multiple choice its margin, the gold choice's
     log-probability minus the best other choice's (below zero: answered wrong); for a
-    generative probe (no choices) the reference answer's log-probability. NaN where not scored.
+    generative probe (no choices) the reference answer's log-probability. NaN where not scored,
+    and for multiple choice when answers were decided on ``normalized`` (per-character)
+    scores, which raw log-probabilities do not order.
 
     Example:
         >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
@@ -216,7 +218,9 @@ def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike]) -> np
     out = gold.copy()
     for i, lps in enumerate(choice_logprobs):
         lps = np.asarray(lps, dtype=np.float64)
-        if len(lps) > 1:
+        if len(lps) > 1 and normalized:
+            out[i] = np.nan
+        elif len(lps) > 1:
             others = lps[lps != gold[i]] if np.count_nonzero(lps == gold[i]) == 1 else lps
             out[i] = gold[i] - others.max()
     return out
@@ -241,8 +245,9 @@ def at_risk(
     sb, sa = np.asarray(signal_before, dtype=np.float64), np.asarray(signal_after, dtype=np.float64)
     choice = np.asarray(n_choices) > 0
     with np.errstate(invalid="ignore"):
-        slipping = np.where(choice, (sa < share * sb) | (sa < floor), sa < sb + math.log(share))
-    return before & after & np.isfinite(sb) & np.isfinite(sa) & slipping
+        below_share = np.isfinite(sb) & np.where(choice, sa < share * sb, sa < sb + math.log(share))
+        slipping = below_share | (choice & (sa < floor))
+    return before & after & np.isfinite(sa) & slipping
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -356,8 +361,9 @@ def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_r
     positions: dict[str, list[int]] = {}
     for i, cat in enumerate(base.categories):
         positions.setdefault(cat, []).append(i)
-    risky = at_risk(base.correct, current.correct, margins(base.gold_logprob, base.choice_logprobs),
-                    margins(current.gold_logprob, current.choice_logprobs), base.n_choices,
+    normalized = base.scoring.get("normalize") == "chars"
+    risky = at_risk(base.correct, current.correct, margins(base.gold_logprob, base.choice_logprobs, normalized),
+                    margins(current.gold_logprob, current.choice_logprobs, normalized), base.n_choices,
                     at_risk_share, at_risk_floor)
     by_category = {
         cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky)

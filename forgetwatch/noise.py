@@ -52,22 +52,21 @@ def measure_noise(scorer: Any, model: torch.nn.Module, first: Answers, batch_siz
 
 
 def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
-    """How many probes flipped between two scorings of the same weights, overall and per
-    category, as shares: ``noise_flips``, ``noise_floor``, ``noise_floor_by_category``.
+    """Two scorings of the same weights: ``noise_flips``, how many probes changed either way,
+    and ``noise_floor`` (overall and ``noise_floor_by_category``), the share that went from
+    right to wrong: the forgetting rate that noise alone produces.
 
     Example:
-        >>> a = Answers.from_samples("fp", {}, [dict(id="a", correct=True), dict(id="b", correct=True)])
-        >>> b = Answers.from_samples("fp", {}, [dict(id="a", correct=True), dict(id="b", correct=False)])
-        >>> noise_figures(a, b)["noise_floor"]
-        0.5
+        >>> a = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 1), ("c", 0))])
+        >>> b = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 0), ("c", 1))])
+        >>> f = noise_figures(a, b); f["noise_flips"], round(f["noise_floor"], 3)
+        (2, 0.333)
     """
-    flipped = np.asarray(first.correct) != np.asarray(again.correct)
-    by_category: dict[str, float] = {}
+    before, after = np.asarray(first.correct, dtype=bool), np.asarray(again.correct, dtype=bool)
+    lost = before & ~after
     categories = np.asarray(first.categories)
-    for category in sorted(set(first.categories)):
-        mask = categories == category
-        by_category[category] = float(flipped[mask].mean())
-    return {"noise_flips": int(flipped.sum()), "noise_floor": float(flipped.mean()) if len(flipped) else 0.0,
+    by_category = {c: float(lost[categories == c].mean()) for c in sorted(set(first.categories))}
+    return {"noise_flips": int((before != after).sum()), "noise_floor": float(lost.mean()) if len(lost) else 0.0,
             "noise_floor_by_category": by_category}
 
 

@@ -292,7 +292,8 @@ def _line(x: Sequence[int], y: Sequence[float | None], name: str, color: str | N
 
 def _figure(spec: dict[str, Any], key: str) -> str:
     div = "fig-" + "".join(c if c.isalnum() else "-" for c in key)
-    data = json.dumps(spec, allow_nan=False).replace("</", "<\\/")  # no "</script>" inside the script
+    # no markup inside the script: "</script>" or "<!--" in a name would end or derail it
+    data = json.dumps(spec, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (f"<div id=\"{div}\" class=\"fig\"></div><script>(function(){{var s={data};"
             f"Plotly.newPlot({json.dumps(div)},s.data,s.layout,{{responsive:true,displaylogo:false}});}})();</script>")
 

@@ -72,8 +72,8 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
             f"({len(set(base.categories))} categories); forgetting under {pct(rate)} ({k} probes) cannot be told "
             "from zero here")
     if "noise_floor" in base.meta:
-        line += (f"; noise floor {pct(base.meta['noise_floor'])} ({base.meta['noise_flips']} probes flipped "
-                 "when scored again)")
+        line += (f"; noise floor {pct(base.meta['noise_floor'])} (right, then wrong when scored again; "
+                 f"{base.meta['noise_flips']} probes flipped either way)")
     return line + f"; snapshot {snapshot}" + ("" if computed else " (loaded)")
 
 

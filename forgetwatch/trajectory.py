@@ -52,11 +52,13 @@ class Trajectory:
         steps: ``0`` for the base, then each evaluation's global step.
         correct: probes × steps.
         signal: probes × steps (NaN where not scored); default all NaN.
+        fingerprint: the probe set's fingerprint (its columns in a history carry it).
     """
 
     def __init__(self, ids: Sequence[str], categories: Sequence[str], steps: ArrayLike, correct: ArrayLike,
-                 signal: ArrayLike | None = None):
+                 signal: ArrayLike | None = None, fingerprint: str = ""):
         self.ids = list(ids)
+        self.fingerprint = fingerprint
         self.categories = list(categories)
         self.steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         self.correct = np.asarray(correct, dtype=bool).reshape(len(self.ids), len(self.steps))
@@ -67,7 +69,8 @@ class Trajectory:
     @classmethod
     def start(cls, base: Answers) -> Trajectory:
         """The trajectory of a run before its first evaluation: the base column alone."""
-        return cls(base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None])
+        return cls(base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None],
+                   base.probe_fingerprint)
 
     def append(self, step: int, answers: Answers) -> None:
         """Add an evaluation's column (answers aligned with :attr:`ids`)."""
@@ -77,7 +80,8 @@ class Trajectory:
         """The base and the evaluations at or before ``step`` (what a resume keeps)."""
         keep = self.steps <= step
         keep[0] = True
-        return Trajectory(self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep])
+        return Trajectory(self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep],
+                          self.fingerprint)
 
     def __repr__(self) -> str:
         return f"Trajectory({len(self.ids)} probes, steps {self.steps.tolist()})"
@@ -112,7 +116,7 @@ class Trajectory:
     def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
         """At each step, the share of base-correct probes (of ``rows``, default all) with no
         forgetting event up to it; NaN where no probe was right at the base."""
-        rows = slice(None) if rows is None else np.asarray(rows)
+        rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         correct = self.correct[rows]
         right = correct[:, 0]
         if not right.any():
@@ -125,7 +129,7 @@ class Trajectory:
         """The latest evaluation's trajectory figures for ``rows`` (default all probes):
         ``forgetting_events`` (events so far, all probes together) and, from the second
         evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
-        rows = slice(None) if rows is None else np.asarray(rows)
+        rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         out = {"forgetting_events": float(self.forgetting_events()[rows].sum())}
         n = len(self.correct[rows])
         if len(self.steps) >= 3 and n:
@@ -137,13 +141,15 @@ class Trajectory:
     def column(self, position: int = -1) -> dict[str, str]:
         """One evaluation's column as text for a history record: correctness bit-packed, the
         signal as float16, each compressed and base64-encoded."""
-        return {"correct": _pack(np.packbits(self.correct[:, position]).tobytes()),
+        return {"probes": self.fingerprint, "correct": _pack(np.packbits(self.correct[:, position]).tobytes()),
                 "signal": _pack(self.signal[:, position].astype("<f2").tobytes())}
 
     def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
         self.steps = np.append(self.steps, np.int64(step))
         self.correct = np.concatenate([self.correct, np.asarray(correct, dtype=bool)[:, None]], axis=1)
-        self.signal = np.concatenate([self.signal, np.asarray(signal, dtype=np.float32)[:, None]], axis=1)
+        # at float16's precision, as the history stores it: a resumed run shows the same numbers
+        signal = np.asarray(signal, dtype=np.float16).astype(np.float32)
+        self.signal = np.concatenate([self.signal, signal[:, None]], axis=1)
 
     @classmethod
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
@@ -154,6 +160,10 @@ class Trajectory:
         n = len(base)
         for record in records:
             column = record.get("columns")
+            if column and column.get("probes", base.probe_fingerprint) != base.probe_fingerprint:
+                raise ValueError(f"history record of step {record['step']} was written for another probe set "
+                                 f"(fingerprint {column['probes']}, these probes {base.probe_fingerprint}); "
+                                 "resume with the probes of that run, or start a new output directory")
             if column:
                 correct = np.unpackbits(np.frombuffer(_unpack(column["correct"]), dtype=np.uint8))[:n].astype(bool)
                 signal = np.frombuffer(_unpack(column["signal"]), dtype="<f2").astype(np.float32)
@@ -196,7 +206,8 @@ def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
 
 
 def _signal(answers: Answers) -> np.ndarray:
-    return margins(answers.gold_logprob, answers.choice_logprobs).astype(np.float32)
+    normalized = answers.scoring.get("normalize") == "chars"
+    return margins(answers.gold_logprob, answers.choice_logprobs, normalized).astype(np.float32)
 
 
 def _pack(data: bytes) -> str:

@@ -367,6 +367,20 @@ def test_at_risk_matches_a_plain_loop():
         assert child.at_risk_ids == [i for i in expected if base.categories[base.ids.index(i)] == cat]
 
 
+def test_at_risk_edges():
+    from forgetwatch.metrics import at_risk, margins
+
+    inf = float("inf")
+    # every other choice impossible at the base: the floor still applies to the margin now
+    assert at_risk([1], [1], [inf], [0.01], [2]).tolist() == [True]
+    # a generative reference never scored at the base: nothing to compare with
+    assert at_risk([1], [1], [float("nan")], [-9.0], [0]).tolist() == [False]
+    # answers decided on per-character scores: raw log-prob margins do not order them, left out
+    assert np.isnan(margins([-5.0], [[-5.0, -2.0]], normalized=True)).all()
+    base = make([True], k=[2], logprobs=[[-5.0, -2.0]], scoring={"normalize": "chars"})
+    assert compare(base, base).at_risk_ids == []
+
+
 def test_choice_kl_hand_value_and_edges():
     # p = (1/2, 1/2), q = (3/4, 1/4): KL = 1/2·ln(2/3) + 1/2·ln(2) = 1/2·ln(4/3)
     assert choice_kl([[0.0, 0.0]], [[0.0, -math.log(3)]]) == pytest.approx(0.5 * math.log(4 / 3))

@@ -28,8 +28,9 @@ def test_noise_figures_count_the_flips_per_category():
     rows = [("a", "x", True, True), ("b", "x", True, False), ("c", "y", False, True), ("d", "y", False, False)]
     first = Answers.from_samples("fp", {}, [dict(id=i, category=c, correct=x) for i, c, x, _ in rows])
     again = Answers.from_samples("fp", {}, [dict(id=i, category=c, correct=y) for i, c, _, y in rows])
-    assert noise_figures(first, again) == {"noise_flips": 2, "noise_floor": 0.5,
-                                           "noise_floor_by_category": {"x": 0.5, "y": 0.5}}
+    # two flips, one of them right -> wrong: the forgetting that noise alone makes
+    assert noise_figures(first, again) == {"noise_flips": 2, "noise_floor": 0.25,
+                                           "noise_floor_by_category": {"x": 0.5, "y": 0.0}}
 
 
 def test_other_batch_size_differs_from_the_first():
@@ -54,9 +55,10 @@ def test_measured_noise_equals_an_independent_count_of_flips(toy):
     figures = measure_noise(scorer, model, first, 16)
     again = Scorer(toy.tokenizer, toy.probes)(model, batch_size=other_batch_size(16, 0), show_progress=False)
     flips = [a != b for a, b in zip(first.correct, again.correct)]
-    assert figures["noise_flips"] == sum(flips) > 0
+    lost = [a and not b for a, b in zip(first.correct, again.correct)]
+    assert figures["noise_flips"] == sum(flips) > 0 and figures["noise_floor"] == sum(lost) / len(lost)
     for category, share in figures["noise_floor_by_category"].items():
-        mine = [f for f, c in zip(flips, first.categories) if c == category]
+        mine = [f for f, c in zip(lost, first.categories) if c == category]
         assert share == sum(mine) / len(mine)
 
 
@@ -85,7 +87,8 @@ def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, tr
     a = evaluate(bf16, toy.tokenizer, toy.probes, batch_size=16, show_progress=False)
     b = evaluate(bf16, toy.tokenizer, toy.probes, batch_size=other_batch_size(16, 0), show_progress=False)
     flips = sum(x != y for x, y in zip(a.correct, b.correct))
-    assert meta["noise_flips"] == flips and meta["noise_floor"] == flips / len(a)
+    lost = sum(x and not y for x, y in zip(a.correct, b.correct))
+    assert meta["noise_flips"] == flips and meta["noise_floor"] == lost / len(a)
     assert Answers.load(tmp_path / "forgetwatch" / "base_answers.npz").meta["noise_floor"] == meta["noise_floor"]
     assert (0, {"forgetwatch/noise_floor": meta["noise_floor"]}) in [(s, {k: v for k, v in log.items()
                                                                           if k == "forgetwatch/noise_floor"})

@@ -86,3 +86,15 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("forgetwatch: error:") and "history.jsonl" in err and "\n" not in err
+
+
+def test_names_cannot_break_out_of_the_page_scripts(runs):
+    from forgetwatch.report_page import _page
+
+    run = load_run(runs[0])
+    run.name = "</script><!--<script>alert(1)"
+    run.trajectory.categories = [run.name if c == "colors" else c for c in run.trajectory.categories]
+    page = _page([run], 5)
+    scripts = re.findall(r"<script>\(function\(\)\{(.*?)\}\)\(\);</script>", page, flags=re.S)
+    assert scripts and not any(x in s for s in scripts for x in ("<", ">"))
+    assert "&lt;/script&gt;&lt;!--&lt;script&gt;alert(1)" in page  # shown as text in the tables

@@ -153,6 +153,7 @@ def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
     sft(toy, run, [resumed]).train(resume_from_checkpoint=str(run / "checkpoint-10"))
     assert_matches_plain_loops(resumed.trajectory, rows, steps, list(whole.trajectory.categories))
     assert load_trajectory(run / "forgetwatch").correct.tolist() == rows
+    np.testing.assert_array_equal(resumed.trajectory.signal, whole.trajectory.signal)  # as stored, to the bit
     assert [r["step"] for r in read_history(run / "forgetwatch" / "history.jsonl")] == steps[1:]
     for (_, a), (_, b) in zip(whole.history, resumed.history):
         assert metric_values(a) == metric_values(b)
@@ -195,3 +196,12 @@ def test_at_risk_probes_are_forgotten_later_more_often_than_the_others(toy, tmp_
     print(f"forgotten later: at risk {risky_rate:.1%} of {n_risky}, others {other_rate:.1%} of {n_other}")
     assert n_risky >= 20 and n_other >= 20
     assert risky_rate > 1.5 * other_rate
+
+
+def test_a_history_of_another_probe_set_is_refused(toy, train_data, tmp_path):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False)
+    make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()
+    other = cb.base_answers
+    other.probe_fingerprint = "0" * 16  # the same size, another probe set
+    with pytest.raises(ValueError, match="another probe set"):
+        Trajectory.from_history(other, read_history(tmp_path / "forgetwatch" / "history.jsonl"))
