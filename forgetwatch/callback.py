@@ -421,9 +421,7 @@ class ForgetWatchCallback(TrainerCallback):
     def _emit(self, metrics: dict[str, float], args, state, control, own_section: bool = False) -> None:
         """To every integration of the trainer; ``forgetwatch/*`` figures (``own_section``) go
         to W&B through the dashboards, in a section of their own rather than under ``train/``."""
-        to_wandb = own_section and self._dashboards.logs_to_wandb
-        if to_wandb:
-            self._dashboards.metrics(metrics, state.global_step)
+        to_wandb = own_section and self._dashboards.metrics(metrics, state.global_step)
         try:
             self._bridge.emit(metrics, args, state, control, skip=("WandbCallback",) if to_wandb else ())
         except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training

@@ -94,15 +94,12 @@ class Dashboards:
         self._defined = False
         self._broken: set[str] = set()
 
-    @property
-    def logs_to_wandb(self) -> bool:
-        return self._run() is not None
-
-    def metrics(self, values: dict[str, float], step: int) -> None:
-        """forgetwatch's figures in W&B, in their own section, at ``step``."""
-        run = self._run()
+    def metrics(self, values: dict[str, float], step: int) -> bool:
+        """forgetwatch's figures in W&B, in their own section, at ``step``; whether they went
+        (if not, the caller sends them the trainer's way)."""
+        run = self._run("wandb scalars")
         if run is None or not values:
-            return
+            return False
 
         def log() -> None:
             if not self._defined:
@@ -110,11 +107,11 @@ class Dashboards:
                 self._defined = True
             run.log({**values, "train/global_step": step})
 
-        self._guard("wandb", log)
+        return self._guard("wandb scalars", log)
 
     def flips(self, rows: list[list[Any]], step: int) -> None:
         """This evaluation's flips: appended to W&B's incremental table, and as TensorBoard text."""
-        run = self._run()
+        run = self._run("wandb tables")
         if run is not None:
             def log() -> None:
                 import wandb
@@ -125,12 +122,12 @@ class Dashboards:
                     self._flips.add_data(*row)
                 run.log({"forgetwatch/flips": self._flips, "train/global_step": step})
 
-            self._guard("wandb", log)
+            self._guard("wandb tables", log)
         self._text("forgetwatch/flips", markdown(FLIP_COLUMNS, rows) if rows else "no probe flipped", step)
 
     def probes(self, rows: list[list[Any]], step: int) -> None:
         """At the end: one row per probe with its trajectory."""
-        run = self._run()
+        run = self._run("wandb tables")
         if run is not None:
             def log() -> None:
                 import wandb
@@ -138,24 +135,28 @@ class Dashboards:
                 run.log({"forgetwatch/probes": wandb.Table(columns=list(PROBE_COLUMNS), data=rows),
                          "train/global_step": step})
 
-            self._guard("wandb", log)
+            self._guard("wandb tables", log)
         self._text("forgetwatch/probes", markdown(PROBE_COLUMNS, rows), step)
 
-    def _run(self) -> Any:
+    def _run(self, what: str) -> Any:
+        """The W&B run, unless there is none or writing ``what`` to it failed before."""
         module = getattr(self.wandb_callback, "_wandb", None)
-        return None if module is None or "wandb" in self._broken else getattr(module, "run", None)
+        return None if module is None or what in self._broken else getattr(module, "run", None)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         writer = getattr(self.tensorboard_callback, "tb_writer", None)
         if writer is not None:
             self._guard("tensorboard", lambda: writer.add_text(tag, text, step))
 
-    def _guard(self, name: str, write: Any) -> None:
+    def _guard(self, name: str, write: Any) -> bool:
+        """Whether ``write`` went; a failure warns once and ``name`` is left alone from then on."""
         if name in self._broken:
-            return
+            return False
         try:
             write()
         except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
             self._broken.add(name)
-            logger.warning("forgetwatch: writing to %s failed (%s: %s); it gets no more forgetwatch tables or "
-                           "curves this run, training goes on", name, type(err).__name__, first_line(err))
+            logger.warning("forgetwatch: writing %s failed (%s: %s); no more of it this run (scalars then go the "
+                           "trainer's way), training goes on", name, type(err).__name__, first_line(err))
+            return False
+        return True

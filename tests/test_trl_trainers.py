@@ -187,3 +187,28 @@ def test_grpo_history_and_final_counts(toy, tmp_path):
     assert_final_counts_match(toy, cb, trainer.model)
     rewards = [e for e in trainer.state.log_history if "reward" in e and "step" in e and "train_runtime" not in e]
     assert [e["step"] for e in rewards] == [1, 2, 3, 4, 5, 6]  # GRPO's own metrics, every step
+
+
+def test_a_failing_wandb_table_leaves_the_curves_in_their_section(toy, tmp_path, monkeypatch, caplog):
+    wandb = pytest.importorskip("wandb")
+    from wandb_log import history_rows
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("table refused (injected)")
+
+    monkeypatch.setattr(wandb.Table, "add_data", refuse)  # every table write fails; scalars do not
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
+    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"])
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()
+        wandb.teardown()
+    assert caplog.text.count("writing wandb tables failed") == 1  # warned once, training went on
+    rows = history_rows(tmp_path)
+    assert [r["train/global_step"] for r in rows if "forgetwatch/forgetting" in r] == [4, 8]
+    assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)  # never split under train/
