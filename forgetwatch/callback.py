@@ -336,7 +336,7 @@ class ForgetWatchCallback(TrainerCallback):
         # after the trainer's backward (and its clipping): the replay gradient joins it
         if self._replay is not None:
             self._replay.step(model, self._scorer.tokenizer, pad_id(self._scorer.tokenizer), args.max_grad_norm,
-                              self._scorer.rows_per_batch(model))
+                              self._scorer.rows_per_batch(model), self._ranks)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._copy_into_checkpoint(args, state)

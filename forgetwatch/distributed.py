@@ -94,6 +94,12 @@ class Ranks:
         torch.distributed.all_reduce(shared)
         return shared.cpu().numpy()
 
+    def sum_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each tensor, in place, by its sum over the ranks (one all-reduce each)."""
+        if self.size > 1:
+            for t in tensors:
+                torch.distributed.all_reduce(t)
+
     def gather_json(self, value: Any) -> list[Any]:
         """Every rank's JSON-able ``value``, in rank order.
 

@@ -169,8 +169,35 @@ def zero3_keys() -> dict:
     return {"keys": keys, "held": held}
 
 
+def replay(out: str) -> dict:
+    """SFT under DDP with replay: the parameters must stay the same on both ranks."""
+    import trl
+    from datasets import Dataset
+
+    from forgetwatch import ReplayPool
+
+    world, tokenizer, base, probes = toy_setup()
+    pool = ReplayPool.from_records([{"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.",
+                                     "category": "colors"} for i, c in enumerate(world.known)])
+    cb = ForgetWatchCallback(probes, verbose=False, max_new_tokens=6, eval_steps=5, replay=pool,
+                             replay_batch_size=5, noise_check=False)
+    args = trl.SFTConfig(out, max_steps=10, per_device_train_batch_size=8, learning_rate=3e-3, report_to=[],
+                         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, logging_steps=1000,
+                         ddp_backend="gloo", bf16=False, max_length=64, packing=False, max_grad_norm=1.0,
+                         activation_checkpointing=False, dataloader_num_workers=0)
+    trainer = trl.SFTTrainer(model=base, args=args, processing_class=tokenizer, callbacks=[cb],
+                             train_dataset=Dataset.from_dict({"text": world.distraction_texts()}))
+    trainer.train()
+    params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
+    losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    return {"checksum": float(params.sum()), "first": params[:50].tolist(), "replay_losses": losses,
+            "drawn": cb._replay.sampler.drawn, "world_size": args.world_size}
+
+
 def main(mode: str, out: str) -> None:
-    if mode in ("sft", "zero3"):
+    if mode == "replay":
+        result = replay(out)
+    elif mode in ("sft", "zero3"):
         result = sft(out, zero3=mode == "zero3")
     else:
         result = zero3_keys() if mode == "zero3key" else sharded(mode)

@@ -3,10 +3,11 @@ measured at the last evaluation adds its weighted loss gradient to the trainer's
 
 Where: transformers clips gradients before ``on_pre_optimizer_step``, so the replay gradient
 is added there and, when ``max_grad_norm`` is set, the sum is clipped again: the clip sees the
-replay gradient too. Every rank replays the same rows on the same weights (the draws are
-seeded), so the replay gradient is the same everywhere and parameters stay identical under
-DDP without another collective. Sharded models (DeepSpeed ZeRO-3, FSDP) and fp16's gradient
-scaler are refused when training begins: their gradients are not plain tensors here.
+replay gradient too. Every rank draws the same rows (the draws are seeded), replays its share
+of them, and the replay gradient is summed over the ranks (an all-reduce, like DDP's for the
+trainer's own): the same on every rank, so parameters stay identical. Sharded models
+(DeepSpeed ZeRO-3, FSDP) and fp16's gradient scaler are refused when training begins: their
+gradients are not plain tensors here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..distributed import Ranks
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded
 from .penalty import encode_rows, replay_backward
@@ -73,15 +75,29 @@ class Replay:
             self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
 
     def step(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, max_grad_norm: float,
-             rows_per_batch: int) -> None:
+             rows_per_batch: int, ranks: Ranks) -> None:
         """Add this optimizer step's replay gradient (then clip the sum again, if clipping)."""
         if self.weight == 0:
             return
-        rows = self.sampler.next_batch(self.batch_size, self.weights)
-        ids = encode_rows(tokenizer, rows, self.max_length)
-        loss = replay_backward(model, ids, pad_id, self.weight, rows_per_batch)
+        ids = encode_rows(tokenizer, self.sampler.next_batch(self.batch_size, self.weights), self.max_length)
+        total = sum(len(x) - 1 for x in ids)  # the mean is over every rank's rows
+        params = [p for p in model.parameters() if p.requires_grad]
+        kept = None
+        if ranks.size > 1:  # set the trainer's (already averaged) gradient aside; sum the replay's alone
+            kept = [p.grad for p in params]
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        loss = replay_backward(model, ids[ranks.index::ranks.size], pad_id, self.weight, rows_per_batch, total)
+        if kept is not None:
+            summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64,
+                                  device=ranks.device)
+            ranks.sum_tensors([p.grad for p in params] + [summed])
+            loss = float(summed) / total
+            for p, g in zip(params, kept):
+                if g is not None:
+                    p.grad.add_(g)
         if max_grad_norm and max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_grad_norm)
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
         if math.isfinite(loss):
             self._loss_sum += loss
             self._steps += 1

@@ -33,14 +33,16 @@ def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int) -> l
 
 
 def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
-                    rows_per_batch: int = 8) -> float:
+                    rows_per_batch: int = 8, total: int | None = None) -> float:
     """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
     predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
-    ran). The model is used as found (train mode: dropout as in training)."""
+    ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more.
+    The model is used as found (train mode: dropout as in training)."""
     if weight == 0 or not token_ids:
         return float("nan")
     device = next(model.parameters()).device
-    total = sum(len(x) - 1 for x in token_ids)  # every row predicts all its tokens but the first
+    if total is None:
+        total = sum(len(x) - 1 for x in token_ids)  # every row predicts all its tokens but the first
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
         rows = [token_ids[i] for i in idx]
