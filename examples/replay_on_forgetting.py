@@ -34,19 +34,10 @@ from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool, TransitionRep
 from forgetwatch.text import pct
 from forgetwatch.toy import ToyWorld
 
-KINDS = ("capitals", "colors", "rivers")  # the order of ToyWorld.fact_lines
-
-
 def split_world(world: ToyWorld) -> tuple[ProbeSet, ReplayPool]:
     """Probes on the facts of one half of the known countries, a replay pool of the other half's."""
-    half = len(world.known) // 2
-    probed = {c.name for c in world.known[:half]}
-    probes = ProbeSet.from_records([r for r in world.probe_records() if r["id"].split("/", 1)[1] in probed],
-                                   source="toy probes")
-    pool = ReplayPool.from_records([{"id": f"{kind}/{c.name}", "text": line, "category": kind}
-                                    for c in world.known[half:]
-                                    for kind, line in zip(KINDS, world.fact_lines(c))], source="toy pool")
-    return probes, pool
+    probes, pool = world.replay_split()
+    return ProbeSet.from_records(probes, source="toy probes"), ReplayPool.from_records(pool, source="toy pool")
 
 
 class AtRiskLog:

@@ -3,7 +3,7 @@
     forgetwatch evaluate --model PATH --probes FILE --out FILE
     forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
     forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
-    forgetwatch demo     [--out DIR]
+    forgetwatch demo     [--out DIR] [--replay]
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
 ``.npz``), so the base model is scored once and reused.
@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
     demo.add_argument("--eval-steps", type=int, default=5, metavar="N",
                       help="re-score the probes every N steps (default 5)")
+    demo.add_argument("--replay", action="store_true",
+                      help="probes on half the facts, a replay pool of the other half: the run without and with "
+                           "replay side by side")
     return parser
 
 
@@ -185,7 +188,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.eval_steps < 1:
         raise UsageError("--steps and --eval-steps must be at least 1")
     try:
-        run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps)
+        run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps, replay=args.replay)
     except ImportError as err:
         raise UsageError(str(err)) from err
     return 0

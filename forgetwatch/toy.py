@@ -84,6 +84,25 @@ class ToyWorld:
             out.append(f"Compute {a} plus {b}. The sum is {a + b}.")
         return out
 
+    def replay_split(self, unrelated: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Probe rows on the facts of one half of the known countries, and replay-pool rows
+        holding the facts of the other half (by kind: capitals, colors, rivers), plus
+        ``unrelated`` arithmetic sentences (category "all"): a pool disjoint from the probes.
+
+        Example:
+            >>> probes, pool = ToyWorld(seed=0).replay_split()
+            >>> len(probes), len(pool), pool[0]["category"]
+            (54, 54, 'capitals')
+        """
+        half = len(self.known) // 2
+        probed = {c.name for c in self.known[:half]}
+        probes = [r for r in self.probe_records() if r["id"].split("/", 1)[1] in probed]
+        pool = [{"id": f"{kind}/{c.name}", "text": line, "category": kind}
+                for c in self.known[half:] for kind, line in zip(("capitals", "colors", "rivers"), self.fact_lines(c))]
+        pool += [{"id": f"other/{i}", "text": t, "category": "all"}
+                 for i, t in enumerate(self.distraction_texts(n=unrelated, seed=self.seed + 99))]
+        return probes, pool
+
     def probe_records(self, generative: bool = True) -> list[dict[str, Any]]:
         """Probe rows in forgetwatch's JSONL schema for every country.
 
