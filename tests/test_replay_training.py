@@ -27,15 +27,19 @@ def pool(toy):
     return ReplayPool.from_records(rows)
 
 
-def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path):
+@pytest.mark.parametrize("setup", [{}, {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 16},
+                                   {"activation_checkpointing": True}],
+                         ids=["plain", "accumulation", "checkpointing"])
+def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
     texts = toy.world.distraction_texts(n=32)
     data = datasets.Dataset.from_dict({"text": texts}).map(lambda b: toy.tokenizer(b["text"]), batched=True,
                                                            remove_columns=["text"])
     weight, lr = 0.5, 0.05
     cb = ForgetWatchCallback(toy.probes, eval_steps=100, replay=pool, replay_weight=weight, replay_batch_size=5,
                              eval_on_train_end=False, verbose=False)
-    trainer = make_trainer(toy, data, tmp_path, [cb], max_steps=1, per_device_train_batch_size=32,
-                           optim="sgd", learning_rate=lr, max_grad_norm=0.0, lr_scheduler_type="constant")
+    settings = {"per_device_train_batch_size": 32, **setup}
+    trainer = make_trainer(toy, data, tmp_path, [cb], max_steps=1, optim="sgd", learning_rate=lr, max_grad_norm=0.0,
+                           lr_scheduler_type="constant", **settings)
     trainer.train()
 
     # by hand: the same batch (all 32 rows; the mean loss does not depend on their order) plus
