@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from trainers import KillAt, make_trainer
+from trainers import killed_and_resumed, make_trainer
 from transformers import DataCollatorForLanguageModeling
 
 from forgetwatch import ReplayPool
@@ -92,12 +92,8 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
     # replaying the facts in other words keeps more of them than training without it
     assert whole.history[-1][1].forgotten < plain.history[-1][1].forgotten
 
-    run = tmp_path / "killed"
-    with pytest.raises(RuntimeError, match="killed"):
-        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **settings), KillAt(13)], **common).train()
-    resumed = ForgetWatchCallback(toy.probes, **settings)
-    again = make_trainer(toy, train_data, run, [resumed], **common)
-    again.train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
+                                        **common)
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
@@ -171,12 +167,8 @@ def test_auto_weight_follows_the_multiplicative_law_and_survives_a_resume(toy, t
         weight = next_weight(weight, report.forgetting, target)
     assert logged == expected and len(set(logged)) > 1
 
-    run = tmp_path / "killed"
-    with pytest.raises(RuntimeError, match="killed"):
-        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **settings), KillAt(13)], **common).train()
-    resumed = ForgetWatchCallback(toy.probes, **settings)
-    again = make_trainer(toy, train_data, run, [resumed], **common)
-    again.train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
+                                        **common)
     assert [e["forgetwatch/replay/weight"] for e in again.state.log_history
             if "forgetwatch/replay/weight" in e][-4:] == logged[-4:]
 

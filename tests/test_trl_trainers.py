@@ -85,21 +85,28 @@ def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
     assert all(logs["forgetwatch/forgotten"] == report.forgotten for (_, logs), (_, report) in zip(ours, cb.history))
 
 
-def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    from wandb_log import history_rows
+def train_with_offline_wandb(trainer, tmp_path, monkeypatch):
+    """Train with W&B offline under ``tmp_path``; the run file is flushed when this returns."""
+    import wandb
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_PROJECT", "forgetwatch-tests")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"])
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)),
+                        ("WANDB_PROJECT", "forgetwatch-tests"), ("WANDB_SILENT", "true")):
+        monkeypatch.setenv(name, value)
     try:
         trainer.train()
     finally:
         wandb.finish()
         wandb.teardown()  # flushes the run file
+    return trainer
+
+
+def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from wandb_log import history_rows
+
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
+    train_with_offline_wandb(sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2,
+                                           report_to=["wandb"]), tmp_path, monkeypatch)
     rows = history_rows(tmp_path)
     # a section of its own, not under train/, plotted at the trainer's global step
     assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)
@@ -193,21 +200,13 @@ def test_a_failing_wandb_table_leaves_the_curves_in_their_section(toy, tmp_path,
     wandb = pytest.importorskip("wandb")
     from wandb_log import history_rows
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-
     def refuse(self, *args, **kwargs):
         raise RuntimeError("table refused (injected)")
 
     monkeypatch.setattr(wandb.Table, "add_data", refuse)  # every table write fails; scalars do not
     cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"])
-    try:
-        trainer.train()
-    finally:
-        wandb.finish()
-        wandb.teardown()
+    train_with_offline_wandb(sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"]),
+                             tmp_path, monkeypatch)
     assert caplog.text.count("writing wandb tables failed") == 1  # warned once, training went on
     rows = history_rows(tmp_path)
     assert [r["train/global_step"] for r in rows if "forgetwatch/forgetting" in r] == [4, 8]

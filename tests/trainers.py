@@ -28,3 +28,21 @@ class KillAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             raise RuntimeError("killed")
+
+
+def killed_and_resumed(toy, train_data, run, callback_settings, *, kill_at, resume_from, **trainer_settings):
+    """A run killed at step ``kill_at``, then resumed from its ``checkpoint-<resume_from>``
+    with a fresh callback: ``(callback, trainer)`` of the resumed run."""
+    from forgetwatch.callback import ForgetWatchCallback
+
+    try:
+        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **callback_settings), KillAt(kill_at)],
+                     **trainer_settings).train()
+    except RuntimeError as err:
+        assert "killed" in str(err)
+    else:
+        raise AssertionError(f"the run was not killed at step {kill_at}")
+    callback = ForgetWatchCallback(toy.probes, **callback_settings)
+    trainer = make_trainer(toy, train_data, run, [callback], **trainer_settings)
+    trainer.train(resume_from_checkpoint=str(run / f"checkpoint-{resume_from}"))
+    return callback, trainer
