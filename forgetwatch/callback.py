@@ -34,6 +34,7 @@ from .history import first_whole_history, history_record, report_from_record
 from .metrics import compare
 from .probes import ProbesLike, as_probe_set
 from .replay import ReplayPool
+from .replay.base_cache import BaseDistribution
 from .replay.driver import Replay
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
@@ -41,7 +42,7 @@ from .scoring import Scorer
 from .scoring.scorer import pad_id
 from .noise import measure_noise, noise_by_scope, wants_noise_check
 from .stopping import StopRule
-from .store import HISTORY, REPLAY_STATE, SUBDIR, RunStore
+from .store import HISTORY, REPLAY_BASE, REPLAY_STATE, SUBDIR, RunStore
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
 from .trajectory import Trajectory, with_trajectory_figures
@@ -251,7 +252,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         self._replay = None if self.replay_pool is None else Replay(
             self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
-            target=c.forgetting_target, metric=c.stop_metric)
+            target=c.forgetting_target, metric=c.stop_metric, loss=c.replay_loss, top_k=c.replay_top_k)
         # a callback may serve several train() calls: each starts from its own state
         self.history, self._records, self.stop_reason = [], [], None
         self._schedule = self._new_schedule()
@@ -475,9 +476,42 @@ class ForgetWatchCallback(TrainerCallback):
             paths = [d / REPLAY_STATE for d in self._resume_dirs(args, state)]
             found = self._ranks.share_from_rank_zero(lambda: next(
                 (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
-        self._replay.start(model, args, found)
+        tokenizer = self._scorer.tokenizer
+        self._replay.start(model, args, tokenizer, found)
         if self.history:
             self._replay.reweigh(self.history[-1][1], steer=False)
+        if self._replay.loss == "kl":
+            self._replay_base(model, args, state, resumed)
+
+    def _replay_base(self, model, args, state, resumed: bool) -> None:
+        """The base's distribution on the replay rows: from the run's files if kept for these
+        rows, else from the model, which must then still be the base (a fresh run, or adapters
+        disabled)."""
+        dirs = self._resume_dirs(args, state) if resumed else [self._store.dir]
+
+        def stored() -> dict | None:  # on rank 0, shared with every rank (nodes need not share storage)
+            for d in dirs:
+                if (d / REPLAY_BASE).is_file():
+                    base = BaseDistribution.load(d / REPLAY_BASE)
+                    if self._replay.fits(base):
+                        return base.to_dict()
+            return None
+
+        found = self._ranks.share_from_rank_zero(stored)
+        if found is not None:
+            self._replay.base = BaseDistribution.from_dict(found)
+            if self._writes and resumed:
+                self._store.save_replay_base(self._replay.base)  # kept with the run for the next resume
+            return
+        if resumed and self._base_given != ADAPTER_DISABLED:
+            raise FileNotFoundError(f"replay_loss=\"kl\" needs the base model's distribution on the replay rows, "
+                                    f"kept when the run began ({REPLAY_BASE} in {', '.join(map(str, dirs))}); "
+                                    "resume from a checkpoint that has it, or use replay_loss=\"lm\"")
+        with adapters_disabled(model) if self._base_given == ADAPTER_DISABLED else contextlib.nullcontext():
+            base = self._replay.cache_base(model, self._scorer.tokenizer, pad_id(self._scorer.tokenizer),
+                                           self._scorer.rows_per_batch(model))
+        if self._writes:
+            self._store.save_replay_base(base)
 
     # -- base snapshot and resume --------------------------------------------------------------
 

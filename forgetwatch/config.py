@@ -118,8 +118,12 @@ class ForgetWatchConfig:
         help='Score the base twice, in batches of another size, and report how many probes flip with no weight change: the noise floor of forgetting; None: on for GPUs and half-precision models.')
     replay_loss: str = _setting(
         default="lm",
-        check=check.choice(("lm",)),
-        help='With replay=: the loss replayed rows add, "lm" (next-token loss on their text).')
+        check=check.choice(("lm", "kl")),
+        help='With replay=: the loss replayed rows add: "lm" (next-token loss on their text) or "kl" (KL from the base model\'s next-token distribution on them, kept once when training begins).')
+    replay_top_k: int = _setting(
+        default=32,
+        check=check.integer(1),
+        help='With replay_loss="kl": the base\'s most likely next tokens kept per position, the rest as one tail mass (>= 1).')
     replay_weight: float | str = _setting(
         default=1.0,
         check=check.weight_or_auto,

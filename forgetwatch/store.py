@@ -28,6 +28,7 @@ SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
 PROBES = "probes.jsonl"  # the questions, for reports
 REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
+REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
 
 
@@ -125,6 +126,16 @@ class RunStore:
         except OSError as err:
             logger.warning("forgetwatch could not write %s (%s): reports will show probe ids without their "
                            "questions; training goes on", self.dir / PROBES, first_line(err))
+            return False
+        return True
+
+    def save_replay_base(self, base: Any) -> bool:
+        """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
+        try:
+            base.save(self.dir / REPLAY_BASE)
+        except OSError as err:
+            logger.warning("forgetwatch could not write %s (%s): a resumed run could not replay with "
+                           'replay_loss="kl"; training goes on', self.dir / REPLAY_BASE, first_line(err))
             return False
         return True
 
@@ -271,8 +282,9 @@ class RunStore:
                 f.writelines(json_line(r) for r in self._records())
         elif self.history_path.is_file():
             _copy_file(self.history_path, target / HISTORY)
-        if (self.dir / PROBES).is_file():
-            _copy_file(self.dir / PROBES, target / PROBES)
+        for name in (PROBES, REPLAY_BASE):
+            if (self.dir / name).is_file():
+                _copy_file(self.dir / name, target / name)
 
 
 def _copy_file(source: Path, target: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 import pytest
 import torch
 from trainers import killed_and_resumed, make_trainer
@@ -178,3 +180,26 @@ def test_auto_needs_a_target():
 
     with pytest.raises(ConfigError, match="forgetting_target"):
         ForgetWatchConfig(replay_weight="auto")
+
+
+def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, train_data, tmp_path, pool):
+    from forgetwatch.replay.base_cache import BaseDistribution
+
+    common = dict(max_steps=20, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8)
+    whole = ForgetWatchCallback(toy.probes, **settings)
+    trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
+    trainer.train()
+    kept = BaseDistribution.load(tmp_path / "whole" / "forgetwatch" / "replay_base.npz")
+    assert kept.k == 8 and kept.ids == [r.id for r in pool]
+    assert (tmp_path / "whole" / "checkpoint-10" / "forgetwatch" / "replay_base.npz").is_file()
+    losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    assert len(losses) == 4 and all(x >= 0 for x in losses) and losses[-1] > 0  # KL: the model moved away
+
+    # resumed from checkpoint-10 (whose weights are not the base): the kept distribution, not a new one
+    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
+                                        **common)
+    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept.top_logprobs)
+    assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)

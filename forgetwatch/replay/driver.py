@@ -16,12 +16,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..distributed import Ranks
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded
-from .penalty import encode_rows, replay_backward
+from .base_cache import BaseDistribution, base_distribution
+from .penalty import encode_rows, kl_backward, replay_backward
 from .controller import START, next_weight
 from .pool import ReplayPool
 from .sampler import ReplaySampler, category_weights
@@ -44,27 +46,46 @@ class Replay:
     """
 
     def __init__(self, pool: ReplayPool, *, weight: float | str = 1.0, batch_size: int = 8, seed: int = 0,
-                 max_length: int = 512, target: float | None = None, metric: str = "forgetting"):
+                 max_length: int = 512, target: float | None = None, metric: str = "forgetting",
+                 loss: str = "lm", top_k: int = 32):
         self.auto = weight == "auto"
         self.weight = START if self.auto else float(weight)
         self.pool, self.batch_size, self.max_length = pool, batch_size, max_length
-        self.target, self.metric = target, metric
+        self.target, self.metric, self.loss, self.top_k = target, metric, loss, top_k
+        self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
+        self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
         self.sampler = ReplaySampler(pool, seed)
         self.weights = category_weights(None, pool.categories)
         self._loss_sum, self._steps = 0.0, 0
 
-    def start(self, model: torch.nn.Module, args: Any, resumed: Mapping[str, Any] | None = None) -> None:
-        """Refuse what replay cannot run under (before any training); go on from ``resumed``
-        (the last history record's ``replay``)."""
+    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any, resumed: Mapping[str, Any] | None = None
+              ) -> None:
+        """Refuse what replay cannot run under (before any training); tokenize the pool once;
+        go on from ``resumed`` (a checkpoint's replay state)."""
         if getattr(args, "fp16", False):
             raise ValueError("replay does not run under fp16 mixed precision (its gradient scaler): use bf16, or "
                              "train without replay=")
         if is_sharded(model) or getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
             raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
                              "replay=, or under DDP")
+        rows = list(self.pool)
+        self.encoded = {r.id: ids for r, ids in zip(rows, encode_rows(tokenizer, rows, self.max_length, keep=True))
+                        if len(ids) >= 2}
         if resumed:
             self.sampler.load_state_dict(resumed["sampler"])
             self.weight = float(resumed["weight"])
+
+    def cache_base(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int) -> BaseDistribution:
+        """With ``"kl"``: the model's (the base's) distribution on every row, kept for the run."""
+        ids = list(self.encoded)
+        self.base = base_distribution(model, tokenizer, ids, [self.encoded[i] for i in ids], pad_id, self.top_k,
+                                      rows_per_batch)
+        return self.base
+
+    def fits(self, base: BaseDistribution) -> bool:
+        """Whether a stored base distribution was made for these rows, tokenized alike, with this k."""
+        return (base.k == self.top_k and base.ids == list(self.encoded)
+                and np.diff(base.offsets).tolist() == [len(self.encoded[i]) - 1 for i in base.ids])
 
     def reweigh(self, report: TransitionReport, steer: bool = True) -> None:
         """Categories weighted by this evaluation's forgetting, for the draws until the next;
@@ -79,7 +100,8 @@ class Replay:
         """Add this optimizer step's replay gradient (then clip the sum again, if clipping)."""
         if self.weight == 0:
             return
-        ids = encode_rows(tokenizer, self.sampler.next_batch(self.batch_size, self.weights), self.max_length)
+        drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights) if r.id in self.encoded]
+        ids = [self.encoded[i] for i in drawn]
         total = sum(len(x) - 1 for x in ids)  # the mean is over every rank's rows
         params = [p for p in model.parameters() if p.requires_grad]
         kept = None
@@ -87,7 +109,12 @@ class Replay:
             kept = [p.grad for p in params]
             for p in params:
                 p.grad = torch.zeros_like(p)
-        loss = replay_backward(model, ids[ranks.index::ranks.size], pad_id, self.weight, rows_per_batch, total)
+        mine = slice(ranks.index, None, ranks.size)
+        if self.loss == "kl":
+            targets = [self.base.row(i) for i in drawn[mine]]
+            loss = kl_backward(model, ids[mine], targets, pad_id, self.weight, rows_per_batch, total)
+        else:
+            loss = replay_backward(model, ids[mine], pad_id, self.weight, rows_per_batch, total)
         if kept is not None:
             summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64,
                                   device=ranks.device)

@@ -21,15 +21,15 @@ import torch
 from ..scoring.batching import group
 from .pool import ReplayRow
 
-__all__ = ["encode_rows", "replay_backward"]
+__all__ = ["encode_rows", "kl_backward", "replay_backward"]
 
 
-def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int) -> list[list[int]]:
+def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int, keep: bool = False) -> list[list[int]]:
     """Token ids of each row's text (chats through the chat template), cut to ``max_length``;
-    rows shorter than two tokens teach nothing and are dropped."""
+    rows shorter than two tokens teach nothing and are dropped (``keep``: kept, one list a row)."""
     texts = [row.render(tokenizer) for row in rows]
     ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
-    return [list(x) for x in ids if len(x) >= 2]
+    return [list(x) for x in ids if keep or len(x) >= 2]
 
 
 def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
@@ -60,4 +60,46 @@ def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
         (weight * loss / total).backward()
         summed += float(loss.detach())
         del logits, nll, loss  # one micro-batch's logits at a time
+    return summed / total
+
+
+def kl_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]],
+                targets: Sequence[tuple[Any, Any, Any]], pad_id: int, weight: float, rows_per_batch: int = 8,
+                total: int | None = None) -> float:
+    """Like :func:`replay_backward`, for the mean over positions of KL(base ‖ current): each
+    row's ``targets`` are the base's top-k token ids and log-probabilities per position and the
+    log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
+    the current model's mass outside the same k tokens stands for its tail."""
+    if weight == 0 or not token_ids:
+        return float("nan")
+    device = next(model.parameters()).device
+    if total is None:
+        total = sum(len(x) - 1 for x in token_ids)
+    summed = 0.0
+    for idx in group([len(x) for x in token_ids], rows_per_batch, None):
+        rows = [token_ids[i] for i in idx]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        k = targets[idx[0]][0].shape[1]
+        top_ids = torch.zeros((len(rows), width - 1, k), dtype=torch.long)
+        top_lp = torch.zeros((len(rows), width - 1, k))
+        tail = torch.zeros((len(rows), width - 1))
+        for r, (i, row) in enumerate(zip(idx, rows)):
+            ids[r, :len(row)] = torch.tensor(row)
+            mask[r, :len(row)] = 1
+            t_ids, t_lp, t_tail = targets[i]
+            top_ids[r, :len(row) - 1] = torch.as_tensor(t_ids, dtype=torch.long)
+            top_lp[r, :len(row) - 1] = torch.as_tensor(t_lp, dtype=torch.float32)
+            tail[r, :len(row) - 1] = torch.as_tensor(t_tail, dtype=torch.float32)
+        ids, mask = ids.to(device), mask.to(device)
+        top_ids, top_lp, tail = top_ids.to(device), top_lp.to(device), tail.to(device)
+        logq = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+        q_top = logq.gather(-1, top_ids)
+        q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
+        kl = (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
+        loss = (kl * mask[:, 1:]).sum()
+        (weight * loss / total).backward()
+        summed += float(loss.detach())
+        del logq, q_top, kl, loss
     return summed / total
