@@ -7,6 +7,7 @@ SFTTrainer (or DPOTrainer, ``--trainer dpo``) then post-trains it on arithmetic.
 - ``none``: no replay;
 - ``uniform``: the same replay rows per step, drawn evenly (the pool as one category);
 - ``driven``: drawn by the forgetting measured at the last evaluation (``replay_loss="lm"``);
+- ``kl``: driven, with ``replay_loss="kl"`` (KL from the base's distribution on the rows);
 - ``auto``: driven, with ``replay_weight="auto"`` steering toward ``--target``.
 
 Reported, medians over seeds: probes forgotten (1->0) at the end, the target task's loss on
@@ -34,7 +35,7 @@ import torch  # noqa: E402
 from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
-ARMS = ("none", "uniform", "driven", "auto")
+ARMS = ("none", "uniform", "driven", "kl", "auto")
 
 
 def split(world: ToyWorld, unrelated: int = 20) -> tuple[ProbeSet, ReplayPool, ReplayPool]:
@@ -61,6 +62,7 @@ def run_arm(arm: str, world, tokenizer, base, args) -> dict:
 
     probes, driven, uniform = split(world)
     replay = {"none": {}, "uniform": {"replay": uniform}, "driven": {"replay": driven},
+              "kl": {"replay": driven, "replay_loss": "kl"},
               "auto": {"replay": driven, "replay_weight": "auto", "forgetting_target": args.target}}[arm]
     cb = ForgetWatchCallback(probes, eval_steps=args.eval_steps, verbose=False, noise_check=False,
                              replay_batch_size=args.replay_rows, **replay)

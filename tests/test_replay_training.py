@@ -203,3 +203,13 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+
+
+def test_sharded_training_is_refused_before_it_starts(toy, pool):
+    from types import SimpleNamespace
+
+    from forgetwatch.replay.driver import Replay
+
+    for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
+        with pytest.raises(ValueError, match="sharded models"):
+            Replay(pool).start(toy.base, args, toy.tokenizer)
