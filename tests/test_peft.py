@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 
 from forgetwatch import compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
@@ -107,3 +108,22 @@ def test_config_accepts_adapter_disabled(tmp_path):
     assert ForgetWatchConfig.from_yaml(path).base == "adapter_disabled"
     with pytest.raises(ConfigError, match="base"):
         ForgetWatchConfig.from_dict({"base": ""})
+
+
+@pytest.mark.parametrize("loss", ["lm", "kl"])
+def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(toy, tmp_path, loss):
+    from forgetwatch import ProbeSet, ReplayPool
+
+    probes, rows = toy.world.replay_split()
+    cb = ForgetWatchCallback(ProbeSet.from_records(probes), eval_steps=6, verbose=False, base="adapter_disabled",
+                             replay=ReplayPool.from_records(rows), replay_loss=loss, replay_top_k=8)
+    trainer = sft(toy, tmp_path, [cb])
+    before = {k: v.clone() for k, v in trainer.model.named_parameters() if not v.requires_grad}
+    trainer.train()
+    losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    assert len(losses) == 2 and all(x >= 0 for x in losses)
+    for name, p in trainer.model.named_parameters():  # the frozen base stays frozen, replay or not
+        if name in before:
+            assert torch.equal(p, before[name]), name
+    if loss == "kl":  # the base's distribution, from the model with its adapters disabled
+        assert (tmp_path / "forgetwatch" / "replay_base.npz").is_file()
