@@ -121,33 +121,31 @@ class RunStore:
 
     def save_probes(self, probes: Any) -> bool:
         """Write the probe set beside the history, for reports (a failure warns, once)."""
-        try:
-            probes.to_jsonl(self.dir / PROBES)
-        except OSError as err:
-            logger.warning("forgetwatch could not write %s (%s): reports will show probe ids without their "
-                           "questions; training goes on", self.dir / PROBES, first_line(err))
-            return False
-        return True
+        return self._write_once(lambda: probes.to_jsonl(self.dir / PROBES), self.dir / PROBES,
+                                "reports will show probe ids without their questions")
 
     def save_replay_base(self, base: Any) -> bool:
         """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
-        try:
-            base.save(self.dir / REPLAY_BASE)
-        except OSError as err:
-            logger.warning("forgetwatch could not write %s (%s): a resumed run could not replay with "
-                           'replay_loss="kl"; training goes on', self.dir / REPLAY_BASE, first_line(err))
-            return False
-        return True
+        return self._write_once(lambda: base.save(self.dir / REPLAY_BASE), self.dir / REPLAY_BASE,
+                                'a resumed run could not replay with replay_loss="kl"')
 
     def save_state(self, path: Path, state: dict[str, Any]) -> bool:
-        """Write a small JSON state file atomically; a failure warns (a resume would then draw
-        other replay rows) and is not raised."""
-        try:
+        """Write a small JSON state file atomically (a failure warns: a resume would then draw
+        other replay rows)."""
+        def write() -> None:
             with atomic_write(path) as f:
                 f.write(strict_dumps(state))
+
+        return self._write_once(write, path, "a run resumed from this checkpoint will replay other rows")
+
+    @staticmethod
+    def _write_once(write: Callable[[], None], path: Path, consequence: str) -> bool:
+        """A write not retried later: whether it went; a failure warns, saying what follows."""
+        try:
+            write()
         except OSError as err:
-            logger.warning("forgetwatch could not write %s (%s): a run resumed from this checkpoint will replay "
-                           "other rows than this one would have; training goes on", path, first_line(err))
+            logger.warning("forgetwatch could not write %s (%s): %s; training goes on", path, first_line(err),
+                           consequence)
             return False
         return True
 

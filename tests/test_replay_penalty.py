@@ -53,7 +53,7 @@ def test_weight_zero_runs_nothing(toy):
     assert torch.equal(state, torch.get_rng_state())
 
 
-def test_kl_gradient_equals_the_exact_kl_by_hand(toy):
+def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path):
     from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
     from forgetwatch.replay.penalty import kl_backward
 
@@ -65,8 +65,8 @@ def test_kl_gradient_equals_the_exact_kl_by_hand(toy):
     pad = toy.tokenizer.pad_token_id
     for k in (len(toy.tokenizer), 5):  # the whole vocabulary: exact; 5: the top five and the tail
         cache = base_distribution(base, toy.tokenizer, [f"r{i}" for i in range(len(ids))], ids, pad, k, 4)
-        cache.save("/tmp/fw-kl-cache.npz")
-        cache = BaseDistribution.load("/tmp/fw-kl-cache.npz")
+        cache.save(tmp_path / "cache.npz")
+        cache = BaseDistribution.load(tmp_path / "cache.npz")
         ours = copy.deepcopy(current)
         mean = kl_backward(ours, ids, [cache.row(f"r{i}") for i in range(len(ids))], pad, 0.3, rows_per_batch=4)
 

@@ -21,6 +21,7 @@ import torch
 from ..files import atomic_write
 from ..scoring.batching import group
 from ..scoring.borrow import borrowed
+from .penalty import right_padded
 
 __all__ = ["BaseDistribution", "base_distribution"]
 
@@ -82,13 +83,7 @@ def base_distribution(model: torch.nn.Module, tokenizer: Any, row_ids: Sequence[
     parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     with borrowed(model, tokenizer), torch.no_grad():
         for idx in group([len(x) for x in token_ids], rows_per_batch, None):
-            rows = [token_ids[i] for i in idx]
-            width = max(map(len, rows))
-            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, row in enumerate(rows):
-                ids[r, :len(row)] = torch.tensor(row)
-                mask[r, :len(row)] = 1
+            ids, mask = right_padded([token_ids[i] for i in idx], pad_id)
             logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device))
                                      .logits[:, :-1].float(), -1)
             top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)

@@ -32,6 +32,17 @@ def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int, keep
     return [list(x) for x in ids if keep or len(x) >= 2]
 
 
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one batch, right-padded (positions as in training): ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)] = torch.tensor(row)
+        mask[r, :len(row)] = 1
+    return ids, mask
+
+
 def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
                     rows_per_batch: int = 8, total: int | None = None) -> float:
     """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
@@ -46,13 +57,8 @@ def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
         rows = [token_ids[i] for i in idx]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, row in enumerate(rows):  # right-padded: positions as in training
-            ids[r, :len(row)] = torch.tensor(row)
-            mask[r, :len(row)] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = (t.to(device) for t in right_padded(rows, pad_id))
+        width = ids.shape[1]
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                                                 reduction="none").view(len(rows), width - 1)
@@ -78,16 +84,13 @@ def kl_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]],
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
         rows = [token_ids[i] for i in idx]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        ids, mask = right_padded(rows, pad_id)
+        width = ids.shape[1]
         k = targets[idx[0]][0].shape[1]
         top_ids = torch.zeros((len(rows), width - 1, k), dtype=torch.long)
         top_lp = torch.zeros((len(rows), width - 1, k))
         tail = torch.zeros((len(rows), width - 1))
         for r, (i, row) in enumerate(zip(idx, rows)):
-            ids[r, :len(row)] = torch.tensor(row)
-            mask[r, :len(row)] = 1
             t_ids, t_lp, t_tail = targets[i]
             top_ids[r, :len(row) - 1] = torch.as_tensor(t_ids, dtype=torch.long)
             top_lp[r, :len(row) - 1] = torch.as_tensor(t_lp, dtype=torch.float32)
