@@ -477,7 +477,7 @@ class ForgetWatchCallback(TrainerCallback):
             found = self._ranks.share_from_rank_zero(lambda: next(
                 (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
         tokenizer = self._scorer.tokenizer
-        self._replay.start(model, args, tokenizer, found)
+        self._replay.start(model, args, tokenizer, found, grad_scaler=self._bridge.grad_scaler())
         if self.history:
             self._replay.reweigh(self.history[-1][1], steer=False)
         if self._replay.loss == "kl":

@@ -98,6 +98,10 @@ class TrainerBridge:
                            "...); pass trainer= to ForgetWatchCallback if a trainer is running it")
         self._run_before_early_stopping()
 
+    def grad_scaler(self) -> Any:
+        """The trainer's gradient scaler (fp16 mixed precision on a GPU), or ``None``."""
+        return getattr(getattr(self.trainer, "accelerator", None), "scaler", None)
+
     def run_dir(self, args: Any) -> Path:
         """Where this run saves its checkpoints: ``output_dir``, or a trial's ``run-*`` folder
         inside it during a hyperparameter search."""

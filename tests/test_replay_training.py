@@ -101,13 +101,22 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
 
 
-def test_sharded_models_and_fp16_are_refused_before_training(toy, train_data, tmp_path, pool):
+def test_fp16s_gradient_scaler_is_refused_before_training(toy, train_data, tmp_path, pool):
     cb = ForgetWatchCallback(toy.probes, replay=pool)
     trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=2)
-    trainer.args.fp16 = True  # as a user would ask for it (the CPU trainer would refuse it itself)
-    with pytest.raises(ValueError, match="fp16"):
-        cb.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
-                          processing_class=toy.tokenizer)
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu")  # what fp16 on a GPU sets up
+    with pytest.raises(ValueError, match="gradient scaler"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_mixed_precision_without_a_scaler_replays(toy, train_data, tmp_path, pool):
+    # fp16 on a CPU: autocast, and no gradient scaler, so nothing stands in replay's way
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False, replay=pool)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=4, fp16=True)
+    trainer.train()
+    losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    assert len(losses) == 2 and all(0 < x < 20 for x in losses)
 
 
 COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, save_strategy="no",

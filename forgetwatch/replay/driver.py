@@ -58,13 +58,14 @@ class Replay:
         self.weights = category_weights(None, pool.categories)
         self._loss_sum, self._steps = 0.0, 0
 
-    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any, resumed: Mapping[str, Any] | None = None
-              ) -> None:
+    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any, resumed: Mapping[str, Any] | None = None,
+              grad_scaler: Any = None) -> None:
         """Refuse what replay cannot run under (before any training); tokenize the pool once;
-        go on from ``resumed`` (a checkpoint's replay state)."""
-        if getattr(args, "fp16", False):
-            raise ValueError("replay does not run under fp16 mixed precision (its gradient scaler): use bf16, or "
-                             "train without replay=")
+        go on from ``resumed`` (a checkpoint's replay state). ``grad_scaler``: the trainer's
+        gradient scaler (fp16 on a GPU), whose scaled gradients replay does not match yet."""
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            raise ValueError("replay does not run with fp16's gradient scaler yet: train in bf16, or without "
+                             "replay=")
         if is_sharded(model) or getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
             raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
                              "replay=, or under DDP")
