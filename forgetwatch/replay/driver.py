@@ -102,6 +102,8 @@ class Replay:
         if self.weight == 0:
             return
         drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights) if r.id in self.encoded]
+        if not drawn:  # every row drawn was too short to teach anything (the same on every rank)
+            return
         ids = [self.encoded[i] for i in drawn]
         total = sum(len(x) - 1 for x in ids)  # the mean is over every rank's rows
         params = [p for p in model.parameters() if p.requires_grad]

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,12 +43,13 @@ def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return ids, mask
 
 
-def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
-                    rows_per_batch: int = 8, total: int | None = None) -> float:
-    """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
-    predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
-    ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more.
-    The model is used as found (train mode: dropout as in training)."""
+def _weighted_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
+                       rows_per_batch: int, total: int | None,
+                       position_loss: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]) -> float:
+    """Forward ``token_ids`` in micro-batches; backpropagate ``weight`` × the mean over all
+    predicted positions of ``position_loss(logits, ids, rows)`` (rows × positions, fp32); the mean.
+
+    Only one micro-batch's logits live at a time, and padding never counts."""
     if weight == 0 or not token_ids:
         return float("nan")
     device = next(model.parameters()).device
@@ -56,17 +57,26 @@ def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
         total = sum(len(x) - 1 for x in token_ids)  # every row predicts all its tokens but the first
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
-        rows = [token_ids[i] for i in idx]
-        ids, mask = (t.to(device) for t in right_padded(rows, pad_id))
-        width = ids.shape[1]
+        ids, mask = (t.to(device) for t in right_padded([token_ids[i] for i in idx], pad_id))
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                reduction="none").view(len(rows), width - 1)
-        loss = (nll * mask[:, 1:]).sum()
+        loss = (position_loss(logits, ids, idx) * mask[:, 1:]).sum()
         (weight * loss / total).backward()
         summed += float(loss.detach())
-        del logits, nll, loss  # one micro-batch's logits at a time
+        del logits, loss
     return summed / total
+
+
+def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
+                    rows_per_batch: int = 8, total: int | None = None) -> float:
+    """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
+    predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
+    ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more.
+    The model is used as found (train mode: dropout as in training)."""
+    def nll(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                 reduction="none").view(ids.shape[0], -1)
+
+    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, nll)
 
 
 def kl_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]],
@@ -76,33 +86,21 @@ def kl_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]],
     row's ``targets`` are the base's top-k token ids and log-probabilities per position and the
     log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
     the current model's mass outside the same k tokens stands for its tail."""
-    if weight == 0 or not token_ids:
-        return float("nan")
-    device = next(model.parameters()).device
-    if total is None:
-        total = sum(len(x) - 1 for x in token_ids)
-    summed = 0.0
-    for idx in group([len(x) for x in token_ids], rows_per_batch, None):
-        rows = [token_ids[i] for i in idx]
-        ids, mask = right_padded(rows, pad_id)
-        width = ids.shape[1]
-        k = targets[idx[0]][0].shape[1]
-        top_ids = torch.zeros((len(rows), width - 1, k), dtype=torch.long)
-        top_lp = torch.zeros((len(rows), width - 1, k))
-        tail = torch.zeros((len(rows), width - 1))
-        for r, (i, row) in enumerate(zip(idx, rows)):
+    def kl(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        positions, k = ids.shape[1] - 1, targets[rows[0]][0].shape[1]
+        top_ids = torch.zeros((len(rows), positions, k), dtype=torch.long)
+        top_lp = torch.zeros((len(rows), positions, k))
+        tail = torch.zeros((len(rows), positions))
+        for r, i in enumerate(rows):  # padded positions stay zero, and the mask drops them
             t_ids, t_lp, t_tail = targets[i]
-            top_ids[r, :len(row) - 1] = torch.as_tensor(t_ids, dtype=torch.long)
-            top_lp[r, :len(row) - 1] = torch.as_tensor(t_lp, dtype=torch.float32)
-            tail[r, :len(row) - 1] = torch.as_tensor(t_tail, dtype=torch.float32)
-        ids, mask = ids.to(device), mask.to(device)
-        top_ids, top_lp, tail = top_ids.to(device), top_lp.to(device), tail.to(device)
-        logq = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+            n = len(token_ids[i]) - 1
+            top_ids[r, :n] = torch.as_tensor(t_ids, dtype=torch.long)
+            top_lp[r, :n] = torch.as_tensor(t_lp, dtype=torch.float32)
+            tail[r, :n] = torch.as_tensor(t_tail, dtype=torch.float32)
+        top_ids, top_lp, tail = top_ids.to(logits.device), top_lp.to(logits.device), tail.to(logits.device)
+        logq = torch.log_softmax(logits, -1)
         q_top = logq.gather(-1, top_ids)
         q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
-        kl = (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
-        loss = (kl * mask[:, 1:]).sum()
-        (weight * loss / total).backward()
-        summed += float(loss.detach())
-        del logq, q_top, kl, loss
-    return summed / total
+        return (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
+
+    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, kl)
