@@ -484,10 +484,10 @@ class ForgetWatchCallback(TrainerCallback):
             self._replay_base(model, args, state, resumed)
 
     def _replay_base(self, model, args, state, resumed: bool) -> None:
-        """The base's distribution on the replay rows: from the run's files if kept for these
-        rows, else from the model, which must then still be the base (a fresh run, or adapters
-        disabled)."""
-        dirs = self._resume_dirs(args, state) if resumed else [self._store.dir]
+        """The base's distribution on the replay rows: on a fresh run from the model (the base;
+        a file left by an earlier run may be another model's); on resume from the run's files,
+        kept for these rows (or from the model with its adapters disabled)."""
+        dirs = self._resume_dirs(args, state) if resumed else []
 
         def stored() -> dict | None:  # on rank 0, shared with every rank (nodes need not share storage)
             for d in dirs:

@@ -222,3 +222,19 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
             Replay(pool).start(toy.base, args, toy.tokenizer)
+
+
+def test_a_fresh_kl_run_never_reuses_an_earlier_runs_base_distribution(toy, train_data, tmp_path, pool):
+    from forgetwatch.replay.base_cache import BaseDistribution
+
+    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8)
+    first = ForgetWatchCallback(toy.probes, **settings)
+    make_trainer(toy, train_data, tmp_path, [first], max_steps=5).train()
+    planted = first._replay.base
+    planted.top_logprobs[:] = -1.0  # as if another base model had written it
+    planted.save(tmp_path / "forgetwatch" / "replay_base.npz")
+    again = ForgetWatchCallback(toy.probes, **settings)
+    make_trainer(toy, train_data, tmp_path, [again], max_steps=5).train()
+    kept = BaseDistribution.load(tmp_path / "forgetwatch" / "replay_base.npz")
+    assert not (again._replay.base.top_logprobs == -1.0).all()
+    np.testing.assert_array_equal(kept.top_logprobs, again._replay.base.top_logprobs)
