@@ -337,7 +337,7 @@ class ForgetWatchCallback(TrainerCallback):
         # after the trainer's backward (and its clipping): the replay gradient joins it
         if self._replay is not None:
             self._replay.step(model, self._scorer.tokenizer, pad_id(self._scorer.tokenizer), args.max_grad_norm,
-                              self._scorer.rows_per_batch(model), self._ranks)
+                              self._scorer.rows_per_batch(model), self._ranks, self._bridge.grad_scaler())
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._copy_into_checkpoint(args, state)
@@ -477,7 +477,7 @@ class ForgetWatchCallback(TrainerCallback):
             found = self._ranks.share_from_rank_zero(lambda: next(
                 (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
         tokenizer = self._scorer.tokenizer
-        self._replay.start(model, args, tokenizer, found, grad_scaler=self._bridge.grad_scaler())
+        self._replay.start(model, args, tokenizer, found)
         if self.history:
             self._replay.reweigh(self.history[-1][1], steer=False)
         if self._replay.loss == "kl":

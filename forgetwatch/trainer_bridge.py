@@ -98,9 +98,18 @@ class TrainerBridge:
                            "...); pass trainer= to ForgetWatchCallback if a trainer is running it")
         self._run_before_early_stopping()
 
-    def grad_scaler(self) -> Any:
-        """The trainer's gradient scaler (fp16 mixed precision on a GPU), or ``None``."""
-        return getattr(getattr(self.trainer, "accelerator", None), "scaler", None)
+    def grad_scaler(self) -> tuple[Any, Any] | None:
+        """The trainer's enabled gradient scaler (fp16 mixed precision on a GPU) and the optimizer
+        it steps (accelerate's wrapper taken off, as the scaler keeps its state by it), or ``None``."""
+        scaler = getattr(getattr(self.trainer, "accelerator", None), "scaler", None)
+        if scaler is None or not scaler.is_enabled():
+            return None
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        optimizer = getattr(self.trainer, "optimizer", None)
+        while isinstance(optimizer, AcceleratedOptimizer):
+            optimizer = optimizer.optimizer
+        return scaler, optimizer
 
     def run_dir(self, args: Any) -> Path:
         """Where this run saves its checkpoints: ``output_dir``, or a trial's ``run-*`` folder

@@ -101,13 +101,44 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
 
 
-def test_fp16s_gradient_scaler_is_refused_before_training(toy, train_data, tmp_path, pool):
-    cb = ForgetWatchCallback(toy.probes, replay=pool)
-    trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=2)
-    trainer.accelerator.scaler = torch.amp.GradScaler("cpu")  # what fp16 on a GPU sets up
-    with pytest.raises(ValueError, match="gradient scaler"):
-        trainer.train()
-    assert trainer.state.global_step == 0
+def scaled_run(toy, train_data, path, scaler, autocast, **settings):
+    """A run under fp16's gradient scaler as on a GPU (CPU autocast in fp16 when ``autocast``:
+    then accelerate unscales the gradients to clip them; otherwise they reach replay still
+    scaled, so nothing may clip them before)."""
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False, **settings)
+    trainer = make_trainer(toy, train_data, path, [cb], max_steps=4, fp16=True, optim="sgd", learning_rate=0.05,
+                           max_grad_norm=1.0 if autocast else 0.0)
+    trainer.accelerator.scaler, trainer.accelerator.native_amp = scaler, autocast
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["scaled", "autocast-unscaled"])
+def test_under_fp16s_gradient_scaler_replay_adds_the_unscaled_gradient(toy, train_data, tmp_path, pool, autocast):
+    def run(name, scaler, **settings):
+        trainer = scaled_run(toy, train_data, tmp_path / name, scaler, autocast, **settings)
+        return trainer.model.state_dict()
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaled = run("scaled", scaler, replay=pool)
+    unscaled = run("plain", torch.amp.GradScaler("cpu", enabled=False), replay=pool)
+    without = run("without", torch.amp.GradScaler("cpu", init_scale=2.0 ** 12))
+    assert scaler.get_scale() == 2.0 ** 12  # no step was skipped
+    for k, v in unscaled.items():
+        torch.testing.assert_close(scaled[k], v, atol=2e-5, rtol=1e-3, msg=k)  # fp16 autocast: near, not equal
+    assert max((scaled[k] - without[k]).abs().max() for k in without) > 1e-3  # replay did move them
+
+
+def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_data, tmp_path, pool, caplog):
+    runs = {}
+    for name, extra in (("without", {}), ("overflowing", {"replay": pool, "replay_weight": 1e300})):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+        with caplog.at_level("WARNING", logger="forgetwatch"):
+            runs[name] = scaled_run(toy, train_data, tmp_path / name, scaler, False, **extra).model.state_dict()
+        assert scaler.get_scale() == 2.0 ** 12  # the trainer's own steps all went through
+    for k, v in runs["without"].items():
+        torch.testing.assert_close(runs["overflowing"][k], v, msg=k)
+    assert "replay gradient overflowed" in caplog.text and "(1 step(s) so far)" in caplog.text
 
 
 def test_mixed_precision_without_a_scaler_replays(toy, train_data, tmp_path, pool):
