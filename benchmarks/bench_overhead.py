@@ -70,21 +70,17 @@ def idle_step_cost(probes, tokenizer, model) -> float:
     return timeit.timeit(lambda: cb.on_step_end(args, state, control, model=model), number=n) / n
 
 
-def reference_cost(probes, tokenizer, model, repeats: int = 7) -> tuple[float, float]:
-    """Seconds of one evaluation of ``model`` with and without the generative probes'
-    teacher-forced reference forward (medians, interleaved)."""
-    from forgetwatch import Scorer
-
-    scorers = {flag: Scorer(tokenizer, probes, reference_logprobs=flag) for flag in (True, False)}
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for flag, scorer in scorers.items():
+def evaluation_costs(scorers: dict, model, repeats: int = 7) -> dict[str, float]:
+    """Seconds of one evaluation of ``model`` by each scorer (medians, interleaved)."""
+    times: dict[str, list[float]] = {name: [] for name in scorers}
+    for scorer in scorers.values():
         scorer(model, batch_size="auto", show_progress=False)  # plans and the packing check, once
     for _ in range(repeats):
-        for flag, scorer in scorers.items():
+        for name, scorer in scorers.items():
             start = time.perf_counter()
             scorer(model, batch_size="auto", show_progress=False)
-            times[flag].append(time.perf_counter() - start)
-    return statistics.median(times[True]), statistics.median(times[False])
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv=None) -> int:
@@ -96,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()))
     ap.add_argument("--out", default="/tmp/forgetwatch-bench-overhead")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--no-behaviour", action="store_true",
+                    help="knowledge probes only (by default a behaviour probe set is scored too)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     import datasets
@@ -103,12 +101,25 @@ def main(argv=None) -> int:
     datasets.disable_progress_bars()
 
     world = ToyWorld(seed=0)
-    tokenizer = world.tokenizer()
+    half = len(world.known) // 2
+    behaviour = not args.no_behaviour
+    # with behaviour probes: the base also learns to refuse harmful requests (and answer others
+    # briefly) for half the countries; the probes ask about the other half
+    requests = world.behaviour_texts(world.known) + world.behaviour_texts(world.known, drifted=True)
+    tokenizer = world.tokenizer(extra=requests if behaviour else ())
     base = world.model(tokenizer, hidden=args.hidden)
-    world.train(base, tokenizer, world.fact_texts(), steps=200)
-    probes = ProbeSet.from_records(world.probe_records(), source="bench")
+    world.train(base, tokenizer, world.fact_texts() + (world.behaviour_texts(world.known[:half]) if behaviour else []),
+                steps=200)
+    rows = world.probe_records() + (world.behaviour_probe_records(world.known[half:]) if behaviour else [])
+    probes = ProbeSet.from_records(rows, source="bench")
+    kinds = {"multiple choice": sum(p.is_multiple_choice for p in probes),
+             "generative": sum(p.choices is None and p.check is None for p in probes),
+             "behaviour": sum(p.is_behaviour for p in probes)}
 
-    runs = {"without": None, "budget 5%": {}, f"every {args.eval_steps} steps": {"eval_steps": args.eval_steps}}
+    # the toy model sees 256 tokens: responses of up to 64 leave room for the prompts
+    common = {"behaviour_max_new_tokens": 64} if behaviour else {}
+    runs = {"without": None, "budget 5%": common, f"every {args.eval_steps} steps": {"eval_steps": args.eval_steps,
+                                                                                     **common}}
     times: dict[str, list[float]] = {name: [] for name in runs}
     evaluations: dict[str, int] = {}
     shares: dict[str, list[float]] = {name: [] for name in runs if runs[name] is not None}
@@ -122,12 +133,19 @@ def main(argv=None) -> int:
                 evaluations[name] = len(cb.history)
                 shares[name].append(cb.monitoring_seconds / seconds)
     idle = idle_step_cost(probes, tokenizer, base)
-    with_ref, without_ref = reference_cost(probes, tokenizer, base)
+    from forgetwatch import Scorer
+
+    knowledge = ProbeSet([p for p in probes if not p.is_behaviour], "knowledge")
+    costs = evaluation_costs({"references": Scorer(tokenizer, knowledge),
+                              "no references": Scorer(tokenizer, knowledge, reference_logprobs=False),
+                              "with behaviour": Scorer(tokenizer, probes, behaviour_max_new_tokens=64)}, base)
+    with_ref, without_ref = costs["references"], costs["no references"]
 
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: statistics.median(t / a for t, a in zip(v, times["without"])) for k, v in times.items()}
     print(f"TRL SFTTrainer, llama hidden={args.hidden}, {args.steps} steps of batch 16, {args.threads} CPU threads; "
-          f"{len(probes)} probes (96 multiple choice, 48 generative); medians of {args.repeats} interleaved runs")
+          f"{len(probes)} probes ({', '.join(f'{n} {k}' for k, n in kinds.items() if n)}); medians of "
+          f"{args.repeats} interleaved runs")
     print(f"\n{'':20}{'median s':>10}{'ratio':>8}{'evals':>7}{'measured':>10}   runs")
     for name, v in times.items():
         evals = "" if name == "without" else str(evaluations[name])
@@ -139,6 +157,10 @@ def main(argv=None) -> int:
     print(f"\ncallback work on a step that does not evaluate: {idle * 1e9:.0f} ns")
     print(f"one evaluation: {with_ref * 1e3:.0f} ms with the generative references' forward, "
           f"{without_ref * 1e3:.0f} ms without ({with_ref / without_ref:.3f}x)")
+    if behaviour:
+        print(f"one evaluation with the {kinds['behaviour']} behaviour probes too (responses up to 64 tokens): "
+              f"{costs['with behaviour'] * 1e3:.0f} ms ({costs['with behaviour'] / with_ref:.2f}x the knowledge "
+              "probes alone)")
     ratio = paired["budget 5%"]
     print(f"target (default budget <= 1.06x wall time): {'met' if ratio <= 1.06 else 'NOT met'} ({ratio:.3f}x)")
     if args.json:
@@ -146,7 +168,7 @@ def main(argv=None) -> int:
             json.dump({"times": times, "median": med, "paired_ratio": paired, "evaluations": evaluations,
                        "monitoring_share": shares,
                        "idle_step_seconds": idle, "evaluation_seconds_with_references": with_ref,
-                       "evaluation_seconds_without_references": without_ref,
+                       "evaluation_seconds_without_references": without_ref, "evaluation_seconds": costs,
                        "args": vars(args)}, f, indent=2)
     return 0 if ratio <= 1.06 else 1
 

@@ -27,6 +27,7 @@ from . import sinks
 from .adapters import adapters_disabled
 from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
+from .behaviour.drift import token_counter
 from .config import ADAPTER_DISABLED, ForgetWatchConfig, options_doc, with_settings
 from .dashboards import Dashboards, flip_rows, probe_rows
 from .distributed import Ranks
@@ -52,7 +53,7 @@ logger = logging.getLogger(__name__)
 OnForgetting = Callable[[TransitionReport, int], Any]
 
 #: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
-_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "clock")
+_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "refusal_detector", "clock")
 
 
 class ForgetWatchCallback(TrainerCallback):
@@ -89,6 +90,9 @@ class ForgetWatchCallback(TrainerCallback):
             before each optimizer step, ``replay_batch_size`` rows, drawn by the forgetting
             measured at the last evaluation, add ``replay_weight`` times their loss gradient
             (default ``None``: no replay). A pool holding a probe's question is refused.
+        refusal_detector: ``callable(response) -> bool`` deciding behaviour probes' ``refuses``
+            check and the logged refusal rate (default ``None``: the phrase detector
+            :func:`~forgetwatch.behaviour.looks_like_refusal`).
         config: a :class:`~forgetwatch.config.ForgetWatchConfig`; keywords given beside it
             override its settings.
         clock: the clock the overhead budget and ``monitoring_seconds`` read (default
@@ -126,6 +130,7 @@ class ForgetWatchCallback(TrainerCallback):
         on_forgetting: OnForgetting | None = None,
         trainer: Any = None,
         replay: ReplayPool | str | os.PathLike[str] | None = None,
+        refusal_detector: Callable[[str], bool] | None = None,
         config: ForgetWatchConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
         **settings: Any,
@@ -151,6 +156,7 @@ class ForgetWatchCallback(TrainerCallback):
         if replay is not None:
             replay.check_disjoint(self.probes)  # the probes must stay held out
         self.replay_pool = replay
+        self.refusal_detector = refusal_detector
         self.config = config
         self.tokenizer = tokenizer
         self.on_forgetting = on_forgetting
@@ -248,7 +254,9 @@ class ForgetWatchCallback(TrainerCallback):
         c = self.config = self.config.replace()
         c.check_categories(self.probes.categories)
         self._scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
-                              max_new_tokens=c.max_new_tokens, stop=c.stop)
+                              max_new_tokens=c.max_new_tokens, stop=c.stop,
+                              behaviour_max_new_tokens=c.behaviour_max_new_tokens,
+                              refusal_detector=self.refusal_detector)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         self._replay = None if self.replay_pool is None else Replay(
             self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
@@ -417,7 +425,8 @@ class ForgetWatchCallback(TrainerCallback):
 
     def _compare(self, answers: Answers) -> TransitionReport:
         return compare(self.base_answers, answers, at_risk_share=self.config.at_risk_share,
-                       at_risk_floor=self.config.at_risk_floor)
+                       at_risk_floor=self.config.at_risk_floor, refusal_detector=self._scorer.refusal_detector,
+                       count_tokens=token_counter(self._scorer.tokenizer))
 
     def _emit(self, metrics: dict[str, float], args, state, control, own_section: bool = False) -> None:
         """To every integration of the trainer; ``forgetwatch/*`` figures (``own_section``) go

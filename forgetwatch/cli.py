@@ -3,6 +3,7 @@
     forgetwatch evaluate --model PATH --probes FILE --out FILE
     forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
     forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
+    forgetwatch probes   --starter behaviour|knowledge --out FILE
     forgetwatch demo     [--out DIR] [--replay]
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
@@ -25,6 +26,7 @@ from .demo import TAKES
 from .files import atomic_write, strict_dump
 from .options import NORMALIZE_MODES, batch_size_problem, scoring_options
 from .probes import ProbeError, ProbeSet
+from .starters import STARTERS, write_starter
 from .text import first_line
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -75,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="acc_norm: divide choice log-probs by their length in characters")
     scoring.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                          help="generation length for generative probes (default 64)")
+    scoring.add_argument("--behaviour-max-new-tokens", type=int, default=256, metavar="N",
+                         help="response length for behaviour probes, rows with 'check' (default 256)")
     scoring.add_argument("--tokenizer", default=None, metavar="PATH",
                          help="tokenizer to use (default: the one saved with each model)")
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -95,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
     rep.add_argument("--png", default=None, metavar="FILE.png", help="also draw the curves as a PNG")
     rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
+    probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
+    probes.add_argument("--starter", required=True, choices=list(STARTERS),
+                        help="; ".join(f"{k}: {v}" for k, v in STARTERS.items()))
+    probes.add_argument("--out", required=True, metavar="FILE", help="the JSONL probe file to write")
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
                       help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
@@ -117,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             return _demo_command(args)
         if args.command == "report":
             return _report_command(args)
+        if args.command == "probes":
+            return _probes_command(args)
         return _compare_command(args)
     except (UsageError, ProbeError, AnswersMismatchError) as err:
         print(f"forgetwatch: error: {err}", file=sys.stderr)
@@ -124,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
+
+
+def _probes_command(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    _check_writable("--out", out.parent if str(out.parent) else Path("."))
+    write_starter(args.starter, out)
+    print(f"wrote {out}: {STARTERS[args.starter]}.\nA starter set is a smoke alarm, not a benchmark: edit it, "
+          "extend it, or build a real set with ProbeSet.from_hf (see the README).")
+    return 0
 
 
 def _evaluate_command(args: argparse.Namespace) -> int:
@@ -229,9 +248,9 @@ def _check_writable(flag: str, directory: Path) -> None:
 
 def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
     """A base snapshot must have been scored the way this run will score the model."""
-    wanted = scoring_options(normalize=args.normalize, chat_template=args.chat_template,
-                             generative=any(not p.is_multiple_choice for p in probes),
-                             max_new_tokens=args.max_new_tokens, stop=_STOP)
+    wanted = scoring_options(probes, normalize=args.normalize, chat_template=args.chat_template,
+                             max_new_tokens=args.max_new_tokens, stop=_STOP,
+                             behaviour_max_new_tokens=args.behaviour_max_new_tokens)
     problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
     if problem:
         raise UsageError(f"--base {args.base} was scored for {problem}; "
@@ -259,7 +278,8 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
-                           max_new_tokens=args.max_new_tokens, stop=_STOP, show_progress=not args.no_progress)
+                           max_new_tokens=args.max_new_tokens, stop=_STOP,
+                           behaviour_max_new_tokens=args.behaviour_max_new_tokens, show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = path

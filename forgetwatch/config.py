@@ -172,6 +172,10 @@ class ForgetWatchConfig:
         default_factory=lambda: ["\n"],
         check=check.stop_strings,
         help='Generative probes: generation stops at the first of these strings.')
+    behaviour_max_new_tokens: int = _setting(
+        default=256,
+        check=check.integer(1),
+        help='Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they run to EOS, ``stop`` does not apply.')
     table_rows: int = _setting(
         default=500,
         check=check.integer(1),

@@ -13,13 +13,14 @@ All functions are pure and use numpy and the standard library only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .answers import Answers
+from .behaviour.drift import behaviour_figures, measure
 from .report import TransitionReport
 
 #: Two-sided 95 % standard-normal quantile.
@@ -302,6 +303,7 @@ def _report(
     idx: np.ndarray,
     risky: np.ndarray,
     by_category: dict[str, TransitionReport] | None = None,
+    behaviour: Callable[[np.ndarray], dict[str, float]] | None = None,
 ) -> TransitionReport:
     """The report for the samples at positions ``idx`` (in probe order); ``risky`` marks the
     samples at risk (all of them, in probe order)."""
@@ -339,11 +341,14 @@ def _report(
         gained_ids=[base.ids[i] for i in idx[gained_mask]],
         at_risk=_ratio(int(risky[idx].sum()), n),
         at_risk_ids=[base.ids[i] for i in idx[risky[idx]]],
+        behaviour=behaviour(idx) if behaviour else {},
         by_category=by_category or {},
     )
 
 
-def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_risk_floor: float = 0.1
+def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_risk_floor: float = 0.1,
+            refusal_detector: Callable[[str], bool] | None = None,
+            count_tokens: Callable[[list[str]], list[int]] | None = None
             ) -> TransitionReport:
     """Compare the current model's answers with the base model's on the same probes.
 
@@ -351,7 +356,9 @@ def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_r
     for different probes or scoring options. The report covers all samples, with one child
     report per category in ``by_category`` (categories sorted). ``at_risk_share`` (default
     0.5) and ``at_risk_floor`` (default 0.1 nats) decide which still-right samples are at
-    risk (see :func:`at_risk`).
+    risk (see :func:`at_risk`). Where probes generate, ``behaviour`` holds how the responses
+    drift from the base's (:func:`~forgetwatch.behaviour.drift.behaviour_figures`, with
+    ``refusal_detector``, and ``count_tokens``, the token lengths of a list of texts, when given).
 
     Example:
         >>> report = compare(base_answers, current_answers)  # doctest: +SKIP
@@ -365,8 +372,13 @@ def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_r
     risky = at_risk(base.correct, current.correct, margins(base.gold_logprob, base.choice_logprobs, normalized),
                     margins(current.gold_logprob, current.choice_logprobs, normalized), base.n_choices,
                     at_risk_share, at_risk_floor)
+    measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
+
+    def behaviour(idx: np.ndarray) -> dict[str, float]:
+        return behaviour_figures(*measured, idx)
+
     by_category = {
-        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky)
+        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, behaviour=behaviour)
         for cat in sorted(positions)
     }
-    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, by_category)
+    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, by_category, behaviour)

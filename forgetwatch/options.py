@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
@@ -25,20 +25,27 @@ def batch_size_problem(value: Any) -> str | None:
     return None
 
 
-def scoring_options(*, normalize: str | None, chat_template: bool, generative: bool, max_new_tokens: int,
-                    stop: Sequence[str], extract: Callable[[str], str | None] | None = None) -> dict[str, Any]:
-    """The options that decide a set of answers, as stored with them: generation's options
-    count only when some probe is ``generative``.
+def scoring_options(probes: Iterable[Any], *, normalize: str | None, chat_template: bool, max_new_tokens: int,
+                    stop: Sequence[str], extract: Callable[[str], str | None] | None = None,
+                    behaviour_max_new_tokens: int = 256,
+                    refusal_detector: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """The options that decide the answers of ``probes``, as stored with them: generation's
+    options count only when some probe is generative, behaviour's when some has a ``check``.
 
     Example:
-        >>> scoring_options(normalize=None, chat_template=False, generative=False, max_new_tokens=64, stop=["."])
+        >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."])
         {'normalize': None, 'chat_template': False}
     """
+    probes = list(probes)
     options: dict[str, Any] = {"normalize": normalize, "chat_template": chat_template}
-    if generative:
+    if any(p.choices is None and p.check is None for p in probes):
         options.update(max_new_tokens=max_new_tokens, stop=list(stop))
         if extract is not None:
             options["extract"] = getattr(extract, "__qualname__", repr(extract))
+    if any(p.check is not None for p in probes):
+        options["behaviour_max_new_tokens"] = behaviour_max_new_tokens
+        if refusal_detector is not None:
+            options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))
     return options
 
 

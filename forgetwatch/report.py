@@ -43,7 +43,8 @@ class TransitionReport:
     definitions. Build one with :func:`forgetwatch.metrics.compare`. ``at_risk_ids`` are the
     still-right probes whose margin is slipping (:func:`forgetwatch.metrics.at_risk`);
     ``forgetting_events`` and ``forgetting_persistent`` come from the run's trajectory
-    (:mod:`forgetwatch.trajectory`), NaN outside a run.
+    (:mod:`forgetwatch.trajectory`), NaN outside a run. ``behaviour`` holds how generated
+    responses drift from the base's (:mod:`forgetwatch.behaviour.drift`; empty without any).
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -77,6 +78,7 @@ class TransitionReport:
     at_risk_ids: list[str] = field(default_factory=list)
     forgetting_events: float = _NAN
     forgetting_persistent: float = _NAN
+    behaviour: dict[str, float] = field(default_factory=dict)
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------
@@ -117,6 +119,8 @@ class TransitionReport:
                 value = tuple(_NAN if v is None else float(v) for v in (value or (None, None)))
             elif name.endswith("_ids"):
                 value = list(value)
+            elif name == "behaviour":
+                value = {k: float(v) for k, v in (value or {}).items() if v is not None}
             elif f.type in ("float", float):
                 value = _NAN if value is None else float(value)
             values[name] = value

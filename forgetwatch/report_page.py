@@ -38,6 +38,8 @@ __all__ = ["Run", "load_run", "write_report"]
 
 #: Probes listed in each table of the page.
 TOP = 25
+_BEHAVIOUR = (("refusals", "refusals"), ("hedging", "hedging"), ("bullets", "bullets"), ("tables", "tables"),
+              ("emoji", "emoji"))
 _CURVES = (("forgetting", "forgetting"), ("backward_transfer", "backward transfer"),
            ("forgetting_adjusted", "forgetting (chance-adjusted)"))
 
@@ -65,6 +67,11 @@ class Run:
             value = report.get(key)
             out.append(None if value is None else float(value))
         return out
+
+    def behaviour(self, key: str) -> list[float | None]:
+        """One behaviour drift figure of every evaluation (``None`` where it does not apply)."""
+        values = [r["report"].get("behaviour", {}).get(key) for r in self.records]
+        return [None if v is None else float(v) for v in values]
 
 
 def load_run(path: str | os.PathLike[str]) -> Run:
@@ -111,6 +118,8 @@ def _page(runs: list[Run], top: int) -> str:
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
     parts = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>",
              *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))), _figure(_survival(runs), "survival")]
+    if any(r.behaviour("refusals") != [None] * len(r.records) for r in runs):
+        parts.append(_figure(_behaviour(runs), "behaviour"))
     for k, run in enumerate(runs):
         parts += [f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
                   _figure(_heatmap(run), f"heatmap-{k}"), _probe_tables(run, top)]
@@ -184,6 +193,29 @@ def _heatmap(run: Run) -> dict[str, Any]:
             "layout": {"title": {"text": f"Forgetting by category ({run.name})"},
                        "xaxis": {"title": {"text": "training step"}, "type": "category"},
                        "height": 170 + 28 * len(categories), "margin": {"t": 50}}}
+
+
+def _behaviour(runs: list[Run]) -> dict[str, Any]:
+    """How the responses drift: the share with each style feature (the base's dotted) and
+    their length against the base's (right axis). One run: every feature seen; several:
+    refusals and length, a colour a run."""
+    traces = []
+    for k, run in enumerate(runs):
+        color = _COLORS[k % len(_COLORS)]
+        prefix = f"{run.name}: " if len(runs) > 1 else ""
+        features = _BEHAVIOUR if len(runs) == 1 else _BEHAVIOUR[:1]
+        for (key, name), c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
+            now, base = run.behaviour(key), run.behaviour(f"{key}_base")
+            if key != "refusals" and not any(now + base):
+                continue  # a feature no response ever had
+            traces += [_line(run.steps, now, f"{prefix}{name}", c, "solid"),
+                       _line(run.steps, base, f"{prefix}{name} (base)", c, "dot")]
+        traces.append(_line(run.steps, run.behaviour("length_ratio_words"), f"{prefix}length in words vs the base",
+                            "#333" if len(runs) == 1 else color, "dash", "y2"))
+    layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
+    layout["yaxis2"] = {"title": {"text": "length / base length"}, "overlaying": "y", "side": "right",
+                        "rangemode": "tozero", "showgrid": False}
+    return {"data": traces, "layout": layout}
 
 
 def _survival(runs: list[Run]) -> dict[str, Any]:

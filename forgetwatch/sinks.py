@@ -37,8 +37,10 @@ METRICS = {
 }
 
 
-def _figures(report: TransitionReport, prefix: str) -> dict[str, float]:
+def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> dict[str, float]:
     values = {f"{prefix}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
+    if behaviour:  # how the responses drift: forgetwatch/behaviour/<figure>
+        values.update((f"{prefix}behaviour/{name}", float(v)) for name, v in report.behaviour.items())
     return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
@@ -61,7 +63,7 @@ def metric_values(report: TransitionReport, categories: bool = True) -> dict[str
 def eval_metric_values(report: TransitionReport) -> dict[str, float]:
     """Overall figures as trainer evaluation metrics (``eval_forgetwatch_forgetting``, ...),
     so ``metric_for_best_model="forgetwatch_forgetting"`` can select checkpoints on them."""
-    return _figures(report, EVAL_PREFIX)
+    return _figures(report, EVAL_PREFIX, behaviour=False)
 
 
 def base_line(base: Answers, snapshot: Path, computed: bool) -> str:

@@ -222,3 +222,22 @@ def test_summary_is_strict_json_even_where_a_figure_does_not_apply(toy, tmp_path
 
     summary = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
     assert summary["report"]["choice_kl"] is None  # no choices: the figure does not apply
+
+
+def test_compare_on_behaviour_probes_shows_each_raw_response(toy, tmp_path, capsys):
+    import csv
+
+    probes = ProbeSet.from_records(toy.world.behaviour_probe_records(toy.world.known[:4]))
+    path = tmp_path / "behaviour.jsonl"
+    probes.to_jsonl(path)
+    code, out, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir, "--probes", str(path),
+                         "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "refusals" in out and "brevity" in out
+    tuned = Answers.load(tmp_path / "out" / "model_answers.json", probes=probes)
+    assert tuned.predicted == tuned.outputs and all(isinstance(t, str) for t in tuned.predicted)
+    with open(tmp_path / "out" / "samples.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["predicted_after"] for r in rows] == tuned.predicted
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())["report"]
+    assert summary["behaviour"]["words"] == pytest.approx(sum(len(t.split()) for t in tuned.outputs) / len(probes))

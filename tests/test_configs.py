@@ -45,3 +45,20 @@ def test_shipped_probe_files_are_what_the_configs_describe():
     assert len(arithmetic) == 30 and not any(p.choices for p in arithmetic)
     assert {p.extract for p in arithmetic} == {"number"}
     assert all(str(p.answer).isdigit() for p in arithmetic)
+
+
+@pytest.mark.parametrize("name,shipped", [("behaviour", "behaviour.jsonl"), ("knowledge", "general_knowledge.jsonl")])
+def test_forgetwatch_probes_writes_the_starter_sets_the_configs_use(tmp_path, capsys, name, shipped):
+    from forgetwatch.cli import main
+
+    out = tmp_path / "new" / f"{name}.jsonl"
+    assert main(["probes", "--starter", name, "--out", str(out)]) == 0
+    assert "a smoke alarm, not a benchmark" in capsys.readouterr().out
+    assert out.read_bytes() == (CONFIGS / "probes" / shipped).read_bytes()
+    probes = ProbeSet.from_jsonl(out)
+    if name == "behaviour":
+        assert all(p.is_behaviour for p in probes)
+        refusing = [p for p in probes if p.check.get("refuses") is True]
+        answering = [p for p in probes if p.check.get("refuses") is False]
+        assert len(refusing) >= 8 and len(answering) >= 8
+        assert {"format", "length"} <= set(probes.categories)

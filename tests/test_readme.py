@@ -62,10 +62,11 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch):
     assert namespace["callback"].config.eval_steps == 10
 
 
-def test_json_block_is_a_valid_probe_file():
-    (code, _), = blocks("json")
-    probes = ProbeSet.from_records([json.loads(line) for line in code.splitlines()])
-    assert len(probes) == 2
+def test_json_blocks_are_valid_probe_files():
+    knowledge, behaviour = [ProbeSet.from_records([json.loads(line) for line in code.splitlines()])
+                            for code, _ in blocks("json")]
+    assert len(knowledge) == 2 and not any(p.is_behaviour for p in knowledge)
+    assert len(behaviour) == 3 and all(p.is_behaviour for p in behaviour)
 
 
 def _help(command: str, capsys) -> str:

@@ -116,6 +116,10 @@ def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch
         assert row["forgetwatch/forgotten"] == report.forgotten
         assert row["forgetwatch/capitals/forgetting"] == pytest.approx(report.by_category["capitals"].forgetting)
         assert row["forgetwatch/forgetting_events"] == report.forgetting_events
+        # how the generated responses drift (the rivers probes generate)
+        assert row["forgetwatch/behaviour/length_ratio_words"] == pytest.approx(report.behaviour["length_ratio_words"])
+        assert row["forgetwatch/rivers/behaviour/words"] == pytest.approx(
+            report.by_category["rivers"].behaviour["words"])
 
     # the table of flips grows at each evaluation; the last holds one row per flip of every evaluation
     flips = [r for r in rows if r.get("forgetwatch/flips/log_mode") == "INCREMENTAL"]
@@ -149,6 +153,8 @@ def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monke
     scalars = events.Scalars("train/forgetwatch/forgetting")
     assert [s.step for s in scalars] == [4, 8]
     assert [s.value for s in scalars] == pytest.approx([r.forgetting for _, r in cb.history])
+    drift = events.Scalars("train/forgetwatch/behaviour/length_ratio_tokens")
+    assert [s.value for s in drift] == pytest.approx([r.behaviour["length_ratio_tokens"] for _, r in cb.history])
     # the flips of each evaluation and the final table of probes, as text
     texts = {tag: events.Tensors(tag) for tag in events.Tags()["tensors"]}
     flips = texts["forgetwatch/flips/text_summary"]

@@ -1,5 +1,7 @@
 """Dataset layouts as probe records: lm-eval-harness's zero-shot prompt formats for MMLU,
-ARC, HellaSwag and GSM8K, and an explicit column mapping for anything else.
+ARC, HellaSwag and GSM8K; behaviour probes from IFEval (its verifiable instructions) and from
+HarmBench-style lists of harmful requests (must be refused); and an explicit column mapping
+for anything else.
 
 Used by :meth:`forgetwatch.ProbeSet.from_hf`; every record still goes through the probe
 validator afterwards (:func:`read_dataset`).
@@ -132,8 +134,41 @@ def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     }
 
 
+def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """google/IFEval: a prompt and its verifiable instructions (behaviour probe, ``ifeval`` check).
+    Arrow pads every instruction's kwargs with the other instructions' keys as None: dropped."""
+    what = "preset 'ifeval'"
+    names = _need_str_list(row, "instruction_id_list", what)
+    kwargs = _need(row, "kwargs", what)
+    if not isinstance(kwargs, (list, tuple)) or len(kwargs) != len(names) or \
+            not all(isinstance(k, Mapping) for k in kwargs):
+        raise RowProblem("kwargs", f"must be a list of {len(names)} mappings, one per instruction")
+    instructions = [{"id": name, "kwargs": {k: v for k, v in given.items() if v is not None}}
+                    for name, given in zip(names, kwargs)]
+    return {
+        "id": f"ifeval/{row.get('key', index)}",
+        "question": _need_str(row, "prompt", what),
+        "check": {"ifeval": instructions},
+        "category": names[0].split(":")[0] if names else "ifeval",
+    }
+
+
+def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """HarmBench-style harmful behaviours: a request in ``Behavior`` that must be refused,
+    by ``SemanticCategory`` (``ContextString``, when present, goes before it)."""
+    what = "preset 'harmful'"
+    request = _need_str(row, "Behavior", what)
+    context = row.get("ContextString") or ""
+    return {
+        "id": f"harmful/{row.get('BehaviorID', index)}",
+        "question": f"{context}\n\n{request}" if context else request,
+        "check": {"refuses": True},
+        "category": row.get("SemanticCategory") or "harmful",
+    }
+
+
 PRESETS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
-    "mmlu": _mmlu, "arc": _arc, "hellaswag": _hellaswag, "gsm8k": _gsm8k,
+    "mmlu": _mmlu, "arc": _arc, "hellaswag": _hellaswag, "gsm8k": _gsm8k, "ifeval": _ifeval, "harmful": _harmful,
 }
 
 

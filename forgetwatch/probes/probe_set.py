@@ -71,7 +71,9 @@ class ProbeSet(Sequence[Probe]):
         """Build from a ``datasets.Dataset`` (or any iterable of dict rows).
 
         ``preset`` ("mmlu", "arc", "hellaswag", "gsm8k") reproduces lm-evaluation-harness's
-        zero-shot prompts; ``columns`` maps probe fields to column names or callables(row);
+        zero-shot prompts; "ifeval" makes behaviour probes of google/IFEval's rows (an
+        ``ifeval`` check: ``pip install 'forgetwatch[ifeval]'``) and "harmful" of HarmBench-style
+        rows (``Behavior``, ``SemanticCategory``: must be refused); ``columns`` maps probe fields to column names or callables(row);
         with neither, rows must already follow the probe schema. ``category`` overrides every
         row's category, ``limit`` keeps the first N rows. Errors name 0-based dataset rows.
 

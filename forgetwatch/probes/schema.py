@@ -3,11 +3,14 @@ not be scored as written (each problem names its field).
 
 A row with ``choices`` is multiple choice (``answer`` is a 0-based index); a row without is
 generative (``answer`` is the reference string, ``extract`` says how to pull the answer out of
-the generated text). Keys other than the probe fields are kept in :attr:`Probe.meta`.
+the generated text); a row with ``check`` and neither is a behaviour probe (the response passes
+when every check holds: :mod:`forgetwatch.behaviour.checks`). Keys other than the probe fields
+are kept in :attr:`Probe.meta`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import numbers
 import re
@@ -15,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..behaviour.checks import check_problems
 from ..extract import normalize_number
 from ..problems import InputError
 from ..text import did_you_mean, shorten, suggestion
@@ -23,7 +27,7 @@ EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
 #: warning for all such probes, and is cut from the left before tokenizing.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract")
+PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
 
 
 class ProbeError(InputError):
@@ -39,24 +43,32 @@ class ProbeError(InputError):
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: a question with either choices (multiple choice) or a reference answer.
+    """One probe: a question with choices (multiple choice), a reference answer (generative),
+    or a ``check`` on the response (behaviour; ``answer`` is ``None``).
 
     Example:
         >>> Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1).is_multiple_choice
+        True
+        >>> Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5}).is_behaviour
         True
     """
 
     id: str
     question: str
-    answer: int | str
+    answer: int | str | None
     choices: tuple[str, ...] | None = None
     category: str = "all"
     extract: str | None = None
+    check: Mapping[str, Any] | None = field(default=None, hash=False)
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def is_multiple_choice(self) -> bool:
         return self.choices is not None
+
+    @property
+    def is_behaviour(self) -> bool:
+        return self.check is not None
 
     @property
     def n_choices(self) -> int:
@@ -65,7 +77,9 @@ class Probe:
 
     @property
     def answer_text(self) -> str:
-        """The correct answer as text: the right choice, or the reference."""
+        """The correct answer as text: the right choice, the reference, or the check (as JSON)."""
+        if self.check is not None:
+            return json.dumps(dict(self.check), ensure_ascii=False)
         return self.choices[self.answer] if self.choices is not None else str(self.answer)
 
     def content(self) -> dict[str, Any]:
@@ -73,7 +87,10 @@ class Probe:
         row: dict[str, Any] = {"id": self.id, "question": self.question, "category": self.category}
         if self.choices is not None:
             row["choices"] = list(self.choices)
-        row["answer"] = self.answer
+        if self.check is not None:
+            row["check"] = dict(self.check)
+        else:
+            row["answer"] = self.answer
         if self.extract is not None:
             row["extract"] = self.extract
         return row
@@ -264,7 +281,7 @@ def _check_extract(value: Any) -> str | None:
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row; return the Probe, or every problem found in the row."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
-    present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract") and v is None)}
+    present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
     problems: list[FieldProblem] = []
     for fld, check in (("id", _check_id), ("question", _check_question)):
         message = check(present)
@@ -274,7 +291,13 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         problems.append(("category", message))
 
     is_mc = "choices" in present
-    if is_mc:
+    if "check" in present:
+        problems += check_problems(present["check"])
+        for other in ("choices", "answer", "extract"):
+            if other in present:
+                problems.append((other, f"a behaviour probe (one with 'check') has no '{other}'; remove it, or "
+                                        "remove 'check' to make this a question with an answer"))
+    elif is_mc:
         choice_problems = _check_choices(present["choices"])
         problems += choice_problems
         # Bad entries do not change the count, so the answer's range can still be checked.
@@ -296,9 +319,10 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     return Probe(
         id=present["id"],
         question=present["question"],
-        answer=int(present["answer"]) if is_mc else present["answer"],
+        answer=int(present["answer"]) if is_mc else present.get("answer"),
         choices=tuple(present["choices"]) if is_mc else None,
         category=present.get("category", "all"),
         extract=present.get("extract"),
+        check=copy.deepcopy(present["check"]) if "check" in present else None,
         meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
     )

@@ -125,6 +125,8 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> l
         text = prompt_text(tokenizer, visible_tail(tokenizer, p.question), chat_template)
         if p.choices is None:
             prompts.append(text)
+        if p.check is not None:  # a behaviour probe: a prompt, no reference to score
+            continue
         for choice in p.choices or (p.answer,):
             context, continuation = split_trailing_space(text, delimiter + choice)
             wholes.append(context + continuation)
@@ -135,6 +137,9 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> l
 
     out: list[Encoded] = []
     for p in probes:
+        if p.check is not None:
+            out.append(EncodedPrompt(tuple(next(prompt_ids))))
+            continue
         if p.choices is None:
             ctx = next(context_ids)
             cont = tuple(next(whole_ids)[len(ctx):])

@@ -32,6 +32,8 @@ def evaluate(
     max_new_tokens: int = 64,
     stop: Sequence[str] = ("\n",),
     extract: Callable[[str], str | None] | None = None,
+    behaviour_max_new_tokens: int = 256,
+    refusal_detector: Callable[[str], bool] | None = None,
     show_progress: bool = True,
     distributed: bool = False,
 ) -> Answers:
@@ -40,7 +42,8 @@ def evaluate(
     Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``);
     generative probes are decoded greedily and their answer extracted (by the probe's
     ``extract`` mode, or by ``extract=callable``, whose text is compared with the probe's answer
-    as written). Tokenization is cached
+    as written); behaviour probes (rows with ``check``) generate a response that passes when
+    every check holds. Tokenization is cached
     across calls with the same tokenizer and probe set. The model and tokenizer are handed
     back exactly as found (mode, cache flag, padding side, random states). With
     ``distributed=True``, every process of a ``torch.distributed`` run calls it together and
@@ -50,9 +53,9 @@ def evaluate(
     Args:
         model, tokenizer, probes: what to score, with what, on what.
         batch_size: sequences per forward, or ``"auto"`` (default) for as many tokens as fit.
-        normalize, chat_template, max_new_tokens, stop, extract: as for
-            :class:`~forgetwatch.scoring.scorer.Scorer` (defaults ``None``, ``False``, 64,
-            ``("\n",)``, ``None``).
+        normalize, chat_template, max_new_tokens, stop, extract, behaviour_max_new_tokens,
+            refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (defaults
+            ``None``, ``False``, 64, ``("\n",)``, ``None``, 256, ``None``).
         show_progress: a progress bar (default ``True``).
         distributed: share the probes out over the ranks of ``torch.distributed`` (default
             ``False``: this process scores them all).
@@ -64,11 +67,13 @@ def evaluate(
         0.62
     """
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    key = (id(tokenizer), probes.fingerprint(), normalize, chat_template, max_new_tokens, stop, extract)
+    key = (id(tokenizer), probes.fingerprint(), normalize, chat_template, max_new_tokens, stop, extract,
+           behaviour_max_new_tokens, refusal_detector)
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
         scorer = Scorer(tokenizer, probes, normalize=normalize, chat_template=chat_template,
-                        max_new_tokens=max_new_tokens, stop=stop, extract=extract)
+                        max_new_tokens=max_new_tokens, stop=stop, extract=extract,
+                        behaviour_max_new_tokens=behaviour_max_new_tokens, refusal_detector=refusal_detector)
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))

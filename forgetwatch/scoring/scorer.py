@@ -23,6 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..answers import Answers
+from ..behaviour.checks import failed_checks
+from ..behaviour.style import looks_like_refusal
 from ..distributed import Ranks
 from ..extract import extractor_for, is_correct, reference_for
 from ..options import NORMALIZE_MODES, BatchSize, check_batch_size, scoring_options
@@ -57,6 +59,12 @@ class Scorer:
         reference_logprobs: also score each generative probe's reference answer, teacher-forced
             after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
             moves before the answer flips, for one extra forward per probe in the same batches.
+        behaviour_max_new_tokens: generation length for behaviour probes (rows with ``check``;
+            default 256). Their responses run to EOS or this length: ``stop`` does not apply,
+            since a response may hold several lines.
+        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
+            the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
+            a phrase detector).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -74,11 +82,14 @@ class Scorer:
         stop: Sequence[str] = ("\n",),
         extract: Callable[[str], str | None] | None = None,
         reference_logprobs: bool = True,
+        behaviour_max_new_tokens: int = 256,
+        refusal_detector: Callable[[str], bool] | None = None,
     ):
         if normalize not in NORMALIZE_MODES:
             raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        for name, value in (("max_new_tokens", max_new_tokens), ("behaviour_max_new_tokens", behaviour_max_new_tokens)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if isinstance(stop, str):
             stop = (stop,)
         if any(not isinstance(x, str) or not x for x in stop):
@@ -90,6 +101,9 @@ class Scorer:
         self.max_new_tokens = max_new_tokens
         self.stop = tuple(stop)
         self.extract = extract
+        self.behaviour_max_new_tokens = behaviour_max_new_tokens
+        self.refusal_detector = refusal_detector or looks_like_refusal
+        self._custom_detector = refusal_detector
         self.encoded = encode_probes(tokenizer, probes, chat_template)
         self.fingerprint = probes.fingerprint()
         # what goes through the log-likelihood forwards: each multiple-choice probe, and each
@@ -120,9 +134,10 @@ class Scorer:
     @property
     def scoring(self) -> dict[str, Any]:
         """The options that decide the answers (stored with them, checked by ``compare``)."""
-        return scoring_options(normalize=self.normalize, chat_template=self.chat_template,
-                               generative=any(isinstance(e, EncodedPrompt) for e in self.encoded),
-                               max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract)
+        return scoring_options(self.probes, normalize=self.normalize, chat_template=self.chat_template,
+                               max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract,
+                               behaviour_max_new_tokens=self.behaviour_max_new_tokens,
+                               refusal_detector=self._custom_detector)
 
     def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = "auto",
                  show_progress: bool = True, distributed: bool = False) -> Answers:
@@ -147,23 +162,33 @@ class Scorer:
             bar = tqdm(unit="seq", desc="forgetwatch: scoring probes", disable=not show_progress, leave=False)
             try:
                 sums = self._score_choices(run, bar)
-                texts = self._generate(run, prompts, bar)
+                texts: dict[int, str] = {}
+                for (new_tokens, stop), part in prompts.items():
+                    texts.update(self._generate(run, part, bar, new_tokens, stop))
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return self._answers(sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
 
-    def _prompts(self, max_length: int) -> dict[int, list[int]]:
-        """Generative prompts by probe index, left-truncated to leave room for the answer."""
-        room = max(1, max_length - self.max_new_tokens)
-        full = {i: e.prompt for i, e in enumerate(self.encoded) if isinstance(e, EncodedPrompt)}
-        truncated = sum(len(p) > room for p in full.values())
-        if truncated:
-            self._warn_once("prompt", "%d generative prompt(s) are longer than the model's maximum length "
-                            "(%d tokens) less max_new_tokens (%d); they are truncated from the left",
-                            truncated, max_length, self.max_new_tokens)
-        return {i: p[-room:] for i, p in full.items()}
+    def _prompts(self, max_length: int) -> dict[tuple[int, tuple[str, ...]], dict[int, list[int]]]:
+        """Generative prompts by how they are generated (new tokens, stop strings), then by
+        probe index, left-truncated to leave room for the response."""
+        out: dict[tuple[int, tuple[str, ...]], dict[int, list[int]]] = {}
+        for i, (probe, e) in enumerate(zip(self.probes, self.encoded)):
+            if isinstance(e, EncodedPrompt):
+                behaves = probe.check is not None  # a response of several lines: no stop strings
+                how = (self.behaviour_max_new_tokens, ()) if behaves else (self.max_new_tokens, self.stop)
+                out.setdefault(how, {})[i] = e.prompt
+        for (new_tokens, _), part in out.items():
+            room = max(1, max_length - new_tokens)
+            truncated = sum(len(p) > room for p in part.values())
+            if truncated:
+                self._warn_once(f"prompt{new_tokens}", "%d generative prompt(s) are longer than the model's maximum "
+                                "length (%d tokens) less the %d tokens to generate; they are truncated from the left",
+                                truncated, max_length, new_tokens)
+            part.update((i, p[-room:]) for i, p in part.items())
+        return out
 
     def _agree(self, run: _Run) -> _Run:
         """The one step where ranks agree, before any scoring: whether this model's choices may
@@ -319,12 +344,13 @@ class Scorer:
 
     # -- generative ----------------------------------------------------------------------------
 
-    def _generate(self, run: _Run, prompts: dict[int, list[int]], bar) -> dict[int, str]:
+    def _generate(self, run: _Run, prompts: dict[int, list[int]], bar, max_new_tokens: int,
+                  stop: tuple[str, ...]) -> dict[int, str]:
         """Generated text by probe index (every rank gets all of them)."""
         if not prompts:
             return {}
         order = list(prompts)
-        costs = [self._cost(self.encoded[i], self.max_new_tokens) for i in order]
+        costs = [self._cost(self.encoded[i], max_new_tokens) for i in order]
         mine = [order[j] for j in run.ranks.my_share(costs)]
         filler = [order[int(np.argmin(costs))]]
         bar.total = (bar.total or 0) + len(mine)
@@ -333,14 +359,14 @@ class Scorer:
 
         def plan(indices: list[int]) -> list[list[int]]:
             if run.batch_size == "auto":
-                widths = [len(prompts[i]) + self.max_new_tokens for i in indices]
+                widths = [len(prompts[i]) + max_new_tokens for i in indices]
             else:
                 widths = [len(prompts[i]) for i in indices]
             return [[indices[j] for j in idx] for idx in group(widths, *self._limits(run))]
 
         def generate(chunk: list[int]) -> list[str]:
             return generate_texts(run.model, self.tokenizer, [prompts[i] for i in chunk], device=run.device,
-                                  pad_id=run.pad_id, max_new_tokens=self.max_new_tokens, stop=self.stop,
+                                  pad_id=run.pad_id, max_new_tokens=max_new_tokens, stop=stop,
                                   synced_gpus=synced)
 
         texts: dict[str, str] = {}
@@ -364,6 +390,10 @@ class Scorer:
                 pred = int(np.argmax(scores))  # ties go to the lowest index
                 sample.update(correct=pred == probe.answer, predicted=pred, choice_logprobs=lps,
                               gold_logprob=float(lps[probe.answer]), n_choices=probe.n_choices)
+            elif probe.check is not None:  # behaviour: the response itself, and whether every check holds
+                text = texts[i]
+                failed = failed_checks(probe.check, text, self.refusal_detector)
+                sample.update(correct=not failed, predicted=text, output=text, n_choices=0)
             else:
                 text = texts[i]
                 if self.extract is not None:  # the user's extractor: compared with the answer as written

@@ -1,0 +1,157 @@
+"""Behaviour checks: what a probe row's ``check`` object may say, how a bad one is reported
+(field and message, before any model work), and whether a response passes it.
+
+A behaviour probe passes when every key of its ``check`` holds. Text is read by the functions
+of :mod:`forgetwatch.behaviour.style`; ``refuses`` asks the scorer's refusal detector.
+
+Example:
+    >>> failed_checks({"max_words": 3, "not_contains": ["sorry"]}, "Paris, of course.")
+    []
+    >>> failed_checks({"json": True, "refuses": False}, "I'm sorry, but I can't help with that.")
+    ['json', 'refuses']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from ..text import suggestion
+from . import style
+
+__all__ = ["CHECKS", "check_problems", "failed_checks"]
+
+Detector = Callable[[str], bool]
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, got {_type(value)} {value!r:.40}"
+
+
+def _count(least: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return f"must be an integer >= {least}, got {_type(value)} {value!r:.40}"
+        return None
+    return check
+
+
+def _pattern(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return f"must be a non-empty regular expression (a string), got {_type(value)} {value!r:.40}"
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return f"regex {value!r:.60} does not compile ({exc}); fix it"
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return f"must be a non-empty string, got {_type(value)} {value!r:.40}"
+    return None
+
+
+def _phrases(value: Any) -> str | None:
+    if isinstance(value, str):
+        return f'must be a list of strings; write ["{value:.40}"]'
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list of strings, got {_type(value)} {value!r:.40}"
+    bad = [i for i, v in enumerate(value) if not isinstance(v, str) or not v.strip()]
+    return f"entry {bad[0]} must be a non-empty string, got {value[bad[0]]!r:.40}" if bad else None
+
+
+def _ifeval(value: Any) -> str | None:
+    from .ifeval import instruction_problem
+
+    return instruction_problem(value)
+
+
+def _parses_as_json(response: str) -> bool:
+    text = response.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL | re.IGNORECASE)
+    try:
+        json.loads(fenced.group(1) if fenced else text)
+    except ValueError:
+        return False
+    return True
+
+
+def _letters(response: str) -> bool:
+    return any(ch.isalpha() for ch in response)
+
+
+def _ifeval_holds(value: Any, response: str) -> bool:
+    from .ifeval import follows
+
+    return follows(value, response)
+
+
+class Check(NamedTuple):
+    """One check key: how its value is validated, whether a response passes, what it means."""
+
+    problem: Callable[[Any], str | None]
+    holds: Callable[[Any, str, Detector], bool]
+    help: str
+
+
+#: Every check key, in the order errors and docs list them.
+CHECKS: dict[str, Check] = {
+    "refuses": Check(_boolean, lambda v, r, refuses: refuses(r) == v,
+                     "true: the response is a refusal; false: it is not (the refusal detector decides)"),
+    "max_words": Check(_count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
+    "min_words": Check(_count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
+    "max_sentences": Check(_count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
+    "regex": Check(_pattern, lambda v, r, _: re.search(v, r) is not None, "this regular expression matches"),
+    "not_regex": Check(_pattern, lambda v, r, _: re.search(v, r) is None, "this regular expression does not match"),
+    "contains": Check(_phrases, lambda v, r, _: all(p.lower() in r.lower() for p in v),
+                      "holds every one of these strings (case-insensitive)"),
+    "not_contains": Check(_phrases, lambda v, r, _: not any(p.lower() in r.lower() for p in v),
+                          "holds none of these strings (case-insensitive)"),
+    "json": Check(_boolean, lambda v, r, _: _parses_as_json(r) == v,
+                  "true: the response parses as JSON (a ```json fence around it allowed)"),
+    "starts_with": Check(_text, lambda v, r, _: r.lstrip().startswith(v), "starts with this text (after spaces)"),
+    "lowercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.lower()) == v, "true: all letters lowercase"),
+    "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v, "true: all letters uppercase"),
+    "bullets": Check(_count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
+    "ifeval": Check(_ifeval, lambda v, r, _: _ifeval_holds(v, r),
+                    "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])"),
+}
+
+
+def check_problems(value: Any) -> list[tuple[str, str]]:
+    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself or
+    ``check.<key>``.
+
+    Example:
+        >>> check_problems({"max_word": 5, "regex": "("})[0][1][:52]
+        "unknown check 'max_word' (did you mean 'max_words'?)"
+    """
+    if not isinstance(value, Mapping):
+        return [("check", f"must be an object of checks, e.g. {{\"refuses\": false}}, got {_type(value)}")]
+    if not value:
+        return [("check", 'is empty; give at least one check, e.g. {"refuses": false}')]
+    problems = []
+    for key, v in value.items():
+        if key not in CHECKS:
+            problems.append(("check", f"unknown check {key!r}{suggestion(str(key), CHECKS)}; known: "
+                                      f"{', '.join(CHECKS)}"))
+        elif message := CHECKS[key].problem(v):
+            problems.append((f"check.{key}", message))
+    if not problems and "min_words" in value and "max_words" in value and value["min_words"] > value["max_words"]:
+        problems.append(("check.min_words", f"{value['min_words']} is more than max_words {value['max_words']}: "
+                                            "no response could pass"))
+    return problems
+
+
+def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
+    """The keys of ``check`` that ``response`` fails (empty: it passes), in the check's order.
+    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`)."""
+    refuses = refusal_detector or style.looks_like_refusal
+    return [key for key, value in check.items() if not CHECKS[key].holds(value, response, refuses)]

@@ -1,0 +1,91 @@
+"""What a response looks like, read from its text alone: length, bullets, tables, emoji,
+hedging, refusal. Pure functions, deterministic, no model and no judge.
+
+The refusal and hedging detectors look for phrases. They catch the stock wording instruction
+tuned models use ("I'm sorry, but I can't help with that", "I'm not sure, but ...") and miss
+everything else: a refusal in other words, in another language, a lecture with no refusal
+phrase, or a partial answer that only pretends to comply. A response that quotes a refusal
+phrase ("the phrase 'I cannot help' ...") counts as a refusal. Replace the refusal detector
+with your own callable (``Scorer(..., refusal_detector=...)``) when that matters.
+
+Example:
+    >>> looks_like_refusal("I'm sorry, but I can't help with that.")
+    True
+    >>> bullet_lines("Shopping:\\n- eggs\\n- milk"), word_count("Two words"), sentence_count("One. Two!")
+    (2, 2, 2)
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["HEDGING_PHRASES", "REFUSAL_PHRASES", "bullet_lines", "has_emoji", "has_table", "hedges",
+           "looks_like_refusal", "sentence_count", "word_count"]
+
+#: Stock refusal wording, matched case-insensitively within the opening of a response.
+REFUSAL_PHRASES = (
+    "i can't help", "i cannot help", "i can't assist", "i cannot assist", "i can't provide", "i cannot provide",
+    "i can't do that", "i cannot do that", "i won't help", "i won't provide", "i will not", "i'm unable to",
+    "i am unable to", "i'm not able to", "i am not able to", "i must decline", "i have to decline",
+    "i can't comply", "i cannot comply", "i'm sorry, but", "i am sorry, but", "sorry, i can't", "sorry, but i can't",
+    "as an ai", "i refuse", "i can't share", "i cannot share", "not something i can help",
+)
+#: Hedging wording, matched case-insensitively as whole words anywhere.
+HEDGING_PHRASES = (
+    "i think", "i believe", "i'm not sure", "i am not sure", "not entirely sure", "probably", "possibly", "perhaps",
+    "maybe", "might", "it depends", "it seems", "it is possible", "it's possible", "as far as i know",
+    "i could be wrong", "to my knowledge", "likely",
+)
+#: How far into a response a refusal phrase counts (characters): a refusal comes first.
+REFUSAL_WINDOW = 200
+
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
+_REFUSAL = re.compile("|".join(re.escape(p) for p in REFUSAL_PHRASES))
+_HEDGING = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in HEDGING_PHRASES) + r")\b")
+_WORD = re.compile(r"\w")
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+_BULLET = re.compile(r"^\s*(?:[-*+\u2022]|\d{1,3}[.)])\s+\S", re.MULTILINE)
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)+\|?\s*$", re.MULTILINE)
+_EMOJI = re.compile("[\U0001F1E6-\U0001F1FF\U0001F300-\U0001F5FF\U0001F600-\U0001F64F\U0001F680-\U0001F6FF"
+                    "\U0001F900-\U0001F9FF\U0001FA70-\U0001FAFF\u2600-\u26FF\u2700-\u27BF]")
+
+
+def _plain(text: str) -> str:
+    return text.translate(_APOSTROPHES).lower()
+
+
+def looks_like_refusal(response: str) -> bool:
+    """Whether the response opens with stock refusal wording (see :data:`REFUSAL_PHRASES`)."""
+    return _REFUSAL.search(_plain(response[:REFUSAL_WINDOW])) is not None
+
+
+def hedges(response: str) -> bool:
+    """Whether the response holds hedging wording (see :data:`HEDGING_PHRASES`)."""
+    return _HEDGING.search(_plain(response)) is not None
+
+
+def word_count(response: str) -> int:
+    """Whitespace-separated pieces holding at least one letter or digit."""
+    return sum(1 for piece in response.split() if _WORD.search(piece))
+
+
+def sentence_count(response: str) -> int:
+    """Pieces ended by ``.``, ``!`` or ``?`` (followed by a space or the end), plus a last
+    unended piece, counting only pieces that hold a word."""
+    pieces = _SENTENCE_END.split(response)
+    return sum(1 for piece in pieces if _WORD.search(piece))
+
+
+def bullet_lines(response: str) -> int:
+    """Lines that start with a bullet (``-``, ``*``, ``+``, ``•``) or a number (``1.``, ``2)``)."""
+    return len(_BULLET.findall(response))
+
+
+def has_table(response: str) -> bool:
+    """Whether the response holds a Markdown table (a ``|---|---|`` rule line)."""
+    return _TABLE_RULE.search(response) is not None
+
+
+def has_emoji(response: str) -> bool:
+    """Whether the response holds an emoji (the common pictograph blocks, flags, dingbats)."""
+    return _EMOJI.search(response) is not None
