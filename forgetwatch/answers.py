@@ -55,15 +55,16 @@ class Answers:
     Attributes:
         ids: probe ids, in probe-set order.
         correct: bool per sample.
-        predicted: chosen choice index (multiple choice) or extracted text (generative;
-            ``None`` when extraction failed).
+        predicted: chosen choice index (multiple choice), extracted text (generative;
+            ``None`` when extraction failed), or the raw response (behaviour probes, so a
+            failed check can be read).
         choice_logprobs: per sample, the summed log-probability of each choice
             (empty for generative probes).
         gold_logprob: log-probability of the correct choice; for a generative probe, of its reference
             answer after the prompt, teacher-forced (NaN where it was not scored).
         n_choices: number of choices per sample (0 for generative probes).
         categories: category per sample.
-        outputs: raw generated text for generative probes (``None`` for multiple choice).
+        outputs: raw generated text for generative and behaviour probes (``None`` for multiple choice).
         probe_fingerprint: fingerprint of the probe set's content.
         scoring: the scoring options the answers were computed with.
         model: a name for the model (path or hub id), informational.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import atomic_write, json_safe
+from .text import pct
 
 if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
     from .answers import Answers
@@ -200,6 +201,13 @@ class TransitionReport:
                 f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, "
                 f"choice KL {_fmt(self.choice_kl)}"
             )
+        b = self.behaviour
+        if b:  # how the generated responses drift, next to what they were at the base
+            ratio = f"{b['length_ratio_words']:.2f}x the base's length in words, " if "length_ratio_words" in b else ""
+            shares = ", ".join(f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
+                               for name in ("refusals", "hedging", "bullets", "tables", "emoji")
+                               if b[name] or b[name + "_base"] or name == "refusals")
+            lines.append(f"responses: {ratio}{shares}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -210,11 +210,13 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
                 continue  # a feature no response ever had
             traces += [_line(run.steps, now, f"{prefix}{name}", c, "solid"),
                        _line(run.steps, base, f"{prefix}{name} (base)", c, "dot")]
-        traces.append(_line(run.steps, run.behaviour("length_ratio_words"), f"{prefix}length in words vs the base",
-                            "#333" if len(runs) == 1 else color, "dash", "y2"))
+        ratio = _line(run.steps, run.behaviour("length_ratio_words"), f"{prefix}length in words vs the base",
+                      "#333" if len(runs) == 1 else color, "dash", "y2")
+        ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
+        traces.append(ratio)
     layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
     layout["yaxis2"] = {"title": {"text": "length / base length"}, "overlaying": "y", "side": "right",
-                        "rangemode": "tozero", "showgrid": False}
+                        "rangemode": "tozero", "showgrid": False, "tickformat": ".1f", "ticksuffix": "×"}
     return {"data": traces, "layout": layout}
 
 

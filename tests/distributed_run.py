@@ -9,7 +9,7 @@
   with a fixed schedule; the weights are saved with ``trainer.save_model``, which gathers them.
 - ``fsdp1`` / ``fsdp2``: the toy model sharded with FSDP1 (``FullyShardedDataParallel``) or
   FSDP2 (``fully_shard``), scored with ``distributed=True``, next to an unsharded copy scored
-  by this rank alone.
+  by this rank alone (knowledge and behaviour probes).
 - ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
   the weights key: the same weights twice, then others.
 - ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
@@ -114,9 +114,12 @@ def sharded(mode: str) -> dict:
 
     import torch.distributed as dist
 
-    _, tokenizer, base, probes = toy_setup()
+    world, tokenizer, base, probes = toy_setup()
+    # behaviour probes too: their responses are generated apart (no stop strings), in lockstep as well
+    probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
     dist.init_process_group("gloo")
-    alone = Scorer(tokenizer, probes, max_new_tokens=6)(base, batch_size=8, show_progress=False)
+    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)(base, batch_size=8,
+                                                                                     show_progress=False)
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
     if mode == "oom":
@@ -136,7 +139,7 @@ def sharded(mode: str) -> dict:
         for block in model.model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    scorer = Scorer(tokenizer, probes, max_new_tokens=6)
+    scorer = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)
     together = scorer(model, batch_size=8, show_progress=False, distributed=True)
     return {"alone_correct": alone.correct.tolist(), "together_correct": together.correct.tolist(),
             "alone_outputs": alone.outputs, "together_outputs": together.outputs,
