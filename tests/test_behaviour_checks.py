@@ -193,3 +193,16 @@ def test_drift_figures_on_written_responses():
     only_empty = behaviour_figures(measure([""]), measure(["words here"]), np.arange(1))
     assert "length_ratio_words" not in only_empty and only_empty["words"] == 2  # no ratio to an empty base
     assert behaviour_figures(measure([None]), measure([None]), np.arange(1)) == {}
+
+
+def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(caplog, monkeypatch):
+    pytest.importorskip("langdetect")
+    pytest.importorskip("lm_eval")
+    from forgetwatch.behaviour import ifeval
+
+    broken = ifeval.registry()["punctuation:no_comma"]
+    monkeypatch.setattr(broken, "check_following", lambda self, value: 1 / 0)
+    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.ifeval"):
+        assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
+        assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
+    assert caplog.text.count("raised ZeroDivisionError") == 1
