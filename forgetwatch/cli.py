@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _probes_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    _check_writable("--out", out.parent if str(out.parent) else Path("."))
+    _check_writable("--out", out.parent)
     write_starter(args.starter, out)
     print(f"wrote {out}: {STARTERS[args.starter]}.\nA starter set is a smoke alarm, not a benchmark: edit it, "
           "extend it, or build a real set with ProbeSet.from_hf (see the README).")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import atomic_write, json_safe
+from .behaviour.drift import SHARES
 from .text import pct
 
 if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
@@ -205,7 +206,7 @@ class TransitionReport:
         if b:  # how the generated responses drift, next to what they were at the base
             ratio = f"{b['length_ratio_words']:.2f}x the base's length in words, " if "length_ratio_words" in b else ""
             shares = ", ".join(f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
-                               for name in ("refusals", "hedging", "bullets", "tables", "emoji")
+                               for name in SHARES
                                if b[name] or b[name + "_base"] or name == "refusals")
             lines.append(f"responses: {ratio}{shares}")
         return "\n".join(lines)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .answers import Answers
+from .behaviour.drift import SHARES
 from .files import atomic_write
 from .history import read_history
 from .probes import Probe, ProbeSet
@@ -38,8 +39,6 @@ __all__ = ["Run", "load_run", "write_report"]
 
 #: Probes listed in each table of the page.
 TOP = 25
-_BEHAVIOUR = (("refusals", "refusals"), ("hedging", "hedging"), ("bullets", "bullets"), ("tables", "tables"),
-              ("emoji", "emoji"))
 _CURVES = (("forgetting", "forgetting"), ("backward_transfer", "backward transfer"),
            ("forgetting_adjusted", "forgetting (chance-adjusted)"))
 
@@ -203,10 +202,10 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
     for k, run in enumerate(runs):
         color = _COLORS[k % len(_COLORS)]
         prefix = f"{run.name}: " if len(runs) > 1 else ""
-        features = _BEHAVIOUR if len(runs) == 1 else _BEHAVIOUR[:1]
-        for (key, name), c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
-            now, base = run.behaviour(key), run.behaviour(f"{key}_base")
-            if key != "refusals" and not any(now + base):
+        features = SHARES if len(runs) == 1 else SHARES[:1]
+        for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
+            now, base = run.behaviour(name), run.behaviour(f"{name}_base")
+            if name != "refusals" and not any(now + base):
                 continue  # a feature no response ever had
             traces += [_line(run.steps, now, f"{prefix}{name}", c, "solid"),
                        _line(run.steps, base, f"{prefix}{name} (base)", c, "dot")]

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import style
 
-__all__ = ["FEATURES", "behaviour_figures", "measure", "token_counter"]
+__all__ = ["FEATURES", "SHARES", "behaviour_figures", "measure", "token_counter"]
 
 #: Share-of-responses features (``refusals`` comes from the refusal detector).
 FEATURES: dict[str, Callable[[str], bool]] = {
@@ -36,6 +36,8 @@ FEATURES: dict[str, Callable[[str], bool]] = {
     "emoji": style.has_emoji,
     "hedging": style.hedges,
 }
+#: Every share-of-responses figure, in the order people read them.
+SHARES = ("refusals", "hedging", "bullets", "tables", "emoji")
 
 Measures = dict[str, np.ndarray]
 
@@ -68,7 +70,7 @@ def behaviour_figures(base: Measures, current: Measures, idx: np.ndarray) -> dic
         if key in base and key in current and base[key][both].sum() > 0:
             out[name] = float(current[key][both].sum() / base[key][both].sum())
     out["words"], out["words_base"] = float(current["words"][both].mean()), float(base["words"][both].mean())
-    for name in (*FEATURES, "refusals"):
+    for name in SHARES:
         out[name], out[f"{name}_base"] = float(current[name][both].mean()), float(base[name][both].mean())
     return out
 
