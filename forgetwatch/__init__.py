@@ -7,7 +7,10 @@ Example:
     >>> print(compare(base, evaluate(tuned_model, tokenizer, probes)).summary())  # doctest: +SKIP
 """
 
+import logging as _logging
+
 from .answers import Answers, AnswersMismatchError
+from .console import ConsoleHandler as _ConsoleHandler
 from .metrics import compare
 from .probes import Probe, ProbeError, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
@@ -16,6 +19,10 @@ from .scoring import Scorer, evaluate
 from .trajectory import Trajectory, load_trajectory
 
 __version__ = "0.1.0"
+
+# warnings on a line of their own, not glued to a progress bar, when the application shows them nowhere else
+if not any(isinstance(h, _ConsoleHandler) for h in _logging.getLogger(__name__).handlers):
+    _logging.getLogger(__name__).addHandler(_ConsoleHandler())
 
 
 def __getattr__(name: str):

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from . import sinks
+from .console import say
 from .adapters import adapters_disabled
 from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
@@ -180,6 +180,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._eval_logged_at: int | None = None
         self._length_checked = False
         self._writes = True  # whether this rank writes the run's files
+        self._logged_categories: set[str] | bool = True  # per-category keys: all, none, or these
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
@@ -257,6 +258,13 @@ class ForgetWatchCallback(TrainerCallback):
                               max_new_tokens=c.max_new_tokens, stop=c.stop,
                               behaviour_max_new_tokens=c.behaviour_max_new_tokens,
                               refusal_detector=self.refusal_detector)
+        self._scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
+        self._logged_categories = False
+        if c.log_categories:
+            self._logged_categories, note = sinks.logged_categories([p.category for p in self.probes],
+                                                                    c.max_logged_categories)
+            if note and self._writes:
+                logger.warning("forgetwatch: %s", note)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
         self._replay = None if self.replay_pool is None else Replay(
             self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
@@ -405,9 +413,9 @@ class ForgetWatchCallback(TrainerCallback):
         if self._writes:
             self._store.append_history(record)  # a failed write warns and is retried, never raised
             if self.config.verbose:
-                tqdm.write(sinks.console_line(step, report))
+                say(sinks.console_line(step, report))
         if log:
-            values = sinks.metric_values(report, self.config.log_categories)
+            values = sinks.metric_values(report, self._logged_categories)
             values.update({f"{sinks.PREFIX}{name}": value for name, value in replayed.items()})
             self._emit(values, args, state, control, own_section=True)
             if self._writes:
@@ -449,7 +457,7 @@ class ForgetWatchCallback(TrainerCallback):
         if state.is_world_process_zero:
             # on its own line above any progress bar, where a person sees it; and to the logs
             message = f"stopping training at step {step}: {reason}{saved}; history {self.history_path}"
-            tqdm.write(f"[forgetwatch] {message}")
+            say(f"[forgetwatch] {message}")
             logger.info("forgetwatch: %s", message)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -566,7 +574,7 @@ class ForgetWatchCallback(TrainerCallback):
     def _announce_base(self, computed: bool, args, state, control) -> None:
         """One console line on the base; its noise floor, once measured, logged once."""
         if self._writes and self.config.verbose:
-            tqdm.write(sinks.base_line(self.base_answers, self._store.snapshot_path, computed))
+            say(sinks.base_line(self.base_answers, self._store.snapshot_path, computed))
         if computed and "noise_floor" in self.base_answers.meta:
             self._emit({f"{sinks.PREFIX}noise_floor": self.base_answers.meta["noise_floor"]}, args, state, control,
                        own_section=True)

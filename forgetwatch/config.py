@@ -184,6 +184,10 @@ class ForgetWatchConfig:
         default=True,
         check=check.boolean,
         help='Also log ``forgetwatch/<category>/<metric>`` keys.')
+    max_logged_categories: int = _setting(
+        default=100,
+        check=check.integer(1),
+        help='With log_categories: per-category keys for at most this many categories, the largest by probe count (each adds about a dozen values per evaluation); every category stays in history.jsonl and the report (>= 1).')
     verbose: bool = _setting(
         default=True,
         check=check.boolean,

@@ -9,6 +9,8 @@ trainer's ``log_history`` or a file. Sending the values to the trainer's integra
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from .answers import Answers
@@ -44,9 +46,10 @@ def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> d
     return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
-def metric_values(report: TransitionReport, categories: bool = True) -> dict[str, float]:
-    """``forgetwatch/<name>`` for the overall report and ``forgetwatch/<category>/<name>``,
-    leaving out figures that do not apply (NaN or infinite).
+def metric_values(report: TransitionReport, categories: bool | Collection[str] = True) -> dict[str, float]:
+    """``forgetwatch/<name>`` for the overall report and ``forgetwatch/<category>/<name>`` for
+    every category (``True``), none (``False``) or those named, leaving out figures that do
+    not apply (NaN or infinite).
 
     Example:
         >>> values = metric_values(TransitionReport(n=2, forgotten=1), categories=False)
@@ -56,8 +59,26 @@ def metric_values(report: TransitionReport, categories: bool = True) -> dict[str
     out = _figures(report, PREFIX)
     if categories:
         for cat, child in report.by_category.items():
-            out.update(_figures(child, f"{PREFIX}{cat}/"))
+            if categories is True or cat in categories:
+                out.update(_figures(child, f"{PREFIX}{cat}/"))
     return out
+
+
+def logged_categories(categories: Sequence[str], limit: int) -> tuple[set[str] | bool, str | None]:
+    """Which categories get keys of their own (``categories``: each probe's): all of them, or,
+    when there are more than ``limit``, the ``limit`` largest (by probe count, then name) for
+    the whole run, so their curves have no gaps; with a sentence saying so (for one warning).
+
+    Example:
+        >>> logged_categories(["a", "b", "b", "c"], limit=1)
+        ({'b'}, '3 categories: per-category figures are logged for the 1 largest (max_logged_categories=1); history.jsonl and the report keep all of them')
+    """
+    sizes = Counter(categories)
+    if len(sizes) <= limit:
+        return True, None
+    largest = sorted(sizes, key=lambda c: (-sizes[c], c))[:limit]
+    return set(largest), (f"{len(sizes)} categories: per-category figures are logged for the {limit} largest "
+                          f"(max_logged_categories={limit}); history.jsonl and the report keep all of them")
 
 
 def eval_metric_values(report: TransitionReport) -> dict[str, float]:

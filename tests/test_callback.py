@@ -12,7 +12,7 @@ import torch
 from trainers import KillAt, make_trainer
 from transformers import DataCollatorForLanguageModeling, EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
 
-from forgetwatch import Answers, compare, evaluate
+from forgetwatch import Answers, ProbeSet, compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 
@@ -587,3 +587,22 @@ def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, tr
     assert f"{copied}, line 1" in caplog.text  # named, then the run's own copy was used
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
     assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
+
+
+def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, train_data, tmp_path, caplog):
+    # one category per probe: 144 categories, each a dozen values per evaluation if all were logged
+    probes = ProbeSet.from_records([{**r, "category": f"c{i:03d}"} for i, r in enumerate(toy.world.probe_records())])
+    cb = ForgetWatchCallback(probes, eval_steps=10, max_logged_categories=20, verbose=False)
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=20)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        trainer.train()
+    notes = [r.getMessage() for r in caplog.records if "max_logged_categories" in r.getMessage()]
+    assert notes == ["forgetwatch: 144 categories: per-category figures are logged for the 20 largest "
+                     "(max_logged_categories=20); history.jsonl and the report keep all of them"]
+    logged = [e for e in trainer.state.log_history if "forgetwatch/forgetting" in e]
+    assert len(logged) == 2
+    for entry in logged:
+        categories = {k.split("/")[1] for k in entry if k.count("/") >= 2 and not k.startswith("forgetwatch/behaviour")}
+        assert categories == {f"c{i:03d}" for i in range(20)}  # equal sizes: the first 20 by name, every time
+    records = [json.loads(x) for x in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
+    assert all(len(r["report"]["by_category"]) == 144 for r in records)

@@ -61,7 +61,7 @@ def test_field_names_and_order_are_the_documented_ones():
         "at_risk_share", "at_risk_floor", "noise_check", "replay_loss", "replay_top_k", "replay_weight", "forgetting_target", "replay_batch_size",
         "replay_seed", "save_on_stop", "output_dir", "base", "batch_size",
         "normalize", "chat_template", "max_new_tokens", "stop", "behaviour_max_new_tokens", "table_rows",
-        "log_categories", "verbose",
+        "log_categories", "max_logged_categories", "verbose",
     ]
 
 

@@ -16,7 +16,7 @@ from forgetwatch import ProbeSet, Scorer, evaluate
 from forgetwatch.scoring import encoding
 from forgetwatch.scoring.encoding import EncodedChoices
 from forgetwatch.extract import extract_number
-from forgetwatch.scoring.generation import cut_at_stop
+from forgetwatch.scoring.generation import PromptTooLongError, cut_at_stop
 
 
 def mc_only(toy) -> ProbeSet:
@@ -448,29 +448,66 @@ def test_bf16_autocast_keeps_packing(toy, caplog):
     assert "as its own sequence" not in caplog.text
 
 
+def _tokenizer_sees(monkeypatch, tokenizer) -> list[int]:
+    """The length of every text ``tokenizer`` is called on from now on."""
+    seen = []
+    real = type(tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):
+        seen.extend(len(t) for t in ([text] if isinstance(text, str) else text))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counting)
+    return seen
+
+
 def test_a_huge_question_is_cut_before_tokenizing_with_the_same_answers(toy, monkeypatch):
     from forgetwatch.scoring import encoding
 
     c = toy.world.countries[0]
     filler = "".join(f"{x.name} is a country. " for x in toy.world.countries) * 20_000  # ~5 MB
     rows = [{"id": "mc", "question": filler + f"The capital of {c.name} is",
-             "choices": [c.capital, toy.world.countries[1].capital], "answer": 0},
-            {"id": "gen", "question": filler + f"{c.name} has", "answer": str(c.rivers), "extract": "number"}]
-    seen = []
-    real = type(toy.tokenizer).__call__
-
-    def counting(self, text, *args, **kwargs):
-        seen.extend(len(t) for t in ([text] if isinstance(text, str) else text))
-        return real(self, text, *args, **kwargs)
-
-    monkeypatch.setattr(type(toy.tokenizer), "__call__", counting)
-    got = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(rows), max_new_tokens=4, show_progress=False)
-    assert len(filler) > 5_000_000 and max(seen) < 2_000_000  # the tokenizer never saw the whole text
+             "choices": [c.capital, toy.world.countries[1].capital], "answer": 0}]
+    seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
+    got = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(rows), show_progress=False)
+    assert len(filler) > 5_000_000 and max(seen) < 20_000  # only about the model's 256 tokens were read
     by_hand = [{**r, "question": r["question"][-200_000:]} for r in rows]  # more than the model sees
-    want = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(by_hand), max_new_tokens=4, show_progress=False)
-    assert got.predicted == want.predicted and got.outputs == want.outputs
+    want = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(by_hand), show_progress=False)
+    assert got.predicted == want.predicted
     np.testing.assert_allclose(got.choice_logprobs[0], want.choice_logprobs[0], rtol=1e-6)
     assert encoding.VISIBLE_TOKENS >= 1 << 17
+
+
+def test_many_long_questions_are_read_only_as_far_as_the_context_reaches(toy, monkeypatch):
+    # 200 questions of 96 KB each (under the old whole-text threshold): 66 s and 9.5 GB when
+    # every one was tokenized whole, though a 256-token model sees only their ends
+    c = toy.world.countries[0]
+    filler = "".join(f"{x.name} is a country. " for x in toy.world.countries)
+    filler = (filler * (96_000 // len(filler) + 1))[:96_000]
+    rows = [{"id": f"q{i}", "question": filler + f"The capital of {c.name} is",
+             "choices": [c.capital, toy.world.countries[1 + i % 5].capital], "answer": 0} for i in range(200)]
+    probes = ProbeSet.from_records(rows)
+    seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
+    scorer = Scorer(toy.tokenizer, probes)
+    got = scorer(toy.base, batch_size=32, show_progress=False)
+    assert max(seen) < 20_000 and sum(seen) < 200 * 20_000  # never a whole question
+    assert scorer._tokens.visible == 257  # the model's context, and one more token (lm-eval's window)
+    want = evaluate(toy.base, toy.tokenizer, probes.subset(lambda p: p.id in ("q0", "q1")), show_progress=False)
+    np.testing.assert_allclose(np.concatenate(got.choice_logprobs[:2]), np.concatenate(want.choice_logprobs),
+                               rtol=1e-6)
+
+
+def test_a_prompt_that_fills_the_context_is_refused_before_any_model_work(toy, monkeypatch):
+    c = toy.world.countries[0]
+    filler = "".join(f"{x.name} is a country. " for x in toy.world.countries) * 20_000  # ~5 MB
+    rows = [{"id": "fits", "question": f"{c.name} has", "answer": str(c.rivers), "extract": "number"},
+            {"id": "gen", "question": filler + f"{c.name} has", "answer": str(c.rivers), "extract": "number"}]
+    seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
+    model = copy.deepcopy(toy.base)
+    counter = TokenCounter(model, toy.tokenizer.pad_token_id)
+    with pytest.raises(PromptTooLongError, match=r"1 prompt\(s\) fill the model's whole context of 256 tokens.*'gen'"):
+        evaluate(model, toy.tokenizer, ProbeSet.from_records(rows), show_progress=False)
+    assert counter.calls == 0 and max(seen) < 20_000
 
 
 def test_generative_reference_logprob_equals_a_plain_loop(toy):

@@ -15,12 +15,11 @@ from ..probes import ProbeSet
 
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
 DEFAULT_MAX_LENGTH = 2048
-#: Questions are cut from the left to about this many tokens before tokenizing: more than any
-#: model scores here sees (questions are left-truncated to the model's length anyway), so a
-#: 10 MB question costs a fraction of a second, not a minute and gigabytes.
+#: Questions are cut from the left to about this many tokens before tokenizing when the
+#: model's context is not known yet: more than any model scored here sees (questions are
+#: left-truncated to the model's length anyway), so a 10 MB question costs a fraction of a
+#: second, not a minute and gigabytes. Once it is known, the cut is at the context length.
 VISIBLE_TOKENS = 1 << 17
-#: Questions up to this many characters are tokenized whole, without looking further.
-LONG_TEXT = 100_000
 _MARGIN = 64  # tokens between the cut and the part any model sees
 
 
@@ -97,14 +96,13 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
 
     The tail is tokenized alone; when it gives ``tokens`` plus a margin, the last ``tokens``
     of it are the whole text's last ``tokens`` (tokenizers split text into words first, so a
-    cut changes only the tokens next to it). Otherwise the tail doubles, up to the whole text.
+    cut changes only the tokens next to it). Otherwise the tail doubles, up to the whole text;
+    a text of at most ``4 * tokens`` characters is kept whole without looking.
 
     Example:
         >>> visible_tail(tokenizer, "word " * 10**6, tokens=1000)[:5]  # doctest: +SKIP
         'word '
     """
-    if len(text) <= LONG_TEXT:
-        return text
     n = 4 * tokens
     while n < len(text):
         tail = text[-n:]
@@ -114,15 +112,18 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     return text
 
 
-def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False) -> list[Encoded]:
+def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
+                  visible: int = VISIBLE_TOKENS) -> list[Encoded]:
     """Token ids for every probe, in probe order, with batched tokenizer calls. A generative
-    probe's reference answer is encoded like a choice (``delimiter + answer``)."""
+    probe's reference answer is encoded like a choice (``delimiter + answer``). Questions are
+    cut to what keeps their last ``visible`` tokens exact (:func:`visible_tail`): all that a
+    model with a context of fewer tokens can see."""
     delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
     prompts: list[str] = []
     for p in probes:
-        text = prompt_text(tokenizer, visible_tail(tokenizer, p.question), chat_template)
+        text = prompt_text(tokenizer, visible_tail(tokenizer, p.question, visible), chat_template)
         if p.choices is None:
             prompts.append(text)
         if p.check is not None:  # a behaviour probe: a prompt, no reference to score

@@ -1,13 +1,56 @@
-"""Greedy decoding for generative probes: left-padded batches, stop strings, EOS."""
+"""Greedy decoding for generative probes: left-padded batches, stop strings, EOS; and how many
+tokens a response may have in the model's context."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
 from .borrow import forward_module, is_fsdp1, unwrap
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class PromptTooLongError(ValueError):
+    """A prompt that fills the model's whole context, leaving no room for a response."""
+
+
+def response_budgets(lengths: Mapping[K, int], max_length: int, max_new_tokens: int,
+                     setting: str = "max_new_tokens", name=str) -> tuple[dict[K, int], str | None]:
+    """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``,
+    or what the model's context of ``max_length`` tokens leaves after the prompt. The one rule
+    of every generation path.
+
+    Returns the budgets (by the keys of ``lengths``, prompt lengths in tokens) and, when some
+    were cut short, a sentence saying so with the numbers (for one warning). A prompt that
+    leaves no room at all is refused: :class:`PromptTooLongError` naming it (``name(key)``).
+    Cutting the prompt instead would silently change the question: a 7-token prompt cut to
+    make room for 256 new tokens in a 128-token context is gone.
+
+    Example:
+        >>> response_budgets({"a": 7, "b": 100}, max_length=128, max_new_tokens=64)
+        ({'a': 64, 'b': 28}, "the model's context is 128 tokens: 1 of 2 prompt(s) leave less than max_new_tokens=64 for the response, which is cut at what the context leaves (28 tokens)")
+    """
+    budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
+    full = [k for k, b in budgets.items() if b < 1]
+    if full:
+        shown = ", ".join(f"{name(k)!r} ({lengths[k]} tokens)" for k in full[:5])
+        more = f" and {len(full) - 5} more" if len(full) > 5 else ""
+        raise PromptTooLongError(
+            f"{len(full)} prompt(s) fill the model's whole context of {max_length} tokens, leaving no room for "
+            f"a response: {shown}{more}; shorten them or leave those probes out")
+    cut = sorted(b for b in budgets.values() if b < max_new_tokens)
+    note = None
+    if cut:
+        span = f"{cut[0]}" if cut[0] == cut[-1] else f"{cut[0]} to {cut[-1]}"
+        note = (f"the model's context is {max_length} tokens: {len(cut)} of {len(budgets)} prompt(s) leave less "
+                f"than {setting}={max_new_tokens} for the response, which is cut at what the context leaves "
+                f"({span} tokens)")
+    return budgets, note
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

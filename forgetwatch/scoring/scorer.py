@@ -1,8 +1,9 @@
 """Scorer: from (model, tokenizer, probes) to :class:`~forgetwatch.Answers`, as often as the
 weights change.
 
-The probe set is fixed while the weights move, so a :class:`Scorer` tokenizes once, plans its
-batches once per model shape, and then only runs forwards. What ranks must agree on (may the
+The probe set is fixed while the weights move, so a :class:`Scorer` tokenizes once (at the
+first model's context length: nothing beyond it can matter), plans its batches once per model
+shape, and then only runs forwards. What ranks must agree on (may the
 model pack choices, how many tokens a forward may hold) is agreed in one step at the top of a
 call; everything after it is this rank's own work, in lockstep with the others
 (:func:`~forgetwatch.scoring.batching.run_lockstep`).
@@ -14,15 +15,16 @@ import datetime
 import inspect
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..answers import Answers
+from ..console import progress_bar
 from ..behaviour.checks import failed_checks
 from ..behaviour.style import looks_like_refusal
 from ..distributed import Ranks
@@ -32,8 +34,8 @@ from ..probes import ProbeSet
 from .batching import default_token_budget, group, run_lockstep
 from .borrow import borrowed, forward_module, is_sharded, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
-from .encoding import EncodedChoices, EncodedPrompt, encode_probes, model_max_length
-from .generation import generate_texts
+from .encoding import VISIBLE_TOKENS, Encoded, EncodedChoices, EncodedPrompt, encode_probes, model_max_length
+from .generation import generate_texts, response_budgets
 from .packing import check_probes, packing_blocker, packing_problem
 
 __all__ = ["Scorer"]
@@ -61,7 +63,9 @@ class Scorer:
             moves before the answer flips, for one extra forward per probe in the same batches.
         behaviour_max_new_tokens: generation length for behaviour probes (rows with ``check``;
             default 256). Their responses run to EOS or this length: ``stop`` does not apply,
-            since a response may hold several lines.
+            since a response may hold several lines. For every generated response, prompts are
+            kept whole and the length is cut to what the model's context leaves after the
+            prompt (one warning says so); a prompt that fills the context is refused.
         refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
             the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
             a phrase detector).
@@ -104,20 +108,45 @@ class Scorer:
         self.behaviour_max_new_tokens = behaviour_max_new_tokens
         self.refusal_detector = refusal_detector or looks_like_refusal
         self._custom_detector = refusal_detector
-        self.encoded = encode_probes(tokenizer, probes, chat_template)
+        self.reference_logprobs = reference_logprobs
         self.fingerprint = probes.fingerprint()
-        # what goes through the log-likelihood forwards: each multiple-choice probe, and each
-        # generative probe's reference answer (teacher-forced, for its log-probability)
-        self._reads: list[EncodedChoices | None] = [
-            e if isinstance(e, EncodedChoices) else e.reference if reference_logprobs else None for e in self.encoded]
-        self._first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in self._reads])
-        self._choice_probes = [i for i, r in enumerate(self._reads) if r is not None]
+        self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
         self._models: weakref.WeakKeyDictionary[torch.nn.Module, ModelState] = weakref.WeakKeyDictionary()
         self._warned: set[str] = set()  # warnings given once per scorer
         #: how many probes this process scored itself in the last call (all of them, unless
         #: ``distributed=True`` shared them out)
         self.scored_here = 0
+
+    @property
+    def encoded(self) -> list[Encoded]:
+        """Every probe's token ids, in probe order (tokenized now if no model was scored yet)."""
+        return self._tokenized(VISIBLE_TOKENS).encoded
+
+    def _tokenized(self, visible: int) -> _Tokens:
+        """The probes tokenized so that their last ``visible`` tokens are exact: once, unless a
+        model with a longer context than any before comes along."""
+        if self._tokens is None or self._tokens.visible < visible:
+            encoded = encode_probes(self.tokenizer, self.probes, self.chat_template, visible)
+            # what goes through the log-likelihood forwards: each multiple-choice probe, and each
+            # generative probe's reference answer (teacher-forced, for its log-probability)
+            reads = [e if isinstance(e, EncodedChoices) else e.reference if self.reference_logprobs else None
+                     for e in encoded]
+            first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in reads])
+            self._tokens = _Tokens(visible, encoded, reads, first_key, [i for i, r in enumerate(reads) if r is not None])
+        return self._tokens
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Tokenize for ``model``'s context and check that every prompt leaves room for its
+        response: what could fail before any model work fails here (a ``ValueError``). Scoring
+        does this itself; a training run calls it before the first step, so that a probe that
+        cannot be scored stops nothing later.
+
+        Example:
+            >>> Scorer(tokenizer, probes).prepare(model)   # doctest: +SKIP
+        """
+        max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
+        self._prompts(self._tokenized(max_length + 1), max_length)
 
     def state(self, model: torch.nn.Module) -> ModelState:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -155,39 +184,37 @@ class Scorer:
         device = _input_device(inner)
         pad = pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
+        tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
+        prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
         with borrowed(model, self.tokenizer):
-            run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model)))
-            self.scored_here = 0
-            prompts = self._prompts(max_length)
-            bar = tqdm(unit="seq", desc="forgetwatch: scoring probes", disable=not show_progress, leave=False)
+            run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model), tokens))
+            plan = self._choice_plan(run)
+            generated, filler = self._generation_share(run, prompts)
+            self.scored_here = plan.n_probes + len(generated)
+            bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
-                sums = self._score_choices(run, bar)
-                texts: dict[int, str] = {}
-                for (new_tokens, stop), part in prompts.items():
-                    texts.update(self._generate(run, part, bar, new_tokens, stop))
+                sums = self._score_choices(run, plan, bar)
+                texts = self._generate(run, prompts, generated, filler, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return self._answers(sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
+        return self._answers(tokens, sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
 
-    def _prompts(self, max_length: int) -> dict[tuple[int, tuple[str, ...]], dict[int, list[int]]]:
-        """Generative prompts by how they are generated (new tokens, stop strings), then by
-        probe index, left-truncated to leave room for the response."""
-        out: dict[tuple[int, tuple[str, ...]], dict[int, list[int]]] = {}
-        for i, (probe, e) in enumerate(zip(self.probes, self.encoded)):
-            if isinstance(e, EncodedPrompt):
-                behaves = probe.check is not None  # a response of several lines: no stop strings
-                how = (self.behaviour_max_new_tokens, ()) if behaves else (self.max_new_tokens, self.stop)
-                out.setdefault(how, {})[i] = e.prompt
-        for (new_tokens, _), part in out.items():
-            room = max(1, max_length - new_tokens)
-            truncated = sum(len(p) > room for p in part.values())
-            if truncated:
-                self._warn_once(f"prompt{new_tokens}", "%d generative prompt(s) are longer than the model's maximum "
-                                "length (%d tokens) less the %d tokens to generate; they are truncated from the left",
-                                truncated, max_length, new_tokens)
-            part.update((i, p[-room:]) for i, p in part.items())
+    def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, _Prompt]:
+        """Every generated probe's prompt, kept whole, with the response length its context
+        leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
+        by probe index."""
+        kinds = {False: ("max_new_tokens", self.max_new_tokens, self.stop),
+                 True: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())}  # several lines: no stop
+        out: dict[int, _Prompt] = {}
+        for behaves, (setting, limit, stop) in kinds.items():
+            lengths = {i: len(e.prompt) for i, (p, e) in enumerate(zip(self.probes, tokens.encoded))
+                       if isinstance(e, EncodedPrompt) and (p.check is not None) == behaves}
+            budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
+            if note:
+                self._warn_once(f"{setting}/{max_length}", "forgetwatch: %s", note)
+            out.update((i, _Prompt(tokens.encoded[i].prompt, n, stop)) for i, n in budgets.items())
         return out
 
     def _agree(self, run: _Run) -> _Run:
@@ -198,42 +225,58 @@ class Scorer:
             guess = default_token_budget(run.device, getattr(cfg, "hidden_size", 1024),
                                          getattr(cfg, "vocab_size", 32000))
             run = replace(run, budget=run.ranks.agree_min([guess])[0])
-        return replace(run, packing=bool(self._choice_probes) and self._may_pack(run))
+        return replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
 
     # -- multiple choice -----------------------------------------------------------------------
 
-    def _score_choices(self, run: _Run, bar) -> np.ndarray:
-        """Summed log-probability of every (probe, choice), flat in probe order."""
-        n_keys = int(self._first_key[-1])
-        sums = np.zeros(n_keys)
-        if not n_keys:
-            return sums
+    def _choice_plan(self, run: _Run) -> _Plan:
+        """This rank's log-likelihood batches for this model's shape (planned once)."""
         plans = run.state.plans
-        key = (run.max_length, run.packing, run.pad_id, self._limits(run), run.ranks)
+        key = (run.max_length, run.packing, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
         if key not in plans:  # one shape at a time
             plans.clear()
             plans[key] = self._plan(run)
-        batches, filler, n_mine = plans[key]
-        self.scored_here += n_mine
-        bar.total = (bar.total or 0) + sum(map(len, batches))
+        return plans[key]
+
+    def _score_choices(self, run: _Run, plan: _Plan, bar) -> np.ndarray:
+        """Summed log-probability of every (probe, choice), flat in probe order; the bar
+        advances by each multiple-choice probe whose last row is scored."""
+        first_key = run.tokens.first_key
+        n_keys = int(first_key[-1])
+        sums = np.zeros(n_keys)
+        if not n_keys:
+            return sums
+        left = dict(plan.rows_left)
         forward = self._forward(run)
-        for batch, logprobs in run_lockstep(batches, forward, replan=lambda rows: self._batches(rows, run),
-                                            items_of=lambda b: b.rows, filler=filler,
+        for batch, logprobs in run_lockstep(plan.batches, forward, replan=lambda rows: self._batches(rows, run),
+                                            items_of=lambda b: b.rows, filler=plan.filler,
                                             on_out_of_memory=lambda n: self._out_of_memory(n, run),
                                             ranks=run.ranks):
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
-            bar.update(len(batch))
+            owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
+            done = 0
+            for i in owners.tolist():
+                if i in left:
+                    left[i] -= 1
+                    done += left[i] == 0
+            bar.update(done)
         return run.ranks.sum(sums)
 
     def _plan(self, run: _Run) -> _Plan:
+        tokens = run.tokens
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
-        self._warn_truncated(run.max_length)
-        mine = [self._choice_probes[j] for j in run.ranks.my_share(
-            [self._cost(self._reads[i]) for i in self._choice_probes])]
-        cheapest = min(self._choice_probes, key=lambda i: self._cost(self._reads[i]))
-        filler = collate(self._rows([cheapest], run.max_length, run.packing, window)[:1], run.pad_id)
-        n_probes = sum(isinstance(self.encoded[i], EncodedChoices) for i in mine)  # generative: counted with generation
-        return _Plan(self._batches(self._rows(mine, run.max_length, run.packing, window), run), filler, n_probes)
+        self._warn_truncated(run)
+        if not tokens.choice_probes:
+            return _Plan([], None, 0, {})
+        mine = [tokens.choice_probes[j] for j in run.ranks.my_share(
+            [self._cost(tokens.reads[i]) for i in tokens.choice_probes])]
+        cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
+        filler = collate(self._rows(tokens, [cheapest], run.max_length, run.packing, window)[:1], run.pad_id)
+        rows = self._rows(tokens, mine, run.max_length, run.packing, window)
+        # the bar counts multiple-choice probes (a generative one is counted with generation)
+        rows_left = Counter(int(np.searchsorted(tokens.first_key, r.keys[0], side="right")) - 1 for r in rows)
+        rows_left = {i: n for i, n in rows_left.items() if isinstance(tokens.encoded[i], EncodedChoices)}
+        return _Plan(self._batches(rows, run), filler, len(rows_left), rows_left)
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through."""
@@ -244,17 +287,17 @@ class Scorer:
         return lambda batch: forward_logprobs(fwd, batch, run.device, additive, keep_arg)
 
     @staticmethod
-    def _cost(enc: EncodedChoices | EncodedPrompt, new_tokens: int = 0) -> int:
+    def _cost(enc: EncodedChoices) -> int:
         """Tokens a probe puts through the model, roughly: what shards are balanced on."""
-        if isinstance(enc, EncodedPrompt):
-            return len(enc.prompt) + new_tokens
         return len(enc.context) + sum(map(len, enc.continuations))
 
-    def _rows(self, indices: list[int], max_length: int, packing: bool, sliding_window: int | None) -> list[Row]:
+    @staticmethod
+    def _rows(tokens: _Tokens, indices: list[int], max_length: int, packing: bool,
+              sliding_window: int | None) -> list[Row]:
         rows: list[Row] = []
         for i in indices:
-            enc = self._reads[i]
-            first = int(self._first_key[i])
+            enc = tokens.reads[i]
+            first = int(tokens.first_key[i])
             if packing and not needs_truncation(enc, max_length):
                 row = packed_row(enc, first)
                 if sliding_window is None or len(row) <= sliding_window:
@@ -263,12 +306,12 @@ class Scorer:
             rows.extend(plain_rows(enc, first, max_length))
         return rows
 
-    def _warn_truncated(self, max_length: int) -> None:
-        truncated = sum(needs_truncation(self._reads[i], max_length) for i in self._choice_probes)
+    def _warn_truncated(self, run: _Run) -> None:
+        truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
         if truncated:
             self._warn_once("choices", "%d probe(s) are longer than the model's maximum length (%d "
                             "tokens); their questions are truncated from the left, as lm-eval-harness "
-                            "does", truncated, max_length)
+                            "does", truncated, run.max_length)
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
         """Length-sorted batches within the current limits; packed and plain rows apart."""
@@ -321,12 +364,13 @@ class Scorer:
         reason = packing_blocker(inner, _text_config(inner))
         if reason is not None:
             return reason
-        probes = check_probes([(int(self._first_key[i]), self._reads[i]) for i in self._choice_probes
-                               if not needs_truncation(self._reads[i], run.max_length)])
+        tokens = run.tokens
+        probes = check_probes([(int(tokens.first_key[i]), tokens.reads[i]) for i in tokens.choice_probes
+                               if not needs_truncation(tokens.reads[i], run.max_length)])
         if not probes:
             return None
         forward = self._forward(run)
-        n_keys = int(self._first_key[-1])
+        n_keys = int(tokens.first_key[-1])
 
         def chunks(rows: list[Row]) -> list[list[Row]]:
             size = run.state.row_cap or max(1, len(rows))
@@ -344,29 +388,36 @@ class Scorer:
 
     # -- generative ----------------------------------------------------------------------------
 
-    def _generate(self, run: _Run, prompts: dict[int, list[int]], bar, max_new_tokens: int,
-                  stop: tuple[str, ...]) -> dict[int, str]:
-        """Generated text by probe index (every rank gets all of them)."""
+    def _generation_share(self, run: _Run, prompts: dict[int, _Prompt]) -> tuple[list[int], list[int]]:
+        """The generated probes this rank scores (balanced on tokens), and one to fill in with."""
+        if not prompts:
+            return [], []
+        order = list(prompts)
+        costs = [len(prompts[i].ids) + prompts[i].new_tokens for i in order]
+        return [order[j] for j in run.ranks.my_share(costs)], [order[int(np.argmin(costs))]]
+
+    def _generate(self, run: _Run, prompts: dict[int, _Prompt], mine: list[int], filler: list[int],
+                  bar) -> dict[int, str]:
+        """Generated text by probe index (every rank gets all of them). A batch holds prompts
+        generated alike: the same response length and stop strings."""
         if not prompts:
             return {}
-        order = list(prompts)
-        costs = [self._cost(self.encoded[i], max_new_tokens) for i in order]
-        mine = [order[j] for j in run.ranks.my_share(costs)]
-        filler = [order[int(np.argmin(costs))]]
-        bar.total = (bar.total or 0) + len(mine)
-        self.scored_here += len(mine)
         synced = run.ranks.size > 1 and is_sharded(run.model)
 
         def plan(indices: list[int]) -> list[list[int]]:
-            if run.batch_size == "auto":
-                widths = [len(prompts[i]) + max_new_tokens for i in indices]
-            else:
-                widths = [len(prompts[i]) for i in indices]
-            return [[indices[j] for j in idx] for idx in group(widths, *self._limits(run))]
+            alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+            for i in indices:
+                alike.setdefault((prompts[i].new_tokens, prompts[i].stop), []).append(i)
+            batches = []
+            for (new_tokens, _), part in alike.items():
+                widths = [len(prompts[i].ids) + (new_tokens if run.batch_size == "auto" else 0) for i in part]
+                batches += [[part[j] for j in idx] for idx in group(widths, *self._limits(run))]
+            return batches
 
         def generate(chunk: list[int]) -> list[str]:
-            return generate_texts(run.model, self.tokenizer, [prompts[i] for i in chunk], device=run.device,
-                                  pad_id=run.pad_id, max_new_tokens=max_new_tokens, stop=stop,
+            how = prompts[chunk[0]]
+            return generate_texts(run.model, self.tokenizer, [prompts[i].ids for i in chunk], device=run.device,
+                                  pad_id=run.pad_id, max_new_tokens=how.new_tokens, stop=how.stop,
                                   synced_gpus=synced)
 
         texts: dict[str, str] = {}
@@ -378,12 +429,13 @@ class Scorer:
 
     # -- results -------------------------------------------------------------------------------
 
-    def _answers(self, sums: np.ndarray, texts: dict[int, str], model_name: str) -> Answers:
+    def _answers(self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], model_name: str) -> Answers:
+        first_key = tokens.first_key
         samples = []
         for i, probe in enumerate(self.probes):
             sample: dict[str, Any] = {"id": probe.id, "category": probe.category}
             if probe.choices is not None:
-                lps = sums[self._first_key[i]:self._first_key[i + 1]]
+                lps = sums[first_key[i]:first_key[i + 1]]
                 scores = lps
                 if self.normalize == "chars":
                     scores = lps / np.array([float(len(c)) for c in probe.choices])
@@ -401,8 +453,8 @@ class Scorer:
                 else:
                     got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
                 sample.update(correct=is_correct(got, reference), predicted=got, output=text, n_choices=0)
-                if self._reads[i] is not None:  # the reference answer's teacher-forced log-probability
-                    sample["gold_logprob"] = float(sums[self._first_key[i]])
+                if tokens.reads[i] is not None:  # the reference answer's teacher-forced log-probability
+                    sample["gold_logprob"] = float(sums[first_key[i]])
             samples.append(sample)
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
@@ -420,6 +472,26 @@ class ModelState:
     token_cap: int | None = None
 
 
+class _Tokens(NamedTuple):
+    """The probes tokenized, exact in their last ``visible`` tokens; what goes through the
+    log-likelihood forwards (``reads``: each multiple-choice probe, and each generative probe's
+    reference answer), its flat (probe, choice) keys, and the probes that have reads."""
+
+    visible: int
+    encoded: list[Encoded]
+    reads: list[EncodedChoices | None]
+    first_key: np.ndarray
+    choice_probes: list[int]
+
+
+class _Prompt(NamedTuple):
+    """A generated probe's prompt (whole), the tokens its response may have, its stop strings."""
+
+    ids: tuple[int, ...]
+    new_tokens: int
+    stop: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class _Run:
     """What one scoring call works with; ``packing`` and ``budget`` are agreed by all ranks."""
@@ -431,17 +503,19 @@ class _Run:
     batch_size: BatchSize
     ranks: Ranks
     state: ModelState
+    tokens: _Tokens
     packing: bool = False
     budget: int | None = None  # tokens per forward, for batch_size="auto"
 
 
 class _Plan(NamedTuple):
-    """This rank's log-likelihood batches, a one-row batch to fill in with, and how many
-    multiple-choice probes it scores."""
+    """This rank's log-likelihood batches, a one-row batch to fill in with, how many
+    multiple-choice probes it scores, and how many rows each of them has."""
 
     batches: list[Batch]
-    filler: Batch
+    filler: Batch | None
     n_probes: int
+    rows_left: dict[int, int]
 
 
 def _input_device(model) -> torch.device:

@@ -1,0 +1,103 @@
+"""What a person reads while a run goes on: progress bars, forgetwatch's own lines and warnings,
+each line beginning a line of its own, in a terminal and in a log file.
+
+In a terminal a progress bar redraws itself in place, and ``tqdm.write`` clears the bars, writes
+the line above them and draws them again. In a log file (output redirected) nothing is redrawn:
+a bar's updates pile up after one another with no line break until it closes, so a line written
+meanwhile, or a warning, would be glued to the end of the last fragment. There, a line starts
+with a line break while a bar is open, and forgetwatch's own bar ends with one when it closes.
+
+Warnings of the ``forgetwatch`` loggers go through :class:`ConsoleHandler` when nothing else
+would show them (the application configured no logging): where Python would fall back to its
+last-resort handler, which writes to standard error with no regard for bars.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import IO
+
+from tqdm import tqdm as _std_tqdm
+from tqdm.auto import tqdm
+
+__all__ = ["ConsoleHandler", "progress_bar", "say"]
+
+
+def _is_terminal(stream: IO[str] | None) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def progress_bar(total: int, desc: str, show: bool = True) -> tqdm:
+    """A bar counting ``total`` probes: cleared when done in a terminal, and in a log file
+    ended with a line break, so what is written next begins a line.
+
+    Example:
+        >>> progress_bar(32, "forgetwatch: scoring probes", show=False).total
+        32
+    """
+    terminal = _is_terminal(sys.stderr)
+    if show and not terminal and _bar_open_on(sys.stderr):
+        sys.stderr.write("\n")  # not after another bar's last update, in a log file
+    return tqdm(total=total, desc=desc, unit="probe", disable=not show, leave=not terminal)
+
+
+def _bar_open_on(stream: IO[str]) -> bool:
+    """Whether a progress bar that has drawn itself is open on ``stream`` (standard output and
+    standard error count as one: they end up together in a terminal or a ``2>&1`` log)."""
+    console = (sys.stdout, sys.stderr)
+    bars = set(getattr(_std_tqdm, "_instances", ())) | set(getattr(tqdm, "_instances", ()))
+    return any(not getattr(bar, "disable", True) and hasattr(bar, "last_print_t")
+               and (bar.fp == stream or (stream in console and any(bar.fp == s for s in console)))
+               for bar in bars)
+
+
+def say(line: str, stream: IO[str] | None = None) -> None:
+    """Write ``line`` so that it begins a line of its own, above the progress bars in a terminal
+    and after their last update in a log file (default stream: standard output).
+
+    Example:
+        >>> say("[forgetwatch] base: accuracy 62.5 % on 32 probes")
+        [forgetwatch] base: accuracy 62.5 % on 32 probes
+    """
+    stream = sys.stdout if stream is None else stream
+    if _is_terminal(stream):
+        tqdm.write(line, file=stream)
+        return
+    stream.write(("\n" if _bar_open_on(stream) else "") + line + "\n")
+    stream.flush()
+
+
+class ConsoleHandler(logging.Handler):
+    """Shows ``forgetwatch`` warnings like Python's last-resort handler (standard error,
+    warnings and above), but each on a line of its own (:func:`say`); and only when no handler
+    of the application would show them, so nothing is printed twice."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _handled_elsewhere(logging.getLogger(record.name)):
+            return
+        try:
+            say(self.format(record), sys.stderr)
+        except Exception:  # noqa: BLE001 - a warning that cannot be shown must not end anything
+            self.handleError(record)
+
+
+def _handled_elsewhere(logger: logging.Logger) -> bool:
+    """Whether a handler other than ours sees records of ``logger`` (Python's own rule for
+    falling back to its last-resort handler: no handler on the way up)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, ConsoleHandler) for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
