@@ -1,16 +1,16 @@
 """What the TRL examples share: MMLU probes, the callback on a TRL trainer, common options.
 
-Keep this file beside the example you copy.
+Keep this file beside the example you copy. torch and forgetwatch are imported inside the
+functions that use them, so that an example's ``--help`` answers before they load.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from forgetwatch import ForgetWatchCallback, ProbeSet
+if TYPE_CHECKING:
+    from forgetwatch import ProbeSet
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -23,6 +23,8 @@ def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
     proportional to its size; the sample is deterministic for ``seed``; with fewer rows than
     ``n`` every row is kept.
     """
+    from forgetwatch import ProbeSet
+
     probes = ProbeSet.from_hf(mmlu_rows, preset="mmlu")
     return probes.sample(min(n, len(probes)), seed=seed)
 
@@ -37,6 +39,10 @@ def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeS
     ``lora``: train LoRA adapters on every linear layer, and score the base with them
     disabled (no snapshot to keep).
     """
+    import torch
+
+    from forgetwatch import ForgetWatchCallback
+
     settings = {"max_steps": max_steps, "logging_steps": 10, "use_cpu": use_cpu,
                 "bf16": torch.cuda.is_available() and not use_cpu, "report_to": report_to or "none",
                 **defaults, **extra}

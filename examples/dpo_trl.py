@@ -27,14 +27,15 @@ when CUDA is available (TRL loads the weights in float32, the optimizer's master
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
 from common import build_probes, common_settings, parser, watched_trainer
-from datasets import load_dataset
-from transformers import AutoTokenizer
-from trl import DPOConfig, DPOTrainer
 
-from forgetwatch import ProbeSet
+if TYPE_CHECKING:
+    from trl import DPOTrainer
+
+    from forgetwatch import ProbeSet
 
 DATASET = "trl-lib/ultrafeedback_binarized"
 __all__ = ["build_probes", "build_trainer", "main"]
@@ -49,6 +50,8 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
     ``model`` is a hub id or local path: TRL builds both the policy and the reference model
     from it. ``extra`` overrides any ``DPOConfig`` field (beta, batch size, max_length, ...).
     """
+    from trl import DPOConfig, DPOTrainer
+
     defaults = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, "learning_rate": 1e-6,
                 "beta": 0.1, "max_length": 1024}
     return watched_trainer(DPOTrainer, DPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
@@ -57,14 +60,22 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, dataset=DATASET, dataset_help="preference dataset (chosen/rejected, optional prompt)",
                output_dir="out/dpo", learning_rate=1e-6)
     p.add_argument("--beta", type=float, default=0.1, help="DPO's KL strength")
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--grad-accum", type=int, default=8, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=1024, help="truncate prompt + completion to this")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
     probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     trainer = build_trainer(args.model, tokenizer, load_dataset(args.dataset, split="train"), probes,

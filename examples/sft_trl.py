@@ -24,15 +24,15 @@ the forgetwatch evaluations run the model's forward as training does, under auto
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
-import torch
 from common import build_probes, common_settings, parser, watched_trainer
-from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig, SFTTrainer
 
-from forgetwatch import ProbeSet
+if TYPE_CHECKING:
+    from trl import SFTTrainer
+
+    from forgetwatch import ProbeSet
 
 DATASET = "trl-lib/Capybara"
 __all__ = ["build_probes", "build_trainer", "main"]
@@ -46,6 +46,8 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
 
     ``extra`` overrides any ``SFTConfig`` field (batch size, learning rate, max_length, ...).
     """
+    from trl import SFTConfig, SFTTrainer
+
     defaults = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "learning_rate": 2e-5,
                 "max_length": 1024}
     return watched_trainer(SFTTrainer, SFTConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
@@ -54,13 +56,22 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, dataset=DATASET, dataset_help="conversational SFT dataset ('messages' column)",
                output_dir="out/sft", learning_rate=2e-5)
     p.add_argument("--batch-size", type=int, default=4, help="per device")
     p.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=1024, help="truncate training sequences to this")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
