@@ -10,11 +10,12 @@ Trains ``Qwen/Qwen2.5-0.5B-Instruct`` (``--model``) with TRL's ``DPOTrainer`` on
 off; datasets with an explicit ``prompt`` column work too). The model is given to the trainer
 as its id, so TRL loads it twice: the policy, and the frozen reference model.
 
-A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``.
+A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
@@ -30,7 +31,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from common import build_probes, common_settings, parser, watched_trainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
 if TYPE_CHECKING:
     from trl import DPOTrainer
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None):
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     trainer = build_trainer(args.model, tokenizer, load_dataset(args.dataset, split="train"), probes,
                             args.output_dir, **common_settings(args), beta=args.beta,

@@ -10,11 +10,12 @@ conversational prompts work too) with a toy reward: summaries close to ``--targe
 words score best. Completions are sampled with ``transformers``' ``generate`` (no vLLM),
 ``--num-generations`` per prompt.
 
-A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``. On-policy RL is expected
+A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``. On-policy RL is expected
 to forget less than SFT on the same budget; this is a place to check.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
@@ -32,7 +33,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from common import build_probes, common_settings, parser, watched_trainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,

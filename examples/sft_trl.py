@@ -6,11 +6,12 @@
 
 Trains ``Qwen/Qwen2.5-0.5B-Instruct`` (``--model``) with TRL's ``SFTTrainer`` on
 ``trl-lib/Capybara`` (conversational: a ``messages`` column of user / assistant turns). A
-``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``.
+``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
@@ -27,7 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from common import build_probes, common_settings, parser, watched_trainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
 if TYPE_CHECKING:
     from trl import SFTTrainer
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,

@@ -312,6 +312,26 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
     assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
 
 
+@pytest.mark.parametrize("name", TRAINING_EXAMPLES)
+def test_probes_is_a_sample_size_or_a_probe_file(name, toy, tmp_path, monkeypatch, capsys):
+    parse_args = example(name).parse_args
+    monkeypatch.chdir(tmp_path)
+    assert parse_args([]).probes == 500
+    assert parse_args(["--probes", "12"]).probes == 12
+    toy.probes.to_jsonl(tmp_path / "mine.jsonl")
+    loaded = parse_args(["--probes", "mine.jsonl"]).probes
+    assert isinstance(loaded, ProbeSet) and loaded.ids == toy.probes.ids
+    (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "2+2="}\n', encoding="utf-8")
+    for value, error in [("missing.jsonl", "argument --probes: no such file: missing.jsonl"),
+                         (".", "argument --probes: no such file: ."),
+                         ("0", "argument --probes: 0: give at least 1 probe"),
+                         ("bad.jsonl", "argument --probes: bad.jsonl: line 1: field 'answer'")]:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(["--probes", value])
+        assert exit_info.value.code == 2
+        assert error in capsys.readouterr().err
+
+
 def fake_load_dataset(world, train_rows):
     """Stands in for datasets.load_dataset: MMLU and the training set from memory."""
     calls = []
@@ -333,6 +353,7 @@ SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
 @pytest.mark.parametrize("name, rows, extra", [
     ("sft_trl", capybara_rows, SMALL_BATCH),
     ("sft_trl", capybara_rows, [*SMALL_BATCH, "--lora"]),
+    ("sft_trl", capybara_rows, [*SMALL_BATCH, "--probes", "probes.jsonl"]),
     ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
     ("grpo_trl", lambda w: tldr_rows(w, False),
      ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
@@ -342,11 +363,18 @@ def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_
     module = example(name)
     load_dataset, calls = fake_load_dataset(toy.world, rows(toy.world))
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.chdir(tmp_path)
+    own = ProbeSet.from_records(toy.world.probe_records(generative=False)[:10], source="own")
+    own.to_jsonl(tmp_path / "probes.jsonl")
     trainer = module.main(["--model", chat_model_dir, "--output-dir", str(tmp_path), "--max-steps", "2",
                            "--eval-steps", "1", "--probes", "12", "--learning-rate", "1e-3", "--cpu", *extra])
-    assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
+    if "probes.jsonl" in extra:  # the file's probes, and no MMLU download
+        assert calls == [(module.DATASET, None, "train")]
+        assert trainer.forgetwatch.probes.ids == own.ids
+    else:
+        assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
+        assert len(trainer.forgetwatch.probes) == 12
     assert history_steps(trainer) == [1, 2]
-    assert len(trainer.forgetwatch.probes) == 12
     assert trainer.args.use_cpu and trainer.args.report_to == []
     out = capsys.readouterr().out
     assert trainer.forgetwatch.history[-1][1].summary() in out
