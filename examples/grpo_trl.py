@@ -15,8 +15,8 @@ with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FIL
 once before training and again every ``--eval-steps`` optimizer steps, logs the
 ``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
 and stops training (saving a checkpoint) once the share of forgotten probes exceeds
-``--max-forgetting``. On-policy RL is expected
-to forget less than SFT on the same budget; this is a place to check.
+``--max-forgetting``. On-policy RL is expected to forget less than SFT on the same budget;
+this is a place to check.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
