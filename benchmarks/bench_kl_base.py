@@ -21,6 +21,18 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--rows", type=int, default=8, help="replay rows per step")
+    ap.add_argument("--k", type=int, default=32)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import torch  # noqa: E402
 
 from forgetwatch.replay.base_cache import base_distribution  # noqa: E402
@@ -41,13 +53,9 @@ def live_targets(model, token_ids, pad_id: int, k: int) -> list[tuple[torch.Tens
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
     import peft
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--rows", type=int, default=8, help="replay rows per step")
-    ap.add_argument("--k", type=int, default=32)
-    args = ap.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     world = ToyWorld(seed=0)
     tokenizer = world.tokenizer()

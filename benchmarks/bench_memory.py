@@ -22,6 +22,22 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--eval-steps", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch-size", default="auto", help='probes per forward: an int or "auto"')
+    ap.add_argument("--train-batch", type=int, default=16)
+    ap.add_argument("--out", default="/tmp/forgetwatch-bench-memory")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -43,15 +59,7 @@ class Peaks(TrainerCallback):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--eval-steps", type=int, default=10)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--batch-size", default="auto", help='probes per forward: an int or "auto"')
-    ap.add_argument("--train-batch", type=int, default=16)
-    ap.add_argument("--out", default="/tmp/forgetwatch-bench-memory")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_memory.py measures CUDA memory and needs a GPU; none is available here")
         return 2

@@ -28,6 +28,24 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--eval-steps", type=int, default=50)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", default="/tmp/forgetwatch-bench-overhead")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--no-behaviour", action="store_true",
+                    help="knowledge probes only (by default a behaviour probe set is scored too)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import torch  # noqa: E402
 
 from forgetwatch import ProbeSet  # noqa: E402
@@ -84,17 +102,7 @@ def evaluation_costs(scorers: dict, model, repeats: int = 7) -> dict[str, float]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--eval-steps", type=int, default=50)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()))
-    ap.add_argument("--out", default="/tmp/forgetwatch-bench-overhead")
-    ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--no-behaviour", action="store_true",
-                    help="knowledge probes only (by default a behaviour probe set is scored too)")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import datasets
 

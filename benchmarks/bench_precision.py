@@ -17,6 +17,16 @@ import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="toy worlds (models and probes) to average over")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -24,10 +34,8 @@ from forgetwatch import ProbeSet, evaluate  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="toy worlds (models and probes) to average over")
-    args = parser.parse_args()
+def main(argv=None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     same = {"bfloat16": [], "float16": []}
     drift = {"bfloat16": 0.0, "float16": 0.0}

@@ -30,6 +30,25 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--eval-steps", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--replay-rows", type=int, default=8, help="replay rows per optimizer step (every arm)")
+    ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
+    ap.add_argument("--trainer", choices=("sft", "dpo"), default="sft")
+    ap.add_argument("--out", default="/tmp/forgetwatch-bench-replay")
+    ap.add_argument("--png", help="draw the arms' forgetting curves here (seed 0)")
+    ap.add_argument("--json", help="also write every figure here")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import torch  # noqa: E402
 
 from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool  # noqa: E402
@@ -95,18 +114,7 @@ def run_arm(arm: str, world, tokenizer, base, args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--eval-steps", type=int, default=5)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--replay-rows", type=int, default=8, help="replay rows per optimizer step (every arm)")
-    ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
-    ap.add_argument("--trainer", choices=("sft", "dpo"), default="sft")
-    ap.add_argument("--out", default="/tmp/forgetwatch-bench-replay")
-    ap.add_argument("--png", help="draw the arms' forgetting curves here (seed 0)")
-    ap.add_argument("--json", help="also write every figure here")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     import datasets
 

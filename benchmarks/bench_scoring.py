@@ -28,6 +28,22 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--probes", type=int, default=240)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--json", help="also write the figures here")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -95,15 +111,7 @@ def timed(fn) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probes", type=int, default=240)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()))
-    ap.add_argument("--json", help="also write the figures here")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
 
     world = ToyWorld(seed=0)

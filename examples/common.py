@@ -1,16 +1,17 @@
 """What the TRL examples share: MMLU probes, the callback on a TRL trainer, common options.
 
-Keep this file beside the example you copy.
+Keep this file beside the example you copy. torch and forgetwatch are imported inside the
+functions that use them, so that an example's ``--help`` answers before they load.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from forgetwatch import ForgetWatchCallback, ProbeSet
+if TYPE_CHECKING:
+    from forgetwatch import ProbeSet
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -23,6 +24,8 @@ def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
     proportional to its size; the sample is deterministic for ``seed``; with fewer rows than
     ``n`` every row is kept.
     """
+    from forgetwatch import ProbeSet
+
     probes = ProbeSet.from_hf(mmlu_rows, preset="mmlu")
     return probes.sample(min(n, len(probes)), seed=seed)
 
@@ -37,6 +40,10 @@ def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeS
     ``lora``: train LoRA adapters on every linear layer, and score the base with them
     disabled (no snapshot to keep).
     """
+    import torch
+
+    from forgetwatch import ForgetWatchCallback
+
     settings = {"max_steps": max_steps, "logging_steps": 10, "use_cpu": use_cpu,
                 "bf16": torch.cuda.is_available() and not use_cpu, "report_to": report_to or "none",
                 **defaults, **extra}
@@ -59,6 +66,40 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.nargs == 0 else super()._get_help_string(action)
 
 
+def probes_option(text: str) -> int | ProbeSet:
+    """``--probes``: a number of MMLU probes to sample, or a JSONL probe file, loaded here so that
+    a bad file stops the script before any download.
+
+    Example:
+        >>> probes_option("200")
+        200
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        pass
+    else:
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text}: give at least 1 probe, or a probe file")
+        return n
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text} (give a number of MMLU probes or a JSONL probe file)")
+    from forgetwatch import ProbeError, ProbeSet
+
+    try:
+        return ProbeSet.from_jsonl(text)
+    except (ProbeError, OSError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def load_probes(option: int | ProbeSet, load_dataset) -> ProbeSet:
+    """The probes ``--probes`` asked for: its probe file's, or that many MMLU probes from
+    ``cais/mmlu`` (``load_dataset`` is ``datasets.load_dataset``, called only then)."""
+    if isinstance(option, int):
+        return build_probes(load_dataset("cais/mmlu", "all", split="test"), option, seed=0)
+    return option
+
+
 def parser(doc: str, *, dataset: str, dataset_help: str, output_dir: str, learning_rate: float) -> argparse.ArgumentParser:
     """The options every example has; each adds its trainer's own."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=HelpFormatter)
@@ -66,7 +107,8 @@ def parser(doc: str, *, dataset: str, dataset_help: str, output_dir: str, learni
     p.add_argument("--dataset", default=dataset, help=dataset_help)
     p.add_argument("--output-dir", default=output_dir, help="where checkpoints and forgetwatch/ go")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
-    p.add_argument("--probes", type=int, default=500, help="MMLU probes, stratified by subject")
+    p.add_argument("--probes", type=probes_option, default=500, metavar="N|FILE",
+                   help="N MMLU probes, stratified by subject (downloads cais/mmlu), or a JSONL probe file")
     p.add_argument("--eval-steps", type=int, default=50, help="re-score the probes every N steps")
     p.add_argument("--max-forgetting", type=float, default=None,
                    help="stop training once this share of the probes is forgotten (e.g. 0.05)")

@@ -10,11 +10,12 @@ Trains ``Qwen/Qwen2.5-0.5B-Instruct`` (``--model``) with TRL's ``DPOTrainer`` on
 off; datasets with an explicit ``prompt`` column work too). The model is given to the trainer
 as its id, so TRL loads it twice: the policy, and the frozen reference model.
 
-A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``.
+A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
@@ -27,14 +28,15 @@ when CUDA is available (TRL loads the weights in float32, the optimizer's master
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
-from common import build_probes, common_settings, parser, watched_trainer
-from datasets import load_dataset
-from transformers import AutoTokenizer
-from trl import DPOConfig, DPOTrainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
-from forgetwatch import ProbeSet
+if TYPE_CHECKING:
+    from trl import DPOTrainer
+
+    from forgetwatch import ProbeSet
 
 DATASET = "trl-lib/ultrafeedback_binarized"
 __all__ = ["build_probes", "build_trainer", "main"]
@@ -49,6 +51,8 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
     ``model`` is a hub id or local path: TRL builds both the policy and the reference model
     from it. ``extra`` overrides any ``DPOConfig`` field (beta, batch size, max_length, ...).
     """
+    from trl import DPOConfig, DPOTrainer
+
     defaults = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, "learning_rate": 1e-6,
                 "beta": 0.1, "max_length": 1024}
     return watched_trainer(DPOTrainer, DPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
@@ -57,15 +61,23 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, dataset=DATASET, dataset_help="preference dataset (chosen/rejected, optional prompt)",
                output_dir="out/dpo", learning_rate=1e-6)
     p.add_argument("--beta", type=float, default=0.1, help="DPO's KL strength")
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--grad-accum", type=int, default=8, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=1024, help="truncate prompt + completion to this")
-    args = p.parse_args(argv)
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     trainer = build_trainer(args.model, tokenizer, load_dataset(args.dataset, split="train"), probes,
                             args.output_dir, **common_settings(args), beta=args.beta,

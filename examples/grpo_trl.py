@@ -10,12 +10,13 @@ conversational prompts work too) with a toy reward: summaries close to ``--targe
 words score best. Completions are sampled with ``transformers``' ``generate`` (no vLLM),
 ``--num-generations`` per prompt.
 
-A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``. On-policy RL is expected
-to forget less than SFT on the same budget; this is a place to check.
+A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``. On-policy RL is expected to forget less than SFT on the same budget;
+this is a place to check.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
@@ -29,15 +30,15 @@ the forgetwatch evaluations run the model's forward as training does, under auto
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
-import torch
-from common import build_probes, common_settings, parser, watched_trainer
-from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
-from forgetwatch import ProbeSet
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
+    from forgetwatch import ProbeSet
 
 DATASET = "trl-lib/tldr"
 TARGET_WORDS = 20
@@ -77,6 +78,8 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
     The batch is counted in completions: ``per_device_train_batch_size`` must be a multiple of
     ``num_generations`` (8 completions = 2 prompts x 4 generations by default).
     """
+    from trl import GRPOConfig, GRPOTrainer
+
     defaults = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 64,
                 "learning_rate": 1e-6, "use_vllm": False}
     return watched_trainer(GRPOTrainer, GRPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
@@ -86,7 +89,7 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
                            processing_class=tokenizer)
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, dataset=DATASET, dataset_help="dataset with a 'prompt' column", output_dir="out/grpo",
                learning_rate=1e-6)
     p.add_argument("--batch-size", type=int, default=8,
@@ -94,8 +97,17 @@ def main(argv: list[str] | None = None):
     p.add_argument("--num-generations", type=int, default=4, help="completions sampled per prompt")
     p.add_argument("--max-completion-length", type=int, default=64, help="tokens per completion")
     p.add_argument("--target-words", type=int, default=TARGET_WORDS, help="the reward's ideal summary length")
-    args = p.parse_args(argv)
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,

@@ -10,23 +10,31 @@ Runs on a CPU in well under a minute; nothing is downloaded.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
-from forgetwatch import ProbeSet
-from forgetwatch.toy import ToyWorld
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", default="out/toy",
+                        help="folder to write base/, tuned/ and probes.jsonl into (default: out/toy)")
+    return parser.parse_args(argv)
 
 
-def main(out: str = "out/toy") -> None:
-    root = Path(out)
+def main(argv: list[str] | None = None) -> None:
+    out = Path(parse_args(argv).out)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    from forgetwatch import ProbeSet
+    from forgetwatch.toy import ToyWorld
+
     world = ToyWorld(seed=0)
     tokenizer, base, tuned = world.base_and_tuned()
     for name, model in (("base", base), ("tuned", tuned)):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    ProbeSet.from_records(world.probe_records(), source="toy").to_jsonl(root / "probes.jsonl")
-    print(f"wrote {root}/base, {root}/tuned and {root}/probes.jsonl")
+        model.save_pretrained(out / name)
+        tokenizer.save_pretrained(out / name)
+    ProbeSet.from_records(world.probe_records(), source="toy").to_jsonl(out / "probes.jsonl")
+    print(f"wrote {out}/base, {out}/tuned and {out}/probes.jsonl")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main()

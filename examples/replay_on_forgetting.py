@@ -26,13 +26,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-import datasets
 from common import HelpFormatter
-from trl import SFTConfig, SFTTrainer
 
-from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool, TransitionReport
-from forgetwatch.text import pct
-from forgetwatch.toy import ToyWorld
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser.add_argument("--output-dir", default="out/replay", help="the two runs' trainer output and forgetwatch/")
+    parser.add_argument("--max-steps", type=int, default=30, help="fine-tuning steps on the arithmetic")
+    parser.add_argument("--eval-steps", type=int, default=5, help="re-score the probes every N steps")
+    parser.add_argument("--replay-weight", type=float, default=1.0, help="how much the replay loss counts")
+    parser.add_argument("--base-steps", type=int, default=200, help="steps teaching the base model the facts")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
+import datasets  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool, TransitionReport  # noqa: E402
+from forgetwatch.text import pct  # noqa: E402
+from forgetwatch.toy import ToyWorld  # noqa: E402
+
 
 def split_world(world: ToyWorld) -> tuple[ProbeSet, ReplayPool]:
     """Probes on the facts of one half of the known countries, a replay pool of the other half's."""
@@ -100,16 +116,6 @@ def describe(trainers: dict[str, SFTTrainer]) -> str:
     lines += [f"{step:>4}  " + "  ".join(f"{pct(runs[name][step].forgetting) if step in runs[name] else '-':>16}"
                                          for name in runs) for step in steps]
     return "forgetting (right at the base, wrong now):\n" + "\n".join(lines)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    parser.add_argument("--output-dir", default="out/replay", help="the two runs' trainer output and forgetwatch/")
-    parser.add_argument("--max-steps", type=int, default=30, help="fine-tuning steps on the arithmetic")
-    parser.add_argument("--eval-steps", type=int, default=5, help="re-score the probes every N steps")
-    parser.add_argument("--replay-weight", type=float, default=1.0, help="how much the replay loss counts")
-    parser.add_argument("--base-steps", type=int, default=200, help="steps teaching the base model the facts")
-    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, SFTTrainer]:

@@ -6,11 +6,12 @@
 
 Trains ``Qwen/Qwen2.5-0.5B-Instruct`` (``--model``) with TRL's ``SFTTrainer`` on
 ``trl-lib/Capybara`` (conversational: a ``messages`` column of user / assistant turns). A
-``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt) once before training and again every
-``--eval-steps`` optimizer steps, logs the ``forgetwatch/*`` metrics to ``--report-to``,
-writes ``<output-dir>/forgetwatch/history.jsonl``, and stops training (saving a checkpoint)
-once the share of forgotten probes exceeds ``--max-forgetting``.
+``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``.
 
 Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
 model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
@@ -24,15 +25,15 @@ the forgetwatch evaluations run the model's forward as training does, under auto
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
-import torch
-from common import build_probes, common_settings, parser, watched_trainer
-from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig, SFTTrainer
+from common import build_probes, common_settings, load_probes, parser, watched_trainer
 
-from forgetwatch import ProbeSet
+if TYPE_CHECKING:
+    from trl import SFTTrainer
+
+    from forgetwatch import ProbeSet
 
 DATASET = "trl-lib/Capybara"
 __all__ = ["build_probes", "build_trainer", "main"]
@@ -46,6 +47,8 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
 
     ``extra`` overrides any ``SFTConfig`` field (batch size, learning rate, max_length, ...).
     """
+    from trl import SFTConfig, SFTTrainer
+
     defaults = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "learning_rate": 2e-5,
                 "max_length": 1024}
     return watched_trainer(SFTTrainer, SFTConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
@@ -54,14 +57,23 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
                            train_dataset=train_dataset, processing_class=tokenizer)
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, dataset=DATASET, dataset_help="conversational SFT dataset ('messages' column)",
                output_dir="out/sft", learning_rate=2e-5)
     p.add_argument("--batch-size", type=int, default=4, help="per device")
     p.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=1024, help="truncate training sequences to this")
-    args = p.parse_args(argv)
-    probes = build_probes(load_dataset("cais/mmlu", "all", split="test"), args.probes, seed=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,

@@ -7,11 +7,15 @@ hub model by the toy Llama saved with a chat template.
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import importlib.util
 import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -27,7 +31,8 @@ datasets = pytest.importorskip("datasets")
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 # CPU, no bf16 autocast, no activation checkpointing, quiet, tiny batches
@@ -144,6 +149,56 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
     assert "stopped early" not in text
 
 
+# -- every script's command line -----------------------------------------------------------------
+
+# every script under examples/ and benchmarks/, found anew so that a new one is covered; common.py
+# is the examples' shared module, not a script
+SCRIPTS = sorted(p for folder in ("examples", "benchmarks") for p in (ROOT / folder).glob("*.py")
+                 if p.name != "common.py")
+# run as `python SCRIPT ARGS...`, but with these modules made unimportable: a script that loads
+# them before reading its arguments fails, instead of answering --help seconds later
+HEAVY = ("torch", "transformers", "datasets", "trl", "peft", "lm_eval")
+AS_SCRIPT = ("import os, runpy, sys\n"
+             f"sys.modules.update(dict.fromkeys({HEAVY!r}))\n"
+             "sys.argv = sys.argv[1:]\n"
+             "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def run_script(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", AS_SCRIPT, str(script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_scripts_are_found():
+    names = {p.name for p in SCRIPTS}
+    assert {"sft_trl.py", "make_toy_checkpoints.py", "bench_scoring.py"} <= names and len(names) >= 10
+
+
+def documented_command_lines(script: Path) -> list[str]:
+    """The ``python <script> ...`` lines of the script's docstring, without their comments."""
+    doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or ""
+    return [line.split("#")[0].strip() for line in doc.splitlines() if line.strip().startswith("python ")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_script_answers_help_and_mistakes_before_any_work(script, tmp_path):
+    shown = run_script(script, "--help", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"usage: {script.name}"), shown.stdout
+    documented = documented_command_lines(script)
+    assert documented, f"{script.name}: its docstring shows no command line"
+    for line in documented:  # the documented command lines name this script and its real options
+        assert line.split()[1] == f"{script.parent.name}/{script.name}", line
+        for flag in re.findall(r"--[\w-]+", line):
+            assert flag in shown.stdout, f"{script.name}: {line}: {flag} is not an option"
+    mistaken = run_script(script, "--no-such-option", cwd=tmp_path)
+    assert mistaken.returncode == 2, mistaken.stderr
+    assert "unrecognized arguments: --no-such-option" in mistaken.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing created: no folder named --help
+
+
 # -- build_probes ---------------------------------------------------------------------------------
 
 MMLU_ROWS = [
@@ -257,13 +312,24 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
     assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
 
 
-@pytest.mark.parametrize("name", TRAINING_EXAMPLES + ["replay_on_forgetting"])
-def test_help(name, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        example(name).main(["--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    assert "--max-steps" in out and "--output-dir" in out
+@pytest.mark.parametrize("name", TRAINING_EXAMPLES)
+def test_probes_is_a_sample_size_or_a_probe_file(name, toy, tmp_path, monkeypatch, capsys):
+    parse_args = example(name).parse_args
+    monkeypatch.chdir(tmp_path)
+    assert parse_args([]).probes == 500
+    assert parse_args(["--probes", "12"]).probes == 12
+    toy.probes.to_jsonl(tmp_path / "mine.jsonl")
+    loaded = parse_args(["--probes", "mine.jsonl"]).probes
+    assert isinstance(loaded, ProbeSet) and loaded.ids == toy.probes.ids
+    (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "2+2="}\n', encoding="utf-8")
+    for value, error in [("missing.jsonl", "argument --probes: no such file: missing.jsonl"),
+                         (".", "argument --probes: no such file: ."),
+                         ("0", "argument --probes: 0: give at least 1 probe"),
+                         ("bad.jsonl", "argument --probes: bad.jsonl: line 1: field 'answer'")]:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(["--probes", value])
+        assert exit_info.value.code == 2
+        assert error in capsys.readouterr().err
 
 
 def fake_load_dataset(world, train_rows):
@@ -287,6 +353,7 @@ SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
 @pytest.mark.parametrize("name, rows, extra", [
     ("sft_trl", capybara_rows, SMALL_BATCH),
     ("sft_trl", capybara_rows, [*SMALL_BATCH, "--lora"]),
+    ("sft_trl", capybara_rows, [*SMALL_BATCH, "--probes", "probes.jsonl"]),
     ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
     ("grpo_trl", lambda w: tldr_rows(w, False),
      ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
@@ -295,12 +362,19 @@ def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_
                                                    capsys):
     module = example(name)
     load_dataset, calls = fake_load_dataset(toy.world, rows(toy.world))
-    monkeypatch.setattr(module, "load_dataset", load_dataset)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.chdir(tmp_path)
+    own = ProbeSet.from_records(toy.world.probe_records(generative=False)[:10], source="own")
+    own.to_jsonl(tmp_path / "probes.jsonl")
     trainer = module.main(["--model", chat_model_dir, "--output-dir", str(tmp_path), "--max-steps", "2",
                            "--eval-steps", "1", "--probes", "12", "--learning-rate", "1e-3", "--cpu", *extra])
-    assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
+    if "probes.jsonl" in extra:  # the file's probes, and no MMLU download
+        assert calls == [(module.DATASET, None, "train")]
+        assert trainer.forgetwatch.probes.ids == own.ids
+    else:
+        assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
+        assert len(trainer.forgetwatch.probes) == 12
     assert history_steps(trainer) == [1, 2]
-    assert len(trainer.forgetwatch.probes) == 12
     assert trainer.args.use_cpu and trainer.args.report_to == []
     out = capsys.readouterr().out
     assert trainer.forgetwatch.history[-1][1].summary() in out

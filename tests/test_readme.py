@@ -69,6 +69,34 @@ def test_json_blocks_are_valid_probe_files():
     assert len(behaviour) == 3 and all(p.is_behaviour for p in behaviour)
 
 
+def test_no_count_of_tests_that_would_go_stale():
+    """The suite grows with every change: the README says how long it takes, not how many tests."""
+    assert not re.search(r"\b\d[\d,]* tests\b", README.read_text(encoding="utf-8"))
+
+
+# the README's counts of shipped probe files: (the words stating one, the file, what each probe is)
+SHIPPED_COUNTS = [
+    (r"\((\d+) multiple-choice questions\s+on common facts", "configs/probes/general_knowledge.jsonl",
+     "multiple choice"),
+    (r"(\d+) arithmetic word problems", "configs/probes/arithmetic.jsonl", "generative"),
+    (r"--starter behaviour --out behaviour\.jsonl` writes (\d+)\s+behaviour probes",
+     "forgetwatch/starters/behaviour.jsonl", "behaviour"),
+    (r"`--starter knowledge` writes (\d+) multiple-choice", "forgetwatch/starters/knowledge.jsonl",
+     "multiple choice"),
+]
+
+
+@pytest.mark.parametrize("words, path, kind", SHIPPED_COUNTS, ids=[path for _, path, _ in SHIPPED_COUNTS])
+def test_counts_of_shipped_probes_are_true(words, path, kind):
+    stated = re.search(words, README.read_text(encoding="utf-8"))
+    assert stated, f"the README no longer states how many probes {path} holds: update SHIPPED_COUNTS"
+    probes = ProbeSet.from_jsonl(ROOT / path)
+    assert int(stated.group(1)) == len(probes), f"{path} holds {len(probes)} probes"
+    kinds = {"multiple choice": lambda p: p.is_multiple_choice, "behaviour": lambda p: p.is_behaviour,
+             "generative": lambda p: not p.is_multiple_choice and not p.is_behaviour}
+    assert all(kinds[kind](p) for p in probes)
+
+
 def _help(command: str, capsys) -> str:
     with pytest.raises(SystemExit):
         main([command, "--help"])
