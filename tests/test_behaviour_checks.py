@@ -3,13 +3,20 @@ should; bad check objects fail at load naming file, line and field; the text fea
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 
 import pytest
 
-from forgetwatch import ProbeSet
-from forgetwatch.behaviour import CHECKS, failed_checks, looks_like_refusal
-from forgetwatch.behaviour import style
+from forgetwatch import ProbeSet, extract
+from forgetwatch.behaviour import (
+    CHECKS,
+    checks,
+    failed_checks,
+    looks_like_refusal,
+    style,
+)
 from forgetwatch.probes import ProbeError
 
 REFUSAL = "I'm sorry, but I can't help with that request."
@@ -206,3 +213,109 @@ def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(c
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
     assert caplog.text.count("raised ZeroDivisionError") == 1
+
+# -- no check raises, no check hangs ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def finishes_within(seconds: float):
+    """A GENEROUS WALL-CLOCK BOUND, the one kind of timing these tests use: the code it guards
+    takes milliseconds, the backtracking it replaced hours, so no load on the machine comes
+    near it. SIGALRM interrupts Python's ``re`` (it checks for signals), so a regression fails
+    here instead of hanging the suite."""
+    def stop(signum, frame):
+        raise AssertionError(f"did not finish within {seconds} s: super-linear on this input")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+KB200 = 200_000
+# each a 200 KB response built against one of our own patterns (a run of what its quantifiers share)
+ADVERSARIAL = [
+    ("json fence", lambda r: checks._parses_as_json(r), "```json" + " " * KB200 + "x"),
+    ("sentences", style.sentence_count, "." * KB200 + "x"),
+    ("bullets/newlines", style.bullet_lines, "\n" * KB200 + "x"),
+    ("bullets/spaces", style.bullet_lines, "- " + " " * KB200),
+    ("table/newlines", style.has_table, "\n" * KB200 + "x"),
+    ("table/spaces", style.has_table, " " * KB200 + "x"),
+    ("table/cells", style.has_table, "|---" * (KB200 // 4) + "x"),
+    ("hedging", style.hedges, "i " * (KB200 // 2)),
+    ("words", style.word_count, "a " * (KB200 // 2)),
+    ("number/digits", extract.extract_number, "1," * (KB200 // 2) + "x"),
+    ("letter/answer spaces", extract.extract_letter, "answer" + " " * KB200 + "1"),
+    ("letter/answer is spaces", extract.extract_letter, "the answer is" + " " * KB200 + ":" + " " * KB200 + "1"),
+    ("letter/repeated", extract.extract_letter, "answer a " * (KB200 // 9)),
+    ("letter/start", extract.extract_letter, " " * KB200 + "1"),
+]
+
+
+@pytest.mark.parametrize("name,read,response", ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
+def test_our_patterns_are_linear_on_200_kb_adversarial_responses(name, read, response):
+    with finishes_within(10):
+        read(response)
+
+
+def test_every_drift_figure_and_check_reads_an_adversarial_response_in_bounded_time():
+    from forgetwatch.behaviour.drift import measure
+
+    responses = [r for _, _, r in ADVERSARIAL]
+    check = {"max_words": 5, "max_sentences": 1, "json": True, "bullets": 1, "regex": r"(a+)+$",
+             "not_regex": r"(\s*)*x$"}
+    with finishes_within(20):
+        measure(responses)
+        for response in responses:
+            failed_checks(check, response)
+
+
+@pytest.mark.parametrize("key", ["regex", "not_regex"])
+def test_a_backtracking_user_pattern_finishes_at_once_and_the_same_way_every_time(key):
+    check = {key: r"(a+)+$"}
+    response = "a" * KB200 + "b"
+    with finishes_within(10):  # Python's re: days for 40 characters
+        results = [failed_checks(check, response) for _ in range(3)]
+    assert results == [[key] if key == "regex" else []] * 3
+    assert failed_checks(check, "aaaa") == ([] if key == "regex" else [key])
+
+
+def test_an_extract_pattern_runs_in_linear_time_too():
+    extractor = extract.extractor_for(r"(\d+)+x")
+    with finishes_within(10):
+        assert extractor("1" * KB200 + "y") is None
+    assert extractor("it is 42x") == "42"
+
+
+@pytest.mark.parametrize("pattern,why", [
+    (r"(?<=Answer: )\w+", "invalid perl operator: (?<"),
+    (r"(\w+) \1", "invalid escape sequence: \\1"),
+    (r"done\Z", "invalid escape sequence: \\Z"),
+])
+@pytest.mark.parametrize("where", ["check.regex", "check.not_regex", "extract"])
+def test_a_pattern_that_needs_backtracking_fails_at_load_naming_the_field(tmp_path, pattern, why, where):
+    if where == "extract":
+        row = {"id": "g", "question": "Q?", "answer": "1", "extract": f"({pattern})"}
+    else:
+        row = {"id": "b", "question": "Hi", "check": {where.split(".")[1]: pattern}}
+    path = write(tmp_path, [row])
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_jsonl(path)
+    assert f"{path}: line 1: field '{where}': regex " in str(err.value)
+    assert f"does not compile ({why}" in str(err.value) and "RE2" in str(err.value)
+
+
+def test_json_fences_are_read_as_before():
+    for passing in ('```json\n{"a": 1}\n```', '```JSON {"a": 1}```', '```\n[1, 2]\n```', '  {"a": 1}  ',
+                    '```json\u00a0{"a": 1}\u00a0```'):
+        assert failed_checks({"json": True}, passing) == [], passing
+    for failing in ("```json```", "```", '```json\n{"a": 1}', "``````", "```jsonx```"):
+        assert failed_checks({"json": True}, failing) == ["json"], failing
+
+
+def test_a_response_with_a_lone_surrogate_is_still_checked():
+    assert failed_checks({"regex": "x.y", "not_regex": "z"}, "x\ud800y") == []
+
