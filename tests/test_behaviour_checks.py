@@ -205,14 +205,17 @@ def test_drift_figures_on_written_responses():
 def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(caplog, monkeypatch):
     pytest.importorskip("langdetect")
     pytest.importorskip("lm_eval")
-    from forgetwatch.behaviour import ifeval
+    from forgetwatch.behaviour import checks, ifeval
 
+    monkeypatch.setattr(checks, "_warned", set())
     broken = ifeval.registry()["punctuation:no_comma"]
     monkeypatch.setattr(broken, "check_following", lambda self, value: 1 / 0)
-    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.ifeval"):
+    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
     assert caplog.text.count("raised ZeroDivisionError") == 1
+    assert not hasattr(ifeval, "_warned")  # one mechanism: failed_checks's
+
 
 # -- no check raises, no check hangs ------------------------------------------------------------------
 
@@ -239,6 +242,7 @@ KB200 = 200_000
 # each a 200 KB response built against one of our own patterns (a run of what its quantifiers share)
 ADVERSARIAL = [
     ("json fence", lambda r: checks._parses_as_json(r), "```json" + " " * KB200 + "x"),
+    ("json depth", lambda r: checks._parses_as_json(r), "[" * KB200),
     ("sentences", style.sentence_count, "." * KB200 + "x"),
     ("bullets/newlines", style.bullet_lines, "\n" * KB200 + "x"),
     ("bullets/spaces", style.bullet_lines, "- " + " " * KB200),
@@ -308,12 +312,36 @@ def test_a_pattern_that_needs_backtracking_fails_at_load_naming_the_field(tmp_pa
     assert f"does not compile ({why}" in str(err.value) and "RE2" in str(err.value)
 
 
+def test_deep_brackets_are_not_json_and_raise_nothing():
+    deep = "[" * 5000
+    assert failed_checks({"json": True}, deep) == ["json"] and failed_checks({"json": False}, deep) == []
+    assert failed_checks({"json": True}, "[" * 5000 + "]" * 5000) == ["json"]  # deeper than MAX_JSON_DEPTH
+    within = "[" * checks.MAX_JSON_DEPTH + "]" * checks.MAX_JSON_DEPTH
+    assert failed_checks({"json": True}, within) == []
+    assert failed_checks({"json": True}, '{"a": "' + "[" * 5000 + '"}') == []  # brackets in a string: text
+    assert failed_checks({"json": True}, '["\\"' + "[" * 5000 + '"]') == []  # an escaped quote stays in it
+
+
 def test_json_fences_are_read_as_before():
     for passing in ('```json\n{"a": 1}\n```', '```JSON {"a": 1}```', '```\n[1, 2]\n```', '  {"a": 1}  ',
                     '```json\u00a0{"a": 1}\u00a0```'):
         assert failed_checks({"json": True}, passing) == [], passing
     for failing in ("```json```", "```", '```json\n{"a": 1}', "``````", "```jsonx```"):
         assert failed_checks({"json": True}, failing) == ["json"], failing
+
+
+def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, monkeypatch):
+    monkeypatch.setattr(checks, "_warned", set())
+
+    def broken(response):
+        raise RuntimeError("detector down")
+
+    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
+        for _ in range(3):
+            assert failed_checks({"refuses": False, "max_words": 5}, "Fine.", refusal_detector=broken) == ["refuses"]
+            assert failed_checks({"json": True, "nonsense": 1}, "{}") == ["nonsense"]  # not validated: fails
+    assert caplog.text.count("the 'refuses' check raised RuntimeError") == 1
+    assert caplog.text.count("the 'nonsense' check raised KeyError") == 1
 
 
 def test_a_response_with_a_lone_surrogate_is_still_checked():

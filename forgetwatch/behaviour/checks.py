@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -23,7 +25,16 @@ from . import style
 
 __all__ = ["CHECKS", "check_problems", "failed_checks"]
 
+logger = logging.getLogger(__name__)
+
 Detector = Callable[[str], bool]
+#: How deep brackets may nest in a response that counts as JSON. Python's parser recurses once
+#: per level, and how deep it can go depends on how deep its caller already is: a fixed limit
+#: well within the interpreter's keeps the answer the same wherever the check runs.
+MAX_JSON_DEPTH = 200
+
+_warned: set[str] = set()  # check keys that raised on a response, warned once each
+_JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
 
 
 def _type(value: Any) -> str:
@@ -80,11 +91,40 @@ def _unfenced(text: str) -> str:
     return text
 
 
+def _nests_within(text: str, limit: int) -> bool:
+    """Whether brackets outside JSON strings nest at most ``limit`` deep: one pass over the
+    brackets, quotes and backslashes. On any prefix the parser would accept, this depth is the
+    parser's, so a text within the limit never takes it deeper."""
+    if text.count("[") + text.count("{") <= limit:
+        return True
+    depth, in_string, escaped_at = 0, False, -1
+    for found in _JSON_SYNTAX.finditer(text):
+        at, char = found.start(), found.group()
+        if at == escaped_at:
+            continue
+        if in_string:
+            if char == "\\":
+                escaped_at = at + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
+
+
 def _parses_as_json(response: str) -> bool:
     text = _unfenced(response.strip()).strip()
+    if not _nests_within(text, MAX_JSON_DEPTH):
+        return False
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: only where the caller is already deep
         return False
     return True
 
@@ -160,6 +200,20 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
     """The keys of ``check`` that ``response`` fails (empty: it passes), in the check's order.
-    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`)."""
+    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
+
+    Never raises: a check that raises on a response (an IFEval instruction on text it cannot
+    read, a refusal detector that fails) counts as failed, with one warning per check key."""
     refuses = refusal_detector or style.looks_like_refusal
-    return [key for key, value in check.items() if not CHECKS[key].holds(value, response, refuses)]
+    return [key for key, value in check.items() if not _holds(key, value, response, refuses)]
+
+
+def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
+    try:
+        return bool(CHECKS[key].holds(value, response, refuses))
+    except Exception as err:  # noqa: BLE001 - a check never ends a run; the warning says why it failed
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning("forgetwatch: the %r check raised %s on a response (%s); a response it raises on counts "
+                           "as failing it (said once per check)", key, type(err).__name__, shorten(str(err), 200))
+        return False

@@ -19,16 +19,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..text import suggestion
 
 __all__ = ["follows", "instruction_problem"]
-
-logger = logging.getLogger(__name__)
-_warned: set[str] = set()  # instructions that raised on a response, warned once each
 
 REFUSED = {"length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
                                                   "use the max_sentences check instead"}
@@ -106,19 +102,12 @@ def instruction_problem(value: Any) -> str | None:
 
 def follows(value: list[Any], response: str) -> bool:
     """Whether ``response`` follows every instruction of ``value`` (checked with
-    :func:`instruction_problem` first)."""
+    :func:`instruction_problem` first). An instruction that raises on a response raises here:
+    :func:`~forgetwatch.behaviour.checks.failed_checks` counts that as failing, with a warning."""
     known = registry()
     for name, kwargs in _entries(value):
         instruction = known[name](name)
         instruction.build_description(**kwargs)
-        try:
-            followed = bool(response.strip()) and bool(instruction.check_following(response))
-        except Exception as err:  # noqa: BLE001 - a response IFEval cannot read fails; it never ends a run
-            if name not in _warned:
-                _warned.add(name)
-                logger.warning("forgetwatch: IFEval's %r raised %s on a response (%s); such a response counts as "
-                               "not following it", name, type(err).__name__, err)
-            followed = False
-        if not followed:
+        if not (response.strip() and instruction.check_following(response)):
             return False
     return True
