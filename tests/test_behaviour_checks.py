@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
+import re
 import signal
 
 import pytest
@@ -18,6 +20,7 @@ from forgetwatch.behaviour import (
     style,
 )
 from forgetwatch.probes import ProbeError
+from forgetwatch.text import shorten
 
 REFUSAL = "I'm sorry, but I can't help with that request."
 ANSWER = "Boil the water, add the pasta, and cook it for ten minutes. Then drain it."
@@ -139,16 +142,16 @@ class TestIFEval:
         bullets = {"ifeval": [{"id": "detectable_format:number_bullet_lists", "kwargs": {"num_bullets": 2}}]}
         assert failed_checks(bullets, "* one\n* two") == [] and failed_checks(bullets, "* one") == ["ifeval"]
 
-    @pytest.mark.parametrize("entry,message", [
-        ("length_constraints:number_word", "did you mean 'length_constraints:number_words'?"),
-        ("length_constraints:number_words", "give every parameter (num_words, relation)"),
-        ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "unknown parameter(s) x"),
+    @pytest.mark.parametrize("entry,field,message", [
+        ("length_constraints:number_word", "[0]", "did you mean 'length_constraints:number_words'?"),
+        ("length_constraints:number_words", "[0].kwargs", "give every parameter (num_words, relation)"),
+        ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "[0].kwargs", "unknown parameter(s) 'x'"),
         ({"id": "length_constraints:number_words", "kwargs": {"num_words": 5, "relation": "about"}},
-         "refuses its kwargs"),
-        ("length_constraints:number_sentences", "use the max_sentences check instead"),
+         "[0].kwargs.relation", "must be 'less than' or 'at least'"),
+        ("length_constraints:number_sentences", "[0]", "use the max_sentences check instead"),
     ])
-    def test_bad_instructions_fail_at_load(self, entry, message):
-        with pytest.raises(ProbeError, match="field 'check.ifeval'") as err:
+    def test_bad_instructions_fail_at_load(self, entry, field, message):
+        with pytest.raises(ProbeError, match=re.escape(f"field 'check.ifeval{field}'")) as err:
             ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])
         assert message in str(err.value)
 
@@ -344,6 +347,143 @@ def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, mo
     assert caplog.text.count("the 'nonsense' check raised KeyError") == 1
 
 
+@pytest.mark.parametrize("check,field", [
+    ({"regex": "caf\udce9"}, "check.regex"),
+    ({"contains": ["ok", "x\ud800"]}, "check.contains[1]"),
+    ({"starts_with": "\udfff"}, "check.starts_with"),
+    ({"ifeval": [{"id": "keywords:existence", "kwargs": {"keywords": ["ok", "\ud83d"]}}]},
+     "check.ifeval[0].kwargs.keywords[1]"),
+    ({"ifeval": [{"id": "punctuation:no_comma", "kwargs": {"\ud800": 1}}]}, "check.ifeval[0].kwargs.\ud800"),
+])
+def test_a_lone_surrogate_in_a_check_field_fails_at_load_naming_the_field(check, field):
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": check}])
+    assert f"field {shorten(field)}: holds a lone surrogate" in str(err.value)
+
+
 def test_a_response_with_a_lone_surrogate_is_still_checked():
     assert failed_checks({"regex": "x.y", "not_regex": "z"}, "x\ud800y") == []
 
+
+# -- IFEval's parameters: each checked by type and range, against lm-eval's own classes ------------
+
+#: A value lm-eval uses as given, for each parameter name.
+VALID = {"num_words": 50, "num_placeholders": 2, "num_bullets": 0, "num_highlights": 2, "num_sections": 3,
+         "num_paragraphs": 3, "frequency": 2, "let_frequency": 3, "capital_frequency": 2, "nth_paragraph": 2,
+         "relation": "less than", "let_relation": "at least", "capital_relation": "at least",
+         "keywords": ["rain", "ink"], "forbidden_words": ["taylor"], "keyword": "story", "section_spliter": "SECTION",
+         "postscript_marker": "P.P.S.", "end_phrase": "Any other questions?", "prompt_to_repeat": "Say hi.",
+         "letter": "t", "language": "kn", "first_word": "weekend"}
+#: Values that are refused, for each kind of parameter (the issue's: -3, "abc", NaN).
+INVALID = {"num_words": [-3, float("nan"), 2.5, True, "5", None], "nth_paragraph": [0, 4],
+           "keywords": ["abc", [], [""], ["C++"], ["(a+)+$"]], "forbidden_words": ["rock", ["a|b"]],
+           "keyword": ["", "  ", "wh?"], "letter": ["#", "!", "ab", ""], "language": ["xx", "EN", 1],
+           "relation": ["about", "at most", ["less than"]], "first_word": ["two words", "don't", ""],
+           "end_phrase": [" ", 3], "section_spliter": ["SECTION*"]}
+
+
+@pytest.fixture
+def lm_eval_registry():
+    pytest.importorskip("langdetect")
+    pytest.importorskip("lm_eval")
+    from forgetwatch.behaviour import ifeval
+
+    return {name: cls for name, cls in ifeval.registry().items() if name not in ifeval.REFUSED}
+
+
+def _kwargs(cls):
+    from forgetwatch.behaviour import ifeval
+
+    return {arg: VALID[arg] for arg in ifeval._parameters(cls)}
+
+
+def _drawn(cls, name, kwargs, seeds=range(8)):
+    """lm-eval's instruction args after build_description(**kwargs), one set per random seed."""
+    state = random.getstate()
+    try:
+        drawn = []
+        for seed in seeds:
+            random.seed(seed)
+            instruction = cls(name)
+            instruction.build_description(**kwargs)
+            drawn.append(json.dumps(instruction.get_instruction_args(), sort_keys=True))
+        return set(drawn)
+    finally:
+        random.setstate(state)
+
+
+def test_every_parameter_of_every_registered_instruction_has_a_rule(lm_eval_registry):
+    from lm_eval.tasks.ifeval import instructions
+
+    from forgetwatch.behaviour import ifeval
+
+    wanted = {arg for cls in lm_eval_registry.values() for arg in ifeval._parameters(cls)}
+    assert wanted == set(ifeval.ARGUMENTS) == set(VALID)
+    assert ifeval.RELATIONS == instructions._COMPARISON_RELATION
+
+
+def test_within_the_rules_lm_eval_draws_nothing_at_random(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    for name, cls in lm_eval_registry.items():
+        kwargs = _kwargs(cls)
+        assert ifeval.instruction_problem([{"id": name, "kwargs": kwargs}]) is None, name
+        assert len(_drawn(cls, name, kwargs)) == 1, name
+
+
+def test_a_count_below_its_range_is_refused_where_lm_eval_would_draw_it(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    for name, cls in lm_eval_registry.items():
+        for arg in [a for a in ifeval._parameters(cls) if isinstance(VALID[a], int)]:
+            kwargs = {**_kwargs(cls), arg: -3}
+            where, message = ifeval.instruction_problem([{"id": name, "kwargs": kwargs}])
+            assert where == f"[0].kwargs.{arg}" and "must be an integer >= " in message, (name, arg)
+            if arg != "capital_frequency":  # lm-eval uses a negative one as given: always false/true
+                assert len(_drawn(cls, name, kwargs)) > 1, (name, arg)  # the issue's 19 passes in 40
+
+
+def test_num_words_minus_three_made_the_same_response_pass_and_fail(lm_eval_registry):
+    cls = lm_eval_registry["length_constraints:number_words"]
+    verdicts = set()
+    for seed in range(40):
+        random.seed(seed)
+        instruction = cls("length_constraints:number_words")
+        instruction.build_description(num_words=-3, relation="less than")
+        verdicts.add(instruction.check_following("word " * 300))
+    assert verdicts == {True, False}  # why it is refused
+
+
+@pytest.mark.parametrize("arg,value", [(arg, v) for arg, values in INVALID.items() for v in values])
+def test_a_bad_ifeval_parameter_fails_at_load_naming_it(lm_eval_registry, monkeypatch, arg, value):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    name, cls = next((n, c) for n, c in lm_eval_registry.items() if arg in ifeval._parameters(c))
+    kwargs = {**_kwargs(cls), arg: value}
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [{"id": name, "kwargs": kwargs}]}}])
+    field = "kwargs" if value is None else f"kwargs.{arg}"  # None: a missing parameter
+    assert f"field 'check.ifeval[0].{field}'" in str(err.value)
+
+
+def test_keywords_as_a_string_would_be_read_letter_by_letter(lm_eval_registry):
+    cls = lm_eval_registry["keywords:existence"]
+    instruction = cls("keywords:existence")
+    instruction.build_description(keywords="abc")
+    assert instruction.get_instruction_args() == {"keywords": ["a", "b", "c"]}  # why it is refused
+    with pytest.raises(ProbeError, match=re.escape('write ["abc"]')):
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {
+            "ifeval": [{"id": "keywords:existence", "kwargs": {"keywords": "abc"}}]}}])
+
+
+def test_an_instruction_needing_nltk_data_that_is_missing_fails_at_load(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: False)
+    entry = {"id": "change_case:capital_word_frequency", "kwargs": {"capital_frequency": 2,
+                                                                   "capital_relation": "at least"}}
+    with pytest.raises(ProbeError, match=r"field 'check.ifeval\[0\]': .*python -m nltk.downloader punkt_tab"):
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])

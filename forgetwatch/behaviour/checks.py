@@ -34,6 +34,7 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
 
 
@@ -75,7 +76,7 @@ def _phrases(value: Any) -> str | None:
     return f"entry {bad[0]} must be a non-empty string, got {value[bad[0]]!r:.40}" if bad else None
 
 
-def _ifeval(value: Any) -> str | None:
+def _ifeval(value: Any) -> str | tuple[str, str] | None:
     from .ifeval import instruction_problem
 
     return instruction_problem(value)
@@ -140,9 +141,10 @@ def _ifeval_holds(value: Any, response: str) -> bool:
 
 
 class Check(NamedTuple):
-    """One check key: how its value is validated, whether a response passes, what it means."""
+    """One check key: how its value is validated (a message, or ``(where inside the value,
+    message)``; ``None`` when it is fine), whether a response passes, what it means."""
 
-    problem: Callable[[Any], str | None]
+    problem: Callable[[Any], str | tuple[str, str] | None]
     holds: Callable[[Any, str, Detector], bool]
     help: str
 
@@ -174,8 +176,8 @@ CHECKS: dict[str, Check] = {
 
 
 def check_problems(value: Any) -> list[tuple[str, str]]:
-    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself or
-    ``check.<key>``.
+    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself,
+    ``check.<key>``, or a place inside a key's value (``check.ifeval[0].kwargs.num_words``).
 
     Example:
         >>> check_problems({"max_word": 5, "regex": "("})[0][1][:52]
@@ -188,14 +190,34 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
     problems = []
     for key, v in value.items():
         if key not in CHECKS:
-            problems.append(("check", f"unknown check {key!r}{suggestion(str(key), CHECKS)}; known: "
+            problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: "
                                       f"{', '.join(CHECKS)}"))
-        elif message := CHECKS[key].problem(v):
-            problems.append((f"check.{key}", message))
+        elif where := _lone_surrogate(v, f"check.{key}"):
+            problems.append((where, "holds a lone surrogate (half of a UTF-16 pair, such as \\ud800), which no "
+                                    "UTF-8 text can hold; write the character whole"))
+        elif problem := CHECKS[key].problem(v):
+            inside, message = problem if isinstance(problem, tuple) else ("", problem)
+            problems.append((f"check.{key}{inside}", message))
     if not problems and "min_words" in value and "max_words" in value and value["min_words"] > value["max_words"]:
         problems.append(("check.min_words", f"{value['min_words']} is more than max_words {value['max_words']}: "
                                             "no response could pass"))
     return problems
+
+
+def _lone_surrogate(value: Any, field: str) -> str | None:
+    """The field of the first string in ``value`` (through lists and objects, keys too) that
+    holds a lone surrogate, or ``None``; a loop, not recursion, however deep the value."""
+    todo = [(field, value)]
+    while todo:
+        where, item = todo.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return where
+        elif isinstance(item, Mapping):
+            todo.extend(reversed([(f"{where}.{k}", x) for k, v in item.items() for x in (k, v)]))
+        elif isinstance(item, (list, tuple)):
+            todo.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
+    return None
 
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
