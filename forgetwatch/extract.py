@@ -10,10 +10,14 @@ import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
+from . import patterns
+
 Extractor = Callable[[str], "str | None"]
 
+# Linear in the text, which the model writes: no two quantifiers may share characters, or a
+# run of spaces is split between them every way (quadratic; "\s*(?:is\s*:?|:)?\s*" was).
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_LETTER_AFTER_ANSWER = re.compile(r"\b(?i:answer)\b\s*(?:(?i:is)\s*:?|:)?\s*(\()?([A-Za-z])(?![A-Za-z])")
+_LETTER_AFTER_ANSWER = re.compile(r"\b(?i:answer)\b\s*(?:(?i:is)(?:\s*:)?\s*|:\s*)?(\()?([A-Za-z])(?![A-Za-z])")
 _SET_OFF = re.compile(r"\s*(?:$|[).,;:!?\n])")
 _PROSE_AFTER = re.compile(r"\s+[a-z]")
 # A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
@@ -52,9 +56,8 @@ def extract_letter(text: str) -> str | None:
     """
     for m in _LETTER_AFTER_ANSWER.finditer(text):
         paren, letter = m.group(1), m.group(2)
-        rest = text[m.end():]
-        if paren or _SET_OFF.match(rest) or (
-                letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(rest))):
+        if paren or _SET_OFF.match(text, m.end()) or (
+                letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(text, m.end()))):
             return letter.upper()
     for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
         m = pattern.search(text)
@@ -68,10 +71,10 @@ def extract_exact(text: str) -> str | None:
 
 
 def regex_extractor(pattern: str) -> Extractor:
-    compiled = re.compile(pattern)
-
+    """The first group of ``pattern``'s first match, run by RE2 in linear time (see
+    :mod:`forgetwatch.patterns`)."""
     def extract(text: str) -> str | None:
-        m = compiled.search(text)
+        m = patterns.search(pattern, text)
         return None if m is None or m.group(1) is None else m.group(1).strip()
 
     return extract

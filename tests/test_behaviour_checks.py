@@ -3,14 +3,24 @@ should; bad check objects fail at load naming file, line and field; the text fea
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
+import re
+import signal
 
 import pytest
 
-from forgetwatch import ProbeSet
-from forgetwatch.behaviour import CHECKS, failed_checks, looks_like_refusal
-from forgetwatch.behaviour import style
+from forgetwatch import ProbeSet, extract
+from forgetwatch.behaviour import (
+    CHECKS,
+    checks,
+    failed_checks,
+    looks_like_refusal,
+    style,
+)
 from forgetwatch.probes import ProbeError
+from forgetwatch.text import shorten
 
 REFUSAL = "I'm sorry, but I can't help with that request."
 ANSWER = "Boil the water, add the pasta, and cook it for ten minutes. Then drain it."
@@ -132,16 +142,16 @@ class TestIFEval:
         bullets = {"ifeval": [{"id": "detectable_format:number_bullet_lists", "kwargs": {"num_bullets": 2}}]}
         assert failed_checks(bullets, "* one\n* two") == [] and failed_checks(bullets, "* one") == ["ifeval"]
 
-    @pytest.mark.parametrize("entry,message", [
-        ("length_constraints:number_word", "did you mean 'length_constraints:number_words'?"),
-        ("length_constraints:number_words", "give every parameter (num_words, relation)"),
-        ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "unknown parameter(s) x"),
+    @pytest.mark.parametrize("entry,field,message", [
+        ("length_constraints:number_word", "[0]", "did you mean 'length_constraints:number_words'?"),
+        ("length_constraints:number_words", "[0].kwargs", "give every parameter (num_words, relation)"),
+        ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "[0].kwargs", "unknown parameter(s) 'x'"),
         ({"id": "length_constraints:number_words", "kwargs": {"num_words": 5, "relation": "about"}},
-         "refuses its kwargs"),
-        ("length_constraints:number_sentences", "use the max_sentences check instead"),
+         "[0].kwargs.relation", "must be 'less than' or 'at least'"),
+        ("length_constraints:number_sentences", "[0]", "use the max_sentences check instead"),
     ])
-    def test_bad_instructions_fail_at_load(self, entry, message):
-        with pytest.raises(ProbeError, match="field 'check.ifeval'") as err:
+    def test_bad_instructions_fail_at_load(self, entry, field, message):
+        with pytest.raises(ProbeError, match=re.escape(f"field 'check.ifeval{field}'")) as err:
             ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])
         assert message in str(err.value)
 
@@ -198,11 +208,282 @@ def test_drift_figures_on_written_responses():
 def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(caplog, monkeypatch):
     pytest.importorskip("langdetect")
     pytest.importorskip("lm_eval")
-    from forgetwatch.behaviour import ifeval
+    from forgetwatch.behaviour import checks, ifeval
 
+    monkeypatch.setattr(checks, "_warned", set())
     broken = ifeval.registry()["punctuation:no_comma"]
     monkeypatch.setattr(broken, "check_following", lambda self, value: 1 / 0)
-    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.ifeval"):
+    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
         assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
     assert caplog.text.count("raised ZeroDivisionError") == 1
+    assert not hasattr(ifeval, "_warned")  # one mechanism: failed_checks's
+
+
+# -- no check raises, no check hangs ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def finishes_within(seconds: float):
+    """A GENEROUS WALL-CLOCK BOUND, the one kind of timing these tests use: the code it guards
+    takes milliseconds, the backtracking it replaced hours, so no load on the machine comes
+    near it. SIGALRM interrupts Python's ``re`` (it checks for signals), so a regression fails
+    here instead of hanging the suite."""
+    def stop(signum, frame):
+        raise AssertionError(f"did not finish within {seconds} s: super-linear on this input")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+KB200 = 200_000
+# each a 200 KB response built against one of our own patterns (a run of what its quantifiers share)
+ADVERSARIAL = [
+    ("json fence", lambda r: checks._parses_as_json(r), "```json" + " " * KB200 + "x"),
+    ("json depth", lambda r: checks._parses_as_json(r), "[" * KB200),
+    ("sentences", style.sentence_count, "." * KB200 + "x"),
+    ("bullets/newlines", style.bullet_lines, "\n" * KB200 + "x"),
+    ("bullets/spaces", style.bullet_lines, "- " + " " * KB200),
+    ("table/newlines", style.has_table, "\n" * KB200 + "x"),
+    ("table/spaces", style.has_table, " " * KB200 + "x"),
+    ("table/cells", style.has_table, "|---" * (KB200 // 4) + "x"),
+    ("hedging", style.hedges, "i " * (KB200 // 2)),
+    ("words", style.word_count, "a " * (KB200 // 2)),
+    ("number/digits", extract.extract_number, "1," * (KB200 // 2) + "x"),
+    ("letter/answer spaces", extract.extract_letter, "answer" + " " * KB200 + "1"),
+    ("letter/answer is spaces", extract.extract_letter, "the answer is" + " " * KB200 + ":" + " " * KB200 + "1"),
+    ("letter/repeated", extract.extract_letter, "answer a " * (KB200 // 9)),
+    ("letter/start", extract.extract_letter, " " * KB200 + "1"),
+]
+
+
+@pytest.mark.parametrize("name,read,response", ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
+def test_our_patterns_are_linear_on_200_kb_adversarial_responses(name, read, response):
+    with finishes_within(10):
+        read(response)
+
+
+def test_every_drift_figure_and_check_reads_an_adversarial_response_in_bounded_time():
+    from forgetwatch.behaviour.drift import measure
+
+    responses = [r for _, _, r in ADVERSARIAL]
+    check = {"max_words": 5, "max_sentences": 1, "json": True, "bullets": 1, "regex": r"(a+)+$",
+             "not_regex": r"(\s*)*x$"}
+    with finishes_within(20):
+        measure(responses)
+        for response in responses:
+            failed_checks(check, response)
+
+
+@pytest.mark.parametrize("key", ["regex", "not_regex"])
+def test_a_backtracking_user_pattern_finishes_at_once_and_the_same_way_every_time(key):
+    check = {key: r"(a+)+$"}
+    response = "a" * KB200 + "b"
+    with finishes_within(10):  # Python's re: days for 40 characters
+        results = [failed_checks(check, response) for _ in range(3)]
+    assert results == [[key] if key == "regex" else []] * 3
+    assert failed_checks(check, "aaaa") == ([] if key == "regex" else [key])
+
+
+def test_an_extract_pattern_runs_in_linear_time_too():
+    extractor = extract.extractor_for(r"(\d+)+x")
+    with finishes_within(10):
+        assert extractor("1" * KB200 + "y") is None
+    assert extractor("it is 42x") == "42"
+
+
+@pytest.mark.parametrize("pattern,why", [
+    (r"(?<=Answer: )\w+", "invalid perl operator: (?<"),
+    (r"(\w+) \1", "invalid escape sequence: \\1"),
+    (r"done\Z", "invalid escape sequence: \\Z"),
+])
+@pytest.mark.parametrize("where", ["check.regex", "check.not_regex", "extract"])
+def test_a_pattern_that_needs_backtracking_fails_at_load_naming_the_field(tmp_path, pattern, why, where):
+    if where == "extract":
+        row = {"id": "g", "question": "Q?", "answer": "1", "extract": f"({pattern})"}
+    else:
+        row = {"id": "b", "question": "Hi", "check": {where.split(".")[1]: pattern}}
+    path = write(tmp_path, [row])
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_jsonl(path)
+    assert f"{path}: line 1: field '{where}': regex " in str(err.value)
+    assert f"does not compile ({why}" in str(err.value) and "RE2" in str(err.value)
+
+
+def test_deep_brackets_are_not_json_and_raise_nothing():
+    deep = "[" * 5000
+    assert failed_checks({"json": True}, deep) == ["json"] and failed_checks({"json": False}, deep) == []
+    assert failed_checks({"json": True}, "[" * 5000 + "]" * 5000) == ["json"]  # deeper than MAX_JSON_DEPTH
+    within = "[" * checks.MAX_JSON_DEPTH + "]" * checks.MAX_JSON_DEPTH
+    assert failed_checks({"json": True}, within) == []
+    assert failed_checks({"json": True}, '{"a": "' + "[" * 5000 + '"}') == []  # brackets in a string: text
+    assert failed_checks({"json": True}, '["\\"' + "[" * 5000 + '"]') == []  # an escaped quote stays in it
+
+
+def test_json_fences_are_read_as_before():
+    for passing in ('```json\n{"a": 1}\n```', '```JSON {"a": 1}```', '```\n[1, 2]\n```', '  {"a": 1}  ',
+                    '```json\u00a0{"a": 1}\u00a0```'):
+        assert failed_checks({"json": True}, passing) == [], passing
+    for failing in ("```json```", "```", '```json\n{"a": 1}', "``````", "```jsonx```"):
+        assert failed_checks({"json": True}, failing) == ["json"], failing
+
+
+def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, monkeypatch):
+    monkeypatch.setattr(checks, "_warned", set())
+
+    def broken(response):
+        raise RuntimeError("detector down")
+
+    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
+        for _ in range(3):
+            assert failed_checks({"refuses": False, "max_words": 5}, "Fine.", refusal_detector=broken) == ["refuses"]
+            assert failed_checks({"json": True, "nonsense": 1}, "{}") == ["nonsense"]  # not validated: fails
+    assert caplog.text.count("the 'refuses' check raised RuntimeError") == 1
+    assert caplog.text.count("the 'nonsense' check raised KeyError") == 1
+
+
+@pytest.mark.parametrize("check,field", [
+    ({"regex": "caf\udce9"}, "check.regex"),
+    ({"contains": ["ok", "x\ud800"]}, "check.contains[1]"),
+    ({"starts_with": "\udfff"}, "check.starts_with"),
+    ({"ifeval": [{"id": "keywords:existence", "kwargs": {"keywords": ["ok", "\ud83d"]}}]},
+     "check.ifeval[0].kwargs.keywords[1]"),
+    ({"ifeval": [{"id": "punctuation:no_comma", "kwargs": {"\ud800": 1}}]}, "check.ifeval[0].kwargs.\ud800"),
+])
+def test_a_lone_surrogate_in_a_check_field_fails_at_load_naming_the_field(check, field):
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": check}])
+    assert f"field {shorten(field)}: holds a lone surrogate" in str(err.value)
+
+
+def test_a_response_with_a_lone_surrogate_is_still_checked():
+    assert failed_checks({"regex": "x.y", "not_regex": "z"}, "x\ud800y") == []
+
+
+# -- IFEval's parameters: each checked by type and range, against lm-eval's own classes ------------
+
+#: A value lm-eval uses as given, for each parameter name.
+VALID = {"num_words": 50, "num_placeholders": 2, "num_bullets": 0, "num_highlights": 2, "num_sections": 3,
+         "num_paragraphs": 3, "frequency": 2, "let_frequency": 3, "capital_frequency": 2, "nth_paragraph": 2,
+         "relation": "less than", "let_relation": "at least", "capital_relation": "at least",
+         "keywords": ["rain", "ink"], "forbidden_words": ["taylor"], "keyword": "story", "section_spliter": "SECTION",
+         "postscript_marker": "P.P.S.", "end_phrase": "Any other questions?", "prompt_to_repeat": "Say hi.",
+         "letter": "t", "language": "kn", "first_word": "weekend"}
+#: Values that are refused, for each kind of parameter (the issue's: -3, "abc", NaN).
+INVALID = {"num_words": [-3, float("nan"), 2.5, True, "5", None], "nth_paragraph": [0, 4],
+           "keywords": ["abc", [], [""], ["C++"], ["(a+)+$"]], "forbidden_words": ["rock", ["a|b"]],
+           "keyword": ["", "  ", "wh?"], "letter": ["#", "!", "ab", ""], "language": ["xx", "EN", 1],
+           "relation": ["about", "at most", ["less than"]], "first_word": ["two words", "don't", ""],
+           "end_phrase": [" ", 3], "section_spliter": ["SECTION*"]}
+
+
+@pytest.fixture
+def lm_eval_registry():
+    pytest.importorskip("langdetect")
+    pytest.importorskip("lm_eval")
+    from forgetwatch.behaviour import ifeval
+
+    return {name: cls for name, cls in ifeval.registry().items() if name not in ifeval.REFUSED}
+
+
+def _kwargs(cls):
+    from forgetwatch.behaviour import ifeval
+
+    return {arg: VALID[arg] for arg in ifeval._parameters(cls)}
+
+
+def _drawn(cls, name, kwargs, seeds=range(8)):
+    """lm-eval's instruction args after build_description(**kwargs), one set per random seed."""
+    state = random.getstate()
+    try:
+        drawn = []
+        for seed in seeds:
+            random.seed(seed)
+            instruction = cls(name)
+            instruction.build_description(**kwargs)
+            drawn.append(json.dumps(instruction.get_instruction_args(), sort_keys=True))
+        return set(drawn)
+    finally:
+        random.setstate(state)
+
+
+def test_every_parameter_of_every_registered_instruction_has_a_rule(lm_eval_registry):
+    from lm_eval.tasks.ifeval import instructions
+
+    from forgetwatch.behaviour import ifeval
+
+    wanted = {arg for cls in lm_eval_registry.values() for arg in ifeval._parameters(cls)}
+    assert wanted == set(ifeval.ARGUMENTS) == set(VALID)
+    assert ifeval.RELATIONS == instructions._COMPARISON_RELATION
+
+
+def test_within_the_rules_lm_eval_draws_nothing_at_random(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    for name, cls in lm_eval_registry.items():
+        kwargs = _kwargs(cls)
+        assert ifeval.instruction_problem([{"id": name, "kwargs": kwargs}]) is None, name
+        assert len(_drawn(cls, name, kwargs)) == 1, name
+
+
+def test_a_count_below_its_range_is_refused_where_lm_eval_would_draw_it(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    for name, cls in lm_eval_registry.items():
+        for arg in [a for a in ifeval._parameters(cls) if isinstance(VALID[a], int)]:
+            kwargs = {**_kwargs(cls), arg: -3}
+            where, message = ifeval.instruction_problem([{"id": name, "kwargs": kwargs}])
+            assert where == f"[0].kwargs.{arg}" and "must be an integer >= " in message, (name, arg)
+            if arg != "capital_frequency":  # lm-eval uses a negative one as given: always false/true
+                assert len(_drawn(cls, name, kwargs)) > 1, (name, arg)  # the issue's 19 passes in 40
+
+
+def test_num_words_minus_three_made_the_same_response_pass_and_fail(lm_eval_registry):
+    cls = lm_eval_registry["length_constraints:number_words"]
+    verdicts = set()
+    for seed in range(40):
+        random.seed(seed)
+        instruction = cls("length_constraints:number_words")
+        instruction.build_description(num_words=-3, relation="less than")
+        verdicts.add(instruction.check_following("word " * 300))
+    assert verdicts == {True, False}  # why it is refused
+
+
+@pytest.mark.parametrize("arg,value", [(arg, v) for arg, values in INVALID.items() for v in values])
+def test_a_bad_ifeval_parameter_fails_at_load_naming_it(lm_eval_registry, monkeypatch, arg, value):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: True)
+    name, cls = next((n, c) for n, c in lm_eval_registry.items() if arg in ifeval._parameters(c))
+    kwargs = {**_kwargs(cls), arg: value}
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [{"id": name, "kwargs": kwargs}]}}])
+    field = "kwargs" if value is None else f"kwargs.{arg}"  # None: a missing parameter
+    assert f"field 'check.ifeval[0].{field}'" in str(err.value)
+
+
+def test_keywords_as_a_string_would_be_read_letter_by_letter(lm_eval_registry):
+    cls = lm_eval_registry["keywords:existence"]
+    instruction = cls("keywords:existence")
+    instruction.build_description(keywords="abc")
+    assert instruction.get_instruction_args() == {"keywords": ["a", "b", "c"]}  # why it is refused
+    with pytest.raises(ProbeError, match=re.escape('write ["abc"]')):
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {
+            "ifeval": [{"id": "keywords:existence", "kwargs": {"keywords": "abc"}}]}}])
+
+
+def test_an_instruction_needing_nltk_data_that_is_missing_fails_at_load(lm_eval_registry, monkeypatch):
+    from forgetwatch.behaviour import ifeval
+
+    monkeypatch.setattr(ifeval, "_has_nltk_data", lambda path: False)
+    entry = {"id": "change_case:capital_word_frequency", "kwargs": {"capital_frequency": 2,
+                                                                   "capital_relation": "at least"}}
+    with pytest.raises(ProbeError, match=r"field 'check.ifeval\[0\]': .*python -m nltk.downloader punkt_tab"):
+        ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])

@@ -14,16 +14,28 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from ..text import suggestion
+from .. import patterns
+from ..text import shorten, suggestion
 from . import style
 
 __all__ = ["CHECKS", "check_problems", "failed_checks"]
 
+logger = logging.getLogger(__name__)
+
 Detector = Callable[[str], bool]
+#: How deep brackets may nest in a response that counts as JSON. Python's parser recurses once
+#: per level, and how deep it can go depends on how deep its caller already is: a fixed limit
+#: well within the interpreter's keeps the answer the same wherever the check runs.
+MAX_JSON_DEPTH = 200
+
+_warned: set[str] = set()  # check keys that raised on a response, warned once each
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
 
 
 def _type(value: Any) -> str:
@@ -45,11 +57,8 @@ def _count(least: int) -> Callable[[Any], str | None]:
 def _pattern(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         return f"must be a non-empty regular expression (a string), got {_type(value)} {value!r:.40}"
-    try:
-        re.compile(value)
-    except re.error as exc:
-        return f"regex {value!r:.60} does not compile ({exc}); fix it"
-    return None
+    problem = patterns.pattern_problem(value)
+    return f"regex {shorten(value)} {problem}" if problem else None
 
 
 def _text(value: Any) -> str | None:
@@ -67,18 +76,56 @@ def _phrases(value: Any) -> str | None:
     return f"entry {bad[0]} must be a non-empty string, got {value[bad[0]]!r:.40}" if bad else None
 
 
-def _ifeval(value: Any) -> str | None:
+def _ifeval(value: Any) -> str | tuple[str, str] | None:
     from .ifeval import instruction_problem
 
     return instruction_problem(value)
 
 
+def _unfenced(text: str) -> str:
+    """The text inside a fence of three backticks (tagged json or not) around the whole text,
+    else the text. String tests, not a regex: a fence pattern with ``\\s*`` around a lazy body
+    backtracks cubically on a long run of spaces."""
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
+        inside = text[3:-3]
+        return inside[4:] if inside[:4].lower() == "json" else inside
+    return text
+
+
+def _nests_within(text: str, limit: int) -> bool:
+    """Whether brackets outside JSON strings nest at most ``limit`` deep: one pass over the
+    brackets, quotes and backslashes. On any prefix the parser would accept, this depth is the
+    parser's, so a text within the limit never takes it deeper."""
+    if text.count("[") + text.count("{") <= limit:
+        return True
+    depth, in_string, escaped_at = 0, False, -1
+    for found in _JSON_SYNTAX.finditer(text):
+        at, char = found.start(), found.group()
+        if at == escaped_at:
+            continue
+        if in_string:
+            if char == "\\":
+                escaped_at = at + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
+
+
 def _parses_as_json(response: str) -> bool:
-    text = response.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL | re.IGNORECASE)
+    text = _unfenced(response.strip()).strip()
+    if not _nests_within(text, MAX_JSON_DEPTH):
+        return False
     try:
-        json.loads(fenced.group(1) if fenced else text)
-    except ValueError:
+        json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: only where the caller is already deep
         return False
     return True
 
@@ -94,9 +141,10 @@ def _ifeval_holds(value: Any, response: str) -> bool:
 
 
 class Check(NamedTuple):
-    """One check key: how its value is validated, whether a response passes, what it means."""
+    """One check key: how its value is validated (a message, or ``(where inside the value,
+    message)``; ``None`` when it is fine), whether a response passes, what it means."""
 
-    problem: Callable[[Any], str | None]
+    problem: Callable[[Any], str | tuple[str, str] | None]
     holds: Callable[[Any, str, Detector], bool]
     help: str
 
@@ -108,8 +156,10 @@ CHECKS: dict[str, Check] = {
     "max_words": Check(_count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
     "min_words": Check(_count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
     "max_sentences": Check(_count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
-    "regex": Check(_pattern, lambda v, r, _: re.search(v, r) is not None, "this regular expression matches"),
-    "not_regex": Check(_pattern, lambda v, r, _: re.search(v, r) is None, "this regular expression does not match"),
+    "regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is not None,
+                   "this regular expression matches (RE2 syntax: linear time, no lookarounds)"),
+    "not_regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is None,
+                       "this regular expression does not match (RE2 syntax)"),
     "contains": Check(_phrases, lambda v, r, _: all(p.lower() in r.lower() for p in v),
                       "holds every one of these strings (case-insensitive)"),
     "not_contains": Check(_phrases, lambda v, r, _: not any(p.lower() in r.lower() for p in v),
@@ -126,8 +176,8 @@ CHECKS: dict[str, Check] = {
 
 
 def check_problems(value: Any) -> list[tuple[str, str]]:
-    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself or
-    ``check.<key>``.
+    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself,
+    ``check.<key>``, or a place inside a key's value (``check.ifeval[0].kwargs.num_words``).
 
     Example:
         >>> check_problems({"max_word": 5, "regex": "("})[0][1][:52]
@@ -140,18 +190,52 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
     problems = []
     for key, v in value.items():
         if key not in CHECKS:
-            problems.append(("check", f"unknown check {key!r}{suggestion(str(key), CHECKS)}; known: "
+            problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: "
                                       f"{', '.join(CHECKS)}"))
-        elif message := CHECKS[key].problem(v):
-            problems.append((f"check.{key}", message))
+        elif where := _lone_surrogate(v, f"check.{key}"):
+            problems.append((where, "holds a lone surrogate (half of a UTF-16 pair, such as \\ud800), which no "
+                                    "UTF-8 text can hold; write the character whole"))
+        elif problem := CHECKS[key].problem(v):
+            inside, message = problem if isinstance(problem, tuple) else ("", problem)
+            problems.append((f"check.{key}{inside}", message))
     if not problems and "min_words" in value and "max_words" in value and value["min_words"] > value["max_words"]:
         problems.append(("check.min_words", f"{value['min_words']} is more than max_words {value['max_words']}: "
                                             "no response could pass"))
     return problems
 
 
+def _lone_surrogate(value: Any, field: str) -> str | None:
+    """The field of the first string in ``value`` (through lists and objects, keys too) that
+    holds a lone surrogate, or ``None``; a loop, not recursion, however deep the value."""
+    todo = [(field, value)]
+    while todo:
+        where, item = todo.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return where
+        elif isinstance(item, Mapping):
+            todo.extend(reversed([(f"{where}.{k}", x) for k, v in item.items() for x in (k, v)]))
+        elif isinstance(item, (list, tuple)):
+            todo.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
+    return None
+
+
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
     """The keys of ``check`` that ``response`` fails (empty: it passes), in the check's order.
-    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`)."""
+    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
+
+    Never raises: a check that raises on a response (an IFEval instruction on text it cannot
+    read, a refusal detector that fails) counts as failed, with one warning per check key."""
     refuses = refusal_detector or style.looks_like_refusal
-    return [key for key, value in check.items() if not CHECKS[key].holds(value, response, refuses)]
+    return [key for key, value in check.items() if not _holds(key, value, response, refuses)]
+
+
+def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
+    try:
+        return bool(CHECKS[key].holds(value, response, refuses))
+    except Exception as err:  # noqa: BLE001 - a check never ends a run; the warning says why it failed
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning("forgetwatch: the %r check raised %s on a response (%s); a response it raises on counts "
+                           "as failing it (said once per check)", key, type(err).__name__, shorten(str(err), 200))
+        return False

@@ -2,11 +2,17 @@
 implementation lm-eval-harness ships (``pip install 'forgetwatch[ifeval]'``), not a copy.
 
 An entry is an instruction id, or ``{"id": ..., "kwargs": {...}}`` for one with parameters.
-Every parameter must be given: IFEval draws a missing one at random, and a check that changes
-between evaluations would make flips out of nothing. ``length_constraints:number_sentences``
-is refused: lm-eval splits sentences with NLTK's punkt model, a pickled file downloaded on
-first use; the ``max_sentences`` check does that job here. lm-eval's module tries to download
-NLTK data when it is imported; forgetwatch imports it with downloads switched off.
+Every parameter must be given, and each is checked at load by :data:`ARGUMENTS`, a rule per
+parameter read from lm-eval's own classes: outside it IFEval would draw the value at random
+(``num_words: -3``, ``letter: "#"``, an empty list), read a string letter by letter
+(``keywords: "abc"``), or search with a regular expression a user did not mean (IFEval searches
+for keywords, forbidden words, section and postscript markers with Python's ``re``): a check
+that changes between evaluations would make flips out of nothing.
+``length_constraints:number_sentences`` is refused: lm-eval splits sentences with NLTK's punkt
+model, a pickled file downloaded on first use; the ``max_sentences`` check does that job here.
+``change_case:capital_word_frequency`` needs NLTK's ``punkt_tab`` data (plain text), refused
+where it is not installed. lm-eval's module tries to download NLTK data when it is imported;
+forgetwatch imports it with downloads switched off.
 
 Example:
     >>> follows([{"id": "length_constraints:number_words",
@@ -19,19 +25,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..text import suggestion
+from ..text import shorten, suggestion
 
-__all__ = ["follows", "instruction_problem"]
-
-logger = logging.getLogger(__name__)
-_warned: set[str] = set()  # instructions that raised on a response, warned once each
+__all__ = ["ARGUMENTS", "follows", "instruction_problem"]
 
 REFUSED = {"length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
                                                   "use the max_sentences check instead"}
+#: Instructions that read NLTK data: refused at load where it is not installed (each response
+#: would fail with a LookupError).
+NEEDS_NLTK_DATA = {"change_case:capital_word_frequency": "tokenizers/punkt_tab"}
+#: lm-eval's comparison relations (its ``_COMPARISON_RELATION``; a test holds them equal).
+RELATIONS = ("less than", "at least")
+#: What makes a string a regular expression rather than text (``.`` only widens a match).
+_PATTERN_SYNTAX = set("\\()[]{}|*+?^$")
+#: What ends the first word of a paragraph for ``nth_paragraph_first_word``.
+_WORD_ENDS = set(".,?!'\"")
 
 
 @contextlib.contextmanager
@@ -62,6 +73,107 @@ def registry() -> Mapping[str, type]:
     return INSTRUCTION_DICT
 
 
+def _got(value: Any) -> str:
+    return f"got {type(value).__name__} {shorten(value)}"
+
+
+def _count(least: int) -> Callable[[Any], str | None]:
+    """An integer from ``least`` up: IFEval draws a number at random below its range."""
+    def rule(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return f"must be an integer >= {least} (IFEval draws a random one otherwise), {_got(value)}"
+        return None
+    return rule
+
+
+def _text(value: Any) -> str | None:
+    return None if isinstance(value, str) and value.strip() else f"must be a non-empty string, {_got(value)}"
+
+
+def _plain(value: Any) -> str | None:
+    """Text IFEval searches for with Python's ``re``: a pattern character would make it a
+    regular expression, which could backtrack without end on a response."""
+    if problem := _text(value):
+        return problem
+    if used := sorted(_PATTERN_SYNTAX & set(value)):
+        return (f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; "
+                "give plain text")
+    return None
+
+
+def _plain_list(value: Any) -> str | None:
+    if isinstance(value, str):
+        return f'must be a list of strings (IFEval would read a string letter by letter); write ["{value:.40}"]'
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list of strings (IFEval draws random words otherwise), {_got(value)}"
+    return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := _plain(v))), None)
+
+
+def _relation(value: Any) -> str | None:
+    return None if isinstance(value, str) and value in RELATIONS else \
+        f"must be {' or '.join(map(repr, RELATIONS))}, {_got(value)}"
+
+
+def _letter(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) == 1 and "a" <= value.lower() <= "z":
+        return None
+    return f"must be one letter a-z (IFEval counts a random letter otherwise), {_got(value)}"
+
+
+def _language(value: Any) -> str | None:
+    from lm_eval.tasks.ifeval.instructions_util import LANGUAGE_CODES
+
+    if isinstance(value, str) and value in LANGUAGE_CODES:
+        return None
+    return f"must be one of IFEval's language codes ({', '.join(LANGUAGE_CODES)}), {_got(value)}"
+
+
+def _first_word(value: Any) -> str | None:
+    if problem := _text(value):
+        return problem
+    if any(ch.isspace() or ch in _WORD_ENDS for ch in value):
+        return (f"{shorten(value)} is not one word: IFEval compares the paragraph's first word up to its first "
+                "space or . , ? ! ' \" with it, so no response could pass")
+    return None
+
+
+#: Each IFEval parameter's rule, by name, read from lm-eval's ``build_description`` and
+#: ``check_following``: the values it uses as given (a test checks that every parameter of
+#: every registered instruction has one, and that lm-eval draws nothing at random within them).
+ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
+    **dict.fromkeys(["num_words", "num_placeholders", "num_bullets", "num_highlights", "num_sections",
+                     "num_paragraphs", "frequency", "let_frequency", "capital_frequency"], _count(0)),
+    "nth_paragraph": _count(1),  # and at most num_paragraphs: see _pair_problem
+    **dict.fromkeys(["relation", "let_relation", "capital_relation"], _relation),
+    **dict.fromkeys(["keywords", "forbidden_words"], _plain_list),
+    **dict.fromkeys(["keyword", "section_spliter", "postscript_marker"], _plain),
+    **dict.fromkeys(["end_phrase", "prompt_to_repeat"], _text),
+    "letter": _letter,
+    "language": _language,
+    "first_word": _first_word,
+}
+
+
+def _pair_problem(kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A problem between two parameters: IFEval draws ``nth_paragraph`` at random past
+    ``num_paragraphs``."""
+    if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
+        return "nth_paragraph", (f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']} "
+                                 "(IFEval draws a random one then)")
+    return None
+
+
+@functools.cache
+def _has_nltk_data(path: str) -> bool:
+    import nltk
+
+    try:
+        nltk.data.find(path)
+    except LookupError:
+        return False
+    return True
+
+
 def _parameters(cls: type) -> list[str]:
     return [n for n in inspect.signature(cls.build_description).parameters if n != "self"]
 
@@ -70,55 +182,64 @@ def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
     return [(e, {}) if isinstance(e, str) else (e["id"], dict(e.get("kwargs") or {})) for e in value]
 
 
-def instruction_problem(value: Any) -> str | None:
-    """Why ``value`` is not a list of IFEval instructions this process can check, or ``None``."""
+def instruction_problem(value: Any) -> tuple[str, str] | None:
+    """Why ``value`` is not a list of IFEval instructions this process can check, as
+    ``(where, message)`` (``where``: ``""``, ``"[0]"``, ``"[0].kwargs.num_words"``), or ``None``."""
     if not isinstance(value, list) or not value:
-        return ('must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
-                f"got {type(value).__name__}")
+        return "", ('must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
+                    f"got {type(value).__name__}")
     for i, entry in enumerate(value):
         if isinstance(entry, Mapping):
-            if not isinstance(entry.get("id"), str) or not isinstance(entry.get("kwargs", {}), Mapping) \
-                    or set(entry) - {"id", "kwargs"}:
-                return f'entry {i} must be {{"id": "<instruction id>", "kwargs": {{...}}}}, got {dict(entry)!r:.80}'
+            if not isinstance(entry.get("id"), str) or set(entry) - {"id", "kwargs"}:
+                return f"[{i}]", f'must be {{"id": "<instruction id>", "kwargs": {{...}}}}, got {shorten(entry)}'
+            if not isinstance(entry.get("kwargs", {}), Mapping):
+                return f"[{i}].kwargs", f"must be an object of the instruction's parameters, {_got(entry['kwargs'])}"
         elif not isinstance(entry, str):
-            return f"entry {i} must be an instruction id (a string) or an object, got {entry!r:.40}"
+            return f"[{i}]", f"must be an instruction id (a string) or an object, {_got(entry)}"
     try:
         known = registry()
     except ImportError as exc:
-        return str(exc)
+        return "", str(exc)
     for i, (name, kwargs) in enumerate(_entries(value)):
         if name in REFUSED:
-            return f"entry {i}: {name!r} is not supported: {REFUSED[name]}"
+            return f"[{i}]", f"{name!r} is not supported: {REFUSED[name]}"
         if name not in known:
-            return f"entry {i}: unknown IFEval instruction {name!r}{suggestion(name, known)}"
+            return f"[{i}]", f"unknown IFEval instruction {shorten(name)}{suggestion(name, known)}"
+        if name in NEEDS_NLTK_DATA and not _has_nltk_data(NEEDS_NLTK_DATA[name]):
+            data = NEEDS_NLTK_DATA[name].rsplit("/", 1)[-1]
+            return f"[{i}]", (f"{name!r} needs NLTK's {data} data, not installed here (every response would fail "
+                              f"it); install it with: python -m nltk.downloader {data}")
         wanted = _parameters(known[name])
         missing, extra = [p for p in wanted if kwargs.get(p) is None], sorted(set(kwargs) - set(wanted))
         if missing or extra:
             what = (f"give every parameter ({', '.join(wanted)}), or IFEval draws the missing at random"
-                    if missing else f"unknown parameter(s) {', '.join(extra)}; it takes {', '.join(wanted) or 'none'}")
-            return f"entry {i}: {name!r}: {what}"
+                    if missing else f"unknown parameter(s) {', '.join(map(shorten, extra))}; it takes "
+                                    f"{', '.join(wanted) or 'none'}")
+            return f"[{i}].kwargs", f"{name!r}: {what}"
+        for arg in wanted:
+            rule = ARGUMENTS.get(arg)
+            if rule is None:  # a parameter of a newer lm-eval: whether it is used as given is unknown
+                return f"[{i}].kwargs.{arg}", (f"{name!r}: forgetwatch has no rule for this parameter of this lm-eval "
+                                               "version, so it cannot tell whether IFEval uses it as given")
+            if problem := rule(kwargs[arg]):
+                return f"[{i}].kwargs.{arg}", problem
+        if pair := _pair_problem(kwargs):
+            return f"[{i}].kwargs.{pair[0]}", pair[1]
         try:
             known[name](name).build_description(**kwargs)
         except Exception as exc:  # noqa: BLE001 - IFEval raises plain ValueError/TypeError on bad values
-            return f"entry {i}: {name!r} refuses its kwargs: {exc}"
+            return f"[{i}].kwargs", f"{name!r} refuses its kwargs: {exc}"
     return None
 
 
 def follows(value: list[Any], response: str) -> bool:
     """Whether ``response`` follows every instruction of ``value`` (checked with
-    :func:`instruction_problem` first)."""
+    :func:`instruction_problem` first). An instruction that raises on a response raises here:
+    :func:`~forgetwatch.behaviour.checks.failed_checks` counts that as failing, with a warning."""
     known = registry()
     for name, kwargs in _entries(value):
         instruction = known[name](name)
         instruction.build_description(**kwargs)
-        try:
-            followed = bool(response.strip()) and bool(instruction.check_following(response))
-        except Exception as err:  # noqa: BLE001 - a response IFEval cannot read fails; it never ends a run
-            if name not in _warned:
-                _warned.add(name)
-                logger.warning("forgetwatch: IFEval's %r raised %s on a response (%s); such a response counts as "
-                               "not following it", name, type(err).__name__, err)
-            followed = False
-        if not followed:
+        if not (response.strip() and instruction.check_following(response)):
             return False
     return True

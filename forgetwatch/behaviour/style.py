@@ -43,9 +43,12 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
 _REFUSAL = re.compile("|".join(re.escape(p) for p in REFUSAL_PHRASES))
 _HEDGING = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in HEDGING_PHRASES) + r")\b")
 _WORD = re.compile(r"\w")
-_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
-_BULLET = re.compile(r"^\s*(?:[-*+\u2022]|\d{1,3}[.)])\s+\S", re.MULTILINE)
-_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)+\|?\s*$", re.MULTILINE)
+# Every pattern here is linear in the response, which the model writes: a match may start only
+# where a run of its characters starts (the lookbehind), and spaces are matched within a line
+# ([^\S\n], not \s), so no run of spaces, newlines or dots is tried once per position.
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]+(?=\s|$)")
+_BULLET = re.compile(r"^[^\S\n]*(?:[-*+\u2022]|\d{1,3}[.)])[^\S\n]+\S", re.MULTILINE)
+_TABLE_CELL = re.compile(r":?-{3,}:?")
 _EMOJI = re.compile("[\U0001F1E6-\U0001F1FF\U0001F300-\U0001F5FF\U0001F600-\U0001F64F\U0001F680-\U0001F6FF"
                     "\U0001F900-\U0001F9FF\U0001FA70-\U0001FAFF\u2600-\u26FF\u2700-\u27BF]")
 
@@ -82,8 +85,14 @@ def bullet_lines(response: str) -> int:
 
 
 def has_table(response: str) -> bool:
-    """Whether the response holds a Markdown table (a ``|---|---|`` rule line)."""
-    return _TABLE_RULE.search(response) is not None
+    """Whether the response holds a Markdown table: a rule line of two or more ``---`` cells
+    (``|---|:---:|``, outer pipes optional)."""
+    return any("|" in line and _is_table_rule(line) for line in response.split("\n"))
+
+
+def _is_table_rule(line: str) -> bool:
+    cells = line.strip().removeprefix("|").removesuffix("|").split("|")
+    return len(cells) >= 2 and all(_TABLE_CELL.fullmatch(cell.strip()) for cell in cells)
 
 
 def has_emoji(response: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..behaviour.checks import check_problems
 from ..extract import normalize_number
+from ..patterns import compiled, pattern_problem
 from ..problems import InputError
 from ..text import did_you_mean, shorten, suggestion
 
@@ -267,10 +268,9 @@ def _check_extract(value: Any) -> str | None:
     if re.fullmatch(r"[A-Za-z_]+", value):
         # A bare word is a typo'd mode far more often than an intended regex.
         return f"unknown extract mode {value!r}{suggestion(value, EXTRACT_MODES)}; use {modes}, or a regex with exactly one capture group"
-    try:
-        groups = re.compile(value).groups
-    except re.error as exc:
-        return f"regex {value!r} does not compile ({exc}); fix it or use one of {modes}"
+    if problem := pattern_problem(value):
+        return f"regex {shorten(value)} {problem}; or use one of {modes}"
+    groups = compiled(value).groups
     if groups != 1:
         fix = ("wrap the answer part in (...)" if groups == 0
                else "make the other groups non-capturing with (?:...)")
