@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..problems import Problems
+from ..strict_json import value_problem
 from .schema import LONG_QUESTION, Probe, ProbeError, parse_row, type_name
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,10 @@ class RowCollector:
             kind = "a JSON object ({...})" if self.unit == "line" else "a mapping (dict)"
             self.error(where, None, f"expected {kind}, got {type_name(row)}")
             return
-        parsed = parse_row(row)
+        # first, whether the row can be kept as strict JSON at all (rows built in code may hold
+        # anything): its fields are read only then, so no check meets a NaN or a 5,000-digit int
+        unkeepable = value_problem(row)
+        parsed = [(unkeepable[0] or None, unkeepable[1])] if unkeepable else parse_row(row)
         # Track ids of invalid rows too, so a duplicate is reported now rather than after a fix.
         pid = row.get("id")
         duplicate = isinstance(pid, str) and pid in self.first_seen
