@@ -30,7 +30,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Probe]:
         if message is not None:
             rows.error(lineno, None, message)
         else:
-            rows.row(lineno, obj)
+            rows.row(lineno, obj, read_strictly=True)
     return rows.finish()
 
 
