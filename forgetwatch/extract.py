@@ -43,10 +43,12 @@ def normalize_number(text: str) -> str | None:
         value = Decimal(cleaned)
     except InvalidOperation:
         return None
-    if not value.is_finite() or abs(value.adjusted()) > MAX_NUMBER_DIGITS:
+    if not value.is_finite():
         return None
     if value == 0:
-        return "0"  # not "-0"
+        return "0"  # not "-0", nor "0.000..." for 0e-999999
+    if abs(value.adjusted()) > MAX_NUMBER_DIGITS:
+        return None
     # written out exactly ("1e3" -> "1000", not "1E+3"), trailing zeros after the point dropped;
     # not Decimal.normalize(), which rounds to the context's 28 digits
     plain = format(value, "f")

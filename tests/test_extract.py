@@ -134,6 +134,10 @@ def test_long_outputs_extract_without_blowing_up():
     assert normalize_number("1" * extract.MAX_NUMBER_DIGITS) == "1" * extract.MAX_NUMBER_DIGITS
 
 
+def test_zero_is_zero_whatever_its_exponent():
+    assert normalize_number("0e999999999999") == normalize_number("-0E-999999999999") == "0"
+
+
 def test_numbers_keep_every_digit():
     # Decimal.normalize() rounded to 28 significant digits, so these two compared equal
     a, b = "0.12345678901234567890123456781", "0.12345678901234567890123456789"
