@@ -29,7 +29,7 @@ from typing import Any
 from . import config_checks as check
 from .config_checks import ConfigError, ConfigProblem, check_values
 from .config_yaml import read_section, write_settings
-from .options import NORMALIZE_MODES
+from .options import MAX_NEW_TOKENS, NORMALIZE_MODES
 from .stopping import STOP_METRICS
 from .text import describe, suggestion
 
@@ -38,6 +38,7 @@ __all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "options_doc", "
 #: Fields holding file system paths: resolved against the YAML file's folder when relative.
 PATH_FIELDS = ("probes", "base", "output_dir")
 ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a path
+_LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
 
 
 def _setting(*, check: Callable[[Any], Any], help: str, **default: Any) -> Any:
@@ -74,8 +75,10 @@ class ForgetWatchConfig:
         help='Evaluate every N optimizer steps; None: the cost-budget schedule (see ``max_overhead``).')
     max_overhead: float = _setting(
         default=0.05,
-        check=check.rate(True, True, "0.05 for 5 % of wall time"),
-        help='With the budget schedule, the share of wall time monitoring may take (0 < x < 1).')
+        check=check.rate(True, True, "0.05 for 5 % of wall time", floor=0.001,
+                         why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
+                             "for rare evaluations set eval_steps"),
+        help='With the budget schedule, the share of wall time monitoring may take (0.001 <= x < 1).')
     eval_on_evaluate: bool = _setting(
         default=True,
         check=check.boolean,
@@ -122,20 +125,25 @@ class ForgetWatchConfig:
         help='With replay=: the loss replayed rows add: "lm" (next-token loss on their text) or "kl" (KL from the base model\'s next-token distribution on them, kept once when training begins).')
     replay_top_k: int = _setting(
         default=32,
-        check=check.integer(1),
-        help='With replay_loss="kl": the base\'s most likely next tokens kept per position, the rest as one tail mass (>= 1).')
+        check=check.integer(1, 1024, "each costs 6 bytes at every position of every replay row, kept all run: "
+                                     "a few dozen carry nearly all of the base's probability"),
+        help='With replay_loss="kl": the base\'s most likely next tokens kept per position, the rest as one tail mass (1 to 1024).')
     replay_weight: float | str = _setting(
         default=1.0,
         check=check.weight_or_auto,
-        help='With replay=: how much the replay loss counts next to the trainer\'s (>= 0; 0 replays nothing), or "auto": set at each evaluation to bring forgetting to forgetting_target.')
+        help='With replay=: how much the replay loss counts next to the trainer\'s (0 to 100; 0 replays nothing), or "auto": set at each evaluation to bring forgetting to forgetting_target.')
     forgetting_target: float | None = _setting(
         default=None,
-        check=check.optional(check.rate(False, False, "0.05"), "no target"),
-        help='With replay_weight="auto": the forgetting rate (stop_metric) the replay weight steers toward (0..1).')
+        check=check.optional(check.rate(False, False, "0.05", floor=0.001,
+                                        why="the weight moves by the relative miss (forgetting - target) / target: "
+                                            "below 0.1 % (0 divides by zero) one forgotten probe would overflow it"),
+                             "no target"),
+        help='With replay_weight="auto": the forgetting rate (stop_metric) the replay weight steers toward (0.001..1).')
     replay_batch_size: int = _setting(
         default=8,
-        check=check.integer(1),
-        help='With replay=: pool rows replayed before each optimizer step (>= 1).')
+        check=check.integer(1, 1024, "each row replayed costs a forward and a backward pass before every optimizer "
+                                     "step; a few dozen are plenty"),
+        help='With replay=: pool rows replayed before each optimizer step (1 to 1024).')
     replay_seed: int = _setting(
         default=0,
         check=check.integer(0),
@@ -166,7 +174,7 @@ class ForgetWatchConfig:
         help="Wrap each question in the tokenizer's chat template.")
     max_new_tokens: int = _setting(
         default=64,
-        check=check.integer(1),
+        check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT),
         help='Generative probes: most tokens to generate (>= 1).')
     stop: list[str] = _setting(
         default_factory=lambda: ["\n"],
@@ -174,7 +182,7 @@ class ForgetWatchConfig:
         help='Generative probes: generation stops at the first of these strings.')
     behaviour_max_new_tokens: int = _setting(
         default=256,
-        check=check.integer(1),
+        check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT),
         help='Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they run to EOS, ``stop`` does not apply.')
     table_rows: int = _setting(
         default=500,

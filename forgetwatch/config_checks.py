@@ -14,9 +14,17 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .options import batch_size_problem
+from .options import MAX_INT, batch_size_problem
+from .probes.schema import check_category
 from .problems import InputError, Problem
+from .replay.controller import MAX_WEIGHT
+from .strict_json import value_problem
 from .text import describe, shorten, suggestion
+
+#: Stop strings: at most this many, each at most this long. Generation matches them through a
+#: table transformers builds once per stop string over the whole vocabulary, as wide as the
+#: string is long; a stop string is a short marker such as "\n" or "Question:".
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 200
 
 #: One problem of a config: ``(source, line, key, message)``.
 ConfigProblem = Problem
@@ -55,6 +63,8 @@ def _slip_hint(value: Any, kind: str) -> str:
             number = float(text)
         except ValueError:
             return ""
+        if not math.isfinite(number):
+            return ""  # "1.0e999" is no number to write without quotes
         if kind == "float" and "e" in text.lower() and "." not in text:
             # PyYAML (YAML 1.1) reads 5e-2 as text: its floats need a dot.
             return f"YAML reads {shorten(text)} as text; write it with a dot: {number!r}"
@@ -70,8 +80,9 @@ def boolean(value: Any) -> bool:
     raise Invalid("true or false", value, hint)
 
 
-def integer(minimum: int) -> Callable[[Any], int]:
-    expected = f"an integer >= {minimum}"
+def integer(minimum: int, maximum: int = MAX_INT, why: str = "") -> Callable[[Any], int]:
+    """An integer in ``[minimum, maximum]``; ``why`` says what a larger one would cost."""
+    expected = f"an integer >= {minimum}" if maximum == MAX_INT else f"an integer from {minimum} to {maximum}"
 
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -82,24 +93,39 @@ def integer(minimum: int) -> Callable[[Any], int]:
             raise Invalid(expected, value, hint)
         if value < minimum:
             raise Invalid(expected, value, f"use {minimum} or more")
+        if value > maximum:
+            raise Invalid(expected, value, why or f"use at most {maximum} (what a 64-bit integer holds)")
         return int(value)
 
     return check
 
 
-def rate(low_open: bool, high_open: bool, example: str) -> Callable[[Any], float]:
-    """A number between 0 and 1, each end open or closed as asked."""
-    expected = f"a number in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+def _real(value: Any, expected: str, example: str) -> float:
+    """``value`` as a float, or :class:`Invalid` (a bool, text, or an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise Invalid(expected, value, _slip_hint(value, "float") or f"write a number such as {example}")
+    try:
+        return float(value)
+    except OverflowError:  # 10**400: float() raises instead of giving inf
+        raise Invalid(expected, value, f"write a number such as {example}") from None
+
+
+def rate(low_open: bool, high_open: bool, example: str, floor: float = 0.0,
+         why: str = "") -> Callable[[Any], float]:
+    """A number between 0 and 1, each end open or closed as asked; with ``floor``, between it
+    (closed) and 1, ``why`` saying what a smaller one would do."""
+    low = f"[{floor:g}" if floor else "(0" if low_open else "[0"
+    expected = f"a number in {low}, 1{')' if high_open else ']'}"
 
     def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise Invalid(expected, value, _slip_hint(value, "float") or f"write a number such as {example}")
-        number = float(value)
-        low_bad = number <= 0 if low_open else number < 0
+        number = _real(value, expected, example)
+        low_bad = number < floor if floor else number <= 0 if low_open else number < 0
         high_bad = number >= 1 if high_open else number > 1
         if math.isnan(number) or low_bad or high_bad:
             if 1 < number <= 100:
                 hint = f"rates are fractions, not percentages: write {number / 100:g} for {number:g} %"
+            elif 0 <= number < floor and why:
+                hint = why
             else:
                 hint = f"write a number such as {example}"
             raise Invalid(expected, value, hint)
@@ -109,18 +135,24 @@ def rate(low_open: bool, high_open: bool, example: str) -> Callable[[Any], float
 
 
 def non_negative(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 or math.isinf(value):
-        raise Invalid("a number >= 0", value, _slip_hint(value, "float") or "write a number such as 0.1")
-    return float(value)
+    number = _real(value, "a number >= 0", "0.1")
+    if not number >= 0 or math.isinf(number):
+        raise Invalid("a number >= 0", value, "write a number such as 0.1")
+    return number
 
 
 def weight_or_auto(value: Any) -> float | str:
-    if value == "auto":
+    expected = f'a number in [0, {MAX_WEIGHT:g}] or "auto"'
+    if isinstance(value, str) and value == "auto":
         return value
     try:
-        return non_negative(value)
+        number = non_negative(value)
     except Invalid as exc:
-        raise Invalid('a number >= 0 or "auto"', value, exc.hint) from None
+        raise Invalid(expected, value, exc.hint) from None
+    if number > MAX_WEIGHT:
+        raise Invalid(expected, value, f"a heavier replay loss swamps the trainer's (1e30 makes the weights NaN); "
+                                       f'"auto" steers the weight up to {MAX_WEIGHT:g} when forgetting needs it')
+    return number
 
 
 def optional(check: Callable[[Any], Any], none_means: str) -> Callable[[Any], Any]:
@@ -141,6 +173,9 @@ def path(value: Any) -> str:
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         raise Invalid("a file system path (a non-empty string)", value, "give the path, or remove the key")
+    if "\0" in value:  # no file system takes one: open() and mkdir() raise, late
+        raise Invalid("a file system path (a non-empty string)", value,
+                      f"it has a NUL character at character {value.index(chr(0))}; remove it")
     return value
 
 
@@ -171,10 +206,20 @@ def stop_strings(value: Any) -> list[str]:
         raise Invalid(expected, value, f"write a single stop string as a list: [{shorten(value)}]")
     if not isinstance(value, (list, tuple)):
         raise Invalid(expected, value, 'remove the key to use the default ["\\n"]')
+    if len(value) > MAX_STOP_STRINGS:
+        raise Invalid(f"at most {MAX_STOP_STRINGS} stop strings", value,
+                      "each one costs a pass over the vocabulary when generation starts; keep the markers that "
+                      "end an answer")
     for i, item in enumerate(value):
         if not isinstance(item, str) or item == "":
             hint = "remove it or give the text generation should stop at"
             raise Invalid("a non-empty string", item, hint, prefix=f"item {i}: ")
+        if len(item) > MAX_STOP_CHARS:
+            raise Invalid(f"a string of at most {MAX_STOP_CHARS} characters", item,
+                          "a stop string is a short marker such as \"Question:\"; generation builds a table over "
+                          "the vocabulary as wide as it is long", prefix=f"item {i}: ")
+        if found := value_problem(item):
+            raise Invalid("a string of Unicode text", item, found[1], prefix=f"item {i}: ")
     return list(value)
 
 
@@ -188,6 +233,8 @@ def category_rates(value: Any) -> dict[str, float]:
         if not isinstance(category, str) or not category:
             raise Invalid("category names as non-empty strings", category,
                           "quote the name in YAML, e.g. '2024': 0.05")
+        if message := check_category(category):  # the probes' own rule: no name they could have
+            raise Invalid("a category name", category, message)
         try:
             cleaned[category] = fraction(threshold)
         except Invalid as exc:

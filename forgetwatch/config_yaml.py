@@ -2,7 +2,9 @@
 
 Only plain values are read: no ``!!`` tags, and no anchors or aliases (``&a`` / ``*a``): a few
 nested aliases expand to billions of values ("billion laughs"), and a settings file has no
-use for them. Files over :data:`MAX_BYTES` are refused before they are read.
+use for them. Files over :data:`MAX_BYTES` are refused before they are read, and so are
+values nested deeper than :data:`~forgetwatch.strict_json.MAX_DEPTH` or integers longer than
+:data:`~forgetwatch.strict_json.MAX_INT_DIGITS` digits, before they are built.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import yaml
 
 from .config_checks import ConfigError, ConfigProblem
 from .files import atomic_write
+from .strict_json import MAX_DEPTH, MAX_INT_DIGITS
 from .text import describe, did_you_mean, shorten
 
 MAX_BYTES = 1 << 20  # 1 MiB
@@ -96,22 +99,46 @@ def _yaml_kind(value: Any) -> str:
     return f"{type(value).__name__} {shorten(value)}"
 
 
-def _refuse_aliases(node: yaml.Node | None, source: str) -> None:
-    """Raise on the first node that is reached twice (an alias of an anchor), before the
-    document is built: a settings file has no use for them, and nested ones explode."""
+def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
+    """Raise on the first node that is reached twice (an alias of an anchor), nested deeper
+    than :data:`MAX_DEPTH`, or an integer of more than :data:`MAX_INT_DIGITS` digits, before
+    the document is built: a settings file has no use for them, and each goes off when built
+    (nested aliases explode; Python refuses to read a 5,000-digit integer)."""
     seen: set[int] = set()
-    todo = [node] if node is not None else []
+    todo: list[tuple[yaml.Node, int, str | None]] = [(node, 1, None)] if node is not None else []
     while todo:
-        current = todo.pop()
+        current, depth, key = todo.pop()  # key: the nearest mapping key above, to name in errors
+        line = current.start_mark.line + 1
         if id(current) in seen:
-            line = current.start_mark.line + 1
             message = "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
-            raise ConfigError([ConfigProblem(source, line, None, message)])
+            raise ConfigError([ConfigProblem(source, line, key, message)])
+        if depth > MAX_DEPTH:
+            raise ConfigError([ConfigProblem(source, line, key, _TOO_DEEP)])
+        if current.tag == _INT_TAG and len(current.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
+            message = f"an integer of {len(current.value)} characters; no forgetwatch setting takes one this long"
+            raise ConfigError([ConfigProblem(source, line, key, message)])
         seen.add(id(current))
         if isinstance(current, yaml.MappingNode):
-            todo.extend(n for pair in current.value for n in pair)
+            for key_node, value_node in current.value:
+                named = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else key
+                todo += [(key_node, depth + 1, key), (value_node, depth + 1, named)]
         elif isinstance(current, yaml.SequenceNode):
-            todo.extend(current.value)
+            todo.extend((n, depth + 1, key) for n in current.value)
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_TOO_DEEP = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch setting takes one"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that remembers the node it is building: a value it cannot build (a date
+    such as 2024-13-45) is then reported at its line."""
+
+    building: yaml.Node | None = None
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.building = node
+        return super().construct_object(node, deep)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -132,10 +159,10 @@ _Dumper.add_representer(str, _represent_str)
 
 def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
     """Parse once, keeping the node tree (for line numbers) and the plain data."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        _refuse_aliases(node, source)
+        _refuse_unsafe(node, source)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -151,6 +178,14 @@ def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
         raise ConfigError([ConfigProblem(source, line, None, message)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(source, None, None, f"YAML error: {exc}")]) from None
+    except RecursionError:  # the composer nests on the stack: thousands of "[" exhaust it
+        raise ConfigError([ConfigProblem(source, loader.get_mark().line + 1, None, _TOO_DEEP)]) from None
+    except ConfigError:
+        raise
+    except (ValueError, OverflowError) as exc:  # a scalar YAML reads as a type it cannot build
+        line = loader.building.start_mark.line + 1 if loader.building is not None else None
+        message = f"YAML cannot build this value ({exc}); quote it to keep it as text"
+        raise ConfigError([ConfigProblem(source, line, None, message)]) from None
     finally:
         loader.dispose()
     return node, data

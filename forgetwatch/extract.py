@@ -25,9 +25,24 @@ _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
 
 
+#: Longest number compared: at most this many characters as written, and this many digits
+#: before or after the point once written out in full ("1e999999999" would be a billion digits,
+#: gigabytes). A reference answer over it is refused at load; a longer number in an output
+#: could never equal one, so it extracts as nothing.
+MAX_NUMBER_DIGITS = 1000
+
+
 def normalize_number(text: str) -> str | None:
-    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if ``text`` is not a number."""
+    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if ``text`` is not a number, or is one over
+    :data:`MAX_NUMBER_DIGITS`.
+
+    Example:
+        >>> normalize_number("$1,234.50"), normalize_number("1e3"), normalize_number("1e999999999")
+        ('1234.5', '1000', None)
+    """
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    if len(cleaned) > MAX_NUMBER_DIGITS:
+        return None
     try:
         value = Decimal(cleaned)
     except InvalidOperation:
@@ -35,10 +50,13 @@ def normalize_number(text: str) -> str | None:
     if not value.is_finite():
         return None
     if value == 0:
-        return "0"  # not "-0"
-    if value == value.to_integral_value():
-        return format(value.to_integral_value(), "f")  # "1e3" -> "1000", not "1E+3"
-    return format(value.normalize(), "f")
+        return "0"  # not "-0", nor "0.000..." for 0e-999999
+    if abs(value.adjusted()) > MAX_NUMBER_DIGITS:
+        return None
+    # written out exactly ("1e3" -> "1000", not "1E+3"), trailing zeros after the point dropped;
+    # not Decimal.normalize(), which rounds to the context's 28 digits
+    plain = format(value, "f")
+    return plain.rstrip("0").rstrip(".") if "." in plain else plain
 
 
 def extract_number(text: str) -> str | None:

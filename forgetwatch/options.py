@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .text import shorten
+
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
 NORMALIZE_MODES: tuple[str | None, ...] = (None, "chars")
 
 BatchSize = int | str  # a positive int, or "auto"
+
+#: The largest count or size any setting may be: what a 64-bit integer holds, as numpy, torch
+#: and the files keep them (a Python int could be 10**5000).
+MAX_INT = 2**63 - 1
+#: Most tokens a generation may ask for: more than any model's context, which is all a
+#: generation can use (a model with no fixed limit would generate on for days).
+MAX_NEW_TOKENS = 1 << 20
 
 
 def batch_size_problem(value: Any) -> str | None:
@@ -20,8 +29,8 @@ def batch_size_problem(value: Any) -> str | None:
     """
     if value == "auto" and isinstance(value, str):
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return f"expected a positive integer or 'auto', got {value!r:.40}"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+        return f"expected a positive integer or 'auto', got {shorten(value, 40)}"
     return None
 
 

@@ -29,9 +29,13 @@ def shorten(value: Any, limit: int = SHOWN) -> str:
     Example:
         >>> shorten(list(range(10**6)), 20)
         'list of 1000000 items'
+        >>> shorten(10**5000)
+        'an integer of about 5001 digits'
     """
     if isinstance(value, (list, tuple, dict, set)) and len(value) > limit:
         return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # repr of a 5,000-digit int raises
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     if isinstance(value, str) and len(value) > limit:
         value = value[:limit]  # repr of a slice: never of the whole text
     text = repr(value)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from forgetwatch import ForgetWatchCallback, ProbeSet
-from forgetwatch.config import ForgetWatchConfig
+from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.probes.presets import PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -62,3 +62,26 @@ def test_forgetwatch_probes_writes_the_starter_sets_the_configs_use(tmp_path, ca
         answering = [p for p in probes if p.check.get("refuses") is False]
         assert len(refusing) >= 8 and len(answering) >= 8
         assert {"format", "length"} <= set(probes.categories)
+
+
+HOSTILE = [  # a line that used to load and fail later, the key an error names, what it says
+    pytest.param("table_rows: 1" + "0" * 5000, "table_rows", "integer of 5001 characters", id="5000-digit-int"),
+    pytest.param("category_max_forgetting: " + "[" * 5000 + "]" * 5000, None, "nested more than 100", id="deep"),
+    pytest.param('output_dir: "runs/\\0"', "output_dir", "NUL character", id="nul-path"),
+    pytest.param("forgetting_target: 0", "forgetting_target", "divides by zero", id="zero-target"),
+    pytest.param("replay_batch_size: 1000000000000000000000000000000", "replay_batch_size", "from 1 to 1024",
+                 id="absurd-size"),
+]
+
+
+@pytest.mark.parametrize("line, key, words", HOSTILE)
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_a_shipped_config_given_a_value_that_cannot_work_names_its_line(tmp_path, path, line, key, words):
+    text = path.read_text(encoding="utf-8").rstrip("\n")
+    indent = "  " if re.search(r"^forgetwatch:", text, re.MULTILINE) else ""  # inside the section, where there is one
+    copy = tmp_path / path.name
+    copy.write_text(f"{text}\n{indent}{line}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        ForgetWatchConfig.from_yaml(copy)
+    assert [e[:3] for e in info.value.errors] == [(str(copy), text.count("\n") + 2, key)]
+    assert words in str(info.value)

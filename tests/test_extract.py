@@ -120,3 +120,25 @@ def test_exponent_numbers_normalize_without_exponent():
     assert normalize_number("-0") == normalize_number("0.0") == "0"
     assert normalize_number("1e3") == "1000"
     assert normalize_number("2.50E1") == "25"
+
+
+@pytest.mark.parametrize("text", ["1e999999999999999999", "-1E-999999999999999999", "9" * 1001])
+def test_a_number_too_long_to_write_out_is_no_number(text):
+    # written out in full these are up to 10**18 digits: formatting one raised MemoryError
+    assert normalize_number(text) is None
+
+
+def test_long_outputs_extract_without_blowing_up():
+    assert extract_number("so it is 1e999999999") == "999999999"  # exponents are not read from outputs
+    assert extract_number("digits: " + "7" * 100_000) is None  # longer than any reference may be
+    assert normalize_number("1" * extract.MAX_NUMBER_DIGITS) == "1" * extract.MAX_NUMBER_DIGITS
+
+
+def test_zero_is_zero_whatever_its_exponent():
+    assert normalize_number("0e999999999999") == normalize_number("-0E-999999999999") == "0"
+
+
+def test_numbers_keep_every_digit():
+    # Decimal.normalize() rounded to 28 significant digits, so these two compared equal
+    a, b = "0.12345678901234567890123456781", "0.12345678901234567890123456789"
+    assert normalize_number(a) == a and normalize_number(b) == b

@@ -455,3 +455,62 @@ def test_a_huge_question_loads_with_one_warning(caplog):
     assert len(probes) == 3
     warned = [r for r in caplog.records if "longer than" in r.getMessage()]
     assert len(warned) == 1 and "3 question(s)" in warned[0].getMessage()
+
+
+# --- values strict JSON cannot hold, or a later step could not handle (refused at load) ----------
+
+BIG = "1" + "0" * 5000  # Python refuses to convert more than 4300 digits to or from text
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    (f'"n": {BIG}', "n", "integer of 5001 digits"),
+    (f'"n": [1, -{BIG}]', "n[1]", "integer of 5001 digits"),
+    ('"score": NaN', "score", "NaN is not JSON"),
+    ('"meta": {"lo": -Infinity}', "meta.lo", "-Infinity is not JSON"),
+    ('"x": 1e999', "x", "'1e999' is too large for a number"),
+    ('"note": "a\\ud800"', "note", "lone surrogate (U+D800)"),
+    ('"tags": {"\\udfff": 1}', "tags.\\udfff", "the name has a lone surrogate"),
+    ('"deep": ' + "[" * 150 + "]" * 150, "deep" + "[0]" * 5, "nested more than 100 levels"),
+])
+def test_a_value_strict_json_cannot_hold_is_refused_naming_line_and_field(tmp_path, extra, field, words):
+    good = '{"id": "a", "question": "q", "answer": "1"}'
+    message, _, path = load_error(tmp_path, [good, '{"id": "b", "question": "q", "answer": "1", ' + extra + "}"])
+    assert message.startswith(f"{path}: line 2: field '{field}") and words in message
+
+
+def test_brackets_thousands_deep_are_refused_not_a_recursion_error(tmp_path):
+    message, _, path = load_error(tmp_path, ['{"id": "b", "question": "q", "answer": "1", "n": '
+                                             + "[" * 5000 + "]" * 5000 + "}"])
+    assert message.startswith(f"{path}: line 1: is nested more than 100 levels deep")
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ({"score": float("nan")}, "score", "is nan, which strict JSON cannot hold"),
+    ({"meta": {"hi": [0.5, float("inf")]}}, "meta.hi[1]", "is inf"),
+    ({"n": 10**5000}, "n", "integer of more than 640 digits"),
+    ({"note": "\udc80"}, "note", "lone surrogate (U+DC80)"),
+    ({"when": object()}, "when", "not a JSON value"),
+])
+def test_a_record_value_strict_json_cannot_hold_is_refused_naming_the_field(extra, field, words):
+    with pytest.raises(ProbeError, match=f"record 1: field '{re.escape(field)}': .*{re.escape(words)}"):
+        ProbeSet.from_records([{"id": "a", "question": "q", "answer": "1", **extra}])
+
+
+def test_a_record_with_a_key_that_is_not_a_string_is_refused():
+    with pytest.raises(ProbeError, match=r"record 1: has key 3 \(int\): JSON keys are strings"):
+        ProbeSet.from_records([{"id": "a", "question": "q", "answer": "1", 3: "x"}])
+
+
+def test_an_answer_no_number_could_reach_is_refused_at_load(tmp_path):
+    # written out in full, this number has 10**18 digits: it used to fill memory at load
+    message, _, path = load_error(tmp_path, [row(id="a", question="q", answer="1e999999999999999999",
+                                                   extract="number")])
+    assert f"{path}: line 1: field 'answer': '1e999999999999999999' is not a number" in message
+
+
+def test_probes_are_written_as_strict_json(tmp_path):
+    # a probe built in code is not validated: its NaN must not reach the run's probes.jsonl
+    probes = ProbeSet([Probe(id="a", question="q", answer="1", meta={"score": float("nan"), "n": [float("inf")]})])
+    path = probes.to_jsonl(tmp_path / "probes.jsonl")
+    refuse = {"parse_constant": lambda name: pytest.fail(f"{name} written into {path}")}
+    assert json.loads(path.read_text(encoding="utf-8"), **refuse)["score"] is None

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import strict_json
 from ..problems import InputError
+from ..text import shorten
 from .rows import RowCollector
 from .schema import Probe, ProbeError
 
@@ -28,18 +30,20 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Probe]:
         if message is not None:
             rows.error(lineno, None, message)
         else:
-            rows.row(lineno, obj)
+            rows.row(lineno, obj, read_strictly=True)
     return rows.finish()
 
 
 def json_lines(path: str | os.PathLike[str], what: str, error: type[InputError]) -> Iterator[tuple[int, Any, str | None]]:
     """``(line number, object, None)`` for each non-blank line of a JSONL file, or
-    ``(line number, None, what is wrong)``; a file or line too big to be one raises ``error``."""
+    ``(line number, None, what is wrong)``; a file or line too big to be one raises ``error``.
+    Each line is read with :func:`forgetwatch.strict_json.loads`: a value strict JSON cannot
+    hold (NaN, a 5,000-digit integer, a lone surrogate, deep nesting) is a bad line, named here."""
     source = str(path)
     if not Path(path).exists():
         raise FileNotFoundError(errno.ENOENT, f"{what} not found; check the path", source)
     for lineno, raw in enumerate(_bounded_lines(path, source, what, error), start=1):
-        obj, message = _decode_line(raw, first=lineno == 1)
+        obj, message = _decode_line(raw, lineno == 1, error.noun)
         if obj is not _BLANK:
             yield lineno, obj, message
 
@@ -67,7 +71,7 @@ def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: 
 _BLANK = object()
 
 
-def _decode_line(raw: bytes, first: bool) -> tuple[Any, str | None]:
+def _decode_line(raw: bytes, first: bool, noun: str) -> tuple[Any, str | None]:
     """Return (object, None), (_BLANK, None) for a blank line, or (None, error message)."""
     if first and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows like to add one
@@ -79,10 +83,12 @@ def _decode_line(raw: bytes, first: bool) -> tuple[Any, str | None]:
     if not text.strip():
         return _BLANK, None
     try:
-        return json.loads(text), None
+        return strict_json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, (f"invalid JSON ({exc.msg} at column {exc.colno}); "
                       "each non-blank line must be one JSON object")
+    except strict_json.StrictJSONError as exc:  # where it is reads like a field of the row
+        return None, f"{noun} {shorten(exc.where)}: {exc.why}" if exc.where else exc.why
 
 
 # -- stratified sampling ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from ..files import atomic_write
+from ..files import atomic_write, json_line
 from .jsonl import read_jsonl
 from .presets import read_dataset
 from .rows import RowCollector
@@ -173,12 +173,13 @@ class ProbeSet(Sequence[Probe]):
         return records
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> Path:
-        """Write the probes as a UTF-8 JSONL probe file, atomically.
+        """Write the probes as a UTF-8 JSONL probe file, atomically, as strict JSON (a NaN in a
+        probe built in code is written as null).
 
         Example:
             >>> probes.to_jsonl("probes.jsonl")  # doctest: +SKIP
         """
-        lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in self.to_records()]
+        lines = [json_line(r) for r in self.to_records()]
         with atomic_write(path) as f:
             f.writelines(lines)
         return Path(path)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..problems import Problems
+from ..strict_json import value_problem
 from .schema import LONG_QUESTION, Probe, ProbeError, parse_row, type_name
 
 logger = logging.getLogger(__name__)
@@ -33,12 +34,17 @@ class RowCollector:
     def error(self, where: int | None, fld: str | None, message: str) -> None:
         self.problems.add(where, fld, message)
 
-    def row(self, where: int, row: Any) -> None:
+    def row(self, where: int, row: Any, *, read_strictly: bool = False) -> None:
+        """Validate one row; ``read_strictly``: it comes from :func:`forgetwatch.strict_json.loads`,
+        which has already checked that it can be kept as strict JSON."""
         if not isinstance(row, Mapping):
             kind = "a JSON object ({...})" if self.unit == "line" else "a mapping (dict)"
             self.error(where, None, f"expected {kind}, got {type_name(row)}")
             return
-        parsed = parse_row(row)
+        # first, whether the row can be kept as strict JSON at all (rows built in code may hold
+        # anything): its fields are read only then, so no check meets a NaN or a 5,000-digit int
+        unkeepable = None if read_strictly else value_problem(row)
+        parsed = [(unkeepable[0] or None, unkeepable[1])] if unkeepable else parse_row(row)
         # Track ids of invalid rows too, so a duplicate is reported now rather than after a fix.
         pid = row.get("id")
         duplicate = isinstance(pid, str) and pid in self.first_seen

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..behaviour.checks import check_problems
-from ..extract import normalize_number
+from ..extract import MAX_NUMBER_DIGITS, normalize_number
 from ..patterns import compiled, pattern_problem
 from ..problems import InputError
 from ..text import did_you_mean, shorten, suggestion
@@ -249,8 +249,9 @@ def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
     if mode == "number":
         if normalize_number(answer) is None:
-            return (f"{shorten(answer)} is not a number, but extract is 'number' (the last number of the "
-                    "output is compared with it); write the number, or use another extract mode")
+            return (f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
+                    "extract is 'number' (the last number of the output is compared with it); write the number, "
+                    "or use another extract mode")
     elif mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
         return (f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
                 "'B' is compared with it); write the letter, or use another extract mode")
