@@ -374,6 +374,19 @@ class Answers:
         return answers._checked(header)
 
 
+def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
+    """The text of the choice a multiple-choice prediction names; ``None`` when it names none
+    (no choices known, or not an index into them).
+
+    Example:
+        >>> chosen_text(1, ["Paris", "Rome"]), chosen_text(None, ["Paris", "Rome"])
+        ('Rome', None)
+    """
+    if choices is None or isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
+        return None
+    return choices[int(predicted)] if 0 <= predicted < len(choices) else None
+
+
 def _check_header(doc: dict[str, Any]) -> None:
     if not isinstance(doc, dict):
         raise AnswersFileError(f"not a forgetwatch answers file (a JSON {type(doc).__name__}, not an object)")

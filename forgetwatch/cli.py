@@ -3,7 +3,7 @@
     forgetwatch evaluate --model PATH --probes FILE --out FILE
     forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
     forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
-    forgetwatch probes   --starter behaviour|knowledge --out FILE
+    forgetwatch probes   --starter behaviour|knowledge [--out FILE]
     forgetwatch demo     [--out DIR] [--replay]
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .answers import Answers, AnswersMismatchError
+from .checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
 from .demo import DEFAULT_OUT as DEMO_OUT
 from .demo import TAKES
 from .files import atomic_write, strict_dump
 from .options import NORMALIZE_MODES, batch_size_problem, scoring_options
 from .probes import ProbeError, ProbeSet
-from .starters import STARTERS, write_starter
+from .starters import STARTERS, starter_path, write_starter
 from .text import first_line
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ANSWER_SUFFIXES = (".json", ".npz")
 _STOP = ("\n",)  # generation stops at the end of the line
 
@@ -102,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
     probes.add_argument("--starter", required=True, choices=list(STARTERS),
                         help="; ".join(f"{k}: {v}" for k, v in STARTERS.items()))
-    probes.add_argument("--out", required=True, metavar="FILE", help="the JSONL probe file to write")
+    probes.add_argument("--out", default=None, metavar="FILE",
+                        help="the JSONL probe file to write (default: standard output)")
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
                       help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "probes":
             return _probes_command(args)
         return _compare_command(args)
-    except (UsageError, ProbeError, AnswersMismatchError) as err:
+    except (UsageError, CheckpointError, ProbeError, AnswersMismatchError) as err:
         print(f"forgetwatch: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
@@ -137,11 +136,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _probes_command(args: argparse.Namespace) -> int:
+    note = ("A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
+            "with ProbeSet.from_hf (see the README).")
+    if args.out is None:  # the probe file itself on stdout, to pipe; nothing else there
+        sys.stdout.write(starter_path(args.starter).read_text(encoding="utf-8"))
+        sys.stdout.flush()
+        print(f"forgetwatch: {STARTERS[args.starter]}. {note}", file=sys.stderr)
+        return 0
     out = Path(args.out)
     _check_writable("--out", out.parent)
     write_starter(args.starter, out)
-    print(f"wrote {out}: {STARTERS[args.starter]}.\nA starter set is a smoke alarm, not a benchmark: edit it, "
-          "extend it, or build a real set with ProbeSet.from_hf (see the README).")
+    print(f"wrote {out}: {STARTERS[args.starter]}.\n{note}")
     return 0
 
 
@@ -151,8 +156,8 @@ def _evaluate_command(args: argparse.Namespace) -> int:
     _check_device(args.device)
     _check_writable("--out", Path(args.out).parent)
     probes = _load_probes(args.probes)
-    _check_model_path("--model", args.model)
-    answers = _score(args, args.model, probes)
+    [(model, tokenizer)] = _prepare(args, ("--model", args.model))
+    answers = _score(args, model, tokenizer, probes)
     answers.save(args.out)
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
     return 0
@@ -177,12 +182,11 @@ def _compare_command(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"--base: {err}") from err
         _check_same_options(args, base, probes)
-    else:
-        _check_model_path("--base", args.base)
-    _check_model_path("--model", args.model)
+    named = [] if base_is_answers else [("--base", args.base)]
+    prepared = _prepare(args, *named, ("--model", args.model))
     if not base_is_answers:
-        base = _score(args, args.base, probes)
-    current = _score(args, args.model, probes)
+        base = _score(args, *prepared[0], probes)
+    current = _score(args, *prepared[-1], probes)
     report = compare(base, current)
 
     print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {args.probes} ({len(probes)})\n")
@@ -257,24 +261,30 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
                          "pass the same --normalize / --chat-template / --max-new-tokens")
 
 
-def _check_model_path(flag: str, path: str) -> None:
-    """Fail fast, before any model is loaded, on a path that is neither local nor a hub id."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise UsageError(f"{flag} {path}: expected a model directory (saved with save_pretrained)")
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise UsageError(f"{flag} {path}: no config.json in this directory; is it a saved model?")
-    elif not _HUB_ID.match(path):
-        raise UsageError(f"{flag} {path}: no such directory")
+def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:
+    """Each model named by (flag, value), located and checked, with its tokenizer loaded,
+    before any model loads: a mistake in the last argument costs no time spent on the first."""
+    models = [locate(flag, value) for flag, value in named]
+    shared = locate("--tokenizer", args.tokenizer, tokenizer=True) if args.tokenizer else None
+    for ckpt in filter(None, [*models, shared]):
+        if ckpt.note:
+            print(f"forgetwatch: {ckpt.note}", file=sys.stderr)
+    for model in models:
+        check(model, shared or model)
+    tokenizers: dict[Checkpoint, Any] = {}
+    for model in models:
+        if (shared or model) not in tokenizers:
+            tokenizers[shared or model] = load_tokenizer(shared or model)
+    return [(model, tokenizers[shared or model]) for model in models]
 
 
-def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
+def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: ProbeSet) -> Answers:
     import torch
 
     from .scoring import evaluate
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer, model = _load(path, args.tokenizer or path, args.dtype, device)
+    model = load_model(ckpt, args.dtype, device)
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
@@ -282,39 +292,8 @@ def _score(args: argparse.Namespace, path: str, probes: ProbeSet) -> Answers:
                            behaviour_max_new_tokens=args.behaviour_max_new_tokens, show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
-    answers.model = path
+    answers.model = ckpt.name
     return answers
-
-
-def _load(path: str, tok_path: str, dtype_name: str, device: str) -> tuple[Any, Any]:
-    """Tokenizer and model from disk or the hub, running none of the checkpoint's own code:
-    no ``auto_map`` modules (``trust_remote_code=False``, so transformers never asks), and
-    pickled weights only as plain tensors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a tokenizer from {tok_path} ({_load_problem(err)}); "
-                         "pass --tokenizer PATH") from err
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False,
-                                                     **{_dtype_kwarg(): dtype}).to(device)
-    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
-        raise UsageError(f"cannot load a causal language model from {path} ({_load_problem(err)})") from err
-    return tokenizer, model
-
-
-def _load_problem(err: BaseException) -> str:
-    """What went wrong loading a checkpoint, in one line."""
-    if isinstance(err, ValueError) and "trust_remote_code" in str(err):
-        return "it needs its own Python code (auto_map in its config), which forgetwatch does not run"
-    if isinstance(err, pickle.UnpicklingError):
-        return ("its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
-                "else from a pickle; re-save the model as safetensors with save_pretrained")
-    return first_line(err)
 
 
 def _check_device(device: str | None) -> None:
@@ -334,14 +313,6 @@ def _check_device(device: str | None) -> None:
         raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
-
-
-def _dtype_kwarg() -> str:
-    """``from_pretrained`` took ``torch_dtype`` before transformers 4.56 and ``dtype`` since."""
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
 if __name__ == "__main__":

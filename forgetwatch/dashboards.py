@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .answers import Answers
+from .answers import Answers, chosen_text
 from .probes import ProbeSet
 from .report import TransitionReport
 from .text import first_line
@@ -32,9 +32,9 @@ PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgot
 def _shown(answers: Answers, i: int, probes: ProbeSet) -> str:
     """What a model answered: the chosen choice, or a generative probe's raw output."""
     predicted = answers.predicted[i]
-    choices = probes[i].choices
-    if choices is not None and isinstance(predicted, int) and 0 <= predicted < len(choices):
-        return choices[predicted]
+    chosen = chosen_text(predicted, probes[i].choices)
+    if chosen is not None:
+        return chosen
     output = answers.outputs[i]
     return output if output is not None else ("" if predicted is None else str(predicted))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,9 +27,9 @@ ROW_COLUMNS = (
 
 #: Columns of :func:`write_samples_csv`.
 SAMPLE_COLUMNS = (
-    "id", "category", "question", "correct_before", "correct_after", "transition",
-    "predicted_before", "predicted_after", "output_before", "output_after",
-    "gold_logprob_before", "gold_logprob_after",
+    "id", "category", "question", "answer", "correct_before", "correct_after", "transition",
+    "predicted_before", "predicted_after", "choice_index_before", "choice_index_after",
+    "output_before", "output_after", "gold_logprob_before", "gold_logprob_after",
 )
 #: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
 CSV_DIGITS = 6
@@ -220,9 +221,11 @@ def write_samples_csv(
 ) -> Path:
     """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
 
-    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question comes
-    from ``probes`` (a ProbeSet; empty without), the raw generated outputs from the answers;
-    missing predictions and NaN log-probabilities are empty cells, numbers have
+    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question and
+    the correct answer come from ``probes`` (a ProbeSet; empty without), the raw generated
+    outputs from the answers. A prediction is text: the chosen choice's (its index in
+    ``choice_index_*``; the text needs ``probes``), the extracted answer, or a behaviour
+    probe's response. Missing predictions and NaN log-probabilities are empty cells, numbers have
     :data:`CSV_DIGITS` significant digits. Text is quoted, and defused for spreadsheets by
     :func:`spreadsheet_safe` (ids and outputs come from data and models).
 
@@ -236,21 +239,34 @@ def write_samples_csv(
         writer.writeheader()
         for i, sample_id in enumerate(base.ids):
             before, after = int(base.correct[i]), int(current.correct[i])
+            probe = probes[i] if probes is not None else None
             writer.writerow({
                 "id": _csv_value(sample_id),
                 "category": _csv_value(base.categories[i]),
-                "question": _csv_value(probes[i].question if probes is not None else None),
+                "question": _csv_value(probe.question if probe else None),
+                "answer": _csv_value(probe.answer_text if probe else None),
                 "correct_before": before,
                 "correct_after": after,
                 "transition": f"{before}->{after}",
-                "predicted_before": _csv_value(base.predicted[i]),
-                "predicted_after": _csv_value(current.predicted[i]),
+                **_prediction_cells(base, i, probe, "before"),
+                **_prediction_cells(current, i, probe, "after"),
                 "output_before": _csv_value(base.outputs[i]),
                 "output_after": _csv_value(current.outputs[i]),
                 "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
                 "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
             })
     return path
+
+
+def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
+    """``predicted_<when>`` as text and, for multiple choice, ``choice_index_<when>``."""
+    from .answers import chosen_text
+
+    predicted = answers.predicted[i]
+    if not answers.n_choices[i]:
+        return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
+    return {f"predicted_{when}": _csv_value(chosen_text(predicted, probe.choices if probe else None)),
+            f"choice_index_{when}": int(predicted) if isinstance(predicted, numbers.Integral) else ""}
 
 
 def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:

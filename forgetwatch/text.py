@@ -79,3 +79,15 @@ def first_line(err: BaseException) -> str:
     """The first line of an error's message, for one-line reports."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def listing(items: Iterable[Any], limit: int = 5) -> str:
+    """The first ``limit`` items, comma-separated, and how many more there are.
+
+    Example:
+        >>> listing(["a", "b", "c"], limit=2), listing(["a"])
+        ('a, b and 1 more', 'a')
+    """
+    items = [str(x) for x in items]
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"

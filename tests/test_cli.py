@@ -20,6 +20,14 @@ def probe_file(toy, tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def few_probes(toy, tmp_path_factory):
+    """A few multiple-choice probes: enough to tell where a model came from, quick to score."""
+    path = tmp_path_factory.mktemp("cli") / "few.jsonl"
+    ProbeSet.from_records([r for r in toy.world.probe_records() if "choices" in r][:4]).to_jsonl(path)
+    return str(path)
+
+
 def run(capsys, *argv):
     code = main([*argv, "--no-progress"])
     out, err = capsys.readouterr()
@@ -54,6 +62,13 @@ def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, 
         rows = list(csv.DictReader(f))
     tuned = Answers.load(tmp_path / "model_answers.json", probes=probes)
     assert [r["question"] for r in rows] == [p.question for p in probes]
+    assert [r["answer"] for r in rows] == [p.answer_text for p in probes]
+    # a multiple-choice prediction is the chosen choice's text; its index has a column of its own
+    chosen = [(r, p.choices, tuned.predicted[i]) for i, (r, p) in enumerate(zip(rows, probes)) if p.choices]
+    assert chosen and any(index != 0 for _, _, index in chosen)
+    assert all(r["predicted_after"] == choices[index] and r["choice_index_after"] == str(index)
+               for r, choices, index in chosen)
+    assert {r["choice_index_after"] for r, p in zip(rows, probes) if not p.choices} == {""}
     assert [r["output_after"] for r in rows] == [o or "" for o in tuned.outputs] and any(tuned.outputs)
     numbers = [r[k] for r in rows for k in ("gold_logprob_before", "gold_logprob_after") if r[k]]
     assert numbers and all(len(x.lstrip("-").replace(".", "").lstrip("0")) <= 6 for x in numbers)
@@ -241,3 +256,249 @@ def test_compare_on_behaviour_probes_shows_each_raw_response(toy, tmp_path, caps
     assert [r["predicted_after"] for r in rows] == tuned.predicted
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())["report"]
     assert summary["behaviour"]["words"] == pytest.approx(sum(len(t.split()) for t in tuned.outputs) / len(probes))
+
+
+# -- checkpoints: every path and hub id checked before any model loads ------------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model or tokenizer loaded fails the test: the error must come first."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded before the error")
+
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty local hub cache of this test's own."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def _put_in_hub_cache(cache, repo, model_dir):
+    """``model_dir`` as the hub cache holds a downloaded ``repo`` at its main branch."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(sha)
+    shutil.copytree(model_dir, folder / "snapshots" / sha)
+
+
+def _one_line_error(code, err, expect):
+    assert code == 2, err
+    assert err.startswith("forgetwatch: error:") and err.count("\n") == 1, err
+    assert expect in err, err
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--model", "runs/finall"),  # looks like a hub id, but runs/ is a local directory
+    ("--model", "runs/a/b"), ("--model", "./finall"), ("--model", "~/no-such-forgetwatch-dir"),
+    ("--base", "runs/finall"), ("--tokenizer", "runs/tok"),
+])
+def test_a_mistyped_path_is_one_line_before_anything_loads(toy, probe_file, tmp_path, capsys, monkeypatch,
+                                                           no_model_loads, hub_cache, flag, value):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    args = {"--base": toy.base_dir, "--model": toy.tuned_dir, flag: value}
+    argv = ["compare", *(x for kv in args.items() for x in kv), "--probes", probe_file]
+    code, _, err = run(capsys, *argv)
+    _one_line_error(code, err, f"{flag}: no such directory: {value}")
+
+
+def test_offline_a_hub_id_that_is_not_cached_is_one_line(toy, probe_file, capsys, monkeypatch, no_model_loads,
+                                                         hub_cache):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", "fworg/finall", "--probes", probe_file)
+    _one_line_error(code, err, "--model fworg/finall: no such directory, and not in the local hub cache")
+
+
+def test_offline_a_cached_hub_id_is_scored_from_the_cache(toy, few_probes, tmp_path, capsys, monkeypatch, hub_cache):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    _put_in_hub_cache(hub_cache, "fworg/tuned", toy.tuned_dir)
+    for model, out in (("fworg/tuned", "hub.json"), (toy.tuned_dir, "local.json")):
+        code, _, err = run(capsys, "evaluate", "--model", model, "--probes", few_probes, "--out", str(tmp_path / out))
+        assert code == 0, err
+    hub, local = (Answers.load(tmp_path / out) for out in ("hub.json", "local.json"))
+    assert hub.model == "fworg/tuned"
+    assert hub.predicted == local.predicted and hub.choice_logprobs[0].tolist() == local.choice_logprobs[0].tolist()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A hub endpoint on this machine answering every request with one status: counts requests."""
+    import http.server
+    import threading
+
+    from huggingface_hub import constants
+    from huggingface_hub.utils import close_session
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        status, error_code, requests = 404, "RepoNotFound", []
+
+        def do_GET(self):
+            Hub.requests.append(self.path)
+            self.send_response(Hub.status)
+            self.send_header("X-Error-Code", Hub.error_code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    close_session()  # a client made before would not see NO_PROXY
+    yield Hub
+    server.shutdown()
+    server.server_close()
+    close_session()
+
+
+def test_online_a_hub_id_the_hub_does_not_have_is_asked_once(toy, probe_file, capsys, no_model_loads, hub_cache,
+                                                             fake_hub):
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", "fworg/finall", "--probes", probe_file)
+    _one_line_error(code, err, "--model fworg/finall: no such directory, nor a model on the hub")
+    assert len(fake_hub.requests) == 1
+
+
+def test_online_an_unreachable_hub_is_asked_once(toy, probe_file, capsys, no_model_loads, hub_cache, fake_hub):
+    fake_hub.status, fake_hub.error_code = 503, ""
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", "fworg/tuned", "--probes", probe_file)
+    _one_line_error(code, err, "--model fworg/tuned: no such directory, and the hub cannot be reached")
+    assert len(fake_hub.requests) == 1  # no retries
+
+
+def test_online_an_unreachable_hub_leaves_the_cached_copy_to_use(toy, few_probes, tmp_path, capsys, hub_cache,
+                                                                  fake_hub):
+    fake_hub.status, fake_hub.error_code = 503, ""
+    _put_in_hub_cache(hub_cache, "fworg/tuned", toy.tuned_dir)
+    code, _, err = run(capsys, "evaluate", "--model", "fworg/tuned", "--probes", few_probes,
+                         "--out", str(tmp_path / "a.json"))
+    assert code == 0, err
+    assert "--model fworg/tuned: the hub cannot be reached" in err and "using the cached copy" in err
+    assert len(fake_hub.requests) == 1  # asked once; the model and tokenizer then come from the cache alone
+
+
+def test_a_cut_weights_file_is_one_line_naming_it(toy, probe_file, tmp_path, capsys, no_model_loads):
+    model = _copy_model(toy, tmp_path, "cut")
+    weights = model / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", str(model), "--probes", probe_file)
+    _one_line_error(code, err, f"{weights}: not a whole safetensors file (incomplete metadata, file not fully covered)")
+
+
+def test_a_missing_shard_is_one_line_naming_it(toy, probe_file, tmp_path, capsys, no_model_loads):
+    model = tmp_path / "sharded"
+    toy.tuned.save_pretrained(model, max_shard_size="200KB")
+    toy.tokenizer.save_pretrained(model)
+    shards = sorted(model.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    shards[1].unlink()
+    capsys.readouterr()  # what saving printed
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", str(model), "--probes", probe_file)
+    _one_line_error(code, err, f"{model / 'model.safetensors.index.json'}: lists weight files that are not in "
+                               f"{model}: {shards[1].name}")
+
+
+@pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json"])
+def test_a_checkpoint_with_its_own_code_for_a_known_architecture_is_refused(toy, probe_file, tmp_path, capsys,
+                                                                            no_model_loads, where):
+    """``auto_map`` beside a ``model_type`` transformers knows: transformers would load its own
+    class instead and say nothing; forgetwatch says so and stops."""
+    model = _copy_model(toy, tmp_path, "mapped")
+    doc = json.loads((model / where).read_text())
+    doc["auto_map"] = ({"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+                       if where == "config.json" else {"AutoTokenizer": ["tokenization_x.XTokenizer", None]})
+    (model / where).write_text(json.dumps(doc))
+    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", str(model), "--probes", probe_file)
+    _one_line_error(code, err, f"--model {model}: it needs its own Python code (auto_map in {where}: ")
+    assert "which forgetwatch does not run" in err
+
+
+def _rewrite_weights(model_dir, change):
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_a_checkpoint_missing_tensors_is_refused_naming_them(toy, probe_file, tmp_path, capsys):
+    model = _copy_model(toy, tmp_path, "partial")
+    layer = "model.layers.1."
+
+    def drop_a_layer(tensors):
+        for name in [n for n in tensors if n.startswith(layer)]:
+            del tensors[name]
+
+    _rewrite_weights(model, drop_a_layer)
+    dropped = sorted(n for n in toy.base.state_dict() if n.startswith(layer))
+    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
+                       "--out", str(tmp_path / "a.json"))
+    assert code == 2 and "Traceback" not in err and "LOAD REPORT" not in err
+    line = err.splitlines()[-1]  # after transformers' progress bar, if any
+    assert line.startswith(f"forgetwatch: error: --model {model}: the checkpoint lacks {len(dropped)} tensor(s) "
+                           f"the model needs: {', '.join(dropped[:3])} and {len(dropped) - 3} more")
+    assert "randomly initialised" in line
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_a_tensor_of_another_shape_is_refused_naming_it(toy, probe_file, tmp_path, capsys):
+    model = _copy_model(toy, tmp_path, "reshaped")
+    _rewrite_weights(model, lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1].clone()}))
+    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
+                       "--out", str(tmp_path / "a.json"))
+    assert code == 2 and "Traceback" not in err
+    width = toy.base.config.hidden_size
+    assert err.splitlines()[-1].startswith(
+        f"forgetwatch: error: --model {model}: the checkpoint holds 1 tensor(s) of another shape than its config "
+        f"says: model.norm.weight ({width - 1} saved, {width} in the config)")
+
+
+def test_a_tied_head_the_checkpoint_rightly_leaves_out_still_loads(toy, few_probes, tmp_path, capsys):
+    import copy
+
+    config = copy.deepcopy(toy.base.config)
+    config.tie_word_embeddings = True
+    tied = type(toy.base)(config)
+    model = tmp_path / "tied"
+    tied.save_pretrained(model)
+    toy.tokenizer.save_pretrained(model)
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), framework="pt") as f:
+        assert "lm_head.weight" not in set(f.keys())  # the head is the embedding: not saved twice
+    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", few_probes,
+                         "--out", str(tmp_path / "a.json"))
+    assert code == 0, err
+
+
+def test_probes_without_out_writes_the_set_to_stdout(capsys, tmp_path):
+    from forgetwatch.starters import starter_path
+
+    assert main(["probes", "--starter", "knowledge"]) == 0
+    out, err = capsys.readouterr()
+    assert out == starter_path("knowledge").read_text(encoding="utf-8")  # nothing else: it pipes
+    assert "smoke alarm" in err
+    (tmp_path / "piped.jsonl").write_text(out, encoding="utf-8")
+    assert len(ProbeSet.from_jsonl(tmp_path / "piped.jsonl")) == 40

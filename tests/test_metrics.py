@@ -473,7 +473,9 @@ def test_write_samples_csv_round_trip(report_pair, tmp_path):
     assert [row["transition"] for row in rows] == ["1->0", "1->1", "0->1", "1->1", "0->0", "1->1"]
     assert rows[0]["correct_before"] == "1" and rows[0]["correct_after"] == "0"
     assert rows[0]["category"] == "math"
-    assert rows[0]["predicted_before"] == "0" and rows[0]["predicted_after"] == "1"
+    # multiple choice: the index in its own column; the choice's text needs the probes (none here)
+    assert rows[0]["choice_index_before"] == "0" and rows[0]["choice_index_after"] == "1"
+    assert rows[0]["predicted_before"] == rows[0]["predicted_after"] == ""
     assert float(rows[0]["gold_logprob_before"]) == 0.0
     # generative sample: failed extraction is empty, NaN gold log-prob is empty
     assert rows[2]["predicted_before"] == "" and rows[2]["predicted_after"] == "yes"
