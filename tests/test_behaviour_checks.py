@@ -14,6 +14,7 @@ import pytest
 from forgetwatch import ProbeSet, extract
 from forgetwatch.behaviour import (
     CHECKS,
+    check_problems,
     checks,
     failed_checks,
     looks_like_refusal,
@@ -358,7 +359,9 @@ def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, mo
 def test_a_lone_surrogate_in_a_check_field_fails_at_load_naming_the_field(check, field):
     with pytest.raises(ProbeError) as err:
         ProbeSet.from_records([{"id": "b", "question": "Hi", "check": check}])
-    assert f"field {shorten(field)}: holds a lone surrogate" in str(err.value)
+    message = str(err.value)
+    assert f"field {shorten(field)}: " in message and "lone surrogate" in message
+    assert check_problems(check) == [(field, message.split(f"field {shorten(field)}: ", 1)[1].split("\n")[0])]
 
 
 def test_a_response_with_a_lone_surrogate_is_still_checked():

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .. import patterns
+from ..strict_json import value_problem
 from ..text import shorten, suggestion
 from . import style
 
@@ -34,7 +35,6 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
 
 
@@ -192,9 +192,9 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         if key not in CHECKS:
             problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: "
                                       f"{', '.join(CHECKS)}"))
-        elif where := _lone_surrogate(v, f"check.{key}"):
-            problems.append((where, "holds a lone surrogate (half of a UTF-16 pair, such as \\ud800), which no "
-                                    "UTF-8 text can hold; write the character whole"))
+        elif found := value_problem(v):  # a lone surrogate, NaN, ...: what no later step could keep
+            inside, message = found
+            problems.append((f"check.{key}" + (inside if inside[:1] in ("", "[") else f".{inside}"), message))
         elif problem := CHECKS[key].problem(v):
             inside, message = problem if isinstance(problem, tuple) else ("", problem)
             problems.append((f"check.{key}{inside}", message))
@@ -202,22 +202,6 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         problems.append(("check.min_words", f"{value['min_words']} is more than max_words {value['max_words']}: "
                                             "no response could pass"))
     return problems
-
-
-def _lone_surrogate(value: Any, field: str) -> str | None:
-    """The field of the first string in ``value`` (through lists and objects, keys too) that
-    holds a lone surrogate, or ``None``; a loop, not recursion, however deep the value."""
-    todo = [(field, value)]
-    while todo:
-        where, item = todo.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return where
-        elif isinstance(item, Mapping):
-            todo.extend(reversed([(f"{where}.{k}", x) for k, v in item.items() for x in (k, v)]))
-        elif isinstance(item, (list, tuple)):
-            todo.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
-    return None
 
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
