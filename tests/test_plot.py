@@ -17,7 +17,15 @@ import pytest
 
 from forgetwatch.answers import Answers
 from forgetwatch.metrics import compare
-from forgetwatch.plot import LEGEND_MAX, _figure, _runs_figure, load_history, plot_history, plot_runs, text_curve
+from forgetwatch.plot import (
+    LEGEND_MAX,
+    _figure,
+    _runs_figure,
+    load_history,
+    plot_history,
+    plot_runs,
+    text_curve,
+)
 
 # the PNG tests need the optional matplotlib; the console curve and the loader do not
 needs_mpl = pytest.mark.skipif(

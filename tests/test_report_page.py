@@ -4,6 +4,7 @@ network cut off, for one run and for three; its tables checked against plain loo
 from __future__ import annotations
 
 import html
+import itertools
 import os
 import re
 import shutil
@@ -16,7 +17,14 @@ from forgetwatch.cli import main
 from forgetwatch.demo import run_demo
 from forgetwatch.history import read_history
 from forgetwatch.probes import Probe
-from forgetwatch.report_page import _behaviour, _curves, _page, _probe_tables, load_run, write_report
+from forgetwatch.report_page import (
+    _behaviour,
+    _curves,
+    _page,
+    _probe_tables,
+    load_run,
+    write_report,
+)
 
 pytest.importorskip("plotly")
 pytest.importorskip("trl")
@@ -60,7 +68,7 @@ def plain_events(row):
 
 
 def plain_flips(row):
-    return sum(1 for a, b in zip(row, row[1:]) if a != b)
+    return sum(1 for a, b in itertools.pairwise(row) if a != b)
 
 
 def plain_regained(row):
@@ -77,9 +85,9 @@ def plain_regained(row):
 def table_rows(page, title):
     """The cells (as text) of each row of the table under ``title`` in a page or a piece of one."""
     table = page.split(title)[1].split("</table>")[0]
-    rows = re.findall(r"<tr><td class=\"id\">.*?</tr>", table, flags=re.S)
-    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", r, flags=re.S)]
-            for r in rows]
+    rows = re.findall(r"<tr><td class=\"id\">.*?</tr>", table, flags=re.DOTALL)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, flags=re.DOTALL) for r in rows]
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in row] for row in cells]
 
 
 def drawn_lines(dom):
