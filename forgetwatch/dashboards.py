@@ -29,10 +29,17 @@ FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
 
 
-def _shown(answers: Answers, i: int, probes: ProbeSet) -> str:
-    """What a model answered: the chosen choice, or a generative probe's raw output."""
+def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str:
+    """What a model answered to probe ``i``: the chosen choice's text (``choices``: the probe's),
+    or a generative or behaviour probe's raw output.
+
+    Example:
+        >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=False, predicted=1, n_choices=2)])
+        >>> shown_answer(a, 0, ["Paris", "Lyon"])
+        'Lyon'
+    """
     predicted = answers.predicted[i]
-    chosen = chosen_text(predicted, probes[i].choices)
+    chosen = chosen_text(predicted, choices)
     if chosen is not None:
         return chosen
     output = answers.outputs[i]
@@ -52,7 +59,7 @@ def flip_rows(step: int, probes: ProbeSet, base: Answers, now: Answers, report: 
         i = index[pid]
         margin = float(trajectory.signal[i, -1])
         rows.append([step, pid, probes[i].category, probes[i].question, probes[i].answer_text,
-                     _shown(base, i, probes), _shown(now, i, probes), transition,
+                     shown_answer(base, i, probes[i].choices), shown_answer(now, i, probes[i].choices), transition,
                      round(margin, 3) if np.isfinite(margin) else None, int(events[i])])
     return rows
 

@@ -5,8 +5,8 @@ format and its reader: :mod:`forgetwatch.history`)::
 
     {"step": 40, "time": 12.5, "report": {...TransitionReport.to_dict()...}}
 
-:func:`plot_history` draws it as a PNG (matplotlib, an optional dependency) and
-:func:`text_curve` as a few lines of plain text for the console.
+:func:`plot_history` draws it as a PNG (matplotlib, an optional dependency), :func:`plot_runs`
+several runs' in one, and :func:`text_curve` as a few lines of plain text for the console.
 
 Example:
     >>> from forgetwatch.plot import load_history, plot_history, text_curve
@@ -29,7 +29,7 @@ from .files import atomic_write
 from .history import read_history
 from .text import pct
 
-__all__ = ["load_history", "plot_history", "text_curve"]
+__all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]
 
 #: What the plotting functions accept: a history.jsonl path, or its records. A record is a
 #: mapping ``{"step": int, "report": dict | TransitionReport, ...}`` or, as in
@@ -185,7 +185,8 @@ def plot_history(
 
     Two panels side by side. Each has a thick black line for the overall rate, a dashed one
     for its chance-adjusted version (when that differs), a grey band for the 95 % interval,
-    and one thin line per category, with markers at the evaluated steps. When there are more
+    and one thin line per category, with markers at the evaluated steps. The curves start at
+    the base (step 0, every rate 0), so one evaluation draws a line. When there are more
     categories than the legend has room for (:data:`LEGEND_MAX` entries), the ones with the
     highest peak forgetting keep their colours and the rest are drawn grey as "+N more".
 
@@ -199,7 +200,28 @@ def plot_history(
         >>> plot_history("run/forgetwatch/history.jsonl", "forgetting.png")  # doctest: +SKIP
         PosixPath('forgetting.png')
     """
-    fig = _figure(history, title)
+    return _save(_figure(history, title), out_png)
+
+
+def plot_runs(
+    runs: Mapping[str, History],
+    out_png: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """Several runs (a sweep) in one PNG: per run, a row with :func:`plot_history`'s two
+    panels, named on the left; a category has one colour in every row, and all panels share
+    one y axis from 0, so the rows compare at a glance.
+
+    Example:
+        >>> plot_runs({"lr 1e-5": "a/forgetwatch/history.jsonl", "lr 1e-4": "b/forgetwatch/history.jsonl"},
+        ...           "sweep.png")  # doctest: +SKIP
+        PosixPath('sweep.png')
+    """
+    return _save(_runs_figure(list(runs.items()), title), out_png)
+
+
+def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
     out = Path(out_png)
@@ -210,6 +232,43 @@ def plot_history(
 
 def _figure(history: History, title: str | None) -> Any:
     """The matplotlib ``Figure`` that :func:`plot_history` saves (Agg canvas, no pyplot)."""
+    return _runs_figure([(None, history)], title)
+
+
+_PANELS = (
+    ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
+    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted",
+     "backward_transfer_ci"),
+)
+
+
+@dataclass
+class _Row:
+    """One run's curves, ready to draw."""
+
+    name: str | None
+    points: list[_Point]  # the base first
+    evaluations: int
+    overall: dict[str, list[float]]
+    bands: dict[str, tuple[list[float], list[float]]]
+    show_adjusted: dict[str, bool]
+    show_band: dict[str, bool]
+
+
+def _row(name: str | None, history: History) -> _Row:
+    evaluated = _points(history)
+    points = _from_base(evaluated)
+    overall = {k: [_num(p.report, k) for p in points] for _, rate, adjusted, _ci in _PANELS
+               for k in (rate, adjusted)}
+    bands = {ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points])
+             for *_, ci in _PANELS}
+    return _Row(name, points, len(evaluated), overall, bands,
+                {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in _PANELS},
+                {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1]) for *_, ci in _PANELS})
+
+
+def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) -> Any:
+    """The matplotlib ``Figure`` of :func:`plot_runs`: a row of two panels per run."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -219,40 +278,25 @@ def _figure(history: History, title: str | None) -> Any:
     except ImportError as e:
         raise ImportError(_INSTALL_HINT) from e
 
-    points = _points(history)
-    steps = [p.step for p in points]
-    categories = _ranked_categories(points)
+    rows = [_row(name, history) for name, history in runs]
+    categories = _ranked_categories([p for row in rows for p in row.points])
     # one category (e.g. the default "all") is the overall curve again: don't draw it twice
     if len(categories) == 1:
         categories = []
-
-    panels = [
-        ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
-        ("Backward transfer (wrong → correct)", "backward_transfer",
-         "backward_transfer_adjusted", "backward_transfer_ci"),
-    ]
-    overall = {
-        name: [_num(p.report, name) for p in points]
-        for _, rate, adjusted, _ci in panels for name in (rate, adjusted)
-    }
-    bands = {ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points])
-             for *_, ci in panels}
-    show_adjusted = {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in panels}
-    show_band = {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1])
-                 for *_, ci in panels}
+    any_adjusted = any(v for row in rows for v in row.show_adjusted.values())
+    any_band = any(v for row in rows for v in row.show_band.values())
 
     # legend budget: fixed entries first, then categories; overflow becomes "+N more"
     fixed: list[Any] = [Line2D([], [], color=_OVERALL_COLOR, lw=2.6, marker="o", label="overall")]
-    if any(show_adjusted.values()):
+    if any_adjusted:
         fixed.append(Line2D([], [], color=_OVERALL_COLOR, lw=1.8, ls="--",
                             label="overall, chance-adjusted"))
-    if any(show_band.values()):
+    if any_band:
         fixed.append(Patch(color=_OVERALL_COLOR, alpha=0.12, label="overall, 95% interval"))
     room = LEGEND_MAX - len(fixed)
     named = categories if len(categories) <= room else categories[: room - 1]
     others = categories[len(named):]
-    colors = _palette(len(named))
-    color_of = dict(zip(named, colors))
+    color_of = dict(zip(named, _palette(len(named))))
 
     handles = list(fixed) + [
         Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named
@@ -263,42 +307,51 @@ def _figure(history: History, title: str | None) -> Any:
 
     ncol = min(len(handles), 4)
     legend_rows = math.ceil(len(handles) / ncol)
-    fig = Figure(figsize=(12.0, 4.6 + 0.28 * legend_rows), layout="constrained")
+    height = 4.6 if len(rows) == 1 else 0.6 + 3.4 * len(rows)
+    fig = Figure(figsize=(12.0, height + 0.28 * legend_rows), layout="constrained")
     FigureCanvasAgg(fig)  # attaches the Agg canvas to fig; no global backend change
-    # one y scale for both panels, so a small BT is not read as large as the F beside it
-    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    # one y scale for all panels, so a small BT is not read as large as the F beside it, and
+    # one run's rates not as large as another's
+    grid = fig.subplots(len(rows), 2, sharex=True, sharey=True, squeeze=False)
 
-    for ax, (panel_title, key, adj, ci) in zip(axes, panels):
-        # draw back to front: grey overflow, coloured categories, then the overall curves
-        for c in others:
-            ax.plot(steps, [_num(p.categories.get(c), key) for p in points],
-                    color=_OTHER_COLOR, lw=0.9, marker="o", ms=2, alpha=0.8, zorder=1)
-        for c in named:
-            ax.plot(steps, [_num(p.categories.get(c), key) for p in points],
-                    color=color_of[c], lw=1.4, marker="o", ms=3.5, alpha=0.9, zorder=2)
-        if show_band[ci]:
-            low, high = bands[ci]
-            ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
-            if len(steps) == 1:  # a band over one step has no width: draw it as a bar
-                ax.vlines(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=8, zorder=3)
-        if show_adjusted[adj]:
-            ax.plot(steps, overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o",
-                    ms=3, zorder=4)
-        ax.plot(steps, overall[key], color=_OVERALL_COLOR, lw=2.6, marker="o", ms=5, zorder=5)
-        _label_last(ax, steps, overall[key])
+    for r, (row, axes) in enumerate(zip(rows, grid)):
+        steps = [p.step for p in row.points]
+        for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
+            # draw back to front: grey overflow, coloured categories, then the overall curves
+            for c in others:
+                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points],
+                        color=_OTHER_COLOR, lw=0.9, marker="o", ms=2, alpha=0.8, zorder=1)
+            for c in named:
+                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points],
+                        color=color_of[c], lw=1.4, marker="o", ms=3.5, alpha=0.9, zorder=2)
+            if row.show_band[ci]:
+                low, high = row.bands[ci]
+                ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
+                if len(steps) == 1:  # a band over one step has no width: draw it as a bar
+                    ax.vlines(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=8, zorder=3)
+            if row.show_adjusted[adj]:
+                ax.plot(steps, row.overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o",
+                        ms=3, zorder=4)
+            ax.plot(steps, row.overall[key], color=_OVERALL_COLOR, lw=2.6, marker="o", ms=5, zorder=5)
+            _label_last(ax, steps, row.overall[key])
 
-        ax.set_title(panel_title)
-        ax.set_xlabel("training step")
-        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, alpha=0.3)
-        ax.margins(x=0.08)  # room for the last-value label
-    # only once both panels hold data: fixing the shared limits earlier would cut off the other
-    _floor_at_zero(axes[0])
-    axes[0].set_ylabel("share of probes")
+            if r == 0:
+                ax.set_title(panel_title)
+            if r == len(rows) - 1:
+                ax.set_xlabel("training step")
+            ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(True, alpha=0.3)
+            ax.margins(x=0.08)  # room for the last-value label
+        axes[0].set_ylabel("share of probes" if row.name is None else f"{row.name}\nshare of probes")
+    # only once every panel holds data: fixing the shared limits earlier would cut off the others
+    _floor_at_zero(grid[0][0])
 
-    n = _num(points[-1].report, "n")
-    subtitle = f"{len(points)} evaluation{'s' if len(points) != 1 else ''}"
+    n = _num(rows[0].points[-1].report, "n")
+    if len(rows) == 1:
+        subtitle = f"{rows[0].evaluations} evaluation{'s' if rows[0].evaluations != 1 else ''}"
+    else:
+        subtitle = f"{len(rows)} runs"
     if math.isfinite(n):
         subtitle += f", {int(n)} probes"
     fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({subtitle})")
@@ -306,6 +359,25 @@ def _figure(history: History, title: str | None) -> Any:
                fontsize="small")
 
     return fig
+
+
+def _from_base(points: list[_Point]) -> list[_Point]:
+    """``points`` with the base ahead of them at step 0, where none was evaluated there: every
+    rate against the base itself is 0 (and its interval [0, 0]). Only the figures the first
+    evaluation has are set, so a curve the history does not draw stays undrawn."""
+    if points[0].step <= 0:
+        return points
+
+    def at_base(report: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for _, rate, adjusted, ci in _PANELS:
+            out.update({k: 0.0 for k in (rate, adjusted) if math.isfinite(_num(report, k))})
+            if math.isfinite(_num(report, ci, 0)):
+                out[ci] = [0.0, 0.0]
+        return out
+
+    first = points[0]
+    return [_Point(0, at_base(first.report), {c: at_base(r) for c, r in first.categories.items()}), *points]
 
 
 def _ranked_categories(points: Sequence[_Point]) -> list[str]:

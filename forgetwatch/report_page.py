@@ -2,10 +2,12 @@
 
 A run is its forgetwatch directory: the base snapshot, ``history.jsonl`` (which carries the
 trajectory) and, when the callback wrote it, ``probes.jsonl`` for the questions. The page
-holds the curves (forgetting, backward transfer, adjusted forgetting, accuracy against the
-base, with the noise floor where it was measured), a category × step heatmap, the survival
-curve, the probes forgotten most often or flickering, with their trajectories as
-sparklines, and the probes at risk at the last evaluation; several runs (a sweep) are
+holds the curves from the base on (forgetting, backward transfer, adjusted forgetting,
+accuracy against the base, with the noise floor where it was measured), the drift of the
+responses where there are behaviour probes, a category × step heatmap, the survival curve,
+and three tables of probes with the gold answer, the base's and the current one and their
+trajectories as sparklines: those forgotten and wrong now, those that flicker (right again
+after being forgotten), and those at risk at the last evaluation; several runs (a sweep) are
 overlaid. Charts are Plotly's, whose script is written into the page: it opens offline.
 
 Example:
@@ -28,6 +30,7 @@ import numpy as np
 
 from .answers import Answers
 from .behaviour.drift import SHARES
+from .dashboards import shown_answer
 from .files import atomic_write
 from .history import read_history
 from .probes import Probe, ProbeSet
@@ -41,6 +44,8 @@ __all__ = ["Run", "load_run", "write_report"]
 TOP = 25
 _CURVES = (("forgetting", "forgetting"), ("backward_transfer", "backward transfer"),
            ("forgetting_adjusted", "forgetting (chance-adjusted)"))
+#: Characters of an answer a table cell shows (the whole one is its tooltip).
+_ANSWER_CHARS = 40
 
 
 @dataclass
@@ -53,10 +58,43 @@ class Run:
     trajectory: Trajectory
     probes: dict[str, Probe]
     noise_floor: float | None = None  # the share of probes that flipped when the base was scored again
+    base: Answers | None = None
+    #: The last evaluation's answers, aligned with the base's; the run directory does not keep
+    #: them, so the tables then say only right or wrong.
+    current: Answers | None = None
 
     @property
     def steps(self) -> list[int]:
+        """The evaluations' steps."""
         return [r["step"] for r in self.records]
+
+    @property
+    def has_behaviour(self) -> bool:
+        """Whether the run has behaviour probes (rows with ``check``); without its probe file,
+        whether its history has drift figures."""
+        if self.probes:
+            return any(p.is_behaviour for p in self.probes.values())
+        return any(r["report"].get("behaviour") for r in self.records)
+
+    def from_base(self, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
+        """Steps and ``values`` (one per evaluation) with the base's value ahead at step 0, so a
+        curve starts where training did; none where the first evaluation has no figure."""
+        if self.records and self.records[0]["step"] <= 0:  # the base step was evaluated itself
+            return self.steps, values
+        return [0, *self.steps], [at_base if not values or values[0] is not None else None, *values]
+
+    def curve(self, key: str) -> tuple[list[int], list[float | None]]:
+        """A rate or accuracy from the base on: compared with itself, the base forgets and
+        gains nothing; its accuracy is the base's."""
+        base = self.trajectory.correct[:, 0]
+        at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
+        return self.from_base(self.series(key), at_base)
+
+    def behaviour_curve(self, key: str) -> tuple[list[int], list[float | None]]:
+        """A behaviour figure from the base on: at the base, the responses are the base's."""
+        first = self.records[0]["report"].get("behaviour", {}) if self.records else {}
+        at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
+        return self.from_base(self.behaviour(key), at_base)
 
     def series(self, key: str, category: str | None = None) -> list[float | None]:
         """One figure of every evaluation (``None`` where it does not apply)."""
@@ -89,7 +127,7 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     probes_file = path / PROBES
     probes = {p.id: p for p in ProbeSet.from_jsonl(probes_file)} if probes_file.is_file() else {}
     name = path.parent.name if path.name == SUBDIR else path.name
-    return Run(name, path, records, Trajectory.from_history(base, records), probes, base.meta.get("noise_floor"))
+    return Run(name, path, records, Trajectory.from_history(base, records), probes, base.meta.get("noise_floor"), base)
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
@@ -117,7 +155,7 @@ def _page(runs: list[Run], top: int) -> str:
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
     parts = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>",
              *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))), _figure(_survival(runs), "survival")]
-    if any(r.behaviour("refusals") != [None] * len(r.records) for r in runs):
+    if any(r.has_behaviour for r in runs):
         parts.append(_figure(_behaviour(runs), "behaviour"))
     for k, run in enumerate(runs):
         parts += [f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
@@ -150,11 +188,11 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     and their accuracies in a second chart."""
     if len(runs) == 1:
         run = runs[0]
-        traces = [_line(run.steps, run.series(key), name, color, dash)
+        traces = [_line(*run.curve(key), name, color, dash)
                   for (key, name), color, dash in zip(_CURVES, ("#d62728", "#2ca02c", "#d62728"),
                                                         ("solid", "solid", "dash"))]
-        traces += [_line(run.steps, run.series("accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
-                   _line(run.steps, run.series("accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2")]
+        traces += [_line(*run.curve("accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
+                   _line(*run.curve("accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2")]
         traces += _noise(run, "#999")
         layout = _layout("Forgetting, backward transfer and accuracy by training step", "share of probes")
         layout["yaxis2"] = {"title": {"text": "accuracy"}, "tickformat": ".0%", "overlaying": "y", "side": "right",
@@ -163,23 +201,25 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     rates, accuracy = [], []
     for k, run in enumerate(runs):
         color = _COLORS[k % len(_COLORS)]
-        rates += [_line(run.steps, run.series("forgetting"), f"{run.name}: forgetting", color, "solid"),
-                  _line(run.steps, run.series("backward_transfer"), f"{run.name}: backward transfer", color, "dot")]
+        rates += [_line(*run.curve("forgetting"), f"{run.name}: forgetting", color, "solid"),
+                  _line(*run.curve("backward_transfer"), f"{run.name}: backward transfer", color, "dot")]
         rates += _noise(run, color)
-        accuracy.append(_line(run.steps, run.series("accuracy_after"), run.name, color, "solid"))
+        accuracy.append(_line(*run.curve("accuracy_after"), run.name, color, "solid"))
     return [{"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},
             {"data": accuracy, "layout": _layout("Accuracy on the probes by training step", "accuracy")}]
 
 
 def _noise(run: Run, color: str) -> list[dict[str, Any]]:
-    if run.noise_floor is None or not run.steps:
+    if run.noise_floor is None:
         return []
-    return [_line(run.steps, [run.noise_floor] * len(run.steps), f"{run.name}: noise floor", color, "dashdot")]
+    steps, _ = run.curve("forgetting")
+    return [_line(steps, [run.noise_floor] * len(steps), f"{run.name}: noise floor", color, "dashdot")]
 
 
 def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
     return {"title": {"text": title}, "xaxis": {"title": {"text": "training step"}},
-            "yaxis": {"title": {"text": y_title}, "tickformat": ".0%", "rangemode": "tozero"},
+            # ".1~%": small rates keep a decimal (".0%" labels 0.2 % and 0.4 % both "0%")
+            "yaxis": {"title": {"text": y_title}, "tickformat": ".1~%", "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.22}, "height": height, "margin": {"t": 50}}
 
 
@@ -187,7 +227,7 @@ def _heatmap(run: Run) -> dict[str, Any]:
     categories = sorted(set(run.trajectory.categories))
     z = [[None if v is None else v for v in run.series("forgetting", c)] for c in categories]
     return {"data": [{"type": "heatmap", "z": z, "x": [str(s) for s in run.steps], "y": categories,
-                      "colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".0%"},
+                      "colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
                       "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>"}],
             "layout": {"title": {"text": f"Forgetting by category ({run.name})"},
                        "xaxis": {"title": {"text": "training step"}, "type": "category"},
@@ -200,16 +240,17 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
     refusals and length, a colour a run."""
     traces = []
     for k, run in enumerate(runs):
+        if not run.has_behaviour:
+            continue
         color = _COLORS[k % len(_COLORS)]
         prefix = f"{run.name}: " if len(runs) > 1 else ""
         features = SHARES if len(runs) == 1 else SHARES[:1]
         for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
-            now, base = run.behaviour(name), run.behaviour(f"{name}_base")
-            if name != "refusals" and not any(now + base):
+            now, base = run.behaviour_curve(name), run.behaviour_curve(f"{name}_base")
+            if name != "refusals" and not any(now[1] + base[1]):
                 continue  # a feature no response ever had
-            traces += [_line(run.steps, now, f"{prefix}{name}", c, "solid"),
-                       _line(run.steps, base, f"{prefix}{name} (base)", c, "dot")]
-        ratio = _line(run.steps, run.behaviour("length_ratio_words"), f"{prefix}length in words vs the base",
+            traces += [_line(*now, f"{prefix}{name}", c, "solid"), _line(*base, f"{prefix}{name} (base)", c, "dot")]
+        ratio = _line(*run.behaviour_curve("length_ratio_words"), f"{prefix}length in words vs the base",
                       "#333" if len(runs) == 1 else color, "dash", "y2")
         ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
         traces.append(ratio)
@@ -229,38 +270,84 @@ def _survival(runs: list[Run]) -> dict[str, Any]:
 
 def _probe_tables(run: Run, top: int) -> str:
     t = run.trajectory
-    events, regained = t.forgetting_events(), t.regained()
     last_risk = set(run.records[-1]["report"].get("at_risk_ids", [])) if run.records else set()
-    most = [i for i in np.argsort(-events, kind="stable") if events[i] > 0][:top]
-    flicker = [i for i in np.argsort(-events, kind="stable") if events[i] >= 2 and regained[i]][:top]
     risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
     risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
-    return "".join([
-        _table(run, most, "Forgotten most often", "none of the probes was forgotten"),
-        _table(run, flicker, "Flickering: forgotten, regained, forgotten again", "no probe flickered"),
-        _table(run, risky, "At risk at the last evaluation: still right, margin slipping",
+    unknown = ("" if run.current is not None else "<p class=\"note\">The run directory keeps the base's answers, not "
+               "the evaluations': \"answer now\" says right or wrong.</p>")
+    return unknown + "".join([
+        _table(run, _forgotten_now(t)[:top], "Forgotten most often, and wrong now",
+               "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the "
+               "last evaluation; most events first, then those wrong the longest", "no probe is forgotten now"),
+        _table(run, _flickering(t)[:top], "Flickering: forgotten, then right again",
+               "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
+               "first. One wrong again at the last evaluation is in both tables", "no probe came back after a "
+               "forgetting event"),
+        _table(run, risky, "At risk at the last evaluation: still right, margin slipping", "",
                "no probe is at risk at the last evaluation"),
     ])
 
 
-def _table(run: Run, rows: list[int], title: str, empty: str) -> str:
+def _forgotten_now(t: Trajectory) -> list[int]:
+    """Rows of the probes with a forgetting event that are wrong at the last evaluation: the
+    most events first, then those wrong for the most evaluations."""
+    events = t.forgetting_events()
+    wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
+    rows = np.flatnonzero((events > 0) & ~t.correct[:, -1])
+    return sorted(rows.tolist(), key=lambda i: (-events[i], -wrong_for[i]))
+
+
+def _flickering(t: Trajectory) -> list[int]:
+    """Rows of the probes right again after a forgetting event: the most flips (changes
+    between right and wrong) first, then the most forgetting events."""
+    events, flips = t.forgetting_events(), _flips(t)
+    return sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i]))
+
+
+def _flips(t: Trajectory) -> np.ndarray:
+    return (t.correct[:, 1:] != t.correct[:, :-1]).sum(axis=1)
+
+
+def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
     if not rows:
         return f"<h3>{_e(title)}</h3><p class=\"note\">{_e(empty)}.</p>"
     t = run.trajectory
-    events = t.forgetting_events()
+    events, flips = t.forgetting_events(), _flips(t)
     lines = []
     for i in rows:
         probe = run.probes.get(t.ids[i])
         question = probe.question if probe else ""
-        answer = probe.answer_text if probe else ""
+        gold, then, now = _answers(run, i, probe)
         lines.append(
             f"<tr><td class=\"id\">{_e(t.ids[i])}</td><td>{_e(t.categories[i])}</td>"
-            f"<td class=\"q\" title=\"{_e(question)}\">{_e(_cut(question, 120))}</td><td>{_e(_cut(answer, 40))}</td>"
-            f"<td>{int(events[i])}</td><td>{_sparkline(t.correct[i], t.steps)}</td>"
-            f"<td>{_signal_line(t.signal[i])}</td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("id", "category", "question", "answer", "events",
-                                               "right (■) / wrong (□) at each evaluation", "margin"))
-    return f"<h3>{_e(title)}</h3><table class=\"probes\"><tr>{head}</tr>{''.join(lines)}</table>"
+            f"<td class=\"q\" title=\"{_e(question)}\">{_e(_cut(question, 120))}</td>{_cell(gold)}{_cell(then)}"
+            f"{_cell(now, 'r' if t.correct[i, -1] else 'w')}<td>{int(events[i])}</td><td>{int(flips[i])}</td>"
+            f"<td>{_sparkline(t.correct[i], t.steps)}</td><td>{_signal_line(t.signal[i])}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("id", "category", "question", "gold answer", "base's answer",
+                                               "answer now", "events", "flips"))
+    head += ("<th title=\"right (■) or wrong (□) at the base and at each evaluation\">trajectory</th>"
+             "<th title=\"the drift signal at each evaluation\">margin</th>")
+    note = f"<p class=\"note\">{_e(note)}.</p>" if note else ""
+    return f"<h3>{_e(title)}</h3>{note}<table class=\"probes\"><tr>{head}</tr>{''.join(lines)}</table>"
+
+
+def _answers(run: Run, i: int, probe: Probe | None) -> tuple[str, str, str]:
+    """Probe ``i``'s gold answer, the base's and the current one, as the W&B flips table shows
+    them (a choice's text, a raw output). Without the last evaluation's answers, "now" says
+    right or wrong."""
+    choices = probe.choices if probe else None
+    gold = probe.answer_text if probe else ""
+    then = shown_answer(run.base, i, choices) if run.base is not None else ""
+    if run.current is not None:
+        now = shown_answer(run.current, i, choices)
+    else:
+        now = "right" if run.trajectory.correct[i, -1] else "wrong"
+    return gold, then, now
+
+
+def _cell(text: str, kind: str = "") -> str:
+    css = f"a {kind}".strip()
+    return f"<td class=\"{css}\" title=\"{_e(text)}\">{_e(_cut(text, _ANSWER_CHARS))}</td>"
 
 
 def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
@@ -287,28 +374,13 @@ def _signal_line(signal: np.ndarray) -> str:
 
 
 def _png(runs: list[Run], out: str | os.PathLike[str]) -> None:
-    from .plot import plot_history
+    """The demo's PNG: forgetting and backward transfer with their categories; several runs a row each."""
+    from .plot import plot_history, plot_runs
 
     if len(runs) == 1:
         plot_history(runs[0].records, out, title=f"forgetting: {runs[0].name}")
-        return
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import PercentFormatter
-
-    fig = Figure(figsize=(8, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for k, run in enumerate(runs):
-        ax.plot(run.steps, [_num(v) for v in run.series("forgetting")], marker="o", label=run.name,
-                color=_COLORS[k % len(_COLORS)])
-    ax.set_xlabel("training step")
-    ax.set_ylabel("forgetting")
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    with atomic_write(out, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
+    else:
+        plot_runs({run.name: run.records for run in runs}, out, title="forgetwatch: forgetting by run")
 
 
 # -- small pieces ---------------------------------------------------------------------------------
@@ -357,7 +429,8 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24p
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}h3{font-size:15px;margin-top:20px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border-bottom:1px solid #ddd;padding:4px 8px;
 text-align:left;vertical-align:middle}th{background:#f5f5f5}.note{color:#666;font-size:13px}
-td.q{max-width:420px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}td.id{font-family:monospace}
+td.q,td.a{max-width:260px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}td.a{max-width:150px}
+td.a.w{color:#c33}td.id{font-family:monospace}
 .fig{margin:8px 0 16px}svg.spark rect.r{fill:#2b7}svg.spark rect.w{fill:#fff;stroke:#c33;stroke-width:1}
 svg.spark polyline{fill:none;stroke:#555;stroke-width:1.2}
 """

@@ -17,7 +17,15 @@ import pytest
 
 from forgetwatch.answers import Answers
 from forgetwatch.metrics import compare
-from forgetwatch.plot import LEGEND_MAX, _figure, load_history, plot_history, text_curve
+from forgetwatch.plot import (
+    LEGEND_MAX,
+    _figure,
+    _runs_figure,
+    load_history,
+    plot_history,
+    plot_runs,
+    text_curve,
+)
 
 # the PNG tests need the optional matplotlib; the console curve and the loader do not
 needs_mpl = pytest.mark.skipif(
@@ -194,6 +202,52 @@ def test_single_evaluation(tmp_path):
     assert "1 evaluation," in fig._suptitle.get_text()
     assert_all_data_visible(fig)
     assert len(text_curve(history).splitlines()) == 1
+
+
+@needs_mpl
+@pytest.mark.parametrize("n_evaluations", [1, 4])
+def test_curves_start_at_the_base(n_evaluations):
+    # no record at step 0: the curves still start there, every rate 0 against the base itself,
+    # so one evaluation is a line from the base, not a lone dot
+    history = make_history()[1:1 + n_evaluations]
+    steps = [r["step"] for r in history]
+    assert steps[0] > 0 and history[-1]["report"]["forgetting"] > 0
+    fig = _figure(history, None)
+    for ax in fig.axes[:2]:
+        assert len(ax.lines) == 5  # 3 categories, overall and adjusted
+        for line in ax.lines:
+            assert list(line.get_xdata()) == [0, *steps]
+            assert line.get_ydata()[0] == 0
+    assert f"{n_evaluations} evaluation" in fig._suptitle.get_text()  # the base is not an evaluation
+    assert_all_data_visible(fig)
+
+
+@needs_mpl
+def test_several_runs_one_row_each_with_categories_and_one_y_axis_from_zero(tmp_path):
+    runs = {"lr-a": make_history(seed=1)[1:], "lr-b": make_history(steps=(0, 10, 20), seed=2)[1:]}
+    runs["lr-b"][-1]["report"]["forgetting"] = 0.6  # the highest rate of all, in the second run
+    fig = _runs_figure(list(runs.items()), "sweep")
+    assert len(fig.axes) == 4  # a row of two panels per run
+    texts = legend_texts(fig)
+    assert texts[0] == "overall" and sorted(texts[-3:]) == ["topic_00", "topic_01", "topic_02"]
+    rows = [fig.axes[:2], fig.axes[2:]]
+    for (name, history), (left, right) in zip(runs.items(), rows):
+        assert name in left.get_ylabel()
+        for ax in (left, right):
+            assert len(ax.lines) == 5  # the same categories as one run's PNG, plus overall and adjusted
+            for line in ax.lines:
+                assert list(line.get_xdata()) == [0] + [r["step"] for r in history]
+    # a category has one colour in every row
+    assert [line.get_color() for line in rows[0][0].lines] == [line.get_color() for line in rows[1][0].lines]
+    # one y axis for all, from 0, and every point visible
+    assert len({ax.get_ylim() for ax in fig.axes}) == 1
+    low, high = fig.axes[0].get_ylim()
+    assert low == 0 and high >= 0.6
+    assert "sweep" in fig._suptitle.get_text() and "2 runs" in fig._suptitle.get_text()
+    out = plot_runs(runs, tmp_path / "sweep.png", title="sweep")
+    img = read_png(out)
+    assert img.shape[1] == 1440 and img.shape[0] > read_png(plot_history(runs["lr-a"], tmp_path / "a.png")).shape[0]
+    assert_not_blank(img)
 
 
 @needs_mpl

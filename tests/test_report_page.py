@@ -4,6 +4,7 @@ network cut off, for one run and for three; its tables checked against plain loo
 from __future__ import annotations
 
 import html
+import itertools
 import os
 import re
 import shutil
@@ -11,10 +12,19 @@ import subprocess
 
 import pytest
 
+from forgetwatch.answers import Answers
 from forgetwatch.cli import main
 from forgetwatch.demo import run_demo
 from forgetwatch.history import read_history
-from forgetwatch.report_page import load_run, write_report
+from forgetwatch.probes import Probe
+from forgetwatch.report_page import (
+    _behaviour,
+    _curves,
+    _page,
+    _probe_tables,
+    load_run,
+    write_report,
+)
 
 pytest.importorskip("plotly")
 pytest.importorskip("trl")
@@ -33,6 +43,14 @@ def runs(tmp_path_factory):
     return [root / "lr-a", root / "lr-b", root / "lr-c"]
 
 
+@pytest.fixture(scope="module")
+def one_evaluation(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    run_demo(out, steps=5, eval_steps=5, quiet=True)
+    assert [r["step"] for r in read_history(out / "history.jsonl")] == [5]
+    return out
+
+
 def rendered_dom(page, tmp_path):
     """The page's DOM after its scripts ran in headless Chromium, every host unreachable."""
     assert CHROMIUM is not None, "Chromium is needed: apt-get install chromium"
@@ -49,6 +67,34 @@ def plain_events(row):
     return sum(1 for a, b in zip(row, row[1:]) if a and not b)
 
 
+def plain_flips(row):
+    return sum(1 for a, b in itertools.pairwise(row) if a != b)
+
+
+def plain_regained(row):
+    """Right, then wrong, then right again, somewhere along the row."""
+    seen_right = seen_lost = False
+    for c in row:
+        if c and seen_lost:
+            return True
+        seen_lost |= seen_right and not c
+        seen_right |= c
+    return False
+
+
+def table_rows(page, title):
+    """The cells (as text) of each row of the table under ``title`` in a page or a piece of one."""
+    table = page.split(title)[1].split("</table>")[0]
+    rows = re.findall(r"<tr><td class=\"id\">.*?</tr>", table, flags=re.DOTALL)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, flags=re.DOTALL) for r in rows]
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in row] for row in cells]
+
+
+def drawn_lines(dom):
+    """The path of every curve plotly drew (not the legend's samples)."""
+    return re.findall(r'class="js-line" d="([^"]*)" style="vector-effect', dom)
+
+
 @needs_browser
 def test_one_run_renders_offline_with_its_charts_and_tables(runs, tmp_path):
     page = write_report([runs[0]], tmp_path / "report.html")
@@ -59,13 +105,13 @@ def test_one_run_renders_offline_with_its_charts_and_tables(runs, tmp_path):
     assert dom.count('class="main-svg"') >= 3 * 2  # plotly draws two layers of svg per chart
     assert "Survival" in dom and "Forgetting by category" in dom
 
-    # "forgotten most often": the probes with the most events, from a plain loop over the history
+    # "forgotten most often": of the probes wrong now, those with the most events, from a plain
+    # loop over the history
     run = load_run(runs[0])
-    rows = run.trajectory.correct.tolist()
-    events = {pid: plain_events(r) for pid, r in zip(run.trajectory.ids, rows)}
-    table = dom.split("Forgotten most often")[1].split("</table>")[0]
-    listed = [html.unescape(m) for m in re.findall(r'<td class="id">([^<]+)</td>', table)]
-    assert listed and [events[pid] for pid in listed] == sorted(events.values(), reverse=True)[:len(listed)]
+    rows = dict(zip(run.trajectory.ids, run.trajectory.correct.tolist()))
+    candidates = sorted((plain_events(r) for r in rows.values() if plain_events(r) and not r[-1]), reverse=True)
+    listed = [r[0] for r in table_rows(dom, "Forgotten most often")]
+    assert listed and [plain_events(rows[pid]) for pid in listed] == candidates[:len(listed)]
     # and the summary's last figures are the history's
     last = read_history(runs[0] / "history.jsonl")[-1]["report"]
     assert f"{100 * last['forgetting']:.1f}%" in dom.split("Over training")[0]
@@ -79,7 +125,118 @@ def test_three_runs_are_overlaid(runs, tmp_path):
     for name in ("lr-a", "lr-b", "lr-c"):
         assert f"{name}: forgetting" in dom  # one curve per run in the shared chart
         assert f"Forgetting by category ({name})" in dom
-    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the PNG: a row per run with its categories, one y axis from 0 (what plot_runs draws)
+    from forgetwatch.plot import plot_runs
+
+    expected = plot_runs({p.name: read_history(p / "history.jsonl") for p in runs}, tmp_path / "expected.png",
+                         title="forgetwatch: forgetting by run")
+    assert (tmp_path / "sweep.png").read_bytes() == expected.read_bytes()
+
+
+@needs_browser
+def test_one_evaluation_draws_lines_from_the_base(one_evaluation, tmp_path):
+    page = write_report([one_evaluation], tmp_path / "one.html")
+    lines = drawn_lines(rendered_dom(page, tmp_path))
+    # every curve goes from the base to the evaluation: a move and at least one segment, not a dot
+    assert len(lines) >= 5 and all(re.fullmatch(r"M[\d.,]+([LHV][\d.,]+)+", d) for d in lines), lines
+
+
+def test_curves_start_at_the_base(one_evaluation, runs):
+    for paths in ([one_evaluation], runs):
+        loaded = [load_run(p) for p in paths]
+        for run in loaded:
+            base_accuracy = float(Answers.load(run.dir / "base_answers.npz").correct.mean())
+            traces = [t for spec in _curves(loaded) for t in spec["data"]
+                      if len(loaded) == 1 or t["name"].startswith(run.name)]
+            assert traces
+            for t in traces:
+                assert t["x"] == [0, *run.steps]
+                if "accuracy" in t["name"] or t["name"] == run.name:  # a run's accuracy curve
+                    assert t["y"][0] == pytest.approx(base_accuracy)
+                elif "noise" not in t["name"]:
+                    assert t["y"][0] == 0, t["name"]  # forgetting and transfer against the base itself
+    # the drift curves too: at the base, the responses are the base's (length ratio 1)
+    run = with_a_behaviour_probe(load_run(one_evaluation))
+    traces = {t["name"]: t for t in _behaviour([run])["data"]}
+    assert traces["length in words vs the base"]["x"] == [0, 5]
+    assert traces["length in words vs the base"]["y"][0] == 1.0
+    assert traces["refusals"]["y"][0] == traces["refusals (base)"]["y"][0] == traces["refusals (base)"]["y"][1]
+
+
+def with_a_behaviour_probe(run):
+    """``run`` with one of its generative probes read as a behaviour probe (a check, no answer)."""
+    pid = next(p.id for p in run.probes.values() if p.choices is None)
+    run.probes[pid] = Probe(pid, run.probes[pid].question, None, check={"max_words": 5})
+    return run
+
+
+def test_behaviour_chart_only_with_behaviour_probes(runs):
+    run = load_run(runs[0])
+    # the demo's generative probes give the history drift figures, but it has no behaviour probe
+    assert run.records[-1]["report"].get("behaviour") and not any(p.is_behaviour for p in run.probes.values())
+    assert "Behaviour drift" not in _page([run], 5)
+    assert "Behaviour drift" not in _page([load_run(p) for p in runs], 5)
+    # one probe with a check: the chart is drawn
+    assert "Behaviour drift" in _page([with_a_behaviour_probe(run)], 5)
+
+
+def wrong_for(row):
+    """How many evaluations at the end of the row the probe has been wrong."""
+    return len(row) - max([k + 1 for k, c in enumerate(row) if c], default=0)
+
+
+def test_forgotten_and_flickering_are_different_lists(runs):
+    run = load_run(runs[1])  # 30 steps, 6 evaluations: probes forgotten for good and some that came back
+    rows = dict(zip(run.trajectory.ids, run.trajectory.correct.tolist()))
+    tables = _probe_tables(run, 1000)
+    forgotten = [r[0] for r in table_rows(tables, "Forgotten most often")]
+    flickering = [r[0] for r in table_rows(tables, "Flickering")]
+    # forgotten: at least one forgetting event and wrong at the last evaluation; most events
+    # first, then those wrong the longest
+    assert forgotten == sorted((p for p, r in rows.items() if plain_events(r) and not r[-1]),
+                               key=lambda p: (-plain_events(rows[p]), -wrong_for(rows[p])))
+    # flickering: right, wrong, then right again; most flips first
+    assert flickering == sorted((p for p, r in rows.items() if plain_regained(r)),
+                                key=lambda p: (-plain_flips(rows[p]), -plain_events(rows[p])))
+    assert forgotten and flickering and set(forgotten) != set(flickering)
+    # a probe is in both only when it meets both definitions: it came back, then went again
+    for pid in set(forgotten) & set(flickering):
+        assert plain_regained(rows[pid]) and not rows[pid][-1]
+
+
+def cut(text, n=40):
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def test_tables_show_the_gold_the_base_and_the_current_answer(runs):
+    run = load_run(runs[1])
+    base = Answers.load(run.dir / "base_answers.npz")
+    index = {pid: i for i, pid in enumerate(base.ids)}
+    right_now = run.trajectory.correct[:, -1]
+
+    def shown(answers, pid):  # what the W&B flips table shows: the choice's text, or the raw output
+        probe, i = run.probes[pid], index[pid]
+        return probe.choices[answers.predicted[i]] if probe.choices else answers.outputs[i]
+
+    listed = 0
+    for title in ("Forgotten most often", "Flickering"):
+        for pid, _category, _question, gold, then, now, *_ in table_rows(_probe_tables(run, 1000), title):
+            assert gold == cut(run.probes[pid].answer_text)
+            assert then == cut(shown(base, pid))
+            # the run directory keeps no answers of its evaluations: right or wrong is what it knows
+            assert now == ("right" if right_now[index[pid]] else "wrong")
+            listed += 1
+    assert listed > 5
+    # given the last evaluation's answers, the current one is shown: a wrong choice's text, the raw output
+    predicted = [p.answer if p.choices and c else (p.answer + 1) % len(p.choices) if p.choices else None
+                 for p, c in zip((run.probes[i] for i in base.ids), right_now)]
+    outputs = [None if o is None else f"now: {o}" for o in base.outputs]
+    run.current = Answers(base.ids, right_now, predicted, base.choice_logprobs, base.gold_logprob, base.n_choices,
+                          base.categories, outputs, base.probe_fingerprint)
+    rows = table_rows(_probe_tables(run, 1000), "Forgotten most often")
+    for pid, _category, _question, gold, _then, now, *_ in rows:
+        assert now == cut(shown(run.current, pid)) and now != gold
+    assert any(run.probes[r[0]].choices for r in rows) and any(not run.probes[r[0]].choices for r in rows)
 
 
 def test_report_errors_are_one_line(tmp_path, capsys):
