@@ -170,7 +170,7 @@ def decode_column(column: Any, probes: int | None = None,
         >>> decode_column({"probes": "fp", "correct": "bad", "signal": ""}, 2)
         Traceback (most recent call last):
             ...
-        forgetwatch.history.HistoryError: field 'columns.correct': not base64 text ...
+        forgetwatch.history.HistoryError: field 'columns.correct': not base64 text
     """
     if not isinstance(column, Mapping):
         raise HistoryError(f"must be a JSON object, got {describe(column)}", "columns")

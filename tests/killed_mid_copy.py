@@ -19,14 +19,13 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-from datasets import load_from_disk  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+from datasets import load_from_disk
+from trainers import make_trainer  # tests/, this script's folder
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import forgetwatch.store as store  # noqa: E402
-from forgetwatch import ProbeSet  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
-from trainers import make_trainer  # noqa: E402  (tests/, this script's folder)
+from forgetwatch import ProbeSet, store
+from forgetwatch.callback import ForgetWatchCallback
 
 
 def pause_in_the_checkpoints_history(out: Path) -> None:

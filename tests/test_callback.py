@@ -651,8 +651,6 @@ def test_a_resume_keeps_every_readable_record_and_overwrites_none(toy, train_dat
 
 def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_whole(toy, train_data, tmp_path,
                                                                                     caplog):
-    from forgetwatch.store import copy_problem
-
     class DeleteRunDir(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 12:
@@ -667,6 +665,8 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
         assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
         assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
         assert (folder / "probes.jsonl").is_file()
+    from forgetwatch.store import copy_problem
+
     assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
@@ -681,7 +681,10 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
     run, data, probes = tmp_path / "run", tmp_path / "data", tmp_path / "probes.jsonl"
     train_data.save_to_disk(str(data))
     toy.probes.to_jsonl(probes)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    import forgetwatch  # the child runs the same forgetwatch as this test
+
+    package = Path(forgetwatch.__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(package), str(tests)])}
     with open(tmp_path / "child.log", "w") as log:
         child = subprocess.Popen([sys.executable, str(tests / "killed_mid_copy.py"), toy.base_dir, str(data),
                                   str(probes), str(run)], stdout=log, stderr=subprocess.STDOUT, env=env)

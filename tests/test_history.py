@@ -106,8 +106,8 @@ N = 15  # probes of the run below
 def base_answers():
     from forgetwatch.answers import Answers
 
-    return Answers.from_samples("fp", {}, [dict(id=f"q{i}", correct=i % 2 == 0, predicted=0,
-                                                choice_logprobs=[-0.1, -2.0], n_choices=2) for i in range(N)])
+    return Answers.from_samples("fp", {}, [{"id": f"q{i}", "correct": i % 2 == 0, "predicted": 0,
+                                            "choice_logprobs": [-0.1, -2.0], "n_choices": 2} for i in range(N)])
 
 
 def column(n=N, fingerprint="fp"):
