@@ -366,8 +366,11 @@ class RunStore:
             else:
                 _copy_file(source, target / name)
             names.append(name)
-        with atomic_write(target / HISTORY) as f:
-            f.writelines(json_line(r) for r in self._records())
+        if self._unwritten or not self.history_path.is_file():
+            with atomic_write(target / HISTORY) as f:
+                f.writelines(json_line(r) for r in self._records())
+        else:  # the file holds every record: copying bytes is cheaper than writing JSON again
+            _copy_file(self.history_path, target / HISTORY)
         names.append(HISTORY)
         for name, value in extra.items():
             with atomic_write(target / name) as f:

@@ -198,9 +198,9 @@ def run_directory(path: str | os.PathLike[str]) -> Path:
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> RunFiles:
-    """The base snapshot, history records and trajectory of a monitored run: the one reader
-    of a run directory that :func:`load_trajectory`, ``forgetwatch report`` and the plots
-    share. ``run_dir`` is a forgetwatch directory (the callback's ``output_dir``, or a
+    """The base snapshot, history records and trajectory of a monitored run: the reader of a
+    run directory that :func:`load_trajectory` and ``forgetwatch report`` share (its records
+    are read as everywhere, by :func:`~forgetwatch.history.read_history`). ``run_dir`` is a forgetwatch directory (the callback's ``output_dir``, or a
     checkpoint's ``forgetwatch/`` copy) or the trainer's output directory holding one.
 
     Raises ``FileNotFoundError`` without a base snapshot, and

@@ -585,7 +585,8 @@ def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, tr
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(toy, train_data, tmp_path, [resumed], **common).train(
             resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
-    assert f"{copied}, line 1" in caplog.text  # named, then the run's own copy was used
+    # named (the copy is no longer what was copied there), then the run's own files were used
+    assert f"not resuming from {copied.parent}: history.jsonl is not the file copied there" in caplog.text
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
     assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
 
