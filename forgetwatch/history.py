@@ -330,7 +330,7 @@ def _record(line: bytes, probes: int | None = None, fingerprint: str | None = No
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
         raise HistoryError("not UTF-8 text") from None
-    except (json.JSONDecodeError, RecursionError, ValueError) as err:  # ValueError: Python's int digit limit
+    except (RecursionError, ValueError) as err:  # ValueError: JSONDecodeError, and Python's int digit limit
         raise HistoryError(f"not valid JSON ({getattr(err, 'msg', err)})") from None
     if not isinstance(record, dict):
         raise HistoryError(f"expected a JSON object, got {describe(record)}")
