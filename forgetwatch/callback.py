@@ -31,7 +31,7 @@ from .behaviour.drift import token_counter
 from .config import ADAPTER_DISABLED, ForgetWatchConfig, options_doc, with_settings
 from .dashboards import Dashboards, flip_rows, probe_rows
 from .distributed import Ranks
-from .history import first_whole_history, history_record, report_from_record
+from .history import history_record, recover_history, report_from_record
 from .metrics import compare
 from .probes import ProbesLike, as_probe_set
 from .replay import ReplayPool
@@ -43,7 +43,7 @@ from .scoring import Scorer
 from .scoring.scorer import pad_id
 from .noise import measure_noise, noise_by_scope, wants_noise_check
 from .stopping import StopRule
-from .store import HISTORY, REPLAY_BASE, REPLAY_STATE, SUBDIR, RunStore
+from .store import HISTORY, REPLAY_BASE, REPLAY_STATE, SUBDIR, RunStore, copy_problem
 from .text import pct
 from .trainer_bridge import TrainerBridge, resumed_checkpoint
 from .trajectory import Trajectory, with_trajectory_figures
@@ -176,6 +176,7 @@ class ForgetWatchCallback(TrainerCallback):
         self._replay: Replay | None = None
         self._scorer: Scorer | None = None
         self._store: RunStore | None = None
+        self._dirs: list[Path] | None = None  # where this train() call resumes from (see _resume_dirs)
         self._training = False
         self._eval_logged_at: int | None = None
         self._length_checked = False
@@ -266,6 +267,9 @@ class ForgetWatchCallback(TrainerCallback):
             if note and self._writes:
                 logger.warning("forgetwatch: %s", note)
         self._store = RunStore(c.output_dir or self._bridge.run_dir(args) / SUBDIR)
+        self._dirs = None
+        if self._writes:  # what a kill -9 left half-written, in the run directory and its checkpoints
+            self._store.remove_leftovers(self._checkpoint_folders(args))
         self._replay = None if self.replay_pool is None else Replay(
             self.replay_pool, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
             target=c.forgetting_target, metric=c.stop_metric, loss=c.replay_loss, top_k=c.replay_top_k)
@@ -482,9 +486,9 @@ class ForgetWatchCallback(TrainerCallback):
     def _copy_into_checkpoint(self, args, state) -> None:
         checkpoint = self._bridge.checkpoint_dir(args, state.global_step)
         if self._writes and self._store is not None and checkpoint.is_dir():
-            self._store.copy_to(checkpoint / SUBDIR)  # a failed copy warns, never raises
-            if self._replay is not None:  # where the draws stood at this very step
-                self._store.save_state(checkpoint / SUBDIR / REPLAY_STATE, self._replay.state())
+            # the replay state (where the draws stood at this very step) in the same whole-or-not copy
+            extra = {REPLAY_STATE: self._replay.state()} if self._replay is not None else None
+            self._store.copy_to(checkpoint / SUBDIR, extra)  # a failed copy warns, never raises
 
     def _start_replay(self, model, args, state, resumed: bool) -> None:
         """Refuse what replay cannot run under; a resumed run goes on with the checkpoint's draws."""
@@ -549,8 +553,8 @@ class ForgetWatchCallback(TrainerCallback):
         def from_files() -> dict[str, Any] | None:  # on rank 0
             self._store.check_writable()  # the one time a file problem stops training: before it starts
             answers = stored_base(given, expected, run_dir=self._store.dir, resume_dirs=dirs, step=state.global_step)
-            if given is not None and answers is not None:
-                self._store.save_snapshot(answers)  # kept with the run, so a resume finds it
+            if answers is not None:  # kept with the run and its checkpoints (a cached one is there already)
+                self._store.save_snapshot(answers, on_disk=given is None and not resumed)
             return None if answers is None else answers.to_dict()
 
         found = self._ranks.share_from_rank_zero(from_files)
@@ -579,28 +583,64 @@ class ForgetWatchCallback(TrainerCallback):
             self._emit({f"{sinks.PREFIX}noise_floor": self.base_answers.meta["noise_floor"]}, args, state, control,
                        own_section=True)
 
-    def _resume_dirs(self, args, state) -> list[Path]:
-        """Where a resumed run looks for its base snapshot and history, in order: the
-        checkpoint it resumes from, then the run's own forgetwatch directory."""
-        dirs = []
+    def _checkpoint_folders(self, args) -> list[Path]:
+        """The forgetwatch folders of this run's checkpoints, and of the one it resumes from."""
         resuming = resumed_checkpoint()
-        if resuming:
-            dirs.append(Path(resuming) / SUBDIR)
-        dirs.append(self._bridge.checkpoint_dir(args, state.global_step) / SUBDIR)
-        dirs.append(self._store.dir)
-        return list(dict.fromkeys(dirs))
+        folders = sorted(self._bridge.run_dir(args).glob(f"checkpoint-*/{SUBDIR}"))
+        return folders + ([Path(resuming) / SUBDIR] if resuming else [])
+
+    def _resume_dirs(self, args, state) -> list[Path]:
+        """Where a resumed run looks for its base snapshot, history and replay files, in order:
+        the checkpoint it resumes from, then the run's own forgetwatch directory. A checkpoint's
+        folder that is not a whole copy (see :func:`~forgetwatch.store.copy_problem`) is left
+        out, with a warning; rank 0 decides (it alone reads them), once per ``train()``."""
+        if self._dirs is not None:
+            return self._dirs
+        resuming = resumed_checkpoint()
+        folders = [Path(resuming) / SUBDIR] if resuming else []
+        folders.append(self._bridge.checkpoint_dir(args, state.global_step) / SUBDIR)
+        dirs = []
+        for i, folder in enumerate(dict.fromkeys(folders)):
+            if not self._writes or folder == self._store.dir:
+                dirs.append(folder)
+                continue
+            if folder.is_dir():
+                problem = copy_problem(folder)
+            elif resuming and i == 0:
+                problem = "no such folder (the checkpoint was saved without forgetwatch)"
+            else:
+                continue
+            if problem:
+                logger.warning("forgetwatch: not resuming from %s: %s; using the files of the run directory %s "
+                               "instead", folder, problem, self._store.dir)
+            else:
+                dirs.append(folder)
+        self._dirs = list(dict.fromkeys([*dirs, self._store.dir]))
+        return self._dirs
 
     def _restore_history(self, args, state) -> None:
-        """Keep the history up to the checkpoint's step; replay it through the stop rule."""
+        """Keep the history up to the checkpoint's step, every record that can be read (see
+        :func:`~forgetwatch.history.recover_history`); replay it through the stop rule. The
+        run's own file, if it holds records that could not be read, is moved aside, never
+        overwritten."""
         paths = [d / HISTORY for d in self._resume_dirs(args, state)]
-        records = self._ranks.share_from_rank_zero(lambda: first_whole_history(paths))  # rank 0's files, everywhere
-        self._records = [r for r in records if r["step"] <= state.global_step]
+
+        def recover() -> dict[str, Any]:  # rank 0's files, for every rank
+            found = recover_history(paths, state.global_step, probes=len(self.base_answers),
+                                    fingerprint=self.base_answers.probe_fingerprint)
+            damaged = any(s.problem is not None and s.path == self._store.history_path for s in found.scans)
+            return {"records": found.records, "damaged": damaged}
+
+        found = self._ranks.share_from_rank_zero(recover)
+        self._records = found["records"]
         category = {p.id: p.category for p in self.probes}
         self.history = [(r["step"], report_from_record(r, category)) for r in self._records]
         self.trajectory = Trajectory.from_history(self.base_answers, self._records)
         for r in self._records:
             self._stop_rule.update(r["report"])
         if self._writes:
+            if found["damaged"]:
+                self._store.set_aside_damaged(len(self._records))
             self._store.save_history(self._records)
 
 

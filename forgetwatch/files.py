@@ -4,13 +4,16 @@ and as strict JSON (no NaN or infinity, which other JSON readers refuse)."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+_TMP = ".tmp"  # the ending of atomic_write's temporary files
 
 
 @contextlib.contextmanager
@@ -25,7 +28,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent)
     try:
         os.chmod(tmp, _mode_for(path))
         encoding = None if "b" in mode else "utf-8"
@@ -38,6 +41,18 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def leftover_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
+    """The temporary files that :func:`atomic_write` calls to ``directory/<name>`` left there
+    when their process was killed mid-write (``.<name>.XXXXXXXX.tmp``), for ``names`` only.
+
+    Example:
+        >>> leftover_temporaries("/nonexistent", ["history.jsonl"])
+        []
+    """
+    directory = Path(directory)
+    return sorted(p for name in names for p in directory.glob(f".{glob.escape(name)}.*{_TMP}") if p.is_file())
 
 
 def _mode_for(path: Path) -> int:

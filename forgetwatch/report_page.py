@@ -32,11 +32,10 @@ from .answers import Answers
 from .behaviour.drift import SHARES
 from .dashboards import shown_answer
 from .files import atomic_write
-from .history import read_history
 from .probes import Probe, ProbeSet
-from .store import HISTORY, PROBES, SNAPSHOT, SUBDIR
+from .store import HISTORY, PROBES, SUBDIR
 from .text import pct
-from .trajectory import Trajectory
+from .trajectory import Trajectory, read_run, run_directory
 
 __all__ = ["Run", "load_run", "write_report"]
 
@@ -116,18 +115,15 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
     Raises ``FileNotFoundError`` naming what is missing.
     """
-    path = Path(path)
-    if not (path / SNAPSHOT).is_file() and (path / SUBDIR / SNAPSHOT).is_file():
-        path = path / SUBDIR
+    path = run_directory(path)
     if not (path / HISTORY).is_file():
         raise FileNotFoundError(f"{path}: no {HISTORY}; give a run's forgetwatch directory (OUTPUT_DIR/{SUBDIR}) "
                                 "or the trainer's output directory")
-    records = read_history(path / HISTORY)
-    base = Answers.load(path / SNAPSHOT)
+    run = read_run(path)  # the one reader of run directories: a damaged record names file, line and field
     probes_file = path / PROBES
     probes = {p.id: p for p in ProbeSet.from_jsonl(probes_file)} if probes_file.is_file() else {}
     name = path.parent.name if path.name == SUBDIR else path.name
-    return Run(name, path, records, Trajectory.from_history(base, records), probes, base.meta.get("noise_floor"), base)
+    return Run(name, path, run.records, run.trajectory, probes, run.base.meta.get("noise_floor"), run.base)
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,

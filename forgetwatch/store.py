@@ -1,26 +1,36 @@
-"""The files of a monitored run: the base snapshot and the evaluation history.
+"""The files of a monitored run: the base snapshot, the evaluation history, and their copies
+in checkpoints.
 
-Both live in the run's forgetwatch directory and are copied into every checkpoint, so a run
+They live in the run's forgetwatch directory and are copied into every checkpoint, so a run
 resumed from a checkpoint finds the answers of its original base model (the weights it
 resumes with have moved and must never stand in for the base).
+
+A checkpoint's copy is whole or not used: its files are written first, then ``manifest.json``
+(each file's size and sha256); :func:`copy_problem` says why a folder cannot be used (no
+manifest: the copy was cut short, e.g. by kill -9; a file missing or other than the one
+copied), and a resume then falls back to the run directory. The files written once per run
+(snapshot, probes, the replay base) are kept in memory too: a run directory deleted during
+training gets them back, and later checkpoints still hold them.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from .answers import Answers, AnswersFileError
-from .files import atomic_write, json_line, strict_dumps
+from .files import atomic_write, json_line, leftover_temporaries, strict_dumps
 from .history import HistoryError, read_history
-from .text import first_line
+from .text import first_line, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +39,14 @@ HISTORY = "history.jsonl"
 PROBES = "probes.jsonl"  # the questions, for reports
 REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
 REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
+MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
+#: Every file forgetwatch writes in its folders (nothing else there is touched).
+FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, MANIFEST)
+_MANIFEST_FORMAT = "forgetwatch.checkpoint"
+#: What a write-once file that could not be written costs, for the warning.
+_WHAT = {SNAPSHOT: "the base snapshot is", PROBES: "the probe set (the report's questions) is",
+         REPLAY_BASE: "the base's distribution on the replay rows is"}
 
 
 class NotWritableError(OSError):
@@ -37,7 +54,7 @@ class NotWritableError(OSError):
 
 
 class RunStore:
-    """Snapshot and history files in one directory.
+    """Snapshot and history files in one directory, and their copies into checkpoints.
 
     Writes made during training never raise: a failed write (disk full, permissions, a
     directory where a file should be) logs one warning, keeps what was not written in memory,
@@ -47,7 +64,7 @@ class RunStore:
     Example:
         >>> store = RunStore("out/forgetwatch")            # doctest: +SKIP
         >>> store.check_writable()                         # doctest: +SKIP
-        >>> store.append_history({"step": 10, "report": {}})  # doctest: +SKIP
+        >>> store.append_history({"step": 10, "report": {...}})  # doctest: +SKIP
         >>> store.pending                                  # doctest: +SKIP
         0
     """
@@ -59,8 +76,12 @@ class RunStore:
         # write rewrites the whole file, so a half-written line never stays in the middle.
         self._written: list[dict[str, Any]] | None = None
         self._unwritten: list[dict[str, Any]] = []
-        self._snapshot: Answers | None = None  # an unwritten snapshot
-        self._copies: dict[Path, None] = {}  # checkpoint folders whose copy failed
+        # the files written once per run, each as the function that writes it to a path: kept,
+        # so a run directory that loses them gets them back, and checkpoints still hold them
+        self._kept: dict[str, Callable[[Path], Any]] = {}
+        self._owed: set[str] = set()  # of those, the ones not on disk
+        self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
+        self._lost_said = False
 
     @property
     def snapshot_path(self) -> Path:
@@ -72,9 +93,10 @@ class RunStore:
 
     @property
     def pending(self) -> int:
-        """Writes still owed to the disk: unwritten history records, plus one for an unwritten
-        snapshot, plus one per failed checkpoint copy. ``0``: everything is on disk."""
-        return len(self._unwritten) + (self._snapshot is not None) + len(self._copies)
+        """Writes still owed to the disk: unwritten history records, plus one per unwritten
+        snapshot, probe set or replay base, plus one per failed checkpoint copy. ``0``:
+        everything is on disk."""
+        return len(self._unwritten) + len(self._owed) + len(self._copies)
 
     def check_writable(self) -> None:
         """Raise :class:`NotWritableError` unless files can be written here: call it when
@@ -100,6 +122,32 @@ class RunStore:
                 "history there during training: free space or fix the permissions, or choose another "
                 "folder with output_dir=") from err
 
+    def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
+        """Remove the temporary files that writes cut short (kill -9) left in the run directory
+        and in ``folders`` (checkpoints' forgetwatch folders): only forgetwatch's own, by name.
+        Call it when training begins; the paths removed.
+
+        Example:
+            >>> store.remove_leftovers(Path("out").glob("checkpoint-*/forgetwatch"))  # doctest: +SKIP
+            []
+        """
+        removed = []
+        for folder in dict.fromkeys([self.dir, *folders]):
+            for path in leftover_temporaries(folder, FILES):
+                try:
+                    path.unlink()
+                except OSError as err:
+                    logger.warning("forgetwatch could not remove %s, left by a write cut short (%s)", path,
+                                   first_line(err))
+                else:
+                    removed.append(path)
+        if removed:
+            logger.info("forgetwatch: removed %d temporary file(s) left by writes cut short: %s", len(removed),
+                        ", ".join(map(str, removed)))
+        return removed
+
+    # -- the files written once ----------------------------------------------------------------
+
     def load_snapshot(self) -> Answers | None:
         """The snapshot, or ``None`` when there is none; raises :class:`AnswersFileError` for
         a damaged one, saying what is wrong and what to do."""
@@ -114,40 +162,29 @@ class RunStore:
                        f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
             ) from None
 
-    def save_snapshot(self, answers: Answers) -> bool:
-        """Write the base answers; on failure keep them for a retry. Whether they are on disk."""
-        self._snapshot = answers
-        return self._try_snapshot()
+    def save_snapshot(self, answers: Answers, *, on_disk: bool = False) -> bool:
+        """Write the base answers (``on_disk``: they are the snapshot the run directory holds
+        already: only keep them) and keep them for checkpoints; on failure retried. Whether
+        they are on disk."""
+        return self._save_once(SNAPSHOT, answers.save, on_disk)
 
     def save_probes(self, probes: Any) -> bool:
-        """Write the probe set beside the history, for reports (a failure warns, once)."""
-        return self._write_once(lambda: probes.to_jsonl(self.dir / PROBES), self.dir / PROBES,
-                                "reports will show probe ids without their questions")
+        """Write the probe set beside the history, for reports (a failure warns, and is retried)."""
+        return self._save_once(PROBES, probes.to_jsonl)
 
     def save_replay_base(self, base: Any) -> bool:
         """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
-        return self._write_once(lambda: base.save(self.dir / REPLAY_BASE), self.dir / REPLAY_BASE,
-                                'a resumed run could not replay with replay_loss="kl"')
+        return self._save_once(REPLAY_BASE, base.save)
 
-    def save_state(self, path: Path, state: dict[str, Any]) -> bool:
-        """Write a small JSON state file atomically (a failure warns: a resume would then draw
-        other replay rows)."""
-        def write() -> None:
-            with atomic_write(path) as f:
-                f.write(strict_dumps(state))
+    def _save_once(self, name: str, write: Callable[[Path], Any], on_disk: bool = False) -> bool:
+        self._kept[name] = write
+        if on_disk:
+            self._owed.discard(name)
+            return True
+        self._owed.add(name)
+        return self._try_once(name)
 
-        return self._write_once(write, path, "a run resumed from this checkpoint will replay other rows")
-
-    @staticmethod
-    def _write_once(write: Callable[[], None], path: Path, consequence: str) -> bool:
-        """A write not retried later: whether it went; a failure warns, saying what follows."""
-        try:
-            write()
-        except OSError as err:
-            logger.warning("forgetwatch could not write %s (%s): %s; training goes on", path, first_line(err),
-                           consequence)
-            return False
-        return True
+    # -- the history ---------------------------------------------------------------------------
 
     def load_history(self) -> list[dict[str, Any]]:
         """The records, in order (see :func:`~forgetwatch.history.read_history`); none without a file."""
@@ -162,6 +199,7 @@ class RunStore:
         """Add one record: one write of one whole line, flushed to disk (a crash can cut only
         this line short, and :meth:`load_history` drops such a line). Whether everything is
         on disk (see :attr:`pending`)."""
+        self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
         if self._unwritten:  # the file is behind: retried below by one rewrite, this record included
             self._unwritten.append(record)
         else:
@@ -176,33 +214,64 @@ class RunStore:
         return self.flush()
 
     def set_aside_history(self) -> Path | None:
-        """Move an earlier run's history out of the way (kept, renamed) before a fresh run."""
+        """Before a fresh run: move an earlier run's history out of the way (kept, renamed),
+        and begin an empty one. The earlier history's new path, if there was one."""
         kept = None
-        if self.history_path.is_file():
-            kept = self._free_name()
+        if self.history_path.is_file() and self.history_path.stat().st_size:
+            kept = self._free_name("history-" + time.strftime("%Y%m%d-%H%M%S"), ".jsonl")
             os.replace(self.history_path, kept)
-        self._written, self._unwritten = [], []
+        self.save_history([])
         return kept
 
-    def _free_name(self) -> Path:
-        """A name, not yet taken, for an earlier run's history."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        kept = self.dir / f"history-{stamp}.jsonl"
-        n = 1
-        while kept.exists():
+    def set_aside_damaged(self, records: int) -> Path | None:
+        """Before a resume rewrites the history with the ``records`` it could read: move the
+        run's history file aside (``history.jsonl.damaged-<n>``) since it holds records that
+        could not be read, which are never overwritten. Its new path, if there was a file.
+
+        Raises:
+            NotWritableError: it cannot be moved (when training begins, before any work).
+        """
+        if not self.history_path.is_file():
+            return None
+        aside = self._free_name(f"{HISTORY}.damaged", "", first="-1")
+        try:
+            os.replace(self.history_path, aside)
+        except OSError as err:
+            raise NotWritableError(f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
+                                   f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
+                                   "then resume") from err
+        logger.warning("forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
+                       "there; the run's history goes on with the %d record(s) resumed", self.history_path, aside,
+                       records)
+        self._written = []
+        return aside
+
+    def _free_name(self, stem: str, suffix: str, first: str = "") -> Path:
+        """``stem + first + suffix`` in the run directory, or with ``-2``, ``-3``, ... if taken."""
+        path, n = self.dir / f"{stem}{first}{suffix}", 1
+        while path.exists():
             n += 1
-            kept = self.dir / f"history-{stamp}-{n}.jsonl"
-        return kept
+            path = self.dir / f"{stem}-{n}{suffix}"
+        return path
 
-    def copy_to(self, directory: str | os.PathLike[str]) -> bool:
-        """Copy snapshot and history into ``directory`` (a checkpoint's forgetwatch folder),
-        unwritten records included; on failure retry at the next write. Whether everything
-        is on disk."""
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def copy_to(self, directory: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> bool:
+        """Copy every file of the run into ``directory`` (a checkpoint's forgetwatch folder):
+        snapshot, history (unwritten records included), probes, replay base, and ``extra``
+        (file name → JSON value, e.g. the replay state at this step); then the manifest that
+        makes the copy whole (see :func:`copy_problem`). On failure retried at the next write.
+        Whether everything is on disk.
+
+        Example:
+            >>> store.copy_to("out/checkpoint-20/forgetwatch", extra={REPLAY_STATE: {"drawn": 40}})  # doctest: +SKIP
+            True
+        """
         target = Path(directory)
         self._copies.pop(target, None)
         self.flush()  # earlier failures first: the copy then finds the history on disk
-        if not self._try_copy(target):
-            self._copies[target] = None
+        if not self._try_copy(target, extra or {}):
+            self._copies[target] = extra or {}
         return self.pending == 0
 
     def flush(self) -> bool:
@@ -211,26 +280,47 @@ class RunStore:
         Example:
             >>> if not store.flush(): print(store.pending, "writes still owed")  # doctest: +SKIP
         """
-        if self._snapshot is not None:
-            self._try_snapshot()
+        self._find_lost()
+        for name in sorted(self._owed):
+            self._try_once(name)
         if self._unwritten:
             self._try_history()
-        for target in list(self._copies):
+        for target, extra in list(self._copies.items()):
             # a checkpoint deleted since (rotation) is not made again, without its weights
-            if not target.parent.is_dir() or self._try_copy(target):
+            if not target.parent.is_dir() or self._try_copy(target, extra):
                 del self._copies[target]
         return self.pending == 0
 
     # -- the writes ----------------------------------------------------------------------------
 
-    def _try_snapshot(self) -> bool:
-        return self._try(self._write_snapshot, self.snapshot_path, "the base snapshot is")
+    def _find_lost(self) -> None:
+        """Files written here that are gone (the run directory deleted or emptied during
+        training): owed again, from memory, said once."""
+        lost = [name for name in self._kept if name not in self._owed and not (self.dir / name).exists()]
+        if self._written and not self.history_path.exists():
+            self._written, self._unwritten = [], self._written + self._unwritten
+            lost.append(HISTORY)
+        if not lost:
+            return
+        self._owed.update(name for name in lost if name != HISTORY)
+        if not self._lost_said:
+            self._lost_said = True
+            logger.warning("forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
+                           "what it lost again from memory, here and into every later checkpoint; training goes on",
+                           ", ".join(lost), self.dir)
+
+    def _try_once(self, name: str) -> bool:
+        def write() -> None:
+            self._kept[name](self.dir / name)
+            self._owed.discard(name)
+
+        return self._try(write, self.dir / name, _WHAT.get(name, f"{name} is"))
 
     def _try_history(self) -> bool:
         return self._try(self._rewrite_history, self.history_path, f"{len(self._unwritten)} history record(s) are")
 
-    def _try_copy(self, target: Path) -> bool:
-        return self._try(lambda: self._copy(target), target, "this checkpoint's forgetwatch files are")
+    def _try_copy(self, target: Path, extra: dict[str, Any]) -> bool:
+        return self._try(lambda: self._copy(target, extra), target, "this checkpoint's forgetwatch files are")
 
     def _try(self, write: Callable[[], None], path: Path, what: str) -> bool:
         """Whether ``write`` succeeded; a failure is logged, once, and not raised."""
@@ -245,10 +335,6 @@ class RunStore:
     def _warn(path: Path, err: BaseException, what: str) -> None:
         logger.warning("forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
                        "next evaluation or checkpoint; training goes on", path, first_line(err), what)
-
-    def _write_snapshot(self) -> None:
-        self._snapshot.save(self.snapshot_path)
-        self._snapshot = None
 
     def _append_line(self, record: dict[str, Any]) -> None:
         self.history_path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,20 +355,75 @@ class RunStore:
             f.writelines(json_line(r) for r in records)
         self._written, self._unwritten = records, []
 
-    def _copy(self, target: Path) -> None:
+    def _copy(self, target: Path, extra: dict[str, Any]) -> None:
         target.mkdir(parents=True, exist_ok=True)
-        if self._snapshot is not None:
-            self._snapshot.save(target / SNAPSHOT)
-        elif self.snapshot_path.is_file():
-            _copy_file(self.snapshot_path, target / SNAPSHOT)
-        if self._unwritten:
+        (target / MANIFEST).unlink(missing_ok=True)  # not whole again until the new manifest is written
+        names = []
+        for name, write in self._kept.items():
+            source = self.dir / name
+            if name in self._owed or not source.is_file():
+                write(target / name)  # from memory: the run directory lost it, or never had it
+            else:
+                _copy_file(source, target / name)
+            names.append(name)
+        if self._unwritten or not self.history_path.is_file():
             with atomic_write(target / HISTORY) as f:
                 f.writelines(json_line(r) for r in self._records())
-        elif self.history_path.is_file():
+        else:  # the file holds every record: copying bytes is cheaper than writing JSON again
             _copy_file(self.history_path, target / HISTORY)
-        for name in (PROBES, REPLAY_BASE):
-            if (self.dir / name).is_file():
-                _copy_file(self.dir / name, target / name)
+        names.append(HISTORY)
+        for name, value in extra.items():
+            with atomic_write(target / name) as f:
+                f.write(strict_dumps(value))
+            names.append(name)
+        for name in set(FILES) - set(names) - {MANIFEST}:
+            (target / name).unlink(missing_ok=True)  # an earlier copy's, not part of this one
+        manifest = {"format": _MANIFEST_FORMAT, "files": {name: _digest(target / name) for name in names}}
+        with atomic_write(target / MANIFEST) as f:
+            f.write(strict_dumps(manifest))
+
+
+def copy_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why a checkpoint's forgetwatch folder is not a whole copy, or ``None`` when it is: its
+    manifest is there and every file it names has the size and sha256 it lists.
+
+    Example:
+        >>> copy_problem("/nonexistent/forgetwatch")
+        'no manifest.json: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it'
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        return (f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch "
+                "wrote it")
+    try:
+        manifest = json.loads(path.read_bytes())
+        files = manifest["files"]
+        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("not a forgetwatch manifest")
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
+        return f"{MANIFEST} cannot be read ({first_line(err)})"
+    for name, listed in files.items():
+        if name not in FILES or name == MANIFEST:
+            return f"{MANIFEST} lists {shorten(name)}, not a file of forgetwatch's"
+        file = directory / name
+        if not file.is_file():
+            return f"{name} is missing"
+        found = _digest(file)
+        if listed != found:
+            return f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; " \
+                   f"{MANIFEST} lists {shorten(listed)})"
+    return None
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """A file's size and sha256, as a manifest lists them."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": h.hexdigest()}
 
 
 def _copy_file(source: Path, target: Path) -> None:

@@ -23,24 +23,22 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .answers import Answers
-from .history import read_history
+from .history import HistoryError, decode_column, encode_column, read_history
 from .metrics import margins
 from .report import TransitionReport
-from .store import HISTORY, SNAPSHOT
+from .store import HISTORY, SNAPSHOT, SUBDIR
 
-__all__ = ["Trajectory", "load_trajectory", "with_trajectory_figures"]
+__all__ = ["RunFiles", "Trajectory", "load_trajectory", "read_run", "run_directory", "with_trajectory_figures"]
 
 
 class Trajectory:
@@ -141,8 +139,7 @@ class Trajectory:
     def column(self, position: int = -1) -> dict[str, str]:
         """One evaluation's column as text for a history record: correctness bit-packed, the
         signal as float16, each compressed and base64-encoded."""
-        return {"probes": self.fingerprint, "correct": _pack(np.packbits(self.correct[:, position]).tobytes()),
-                "signal": _pack(self.signal[:, position].astype("<f2").tobytes())}
+        return encode_column(self.fingerprint, self.correct[:, position], self.signal[:, position])
 
     def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
         self.steps = np.append(self.steps, np.int64(step))
@@ -155,25 +152,21 @@ class Trajectory:
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
         """The trajectory of a run from its base answers and history records. A record without
         a column (written before columns existed) gives its correctness from its forgotten and
-        gained ids, and no signal."""
+        gained ids, and no signal. A column of another probe set or size raises
+        :class:`~forgetwatch.history.HistoryError` naming the record's step and the field."""
         trajectory = cls.start(base)
         n = len(base)
         for record in records:
             column = record.get("columns")
-            if column and column.get("probes", base.probe_fingerprint) != base.probe_fingerprint:
-                raise ValueError(f"history record of step {record['step']} was written for another probe set "
-                                 f"(fingerprint {column['probes']}, these probes {base.probe_fingerprint}); "
-                                 "resume with the probes of that run, or start a new output directory")
-            if column:
-                correct = np.unpackbits(np.frombuffer(_unpack(column["correct"]), dtype=np.uint8))[:n].astype(bool)
-                signal = np.frombuffer(_unpack(column["signal"]), dtype="<f2").astype(np.float32)
+            if column is not None:
+                try:
+                    correct, signal = decode_column(column, n, base.probe_fingerprint)
+                except HistoryError as err:
+                    raise HistoryError(f"history record of step {record['step']}: {err.reason}", err.field) from None
             else:
                 flipped = set(record["report"].get("forgotten_ids", [])) | set(record["report"].get("gained_ids", []))
                 correct = np.array([c != (i in flipped) for i, c in zip(base.ids, base.correct)], dtype=bool)
                 signal = np.full(n, np.nan, dtype=np.float32)
-            if len(correct) != n or len(signal) != n:
-                raise ValueError(f"history record of step {record['step']}: its column holds {len(signal)} probes, "
-                                 f"the base {n}; this history belongs to another probe set")
             trajectory._add(record["step"], correct, signal)
         return trajectory
 
@@ -189,30 +182,59 @@ def with_trajectory_figures(report: TransitionReport, trajectory: Trajectory) ->
     return dataclasses.replace(report, by_category=children, **trajectory.figures())
 
 
+class RunFiles(NamedTuple):
+    """A monitored run as its forgetwatch directory holds it (see :func:`read_run`)."""
+
+    dir: Path
+    base: Answers
+    records: list[dict[str, Any]]
+    trajectory: Trajectory
+
+
+def run_directory(path: str | os.PathLike[str]) -> Path:
+    """``path``, or its ``forgetwatch/`` folder when ``path`` is a trainer's output directory."""
+    path = Path(path)
+    return path / SUBDIR if not (path / SNAPSHOT).is_file() and (path / SUBDIR / SNAPSHOT).is_file() else path
+
+
+def read_run(run_dir: str | os.PathLike[str]) -> RunFiles:
+    """The base snapshot, history records and trajectory of a monitored run: the reader of a
+    run directory that :func:`load_trajectory` and ``forgetwatch report`` share (its records
+    are read as everywhere, by :func:`~forgetwatch.history.read_history`). ``run_dir`` is a forgetwatch directory (the callback's ``output_dir``, or a
+    checkpoint's ``forgetwatch/`` copy) or the trainer's output directory holding one.
+
+    Raises ``FileNotFoundError`` without a base snapshot, and
+    :class:`~forgetwatch.history.HistoryError` (file, line, field) for a damaged record,
+    columns of another probe set or size included; no history yet is no records.
+
+    Example:
+        >>> run = read_run("out")                                        # doctest: +SKIP
+        >>> run.dir, [r["step"] for r in run.records], run.trajectory    # doctest: +SKIP
+        (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
+    """
+    path = run_directory(run_dir)
+    if not (path / SNAPSHOT).is_file():
+        raise FileNotFoundError(f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
+                                f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
+                                "directory")
+    base = Answers.load(path / SNAPSHOT)
+    history = path / HISTORY
+    records = (read_history(history, probes=len(base), fingerprint=base.probe_fingerprint)
+               if history.is_file() else [])
+    return RunFiles(path, base, records, Trajectory.from_history(base, records))
+
+
 def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
     """The trajectory of a monitored run from its forgetwatch directory (the callback's
-    ``output_dir``, or a checkpoint's ``forgetwatch/`` copy).
+    ``output_dir``, or a checkpoint's ``forgetwatch/`` copy); see :func:`read_run`.
 
     Example:
         >>> t = load_trajectory("out/forgetwatch")                 # doctest: +SKIP
         >>> t.steps[:3], t.forgetting_events().max()                # doctest: +SKIP
     """
-    run_dir = Path(run_dir)
-    if not (run_dir / SNAPSHOT).is_file():
-        raise FileNotFoundError(f"{run_dir / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a "
-                                "run (e.g. OUTPUT_DIR/forgetwatch or OUTPUT_DIR/checkpoint-N/forgetwatch)")
-    history = run_dir / HISTORY
-    return Trajectory.from_history(Answers.load(run_dir / SNAPSHOT), read_history(history) if history.is_file() else [])
+    return read_run(run_dir).trajectory
 
 
 def _signal(answers: Answers) -> np.ndarray:
     normalized = answers.scoring.get("normalize") == "chars"
     return margins(answers.gold_logprob, answers.choice_logprobs, normalized).astype(np.float32)
-
-
-def _pack(data: bytes) -> str:
-    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
-
-
-def _unpack(text: str) -> bytes:
-    return zlib.decompress(base64.b64decode(text))

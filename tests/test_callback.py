@@ -5,7 +5,13 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,8 +275,6 @@ def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, t
 
 @pytest.mark.parametrize("how", ["moved-checkpoint", "latest", "model-from-checkpoint"])
 def test_resume_setups(toy, train_data, tmp_path, how):
-    import shutil
-
     from transformers import AutoModelForCausalLM
 
     common = dict(max_steps=20, save_strategy="steps", save_steps=10)
@@ -342,8 +346,6 @@ def test_from_config_and_yaml(toy, train_data, tmp_path):
 
 @pytest.mark.parametrize("name", ["multiple_choice_every_50_steps", "early_stop_adjusted_5pct", "gsm8k_generative"])
 def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name):
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     cb = ForgetWatchCallback.from_yaml(path, probes=toy.probes)  # probes given: the file's path is not read
     config = ForgetWatchConfig.from_yaml(path)
@@ -364,8 +366,9 @@ def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path
     assert model_key(half) == model_key(toy.base)  # the dtype it was loaded in is not the model
 
     store = RunStore(tmp_path)
-    store.append_history({"step": 1, "report": {}})
-    store.append_history({"step": 2, "report": {}})
+    empty = {"n": 0, "forgotten": 0, "gained": 0, "kept": 0, "never": 0}
+    store.append_history({"step": 1, "report": empty})
+    store.append_history({"step": 2, "report": empty})
     with open(store.history_path, "a") as f:
         f.write('{"step": 3, "rep')  # a crash in the middle of a write
     assert [r["step"] for r in store.load_history()] == [1, 2]
@@ -464,8 +467,6 @@ def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
             pushed[checkpoint_folder] = sorted(str(p.relative_to(checkpoint_folder))
                                                for p in Path(checkpoint_folder).rglob("forgetwatch/*"))
 
-    from pathlib import Path
-
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
     trainer = NoHub(model=copy.deepcopy(toy.base), args=TrainingArguments(
         str(tmp_path), max_steps=10, per_device_train_batch_size=16, save_strategy="steps", save_steps=10,
@@ -474,7 +475,7 @@ def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
         processing_class=toy.tokenizer, callbacks=[cb])
     trainer.train()
     assert pushed == {str(tmp_path / "checkpoint-10"): ["forgetwatch/base_answers.npz", "forgetwatch/history.jsonl",
-                                                       "forgetwatch/probes.jsonl"]}
+                                                       "forgetwatch/manifest.json", "forgetwatch/probes.jsonl"]}
 
 
 class Outage(TrainerCallback):
@@ -584,7 +585,8 @@ def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, tr
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(toy, train_data, tmp_path, [resumed], **common).train(
             resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
-    assert f"{copied}, line 1" in caplog.text  # named, then the run's own copy was used
+    # named (the copy is no longer what was copied there), then the run's own files were used
+    assert f"not resuming from {copied.parent}: history.jsonl is not the file copied there" in caplog.text
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
     assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
 
@@ -606,3 +608,128 @@ def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, trai
         assert categories == {f"c{i:03d}" for i in range(20)}  # equal sizes: the first 20 by name, every time
     records = [json.loads(x) for x in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
     assert all(len(r["report"]["by_category"]) == 144 for r in records)
+
+
+# -- resuming from damaged, partial or lost files ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_run(toy, train_data, tmp_path_factory):
+    """A run of 10 steps, evaluated at 5 and 10, saved at 10 (each test damages a copy of it)."""
+    out = tmp_path_factory.mktemp("saved")
+    make_trainer(toy, train_data, out, [ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)], max_steps=10,
+                 save_strategy="steps", save_steps=10).train()
+    return out
+
+
+def resume_at_10(toy, train_data, run):
+    """Resumed from checkpoint-10 for a step, not evaluated again: what the resume restored."""
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
+    make_trainer(toy, train_data, run, [resumed], max_steps=10).train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    return resumed
+
+
+def cut_last_line(path):
+    path.write_bytes(path.read_bytes()[:-20])
+
+
+def damage_second_line(path):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "{garbage\n" + "".join(lines[1:]))
+
+
+@pytest.mark.parametrize("damage, steps, said", [
+    # a cut last line in the checkpoint's copy: the intact copy of the run directory serves
+    ("checkpoint", [5, 10], "history.jsonl is not the file copied there"),
+    # an unreadable line in the run's copy: the checkpoint's serves, and the run's is kept aside
+    ("run", [5, 10], "line 2: not valid JSON"),
+    # no history anywhere: said loudly
+    ("both", [], "there is no history in"),
+])
+def test_a_resume_keeps_every_readable_record_and_overwrites_none(toy, train_data, saved_run, tmp_path, caplog,
+                                                                  damage, steps, said):
+    run = shutil.copytree(saved_run, tmp_path / "run")
+    ours, copied = run / "forgetwatch" / "history.jsonl", run / "checkpoint-10" / "forgetwatch" / "history.jsonl"
+    if damage == "checkpoint":
+        cut_last_line(copied)
+    elif damage == "run":
+        damage_second_line(ours)
+    else:
+        ours.unlink()
+        copied.unlink()
+    before = ours.read_bytes() if ours.exists() else None
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        resumed = resume_at_10(toy, train_data, run)
+    assert said in caplog.text
+    assert [s for s, _ in resumed.history] == steps
+    assert [json.loads(x)["step"] for x in ours.read_text().splitlines()] == steps
+    aside = run / "forgetwatch" / "history.jsonl.damaged-1"
+    assert aside.exists() == (damage == "run")
+    if damage == "run":  # never overwritten: kept, byte for byte, and named
+        assert aside.read_bytes() == before and f"moved {ours} to {aside}" in caplog.text
+
+
+def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_whole(toy, train_data, tmp_path,
+                                                                                    caplog):
+    class DeleteRunDir(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 12:
+                shutil.rmtree(tmp_path / "forgetwatch")
+
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        make_trainer(toy, train_data, tmp_path, [DeleteRunDir(), cb], max_steps=20, save_strategy="steps",
+                     save_steps=20).train()
+    assert caplog.text.count("disappeared from") == 1 and str(tmp_path / "forgetwatch") in caplog.text
+    for folder in (tmp_path / "forgetwatch", tmp_path / "checkpoint-20" / "forgetwatch"):
+        assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
+        assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
+        assert (folder / "probes.jsonl").is_file()
+    from forgetwatch.store import copy_problem
+
+    assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
+    shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
+    make_trainer(toy, train_data, tmp_path, [resumed], max_steps=20).train(
+        resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
+    assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
+
+
+def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, caplog):
+    """A real kill -9 of a training process in the middle of forgetwatch's copy into a checkpoint."""
+    tests = Path(__file__).resolve().parent
+    run, data, probes = tmp_path / "run", tmp_path / "data", tmp_path / "probes.jsonl"
+    train_data.save_to_disk(str(data))
+    toy.probes.to_jsonl(probes)
+    import forgetwatch  # the child runs the same forgetwatch as this test
+
+    package = Path(forgetwatch.__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(package), str(tests)])}
+    with open(tmp_path / "child.log", "w") as log:
+        child = subprocess.Popen([sys.executable, str(tests / "killed_mid_copy.py"), toy.base_dir, str(data),
+                                  str(probes), str(run)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        while not (run / "paused").exists():
+            try:
+                child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+            pytest.fail("the run ended before its copy paused:\n" + (tmp_path / "child.log").read_text()[-3000:])
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    folder = run / "checkpoint-10" / "forgetwatch"
+    assert (run / "checkpoint-10" / "trainer_state.json").is_file()  # the trainer's part of it is whole
+    assert (folder / "base_answers.npz").is_file() and not (folder / "history.jsonl").exists()
+    assert not (folder / "manifest.json").exists()
+    left = list(folder.glob(".history.jsonl.*.tmp"))
+    assert len(left) == 1  # the half-written history, as the kill left it
+
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        resumed = resume_at_10(toy, train_data, run)
+    assert f"not resuming from {folder}: no manifest.json: its copy never finished" in caplog.text
+    assert not left[0].exists()  # cleaned when training began
+    assert [s for s, _ in resumed.history] == [5, 10]  # from the run directory's files
+    assert resumed.base_answers.correct.tolist() == \
+        Answers.load(run / "forgetwatch" / "base_answers.npz").correct.tolist()

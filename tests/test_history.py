@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 
 import pytest
 
@@ -13,6 +14,12 @@ from forgetwatch.plot import load_history
 from forgetwatch.report import TransitionReport
 
 CATEGORY_OF = {"q1": "math", "q2": "math", "q3": "law", "q4": "law"}
+COUNTS = {"n": 0, "forgotten": 0, "gained": 0, "kept": 0, "never": 0}  # the least a report holds
+
+
+def line(step, **extra):
+    """One history line: a record of ``step`` with an empty report's counts."""
+    return json.dumps({"step": step, "report": dict(COUNTS), **extra})
 
 
 def report() -> TransitionReport:
@@ -50,8 +57,7 @@ def test_record_keeps_ids_once_and_reads_back_per_category(tmp_path):
 
 
 def test_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
-    good = json.dumps({"step": 10, "report": {}})
-    path = write(tmp_path / "history.jsonl", good, good.replace("10", "20"), '{"step": 30, "rep', end="")
+    path = write(tmp_path / "history.jsonl", line(10), line(20), '{"step": 30, "rep', end="")
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         assert [r["step"] for r in read_history(path)] == [10, 20]
         # the plots read with the same rule (they used to raise here)
@@ -61,8 +67,7 @@ def test_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
 
 
 def test_blank_lines_and_an_empty_file(tmp_path):
-    good = json.dumps({"step": 10, "report": {}})
-    assert [r["step"] for r in read_history(write(tmp_path / "h.jsonl", "", good, "  ", good, ""))] == [10, 10]
+    assert [r["step"] for r in read_history(write(tmp_path / "h.jsonl", "", line(10), "  ", line(20), ""))] == [10, 20]
     assert read_history(write(tmp_path / "empty.jsonl", end="")) == []
 
 
@@ -80,8 +85,8 @@ def test_blank_lines_and_an_empty_file(tmp_path):
 ])
 def test_damaged_lines_raise_history_error_naming_file_and_line(tmp_path, bad, why):
     path = tmp_path / "history.jsonl"
-    good = json.dumps({"step": 10, "report": {}}).encode()
-    path.write_bytes(good + b"\n\n" + (bad if isinstance(bad, bytes) else bad.encode()) + b"\n" + good + b"\n")
+    path.write_bytes(line(10).encode() + b"\n\n" + (bad if isinstance(bad, bytes) else bad.encode()) + b"\n"
+                     + line(30).encode() + b"\n")
     for reader in (read_history, load_history):
         with pytest.raises(HistoryError, match=rf"history\.jsonl, line 3: {why}.*fix or delete that line"):
             reader(path)
@@ -91,3 +96,140 @@ def test_damaged_lines_raise_history_error_naming_file_and_line(tmp_path, bad, w
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_history(tmp_path / "nope.jsonl")
+
+
+# -- trajectory columns, checked wherever a history is read --------------------------------------
+
+N = 15  # probes of the run below
+
+
+def base_answers():
+    from forgetwatch.answers import Answers
+
+    return Answers.from_samples("fp", {}, [{"id": f"q{i}", "correct": i % 2 == 0, "predicted": 0,
+                                            "choice_logprobs": [-0.1, -2.0], "n_choices": 2} for i in range(N)])
+
+
+def column(n=N, fingerprint="fp"):
+    import numpy as np
+
+    from forgetwatch.history import encode_column
+
+    return encode_column(fingerprint, np.arange(n) % 3 == 0, np.linspace(-1, 1, n))
+
+
+def zlib_b64(data: bytes) -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(data)).decode()
+
+
+DAMAGED_COLUMNS = [
+    (lambda c: {**c, "correct": "%%%%"}, "columns.correct", "not base64 text"),
+    (lambda c: {**c, "signal": "AAAA"}, "columns.signal", "not zlib-compressed data"),
+    (lambda c: {**c, "signal": c["signal"][:-8] + "A" * 8}, "columns.signal", "not zlib|cut short"),
+    (lambda c: {**c, "signal": zlib_b64(b"\0" * (2 * N - 1))}, "columns.signal", "float16 values take 2 each"),
+    (lambda c: {**c, "correct": 7}, "columns.correct", r"must be text, got 7 \(int\)"),
+    (lambda c: {k: v for k, v in c.items() if k != "signal"}, "columns.signal", "missing"),
+    (lambda c: [c], "columns", "must be a JSON object"),
+    (lambda c: {**c, "correct": zlib_b64(b"\xff")}, "columns.correct", "holds 8 bits, not the 15 probes of its signal"),
+    (lambda c: {**c, "correct": zlib_b64(b"\xff\xff")}, "columns.correct", "not the 15 probes"),  # a padding bit set
+    (lambda c: column(40), "columns.correct", "holds more than the 15 probes of this run"),  # 40 events, not 15
+    (lambda c: {**column(40), "correct": c["correct"]}, "columns.signal", "holds more than the 15 probes"),
+    (lambda c: {**c, "signal": zlib_b64(b"\0" * 10**8)}, "columns.signal", "more than the 15 probes"),  # a zip bomb
+    (lambda c: column(fingerprint="other"), "columns.probes", "another probe set"),
+]
+
+
+@pytest.mark.parametrize("damage, field, why", DAMAGED_COLUMNS)
+def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path, capsys, damage, field, why):
+    from forgetwatch.cli import main
+    from forgetwatch.trajectory import load_trajectory, read_run
+
+    run = tmp_path / "forgetwatch"
+    run.mkdir()
+    base_answers().save(run / "base_answers.npz")
+    write(run / "history.jsonl", line(10, columns=column()), line(20, columns=damage(column())))
+    where = rf"history\.jsonl, line 2, field '{field}': .*{why}"
+    for read in (lambda: read_history(run / "history.jsonl", probes=N, fingerprint="fp"), lambda: read_run(tmp_path),
+                 lambda: load_trajectory(run)):
+        with pytest.raises(HistoryError, match=where):
+            read()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(where, err) and err.count("\n") == 1
+
+
+def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
+    from forgetwatch.trajectory import Trajectory, read_run
+
+    run = tmp_path / "forgetwatch"
+    run.mkdir()
+    base = base_answers()
+    base.save(run / "base_answers.npz")
+    t = Trajectory.start(base)
+    t.append(10, base)
+    write(run / "history.jsonl", line(10, columns=t.column()))
+    again = read_run(run).trajectory
+    assert again.correct.tolist() == t.correct.tolist() and again.steps.tolist() == [0, 10]
+
+
+@pytest.mark.parametrize("lines, field, why", [
+    ([line(10), line(10)], "step", "10 after step 10: steps must increase"),  # a line repeated
+    ([line(20), line(10)], "step", "10 after step 20"),  # going backwards
+    ([line(-5)], "step", "must be 0 or more"),
+    (['{"step": 10, "report": {}}'], "report.n", "missing"),  # an empty report
+    ([line(10).replace('"kept": 0', '"kept": 3')], "report.n", r"forgotten \+ gained \+ kept \+ never = 3, not n = 0"),
+    ([line(10).replace('"n": 0', '"n": -1')], "report.n", "must be a whole number 0 or more"),
+    ([line(10).replace('"n": 0', '"n": 0, "forgetting": "high"')], "report.forgetting", "must be a number or null"),
+    ([line(10).replace('"n": 0', '"n": 0, "forgetting": NaN')], "report.forgetting", "must be a number or null"),
+    ([line(10).replace('"n": 0', '"n": 0, "forgotten_ids": [1]')], "report.forgotten_ids", "must be a list of probe ids"),
+    ([line(10).replace('"n": 0', '"n": 0, "forgetting_ci": [0.1]')], "report.forgetting_ci", r"must be \[low, high\]"),
+    ([line(10).replace('"n": 0', '"n": 0, "by_category": {"math": {"n": 2}}')], "report.by_category.math.forgotten",
+     "missing"),
+    ([line(10, stop=3)], "stop", "must be text"),
+])
+def test_repeated_backward_and_empty_records_are_refused(tmp_path, lines, field, why):
+    # never written so: the writer's steps increase (a resume cuts and rewrites the history), and
+    # a report holds its counts; which of two records of one step is true cannot be told
+    with pytest.raises(HistoryError, match=rf"line {len(lines)}, field '{field}': {why}"):
+        read_history(write(tmp_path / "history.jsonl", *lines))
+
+
+def test_step_zero_is_a_record_too(tmp_path):  # eval_on_start evaluates at step 0
+    assert [r["step"] for r in read_history(write(tmp_path / "h.jsonl", line(0), line(5)))] == [0, 5]
+
+
+# -- what a resume keeps -------------------------------------------------------------------------
+
+
+def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, caplog):
+    from forgetwatch.history import recover_history
+
+    checkpoint, run = tmp_path / "checkpoint.jsonl", tmp_path / "run.jsonl"
+    # one unreadable line in both copies: the records before it are kept, not none
+    write(checkpoint, line(5), "{garbage", line(15), line(20))
+    write(run, line(5), "{garbage", line(15), line(20), line(25))
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        found = recover_history([checkpoint, run], 20, probes=None)
+    assert [r["step"] for r in found.records] == [5] and found.source == checkpoint
+    assert [s.problem.line for s in found.scans] == [2, 2]
+    assert "checkpoint.jsonl, line 2: not valid JSON" in caplog.text and "run.jsonl, line 2" in caplog.text
+
+    # the checkpoint's copy cut short: the run's intact copy serves, up to the checkpoint's step
+    write(checkpoint, line(5), line(10), '{"step": 15', end="")
+    write(run, line(5), line(10), line(15), line(20), line(25))
+    found = recover_history([checkpoint, run], 20)
+    assert [r["step"] for r in found.records] == [5, 10, 15, 20] and found.source == run
+    # equally long: the checkpoint's (the run's may be ahead of it, and is cut back)
+    assert recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))],
+                           20).source == run
+
+
+def test_a_resume_without_any_history_says_so_loudly(tmp_path, caplog):
+    from forgetwatch.history import recover_history
+
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert recover_history([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], 30).records == []
+    assert "resuming at step 30, but there is no history in" in caplog.text and "a.jsonl or" in caplog.text

@@ -18,7 +18,8 @@ from forgetwatch.store import HISTORY, SNAPSHOT, NotWritableError, RunStore
 
 
 def record(step: int) -> dict:
-    return {"step": step, "report": {"forgetting": step / 100, "choice_kl": math.inf, "logprob_drop": math.nan}}
+    return {"step": step, "report": {"n": 100, "forgotten": step, "gained": 0, "kept": 100 - step, "never": 0,
+                                     "forgetting": step / 100, "choice_kl": math.inf, "logprob_drop": math.nan}}
 
 
 def steps(path) -> list[int]:
@@ -42,8 +43,9 @@ def store(tmp_path):
 def test_history_lines_are_strict_json(store):
     store.append_history(record(1))
     line = store.history_path.read_text(encoding="utf-8")
-    assert json.loads(line, parse_constant=pytest.fail)["report"] == {"forgetting": 0.01, "choice_kl": None,
-                                                                       "logprob_drop": None}
+    assert json.loads(line, parse_constant=pytest.fail)["report"] == {
+        "n": 100, "forgotten": 1, "gained": 0, "kept": 99, "never": 0, "forgetting": 0.01, "choice_kl": None,
+        "logprob_drop": None}
 
 
 def test_failed_history_writes_are_kept_and_retried(store, caplog):
@@ -153,3 +155,133 @@ def test_check_writable_fails_fast(store):
     with pytest.raises(NotWritableError, match=f"cannot write its files in {store.dir}.*output_dir="):
         store.check_writable()
     assert issubclass(NotWritableError, OSError)
+
+
+# -- checkpoints: whole copies or none -----------------------------------------------------------
+
+
+class Probes:
+    """What the store needs of a probe set: a way to write it."""
+
+    def to_jsonl(self, path):
+        path.write_text('{"id": "q1", "question": "?", "choices": ["a", "b"], "answer": 0}\n')
+
+
+def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp_path):
+    from forgetwatch.store import MANIFEST, PROBES, REPLAY_STATE, copy_problem
+
+    store.save_snapshot(answers())
+    store.save_probes(Probes())
+    store.append_history(record(1))
+    target = tmp_path / "checkpoint-1" / "forgetwatch"
+    (target).mkdir(parents=True)
+    (target / "notes.txt").write_text("the user's")  # not ours: left alone
+    assert store.copy_to(target, extra={REPLAY_STATE: {"drawn": 8, "weight": 1.0}}) is True
+    listed = json.loads((target / MANIFEST).read_text())["files"]
+    assert sorted(listed) == sorted([SNAPSHOT, HISTORY, PROBES, REPLAY_STATE])
+    assert json.loads((target / REPLAY_STATE).read_text()) == {"drawn": 8, "weight": 1.0}
+    assert copy_problem(target) is None and (target / "notes.txt").is_file()
+
+    for name in listed:  # any file that is not the one copied makes the folder unusable
+        kept = (target / name).read_bytes()
+        (target / name).write_bytes(kept[:-1])
+        assert f"{name} is not the file copied there" in copy_problem(target)
+        (target / name).unlink()
+        assert copy_problem(target) == f"{name} is missing"
+        (target / name).write_bytes(kept)
+    assert copy_problem(target) is None
+    (target / MANIFEST).write_text('{"format": "forgetwatch.checkpoint", "files": {"../../etc/passwd": {}}}')
+    assert "not a file of forgetwatch's" in copy_problem(target)
+    (target / MANIFEST).write_text("[")
+    assert "manifest.json cannot be read" in copy_problem(target)
+    (target / MANIFEST).unlink()
+    assert copy_problem(target).startswith("no manifest.json: its copy never finished")
+
+
+def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(store, tmp_path, monkeypatch):
+    from forgetwatch import store as module
+    from forgetwatch.store import REPLAY_STATE, copy_problem
+
+    store.save_snapshot(answers())
+    store.append_history(record(1))
+    target = tmp_path / "checkpoint-1" / "forgetwatch"
+    store.copy_to(target, extra={REPLAY_STATE: {"drawn": 1}})
+    real = module.atomic_write
+
+    def failing(path, mode="w"):  # the second copy fails once the history is written
+        if path.name == REPLAY_STATE:
+            raise OSError("disk full")
+        return real(path, mode)
+
+    monkeypatch.setattr(module, "atomic_write", failing)
+    store.append_history(record(2))
+    assert store.copy_to(target, extra={REPLAY_STATE: {"drawn": 2}}) is False
+    assert copy_problem(target).startswith("no manifest.json")  # half new, half old: not used
+    monkeypatch.setattr(module, "atomic_write", real)
+    assert store.flush() is True  # retried with the same replay state
+    assert copy_problem(target) is None and json.loads((target / REPLAY_STATE).read_text()) == {"drawn": 2}
+    store.copy_to(target)  # a copy without replay leaves no earlier replay state behind
+    assert not (target / REPLAY_STATE).exists() and copy_problem(target) is None
+
+
+def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
+    from forgetwatch.files import atomic_write
+
+    checkpoint = tmp_path / "checkpoint-5" / "forgetwatch"
+    checkpoint.mkdir(parents=True)
+    store.dir.mkdir()
+    ours = [store.dir / ".history.jsonl.abc123xy.tmp", checkpoint / ".base_answers.npz.k2j3h4g5.tmp",
+            checkpoint / ".manifest.json.zz9y8x7w.tmp"]
+    theirs = [store.dir / ".model.safetensors.abc123xy.tmp", checkpoint / "history.jsonl.tmp",
+              store.dir / "history.jsonl"]
+    for path in ours + theirs:
+        path.write_text("x")
+    assert sorted(store.remove_leftovers([checkpoint])) == sorted(ours)
+    assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
+    with pytest.raises(RuntimeError), atomic_write(store.dir / "probes.jsonl") as f:
+        f.write("cut short")
+        raise RuntimeError  # a failing write cleans up after itself: nothing left to remove
+    assert store.remove_leftovers() == []
+
+
+def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, tmp_path, caplog):
+    import shutil
+
+    from forgetwatch.store import PROBES, copy_problem
+
+    store.save_snapshot(answers())
+    store.save_probes(Probes())
+    store.set_aside_history()
+    store.append_history(record(1))
+    shutil.rmtree(store.dir)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert store.append_history(record(2)) is True
+        shutil.rmtree(store.dir)
+        assert store.copy_to(tmp_path / "checkpoint-2" / "forgetwatch") is True
+    lost = [r.getMessage() for r in caplog.records if "disappeared" in r.getMessage()]
+    assert len(lost) == 1 and str(store.dir) in lost[0]  # said once
+    assert "base_answers.npz, probes.jsonl, history.jsonl" in lost[0]
+    for folder in (store.dir, tmp_path / "checkpoint-2" / "forgetwatch"):
+        assert steps(folder / HISTORY) == [1, 2]  # earlier records too, not a history begun anew
+        assert Answers.load(folder / SNAPSHOT).ids == ["q1"] and (folder / PROBES).is_file()
+    assert copy_problem(tmp_path / "checkpoint-2" / "forgetwatch") is None
+
+
+def test_a_history_with_unreadable_records_is_moved_aside_never_overwritten(store):
+    store.dir.mkdir()
+    store.history_path.write_text(json.dumps(record(1)) + "\n{garbage\n" + json.dumps(record(3)) + "\n")
+    damaged = store.history_path.read_bytes()
+    aside = store.set_aside_damaged(1)
+    assert aside.name == "history.jsonl.damaged-1" and aside.read_bytes() == damaged
+    store.save_history([record(1)])
+    store.history_path.write_bytes(damaged)
+    assert store.set_aside_damaged(1).name == "history.jsonl.damaged-2"
+    assert aside.read_bytes() == damaged
+
+
+def test_a_fresh_run_sets_an_earlier_history_aside_and_begins_an_empty_one(store):
+    store.append_history(record(1))
+    kept = store.set_aside_history()
+    assert steps(kept) == [1] and store.history_path.read_text() == ""
+    assert store.set_aside_history() is None  # an empty history is not kept as an earlier run's
+    assert len(list(store.dir.glob("history-*.jsonl"))) == 1
