@@ -416,6 +416,8 @@ class ForgetWatchCallback(TrainerCallback):
         self._records.append(record)
         if self._writes:
             self._store.append_history(record)  # a failed write warns and is retried, never raised
+            answers.meta["step"] = step
+            self._store.save_latest(answers)  # what the report shows as the answer now
             if self.config.verbose:
                 say(sinks.console_line(step, report))
         if log:

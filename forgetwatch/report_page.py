@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -28,16 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from .answers import Answers
+from .answers import Answers, AnswersFileError
 from .behaviour.drift import SHARES
 from .dashboards import shown_answer
 from .files import atomic_write
 from .probes import Probe, ProbeSet
-from .store import HISTORY, PROBES, SUBDIR
-from .text import pct
+from .store import HISTORY, LATEST, PROBES, SUBDIR
+from .text import first_line, pct
 from .trajectory import Trajectory, read_run, run_directory
 
 __all__ = ["Run", "load_run", "write_report"]
+
+logger = logging.getLogger(__name__)
 
 #: Probes listed in each table of the page.
 TOP = 25
@@ -58,8 +61,8 @@ class Run:
     probes: dict[str, Probe]
     noise_floor: float | None = None  # the share of probes that flipped when the base was scored again
     base: Answers | None = None
-    #: The last evaluation's answers, aligned with the base's; the run directory does not keep
-    #: them, so the tables then say only right or wrong.
+    #: The last evaluation's answers, aligned with the base's (``answers_latest.npz``); without
+    #: them the tables say only right or wrong.
     current: Answers | None = None
 
     @property
@@ -123,7 +126,21 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     probes_file = path / PROBES
     probes = {p.id: p for p in ProbeSet.from_jsonl(probes_file)} if probes_file.is_file() else {}
     name = path.parent.name if path.name == SUBDIR else path.name
-    return Run(name, path, run.records, run.trajectory, probes, run.base.meta.get("noise_floor"), run.base)
+    return Run(name, path, run.records, run.trajectory, probes, run.base.meta.get("noise_floor"), run.base,
+               _latest(path, run.records, run.base))
+
+
+def _latest(path: Path, records: list[dict[str, Any]], base: Answers) -> Answers | None:
+    """The last evaluation's answers, when the run kept them for the last record's step (a run
+    resumed from an earlier checkpoint has not written its own yet)."""
+    try:
+        latest = Answers.load(path / LATEST) if (path / LATEST).is_file() else None
+    except AnswersFileError as err:
+        logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
+        return None
+    if latest is None or not records or latest.meta.get("step") != records[-1]["step"] or latest.ids != base.ids:
+        return None
+    return latest
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
@@ -269,8 +286,9 @@ def _probe_tables(run: Run, top: int) -> str:
     last_risk = set(run.records[-1]["report"].get("at_risk_ids", [])) if run.records else set()
     risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
     risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
-    unknown = ("" if run.current is not None else "<p class=\"note\">The run directory keeps the base's answers, not "
-               "the evaluations': \"answer now\" says right or wrong.</p>")
+    unknown = ("" if run.current is not None else "<p class=\"note\">The run directory holds no answers of its last "
+               "evaluation (written by an older forgetwatch, or resumed and not evaluated since): \"answer now\" "
+               "says right or wrong.</p>")
     return unknown + "".join([
         _table(run, _forgotten_now(t)[:top], "Forgotten most often, and wrong now",
                "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the "

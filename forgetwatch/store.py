@@ -40,6 +40,7 @@ PROBES = "probes.jsonl"  # the questions, for reports
 REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
 REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
 MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
+LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
 SUBDIR = "forgetwatch"  # inside each checkpoint directory
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, MANIFEST)
@@ -175,6 +176,13 @@ class RunStore:
     def save_replay_base(self, base: Any) -> bool:
         """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
         return self._save_once(REPLAY_BASE, base.save)
+
+    def save_latest(self, answers: Answers) -> bool:
+        """The last evaluation's answers (with its step in ``meta``), so the report shows what the
+        model answers now: replaced at each evaluation, not copied into checkpoints (a resumed
+        run writes its own at its first evaluation). A failure warns; the report then says only
+        right or wrong."""
+        return self._try(lambda: answers.save(self.dir / LATEST), self.dir / LATEST, "the last evaluation's answers are")
 
     def _save_once(self, name: str, write: Callable[[Path], Any], on_disk: bool = False) -> bool:
         self._kept[name] = write
