@@ -49,7 +49,7 @@ class BaseDistribution:
     """Per row (by id): ``top_ids`` and ``top_logprobs`` (positions × k) and ``tail`` (the log
     of the probability outside the top k, per position); row ``i``'s positions are
     ``offsets[i]:offsets[i + 1]``, one per predicted token. ``key``: what it was made from
-    (pool, tokens, top k, model; see :meth:`~forgetwatch.replay.driver.Replay.base_problem`)."""
+    (pool, tokens, top k, model; see :func:`~forgetwatch.replay.resume.base_problem`)."""
 
     ids: list[str]
     offsets: np.ndarray

@@ -104,10 +104,10 @@ class ReplaySampler:
         """What a resumed run needs to draw the same rows next (JSON-ready)."""
         return {"seed": self.seed, "drawn": self.drawn, "taken": dict(self._taken)}
 
-    def state_problem(self, state: Any, max_drawn: int) -> str | None:
+    def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
         """Why ``state`` cannot be this sampler's (``None`` if it can): it must come from a
         sampler over the same categories with the same seed, with counts that are whole numbers
-        from 0, and at most ``max_drawn`` batches drawn (one per optimizer step).
+        from 0, and at most ``max_drawn`` batches drawn (one per optimizer step so far).
 
         Example:
             >>> sampler = ReplaySampler(ReplayPool.from_records([{"id": "r1", "text": "t"}]), seed=0)
@@ -119,7 +119,8 @@ class ReplaySampler:
         if type(state["seed"]) is not int or state["seed"] != self.seed:
             return f"made with replay_seed={shorten(state['seed'])}, not {self.seed}"
         if not _count(state["drawn"], max_drawn):
-            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0 to {max_drawn}"
+            most = "" if max_drawn is None else f" to {max_drawn}"
+            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
         taken = state["taken"]
         if not isinstance(taken, Mapping) or set(taken) != set(self.categories):
             have = sorted(taken) if isinstance(taken, Mapping) else shorten(taken)
@@ -132,8 +133,7 @@ class ReplaySampler:
     def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
         """Go on from :meth:`state_dict` (of a sampler over the same pool); a ``ValueError``
         says why a state cannot be (see :meth:`state_problem`)."""
-        problem = self.state_problem(state, max_drawn if max_drawn is not None else int(state.get("drawn", 0)))
-        if problem:
+        if problem := self.state_problem(state, max_drawn):
             raise ValueError(f"this replay state cannot be used: {problem}")
         self.drawn = state["drawn"]
         self._taken = dict(state["taken"])
