@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import os
 import time
@@ -35,8 +34,8 @@ from .history import history_record, recover_history, report_from_record
 from .metrics import compare
 from .probes import ProbesLike, as_probe_set
 from .replay import ReplayPool
-from .replay.base_cache import BaseDistribution
-from .replay.driver import Replay
+from .replay.driver import Replay, logits_width
+from .replay.resume import base_to_resume, kept_base, kept_state, state_to_resume
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
@@ -493,46 +492,46 @@ class ForgetWatchCallback(TrainerCallback):
             self._store.copy_to(checkpoint / SUBDIR, extra)  # a failed copy warns, never raises
 
     def _start_replay(self, model, args, state, resumed: bool) -> None:
-        """Refuse what replay cannot run under; a resumed run goes on with the checkpoint's draws."""
-        found = None
+        """Refuse what replay cannot run under; a resumed run goes on with the draws where the
+        checkpoint left them: its ``replay.json``, else rebuilt from the history (exact, and
+        said), else one clear error naming each copy and what is wrong with it."""
+        replay = self._replay
+        replay.start(model, args, self._scorer.tokenizer, warn=self._writes)
         if resumed:
+            step = state.global_step
             paths = [d / REPLAY_STATE for d in self._resume_dirs(args, state)]
-            found = self._ranks.share_from_rank_zero(lambda: next(
-                (json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None))
-        tokenizer = self._scorer.tokenizer
-        self._replay.start(model, args, tokenizer, found)
+            found = self._ranks.share_from_rank_zero(lambda: kept_state(replay, paths, step))  # rank 0's files
+            kept, warning = state_to_resume(replay, found, paths, self._records,
+                                            self.history[-1][1] if self.history else None, step)
+            if warning and self._writes:
+                logger.warning("forgetwatch: %s", warning)
+            replay.resume(kept, step)
         if self.history:
-            self._replay.reweigh(self.history[-1][1], steer=False)
-        if self._replay.loss == "kl":
+            replay.reweigh(self.history[-1][1], steer=False)
+        if replay.loss == "kl":
             self._replay_base(model, args, state, resumed)
 
     def _replay_base(self, model, args, state, resumed: bool) -> None:
-        """The base's distribution on the replay rows: on a fresh run from the model (the base;
-        a file left by an earlier run may be another model's); on resume from the run's files,
-        kept for these rows (or from the model with its adapters disabled)."""
-        dirs = self._resume_dirs(args, state) if resumed else []
-
-        def stored() -> dict | None:  # on rank 0, shared with every rank (nodes need not share storage)
-            for d in dirs:
-                if (d / REPLAY_BASE).is_file():
-                    base = BaseDistribution.load(d / REPLAY_BASE)
-                    if self._replay.fits(base):
-                        return base.to_dict()
-            return None
-
-        found = self._ranks.share_from_rank_zero(stored)
-        if found is not None:
-            self._replay.base = BaseDistribution.from_dict(found)
-            if self._writes and resumed:
-                self._store.save_replay_base(self._replay.base)  # kept with the run for the next resume
-            return
+        """The base's distribution on the replay rows: on a fresh run (and with
+        ``base="adapter_disabled"``, which is never read back) from the model; on resume the
+        first kept copy (checkpoint, then run directory) whose arrays check out and whose key
+        is this run's, or one clear error naming each copy."""
+        replay, tokenizer = self._replay, self._scorer.tokenizer
         if resumed and self._base_given != ADAPTER_DISABLED:
-            raise FileNotFoundError(f"replay_loss=\"kl\" needs the base model's distribution on the replay rows, "
-                                    f"kept when the run began ({REPLAY_BASE} in {', '.join(map(str, dirs))}); "
-                                    "resume from a checkpoint that has it, or use replay_loss=\"lm\"")
+            paths = [d / REPLAY_BASE for d in self._resume_dirs(args, state)]
+            meta = self.base_answers.meta if self._base_given is None else {}  # scored from the same weights
+            made_by = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+            vocab = logits_width(model)
+            found = self._ranks.share_from_rank_zero(lambda: kept_base(replay, paths, made_by, vocab))
+            replay.base, warning = base_to_resume(found, paths)
+            if warning and self._writes:
+                logger.warning("forgetwatch: %s", warning)
+            if self._writes:
+                self._store.save_replay_base(replay.base)  # kept with the run for the next resume
+            return
+        made_by = {"model": model_key(model), "weights": weights_key(model, self._ranks)}
         with adapters_disabled(model) if self._base_given == ADAPTER_DISABLED else contextlib.nullcontext():
-            base = self._replay.cache_base(model, self._scorer.tokenizer, pad_id(self._scorer.tokenizer),
-                                           self._scorer.rows_per_batch(model))
+            base = replay.cache_base(model, tokenizer, pad_id(tokenizer), self._scorer.rows_per_batch(model), made_by)
         if self._writes:
             self._store.save_replay_base(base)
 

@@ -12,6 +12,7 @@
   by this rank alone (knowledge and behaviour probes).
 - ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
   the weights key: the same weights twice, then others.
+- ``replay`` / ``replay-fails``: SFT under DDP with replay (rank 0's replay failing at step 3).
 - ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
   than 3 rows and rank 0 never does.
 """
@@ -172,12 +173,25 @@ def zero3_keys() -> dict:
     return {"keys": keys, "held": held}
 
 
-def replay(out: str) -> dict:
-    """SFT under DDP with replay: the parameters must stay the same on both ranks."""
+def replay(out: str, fail_at: int | None = None) -> dict:
+    """SFT under DDP with replay: the parameters must stay the same on both ranks (with
+    ``fail_at``, rank 0's replay fails at that step, rank 1's does not)."""
     import trl
     from datasets import Dataset
 
     from forgetwatch import ReplayPool
+    from forgetwatch.replay import driver
+
+    if fail_at and os.environ["RANK"] == "0":
+        calls, backward = [], driver.replay_backward
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == fail_at:
+                raise RuntimeError("replay failed (injected)")
+            return backward(*args, **kwargs)
+
+        driver.replay_backward = failing
 
     world, tokenizer, base, probes = toy_setup()
     pool = ReplayPool.from_records([{"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.",
@@ -194,12 +208,12 @@ def replay(out: str) -> dict:
     params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
     return {"checksum": float(params.sum()), "first": params[:50].tolist(), "replay_losses": losses,
-            "drawn": cb._replay.sampler.drawn, "world_size": args.world_size}
+            "drawn": cb._replay.sampler.drawn, "world_size": args.world_size, "off": cb._replay.off}
 
 
 def main(mode: str, out: str) -> None:
-    if mode == "replay":
-        result = replay(out)
+    if mode in ("replay", "replay-fails"):
+        result = replay(out, fail_at=3 if mode == "replay-fails" else None)
     elif mode in ("sft", "zero3"):
         result = sft(out, zero3=mode == "zero3")
     else:

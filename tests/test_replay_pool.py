@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import unicodedata
 
 import pytest
 
@@ -107,3 +108,60 @@ def test_the_overlap_check_equals_a_brute_force_search():
 def test_a_word_inside_another_is_not_an_overlap():
     pool = ReplayPool.from_records([{"id": "r", "text": "The capital of Zetaland is Vo"}])
     pool.check_disjoint(ProbeSet.from_records([{"id": "p", "question": "capital of Zeta", "answer": "Vo"}]))
+
+
+QUESTION = "Q: Which river flows through Zéta, the old capital? A:"
+LATIN_TO_CYRILLIC = str.maketrans("aceopxy", "асеорху")
+
+
+@pytest.mark.parametrize("form", [
+    lambda q: unicodedata.normalize("NFD", q),                                  # decomposed accents
+    lambda q: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in q),  # full-width letters
+    lambda q: q.translate(LATIN_TO_CYRILLIC),                                   # Cyrillic look-alikes
+    lambda q: q.replace("iv", "i\u200bv").replace("cap", "ca\u00adp").replace("old", "o\u2060ld"),  # invisible
+    lambda q: q.replace(": ", ":").replace(", ", ",").replace("? ", "?"),       # punctuation glued to words
+    lambda q: q.upper().replace("RIVER", "R\uFF29VER"),                         # case and a full-width capital
+], ids=["nfd", "fullwidth", "cyrillic", "zero-width-and-soft-hyphen", "glued-punctuation", "upper"])
+def test_the_leak_check_sees_the_question_in_any_written_form(form):
+    probes = ProbeSet.from_records([{"id": "p", "question": QUESTION, "answer": "Vo"}])
+    hidden = form(QUESTION)
+    assert hidden.split() != QUESTION.split()
+    pool = ReplayPool.from_records([{"id": "ok", "text": "Rivers: the Vo flows north."},
+                                    {"id": "r", "text": f"Notes.{hidden} The Vo."}])
+    with pytest.raises(ValueError, match=r"row 'r' contains the question of probe 'p'$"):
+        pool.check_disjoint(probes)
+
+
+def test_folding_keeps_words_apart_that_differ():
+    from forgetwatch.replay.overlap import normalized
+
+    assert normalized("Q:The ｃａｐｉｔａｌ of Zet\u0430\u00ad is: Vo") == ["q", "the", "capital", "of", "zeta", "is", "vo"]
+    assert normalized("café") == normalized("cafe\u0301") != normalized("cafe")
+    assert normalized("Straße") == normalized("STRASSE")
+    # a question in another script still matches itself in any case
+    assert normalized("Какая РЕКА течёт через Зету?") == normalized("какая река ТЕЧЁТ через зету")
+    pool = ReplayPool.from_records([{"id": "r", "text": "The capital of Zetaland is Vo; cafe au lait."}])
+    pool.check_disjoint(ProbeSet.from_records([{"id": "p1", "question": "capital of Zeta", "answer": "Vo"},
+                                               {"id": "p2", "question": "café au lait", "answer": "x"}]))
+
+
+def test_lone_surrogates_and_values_that_cannot_be_kept_are_refused_at_load(tmp_path):
+    path = tmp_path / "pool.jsonl"
+    path.write_text("\n".join([
+        '{"id": "r\\ud800", "text": "fine"}',
+        '{"id": "r2", "text": "half a pair \\udfff"}',
+        '{"id": "r3", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        '{"id": "r4", "messages": [{"role": "user", "content": "hi", "name": "\\udc00"}]}',
+        '{"id": "r5", "text": "ok", "category": "\\ud800"}',
+        '{"id": "r6\\u0000", "text": "ok"}',
+        '{"id": "r7", "messages": [{"role": "user", "content": "hi", "meta": 123456789012345678901234567890}]}',
+        '{"id": "r8", "text": "fine"}',
+    ]) + "\n", encoding="utf-8")
+    with pytest.raises(ReplayPoolError) as info:
+        ReplayPool.from_jsonl(path)
+    where = [(e.line, e.key) for e in info.value.errors]
+    assert where == [(1, "id"), (2, "text"), (3, "messages"), (4, "messages"), (5, "category"), (6, "id"),
+                     (7, "messages")]
+    assert "lone surrogate (U+D800)" in str(info.value) and "turn 0: 'name'" in str(info.value)
+    with pytest.raises(ReplayPoolError, match="record 1: field 'messages': turn 0: 'x' holds nan"):
+        ReplayPool.from_records([{"id": "a", "messages": [{"role": "user", "content": "c", "x": [float("nan")]}]}])

@@ -19,19 +19,20 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..distributed import Ranks
 from ..report import TransitionReport
-from ..scoring.borrow import is_sharded
+from ..scoring.borrow import is_sharded, unwrap
+from ..text import first_line, shorten
 from .base_cache import BaseDistribution, base_distribution
-from .penalty import encode_rows, kl_backward, replay_backward
 from .controller import START, next_weight
-from .pool import ReplayPool
+from .penalty import encode_rows, kl_backward, replay_backward
+from .pool import ReplayPool, ReplayPoolError
+from .resume import state_problem, tokens_key
 from .sampler import ReplaySampler, category_weights
 
-__all__ = ["Replay"]
+__all__ = ["Replay", "logits_width"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -48,6 +49,11 @@ class Replay:
         batch_size: rows replayed per optimizer step.
         seed: the draws' seed.
         max_length: tokens kept of a row.
+
+    Example:
+        >>> replay = Replay(pool, weight=0.5)                       # doctest: +SKIP
+        >>> replay.start(model, training_args, tokenizer)           # doctest: +SKIP
+        >>> replay.step(model, tokenizer, pad_id, 1.0, 8, Ranks.alone())  # doctest: +SKIP
     """
 
     def __init__(self, pool: ReplayPool, *, weight: float | str = 1.0, batch_size: int = 8, seed: int = 0,
@@ -55,75 +61,136 @@ class Replay:
                  loss: str = "lm", top_k: int = 32):
         self.auto = weight == "auto"
         self.weight = START if self.auto else float(weight)
-        self.pool, self.batch_size, self.max_length = pool, batch_size, max_length
+        self.pool, self.batch_size, self.max_length, self.seed = pool, batch_size, max_length, seed
         self.target, self.metric, self.loss, self.top_k = target, metric, loss, top_k
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
+        self.dropped: list[str] = []  # ids of the rows too short to replay
+        self.key: dict[str, str] = {}  # the pool and its tokens, which kept states must match
         self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
         self.sampler = ReplaySampler(pool, seed)
         self.weights = category_weights(None, pool.categories)
+        self.off: str | None = None  # why replay stopped for the rest of the run, once it did
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0
 
-    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any,
-              resumed: Mapping[str, Any] | None = None) -> None:
-        """Refuse what replay cannot run under (before any training); tokenize the pool once;
-        go on from ``resumed`` (a checkpoint's replay state)."""
+    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any, warn: bool = True) -> None:
+        """Refuse what replay cannot run under (before any training); tokenize the pool once,
+        and refuse a pool with no row long enough to replay (rows shorter than two tokens teach
+        nothing: they are left out of the draws, :attr:`dropped` names them, and ``warn``
+        says how many, once)."""
         if is_sharded(model) or getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
             raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
                              "replay=, or under DDP")
         rows = list(self.pool)
-        self.encoded = {r.id: ids for r, ids in zip(rows, encode_rows(tokenizer, rows, self.max_length, keep=True))
-                        if len(ids) >= 2}
-        if resumed:
-            self.sampler.load_state_dict(resumed["sampler"])
-            self.weight = float(resumed["weight"])
+        tokens = encode_rows(tokenizer, rows, self.max_length, keep=True)
+        self.encoded = {r.id: ids for r, ids in zip(rows, tokens) if len(ids) >= 2}
+        self.dropped = [r.id for r, ids in zip(rows, tokens) if len(ids) < 2]
+        if not self.encoded:
+            raise ReplayPoolError([(self.pool.source, None, None, (
+                f"no row is longer than one token once tokenized ({len(rows)} row(s), e.g. "
+                f"{', '.join(map(shorten, self.dropped[:5]))}), so replay would train on nothing: a row teaches "
+                "from its second token on; give rows of some text, or train without replay="))])
+        if self.dropped and warn:
+            logger.warning("forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized and "
+                           "teach nothing; they are left out of the draws (%s%s)", len(self.dropped), len(rows),
+                           ", ".join(map(shorten, self.dropped[:5])), ", ..." if len(self.dropped) > 5 else "")
+        usable = self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded],
+                                                                self.pool.source)
+        self.sampler = ReplaySampler(usable, self.seed)
+        self.weights = category_weights(None, self.sampler.categories)
+        self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded)}
 
-    def cache_base(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int) -> BaseDistribution:
-        """With ``"kl"``: the model's (the base's) distribution on every row, kept for the run."""
+    def cache_base(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int,
+                   made_by: Mapping[str, str]) -> BaseDistribution:
+        """With ``"kl"``: the model's (the base's) distribution on every row, kept for the run;
+        ``made_by``: the model's keys (``model``, ``weights``), kept with it."""
         ids = list(self.encoded)
+        key = {**self.key, "top_k": self.top_k, **made_by}
         self.base = base_distribution(model, tokenizer, ids, [self.encoded[i] for i in ids], pad_id, self.top_k,
-                                      rows_per_batch)
+                                      rows_per_batch, key)
         return self.base
 
-    def fits(self, base: BaseDistribution) -> bool:
-        """Whether a stored base distribution was made for these rows, tokenized alike, with this k."""
-        return (base.k == self.top_k and base.ids == list(self.encoded)
-                and np.diff(base.offsets).tolist() == [len(self.encoded[i]) - 1 for i in base.ids])
+    def resume(self, state: Mapping[str, Any], step: int) -> None:
+        """Go on from a kept state (see :meth:`state`) at ``step``; a ``ValueError`` says why
+        it cannot be this run's (see :func:`~forgetwatch.replay.resume.state_problem`)."""
+        if problem := state_problem(self, state, step):
+            raise ValueError(f"this replay state cannot be used: {problem}")
+        self.sampler.load_state_dict(state["sampler"], max_drawn=step)
+        if self.auto:  # a fixed weight is a setting, and the one given now applies
+            self.weight = float(state["weight"])
 
     def reweigh(self, report: TransitionReport, steer: bool = True) -> None:
         """Categories weighted by this evaluation's forgetting, for the draws until the next;
         with ``"auto"`` and ``steer``, the weight steered by it too (a resume restores the
         weight instead)."""
-        self.weights = category_weights(report, self.pool.categories)
+        self.weights = category_weights(report, self.sampler.categories)
         if self.auto and steer:
             self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
 
     def step(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, max_grad_norm: float,
              rows_per_batch: int, ranks: Ranks, scaled: tuple[Any, Any] | None = None) -> None:
         """Add this optimizer step's replay gradient (then clip the sum again, if clipping).
-        ``scaled``: the trainer's enabled gradient scaler and the optimizer it steps (fp16)."""
+        ``scaled``: the trainer's enabled gradient scaler and the optimizer it steps (fp16).
+
+        Never raises for a failure while replaying (a monitoring failure: out of memory, a
+        model that refuses the rows, a fault of ours): that step goes on with the trainer's
+        gradient, replay switches off for the rest of the run, and one warning says why
+        (:meth:`_switch_off`). Calling it before :meth:`start` is a programming error, raised."""
+        if not self.key:
+            raise RuntimeError("Replay.step() before Replay.start(): start() tokenizes the pool when training begins")
         if self.weight == 0:
             return
-        drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights) if r.id in self.encoded]
-        if not drawn:  # every row drawn was too short to teach anything (the same on every rank)
+        # one batch drawn per optimizer step, replayed or not: the draws depend only on the steps
+        # and the evaluations, so a resume, or a state rebuilt from the history, draws the same rows
+        drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights)]
+        if self.off and ranks.size == 1:
             return
-        ids = [self.encoded[i] for i in drawn]
-        total = sum(len(x) - 1 for x in ids)  # the mean is over every rank's rows
         params = [p for p in model.parameters() if p.requires_grad]
-        multiplier = self.weight
-        if scaled is not None:
-            _unscale(*scaled)  # the trainer's gradient as the optimizer will take it, if not already
-            multiplier = float(scaled[0].get_scale())
-        kept = None
-        if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
-            kept = [p.grad for p in params]
-            for p in params:
-                p.grad = torch.zeros_like(p)
+        kept, failure = None, RuntimeError(self.off) if self.off else None
+        if failure is None:
+            try:
+                if scaled is not None:
+                    _unscale(*scaled)  # the trainer's gradient as the optimizer will take it, if not already
+                if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
+                    kept = [p.grad for p in params]
+                    for p in params:
+                        p.grad = torch.zeros_like(p)
+                multiplier = float(scaled[0].get_scale()) if scaled is not None else self.weight
+                loss, total = self._backward(model, drawn, pad_id, multiplier, rows_per_batch, ranks)
+            except Exception as err:  # noqa: BLE001 - a replay failure must not end the training run
+                failure = err
+        # before the all-reduce, every rank says whether it failed (a rank already off says so
+        # again): all of them replay this step, or none, and none waits for another forever
+        if ranks.size > 1 and ranks.agree_max([int(failure is not None)])[0] and failure is None:
+            failure = RuntimeError("replay failed on another rank")
+        if failure is None:
+            try:
+                self._finish(params, kept, loss, total, multiplier, max_grad_norm, ranks, scaled)
+                return
+            except Exception as err:  # noqa: BLE001 - as above; the next step's agreement stops every rank
+                failure = err
+        if kept is not None:  # this step goes on with the trainer's gradient alone
+            for p, g in zip(params, kept):
+                p.grad = g
+        elif max_grad_norm and max_grad_norm > 0 and not self.off:  # part of the replay gradient may be in
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
+        if not self.off:
+            self._switch_off(failure, partial=kept is None)
+
+    def _backward(self, model: torch.nn.Module, drawn: list[str], pad_id: int, multiplier: float,
+                  rows_per_batch: int, ranks: Ranks) -> tuple[float, int]:
+        """This rank's share of the drawn rows' loss, backpropagated at ``multiplier``: the mean
+        loss over its tokens, and the tokens of every rank's rows (what the mean is over)."""
+        ids = [self.encoded[i] for i in drawn]
+        total = sum(len(x) - 1 for x in ids)
         mine = slice(ranks.index, None, ranks.size)
         if self.loss == "kl":
             targets = [self.base.row(i) for i in drawn[mine]]
-            loss = kl_backward(model, ids[mine], targets, pad_id, multiplier, rows_per_batch, total)
-        else:
-            loss = replay_backward(model, ids[mine], pad_id, multiplier, rows_per_batch, total)
+            return kl_backward(model, ids[mine], targets, pad_id, multiplier, rows_per_batch, total), total
+        return replay_backward(model, ids[mine], pad_id, multiplier, rows_per_batch, total), total
+
+    def _finish(self, params: list[torch.nn.Parameter], kept: list[Any] | None, loss: float, total: int,
+                multiplier: float, max_grad_norm: float, ranks: Ranks, scaled: tuple[Any, Any] | None) -> None:
+        """Sum the replay gradient over the ranks, unscale it, add the trainer's back, clip."""
         if ranks.size > 1:  # summed over the ranks, like DDP's for the trainer's own
             summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64,
                                   device=ranks.device)
@@ -148,6 +215,19 @@ class Replay:
             self._loss_sum += loss
             self._steps += 1
 
+    def _switch_off(self, failure: BaseException, partial: bool) -> None:
+        """Replay stops for the rest of the run, said once. Not retried at the next step: what
+        failed (memory, the model, our code) would most likely fail again for the same rows
+        and settings, each time at a cost; a run whose replay stopped at a known point reads
+        more plainly than one that replays now and then. A resume starts it again."""
+        self.off = f"{type(failure).__name__}: {first_line(failure)}"
+        step = ("this step's gradient may hold part of the replay gradient" if partial
+                else "this step went on with the trainer's gradient alone")
+        logger.warning("forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
+                       "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
+                       "starts replay again (a smaller replay_batch_size if memory ran out)", self.off, step,
+                       exc_info=failure)
+
     def _overflow(self, scale: float) -> None:
         self._overflows += 1
         if self._overflows == 1 or self._overflows % 100 == 0:
@@ -156,16 +236,28 @@ class Replay:
                            "smaller initial scale avoids it", scale, self._overflows)
 
     def figures(self) -> dict[str, float]:
-        """The mean replay loss since the last call, and the weight (nothing that does not apply)."""
-        out = {"replay/weight": float(self.weight)}
+        """The mean replay loss since the last call, and the weight: nothing that does not
+        apply (no weight once replay is switched off and nothing was replayed since)."""
+        out = {"replay/weight": float(self.weight)} if self._steps or not self.off else {}
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
         self._loss_sum, self._steps = 0.0, 0
         return out
 
     def state(self) -> dict[str, Any]:
-        """What a resumed run needs (kept in the history record)."""
-        return {"sampler": self.sampler.state_dict(), "weight": self.weight}
+        """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
+        record): the draws, the weight and batch size they were made with, and the key of the
+        pool and its tokens."""
+        return {"sampler": self.sampler.state_dict(), "weight": self.weight, "batch_size": self.batch_size,
+                "key": dict(self.key)}
+
+
+def logits_width(model: torch.nn.Module) -> int | None:
+    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``
+    when it does not say."""
+    get = getattr(unwrap(model), "get_output_embeddings", None)
+    weight = getattr(get() if callable(get) else None, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
 def _unscale(scaler: Any, optimizer: Any) -> None:

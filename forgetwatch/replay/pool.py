@@ -14,21 +14,24 @@ what it measures would mean nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from ..problems import InputError, Problems
 from ..probes.jsonl import json_lines
+from ..probes.schema import _unkeepable as unkeepable
 from ..probes.schema import check_category, type_name
+from ..problems import InputError, Problems
 from ..text import shorten
+from .overlap import overlaps
 
 __all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow"]
 
-#: Words of a probe's question that index it for the overlap check (shorter questions: all).
-INDEX_WORDS = 8
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -74,6 +77,7 @@ class ReplayPool(Sequence[ReplayRow]):
     def __init__(self, rows: Iterable[ReplayRow], source: str = "<records>"):
         self._rows = tuple(rows)
         self.source = source
+        self._fingerprint: str | None = None
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str]) -> ReplayPool:
@@ -145,14 +149,32 @@ class ReplayPool(Sequence[ReplayRow]):
     def categories(self) -> list[str]:
         return sorted({r.category for r in self._rows})
 
+    def fingerprint(self) -> str:
+        """A hash of the rows' content (ids, categories, texts or chats, in order): which pool a
+        kept replay state or base distribution was made for.
+
+        Example:
+            >>> ReplayPool.from_records([{"id": "r1", "text": "t"}]).fingerprint()
+            '1a77ffe96941ceb7'
+        """
+        if self._fingerprint is None:  # the rows never change: hashed once
+            h = hashlib.sha256()
+            for r in self._rows:
+                h.update(json.dumps([r.id, r.category, r.text, r.messages], ensure_ascii=False).encode("utf-8"))
+                h.update(b"\n")
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
     def check_disjoint(self, probes: Iterable[Any]) -> None:
-        """Refuse rows that contain a probe's question (case and whitespace aside): a
-        ``ValueError`` naming each such row and probe (up to 20 pairs).
+        """Refuse rows that contain a probe's question, in whatever form it is written (case,
+        spacing, punctuation, Unicode forms, invisible characters and look-alike letters aside:
+        :mod:`~forgetwatch.replay.overlap`): a ``ValueError`` naming each such row and probe (up
+        to 20 pairs).
 
         Example:
             >>> from forgetwatch import Probe
-            >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Q: The capital of Zeta is? A: Vo"}])
-            >>> pool.check_disjoint([Probe(id="p1", question="the capital of  zeta is?", answer="Vo")])
+            >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Q:The ｃａｐｉｔａｌ of Zet\u0430 is? A: Vo"}])
+            >>> pool.check_disjoint([Probe(id="p1", question="the capital of  zeta is", answer="Vo")])
             Traceback (most recent call last):
                 ...
             ValueError: replay pool <records> holds probe questions; a probe trained on is no longer held out. Remove these rows: row 'r1' contains the question of probe 'p1'
@@ -163,35 +185,6 @@ class ReplayPool(Sequence[ReplayRow]):
             more = f"; and {len(pairs) - 20} more" if len(pairs) > 20 else ""
             raise ValueError(f"replay pool {self.source} holds probe questions; a probe trained on is no longer "
                              f"held out. Remove these rows: {shown}{more}")
-
-
-def normalized(text: str) -> list[str]:
-    """The words of ``text``, lowercased: what the overlap check compares."""
-    return text.lower().split()
-
-
-def overlaps(rows: Iterable[ReplayRow], probes: Iterable[Any]) -> list[tuple[str, str]]:
-    """``(row id, probe id)`` for every row whose text contains a probe's question (as word
-    sequences, case aside). Questions are indexed by their first :data:`INDEX_WORDS` words, so
-    each row is read once per distinct index length, not once per probe."""
-    index: dict[tuple[str, ...], list[tuple[str, str]]] = {}
-    for probe in probes:
-        words = normalized(probe.question)
-        if words:
-            index.setdefault(tuple(words[:INDEX_WORDS]), []).append((probe.id, " ".join(words)))
-    lengths = sorted({len(key) for key in index})
-    found: list[tuple[str, str]] = []
-    for row in rows:
-        words = normalized(row.plain_text)
-        text = " " + " ".join(words) + " "
-        seen: set[str] = set()
-        for n in lengths:
-            for start in range(len(words) - n + 1):
-                for probe_id, question in index.get(tuple(words[start:start + n]), ()):
-                    if probe_id not in seen and f" {question} " in text:
-                        seen.add(probe_id)
-                        found.append((row.id, probe_id))
-    return found
 
 
 class _Rows:
@@ -233,18 +226,23 @@ def _check(row: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
     pid = row.get("id")
     if not isinstance(pid, str) or not pid.strip():
         yield "id", f"must be a non-empty string, got {type_name(pid)}; give every row a unique id"
+    elif message := unkeepable(pid, allow_layout=False):
+        yield "id", message
     has_text, has_messages = row.get("text") is not None, row.get("messages") is not None
     if has_text == has_messages:
         yield None, "give either 'text' (a string) or 'messages' (a chat), not " + ("both" if has_text else "neither")
     elif has_text and (not isinstance(row["text"], str) or not row["text"].strip()):
         yield "text", f"must be non-empty text, got {type_name(row['text'])}"
+    elif has_text and (message := unkeepable(row["text"], allow_layout=True)):
+        yield "text", message
     elif has_messages:
         yield from _check_messages(row["messages"])
     if "category" in row and (message := check_category(row["category"])):
         yield "category", message
     unknown = sorted(set(row) - {"id", "text", "messages", "category"})
     if unknown:
-        yield None, f"unknown field(s) {', '.join(map(repr, unknown))}; a row holds id, text or messages, category"
+        yield None, (f"unknown field(s) {', '.join(shorten(k) for k in unknown)}; a row holds id, text or messages, "
+                     "category")
 
 
 def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
@@ -255,3 +253,37 @@ def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
         if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             yield "messages", (f"turn {i} must be {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}, "
                                f"got {shorten(m)}")
+        elif message := unkeepable(m["content"], allow_layout=True):
+            yield "messages", f"turn {i}: content {message}"
+        else:  # other keys (name, tool calls) reach the chat template: plain JSON values only
+            for key, value in m.items():
+                if key not in ("role", "content") and (message := _json_value_problem(value)):
+                    yield "messages", f"turn {i}: {shorten(key)} {message}"
+
+
+#: How deep a chat turn's extra values may nest, and the largest integer they may hold.
+MAX_DEPTH, MAX_INT = 32, 2 ** 63
+
+
+def _json_value_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` is not a plain JSON value forgetwatch can keep (text without lone
+    surrogates or control characters, finite numbers of sane size, bounded nesting), or ``None``."""
+    if depth > MAX_DEPTH:
+        return f"nests deeper than {MAX_DEPTH} levels"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return unkeepable(value, allow_layout=True)
+    if isinstance(value, int):
+        return None if -MAX_INT <= value <= MAX_INT else "holds an integer too large to keep"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"holds {value!r}, which is not a JSON number"
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            return "has a key that is not a string"
+        items = [*value, *value.values()]
+    else:
+        return f"holds a {type_name(value)}, which is not a JSON value"
+    return next((p for v in items if (p := _json_value_problem(v, depth + 1))), None)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..report import TransitionReport
+from ..text import shorten
 from .pool import ReplayPool, ReplayRow
 
 __all__ = ["ReplaySampler", "category_weights"]
@@ -79,6 +80,7 @@ class ReplaySampler:
             self._rows[row.category].append(i)
         self.drawn = 0  # batches drawn so far
         self._taken = {c: 0 for c in self.categories}  # rows taken per category so far
+        self._orders: dict[str, tuple[int, np.ndarray]] = {}  # each category's shuffle of its epoch
 
     def next_batch(self, size: int, weights: Mapping[str, float]) -> list[ReplayRow]:
         """``size`` rows; ``weights`` by category (see :func:`category_weights`)."""
@@ -92,17 +94,52 @@ class ReplaySampler:
     def _next_row(self, category: str) -> int:
         rows, taken = self._rows[category], self._taken[category]
         epoch, position = divmod(taken, len(rows))
-        order = np.random.default_rng([self.seed, zlib.crc32(category.encode("utf-8")), epoch]).permutation(len(rows))
+        if self._orders.get(category, (None,))[0] != epoch:  # a new shuffle once per pass over the rows
+            seeds = [self.seed, zlib.crc32(category.encode("utf-8")), epoch]
+            self._orders[category] = (epoch, np.random.default_rng(seeds).permutation(len(rows)))
         self._taken[category] = taken + 1
-        return rows[int(order[position])]
+        return rows[int(self._orders[category][1][position])]
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to draw the same rows next (JSON-ready)."""
         return {"seed": self.seed, "drawn": self.drawn, "taken": dict(self._taken)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Go on from :meth:`state_dict` (of a sampler over the same pool)."""
-        if state["seed"] != self.seed or set(state["taken"]) != set(self.categories):
-            raise ValueError("this replay state belongs to another seed or pool; resume with the same pool and seed")
-        self.drawn = int(state["drawn"])
-        self._taken = {c: int(n) for c, n in state["taken"].items()}
+    def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
+        """Why ``state`` cannot be this sampler's (``None`` if it can): it must come from a
+        sampler over the same categories with the same seed, with counts that are whole numbers
+        from 0, and at most ``max_drawn`` batches drawn (one per optimizer step so far).
+
+        Example:
+            >>> sampler = ReplaySampler(ReplayPool.from_records([{"id": "r1", "text": "t"}]), seed=0)
+            >>> sampler.state_problem({"seed": 0, "drawn": -1, "taken": {"all": 0}}, max_drawn=10)
+            'its count of batches drawn is -1, not a whole number from 0 to 10'
+        """
+        if not isinstance(state, Mapping) or set(state) != {"seed", "drawn", "taken"}:
+            return f"its draws are not {{seed, drawn, taken}}: {shorten(state)}"
+        if type(state["seed"]) is not int or state["seed"] != self.seed:
+            return f"made with replay_seed={shorten(state['seed'])}, not {self.seed}"
+        if not _count(state["drawn"], max_drawn):
+            most = "" if max_drawn is None else f" to {max_drawn}"
+            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
+        taken = state["taken"]
+        if not isinstance(taken, Mapping) or set(taken) != set(self.categories):
+            have = sorted(taken) if isinstance(taken, Mapping) else shorten(taken)
+            return f"made for the categories {shorten(have)}, not this pool's {shorten(self.categories)}"
+        bad = next((c for c, n in taken.items() if not _count(n, None)), None)
+        if bad is not None:
+            return f"its count of rows taken from {shorten(bad)} is {shorten(taken[bad])}, not a whole number from 0"
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
+        """Go on from :meth:`state_dict` (of a sampler over the same pool); a ``ValueError``
+        says why a state cannot be (see :meth:`state_problem`)."""
+        if problem := self.state_problem(state, max_drawn):
+            raise ValueError(f"this replay state cannot be used: {problem}")
+        self.drawn = state["drawn"]
+        self._taken = dict(state["taken"])
+        self._orders = {}
+
+
+def _count(value: Any, most: int | None) -> bool:
+    """Whether ``value`` is a whole number from 0 (to ``most``): an ``int``, never a bool or float."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (most is None or value <= most)

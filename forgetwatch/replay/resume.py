@@ -1,0 +1,238 @@
+"""What a resumed run reads back for replay, and whether it may: the draws (a checkpoint's
+``replay.json``, or rebuilt from the history) and, with ``replay_loss="kl"``, the base
+distribution (``replay_base.npz``).
+
+Every copy is checked before any of it is used: its values (whole counts, a finite weight in
+range, arrays that make a distribution) and its key, which ties it to what made it (the pool's
+rows, their tokens, the seed, top k, and the base model's configuration and weights). A copy
+that fails says why and the next is tried; when none serves, training does not begin.
+
+Rebuilding the draws from the history is exact: a history record holds the state at its
+evaluation, and from there every optimizer step draws one batch with the weights that
+evaluation set (:meth:`~forgetwatch.replay.driver.Replay.step` draws whether or not it
+replays), so replaying those draws gives the state at any later step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..text import first_line, shorten
+from .base_cache import BaseDistribution, ReplayFileError
+from .controller import MAX_WEIGHT, START, next_weight
+from .sampler import ReplaySampler, category_weights
+
+if TYPE_CHECKING:
+    from ..report import TransitionReport
+    from .driver import Replay
+
+__all__ = ["base_problem", "base_to_resume", "kept_base", "kept_state", "rebuilt_state", "state_problem",
+           "state_to_resume", "tokens_key"]
+
+#: A replay state file larger than this is not one (it holds counts per category).
+MAX_STATE_BYTES = 16 << 20
+
+
+def tokens_key(encoded: Mapping[str, Sequence[int]]) -> str:
+    """A hash of the rows' token ids, in order: the same pool tokenized otherwise (another
+    tokenizer, chat template or ``max_length``) has another key.
+
+    Example:
+        >>> tokens_key({"r1": [1, 2, 3]}) == tokens_key({"r1": [1, 2, 4]})
+        False
+    """
+    h = hashlib.sha256()
+    for pid, ids in encoded.items():
+        h.update(json.dumps(pid).encode("utf-8"))
+        h.update(np.asarray(ids, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _key_problem(key: Any, expected: Mapping[str, Any]) -> str | None:
+    """Why a kept ``key`` is not ``expected`` (``None`` if it is; a ``None`` expected value is not checked)."""
+    if not isinstance(key, Mapping) or not key:
+        return ("it has no key saying what it was made from (written by an earlier forgetwatch), so it cannot "
+                "be told apart from another run's")
+    what = {"pool": "another replay pool (its rows' ids, texts or categories differ)",
+            "tokens": "the rows tokenized otherwise (another tokenizer, chat template or max length)",
+            "top_k": f"replay_top_k={shorten(key.get('top_k'))}, not {expected.get('top_k')}",
+            "model": "a model of another configuration than this run's base",
+            "weights": "other weights than this run's base model (the base snapshot's)"}
+    for name, want in expected.items():
+        if want is not None and key.get(name) != want:
+            return f"made for {what[name]}"
+    return None
+
+
+def state_problem(replay: Replay, state: Any, step: int) -> str | None:
+    """Why ``state`` (a checkpoint's ``replay.json``, or a history record's ``replay`` entry)
+    cannot be ``replay``'s state at optimizer step ``step`` (``None`` if it can).
+
+    Example:
+        >>> state_problem(replay, {"weight": float("nan"), ...}, 10)   # doctest: +SKIP
+        'its weight is nan, not a finite number from 0'
+    """
+    if not isinstance(state, Mapping):
+        return f"not a replay state (a JSON {type(state).__name__}, not an object)"
+    if problem := _key_problem(state.get("key"), replay.key):
+        return problem
+    weight, limit = state.get("weight"), MAX_WEIGHT if replay.auto else math.inf
+    if not _number(weight) or not 0 <= weight <= limit or (replay.auto and weight == 0):
+        return (f"its weight is {shorten(weight)}, not a finite number "
+                + (f"above 0 and at most {MAX_WEIGHT:g}" if replay.auto else "from 0"))
+    size = state.get("batch_size")
+    if type(size) is not int or size < 1:
+        return f"its batch size is {shorten(size)}, not a whole number from 1"
+    return replay.sampler.state_problem(state.get("sampler"), max_drawn=step)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_state(path: str | os.PathLike[str]) -> Any:
+    """The JSON in a ``replay.json`` file; a :class:`ReplayFileError` names the file and why it
+    cannot be read (too big, not UTF-8, not JSON, numbers past what JSON keeps)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError(f"over {MAX_STATE_BYTES >> 20} MiB")
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (OSError, ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+        raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _first_usable(paths: Sequence[Path], read: Callable[[Path], Any],
+                  problem: Callable[[Any], str | None]) -> tuple[Any, list[str]]:
+    """The first of ``paths`` that exists, reads and has no ``problem`` (``None`` when none
+    does), and why each one before it was passed over."""
+    rejected = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            value = read(path)
+        except ReplayFileError as err:
+            rejected.append(str(err))
+            continue
+        if reason := problem(value):
+            rejected.append(f"{path}: {reason}")
+        else:
+            return value, rejected
+    return None, rejected
+
+
+def kept_state(replay: Replay, paths: Sequence[Path], step: int) -> dict[str, Any]:
+    """The first of ``paths`` (``replay.json`` files) that is ``replay``'s state at ``step``,
+    and why each one before it was passed over: JSON-ready, to share from rank 0."""
+    state, rejected = _first_usable(paths, read_state, lambda s: state_problem(replay, s, step))
+    return {"state": state, "rejected": rejected}
+
+
+def state_to_resume(replay: Replay, found: Mapping[str, Any], paths: Sequence[Path],
+                    records: Sequence[Mapping[str, Any]], report: TransitionReport | None,
+                    step: int) -> tuple[dict[str, Any], str | None]:
+    """The state to resume at ``step`` with, from what :func:`kept_state` ``found``, else
+    rebuilt from the history (:func:`rebuilt_state`), and a warning to give when it was
+    rebuilt; a :class:`ReplayFileError` naming every copy when neither serves."""
+    if found["state"] is not None:
+        return found["state"], None
+    why = "; ".join(found["rejected"]) or f"no replay state in {', '.join(str(p.parent) for p in paths)}"
+    try:  # a copy passed over means replay was on at the checkpoint: its draws cannot start afresh
+        state, how = rebuilt_state(replay, records, report, step, afresh=not found["rejected"])
+    except ValueError as err:
+        raise ReplayFileError(None, f"no replay state to resume step {step} with ({why}); {err}. Resume from a "
+                                    "checkpoint whose forgetwatch folder is whole, or train without replay=") from None
+    return state, f"no usable replay state for step {step} ({why}); rebuilt it {how}"
+
+
+def rebuilt_state(replay: Replay, records: Sequence[Mapping[str, Any]], report: TransitionReport | None,
+                  step: int, afresh: bool = True) -> tuple[dict[str, Any], str]:
+    """``replay``'s state at ``step`` rebuilt from the history (``records`` up to ``step``;
+    ``report``: the last one's), and how: from the last record's state, or from the start of
+    the run when no evaluation came before ``step``; or, if ``afresh``, a new one when the last
+    record has none (replay was not on then). A ``ValueError`` says why the history cannot give it.
+
+    Example:
+        >>> state, how = rebuilt_state(replay, callback._records, callback.history[-1][1], 30)  # doctest: +SKIP
+    """
+    sampler = ReplaySampler(replay.sampler.pool, replay.seed)
+    if records and "replay" not in records[-1]:
+        if not afresh:
+            raise ValueError(f"the history holds no replay state at its last evaluation (step {records[-1]['step']})")
+        return _state(replay, sampler, replay.weight if not replay.auto else START, replay.batch_size), (
+            f"replay was not on at the last evaluation (step {records[-1]['step']}): its draws start afresh")
+    if records:
+        since, kept = records[-1]["step"], records[-1]["replay"]
+        if problem := state_problem(replay, kept, since):
+            raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
+        sampler.load_state_dict(kept["sampler"], max_drawn=since)
+        weight, batch_size = kept["weight"], kept["batch_size"]
+        weights = category_weights(report, sampler.categories)
+        if replay.auto:  # the evaluation that made the record steered the weight after writing it
+            weight = next_weight(weight, getattr(report, replay.metric), replay.target)
+        how = f"from the history's state at step {since}, then the draws of the {step - since} step(s) since"
+    else:
+        since, weight, batch_size = 0, START if replay.auto else replay.weight, replay.batch_size
+        weights = category_weights(None, sampler.categories)
+        how = (f"from the start of the run (no evaluation before step {step}), with this run's replay settings, "
+               f"then the draws of its {step} step(s)")
+    if weight != 0:
+        for _ in range(step - since):
+            sampler.next_batch(batch_size, weights)
+    return _state(replay, sampler, weight, batch_size), how
+
+
+def _state(replay: Replay, sampler: ReplaySampler, weight: float, batch_size: int) -> dict[str, Any]:
+    return {"sampler": sampler.state_dict(), "weight": weight, "batch_size": batch_size, "key": dict(replay.key)}
+
+
+def kept_base(replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str | None],
+              vocab: int | None) -> dict[str, Any]:
+    """The first of ``paths`` (``replay_base.npz`` files) that can serve ``replay`` (see
+    :func:`base_problem`), and why each one before it was passed over: JSON-ready, to share
+    from rank 0 (nodes need not share storage)."""
+    base, rejected = _first_usable(paths, BaseDistribution.load, lambda b: base_problem(replay, b, made_by, vocab))
+    return {"base": None if base is None else base.to_dict(), "rejected": rejected}
+
+
+def base_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[BaseDistribution, str | None]:
+    """The base distribution :func:`kept_base` ``found``, and a warning to give when a copy
+    was passed over; a :class:`ReplayFileError` naming every copy when none serves."""
+    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
+    if found["base"] is None:
+        raise ReplayFileError(None, f'replay_loss="kl" needs the base model\'s distribution on the replay rows, '
+                                    f"kept when the run began, and no copy can serve ({why}); resume from a "
+                                    'checkpoint that has a good one, or use replay_loss="lm"')
+    warning = f"passed over a kept replay base distribution ({why}); using another copy" if found["rejected"] else None
+    return BaseDistribution.from_dict(found["base"]), warning
+
+
+def base_problem(replay: Replay, base: BaseDistribution, made_by: Mapping[str, str | None],
+                 vocab: int | None) -> str | None:
+    """Why a kept base distribution cannot serve ``replay`` (``None`` if it can): its key
+    against this run's rows, tokens and top k, and ``made_by`` (the base model's
+    configuration and weights keys; ``None``: not checked); its rows and lengths against the
+    tokenized pool; its token ids against the model's ``vocab`` size."""
+    expected = {**replay.key, "top_k": replay.top_k, **made_by}
+    if problem := _key_problem(base.key, expected):
+        return problem
+    ids = list(replay.encoded)
+    if base.ids != ids or np.diff(base.offsets).tolist() != [len(replay.encoded[i]) - 1 for i in ids]:
+        return "damaged: its rows or their lengths are not those of the tokenized pool"
+    if vocab is not None and len(base.top_ids) and int(base.top_ids.max()) >= vocab:
+        return f"damaged: a token id ({int(base.top_ids.max())}) is outside the model's vocabulary of {vocab}"
+    return None

@@ -1,0 +1,235 @@
+"""What a resumed run reads back for replay is checked before training goes on: the draws
+(``replay.json``, else rebuilt from the history, exactly) and the base distribution
+(``replay_base.npz``, checkpoint then run directory); a damaged or foreign copy is passed over
+with a warning, and when none serves, one clear error names each file before any step."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from trainers import make_trainer
+from transformers import TrainerCallback
+
+from forgetwatch import ReplayPool
+from forgetwatch.base import model_key, weights_key
+from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
+from forgetwatch.replay.driver import Replay
+
+pytest.importorskip("datasets")
+
+
+@pytest.fixture(scope="module")
+def pool(toy):
+    rows = [{"id": f"f{i}", "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
+             "category": "colors" if i % 2 else "rivers"} for i, c in enumerate(toy.world.known)]
+    return ReplayPool.from_records(rows)
+
+
+def settings(pool):
+    return dict(eval_steps=2, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8, replay_weight="auto",
+                forgetting_target=0.02, replay_batch_size=4, eval_on_train_end=False)
+
+
+@pytest.fixture(scope="module")
+def run(toy, train_data, pool, tmp_path_factory):
+    """One run replaying with "kl" and an "auto" weight: a checkpoint after each of its 4 steps,
+    evaluations at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("replayed")
+    make_trainer(toy, train_data, root, [ForgetWatchCallback(toy.probes, **settings(pool))], max_steps=4,
+                 save_strategy="steps", save_steps=1).train()
+    return root
+
+
+def kept(run, step, name="replay.json"):
+    path = run / f"checkpoint-{step}" / "forgetwatch" / name
+    return json.loads(path.read_text()) if name.endswith(".json") else BaseDistribution.load(path)
+
+
+class Began(Exception):
+    """Raised once training has (re)begun: what was restored is read, and no step is taken."""
+
+
+class StopWhenBegun(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        raise Began
+
+
+def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None):
+    """The run copied, ``damage(copy)`` done to it, then resumed from ``checkpoint-<step>``:
+    the callback as it stands once training has begun again, before any step."""
+    copied = tmp_path / "run"
+    shutil.copytree(run, copied)
+    damage(copied)
+    callback = ForgetWatchCallback(toy.probes, **settings(pool))
+    trainer = make_trainer(toy, train_data, copied, [callback, StopWhenBegun()], max_steps=4)
+    with pytest.raises(Began):
+        trainer.train(resume_from_checkpoint=str(copied / f"checkpoint-{step}"))
+    return callback
+
+
+def edit_json(path, change):
+    state = json.loads(path.read_text())
+    change(state)
+    path.write_text(json.dumps(state))
+
+
+def history_copies(d, step):
+    return [d / f"checkpoint-{step}" / "forgetwatch" / "history.jsonl", d / "forgetwatch" / "history.jsonl"]
+
+
+def edit_history_states(d, step, change):
+    for path in history_copies(d, step):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            change(r["replay"])
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_whole_checkpoint_resumes_with_its_own_state(toy, train_data, pool, run, tmp_path):
+    resumed = resume(toy, train_data, pool, run, tmp_path, 3)
+    assert resumed._replay.state() == kept(run, 3)
+    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+
+
+STATE_DAMAGE = {
+    "missing (killed while copying)": lambda p: p.unlink(),
+    "not JSON": lambda p: p.write_text('{"sampler": {"seed": 0, "dra'),
+    "NaN weight": lambda p: edit_json(p, lambda s: s.update(weight=float("nan"))),
+    "huge weight": lambda p: edit_json(p, lambda s: s.update(weight=1e30)),
+    "negative count": lambda p: edit_json(p, lambda s: s["sampler"]["taken"].update(colors=-3)),
+    "fractional count": lambda p: edit_json(p, lambda s: s["sampler"].update(drawn=s["sampler"]["drawn"] + 0.5)),
+    "another pool's": lambda p: edit_json(p, lambda s: s["key"].update(pool="0123456789abcdef")),
+    "no key (an earlier forgetwatch's)": lambda p: edit_json(p, lambda s: s.pop("key")),
+}
+
+
+MISSING = "missing (killed while copying)"
+REBUILT = [(1, MISSING), (2, MISSING)] + [(3, name) for name in STATE_DAMAGE]  # before, at and after an evaluation
+
+
+@pytest.mark.parametrize(("step", "damage"), REBUILT, ids=[f"{name}-checkpoint-{step}" for step, name in REBUILT])
+def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(toy, train_data, pool, run, tmp_path,
+                                                                        caplog, step, damage):
+    path = f"checkpoint-{step}/forgetwatch/replay.json"
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
+    assert resumed._replay.state() == kept(run, step)  # the draws and the steered weight, as the run had them
+    assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
+
+
+def test_a_state_damaged_in_every_copy_is_one_clear_error_before_training(toy, train_data, pool, run, tmp_path):
+    def damage(d):
+        edit_json(d / "checkpoint-3/forgetwatch/replay.json", lambda s: s.update(weight=float("nan")))
+        edit_history_states(d, 3, lambda s: s["sampler"]["taken"].update(rivers=-1))
+
+    with pytest.raises(ReplayFileError) as info:
+        resume(toy, train_data, pool, run, tmp_path, 3, damage)
+    message = str(info.value)
+    assert message.startswith("no replay state to resume step 3 with (")
+    assert "checkpoint-3/forgetwatch/replay.json: damaged: NaN is not a JSON number" in message
+    assert "the history's replay state at step 2 cannot be used either" in message
+    assert "count of rows taken from 'rivers' is -1" in message
+
+
+def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, train_data, pool, run, tmp_path,
+                                                                        caplog):
+    def without_replay(d):  # as if the run had not replayed: no state anywhere
+        (d / "checkpoint-3/forgetwatch/replay.json").unlink()
+        for path in history_copies(d, 3):
+            records = [json.loads(line) for line in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "replay"}) + "\n" for r in records))
+
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed = resume(toy, train_data, pool, run, tmp_path / "new", 3, without_replay)
+    assert resumed._replay.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
+
+    def lost(d):  # a damaged state says replay was on at the checkpoint, and the history lacks it
+        without_replay(d)
+        (d / "checkpoint-3/forgetwatch/replay.json").write_text("{}")
+    with pytest.raises(ReplayFileError, match=r"the history holds no replay state at its last evaluation \(step 2\)"):
+        resume(toy, train_data, pool, run, tmp_path / "lost", 3, lost)
+
+
+def damage_arrays(path, change):
+    base = BaseDistribution.load(path)
+    change(base)
+    np.savez(path, ids=np.frombuffer(json.dumps(base.ids).encode(), dtype=np.uint8),
+             key=np.frombuffer(json.dumps(base.key).encode(), dtype=np.uint8), offsets=base.offsets,
+             top_ids=base.top_ids, top_logprobs=base.top_logprobs, tail=base.tail)
+
+
+BASE_DAMAGE = {
+    "NaN": lambda b: b.top_logprobs.__setitem__((0, 0), np.nan),
+    "positive log-probabilities": lambda b: b.top_logprobs.__setitem__(slice(None), 0.5),
+    "token ids past the vocabulary": lambda b: b.top_ids.__setitem__((3, 1), 10_000),
+    "offsets that do not add up": lambda b: b.offsets.__setitem__(1, b.offsets[2] + 1),
+    "truncated file": None,
+}
+
+
+@pytest.mark.parametrize("damage", list(BASE_DAMAGE))
+def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_data, pool, run, tmp_path, caplog,
+                                                                  damage):
+    def spoil(d):
+        path = d / "checkpoint-3/forgetwatch/replay_base.npz"
+        if BASE_DAMAGE[damage] is None:
+            path.write_bytes(path.read_bytes()[:500])
+        else:
+            damage_arrays(path, BASE_DAMAGE[damage])
+
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil)
+    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert "checkpoint-3/forgetwatch/replay_base.npz" in caplog.text and "using another copy" in caplog.text
+    # and the run directory keeps a good copy for the next resume
+    assert BaseDistribution.load(tmp_path / "run/forgetwatch/replay_base.npz").problem() is None
+
+
+def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
+    other = Replay(pool, loss="kl", top_k=8, batch_size=4)
+    other.start(toy.tuned, SimpleNamespace(), toy.tokenizer)
+    planted = other.cache_base(toy.tuned, toy.tokenizer, toy.tokenizer.pad_token_id, 8,
+                               {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)})
+
+    def plant(d):
+        for path in (d / "checkpoint-3/forgetwatch/replay_base.npz", d / "forgetwatch/replay_base.npz"):
+            planted.save(path)
+
+    with pytest.raises(ReplayFileError, match=r"no copy can serve \(.*checkpoint-3/forgetwatch/replay_base.npz: "
+                                              r"made for other weights than this run's base model"):
+        resume(toy, train_data, pool, run, tmp_path, 3, plant)
+
+
+def test_state_checks_name_what_is_wrong(toy, pool):
+    from forgetwatch.replay.resume import state_problem
+
+    replay = Replay(pool, weight="auto", target=0.02, batch_size=4)
+    replay.start(copy.deepcopy(toy.base), SimpleNamespace(), toy.tokenizer)
+    good = replay.state()
+    assert state_problem(replay, good, 0) is None
+
+    def problem(change, step=10):
+        state = copy.deepcopy(good)
+        change(state)
+        return state_problem(replay, state, step)
+
+    assert problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number above 0 " \
+                                                               "and at most 100"
+    assert problem(lambda s: s.update(weight=0)).startswith("its weight is 0,")
+    assert problem(lambda s: s.update(weight=True)).startswith("its weight is True,")
+    assert problem(lambda s: s.update(batch_size=0)) == "its batch size is 0, not a whole number from 1"
+    assert problem(lambda s: s["sampler"].update(drawn=11)) == ("its count of batches drawn is 11, not a whole "
+                                                                "number from 0 to 10")
+    assert problem(lambda s: s["sampler"]["taken"].update(colors=2.0)).startswith("its count of rows taken from "
+                                                                                  "'colors' is 2.0")
+    assert problem(lambda s: s["sampler"].update(seed=1)) == "made with replay_seed=1, not 0"
+    assert problem(lambda s: s["sampler"]["taken"].pop("colors")).startswith("made for the categories ['rivers']")
+    assert problem(lambda s: s["key"].update(tokens="x")).startswith("made for the rows tokenized otherwise")
+    assert problem(lambda s: s.pop("key")).startswith("it has no key saying what it was made from")
+    assert state_problem(replay, [1, 2], 10) == "not a replay state (a JSON list, not an object)"

@@ -1,0 +1,103 @@
+"""Replay at each optimizer step: a failure while replaying never reaches the trainer, and rows
+too short to teach anything are counted when training begins, never drawn, and a pool of
+nothing else is refused."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from injected import OutOfMemoryAbove
+
+from forgetwatch import ReplayPool, ReplayPoolError
+from forgetwatch.distributed import Ranks
+from forgetwatch.replay.driver import Replay
+from forgetwatch.scoring.scorer import pad_id
+from forgetwatch.toy import ToyWorld
+
+NOT_SHARDED = SimpleNamespace()  # training arguments without DeepSpeed or FSDP
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A tokenizer without a start token (a one-letter row is one token, as with Qwen2's) and an
+    untrained tiny model: replay's arithmetic needs no knowledge."""
+    world = ToyWorld(seed=0)
+    tokenizer = world.tokenizer(add_bos=False)
+    return SimpleNamespace(world=world, tokenizer=tokenizer, model=world.model(tokenizer))
+
+
+def sentences(n):
+    return [{"id": f"r{i}", "text": f"Remember: a red flag flies over Zeta{i}."} for i in range(n)]
+
+
+def test_a_pool_of_one_token_rows_is_refused_before_training(small):
+    pool = ReplayPool.from_records([{"id": f"r{i}", "text": c} for i, c in enumerate("abcdefg")])
+    with pytest.raises(ReplayPoolError, match=r"no row is longer than one token once tokenized \(7 row\(s\), "
+                                              r"e\.g\. 'r0', 'r1', 'r2', 'r3', 'r4'\)"):
+        Replay(pool).start(small.model, NOT_SHARDED, small.tokenizer)
+
+
+def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
+    pool = ReplayPool.from_records([{"id": "a", "text": "a", "category": "short"}, *sentences(3),
+                                    {"id": "b", "text": "b"}])
+    replay = Replay(pool, batch_size=4)
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        replay.start(small.model, NOT_SHARDED, small.tokenizer)
+    assert replay.dropped == ["a", "b"]
+    assert caplog.text.count("2 of the 5 replay rows are shorter than two tokens") == 1
+    drawn = {r.id for _ in range(10) for r in replay.sampler.next_batch(4, replay.weights)}
+    assert drawn == {"r0", "r1", "r2"}  # a category with no usable row ("short") is not drawn from either
+    assert replay.sampler.categories == ["all"]
+
+
+def trainers_gradient(small, model):
+    """The gradient the trainer leaves before its optimizer step (one batch of other text)."""
+    batch = small.tokenizer(["Two plus two is four."], return_tensors="pt")
+    model.module(**batch, labels=batch["input_ids"]).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, caplog):
+    model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=2)  # a replay micro-batch of 4 rows runs out
+    replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
+    replay.start(model, NOT_SHARDED, small.tokenizer)
+    before = trainers_gradient(small, model)
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        for _ in range(3):  # the trainer's optimizer steps go on; replay is tried once, then off
+            replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
+    for name, p in model.named_parameters():  # the failed step left the trainer's gradient as it was
+        torch.testing.assert_close(p.grad, before[name], rtol=0, atol=0, msg=name)
+    assert model.sizes == [4]
+    assert caplog.text.count("replay failed (OutOfMemoryError: CUDA out of memory (injected)) and is switched "
+                             "off for the rest of this run") == 1
+    assert replay.off and replay.figures() == {}  # no weight logged for what was not replayed
+    assert replay.sampler.drawn == 3  # still one draw per step: a resume draws the same rows as this run
+
+
+def test_a_replay_that_works_still_adds_its_gradient(small):
+    model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=8)
+    replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
+    replay.start(model, NOT_SHARDED, small.tokenizer)
+    before = trainers_gradient(small, model)
+    replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
+    assert not replay.off and set(replay.figures()) == {"replay/weight", "replay/loss"}
+    assert any(not torch.equal(p.grad, before[n]) for n, p in model.named_parameters())
+
+
+def test_stepping_before_start_is_a_programming_error(small):
+    with pytest.raises(RuntimeError, match=r"Replay.step\(\) before Replay.start\(\)"):
+        Replay(ReplayPool.from_records(sentences(2))).step(small.model, small.tokenizer, 0, 0.0, 4, Ranks.alone())
+
+
+def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(tmp_path):
+    pytest.importorskip("trl")
+    from test_distributed import run_two_ranks
+
+    r0, r1 = run_two_ranks("replay-fails", tmp_path)  # would hang in the all-reduce if only rank 1 went on
+    assert r0["off"] == "RuntimeError: replay failed (injected)" and r1["off"].endswith("replay failed on another rank")
+    assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # the ranks' parameters stay identical
+    assert r0["drawn"] == r1["drawn"] == 10
+    assert r0["replay_losses"] == r1["replay_losses"] and len(r0["replay_losses"]) == 1  # steps 1-2, then nothing
