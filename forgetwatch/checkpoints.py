@@ -231,7 +231,8 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only)
+        with _offline(ckpt.cached_only):
+            return AutoTokenizer.from_pretrained(ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); "
                               "pass --tokenizer PATH") from err
@@ -251,7 +252,7 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
-    with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held:
+    with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
                 ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only,
@@ -284,6 +285,21 @@ def _uncovered(info: dict[str, Any]) -> str | None:
 
 def _shape(size: Any) -> str:
     return "x".join(str(int(d)) for d in size)
+
+
+@contextmanager
+def _offline(cached_only: bool) -> Iterator[None]:
+    """huggingface_hub offline for the block, when a checkpoint is read from the cache alone:
+    ``local_files_only`` does not reach every lookup ``from_pretrained`` makes (transformers 5
+    looks for an adapter config without it), and each would retry an unreachable hub for 20 s."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = saved or cached_only
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
 
 
 @contextmanager

@@ -337,8 +337,10 @@ def test_offline_a_cached_hub_id_is_scored_from_the_cache(toy, few_probes, tmp_p
 
 
 @pytest.fixture
-def fake_hub(monkeypatch):
-    """A hub endpoint on this machine answering every request with one status: counts requests."""
+def fake_hub(monkeypatch, tmp_path):
+    """A hub endpoint on this machine answering every request about a model with one status:
+    counts those requests. (huggingface_hub's own list of coding agents, fetched once a day for
+    its user-agent header, is served apart: a 503 there makes huggingface_hub retry for 20 s.)"""
     import http.server
     import threading
 
@@ -349,6 +351,13 @@ def fake_hub(monkeypatch):
         status, error_code, requests = 404, "RepoNotFound", []
 
         def do_GET(self):
+            if self.path == "/api/agent-harnesses":
+                body = b'{"standardEnvVars": [], "harnesses": {}}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             Hub.requests.append(self.path)
             self.send_response(Hub.status)
             self.send_header("X-Error-Code", Hub.error_code)
@@ -365,6 +374,9 @@ def fake_hub(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    # file downloads too (their address is made once, at import): every request comes here, to be counted
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "agent_harnesses.json"))  # not the user's
     close_session()  # a client made before would not see NO_PROXY
     yield Hub
     server.shutdown()

@@ -6,6 +6,7 @@ with a warning, and when none serves, one clear error names each file before any
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import shutil
 from types import SimpleNamespace
@@ -60,12 +61,28 @@ class StopWhenBegun(TrainerCallback):
         raise Began
 
 
-def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None):
-    """The run copied, ``damage(copy)`` done to it, then resumed from ``checkpoint-<step>``:
-    the callback as it stands once training has begun again, before any step."""
+def reseal(folder):
+    """The manifest of a checkpoint's forgetwatch folder made to list its files as they are now:
+    damage done before the copy (a file written wrong), which the manifest cannot see."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in list(manifest["files"]):
+        if (folder / name).is_file():
+            data = (folder / name).read_bytes()
+            manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        else:
+            del manifest["files"][name]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None, written_so=True):
+    """The run copied, ``damage(copy)`` done to it (``written_so``: as if the files had been
+    written so, the checkpoint's manifest listing them as they are), then resumed from
+    ``checkpoint-<step>``: the callback as it stands once training has begun again, before any step."""
     copied = tmp_path / "run"
     shutil.copytree(run, copied)
     damage(copied)
+    if written_so:
+        reseal(copied / f"checkpoint-{step}" / "forgetwatch")
     callback = ForgetWatchCallback(toy.probes, **settings(pool))
     trainer = make_trainer(toy, train_data, copied, [callback, StopWhenBegun()], max_steps=4)
     with pytest.raises(Began):
@@ -132,7 +149,7 @@ def test_a_state_damaged_in_every_copy_is_one_clear_error_before_training(toy, t
         resume(toy, train_data, pool, run, tmp_path, 3, damage)
     message = str(info.value)
     assert message.startswith("no replay state to resume step 3 with (")
-    assert "checkpoint-3/forgetwatch/replay.json: damaged: NaN is not a JSON number" in message
+    assert "checkpoint-3/forgetwatch/replay.json: damaged: 'weight': NaN is not JSON" in message
     assert "the history's replay state at step 2 cannot be used either" in message
     assert "count of rows taken from 'rivers' is -1" in message
 
@@ -189,6 +206,18 @@ def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_dat
     assert "checkpoint-3/forgetwatch/replay_base.npz" in caplog.text and "using another copy" in caplog.text
     # and the run directory keeps a good copy for the next resume
     assert BaseDistribution.load(tmp_path / "run/forgetwatch/replay_base.npz").problem() is None
+
+
+def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_data, pool, run, tmp_path, caplog):
+    def spoil(d):
+        damage_arrays(d / "checkpoint-3/forgetwatch/replay_base.npz", BASE_DAMAGE["NaN"])
+
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil, written_so=False)
+    assert "not resuming from" in caplog.text and "replay_base.npz is not the file copied there" in caplog.text
+    # the run directory's files serve: its distribution, and the state rebuilt exactly from the history
+    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert resumed._replay.state() == kept(run, 3)
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):

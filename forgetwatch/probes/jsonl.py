@@ -26,26 +26,28 @@ MAX_FILE_BYTES = 4 << 30
 def read_jsonl(path: str | os.PathLike[str]) -> list[Probe]:
     """The probes of a JSONL file, validated; a :class:`ProbeError` names every bad line."""
     rows = RowCollector(str(path), "line")
-    for lineno, obj, message in json_lines(path, "probe file", ProbeError):
-        if message is not None:
-            rows.error(lineno, None, message)
+    for lineno, obj, problem in json_lines(path, "probe file", ProbeError):
+        if problem is not None:
+            rows.error(lineno, *problem)
         else:
             rows.row(lineno, obj, read_strictly=True)
     return rows.finish()
 
 
-def json_lines(path: str | os.PathLike[str], what: str, error: type[InputError]) -> Iterator[tuple[int, Any, str | None]]:
+def json_lines(path: str | os.PathLike[str], what: str, error: type[InputError]
+               ) -> Iterator[tuple[int, Any, tuple[str | None, str] | None]]:
     """``(line number, object, None)`` for each non-blank line of a JSONL file, or
-    ``(line number, None, what is wrong)``; a file or line too big to be one raises ``error``.
-    Each line is read with :func:`forgetwatch.strict_json.loads`: a value strict JSON cannot
-    hold (NaN, a 5,000-digit integer, a lone surrogate, deep nesting) is a bad line, named here."""
+    ``(line number, None, (field or None, what is wrong))``; a file or line too big to be one
+    raises ``error``. Each line is read with :func:`forgetwatch.strict_json.loads`: a value
+    strict JSON cannot hold (NaN, a 5,000-digit integer, a lone surrogate, deep nesting) is a
+    bad line, its place named as the field."""
     source = str(path)
     if not Path(path).exists():
         raise FileNotFoundError(errno.ENOENT, f"{what} not found; check the path", source)
     for lineno, raw in enumerate(_bounded_lines(path, source, what, error), start=1):
-        obj, message = _decode_line(raw, lineno == 1, error.noun)
+        obj, problem = _decode_line(raw, lineno == 1)
         if obj is not _BLANK:
-            yield lineno, obj, message
+            yield lineno, obj, problem
 
 
 def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: type[InputError]) -> Iterator[bytes]:
@@ -71,24 +73,24 @@ def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: 
 _BLANK = object()
 
 
-def _decode_line(raw: bytes, first: bool, noun: str) -> tuple[Any, str | None]:
-    """Return (object, None), (_BLANK, None) for a blank line, or (None, error message)."""
+def _decode_line(raw: bytes, first: bool) -> tuple[Any, tuple[str | None, str] | None]:
+    """Return (object, None), (_BLANK, None) for a blank line, or (None, (field, error message))."""
     if first and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows like to add one
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, (f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
-                      "re-save the file with UTF-8 encoding")
+        return None, (None, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
+                            "re-save the file with UTF-8 encoding")
     if not text.strip():
         return _BLANK, None
     try:
         return strict_json.loads(text), None
     except json.JSONDecodeError as exc:
-        return None, (f"invalid JSON ({exc.msg} at column {exc.colno}); "
-                      "each non-blank line must be one JSON object")
+        return None, (None, f"invalid JSON ({exc.msg} at column {exc.colno}); "
+                            "each non-blank line must be one JSON object")
     except strict_json.StrictJSONError as exc:  # where it is reads like a field of the row
-        return None, f"{noun} {shorten(exc.where)}: {exc.why}" if exc.where else exc.why
+        return None, (exc.where or None, exc.why)
 
 
 # -- stratified sampling ----------------------------------------------------------------------

@@ -127,7 +127,7 @@ _UNKEEPABLE_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\ud
 _UNKEEPABLE_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def _unkeepable(value: str, allow_layout: bool) -> str | None:
+def unkeepable(value: str, allow_layout: bool) -> str | None:
     """Why ``value`` cannot be kept as written (stored, compared, reloaded), or ``None``:
     a lone surrogate cannot be encoded as UTF-8; a control character (NUL is stripped from
     npz text, a line break splits a CSV row) is refused, bar tab and line breaks in prompts
@@ -157,7 +157,7 @@ def _check_id(row: Mapping[str, Any]) -> str | None:
         return f"must be a string, got {type_name(value)} {value!r}{hint}"
     if _is_blank(value):
         return "is empty; give every probe a unique, non-empty id"
-    return _unkeepable(value, allow_layout=False)
+    return unkeepable(value, allow_layout=False)
 
 
 def _check_question(row: Mapping[str, Any]) -> str | None:
@@ -168,7 +168,7 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
         return f"must be a string (the full prompt text), got {type_name(value)}"
     if _is_blank(value):
         return "is empty; give the full prompt text"
-    return _unkeepable(value, allow_layout=True)
+    return unkeepable(value, allow_layout=True)
 
 
 def check_category(value: Any) -> str | None:
@@ -176,7 +176,7 @@ def check_category(value: Any) -> str | None:
         return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
     if _is_blank(value):
         return "is empty; leave it out to use the default category 'all'"
-    return _unkeepable(value, allow_layout=False)
+    return unkeepable(value, allow_layout=False)
 
 
 def _check_choices(value: Any) -> list[FieldProblem]:
@@ -191,7 +191,7 @@ def _check_choices(value: Any) -> list[FieldProblem]:
             problems.append(("choices", f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}"))
         elif _is_blank(choice):
             problems.append(("choices", f"choice at index {i} is empty; every choice needs text"))
-        elif message := _unkeepable(choice, allow_layout=True):
+        elif message := unkeepable(choice, allow_layout=True):
             problems.append(("choices", f"choice at index {i} {message}"))
     texts = [c for c in value if isinstance(c, str)]
     for i, choice in enumerate(texts):
@@ -240,7 +240,7 @@ def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
                 f"generative){hint}" + _misspelled(row, "choices"))
     if _is_blank(answer):
         return "is empty; give the reference answer text"
-    if message := _unkeepable(answer, allow_layout=True):
+    if message := unkeepable(answer, allow_layout=True):
         return message
     return _never_extracted(answer, row.get("extract"))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +23,9 @@ from itertools import islice
 from typing import Any
 
 from ..probes.jsonl import json_lines
-from ..probes.schema import _unkeepable as unkeepable
-from ..probes.schema import check_category, type_name
+from ..probes.schema import check_category, type_name, unkeepable
 from ..problems import InputError, Problems
+from ..strict_json import value_problem
 from ..text import shorten
 from .overlap import overlaps
 
@@ -87,11 +86,11 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
         """
         rows = _Rows(str(path), "line")
-        for lineno, obj, message in json_lines(path, "replay pool file", ReplayPoolError):
-            if message is not None:
-                rows.problems.add(lineno, None, message)
+        for lineno, obj, problem in json_lines(path, "replay pool file", ReplayPoolError):
+            if problem is not None:
+                rows.problems.add(lineno, *problem)
             else:
-                rows.add(lineno, obj)
+                rows.add(lineno, obj, read_strictly=True)
         return cls(rows.finish(), str(path))
 
     @classmethod
@@ -195,11 +194,15 @@ class _Rows:
         self.rows: list[ReplayRow] = []
         self.first_seen: dict[str, int] = {}
 
-    def add(self, where: int, row: Any) -> None:
+    def add(self, where: int, row: Any, *, read_strictly: bool = False) -> None:
+        """Validate one row; ``read_strictly``: read by :func:`forgetwatch.strict_json.loads`,
+        so already known to be keepable as strict JSON."""
         if not isinstance(row, Mapping):
             self.problems.add(where, None, f"expected a JSON object ({{...}}), got {type_name(row)}")
             return
-        problems = list(_check(row))
+        # as for probe rows: whether strict JSON can keep the row at all, before any field is read
+        unkeepable = None if read_strictly else value_problem(row)
+        problems = [(unkeepable[0] or None, unkeepable[1])] if unkeepable else list(_check(row))
         pid = row.get("id")
         if isinstance(pid, str) and pid in self.first_seen:
             problems.append(("id", f"duplicate id {shorten(pid)} (first used on {self.problems.unit} "
@@ -255,35 +258,3 @@ def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
                                f"got {shorten(m)}")
         elif message := unkeepable(m["content"], allow_layout=True):
             yield "messages", f"turn {i}: content {message}"
-        else:  # other keys (name, tool calls) reach the chat template: plain JSON values only
-            for key, value in m.items():
-                if key not in ("role", "content") and (message := _json_value_problem(value)):
-                    yield "messages", f"turn {i}: {shorten(key)} {message}"
-
-
-#: How deep a chat turn's extra values may nest, and the largest integer they may hold.
-MAX_DEPTH, MAX_INT = 32, 2 ** 63
-
-
-def _json_value_problem(value: Any, depth: int = 0) -> str | None:
-    """Why ``value`` is not a plain JSON value forgetwatch can keep (text without lone
-    surrogates or control characters, finite numbers of sane size, bounded nesting), or ``None``."""
-    if depth > MAX_DEPTH:
-        return f"nests deeper than {MAX_DEPTH} levels"
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        return unkeepable(value, allow_layout=True)
-    if isinstance(value, int):
-        return None if -MAX_INT <= value <= MAX_INT else "holds an integer too large to keep"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"holds {value!r}, which is not a JSON number"
-    if isinstance(value, (list, tuple)):
-        items = value
-    elif isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            return "has a key that is not a string"
-        items = [*value, *value.values()]
-    else:
-        return f"holds a {type_name(value)}, which is not a JSON value"
-    return next((p for v in items if (p := _json_value_problem(v, depth + 1))), None)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import strict_json
 from ..text import first_line, shorten
 from .base_cache import BaseDistribution, ReplayFileError
 from .controller import MAX_WEIGHT, START, next_weight
@@ -106,13 +107,9 @@ def read_state(path: str | os.PathLike[str]) -> Any:
             raw = f.read(MAX_STATE_BYTES + 1)
         if len(raw) > MAX_STATE_BYTES:
             raise ValueError(f"over {MAX_STATE_BYTES >> 20} MiB")
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+        return strict_json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as err:  # JSON, strict JSON and UTF-8 errors are ValueErrors
         raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _first_usable(paths: Sequence[Path], read: Callable[[Path], Any],
