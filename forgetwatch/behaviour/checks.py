@@ -42,28 +42,35 @@ def _type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def got(value: Any) -> str:
+    """The end of a message about a bad value: its type and (shortened) value."""
+    return f"got {_type(value)} {shorten(value)}"
+
+
 def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, got {_type(value)} {value!r:.40}"
+    return None if isinstance(value, bool) else f"must be true or false, {got(value)}"
 
 
-def _count(least: int) -> Callable[[Any], str | None]:
+def count(least: int, why: str = "") -> Callable[[Any], str | None]:
+    """A rule for an integer from ``least`` up (``why``: said after the range, in the message)."""
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            return f"must be an integer >= {least}, got {_type(value)} {value!r:.40}"
+            return f"must be an integer >= {least}{why}, {got(value)}"
         return None
     return check
 
 
 def _pattern(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
-        return f"must be a non-empty regular expression (a string), got {_type(value)} {value!r:.40}"
+        return f"must be a non-empty regular expression (a string), {got(value)}"
     problem = patterns.pattern_problem(value)
     return f"regex {shorten(value)} {problem}" if problem else None
 
 
-def _text(value: Any) -> str | None:
+def text(value: Any) -> str | None:
+    """The rule for a non-empty string."""
     if not isinstance(value, str) or not value.strip():
-        return f"must be a non-empty string, got {_type(value)} {value!r:.40}"
+        return f"must be a non-empty string, {got(value)}"
     return None
 
 
@@ -71,7 +78,7 @@ def _phrases(value: Any) -> str | None:
     if isinstance(value, str):
         return f'must be a list of strings; write ["{value:.40}"]'
     if not isinstance(value, list) or not value:
-        return f"must be a non-empty list of strings, got {_type(value)} {value!r:.40}"
+        return f"must be a non-empty list of strings, {got(value)}"
     bad = [i for i, v in enumerate(value) if not isinstance(v, str) or not v.strip()]
     return f"entry {bad[0]} must be a non-empty string, got {value[bad[0]]!r:.40}" if bad else None
 
@@ -153,9 +160,9 @@ class Check(NamedTuple):
 CHECKS: dict[str, Check] = {
     "refuses": Check(_boolean, lambda v, r, refuses: refuses(r) == v,
                      "true: the response is a refusal; false: it is not (the refusal detector decides)"),
-    "max_words": Check(_count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
-    "min_words": Check(_count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
-    "max_sentences": Check(_count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
+    "max_words": Check(count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
+    "min_words": Check(count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
+    "max_sentences": Check(count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
     "regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is not None,
                    "this regular expression matches (RE2 syntax: linear time, no lookarounds)"),
     "not_regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is None,
@@ -166,10 +173,10 @@ CHECKS: dict[str, Check] = {
                           "holds none of these strings (case-insensitive)"),
     "json": Check(_boolean, lambda v, r, _: _parses_as_json(r) == v,
                   "true: the response parses as JSON (a ```json fence around it allowed)"),
-    "starts_with": Check(_text, lambda v, r, _: r.lstrip().startswith(v), "starts with this text (after spaces)"),
+    "starts_with": Check(text, lambda v, r, _: r.lstrip().startswith(v), "starts with this text (after spaces)"),
     "lowercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.lower()) == v, "true: all letters lowercase"),
     "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v, "true: all letters uppercase"),
-    "bullets": Check(_count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
+    "bullets": Check(count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
     "ifeval": Check(_ifeval, lambda v, r, _: _ifeval_holds(v, r),
                     "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])"),
 }

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..text import shorten, suggestion
+from .checks import count, got, text
 
 __all__ = ["ARGUMENTS", "follows", "instruction_problem"]
 
@@ -73,27 +74,14 @@ def registry() -> Mapping[str, type]:
     return INSTRUCTION_DICT
 
 
-def _got(value: Any) -> str:
-    return f"got {type(value).__name__} {shorten(value)}"
-
-
 def _count(least: int) -> Callable[[Any], str | None]:
-    """An integer from ``least`` up: IFEval draws a number at random below its range."""
-    def rule(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            return f"must be an integer >= {least} (IFEval draws a random one otherwise), {_got(value)}"
-        return None
-    return rule
-
-
-def _text(value: Any) -> str | None:
-    return None if isinstance(value, str) and value.strip() else f"must be a non-empty string, {_got(value)}"
+    return count(least, " (IFEval draws a random one otherwise)")
 
 
 def _plain(value: Any) -> str | None:
     """Text IFEval searches for with Python's ``re``: a pattern character would make it a
     regular expression, which could backtrack without end on a response."""
-    if problem := _text(value):
+    if problem := text(value):
         return problem
     if used := sorted(_PATTERN_SYNTAX & set(value)):
         return (f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; "
@@ -105,19 +93,19 @@ def _plain_list(value: Any) -> str | None:
     if isinstance(value, str):
         return f'must be a list of strings (IFEval would read a string letter by letter); write ["{value:.40}"]'
     if not isinstance(value, list) or not value:
-        return f"must be a non-empty list of strings (IFEval draws random words otherwise), {_got(value)}"
+        return f"must be a non-empty list of strings (IFEval draws random words otherwise), {got(value)}"
     return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := _plain(v))), None)
 
 
 def _relation(value: Any) -> str | None:
     return None if isinstance(value, str) and value in RELATIONS else \
-        f"must be {' or '.join(map(repr, RELATIONS))}, {_got(value)}"
+        f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
 
 
 def _letter(value: Any) -> str | None:
     if isinstance(value, str) and len(value) == 1 and "a" <= value.lower() <= "z":
         return None
-    return f"must be one letter a-z (IFEval counts a random letter otherwise), {_got(value)}"
+    return f"must be one letter a-z (IFEval counts a random letter otherwise), {got(value)}"
 
 
 def _language(value: Any) -> str | None:
@@ -125,11 +113,11 @@ def _language(value: Any) -> str | None:
 
     if isinstance(value, str) and value in LANGUAGE_CODES:
         return None
-    return f"must be one of IFEval's language codes ({', '.join(LANGUAGE_CODES)}), {_got(value)}"
+    return f"must be one of IFEval's language codes ({', '.join(LANGUAGE_CODES)}), {got(value)}"
 
 
 def _first_word(value: Any) -> str | None:
-    if problem := _text(value):
+    if problem := text(value):
         return problem
     if any(ch.isspace() or ch in _WORD_ENDS for ch in value):
         return (f"{shorten(value)} is not one word: IFEval compares the paragraph's first word up to its first "
@@ -147,7 +135,7 @@ ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
     **dict.fromkeys(["relation", "let_relation", "capital_relation"], _relation),
     **dict.fromkeys(["keywords", "forbidden_words"], _plain_list),
     **dict.fromkeys(["keyword", "section_spliter", "postscript_marker"], _plain),
-    **dict.fromkeys(["end_phrase", "prompt_to_repeat"], _text),
+    **dict.fromkeys(["end_phrase", "prompt_to_repeat"], text),
     "letter": _letter,
     "language": _language,
     "first_word": _first_word,
@@ -193,9 +181,9 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
             if not isinstance(entry.get("id"), str) or set(entry) - {"id", "kwargs"}:
                 return f"[{i}]", f'must be {{"id": "<instruction id>", "kwargs": {{...}}}}, got {shorten(entry)}'
             if not isinstance(entry.get("kwargs", {}), Mapping):
-                return f"[{i}].kwargs", f"must be an object of the instruction's parameters, {_got(entry['kwargs'])}"
+                return f"[{i}].kwargs", f"must be an object of the instruction's parameters, {got(entry['kwargs'])}"
         elif not isinstance(entry, str):
-            return f"[{i}]", f"must be an instruction id (a string) or an object, {_got(entry)}"
+            return f"[{i}]", f"must be an instruction id (a string) or an object, {got(entry)}"
     try:
         known = registry()
     except ImportError as exc:
