@@ -626,22 +626,20 @@ class ForgetWatchCallback(TrainerCallback):
         overwritten."""
         paths = [d / HISTORY for d in self._resume_dirs(args, state)]
 
-        def recover() -> dict[str, Any]:  # rank 0's files, for every rank
+        def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
             found = recover_history(paths, state.global_step, probes=len(self.base_answers),
                                     fingerprint=self.base_answers.probe_fingerprint)
-            damaged = any(s.problem is not None and s.path == self._store.history_path for s in found.scans)
-            return {"records": found.records, "damaged": damaged}
+            if any(s.problem is not None and s.path == self._store.history_path for s in found.scans):
+                self._store.set_aside_damaged(len(found.records))
+            return found.records
 
-        found = self._ranks.share_from_rank_zero(recover)
-        self._records = found["records"]
+        self._records = self._ranks.share_from_rank_zero(recover)
         category = {p.id: p.category for p in self.probes}
         self.history = [(r["step"], report_from_record(r, category)) for r in self._records]
         self.trajectory = Trajectory.from_history(self.base_answers, self._records)
         for r in self._records:
             self._stop_rule.update(r["report"])
         if self._writes:
-            if found["damaged"]:
-                self._store.set_aside_damaged(len(self._records))
             self._store.save_history(self._records)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import math
 import os
@@ -115,3 +116,18 @@ def json_line(record: Any) -> str:
         '{"step": 1, "loss": null}\\n'
     """
     return strict_dumps(record) + "\n"
+
+
+def content_hash(items: Iterable[Any]) -> Any:
+    """A sha256 of ``items``, each as one JSON line (keys sorted): what a set of rows is, for
+    fingerprints (``.hexdigest()[:16]``); more may be added to it before.
+
+    Example:
+        >>> content_hash([{"id": "q1"}]).hexdigest()[:16] == content_hash([{"id": "q2"}]).hexdigest()[:16]
+        False
+    """
+    h = hashlib.sha256()
+    for item in items:
+        h.update(json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h

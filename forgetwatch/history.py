@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from . import strict_json
 from .report import TransitionReport
 from .text import describe
 
@@ -226,11 +226,13 @@ def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
 @dataclass
 class HistoryScan:
     """One history file as far as it could be read: ``records``, the valid ones before the
-    first line that is not a record; ``problem``, that line's error (``None``: all were read)."""
+    first line that is not a record; ``problem``, that line's error (``None``: all were read);
+    ``cut``, whether its last line was cut short (and dropped)."""
 
     path: Path
     records: list[dict[str, Any]]
     problem: HistoryError | None = None
+    cut: bool = False
 
 
 def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
@@ -246,7 +248,8 @@ def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
-    if lines[-1].strip():  # no final newline: the write of that line never finished
+    cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
+    if cut:
         logger.warning("%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)",
                        path, len(lines))
     records: list[dict[str, Any]] = []
@@ -260,9 +263,9 @@ def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
                 raise HistoryError(f"{record['step']} after step {records[-1]['step']}: steps must increase "
                                    "(lines repeated, or two runs writing one history?)", "step")
         except HistoryError as err:
-            return HistoryScan(path, records, err.at(path, number))
+            return HistoryScan(path, records, err.at(path, number), cut)
         records.append(record)
-    return HistoryScan(path, records)
+    return HistoryScan(path, records, cut=cut)
 
 
 def read_history(path: str | os.PathLike[str], *, probes: int | None = None,
@@ -300,10 +303,12 @@ class Recovered:
 
 def recover_history(paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None,
                     fingerprint: str | None = None) -> Recovered:
-    """The history a run resumed at ``step`` goes on with: of the copies at ``paths`` (the
-    checkpoint's first), the one with the most valid records up to ``step`` before any
-    unreadable line (the checkpoint's on a tie). Every unreadable line is named in a warning;
-    no copy at all is a loud warning too.
+    """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the
+    checkpoint's first): the first whole copy, cut at ``step``; when every copy has an
+    unreadable line, the longest valid stretch up to ``step``, from any copy that agrees with
+    the first one's valid records (another run's history, left in the run directory, never
+    stands in for this run's). Every unreadable line is named in a warning; no copy at all is
+    a loud warning too.
 
     Example:
         >>> recover_history(["ckpt/forgetwatch/history.jsonl", "run/forgetwatch/history.jsonl"], 20).records  # doctest: +SKIP
@@ -316,7 +321,11 @@ def recover_history(paths: Sequence[str | os.PathLike[str]], step: int, *, probe
                        " or ".join(str(p) for p in paths), step)
         return Recovered([], None, [])
     kept = [[r for r in s.records if r["step"] <= step] for s in scans]
-    best = max(range(len(scans)), key=lambda i: (len(kept[i]), -i))
+    # copies of this run agree with the first where both hold records: the same steps, made at the same times
+    ours = [i for i in range(len(scans))
+            if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))]
+    whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
+    best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
     for scan in scans:
         if scan.problem is not None:
             logger.warning("forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
@@ -327,10 +336,12 @@ def recover_history(paths: Sequence[str | os.PathLike[str]], step: int, *, probe
 def _record(line: bytes, probes: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
     """The record on one line, or :class:`HistoryError` saying what is wrong with it."""
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = strict_json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
         raise HistoryError("not UTF-8 text") from None
-    except (RecursionError, ValueError) as err:  # ValueError: JSONDecodeError, and Python's int digit limit
+    except strict_json.StrictJSONError as err:  # NaN, a 5,000-digit integer, ...: not what forgetwatch writes
+        raise HistoryError(err.why, err.where or None) from None
+    except ValueError as err:  # JSONDecodeError
         raise HistoryError(f"not valid JSON ({getattr(err, 'msg', err)})") from None
     if not isinstance(record, dict):
         raise HistoryError(f"expected a JSON object, got {describe(record)}")

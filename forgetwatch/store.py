@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from . import strict_json
 from .answers import Answers, AnswersFileError
 from .files import atomic_write, json_line, leftover_temporaries, strict_dumps
 from .history import HistoryError, read_history
@@ -134,7 +134,7 @@ class RunStore:
         """
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
-            for path in leftover_temporaries(folder, FILES):
+            for path in leftover_temporaries(folder, (*FILES, LATEST)):
                 try:
                     path.unlink()
                 except OSError as err:
@@ -182,7 +182,13 @@ class RunStore:
         model answers now: replaced at each evaluation, not copied into checkpoints (a resumed
         run writes its own at its first evaluation). A failure warns; the report then says only
         right or wrong."""
-        return self._try(lambda: answers.save(self.dir / LATEST), self.dir / LATEST, "the last evaluation's answers are")
+        try:
+            answers.save(self.dir / LATEST)
+        except OSError as err:
+            logger.warning("forgetwatch could not write %s (%s): the report will say right or wrong for the answer "
+                           "now until an evaluation writes it; training goes on", self.dir / LATEST, first_line(err))
+            return False
+        return True
 
     def _save_once(self, name: str, write: Callable[[Path], Any], on_disk: bool = False) -> bool:
         self._kept[name] = write
@@ -405,11 +411,11 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
         return (f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch "
                 "wrote it")
     try:
-        manifest = json.loads(path.read_bytes())
+        manifest = strict_json.loads(path.read_bytes().decode("utf-8"))
         files = manifest["files"]
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError("not a forgetwatch manifest")
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         return f"{MANIFEST} cannot be read ({first_line(err)})"
     for name, listed in files.items():
         if name not in FILES or name == MANIFEST:
@@ -417,7 +423,10 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
         file = directory / name
         if not file.is_file():
             return f"{name} is missing"
-        found = _digest(file)
+        try:
+            found = _digest(file)
+        except OSError as err:
+            return f"{name} cannot be read ({first_line(err)})"
         if listed != found:
             return f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; " \
                    f"{MANIFEST} lists {shorten(listed)})"

@@ -69,7 +69,7 @@ def test_budgets_keep_the_prompt_and_cut_the_response():
                     "behaviour_max_new_tokens=256 for the response, which is cut at what the context leaves "
                     "(1 to 121 tokens)")
     assert response_budgets({"a": 7}, max_length=2048, max_new_tokens=64) == ({"a": 64}, None)
-    with pytest.raises(PromptTooLongError, match=r"2 prompt\(s\) fill .* 128 tokens.*'b' \(128 tokens\), 'c' \(300"):
+    with pytest.raises(PromptTooLongError, match=r"2 prompt\(s\) fill .* 128 tokens.*'b' \(128 tokens\), 'c' \(more than 128 tokens\)"):
         response_budgets({"a": 7, "b": 128, "c": 300}, max_length=128, max_new_tokens=64)
 
 

@@ -183,7 +183,7 @@ def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
     ([line(10).replace('"kept": 0', '"kept": 3')], "report.n", r"forgotten \+ gained \+ kept \+ never = 3, not n = 0"),
     ([line(10).replace('"n": 0', '"n": -1')], "report.n", "must be a whole number 0 or more"),
     ([line(10).replace('"n": 0', '"n": 0, "forgetting": "high"')], "report.forgetting", "must be a number or null"),
-    ([line(10).replace('"n": 0', '"n": 0, "forgetting": NaN')], "report.forgetting", "must be a number or null"),
+    ([line(10).replace('"n": 0', '"n": 0, "forgetting": NaN')], "report.forgetting", "NaN is not JSON"),
     ([line(10).replace('"n": 0', '"n": 0, "forgotten_ids": [1]')], "report.forgotten_ids", "must be a list of probe ids"),
     ([line(10).replace('"n": 0', '"n": 0, "forgetting_ci": [0.1]')], "report.forgetting_ci", r"must be \[low, high\]"),
     ([line(10).replace('"n": 0', '"n": 0, "by_category": {"math": {"n": 2}}')], "report.by_category.math.forgotten",
@@ -225,6 +225,24 @@ def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, cap
     # equally long: the checkpoint's (the run's may be ahead of it, and is cut back)
     assert recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))],
                            20).source == run
+
+
+def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):
+    from forgetwatch.history import recover_history
+
+    checkpoint, run = tmp_path / "checkpoint.jsonl", tmp_path / "run.jsonl"
+    # a later, fresh run's history in the run directory: longer, but the checkpoint's copy is whole
+    write(checkpoint, line(10, time=1.0), line(20, time=2.0))
+    write(run, line(5, time=7.0), line(10, time=8.0), line(15, time=9.0))
+    found = recover_history([checkpoint, run], 20)
+    assert [r["time"] for r in found.records] == [1.0, 2.0] and found.source == checkpoint
+    # the checkpoint's copy damaged too: still not the other run's records
+    write(checkpoint, line(10, time=1.0), "{garbage", line(20, time=2.0))
+    found = recover_history([checkpoint, run], 20)
+    assert [r["time"] for r in found.records] == [1.0] and found.source == checkpoint
+    # this run's own copy, longer where the checkpoint's is damaged: its records serve
+    write(run, line(10, time=1.0), line(20, time=2.0))
+    assert [r["time"] for r in recover_history([checkpoint, run], 20).records] == [1.0, 2.0]
 
 
 def test_a_resume_without_any_history_says_so_loudly(tmp_path, caplog):

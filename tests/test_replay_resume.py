@@ -248,8 +248,8 @@ def test_state_checks_name_what_is_wrong(toy, pool):
         change(state)
         return state_problem(replay, state, step)
 
-    assert problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number above 0 " \
-                                                               "and at most 100"
+    assert problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number from " \
+                                                               "0.001 to 100"
     assert problem(lambda s: s.update(weight=0)).startswith("its weight is 0,")
     assert problem(lambda s: s.update(weight=True)).startswith("its weight is True,")
     assert problem(lambda s: s.update(batch_size=0)) == "its batch size is 0, not a whole number from 1"

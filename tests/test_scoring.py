@@ -478,6 +478,37 @@ def test_a_huge_question_is_cut_before_tokenizing_with_the_same_answers(toy, mon
     assert encoding.VISIBLE_TOKENS >= 1 << 17
 
 
+@pytest.mark.parametrize("kind", ["words", "no spaces", "base64"])
+def test_a_cut_question_keeps_the_tokens_a_model_sees(kind):
+    # a byte-level BPE trained here on text of this kind: its merges span whole runs without spaces
+    import base64
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from forgetwatch.scoring.encoding import visible_tail
+
+    rng = random.Random(0)
+    if kind == "words":
+        make = lambda n: " ".join(rng.choice(["cat", "sat", "on", "the", "mat", "flag", "river"]) for _ in range(n))
+    elif kind == "no spaces":
+        make = lambda n: "".join(rng.choice("天地玄黄宇宙洪荒日月盈昃辰宿列张") for _ in range(n))
+    else:
+        make = lambda n: base64.b64encode(rng.randbytes(n)).decode()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([make(200) for _ in range(200)],
+                            trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
+    for tokens in (17, 129, 257):
+        for _ in range(5):
+            text = make(rng.randrange(3000, 6000))
+            tail = visible_tail(tokenizer, text, tokens)
+            assert len(tail) < len(text)  # cut
+            assert tokenizer(tail)["input_ids"][-tokens:] == tokenizer(text)["input_ids"][-tokens:]
+
+
 def test_many_long_questions_are_read_only_as_far_as_the_context_reaches(toy, monkeypatch):
     # 200 questions of 96 KB each (under the old whole-text threshold): 66 s and 9.5 GB when
     # every one was tokenized whole, though a 256-token model sees only their ends

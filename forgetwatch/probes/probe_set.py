@@ -4,14 +4,13 @@ select, save and fingerprint one."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from ..files import atomic_write, json_line
+from ..files import atomic_write, content_hash, json_line
 from .jsonl import read_jsonl
 from .presets import read_dataset
 from .rows import RowCollector
@@ -192,11 +191,7 @@ class ProbeSet(Sequence[Probe]):
             '3f9c0a51d2e84b17'
         """
         if self._content_hash is None:  # probes are immutable: hash their content once
-            h = hashlib.sha256()
-            for p in self._probes:
-                h.update(json.dumps(p.content(), sort_keys=True, ensure_ascii=False).encode())
-                h.update(b"\n")
-            self._content_hash = h
+            self._content_hash = content_hash(p.content() for p in self._probes)
         h = self._content_hash.copy()
         if scoring:
             h.update(json.dumps(dict(scoring), sort_keys=True, default=str).encode())

@@ -9,7 +9,6 @@ every array checks out (:meth:`BaseDistribution.problem`) and the key is this ru
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 import zlib
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import strict_json
 from ..files import atomic_write, strict_dumps
 from ..scoring.batching import group
 from ..scoring.borrow import borrowed
@@ -156,7 +156,7 @@ def _text(value: Any) -> np.ndarray:
 def _json(array: np.ndarray) -> Any:
     if array.dtype != np.uint8 or array.ndim != 1:
         raise ValueError("a text field is not UTF-8 bytes")
-    return json.loads(array.tobytes().decode("utf-8"))
+    return strict_json.loads(array.tobytes().decode("utf-8"))
 
 
 def base_distribution(model: torch.nn.Module, tokenizer: Any, row_ids: Sequence[str],

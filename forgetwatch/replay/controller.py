@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 
-#: The weight "auto" starts from, and the bounds it stays within.
-START, MAX_WEIGHT = 1.0, 100.0
+#: The weight "auto" starts from, and the bounds it stays within: never quite 0, so that a
+#: long spell without forgetting cannot switch replay off for good (0 doubled is 0).
+START, MIN_WEIGHT, MAX_WEIGHT = 1.0, 1e-3, 100.0
 
 
 def next_weight(weight: float, forgetting: float, target: float) -> float:
@@ -25,5 +26,5 @@ def next_weight(weight: float, forgetting: float, target: float) -> float:
     """
     if forgetting is None or not math.isfinite(forgetting):
         return weight
-    factor = min(2.0, max(0.5, 2.0 ** ((forgetting - target) / target)))
-    return min(MAX_WEIGHT, weight * factor)
+    exponent = min(1.0, max(-1.0, (forgetting - target) / target))  # a factor within [1/2, 2]
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight * 2.0 ** exponent))

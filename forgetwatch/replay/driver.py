@@ -24,7 +24,7 @@ import torch
 from ..distributed import Ranks
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded, unwrap
-from ..text import first_line, shorten
+from ..text import first_line, listing, shorten
 from .base_cache import BaseDistribution, base_distribution
 from .controller import START, next_weight
 from .penalty import encode_rows, kl_backward, replay_backward
@@ -86,13 +86,13 @@ class Replay:
         self.dropped = [r.id for r, ids in zip(rows, tokens) if len(ids) < 2]
         if not self.encoded:
             raise ReplayPoolError([(self.pool.source, None, None, (
-                f"no row is longer than one token once tokenized ({len(rows)} row(s), e.g. "
-                f"{', '.join(map(shorten, self.dropped[:5]))}), so replay would train on nothing: a row teaches "
+                f"no row is longer than one token once tokenized ({len(rows)} row(s): "
+                f"{listing(map(shorten, self.dropped))}), so replay would train on nothing: a row teaches "
                 "from its second token on; give rows of some text, or train without replay="))])
         if self.dropped and warn:
             logger.warning("forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized and "
-                           "teach nothing; they are left out of the draws (%s%s)", len(self.dropped), len(rows),
-                           ", ".join(map(shorten, self.dropped[:5])), ", ..." if len(self.dropped) > 5 else "")
+                           "teach nothing; they are left out of the draws (%s)", len(self.dropped), len(rows),
+                           listing(map(shorten, self.dropped)))
         usable = self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded],
                                                                 self.pool.source)
         self.sampler = ReplaySampler(usable, self.seed)

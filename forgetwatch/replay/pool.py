@@ -14,14 +14,13 @@ what it measures would mean nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from ..files import content_hash
 from ..probes.jsonl import json_lines
 from ..probes.schema import check_category, type_name, unkeepable
 from ..problems import InputError, Problems
@@ -157,11 +156,7 @@ class ReplayPool(Sequence[ReplayRow]):
             '1a77ffe96941ceb7'
         """
         if self._fingerprint is None:  # the rows never change: hashed once
-            h = hashlib.sha256()
-            for r in self._rows:
-                h.update(json.dumps([r.id, r.category, r.text, r.messages], ensure_ascii=False).encode("utf-8"))
-                h.update(b"\n")
-            self._fingerprint = h.hexdigest()[:16]
+            self._fingerprint = content_hash([r.id, r.category, r.text, r.messages] for r in self._rows).hexdigest()[:16]
         return self._fingerprint
 
     def check_disjoint(self, probes: Iterable[Any]) -> None:

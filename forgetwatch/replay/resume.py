@@ -28,7 +28,7 @@ import numpy as np
 from .. import strict_json
 from ..text import first_line, shorten
 from .base_cache import BaseDistribution, ReplayFileError
-from .controller import MAX_WEIGHT, START, next_weight
+from .controller import MAX_WEIGHT, MIN_WEIGHT, START, next_weight
 from .sampler import ReplaySampler, category_weights
 
 if TYPE_CHECKING:
@@ -86,9 +86,10 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     if problem := _key_problem(state.get("key"), replay.key):
         return problem
     weight, limit = state.get("weight"), MAX_WEIGHT if replay.auto else math.inf
-    if not _number(weight) or not 0 <= weight <= limit or (replay.auto and weight == 0):
+    least = MIN_WEIGHT if replay.auto else 0
+    if not _number(weight) or not least <= weight <= limit:
         return (f"its weight is {shorten(weight)}, not a finite number "
-                + (f"above 0 and at most {MAX_WEIGHT:g}" if replay.auto else "from 0"))
+                + (f"from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}" if replay.auto else "from 0"))
     size = state.get("batch_size")
     if type(size) is not int or size < 1:
         return f"its batch size is {shorten(size)}, not a whole number from 1"

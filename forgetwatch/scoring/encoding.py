@@ -95,9 +95,12 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     length up to ``tokens`` keeps, found without tokenizing the whole text.
 
     The tail is tokenized alone; when it gives ``tokens`` plus a margin, the last ``tokens``
-    of it are the whole text's last ``tokens`` (tokenizers split text into words first, so a
-    cut changes only the tokens next to it). Otherwise the tail doubles, up to the whole text;
-    a text of at most ``4 * tokens`` characters is kept whole without looking.
+    of it are the whole text's last ``tokens``: the cut is made where a word begins (before the
+    space in front of it), and tokenizers split text into words first, so the cut changes at
+    most the tokens of the word it falls in; in text without spaces (Chinese, base64) a merge
+    could reach further, and the margin of 64 tokens covers it. Otherwise the tail doubles, up
+    to the whole text; a text of at most ``4 * tokens`` characters is kept whole without
+    looking. Only a text longer than ``tokens`` is ever cut: what a model sees is unchanged.
 
     Example:
         >>> visible_tail(tokenizer, "word " * 10**6, tokens=1000)[:5]  # doctest: +SKIP
@@ -105,11 +108,20 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     """
     n = 4 * tokens
     while n < len(text):
-        tail = text[-n:]
+        tail = text[_word_start(text, len(text) - n):]
         if len(tokenizer(tail, add_special_tokens=False)["input_ids"]) >= tokens + _MARGIN:
             return tail
         n *= 2
     return text
+
+
+def _word_start(text: str, i: int, within: int = 1000) -> int:
+    """The first place from ``i`` (looking at most ``within`` characters on) where a space
+    precedes a word; ``i`` itself when there is none."""
+    for j in range(i, min(i + within, len(text) - 1)):
+        if text[j].isspace() and not text[j + 1].isspace():
+            return j
+    return i
 
 
 def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,

@@ -4,11 +4,12 @@ tokens a response may have in the model's context."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import torch
 
+from ..text import listing
 from .borrow import forward_module, is_fsdp1, unwrap
 
 
@@ -20,7 +21,7 @@ class PromptTooLongError(ValueError):
 
 
 def response_budgets(lengths: Mapping[K, int], max_length: int, max_new_tokens: int,
-                     setting: str = "max_new_tokens", name=str) -> tuple[dict[K, int], str | None]:
+                     setting: str = "max_new_tokens", name: Callable[[K], str] = str) -> tuple[dict[K, int], str | None]:
     """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``,
     or what the model's context of ``max_length`` tokens leaves after the prompt. The one rule
     of every generation path.
@@ -38,11 +39,12 @@ def response_budgets(lengths: Mapping[K, int], max_length: int, max_new_tokens: 
     budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
     full = [k for k, b in budgets.items() if b < 1]
     if full:
-        shown = ", ".join(f"{name(k)!r} ({lengths[k]} tokens)" for k in full[:5])
-        more = f" and {len(full) - 5} more" if len(full) > 5 else ""
+        # past the context, a prompt may have been read only in part (long questions are cut before tokenizing)
+        shown = listing(f"{name(k)!r} ({lengths[k] if lengths[k] == max_length else f'more than {max_length}'} "
+                        "tokens)" for k in full)
         raise PromptTooLongError(
             f"{len(full)} prompt(s) fill the model's whole context of {max_length} tokens, leaving no room for "
-            f"a response: {shown}{more}; shorten them or leave those probes out")
+            f"a response: {shown}; shorten them or leave those probes out")
     cut = sorted(b for b in budgets.values() if b < max_new_tokens)
     note = None
     if cut:

@@ -190,7 +190,7 @@ class Scorer:
             run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model), tokens))
             plan = self._choice_plan(run)
             generated, filler = self._generation_share(run, prompts)
-            self.scored_here = plan.n_probes + len(generated)
+            self.scored_here = len(plan.rows_left) + len(generated)
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
                 sums = self._score_choices(run, plan, bar)
@@ -267,7 +267,7 @@ class Scorer:
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
         self._warn_truncated(run)
         if not tokens.choice_probes:
-            return _Plan([], None, 0, {})
+            return _Plan([], None, {})
         mine = [tokens.choice_probes[j] for j in run.ranks.my_share(
             [self._cost(tokens.reads[i]) for i in tokens.choice_probes])]
         cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
@@ -276,7 +276,7 @@ class Scorer:
         # the bar counts multiple-choice probes (a generative one is counted with generation)
         rows_left = Counter(int(np.searchsorted(tokens.first_key, r.keys[0], side="right")) - 1 for r in rows)
         rows_left = {i: n for i, n in rows_left.items() if isinstance(tokens.encoded[i], EncodedChoices)}
-        return _Plan(self._batches(rows, run), filler, len(rows_left), rows_left)
+        return _Plan(self._batches(rows, run), filler, rows_left)
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through."""
@@ -509,12 +509,11 @@ class _Run:
 
 
 class _Plan(NamedTuple):
-    """This rank's log-likelihood batches, a one-row batch to fill in with, how many
-    multiple-choice probes it scores, and how many rows each of them has."""
+    """This rank's log-likelihood batches, a one-row batch to fill in with, and the
+    multiple-choice probes it scores, with how many rows each has."""
 
     batches: list[Batch]
     filler: Batch | None
-    n_probes: int
     rows_left: dict[int, int]
 
 
