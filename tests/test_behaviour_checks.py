@@ -126,6 +126,7 @@ def test_behaviour_probes_load_and_their_check_is_part_of_the_fingerprint():
     assert ProbeSet.from_records(rows).fingerprint() != probes.fingerprint()
 
 
+@pytest.mark.slow
 class TestIFEval:
     """IFEval's instructions through lm-eval-harness's registry (forgetwatch[ifeval])."""
 

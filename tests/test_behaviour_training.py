@@ -21,6 +21,9 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 from transformers import TrainerCallback  # noqa: E402
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 24
 
 

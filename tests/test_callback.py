@@ -22,6 +22,9 @@ from forgetwatch import Answers, ProbeSet, compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 CONTRACT = ("forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted",
             "forgotten", "gained", "accuracy", "accuracy_base")
 

@@ -137,6 +137,7 @@ def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, c
     assert err.startswith("forgetwatch: error:")
 
 
+@pytest.mark.slow
 def test_installed_console_script(toy, probe_file, tmp_path):
     exe = shutil.which("forgetwatch")
     cmd = [exe] if exe else [sys.executable, "-m", "forgetwatch"]
@@ -370,7 +371,7 @@ def fake_hub(monkeypatch, tmp_path):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")

@@ -76,6 +76,7 @@ HOSTILE = [  # a line that used to load and fail later, the key an error names, 
 
 @pytest.mark.parametrize("line, key, words", HOSTILE)
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_a_shipped_config_given_a_value_that_cannot_work_names_its_line(tmp_path, path, line, key, words):
     text = path.read_text(encoding="utf-8").rstrip("\n")
     indent = "  " if re.search(r"^forgetwatch:", text, re.MULTILINE) else ""  # inside the section, where there is one

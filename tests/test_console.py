@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tqdm import tqdm
 
 from forgetwatch.console import say
@@ -43,6 +45,7 @@ def _run(code: str, tmp_path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_warnings_begin_a_line_and_are_shown_once(tmp_path):
     text = _run("""
         import logging, sys
@@ -62,6 +65,7 @@ def test_warnings_begin_a_line_and_are_shown_once(tmp_path):
     assert text.count("shown by the application") == 1 and "APP forgetwatch: shown by the application" in lines
 
 
+@pytest.mark.slow
 def test_a_training_run_logged_to_a_file(toy, tmp_path):
     # a real Trainer with its progress bar, forgetwatch's base line, its own progress bar, the
     # evaluation lines and the stop line, all into one log file

@@ -74,6 +74,7 @@ def test_budgets_keep_the_prompt_and_cut_the_response():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.slow
 def test_a_short_context_scores_like_plain_generation_of_the_whole_prompt(toy, arch, caplog):
     model = short_context(toy.base, arch)
     probes = ProbeSet.from_records(probe_rows(toy))
@@ -90,6 +91,7 @@ def test_a_short_context_scores_like_plain_generation_of_the_whole_prompt(toy, a
     assert any("the model's context is 128 tokens: 1 of 5 prompt(s)" in w for w in warnings)  # generative
 
 
+@pytest.mark.slow
 def test_the_callback_and_the_command_line_score_alike(toy, tmp_path):
     from transformers import Trainer, TrainingArguments
 

@@ -12,6 +12,9 @@ import pytest
 from forgetwatch.cli import main
 from forgetwatch.demo import DEFAULT_OUT, TAKES
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("trl")
 
 

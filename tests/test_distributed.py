@@ -17,6 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forgetwatch import ProbeSet, Scorer, compare
 from forgetwatch.toy import ToyWorld
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("trl")
 
 

@@ -235,6 +235,7 @@ def test_build_probes_uses_lm_eval_mmlu_prompts(name, as_dataset):
 
 # -- SFT ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_path):
     sft = example("sft_trl")
     train = datasets.Dataset.from_list(capybara_rows(toy.world))
@@ -253,6 +254,7 @@ def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_pa
 # -- DPO ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("explicit_prompt", [False, True], ids=["implicit_prompt", "explicit_prompt"])
+@pytest.mark.slow
 def test_dpo_example_on_ultrafeedback_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, explicit_prompt):
     dpo = example("dpo_trl")
     train = datasets.Dataset.from_list(ultrafeedback_rows(toy.world, explicit_prompt))
@@ -276,6 +278,7 @@ def test_length_reward_scores_words_for_plain_and_conversational_completions():
 
 
 @pytest.mark.parametrize("conversational", [False, True], ids=["plain_prompt", "conversational_prompt"])
+@pytest.mark.slow
 def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, conversational):
     grpo = example("grpo_trl")
     train = datasets.Dataset.from_list(tldr_rows(toy.world, conversational))
@@ -293,6 +296,7 @@ def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path,
 
 # -- summaries and main() -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat_tokenizer, mmlu_probes, tmp_path):
     sft = example("sft_trl")
     data = datasets.Dataset.from_list(capybara_rows(toy.world))
@@ -358,6 +362,7 @@ SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
     ("grpo_trl", lambda w: tldr_rows(w, False),
      ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
 ])
+@pytest.mark.slow
 def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_model_dir, tmp_path, monkeypatch,
                                                    capsys):
     module = example(name)
@@ -398,6 +403,7 @@ def test_the_replay_pool_is_the_other_half_of_the_facts():
     assert sorted(pool.categories) == ["capitals", "colors", "rivers"]
 
 
+@pytest.mark.slow
 def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     replay = example("replay_on_forgetting")
     trainers = replay.main(["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "10",

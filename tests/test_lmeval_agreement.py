@@ -89,6 +89,7 @@ def test_agrees_with_lm_eval_llama_with_bos(toy, tmp_path, normalize):
     assert 0.3 < ours.accuracy < 0.95
 
 
+@pytest.mark.slow
 def test_agrees_with_lm_eval_gpt2_without_bos(toy, tmp_path):
     tokenizer = toy.world.tokenizer(add_bos=False)
     model = toy.world.model(tokenizer, arch="gpt2")

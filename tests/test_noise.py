@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 from transformers import TrainerCallback
 
@@ -75,6 +76,7 @@ class LogsAtZero(TrainerCallback):
         self.logs.append((state.global_step, dict(logs)))
 
 
+@pytest.mark.slow
 def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, train_data, tmp_path, capsys):
     model = copy.deepcopy(toy.base).to(torch.bfloat16)  # half precision: other batches round otherwise
     listener = LogsAtZero()
@@ -99,6 +101,7 @@ def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, tr
     assert "noise floor" in cb.summary()
 
 
+@pytest.mark.slow
 def test_no_noise_check_in_full_precision_unless_asked(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=10)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()

@@ -13,6 +13,9 @@ from forgetwatch import compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 peft = pytest.importorskip("peft")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")

@@ -223,6 +223,7 @@ def test_curves_start_at_the_base(n_evaluations):
 
 
 @needs_mpl
+@pytest.mark.slow
 def test_several_runs_one_row_each_with_categories_and_one_y_axis_from_zero(tmp_path):
     runs = {"lr-a": make_history(seed=1)[1:], "lr-b": make_history(steps=(0, 10, 20), seed=2)[1:]}
     runs["lr-b"][-1]["report"]["forgetting"] = 0.6  # the highest rate of all, in the second run
@@ -258,6 +259,7 @@ def test_single_category_is_not_drawn_twice():
 
 
 @needs_mpl
+@pytest.mark.slow
 def test_history_as_path_records_and_callback_pairs(tmp_path):
     records = make_history()
     path = write_jsonl(tmp_path / "history.jsonl", records)
@@ -292,6 +294,7 @@ def test_pyplot_state_untouched(tmp_path):
 
 
 @needs_mpl
+@pytest.mark.slow
 def test_pyplot_never_imported(tmp_path):
     path = write_jsonl(tmp_path / "history.jsonl", make_history())
     code = textwrap.dedent(f"""

@@ -47,6 +47,7 @@ def test_only_dataset_downloads_are_skipped():
     assert not any("load_dataset(" in code for code, skip in python if not skip)
 
 
+@pytest.mark.slow
 def test_python_blocks_run_in_order(tmp_path, monkeypatch):
     pytest.importorskip("trl")
     (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)

@@ -22,6 +22,9 @@ from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
 from forgetwatch.replay.driver import Replay
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("datasets")
 
 

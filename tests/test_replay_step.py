@@ -92,6 +92,7 @@ def test_stepping_before_start_is_a_programming_error(small):
         Replay(ReplayPool.from_records(sentences(2))).step(small.model, small.tokenizer, 0, 0.0, 4, Ranks.alone())
 
 
+@pytest.mark.slow
 def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(tmp_path):
     pytest.importorskip("trl")
     from test_distributed import run_two_ranks

@@ -17,6 +17,9 @@ from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 

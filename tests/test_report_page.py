@@ -26,6 +26,9 @@ from forgetwatch.report_page import (
     write_report,
 )
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("plotly")
 pytest.importorskip("trl")
 

@@ -114,6 +114,7 @@ def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_out_of_memory_halves_the_batch(toy, caplog):
     probes = mc_only(toy)
     reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, show_progress=False)
@@ -133,6 +134,7 @@ def test_out_of_memory_halves_the_batch(toy, caplog):
     assert max(wrapped.sizes) <= 2  # later evaluations start at the size that fitted
 
 
+@pytest.mark.slow
 def test_one_models_out_of_memory_caps_never_reach_another(toy):
     # evaluate() keeps one scorer per tokenizer and probe set: what it learned about one model
     # (batches that did not fit) must not shrink another model's batches
@@ -163,6 +165,7 @@ def test_ties_go_to_the_lowest_index(toy):
     assert list(got.predicted) == [0, 0, 0] and got.correct.tolist() == [True, False, False]
 
 
+@pytest.mark.slow
 def test_out_of_memory_in_generation_halves_the_batch(toy):
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
     reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, max_new_tokens=6, show_progress=False)
@@ -344,6 +347,7 @@ def recurrent_or_alibi_models(tokenizer):
         expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_expand=2, **common))
 
 
+@pytest.mark.slow
 def test_models_that_cannot_be_packed_are_scored_exactly(toy, caplog):
     probes = mc_only(toy).sample(24, seed=0)
     for reason, model in recurrent_or_alibi_models(toy.tokenizer):
@@ -509,6 +513,7 @@ def test_a_cut_question_keeps_the_tokens_a_model_sees(kind):
             assert tokenizer(tail)["input_ids"][-tokens:] == tokenizer(text)["input_ids"][-tokens:]
 
 
+@pytest.mark.slow
 def test_many_long_questions_are_read_only_as_far_as_the_context_reaches(toy, monkeypatch):
     # 200 questions of 96 KB each (under the old whole-text threshold): 66 s and 9.5 GB when
     # every one was tokenized whole, though a 256-token model sees only their ends

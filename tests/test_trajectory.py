@@ -17,6 +17,9 @@ from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.history import read_history
 from forgetwatch.sinks import metric_values
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 

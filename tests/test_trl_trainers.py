@@ -13,6 +13,9 @@ from transformers import TrainerCallback
 from forgetwatch import compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
 
+# trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
