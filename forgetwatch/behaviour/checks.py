@@ -74,13 +74,16 @@ def text(value: Any) -> str | None:
     return None
 
 
-def _phrases(value: Any) -> str | None:
-    if isinstance(value, str):
-        return f'must be a list of strings; write ["{value:.40}"]'
-    if not isinstance(value, list) or not value:
-        return f"must be a non-empty list of strings, {got(value)}"
-    bad = [i for i, v in enumerate(value) if not isinstance(v, str) or not v.strip()]
-    return f"entry {bad[0]} must be a non-empty string, got {value[bad[0]]!r:.40}" if bad else None
+def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callable[[Any], str | None]:
+    """A rule for a non-empty list of strings, each passing ``entry`` (``why``: said after what
+    is expected, in the message)."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, str):
+            return f'must be a list of strings{why}; write ["{value:.40}"]'
+        if not isinstance(value, list) or not value:
+            return f"must be a non-empty list of strings{why}, {got(value)}"
+        return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := entry(v))), None)
+    return check
 
 
 def _ifeval(value: Any) -> str | tuple[str, str] | None:
@@ -167,9 +170,9 @@ CHECKS: dict[str, Check] = {
                    "this regular expression matches (RE2 syntax: linear time, no lookarounds)"),
     "not_regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is None,
                        "this regular expression does not match (RE2 syntax)"),
-    "contains": Check(_phrases, lambda v, r, _: all(p.lower() in r.lower() for p in v),
+    "contains": Check(strings(), lambda v, r, _: all(p.lower() in r.lower() for p in v),
                       "holds every one of these strings (case-insensitive)"),
-    "not_contains": Check(_phrases, lambda v, r, _: not any(p.lower() in r.lower() for p in v),
+    "not_contains": Check(strings(), lambda v, r, _: not any(p.lower() in r.lower() for p in v),
                           "holds none of these strings (case-insensitive)"),
     "json": Check(_boolean, lambda v, r, _: _parses_as_json(r) == v,
                   "true: the response parses as JSON (a ```json fence around it allowed)"),

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..text import shorten, suggestion
-from .checks import count, got, text
+from .checks import count, got, strings, text
 
 __all__ = ["ARGUMENTS", "follows", "instruction_problem"]
 
@@ -89,12 +89,7 @@ def _plain(value: Any) -> str | None:
     return None
 
 
-def _plain_list(value: Any) -> str | None:
-    if isinstance(value, str):
-        return f'must be a list of strings (IFEval would read a string letter by letter); write ["{value:.40}"]'
-    if not isinstance(value, list) or not value:
-        return f"must be a non-empty list of strings (IFEval draws random words otherwise), {got(value)}"
-    return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := _plain(v))), None)
+_plain_list = strings(_plain, " (IFEval reads a lone string letter by letter, and draws random words for none)")
 
 
 def _relation(value: Any) -> str | None:
