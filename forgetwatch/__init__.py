@@ -11,12 +11,16 @@ import logging as _logging
 
 from .answers import Answers, AnswersMismatchError
 from .console import ConsoleHandler as _ConsoleHandler
+from .events import BaseSnapshot, Evaluation
 from .metrics import compare
 from .probes import Probe, ProbeError, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
+from .replay.driver import Replay
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
+from .sinks import Sink
 from .trajectory import Trajectory, load_trajectory
+from .watch import Watch
 
 __version__ = "0.1.0"
 
@@ -41,16 +45,21 @@ def __getattr__(name: str):
 __all__ = [
     "Answers",
     "AnswersMismatchError",
+    "BaseSnapshot",
+    "Evaluation",
     "ForgetWatchCallback",
     "ForgetWatchConfig",
     "Probe",
     "ProbeError",
     "ProbeSet",
+    "Replay",
     "ReplayPool",
     "ReplayPoolError",
     "Scorer",
+    "Sink",
     "Trajectory",
     "TransitionReport",
+    "Watch",
     "__version__",
     "compare",
     "evaluate",

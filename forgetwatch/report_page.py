@@ -31,7 +31,7 @@ import numpy as np
 
 from .answers import Answers, AnswersFileError
 from .behaviour.drift import SHARES
-from .dashboards import shown_answer
+from .sinks.tables import shown_answer
 from .files import atomic_write
 from .probes import Probe, ProbeSet
 from .store import HISTORY, LATEST, PROBES, SUBDIR

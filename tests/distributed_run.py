@@ -90,7 +90,7 @@ def sft(out: str, zero3: bool = False) -> dict:
         # so every rank takes part)
         trainer.save_model(os.path.join(out, f"step-{step}"))
         saved.append(step)
-        shares.append(cb._scorer.scored_here)
+        shares.append(cb.watch.scorer.scored_here)
 
     settings = {"eval_steps": 10} if zero3 else {"max_overhead": 0.5, "max_forgetting": 0.45,
                                                  "clock": ForwardClock(base, rate=1.0 + 0.5 * rank)}
@@ -208,7 +208,7 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
     return {"checksum": float(params.sum()), "first": params[:50].tolist(), "replay_losses": losses,
-            "drawn": cb._replay.sampler.drawn, "world_size": args.world_size, "off": cb._replay.off}
+            "drawn": cb.watch.repair.sampler.drawn, "world_size": args.world_size, "off": cb.watch.repair.off}
 
 
 def main(mode: str, out: str) -> None:

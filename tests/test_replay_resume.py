@@ -113,8 +113,8 @@ def edit_history_states(d, step, change):
 
 def test_a_whole_checkpoint_resumes_with_its_own_state(toy, train_data, pool, run, tmp_path):
     resumed = resume(toy, train_data, pool, run, tmp_path, 3)
-    assert resumed._replay.state() == kept(run, 3)
-    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert resumed.watch.repair.state() == kept(run, 3)
+    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
 
 
 STATE_DAMAGE = {
@@ -139,7 +139,7 @@ def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(toy, tra
     path = f"checkpoint-{step}/forgetwatch/replay.json"
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
-    assert resumed._replay.state() == kept(run, step)  # the draws and the steered weight, as the run had them
+    assert resumed.watch.repair.state() == kept(run, step)  # the draws and the steered weight, as the run had them
     assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
 
 
@@ -167,7 +167,7 @@ def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, tra
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path / "new", 3, without_replay)
-    assert resumed._replay.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
+    assert resumed.watch.repair.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
 
     def lost(d):  # a damaged state says replay was on at the checkpoint, and the history lacks it
         without_replay(d)
@@ -205,7 +205,7 @@ def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_dat
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil)
-    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
     assert "checkpoint-3/forgetwatch/replay_base.npz" in caplog.text and "using another copy" in caplog.text
     # and the run directory keeps a good copy for the next resume
     assert BaseDistribution.load(tmp_path / "run/forgetwatch/replay_base.npz").problem() is None
@@ -219,13 +219,13 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
         resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil, written_so=False)
     assert "not resuming from" in caplog.text and "replay_base.npz is not the file copied there" in caplog.text
     # the run directory's files serve: its distribution, and the state rebuilt exactly from the history
-    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
-    assert resumed._replay.state() == kept(run, 3)
+    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert resumed.watch.repair.state() == kept(run, 3)
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
     other = Replay(pool, loss="kl", top_k=8, batch_size=4)
-    other.start(toy.tuned, SimpleNamespace(), toy.tokenizer)
+    other.start(toy.tuned, toy.tokenizer)
     planted = other.cache_base(toy.tuned, toy.tokenizer, toy.tokenizer.pad_token_id, 8,
                                {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)})
 
@@ -242,7 +242,7 @@ def test_state_checks_name_what_is_wrong(toy, pool):
     from forgetwatch.replay.resume import state_problem
 
     replay = Replay(pool, weight="auto", target=0.02, batch_size=4)
-    replay.start(copy.deepcopy(toy.base), SimpleNamespace(), toy.tokenizer)
+    replay.start(copy.deepcopy(toy.base), toy.tokenizer)
     good = replay.state()
     assert state_problem(replay, good, 0) is None
 

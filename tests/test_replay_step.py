@@ -17,7 +17,6 @@ from forgetwatch.replay.driver import Replay
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
 
-NOT_SHARDED = SimpleNamespace()  # training arguments without DeepSpeed or FSDP
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,7 @@ def test_a_pool_of_one_token_rows_is_refused_before_training(small):
     pool = ReplayPool.from_records([{"id": f"r{i}", "text": c} for i, c in enumerate("abcdefg")])
     with pytest.raises(ReplayPoolError, match=r"no row is longer than one token once tokenized \(7 row\(s\): "
                                               r"'r0', 'r1', 'r2', 'r3', 'r4' and 2 more\)"):
-        Replay(pool).start(small.model, NOT_SHARDED, small.tokenizer)
+        Replay(pool).start(small.model, small.tokenizer)
 
 
 def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
@@ -45,7 +44,7 @@ def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
                                     {"id": "b", "text": "b"}])
     replay = Replay(pool, batch_size=4)
     with caplog.at_level("WARNING", logger="forgetwatch"):
-        replay.start(small.model, NOT_SHARDED, small.tokenizer)
+        replay.start(small.model, small.tokenizer)
     assert replay.dropped == ["a", "b"]
     assert caplog.text.count("2 of the 5 replay rows are shorter than two tokens") == 1
     drawn = {r.id for _ in range(10) for r in replay.sampler.next_batch(4, replay.weights)}
@@ -63,7 +62,7 @@ def trainers_gradient(small, model):
 def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, caplog):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=2)  # a replay micro-batch of 4 rows runs out
     replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
-    replay.start(model, NOT_SHARDED, small.tokenizer)
+    replay.start(model, small.tokenizer)
     before = trainers_gradient(small, model)
     with caplog.at_level("WARNING", logger="forgetwatch"):
         for _ in range(3):  # the trainer's optimizer steps go on; replay is tried once, then off
@@ -80,7 +79,7 @@ def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_tra
 def test_a_replay_that_works_still_adds_its_gradient(small):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=8)
     replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
-    replay.start(model, NOT_SHARDED, small.tokenizer)
+    replay.start(model, small.tokenizer)
     before = trainers_gradient(small, model)
     replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
     assert not replay.off and set(replay.figures()) == {"replay/weight", "replay/loss"}

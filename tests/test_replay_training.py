@@ -197,7 +197,7 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
     class Count(ForgetWatchCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             super().on_pre_optimizer_step(args, state, control, **kwargs)
-            steps.append(self._replay.sampler.drawn)
+            steps.append(self.watch.repair.sampler.drawn)
 
     cb = Count(toy.probes, eval_steps=2, verbose=False, replay=pool, replay_batch_size=4)
     trainer = trl_trainer(kind, toy, tmp_path, [cb])
@@ -253,7 +253,7 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     # resumed from checkpoint-10 (whose weights are not the base): the kept distribution, not a new one
     resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
                                         **common)
-    np.testing.assert_array_equal(resumed._replay.base.top_logprobs, kept.top_logprobs)
+    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept.top_logprobs)
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
@@ -263,10 +263,12 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
     from types import SimpleNamespace
 
     from forgetwatch.replay.driver import Replay
+    from forgetwatch.trainer_bridge import sharded_run
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
-            Replay(pool).start(toy.base, args, toy.tokenizer)
+            Replay(pool).start(toy.base, toy.tokenizer, sharded=sharded_run(args))
+    assert not sharded_run(SimpleNamespace(deepspeed=None, fsdp=""))
 
 
 def test_a_fresh_kl_run_never_reuses_an_earlier_runs_base_distribution(toy, train_data, tmp_path, pool):
@@ -275,11 +277,11 @@ def test_a_fresh_kl_run_never_reuses_an_earlier_runs_base_distribution(toy, trai
     settings = dict(eval_steps=5, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8)
     first = ForgetWatchCallback(toy.probes, **settings)
     make_trainer(toy, train_data, tmp_path, [first], max_steps=5).train()
-    planted = first._replay.base
+    planted = first.watch.repair.base
     planted.top_logprobs[:] = -1.0  # as if another base model had written it
     planted.save(tmp_path / "forgetwatch" / "replay_base.npz")
     again = ForgetWatchCallback(toy.probes, **settings)
     make_trainer(toy, train_data, tmp_path, [again], max_steps=5).train()
     kept = BaseDistribution.load(tmp_path / "forgetwatch" / "replay_base.npz")
-    assert not (again._replay.base.top_logprobs == -1.0).all()
-    np.testing.assert_array_equal(kept.top_logprobs, again._replay.base.top_logprobs)
+    assert not (again.watch.repair.base.top_logprobs == -1.0).all()
+    np.testing.assert_array_equal(kept.top_logprobs, again.watch.repair.base.top_logprobs)

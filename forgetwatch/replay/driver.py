@@ -24,6 +24,7 @@ import torch
 from ..distributed import Ranks
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded, unwrap
+from ..scoring.scorer import pad_id
 from ..text import first_line, listing, shorten
 from .base_cache import BaseDistribution, base_distribution
 from .controller import START, next_weight
@@ -38,7 +39,9 @@ logger = logging.getLogger("forgetwatch")
 
 
 class Replay:
-    """The replay of one run: which rows, how much, and what it cost so far.
+    """The replay of one run: which rows, how much, and what it cost so far. A repair method
+    (:class:`~forgetwatch.repair.Repair`): the run calls :meth:`begin`, :meth:`on_evaluation`
+    and :meth:`before_optimizer_step`.
 
     Args:
         pool: the rows (already checked disjoint from the probes).
@@ -52,9 +55,11 @@ class Replay:
 
     Example:
         >>> replay = Replay(pool, weight=0.5)                       # doctest: +SKIP
-        >>> replay.start(model, training_args, tokenizer)           # doctest: +SKIP
+        >>> replay.start(model, tokenizer)                            # doctest: +SKIP
         >>> replay.step(model, tokenizer, pad_id, 1.0, 8, Ranks.alone())  # doctest: +SKIP
     """
+
+    name = "replay"
 
     def __init__(self, pool: ReplayPool, *, weight: float | str = 1.0, batch_size: int = 8, seed: int = 0,
                  max_length: int = 512, target: float | None = None, metric: str = "forgetting",
@@ -71,13 +76,33 @@ class Replay:
         self.weights = category_weights(None, pool.categories)
         self.off: str | None = None  # why replay stopped for the rest of the run, once it did
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0
+        self._run: Any = None  # the RunContext of the run begun
 
-    def start(self, model: torch.nn.Module, args: Any, tokenizer: Any, warn: bool = True) -> None:
-        """Refuse what replay cannot run under (before any training); tokenize the pool once,
-        and refuse a pool with no row long enough to replay (rows shorter than two tokens teach
-        nothing: they are left out of the draws, :attr:`dropped` names them, and ``warn``
-        says how many, once)."""
-        if is_sharded(model) or getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+    def begin(self, model: torch.nn.Module, run: Any) -> None:
+        """Training begins or resumes (see :func:`~forgetwatch.replay.begin.begin`)."""
+        from .begin import begin
+
+        self._run = run
+        begin(self, model, run)
+
+    def on_evaluation(self, report: TransitionReport) -> None:
+        self.reweigh(report)
+
+    def before_optimizer_step(self, model: torch.nn.Module, *, max_grad_norm: float | None = None,
+                              grad_scaler: tuple[Any, Any] | None = None) -> None:
+        """This step's replay gradient (see :meth:`step`), with the run's tokenizer and ranks."""
+        run = self._run
+        if run is None:
+            raise RuntimeError("Replay.before_optimizer_step() before the run began: call watch.start() first")
+        self.step(model, run.tokenizer, pad_id(run.tokenizer), max_grad_norm or 0.0, run.rows_per_batch(model),
+                  run.ranks, grad_scaler)
+
+    def start(self, model: torch.nn.Module, tokenizer: Any, *, sharded: bool = False, warn: bool = True) -> None:
+        """Refuse what replay cannot run under (before any training: ``sharded``, a DeepSpeed
+        ZeRO or FSDP run); tokenize the pool once, and refuse a pool with no row long enough to
+        replay (rows shorter than two tokens teach nothing: they are left out of the draws,
+        :attr:`dropped` names them, and ``warn`` says how many, once)."""
+        if sharded or is_sharded(model):
             raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
                              "replay=, or under DDP")
         rows = list(self.pool)

@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from .answers import Answers
-from .noise import smallest_detectable
-from .report import TransitionReport
-from .text import pct
+from ..answers import Answers
+from ..noise import smallest_detectable
+from ..report import TransitionReport
+from ..text import pct
 
 PREFIX = "forgetwatch/"
 EVAL_PREFIX = "eval_forgetwatch_"

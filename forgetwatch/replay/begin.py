@@ -1,0 +1,72 @@
+"""Replay as a run begins: refuse what it cannot run under, go on with the draws where a resumed
+run left them, and, with ``replay_loss="kl"``, the base's distribution on the rows (kept once).
+
+Rank 0 reads the kept files (nodes need not share storage) and shares what it found, so every
+rank resumes from the same state or every rank raises the same error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..adapters import adapters_disabled
+from ..base import model_key, weights_key
+from ..config import ADAPTER_DISABLED
+from ..scoring.scorer import pad_id
+from ..store import REPLAY_BASE, REPLAY_STATE
+from .driver import logits_width
+from .resume import base_to_resume, kept_base, kept_state, state_problem, state_to_resume
+
+if TYPE_CHECKING:
+    from ..repair import RunContext
+    from .driver import Replay
+
+logger = logging.getLogger("forgetwatch")
+
+
+def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
+    """Start ``replay`` for a run: tokenize the pool; on resume its state from the run's own
+    (``run.state``), else the first kept ``replay.json``, else rebuilt from the history (exact,
+    and said), else one clear error naming each copy; then the base distribution for ``"kl"``."""
+    replay.metric = run.stop_metric
+    replay.start(model, run.tokenizer, sharded=run.sharded, warn=run.writes)
+    if run.step > 0:
+        if run.state is not None:
+            if problem := state_problem(replay, run.state, run.step):
+                raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
+            kept = dict(run.state)
+        else:
+            paths = [d / REPLAY_STATE for d in run.resume_dirs]
+            found = run.ranks.share_from_rank_zero(lambda: kept_state(replay, paths, run.step))
+            kept, warning = state_to_resume(replay, found, paths, run.records, run.last_report, run.step)
+            if warning and run.writes:
+                logger.warning("forgetwatch: %s", warning)
+        replay.resume(kept, run.step)
+    if run.last_report is not None:
+        replay.reweigh(run.last_report, steer=False)
+    if replay.loss == "kl":
+        _base_distribution(replay, model, run)
+
+
+def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
+    """On a fresh run (and with ``base="adapter_disabled"``, which is never read back) from the
+    model; on resume the first kept copy whose arrays check out and whose key is this run's."""
+    if run.step > 0 and run.base != ADAPTER_DISABLED:
+        paths = [d / REPLAY_BASE for d in run.resume_dirs]
+        meta = run.base_meta if run.base is None else {}  # scored from the same weights
+        made_by = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+        vocab = logits_width(model)
+        found = run.ranks.share_from_rank_zero(lambda: kept_base(replay, paths, made_by, vocab))
+        replay.base, warning = base_to_resume(found, paths)
+        if warning and run.writes:
+            logger.warning("forgetwatch: %s", warning)
+    else:
+        made_by = {"model": model_key(model), "weights": weights_key(model, run.ranks)}
+        with adapters_disabled(model) if run.base == ADAPTER_DISABLED else contextlib.nullcontext():
+            replay.cache_base(model, run.tokenizer, pad_id(run.tokenizer), run.rows_per_batch(model), made_by)
+    if run.writes:
+        run.store.save_replay_base(replay.base)  # kept with the run (and its checkpoints) for the next resume

@@ -1,0 +1,42 @@
+"""One console line for the base and one per evaluation, above any progress bar; and the line
+that says why forgetwatch stopped training (printed whatever ``verbose`` says)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..console import say
+from ..events import BaseSnapshot, Evaluation
+from .figures import base_line, console_line
+
+logger = logging.getLogger("forgetwatch")
+
+
+class ConsoleLines:
+    """Prints :func:`~forgetwatch.sinks.figures.base_line` and
+    :func:`~forgetwatch.sinks.figures.console_line` (when ``verbose``), and the stop line.
+
+    Args:
+        history: the history file the stop line points to.
+        verbose: print the base's and each evaluation's line.
+        stop_note: what the trainer does on stopping at a step (e.g. "; saving checkpoint ..."), or "".
+    """
+
+    def __init__(self, history: Path, verbose: bool = True, stop_note: Callable[[int], str] = lambda step: ""):
+        self.history, self.verbose, self.stop_note = history, verbose, stop_note
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        if self.verbose:
+            say(base_line(snapshot.answers, snapshot.path, snapshot.computed))
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        if self.verbose:
+            say(console_line(evaluation.step, evaluation.report))
+        if evaluation.stop:
+            # on its own line above any progress bar, where a person sees it; and to the logs
+            message = (f"stopping training at step {evaluation.step}: {evaluation.stop}"
+                       f"{self.stop_note(evaluation.step)}; history {self.history}")
+            say(f"[forgetwatch] {message}")
+            logger.info("forgetwatch: %s", message)

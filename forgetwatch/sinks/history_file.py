@@ -1,0 +1,24 @@
+"""The run's own files: each evaluation appended to ``history.jsonl`` and the live answers kept
+as ``answers_latest.npz`` (what the report shows as the answer now)."""
+
+from __future__ import annotations
+
+from ..events import Evaluation
+from ..store import RunStore
+from ..trajectory import Trajectory
+
+
+class HistoryFile:
+    """Writes each evaluation into the run's :class:`~forgetwatch.store.RunStore`; a failed
+    write warns and is retried at the next one, never raised."""
+
+    def __init__(self, store: RunStore):
+        self.store = store
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        self.store.append_history(evaluation.record)
+        evaluation.answers.meta["step"] = evaluation.step
+        self.store.save_latest(evaluation.answers)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        self.store.flush()  # a last try for anything a failed write left in memory

@@ -1,0 +1,80 @@
+"""The tables W&B and TensorBoard show beside the scalars, as rows: the probes that flipped at
+an evaluation, and at the end one row per probe with its trajectory (pure functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..answers import Answers, chosen_text
+from ..probes import ProbeSet
+from ..report import TransitionReport
+from ..trajectory import Trajectory
+
+FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin",
+                "events so far")
+PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
+
+
+def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str:
+    """What a model answered to probe ``i``: the chosen choice's text (``choices``: the probe's),
+    or a generative or behaviour probe's raw output.
+
+    Example:
+        >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=False, predicted=1, n_choices=2)])
+        >>> shown_answer(a, 0, ["Paris", "Lyon"])
+        'Lyon'
+    """
+    predicted = answers.predicted[i]
+    chosen = chosen_text(predicted, choices)
+    if chosen is not None:
+        return chosen
+    output = answers.outputs[i]
+    return output if output is not None else ("" if predicted is None else str(predicted))
+
+
+def flip_rows(step: int, probes: ProbeSet, base: Answers, now: Answers, report: TransitionReport,
+              trajectory: Trajectory, limit: int) -> list[list[Any]]:
+    """The probes that flipped against the base at this evaluation (forgotten first, then
+    gained; at most ``limit``), one row each in :data:`FLIP_COLUMNS` order."""
+    index = {pid: i for i, pid in enumerate(base.ids)}
+    events = trajectory.forgetting_events()
+    rows = []
+    for pid, transition in [*((p, "1→0") for p in report.forgotten_ids), *((p, "0→1") for p in report.gained_ids)]:
+        if len(rows) >= limit:
+            break
+        i = index[pid]
+        margin = float(trajectory.signal[i, -1])
+        rows.append([step, pid, probes[i].category, probes[i].question, probes[i].answer_text,
+                     shown_answer(base, i, probes[i].choices), shown_answer(now, i, probes[i].choices), transition,
+                     round(margin, 3) if np.isfinite(margin) else None, int(events[i])])
+    return rows
+
+
+def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[list[Any]]:
+    """One row per probe (most forgetting events first; at most ``limit``) in
+    :data:`PROBE_COLUMNS` order, its trajectory as ■ right / □ wrong from the base on."""
+    events, first = trajectory.forgetting_events(), trajectory.first_forgotten()
+    order = np.argsort(-events, kind="stable")[:limit]
+    return [[trajectory.ids[i], probes[i].category, probes[i].question, probes[i].answer_text, int(events[i]),
+             None if first[i] < 0 else int(first[i]), "".join("■" if c else "□" for c in trajectory.correct[i])]
+            for i in order]
+
+
+def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table (what TensorBoard's text tab renders).
+
+    Example:
+        >>> print(markdown(["a", "b"], [[1, "x|y"]]))
+        | a | b |
+        |---|---|
+        | 1 | x\\|y |
+    """
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

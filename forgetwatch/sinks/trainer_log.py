@@ -1,0 +1,64 @@
+"""The trainer's log: forgetwatch's figures to every reporting integration of a transformers
+``Trainer`` (TensorBoard, MLflow, Comet, ...; W&B too when :class:`~forgetwatch.sinks.wandb.WandbSection`
+did not take them) and to ``state.log_history``, at the step they were measured."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..events import BaseSnapshot, Evaluation
+from ..trainer_bridge import TrainerLink
+from ..trajectory import Trajectory
+from .wandb import WandbSection
+
+logger = logging.getLogger("forgetwatch")
+
+
+class TrainerLog:
+    """Sends each evaluation's metrics through ``link`` while the trainer's integrations are open
+    (after training they may be closed: the history file keeps the figures)."""
+
+    def __init__(self, link: TrainerLink, wandb: WandbSection | None = None):
+        self.link, self.wandb = link, wandb
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        if snapshot.metrics and self.link.open:
+            self.send(snapshot.metrics, own_section=True)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        if self.link.open:
+            self.send(evaluation.metrics, own_section=True)
+
+    def send(self, metrics: dict[str, float], own_section: bool = False) -> None:
+        """To every integration; ``own_section``: figures the W&B section took already skip W&B."""
+        step = self.link.state.global_step
+        taken = own_section and self.wandb is not None and self.wandb.took == step
+        try:
+            self.link.emit(metrics, skip=("WandbCallback",) if taken else ())
+        except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
+            logger.warning("forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
+                           "(%s: %s); training goes on, and the figures are in the history file", step,
+                           type(err).__name__, err)
+
+
+class WhileTraining:
+    """Forwards a sink's events only while the trainer's integrations are open (a run that ends
+    without its last epoch's events reaches them after they closed)."""
+
+    def __init__(self, link: TrainerLink, sink: Any):
+        self.link, self.sink = link, sink
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        self._forward("on_base", snapshot)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        self._forward("on_evaluation", evaluation)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        self._forward("on_end", trajectory)
+
+    def _forward(self, event: str, payload: Any) -> None:
+        method = getattr(self.sink, event, None)
+        if self.link.open and method is not None:
+            method(payload)

@@ -1,0 +1,113 @@
+"""W&B: forgetwatch's figures in a section of their own, and tables of the probes.
+
+The figures (``forgetwatch/...``, categories under it) are plotted against ``train/global_step``
+like a trainer's, instead of mixed into ``train/``; a table of the probes that flipped at each
+evaluation grows as training goes (W&B's incremental tables), and at the end one row per probe
+holds its trajectory. A write that fails warns once and that kind is then left alone (the
+scalars then go to the trainer's log, see :class:`~forgetwatch.sinks.trainer_log.TrainerLog`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..events import BaseSnapshot, Evaluation
+from ..probes import ProbeSet
+from ..text import first_line
+from ..trajectory import Trajectory
+from .tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, probe_rows
+
+logger = logging.getLogger("forgetwatch")
+
+STEP_KEY = "train/global_step"
+
+
+def current_run() -> Any:
+    """The active W&B run of this process, if wandb is in use (``wandb.init`` was called)."""
+    module = sys.modules.get("wandb")
+    return getattr(module, "run", None)
+
+
+class WandbSection:
+    """Writes to the W&B run ``run()`` returns (default: the process's active run), if any.
+
+    Args:
+        probes: the run's probes (for the tables' text).
+        limit: most rows of each table.
+        run: returns the W&B run, or ``None`` while there is none.
+    """
+
+    def __init__(self, probes: ProbeSet, limit: int = 500, run: Callable[[], Any] = current_run):
+        self.probes, self.limit, self.run = probes, limit, run
+        self.took: int | None = None  # the last step whose scalars went here
+        self._flips: Any = None  # the incremental table
+        self._defined = False
+        self._broken: set[str] = set()
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        self._scalars(snapshot.metrics, snapshot.step)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        self._scalars(evaluation.metrics, evaluation.step)
+        run = self._run("wandb tables")
+        if run is None:
+            return
+        rows = flip_rows(evaluation.step, self.probes, evaluation.base, evaluation.answers, evaluation.report,
+                         evaluation.trajectory, self.limit)
+
+        def log() -> None:
+            import wandb
+
+            if self._flips is None:
+                self._flips = wandb.Table(columns=list(FLIP_COLUMNS), log_mode="INCREMENTAL")
+            for row in rows:
+                self._flips.add_data(*row)
+            run.log({"forgetwatch/flips": self._flips, STEP_KEY: evaluation.step})
+
+        self._guard("wandb tables", log)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        run = self._run("wandb tables")
+        if run is None:
+            return
+        rows = probe_rows(self.probes, trajectory, self.limit)
+
+        def log() -> None:
+            import wandb
+
+            run.log({"forgetwatch/probes": wandb.Table(columns=list(PROBE_COLUMNS), data=rows),
+                     STEP_KEY: int(trajectory.steps[-1])})
+
+        self._guard("wandb tables", log)
+
+    def _scalars(self, values: dict[str, float], step: int) -> None:
+        run = self._run("wandb scalars")
+        if run is None or not values:
+            return
+
+        def log() -> None:
+            if not self._defined:
+                run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
+                self._defined = True
+            run.log({**values, STEP_KEY: step})
+
+        if self._guard("wandb scalars", log):
+            self.took = step
+
+    def _run(self, what: str) -> Any:
+        """The W&B run, unless there is none or writing ``what`` to it failed before."""
+        return None if what in self._broken else self.run()
+
+    def _guard(self, name: str, write: Callable[[], None]) -> bool:
+        """Whether ``write`` went; a failure warns once and ``name`` is left alone from then on."""
+        try:
+            write()
+        except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
+            self._broken.add(name)
+            logger.warning("forgetwatch: writing %s failed (%s: %s); no more of it this run (scalars then go the "
+                           "trainer's way), training goes on", name, type(err).__name__, first_line(err))
+            return False
+        return True
