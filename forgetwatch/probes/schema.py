@@ -22,7 +22,8 @@ from ..behaviour.checks import check_problems
 from ..extract import MAX_NUMBER_DIGITS, normalize_number
 from ..patterns import compiled, pattern_problem
 from ..problems import InputError
-from ..text import did_you_mean, shorten, suggestion
+from ..rows import FieldProblem
+from ..text import did_you_mean, shorten, suggestion, type_name
 
 EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
@@ -98,14 +99,6 @@ class Probe:
 
 
 # -- validation of one row ------------------------------------------------------------------
-
-FieldProblem = tuple[str | None, str]  # (field, message) within one row
-
-
-def type_name(value: Any) -> str:
-    """How a JSON value's type reads in an error message."""
-    return "null" if value is None else type(value).__name__
-
 
 def is_int(value: Any) -> bool:
     # bool is an int subclass, but True as an answer index is almost surely a mistake.
