@@ -12,7 +12,7 @@ import logging as _logging
 from .answers import Answers, AnswersMismatchError
 from .console import ConsoleHandler as _ConsoleHandler
 from .metrics import compare
-from .probes import Probe, ProbeError, ProbeSet
+from .probes import Probe, ProbeError, ProbeKind, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
@@ -45,6 +45,7 @@ __all__ = [
     "ForgetWatchConfig",
     "Probe",
     "ProbeError",
+    "ProbeKind",
     "ProbeSet",
     "ReplayPool",
     "ReplayPoolError",

@@ -14,7 +14,7 @@ from any source, files read by :mod:`forgetwatch.rows`), :mod:`.presets` (datase
 from ..problems import MAX_REPORTED as MAX_REPORTED_ERRORS
 from ..rows import MAX_FILE_BYTES, MAX_LINE_BYTES
 from .probe_set import ProbeSet, ProbesLike, as_probe_set
-from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError
+from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError, ProbeKind
 
 __all__ = ["EXTRACT_MODES", "LONG_QUESTION", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_REPORTED_ERRORS",
-           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeSet", "ProbesLike", "as_probe_set"]
+           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeKind", "ProbeSet", "ProbesLike", "as_probe_set"]
