@@ -13,7 +13,7 @@ from .answers import Answers, AnswersMismatchError
 from .console import ConsoleHandler as _ConsoleHandler
 from .events import BaseSnapshot, Evaluation
 from .metrics import compare
-from .probes import Probe, ProbeError, ProbeSet
+from .probes import Probe, ProbeError, ProbeKind, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
 from .replay.driver import Replay
 from .report import TransitionReport
@@ -51,6 +51,7 @@ __all__ = [
     "ForgetWatchConfig",
     "Probe",
     "ProbeError",
+    "ProbeKind",
     "ProbeSet",
     "Replay",
     "ReplayPool",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .probes import ProbeKind
 from .text import shorten
 
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
@@ -45,13 +46,13 @@ def scoring_options(probes: Iterable[Any], *, normalize: str | None, chat_templa
         >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."])
         {'normalize': None, 'chat_template': False}
     """
-    probes = list(probes)
+    kinds = {p.kind for p in probes}
     options: dict[str, Any] = {"normalize": normalize, "chat_template": chat_template}
-    if any(p.choices is None and p.check is None for p in probes):
+    if ProbeKind.GENERATIVE in kinds:
         options.update(max_new_tokens=max_new_tokens, stop=list(stop))
         if extract is not None:
             options["extract"] = getattr(extract, "__qualname__", repr(extract))
-    if any(p.check is not None for p in probes):
+    if ProbeKind.BEHAVIOUR in kinds:
         options["behaviour_max_new_tokens"] = behaviour_max_new_tokens
         if refusal_detector is not None:
             options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))

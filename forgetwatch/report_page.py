@@ -33,7 +33,7 @@ from .answers import Answers, AnswersFileError
 from .behaviour.drift import SHARES
 from .sinks.tables import shown_answer
 from .files import atomic_write
-from .probes import Probe, ProbeSet
+from .probes import Probe, ProbeKind, ProbeSet
 from .store import HISTORY, LATEST, PROBES, SUBDIR
 from .text import first_line, pct
 from .trajectory import Trajectory, read_run, run_directory
@@ -75,7 +75,7 @@ class Run:
         """Whether the run has behaviour probes (rows with ``check``); without its probe file,
         whether its history has drift figures."""
         if self.probes:
-            return any(p.is_behaviour for p in self.probes.values())
+            return any(p.kind is ProbeKind.BEHAVIOUR for p in self.probes.values())
         return any(r["report"].get("behaviour") for r in self.records)
 
     def from_base(self, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:

@@ -23,6 +23,16 @@ def describe(value: Any, limit: int = SHOWN) -> str:
     return f"{shorten(value, limit)} ({type(value).__name__})"
 
 
+def type_name(value: Any) -> str:
+    """How a JSON value's type reads in an error message.
+
+    Example:
+        >>> type_name(None), type_name([1])
+        ('null', 'list')
+    """
+    return "null" if value is None else type(value).__name__
+
+
 def shorten(value: Any, limit: int = SHOWN) -> str:
     """A repr of at most ``limit`` characters; containers are not rendered whole first.
 

@@ -245,14 +245,14 @@ def read_dataset(
     rows = RowCollector(source, "dataset row")
     for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
         if not isinstance(row, Mapping):
-            rows.row(index, row)  # reports the type problem
+            rows.add(index, row)  # reports the type problem
             continue
         try:
             record = row_to_record(row, index, preset, columns)
         except RowProblem as problem:
-            rows.error(index, problem.field, problem.message)
+            rows.problem(index, problem.field, problem.message)
             continue
         if category is not None:
             record["category"] = category
-        rows.row(index, record)
+        rows.add(index, record)
     return rows.finish(), source

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, overload
 
 from ..files import atomic_write, content_hash, json_line
-from .jsonl import read_jsonl
 from .presets import read_dataset
 from .rows import RowCollector
 from .sampling import sample_indices
 from .schema import Probe, is_int
+
 
 class ProbeSet(Sequence[Probe]):
     """An ordered, validated set of probes with unique ids.
@@ -41,7 +41,7 @@ class ProbeSet(Sequence[Probe]):
         Example:
             >>> probes = ProbeSet.from_jsonl("probes.jsonl")  # doctest: +SKIP
         """
-        return cls(read_jsonl(path), str(path))
+        return cls(RowCollector(str(path), "line").read_jsonl(path, "probe file"), str(path))
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], source: str = "<records>") -> ProbeSet:
@@ -51,10 +51,7 @@ class ProbeSet(Sequence[Probe]):
             >>> ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4"}]).ids
             ['q1']
         """
-        rows = RowCollector(source, "record")
-        for number, record in enumerate(records, start=1):
-            rows.row(number, record)
-        return cls(rows.finish(), source)
+        return cls(RowCollector(source, "record").read_records(records), source)
 
     @classmethod
     def from_hf(

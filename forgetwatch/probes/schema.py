@@ -16,13 +16,15 @@ import numbers
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from ..behaviour.checks import check_problems
 from ..extract import MAX_NUMBER_DIGITS, normalize_number
 from ..patterns import compiled, pattern_problem
 from ..problems import InputError
-from ..text import did_you_mean, shorten, suggestion
+from ..rows import FieldProblem
+from ..text import did_you_mean, shorten, suggestion, type_name
 
 EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
@@ -42,16 +44,38 @@ class ProbeError(InputError):
     noun = "field"
 
 
+class ProbeKind(Enum):
+    """What a probe asks of the model, and so how it is scored: each kind is one entry of
+    :data:`forgetwatch.scoring.kinds.SCORE`.
+
+    Example:
+        >>> ProbeKind.of(has_check=False, has_choices=True)
+        <ProbeKind.MULTIPLE_CHOICE: 'multiple choice'>
+    """
+
+    MULTIPLE_CHOICE = "multiple choice"  # the likeliest of the choices is the answer
+    GENERATIVE = "generative"  # a generated answer, compared with the reference
+    BEHAVIOUR = "behaviour"  # a generated response, passed or failed by its checks
+
+    @classmethod
+    def of(cls, *, has_check: bool, has_choices: bool) -> ProbeKind:
+        """The kind of a probe with (or without) a ``check`` and ``choices``: a check makes a
+        behaviour probe, whatever else it holds (a probe file refuses both together)."""
+        if has_check:
+            return cls.BEHAVIOUR
+        return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
+
+
 @dataclass(frozen=True)
 class Probe:
     """One probe: a question with choices (multiple choice), a reference answer (generative),
-    or a ``check`` on the response (behaviour; ``answer`` is ``None``).
+    or a ``check`` on the response (behaviour; ``answer`` is ``None``): its :attr:`kind`.
 
     Example:
-        >>> Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1).is_multiple_choice
-        True
-        >>> Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5}).is_behaviour
-        True
+        >>> Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1).kind
+        <ProbeKind.MULTIPLE_CHOICE: 'multiple choice'>
+        >>> Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5}).kind.value
+        'behaviour'
     """
 
     id: str
@@ -64,12 +88,17 @@ class Probe:
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
+    def kind(self) -> ProbeKind:
+        """Multiple choice, generative or behaviour: what decides how the probe is scored."""
+        return ProbeKind.of(has_check=self.check is not None, has_choices=self.choices is not None)
+
+    @property
     def is_multiple_choice(self) -> bool:
-        return self.choices is not None
+        return self.kind is ProbeKind.MULTIPLE_CHOICE
 
     @property
     def is_behaviour(self) -> bool:
-        return self.check is not None
+        return self.kind is ProbeKind.BEHAVIOUR
 
     @property
     def n_choices(self) -> int:
@@ -79,9 +108,9 @@ class Probe:
     @property
     def answer_text(self) -> str:
         """The correct answer as text: the right choice, the reference, or the check (as JSON)."""
-        if self.check is not None:
+        if self.kind is ProbeKind.BEHAVIOUR:
             return json.dumps(dict(self.check), ensure_ascii=False)
-        return self.choices[self.answer] if self.choices is not None else str(self.answer)
+        return self.choices[self.answer] if self.kind is ProbeKind.MULTIPLE_CHOICE else str(self.answer)
 
     def content(self) -> dict[str, Any]:
         """The fields that decide scoring, as a plain dict (what the fingerprint hashes)."""
@@ -98,14 +127,6 @@ class Probe:
 
 
 # -- validation of one row ------------------------------------------------------------------
-
-FieldProblem = tuple[str | None, str]  # (field, message) within one row
-
-
-def type_name(value: Any) -> str:
-    """How a JSON value's type reads in an error message."""
-    return "null" if value is None else type(value).__name__
-
 
 def is_int(value: Any) -> bool:
     # bool is an int subclass, but True as an answer index is almost surely a mistake.
@@ -291,14 +312,14 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
 
-    is_mc = "choices" in present
-    if "check" in present:
+    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
+    if kind is ProbeKind.BEHAVIOUR:
         problems += check_problems(present["check"])
         for other in ("choices", "answer", "extract"):
             if other in present:
                 problems.append((other, f"a behaviour probe (one with 'check') has no '{other}'; remove it, or "
                                         "remove 'check' to make this a question with an answer"))
-    elif is_mc:
+    elif kind is ProbeKind.MULTIPLE_CHOICE:
         choice_problems = _check_choices(present["choices"])
         problems += choice_problems
         # Bad entries do not change the count, so the answer's range can still be checked.
@@ -320,8 +341,8 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     return Probe(
         id=present["id"],
         question=present["question"],
-        answer=int(present["answer"]) if is_mc else present.get("answer"),
-        choices=tuple(present["choices"]) if is_mc else None,
+        answer=int(present["answer"]) if kind is ProbeKind.MULTIPLE_CHOICE else present.get("answer"),
+        choices=tuple(present["choices"]) if kind is ProbeKind.MULTIPLE_CHOICE else None,
         category=present.get("category", "all"),
         extract=present.get("extract"),
         check=copy.deepcopy(present["check"]) if "check" in present else None,

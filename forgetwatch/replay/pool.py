@@ -21,11 +21,10 @@ from itertools import islice
 from typing import Any
 
 from ..files import content_hash
-from ..probes.jsonl import json_lines
-from ..probes.schema import check_category, type_name, unkeepable
-from ..problems import InputError, Problems
-from ..strict_json import value_problem
-from ..text import shorten
+from ..probes.schema import check_category, unkeepable
+from ..problems import InputError
+from ..rows import FieldProblem, Rows
+from ..text import shorten, type_name
 from .overlap import overlaps
 
 __all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow"]
@@ -84,21 +83,12 @@ class ReplayPool(Sequence[ReplayRow]):
         Example:
             >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
         """
-        rows = _Rows(str(path), "line")
-        for lineno, obj, problem in json_lines(path, "replay pool file", ReplayPoolError):
-            if problem is not None:
-                rows.problems.add(lineno, *problem)
-            else:
-                rows.add(lineno, obj, read_strictly=True)
-        return cls(rows.finish(), str(path))
+        return cls(_rows(str(path), "line").read_jsonl(path, "replay pool file"), str(path))
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], source: str = "<records>") -> ReplayPool:
         """Build from dicts in the pool-file schema; errors name 1-based record numbers."""
-        rows = _Rows(source, "record")
-        for number, record in enumerate(records, start=1):
-            rows.add(number, record)
-        return cls(rows.finish(), source)
+        return cls(_rows(source, "record").read_records(records), source)
 
     @classmethod
     def from_hf(cls, dataset: Iterable[Mapping[str, Any]], *, text: str | None = None, messages: str | None = None,
@@ -115,7 +105,7 @@ class ReplayPool(Sequence[ReplayRow]):
             raise ValueError("give the column to train on: text=COLUMN or messages=COLUMN (one of them)")
         if category is not None and (message := check_category(category)):
             raise ValueError(f"category= {message}")
-        rows = _Rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
+        rows = _rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
         for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
             if not isinstance(row, Mapping):
                 rows.add(index, row)
@@ -123,13 +113,13 @@ class ReplayPool(Sequence[ReplayRow]):
             record: dict[str, Any] = {"id": str(row[id]) if id is not None and id in row else str(index)}
             column = text if text is not None else messages
             if column not in row:
-                rows.problems.add(index, column, f"missing column {column!r}; this row has {', '.join(map(str, row))}")
+                rows.problem(index, column, f"missing column {column!r}; this row has {', '.join(map(str, row))}")
                 continue
             record["text" if text is not None else "messages"] = row[column]
             if category is not None:
                 record["category"] = category
             rows.add(index, record)
-        return cls(rows.finish(), rows.problems.source)
+        return cls(rows.finish(), rows.source)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -181,45 +171,21 @@ class ReplayPool(Sequence[ReplayRow]):
                              f"held out. Remove these rows: {shown}{more}")
 
 
-class _Rows:
-    """Validates pool rows one by one: the rows, and every problem with its line or record."""
-
-    def __init__(self, source: str, unit: str):
-        self.problems = Problems(source, unit)
-        self.rows: list[ReplayRow] = []
-        self.first_seen: dict[str, int] = {}
-
-    def add(self, where: int, row: Any, *, read_strictly: bool = False) -> None:
-        """Validate one row; ``read_strictly``: read by :func:`forgetwatch.strict_json.loads`,
-        so already known to be keepable as strict JSON."""
-        if not isinstance(row, Mapping):
-            self.problems.add(where, None, f"expected a JSON object ({{...}}), got {type_name(row)}")
-            return
-        # as for probe rows: whether strict JSON can keep the row at all, before any field is read
-        unkeepable = None if read_strictly else value_problem(row)
-        problems = [(unkeepable[0] or None, unkeepable[1])] if unkeepable else list(_check(row))
-        pid = row.get("id")
-        if isinstance(pid, str) and pid in self.first_seen:
-            problems.append(("id", f"duplicate id {shorten(pid)} (first used on {self.problems.unit} "
-                                   f"{self.first_seen[pid]}); ids must be unique"))
-        elif isinstance(pid, str):
-            self.first_seen[pid] = where
-        for field, message in problems:
-            self.problems.add(where, field, message)
-        if not problems:
-            messages = row.get("messages")
-            self.rows.append(ReplayRow(id=pid, text=row.get("text"), category=row.get("category", "all"),
-                                       messages=None if messages is None else tuple(dict(m) for m in messages)))
-
-    def finish(self) -> list[ReplayRow]:
-        self.problems.raise_if_any(ReplayPoolError)
-        if not self.rows:
-            raise ReplayPoolError([(self.problems.source, None, None, "no rows found; add at least one row")],
-                                  self.problems.unit)
-        return self.rows
+def _rows(source: str, unit: str) -> Rows[ReplayRow]:
+    return Rows(source, unit, _parse, ReplayPoolError, "no rows found; add at least one row")
 
 
-def _check(row: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
+def _parse(row: Mapping[str, Any]) -> ReplayRow | list[FieldProblem]:
+    """One pool row, or every problem found in it."""
+    problems = list(_check(row))
+    if problems:
+        return problems
+    messages = row.get("messages")
+    return ReplayRow(id=row["id"], text=row.get("text"), category=row.get("category", "all"),
+                     messages=None if messages is None else tuple(dict(m) for m in messages))
+
+
+def _check(row: Mapping[str, Any]) -> Iterator[FieldProblem]:
     """Every problem of one pool row, as ``(field, message)``."""
     pid = row.get("id")
     if not isinstance(pid, str) or not pid.strip():

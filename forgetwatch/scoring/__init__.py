@@ -4,7 +4,8 @@
 :mod:`.evaluation` the one-call :func:`evaluate`; the rest are its parts: :mod:`.encoding`
 (lm-eval's tokenization), :mod:`.batching` (length-sorted batches, lockstep across ranks),
 :mod:`.choices` and :mod:`.packing` (multiple-choice forwards), :mod:`.generation`
-(generative probes), :mod:`.borrow` (handing the model back as found).
+(generative probes), :mod:`.kinds` (each kind of probe's answer from what was measured: one
+table), :mod:`.borrow` (handing the model back as found).
 """
 
 from .evaluation import evaluate

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..probes import ProbeSet
+from ..probes import ProbeKind, ProbeSet
 
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
 DEFAULT_MAX_LENGTH = 2048
@@ -136,9 +136,9 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
     prompts: list[str] = []
     for p in probes:
         text = prompt_text(tokenizer, visible_tail(tokenizer, p.question, visible), chat_template)
-        if p.choices is None:
+        if p.kind is not ProbeKind.MULTIPLE_CHOICE:  # generated: a prompt
             prompts.append(text)
-        if p.check is not None:  # a behaviour probe: a prompt, no reference to score
+        if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score
             continue
         for choice in p.choices or (p.answer,):
             context, continuation = split_trailing_space(text, delimiter + choice)
@@ -150,10 +150,10 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
 
     out: list[Encoded] = []
     for p in probes:
-        if p.check is not None:
+        if p.kind is ProbeKind.BEHAVIOUR:
             out.append(EncodedPrompt(tuple(next(prompt_ids))))
             continue
-        if p.choices is None:
+        if p.kind is ProbeKind.GENERATIVE:
             ctx = next(context_ids)
             cont = tuple(next(whole_ids)[len(ctx):])
             reference = EncodedChoices(tuple(ctx), (cont,)) if ctx and cont else None

@@ -25,17 +25,16 @@ import torch
 
 from ..answers import Answers
 from ..console import progress_bar
-from ..behaviour.checks import failed_checks
 from ..behaviour.style import looks_like_refusal
 from ..distributed import Ranks
-from ..extract import extractor_for, is_correct, reference_for
 from ..options import NORMALIZE_MODES, BatchSize, check_batch_size, scoring_options
-from ..probes import ProbeSet
+from ..probes import ProbeKind, ProbeSet
 from .batching import default_token_budget, group, run_lockstep
 from .borrow import borrowed, forward_module, is_sharded, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from .encoding import VISIBLE_TOKENS, Encoded, EncodedChoices, EncodedPrompt, encode_probes, model_max_length
 from .generation import generate_texts, response_budgets
+from .kinds import SCORE, Measured, Rules
 from .packing import check_probes, packing_blocker, packing_problem
 
 __all__ = ["Scorer"]
@@ -205,12 +204,13 @@ class Scorer:
         """Every generated probe's prompt, kept whole, with the response length its context
         leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
         by probe index."""
-        kinds = {False: ("max_new_tokens", self.max_new_tokens, self.stop),
-                 True: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())}  # several lines: no stop
+        kinds = {ProbeKind.GENERATIVE: ("max_new_tokens", self.max_new_tokens, self.stop),
+                 # a response of several lines: no stop strings
+                 ProbeKind.BEHAVIOUR: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())}
         out: dict[int, _Prompt] = {}
-        for behaves, (setting, limit, stop) in kinds.items():
+        for kind, (setting, limit, stop) in kinds.items():
             lengths = {i: len(e.prompt) for i, (p, e) in enumerate(zip(self.probes, tokens.encoded))
-                       if isinstance(e, EncodedPrompt) and (p.check is not None) == behaves}
+                       if p.kind is kind and isinstance(e, EncodedPrompt)}
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
                 self._warn_once(f"{setting}/{max_length}", "forgetwatch: %s", note)
@@ -431,31 +431,11 @@ class Scorer:
 
     def _answers(self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], model_name: str) -> Answers:
         first_key = tokens.first_key
+        rules = Rules(self.normalize, self.extract, self.refusal_detector)
         samples = []
         for i, probe in enumerate(self.probes):
-            sample: dict[str, Any] = {"id": probe.id, "category": probe.category}
-            if probe.choices is not None:
-                lps = sums[first_key[i]:first_key[i + 1]]
-                scores = lps
-                if self.normalize == "chars":
-                    scores = lps / np.array([float(len(c)) for c in probe.choices])
-                pred = int(np.argmax(scores))  # ties go to the lowest index
-                sample.update(correct=pred == probe.answer, predicted=pred, choice_logprobs=lps,
-                              gold_logprob=float(lps[probe.answer]), n_choices=probe.n_choices)
-            elif probe.check is not None:  # behaviour: the response itself, and whether every check holds
-                text = texts[i]
-                failed = failed_checks(probe.check, text, self.refusal_detector)
-                sample.update(correct=not failed, predicted=text, output=text, n_choices=0)
-            else:
-                text = texts[i]
-                if self.extract is not None:  # the user's extractor: compared with the answer as written
-                    got, reference = self.extract(text), probe.answer.strip()
-                else:
-                    got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
-                sample.update(correct=is_correct(got, reference), predicted=got, output=text, n_choices=0)
-                if tokens.reads[i] is not None:  # the reference answer's teacher-forced log-probability
-                    sample["gold_logprob"] = float(sums[first_key[i]])
-            samples.append(sample)
+            measured = Measured(sums[first_key[i]:first_key[i + 1]], texts.get(i))
+            samples.append({"id": probe.id, "category": probe.category, **SCORE[probe.kind](probe, measured, rules)})
         meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
 

@@ -1,0 +1,96 @@
+"""How each kind of probe is scored from what the model did: one function a kind, in one
+table (:data:`SCORE`), so that a new kind of probe is one more entry.
+
+A function gets the probe, what was measured for it (:class:`Measured`) and the scorer's
+options (:class:`Rules`), and returns the probe's fields of an
+:class:`~forgetwatch.Answers` sample (``correct``, ``predicted``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..behaviour.checks import failed_checks
+from ..extract import extractor_for, is_correct, reference_for
+from ..probes import Probe, ProbeKind
+
+
+class Measured(NamedTuple):
+    """What the model did for one probe: the summed log-probability of each continuation scored
+    after its prompt (each choice; a generative probe's reference answer when it is scored;
+    none otherwise), and the text it generated (``None`` where it generated none)."""
+
+    logprobs: np.ndarray
+    text: str | None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The scorer's options that turn what was measured into answers."""
+
+    normalize: str | None  # "chars": a choice's log-probability per character (lm-eval acc_norm)
+    extract: Callable[[str], str | None] | None  # the user's extractor for every generative probe
+    refusal_detector: Callable[[str], bool]  # decides the behaviour checks' "refuses"
+
+
+def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
+    """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the
+    lowest index.
+
+    Example:
+        >>> p = Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1)
+        >>> multiple_choice(p, Measured(np.array([-2.0, -0.5]), None), Rules(None, None, bool))["predicted"]
+        1
+    """
+    lps = measured.logprobs
+    scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.normalize == "chars" else lps
+    pred = int(np.argmax(scores))  # ties go to the lowest index
+    return {"correct": pred == probe.answer, "predicted": pred, "choice_logprobs": lps,
+            "gold_logprob": float(lps[probe.answer]), "n_choices": probe.n_choices}
+
+
+def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
+    """The answer pulled out of the generated text (the probe's ``extract``, or the user's
+    extractor) against the reference; the reference's log-probability where it was scored.
+
+    Example:
+        >>> p = Probe(id="g1", question="6 * 7 =", answer="42", extract="number")
+        >>> generative(p, Measured(np.array([-1.5]), " 42."), Rules(None, None, bool))["correct"]
+        True
+    """
+    text = measured.text
+    assert text is not None  # every generative probe is generated
+    if rules.extract is not None:  # the user's extractor: compared with the answer as written
+        got, reference = rules.extract(text), probe.answer.strip()
+    else:
+        got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
+    sample = {"correct": is_correct(got, reference), "predicted": got, "output": text, "n_choices": 0}
+    if len(measured.logprobs):  # the reference answer's teacher-forced log-probability
+        sample["gold_logprob"] = float(measured.logprobs[0])
+    return sample
+
+
+def behaviour(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
+    """The response itself, right when every check holds.
+
+    Example:
+        >>> p = Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5})
+        >>> behaviour(p, Measured(np.array([]), "Hi there!"), Rules(None, None, bool))["correct"]
+        True
+    """
+    text = measured.text
+    assert text is not None  # every behaviour probe is generated
+    failed = failed_checks(probe.check, text, rules.refusal_detector)
+    return {"correct": not failed, "predicted": text, "output": text, "n_choices": 0}
+
+
+#: How each kind of probe is scored.
+SCORE: Mapping[ProbeKind, Callable[[Probe, Measured, Rules], dict[str, Any]]] = {
+    ProbeKind.MULTIPLE_CHOICE: multiple_choice,
+    ProbeKind.GENERATIVE: generative,
+    ProbeKind.BEHAVIOUR: behaviour,
+}
