@@ -16,6 +16,7 @@ from .probes import Probe, ProbeError, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
+from .settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
 from .trajectory import Trajectory, load_trajectory
 
 __version__ = "0.1.0"
@@ -43,12 +44,18 @@ __all__ = [
     "AnswersMismatchError",
     "ForgetWatchCallback",
     "ForgetWatchConfig",
+    "Output",
     "Probe",
     "ProbeError",
     "ProbeSet",
     "ReplayPool",
     "ReplayPoolError",
+    "ReplaySettings",
+    "Schedule",
     "Scorer",
+    "Scoring",
+    "Signals",
+    "Stopping",
     "Trajectory",
     "TransitionReport",
     "__version__",
