@@ -4,11 +4,14 @@ its YAML, the keywords of earlier releases, evaluate, Scorer and the command lin
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 
 import pytest
 
+from forgetwatch import cli, evaluate
 from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig, split_legacy
+from forgetwatch.scoring import Scorer
 from forgetwatch.settings import ReplaySettings, Schedule, Scoring, Stopping, flat_key, help_text
 
 
@@ -168,3 +171,25 @@ def test_replace_takes_flat_keys_and_whole_groups():
     assert cfg.replace(scoring={"normalize": "chars"}).scoring == Scoring(normalize="chars")
     with pytest.raises(ConfigError, match=r"^replace\(\): key 'max_new_tokens': given twice"):
         cfg.replace(scoring=Scoring(), max_new_tokens=3)
+
+
+# --- scoring defaults: declared once, in Scoring ------------------------------------------------
+
+
+def test_evaluate_scorer_and_the_command_line_take_their_defaults_from_scoring():
+    declared = {f.name: f.default for f in dataclasses.fields(Scoring)}
+    for function in (evaluate, Scorer):
+        shown = inspect.signature(function).parameters
+        for name in declared.keys() & shown.keys():
+            assert shown[name].default == declared[name], (function, name)
+    assert inspect.signature(Scorer.__call__).parameters["batch_size"].default == declared["batch_size"]
+    args = cli._parser().parse_args(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json"])
+    for name in declared.keys() - {"stop"}:
+        assert getattr(args, name) == declared[name], name
+
+
+def test_the_scorer_checks_its_options_as_the_settings_do():
+    with pytest.raises(ConfigError, match=r"^Scoring: key 'max_new_tokens': expected an integer from 1 to"):
+        Scorer(None, None, max_new_tokens=0)
+    with pytest.raises(ConfigError, match=r"^Scoring: key 'normalize': expected one of 'chars', null"):
+        Scorer(None, None, normalize="tokens")
