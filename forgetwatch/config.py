@@ -399,7 +399,7 @@ def _check(flat: Mapping[str, Any], written: Mapping[str, str], source: str, lin
             groups[name], found = check_group(group, given, source, shown.__getitem__, lines, together)
             problems += found
     order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
-    problems.sort(key=lambda p: order.get(p.key, len(order)))
+    problems.sort(key=lambda p: order.get(p.key or "", len(order)))
     return own, groups, problems
 
 

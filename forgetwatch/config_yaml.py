@@ -10,6 +10,7 @@ values nested deeper than :data:`~forgetwatch.strict_json.MAX_DEPTH` or integers
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ MAX_BYTES = 1 << 20  # 1 MiB
 ROOT_KEY = "forgetwatch"
 
 
-def read_section(path: str | Path, known: Iterable[str],
+def read_section(path: str | os.PathLike[str], known: Iterable[str],
                  sections: Iterable[str] = ()) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
     """The forgetwatch settings of a YAML file (its top level, or its ``forgetwatch:``
     section), each key's line (a key inside one of the ``sections`` as ``section.key``), and the
@@ -91,7 +92,7 @@ def read_section(path: str | Path, known: Iterable[str],
     return data, {k: v[0] for k, v in lines.items()}, problems
 
 
-def write_settings(data: Mapping[str, Any], path: str | Path) -> None:
+def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write settings as a flat YAML file, atomically."""
     text = yaml.dump(dict(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     with atomic_write(path) as f:

@@ -80,7 +80,7 @@ def check_group(group: type[_Group], given: Mapping[str, Any], source: str,
     cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines or {})
     by_field = {f.name: cleaned[name(f.name)] for f in fields(group) if name(f.name) in cleaned}  # type: ignore[arg-type]
     if together and not problems:
-        defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
                     for f in fields(group)}  # type: ignore[arg-type]
         for field_name, message in group._cross_check({**defaults, **by_field}, name):
             problems.append(ConfigProblem(source, (lines or {}).get(name(field_name)), name(field_name), message))
