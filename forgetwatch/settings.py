@@ -76,14 +76,16 @@ def check_group(group: type[_Group], given: Mapping[str, Any], source: str,
     ``together``, the values that only fail together (the defaults standing in for what is
     not given). Returns the normalised values by field name, and every problem, each naming its
     field as ``name(field)`` at ``lines[name(field)]``."""
-    checks = {name(f.name): f.metadata["check"] for f in fields(group)}  # type: ignore[arg-type]
-    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines or {})
-    by_field = {f.name: cleaned[name(f.name)] for f in fields(group) if name(f.name) in cleaned}  # type: ignore[arg-type]
+    declared = fields(group)  # type: ignore[arg-type]
+    lines = lines or {}
+    checks = {name(f.name): f.metadata["check"] for f in declared}
+    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines)
+    by_field = {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}
     if together and not problems:
         defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
-                    for f in fields(group)}  # type: ignore[arg-type]
+                    for f in declared}
         for field_name, message in group._cross_check({**defaults, **by_field}, name):
-            problems.append(ConfigProblem(source, (lines or {}).get(name(field_name)), name(field_name), message))
+            problems.append(ConfigProblem(source, lines.get(name(field_name)), name(field_name), message))
     return by_field, problems
 
 
