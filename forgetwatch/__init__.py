@@ -18,6 +18,7 @@ from .replay import ReplayPool, ReplayPoolError
 from .replay.driver import Replay
 from .report import TransitionReport
 from .scoring import Scorer, evaluate
+from .settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
 from .sinks import Sink
 from .trajectory import Trajectory, load_trajectory
 from .watch import Watch
@@ -49,6 +50,7 @@ __all__ = [
     "Evaluation",
     "ForgetWatchCallback",
     "ForgetWatchConfig",
+    "Output",
     "Probe",
     "ProbeError",
     "ProbeKind",
@@ -56,8 +58,13 @@ __all__ = [
     "Replay",
     "ReplayPool",
     "ReplayPoolError",
+    "ReplaySettings",
+    "Schedule",
     "Scorer",
+    "Scoring",
+    "Signals",
     "Sink",
+    "Stopping",
     "Trajectory",
     "TransitionReport",
     "Watch",

@@ -25,11 +25,11 @@ from .demo import TAKES
 from .files import atomic_write, strict_dump
 from .options import NORMALIZE_MODES, batch_size_problem, scoring_options
 from .probes import ProbeError, ProbeSet
+from .settings import Scoring, help_text
 from .starters import STARTERS, starter_path, write_starter
 from .text import first_line
 
 _ANSWER_SUFFIXES = (".json", ".npz")
-_STOP = ("\n",)  # generation stops at the end of the line
 
 
 class UsageError(Exception):
@@ -57,6 +57,12 @@ def _batch_size(value: str) -> int | str:
     return parsed
 
 
+def _help(name: str, show_default: bool = True) -> str:
+    """A scoring option's help as :class:`~forgetwatch.settings.Scoring` declares it, and its default."""
+    text = help_text(Scoring)[name].rstrip(".").replace("%", "%%")
+    return f"{text} (default: %(default)s)" if show_default else text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set.")
@@ -64,19 +70,19 @@ def _parser() -> argparse.ArgumentParser:
 
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument("--probes", required=True, metavar="FILE", help="probe set (JSONL)")
-    scoring.add_argument("--batch-size", type=_batch_size, default="auto", metavar="N",
-                         help="sequences per forward, or 'auto' (default)")
+    scoring.add_argument("--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N",
+                         help=_help("batch_size"))
     scoring.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     scoring.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                          help="weights' dtype (default: as saved)")
-    scoring.add_argument("--chat-template", action="store_true",
-                         help="wrap each question as a chat user turn (instruct models)")
-    scoring.add_argument("--normalize", choices=[m for m in NORMALIZE_MODES if m], default=None,
-                         help="acc_norm: divide choice log-probs by their length in characters")
-    scoring.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
-                         help="generation length for generative probes (default 64)")
-    scoring.add_argument("--behaviour-max-new-tokens", type=int, default=256, metavar="N",
-                         help="response length for behaviour probes, rows with 'check' (default 256)")
+    scoring.add_argument("--chat-template", action="store_true", default=Scoring.chat_template,
+                         help=_help("chat_template", show_default=False))
+    scoring.add_argument("--normalize", choices=[m for m in NORMALIZE_MODES if m], default=Scoring.normalize,
+                         help=_help("normalize"))
+    scoring.add_argument("--max-new-tokens", type=int, default=Scoring.max_new_tokens, metavar="N",
+                         help=_help("max_new_tokens"))
+    scoring.add_argument("--behaviour-max-new-tokens", type=int, default=Scoring.behaviour_max_new_tokens,
+                         metavar="N", help=_help("behaviour_max_new_tokens"))
     scoring.add_argument("--tokenizer", default=None, metavar="PATH",
                          help="tokenizer to use (default: the one saved with each model)")
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -253,7 +259,7 @@ def _check_writable(flag: str, directory: Path) -> None:
 def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
     """A base snapshot must have been scored the way this run will score the model."""
     wanted = scoring_options(probes, normalize=args.normalize, chat_template=args.chat_template,
-                             max_new_tokens=args.max_new_tokens, stop=_STOP,
+                             max_new_tokens=args.max_new_tokens, stop=Scoring.stop,
                              behaviour_max_new_tokens=args.behaviour_max_new_tokens)
     problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
     if problem:
@@ -288,7 +294,7 @@ def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: P
     try:
         answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
                            normalize=args.normalize, chat_template=args.chat_template,
-                           max_new_tokens=args.max_new_tokens, stop=_STOP,
+                           max_new_tokens=args.max_new_tokens, stop=Scoring.stop,
                            behaviour_max_new_tokens=args.behaviour_max_new_tokens, show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err

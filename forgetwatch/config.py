@@ -1,7 +1,14 @@
 """Settings for :class:`~forgetwatch.callback.ForgetWatchCallback`, from code or a YAML file.
 
-A config file is a YAML mapping of the fields of :class:`ForgetWatchConfig`, either on its own
-or under a top-level ``forgetwatch:`` key of a bigger training config::
+In code, a config holds the probes, the base and one of each group of settings
+(:mod:`forgetwatch.settings`)::
+
+    ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
+                      stopping=Stopping(max_forgetting=0.05))
+
+A config file is a YAML mapping of *flat keys*, each setting's own name (``eval_steps``,
+``stop_metric``, ``replay_weight``), either on its own or under a top-level ``forgetwatch:`` key
+of a bigger training config::
 
     # train.yaml
     learning_rate: 2.0e-5          # not ours: ignored
@@ -10,222 +17,138 @@ or under a top-level ``forgetwatch:`` key of a bigger training config::
       eval_steps: 50
       max_forgetting: 0.05
 
-Each setting is declared once, as a field carrying its default, its check and its help text.
-Every value is checked when the config is built, in code as well as from a file, and all the
-problems found are reported together in one :class:`ConfigError`. The checks live in
+Flat keys are the preferred form in files: there each setting has one name, the one
+:meth:`ForgetWatchConfig.to_yaml` writes and errors name. A group may also be written as a
+section of its own, with its field names inside (``stopping: {max_forgetting: 0.05,
+patience: 3}``), as it reads in Python. Every value is checked when the config is built, and
+all the problems found are reported together in one :class:`ConfigError`. The checks live in
 :mod:`forgetwatch.config_checks`, reading and writing YAML in :mod:`forgetwatch.config_yaml`.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from . import config_checks as check
 from .config_checks import ConfigError, ConfigProblem, check_values
 from .config_yaml import read_section, write_settings
-from .options import MAX_NEW_TOKENS, NORMALIZE_MODES
-from .stopping import STOP_METRICS
+from .settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping, check_group, flat_key, option
 from .text import describe, suggestion
 
-__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "options_doc", "with_settings"]
+__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
 
-#: Fields holding file system paths: resolved against the YAML file's folder when relative.
-PATH_FIELDS = ("probes", "base", "output_dir")
+#: Settings holding file system paths (flat keys): resolved against the YAML file's folder when relative.
+PATH_KEYS = ("probes", "base", "output_dir")
 ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a path
-_LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
 
 
-def _setting(*, check: Callable[[Any], Any], help: str, **default: Any) -> Any:
-    """A config field: its default (``default=`` or ``default_factory=``), the check its value
-    must pass, and the help text ``options_doc`` shows: declared once, here."""
-    return field(metadata={"check": check, "help": help}, **default)
+def _base(value: Any) -> str:
+    return value if value == ADAPTER_DISABLED else check.path(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ForgetWatchConfig:
     """What to probe, how often, and when to stop: the settings of ``ForgetWatchCallback``.
 
     Every value is validated on construction; a wrong one raises :class:`ConfigError`. A
-    config is immutable: :meth:`replace` makes a changed, validated copy. The settings, their
-    types and defaults are listed by :func:`options_doc` (and below, in ``help()``).
+    config is immutable: :meth:`replace` makes a changed, validated copy. Each setting is read
+    through its group (``config.schedule.eval_steps``) or, as in earlier releases, by its flat
+    key (``config.eval_steps``, ``config.replay_weight``). Keywords of earlier releases
+    (``ForgetWatchConfig(eval_steps=50)``) still work for this release, with a
+    ``FutureWarning`` naming the new form.
+
+    Attributes:
+        probes: Path to a probe JSONL file (the callback also accepts a ProbeSet object
+            directly).
+        base: A saved base answers snapshot (.json/.npz) to use instead of computing one; or
+            "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever
+            training begins or resumes, instead of keeping a snapshot.
+        scoring: How probes are scored (:class:`~forgetwatch.settings.Scoring`).
+        schedule: When to evaluate (:class:`~forgetwatch.settings.Schedule`).
+        stopping: When to stop training (:class:`~forgetwatch.settings.Stopping`).
+        signals: At-risk probes and the noise floor (:class:`~forgetwatch.settings.Signals`).
+        replay: How a replay pool repairs (:class:`~forgetwatch.settings.ReplaySettings`).
+        output: Where results go, how much is logged (:class:`~forgetwatch.settings.Output`).
 
     Example:
-        >>> cfg = ForgetWatchConfig(probes="probes.jsonl", eval_steps=50, max_forgetting=0.05)
-        >>> cfg.patience, cfg.stop
-        (1, ['\\n'])
-        >>> ForgetWatchConfig(patience=0)  # doctest: +ELLIPSIS
+        >>> cfg = ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
+        ...                         stopping=Stopping(max_forgetting=0.05))
+        >>> cfg.stopping.patience, cfg.scoring.stop, cfg.eval_steps
+        (1, ['\\n'], 50)
+        >>> ForgetWatchConfig(stopping=Stopping(patience=0))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
-        forgetwatch.config_checks.ConfigError: ForgetWatchConfig: key 'patience': expected an integer >= 1, got 0 (int); ...
+        forgetwatch.config_checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
     """
 
-    probes: str | None = _setting(
-        default=None,
-        check=check.optional(check.path, "passing probes to the callback directly"),
-        help='Path to a probe JSONL file (the callback also accepts a ProbeSet object directly).')
-    eval_steps: int | None = _setting(
-        default=None,
-        check=check.optional(check.integer(1), "the cost-budget schedule"),
-        help='Evaluate every N optimizer steps; None: the cost-budget schedule (see ``max_overhead``).')
-    max_overhead: float = _setting(
-        default=0.05,
-        check=check.rate(True, True, "0.05 for 5 % of wall time", floor=0.001,
-                         why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
-                             "for rare evaluations set eval_steps"),
-        help='With the budget schedule, the share of wall time monitoring may take (0.001 <= x < 1).')
-    eval_on_evaluate: bool = _setting(
-        default=True,
-        check=check.boolean,
-        help='Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics).')
-    eval_on_train_end: bool = _setting(
-        default=True,
-        check=check.boolean,
-        help='Evaluate once more when training ends.')
-    max_forgetting: float | None = _setting(
-        default=None,
-        check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop"),
-        help='Stop training once the forgetting rate exceeds this (0..1); None: never stop.')
-    stop_metric: str = _setting(
-        default="forgetting",
-        check=check.choice(STOP_METRICS),
-        help='Which rate ``max_forgetting`` applies to: "forgetting" or "forgetting_adjusted".')
-    patience: int = _setting(
-        default=1,
-        check=check.integer(1),
-        help='Consecutive evaluations over the threshold before stopping (>= 1).')
-    significance: bool = _setting(
-        default=False,
-        check=check.boolean,
-        help='Stop only when the Wilson 95 % lower bound of the rate is over the threshold.')
-    category_max_forgetting: dict[str, float] = _setting(
-        default_factory=dict,
-        check=check.category_rates,
-        help='Per-category thresholds, category -> rate (0..1).')
-    at_risk_share: float = _setting(
-        default=0.5,
-        check=check.rate(True, True, "0.5"),
-        help='A still-right probe is at risk once its margin (multiple choice) or its reference answer\'s probability (generative) falls below this share of the base\'s (0 < x < 1).')
-    at_risk_floor: float = _setting(
-        default=0.1,
-        check=check.non_negative,
-        help='A still-right multiple-choice probe is also at risk once its margin falls below this many nats (>= 0).')
-    noise_check: bool | None = _setting(
-        default=None,
-        check=check.optional(check.boolean, "on for GPUs and half-precision models"),
-        help='Score the base twice, in batches of another size, and report how many probes flip with no weight change: the noise floor of forgetting; None: on for GPUs and half-precision models.')
-    replay_loss: str = _setting(
-        default="lm",
-        check=check.choice(("lm", "kl")),
-        help='With replay=: the loss replayed rows add: "lm" (next-token loss on their text) or "kl" (KL from the base model\'s next-token distribution on them, kept once when training begins).')
-    replay_top_k: int = _setting(
-        default=32,
-        check=check.integer(1, 1024, "each costs 6 bytes at every position of every replay row, kept all run: "
-                                     "a few dozen carry nearly all of the base's probability"),
-        help='With replay_loss="kl": the base\'s most likely next tokens kept per position, the rest as one tail mass (1 to 1024).')
-    replay_weight: float | str = _setting(
-        default=1.0,
-        check=check.weight_or_auto,
-        help='With replay=: how much the replay loss counts next to the trainer\'s (0 to 100; 0 replays nothing), or "auto": set at each evaluation to bring forgetting to forgetting_target.')
-    forgetting_target: float | None = _setting(
-        default=None,
-        check=check.optional(check.rate(False, False, "0.05", floor=0.001,
-                                        why="the weight moves by the relative miss (forgetting - target) / target: "
-                                            "below 0.1 % (0 divides by zero) one forgotten probe would overflow it"),
-                             "no target"),
-        help='With replay_weight="auto": the forgetting rate (stop_metric) the replay weight steers toward (0.001..1).')
-    replay_batch_size: int = _setting(
-        default=8,
-        check=check.integer(1, 1024, "each row replayed costs a forward and a backward pass before every optimizer "
-                                     "step; a few dozen are plenty"),
-        help='With replay=: pool rows replayed before each optimizer step (1 to 1024).')
-    replay_seed: int = _setting(
-        default=0,
-        check=check.integer(0),
-        help='With replay=: the seed of the draws (the same on every rank).')
-    save_on_stop: bool = _setting(
-        default=True,
-        check=check.boolean,
-        help='Ask the trainer for a checkpoint before stopping.')
-    output_dir: str | None = _setting(
-        default=None,
-        check=check.optional(check.path, "<trainer output_dir>/forgetwatch"),
-        help='Where the base snapshot and history live; None: ``<trainer output_dir>/forgetwatch``.')
-    base: str | None = _setting(
-        default=None,
-        check=check.optional(lambda v: v if v == ADAPTER_DISABLED else check.path(v), "computing the base snapshot"),
-        help='A saved base answers snapshot (.json/.npz) to use instead of computing one; or "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever training begins or resumes, instead of keeping a snapshot.')
-    batch_size: int | str = _setting(
-        default="auto",
-        check=check.batch_size,
-        help='Probes per forward pass: a positive integer or "auto".')
-    normalize: str | None = _setting(
-        default=None,
-        check=check.choice(tuple(m for m in NORMALIZE_MODES if m), allow_none=True),
-        help='Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``).')
-    chat_template: bool = _setting(
-        default=False,
-        check=check.boolean,
-        help="Wrap each question in the tokenizer's chat template.")
-    max_new_tokens: int = _setting(
-        default=64,
-        check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT),
-        help='Generative probes: most tokens to generate (>= 1).')
-    stop: list[str] = _setting(
-        default_factory=lambda: ["\n"],
-        check=check.stop_strings,
-        help='Generative probes: generation stops at the first of these strings.')
-    behaviour_max_new_tokens: int = _setting(
-        default=256,
-        check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT),
-        help='Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they run to EOS, ``stop`` does not apply.')
-    table_rows: int = _setting(
-        default=500,
-        check=check.integer(1),
-        help='W&B and TensorBoard tables: at most this many rows for each evaluation\'s flips, and in the final table of probes (>= 1).')
-    log_categories: bool = _setting(
-        default=True,
-        check=check.boolean,
-        help='Also log ``forgetwatch/<category>/<metric>`` keys.')
-    max_logged_categories: int = _setting(
-        default=100,
-        check=check.integer(1),
-        help='With log_categories: per-category keys for at most this many categories, the largest by probe count (each adds about a dozen values per evaluation); every category stays in history.jsonl and the report (>= 1).')
-    verbose: bool = _setting(
-        default=True,
-        check=check.boolean,
-        help='Print one console line per evaluation.')
+    probes: str | None = option(None, check=check.optional(check.path, "passing probes to the callback directly"))
+    base: str | None = option(None, check=check.optional(_base, "computing the base snapshot"))
+    scoring: Scoring = field(default_factory=Scoring)
+    schedule: Schedule = field(default_factory=Schedule)
+    stopping: Stopping = field(default_factory=Stopping)
+    signals: Signals = field(default_factory=Signals)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+    output: Output = field(default_factory=Output)
 
-    def __post_init__(self) -> None:
-        # Checked here, not only in from_dict, so configs built in code are held to the same rules.
-        values = {name: getattr(self, name) for name in _CHECKS}
-        cleaned, problems = check_values(values, _CHECKS, "ForgetWatchConfig", {})
-        if not problems and cleaned["replay_weight"] == "auto" and cleaned["forgetting_target"] is None:
-            problems.append(ConfigProblem("ForgetWatchConfig", None, "forgetting_target",
-                                          'replay_weight="auto" steers toward a forgetting rate: give '
-                                          "forgetting_target, e.g. 0.05"))
-        if problems:
-            raise ConfigError(problems)
-        # Normalised copies (list/dict copies, ints as floats): the caller's objects are not shared.
-        for name, value in cleaned.items():
+    def __init__(
+        self,
+        probes: str | os.PathLike[str] | None = None,
+        *,
+        base: str | os.PathLike[str] | None = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        replay: ReplaySettings | None = None,
+        output: Output | None = None,
+        **legacy: Any,
+    ) -> None:
+        source = type(self).__name__
+        own, problems = check_values({"probes": probes, "base": base}, _OWN, source, {})
+        groups: dict[str, Any] = {"scoring": scoring, "schedule": schedule, "stopping": stopping,
+                                  "signals": signals, "replay": replay, "output": output}
+        for name, group in GROUPS.items():
+            if groups[name] is not None and not isinstance(groups[name], group):
+                problems.append(ConfigProblem(source, None, name, f"expected a {group.__name__}, got "
+                                              f"{describe(groups[name])}; write {name}={group.__name__}(...)"))
+        changes, found = _split(legacy, source)
+        if problems or found:
+            raise ConfigError(problems + found)
+        if legacy:
+            warnings.warn(_legacy_message(source, legacy), FutureWarning, stacklevel=2)
+        for name, group in GROUPS.items():
+            value = groups[name] or group()
+            object.__setattr__(self, name, dataclasses.replace(value, **changes[name]) if name in changes else value)
+        for name, value in own.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
+
+    def __getattr__(self, name: str) -> Any:
+        # flat reads of earlier releases (config.eval_steps), through the one key table
+        if name not in _GROUPED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        group, field_name = _GROUPED[name]
+        return getattr(object.__getattribute__(self, group), field_name)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
-        """Build a config from a mapping of field names to values; missing keys keep defaults.
+        """Build a config from a mapping of flat keys (or group sections) to values; missing
+        keys keep defaults. Reads what :meth:`to_dict` wrote, in this release or an earlier one.
 
         All problems (unknown keys, wrong types, values out of range) are reported together in
         one :class:`ConfigError` whose lines start with ``source``. Paths are kept as given
         (relative ones stay relative to the current directory).
 
         Example:
-            >>> ForgetWatchConfig.from_dict({"eval_steps": 50}).eval_steps
+            >>> ForgetWatchConfig.from_dict({"eval_steps": 50}).schedule.eval_steps
             50
+            >>> ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience
+            3
             >>> ForgetWatchConfig.from_dict({"eval_step": 50}, source="cfg")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
                 ...
@@ -234,17 +157,26 @@ class ForgetWatchConfig:
         return cls._from_mapping(data, source, lines={}, relative_to=None)
 
     def replace(self, **changes: Any) -> ForgetWatchConfig:
-        """A copy with ``changes``, checked like a new config (errors name the keyword).
+        """A copy with ``changes``, checked like a new config (errors name the keyword): a flat
+        key changes one setting, a group (an object, or a mapping of its fields) replaces it.
 
         Example:
-            >>> ForgetWatchConfig(eval_steps=50).replace(patience=2).patience
-            2
+            >>> cfg = ForgetWatchConfig(schedule=Schedule(eval_steps=50))
+            >>> cfg.replace(patience=2).stopping.patience, cfg.replace(patience=2).schedule.eval_steps
+            (2, 50)
+            >>> cfg.replace(schedule=Schedule(max_overhead=0.1)).schedule.eval_steps is None
+            True
         """
-        return type(self).from_dict({**self.to_dict(), **changes}, source="replace()")
+        data = self.to_dict()
+        for name in changes.keys() & GROUPS.keys():
+            for f in fields(GROUPS[name]):
+                del data[flat_key(f)]
+        return type(self)._from_mapping({**data, **changes}, "replace()", {}, None)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **overrides: Any) -> ForgetWatchConfig:
-        """Load a config from a YAML file; keyword ``overrides`` win over the file's settings.
+        """Load a config from a YAML file; keyword ``overrides`` (as for :meth:`replace`) win
+        over the file's settings.
 
         The document is either the config mapping itself or a bigger mapping holding it under a
         top-level ``forgetwatch:`` key (other top-level keys are then ignored). Relative
@@ -257,13 +189,13 @@ class ForgetWatchConfig:
                 is over 1 MiB, or a value is invalid.
 
         Example:
-            >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")  # doctest: +SKIP
-            >>> cfg.max_forgetting, cfg.stop_metric                                          # doctest: +SKIP
+            >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")
+            >>> cfg.stopping.max_forgetting, cfg.stopping.metric
             (0.05, 'forgetting_adjusted')
-            >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).patience  # doctest: +SKIP
+            >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).stopping.patience
             5
         """
-        data, lines, problems = read_section(path, _CHECKS)
+        data, lines, problems = read_section(path, [*_FLAT, *GROUPS], sections=GROUPS)
         cfg = cls._from_mapping(data, str(path), lines, Path(path).absolute().parent, problems)
         return cfg.replace(**overrides) if overrides else cfg
 
@@ -276,59 +208,54 @@ class ForgetWatchConfig:
         relative_to: Path | None,
         problems: list[ConfigProblem] | None = None,
     ) -> ForgetWatchConfig:
-        problems = list(problems or [])
         if not isinstance(data, Mapping):
             message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
             raise ConfigError([ConfigProblem(source, None, None, message)])
-        known: dict[str, Any] = {}
-        for key, value in data.items():
-            if not isinstance(key, str):
-                message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
-                problems.append(ConfigProblem(source, None, None, message))
-            elif key not in _CHECKS:
-                hint = suggestion(key, _CHECKS) or f" (known keys: {', '.join(_CHECKS)})"
-                message = f"unknown key{hint}; fix or remove it"
-                problems.append(ConfigProblem(source, lines.get(key), key, message))
-            else:
-                known[key] = value
-        cleaned, value_problems = check_values(known, _CHECKS, source, lines)
-        problems += value_problems
+        flat, written, found = _flatten(data, source, lines)
+        own, groups, value_problems = _check(flat, written, source, lines, together=True)
+        problems = [*(problems or []), *found, *value_problems]
         if problems:
             raise ConfigError(problems)
         if relative_to is not None:
-            for name in PATH_FIELDS:
-                if cleaned.get(name) not in (None, ADAPTER_DISABLED):
-                    cleaned[name] = _resolve(cleaned[name], relative_to)
-        return cls(**cleaned)
+            for values in (own, groups.get("output", {})):
+                for key in PATH_KEYS:
+                    if values.get(key) not in (None, ADAPTER_DISABLED):
+                        values[key] = _resolve(values[key], relative_to)
+        return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def check_categories(self, categories: Sequence[str]) -> None:
         """Refuse per-category thresholds for categories the probes do not have: a misspelled
         one would leave its guard off all run long.
 
         Example:
-            >>> ForgetWatchConfig(category_max_forgetting={"mth": 0.1}).check_categories(["math"])  # doctest: +ELLIPSIS
+            >>> cfg = ForgetWatchConfig(stopping=Stopping(category_max_forgetting={"mth": 0.1}))
+            >>> cfg.check_categories(["math"])  # doctest: +ELLIPSIS
             Traceback (most recent call last):
                 ...
             forgetwatch.config_checks.ConfigError: ForgetWatchCallback: key 'category_max_forgetting': names categories ...
         """
-        unknown = sorted(set(self.category_max_forgetting) - set(categories))
+        unknown = sorted(set(self.stopping.category_max_forgetting) - set(categories))
         if unknown:
             message = (f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
                        f"they have {', '.join(map(repr, categories))}")
             raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict (only str, int, float, bool, None, list, dict): YAML/JSON-ready.
+        """Every setting by its flat key, as a plain dict (only str, int, float, bool, None, list,
+        dict): YAML/JSON-ready, and what :meth:`from_dict` reads back.
 
         Example:
-            >>> ForgetWatchConfig(eval_steps=50).to_dict()["eval_steps"]
+            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_dict()["eval_steps"]
             50
         """
-        return {
-            f.name: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
-            for f in fields(self)
-            for v in (getattr(self, f.name),)
-        }
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            items = ([(flat_key(g), getattr(value, g.name)) for g in fields(value)] if f.name in GROUPS
+                     else [(f.name, value)])
+            for key, v in items:
+                data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+        return data
 
     def to_yaml(self, path: str | os.PathLike[str]) -> None:
         """Write the config as a flat YAML file (atomically) that :meth:`from_yaml` reads back.
@@ -337,68 +264,158 @@ class ForgetWatchConfig:
         because :meth:`from_yaml` would otherwise read them relative to the file's folder.
 
         Example:
-            >>> ForgetWatchConfig(eval_steps=50).to_yaml("/tmp/forgetwatch.yaml")
-            >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
+            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_yaml("/tmp/forgetwatch.yaml")
+            >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").schedule.eval_steps
             50
         """
         data = self.to_dict()
-        for name in PATH_FIELDS:
-            if data[name] not in (None, ADAPTER_DISABLED):
-                data[name] = _resolve(data[name], Path.cwd())
+        for key in PATH_KEYS:
+            if data[key] not in (None, ADAPTER_DISABLED):
+                data[key] = _resolve(data[key], Path.cwd())
         write_settings(data, path)
 
 
-#: every setting's check, from the fields: the known keys are the fields
-_CHECKS: dict[str, Callable[[Any], Any]] = {f.name: f.metadata["check"] for f in fields(ForgetWatchConfig)}
-_dataclass_init = ForgetWatchConfig.__init__
+#: the groups, by their field of ForgetWatchConfig (and their section in YAML)
+GROUPS: dict[str, type[Any]] = {f.name: f.default_factory for f in fields(ForgetWatchConfig)  # type: ignore[misc]
+                                 if f.default_factory is not dataclasses.MISSING}
+#: the config's own settings (probes, base): their checks
+_OWN: dict[str, Callable[[Any], Any]] = {f.name: f.metadata["check"] for f in fields(ForgetWatchConfig)
+                                          if "check" in f.metadata}
+#: every group setting's flat key -> (group, field): the one key table
+_GROUPED: dict[str, tuple[str, str]] = {flat_key(f): (name, f.name) for name, group in GROUPS.items()
+                                        for f in fields(group)}
+#: every flat key: the config's own settings, then the groups'
+_FLAT = [*_OWN, *_GROUPED]
 
 
-@functools.wraps(_dataclass_init)
-def _init(self: ForgetWatchConfig, *args: Any, **kwargs: Any) -> None:
-    # an unknown keyword is the project's error, with a hint, not a dataclass TypeError
-    unknown = [k for k in kwargs if k not in _CHECKS]
-    if unknown:
-        raise ConfigError([ConfigProblem("ForgetWatchConfig", None, k, f"unknown key{suggestion(k, _CHECKS)}; "
-                                         f"known keys: {', '.join(_CHECKS)}") for k in unknown])
-    _dataclass_init(self, *args, **kwargs)
+def split_legacy(settings: Mapping[str, Any], source: str = "ForgetWatchCallback",
+                 stacklevel: int = 2) -> dict[str, dict[str, Any]]:
+    """Flat keywords of earlier releases (``replay_weight=1.0``), checked and sorted into their
+    groups: ``{"replay": {"weight": 1.0}}``, ready for ``dataclasses.replace(group, **those)``.
+
+    Unknown keywords and wrong values raise one :class:`ConfigError` naming ``source``
+    (with did-you-mean over every flat key); otherwise one ``FutureWarning`` names each keyword
+    and its new form, ``stacklevel`` counted as for :func:`warnings.warn` from the caller.
+    Values that fail only together (``weight="auto"`` without a ``target``) are the group's to
+    refuse, once it is built.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     split_legacy({"replay_weight": 2, "eval_steps": 50})
+        {'schedule': {'eval_steps': 50}, 'replay': {'weight': 2.0}}
+        >>> print(caught[0].message)
+        ForgetWatchCallback(replay_weight=..., eval_steps=...) is deprecated and stops working in the next release; use ForgetWatchCallback(replay=ReplaySettings(weight=...), schedule=Schedule(eval_steps=...))
+    """
+    grouped, problems = _split(settings, source)
+    if problems:
+        raise ConfigError(problems)
+    if settings:
+        warnings.warn(_legacy_message(source, settings), FutureWarning, stacklevel=stacklevel + 1)
+    return grouped
 
 
-ForgetWatchConfig.__init__ = _init  # type: ignore[method-assign]
+def _split(settings: Mapping[str, Any], source: str) -> tuple[dict[str, dict[str, Any]], list[ConfigProblem]]:
+    problems = []
+    for key in settings:
+        if key in _OWN:
+            problems.append(ConfigProblem(source, None, key, f"not a setting of a group; pass {key}= itself"))
+        elif key not in _GROUPED:
+            problems.append(_unknown(key, _FLAT, source, None))
+    _, grouped, found = _check({k: v for k, v in settings.items() if k in _GROUPED}, {}, source, {}, together=False)
+    return grouped, problems + found
+
+
+def _legacy_message(source: str, keys: Sequence[str] | Mapping[str, Any]) -> str:
+    """``X(eval_steps=...) is deprecated ...; use X(schedule=Schedule(eval_steps=...))``."""
+    by_group: dict[str, list[str]] = {}
+    for key in keys:
+        group, field_name = _GROUPED[key]
+        by_group.setdefault(group, []).append(f"{field_name}=...")
+    old = ", ".join(f"{key}=..." for key in keys)
+    new = ", ".join(f"{group}={GROUPS[group].__name__}({', '.join(names)})" for group, names in by_group.items())
+    return f"{source}({old}) is deprecated and stops working in the next release; use {source}({new})"
+
+
+def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> ConfigProblem:
+    hint = suggestion(key.rpartition(".")[2], known) or f" (known keys: {', '.join(known)})"
+    return ConfigProblem(source, line, key, f"unknown key{hint}; fix or remove it")
+
+
+def _flatten(data: Mapping[Any, Any], source: str,
+             lines: Mapping[str, int]) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
+    """``data``'s settings by flat key, with its group sections (``scoring: {batch_size: 8}``)
+    and group objects taken apart; how each was written (``scoring.batch_size``), for errors;
+    and the problems: keys that are no setting, a setting given twice, a section that is no
+    mapping."""
+    flat: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    problems: list[ConfigProblem] = []
+
+    def add(key: str, as_written: str, value: Any) -> None:
+        if key in flat:
+            message = f"given twice, as {written[key]!r} and as {as_written!r}; keep one"
+            problems.append(ConfigProblem(source, lines.get(as_written), as_written, message))
+        flat[key], written[key] = value, as_written
+
+    for key, value in data.items():
+        if not isinstance(key, str):
+            message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
+            problems.append(ConfigProblem(source, None, None, message))
+        elif key in GROUPS:
+            group = GROUPS[key]
+            names = {f.name: flat_key(f) for f in fields(group)}
+            if isinstance(value, group):
+                value = {name: getattr(value, name) for name in names}
+            if not isinstance(value, Mapping):
+                message = (f"expected a mapping of {group.__name__} settings, got {describe(value)}; "
+                           f"indent them under '{key}:', e.g. {next(iter(names))}: ...")
+                problems.append(ConfigProblem(source, lines.get(key), key, message))
+                continue
+            for name, item in value.items():
+                if name in names:
+                    add(names[name], f"{key}.{name}", item)
+                else:
+                    problems.append(_unknown(f"{key}.{name}", list(names), source, lines.get(f"{key}.{name}")))
+        elif key in _OWN or key in _GROUPED:
+            add(key, key, value)
+        else:
+            problems.append(_unknown(key, [*_FLAT, *GROUPS], source, lines.get(key)))
+    return flat, written, problems
+
+
+def _check(flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int],
+           together: bool) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
+    """Check flat settings: the config's own (by key), each group's (by field), and every
+    problem, in the order the settings were given (each named as written)."""
+    own, problems = check_values({k: v for k, v in flat.items() if k in _OWN}, _OWN, source, lines)
+    groups: dict[str, dict[str, Any]] = {}
+    for name, group in GROUPS.items():
+        keys = {f.name: flat_key(f) for f in fields(group)}
+        given = {f: flat[k] for f, k in keys.items() if k in flat}
+        if given:
+            shown = {f: written.get(k, k) for f, k in keys.items()}  # as given, for errors
+            groups[name], found = check_group(group, given, source, shown.__getitem__, lines, together)
+            problems += found
+    order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
+    problems.sort(key=lambda p: order.get(p.key or "", len(order)))
+    return own, groups, problems
 
 
 def options_doc() -> str:
-    """Every setting, one per line: ``name (type, default X): help``.
-
-    Example:
-        >>> options_doc().splitlines()[1].split(":")[0].strip()
-        'eval_steps (int | None, default None)'
-    """
-    lines = []
-    for f in fields(ForgetWatchConfig):
-        default = f.default if f.default is not MISSING else f.default_factory()
-        lines.append(f"    {f.name} ({f.type}, default {default!r}): {f.metadata['help']}")
-    return "\n".join(lines) + "\n"
+    """Where the settings are described. Transitional: only ``callback.py`` reads it, until its
+    rewrite drops that line; it generates nothing."""
+    return "    See forgetwatch.settings: " + ", ".join(g.__name__ for g in GROUPS.values()) + ".\n"
 
 
-def with_settings(signature: inspect.Signature) -> inspect.Signature:
-    """``signature`` with every setting as a keyword-only parameter (type and default) in place
-    of its ``**kwargs``: what ``help()`` and editors show for a function taking settings."""
-    params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    named = {p.name for p in params}
-    for f in fields(ForgetWatchConfig):
-        if f.name not in named:
-            default = f.default if f.default is not MISSING else f.default_factory()
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=f.type))
-    return signature.replace(parameters=params)
-
-
-ForgetWatchConfig.__doc__ += "\n    Settings:\n" + "\n".join("    " + line for line in options_doc().splitlines()) + "\n"
+def with_settings(signature: Any) -> Any:
+    """``signature`` as it is. Transitional: only ``callback.py`` calls it, until its rewrite
+    drops that line; nothing is rewritten."""
+    return signature
 
 
 def _resolve(path: str, folder: Path) -> str:
     # No normpath: collapsing ".." past a symlink would point somewhere else.
     expanded = Path(os.path.expanduser(path))
     return str(expanded if expanded.is_absolute() else folder / expanded)
-
-

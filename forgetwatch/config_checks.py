@@ -205,7 +205,7 @@ def stop_strings(value: Any) -> list[str]:
     if isinstance(value, str):
         raise Invalid(expected, value, f"write a single stop string as a list: [{shorten(value)}]")
     if not isinstance(value, (list, tuple)):
-        raise Invalid(expected, value, 'remove the key to use the default ["\\n"]')
+        raise Invalid(expected, value, "remove the key to use the default")
     if len(value) > MAX_STOP_STRINGS:
         raise Invalid(f"at most {MAX_STOP_STRINGS} stop strings", value,
                       "each one costs a pass over the vocabulary when generation starts; keep the markers that "

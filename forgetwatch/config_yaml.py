@@ -10,6 +10,7 @@ values nested deeper than :data:`~forgetwatch.strict_json.MAX_DEPTH` or integers
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,11 @@ MAX_BYTES = 1 << 20  # 1 MiB
 ROOT_KEY = "forgetwatch"
 
 
-def read_section(path: str | Path, known: Iterable[str]) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
+def read_section(path: str | os.PathLike[str], known: Iterable[str],
+                 sections: Iterable[str] = ()) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
     """The forgetwatch settings of a YAML file (its top level, or its ``forgetwatch:``
-    section), each key's line, and the problems found so far (unknown keys come later).
+    section), each key's line (a key inside one of the ``sections`` as ``section.key``), and the
+    problems found so far (unknown keys come later).
 
     Raises:
         FileNotFoundError: no such file.
@@ -55,6 +58,7 @@ def read_section(path: str | Path, known: Iterable[str]) -> tuple[Mapping[str, A
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
         raise ConfigError([ConfigProblem(source, None, None, message)])
 
+    settings_node = node
     lines = _key_lines(node)
     problems: list[ConfigProblem] = []
     if ROOT_KEY in data:
@@ -67,13 +71,18 @@ def read_section(path: str | Path, known: Iterable[str]) -> tuple[Mapping[str, A
                        f"indent the settings under '{ROOT_KEY}:'")
             raise ConfigError([ConfigProblem(source, root_line, ROOT_KEY, message)])
         data = section
-        lines = _key_lines(_value_node(node, ROOT_KEY))
+        settings_node = _value_node(node, ROOT_KEY)
+        lines = _key_lines(settings_node)
     elif data and not any(k in known or did_you_mean(str(k), known) for k in data):
         # Nothing we know or nearly know: likely a training config without a forgetwatch section.
         message = ("no forgetwatch settings found; if this is a bigger training config, "
                    f"put the forgetwatch settings under a top-level '{ROOT_KEY}:' key")
         problems.append(ConfigProblem(source, None, None, message))
 
+    for name in sections:  # a group written as a section of its own: its keys' lines too
+        if isinstance(data.get(name), Mapping):
+            inner = _key_lines(_value_node(settings_node, name))
+            lines.update({f"{name}.{key}": found for key, found in inner.items()})
     for key, key_lines in lines.items():
         if len(key_lines) > 1:
             # PyYAML silently keeps the last one; a repeated key is almost always a mistake.
@@ -83,7 +92,7 @@ def read_section(path: str | Path, known: Iterable[str]) -> tuple[Mapping[str, A
     return data, {k: v[0] for k, v in lines.items()}, problems
 
 
-def write_settings(data: Mapping[str, Any], path: str | Path) -> None:
+def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write settings as a flat YAML file, atomically."""
     text = yaml.dump(dict(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     with atomic_write(path) as f:

@@ -1,4 +1,4 @@
-"""Scoring options whose rules the config, the scorer and the command line share."""
+"""Rules of the scoring options that the settings, the scorer and the command line share."""
 
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ def batch_size_problem(value: Any) -> str | None:
 
 
 def scoring_options(probes: Iterable[Any], *, normalize: str | None, chat_template: bool, max_new_tokens: int,
-                    stop: Sequence[str], extract: Callable[[str], str | None] | None = None,
-                    behaviour_max_new_tokens: int = 256,
+                    stop: Sequence[str], behaviour_max_new_tokens: int,
+                    extract: Callable[[str], str | None] | None = None,
                     refusal_detector: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """The options that decide the answers of ``probes``, as stored with them: generation's
     options count only when some probe is generative, behaviour's when some has a ``check``.
 
     Example:
-        >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."])
+        >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."],
+        ...                 behaviour_max_new_tokens=256)
         {'normalize': None, 'chat_template': False}
     """
     kinds = {p.kind for p in probes}

@@ -535,19 +535,6 @@ def test_a_config_edited_in_place_is_checked_again_before_training(toy, train_da
     assert trainer.state.global_step == 0
 
 
-def test_every_setting_shows_in_the_signature_with_its_default():
-    import dataclasses
-    import inspect
-
-    shown = inspect.signature(ForgetWatchCallback).parameters
-    defaults = ForgetWatchConfig()
-    for f in dataclasses.fields(ForgetWatchConfig):
-        if f.name != "probes":
-            assert shown[f.name].default == getattr(defaults, f.name), f.name
-            if f.name != "base":  # which also takes an Answers object
-                assert shown[f.name].annotation == f.type, f.name
-
-
 class BlockHistory(TrainerCallback):
     """Puts a directory where the history file is (as a full disk would fail a write) for a
     while, then takes it away."""

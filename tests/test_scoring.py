@@ -305,7 +305,7 @@ def test_bad_options_fail_before_model_work(toy):
         evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=0)
     with pytest.raises(ValueError, match="no chat template"):
         evaluate(toy.base, toy.tokenizer, toy.probes, chat_template=True)
-    with pytest.raises(ValueError, match="stop strings"):
+    with pytest.raises(ValueError, match="key 'stop': item 1: expected a non-empty string"):
         evaluate(toy.base, toy.tokenizer, toy.probes, stop=["\n", ""])
 
 

@@ -11,6 +11,7 @@ import torch
 from ..answers import Answers
 from ..options import BatchSize
 from ..probes import ProbeSet
+from ..settings import Scoring
 from .scorer import Scorer
 
 __all__ = ["evaluate"]
@@ -26,13 +27,13 @@ def evaluate(
     tokenizer: Any,
     probes: ProbeSet,
     *,
-    batch_size: BatchSize = "auto",
-    normalize: str | None = None,
-    chat_template: bool = False,
-    max_new_tokens: int = 64,
-    stop: Sequence[str] = ("\n",),
+    batch_size: BatchSize = Scoring.batch_size,
+    normalize: str | None = Scoring.normalize,
+    chat_template: bool = Scoring.chat_template,
+    max_new_tokens: int = Scoring.max_new_tokens,
+    stop: Sequence[str] = Scoring.stop,
     extract: Callable[[str], str | None] | None = None,
-    behaviour_max_new_tokens: int = 256,
+    behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
     refusal_detector: Callable[[str], bool] | None = None,
     show_progress: bool = True,
     distributed: bool = False,
@@ -52,10 +53,10 @@ def evaluate(
 
     Args:
         model, tokenizer, probes: what to score, with what, on what.
-        batch_size: sequences per forward, or ``"auto"`` (default) for as many tokens as fit.
-        normalize, chat_template, max_new_tokens, stop, extract, behaviour_max_new_tokens,
-            refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (defaults
-            ``None``, ``False``, 64, ``("\n",)``, ``None``, 256, ``None``).
+        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens:
+            as :class:`~forgetwatch.settings.Scoring` describes them (defaults: its own).
+        extract, refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default
+            ``None``: each probe's own ``extract`` mode; the phrase detector).
         show_progress: a progress bar (default ``True``).
         distributed: share the probes out over the ranks of ``torch.distributed`` (default
             ``False``: this process scores them all).

@@ -27,8 +27,9 @@ from ..answers import Answers
 from ..console import progress_bar
 from ..behaviour.style import looks_like_refusal
 from ..distributed import Ranks
-from ..options import NORMALIZE_MODES, BatchSize, check_batch_size, scoring_options
+from ..options import BatchSize, check_batch_size, scoring_options
 from ..probes import ProbeKind, ProbeSet
+from ..settings import Scoring
 from .batching import default_token_budget, group, run_lockstep
 from .borrow import borrowed, forward_module, is_sharded, unwrap
 from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
@@ -48,23 +49,19 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize: ``None`` (default) for lm-eval ``acc``; ``"chars"`` for ``acc_norm``
-            (log-prob divided by the choice's length in characters).
-        chat_template: wrap each question as a user turn with the generation prompt (default
-            ``False``).
-        max_new_tokens: generation length for generative probes (default 64).
-        stop: stop strings for generative probes (default ``("\n",)``; EOS always stops).
+        normalize, chat_template, max_new_tokens, stop: as :class:`~forgetwatch.settings.Scoring`
+            describes them (defaults: its own).
         extract: a callable ``text -> str | None`` used for every generative probe instead of
             the probe's own ``extract`` mode (default ``None``); its result is compared with the
             probe's answer as written (stripped), not normalized the way the probe's mode would.
         reference_logprobs: also score each generative probe's reference answer, teacher-forced
             after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
             moves before the answer flips, for one extra forward per probe in the same batches.
-        behaviour_max_new_tokens: generation length for behaviour probes (rows with ``check``;
-            default 256). Their responses run to EOS or this length: ``stop`` does not apply,
-            since a response may hold several lines. For every generated response, prompts are
-            kept whole and the length is cut to what the model's context leaves after the
-            prompt (one warning says so); a prompt that fills the context is refused.
+        behaviour_max_new_tokens: as :class:`~forgetwatch.settings.Scoring` describes it (a
+            response may hold several lines, so ``stop`` does not apply). For every generated
+            response, prompts are kept whole and the length is cut to what the model's context
+            leaves after the prompt (one warning says so); a prompt that fills the context is
+            refused.
         refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
             the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
             a phrase detector).
@@ -79,24 +76,20 @@ class Scorer:
         tokenizer: Any,
         probes: ProbeSet,
         *,
-        normalize: str | None = None,
-        chat_template: bool = False,
-        max_new_tokens: int = 64,
-        stop: Sequence[str] = ("\n",),
+        normalize: str | None = Scoring.normalize,
+        chat_template: bool = Scoring.chat_template,
+        max_new_tokens: int = Scoring.max_new_tokens,
+        stop: Sequence[str] = Scoring.stop,
         extract: Callable[[str], str | None] | None = None,
         reference_logprobs: bool = True,
-        behaviour_max_new_tokens: int = 256,
+        behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
         refusal_detector: Callable[[str], bool] | None = None,
     ):
-        if normalize not in NORMALIZE_MODES:
-            raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
-        for name, value in (("max_new_tokens", max_new_tokens), ("behaviour_max_new_tokens", behaviour_max_new_tokens)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
         if isinstance(stop, str):
             stop = (stop,)
-        if any(not isinstance(x, str) or not x for x in stop):
-            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+        # checked where the settings are: a ConfigError (a ValueError) naming what to write
+        Scoring(normalize=normalize, chat_template=chat_template, max_new_tokens=max_new_tokens, stop=stop,
+                behaviour_max_new_tokens=behaviour_max_new_tokens)
         self.tokenizer = tokenizer
         self.probes = probes
         self.normalize = normalize
@@ -167,7 +160,7 @@ class Scorer:
                                behaviour_max_new_tokens=self.behaviour_max_new_tokens,
                                refusal_detector=self._custom_detector)
 
-    def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = "auto",
+    def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = Scoring.batch_size,
                  show_progress: bool = True, distributed: bool = False) -> Answers:
         """Score ``model``. With ``distributed=True`` every process of the default
         ``torch.distributed`` group must call this together: each scores its own share of the

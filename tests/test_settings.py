@@ -1,0 +1,195 @@
+"""The groups of settings (forgetwatch.settings): one declaration per option, read by the config,
+its YAML, the keywords of earlier releases, evaluate, Scorer and the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+
+import pytest
+
+from forgetwatch import cli, evaluate
+from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig, split_legacy
+from forgetwatch.scoring import Scorer
+from forgetwatch.settings import ReplaySettings, Schedule, Scoring, Stopping, flat_key, help_text
+
+
+def test_each_group_documents_each_of_its_fields_once_in_order():
+    for group in [ForgetWatchConfig, *GROUPS.values()]:
+        helps = help_text(group)
+        assert list(helps) == [f.name for f in dataclasses.fields(group)], group.__name__
+        assert all(text.strip() for text in helps.values()), group.__name__
+
+
+def test_help_text_reads_continued_entries_as_plain_text():
+    assert help_text(ReplaySettings)["weight"] == (
+        'How much the replay loss counts next to the trainer\'s (0 to 100; 0 replays nothing), or "auto": '
+        "set at each evaluation to bring forgetting to target.")
+
+
+def test_flat_keys_are_unique_and_name_their_group():
+    keys = [flat_key(f) for group in GROUPS.values() for f in dataclasses.fields(group)]
+    assert len(keys) == len(set(keys)) and not set(keys) & {"probes", "base"}
+    assert [flat_key(f) for f in dataclasses.fields(ReplaySettings)] == [
+        "replay_loss", "replay_top_k", "replay_weight", "forgetting_target", "replay_batch_size", "replay_seed"]
+    assert flat_key(dataclasses.fields(Stopping)[1]) == "stop_metric"
+
+
+def test_a_group_reports_all_its_problems_together():
+    with pytest.raises(ConfigError) as info:
+        Scoring(max_new_tokens=0, stop="\n", batch_size="big")
+    assert [e.key for e in info.value.errors] == ["batch_size", "max_new_tokens", "stop"]
+    assert all(e.source == "Scoring" for e in info.value.errors)
+
+
+def test_values_that_fail_only_together_are_refused_by_their_group():
+    with pytest.raises(ConfigError) as info:
+        ReplaySettings(weight="auto")
+    assert str(info.value) == ('ReplaySettings: key \'target\': weight="auto" steers toward a forgetting rate: '
+                               "give target, e.g. 0.05")
+    with pytest.raises(ConfigError) as info:  # in a flat file, named by the flat keys
+        ForgetWatchConfig.from_dict({"replay_weight": "auto"})
+    assert str(info.value) == ('<dict>: key \'forgetting_target\': replay_weight="auto" steers toward a '
+                               "forgetting rate: give forgetting_target, e.g. 0.05")
+
+
+def test_flat_reads_go_through_the_key_table():
+    cfg = ForgetWatchConfig(stopping=Stopping(metric="forgetting_adjusted"), replay=ReplaySettings(weight=2))
+    for key, value in cfg.to_dict().items():
+        assert getattr(cfg, key) == value, key
+    assert (cfg.stop_metric, cfg.replay_weight) == ("forgetting_adjusted", 2.0)
+    with pytest.raises(AttributeError, match="metric"):
+        cfg.metric  # a field name is read through its group  # noqa: B018
+
+
+# --- keywords of earlier releases --------------------------------------------------------------
+
+
+def test_earlier_keywords_build_the_same_config_with_one_warning_naming_the_new_form():
+    with pytest.warns(FutureWarning) as caught:
+        legacy = ForgetWatchConfig(probes="p.jsonl", eval_steps=50, replay_weight="auto", forgetting_target=0.05)
+    assert len(caught) == 1
+    assert str(caught[0].message) == (
+        "ForgetWatchConfig(eval_steps=..., replay_weight=..., forgetting_target=...) is deprecated and stops "
+        "working in the next release; use ForgetWatchConfig(schedule=Schedule(eval_steps=...), "
+        "replay=ReplaySettings(weight=..., target=...))")
+    assert caught[0].filename == __file__  # points at the caller's line
+    assert legacy == ForgetWatchConfig(probes="p.jsonl", schedule=Schedule(eval_steps=50),
+                                       replay=ReplaySettings(weight="auto", target=0.05))
+
+
+def test_earlier_keywords_change_a_group_given_beside_them():
+    with pytest.warns(FutureWarning):
+        cfg = ForgetWatchConfig(scoring=Scoring(batch_size=8), max_new_tokens=5)
+    assert (cfg.scoring.batch_size, cfg.scoring.max_new_tokens) == (8, 5)
+
+
+def test_earlier_keywords_are_checked_together_before_any_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # raised before it warns
+        with pytest.raises(ConfigError) as info:
+            ForgetWatchConfig(base="", patience=0, stop_metric="loss", verbose=1)
+    assert [e.key for e in info.value.errors] == ["base", "patience", "stop_metric", "verbose"]
+    assert all(e.source == "ForgetWatchConfig" for e in info.value.errors)
+
+
+def test_a_group_of_the_wrong_type_is_named():
+    with pytest.raises(ConfigError, match=r"key 'scoring': expected a Scoring, got \{'batch_size': 8\}"):
+        ForgetWatchConfig(scoring={"batch_size": 8})  # type: ignore[arg-type]
+
+
+def test_split_legacy_sorts_checks_and_warns_once():
+    with pytest.warns(FutureWarning) as caught:
+        groups = split_legacy({"replay_weight": 2, "stop_metric": "forgetting_adjusted", "batch_size": 8})
+    assert groups == {"replay": {"weight": 2.0}, "stopping": {"metric": "forgetting_adjusted"},
+                      "scoring": {"batch_size": 8}}
+    assert len(caught) == 1 and str(caught[0].message).startswith(
+        "ForgetWatchCallback(replay_weight=..., stop_metric=..., batch_size=...) is deprecated")
+    assert "stopping=Stopping(metric=...)" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert split_legacy({}) == {}  # nothing given: no warning
+
+
+def test_split_legacy_refuses_what_earlier_releases_refused():
+    with pytest.raises(ConfigError) as info:
+        split_legacy({"eval_step": 5, "prob": "p.jsonl", "patience": 0, "probes": "p.jsonl"}, source="Watch")
+    assert str(info.value).splitlines() == [
+        "Watch: key 'eval_step': unknown key (did you mean 'eval_steps'?); fix or remove it",
+        "Watch: key 'prob': unknown key (did you mean 'probes'?); fix or remove it",
+        "Watch: key 'probes': not a setting of a group; pass probes= itself",
+        "Watch: key 'patience': expected an integer >= 1, got 0 (int); use 1 or more",
+    ]
+
+
+# --- group sections in YAML and dicts ----------------------------------------------------------
+
+
+def write(tmp_path, text):
+    path = tmp_path / "forgetwatch.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_group_may_be_a_section_of_its_own(tmp_path):
+    nested = write(tmp_path, "forgetwatch:\n  eval_steps: 20\n  stopping:\n    max_forgetting: 0.1\n"
+                             "    metric: forgetting_adjusted\n  replay: {weight: auto, target: 0.05}\n")
+    flat = {"eval_steps": 20, "max_forgetting": 0.1, "stop_metric": "forgetting_adjusted",
+            "replay_weight": "auto", "forgetting_target": 0.05}
+    assert ForgetWatchConfig.from_yaml(nested) == ForgetWatchConfig.from_dict(flat)
+    assert ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience == 3
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("eval_steps: 5\nscoring:\n  batch_siz: 8\n",
+     "line 3: key 'scoring.batch_siz': unknown key (did you mean 'batch_size'?); fix or remove it"),
+    ("scoring:\n  max_new_tokens: 0\n",
+     "line 2: key 'scoring.max_new_tokens': expected an integer from 1 to 1048576, got 0 (int); use 1 or more"),
+    ("patience: 2\nstopping:\n  patience: 3\n",
+     "line 3: key 'stopping.patience': given twice, as 'patience' and as 'stopping.patience'; keep one"),
+    ("scoring:\n  stop: ['a']\n  stop: ['b']\n",
+     "line 3: key 'scoring.stop': appears 2 times (lines 2, 3); keep one"),
+    ("output: 5\n",
+     ("line 1: key 'output': expected a mapping of Output settings, got 5 (int); indent them under 'output:', "
+      "e.g. output_dir: ...")),
+    ("replay:\n  weight: auto\n",
+     ("key 'forgetting_target': replay.weight=\"auto\" steers toward a forgetting rate: give forgetting_target, "
+      "e.g. 0.05")),
+])
+def test_a_section_names_the_line_and_the_key_as_written(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        ForgetWatchConfig.from_yaml(path)
+    assert str(info.value) == f"{path}: {expected}"
+
+
+def test_replace_takes_flat_keys_and_whole_groups():
+    cfg = ForgetWatchConfig(scoring=Scoring(batch_size=8, max_new_tokens=5))
+    assert cfg.replace(max_new_tokens=7).scoring == Scoring(batch_size=8, max_new_tokens=7)
+    assert cfg.replace(scoring=Scoring(stop=["Q:"])).scoring == Scoring(stop=["Q:"])
+    assert cfg.replace(scoring={"normalize": "chars"}).scoring == Scoring(normalize="chars")
+    with pytest.raises(ConfigError, match=r"^replace\(\): key 'max_new_tokens': given twice"):
+        cfg.replace(scoring=Scoring(), max_new_tokens=3)
+
+
+# --- scoring defaults: declared once, in Scoring ------------------------------------------------
+
+
+def test_evaluate_scorer_and_the_command_line_take_their_defaults_from_scoring():
+    declared = {f.name: f.default for f in dataclasses.fields(Scoring)}
+    for function in (evaluate, Scorer):
+        shown = inspect.signature(function).parameters
+        for name in declared.keys() & shown.keys():
+            assert shown[name].default == declared[name], (function, name)
+    assert inspect.signature(Scorer.__call__).parameters["batch_size"].default == declared["batch_size"]
+    args = cli._parser().parse_args(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json"])
+    for name in declared.keys() - {"stop"}:
+        assert getattr(args, name) == declared[name], name
+
+
+def test_the_scorer_checks_its_options_as_the_settings_do():
+    with pytest.raises(ConfigError, match=r"^Scoring: key 'max_new_tokens': expected an integer from 1 to"):
+        Scorer(None, None, max_new_tokens=0)
+    with pytest.raises(ConfigError, match=r"^Scoring: key 'normalize': expected one of 'chars', null"):
+        Scorer(None, None, normalize="tokens")
