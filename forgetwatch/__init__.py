@@ -15,8 +15,9 @@ from .metrics import compare
 from .probes import Probe, ProbeError, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
 from .report import TransitionReport
+from .run_dir import load_trajectory
 from .scoring import Scorer, evaluate
-from .trajectory import Trajectory, load_trajectory
+from .trajectory import Trajectory
 
 __version__ = "0.1.0"
 
