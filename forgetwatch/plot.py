@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write
-from .history import read_history as load_history  # the one reader of history files, under the name plots use
+from .history import read_history as load_history  # the one reader of history files
 from .text import pct
 
 __all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]

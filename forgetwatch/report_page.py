@@ -194,7 +194,7 @@ def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
 
 def _heatmap(run: Run) -> dict[str, Any]:
     categories = sorted(set(run.trajectory.categories))
-    z = [[None if v is None else v for v in _series(run, "forgetting", c)] for c in categories]
+    z = [_series(run, "forgetting", c) for c in categories]
     return {"data": [{"type": "heatmap", "z": z, "x": [str(s) for s in run.steps], "y": categories,
                       "colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
                       "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>"}],

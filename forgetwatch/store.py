@@ -30,12 +30,12 @@ from . import strict_json
 from .answers import Answers
 from .files import atomic_write, json_line, leftover_temporaries, strict_dumps
 from .history import HistoryError
-from .run_dir import (  # the names of a run directory's files (re-exported: they are named from here too)
-    HISTORY, LATEST, MANIFEST, PROBES, REPLAY_BASE, REPLAY_STATE, SNAPSHOT, SUBDIR, read_records)
+from .run_dir import HISTORY, LATEST, MANIFEST, PROBES, REPLAY_BASE, REPLAY_STATE, SNAPSHOT, SUBDIR, read_records
 from .text import first_line, shorten
 
 logger = logging.getLogger(__name__)
 
+# the names of a run directory's files are run_dir's, named from here too
 __all__ = ["FILES", "HISTORY", "LATEST", "MANIFEST", "PROBES", "REPLAY_BASE", "REPLAY_STATE", "SNAPSHOT", "SUBDIR",
            "NotWritableError", "RunStore", "copy_problem"]
 

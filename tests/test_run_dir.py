@@ -99,8 +99,9 @@ def test_the_probes_and_latest_answers_are_read_only_when_asked_for(run):
     (directory / PROBES).write_text('{"id": "q0"}\n')  # damaged: no question
     (directory / LATEST).write_bytes(b"not an npz")
     assert load_trajectory(directory).steps.tolist() == [0, 10, 20]  # neither is read for a trajectory
+    run = read_run(directory)
     with pytest.raises(ProbeError, match="probes.jsonl"):
-        read_run(directory).probes
+        _ = run.probes
 
 
 def test_no_base_snapshot_says_what_to_give(tmp_path):
