@@ -17,10 +17,11 @@ from .probes import Probe, ProbeError, ProbeKind, ProbeSet
 from .replay import ReplayPool, ReplayPoolError
 from .replay.driver import Replay
 from .report import TransitionReport
+from .run_dir import load_trajectory
 from .scoring import Scorer, evaluate
 from .settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
 from .sinks import Sink
-from .trajectory import Trajectory, load_trajectory
+from .trajectory import Trajectory
 from .watch import Watch
 
 __version__ = "0.1.0"

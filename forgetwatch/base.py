@@ -27,7 +27,7 @@ import torch
 from .answers import Answers, AnswersMismatchError
 from .config import ADAPTER_DISABLED
 from .distributed import Ranks
-from .store import RunStore
+from .run_dir import SNAPSHOT, read_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -131,14 +131,14 @@ def given_base(given: Answers | str | os.PathLike[str], expected: Expected, prob
 def cached_base(run_dir: Path, expected: Expected) -> Answers | None:
     """A snapshot left in the run's folder by an earlier run of the same model and weights."""
     try:
-        cached = RunStore(run_dir).load_snapshot()
+        cached = read_snapshot(run_dir)
     except ValueError as err:  # damaged: say so, and compute a new one
         logger.warning("forgetwatch: ignoring %s", err)
         return None
     if cached is None:
         return None
     problem = expected.problem(cached, expected.keys)
-    path = RunStore(run_dir).snapshot_path
+    path = run_dir / SNAPSHOT
     if problem is None:
         logger.info("forgetwatch: reusing the base snapshot in %s", path)
         return cached
@@ -158,7 +158,7 @@ def resumed_base(dirs: Sequence[Path], expected: Expected, step: int) -> Answers
     rejected = []
     for directory in dirs:
         try:
-            answers = RunStore(directory).load_snapshot()
+            answers = read_snapshot(directory)
         except ValueError as err:  # damaged: say so, and look further
             rejected.append(str(err))
             continue

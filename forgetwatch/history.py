@@ -10,9 +10,10 @@ and ended by a newline::
 ``stop`` is there only when forgetwatch stopped training at that evaluation; ``columns`` is the
 evaluation's trajectory column (:func:`encode_column`). Steps increase from line to line.
 
-Every reader of a run's files reads records through :func:`scan_history` (the report, the
-plots, :func:`~forgetwatch.load_trajectory`, the store and a resume), so a damaged line is
-the same :class:`HistoryError`, naming the file, line and field, wherever it is read.
+Every reader of a run's files reads records through :func:`scan_history` (the report and
+:func:`~forgetwatch.load_trajectory` by :func:`forgetwatch.run_dir.read_run`, the plots, the
+store and a resume), so a damaged line is the same :class:`HistoryError`, naming the file,
+line and field, wherever it is read.
 
 Example:
     >>> from forgetwatch.history import read_history, report_from_record

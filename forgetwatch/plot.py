@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write
-from .history import read_history
+from .history import read_history as load_history  # the one reader of history files
 from .text import pct
 
 __all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]
@@ -48,22 +48,6 @@ _INSTALL_HINT = (
 
 
 # -- reading ---------------------------------------------------------------------------------
-
-
-def load_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a ``history.jsonl``: one evaluation record per line, blank lines skipped.
-
-    The same reader the callback uses (:func:`forgetwatch.history.read_history`): a last
-    line cut short by a crash is dropped with a warning; any other line that is not JSON,
-    not an object, or lacks an integer ``step`` or a ``report`` object raises
-    :class:`~forgetwatch.history.HistoryError` (a ``ValueError``) naming the file and line.
-
-    Example:
-        >>> records = load_history("history.jsonl")   # doctest: +SKIP
-        >>> records[0]["step"], records[0]["report"]["forgetting"]  # doctest: +SKIP
-        (0, 0.0)
-    """
-    return read_history(path)
 
 
 @dataclass

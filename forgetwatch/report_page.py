@@ -19,28 +19,24 @@ from __future__ import annotations
 
 import html
 import json
-import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .answers import Answers, AnswersFileError
 from .behaviour.drift import SHARES
 from .sinks.tables import shown_answer
 from .files import atomic_write
-from .probes import Probe, ProbeKind, ProbeSet
-from .store import HISTORY, LATEST, PROBES, SUBDIR
-from .text import first_line, pct
-from .trajectory import Trajectory, read_run, run_directory
+from .probes import Probe, ProbeKind
+from .report import TransitionReport
+from .run_dir import HISTORY, SUBDIR, Run, read_run, run_directory
+from .text import pct
+from .trajectory import Trajectory
 
-__all__ = ["Run", "load_run", "write_report"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported
 
 #: Probes listed in each table of the page.
 TOP = 25
@@ -50,71 +46,9 @@ _CURVES = (("forgetting", "forgetting"), ("backward_transfer", "backward transfe
 _ANSWER_CHARS = 40
 
 
-@dataclass
-class Run:
-    """What the page shows of one run."""
-
-    name: str
-    dir: Path
-    records: list[dict[str, Any]]
-    trajectory: Trajectory
-    probes: dict[str, Probe]
-    noise_floor: float | None = None  # the share of probes that flipped when the base was scored again
-    base: Answers | None = None
-    #: The last evaluation's answers, aligned with the base's (``answers_latest.npz``); without
-    #: them the tables say only right or wrong.
-    current: Answers | None = None
-
-    @property
-    def steps(self) -> list[int]:
-        """The evaluations' steps."""
-        return [r["step"] for r in self.records]
-
-    @property
-    def has_behaviour(self) -> bool:
-        """Whether the run has behaviour probes (rows with ``check``); without its probe file,
-        whether its history has drift figures."""
-        if self.probes:
-            return any(p.kind is ProbeKind.BEHAVIOUR for p in self.probes.values())
-        return any(r["report"].get("behaviour") for r in self.records)
-
-    def from_base(self, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
-        """Steps and ``values`` (one per evaluation) with the base's value ahead at step 0, so a
-        curve starts where training did; none where the first evaluation has no figure."""
-        if self.records and self.records[0]["step"] <= 0:  # the base step was evaluated itself
-            return self.steps, values
-        return [0, *self.steps], [at_base if not values or values[0] is not None else None, *values]
-
-    def curve(self, key: str) -> tuple[list[int], list[float | None]]:
-        """A rate or accuracy from the base on: compared with itself, the base forgets and
-        gains nothing; its accuracy is the base's."""
-        base = self.trajectory.correct[:, 0]
-        at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
-        return self.from_base(self.series(key), at_base)
-
-    def behaviour_curve(self, key: str) -> tuple[list[int], list[float | None]]:
-        """A behaviour figure from the base on: at the base, the responses are the base's."""
-        first = self.records[0]["report"].get("behaviour", {}) if self.records else {}
-        at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
-        return self.from_base(self.behaviour(key), at_base)
-
-    def series(self, key: str, category: str | None = None) -> list[float | None]:
-        """One figure of every evaluation (``None`` where it does not apply)."""
-        out = []
-        for r in self.records:
-            report = r["report"] if category is None else r["report"].get("by_category", {}).get(category, {})
-            value = report.get(key)
-            out.append(None if value is None else float(value))
-        return out
-
-    def behaviour(self, key: str) -> list[float | None]:
-        """One behaviour drift figure of every evaluation (``None`` where it does not apply)."""
-        values = [r["report"].get("behaviour", {}).get(key) for r in self.records]
-        return [None if v is None else float(v) for v in values]
-
-
 def load_run(path: str | os.PathLike[str]) -> Run:
-    """A run from its forgetwatch directory, or from the trainer's output directory holding one.
+    """A run from its forgetwatch directory, or from the trainer's output directory holding one
+    (see :func:`~forgetwatch.run_dir.read_run`); the page needs its history.
 
     Raises ``FileNotFoundError`` naming what is missing.
     """
@@ -122,25 +56,47 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     if not (path / HISTORY).is_file():
         raise FileNotFoundError(f"{path}: no {HISTORY}; give a run's forgetwatch directory (OUTPUT_DIR/{SUBDIR}) "
                                 "or the trainer's output directory")
-    run = read_run(path)  # the one reader of run directories: a damaged record names file, line and field
-    probes_file = path / PROBES
-    probes = {p.id: p for p in ProbeSet.from_jsonl(probes_file)} if probes_file.is_file() else {}
-    name = path.parent.name if path.name == SUBDIR else path.name
-    return Run(name, path, run.records, run.trajectory, probes, run.base.meta.get("noise_floor"), run.base,
-               _latest(path, run.records, run.base))
+    return read_run(path)
 
 
-def _latest(path: Path, records: list[dict[str, Any]], base: Answers) -> Answers | None:
-    """The last evaluation's answers, when the run kept them for the last record's step (a run
-    resumed from an earlier checkpoint has not written its own yet)."""
-    try:
-        latest = Answers.load(path / LATEST) if (path / LATEST).is_file() else None
-    except AnswersFileError as err:
-        logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
-        return None
-    if latest is None or not records or latest.meta.get("step") != records[-1]["step"] or latest.ids != base.ids:
-        return None
-    return latest
+# -- what the page reads of a run -----------------------------------------------------------------
+
+
+def _has_behaviour(run: Run) -> bool:
+    """Whether the run has behaviour probes (rows with ``check``); without its probe file,
+    whether its history has drift figures."""
+    if run.probes:
+        return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
+    return any(report.behaviour for _, report in run.history)
+
+
+def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
+    """Steps and ``values`` (one per evaluation) with the base's value ahead at step 0, so a
+    curve starts where training did; none where the first evaluation has no figure."""
+    if run.steps and run.steps[0] <= 0:  # the base step was evaluated itself
+        return run.steps, values
+    return [0, *run.steps], [at_base if not values or values[0] is not None else None, *values]
+
+
+def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
+    """A rate or accuracy from the base on: compared with itself, the base forgets and
+    gains nothing; its accuracy is the base's."""
+    base = run.trajectory.correct[:, 0]
+    at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
+    return _from_base(run, _series(run, key), at_base)
+
+
+def _behaviour_curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
+    """A behaviour figure from the base on: at the base, the responses are the base's."""
+    first = run.history[0][1].behaviour if run.history else {}
+    at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
+    return _from_base(run, [_num(report.behaviour.get(key)) for _, report in run.history], at_base)
+
+
+def _series(run: Run, key: str, category: str | None = None) -> list[float | None]:
+    """One figure of every evaluation (``None`` where it does not apply)."""
+    reports = [r if category is None else r.by_category.get(category) for _, r in run.history]
+    return [None if r is None else _num(getattr(r, key)) for r in reports]
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
@@ -168,7 +124,7 @@ def _page(runs: list[Run], top: int) -> str:
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
     parts = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>",
              *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))), _figure(_survival(runs), "survival")]
-    if any(r.has_behaviour for r in runs):
+    if any(_has_behaviour(r) for r in runs):
         parts.append(_figure(_behaviour(runs), "behaviour"))
     for k, run in enumerate(runs):
         parts += [f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
@@ -181,12 +137,12 @@ def _page(runs: list[Run], top: int) -> str:
 def _summary(runs: list[Run]) -> str:
     rows = []
     for run in runs:
-        t, last = run.trajectory, run.records[-1]["report"] if run.records else {}
+        t, last = run.trajectory, run.history[-1][1] if run.history else TransitionReport()
         stop = next((r["stop"] for r in run.records if "stop" in r), None)
         floor = run.noise_floor
         rows.append("<tr>" + "".join(f"<td>{_e(x)}</td>" for x in (
             run.name, len(t.ids), len(set(t.categories)), pct(float(t.correct[:, 0].mean())),
-            pct(last.get("accuracy_after")), pct(last.get("forgetting")), pct(last.get("backward_transfer")),
+            pct(last.accuracy_after), pct(last.forgetting), pct(last.backward_transfer),
             int(t.forgetting_events().sum()), "-" if floor is None else pct(floor),
             f"step {run.steps[-1]}" if run.steps else "-", stop or "")) + "</tr>")
     head = ("run", "probes", "categories", "base accuracy", "accuracy", "forgetting", "backward transfer",
@@ -201,11 +157,11 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     and their accuracies in a second chart."""
     if len(runs) == 1:
         run = runs[0]
-        traces = [_line(*run.curve(key), name, color, dash)
+        traces = [_line(*_curve(run, key), name, color, dash)
                   for (key, name), color, dash in zip(_CURVES, ("#d62728", "#2ca02c", "#d62728"),
                                                         ("solid", "solid", "dash"))]
-        traces += [_line(*run.curve("accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
-                   _line(*run.curve("accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2")]
+        traces += [_line(*_curve(run, "accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
+                   _line(*_curve(run, "accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2")]
         traces += _noise(run, "#999")
         layout = _layout("Forgetting, backward transfer and accuracy by training step", "share of probes")
         layout["yaxis2"] = {"title": {"text": "accuracy"}, "tickformat": ".0%", "overlaying": "y", "side": "right",
@@ -214,10 +170,10 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     rates, accuracy = [], []
     for k, run in enumerate(runs):
         color = _COLORS[k % len(_COLORS)]
-        rates += [_line(*run.curve("forgetting"), f"{run.name}: forgetting", color, "solid"),
-                  _line(*run.curve("backward_transfer"), f"{run.name}: backward transfer", color, "dot")]
+        rates += [_line(*_curve(run, "forgetting"), f"{run.name}: forgetting", color, "solid"),
+                  _line(*_curve(run, "backward_transfer"), f"{run.name}: backward transfer", color, "dot")]
         rates += _noise(run, color)
-        accuracy.append(_line(*run.curve("accuracy_after"), run.name, color, "solid"))
+        accuracy.append(_line(*_curve(run, "accuracy_after"), run.name, color, "solid"))
     return [{"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},
             {"data": accuracy, "layout": _layout("Accuracy on the probes by training step", "accuracy")}]
 
@@ -225,7 +181,7 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
 def _noise(run: Run, color: str) -> list[dict[str, Any]]:
     if run.noise_floor is None:
         return []
-    steps, _ = run.curve("forgetting")
+    steps, _ = _curve(run, "forgetting")
     return [_line(steps, [run.noise_floor] * len(steps), f"{run.name}: noise floor", color, "dashdot")]
 
 
@@ -238,7 +194,7 @@ def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
 
 def _heatmap(run: Run) -> dict[str, Any]:
     categories = sorted(set(run.trajectory.categories))
-    z = [[None if v is None else v for v in run.series("forgetting", c)] for c in categories]
+    z = [_series(run, "forgetting", c) for c in categories]
     return {"data": [{"type": "heatmap", "z": z, "x": [str(s) for s in run.steps], "y": categories,
                       "colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
                       "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>"}],
@@ -253,17 +209,17 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
     refusals and length, a colour a run."""
     traces = []
     for k, run in enumerate(runs):
-        if not run.has_behaviour:
+        if not _has_behaviour(run):
             continue
         color = _COLORS[k % len(_COLORS)]
         prefix = f"{run.name}: " if len(runs) > 1 else ""
         features = SHARES if len(runs) == 1 else SHARES[:1]
         for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
-            now, base = run.behaviour_curve(name), run.behaviour_curve(f"{name}_base")
+            now, base = _behaviour_curve(run, name), _behaviour_curve(run, f"{name}_base")
             if name != "refusals" and not any(now[1] + base[1]):
                 continue  # a feature no response ever had
             traces += [_line(*now, f"{prefix}{name}", c, "solid"), _line(*base, f"{prefix}{name} (base)", c, "dot")]
-        ratio = _line(*run.behaviour_curve("length_ratio_words"), f"{prefix}length in words vs the base",
+        ratio = _line(*_behaviour_curve(run, "length_ratio_words"), f"{prefix}length in words vs the base",
                       "#333" if len(runs) == 1 else color, "dash", "y2")
         ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
         traces.append(ratio)
@@ -283,10 +239,10 @@ def _survival(runs: list[Run]) -> dict[str, Any]:
 
 def _probe_tables(run: Run, top: int) -> str:
     t = run.trajectory
-    last_risk = set(run.records[-1]["report"].get("at_risk_ids", [])) if run.records else set()
+    last_risk = set(run.history[-1][1].at_risk_ids) if run.history else set()
     risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
     risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
-    unknown = ("" if run.current is not None else "<p class=\"note\">The run directory holds no answers of its last "
+    unknown = ("" if run.latest is not None else "<p class=\"note\">The run directory holds no answers of its last "
                "evaluation (written by an older forgetwatch, or resumed and not evaluated since): \"answer now\" "
                "says right or wrong.</p>")
     return unknown + "".join([
@@ -351,9 +307,9 @@ def _answers(run: Run, i: int, probe: Probe | None) -> tuple[str, str, str]:
     right or wrong."""
     choices = probe.choices if probe else None
     gold = probe.answer_text if probe else ""
-    then = shown_answer(run.base, i, choices) if run.base is not None else ""
-    if run.current is not None:
-        now = shown_answer(run.current, i, choices)
+    then = shown_answer(run.base, i, choices)
+    if run.latest is not None:
+        now = shown_answer(run.latest, i, choices)
     else:
         now = "right" if run.trajectory.correct[i, -1] else "wrong"
     return gold, then, now

@@ -1,5 +1,5 @@
-"""The files of a monitored run: the base snapshot, the evaluation history, and their copies
-in checkpoints.
+"""Writing the files of a monitored run: the base snapshot, the evaluation history, and their
+copies in checkpoints (their names, and reading them back: :mod:`forgetwatch.run_dir`).
 
 They live in the run's forgetwatch directory and are copied into every checkpoint, so a run
 resumed from a checkpoint finds the answers of its original base model (the weights it
@@ -27,21 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from . import strict_json
-from .answers import Answers, AnswersFileError
+from .answers import Answers
 from .files import atomic_write, json_line, leftover_temporaries, strict_dumps
-from .history import HistoryError, read_history
+from .history import HistoryError
+from .run_dir import HISTORY, LATEST, MANIFEST, PROBES, REPLAY_BASE, REPLAY_STATE, SNAPSHOT, SUBDIR, read_records
 from .text import first_line, shorten
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT = "base_answers.npz"
-HISTORY = "history.jsonl"
-PROBES = "probes.jsonl"  # the questions, for reports
-REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
-REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
-MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
-LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
-SUBDIR = "forgetwatch"  # inside each checkpoint directory
+# the names of a run directory's files are run_dir's, named from here too
+__all__ = ["FILES", "HISTORY", "LATEST", "MANIFEST", "PROBES", "REPLAY_BASE", "REPLAY_STATE", "SNAPSHOT", "SUBDIR",
+           "NotWritableError", "RunStore", "copy_problem"]
+
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
@@ -149,20 +146,6 @@ class RunStore:
 
     # -- the files written once ----------------------------------------------------------------
 
-    def load_snapshot(self) -> Answers | None:
-        """The snapshot, or ``None`` when there is none; raises :class:`AnswersFileError` for
-        a damaged one, saying what is wrong and what to do."""
-        if not self.snapshot_path.is_file():
-            return None
-        try:
-            return Answers.load(self.snapshot_path)
-        except AnswersFileError as err:
-            raise AnswersFileError(
-                err.reason, self.snapshot_path,
-                advice="this base snapshot cannot be used: delete it to score the base model again, or "
-                       f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
-            ) from None
-
     def save_snapshot(self, answers: Answers, *, on_disk: bool = False) -> bool:
         """Write the base answers (``on_disk``: they are the snapshot the run directory holds
         already: only keep them) and keep them for checkpoints; on failure retried. Whether
@@ -200,10 +183,6 @@ class RunStore:
 
     # -- the history ---------------------------------------------------------------------------
 
-    def load_history(self) -> list[dict[str, Any]]:
-        """The records, in order (see :func:`~forgetwatch.history.read_history`); none without a file."""
-        return read_history(self.history_path) if self.history_path.is_file() else []
-
     def save_history(self, records: list[dict[str, Any]]) -> bool:
         """Replace the whole history (at the start of a run, or after a resume). Whether it is on disk."""
         self._written, self._unwritten = [], list(records)
@@ -211,7 +190,7 @@ class RunStore:
 
     def append_history(self, record: dict[str, Any]) -> bool:
         """Add one record: one write of one whole line, flushed to disk (a crash can cut only
-        this line short, and :meth:`load_history` drops such a line). Whether everything is
+        this line short, and reading it back drops such a line). Whether everything is
         on disk (see :attr:`pending`)."""
         self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
         if self._unwritten:  # the file is behind: retried below by one rewrite, this record included
@@ -360,7 +339,7 @@ class RunStore:
     def _records(self) -> list[dict[str, Any]]:
         """The whole history: what is on disk, then what is not yet."""
         if self._written is None:
-            self._written = self.load_history()
+            self._written = read_records(self.dir)
         return self._written + self._unwritten
 
     def _rewrite_history(self) -> None:

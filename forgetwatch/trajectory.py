@@ -13,7 +13,7 @@ evaluations.
 In the run directory the trajectory is not a file of its own: each ``history.jsonl`` record
 carries its evaluation's column (correctness bit-packed, the signal as float16), so it is
 appended, copied into checkpoints and cut back on resume with the history; the base column
-comes from the base snapshot. :func:`load_trajectory` reads it back.
+comes from the base snapshot. :func:`forgetwatch.load_trajectory` reads it back.
 
 Example:
     >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
@@ -24,21 +24,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .answers import Answers
-from .history import HistoryError, decode_column, encode_column, read_history
+from .history import HistoryError, decode_column, encode_column
 from .metrics import margins
 from .report import TransitionReport
-from .store import HISTORY, SNAPSHOT, SUBDIR
 
-__all__ = ["RunFiles", "Trajectory", "load_trajectory", "read_run", "run_directory", "with_trajectory_figures"]
+__all__ = ["Trajectory", "with_trajectory_figures"]
 
 
 class Trajectory:
@@ -180,59 +177,6 @@ def with_trajectory_figures(report: TransitionReport, trajectory: Trajectory) ->
     children = {cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))
                 for cat, child in report.by_category.items()}
     return dataclasses.replace(report, by_category=children, **trajectory.figures())
-
-
-class RunFiles(NamedTuple):
-    """A monitored run as its forgetwatch directory holds it (see :func:`read_run`)."""
-
-    dir: Path
-    base: Answers
-    records: list[dict[str, Any]]
-    trajectory: Trajectory
-
-
-def run_directory(path: str | os.PathLike[str]) -> Path:
-    """``path``, or its ``forgetwatch/`` folder when ``path`` is a trainer's output directory."""
-    path = Path(path)
-    return path / SUBDIR if not (path / SNAPSHOT).is_file() and (path / SUBDIR / SNAPSHOT).is_file() else path
-
-
-def read_run(run_dir: str | os.PathLike[str]) -> RunFiles:
-    """The base snapshot, history records and trajectory of a monitored run: the reader of a
-    run directory that :func:`load_trajectory` and ``forgetwatch report`` share (its records
-    are read as everywhere, by :func:`~forgetwatch.history.read_history`). ``run_dir`` is a forgetwatch directory (the callback's ``output_dir``, or a
-    checkpoint's ``forgetwatch/`` copy) or the trainer's output directory holding one.
-
-    Raises ``FileNotFoundError`` without a base snapshot, and
-    :class:`~forgetwatch.history.HistoryError` (file, line, field) for a damaged record,
-    columns of another probe set or size included; no history yet is no records.
-
-    Example:
-        >>> run = read_run("out")                                        # doctest: +SKIP
-        >>> run.dir, [r["step"] for r in run.records], run.trajectory    # doctest: +SKIP
-        (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
-    """
-    path = run_directory(run_dir)
-    if not (path / SNAPSHOT).is_file():
-        raise FileNotFoundError(f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
-                                f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
-                                "directory")
-    base = Answers.load(path / SNAPSHOT)
-    history = path / HISTORY
-    records = (read_history(history, probes=len(base), fingerprint=base.probe_fingerprint)
-               if history.is_file() else [])
-    return RunFiles(path, base, records, Trajectory.from_history(base, records))
-
-
-def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
-    """The trajectory of a monitored run from its forgetwatch directory (the callback's
-    ``output_dir``, or a checkpoint's ``forgetwatch/`` copy); see :func:`read_run`.
-
-    Example:
-        >>> t = load_trajectory("out/forgetwatch")                 # doctest: +SKIP
-        >>> t.steps[:3], t.forgetting_events().max()                # doctest: +SKIP
-    """
-    return read_run(run_dir).trajectory
 
 
 def _signal(answers: Answers) -> np.ndarray:

@@ -427,16 +427,15 @@ def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
 
 
 def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
-    from forgetwatch.store import RunStore
+    from forgetwatch.run_dir import SNAPSHOT, read_snapshot
 
-    store = RunStore(tmp_path)
-    assert store.load_snapshot() is None  # none: not an error
-    data = make().save(store.snapshot_path).read_bytes()
-    store.snapshot_path.write_bytes(data[: len(data) // 2])
+    assert read_snapshot(tmp_path) is None  # none: not an error
+    data = make().save(tmp_path / SNAPSHOT).read_bytes()
+    (tmp_path / SNAPSHOT).write_bytes(data[: len(data) // 2])
     with pytest.raises(AnswersFileError) as info:
-        store.load_snapshot()
+        read_snapshot(tmp_path)
     message = str(info.value)
-    assert message.startswith(f"{store.snapshot_path}: damaged")
+    assert message.startswith(f"{tmp_path / SNAPSHOT}: damaged")
     assert "delete it" in message and "base=" in message
     assert "not found" not in message
 

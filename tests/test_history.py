@@ -145,7 +145,7 @@ DAMAGED_COLUMNS = [
 @pytest.mark.parametrize("damage, field, why", DAMAGED_COLUMNS)
 def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path, capsys, damage, field, why):
     from forgetwatch.cli import main
-    from forgetwatch.trajectory import load_trajectory, read_run
+    from forgetwatch.run_dir import load_trajectory, read_run
 
     run = tmp_path / "forgetwatch"
     run.mkdir()
@@ -162,7 +162,8 @@ def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path
 
 
 def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
-    from forgetwatch.trajectory import Trajectory, read_run
+    from forgetwatch.run_dir import read_run
+    from forgetwatch.trajectory import Trajectory
 
     run = tmp_path / "forgetwatch"
     run.mkdir()

@@ -9,7 +9,6 @@ import copy
 import hashlib
 import json
 import shutil
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -241,7 +241,7 @@ def test_tables_show_the_gold_the_base_and_the_current_answer(runs, tmp_path):
     lines = (stale / "history.jsonl").read_text().splitlines(keepends=True)
     (stale / "history.jsonl").write_text("".join(lines[:-1]))
     older = load_run(stale)
-    assert older.current is None
+    assert older.latest is None
     right_then = older.trajectory.correct[:, -1]
     for pid, *_, now, _events, _flips, _line, _margin in table_rows(_probe_tables(older, 1000), "Forgotten most often"):
         assert now == ("right" if right_then[index[pid]] else "wrong")

@@ -1,0 +1,109 @@
+"""The one reader of a run directory: what the store writes, read back whole by read_run."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from forgetwatch import load_trajectory
+from forgetwatch.answers import Answers
+from forgetwatch.history import history_record
+from forgetwatch.metrics import compare
+from forgetwatch.probes import ProbeError, ProbeSet
+from forgetwatch.run_dir import LATEST, PROBES, Run, read_run
+from forgetwatch.store import RunStore
+from forgetwatch.trajectory import Trajectory, with_trajectory_figures
+
+PROBE_ROWS = [{"id": f"q{i}", "question": f"Question {i}?", "choices": ["yes", "no"], "answer": 0,
+               "category": "math" if i < 3 else "law"} for i in range(6)]
+#: right (True) or wrong at the base, step 10 and step 20, per probe
+COLUMNS = [(True, False, False), (True, True, False), (False, True, True),
+           (True, False, True), (False, False, False), (True, True, True)]
+
+
+def answers(probes, column, step=None):
+    """The answers of a model that is right on the probes ``column`` says, its margins as far from 0."""
+    samples = [{"id": p.id, "category": p.category, "correct": row[column], "predicted": 0 if row[column] else 1,
+                "choice_logprobs": [-0.5, -1.5] if row[column] else [-1.5, -0.5], "n_choices": 2}
+               for p, row in zip(probes, COLUMNS)]
+    return Answers.from_samples(probes.fingerprint(), {}, samples, meta={} if step is None else {"step": step})
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run directory written as the callback writes it: snapshot, probes, two evaluations
+    (each with its trajectory column and figures), the last one's answers. Its reports, as made."""
+    probes = ProbeSet.from_records(PROBE_ROWS)
+    base = answers(probes, 0)
+    store = RunStore(tmp_path / "out" / "forgetwatch")
+    store.save_snapshot(base)
+    store.save_probes(probes)
+    trajectory, reports = Trajectory.start(base), []
+    for column, step in ((1, 10), (2, 20)):
+        now = answers(probes, column, step)
+        trajectory.append(step, now)
+        reports.append(with_trajectory_figures(compare(base, now), trajectory))
+        store.append_history(history_record(step, reports[-1], time=float(step), seconds=0.5, trigger="schedule",
+                                            stop="forgetting above 10%" if step == 20 else None,
+                                            columns=trajectory.column()))
+        store.save_latest(now)
+    return store.dir, reports, trajectory
+
+
+def test_a_run_is_read_whole_from_the_trainers_output_directory(run):
+    directory, reports, trajectory = run
+    read = read_run(directory.parent)  # the trainer's output directory: its forgetwatch/ folder is found
+    assert read.dir == directory and read.name == "out" and read.steps == [10, 20]
+    assert read.records[-1]["stop"] == "forgetting above 10%"
+    # each evaluation's report as it was made, per category ids included
+    assert [step for step, _ in read.history] == [10, 20]
+    assert [r.to_dict() for _, r in read.history] == [r.to_dict() for r in reports]
+    assert read.history[0][1].by_category["math"].forgotten_ids == ["q0"]
+    assert read.history[0][1].by_category["law"].forgotten_ids == ["q3"]
+    # the trajectory, to the bit the history stores
+    assert read.trajectory.correct.tolist() == [list(row) for row in COLUMNS]
+    np.testing.assert_array_equal(read.trajectory.signal, trajectory.signal)
+    assert load_trajectory(directory).correct.tolist() == read.trajectory.correct.tolist()
+    # the probes kept beside it, and the last evaluation's answers
+    assert list(read.probes) == [r["id"] for r in PROBE_ROWS] and read.probes["q4"].category == "law"
+    assert read.latest is not None and read.latest.correct.tolist() == [row[2] for row in COLUMNS]
+    assert read.noise_floor is None
+
+
+def test_a_run_made_from_records_is_the_run_read(run):
+    """What a resume holds (the base and the records it kept) gives the same reports and trajectory."""
+    directory, _, _ = run
+    read = read_run(directory)
+    again = Run(directory, read.base, read.records[:1])
+    assert [r.to_dict() for _, r in again.history] == [r.to_dict() for _, r in read.history[:1]]
+    assert again.trajectory.correct.tolist() == read.trajectory.up_to(10).correct.tolist()
+
+
+def test_the_latest_answers_serve_only_the_last_evaluation(run, caplog):
+    directory, _, _ = run
+    probes = ProbeSet.from_records(PROBE_ROWS)
+    answers(probes, 1, step=10).save(directory / LATEST)  # a resumed run, not evaluated since
+    assert read_run(directory).latest is None
+    answers(probes.subset(["q0", "q1"]), 1, step=20).save(directory / LATEST)  # other probes
+    assert read_run(directory).latest is None
+    (directory / LATEST).write_bytes(b"not an npz")
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert read_run(directory).latest is None
+    assert "answers_latest.npz" in caplog.text and "right or wrong" in caplog.text
+
+
+def test_the_probes_and_latest_answers_are_read_only_when_asked_for(run):
+    directory, _, _ = run
+    (directory / PROBES).write_text('{"id": "q0"}\n')  # damaged: no question
+    (directory / LATEST).write_bytes(b"not an npz")
+    assert load_trajectory(directory).steps.tolist() == [0, 10, 20]  # neither is read for a trajectory
+    run = read_run(directory)
+    with pytest.raises(ProbeError, match="probes.jsonl"):
+        _ = run.probes
+
+
+def test_no_base_snapshot_says_what_to_give(tmp_path):
+    with pytest.raises(FileNotFoundError, match="base_answers.npz: no base snapshot; give the forgetwatch directory"):
+        read_run(tmp_path)
