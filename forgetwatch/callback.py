@@ -16,6 +16,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from .answers import Answers
 from .config import ForgetWatchConfig
 from .probes import ProbesLike
+from .repair import Repair
+from .replay import ReplayPool
+from .settings import Output, Schedule, Scoring, Signals, Stopping
 from .sinks import eval_metric_values
 from .sinks.hook import OnForgetting
 from .sinks.tensorboard import TensorBoardText
@@ -55,16 +58,18 @@ class ForgetWatchCallback(TrainerCallback):
             instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
             (LoRA) model with its adapters disabled, when training begins and on every resume.
         tokenizer: defaults to the trainer's ``processing_class``.
+        scoring, schedule, stopping, signals, output: the settings of each group (see
+            :mod:`forgetwatch.settings`), e.g. ``scoring=Scoring(batch_size=16)``.
         replay: a :class:`~forgetwatch.ReplayPool` (or its file) to repair forgetting with, or a
             repair method (default ``None``: no repair). A pool holding a probe's question is refused.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`).
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
         trainer: the trainer running this callback, if known; otherwise it is found when
             training begins (see :mod:`forgetwatch.trainer_bridge`).
-        config: a :class:`~forgetwatch.config.ForgetWatchConfig`; keywords given beside it
-            override its settings.
-        **settings: any other :class:`~forgetwatch.config.ForgetWatchConfig` setting, and
-            ``refusal_detector`` and ``clock`` (see :class:`~forgetwatch.Watch`).
+        **settings: passed to the :class:`~forgetwatch.Watch`: ``config`` (a
+            :class:`~forgetwatch.config.ForgetWatchConfig`, which the keywords above override),
+            ``refusal_detector``, ``clock``, and the flat settings of earlier releases
+            (``replay_weight=``, ``batch_size=``, ...: a ``FutureWarning`` names the new form).
 
     Attributes:
         watch: the :class:`~forgetwatch.Watch` doing the work.
@@ -93,16 +98,20 @@ class ForgetWatchCallback(TrainerCallback):
         output_dir: str | os.PathLike[str] | None = None,
         base: Answers | str | os.PathLike[str] | None = None,
         tokenizer: Any = None,
-        replay: Any = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        output: Output | None = None,
+        replay: Repair | ReplayPool | str | os.PathLike[str] | None = None,
         sinks: Iterable[Any] = (),
         on_forgetting: OnForgetting | None = None,
         trainer: Any = None,
-        config: ForgetWatchConfig | None = None,
         **settings: Any,
     ):
         self.watch = Watch(probes, eval_steps=eval_steps, max_forgetting=max_forgetting, output_dir=output_dir,
-                           base=base, replay=replay, sinks=sinks, on_forgetting=on_forgetting, config=config,
-                           **settings)
+                           base=base, scoring=scoring, schedule=schedule, stopping=stopping, signals=signals,
+                           output=output, replay=replay, sinks=sinks, on_forgetting=on_forgetting, **settings)
         self.tokenizer = tokenizer
         self._link = TrainerLink(self, trainer)
         self._eval_logged_at: int | None = None
@@ -169,13 +178,13 @@ class ForgetWatchCallback(TrainerCallback):
             checkpoints.append(link.resuming / SUBDIR)
         self.watch.start(model, tokenizer, step=step, output_dir=link.run_dir() / SUBDIR,
                          resume_from=resume_from if step > 0 and link.resuming else [], leftovers_in=checkpoints,
-                         sinks=self._trainer_sinks() if state.is_world_process_zero else (),
+                         sinks=self._trainer_sinks(),
                          max_steps=state.max_steps, sharded=sharded_run(args), stop_note=self._stop_note)
 
     def _trainer_sinks(self) -> list[Any]:
         """The trainer's integrations as sinks: W&B's section and tables, TensorBoard's text,
         then the log every integration reads."""
-        link, probes, rows = self._link, self.watch.probes, self.watch.config.table_rows
+        link, probes, rows = self._link, self.watch.probes, self.watch.config.output.table_rows
         wandb_cb, tensorboard_cb = link.integration("WandbCallback"), link.integration("TensorBoardCallback")
         wandb = WandbSection(probes, rows, run=lambda: getattr(getattr(wandb_cb, "_wandb", None), "run", None)) \
             if wandb_cb is not None else None
@@ -184,7 +193,7 @@ class ForgetWatchCallback(TrainerCallback):
         return [WhileTraining(link, s) for s in (wandb, tensorboard) if s is not None] + [TrainerLog(link, wandb)]
 
     def _stop_note(self, step: int) -> str:
-        return f"; saving checkpoint {self._link.checkpoint_dir(step)}" if self.watch.config.save_on_stop else ""
+        return f"; saving checkpoint {self._link.checkpoint_dir(step)}" if self.watch.config.stopping.save_on_stop else ""
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
@@ -200,7 +209,7 @@ class ForgetWatchCallback(TrainerCallback):
             return
         step = state.global_step
         self._evaluated(self.watch.finish(model, step), control)
-        if (self.watch.stop_step == step and self.watch.config.save_on_stop
+        if (self.watch.stop_step == step and self.watch.config.stopping.save_on_stop
                 and not self._link.checkpoint_dir(step).is_dir()):
             control.should_save = True  # e.g. save_strategy="best" overrode the request
 
@@ -208,7 +217,7 @@ class ForgetWatchCallback(TrainerCallback):
                     metrics: dict[str, float] | None = None, model: torch.nn.Module | None = None,
                     **kwargs: Any) -> None:
         watch, step = self.watch, state.global_step
-        if not watch.config.eval_on_evaluate or watch.base_answers is None:
+        if not watch.config.schedule.eval_on_evaluate or watch.base_answers is None:
             return
         if not self._link.open:
             # after train(): the weights may have changed (best model loaded); score them
@@ -267,6 +276,6 @@ class ForgetWatchCallback(TrainerCallback):
         """Every rank stops together (the watch's rule is rank 0's); the trainer saves first if asked."""
         if evaluation is not None and evaluation.stop:
             control.should_training_stop = True
-            if self.watch.config.save_on_stop:
+            if self.watch.config.stopping.save_on_stop:
                 control.should_save = True
 

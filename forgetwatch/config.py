@@ -306,7 +306,7 @@ def split_legacy(settings: Mapping[str, Any], source: str = "ForgetWatchCallback
         ...     split_legacy({"replay_weight": 2, "eval_steps": 50})
         {'schedule': {'eval_steps': 50}, 'replay': {'weight': 2.0}}
         >>> print(caught[0].message)
-        ForgetWatchCallback(replay_weight=..., eval_steps=...) is deprecated and stops working in the next release; use ForgetWatchCallback(replay=ReplaySettings(weight=...), schedule=Schedule(eval_steps=...))
+        ForgetWatchCallback(replay_weight=..., eval_steps=...) is deprecated and stops working in the next release; use ForgetWatchCallback(replay=Replay(pool, ReplaySettings(weight=...)), schedule=Schedule(eval_steps=...))
     """
     grouped, problems = _split(settings, source)
     if problems:
@@ -334,7 +334,13 @@ def _legacy_message(source: str, keys: Sequence[str] | Mapping[str, Any]) -> str
         group, field_name = _GROUPED[key]
         by_group.setdefault(group, []).append(f"{field_name}=...")
     old = ", ".join(f"{key}=..." for key in keys)
-    new = ", ".join(f"{group}={GROUPS[group].__name__}({', '.join(names)})" for group, names in by_group.items())
+    def form(group: str, names: list[str]) -> str:
+        settings = f"{GROUPS[group].__name__}({', '.join(names)})"
+        # a run's replay= takes the repair method, which holds its settings
+        return f"replay=Replay(pool, {settings})" if group == "replay" and source != "ForgetWatchConfig" \
+            else f"{group}={settings}"
+
+    new = ", ".join(form(group, names) for group, names in by_group.items())
     return f"{source}({old}) is deprecated and stops working in the next release; use {source}({new})"
 
 
@@ -401,18 +407,6 @@ def _check(flat: Mapping[str, Any], written: Mapping[str, str], source: str, lin
     order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
     problems.sort(key=lambda p: order.get(p.key or "", len(order)))
     return own, groups, problems
-
-
-def options_doc() -> str:
-    """Where the settings are described. Transitional: only ``callback.py`` reads it, until its
-    rewrite drops that line; it generates nothing."""
-    return "    See forgetwatch.settings: " + ", ".join(g.__name__ for g in GROUPS.values()) + ".\n"
-
-
-def with_settings(signature: Any) -> Any:
-    """``signature`` as it is. Transitional: only ``callback.py`` calls it, until its rewrite
-    drops that line; nothing is rewritten."""
-    return signature
 
 
 def _resolve(path: str, folder: Path) -> str:

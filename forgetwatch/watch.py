@@ -10,6 +10,7 @@ visible here: every cross-rank step goes through the one ``Ranks`` the watch hol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from .adapters import adapters_disabled
 from .answers import Answers
 from .base import Expected, model_key, stored_base, weights_key
 from .behaviour.drift import token_counter
-from .config import ADAPTER_DISABLED, ForgetWatchConfig
+from .config import ADAPTER_DISABLED, ForgetWatchConfig, split_legacy
 from .distributed import Ranks
 from .events import BaseSnapshot, Evaluation
 from .history import history_record, recover_history, report_from_record
@@ -32,9 +33,12 @@ from .metrics import compare
 from .noise import measure_noise, noise_by_scope, wants_noise_check
 from .probes import ProbesLike, ProbeSet, as_probe_set
 from .repair import Repair, RunContext
+from .replay import ReplayPool
+from .replay.driver import Replay
 from .report import TransitionReport
 from .schedule import Budget, EverySteps
 from .scoring import Scorer
+from .settings import Output, Schedule, Scoring, Signals, Stopping
 from .sinks import Sinks, logged_categories, metric_values
 from .sinks.console import ConsoleLines
 from .sinks.figures import PREFIX
@@ -53,20 +57,28 @@ logger = logging.getLogger("forgetwatch")
 STATE_FORMAT = "forgetwatch.watch"
 
 
-def as_repair(replay: Repair | Any, config: ForgetWatchConfig) -> Repair | None:
-    """``replay=`` as a repair method: a :class:`~forgetwatch.ReplayPool` (or its file) is
-    replayed with the config's replay settings; a repair object is taken as it is."""
-    from .replay import ReplayPool
-    from .replay.driver import Replay
+def settle(config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: Mapping[str, Any], source: str,
+           **flat: Any) -> ForgetWatchConfig:
+    """One config from what a run was given: ``config`` (or the defaults), whole ``groups``
+    in place of its own, ``legacy`` flat keywords (warned, see
+    :func:`~forgetwatch.config.split_legacy`), then the ``flat`` keywords given (not ``None``)."""
+    config = config or ForgetWatchConfig()
+    changes = {name: group for name, group in groups.items() if group is not None}
+    for name, values in split_legacy(legacy, source=source, stacklevel=3).items():
+        changes[name] = dataclasses.replace(changes.get(name, getattr(config, name)), **values)
+    if changes:
+        config = config.replace(**changes)
+    given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
+    return config.replace(**given) if given else config
 
-    if replay is None:
-        return None
+
+def as_repair(replay: Repair | ReplayPool | str | os.PathLike[str] | None, config: ForgetWatchConfig) -> Repair | None:
+    """``replay=`` as a repair method: a :class:`~forgetwatch.ReplayPool` (or its file) is
+    replayed with the config's replay settings; a repair method is taken as it is."""
     if isinstance(replay, (str, os.PathLike)):
         replay = ReplayPool.from_jsonl(replay)
     if isinstance(replay, ReplayPool):
-        c = config
-        return Replay(replay, weight=c.replay_weight, batch_size=c.replay_batch_size, seed=c.replay_seed,
-                      target=c.forgetting_target, metric=c.stop_metric, loss=c.replay_loss, top_k=c.replay_top_k)
+        return Replay(replay, config.replay)
     return replay
 
 
@@ -82,20 +94,26 @@ class Watch:
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file, or a list of probe rows.
-        eval_steps: evaluate every N steps (default ``None``: the ``max_overhead`` budget).
-        max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never).
+        eval_steps: evaluate every N steps (default ``None``: the ``max_overhead`` budget); the
+            same as ``schedule=Schedule(eval_steps=...)``.
+        max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never);
+            the same as ``stopping=Stopping(max_forgetting=...)``.
         output_dir: where the snapshot and ``history.jsonl`` live (required here or at :meth:`start`).
         base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the
             model at the start, or ``"adapter_disabled"`` for a PEFT model's adapters off.
-        replay: a repair method (a :class:`~forgetwatch.replay.driver.Replay`), or a
-            :class:`~forgetwatch.ReplayPool` (or its file) replayed with the config's settings.
+        scoring, schedule, stopping, signals, output: the settings of each group (see
+            :mod:`forgetwatch.settings`; default: the config's, else the group's defaults).
+        replay: a repair method (a :class:`~forgetwatch.Replay`), or a
+            :class:`~forgetwatch.ReplayPool` (or its file) replayed with the config's replay settings.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,
             unless a sink's ``all_ranks`` is true.
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``.
-        config: a :class:`~forgetwatch.config.ForgetWatchConfig`; keywords override it.
+        config: a :class:`~forgetwatch.config.ForgetWatchConfig` (e.g. from YAML); the keywords
+            above override it.
         clock: what the budget and ``monitoring_seconds`` read (default ``time.perf_counter``).
-        **settings: any other :class:`~forgetwatch.config.ForgetWatchConfig` setting.
+        **legacy: flat settings of earlier releases (``replay_weight=``, ``batch_size=``, ...):
+            they work for this release, with a ``FutureWarning`` naming the new form.
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -115,21 +133,23 @@ class Watch:
         max_forgetting: float | None = None,
         output_dir: str | os.PathLike[str] | None = None,
         base: Answers | str | os.PathLike[str] | None = None,
-        replay: Repair | Any = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        output: Output | None = None,
+        replay: Repair | ReplayPool | str | os.PathLike[str] | None = None,
         sinks: Iterable[Any] = (),
         on_forgetting: OnForgetting | None = None,
         refusal_detector: Callable[[str], bool] | None = None,
         config: ForgetWatchConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        **settings: Any,
+        **legacy: Any,
     ):
-        for name, value in (("eval_steps", eval_steps), ("max_forgetting", max_forgetting),
-                            ("output_dir", output_dir)):
-            if value is not None:
-                settings[name] = os.fspath(value) if isinstance(value, os.PathLike) else value
-        if base is not None and not isinstance(base, Answers):
-            settings["base"] = os.fspath(base) if isinstance(base, os.PathLike) else base  # checked as a setting
-        config = ForgetWatchConfig(**settings) if config is None else config.replace(**settings) if settings else config
+        config = settle(config, dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals,
+                                     output=output), legacy, type(self).__name__,
+                        eval_steps=eval_steps, max_forgetting=max_forgetting, output_dir=output_dir,
+                        base=None if isinstance(base, Answers) else base)
         probes = probes if probes is not None else config.probes
         if probes is None:
             raise ValueError("forgetwatch needs probes: a ProbeSet, a probe file path or a list of probe rows")
@@ -198,17 +218,18 @@ class Watch:
         # the config is frozen, but its lists and dicts can still be edited: check it again
         c = self.config = self.config.replace()
         c.check_categories(self.probes.categories)
-        directory = c.output_dir or output_dir
+        directory = c.output.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
-        self.scorer = Scorer(tokenizer, self.probes, normalize=c.normalize, chat_template=c.chat_template,
-                             max_new_tokens=c.max_new_tokens, stop=c.stop,
-                             behaviour_max_new_tokens=c.behaviour_max_new_tokens,
+        s = c.scoring
+        self.scorer = Scorer(tokenizer, self.probes, normalize=s.normalize, chat_template=s.chat_template,
+                             max_new_tokens=s.max_new_tokens, stop=s.stop,
+                             behaviour_max_new_tokens=s.behaviour_max_new_tokens,
                              refusal_detector=self.refusal_detector)
         self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
         self._logged = False
-        if c.log_categories:
-            self._logged, note = logged_categories([p.category for p in self.probes], c.max_logged_categories)
+        if c.output.log_categories:
+            self._logged, note = logged_categories([p.category for p in self.probes], c.output.max_logged_categories)
             if note and self.writes:
                 logger.warning("forgetwatch: %s", note)
         self.store = RunStore(directory)
@@ -223,8 +244,9 @@ class Watch:
         dirs = self._resume_dirs(resume_from) if resumed else []
         self.base_answers, cost = self._base(model, dirs, step)
         self.trajectory = Trajectory.start(self.base_answers)
-        self._stop_rule = StopRule(c.max_forgetting, c.stop_metric, c.patience, c.significance,
-                                   c.category_max_forgetting, noise_floor=noise_by_scope(self.base_answers.meta))
+        t = c.stopping
+        self._stop_rule = StopRule(t.max_forgetting, t.metric, t.patience, t.significance,
+                                   t.category_max_forgetting, noise_floor=noise_by_scope(self.base_answers.meta))
         self._sinks = self._build_sinks(sinks, stop_note)
         snapshot = BaseSnapshot(self.base_answers, self.store.snapshot_path, cost is not None, step)
         if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
@@ -238,7 +260,7 @@ class Watch:
                 ranks=self.ranks, writes=self.writes, store=self.store, tokenizer=self.scorer.tokenizer,
                 rows_per_batch=self.scorer.rows_per_batch, step=step, resume_dirs=dirs, records=self.records,
                 last_report=self.history[-1][1] if self.history else None, base=self.base_given,
-                base_meta=self.base_answers.meta, stop_metric=c.stop_metric, state=state, sharded=sharded))
+                base_meta=self.base_answers.meta, stop_metric=c.stopping.metric, state=state, sharded=sharded))
         self._loaded = None
         if not resumed and self.writes:
             self.store.set_aside_history()
@@ -307,7 +329,7 @@ class Watch:
         if self.finished or self.base_answers is None:
             return None
         evaluation = None
-        if self.config.eval_on_train_end and not self.evaluated(step):
+        if self.config.schedule.eval_on_train_end and not self.evaluated(step):
             evaluation = self.evaluate(model, step, "train_end")
         self.finished = True
         self._sinks.on_end(self.trajectory)
@@ -333,7 +355,8 @@ class Watch:
     def compare(self, answers: Answers) -> TransitionReport:
         """``answers`` against the base answers, with the run's settings."""
         c = self.config
-        return compare(self.base_answers, answers, at_risk_share=c.at_risk_share, at_risk_floor=c.at_risk_floor,
+        return compare(self.base_answers, answers, at_risk_share=c.signals.at_risk_share,
+                       at_risk_floor=c.signals.at_risk_floor,
                        refusal_detector=self.scorer.refusal_detector, count_tokens=token_counter(self.scorer.tokenizer))
 
     def evaluated(self, step: int) -> bool:
@@ -387,7 +410,7 @@ class Watch:
         """Where snapshot and history go (known once training began, or when configured)."""
         if self.store is not None:
             return self.store.dir
-        return Path(self.config.output_dir) if self.config.output_dir else None
+        return Path(self.config.output.output_dir) if self.config.output.output_dir else None
 
     @property
     def history_path(self) -> Path | None:
@@ -422,7 +445,7 @@ class Watch:
     # -- inside ---------------------------------------------------------------------------------
 
     def _new_schedule(self) -> EverySteps | Budget:
-        c = self.config
+        c = self.config.schedule
         if c.eval_steps:
             return EverySteps(c.eval_steps)
         # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
@@ -432,15 +455,17 @@ class Watch:
     def _build_sinks(self, callers: Iterable[Any], stop_note: Callable[[int], str]) -> Sinks:
         """Which ranks write is decided here, once: the run's own writers on rank 0, the hook
         and sinks marked ``all_ranks`` everywhere."""
-        mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.verbose, stop_note),
-                *callers] if self.writes else []
-        self._user_sinks = Sinks([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []),
-                                  *(s for s in self.user_sinks if self.writes or getattr(s, "all_ranks", False))])
-        return Sinks(mine)
+        def here(sinks: Iterable[Any]) -> list[Any]:
+            return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
+
+        mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
+        self._user_sinks = Sinks(here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []),
+                                       *self.user_sinks]))
+        return Sinks(here([*mine, *callers]))
 
     def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
         """Every rank scores its share of the probes; each gets all the answers."""
-        return self.scorer(model, batch_size=self.config.batch_size, show_progress=show_progress, distributed=True)
+        return self.scorer(model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True)
 
     def _warn_if_too_short(self) -> None:
         """At the budget's first look at the clock (the first step it can measure), say if it
@@ -453,7 +478,7 @@ class Watch:
             logger.warning("forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
                            "evaluation before the end (the first would come at about step %d), so only the "
                            "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
-                           self._max_steps, self.config.max_overhead, projected)
+                           self._max_steps, self.config.schedule.max_overhead, projected)
 
     def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
         """Where a resumed run looks for its base snapshot, history and repair files, in order:
@@ -501,15 +526,15 @@ class Watch:
         found = self.ranks.share_from_rank_zero(from_files)
         if found is not None:
             return Answers.from_dict(found), None
-        check = self.config.noise_check
+        check = self.config.signals.noise_check
         if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
             check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model))])[0])
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
             began = self.clock()
-            answers = self._score(model, show_progress=self.config.verbose and self.writes)
+            answers = self._score(model, show_progress=self.config.output.verbose and self.writes)
             cost = self.clock() - began
             if check:
-                answers.meta.update(measure_noise(self.scorer, model, answers, self.config.batch_size,
+                answers.meta.update(measure_noise(self.scorer, model, answers, self.config.scoring.batch_size,
                                                   distributed=True))
         answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
         if self.writes:

@@ -20,6 +20,7 @@ from forgetwatch.base import model_key, weights_key
 from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
 from forgetwatch.replay.driver import Replay
+from forgetwatch.settings import ReplaySettings
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -223,7 +224,7 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
-    other = Replay(pool, loss="kl", top_k=8, batch_size=4)
+    other = Replay(pool, ReplaySettings(loss="kl", top_k=8, batch_size=4))
     other.start(toy.tuned, toy.tokenizer)
     planted = other.cache_base(toy.tuned, toy.tokenizer, toy.tokenizer.pad_token_id, 8,
                                {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)})
@@ -240,7 +241,7 @@ def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_dat
 def test_state_checks_name_what_is_wrong(toy, pool):
     from forgetwatch.replay.resume import state_problem
 
-    replay = Replay(pool, weight="auto", target=0.02, batch_size=4)
+    replay = Replay(pool, ReplaySettings(weight="auto", target=0.02, batch_size=4))
     replay.start(copy.deepcopy(toy.base), toy.tokenizer)
     good = replay.state()
     assert state_problem(replay, good, 0) is None

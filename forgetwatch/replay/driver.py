@@ -25,6 +25,7 @@ from ..distributed import Ranks
 from ..report import TransitionReport
 from ..scoring.borrow import is_sharded, unwrap
 from ..scoring.scorer import pad_id
+from ..settings import ReplaySettings
 from ..text import first_line, listing, shorten
 from .base_cache import BaseDistribution, base_distribution
 from .controller import START, next_weight
@@ -44,35 +45,32 @@ class Replay:
     and :meth:`before_optimizer_step`.
 
     Args:
-        pool: the rows (already checked disjoint from the probes).
-        weight: how much the replay loss counts next to the trainer's (0: nothing runs), or
-            ``"auto"``: steered toward ``target`` by :func:`~forgetwatch.replay.controller.next_weight`.
-        target, metric: with ``"auto"``, the forgetting rate to steer toward, and which one
-            (``"forgetting"`` or ``"forgetting_adjusted"``).
-        batch_size: rows replayed per optimizer step.
-        seed: the draws' seed.
+        pool: the rows (checked disjoint from the probes when the run is built).
+        settings: how much, how many rows and which loss (a :class:`~forgetwatch.ReplaySettings`;
+            ``weight="auto"`` steers toward ``target`` by
+            :func:`~forgetwatch.replay.controller.next_weight`, on the run's stop metric).
         max_length: tokens kept of a row.
 
     Example:
-        >>> replay = Replay(pool, weight=0.5)                       # doctest: +SKIP
+        >>> replay = Replay(pool, ReplaySettings(weight=0.5))       # doctest: +SKIP
         >>> replay.start(model, tokenizer)                            # doctest: +SKIP
         >>> replay.step(model, tokenizer, pad_id, 1.0, 8, Ranks.alone())  # doctest: +SKIP
     """
 
     name = "replay"
 
-    def __init__(self, pool: ReplayPool, *, weight: float | str = 1.0, batch_size: int = 8, seed: int = 0,
-                 max_length: int = 512, target: float | None = None, metric: str = "forgetting",
-                 loss: str = "lm", top_k: int = 32):
-        self.auto = weight == "auto"
-        self.weight = START if self.auto else float(weight)
-        self.pool, self.batch_size, self.max_length, self.seed = pool, batch_size, max_length, seed
-        self.target, self.metric, self.loss, self.top_k = target, metric, loss, top_k
+    def __init__(self, pool: ReplayPool, settings: ReplaySettings | None = None, *, max_length: int = 512):
+        s = self.settings = settings or ReplaySettings()
+        self.auto = s.weight == "auto"
+        self.weight = START if self.auto else float(s.weight)
+        self.pool, self.batch_size, self.max_length, self.seed = pool, s.batch_size, max_length, s.seed
+        self.target, self.loss, self.top_k = s.target, s.loss, s.top_k
+        self.metric = "forgetting"  # the run's stop metric, once it begins
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
         self.dropped: list[str] = []  # ids of the rows too short to replay
         self.key: dict[str, str] = {}  # the pool and its tokens, which kept states must match
         self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
-        self.sampler = ReplaySampler(pool, seed)
+        self.sampler = ReplaySampler(pool, self.seed)
         self.weights = category_weights(None, pool.categories)
         self.off: str | None = None  # why replay stopped for the rest of the run, once it did
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0

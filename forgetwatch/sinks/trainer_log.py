@@ -17,7 +17,11 @@ logger = logging.getLogger("forgetwatch")
 
 class TrainerLog:
     """Sends each evaluation's metrics through ``link`` while the trainer's integrations are open
-    (after training they may be closed: the history file keeps the figures)."""
+    (after training they may be closed: the history file keeps the figures). On every rank, as
+    ``Trainer.log`` runs: each rank's ``log_history`` holds them, and the integrations write on
+    the main process only."""
+
+    all_ranks = True
 
     def __init__(self, link: TrainerLink, wandb: WandbSection | None = None):
         self.link, self.wandb = link, wandb
