@@ -118,6 +118,10 @@ class ForgetWatchConfig:
                 problems.append(ConfigProblem(source, None, name, f"expected a {group.__name__}, got "
                                               f"{describe(groups[name])}; write {name}={group.__name__}(...)"))
         changes, found = _split(legacy, source)
+        if changes and not (problems or found):  # what fails only together, named as it was given
+            merged = {flat_key(f): changes[name].get(f.name, getattr(groups[name] or GROUPS[name](), f.name))
+                      for name in changes for f in fields(GROUPS[name])}
+            found = _check(merged, {}, source, {}, together=True)[2]
         if problems or found:
             raise ConfigError(problems + found)
         if legacy:

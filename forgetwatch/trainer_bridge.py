@@ -129,6 +129,18 @@ class TrainerLink:
         given = frame.f_locals.get("resume_from_checkpoint") if frame is not None else None
         return Path(given) if isinstance(given, str) and given else None
 
+    def resume_folders(self, subdir: str) -> list[Path]:
+        """Where a resumed run finds its kept files first: ``subdir`` of the checkpoint it resumes
+        from, then of this run's checkpoint at the same step (none on a fresh run)."""
+        if self.resuming is None:
+            return []
+        return [self.resuming / subdir, self.checkpoint_dir(self.state.global_step) / subdir]
+
+    def checkpoint_folders(self, subdir: str) -> list[Path]:
+        """``subdir`` of this run's checkpoints and of the one it resumes from."""
+        folders = sorted(self.run_dir().glob(f"checkpoint-*/{subdir}"))
+        return folders + ([self.resuming / subdir] if self.resuming is not None else [])
+
     def grad_scaler(self) -> tuple[Any, Any] | None:
         """The trainer's enabled gradient scaler (fp16 mixed precision on a GPU) and the optimizer
         it steps (accelerate's wrapper taken off, as the scaler keeps its state by it), or ``None``."""

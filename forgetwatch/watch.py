@@ -10,7 +10,6 @@ visible here: every cross-rank step goes through the one ``Ranks`` the watch hol
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -63,12 +62,12 @@ def settle(config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: 
     in place of its own, ``legacy`` flat keywords (warned, see
     :func:`~forgetwatch.config.split_legacy`), then the ``flat`` keywords given (not ``None``)."""
     config = config or ForgetWatchConfig()
-    changes = {name: group for name, group in groups.items() if group is not None}
-    for name, values in split_legacy(legacy, source=source, stacklevel=3).items():
-        changes[name] = dataclasses.replace(changes.get(name, getattr(config, name)), **values)
-    if changes:
-        config = config.replace(**changes)
+    split_legacy(legacy, source=source, stacklevel=3)  # unknown keys refused, the rest warned
+    groups = {name: group for name, group in groups.items() if group is not None}
+    if groups:
+        config = config.replace(**groups)
     given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
+    given = {**legacy, **given}  # as flat keys: an error names them as they were written
     return config.replace(**given) if given else config
 
 
@@ -252,6 +251,7 @@ class Watch:
         if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
             snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
         self._sinks.on_base(snapshot)
+        self._user_sinks.on_base(snapshot)
         if resumed:
             self._restore_history(dirs, step)
         if self.repair is not None:

@@ -311,7 +311,7 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
     assert f"history: {tmp_path / 'a' / 'forgetwatch' / 'history.jsonl'}" in text
     quiet = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, data, mmlu_probes, str(tmp_path / "b"),
                               max_steps=2, eval_steps=5, use_cpu=True, **CPU)
-    quiet.forgetwatch.config = quiet.forgetwatch.config.replace(eval_on_train_end=False)
+    quiet.forgetwatch.watch.config = quiet.forgetwatch.config.replace(eval_on_train_end=False)
     quiet.train()
     assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
 

@@ -13,7 +13,8 @@ BEH = {"id": "beh", "question": "Say hi briefly.", "check": {"max_words": 5}}
 
 
 def options(probes) -> set[str]:
-    return set(scoring_options(probes, normalize=None, chat_template=False, max_new_tokens=8, stop=["\n"]))
+    return set(scoring_options(probes, normalize=None, chat_template=False, max_new_tokens=8, stop=["\n"],
+                               behaviour_max_new_tokens=256))
 
 
 def test_a_probes_kind_is_read_from_its_row():

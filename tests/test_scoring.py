@@ -493,12 +493,13 @@ def test_a_cut_question_keeps_the_tokens_a_model_sees(kind):
     from forgetwatch.scoring.encoding import visible_tail
 
     rng = random.Random(0)
-    if kind == "words":
-        make = lambda n: " ".join(rng.choice(["cat", "sat", "on", "the", "mat", "flag", "river"]) for _ in range(n))
-    elif kind == "no spaces":
-        make = lambda n: "".join(rng.choice("天地玄黄宇宙洪荒日月盈昃辰宿列张") for _ in range(n))
-    else:
-        make = lambda n: base64.b64encode(rng.randbytes(n)).decode()
+    def make(n: int) -> str:
+        if kind == "words":
+            return " ".join(rng.choice(["cat", "sat", "on", "the", "mat", "flag", "river"]) for _ in range(n))
+        if kind == "no spaces":
+            return "".join(rng.choice("天地玄黄宇宙洪荒日月盈昃辰宿列张") for _ in range(n))
+        return base64.b64encode(rng.randbytes(n)).decode()
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator([make(200) for _ in range(200)],

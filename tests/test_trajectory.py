@@ -181,7 +181,7 @@ def at_risk_outcomes(callback):
     t = callback.trajectory
     index = {pid: i for i, pid in enumerate(t.ids)}
     counts = {"at_risk": [0, 0], "other": [0, 0]}  # [forgotten later, total]
-    for col, (step, report) in enumerate(callback.history[:-1], start=1):
+    for col, (_, report) in enumerate(callback.history[:-1], start=1):
         risky = {index[pid] for pid in report.at_risk_ids}
         later_wrong = ~t.correct[:, col + 1:].all(axis=1)
         for i in np.flatnonzero(t.correct[:, 0] & t.correct[:, col]):

@@ -5,11 +5,14 @@ did not take them) and to ``state.log_history``, at the step they were measured.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..events import BaseSnapshot, Evaluation
+from ..probes import ProbeSet
 from ..trainer_bridge import TrainerLink
-from ..trajectory import Trajectory
+from . import Sinks
+from .tensorboard import TensorBoardText
 from .wandb import WandbSection
 
 logger = logging.getLogger("forgetwatch")
@@ -46,23 +49,33 @@ class TrainerLog:
                            type(err).__name__, err)
 
 
-class WhileTraining:
-    """Forwards a sink's events only while the trainer's integrations are open (a run that ends
+class WhileTraining(Sinks):
+    """Forwards sinks' events only while the trainer's integrations are open (a run that ends
     without its last epoch's events reaches them after they closed)."""
 
-    def __init__(self, link: TrainerLink, sink: Any):
-        self.link, self.sink = link, sink
+    def __init__(self, link: TrainerLink, *sinks: Any):
+        super().__init__(sinks)
+        self.link = link
 
-    def on_base(self, snapshot: BaseSnapshot) -> None:
-        self._forward("on_base", snapshot)
+    def _call(self, event: str, payload: Any) -> None:
+        if self.link.open:
+            super()._call(event, payload)
 
-    def on_evaluation(self, evaluation: Evaluation) -> None:
-        self._forward("on_evaluation", evaluation)
 
-    def on_end(self, trajectory: Trajectory) -> None:
-        self._forward("on_end", trajectory)
+def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
+    """A trainer's integrations as sinks: W&B's section and tables and TensorBoard's text while
+    they are open, then the log every integration reads."""
 
-    def _forward(self, event: str, payload: Any) -> None:
-        method = getattr(self.sink, event, None)
-        if self.link.open and method is not None:
-            method(payload)
+    def attribute(callback: Any, *path: str) -> Callable[[], Any]:
+        def get() -> Any:
+            value = callback
+            for name in path:
+                value = getattr(value, name, None)
+            return value
+
+        return get
+
+    wandb_cb, tensorboard_cb = link.integration("WandbCallback"), link.integration("TensorBoardCallback")
+    wandb = WandbSection(probes, rows, run=attribute(wandb_cb, "_wandb", "run")) if wandb_cb else None
+    tensorboard = TensorBoardText(probes, attribute(tensorboard_cb, "tb_writer"), rows) if tensorboard_cb else None
+    return [WhileTraining(link, *(s for s in (wandb, tensorboard) if s)), TrainerLog(link, wandb)]

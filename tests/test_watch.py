@@ -1,0 +1,127 @@
+"""Watch without a trainer: sinks of the user's, a failing sink, state_dict / load_state_dict,
+the settings as groups and the keywords of earlier releases."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+
+import pytest
+
+from forgetwatch import Evaluation, Output, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch.callback import ForgetWatchCallback
+
+QUIET = Output(verbose=False)
+
+
+class Recorder:
+    """A sink written here: keeps what it is told."""
+
+    def __init__(self):
+        self.base, self.evaluations, self.ended = None, [], None
+
+    def on_base(self, snapshot):
+        self.base = snapshot
+
+    def on_evaluation(self, evaluation):
+        self.evaluations.append(evaluation)
+
+    def on_end(self, trajectory):
+        self.ended = trajectory
+
+
+class Broken:
+    def on_evaluation(self, evaluation):
+        raise OSError("disk full")
+
+
+def test_a_users_sink_hears_the_base_every_evaluation_and_the_end(toy, tmp_path):
+    sink = Recorder()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[sink], output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    assert sink.base.computed and sink.base.answers.correct.tolist() == evaluate(toy.base, toy.tokenizer, toy.probes).correct.tolist()
+    assert [watch.due(s) for s in (1, 2, 3)] == [False, True, False]
+    watch.evaluate(toy.tuned, 2)
+    watch.evaluate(toy.base, 4)
+    assert watch.finish(toy.tuned, 5).step == 5  # the end's own evaluation
+    assert [e.step for e in sink.evaluations] == [2, 4, 5] and sink.ended.steps.tolist() == [0, 2, 4, 5]
+    base = evaluate(toy.base, toy.tokenizer, toy.probes)
+    expected = compare(base, evaluate(toy.tuned, toy.tokenizer, toy.probes))
+    first = sink.evaluations[0]
+    assert isinstance(first, Evaluation) and first.stop is None and first.trigger == "schedule"
+    assert (first.report.forgotten_ids, first.report.gained_ids) == (expected.forgotten_ids, expected.gained_ids)
+    assert first.metrics["forgetwatch/forgotten"] == expected.forgotten > 0
+    assert sink.evaluations[1].report.forgotten == 0  # the base against itself
+    assert watch.finish(toy.tuned, 6) is None  # once per run
+
+
+def test_a_failing_sink_warns_and_the_others_go_on(toy, tmp_path, caplog):
+    sink = Recorder()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[Broken(), sink], output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        watch.evaluate(toy.tuned, 2)
+        watch.evaluate(toy.tuned, 4)
+    assert caplog.text.count("the sink Broken failed in on_evaluation (OSError: disk full)") == 2
+    assert [e.step for e in sink.evaluations] == [2, 4]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert steps == [2, 4]
+
+
+def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, max_forgetting=0.5, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    first.due(2) and first.evaluate(toy.tuned, 2)
+    first.due(3)
+    kept = json.loads(json.dumps(first.state_dict()))  # JSON-ready
+    assert kept["step"] == 3
+    first.due(4) and first.evaluate(toy.base, 4)  # ran on past the checkpoint, then was killed
+
+    again = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, max_forgetting=0.5, output=QUIET)
+    again.load_state_dict(kept)
+    snapshot = again.start(toy.tuned, toy.tokenizer)  # the base is the kept snapshot, not this model
+    assert not snapshot.computed and again.base_answers.correct.tolist() == first.base_answers.correct.tolist()
+    assert [s for s, _ in again.history] == [2]  # what came after step 3 is not this run's
+    again.due(4) and again.evaluate(toy.base, 4)
+    assert [r.forgotten_ids for _, r in again.history] == [r.forgotten_ids for _, r in first.history]
+
+
+@pytest.mark.parametrize("state, field", [
+    ({"format": "other", "version": 1, "step": 2, "repair": None}, "format"),
+    ({"format": "forgetwatch.watch", "version": 1, "step": -1, "repair": None}, "step"),
+    ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": {"weight": 1.0}}, "repair"),
+    ({"format": "forgetwatch.watch", "version": 1, "step": float("nan"), "repair": None}, "step"),
+])
+def test_a_state_that_is_not_a_watchs_is_refused_naming_the_field(toy, state, field):
+    with pytest.raises(ValueError, match=f"field '{field}'"):
+        Watch(toy.probes, output_dir="unused").load_state_dict(state)
+
+
+def test_what_a_watch_needs_is_said_before_any_work(toy, tmp_path):
+    with pytest.raises(RuntimeError, match="before Watch.start"):
+        Watch(toy.probes, output_dir=tmp_path).evaluate(toy.base, 1)
+    with pytest.raises(ValueError, match="output_dir="):
+        Watch(toy.probes).start(toy.base, toy.tokenizer)
+
+
+def test_settings_come_as_groups_and_earlier_keywords_warn_naming_the_new_form(toy):
+    grouped = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), scoring=Scoring(batch_size=4))
+    assert (grouped.config.schedule.eval_steps, grouped.config.scoring.batch_size) == (7, 4)
+    with pytest.warns(FutureWarning, match=r"use Watch\(scoring=Scoring\(batch_size=\.\.\.\)\)"):
+        legacy = Watch(toy.probes, output_dir="x", batch_size=4)
+    assert legacy.config == Watch(toy.probes, output_dir="x", scoring=Scoring(batch_size=4)).config
+    with pytest.warns(FutureWarning, match=r"replay=Replay\(pool, ReplaySettings\(weight=\.\.\.\)\)"):
+        Watch(toy.probes, output_dir="x", replay_weight=2.0)
+    # the contract keywords are no earlier form: no warning, and they win over the group given
+    shortcut = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), eval_steps=3)
+    assert shortcut.config.schedule.eval_steps == 3
+
+
+def test_the_callbacks_signature_is_short_typed_and_not_rewritten():
+    parameters = inspect.signature(ForgetWatchCallback.__init__).parameters
+    named = [p for p in parameters.values() if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    assert len(named) <= 15
+    assert all(p.annotation is not inspect.Parameter.empty for p in named)
+    documented = ForgetWatchCallback.__doc__
+    assert all(p.name in documented for p in named)

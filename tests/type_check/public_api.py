@@ -1,0 +1,48 @@
+"""The public API as a user's code calls it, for ``mypy`` (``.ci/run``): the exports'
+signatures and return types check. Never run; checked only."""
+
+from __future__ import annotations
+
+import torch
+
+from forgetwatch import (
+    Answers,
+    Evaluation,
+    ForgetWatchCallback,
+    Output,
+    ProbeSet,
+    Replay,
+    ReplayPool,
+    ReplaySettings,
+    Schedule,
+    Scoring,
+    Stopping,
+    TransitionReport,
+    Watch,
+    compare,
+    evaluate,
+    load_trajectory,
+)
+
+
+def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
+    probes = ProbeSet.from_jsonl("probes.jsonl")
+    pool = ReplayPool.from_jsonl("pool.jsonl")
+    watch = Watch(probes, output_dir="run/forgetwatch", max_forgetting=0.1, scoring=Scoring(batch_size=8),
+                  schedule=Schedule(eval_steps=50), stopping=Stopping(patience=2), output=Output(verbose=False),
+                  replay=Replay(pool, ReplaySettings(weight="auto", target=0.05)))
+    watch.start(model, tokenizer)
+    for step in range(1, steps + 1):
+        watch.before_optimizer_step(model, max_grad_norm=1.0)
+        if watch.due(step):
+            evaluation: Evaluation = watch.evaluate(model, step)
+            if evaluation.stop:
+                break
+    watch.finish(model, steps)
+    state: dict[str, object] = watch.state_dict()
+    watch.load_state_dict(state)
+    callback = ForgetWatchCallback(probes, eval_steps=50, replay=pool)
+    history: list[tuple[int, TransitionReport]] = callback.history
+    base: Answers = evaluate(model, tokenizer, probes, batch_size=32, show_progress=False)
+    report: TransitionReport = compare(base, evaluate(model, tokenizer, probes))
+    return report.forgetting + len(history) + float(load_trajectory("run").correct.mean())
