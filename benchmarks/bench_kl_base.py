@@ -49,7 +49,7 @@ def live_targets(model, token_ids, pad_id: int, k: int) -> list[tuple[torch.Tens
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
     top_lp, top_ids = logp.topk(k, dim=-1)
     tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
-    return [(top_ids[r, :len(x) - 1], top_lp[r, :len(x) - 1], tail[r, :len(x) - 1]) for r, x in enumerate(token_ids)]
+    return [(top_ids[r, : len(x) - 1], top_lp[r, : len(x) - 1], tail[r, : len(x) - 1]) for r, x in enumerate(token_ids)]
 
 
 def main(argv=None) -> int:
@@ -61,19 +61,30 @@ def main(argv=None) -> int:
     tokenizer = world.tokenizer()
     pad = tokenizer.pad_token_id
     facts = world.fact_texts()
-    texts = [" ".join(facts[8 * i:8 * i + 8]) for i in range(args.rows)]  # rows of a few sentences each
+    texts = [" ".join(facts[8 * i : 8 * i + 8]) for i in range(args.rows)]  # rows of a few sentences each
     token_ids = tokenizer(texts)["input_ids"]
     tokens = sum(len(x) - 1 for x in token_ids)
-    print(f"one replay step of {args.rows} rows ({tokens} predicted tokens), LoRA r=8 on every linear layer, "
-          f"k={args.k}, vocabulary {len(tokenizer)}; medians of {args.repeats} runs\n")
+    print(
+        f"one replay step of {args.rows} rows ({tokens} predicted tokens), LoRA r=8 on every linear layer, "
+        f"k={args.k}, vocabulary {len(tokenizer)}; medians of {args.repeats} runs\n"
+    )
     print(f"{'model':>16}{'kept ms':>10}{'live ms':>10}{'live/kept':>11}")
     for hidden, layers in SIZES:
         base = world.model(tokenizer, hidden=hidden, layers=layers, seed=0)
-        model = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                                          lora_dropout=0.0, task_type="CAUSAL_LM")).train()
+        model = peft.get_peft_model(
+            base,
+            peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"),
+        ).train()
         with model.disable_adapter():
-            kept = base_distribution(model, tokenizer, [str(i) for i in range(len(token_ids))], token_ids, pad,
-                                     args.k, rows_per_batch=args.rows)
+            kept = base_distribution(
+                model,
+                tokenizer,
+                [str(i) for i in range(len(token_ids))],
+                token_ids,
+                pad,
+                args.k,
+                rows_per_batch=args.rows,
+            )
         stored = [kept.row(str(i)) for i in range(len(token_ids))]
         times = {"kept": [], "live": []}
         for _ in range(args.repeats + 1):  # the first round warms up, and is dropped
@@ -86,8 +97,10 @@ def main(argv=None) -> int:
         med = {w: 1000 * statistics.median(t[1:]) for w, t in times.items()}
         print(f"{f'{hidden}x{layers}':>16}{med['kept']:10.1f}{med['live']:10.1f}{med['live'] / med['kept']:10.2f}x")
     per_token = args.k * (4 + 2) + 4  # top ids int32, log-probs float16, tail float32
-    print(f"\nkept: {per_token} bytes per pool token on disk and in memory (k={args.k}); "
-          f"a pool of a million tokens holds {per_token * 1e6 / 2 ** 20:.0f} MiB")
+    print(
+        f"\nkept: {per_token} bytes per pool token on disk and in memory (k={args.k}); "
+        f"a pool of a million tokens holds {per_token * 1e6 / 2**20:.0f} MiB"
+    )
     return 0
 
 

@@ -38,20 +38,29 @@ def main() -> None:
 
     rng = random.Random(0)
     vocab = [f"w{i}x" for i in range(5000)]
-    probes = ProbeSet.from_records([{"id": f"p{i}", "question": "Q" + sentence(rng, vocab, rng.randint(6, 24), False)
-                                     + " A:", "answer": "yes"} for i in range(args.probes)])
-    pool = ReplayPool.from_records([{"id": f"r{i}", "text": sentence(rng, vocab, rng.randint(12, 40),
-                                                                     args.unicode and i % 4 == 0)}
-                                    for i in range(args.rows)])
+    probes = ProbeSet.from_records(
+        [
+            {"id": f"p{i}", "question": "Q" + sentence(rng, vocab, rng.randint(6, 24), False) + " A:", "answer": "yes"}
+            for i in range(args.probes)
+        ]
+    )
+    pool = ReplayPool.from_records(
+        [
+            {"id": f"r{i}", "text": sentence(rng, vocab, rng.randint(12, 40), args.unicode and i % 4 == 0)}
+            for i in range(args.rows)
+        ]
+    )
     wall, cpu = [], []
     for _ in range(args.repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
         pool.check_disjoint(probes)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    print(f"check_disjoint: {args.rows:,} rows, {args.probes:,} probes"
-          f"{' (a quarter of the rows non-ASCII)' if args.unicode else ''}: median of {args.repeats}: "
-          f"{statistics.median(wall):.2f} s wall, {statistics.median(cpu):.2f} s CPU")
+    print(
+        f"check_disjoint: {args.rows:,} rows, {args.probes:,} probes"
+        f"{' (a quarter of the rows non-ASCII)' if args.unicode else ''}: median of {args.repeats}: "
+        f"{statistics.median(wall):.2f} s wall, {statistics.median(cpu):.2f} s CPU"
+    )
 
 
 if __name__ == "__main__":

@@ -74,21 +74,43 @@ def main(argv=None) -> int:
     batch_size = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
 
     log: dict[str, list[int]] = {"train": [], "forgetwatch": []}
-    cb = ForgetWatchCallback(probes, eval_steps=args.eval_steps, batch_size=batch_size, output_dir=args.out + "/fw",
-                             verbose=False)
-    config = trl.SFTConfig(args.out, max_steps=args.steps, per_device_train_batch_size=args.train_batch,
-                           learning_rate=1e-4, max_length=128, packing=False, logging_steps=1000, save_strategy="no",
-                           report_to=[], seed=0, disable_tqdm=True)
-    trainer = trl.SFTTrainer(model=copy.deepcopy(base).cuda(), args=config, processing_class=tokenizer,
-                             train_dataset=Dataset.from_dict({"text": world.distraction_texts(n=2000)}),
-                             callbacks=[Peaks(log, "train"), cb, Peaks(log, "forgetwatch")])
+    cb = ForgetWatchCallback(
+        probes, eval_steps=args.eval_steps, batch_size=batch_size, output_dir=args.out + "/fw", verbose=False
+    )
+    config = trl.SFTConfig(
+        args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.train_batch,
+        learning_rate=1e-4,
+        max_length=128,
+        packing=False,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = trl.SFTTrainer(
+        model=copy.deepcopy(base).cuda(),
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"text": world.distraction_texts(n=2000)}),
+        callbacks=[Peaks(log, "train"), cb, Peaks(log, "forgetwatch")],
+    )
     trainer.train()
     steps = [s for s, _ in cb.history]
     evaluated = [log["forgetwatch"][s - 1] for s in steps if s <= len(log["forgetwatch"])]
     train_peak, eval_peak = max(log["train"]), max(evaluated)
-    result = {"device": torch.cuda.get_device_name(), "hidden": args.hidden, "layers": args.layers,
-              "batch_size": batch_size, "evaluations": len(steps), "train_peak_mib": round(train_peak / 2**20, 1),
-              "eval_peak_mib": round(eval_peak / 2**20, 1), "eval_over_train": round(eval_peak / train_peak, 3)}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "batch_size": batch_size,
+        "evaluations": len(steps),
+        "train_peak_mib": round(train_peak / 2**20, 1),
+        "eval_peak_mib": round(eval_peak / 2**20, 1),
+        "eval_over_train": round(eval_peak / train_peak, 3),
+    }
     print(json.dumps(result, indent=1))
     return 0 if eval_peak <= 1.10 * train_peak else 1
 

@@ -38,8 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default="/tmp/forgetwatch-bench-overhead")
     ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--no-behaviour", action="store_true",
-                    help="knowledge probes only (by default a behaviour probe set is scored too)")
+    ap.add_argument(
+        "--no-behaviour",
+        action="store_true",
+        help="knowledge probes only (by default a behaviour probe set is scored too)",
+    )
     return ap.parse_args(argv)
 
 
@@ -62,12 +65,30 @@ def train_once(world, tokenizer, base, probes, steps, out, callback_settings):
     callbacks = []
     if callback_settings is not None:
         callbacks.append(ForgetWatchCallback(probes, output_dir=out + "/fw", verbose=False, **callback_settings))
-    args = trl.SFTConfig(out, max_steps=steps, per_device_train_batch_size=16, learning_rate=1e-3,
-                         max_length=64, packing=False, logging_steps=50, save_strategy="no", report_to=[],
-                         use_cpu=True, bf16=False, activation_checkpointing=False, seed=0, disable_tqdm=True,
-                         dataloader_pin_memory=False)
-    trainer = trl.SFTTrainer(model=copy.deepcopy(base), args=args, processing_class=tokenizer, callbacks=callbacks,
-                             train_dataset=Dataset.from_dict({"text": world.distraction_texts(n=2000)}))
+    args = trl.SFTConfig(
+        out,
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        learning_rate=1e-3,
+        max_length=64,
+        packing=False,
+        logging_steps=50,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+    )
+    trainer = trl.SFTTrainer(
+        model=copy.deepcopy(base),
+        args=args,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        train_dataset=Dataset.from_dict({"text": world.distraction_texts(n=2000)}),
+    )
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
@@ -116,26 +137,36 @@ def main(argv=None) -> int:
     requests = world.behaviour_texts(world.known) + world.behaviour_texts(world.known, drifted=True)
     tokenizer = world.tokenizer(extra=requests if behaviour else ())
     base = world.model(tokenizer, hidden=args.hidden)
-    world.train(base, tokenizer, world.fact_texts() + (world.behaviour_texts(world.known[:half]) if behaviour else []),
-                steps=200)
+    world.train(
+        base,
+        tokenizer,
+        world.fact_texts() + (world.behaviour_texts(world.known[:half]) if behaviour else []),
+        steps=200,
+    )
     rows = world.probe_records() + (world.behaviour_probe_records(world.known[half:]) if behaviour else [])
     probes = ProbeSet.from_records(rows, source="bench")
-    kinds = {"multiple choice": sum(p.is_multiple_choice for p in probes),
-             "generative": sum(p.choices is None and p.check is None for p in probes),
-             "behaviour": sum(p.is_behaviour for p in probes)}
+    kinds = {
+        "multiple choice": sum(p.is_multiple_choice for p in probes),
+        "generative": sum(p.choices is None and p.check is None for p in probes),
+        "behaviour": sum(p.is_behaviour for p in probes),
+    }
 
     # the toy model sees 256 tokens: responses of up to 64 leave room for the prompts
     common = {"behaviour_max_new_tokens": 64} if behaviour else {}
-    runs = {"without": None, "budget 5%": common, f"every {args.eval_steps} steps": {"eval_steps": args.eval_steps,
-                                                                                     **common}}
+    runs = {
+        "without": None,
+        "budget 5%": common,
+        f"every {args.eval_steps} steps": {"eval_steps": args.eval_steps, **common},
+    }
     times: dict[str, list[float]] = {name: [] for name in runs}
     evaluations: dict[str, int] = {}
     shares: dict[str, list[float]] = {name: [] for name in runs if runs[name] is not None}
     train_once(world, tokenizer, base, probes, 20, args.out + "/warmup", None)  # imports, first-call costs
     for _ in range(args.repeats):
         for name, settings in runs.items():
-            seconds, cb = train_once(world, tokenizer, base, probes, args.steps, f"{args.out}/{len(times[name])}",
-                                     settings)
+            seconds, cb = train_once(
+                world, tokenizer, base, probes, args.steps, f"{args.out}/{len(times[name])}", settings
+            )
             times[name].append(seconds)
             if cb is not None:
                 evaluations[name] = len(cb.history)
@@ -144,40 +175,65 @@ def main(argv=None) -> int:
     from forgetwatch import Scorer
 
     knowledge = ProbeSet([p for p in probes if not p.is_behaviour], "knowledge")
-    costs = evaluation_costs({"references": Scorer(tokenizer, knowledge),
-                              "no references": Scorer(tokenizer, knowledge, reference_logprobs=False),
-                              "with behaviour": Scorer(tokenizer, probes, behaviour_max_new_tokens=64)}, base)
+    costs = evaluation_costs(
+        {
+            "references": Scorer(tokenizer, knowledge),
+            "no references": Scorer(tokenizer, knowledge, reference_logprobs=False),
+            "with behaviour": Scorer(tokenizer, probes, behaviour_max_new_tokens=64),
+        },
+        base,
+    )
     with_ref, without_ref = costs["references"], costs["no references"]
 
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: statistics.median(t / a for t, a in zip(v, times["without"])) for k, v in times.items()}
-    print(f"TRL SFTTrainer, llama hidden={args.hidden}, {args.steps} steps of batch 16, {args.threads} CPU threads; "
-          f"{len(probes)} probes ({', '.join(f'{n} {k}' for k, n in kinds.items() if n)}); medians of "
-          f"{args.repeats} interleaved runs")
+    print(
+        f"TRL SFTTrainer, llama hidden={args.hidden}, {args.steps} steps of batch 16, {args.threads} CPU threads; "
+        f"{len(probes)} probes ({', '.join(f'{n} {k}' for k, n in kinds.items() if n)}); medians of "
+        f"{args.repeats} interleaved runs"
+    )
     print(f"\n{'':20}{'median s':>10}{'ratio':>8}{'evals':>7}{'measured':>10}   runs")
     for name, v in times.items():
         evals = "" if name == "without" else str(evaluations[name])
         share = f"{100 * statistics.median(shares[name]):.1f}%" if name in shares else ""
-        print(f"{name:20}{med[name]:10.2f}{paired[name]:8.3f}{evals:>7}{share:>10}   "
-              + " ".join(f"{x:.2f}" for x in v))
-    print("ratio: median over repeats of (run / the anchor run beside it); measured: the callback's "
-          "own time as a share of the run's wall time")
+        print(
+            f"{name:20}{med[name]:10.2f}{paired[name]:8.3f}{evals:>7}{share:>10}   " + " ".join(f"{x:.2f}" for x in v)
+        )
+    print(
+        "ratio: median over repeats of (run / the anchor run beside it); measured: the callback's "
+        "own time as a share of the run's wall time"
+    )
     print(f"\ncallback work on a step that does not evaluate: {idle * 1e9:.0f} ns")
-    print(f"one evaluation: {with_ref * 1e3:.0f} ms with the generative references' forward, "
-          f"{without_ref * 1e3:.0f} ms without ({with_ref / without_ref:.3f}x)")
+    print(
+        f"one evaluation: {with_ref * 1e3:.0f} ms with the generative references' forward, "
+        f"{without_ref * 1e3:.0f} ms without ({with_ref / without_ref:.3f}x)"
+    )
     if behaviour:
-        print(f"one evaluation with the {kinds['behaviour']} behaviour probes too (responses up to 64 tokens): "
-              f"{costs['with behaviour'] * 1e3:.0f} ms ({costs['with behaviour'] / with_ref:.2f}x the knowledge "
-              "probes alone)")
+        print(
+            f"one evaluation with the {kinds['behaviour']} behaviour probes too (responses up to 64 tokens): "
+            f"{costs['with behaviour'] * 1e3:.0f} ms ({costs['with behaviour'] / with_ref:.2f}x the knowledge "
+            "probes alone)"
+        )
     ratio = paired["budget 5%"]
     print(f"target (default budget <= 1.06x wall time): {'met' if ratio <= 1.06 else 'NOT met'} ({ratio:.3f}x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times": times, "median": med, "paired_ratio": paired, "evaluations": evaluations,
-                       "monitoring_share": shares,
-                       "idle_step_seconds": idle, "evaluation_seconds_with_references": with_ref,
-                       "evaluation_seconds_without_references": without_ref, "evaluation_seconds": costs,
-                       "args": vars(args)}, f, indent=2)
+            json.dump(
+                {
+                    "times": times,
+                    "median": med,
+                    "paired_ratio": paired,
+                    "evaluations": evaluations,
+                    "monitoring_share": shares,
+                    "idle_step_seconds": idle,
+                    "evaluation_seconds_with_references": with_ref,
+                    "evaluation_seconds_without_references": without_ref,
+                    "evaluation_seconds": costs,
+                    "args": vars(args),
+                },
+                f,
+                indent=2,
+            )
     return 0 if ratio <= 1.06 else 1
 
 

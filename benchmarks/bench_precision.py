@@ -48,13 +48,27 @@ def main(argv=None) -> None:
             full = evaluate(model, tokenizer, probes, batch_size=16, show_progress=False)
             n += len(probes)
             for name in same:
-                half = evaluate(copy.deepcopy(model).to(getattr(torch, name)), tokenizer, probes,
-                                batch_size=16, show_progress=False)
+                half = evaluate(
+                    copy.deepcopy(model).to(getattr(torch, name)), tokenizer, probes, batch_size=16, show_progress=False
+                )
                 same[name].extend(np.array(half.predicted) == np.array(full.predicted))
-                drift[name] = max(drift[name], max(float(np.abs(a - b).max())
-                                                   for a, b in zip(half.choice_logprobs, full.choice_logprobs)))
-    print(json.dumps({name: {"identical_answers": round(float(np.mean(v)), 4), "probes": n,
-                             "max_logprob_difference": round(drift[name], 4)} for name, v in same.items()}, indent=1))
+                drift[name] = max(
+                    drift[name],
+                    max(float(np.abs(a - b).max()) for a, b in zip(half.choice_logprobs, full.choice_logprobs)),
+                )
+    print(
+        json.dumps(
+            {
+                name: {
+                    "identical_answers": round(float(np.mean(v)), 4),
+                    "probes": n,
+                    "max_logprob_difference": round(drift[name], 4),
+                }
+                for name, v in same.items()
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,37 +80,74 @@ def run_arm(arm: str, world, tokenizer, base, args) -> dict:
     from datasets import Dataset
 
     probes, driven, uniform = split(world)
-    replay = {"none": {}, "uniform": {"replay": uniform}, "driven": {"replay": driven},
-              "kl": {"replay": driven, "replay_loss": "kl"},
-              "auto": {"replay": driven, "replay_weight": "auto", "forgetting_target": args.target}}[arm]
-    cb = ForgetWatchCallback(probes, eval_steps=args.eval_steps, verbose=False, noise_check=False,
-                             replay_batch_size=args.replay_rows, **replay)
-    common = dict(max_steps=args.steps, learning_rate=args.lr, report_to=[], save_strategy="no", use_cpu=True,
-                  bf16=False, activation_checkpointing=False, seed=0, disable_tqdm=True, logging_steps=1000,
-                  dataloader_num_workers=0)
+    replay = {
+        "none": {},
+        "uniform": {"replay": uniform},
+        "driven": {"replay": driven},
+        "kl": {"replay": driven, "replay_loss": "kl"},
+        "auto": {"replay": driven, "replay_weight": "auto", "forgetting_target": args.target},
+    }[arm]
+    cb = ForgetWatchCallback(
+        probes,
+        eval_steps=args.eval_steps,
+        verbose=False,
+        noise_check=False,
+        replay_batch_size=args.replay_rows,
+        **replay,
+    )
+    common = dict(
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+        logging_steps=1000,
+        dataloader_num_workers=0,
+    )
     if args.trainer == "dpo":
-        rows = [{"prompt": t.split(" is ")[0] + " is", "chosen": " " + t.split(" is ")[1],
-                 "rejected": " " + str(int(t.split(" is ")[1].rstrip(".")) + 1) + "."}
-                for t in world.distraction_texts(n=200) if " is " in t]
+        rows = [
+            {
+                "prompt": t.split(" is ")[0] + " is",
+                "chosen": " " + t.split(" is ")[1],
+                "rejected": " " + str(int(t.split(" is ")[1].rstrip(".")) + 1) + ".",
+            }
+            for t in world.distraction_texts(n=200)
+            if " is " in t
+        ]
         config = trl.DPOConfig(args.out, per_device_train_batch_size=8, max_length=48, beta=0.1, **common)
         saved = os.path.join(args.out, "base")  # DPO loads its reference model from a directory
         base.save_pretrained(saved)
         tokenizer.save_pretrained(saved)
-        trainer = trl.DPOTrainer(model=saved, args=config, processing_class=tokenizer,
-                                 train_dataset=Dataset.from_list(rows), callbacks=[cb])
+        trainer = trl.DPOTrainer(
+            model=saved, args=config, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), callbacks=[cb]
+        )
     else:
         config = trl.SFTConfig(args.out, per_device_train_batch_size=16, max_length=64, packing=False, **common)
-        trainer = trl.SFTTrainer(model=copy.deepcopy(base), args=config, processing_class=tokenizer,
-                                 train_dataset=Dataset.from_dict({"text": world.distraction_texts()}), callbacks=[cb])
+        trainer = trl.SFTTrainer(
+            model=copy.deepcopy(base),
+            args=config,
+            processing_class=tokenizer,
+            train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
+            callbacks=[cb],
+        )
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     final = cb.history[-1][1]
-    return {"forgotten": final.forgotten, "forgetting": final.forgetting, "seconds": seconds,
-            "target_loss": target_loss(trainer.model, tokenizer, world.distraction_texts(n=64, seed=7)),
-            "curve": [(s, r.forgetting) for s, r in cb.history],
-            "weights": [e.get("forgetwatch/replay/weight") for e in trainer.state.log_history
-                        if "forgetwatch/replay/weight" in e]}
+    return {
+        "forgotten": final.forgotten,
+        "forgetting": final.forgetting,
+        "seconds": seconds,
+        "target_loss": target_loss(trainer.model, tokenizer, world.distraction_texts(n=64, seed=7)),
+        "curve": [(s, r.forgetting) for s, r in cb.history],
+        "weights": [
+            e.get("forgetwatch/replay/weight") for e in trainer.state.log_history if "forgetwatch/replay/weight" in e
+        ],
+    }
 
 
 def main(argv=None) -> int:
@@ -126,15 +163,19 @@ def main(argv=None) -> int:
         for arm in ARMS:
             results[arm].append(run_arm(arm, world, tokenizer, base, args))
     n = len(split(ToyWorld(seed=0))[0])
-    print(f"toy world, TRL {args.trainer.upper()} on arithmetic, {args.steps} steps; {n} probes; "
-          f"{args.replay_rows} replay rows per step; medians of {args.seeds} seeds")
+    print(
+        f"toy world, TRL {args.trainer.upper()} on arithmetic, {args.steps} steps; {n} probes; "
+        f"{args.replay_rows} replay rows per step; medians of {args.seeds} seeds"
+    )
     print(f"\n{'arm':10}{'1->0':>7}{'forgetting':>12}{'target loss':>13}{'wall s':>9}   per seed 1->0")
     for arm, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("forgotten", "forgetting", "target_loss", "seconds")}
-        print(f"{arm:10}{med['forgotten']:7.0f}{100 * med['forgetting']:11.1f}%{med['target_loss']:13.3f}"
-              f"{med['seconds']:9.1f}   {[r['forgotten'] for r in runs]}")
+        print(
+            f"{arm:10}{med['forgotten']:7.0f}{100 * med['forgetting']:11.1f}%{med['target_loss']:13.3f}"
+            f"{med['seconds']:9.1f}   {[r['forgotten'] for r in runs]}"
+        )
     auto = results["auto"][0]["weights"]
-    print(f"\n\"auto\" weights at each evaluation (seed 0): {[round(w, 3) for w in auto]}")
+    print(f'\n"auto" weights at each evaluation (seed 0): {[round(w, 3) for w in auto]}')
     if args.png:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -64,8 +64,9 @@ def build_probes(world: ToyWorld, n: int, seed: int = 0) -> list[dict]:
         choices = rng.sample([x for x in capitals if x != c.capital], 3)
         gold = rng.randrange(4)
         choices.insert(gold, c.capital)
-        rows.append({"id": f"p{i}", "question": f"{context} The capital of {c.name} is",
-                     "choices": choices, "answer": gold})
+        rows.append(
+            {"id": f"p{i}", "question": f"{context} The capital of {c.name} is", "choices": choices, "answer": gold}
+        )
     return rows
 
 
@@ -79,22 +80,24 @@ def lmeval_setup(model, tokenizer, records, batch_size):
     requests = []
     for r in records:
         for j, choice in enumerate(r["choices"]):
-            requests.append(Instance(request_type="loglikelihood", doc=r,
-                                     arguments=(r["question"], " " + choice), idx=j))
+            requests.append(
+                Instance(request_type="loglikelihood", doc=r, arguments=(r["question"], " " + choice), idx=j)
+            )
     return lm, requests
 
 
 def floor_batches(scorer: Scorer, width: int, batch_size: int):
     """The unique tokens packed densely into rows of ``width``; batches of ``batch_size`` rows."""
     encoded = [e for e in scorer.encoded if isinstance(e, EncodedChoices)]
-    stream = np.concatenate([np.concatenate([e.context] + [c[:-1] for c in e.continuations])
-                             for e in encoded]).astype(np.int64)
+    stream = np.concatenate([np.concatenate([e.context] + [c[:-1] for c in e.continuations]) for e in encoded]).astype(
+        np.int64
+    )
     scored = sum(len(c) for e in encoded for c in e.continuations)  # one log-prob per choice token
     n_rows = -(-len(stream) // width)
     stream = np.resize(stream, n_rows * width)  # pad the last row by wrapping: no idle slots
     rows = torch.from_numpy(stream.reshape(n_rows, width))
     keep = -(-scored // n_rows)
-    return [rows[i:i + batch_size] for i in range(0, n_rows, batch_size)], keep, len(stream), scored
+    return [rows[i : i + batch_size] for i in range(0, n_rows, batch_size)], keep, len(stream), scored
 
 
 def run_floor(model, batches, keep):
@@ -151,17 +154,24 @@ def main(argv=None) -> int:
         times["floor"].append(timed(lambda: run_floor(model, batches, keep)))
     med = {k: statistics.median(v) for k, v in times.items()}
 
-    print(f"model: llama hidden={args.hidden} layers={args.layers} vocab={len(tokenizer)}; "
-          f"{args.threads} CPU threads; batch size {args.batch_size}")
-    print(f"probes: {len(records)} x 4 choices; context {ctx_len:.1f} tokens, choice {choice_len:.1f} tokens; "
-          f"unique tokens {n_unique}, scored tokens {n_scored}")
-    print(f"agreement with lm-eval acc: {agreement:.2%} ({len(records)} probes); "
-          f"max |log-prob difference| {max_diff:.2e}")
+    print(
+        f"model: llama hidden={args.hidden} layers={args.layers} vocab={len(tokenizer)}; "
+        f"{args.threads} CPU threads; batch size {args.batch_size}"
+    )
+    print(
+        f"probes: {len(records)} x 4 choices; context {ctx_len:.1f} tokens, choice {choice_len:.1f} tokens; "
+        f"unique tokens {n_unique}, scored tokens {n_scored}"
+    )
+    print(
+        f"agreement with lm-eval acc: {agreement:.2%} ({len(records)} probes); max |log-prob difference| {max_diff:.2e}"
+    )
     print(f"\n{'':12}{'median s':>10}{'runs':>40}")
     for k, v in times.items():
         print(f"{k:12}{med[k]:10.3f}    " + " ".join(f"{x:.3f}" for x in v))
-    ratios = {"forgetwatch / floor": med["forgetwatch"] / med["floor"],
-              "lm-eval / forgetwatch": med["lm-eval"] / med["forgetwatch"]}
+    ratios = {
+        "forgetwatch / floor": med["forgetwatch"] / med["floor"],
+        "lm-eval / forgetwatch": med["lm-eval"] / med["forgetwatch"],
+    }
     print()
     for k, v in ratios.items():
         print(f"{k:24}{v:6.2f}x")
@@ -169,8 +179,18 @@ def main(argv=None) -> int:
     print(f"\ntargets (100% agreement, <= 1.3x floor, >= 2x faster than lm-eval): {'met' if ok else 'NOT met'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times": times, "median": med, "ratios": ratios, "agreement": agreement,
-                       "max_logprob_difference": max_diff, "args": vars(args)}, f, indent=2)
+            json.dump(
+                {
+                    "times": times,
+                    "median": med,
+                    "ratios": ratios,
+                    "agreement": agreement,
+                    "max_logprob_difference": max_diff,
+                    "args": vars(args),
+                },
+                f,
+                indent=2,
+            )
     return 0 if ok else 1
 
 

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> None:
         load_optimizer(optimizer, Path(args.resume_from))
     model, optimizer = accelerator.prepare(model, optimizer)
 
-    watch = Watch(probes, output_dir=out / "forgetwatch", eval_steps=args.eval_steps,
-                  max_forgetting=args.max_forgetting)
+    watch = Watch(
+        probes, output_dir=out / "forgetwatch", eval_steps=args.eval_steps, max_forgetting=args.max_forgetting
+    )
     if args.resume_from:
         watch.load_state_dict(json.loads((Path(args.resume_from) / "forgetwatch.json").read_text()))
     watch.start(model, tokenizer)  # on every process: each takes part in scoring the base

@@ -30,10 +30,23 @@ def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
     return probes.sample(min(n, len(probes)), seed=seed)
 
 
-def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeSet, *, defaults: dict[str, Any],
-                    max_steps: int, eval_steps: int, max_forgetting: float | None, use_cpu: bool,
-                    report_to: str | list[str] | None, chat_template: bool, extra: dict[str, Any],
-                    lora: bool = False, **trainer_kwargs: Any):
+def watched_trainer(
+    trainer_class,
+    config_class,
+    output_dir: str,
+    probes: ProbeSet,
+    *,
+    defaults: dict[str, Any],
+    max_steps: int,
+    eval_steps: int,
+    max_forgetting: float | None,
+    use_cpu: bool,
+    report_to: str | list[str] | None,
+    chat_template: bool,
+    extra: dict[str, Any],
+    lora: bool = False,
+    **trainer_kwargs: Any,
+):
     """A TRL trainer with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``defaults`` are the example's config values; ``extra`` overrides any config field.
@@ -44,16 +57,28 @@ def watched_trainer(trainer_class, config_class, output_dir: str, probes: ProbeS
 
     from forgetwatch import ForgetWatchCallback
 
-    settings = {"max_steps": max_steps, "logging_steps": 10, "use_cpu": use_cpu,
-                "bf16": torch.cuda.is_available() and not use_cpu, "report_to": report_to or "none",
-                **defaults, **extra}
+    settings = {
+        "max_steps": max_steps,
+        "logging_steps": 10,
+        "use_cpu": use_cpu,
+        "bf16": torch.cuda.is_available() and not use_cpu,
+        "report_to": report_to or "none",
+        **defaults,
+        **extra,
+    }
     if lora:
         from peft import LoraConfig
 
-        trainer_kwargs["peft_config"] = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
-                                                   task_type="CAUSAL_LM")
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_forgetting=max_forgetting,
-                                   chat_template=chat_template, base="adapter_disabled" if lora else None)
+        trainer_kwargs["peft_config"] = LoraConfig(
+            r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
+    callback = ForgetWatchCallback(
+        probes,
+        eval_steps=eval_steps,
+        max_forgetting=max_forgetting,
+        chat_template=chat_template,
+        base="adapter_disabled" if lora else None,
+    )
     trainer = trainer_class(args=config_class(output_dir, **settings), callbacks=[callback], **trainer_kwargs)
     trainer.forgetwatch = callback
     return trainer
@@ -100,31 +125,57 @@ def load_probes(option: int | ProbeSet, load_dataset) -> ProbeSet:
     return option
 
 
-def parser(doc: str, *, dataset: str, dataset_help: str, output_dir: str, learning_rate: float) -> argparse.ArgumentParser:
+def parser(
+    doc: str, *, dataset: str, dataset_help: str, output_dir: str, learning_rate: float
+) -> argparse.ArgumentParser:
     """The options every example has; each adds its trainer's own."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--model", default=MODEL, help="hub id or local path of an instruct model")
     p.add_argument("--dataset", default=dataset, help=dataset_help)
     p.add_argument("--output-dir", default=output_dir, help="where checkpoints and forgetwatch/ go")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
-    p.add_argument("--probes", type=probes_option, default=500, metavar="N|FILE",
-                   help="N MMLU probes, stratified by subject (downloads cais/mmlu), or a JSONL probe file")
+    p.add_argument(
+        "--probes",
+        type=probes_option,
+        default=500,
+        metavar="N|FILE",
+        help="N MMLU probes, stratified by subject (downloads cais/mmlu), or a JSONL probe file",
+    )
     p.add_argument("--eval-steps", type=int, default=50, help="re-score the probes every N steps")
-    p.add_argument("--max-forgetting", type=float, default=None,
-                   help="stop training once this share of the probes is forgotten (e.g. 0.05)")
+    p.add_argument(
+        "--max-forgetting",
+        type=float,
+        default=None,
+        help="stop training once this share of the probes is forgotten (e.g. 0.05)",
+    )
     p.add_argument("--learning-rate", type=float, default=learning_rate, help="peak learning rate")
     p.add_argument("--report-to", default="none", help="wandb, tensorboard, ... or none")
     p.add_argument("--seed", type=int, default=0, help="training seed (the probe sample is fixed: seed 0)")
-    p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
-                   help="score probes as plain text (for base models without a chat template)")
-    p.add_argument("--lora", action="store_true",
-                   help="train LoRA adapters (pip install peft); the base is the model with them disabled")
+    p.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="score probes as plain text (for base models without a chat template)",
+    )
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="train LoRA adapters (pip install peft); the base is the model with them disabled",
+    )
     p.add_argument("--cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
     return p
 
 
 def common_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``build_trainer`` that come from the common options."""
-    return dict(max_steps=args.max_steps, eval_steps=args.eval_steps, max_forgetting=args.max_forgetting,
-                use_cpu=args.cpu, report_to=args.report_to, chat_template=args.chat_template,
-                learning_rate=args.learning_rate, seed=args.seed, lora=args.lora)
+    return dict(
+        max_steps=args.max_steps,
+        eval_steps=args.eval_steps,
+        max_forgetting=args.max_forgetting,
+        use_cpu=args.cpu,
+        report_to=args.report_to,
+        chat_template=args.chat_template,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        lora=args.lora,
+    )

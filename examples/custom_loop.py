@@ -75,9 +75,13 @@ def load_optimizer(optimizer: Any, folder: Path) -> None:
     tensors = load_file(str(folder / "optimizer.safetensors"))
     steps = json.loads((folder / "optimizer.json").read_text())["steps"]
     state = optimizer.state_dict()
-    state["state"] = {int(i): {"step": torch.tensor(step), **{key.split(".", 1)[1]: value for key, value in
-                                                             tensors.items() if key.split(".", 1)[0] == i}}
-                      for i, step in steps.items()}
+    state["state"] = {
+        int(i): {
+            "step": torch.tensor(step),
+            **{key.split(".", 1)[1]: value for key, value in tensors.items() if key.split(".", 1)[0] == i},
+        }
+        for i, step in steps.items()
+    }
     optimizer.load_state_dict(state)
 
 
@@ -97,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    watch = Watch(probes, output_dir=out / "forgetwatch", eval_steps=args.eval_steps,
-                  max_forgetting=args.max_forgetting)
+    watch = Watch(
+        probes, output_dir=out / "forgetwatch", eval_steps=args.eval_steps, max_forgetting=args.max_forgetting
+    )
     if args.resume_from:
         load_optimizer(optimizer, Path(args.resume_from))
         watch.load_state_dict(json.loads((Path(args.resume_from) / "forgetwatch.json").read_text()))

@@ -42,10 +42,22 @@ DATASET = "trl-lib/ultrafeedback_binarized"
 __all__ = ["build_probes", "build_trainer", "main"]
 
 
-def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
-                  max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
-                  use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, lora: bool = False, **extra: Any) -> DPOTrainer:
+def build_trainer(
+    model: str,
+    tokenizer,
+    train_dataset,
+    probes: ProbeSet,
+    output_dir: str,
+    *,
+    max_steps: int = 200,
+    eval_steps: int = 50,
+    max_forgetting: float | None = None,
+    use_cpu: bool = False,
+    report_to: str | list[str] | None = None,
+    chat_template: bool = True,
+    lora: bool = False,
+    **extra: Any,
+) -> DPOTrainer:
     """A ``DPOTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``model`` is a hub id or local path: TRL builds both the policy and the reference model
@@ -53,17 +65,41 @@ def build_trainer(model: str, tokenizer, train_dataset, probes: ProbeSet, output
     """
     from trl import DPOConfig, DPOTrainer
 
-    defaults = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, "learning_rate": 1e-6,
-                "beta": 0.1, "max_length": 1024}
-    return watched_trainer(DPOTrainer, DPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
-                           eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
-                           train_dataset=train_dataset, processing_class=tokenizer)
+    defaults = {
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 8,
+        "learning_rate": 1e-6,
+        "beta": 0.1,
+        "max_length": 1024,
+    }
+    return watched_trainer(
+        DPOTrainer,
+        DPOConfig,
+        output_dir,
+        probes,
+        defaults=defaults,
+        max_steps=max_steps,
+        eval_steps=eval_steps,
+        max_forgetting=max_forgetting,
+        use_cpu=use_cpu,
+        report_to=report_to,
+        chat_template=chat_template,
+        extra=extra,
+        lora=lora,
+        model=model,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__, dataset=DATASET, dataset_help="preference dataset (chosen/rejected, optional prompt)",
-               output_dir="out/dpo", learning_rate=1e-6)
+    p = parser(
+        __doc__,
+        dataset=DATASET,
+        dataset_help="preference dataset (chosen/rejected, optional prompt)",
+        output_dir="out/dpo",
+        learning_rate=1e-6,
+    )
     p.add_argument("--beta", type=float, default=0.1, help="DPO's KL strength")
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--grad-accum", type=int, default=8, help="gradient accumulation steps")
@@ -79,10 +115,18 @@ def main(argv: list[str] | None = None):
 
     probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    trainer = build_trainer(args.model, tokenizer, load_dataset(args.dataset, split="train"), probes,
-                            args.output_dir, **common_settings(args), beta=args.beta,
-                            per_device_train_batch_size=args.batch_size,
-                            gradient_accumulation_steps=args.grad_accum, max_length=args.max_length)
+    trainer = build_trainer(
+        args.model,
+        tokenizer,
+        load_dataset(args.dataset, split="train"),
+        probes,
+        args.output_dir,
+        **common_settings(args),
+        beta=args.beta,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        max_length=args.max_length,
+    )
     trainer.train()
     print(trainer.forgetwatch.summary())
     return trainer

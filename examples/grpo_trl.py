@@ -60,17 +60,30 @@ def make_length_reward(target_words: int = TARGET_WORDS):
     TRL calls it with the batch's ``prompts`` and ``completions`` and every other dataset
     column as keywords (tldr's reference ``completion``, ...), which it ignores.
     """
+
     def length_reward(completions: list[Any], **kwargs: Any) -> list[float]:
         return [1.0 - abs(len(completion_text(c).split()) - target_words) / target_words for c in completions]
 
     return length_reward
 
 
-def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
-                  max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
-                  use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, target_words: int = TARGET_WORDS, lora: bool = False,
-                  **extra: Any) -> GRPOTrainer:
+def build_trainer(
+    model,
+    tokenizer,
+    train_dataset,
+    probes: ProbeSet,
+    output_dir: str,
+    *,
+    max_steps: int = 200,
+    eval_steps: int = 50,
+    max_forgetting: float | None = None,
+    use_cpu: bool = False,
+    report_to: str | list[str] | None = None,
+    chat_template: bool = True,
+    target_words: int = TARGET_WORDS,
+    lora: bool = False,
+    **extra: Any,
+) -> GRPOTrainer:
     """A ``GRPOTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``extra`` overrides any ``GRPOConfig`` field (num_generations, max_completion_length, ...).
@@ -80,20 +93,45 @@ def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir:
     """
     from trl import GRPOConfig, GRPOTrainer
 
-    defaults = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 64,
-                "learning_rate": 1e-6, "use_vllm": False}
-    return watched_trainer(GRPOTrainer, GRPOConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
-                           eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
-                           reward_funcs=make_length_reward(target_words), train_dataset=train_dataset,
-                           processing_class=tokenizer)
+    defaults = {
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 64,
+        "learning_rate": 1e-6,
+        "use_vllm": False,
+    }
+    return watched_trainer(
+        GRPOTrainer,
+        GRPOConfig,
+        output_dir,
+        probes,
+        defaults=defaults,
+        max_steps=max_steps,
+        eval_steps=eval_steps,
+        max_forgetting=max_forgetting,
+        use_cpu=use_cpu,
+        report_to=report_to,
+        chat_template=chat_template,
+        extra=extra,
+        lora=lora,
+        model=model,
+        reward_funcs=make_length_reward(target_words),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__, dataset=DATASET, dataset_help="dataset with a 'prompt' column", output_dir="out/grpo",
-               learning_rate=1e-6)
-    p.add_argument("--batch-size", type=int, default=8,
-                   help="completions per device and step (a multiple of --num-generations)")
+    p = parser(
+        __doc__,
+        dataset=DATASET,
+        dataset_help="dataset with a 'prompt' column",
+        output_dir="out/grpo",
+        learning_rate=1e-6,
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=8, help="completions per device and step (a multiple of --num-generations)"
+    )
     p.add_argument("--num-generations", type=int, default=4, help="completions sampled per prompt")
     p.add_argument("--max-completion-length", type=int, default=64, help="tokens per completion")
     p.add_argument("--target-words", type=int, default=TARGET_WORDS, help="the reward's ideal summary length")
@@ -110,10 +148,18 @@ def main(argv: list[str] | None = None):
     probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,
-                            **common_settings(args), target_words=args.target_words,
-                            per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
-                            max_completion_length=args.max_completion_length)
+    trainer = build_trainer(
+        model,
+        tokenizer,
+        load_dataset(args.dataset, split="train"),
+        probes,
+        args.output_dir,
+        **common_settings(args),
+        target_words=args.target_words,
+        per_device_train_batch_size=args.batch_size,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+    )
     trainer.train()
     print(trainer.forgetwatch.summary())
     return trainer

@@ -19,8 +19,12 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", nargs="?", default="out/toy",
-                        help="folder to write base/, tuned/, probes.jsonl and train.txt into (default: out/toy)")
+    parser.add_argument(
+        "out",
+        nargs="?",
+        default="out/toy",
+        help="folder to write base/, tuned/, probes.jsonl and train.txt into (default: out/toy)",
+    )
     return parser.parse_args(argv)
 
 

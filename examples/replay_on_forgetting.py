@@ -72,37 +72,68 @@ class AtRiskLog:
         self.by_step[step] = list(report.at_risk_ids)
 
 
-def build_trainer(model, tokenizer, texts: list[str], probes: ProbeSet, output_dir: str | os.PathLike[str], *,
-                  pool: ReplayPool | None = None, max_steps: int = 30, eval_steps: int = 5,
-                  replay_weight: float = 1.0, **extra: Any) -> SFTTrainer:
+def build_trainer(
+    model,
+    tokenizer,
+    texts: list[str],
+    probes: ProbeSet,
+    output_dir: str | os.PathLike[str],
+    *,
+    pool: ReplayPool | None = None,
+    max_steps: int = 30,
+    eval_steps: int = 5,
+    replay_weight: float = 1.0,
+    **extra: Any,
+) -> SFTTrainer:
     """A CPU ``SFTTrainer`` on ``texts`` watched by ``ForgetWatchCallback`` (replaying ``pool``
     when given); the callback is ``trainer.forgetwatch``, ``extra`` overrides ``SFTConfig`` fields."""
     settings: dict[str, Any] = {
-        "max_steps": max_steps, "per_device_train_batch_size": 8, "learning_rate": 3e-3, "max_length": 64,
-        "packing": False, "logging_steps": max(1, eval_steps), "save_strategy": "no", "report_to": "none",
-        "use_cpu": True, "bf16": False, "activation_checkpointing": False, "dataloader_num_workers": 0,
-        "dataloader_pin_memory": False, "disable_tqdm": True, "seed": 0,
+        "max_steps": max_steps,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 3e-3,
+        "max_length": 64,
+        "packing": False,
+        "logging_steps": max(1, eval_steps),
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": False,
+        "disable_tqdm": True,
+        "seed": 0,
     }
     settings.update(extra)
     replay = {} if pool is None else {"replay": pool, "replay_weight": replay_weight}
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, verbose=False, on_forgetting=AtRiskLog(),
-                                   **replay)
-    trainer = SFTTrainer(model=model, args=SFTConfig(str(output_dir), **settings), processing_class=tokenizer,
-                         train_dataset=datasets.Dataset.from_dict({"text": list(texts)}), callbacks=[callback])
+    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, verbose=False, on_forgetting=AtRiskLog(), **replay)
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(str(output_dir), **settings),
+        processing_class=tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": list(texts)}),
+        callbacks=[callback],
+    )
     trainer.forgetwatch = callback
     return trainer
 
 
-def run(world: ToyWorld, tokenizer, model, output_dir: str | os.PathLike[str], **options: Any
-        ) -> dict[str, SFTTrainer]:
+def run(world: ToyWorld, tokenizer, model, output_dir: str | os.PathLike[str], **options: Any) -> dict[str, SFTTrainer]:
     """Fine-tune copies of ``model`` on arithmetic without and with replay; the two trainers."""
     import copy
 
     probes, pool = split_world(world)
     trainers = {}
     for name, replayed in (("without replay", None), ("with replay", pool)):
-        trainer = build_trainer(copy.deepcopy(model), tokenizer, world.distraction_texts(), probes,
-                                Path(output_dir) / name.replace(" ", "-"), pool=replayed, **options)
+        trainer = build_trainer(
+            copy.deepcopy(model),
+            tokenizer,
+            world.distraction_texts(),
+            probes,
+            Path(output_dir) / name.replace(" ", "-"),
+            pool=replayed,
+            **options,
+        )
         trainer.train()
         trainers[name] = trainer
     return trainers
@@ -113,8 +144,11 @@ def describe(trainers: dict[str, SFTTrainer]) -> str:
     runs = {name: dict(t.forgetwatch.history) for name, t in trainers.items()}
     steps = sorted(set().union(*runs.values()))
     lines = ["step  " + "  ".join(f"{name:>16}" for name in runs)]
-    lines += [f"{step:>4}  " + "  ".join(f"{pct(runs[name][step].forgetting) if step in runs[name] else '-':>16}"
-                                         for name in runs) for step in steps]
+    lines += [
+        f"{step:>4}  "
+        + "  ".join(f"{pct(runs[name][step].forgetting) if step in runs[name] else '-':>16}" for name in runs)
+        for step in steps
+    ]
     return "forgetting (right at the base, wrong now):\n" + "\n".join(lines)
 
 
@@ -125,8 +159,15 @@ def main(argv: list[str] | None = None) -> dict[str, SFTTrainer]:
     print(f"teaching a tiny model {len(world.fact_texts())} made-up facts ...", flush=True)
     tokenizer, base, _ = world.base_and_tuned(base_steps=args.base_steps, tuned_steps=0)
     print("fine-tuning it on unrelated arithmetic, without and with replay ...", flush=True)
-    trainers = run(world, tokenizer, base, args.output_dir, max_steps=args.max_steps, eval_steps=args.eval_steps,
-                   replay_weight=args.replay_weight)
+    trainers = run(
+        world,
+        tokenizer,
+        base,
+        args.output_dir,
+        max_steps=args.max_steps,
+        eval_steps=args.eval_steps,
+        replay_weight=args.replay_weight,
+    )
     print(describe(trainers))
     return trainers
 

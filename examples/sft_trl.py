@@ -39,27 +39,62 @@ DATASET = "trl-lib/Capybara"
 __all__ = ["build_probes", "build_trainer", "main"]
 
 
-def build_trainer(model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, *,
-                  max_steps: int = 200, eval_steps: int = 50, max_forgetting: float | None = None,
-                  use_cpu: bool = False, report_to: str | list[str] | None = None,
-                  chat_template: bool = True, lora: bool = False, **extra: Any) -> SFTTrainer:
+def build_trainer(
+    model,
+    tokenizer,
+    train_dataset,
+    probes: ProbeSet,
+    output_dir: str,
+    *,
+    max_steps: int = 200,
+    eval_steps: int = 50,
+    max_forgetting: float | None = None,
+    use_cpu: bool = False,
+    report_to: str | list[str] | None = None,
+    chat_template: bool = True,
+    lora: bool = False,
+    **extra: Any,
+) -> SFTTrainer:
     """An ``SFTTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
     ``extra`` overrides any ``SFTConfig`` field (batch size, learning rate, max_length, ...).
     """
     from trl import SFTConfig, SFTTrainer
 
-    defaults = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "learning_rate": 2e-5,
-                "max_length": 1024}
-    return watched_trainer(SFTTrainer, SFTConfig, output_dir, probes, defaults=defaults, max_steps=max_steps,
-                           eval_steps=eval_steps, max_forgetting=max_forgetting, use_cpu=use_cpu,
-                           report_to=report_to, chat_template=chat_template, extra=extra, lora=lora, model=model,
-                           train_dataset=train_dataset, processing_class=tokenizer)
+    defaults = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 4,
+        "learning_rate": 2e-5,
+        "max_length": 1024,
+    }
+    return watched_trainer(
+        SFTTrainer,
+        SFTConfig,
+        output_dir,
+        probes,
+        defaults=defaults,
+        max_steps=max_steps,
+        eval_steps=eval_steps,
+        max_forgetting=max_forgetting,
+        use_cpu=use_cpu,
+        report_to=report_to,
+        chat_template=chat_template,
+        extra=extra,
+        lora=lora,
+        model=model,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__, dataset=DATASET, dataset_help="conversational SFT dataset ('messages' column)",
-               output_dir="out/sft", learning_rate=2e-5)
+    p = parser(
+        __doc__,
+        dataset=DATASET,
+        dataset_help="conversational SFT dataset ('messages' column)",
+        output_dir="out/sft",
+        learning_rate=2e-5,
+    )
     p.add_argument("--batch-size", type=int, default=4, help="per device")
     p.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=1024, help="truncate training sequences to this")
@@ -76,9 +111,17 @@ def main(argv: list[str] | None = None):
     probes = load_probes(args.probes, load_dataset)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    trainer = build_trainer(model, tokenizer, load_dataset(args.dataset, split="train"), probes, args.output_dir,
-                            **common_settings(args), per_device_train_batch_size=args.batch_size,
-                            gradient_accumulation_steps=args.grad_accum, max_length=args.max_length)
+    trainer = build_trainer(
+        model,
+        tokenizer,
+        load_dataset(args.dataset, split="train"),
+        probes,
+        args.output_dir,
+        **common_settings(args),
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        max_length=args.max_length,
+    )
     trainer.train()
     print(trainer.forgetwatch.summary())
     return trainer

@@ -34,12 +34,16 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """
     peft = peft_model(model)
     if peft is None:
-        raise ValueError(f"base='adapter_disabled' needs a PEFT model (peft.get_peft_model, or peft_config= "
-                         f"in a TRL trainer), but the model is a {type(unwrap(model)).__name__} without "
-                         "adapters; leave base unset to snapshot the model before training instead")
+        raise ValueError(
+            f"base='adapter_disabled' needs a PEFT model (peft.get_peft_model, or peft_config= "
+            f"in a TRL trainer), but the model is a {type(unwrap(model)).__name__} without "
+            "adapters; leave base unset to snapshot the model before training instead"
+        )
     if getattr(peft, "is_prompt_learning", False):
-        raise ValueError("base='adapter_disabled' needs additive adapters such as LoRA; prompt-learning "
-                         "adapters (prefix or prompt tuning) cannot be disabled in place")
+        raise ValueError(
+            "base='adapter_disabled' needs additive adapters such as LoRA; prompt-learning "
+            "adapters (prefix or prompt tuning) cannot be disabled in place"
+        )
     _warn_if_base_weights_train(peft)
     with peft.disable_adapter():
         yield
@@ -50,6 +54,10 @@ def _warn_if_base_weights_train(peft) -> None:
     adapters = tuple(f".{name}." for name in peft.peft_config)
     training = [n for n, p in peft.named_parameters() if p.requires_grad and not any(a in n for a in adapters)]
     if training:
-        logger.warning("forgetwatch: base='adapter_disabled', but %d parameter(s) outside the adapters are "
-                       "trained (e.g. %s): with the adapters disabled the model is no longer the one "
-                       "before training", len(training), training[0])
+        logger.warning(
+            "forgetwatch: base='adapter_disabled', but %d parameter(s) outside the adapters are "
+            "trained (e.g. %s): with the adapters disabled the model is no longer the one "
+            "before training",
+            len(training),
+            training[0],
+        )

@@ -97,9 +97,12 @@ class Answers:
         self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
         n = len(self.ids)
         lengths = {
-            "correct": len(self.correct), "predicted": len(self.predicted),
-            "choice_logprobs": len(self.choice_logprobs), "gold_logprob": len(self.gold_logprob),
-            "n_choices": len(self.n_choices), "categories": len(self.categories),
+            "correct": len(self.correct),
+            "predicted": len(self.predicted),
+            "choice_logprobs": len(self.choice_logprobs),
+            "gold_logprob": len(self.gold_logprob),
+            "n_choices": len(self.n_choices),
+            "categories": len(self.categories),
             "outputs": len(self.outputs),
         }
         bad = {k: v for k, v in lengths.items() if v != n}
@@ -120,8 +123,7 @@ class Answers:
             ids=[s["id"] for s in samples],
             correct=np.array([bool(s["correct"]) for s in samples], dtype=bool),
             predicted=[s.get("predicted") for s in samples],
-            choice_logprobs=[np.array([_float(x) for x in s.get("choice_logprobs", ())], dtype=float)
-                             for s in samples],
+            choice_logprobs=[np.array([_float(x) for x in s.get("choice_logprobs", ())], dtype=float) for s in samples],
             gold_logprob=np.array([_float(s.get("gold_logprob")) for s in samples]),
             n_choices=np.array([int(s.get("n_choices", 0)) for s in samples], dtype=np.int64),
             categories=[s.get("category", "all") for s in samples],
@@ -202,8 +204,10 @@ class Answers:
         """
         problem = other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids)
         if problem:
-            raise AnswersMismatchError(f"these {what} were computed for {problem}; evaluate both models "
-                                       "on the same probe file with the same options")
+            raise AnswersMismatchError(
+                f"these {what} were computed for {problem}; evaluate both models "
+                "on the same probe file with the same options"
+            )
 
     def scored_like(self, scoring: Mapping[str, Any]) -> bool:
         """Whether these answers were scored with options that give the same answers."""
@@ -219,8 +223,10 @@ class Answers:
         problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
         if problem:
             detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
-            raise AnswersMismatchError(f"these answers were computed on a different probe set than "
-                                       f"{probes.source}{detail}; evaluate the model again on these probes")
+            raise AnswersMismatchError(
+                f"these answers were computed on a different probe set than "
+                f"{probes.source}{detail}; evaluate the model again on these probes"
+            )
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -253,15 +259,21 @@ class Answers:
             >>> again = Answers.from_dict(answers.to_dict())  # doctest: +SKIP
         """
         _check_header(doc)
-        answers = cls.from_samples(doc["probe_fingerprint"], doc.get("scoring", {}), doc["samples"],
-                                   model=doc.get("model", ""), meta=doc.get("meta", {}))
+        answers = cls.from_samples(
+            doc["probe_fingerprint"],
+            doc.get("scoring", {}),
+            doc["samples"],
+            model=doc.get("model", ""),
+            meta=doc.get("meta", {}),
+        )
         return answers._checked(doc)
 
     def _checked(self, header: dict[str, Any]) -> Answers:
         # files written before version 2 have no checksum; from version 2 on, one is required
         if header["version"] >= 2 and header.get("checksum") != _checksum(self._content()):
-            raise AnswersFileError("edited or damaged since it was written (its content does not match "
-                                   "the checksum in its header)")
+            raise AnswersFileError(
+                "edited or damaged since it was written (its content does not match the checksum in its header)"
+            )
         return self
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -306,8 +318,16 @@ class Answers:
         except AnswersFileError as e:
             raise AnswersFileError(e.reason, path) from None
         # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
-        except (KeyError, ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
-                NotImplementedError) as e:
+        except (
+            KeyError,
+            ValueError,
+            TypeError,
+            OSError,
+            EOFError,
+            zipfile.BadZipFile,
+            zlib.error,
+            NotImplementedError,
+        ) as e:
             # not chained: the reason says what matters, and numpy's text may advise loading pickles
             raise AnswersFileError(_unreadable(e), path) from None
         if probes is not None:
@@ -320,9 +340,7 @@ class Answers:
         pred_index = np.array(
             [int(p) if isinstance(p, numbers.Integral) else -1 for p in self.predicted], dtype=np.int64
         )
-        flat = (
-            np.concatenate(self.choice_logprobs) if self.choice_logprobs else np.zeros(0)
-        ).astype(np.float64)
+        flat = (np.concatenate(self.choice_logprobs) if self.choice_logprobs else np.zeros(0)).astype(np.float64)
         texts = {
             "ids": self.ids,
             "categories": self.categories,
@@ -391,19 +409,24 @@ def _check_header(doc: dict[str, Any]) -> None:
     if not isinstance(doc, dict):
         raise AnswersFileError(f"not a forgetwatch answers file (a JSON {type(doc).__name__}, not an object)")
     if doc.get("format") != FORMAT:
-        raise AnswersFileError(f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, "
-                               f"expected {FORMAT!r})")
+        raise AnswersFileError(
+            f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, expected {FORMAT!r})"
+        )
     if doc.get("version") not in READABLE_VERSIONS:
-        raise AnswersFileError(f"file version {shorten(doc.get('version'))} is not one this forgetwatch "
-                               f"reads ({', '.join(map(str, READABLE_VERSIONS))})")
+        raise AnswersFileError(
+            f"file version {shorten(doc.get('version'))} is not one this forgetwatch "
+            f"reads ({', '.join(map(str, READABLE_VERSIONS))})"
+        )
 
 
 def _unreadable(err: BaseException) -> str:
     """What a failure while reading says about the file, for the user (never numpy's advice
     to load pickled data: a forgetwatch file holds none, and loading it could run code)."""
     if "pickle" in str(err).lower():
-        return ("damaged or not written by forgetwatch: it holds pickled (object) data, and "
-                "forgetwatch never loads pickled data")
+        return (
+            "damaged or not written by forgetwatch: it holds pickled (object) data, and "
+            "forgetwatch never loads pickled data"
+        )
     if isinstance(err, KeyError):
         return f"damaged or not a forgetwatch answers file (no {err} in it)"
     return f"damaged or not a forgetwatch answers file ({first_line(err)})"
@@ -423,8 +446,13 @@ def _pack_text(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _unpack_text(data: np.ndarray, offsets: np.ndarray, name: str) -> list[str]:
     bounds = offsets.tolist()
-    if data.dtype != np.uint8 or not bounds or bounds[0] != 0 or bounds[-1] != len(data) or any(
-            a > b for a, b in zip(bounds, bounds[1:])):
+    if (
+        data.dtype != np.uint8
+        or not bounds
+        or bounds[0] != 0
+        or bounds[-1] != len(data)
+        or any(a > b for a, b in zip(bounds, bounds[1:]))
+    ):
         raise AnswersFileError(f"damaged: its {name!r} text column does not add up")
     raw = data.tobytes()
     return [raw[a:b].decode("utf-8") for a, b in zip(bounds, bounds[1:])]
@@ -441,8 +469,11 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
     if extra:
         parts.append(f"{len(extra)} extra, e.g. {shorten(extra[0])}")
     if not parts:
-        parts.append("the same ids in another order" if len(have) == len(want)
-                     else f"{len(have)} ids for {len(want)} probes, some repeated")
+        parts.append(
+            "the same ids in another order"
+            if len(have) == len(want)
+            else f"{len(have)} ids for {len(want)} probes, some repeated"
+        )
     return "; ".join(parts)
 
 

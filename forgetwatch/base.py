@@ -33,8 +33,15 @@ logger = logging.getLogger(__name__)
 
 # config fields that change without the model changing: where it was loaded from, the dtype
 # it was loaded in, what saving it records (library version, class name), flags trainers toggle
-VOLATILE_CONFIG = ("_name_or_path", "_commit_hash", "transformers_version", "architectures", "dtype",
-                   "torch_dtype", "use_cache")
+VOLATILE_CONFIG = (
+    "_name_or_path",
+    "_commit_hash",
+    "transformers_version",
+    "architectures",
+    "dtype",
+    "torch_dtype",
+    "use_cache",
+)
 
 
 def model_key(model: torch.nn.Module) -> str:
@@ -122,9 +129,11 @@ def given_base(given: Answers | str | os.PathLike[str], expected: Expected, prob
     answers = given if isinstance(given, Answers) else Answers.load(given)
     problem = expected.problem(answers)
     if problem:
-        raise AnswersMismatchError(f"base={given!s:.80} was computed for {problem}; it cannot be this run's "
-                                   "base: score the base model on these probes (forgetwatch evaluate) "
-                                   "or leave base unset")
+        raise AnswersMismatchError(
+            f"base={given!s:.80} was computed for {problem}; it cannot be this run's "
+            "base: score the base model on these probes (forgetwatch evaluate) "
+            "or leave base unset"
+        )
     return answers
 
 
@@ -174,19 +183,28 @@ def resumed_base(dirs: Sequence[Path], expected: Expected, step: int) -> Answers
         raise FileNotFoundError(
             f"resuming at step {step}, but no base snapshot for these probes and scoring options was found in "
             f"{', '.join(map(str, dirs))}{why}; the resumed weights have moved, so they cannot stand in for the "
-            "base: pass base=PATH with the original run's base_answers.npz")
+            "base: pass base=PATH with the original run's base_answers.npz"
+        )
     model = {"model_key": expected.keys["model_key"]}
     for _, answers in found:
         if expected.problem(answers, model) is None:
             return answers
     directory, answers = found[0]
-    logger.warning("forgetwatch: resuming with the base snapshot in %s, made for a model of another "
-                   "configuration than this one", directory)
+    logger.warning(
+        "forgetwatch: resuming with the base snapshot in %s, made for a model of another configuration than this one",
+        directory,
+    )
     return answers
 
 
-def stored_base(given: Answers | str | os.PathLike[str] | None, expected: Expected, *, run_dir: Path,
-                resume_dirs: Sequence[Path] = (), step: int = 0) -> Answers | None:
+def stored_base(
+    given: Answers | str | os.PathLike[str] | None,
+    expected: Expected,
+    *,
+    run_dir: Path,
+    resume_dirs: Sequence[Path] = (),
+    step: int = 0,
+) -> Answers | None:
     """The base answers a run finds on disk (or was given), or ``None`` when they must be
     scored now: ``base=`` answers if they can serve; on resume (``resume_dirs`` given) the
     original run's snapshot, which must exist; else a snapshot cached in ``run_dir`` for this

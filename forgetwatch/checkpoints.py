@@ -98,16 +98,26 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
     if constants.HF_HUB_OFFLINE:
         if cached:
             return Checkpoint(flag, repo, repo, local=False, cached_only=True)
-        raise CheckpointError(f"{flag} {repo}: no such directory, and not in the local hub cache "
-                              "(HF_HUB_OFFLINE is set, so the hub is not asked)")
+        raise CheckpointError(
+            f"{flag} {repo}: no such directory, and not in the local hub cache "
+            "(HF_HUB_OFFLINE is set, so the hub is not asked)"
+        )
     unreachable = _ask_hub(flag, repo)
     if unreachable is None:
         return Checkpoint(flag, repo, repo, local=False)
     if cached:
-        return Checkpoint(flag, repo, repo, local=False, cached_only=True,
-                          note=f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy")
-    raise CheckpointError(f"{flag} {repo}: no such directory, and the hub cannot be reached to look it up "
-                          f"({unreachable}); it is not in the local hub cache either")
+        return Checkpoint(
+            flag,
+            repo,
+            repo,
+            local=False,
+            cached_only=True,
+            note=f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy",
+        )
+    raise CheckpointError(
+        f"{flag} {repo}: no such directory, and the hub cannot be reached to look it up "
+        f"({unreachable}); it is not in the local hub cache either"
+    )
 
 
 def _ask_hub(flag: str, repo: str) -> str | None:
@@ -121,8 +131,9 @@ def _ask_hub(flag: str, repo: str) -> str | None:
     except GatedRepoError:
         return None  # it exists; access is checked when its files are fetched
     except RepositoryNotFoundError as err:
-        raise CheckpointError(f"{flag} {repo}: no such directory, nor a model on the hub "
-                              "(a private or gated one needs `hf auth login`)") from err
+        raise CheckpointError(
+            f"{flag} {repo}: no such directory, nor a model on the hub (a private or gated one needs `hf auth login`)"
+        ) from err
     except HFValidationError as err:
         raise CheckpointError(f"{flag}: no such directory: {repo}") from err
     except Exception as err:  # noqa: BLE001 - no network, a proxy, the hub down: whatever stops the request
@@ -188,7 +199,8 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
         known = f" (model_type {doc['model_type']!r})" if isinstance(doc.get("model_type"), str) else ""
         raise CheckpointError(
             f"{ckpt.label}: it needs its own Python code (auto_map in {name}: {listing(own, 2)}), which forgetwatch "
-            f"does not run; if transformers has this architecture{known}, use a copy without auto_map")
+            f"does not run; if transformers has this architecture{known}, use a copy without auto_map"
+        )
 
 
 def _check_weight_files(root: Path) -> None:
@@ -218,8 +230,10 @@ def _check_weight_files(root: Path) -> None:
                 pass
         except (SafetensorError, OSError) as err:
             reason = first_line(err).removeprefix("Error while deserializing header: ")
-            raise CheckpointError(f"{f}: not a whole safetensors file ({reason}); it may have been cut short "
-                                  "while saving or copying: save or copy it again") from err
+            raise CheckpointError(
+                f"{f}: not a whole safetensors file ({reason}); it may have been cut short "
+                "while saving or copying: save or copy it again"
+            ) from err
 
 
 def load_tokenizer(ckpt: Checkpoint) -> Any:
@@ -234,8 +248,9 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
         with _offline(ckpt.cached_only):
             return AutoTokenizer.from_pretrained(ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); "
-                              "pass --tokenizer PATH") from err
+        raise CheckpointError(
+            f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); pass --tokenizer PATH"
+        ) from err
 
 
 def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
@@ -255,16 +270,24 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
-                ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only,
-                output_loading_info=True, ignore_mismatched_sizes=True, **{_dtype_kwarg(): dtype})
+                ckpt.path,
+                trust_remote_code=False,
+                local_files_only=ckpt.cached_only,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **{_dtype_kwarg(): dtype},
+            )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
-            raise CheckpointError(f"cannot load a causal language model from {ckpt.name} "
-                                  f"({_load_problem(err)})") from err
+            raise CheckpointError(
+                f"cannot load a causal language model from {ckpt.name} ({_load_problem(err)})"
+            ) from err
         problem = _uncovered(info)
         if problem:
             held.clear()  # our line says it all
-            raise CheckpointError(f"{ckpt.label}: the checkpoint {problem}; forgetwatch does not score randomly "
-                                  "initialised weights (is it a complete save of this model?)")
+            raise CheckpointError(
+                f"{ckpt.label}: the checkpoint {problem}; forgetwatch does not score randomly "
+                "initialised weights (is it a complete save of this model?)"
+            )
     return model.to(device)
 
 
@@ -278,7 +301,9 @@ def _uncovered(info: dict[str, Any]) -> str | None:
         hint = f"; {len(unused)} of its tensors go unused, e.g. {unused[0]}" if unused else ""
         return f"lacks {len(missing)} tensor(s) the model needs: {listing(missing, 3)}{hint}"
     if mismatched:
-        shapes = [f"{name} ({_shape(saved)} saved, {_shape(wanted)} in the config)" for name, saved, wanted in mismatched]
+        shapes = [
+            f"{name} ({_shape(saved)} saved, {_shape(wanted)} in the config)" for name, saved, wanted in mismatched
+        ]
         return f"holds {len(mismatched)} tensor(s) of another shape than its config says: {listing(shapes, 2)}"
     return None
 
@@ -325,8 +350,10 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
 def _load_problem(err: BaseException) -> str:
     """What went wrong loading a checkpoint, in one line."""
     if isinstance(err, pickle.UnpicklingError):
-        return ("its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
-                "else from a pickle; re-save the model as safetensors with save_pretrained")
+        return (
+            "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
+            "else from a pickle; re-save the model as safetensors with save_pretrained"
+        )
     if isinstance(err, EOFError):
         return "a weight file ends early; it may have been cut short while saving or copying"
     return first_line(err)

@@ -65,26 +65,44 @@ def _help(name: str, show_default: bool = True) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set.")
+        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument("--probes", required=True, metavar="FILE", help="probe set (JSONL)")
-    scoring.add_argument("--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N",
-                         help=_help("batch_size"))
+    scoring.add_argument(
+        "--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N", help=_help("batch_size")
+    )
     scoring.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    scoring.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                         help="weights' dtype (default: as saved)")
-    scoring.add_argument("--chat-template", action="store_true", default=Scoring.chat_template,
-                         help=_help("chat_template", show_default=False))
-    scoring.add_argument("--normalize", choices=[m for m in NORMALIZE_MODES if m], default=Scoring.normalize,
-                         help=_help("normalize"))
-    scoring.add_argument("--max-new-tokens", type=int, default=Scoring.max_new_tokens, metavar="N",
-                         help=_help("max_new_tokens"))
-    scoring.add_argument("--behaviour-max-new-tokens", type=int, default=Scoring.behaviour_max_new_tokens,
-                         metavar="N", help=_help("behaviour_max_new_tokens"))
-    scoring.add_argument("--tokenizer", default=None, metavar="PATH",
-                         help="tokenizer to use (default: the one saved with each model)")
+    scoring.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' dtype (default: as saved)",
+    )
+    scoring.add_argument(
+        "--chat-template",
+        action="store_true",
+        default=Scoring.chat_template,
+        help=_help("chat_template", show_default=False),
+    )
+    scoring.add_argument(
+        "--normalize", choices=[m for m in NORMALIZE_MODES if m], default=Scoring.normalize, help=_help("normalize")
+    )
+    scoring.add_argument(
+        "--max-new-tokens", type=int, default=Scoring.max_new_tokens, metavar="N", help=_help("max_new_tokens")
+    )
+    scoring.add_argument(
+        "--behaviour-max-new-tokens",
+        type=int,
+        default=Scoring.behaviour_max_new_tokens,
+        metavar="N",
+        help=_help("behaviour_max_new_tokens"),
+    )
+    scoring.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="tokenizer to use (default: the one saved with each model)"
+    )
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
@@ -92,31 +110,52 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
 
     cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
-    cmp.add_argument("--base", required=True, metavar="PATH",
-                     help="base model directory, hub id, or answers file from 'forgetwatch evaluate'")
+    cmp.add_argument(
+        "--base",
+        required=True,
+        metavar="PATH",
+        help="base model directory, hub id, or answers file from 'forgetwatch evaluate'",
+    )
     cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
-    cmp.add_argument("--out", default=None, metavar="DIR",
-                     help="write both answers, per-sample and per-category CSVs and a JSON summary here")
+    cmp.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write both answers, per-sample and per-category CSVs and a JSON summary here",
+    )
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
-    rep.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                     help="a run's forgetwatch directory (OUTPUT_DIR/forgetwatch) or the trainer's output directory")
+    rep.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run's forgetwatch directory (OUTPUT_DIR/forgetwatch) or the trainer's output directory",
+    )
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
     rep.add_argument("--png", default=None, metavar="FILE.png", help="also draw the curves as a PNG")
     rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
-    probes.add_argument("--starter", required=True, choices=list(STARTERS),
-                        help="; ".join(f"{k}: {v}" for k, v in STARTERS.items()))
-    probes.add_argument("--out", default=None, metavar="FILE",
-                        help="the JSONL probe file to write (default: standard output)")
+    probes.add_argument(
+        "--starter", required=True, choices=list(STARTERS), help="; ".join(f"{k}: {v}" for k, v in STARTERS.items())
+    )
+    probes.add_argument(
+        "--out", default=None, metavar="FILE", help="the JSONL probe file to write (default: standard output)"
+    )
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
-    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
-                      help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})")
+    demo.add_argument(
+        "--out",
+        default=DEMO_OUT,
+        metavar="DIR",
+        help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})",
+    )
     demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
-    demo.add_argument("--eval-steps", type=int, default=5, metavar="N",
-                      help="re-score the probes every N steps (default 5)")
-    demo.add_argument("--replay", action="store_true",
-                      help="probes on half the facts, a replay pool of the other half: the run without and with "
-                           "replay side by side")
+    demo.add_argument(
+        "--eval-steps", type=int, default=5, metavar="N", help="re-score the probes every N steps (default 5)"
+    )
+    demo.add_argument(
+        "--replay",
+        action="store_true",
+        help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
+    )
     return parser
 
 
@@ -142,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _probes_command(args: argparse.Namespace) -> int:
-    note = ("A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
-            "with ProbeSet.from_hf (see the README).")
+    note = (
+        "A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
+        "with ProbeSet.from_hf (see the README)."
+    )
     if args.out is None:  # the probe file itself on stdout, to pipe; nothing else there
         sys.stdout.write(starter_path(args.starter).read_text(encoding="utf-8"))
         sys.stdout.flush()
@@ -203,8 +244,12 @@ def _compare_command(args: argparse.Namespace) -> int:
         current.save(out / "model_answers.json")
         write_samples_csv(base, current, out / "samples.csv", probes)
         report.to_csv(out / "transitions.csv")
-        summary: dict[str, Any] = {"base": args.base, "model": args.model, "probes": args.probes,
-                                   "report": report.to_dict()}
+        summary: dict[str, Any] = {
+            "base": args.base,
+            "model": args.model,
+            "probes": args.probes,
+            "report": report.to_dict(),
+        }
         with atomic_write(out / "summary.json") as f:
             strict_dump(summary, f)
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
@@ -258,13 +303,20 @@ def _check_writable(flag: str, directory: Path) -> None:
 
 def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
     """A base snapshot must have been scored the way this run will score the model."""
-    wanted = scoring_options(probes, normalize=args.normalize, chat_template=args.chat_template,
-                             max_new_tokens=args.max_new_tokens, stop=Scoring.stop,
-                             behaviour_max_new_tokens=args.behaviour_max_new_tokens)
+    wanted = scoring_options(
+        probes,
+        normalize=args.normalize,
+        chat_template=args.chat_template,
+        max_new_tokens=args.max_new_tokens,
+        stop=Scoring.stop,
+        behaviour_max_new_tokens=args.behaviour_max_new_tokens,
+    )
     problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
     if problem:
-        raise UsageError(f"--base {args.base} was scored for {problem}; "
-                         "pass the same --normalize / --chat-template / --max-new-tokens")
+        raise UsageError(
+            f"--base {args.base} was scored for {problem}; "
+            "pass the same --normalize / --chat-template / --max-new-tokens"
+        )
 
 
 def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:
@@ -292,10 +344,18 @@ def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: P
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(ckpt, args.dtype, device)
     try:
-        answers = evaluate(model, tokenizer, probes, batch_size=args.batch_size,
-                           normalize=args.normalize, chat_template=args.chat_template,
-                           max_new_tokens=args.max_new_tokens, stop=Scoring.stop,
-                           behaviour_max_new_tokens=args.behaviour_max_new_tokens, show_progress=not args.no_progress)
+        answers = evaluate(
+            model,
+            tokenizer,
+            probes,
+            batch_size=args.batch_size,
+            normalize=args.normalize,
+            chat_template=args.chat_template,
+            max_new_tokens=args.max_new_tokens,
+            stop=Scoring.stop,
+            behaviour_max_new_tokens=args.behaviour_max_new_tokens,
+            show_progress=not args.no_progress,
+        )
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = ckpt.name

@@ -111,16 +111,32 @@ class ForgetWatchConfig:
     ) -> None:
         source = type(self).__name__
         own, problems = check_values({"probes": probes, "base": base}, _OWN, source, {})
-        groups: dict[str, Any] = {"scoring": scoring, "schedule": schedule, "stopping": stopping,
-                                  "signals": signals, "replay": replay, "output": output}
+        groups: dict[str, Any] = {
+            "scoring": scoring,
+            "schedule": schedule,
+            "stopping": stopping,
+            "signals": signals,
+            "replay": replay,
+            "output": output,
+        }
         for name, group in GROUPS.items():
             if groups[name] is not None and not isinstance(groups[name], group):
-                problems.append(ConfigProblem(source, None, name, f"expected a {group.__name__}, got "
-                                              f"{describe(groups[name])}; write {name}={group.__name__}(...)"))
+                problems.append(
+                    ConfigProblem(
+                        source,
+                        None,
+                        name,
+                        f"expected a {group.__name__}, got "
+                        f"{describe(groups[name])}; write {name}={group.__name__}(...)",
+                    )
+                )
         changes, found = _split(legacy, source)
         if changes and not (problems or found):  # what fails only together, named as it was given
-            merged = {flat_key(f): changes[name].get(f.name, getattr(groups[name] or GROUPS[name](), f.name))
-                      for name in changes for f in fields(GROUPS[name])}
+            merged = {
+                flat_key(f): changes[name].get(f.name, getattr(groups[name] or GROUPS[name](), f.name))
+                for name in changes
+                for f in fields(GROUPS[name])
+            }
             found = _check(merged, {}, source, {}, together=True)[2]
         if problems or found:
             raise ConfigError(problems + found)
@@ -240,8 +256,10 @@ class ForgetWatchConfig:
         """
         unknown = sorted(set(self.stopping.category_max_forgetting) - set(categories))
         if unknown:
-            message = (f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
-                       f"they have {', '.join(map(repr, categories))}")
+            message = (
+                f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
+                f"they have {', '.join(map(repr, categories))}"
+            )
             raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,8 +273,11 @@ class ForgetWatchConfig:
         data: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            items = ([(flat_key(g), getattr(value, g.name)) for g in fields(value)] if f.name in GROUPS
-                     else [(f.name, value)])
+            items = (
+                [(flat_key(g), getattr(value, g.name)) for g in fields(value)]
+                if f.name in GROUPS
+                else [(f.name, value)]
+            )
             for key, v in items:
                 data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
         return data
@@ -280,20 +301,26 @@ class ForgetWatchConfig:
 
 
 #: the groups, by their field of ForgetWatchConfig (and their section in YAML)
-GROUPS: dict[str, type[Any]] = {f.name: f.default_factory for f in fields(ForgetWatchConfig)  # type: ignore[misc]
-                                 if f.default_factory is not dataclasses.MISSING}
+GROUPS: dict[str, type[Any]] = {
+    f.name: f.default_factory
+    for f in fields(ForgetWatchConfig)  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING
+}
 #: the config's own settings (probes, base): their checks
-_OWN: dict[str, Callable[[Any], Any]] = {f.name: f.metadata["check"] for f in fields(ForgetWatchConfig)
-                                          if "check" in f.metadata}
+_OWN: dict[str, Callable[[Any], Any]] = {
+    f.name: f.metadata["check"] for f in fields(ForgetWatchConfig) if "check" in f.metadata
+}
 #: every group setting's flat key -> (group, field): the one key table
-_GROUPED: dict[str, tuple[str, str]] = {flat_key(f): (name, f.name) for name, group in GROUPS.items()
-                                        for f in fields(group)}
+_GROUPED: dict[str, tuple[str, str]] = {
+    flat_key(f): (name, f.name) for name, group in GROUPS.items() for f in fields(group)
+}
 #: every flat key: the config's own settings, then the groups'
 _FLAT = [*_OWN, *_GROUPED]
 
 
-def split_legacy(settings: Mapping[str, Any], source: str = "ForgetWatchCallback",
-                 stacklevel: int = 2) -> dict[str, dict[str, Any]]:
+def split_legacy(
+    settings: Mapping[str, Any], source: str = "ForgetWatchCallback", stacklevel: int = 2
+) -> dict[str, dict[str, Any]]:
     """Flat keywords of earlier releases (``replay_weight=1.0``), checked and sorted into their
     groups: ``{"replay": {"weight": 1.0}}``, ready for ``dataclasses.replace(group, **those)``.
 
@@ -338,11 +365,15 @@ def _legacy_message(source: str, keys: Sequence[str] | Mapping[str, Any]) -> str
         group, field_name = _GROUPED[key]
         by_group.setdefault(group, []).append(f"{field_name}=...")
     old = ", ".join(f"{key}=..." for key in keys)
+
     def form(group: str, names: list[str]) -> str:
         settings = f"{GROUPS[group].__name__}({', '.join(names)})"
         # a run's replay= takes the repair method, which holds its settings
-        return f"replay=Replay(pool, {settings})" if group == "replay" and source != "ForgetWatchConfig" \
+        return (
+            f"replay=Replay(pool, {settings})"
+            if group == "replay" and source != "ForgetWatchConfig"
             else f"{group}={settings}"
+        )
 
     new = ", ".join(form(group, names) for group, names in by_group.items())
     return f"{source}({old}) is deprecated and stops working in the next release; use {source}({new})"
@@ -353,8 +384,9 @@ def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> C
     return ConfigProblem(source, line, key, f"unknown key{hint}; fix or remove it")
 
 
-def _flatten(data: Mapping[Any, Any], source: str,
-             lines: Mapping[str, int]) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
+def _flatten(
+    data: Mapping[Any, Any], source: str, lines: Mapping[str, int]
+) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
     """``data``'s settings by flat key, with its group sections (``scoring: {batch_size: 8}``)
     and group objects taken apart; how each was written (``scoring.batch_size``), for errors;
     and the problems: keys that are no setting, a setting given twice, a section that is no
@@ -379,8 +411,10 @@ def _flatten(data: Mapping[Any, Any], source: str,
             if isinstance(value, group):
                 value = {name: getattr(value, name) for name in names}
             if not isinstance(value, Mapping):
-                message = (f"expected a mapping of {group.__name__} settings, got {describe(value)}; "
-                           f"indent them under '{key}:', e.g. {next(iter(names))}: ...")
+                message = (
+                    f"expected a mapping of {group.__name__} settings, got {describe(value)}; "
+                    f"indent them under '{key}:', e.g. {next(iter(names))}: ..."
+                )
                 problems.append(ConfigProblem(source, lines.get(key), key, message))
                 continue
             for name, item in value.items():
@@ -395,8 +429,9 @@ def _flatten(data: Mapping[Any, Any], source: str,
     return flat, written, problems
 
 
-def _check(flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int],
-           together: bool) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
+def _check(
+    flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int], together: bool
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
     """Check flat settings: the config's own (by key), each group's (by field), and every
     problem, in the order the settings were given (each named as written)."""
     own, problems = check_values({k: v for k, v in flat.items() if k in _OWN}, _OWN, source, lines)

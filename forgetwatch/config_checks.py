@@ -110,8 +110,7 @@ def _real(value: Any, expected: str, example: str) -> float:
         raise Invalid(expected, value, f"write a number such as {example}") from None
 
 
-def rate(low_open: bool, high_open: bool, example: str, floor: float = 0.0,
-         why: str = "") -> Callable[[Any], float]:
+def rate(low_open: bool, high_open: bool, example: str, floor: float = 0.0, why: str = "") -> Callable[[Any], float]:
     """A number between 0 and 1, each end open or closed as asked; with ``floor``, between it
     (closed) and 1, ``why`` saying what a smaller one would do."""
     low = f"[{floor:g}" if floor else "(0" if low_open else "[0"
@@ -150,8 +149,12 @@ def weight_or_auto(value: Any) -> float | str:
     except Invalid as exc:
         raise Invalid(expected, value, exc.hint) from None
     if number > MAX_WEIGHT:
-        raise Invalid(expected, value, f"a heavier replay loss swamps the trainer's (1e30 makes the weights NaN); "
-                                       f'"auto" steers the weight up to {MAX_WEIGHT:g} when forgetting needs it')
+        raise Invalid(
+            expected,
+            value,
+            f"a heavier replay loss swamps the trainer's (1e30 makes the weights NaN); "
+            f'"auto" steers the weight up to {MAX_WEIGHT:g} when forgetting needs it',
+        )
     return number
 
 
@@ -174,8 +177,11 @@ def path(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise Invalid("a file system path (a non-empty string)", value, "give the path, or remove the key")
     if "\0" in value:  # no file system takes one: open() and mkdir() raise, late
-        raise Invalid("a file system path (a non-empty string)", value,
-                      f"it has a NUL character at character {value.index(chr(0))}; remove it")
+        raise Invalid(
+            "a file system path (a non-empty string)",
+            value,
+            f"it has a NUL character at character {value.index(chr(0))}; remove it",
+        )
     return value
 
 
@@ -195,8 +201,9 @@ def choice(options: tuple[str, ...], allow_none: bool = False) -> Callable[[Any]
 
 def batch_size(value: Any) -> int | str:
     if batch_size_problem(value):
-        raise Invalid("a positive integer or 'auto'", value,
-                      "write e.g. 32, or 'auto' to find the largest batch that fits")
+        raise Invalid(
+            "a positive integer or 'auto'", value, "write e.g. 32, or 'auto' to find the largest batch that fits"
+        )
     return value
 
 
@@ -207,17 +214,23 @@ def stop_strings(value: Any) -> list[str]:
     if not isinstance(value, (list, tuple)):
         raise Invalid(expected, value, "remove the key to use the default")
     if len(value) > MAX_STOP_STRINGS:
-        raise Invalid(f"at most {MAX_STOP_STRINGS} stop strings", value,
-                      "each one costs a pass over the vocabulary when generation starts; keep the markers that "
-                      "end an answer")
+        raise Invalid(
+            f"at most {MAX_STOP_STRINGS} stop strings",
+            value,
+            "each one costs a pass over the vocabulary when generation starts; keep the markers that end an answer",
+        )
     for i, item in enumerate(value):
         if not isinstance(item, str) or item == "":
             hint = "remove it or give the text generation should stop at"
             raise Invalid("a non-empty string", item, hint, prefix=f"item {i}: ")
         if len(item) > MAX_STOP_CHARS:
-            raise Invalid(f"a string of at most {MAX_STOP_CHARS} characters", item,
-                          "a stop string is a short marker such as \"Question:\"; generation builds a table over "
-                          "the vocabulary as wide as it is long", prefix=f"item {i}: ")
+            raise Invalid(
+                f"a string of at most {MAX_STOP_CHARS} characters",
+                item,
+                'a stop string is a short marker such as "Question:"; generation builds a table over '
+                "the vocabulary as wide as it is long",
+                prefix=f"item {i}: ",
+            )
         if found := value_problem(item):
             raise Invalid("a string of Unicode text", item, found[1], prefix=f"item {i}: ")
     return list(value)
@@ -225,14 +238,16 @@ def stop_strings(value: Any) -> list[str]:
 
 def category_rates(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
-        raise Invalid("a mapping of category name to rate in [0, 1], e.g. {math: 0.05}", value,
-                      "remove the key for no per-category thresholds")
+        raise Invalid(
+            "a mapping of category name to rate in [0, 1], e.g. {math: 0.05}",
+            value,
+            "remove the key for no per-category thresholds",
+        )
     fraction = rate(False, False, "0.05")
     cleaned: dict[str, float] = {}
     for category, threshold in value.items():
         if not isinstance(category, str) or not category:
-            raise Invalid("category names as non-empty strings", category,
-                          "quote the name in YAML, e.g. '2024': 0.05")
+            raise Invalid("category names as non-empty strings", category, "quote the name in YAML, e.g. '2024': 0.05")
         if message := check_category(category):  # the probes' own rule: no name they could have
             raise Invalid("a category name", category, message)
         try:
@@ -242,8 +257,9 @@ def category_rates(value: Any) -> dict[str, float]:
     return cleaned
 
 
-def check_values(values: Mapping[str, Any], checks: Mapping[str, Callable[[Any], Any]], source: str,
-                 lines: Mapping[str, int]) -> tuple[dict[str, Any], list[ConfigProblem]]:
+def check_values(
+    values: Mapping[str, Any], checks: Mapping[str, Callable[[Any], Any]], source: str, lines: Mapping[str, int]
+) -> tuple[dict[str, Any], list[ConfigProblem]]:
     """Run each value's check; the normalised values, and every problem found."""
     cleaned: dict[str, Any] = {}
     problems: list[ConfigProblem] = []

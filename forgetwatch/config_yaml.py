@@ -27,8 +27,9 @@ MAX_BYTES = 1 << 20  # 1 MiB
 ROOT_KEY = "forgetwatch"
 
 
-def read_section(path: str | os.PathLike[str], known: Iterable[str],
-                 sections: Iterable[str] = ()) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
+def read_section(
+    path: str | os.PathLike[str], known: Iterable[str], sections: Iterable[str] = ()
+) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
     """The forgetwatch settings of a YAML file (its top level, or its ``forgetwatch:``
     section), each key's line (a key inside one of the ``sections`` as ``section.key``), and the
     problems found so far (unknown keys come later).
@@ -46,8 +47,7 @@ def read_section(path: str | os.PathLike[str], known: Iterable[str],
             raise ConfigError([ConfigProblem(source, None, None, message)])
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "forgetwatch config file not found; check the path",
-                                source) from None
+        raise FileNotFoundError(errno.ENOENT, "forgetwatch config file not found; check the path", source) from None
     except UnicodeDecodeError as exc:
         message = f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
         raise ConfigError([ConfigProblem(source, None, None, message)]) from None
@@ -67,16 +67,17 @@ def read_section(path: str | os.PathLike[str], known: Iterable[str],
         section = data[ROOT_KEY]
         if not isinstance(section, Mapping):
             got = "nothing" if section is None else describe(section)
-            message = (f"expected a mapping of forgetwatch settings, got {got}; "
-                       f"indent the settings under '{ROOT_KEY}:'")
+            message = f"expected a mapping of forgetwatch settings, got {got}; indent the settings under '{ROOT_KEY}:'"
             raise ConfigError([ConfigProblem(source, root_line, ROOT_KEY, message)])
         data = section
         settings_node = _value_node(node, ROOT_KEY)
         lines = _key_lines(settings_node)
     elif data and not any(k in known or did_you_mean(str(k), known) for k in data):
         # Nothing we know or nearly know: likely a training config without a forgetwatch section.
-        message = ("no forgetwatch settings found; if this is a bigger training config, "
-                   f"put the forgetwatch settings under a top-level '{ROOT_KEY}:' key")
+        message = (
+            "no forgetwatch settings found; if this is a bigger training config, "
+            f"put the forgetwatch settings under a top-level '{ROOT_KEY}:' key"
+        )
         problems.append(ConfigProblem(source, None, None, message))
 
     for name in sections:  # a group written as a section of its own: its keys' lines too
@@ -119,7 +120,9 @@ def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
         current, depth, key = todo.pop()  # key: the nearest mapping key above, to name in errors
         line = current.start_mark.line + 1
         if id(current) in seen:
-            message = "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
+            message = (
+                "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
+            )
             raise ConfigError([ConfigProblem(source, line, key, message)])
         if depth > MAX_DEPTH:
             raise ConfigError([ConfigProblem(source, line, key, _TOO_DEEP)])
@@ -182,8 +185,10 @@ def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
             # Parsed fine, but asks for an object safe_load will not build (e.g. !!python/...).
             message = f"YAML error: {what}{column}; use plain values only (no '!!' tags)"
         else:
-            message = (f"YAML syntax error: {what}{column}; fix the YAML at that spot "
-                       "(indentation, a missing ':' or an unclosed bracket or quote)")
+            message = (
+                f"YAML syntax error: {what}{column}; fix the YAML at that spot "
+                "(indentation, a missing ':' or an unclosed bracket or quote)"
+            )
         raise ConfigError([ConfigProblem(source, line, None, message)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(source, None, None, f"YAML error: {exc}")]) from None
@@ -218,5 +223,3 @@ def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
             if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
                 found = value_node
     return found
-
-

@@ -51,9 +51,12 @@ def _bar_open_on(stream: IO[str]) -> bool:
     standard error count as one: they end up together in a terminal or a ``2>&1`` log)."""
     console = (sys.stdout, sys.stderr)
     bars = set(getattr(_std_tqdm, "_instances", ())) | set(getattr(tqdm, "_instances", ()))
-    return any(not getattr(bar, "disable", True) and hasattr(bar, "last_print_t")
-               and (bar.fp == stream or (stream in console and any(bar.fp == s for s in console)))
-               for bar in bars)
+    return any(
+        not getattr(bar, "disable", True)
+        and hasattr(bar, "last_print_t")
+        and (bar.fp == stream or (stream in console and any(bar.fp == s for s in console)))
+        for bar in bars
+    )
 
 
 def say(line: str, stream: IO[str] | None = None) -> None:

@@ -20,8 +20,14 @@ DEFAULT_OUT = "forgetwatch-demo"
 TAKES = "under a minute on two CPU cores"
 
 
-def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eval_steps: int = 5,
-             seed: int = 0, quiet: bool = False, replay: bool = False):
+def run_demo(
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
+    steps: int = 60,
+    eval_steps: int = 5,
+    seed: int = 0,
+    quiet: bool = False,
+    replay: bool = False,
+):
     """Run the demo; returns the callback (its ``history`` holds every evaluation).
 
     With ``replay``, the probes ask about one half of the facts and a replay pool holds the
@@ -54,15 +60,26 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
     records, pool = world.replay_split() if replay else (world.probe_records(), None)
     probes = ProbeSet.from_records(records, source="demo facts")
 
-    say(f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
-        f"scoring {len(probes)} probes every {eval_steps} steps{', without and with replay' if replay else ''} ...")
+    say(
+        f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
+        f"scoring {len(probes)} probes every {eval_steps} steps{', without and with replay' if replay else ''} ..."
+    )
     if not replay:
         callback = _post_train(world, tokenizer, base, probes, out, steps, eval_steps, seed, verbose=not quiet)
         runs = [out]
     else:
         plain = _post_train(world, tokenizer, base, probes, out / "without-replay", steps, eval_steps, seed)
-        callback = _post_train(world, tokenizer, base, probes, out / "with-replay", steps, eval_steps, seed,
-                               replay=ReplayPool.from_records(pool, source="demo pool"))
+        callback = _post_train(
+            world,
+            tokenizer,
+            base,
+            probes,
+            out / "with-replay",
+            steps,
+            eval_steps,
+            seed,
+            replay=ReplayPool.from_records(pool, source="demo pool"),
+        )
         runs = [out / "without-replay", out / "with-replay"]
 
     say("3/3 results")
@@ -78,8 +95,14 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
         if replay:
             written.insert(0, write_report(runs, out / "report.html", png=out / "forgetting.png"))
         else:
-            written.insert(0, plot_history(out / "history.jsonl", out / "forgetting.png",
-                                           title="forgetwatch demo: SFT on arithmetic, probes on facts"))
+            written.insert(
+                0,
+                plot_history(
+                    out / "history.jsonl",
+                    out / "forgetting.png",
+                    title="forgetwatch demo: SFT on arithmetic, probes on facts",
+                ),
+            )
             written.insert(1, write_report(runs, out / "report.html"))
     except ImportError as err:
         say(f"(no PNG or report: {err})")
@@ -87,8 +110,18 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
     return callback
 
 
-def _post_train(world, tokenizer, base, probes, out: Path, steps: int, eval_steps: int, seed: int,
-                verbose: bool = False, **callback_settings):
+def _post_train(
+    world,
+    tokenizer,
+    base,
+    probes,
+    out: Path,
+    steps: int,
+    eval_steps: int,
+    seed: int,
+    verbose: bool = False,
+    **callback_settings,
+):
     """TRL SFT of a copy of ``base`` on the world's arithmetic, watched; the callback."""
     import trl
     from datasets import Dataset
@@ -96,19 +129,32 @@ def _post_train(world, tokenizer, base, probes, out: Path, steps: int, eval_step
 
     from .callback import ForgetWatchCallback
 
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, output_dir=str(out), verbose=verbose,
-                                   **callback_settings)
+    callback = ForgetWatchCallback(
+        probes, eval_steps=eval_steps, output_dir=str(out), verbose=verbose, **callback_settings
+    )
     args = trl.SFTConfig(
-        str(out / "sft"), max_steps=steps, per_device_train_batch_size=16, learning_rate=3e-3,
-        max_length=64, packing=False, logging_steps=max(steps, 1), save_strategy="no", report_to=[],
-        use_cpu=True, bf16=False, activation_checkpointing=False, seed=seed, disable_tqdm=True,
+        str(out / "sft"),
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        learning_rate=3e-3,
+        max_length=64,
+        packing=False,
+        logging_steps=max(steps, 1),
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        seed=seed,
+        disable_tqdm=True,
         dataloader_pin_memory=False,
     )
     data = Dataset.from_dict({"text": world.distraction_texts(seed=seed + 1)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        trainer = trl.SFTTrainer(model=copy.deepcopy(base), args=args, train_dataset=data,
-                                 processing_class=tokenizer, callbacks=[callback])
+        trainer = trl.SFTTrainer(
+            model=copy.deepcopy(base), args=args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
+        )
         trainer.remove_callback(PrinterCallback)  # the one-line summaries say enough
         trainer.train()
     return callback
@@ -120,6 +166,7 @@ def _side_by_side(callbacks) -> str:
     runs = {name: dict(cb.history) for name, cb in callbacks.items()}
     steps = sorted(set().union(*runs.values()))
     lines = ["\nforgetting against the base model:", "step  " + "  ".join(f"{n:>15}" for n in runs)]
-    lines += [f"{s:>4}  " + "  ".join(f"{pct(r[s].forgetting) if s in r else '-':>15}" for r in runs.values())
-              for s in steps]
+    lines += [
+        f"{s:>4}  " + "  ".join(f"{pct(r[s].forgetting) if s in r else '-':>15}" for r in runs.values()) for s in steps
+    ]
     return "\n".join(lines)

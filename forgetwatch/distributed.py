@@ -13,8 +13,8 @@ In a single process every function here returns at once without touching
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,7 @@ class Ranks:
         data = _encode(value)
         sizes = [s[0] for s in self.gather([len(data)])]
         local = torch.zeros(max(sizes), dtype=torch.uint8, device=self.device)
-        local[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # JSON is never empty
+        local[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # JSON is never empty
         parts = [torch.empty_like(local) for _ in range(self.size)]
         torch.distributed.all_gather(parts, local)
         return [json.loads(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, sizes)]

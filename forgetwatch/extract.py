@@ -74,8 +74,11 @@ def extract_letter(text: str) -> str | None:
     """
     for m in _LETTER_AFTER_ANSWER.finditer(text):
         paren, letter = m.group(1), m.group(2)
-        if paren or _SET_OFF.match(text, m.end()) or (
-                letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(text, m.end()))):
+        if (
+            paren
+            or _SET_OFF.match(text, m.end())
+            or (letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(text, m.end())))
+        ):
             return letter.upper()
     for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
         m = pattern.search(text)
@@ -91,6 +94,7 @@ def extract_exact(text: str) -> str | None:
 def regex_extractor(pattern: str) -> Extractor:
     """The first group of ``pattern``'s first match, run by RE2 in linear time (see
     :mod:`forgetwatch.patterns`)."""
+
     def extract(text: str) -> str | None:
         m = patterns.search(pattern, text)
         return None if m is None or m.group(1) is None else m.group(1).strip()

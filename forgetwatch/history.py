@@ -43,8 +43,17 @@ from .text import describe
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HistoryError", "HistoryScan", "decode_column", "encode_column", "history_record", "read_history",
-           "recover_history", "report_from_record", "scan_history"]
+__all__ = [
+    "HistoryError",
+    "HistoryScan",
+    "decode_column",
+    "encode_column",
+    "history_record",
+    "read_history",
+    "recover_history",
+    "report_from_record",
+    "scan_history",
+]
 
 #: The id lists of a report: kept once, at the top level of a record.
 _ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
@@ -68,8 +77,9 @@ class HistoryError(ValueError):
         path, line: the file and its line number, or ``None``.
     """
 
-    def __init__(self, reason: str, field: str | None = None, path: str | os.PathLike[str] | None = None,
-                 line: int | None = None):
+    def __init__(
+        self, reason: str, field: str | None = None, path: str | os.PathLike[str] | None = None, line: int | None = None
+    ):
         self.reason, self.field, self.path, self.line = reason, field, path, line
         where = f"field {field!r}: " if field else ""
         if path is not None:
@@ -116,8 +126,13 @@ def history_record(
         for name in _ID_LISTS:
             child.pop(name, None)
         child.pop("by_category", None)
-    record: dict[str, Any] = {"step": step, "time": round(time, 3), "seconds": round(seconds, 4),
-                              "trigger": trigger, "report": data}
+    record: dict[str, Any] = {
+        "step": step,
+        "time": round(time, 3),
+        "seconds": round(seconds, 4),
+        "trigger": trigger,
+        "report": data,
+    }
     if stop is not None:
         record["stop"] = stop
     if columns is not None:
@@ -138,8 +153,9 @@ def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]
     """
     report = TransitionReport.from_dict(record["report"])
     children = {
-        cat: dataclasses.replace(child, **{name: [i for i in getattr(report, name) if category_of.get(i) == cat]
-                                           for name in _ID_LISTS})
+        cat: dataclasses.replace(
+            child, **{name: [i for i in getattr(report, name) if category_of.get(i) == cat] for name in _ID_LISTS}
+        )
         for cat, child in report.by_category.items()
     }
     return dataclasses.replace(report, by_category=children)
@@ -157,12 +173,16 @@ def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> 
         >>> decode_column(column, 2)[0].tolist()
         [True, False]
     """
-    return {"probes": fingerprint, "correct": _pack(np.packbits(np.asarray(correct, dtype=bool)).tobytes()),
-            "signal": _pack(np.asarray(signal).astype("<f2").tobytes())}
+    return {
+        "probes": fingerprint,
+        "correct": _pack(np.packbits(np.asarray(correct, dtype=bool)).tobytes()),
+        "signal": _pack(np.asarray(signal).astype("<f2").tobytes()),
+    }
 
 
-def decode_column(column: Any, probes: int | None = None,
-                  fingerprint: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def decode_column(
+    column: Any, probes: int | None = None, fingerprint: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A record's column back as ``(correct, signal)`` arrays (bool, float32), checked: the
     column of exactly ``probes`` probes (when given) of the probe set ``fingerprint`` (when
     given). Raises :class:`HistoryError` naming the field (``columns.correct``, ...).
@@ -177,14 +197,18 @@ def decode_column(column: Any, probes: int | None = None,
         raise HistoryError(f"must be a JSON object, got {describe(column)}", "columns")
     for key in ("probes", "correct", "signal"):
         if not isinstance(column.get(key), str):
-            raise HistoryError(f"must be text, got {describe(column.get(key))}"
-                               if key in column else "missing", f"columns.{key}")
+            raise HistoryError(
+                f"must be text, got {describe(column.get(key))}" if key in column else "missing", f"columns.{key}"
+            )
     if fingerprint is not None and column["probes"] != fingerprint:
-        raise HistoryError(f"written for another probe set (fingerprint {column['probes']!r}, these probes "
-                           f"{fingerprint!r}); use the probes of that run, or start a new output directory",
-                           "columns.probes")
-    packed = _inflate(column["correct"], "columns.correct", _MAX_COLUMN_BYTES if probes is None else -(-probes // 8),
-                      probes)
+        raise HistoryError(
+            f"written for another probe set (fingerprint {column['probes']!r}, these probes "
+            f"{fingerprint!r}); use the probes of that run, or start a new output directory",
+            "columns.probes",
+        )
+    packed = _inflate(
+        column["correct"], "columns.correct", _MAX_COLUMN_BYTES if probes is None else -(-probes // 8), probes
+    )
     signal = _inflate(column["signal"], "columns.signal", _MAX_COLUMN_BYTES if probes is None else 2 * probes, probes)
     if len(signal) % 2:
         raise HistoryError(f"holds {len(signal)} bytes; float16 values take 2 each", "columns.signal")
@@ -193,8 +217,10 @@ def decode_column(column: Any, probes: int | None = None,
         raise HistoryError(f"holds {n} probes, the run has {probes}", "columns.signal")
     bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8))
     if len(packed) != -(-n // 8) or bits[n:].any():
-        raise HistoryError(f"holds {len(bits)} bits, not the {n} probes of its signal (padded to a whole byte "
-                           "with zeros)", "columns.correct")
+        raise HistoryError(
+            f"holds {len(bits)} bits, not the {n} probes of its signal (padded to a whole byte with zeros)",
+            "columns.correct",
+        )
     return bits[:n].astype(bool), np.frombuffer(signal, dtype="<f2").astype(np.float32)
 
 
@@ -214,8 +240,12 @@ def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
     except zlib.error as err:
         raise HistoryError(f"not zlib-compressed data ({err})", field) from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise HistoryError(f"holds more than the {probes} probes of this run" if probes is not None
-                           else f"inflates to more than {limit} bytes", field)
+        raise HistoryError(
+            f"holds more than the {probes} probes of this run"
+            if probes is not None
+            else f"inflates to more than {limit} bytes",
+            field,
+        )
     if not inflater.eof or inflater.unused_data:
         raise HistoryError("zlib data cut short or followed by other bytes", field)
     return out
@@ -236,8 +266,9 @@ class HistoryScan:
     cut: bool = False
 
 
-def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
-                 fingerprint: str | None = None) -> HistoryScan:
+def scan_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> HistoryScan:
     """Read a ``history.jsonl`` up to its first line that is not a record (see
     :func:`read_history` for what makes one). A last line without its final newline was
     cut short (a crash in the middle of a write): it is dropped with a warning.
@@ -251,8 +282,9 @@ def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
     lines = path.read_bytes().split(b"\n")
     cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
     if cut:
-        logger.warning("%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)",
-                       path, len(lines))
+        logger.warning(
+            "%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)", path, len(lines)
+        )
     records: list[dict[str, Any]] = []
     for number, line in enumerate(lines[:-1], start=1):
         if not line.strip():
@@ -261,16 +293,20 @@ def scan_history(path: str | os.PathLike[str], *, probes: int | None = None,
             record = _record(line, probes, fingerprint)
             if records and record["step"] <= records[-1]["step"]:
                 # never written so: a resume cuts the history at its checkpoint and rewrites it
-                raise HistoryError(f"{record['step']} after step {records[-1]['step']}: steps must increase "
-                                   "(lines repeated, or two runs writing one history?)", "step")
+                raise HistoryError(
+                    f"{record['step']} after step {records[-1]['step']}: steps must increase "
+                    "(lines repeated, or two runs writing one history?)",
+                    "step",
+                )
         except HistoryError as err:
             return HistoryScan(path, records, err.at(path, number), cut)
         records.append(record)
     return HistoryScan(path, records, cut=cut)
 
 
-def read_history(path: str | os.PathLike[str], *, probes: int | None = None,
-                 fingerprint: str | None = None) -> list[dict[str, Any]]:
+def read_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> list[dict[str, Any]]:
     """The records of a ``history.jsonl``, in file order; blank lines are skipped.
 
     A last line without its final newline was cut short (a crash in the middle of a write):
@@ -302,8 +338,9 @@ class Recovered:
     scans: list[HistoryScan]
 
 
-def recover_history(paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None,
-                    fingerprint: str | None = None) -> Recovered:
+def recover_history(
+    paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
+) -> Recovered:
     """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the
     checkpoint's first): the first whole copy, cut at ``step``; when every copy has an
     unreadable line, the longest valid stretch up to ``step``, from any copy that agrees with
@@ -316,21 +353,33 @@ def recover_history(paths: Sequence[str | os.PathLike[str]], step: int, *, probe
     """
     scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
     if not scans:
-        logger.warning("forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
-                       "step %d are lost (the trajectory, the patience count and the report start again here; the "
-                       "base snapshot is intact, so the figures stay right)", step,
-                       " or ".join(str(p) for p in paths), step)
+        logger.warning(
+            "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
+            "step %d are lost (the trajectory, the patience count and the report start again here; the "
+            "base snapshot is intact, so the figures stay right)",
+            step,
+            " or ".join(str(p) for p in paths),
+            step,
+        )
         return Recovered([], None, [])
     kept = [[r for r in s.records if r["step"] <= step] for s in scans]
     # copies of this run agree with the first where both hold records: the same steps, made at the same times
-    ours = [i for i in range(len(scans))
-            if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))]
+    ours = [
+        i
+        for i in range(len(scans))
+        if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
+    ]
     whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
     best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
     for scan in scans:
         if scan.problem is not None:
-            logger.warning("forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
-                           scan.problem, len(kept[best]), step, scans[best].path)
+            logger.warning(
+                "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
+                scan.problem,
+                len(kept[best]),
+                step,
+                scans[best].path,
+            )
     return Recovered(kept[best], scans[best].path, scans)
 
 
@@ -379,13 +428,16 @@ def _check_report(report: Mapping[str, Any], where: str) -> None:
     for name in _COUNTS:
         value = report.get(name)
         if name not in report:
-            raise HistoryError("missing (a report holds the counts n, forgotten, gained, kept and never)",
-                               f"{where}.{name}")
+            raise HistoryError(
+                "missing (a report holds the counts n, forgotten, gained, kept and never)", f"{where}.{name}"
+            )
         if not _is_int(value) or value < 0:
             raise HistoryError(f"must be a whole number 0 or more, got {describe(value)}", f"{where}.{name}")
     if sum(report[name] for name in _COUNTS[1:]) != report["n"]:
-        raise HistoryError(f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, "
-                           f"not n = {report['n']}", f"{where}.n")
+        raise HistoryError(
+            f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, not n = {report['n']}",
+            f"{where}.n",
+        )
     for name, value in report.items():
         if name not in _FIELDS or name in _COUNTS or name == "by_category" or value is None:
             continue

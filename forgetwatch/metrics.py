@@ -49,9 +49,7 @@ def _pair(before: ArrayLike, after: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     b = np.asarray(before, dtype=bool)
     a = np.asarray(after, dtype=bool)
     if b.ndim != 1 or b.shape != a.shape:
-        raise ValueError(
-            f"before and after must be 1-D and of equal length; got shapes {b.shape} and {a.shape}"
-        )
+        raise ValueError(f"before and after must be 1-D and of equal length; got shapes {b.shape} and {a.shape}")
     return b, a
 
 
@@ -119,9 +117,7 @@ def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> Chance
         return ChanceAdjusted(math.nan, math.nan, math.nan, math.nan)
     bad = sorted({int(x) for x in ks if x == 1 or x < 0})
     if bad:
-        raise ValueError(
-            f"number of choices must be 0 (generative) or at least 2; got {bad}"
-        )
+        raise ValueError(f"number of choices must be 0 (generative) or at least 2; got {bad}")
     total = np.zeros(4)
     for kg in np.unique(ks):
         mask = ks == kg
@@ -228,8 +224,13 @@ def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], norma
 
 
 def at_risk(
-    correct_before: ArrayLike, correct_after: ArrayLike, signal_before: ArrayLike, signal_after: ArrayLike,
-    n_choices: ArrayLike, share: float = 0.5, floor: float = 0.1,
+    correct_before: ArrayLike,
+    correct_after: ArrayLike,
+    signal_before: ArrayLike,
+    signal_after: ArrayLike,
+    n_choices: ArrayLike,
+    share: float = 0.5,
+    floor: float = 0.1,
 ) -> np.ndarray:
     """Which samples are still right but slipping, before they flip (see :func:`margins`).
 
@@ -257,9 +258,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def choice_kl(
-    logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]
-) -> float:
+def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]) -> float:
     """Mean KL(p_base ‖ p_current) over samples with choices, p = softmax of the choice logprobs.
 
     Samples with no choice log-probabilities (generative) are skipped; NaN when none remain.
@@ -334,9 +333,7 @@ def _report(
         backward_transfer_ci=wilson_interval(t.n01, n),
         mcnemar_p=mcnemar_exact(t.n01, t.n10),
         logprob_drop=logprob_drop(base.gold_logprob[idx], current.gold_logprob[idx], before),
-        choice_kl=choice_kl(
-            [base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]
-        ),
+        choice_kl=choice_kl([base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]),
         forgotten_ids=[base.ids[i] for i in idx[forgotten_mask]],
         gained_ids=[base.ids[i] for i in idx[gained_mask]],
         at_risk=_ratio(int(risky[idx].sum()), n),
@@ -346,10 +343,15 @@ def _report(
     )
 
 
-def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_risk_floor: float = 0.1,
-            refusal_detector: Callable[[str], bool] | None = None,
-            count_tokens: Callable[[list[str]], list[int]] | None = None
-            ) -> TransitionReport:
+def compare(
+    base: Answers,
+    current: Answers,
+    *,
+    at_risk_share: float = 0.5,
+    at_risk_floor: float = 0.1,
+    refusal_detector: Callable[[str], bool] | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> TransitionReport:
     """Compare the current model's answers with the base model's on the same probes.
 
     Raises :class:`~forgetwatch.answers.AnswersMismatchError` if the two answer sets are
@@ -369,9 +371,15 @@ def compare(base: Answers, current: Answers, *, at_risk_share: float = 0.5, at_r
     for i, cat in enumerate(base.categories):
         positions.setdefault(cat, []).append(i)
     normalized = base.scoring.get("normalize") == "chars"
-    risky = at_risk(base.correct, current.correct, margins(base.gold_logprob, base.choice_logprobs, normalized),
-                    margins(current.gold_logprob, current.choice_logprobs, normalized), base.n_choices,
-                    at_risk_share, at_risk_floor)
+    risky = at_risk(
+        base.correct,
+        current.correct,
+        margins(base.gold_logprob, base.choice_logprobs, normalized),
+        margins(current.gold_logprob, current.choice_logprobs, normalized),
+        base.n_choices,
+        at_risk_share,
+        at_risk_floor,
+    )
     measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
 
     def behaviour(idx: np.ndarray) -> dict[str, float]:

@@ -42,12 +42,17 @@ def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
     return other if other != rows else rows + 1
 
 
-def measure_noise(scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize,
-                  distributed: bool = False) -> dict[str, object]:
+def measure_noise(
+    scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize, distributed: bool = False
+) -> dict[str, object]:
     """Score ``model`` again with ``scorer`` in batches of another size than ``first`` was
     scored in, and count the flips (:func:`noise_figures`)."""
-    again = scorer(model, batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
-                   show_progress=False, distributed=distributed)
+    again = scorer(
+        model,
+        batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
+        show_progress=False,
+        distributed=distributed,
+    )
     return noise_figures(first, again)
 
 
@@ -66,8 +71,11 @@ def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
     lost = before & ~after
     categories = np.asarray(first.categories)
     by_category = {c: float(lost[categories == c].mean()) for c in sorted(set(first.categories))}
-    return {"noise_flips": int((before != after).sum()), "noise_floor": float(lost.mean()) if len(lost) else 0.0,
-            "noise_floor_by_category": by_category}
+    return {
+        "noise_flips": int((before != after).sum()),
+        "noise_floor": float(lost.mean()) if len(lost) else 0.0,
+        "noise_floor_by_category": by_category,
+    }
 
 
 def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:

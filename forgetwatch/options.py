@@ -35,10 +35,17 @@ def batch_size_problem(value: Any) -> str | None:
     return None
 
 
-def scoring_options(probes: Iterable[Any], *, normalize: str | None, chat_template: bool, max_new_tokens: int,
-                    stop: Sequence[str], behaviour_max_new_tokens: int,
-                    extract: Callable[[str], str | None] | None = None,
-                    refusal_detector: Callable[[str], bool] | None = None) -> dict[str, Any]:
+def scoring_options(
+    probes: Iterable[Any],
+    *,
+    normalize: str | None,
+    chat_template: bool,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    behaviour_max_new_tokens: int,
+    extract: Callable[[str], str | None] | None = None,
+    refusal_detector: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
     """The options that decide the answers of ``probes``, as stored with them: generation's
     options count only when some probe is generative, behaviour's when some has a ``check``.
 

@@ -46,8 +46,10 @@ def pattern_problem(pattern: str) -> str | None:
         compiled(pattern)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-        return (f"does not compile ({reason}); patterns run on RE2, in time linear in the text: no "
-                rf"backreferences or lookarounds, \z for \Z (syntax: {SYNTAX})")
+        return (
+            f"does not compile ({reason}); patterns run on RE2, in time linear in the text: no "
+            rf"backreferences or lookarounds, \z for \Z (syntax: {SYNTAX})"
+        )
     except UnicodeError as exc:
         return f"cannot be read as UTF-8 ({exc.reason})"
     return None

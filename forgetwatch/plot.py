@@ -42,9 +42,7 @@ LEGEND_MAX = 12
 _DPI = 120
 _OVERALL_COLOR = "black"
 _OTHER_COLOR = "#b5b5b5"
-_INSTALL_HINT = (
-    'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
-)
+_INSTALL_HINT = 'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -77,8 +75,7 @@ def _points(history: History) -> list[_Point]:
         by_step[step] = _Point(step, report, {str(k): v for k, v in cats.items()})
     if not by_step:
         raise ValueError(
-            f"{source} has no evaluations to plot (is it the history.jsonl of a run that "
-            "reached its first evaluation?)"
+            f"{source} has no evaluations to plot (is it the history.jsonl of a run that reached its first evaluation?)"
         )
     return [by_step[s] for s in sorted(by_step)]
 
@@ -221,8 +218,7 @@ def _figure(history: History, title: str | None) -> Any:
 
 _PANELS = (
     ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
-    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted",
-     "backward_transfer_ci"),
+    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted", "backward_transfer_ci"),
 )
 
 
@@ -242,13 +238,19 @@ class _Row:
 def _row(name: str | None, history: History) -> _Row:
     evaluated = _points(history)
     points = _from_base(evaluated)
-    overall = {k: [_num(p.report, k) for p in points] for _, rate, adjusted, _ci in _PANELS
-               for k in (rate, adjusted)}
-    bands = {ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points])
-             for *_, ci in _PANELS}
-    return _Row(name, points, len(evaluated), overall, bands,
-                {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in _PANELS},
-                {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1]) for *_, ci in _PANELS})
+    overall = {k: [_num(p.report, k) for p in points] for _, rate, adjusted, _ci in _PANELS for k in (rate, adjusted)}
+    bands = {
+        ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points]) for *_, ci in _PANELS
+    }
+    return _Row(
+        name,
+        points,
+        len(evaluated),
+        overall,
+        bands,
+        {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in _PANELS},
+        {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1]) for *_, ci in _PANELS},
+    )
 
 
 def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) -> Any:
@@ -273,21 +275,17 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     # legend budget: fixed entries first, then categories; overflow becomes "+N more"
     fixed: list[Any] = [Line2D([], [], color=_OVERALL_COLOR, lw=2.6, marker="o", label="overall")]
     if any_adjusted:
-        fixed.append(Line2D([], [], color=_OVERALL_COLOR, lw=1.8, ls="--",
-                            label="overall, chance-adjusted"))
+        fixed.append(Line2D([], [], color=_OVERALL_COLOR, lw=1.8, ls="--", label="overall, chance-adjusted"))
     if any_band:
         fixed.append(Patch(color=_OVERALL_COLOR, alpha=0.12, label="overall, 95% interval"))
     room = LEGEND_MAX - len(fixed)
     named = categories if len(categories) <= room else categories[: room - 1]
-    others = categories[len(named):]
+    others = categories[len(named) :]
     color_of = dict(zip(named, _palette(len(named))))
 
-    handles = list(fixed) + [
-        Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named
-    ]
+    handles = list(fixed) + [Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
     if others:
-        handles.append(Line2D([], [], color=_OTHER_COLOR, lw=1.0,
-                              label=f"+{len(others)} more categories"))
+        handles.append(Line2D([], [], color=_OTHER_COLOR, lw=1.0, label=f"+{len(others)} more categories"))
 
     ncol = min(len(handles), 4)
     legend_rows = math.ceil(len(handles) / ncol)
@@ -303,19 +301,34 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
         for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
             # draw back to front: grey overflow, coloured categories, then the overall curves
             for c in others:
-                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points],
-                        color=_OTHER_COLOR, lw=0.9, marker="o", ms=2, alpha=0.8, zorder=1)
+                ax.plot(
+                    steps,
+                    [_num(p.categories.get(c), key) for p in row.points],
+                    color=_OTHER_COLOR,
+                    lw=0.9,
+                    marker="o",
+                    ms=2,
+                    alpha=0.8,
+                    zorder=1,
+                )
             for c in named:
-                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points],
-                        color=color_of[c], lw=1.4, marker="o", ms=3.5, alpha=0.9, zorder=2)
+                ax.plot(
+                    steps,
+                    [_num(p.categories.get(c), key) for p in row.points],
+                    color=color_of[c],
+                    lw=1.4,
+                    marker="o",
+                    ms=3.5,
+                    alpha=0.9,
+                    zorder=2,
+                )
             if row.show_band[ci]:
                 low, high = row.bands[ci]
                 ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
                 if len(steps) == 1:  # a band over one step has no width: draw it as a bar
                     ax.vlines(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=8, zorder=3)
             if row.show_adjusted[adj]:
-                ax.plot(steps, row.overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o",
-                        ms=3, zorder=4)
+                ax.plot(steps, row.overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
             ax.plot(steps, row.overall[key], color=_OVERALL_COLOR, lw=2.6, marker="o", ms=5, zorder=5)
             _label_last(ax, steps, row.overall[key])
 
@@ -339,8 +352,7 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     if math.isfinite(n):
         subtitle += f", {int(n)} probes"
     fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({subtitle})")
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False,
-               fontsize="small")
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
 
     return fig
 
@@ -395,8 +407,16 @@ def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
     """Write the latest known overall value beside its point: the number people look for."""
     for x, y in zip(reversed(steps), reversed(values)):
         if math.isfinite(y):
-            ax.annotate(pct(y), (x, y), xytext=(6, 4), textcoords="offset points",
-                        fontsize="small", fontweight="bold", color=_OVERALL_COLOR, zorder=6)
+            ax.annotate(
+                pct(y),
+                (x, y),
+                xytext=(6, 4),
+                textcoords="offset points",
+                fontsize="small",
+                fontweight="bold",
+                color=_OVERALL_COLOR,
+                zorder=6,
+            )
             return
 
 

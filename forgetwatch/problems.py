@@ -78,6 +78,12 @@ class Problems:
             return
         shown = list(self.kept)
         if self.count > len(shown):
-            shown.append(Problem(self.source, None, None, f"... and {self.count - len(shown)} more problem(s) "
-                                                          "not shown; fix the ones above and load again"))
+            shown.append(
+                Problem(
+                    self.source,
+                    None,
+                    None,
+                    f"... and {self.count - len(shown)} more problem(s) not shown; fix the ones above and load again",
+                )
+            )
         raise error(shown, self.unit)

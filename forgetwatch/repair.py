@@ -73,6 +73,7 @@ class Repair(Protocol):
     def on_evaluation(self, report: TransitionReport) -> None:
         """An evaluation was made: adjust to what it found."""
 
-    def before_optimizer_step(self, model: torch.nn.Module, *, max_grad_norm: float | None = None,
-                              grad_scaler: tuple[Any, Any] | None = None) -> None:
+    def before_optimizer_step(
+        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
+    ) -> None:
         """After the backward pass, before the optimizer steps: add the repair's gradient."""

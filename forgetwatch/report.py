@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import atomic_write, json_safe
 from .behaviour.drift import SHARES
+from .files import atomic_write, json_safe
 from .text import pct
 
 if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
@@ -20,16 +20,40 @@ if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules 
 
 #: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
 ROW_COLUMNS = (
-    "category", "n", "acc_before", "acc_after", "0->0", "0->1", "1->0", "1->1",
-    "forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted",
-    "forgetting_max", "backward_transfer_max", "mcnemar_p",
+    "category",
+    "n",
+    "acc_before",
+    "acc_after",
+    "0->0",
+    "0->1",
+    "1->0",
+    "1->1",
+    "forgetting",
+    "backward_transfer",
+    "forgetting_adjusted",
+    "backward_transfer_adjusted",
+    "forgetting_max",
+    "backward_transfer_max",
+    "mcnemar_p",
 )
 
 #: Columns of :func:`write_samples_csv`.
 SAMPLE_COLUMNS = (
-    "id", "category", "question", "answer", "correct_before", "correct_after", "transition",
-    "predicted_before", "predicted_after", "choice_index_before", "choice_index_after",
-    "output_before", "output_after", "gold_logprob_before", "gold_logprob_after",
+    "id",
+    "category",
+    "question",
+    "answer",
+    "correct_before",
+    "correct_after",
+    "transition",
+    "predicted_before",
+    "predicted_after",
+    "choice_index_before",
+    "choice_index_after",
+    "output_before",
+    "output_after",
+    "gold_logprob_before",
+    "gold_logprob_after",
 )
 #: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
 CSV_DIGITS = 6
@@ -131,10 +155,16 @@ class TransitionReport:
 
     def _row(self, category: str) -> dict[str, Any]:
         return {
-            "category": category, "n": self.n,
-            "acc_before": self.accuracy_before, "acc_after": self.accuracy_after,
-            "0->0": self.never, "0->1": self.gained, "1->0": self.forgotten, "1->1": self.kept,
-            "forgetting": self.forgetting, "backward_transfer": self.backward_transfer,
+            "category": category,
+            "n": self.n,
+            "acc_before": self.accuracy_before,
+            "acc_after": self.accuracy_after,
+            "0->0": self.never,
+            "0->1": self.gained,
+            "1->0": self.forgotten,
+            "1->1": self.kept,
+            "forgetting": self.forgetting,
+            "backward_transfer": self.backward_transfer,
             "forgetting_adjusted": self.forgetting_adjusted,
             "backward_transfer_adjusted": self.backward_transfer_adjusted,
             "forgetting_max": self.forgetting_max,
@@ -149,9 +179,7 @@ class TransitionReport:
             >>> [r["category"] for r in TransitionReport().rows()]
             ['overall']
         """
-        return [self._row("overall")] + [
-            child._row(cat) for cat, child in self.by_category.items()
-        ]
+        return [self._row("overall")] + [child._row(cat) for cat, child in self.by_category.items()]
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted, and
@@ -177,15 +205,32 @@ class TransitionReport:
             >>> print(TransitionReport().summary().splitlines()[0].split()[:3])
             ['category', 'n', 'acc_before']
         """
-        header = ["category", "n", "acc_before", "acc_after", "F", "BT", "F_adj", "BT_adj",
-                  "forgotten", "gained", "McNemar p"]
+        header = [
+            "category",
+            "n",
+            "acc_before",
+            "acc_after",
+            "F",
+            "BT",
+            "F_adj",
+            "BT_adj",
+            "forgotten",
+            "gained",
+            "McNemar p",
+        ]
         table = [header] + [
             [
-                str(r["category"]), str(r["n"]),
-                _fmt(r["acc_before"]), _fmt(r["acc_after"]),
-                _fmt(r["forgetting"]), _fmt(r["backward_transfer"]),
-                _fmt(r["forgetting_adjusted"]), _fmt(r["backward_transfer_adjusted"]),
-                str(r["1->0"]), str(r["0->1"]), _fmt_p(r["mcnemar_p"]),
+                str(r["category"]),
+                str(r["n"]),
+                _fmt(r["acc_before"]),
+                _fmt(r["acc_after"]),
+                _fmt(r["forgetting"]),
+                _fmt(r["backward_transfer"]),
+                _fmt(r["forgetting_adjusted"]),
+                _fmt(r["backward_transfer_adjusted"]),
+                str(r["1->0"]),
+                str(r["0->1"]),
+                _fmt_p(r["mcnemar_p"]),
             ]
             for r in self.rows()
         ]
@@ -200,15 +245,16 @@ class TransitionReport:
         # the drift measures warn before answers flip, so show them when there are any
         if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
             lines.append(
-                f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, "
-                f"choice KL {_fmt(self.choice_kl)}"
+                f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, choice KL {_fmt(self.choice_kl)}"
             )
         b = self.behaviour
         if b:  # how the generated responses drift, next to what they were at the base
             ratio = f"{b['length_ratio_words']:.2f}x the base's length in words, " if "length_ratio_words" in b else ""
-            shares = ", ".join(f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
-                               for name in SHARES
-                               if b[name] or b[name + "_base"] or name == "refusals")
+            shares = ", ".join(
+                f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
+                for name in SHARES
+                if b[name] or b[name + "_base"] or name == "refusals"
+            )
             lines.append(f"responses: {ratio}{shares}")
         return "\n".join(lines)
 
@@ -216,9 +262,7 @@ class TransitionReport:
         return self.summary()
 
 
-def write_samples_csv(
-    base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None
-) -> Path:
+def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
     """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
 
     Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question and
@@ -240,21 +284,23 @@ def write_samples_csv(
         for i, sample_id in enumerate(base.ids):
             before, after = int(base.correct[i]), int(current.correct[i])
             probe = probes[i] if probes is not None else None
-            writer.writerow({
-                "id": _csv_value(sample_id),
-                "category": _csv_value(base.categories[i]),
-                "question": _csv_value(probe.question if probe else None),
-                "answer": _csv_value(probe.answer_text if probe else None),
-                "correct_before": before,
-                "correct_after": after,
-                "transition": f"{before}->{after}",
-                **_prediction_cells(base, i, probe, "before"),
-                **_prediction_cells(current, i, probe, "after"),
-                "output_before": _csv_value(base.outputs[i]),
-                "output_after": _csv_value(current.outputs[i]),
-                "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
-                "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
-            })
+            writer.writerow(
+                {
+                    "id": _csv_value(sample_id),
+                    "category": _csv_value(base.categories[i]),
+                    "question": _csv_value(probe.question if probe else None),
+                    "answer": _csv_value(probe.answer_text if probe else None),
+                    "correct_before": before,
+                    "correct_after": after,
+                    "transition": f"{before}->{after}",
+                    **_prediction_cells(base, i, probe, "before"),
+                    **_prediction_cells(current, i, probe, "after"),
+                    "output_before": _csv_value(base.outputs[i]),
+                    "output_after": _csv_value(current.outputs[i]),
+                    "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
+                    "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
+                }
+            )
     return path
 
 
@@ -265,8 +311,10 @@ def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[s
     predicted = answers.predicted[i]
     if not answers.n_choices[i]:
         return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
-    return {f"predicted_{when}": _csv_value(chosen_text(predicted, probe.choices if probe else None)),
-            f"choice_index_{when}": int(predicted) if isinstance(predicted, numbers.Integral) else ""}
+    return {
+        f"predicted_{when}": _csv_value(chosen_text(predicted, probe.choices if probe else None)),
+        f"choice_index_{when}": int(predicted) if isinstance(predicted, numbers.Integral) else "",
+    }
 
 
 def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:

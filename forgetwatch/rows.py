@@ -73,8 +73,11 @@ class Rows(Generic[T]):
         pid = row.get("id")
         duplicate = isinstance(pid, str) and pid in self._first_seen
         if duplicate:
-            self.problem(where, "id", f"duplicate id {shorten(pid)} (first used on {self.unit} "
-                                      f"{self._first_seen[pid]}); ids must be unique")
+            self.problem(
+                where,
+                "id",
+                f"duplicate id {shorten(pid)} (first used on {self.unit} {self._first_seen[pid]}); ids must be unique",
+            )
         elif isinstance(pid, str):
             self._first_seen[pid] = where
         if isinstance(parsed, list):
@@ -108,8 +111,9 @@ class Rows(Generic[T]):
         return self.finish()
 
 
-def json_lines(path: str | os.PathLike[str], what: str, error: type[InputError]
-               ) -> Iterator[tuple[int, Any, FieldProblem | None]]:
+def json_lines(
+    path: str | os.PathLike[str], what: str, error: type[InputError]
+) -> Iterator[tuple[int, Any, FieldProblem | None]]:
     """``(line number, object, None)`` for each non-blank line of a JSONL file, or
     ``(line number, None, (field or None, what is wrong))``; a file or line too big to be one
     raises ``error``. Each line is read with :func:`forgetwatch.strict_json.loads`: a value
@@ -133,15 +137,37 @@ def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: 
         while chunk := f.read(1 << 20):
             total += len(chunk)
             if total > MAX_FILE_BYTES:
-                raise error([(source, None, None, (f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is "
-                                                   "one JSON object per line: is this the right file?"))])
+                raise error(
+                    [
+                        (
+                            source,
+                            None,
+                            None,
+                            (
+                                f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is "
+                                "one JSON object per line: is this the right file?"
+                            ),
+                        )
+                    ]
+                )
             *whole, pending = (pending + chunk).split(b"\n")
             for line in whole:
                 number += 1
                 yield line
             if len(pending) > MAX_LINE_BYTES:
-                raise error([(source, number + 1, None, (f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
-                                                         f"break; a {what} is one JSON object per line"))])
+                raise error(
+                    [
+                        (
+                            source,
+                            number + 1,
+                            None,
+                            (
+                                f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
+                                f"break; a {what} is one JSON object per line"
+                            ),
+                        )
+                    ]
+                )
     yield pending
 
 
@@ -151,18 +177,25 @@ _BLANK = object()
 def _decode_line(raw: bytes, first: bool) -> tuple[Any, FieldProblem | None]:
     """Return (object, None), (_BLANK, None) for a blank line, or (None, (field, error message))."""
     if first and raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows like to add one
+        raw = raw[len(codecs.BOM_UTF8) :]  # editors on Windows like to add one
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, (None, (f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
-                             "re-save the file with UTF-8 encoding"))
+        return None, (
+            None,
+            (
+                f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
+                "re-save the file with UTF-8 encoding"
+            ),
+        )
     if not text.strip():
         return _BLANK, None
     try:
         return strict_json.loads(text), None
     except json.JSONDecodeError as exc:
-        return None, (None, (f"invalid JSON ({exc.msg} at column {exc.colno}); "
-                             "each non-blank line must be one JSON object"))
+        return None, (
+            None,
+            (f"invalid JSON ({exc.msg} at column {exc.colno}); each non-blank line must be one JSON object"),
+        )
     except strict_json.StrictJSONError as exc:  # where it is reads like a field of the row
         return None, (exc.where or None, exc.why)

@@ -80,9 +80,10 @@ def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
         return Answers.load(path)
     except AnswersFileError as err:
         raise AnswersFileError(
-            err.reason, path,
+            err.reason,
+            path,
             advice="this base snapshot cannot be used: delete it to score the base model again, or "
-                   f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
+            f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
         ) from None
 
 
@@ -171,8 +172,12 @@ class Run:
         except AnswersFileError as err:
             logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
             return None
-        if latest is None or not self.records or latest.meta.get("step") != self.records[-1]["step"] \
-                or latest.ids != self.base.ids:
+        if (
+            latest is None
+            or not self.records
+            or latest.meta.get("step") != self.records[-1]["step"]
+            or latest.ids != self.base.ids
+        ):
             return None
         return latest
 
@@ -193,9 +198,11 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     """
     path = run_directory(run_dir)
     if not (path / SNAPSHOT).is_file():
-        raise FileNotFoundError(f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
-                                f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
-                                "directory")
+        raise FileNotFoundError(
+            f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
+            f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
+            "directory"
+        )
     base = Answers.load(path / SNAPSHOT)
     return Run(path, base, read_records(path, base))
 

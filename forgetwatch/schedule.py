@@ -65,8 +65,13 @@ class Budget:
         True
     """
 
-    def __init__(self, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter,
-                 reserve: int = 0, agree: Agree = list):
+    def __init__(
+        self,
+        max_overhead: float = 0.05,
+        clock: Callable[[], float] = time.perf_counter,
+        reserve: int = 0,
+        agree: Agree = list,
+    ):
         if not 0 < max_overhead < 1:
             raise ValueError(f"max_overhead must be between 0 and 1, got {max_overhead}")
         self.max_overhead = max_overhead
@@ -102,8 +107,9 @@ class Budget:
             return [1, step + 1]
         train = self._trained()
         ratio = (1 - self.max_overhead) / self.max_overhead
-        wanted = max((self._spent + self._cost * (1 + self.reserve)) * ratio,
-                     self._trained_at_last + self._cost * ratio)
+        wanted = max(
+            (self._spent + self._cost * (1 + self.reserve)) * ratio, self._trained_at_last + self._cost * ratio
+        )
         if train >= wanted:
             return [1, step + 1]
         steps = max(1, step - self._step0)

@@ -36,8 +36,13 @@ __all__ = ["Output", "ReplaySettings", "Schedule", "Scoring", "Signals", "Stoppi
 _LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
 
 
-def option(default: Any = MISSING, *, check: Callable[[Any], Any], key: str | None = None,
-           factory: Callable[[], Any] | None = None) -> Any:
+def option(
+    default: Any = MISSING,
+    *,
+    check: Callable[[Any], Any],
+    key: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A setting: its default (or ``factory``), the check its value must pass, and its flat
     key where that is not the field's name."""
     metadata = {"check": check, **({"key": key} if key else {})}
@@ -69,9 +74,14 @@ class _Group:
         return []
 
 
-def check_group(group: type[_Group], given: Mapping[str, Any], source: str,
-                name: Callable[[str], str] = str, lines: Mapping[str, int] | None = None,
-                together: bool = True) -> tuple[dict[str, Any], list[ConfigProblem]]:
+def check_group(
+    group: type[_Group],
+    given: Mapping[str, Any],
+    source: str,
+    name: Callable[[str], str] = str,
+    lines: Mapping[str, int] | None = None,
+    together: bool = True,
+) -> tuple[dict[str, Any], list[ConfigProblem]]:
     """Check ``given`` (field name -> value) against ``group``'s declarations and, with
     ``together``, the values that only fail together (the defaults standing in for what is
     not given). Returns the normalised values by field name, and every problem, each naming its
@@ -82,8 +92,10 @@ def check_group(group: type[_Group], given: Mapping[str, Any], source: str,
     cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines)
     by_field = {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}
     if together and not problems:
-        defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
-                    for f in declared}
+        defaults = {
+            f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
+            for f in declared
+        }
         for field_name, message in group._cross_check({**defaults, **by_field}, name):
             problems.append(ConfigProblem(source, lines.get(name(field_name)), name(field_name), message))
     return by_field, problems
@@ -101,7 +113,7 @@ def help_text(group: type) -> dict[str, str]:
     lines = inspect.cleandoc(group.__doc__ or "").splitlines()
     helps: dict[str, str] = {}
     name = ""
-    for line in lines[lines.index("Attributes:") + 1:]:
+    for line in lines[lines.index("Attributes:") + 1 :]:
         if not line.startswith("    "):  # a blank line or the next section ends it
             break
         if line.startswith("        "):  # an entry's continuation
@@ -161,10 +173,17 @@ class Schedule(_Group):
     """
 
     eval_steps: int | None = option(None, check=check.optional(check.integer(1), "the cost-budget schedule"))
-    max_overhead: float = option(0.05, check=check.rate(
-        True, True, "0.05 for 5 % of wall time", floor=0.001,
-        why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
-            "for rare evaluations set eval_steps"))
+    max_overhead: float = option(
+        0.05,
+        check=check.rate(
+            True,
+            True,
+            "0.05 for 5 % of wall time",
+            floor=0.001,
+            why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
+            "for rare evaluations set eval_steps",
+        ),
+    )
     eval_on_evaluate: bool = option(True, check=check.boolean)
     eval_on_train_end: bool = option(True, check=check.boolean)
 
@@ -190,8 +209,9 @@ class Stopping(_Group):
         1
     """
 
-    max_forgetting: float | None = option(None, check=check.optional(
-        check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop"))
+    max_forgetting: float | None = option(
+        None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
+    )
     metric: str = option("forgetting", check=check.choice(STOP_METRICS), key="stop_metric")
     patience: int = option(1, check=check.integer(1))
     significance: bool = option(False, check=check.boolean)
@@ -220,7 +240,9 @@ class Signals(_Group):
 
     at_risk_share: float = option(0.5, check=check.rate(True, True, "0.5"))
     at_risk_floor: float = option(0.1, check=check.non_negative)
-    noise_check: bool | None = option(None, check=check.optional(check.boolean, "on for GPUs and half-precision models"))
+    noise_check: bool | None = option(
+        None, check=check.optional(check.boolean, "on for GPUs and half-precision models")
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,17 +271,41 @@ class ReplaySettings(_Group):
     """
 
     loss: str = option("lm", check=check.choice(("lm", "kl")), key="replay_loss")
-    top_k: int = option(32, key="replay_top_k", check=check.integer(
-        1, 1024, "each costs 6 bytes at every position of every replay row, kept all run: "
-                 "a few dozen carry nearly all of the base's probability"))
+    top_k: int = option(
+        32,
+        key="replay_top_k",
+        check=check.integer(
+            1,
+            1024,
+            "each costs 6 bytes at every position of every replay row, kept all run: "
+            "a few dozen carry nearly all of the base's probability",
+        ),
+    )
     weight: float | str = option(1.0, check=check.weight_or_auto, key="replay_weight")
-    target: float | None = option(None, key="forgetting_target", check=check.optional(check.rate(
-        False, False, "0.05", floor=0.001,
-        why="the weight moves by the relative miss (forgetting - target) / target: "
-            "below 0.1 % (0 divides by zero) one forgotten probe would overflow it"), "no target"))
-    batch_size: int = option(8, key="replay_batch_size", check=check.integer(
-        1, 1024, "each row replayed costs a forward and a backward pass before every optimizer step; "
-                 "a few dozen are plenty"))
+    target: float | None = option(
+        None,
+        key="forgetting_target",
+        check=check.optional(
+            check.rate(
+                False,
+                False,
+                "0.05",
+                floor=0.001,
+                why="the weight moves by the relative miss (forgetting - target) / target: "
+                "below 0.1 % (0 divides by zero) one forgotten probe would overflow it",
+            ),
+            "no target",
+        ),
+    )
+    batch_size: int = option(
+        8,
+        key="replay_batch_size",
+        check=check.integer(
+            1,
+            1024,
+            "each row replayed costs a forward and a backward pass before every optimizer step; a few dozen are plenty",
+        ),
+    )
     seed: int = option(0, check=check.integer(0), key="replay_seed")
 
     @staticmethod

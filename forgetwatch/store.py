@@ -36,15 +36,30 @@ from .text import first_line, shorten
 logger = logging.getLogger(__name__)
 
 # the names of a run directory's files are run_dir's, named from here too
-__all__ = ["FILES", "HISTORY", "LATEST", "MANIFEST", "PROBES", "REPLAY_BASE", "REPLAY_STATE", "SNAPSHOT", "SUBDIR",
-           "NotWritableError", "RunStore", "copy_problem"]
+__all__ = [
+    "FILES",
+    "HISTORY",
+    "LATEST",
+    "MANIFEST",
+    "PROBES",
+    "REPLAY_BASE",
+    "REPLAY_STATE",
+    "SNAPSHOT",
+    "SUBDIR",
+    "NotWritableError",
+    "RunStore",
+    "copy_problem",
+]
 
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 #: What a write-once file that could not be written costs, for the warning.
-_WHAT = {SNAPSHOT: "the base snapshot is", PROBES: "the probe set (the report's questions) is",
-         REPLAY_BASE: "the base's distribution on the replay rows is"}
+_WHAT = {
+    SNAPSHOT: "the base snapshot is",
+    PROBES: "the probe set (the report's questions) is",
+    REPLAY_BASE: "the base's distribution on the replay rows is",
+}
 
 
 class NotWritableError(OSError):
@@ -118,7 +133,8 @@ class RunStore:
             raise NotWritableError(
                 f"forgetwatch cannot write its files in {self.dir} ({err}); it writes the base snapshot and "
                 "history there during training: free space or fix the permissions, or choose another "
-                "folder with output_dir=") from err
+                "folder with output_dir="
+            ) from err
 
     def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
         """Remove the temporary files that writes cut short (kill -9) left in the run directory
@@ -135,13 +151,17 @@ class RunStore:
                 try:
                     path.unlink()
                 except OSError as err:
-                    logger.warning("forgetwatch could not remove %s, left by a write cut short (%s)", path,
-                                   first_line(err))
+                    logger.warning(
+                        "forgetwatch could not remove %s, left by a write cut short (%s)", path, first_line(err)
+                    )
                 else:
                     removed.append(path)
         if removed:
-            logger.info("forgetwatch: removed %d temporary file(s) left by writes cut short: %s", len(removed),
-                        ", ".join(map(str, removed)))
+            logger.info(
+                "forgetwatch: removed %d temporary file(s) left by writes cut short: %s",
+                len(removed),
+                ", ".join(map(str, removed)),
+            )
         return removed
 
     # -- the files written once ----------------------------------------------------------------
@@ -168,8 +188,12 @@ class RunStore:
         try:
             answers.save(self.dir / LATEST)
         except OSError as err:
-            logger.warning("forgetwatch could not write %s (%s): the report will say right or wrong for the answer "
-                           "now until an evaluation writes it; training goes on", self.dir / LATEST, first_line(err))
+            logger.warning(
+                "forgetwatch could not write %s (%s): the report will say right or wrong for the answer "
+                "now until an evaluation writes it; training goes on",
+                self.dir / LATEST,
+                first_line(err),
+            )
             return False
         return True
 
@@ -230,12 +254,18 @@ class RunStore:
         try:
             os.replace(self.history_path, aside)
         except OSError as err:
-            raise NotWritableError(f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
-                                   f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
-                                   "then resume") from err
-        logger.warning("forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
-                       "there; the run's history goes on with the %d record(s) resumed", self.history_path, aside,
-                       records)
+            raise NotWritableError(
+                f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
+                f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
+                "then resume"
+            ) from err
+        logger.warning(
+            "forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
+            "there; the run's history goes on with the %d record(s) resumed",
+            self.history_path,
+            aside,
+            records,
+        )
         self._written = []
         return aside
 
@@ -298,9 +328,12 @@ class RunStore:
         self._owed.update(name for name in lost if name != HISTORY)
         if not self._lost_said:
             self._lost_said = True
-            logger.warning("forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
-                           "what it lost again from memory, here and into every later checkpoint; training goes on",
-                           ", ".join(lost), self.dir)
+            logger.warning(
+                "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
+                "what it lost again from memory, here and into every later checkpoint; training goes on",
+                ", ".join(lost),
+                self.dir,
+            )
 
     def _try_once(self, name: str) -> bool:
         def write() -> None:
@@ -326,8 +359,13 @@ class RunStore:
 
     @staticmethod
     def _warn(path: Path, err: BaseException, what: str) -> None:
-        logger.warning("forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
-                       "next evaluation or checkpoint; training goes on", path, first_line(err), what)
+        logger.warning(
+            "forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
+            "next evaluation or checkpoint; training goes on",
+            path,
+            first_line(err),
+            what,
+        )
 
     def _append_line(self, record: dict[str, Any]) -> None:
         self.history_path.parent.mkdir(parents=True, exist_ok=True)
@@ -387,8 +425,7 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        return (f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch "
-                "wrote it")
+        return f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it"
     try:
         manifest = strict_json.loads(path.read_bytes().decode("utf-8"))
         files = manifest["files"]
@@ -407,8 +444,10 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
         except OSError as err:
             return f"{name} cannot be read ({first_line(err)})"
         if listed != found:
-            return f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; " \
-                   f"{MANIFEST} lists {shorten(listed)})"
+            return (
+                f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; "
+                f"{MANIFEST} lists {shorten(listed)})"
+            )
     return None
 
 

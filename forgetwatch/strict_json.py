@@ -73,7 +73,11 @@ def _parse_int(digits: str) -> int | _Refused:
 
 def _parse_float(number: str) -> float | _Refused:
     value = float(number)
-    return value if math.isfinite(value) else _Refused(f"{shorten(number)} is too large for a number; write it as a string")
+    return (
+        value
+        if math.isfinite(value)
+        else _Refused(f"{shorten(number)} is too large for a number; write it as a string")
+    )
 
 
 def _parse_constant(name: str) -> _Refused:
@@ -126,8 +130,12 @@ def _plain_scalar(item: Any) -> bool:
     kind = type(item)
     if kind is str:
         return item.isascii() or not _SURROGATE.search(item)  # isascii: a flag, no scan
-    return (item is None or kind is bool or (kind is int and -_INT_LIMIT < item < _INT_LIMIT)
-            or (kind is float and math.isfinite(item)))  # anything else takes _locate's careful look
+    return (
+        item is None
+        or kind is bool
+        or (kind is int and -_INT_LIMIT < item < _INT_LIMIT)
+        or (kind is float and math.isfinite(item))
+    )  # anything else takes _locate's careful look
 
 
 def _locate(value: Any) -> tuple[str, str] | None:
@@ -155,8 +163,10 @@ def _locate(value: Any) -> tuple[str, str] | None:
                 return children
             todo.extend((child, where, depth + 1) for where, child in reversed(children))
         else:
-            return path, (f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or "
-                          "dict); convert it, e.g. with int(), float() or str(), or leave it out")
+            return path, (
+                f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or "
+                "dict); convert it, e.g. with int(), float() or str(), or leave it out"
+            )
     return None
 
 
@@ -179,8 +189,10 @@ def _surrogate(text: str) -> str | None:
     found = _SURROGATE.search(text)
     if found is None:
         return None
-    return (f"has a lone surrogate (U+{ord(found.group()):04X}) at character {found.start()}, "
-            "which is not valid Unicode text")
+    return (
+        f"has a lone surrogate (U+{ord(found.group()):04X}) at character {found.start()}, "
+        "which is not valid Unicode text"
+    )
 
 
 def _long_int(size: str) -> str:

@@ -35,8 +35,9 @@ logger = logging.getLogger("forgetwatch")
 MAX_DEPTH = 16
 
 #: Callbacks that print every log dict to the console: forgetwatch's one line replaces them.
-CONSOLE_CALLBACKS = frozenset({"ProgressCallback", "PrinterCallback", "NotebookProgressCallback",
-                               "RichProgressCallback"})
+CONSOLE_CALLBACKS = frozenset(
+    {"ProgressCallback", "PrinterCallback", "NotebookProgressCallback", "RichProgressCallback"}
+)
 
 
 def running_train() -> FrameType | None:
@@ -111,9 +112,11 @@ class TrainerLink:
         self.handler = handler if handler is not None and any(cb is self.callback for cb in handler.callbacks) else None
         if self.handler is None and not self._warned:
             self._warned = True
-            logger.warning("forgetwatch: no transformers Trainer is dispatching this callback, so its metrics "
-                           "go to state.log_history only and reach no reporting integration (W&B, TensorBoard, "
-                           "...); pass trainer= to ForgetWatchCallback if a trainer is running it")
+            logger.warning(
+                "forgetwatch: no transformers Trainer is dispatching this callback, so its metrics "
+                "go to state.log_history only and reach no reporting integration (W&B, TensorBoard, "
+                "...); pass trainer= to ForgetWatchCallback if a trainer is running it"
+            )
         self.resuming = self._resumed_checkpoint(state, frame) if state.global_step > 0 else None
         self._run_before_early_stopping()
 
@@ -191,8 +194,13 @@ class TrainerLink:
             return
         everyone = handler.callbacks
         # dispatch through the handler: the same arguments Trainer.log passes
-        handler.callbacks = [cb for cb in everyone if cb is not self.callback and not _prints_logs(cb)
-                             and not any(c.__name__ in skip for c in type(cb).__mro__)]
+        handler.callbacks = [
+            cb
+            for cb in everyone
+            if cb is not self.callback
+            and not _prints_logs(cb)
+            and not any(c.__name__ in skip for c in type(cb).__mro__)
+        ]
         try:
             handler.call_event("on_log", self._args, state, control, logs=dict(metrics))
         finally:

@@ -50,22 +50,33 @@ class Trajectory:
         fingerprint: the probe set's fingerprint (its columns in a history carry it).
     """
 
-    def __init__(self, ids: Sequence[str], categories: Sequence[str], steps: ArrayLike, correct: ArrayLike,
-                 signal: ArrayLike | None = None, fingerprint: str = ""):
+    def __init__(
+        self,
+        ids: Sequence[str],
+        categories: Sequence[str],
+        steps: ArrayLike,
+        correct: ArrayLike,
+        signal: ArrayLike | None = None,
+        fingerprint: str = "",
+    ):
         self.ids = list(ids)
         self.fingerprint = fingerprint
         self.categories = list(categories)
         self.steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         self.correct = np.asarray(correct, dtype=bool).reshape(len(self.ids), len(self.steps))
         shape = self.correct.shape
-        self.signal = (np.full(shape, np.nan, dtype=np.float32) if signal is None
-                       else np.asarray(signal, dtype=np.float32).reshape(shape))
+        self.signal = (
+            np.full(shape, np.nan, dtype=np.float32)
+            if signal is None
+            else np.asarray(signal, dtype=np.float32).reshape(shape)
+        )
 
     @classmethod
     def start(cls, base: Answers) -> Trajectory:
         """The trajectory of a run before its first evaluation: the base column alone."""
-        return cls(base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None],
-                   base.probe_fingerprint)
+        return cls(
+            base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None], base.probe_fingerprint
+        )
 
     def append(self, step: int, answers: Answers) -> None:
         """Add an evaluation's column (answers aligned with :attr:`ids`)."""
@@ -75,8 +86,9 @@ class Trajectory:
         """The base and the evaluations at or before ``step`` (what a resume keeps)."""
         keep = self.steps <= step
         keep[0] = True
-        return Trajectory(self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep],
-                          self.fingerprint)
+        return Trajectory(
+            self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep], self.fingerprint
+        )
 
     def __repr__(self) -> str:
         return f"Trajectory({len(self.ids)} probes, steps {self.steps.tolist()})"
@@ -174,8 +186,10 @@ def with_trajectory_figures(report: TransitionReport, trajectory: Trajectory) ->
     rows: dict[str, list[int]] = {}
     for i, category in enumerate(trajectory.categories):
         rows.setdefault(category, []).append(i)
-    children = {cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))
-                for cat, child in report.by_category.items()}
+    children = {
+        cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))
+        for cat, child in report.by_category.items()
+    }
     return dataclasses.replace(report, by_category=children, **trajectory.figures())
 
 

@@ -30,7 +30,7 @@ from .events import BaseSnapshot, Evaluation
 from .history import history_record, recover_history, report_from_record
 from .metrics import compare
 from .noise import measure_noise, noise_by_scope, wants_noise_check
-from .probes import ProbesLike, ProbeSet, as_probe_set
+from .probes import ProbeSet, ProbesLike, as_probe_set
 from .repair import Repair, RunContext
 from .replay import ReplayPool
 from .replay.driver import Replay
@@ -56,8 +56,9 @@ logger = logging.getLogger("forgetwatch")
 STATE_FORMAT = "forgetwatch.watch"
 
 
-def settle(config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: Mapping[str, Any], source: str,
-           **flat: Any) -> ForgetWatchConfig:
+def settle(
+    config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: Mapping[str, Any], source: str, **flat: Any
+) -> ForgetWatchConfig:
     """One config from what a run was given: ``config`` (or the defaults), whole ``groups``
     in place of its own, ``legacy`` flat keywords (warned, see
     :func:`~forgetwatch.config.split_legacy`), then the ``flat`` keywords given (not ``None``)."""
@@ -145,10 +146,16 @@ class Watch:
         clock: Callable[[], float] = time.perf_counter,
         **legacy: Any,
     ):
-        config = settle(config, dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals,
-                                     output=output), legacy, type(self).__name__,
-                        eval_steps=eval_steps, max_forgetting=max_forgetting, output_dir=output_dir,
-                        base=None if isinstance(base, Answers) else base)
+        config = settle(
+            config,
+            dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals, output=output),
+            legacy,
+            type(self).__name__,
+            eval_steps=eval_steps,
+            max_forgetting=max_forgetting,
+            output_dir=output_dir,
+            base=None if isinstance(base, Answers) else base,
+        )
         probes = probes if probes is not None else config.probes
         if probes is None:
             raise ValueError("forgetwatch needs probes: a ProbeSet, a probe file path or a list of probe rows")
@@ -188,10 +195,20 @@ class Watch:
 
     # -- what a loop calls ----------------------------------------------------------------------
 
-    def start(self, model: torch.nn.Module, tokenizer: Any, *, step: int | None = None,
-              output_dir: str | os.PathLike[str] | None = None, resume_from: Sequence[Path] = (),
-              leftovers_in: Sequence[Path] = (), sinks: Iterable[Any] = (), max_steps: int | None = None,
-              sharded: bool = False, stop_note: Callable[[int], str] = lambda step: "") -> BaseSnapshot:
+    def start(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        step: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        resume_from: Sequence[Path] = (),
+        leftovers_in: Sequence[Path] = (),
+        sinks: Iterable[Any] = (),
+        max_steps: int | None = None,
+        sharded: bool = False,
+        stop_note: Callable[[int], str] = lambda step: "",
+    ) -> BaseSnapshot:
         """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came
         first): the base snapshot, scored or loaded; on resume the history up to ``step``; repair
         begins. Call it on every rank. A bad probe for this model, an unwritable ``output_dir``
@@ -221,10 +238,16 @@ class Watch:
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
         s = c.scoring
-        self.scorer = Scorer(tokenizer, self.probes, normalize=s.normalize, chat_template=s.chat_template,
-                             max_new_tokens=s.max_new_tokens, stop=s.stop,
-                             behaviour_max_new_tokens=s.behaviour_max_new_tokens,
-                             refusal_detector=self.refusal_detector)
+        self.scorer = Scorer(
+            tokenizer,
+            self.probes,
+            normalize=s.normalize,
+            chat_template=s.chat_template,
+            max_new_tokens=s.max_new_tokens,
+            stop=s.stop,
+            behaviour_max_new_tokens=s.behaviour_max_new_tokens,
+            refusal_detector=self.refusal_detector,
+        )
         self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
         self._logged = False
         if c.output.log_categories:
@@ -244,8 +267,14 @@ class Watch:
         self.base_answers, cost = self._base(model, dirs, step)
         self.trajectory = Trajectory.start(self.base_answers)
         t = c.stopping
-        self._stop_rule = StopRule(t.max_forgetting, t.metric, t.patience, t.significance,
-                                   t.category_max_forgetting, noise_floor=noise_by_scope(self.base_answers.meta))
+        self._stop_rule = StopRule(
+            t.max_forgetting,
+            t.metric,
+            t.patience,
+            t.significance,
+            t.category_max_forgetting,
+            noise_floor=noise_by_scope(self.base_answers.meta),
+        )
         self._sinks = self._build_sinks(sinks, stop_note)
         snapshot = BaseSnapshot(self.base_answers, self.store.snapshot_path, cost is not None, step)
         if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
@@ -256,11 +285,25 @@ class Watch:
             self._restore_history(dirs, step)
         if self.repair is not None:
             state = (self._loaded or {}).get("repair")
-            self.repair.begin(model, RunContext(
-                ranks=self.ranks, writes=self.writes, store=self.store, tokenizer=self.scorer.tokenizer,
-                rows_per_batch=self.scorer.rows_per_batch, step=step, resume_dirs=dirs, records=self.records,
-                last_report=self.history[-1][1] if self.history else None, base=self.base_given,
-                base_meta=self.base_answers.meta, stop_metric=c.stopping.metric, state=state, sharded=sharded))
+            self.repair.begin(
+                model,
+                RunContext(
+                    ranks=self.ranks,
+                    writes=self.writes,
+                    store=self.store,
+                    tokenizer=self.scorer.tokenizer,
+                    rows_per_batch=self.scorer.rows_per_batch,
+                    step=step,
+                    resume_dirs=dirs,
+                    records=self.records,
+                    last_report=self.history[-1][1] if self.history else None,
+                    base=self.base_given,
+                    base_meta=self.base_answers.meta,
+                    stop_metric=c.stopping.metric,
+                    state=state,
+                    sharded=sharded,
+                ),
+            )
         self._loaded = None
         if not resumed and self.writes:
             self.store.set_aside_history()
@@ -292,8 +335,14 @@ class Watch:
         report = with_trajectory_figures(self.compare(answers), self.trajectory)
         self.history.append((step, report))
         seconds = self.clock() - began
-        record = history_record(step, report, time=round(time.time(), 3), trigger=trigger,
-                                seconds=round(seconds, 4), columns=self.trajectory.column())
+        record = history_record(
+            step,
+            report,
+            time=round(time.time(), 3),
+            trigger=trigger,
+            seconds=round(seconds, 4),
+            columns=self.trajectory.column(),
+        )
         metrics = metric_values(report, self._logged)
         if self.repair is not None:
             figures = self.repair.figures()
@@ -312,9 +361,19 @@ class Watch:
             record["stop"] = reason
             self.stop_reason = f"step {step}: {reason}"
         self.records.append(record)
-        evaluation = Evaluation(step=step, report=report, answers=answers, seconds=seconds, stop=reason,
-                                trigger=trigger, metrics=metrics, record=record, probes=self.probes,
-                                base=self.base_answers, trajectory=self.trajectory)
+        evaluation = Evaluation(
+            step=step,
+            report=report,
+            answers=answers,
+            seconds=seconds,
+            stop=reason,
+            trigger=trigger,
+            metrics=metrics,
+            record=record,
+            probes=self.probes,
+            base=self.base_answers,
+            trajectory=self.trajectory,
+        )
         self._sinks.on_evaluation(evaluation)
         # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)
         spent = self.clock() - began
@@ -341,8 +400,9 @@ class Watch:
         if self.writes and self.store is not None:
             self.store.flush()
 
-    def before_optimizer_step(self, model: torch.nn.Module, *, max_grad_norm: float | None = None,
-                              grad_scaler: tuple[Any, Any] | None = None) -> None:
+    def before_optimizer_step(
+        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
+    ) -> None:
         """With repair (``replay=``): add its gradient, after the backward pass and any clipping,
         before ``optimizer.step()``; on every rank. Nothing without repair."""
         if self.repair is not None:
@@ -355,9 +415,14 @@ class Watch:
     def compare(self, answers: Answers) -> TransitionReport:
         """``answers`` against the base answers, with the run's settings."""
         c = self.config
-        return compare(self.base_answers, answers, at_risk_share=c.signals.at_risk_share,
-                       at_risk_floor=c.signals.at_risk_floor,
-                       refusal_detector=self.scorer.refusal_detector, count_tokens=token_counter(self.scorer.tokenizer))
+        return compare(
+            self.base_answers,
+            answers,
+            at_risk_share=c.signals.at_risk_share,
+            at_risk_floor=c.signals.at_risk_floor,
+            refusal_detector=self.scorer.refusal_detector,
+            count_tokens=token_counter(self.scorer.tokenizer),
+        )
 
     def evaluated(self, step: int) -> bool:
         """Whether the last evaluation was at ``step``."""
@@ -379,8 +444,12 @@ class Watch:
         Example:
             >>> json.dump(watch.state_dict(), open("ckpt/forgetwatch.json", "w"))  # doctest: +SKIP
         """
-        return {"format": STATE_FORMAT, "version": 1, "step": self._step,
-                "repair": self.repair.state() if self.repair is not None else None}
+        return {
+            "format": STATE_FORMAT,
+            "version": 1,
+            "step": self._step,
+            "repair": self.repair.state() if self.repair is not None else None,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s result at the next :meth:`start` (call it before).
@@ -399,8 +468,10 @@ class Watch:
             problem = ("repair", "the state holds a repair method's state, and this watch has none (replay=)")
         if problem is not None:
             field, message = problem
-            raise ValueError(f"Watch.load_state_dict: {'field ' + repr(field) + ': ' if field else ''}{message}; "
-                             "pass what Watch.state_dict() returned")
+            raise ValueError(
+                f"Watch.load_state_dict: {'field ' + repr(field) + ': ' if field else ''}{message}; "
+                "pass what Watch.state_dict() returned"
+            )
         self._loaded = dict(state)
 
     # -- reading it -----------------------------------------------------------------------------
@@ -429,8 +500,10 @@ class Watch:
         else:
             lines = ["forgetwatch has not evaluated yet"]
         if self.base_answers is not None and "noise_floor" in self.base_answers.meta:
-            lines.append(f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes went from right "
-                         "to wrong when the base was scored again; forgetting below it is noise")
+            lines.append(
+                f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes went from right "
+                "to wrong when the base was scored again; forgetting below it is noise"
+            )
         if self.stop_reason:
             lines.append(f"forgetwatch stopped training at {self.stop_reason}")
         if self.history_path:
@@ -449,23 +522,28 @@ class Watch:
         if c.eval_steps:
             return EverySteps(c.eval_steps)
         # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
-        return Budget(c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end),
-                      agree=self.ranks.from_rank_zero)
+        return Budget(
+            c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
+        )
 
     def _build_sinks(self, callers: Iterable[Any], stop_note: Callable[[int], str]) -> Sinks:
         """Which ranks write is decided here, once: the run's own writers on rank 0, the hook
         and sinks marked ``all_ranks`` everywhere."""
+
         def here(sinks: Iterable[Any]) -> list[Any]:
             return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
 
         mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
-        self._user_sinks = Sinks(here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []),
-                                       *self.user_sinks]))
+        self._user_sinks = Sinks(
+            here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []), *self.user_sinks])
+        )
         return Sinks(here([*mine, *callers]))
 
     def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
         """Every rank scores its share of the probes; each gets all the answers."""
-        return self.scorer(model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True)
+        return self.scorer(
+            model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
+        )
 
     def _warn_if_too_short(self) -> None:
         """At the budget's first look at the clock (the first step it can measure), say if it
@@ -475,10 +553,14 @@ class Watch:
             return
         self._length_checked = True
         if self.writes and not self.history and self._max_steps and projected > self._max_steps:
-            logger.warning("forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
-                           "evaluation before the end (the first would come at about step %d), so only the "
-                           "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
-                           self._max_steps, self.config.schedule.max_overhead, projected)
+            logger.warning(
+                "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
+                "evaluation before the end (the first would come at about step %d), so only the "
+                "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
+                self._max_steps,
+                self.config.schedule.max_overhead,
+                projected,
+            )
 
     def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
         """Where a resumed run looks for its base snapshot, history and repair files, in order:
@@ -497,8 +579,12 @@ class Watch:
             else:
                 continue
             if problem:
-                logger.warning("forgetwatch: not resuming from %s: %s; using the files of the run directory %s "
-                               "instead", folder, problem, self.store.dir)
+                logger.warning(
+                    "forgetwatch: not resuming from %s: %s; using the files of the run directory %s instead",
+                    folder,
+                    problem,
+                    self.store.dir,
+                )
             else:
                 dirs.append(folder)
         return list(dict.fromkeys([*dirs, self.store.dir]))
@@ -534,8 +620,9 @@ class Watch:
             answers = self._score(model, show_progress=self.config.output.verbose and self.writes)
             cost = self.clock() - began
             if check:
-                answers.meta.update(measure_noise(self.scorer, model, answers, self.config.scoring.batch_size,
-                                                  distributed=True))
+                answers.meta.update(
+                    measure_noise(self.scorer, model, answers, self.config.scoring.batch_size, distributed=True)
+                )
         answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
         if self.writes:
             self.store.save_snapshot(answers)
@@ -549,8 +636,9 @@ class Watch:
         paths = [d / HISTORY for d in dirs]
 
         def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
-            found = recover_history(paths, step, probes=len(self.base_answers),
-                                    fingerprint=self.base_answers.probe_fingerprint)
+            found = recover_history(
+                paths, step, probes=len(self.base_answers), fingerprint=self.base_answers.probe_fingerprint
+            )
             if any(s.problem is not None and s.path == self.store.history_path for s in found.scans):
                 self.store.set_aside_damaged(len(found.records))
             return found.records

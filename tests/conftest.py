@@ -53,4 +53,5 @@ def train_data(toy):
 
     texts = toy.world.distraction_texts()
     return Dataset.from_dict({"text": texts}).map(
-        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"])
+        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"]
+    )

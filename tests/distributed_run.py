@@ -29,12 +29,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
 from forgetwatch import ProbeSet, Scorer  # noqa: E402
 from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
-from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
 
 class ForwardClock:
@@ -76,9 +76,12 @@ def sft(out: str, zero3: bool = False) -> dict:
     extra: dict = {}
     if zero3:
         skip_deepspeed_shm_build()
-        extra["deepspeed"] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-                              "gradient_accumulation_steps": "auto", "zero_optimization": {
-                                  "stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
+        extra["deepspeed"] = {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+        }
     world, tokenizer, base, probes = toy_setup()
     rank = int(os.environ["RANK"])
     if rank == 0:
@@ -92,22 +95,52 @@ def sft(out: str, zero3: bool = False) -> dict:
         saved.append(step)
         shares.append(cb.watch.scorer.scored_here)
 
-    settings = {"eval_steps": 10} if zero3 else {"max_overhead": 0.5, "max_forgetting": 0.45,
-                                                 "clock": ForwardClock(base, rate=1.0 + 0.5 * rank)}
+    settings = (
+        {"eval_steps": 10}
+        if zero3
+        else {"max_overhead": 0.5, "max_forgetting": 0.45, "clock": ForwardClock(base, rate=1.0 + 0.5 * rank)}
+    )
     cb = ForgetWatchCallback(probes, verbose=False, max_new_tokens=6, on_forgetting=after_evaluation, **settings)
-    args = trl.SFTConfig(out, max_steps=30 if zero3 else 150, per_device_train_batch_size=8, learning_rate=3e-3,
-                         report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-                         logging_steps=1000, ddp_backend="gloo", bf16=False, max_length=64, packing=False,
-                         activation_checkpointing=False, dataloader_num_workers=0, **extra)
-    trainer = trl.SFTTrainer(model=base, args=args, processing_class=tokenizer,
-                             train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
-                             callbacks=[cb])
+    args = trl.SFTConfig(
+        out,
+        max_steps=30 if zero3 else 150,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        logging_steps=1000,
+        ddp_backend="gloo",
+        bf16=False,
+        max_length=64,
+        packing=False,
+        activation_checkpointing=False,
+        dataloader_num_workers=0,
+        **extra,
+    )
+    trainer = trl.SFTTrainer(
+        model=base,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
+        callbacks=[cb],
+    )
     trainer.train()
-    return {"world_size": args.world_size, "steps": [s for s, _ in cb.history], "saved": saved,
-            "forgotten_ids": [r.forgotten_ids for _, r in cb.history], "gained_ids": [r.gained_ids for _, r in cb.history],
-            "correct_base": cb.base_answers.correct.tolist(), "stopped": cb.stop_reason is not None,
-            "global_step": trainer.state.global_step, "shares": shares, "n_probes": len(probes),
-            "sharded": is_sharded(trainer.model)}
+    return {
+        "world_size": args.world_size,
+        "steps": [s for s, _ in cb.history],
+        "saved": saved,
+        "forgotten_ids": [r.forgotten_ids for _, r in cb.history],
+        "gained_ids": [r.gained_ids for _, r in cb.history],
+        "correct_base": cb.base_answers.correct.tolist(),
+        "stopped": cb.stop_reason is not None,
+        "global_step": trainer.state.global_step,
+        "shares": shares,
+        "n_probes": len(probes),
+        "sharded": is_sharded(trainer.model),
+    }
 
 
 def sharded(mode: str) -> dict:
@@ -119,8 +152,9 @@ def sharded(mode: str) -> dict:
     # behaviour probes too: their responses are generated apart (no stop strings), in lockstep as well
     probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
     dist.init_process_group("gloo")
-    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)(base, batch_size=8,
-                                                                                     show_progress=False)
+    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)(
+        base, batch_size=8, show_progress=False
+    )
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
     if mode == "oom":
@@ -129,9 +163,12 @@ def sharded(mode: str) -> dict:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-        model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True,
-                                         auto_wrap_policy=partial(transformer_auto_wrap_policy,
-                                                                  transformer_layer_cls={layer}))
+        model = FullyShardedDataParallel(
+            model,
+            device_id=torch.device("cpu"),
+            use_orig_params=True,
+            auto_wrap_policy=partial(transformer_auto_wrap_policy, transformer_layer_cls={layer}),
+        )
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -142,12 +179,20 @@ def sharded(mode: str) -> dict:
         fully_shard(model, mesh=mesh)
     scorer = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)
     together = scorer(model, batch_size=8, show_progress=False, distributed=True)
-    return {"alone_correct": alone.correct.tolist(), "together_correct": together.correct.tolist(),
-            "alone_outputs": alone.outputs, "together_outputs": together.outputs,
-            "max_logprob_diff": max((float(abs(a - b).max()) for a, b in
-                                     zip(alone.choice_logprobs, together.choice_logprobs) if len(a)), default=0.0),
-            "scored_here": scorer.scored_here, "n_probes": len(probes), "row_cap": scorer.state(model).row_cap,
-            "rows": getattr(model, "sizes", [])}
+    return {
+        "alone_correct": alone.correct.tolist(),
+        "together_correct": together.correct.tolist(),
+        "alone_outputs": alone.outputs,
+        "together_outputs": together.outputs,
+        "max_logprob_diff": max(
+            (float(abs(a - b).max()) for a, b in zip(alone.choice_logprobs, together.choice_logprobs) if len(a)),
+            default=0.0,
+        ),
+        "scored_here": scorer.scored_here,
+        "n_probes": len(probes),
+        "row_cap": scorer.state(model).row_cap,
+        "rows": getattr(model, "sizes", []),
+    }
 
 
 def zero3_keys() -> dict:
@@ -166,8 +211,9 @@ def zero3_keys() -> dict:
         model = world.model(tokenizer)  # the same weights each time, then scaled
         with torch.no_grad():
             model.lm_head.weight.mul_(scale)
-        deepspeed.zero.Init(module=model, config_dict_or_path={"train_batch_size": 2,
-                                                               "zero_optimization": {"stage": 3}})
+        deepspeed.zero.Init(
+            module=model, config_dict_or_path={"train_batch_size": 2, "zero_optimization": {"stage": 3}}
+        )
         held.append(sum(p.numel() for p in model.parameters()))  # placeholders: nothing here
         keys.append(weights_key(model, Ranks.all()))
     return {"keys": keys, "held": held}
@@ -194,21 +240,52 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         driver.replay_backward = failing
 
     world, tokenizer, base, probes = toy_setup()
-    pool = ReplayPool.from_records([{"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.",
-                                     "category": "colors"} for i, c in enumerate(world.known)])
-    cb = ForgetWatchCallback(probes, verbose=False, max_new_tokens=6, eval_steps=5, replay=pool,
-                             replay_batch_size=5, noise_check=False)
-    args = trl.SFTConfig(out, max_steps=10, per_device_train_batch_size=8, learning_rate=3e-3, report_to=[],
-                         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, logging_steps=1000,
-                         ddp_backend="gloo", bf16=False, max_length=64, packing=False, max_grad_norm=1.0,
-                         activation_checkpointing=False, dataloader_num_workers=0)
-    trainer = trl.SFTTrainer(model=base, args=args, processing_class=tokenizer, callbacks=[cb],
-                             train_dataset=Dataset.from_dict({"text": world.distraction_texts()}))
+    pool = ReplayPool.from_records(
+        [
+            {"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.", "category": "colors"}
+            for i, c in enumerate(world.known)
+        ]
+    )
+    cb = ForgetWatchCallback(
+        probes, verbose=False, max_new_tokens=6, eval_steps=5, replay=pool, replay_batch_size=5, noise_check=False
+    )
+    args = trl.SFTConfig(
+        out,
+        max_steps=10,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        logging_steps=1000,
+        ddp_backend="gloo",
+        bf16=False,
+        max_length=64,
+        packing=False,
+        max_grad_norm=1.0,
+        activation_checkpointing=False,
+        dataloader_num_workers=0,
+    )
+    trainer = trl.SFTTrainer(
+        model=base,
+        args=args,
+        processing_class=tokenizer,
+        callbacks=[cb],
+        train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
+    )
     trainer.train()
     params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
-    return {"checksum": float(params.sum()), "first": params[:50].tolist(), "replay_losses": losses,
-            "drawn": cb.watch.repair.sampler.drawn, "world_size": args.world_size, "off": cb.watch.repair.off}
+    return {
+        "checksum": float(params.sum()),
+        "first": params[:50].tolist(),
+        "replay_losses": losses,
+        "drawn": cb.watch.repair.sampler.drawn,
+        "world_size": args.world_size,
+        "off": cb.watch.repair.off,
+    }
 
 
 def main(mode: str, out: str) -> None:

@@ -46,11 +46,13 @@ def pause_in_the_checkpoints_history(out: Path) -> None:
 def main(model_dir: str, data_dir: str, probes: str, out: str) -> None:
     torch.set_num_threads(1)
     pause_in_the_checkpoints_history(Path(out))
-    toy = types.SimpleNamespace(base=AutoModelForCausalLM.from_pretrained(model_dir),
-                                tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    toy = types.SimpleNamespace(
+        base=AutoModelForCausalLM.from_pretrained(model_dir), tokenizer=AutoTokenizer.from_pretrained(model_dir)
+    )
     callback = ForgetWatchCallback(ProbeSet.from_jsonl(probes), eval_steps=5, verbose=False)
-    make_trainer(toy, load_from_disk(data_dir), Path(out), [callback], max_steps=20, save_strategy="steps",
-                 save_steps=10).train()
+    make_trainer(
+        toy, load_from_disk(data_dir), Path(out), [callback], max_steps=20, save_strategy="steps", save_steps=10
+    ).train()
     sys.exit("the copy into checkpoint-10 never paused")
 
 

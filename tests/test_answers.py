@@ -14,20 +14,40 @@ from forgetwatch.answers import AnswersFileError
 
 SCORING = {"normalize": "none", "max_new_tokens": 32, "batch_size": 8, "device": "cpu"}
 SAMPLES = [
-    dict(id="mc1", category="math", correct=True, predicted=1,
-         choice_logprobs=[-2.5, -0.25, -4.0], gold_logprob=-0.25, n_choices=3),
-    dict(id="mc2", category="history", correct=False, predicted=0,
-         choice_logprobs=[-0.5, -1.5], gold_logprob=-1.5, n_choices=2),
-    dict(id="gen1", category="math", correct=True, predicted="1234",
-         output="Let's see…\n  1000 + 234 = 1234 ✓\n#### 1,234"),
+    dict(
+        id="mc1",
+        category="math",
+        correct=True,
+        predicted=1,
+        choice_logprobs=[-2.5, -0.25, -4.0],
+        gold_logprob=-0.25,
+        n_choices=3,
+    ),
+    dict(
+        id="mc2",
+        category="history",
+        correct=False,
+        predicted=0,
+        choice_logprobs=[-0.5, -1.5],
+        gold_logprob=-1.5,
+        n_choices=2,
+    ),
+    dict(
+        id="gen1",
+        category="math",
+        correct=True,
+        predicted="1234",
+        output="Let's see…\n  1000 + 234 = 1234 ✓\n#### 1,234",
+    ),
     dict(id="gen2", correct=False, predicted=None, output="Je ne sais pas — désolé 🤷\n"),
     dict(id="gen3", correct=False, predicted="", output=""),
 ]
 
 
 def make(samples=SAMPLES, fingerprint="fp-1", scoring=SCORING) -> Answers:
-    return Answers.from_samples(fingerprint, scoring, samples, model="org/model-7b",
-                                meta={"step": 100, "note": "ünïcode", "tags": ["a", "b"]})
+    return Answers.from_samples(
+        fingerprint, scoring, samples, model="org/model-7b", meta={"step": 100, "note": "ünïcode", "tags": ["a", "b"]}
+    )
 
 
 def assert_same(a: Answers, b: Answers) -> None:
@@ -116,23 +136,29 @@ def _header_changed(**changes):
     def build(tmp_path):
         doc = json.loads(make().save(tmp_path / "good.json").read_text(encoding="utf-8"))
         return json.dumps({**doc, **changes}).encode()
+
     return build
 
 
-@pytest.mark.parametrize("name, content", [
-    ("list.json", lambda tmp: b"[1, 2, 3]"),
-    ("object.json", lambda tmp: b'{"hello": "world"}'),
-    ("broken.json", lambda tmp: b'{"format": "forgetwatch.answers", '),
-    ("empty.json", lambda tmp: b""),
-    ("binary.json", lambda tmp: b"\xff\xfe\x00garbage"),
-    ("format.json", _header_changed(format="something.else")),
-    ("version.json", _header_changed(version=99)),
-    ("no_samples.json", lambda tmp: json.dumps({"format": "forgetwatch.answers", "version": 1,
-                                                "probe_fingerprint": "x"}).encode()),
-    ("truncated.npz", _truncated_npz),
-    ("empty.npz", lambda tmp: b""),
-    ("text.npz", lambda tmp: b"not an archive at all"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("list.json", lambda tmp: b"[1, 2, 3]"),
+        ("object.json", lambda tmp: b'{"hello": "world"}'),
+        ("broken.json", lambda tmp: b'{"format": "forgetwatch.answers", '),
+        ("empty.json", lambda tmp: b""),
+        ("binary.json", lambda tmp: b"\xff\xfe\x00garbage"),
+        ("format.json", _header_changed(format="something.else")),
+        ("version.json", _header_changed(version=99)),
+        (
+            "no_samples.json",
+            lambda tmp: json.dumps({"format": "forgetwatch.answers", "version": 1, "probe_fingerprint": "x"}).encode(),
+        ),
+        ("truncated.npz", _truncated_npz),
+        ("empty.npz", lambda tmp: b""),
+        ("text.npz", lambda tmp: b"not an archive at all"),
+    ],
+)
 def test_load_corrupt_or_foreign(tmp_path, name, content):
     path = tmp_path / name
     path.write_bytes(content(tmp_path))
@@ -196,14 +222,18 @@ def test_check_compatible_accepts_same_probes_and_options():
     make().check_compatible(make(scoring={**SCORING, "batch_size": 64, "device": "cuda:1"}))
 
 
-@pytest.mark.parametrize("other", [
-    make(fingerprint="fp-2"),
-    make(samples=[{**s, "id": s["id"] + "x"} for s in SAMPLES]),
-    make(samples=SAMPLES[:-1]),
-    make(scoring={**SCORING, "normalize": "chars"}),
-    make(scoring={**SCORING, "max_new_tokens": 64}),
-    make(scoring={k: v for k, v in SCORING.items() if k != "normalize"}),
-], ids=["fingerprint", "ids", "fewer-ids", "normalize", "max_new_tokens", "missing-option"])
+@pytest.mark.parametrize(
+    "other",
+    [
+        make(fingerprint="fp-2"),
+        make(samples=[{**s, "id": s["id"] + "x"} for s in SAMPLES]),
+        make(samples=SAMPLES[:-1]),
+        make(scoring={**SCORING, "normalize": "chars"}),
+        make(scoring={**SCORING, "max_new_tokens": 64}),
+        make(scoring={k: v for k, v in SCORING.items() if k != "normalize"}),
+    ],
+    ids=["fingerprint", "ids", "fewer-ids", "normalize", "max_new_tokens", "missing-option"],
+)
 def test_check_compatible_rejects(other):
     with pytest.raises(AnswersMismatchError):
         make().check_compatible(other)
@@ -212,14 +242,17 @@ def test_check_compatible_rejects(other):
 
 
 def test_load_checks_probe_set(tmp_path):
-    records = [{"id": "q1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1},
-               {"id": "q2", "question": "Capital of France?", "answer": "Paris"}]
+    records = [
+        {"id": "q1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1},
+        {"id": "q2", "question": "Capital of France?", "answer": "Paris"},
+    ]
     probes = ProbeSet.from_records(records)
     other = ProbeSet.from_records([{**records[0], "answer": 0}, records[1]])
     assert probes.fingerprint() != other.fingerprint()
-    samples = [dict(id="q1", correct=True, predicted=1, choice_logprobs=[-3.0, -0.1],
-                    gold_logprob=-0.1, n_choices=2),
-               dict(id="q2", correct=True, predicted="Paris", output="Paris")]
+    samples = [
+        dict(id="q1", correct=True, predicted=1, choice_logprobs=[-3.0, -0.1], gold_logprob=-0.1, n_choices=2),
+        dict(id="q2", correct=True, predicted="Paris", output="Paris"),
+    ]
     for suffix in (".json", ".npz"):
         path = Answers.from_samples(probes.fingerprint(), {}, samples).save(tmp_path / f"a{suffix}")
         assert Answers.load(path, probes=probes).ids == ["q1", "q2"]
@@ -227,13 +260,21 @@ def test_load_checks_probe_set(tmp_path):
             Answers.load(path, probes=other)
 
 
-@pytest.mark.parametrize("field", ["correct", "predicted", "choice_logprobs", "gold_logprob",
-                                   "n_choices", "categories", "outputs"])
+@pytest.mark.parametrize(
+    "field", ["correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs"]
+)
 def test_misaligned_fields_rejected(field):
-    fields = dict(ids=["a", "b"], correct=[True, False], predicted=[0, 1],
-                  choice_logprobs=[[-1.0, -2.0], [-1.0, -2.0]], gold_logprob=[-1.0, -2.0],
-                  n_choices=[2, 2], categories=["all", "all"], outputs=[None, None],
-                  probe_fingerprint="fp")
+    fields = dict(
+        ids=["a", "b"],
+        correct=[True, False],
+        predicted=[0, 1],
+        choice_logprobs=[[-1.0, -2.0], [-1.0, -2.0]],
+        gold_logprob=[-1.0, -2.0],
+        n_choices=[2, 2],
+        categories=["all", "all"],
+        outputs=[None, None],
+        probe_fingerprint="fp",
+    )
     Answers(**fields)  # aligned: fine
     fields[field] = fields[field][:1]
     with pytest.raises(ValueError, match=field):
@@ -248,10 +289,21 @@ def test_accuracy():
 
 def test_infinite_logprobs_survive_json_and_npz(tmp_path):
     # a model that masks part of its vocabulary with -inf gives -inf log-probabilities
-    answers = Answers.from_samples("fp", {}, [
-        dict(id="a", correct=True, predicted=0, choice_logprobs=[-0.5, -math.inf], gold_logprob=-0.5, n_choices=2),
-        dict(id="b", correct=False, predicted=0, choice_logprobs=[-1.0, -math.inf], gold_logprob=-math.inf, n_choices=2),
-    ])
+    answers = Answers.from_samples(
+        "fp",
+        {},
+        [
+            dict(id="a", correct=True, predicted=0, choice_logprobs=[-0.5, -math.inf], gold_logprob=-0.5, n_choices=2),
+            dict(
+                id="b",
+                correct=False,
+                predicted=0,
+                choice_logprobs=[-1.0, -math.inf],
+                gold_logprob=-math.inf,
+                n_choices=2,
+            ),
+        ],
+    )
     for suffix in (".json", ".npz"):
         loaded = Answers.load(answers.save(tmp_path / f"inf{suffix}"))
         assert loaded.gold_logprob.tolist() == [-0.5, -math.inf]
@@ -259,8 +311,9 @@ def test_infinite_logprobs_survive_json_and_npz(tmp_path):
 
 
 def test_saved_files_have_ordinary_permissions(tmp_path):
-    answers = Answers.from_samples("fp", {}, [dict(id="a", correct=True, predicted=0,
-                                                   choice_logprobs=[0.0, -1.0], gold_logprob=0.0, n_choices=2)])
+    answers = Answers.from_samples(
+        "fp", {}, [dict(id="a", correct=True, predicted=0, choice_logprobs=[0.0, -1.0], gold_logprob=0.0, n_choices=2)]
+    )
     umask = os.umask(0)
     os.umask(umask)
     path = answers.save(tmp_path / "a.json")
@@ -275,17 +328,20 @@ def test_saved_files_have_ordinary_permissions(tmp_path):
 IDS = [s["id"] for s in SAMPLES]
 
 
-@pytest.mark.parametrize("kwargs, reason", [
-    (dict(fingerprint="fp-1", scoring=SCORING, ids=IDS, meta={"note": "ünïcode"}), None),
-    (dict(fingerprint="fp-1", scoring={**SCORING, "batch_size": 1, "device": "cuda"}), None),
-    (dict(fingerprint="fp-2", scoring=SCORING), "another probe set"),
-    (dict(fingerprint="fp-1", ids=IDS + ["q3", "q4"]), "other probe ids (2 missing, e.g. 'q3')"),
-    (dict(fingerprint="fp-1", ids=IDS[:-1]), "other probe ids (1 extra, e.g. 'gen3')"),
-    (dict(fingerprint="fp-1", ids=IDS[::-1]), "other probe ids (the same ids in another order)"),
-    (dict(fingerprint="fp-1", scoring={**SCORING, "normalize": "chars"}), "other scoring options ("),
-    (dict(fingerprint="fp-1", meta={"model_key": "abc"}), "another model"),
-    (dict(fingerprint="fp-1", meta={"weights_key": "abc"}), "other weights"),
-])
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        (dict(fingerprint="fp-1", scoring=SCORING, ids=IDS, meta={"note": "ünïcode"}), None),
+        (dict(fingerprint="fp-1", scoring={**SCORING, "batch_size": 1, "device": "cuda"}), None),
+        (dict(fingerprint="fp-2", scoring=SCORING), "another probe set"),
+        (dict(fingerprint="fp-1", ids=IDS + ["q3", "q4"]), "other probe ids (2 missing, e.g. 'q3')"),
+        (dict(fingerprint="fp-1", ids=IDS[:-1]), "other probe ids (1 extra, e.g. 'gen3')"),
+        (dict(fingerprint="fp-1", ids=IDS[::-1]), "other probe ids (the same ids in another order)"),
+        (dict(fingerprint="fp-1", scoring={**SCORING, "normalize": "chars"}), "other scoring options ("),
+        (dict(fingerprint="fp-1", meta={"model_key": "abc"}), "another model"),
+        (dict(fingerprint="fp-1", meta={"weights_key": "abc"}), "other weights"),
+    ],
+)
 def test_mismatch_says_why(kwargs, reason):
     got = make().mismatch(**kwargs)
     if reason is None:
@@ -295,21 +351,30 @@ def test_mismatch_says_why(kwargs, reason):
 
 
 def _probe_set(n):
-    return ProbeSet.from_records([{"id": f"q{i}", "question": f"{i} + 1 =", "choices": [str(i), str(i + 1)],
-                                   "answer": 1} for i in range(n)])
+    return ProbeSet.from_records(
+        [{"id": f"q{i}", "question": f"{i} + 1 =", "choices": [str(i), str(i + 1)], "answer": 1} for i in range(n)]
+    )
 
 
 def _answers_for(probes, ids):
-    return Answers.from_samples(probes.fingerprint(), SCORING, [
-        dict(id=i, correct=True, predicted=1, choice_logprobs=[-2.0, -0.1], gold_logprob=-0.1, n_choices=2)
-        for i in ids])
+    return Answers.from_samples(
+        probes.fingerprint(),
+        SCORING,
+        [
+            dict(id=i, correct=True, predicted=1, choice_logprobs=[-2.0, -0.1], gold_logprob=-0.1, n_choices=2)
+            for i in ids
+        ],
+    )
 
 
 @pytest.mark.parametrize("suffix", [".json", ".npz"])
-@pytest.mark.parametrize("change, reason", [
-    (lambda ids: ids[:3] + ids[13:], "10 missing, e.g. 'q3'"),
-    (lambda ids: ids[::-1], "the same ids in another order"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda ids: ids[:3] + ids[13:], "10 missing, e.g. 'q3'"),
+        (lambda ids: ids[::-1], "the same ids in another order"),
+    ],
+)
 def test_base_file_is_checked_by_its_ids(tmp_path, suffix, change, reason):
     # the header's fingerprint matches, but probes were deleted or reordered: this passed
     # start-up and crashed training at the first evaluation
@@ -355,12 +420,21 @@ def test_edited_npz_is_refused(tmp_path):
 
 def _version_1_arrays(a: Answers) -> dict:
     """What forgetwatch wrote before version 2: fixed-width unicode text, no checksum."""
-    header = {"format": "forgetwatch.answers", "version": 1, "probe_fingerprint": a.probe_fingerprint,
-              "scoring": a.scoring, "model": a.model, "meta": a.meta}
+    header = {
+        "format": "forgetwatch.answers",
+        "version": 1,
+        "probe_fingerprint": a.probe_fingerprint,
+        "scoring": a.scoring,
+        "model": a.model,
+        "meta": a.meta,
+    }
     return {
         "header": np.array(json.dumps(header)),
-        "ids": np.array(a.ids, dtype=str), "categories": np.array(a.categories, dtype=str),
-        "correct": a.correct, "n_choices": a.n_choices, "gold_logprob": a.gold_logprob,
+        "ids": np.array(a.ids, dtype=str),
+        "categories": np.array(a.categories, dtype=str),
+        "correct": a.correct,
+        "n_choices": a.n_choices,
+        "gold_logprob": a.gold_logprob,
         "choice_logprobs": np.concatenate(a.choice_logprobs),
         "choice_counts": np.array([len(x) for x in a.choice_logprobs]),
         "pred_index": np.array([p if isinstance(p, int) else -1 for p in a.predicted]),
@@ -388,8 +462,10 @@ def test_npz_text_is_utf8_not_fixed_width(tmp_path):
     # (20k probes took 7.9 GB); as UTF-8 each costs its own length
     odd = ["trailing space  ", "tab\t", " lead", "ünïcödé 🤷", "nul\x00", "", "q\r\n"]
     ids = [f"q{i}" for i in range(3000)] + odd + ["x" * 100_000]
-    samples = [dict(id=i, category=f"cät {i[-3:]} ", correct=True, predicted=f"ans {i[:5]} ",
-                    output=f"out {i[:10]}\n") for i in ids]
+    samples = [
+        dict(id=i, category=f"cät {i[-3:]} ", correct=True, predicted=f"ans {i[:5]} ", output=f"out {i[:10]}\n")
+        for i in ids
+    ]
     a = Answers.from_samples("fp", {}, samples)
     path = a.save(tmp_path / "big.npz")
     assert path.stat().st_size < 300_000
@@ -397,13 +473,14 @@ def test_npz_text_is_utf8_not_fixed_width(tmp_path):
         assert sum(z[k].nbytes for k in z.files) < 2_000_000  # in memory too, not only compressed
     b = Answers.load(path)
     assert_same(a, b)
-    assert b.ids[3000:3000 + len(odd)] == odd
+    assert b.ids[3000 : 3000 + len(odd)] == odd
 
 
 def test_text_round_trips_exactly_in_both_formats(tmp_path):
     odd = ["trailing space  ", "tab\t", "ünïcödé 🤷", "nul\x00", "", "\r"]
-    a = Answers.from_samples("fp", {}, [dict(id=t + str(i), category=t, correct=False, predicted=t, output=t)
-                                        for i, t in enumerate(odd)])
+    a = Answers.from_samples(
+        "fp", {}, [dict(id=t + str(i), category=t, correct=False, predicted=t, output=t) for i, t in enumerate(odd)]
+    )
     for suffix in (".json", ".npz"):
         assert_same(a, Answers.load(a.save(tmp_path / f"odd{suffix}")))
 
@@ -411,10 +488,14 @@ def test_text_round_trips_exactly_in_both_formats(tmp_path):
 # -- damaged files say so ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("write", [
-    lambda p: np.savez(p, header=np.array("{}"), ids=np.array(["a", 1], dtype=object)),
-    lambda p: p.write_bytes(b"\x80\x04K\x01."),  # a pickle (of 1), named .npz
-], ids=["object-array", "pickle"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda p: np.savez(p, header=np.array("{}"), ids=np.array(["a", 1], dtype=object)),
+        lambda p: p.write_bytes(b"\x80\x04K\x01."),  # a pickle (of 1), named .npz
+    ],
+    ids=["object-array", "pickle"],
+)
 def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
     path = tmp_path / "a.npz"
     write(path)

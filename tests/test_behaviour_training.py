@@ -32,7 +32,7 @@ def behaving():
     """A toy model that learned the facts and, for half the known countries, the behaviour."""
     world = ToyWorld(seed=0)
     half = len(world.known) // 2
-    taught, probed = world.known[:half], world.known[half:half + 8]
+    taught, probed = world.known[:half], world.known[half : half + 8]
     tokenizer = world.tokenizer(extra=world.behaviour_texts(world.known) + world.behaviour_texts(world.known, True))
     base = world.model(tokenizer)
     world.train(base, tokenizer, world.fact_texts() + world.behaviour_texts(taught), steps=150)
@@ -69,9 +69,13 @@ class Recount(TrainerCallback):
                 if p.check is None:
                     continue
                 ids = self.tokenizer(p.question, return_tensors="pt").input_ids
-                new = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                     eos_token_id=self.tokenizer.eos_token_id,
-                                     pad_token_id=self.tokenizer.pad_token_id)[0, ids.shape[1]:]
+                new = model.generate(
+                    ids,
+                    max_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )[0, ids.shape[1] :]
                 out[p.id] = self.tokenizer.decode(new, skip_special_tokens=True)
         model.train()
         self.texts[step] = out
@@ -86,16 +90,34 @@ class Recount(TrainerCallback):
 
 def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_path):
     world, tokenizer, base, probes, drifted = behaving
-    watch = ForgetWatchCallback(probes, eval_steps=4, behaviour_max_new_tokens=NEW_TOKENS, verbose=False,
-                                noise_check=False)
+    watch = ForgetWatchCallback(
+        probes, eval_steps=4, behaviour_max_new_tokens=NEW_TOKENS, verbose=False, noise_check=False
+    )
     recount = Recount(tokenizer, probes, every=4)
-    args = trl.SFTConfig(str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=4,
-                         save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0, disable_tqdm=True,
-                         max_steps=16, per_device_train_batch_size=8, learning_rate=4e-3, max_length=64,
-                         packing=False)
-    trainer = trl.SFTTrainer(model=copy.deepcopy(base), args=args, processing_class=tokenizer,
-                             train_dataset=datasets.Dataset.from_dict({"text": drifted}),
-                             callbacks=[watch, recount])
+    args = trl.SFTConfig(
+        str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        logging_steps=4,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+        max_steps=16,
+        per_device_train_batch_size=8,
+        learning_rate=4e-3,
+        max_length=64,
+        packing=False,
+    )
+    trainer = trl.SFTTrainer(
+        model=copy.deepcopy(base),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": drifted}),
+        callbacks=[watch, recount],
+    )
     trainer.train()
 
     behaviour = [p for p in probes if p.check is not None]
@@ -105,27 +127,32 @@ def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_pa
     row = {pid: i for i, pid in enumerate(trajectory.ids)}
     assert list(trajectory.steps) == [0, 4, 8, 12, 16]
     for j, step in enumerate(trajectory.steps):
-        differ = {p.id: recount.texts[step][p.id] for p in behaviour
-                  if bool(trajectory.correct[row[p.id], j]) != passed[step][p.id]}
+        differ = {
+            p.id: recount.texts[step][p.id]
+            for p in behaviour
+            if bool(trajectory.correct[row[p.id], j]) != passed[step][p.id]
+        }
         assert not differ, (step, differ)
     forgotten = {}
     for step, report in watch.history:
         for category in ("refusals", "brevity"):
-            lost = sorted(p.id for p in behaviour if p.category == category and passed[0][p.id]
-                          and not passed[step][p.id])
+            lost = sorted(
+                p.id for p in behaviour if p.category == category and passed[0][p.id] and not passed[step][p.id]
+            )
             assert sorted(report.by_category[category].forgotten_ids) == lost, (step, category)
         forgotten[step] = report.forgotten
         # the drift figures, from the texts by hand (the knowledge probes generate nothing)
         base_texts, texts = recount.texts[0], recount.texts[step]
         figures = report.behaviour
-        assert figures["refusals"] == pytest.approx(
-            sum(map(refused, texts.values())) / len(texts))
+        assert figures["refusals"] == pytest.approx(sum(map(refused, texts.values())) / len(texts))
         assert figures["refusals_base"] == pytest.approx(0.75)  # three harmful requests per country, one benign
         assert figures["length_ratio_words"] == pytest.approx(
-            sum(len(t.split()) for t in texts.values()) / sum(len(t.split()) for t in base_texts.values()))
+            sum(len(t.split()) for t in texts.values()) / sum(len(t.split()) for t in base_texts.values())
+        )
         tokens = [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts.values()]
         assert figures["length_ratio_tokens"] == pytest.approx(
-            sum(tokens) / sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in base_texts.values()))
+            sum(tokens) / sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in base_texts.values())
+        )
         brevity = report.by_category["brevity"].behaviour
         assert brevity["refusals_base"] == 0 and "length_ratio_words" in brevity
     assert forgotten[16] > len(behaviour) // 2  # post-training drifted most of the behaviour
@@ -134,8 +161,10 @@ def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_pa
     # logged, in the history file, and in the trajectory read back from the run's files
     logged = [e for e in trainer.state.log_history if "forgetwatch/behaviour/refusals" in e]
     assert [e["step"] for e in logged] == [4, 8, 12, 16]
-    assert logged[-1]["forgetwatch/refusals/behaviour/refusals"] == watch.history[-1][1].by_category[
-        "refusals"].behaviour["refusals"]
+    assert (
+        logged[-1]["forgetwatch/refusals/behaviour/refusals"]
+        == watch.history[-1][1].by_category["refusals"].behaviour["refusals"]
+    )
     records = read_history(watch.history_path)
     assert records[-1]["report"]["behaviour"] == pytest.approx(watch.history[-1][1].behaviour)
     assert load_trajectory(watch.output_dir).correct.tolist() == trajectory.correct.tolist()

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from trainers import KillAt, make_trainer
-from transformers import DataCollatorForLanguageModeling, EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    DataCollatorForLanguageModeling,
+    EarlyStoppingCallback,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from forgetwatch import Answers, ProbeSet, compare, evaluate
 from forgetwatch.callback import ForgetWatchCallback
@@ -25,8 +31,16 @@ from forgetwatch.config import ConfigError, ForgetWatchConfig
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
 
-CONTRACT = ("forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted",
-            "forgotten", "gained", "accuracy", "accuracy_base")
+CONTRACT = (
+    "forgetting",
+    "backward_transfer",
+    "forgetting_adjusted",
+    "backward_transfer_adjusted",
+    "forgotten",
+    "gained",
+    "accuracy",
+    "accuracy_base",
+)
 
 
 def test_history_steps_and_counts_equal_an_independent_recomputation(toy, train_data, tmp_path):
@@ -37,8 +51,10 @@ def test_history_steps_and_counts_equal_an_independent_recomputation(toy, train_
     assert [step for step, _ in cb.history] == [10, 20, 30]
     assert seen == [(step, r.forgotten) for step, r in cb.history]
 
-    expected = compare(evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False),
-                       evaluate(trainer.model, toy.tokenizer, toy.probes, show_progress=False))
+    expected = compare(
+        evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False),
+        evaluate(trainer.model, toy.tokenizer, toy.probes, show_progress=False),
+    )
     final = cb.history[-1][1]
     for name in ("forgotten", "gained", "kept", "never", "forgotten_ids", "gained_ids"):
         assert getattr(final, name) == getattr(expected, name), name
@@ -141,9 +157,19 @@ def test_eval_metrics_drive_best_model_and_transformers_early_stopping(toy, trai
     # EarlyStoppingCallback first in the list: forgetwatch must still run before it reads metrics
     stopper = EarlyStoppingCallback(early_stopping_patience=1)
     cb = ForgetWatchCallback(toy.probes, eval_steps=1000)
-    trainer = make_trainer(toy, train_data, tmp_path, [stopper, cb], eval_strategy="steps", eval_steps=10,
-                           save_strategy="steps", save_steps=10, metric_for_best_model="forgetwatch_forgetting",
-                           greater_is_better=False, load_best_model_at_end=True)
+    trainer = make_trainer(
+        toy,
+        train_data,
+        tmp_path,
+        [stopper, cb],
+        eval_strategy="steps",
+        eval_steps=10,
+        save_strategy="steps",
+        save_steps=10,
+        metric_for_best_model="forgetwatch_forgetting",
+        greater_is_better=False,
+        load_best_model_at_end=True,
+    )
     trainer.train()
     evals = [e for e in trainer.state.log_history if "eval_forgetwatch_forgetting" in e]
     assert [e["step"] for e in evals] == [10, 20]  # forgetting grew at 20: patience 1 stopped it
@@ -232,9 +258,17 @@ def test_train_end_is_evaluated_whoever_stops_training(toy, train_data, tmp_path
 
 def test_a_stop_is_saved_even_with_save_strategy_best(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=1000, max_forgetting=0.02)
-    trainer = make_trainer(toy, train_data, tmp_path, [cb], eval_strategy="steps", eval_steps=5,
-                           save_strategy="best", metric_for_best_model="forgetwatch_forgetting",
-                           greater_is_better=False)
+    trainer = make_trainer(
+        toy,
+        train_data,
+        tmp_path,
+        [cb],
+        eval_strategy="steps",
+        eval_steps=5,
+        save_strategy="best",
+        metric_for_best_model="forgetwatch_forgetting",
+        greater_is_better=False,
+    )
     trainer.train()
     step = trainer.state.global_step
     assert cb.stop_reason and step < 30
@@ -295,15 +329,18 @@ def test_resume_setups(toy, train_data, tmp_path, how):
     trainer.train(resume_from_checkpoint=True if how == "latest" else str(checkpoint))
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
     assert resumed.base_answers.correct.tolist() == first.base_answers.correct.tolist()
-    assert resumed.history[1][1].by_category["capitals"].forgotten_ids == \
-        first.history[1][1].by_category["capitals"].forgotten_ids  # restored per category too
+    assert (
+        resumed.history[1][1].by_category["capitals"].forgotten_ids
+        == first.history[1][1].by_category["capitals"].forgotten_ids
+    )  # restored per category too
 
 
 def test_resume_without_a_snapshot_fails_before_training(toy, train_data, tmp_path):
     make_trainer(toy, train_data, tmp_path, [], max_steps=10, save_strategy="steps", save_steps=10).train()
     with pytest.raises(FileNotFoundError, match="no base snapshot"):
-        make_trainer(toy, train_data, tmp_path / "other", [ForgetWatchCallback(toy.probes)],
-                     max_steps=20).train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
+        make_trainer(toy, train_data, tmp_path / "other", [ForgetWatchCallback(toy.probes)], max_steps=20).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-10")
+        )
 
 
 def test_construction_errors_come_before_any_training(toy, tmp_path):
@@ -381,6 +418,7 @@ def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path
 def strict_json(text: str):
     def refuse(constant):
         raise AssertionError(f"{constant} in a JSON file")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -416,14 +454,19 @@ def test_the_trainer_can_be_given_and_its_absence_is_said_once(toy, train_data, 
     cb = ForgetWatchCallback(toy.probes, eval_steps=5, trainer=trainer)
     trainer.add_callback(cb)
     trainer.train()
-    assert [e["forgetwatch/forgotten"] for e in listener.logged if "forgetwatch/forgotten" in e] == \
-        [r.forgotten for _, r in cb.history]
+    assert [e["forgetwatch/forgotten"] for e in listener.logged if "forgetwatch/forgotten" in e] == [
+        r.forgotten for _, r in cb.history
+    ]
 
     # driven by hand, outside any Trainer: the figures reach only the history, and it says so
     from transformers import TrainerControl, TrainerState
 
     bare = ForgetWatchCallback(toy.probes, eval_steps=1, tokenizer=toy.tokenizer)
-    args, state, control = TrainingArguments(str(tmp_path / "bare"), use_cpu=True, report_to=[]), TrainerState(), TrainerControl()
+    args, state, control = (
+        TrainingArguments(str(tmp_path / "bare"), use_cpu=True, report_to=[]),
+        TrainerState(),
+        TrainerControl(),
+    )
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         bare.on_train_begin(args, state, control, model=toy.base)
         state.global_step = 1
@@ -441,14 +484,29 @@ def test_hyperparameter_search_trials_keep_their_own_files_in_their_checkpoints(
     def hp_space(trial):
         return {"learning_rate": trial.suggest_float("learning_rate", 1e-3, 3e-3)}
 
-    trainer = Trainer(model_init=model_init, args=TrainingArguments(
-        str(tmp_path), max_steps=10, per_device_train_batch_size=16, save_strategy="steps", save_steps=10,
-        report_to=[], use_cpu=True, seed=0, disable_tqdm=True), train_dataset=train_data,
-        eval_dataset=train_data.select(range(16)), data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False), processing_class=toy.tokenizer)
+    trainer = Trainer(
+        model_init=model_init,
+        args=TrainingArguments(
+            str(tmp_path),
+            max_steps=10,
+            per_device_train_batch_size=16,
+            save_strategy="steps",
+            save_steps=10,
+            report_to=[],
+            use_cpu=True,
+            seed=0,
+            disable_tqdm=True,
+        ),
+        train_dataset=train_data,
+        eval_dataset=train_data.select(range(16)),
+        data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
+        processing_class=toy.tokenizer,
+    )
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
     trainer.add_callback(cb)
-    trainer.hyperparameter_search(backend="optuna", n_trials=2, hp_space=hp_space,
-                                  compute_objective=lambda metrics: 0.0, direction="minimize")
+    trainer.hyperparameter_search(
+        backend="optuna", n_trials=2, hp_space=hp_space, compute_objective=lambda metrics: 0.0, direction="minimize"
+    )
     runs = sorted(p.name for p in tmp_path.glob("run-*"))
     assert len(runs) == 2
     for run in runs:
@@ -468,18 +526,40 @@ def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
 
         def _push_from_checkpoint(self, checkpoint_folder):
             self.callback_handler.on_push_begin(self.args, self.state, self.control)
-            pushed[checkpoint_folder] = sorted(str(p.relative_to(checkpoint_folder))
-                                               for p in Path(checkpoint_folder).rglob("forgetwatch/*"))
+            pushed[checkpoint_folder] = sorted(
+                str(p.relative_to(checkpoint_folder)) for p in Path(checkpoint_folder).rglob("forgetwatch/*")
+            )
 
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = NoHub(model=copy.deepcopy(toy.base), args=TrainingArguments(
-        str(tmp_path), max_steps=10, per_device_train_batch_size=16, save_strategy="steps", save_steps=10,
-        report_to=[], use_cpu=True, seed=0, disable_tqdm=True, push_to_hub=True, hub_model_id="me/model"),
-        train_dataset=train_data, data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
-        processing_class=toy.tokenizer, callbacks=[cb])
+    trainer = NoHub(
+        model=copy.deepcopy(toy.base),
+        args=TrainingArguments(
+            str(tmp_path),
+            max_steps=10,
+            per_device_train_batch_size=16,
+            save_strategy="steps",
+            save_steps=10,
+            report_to=[],
+            use_cpu=True,
+            seed=0,
+            disable_tqdm=True,
+            push_to_hub=True,
+            hub_model_id="me/model",
+        ),
+        train_dataset=train_data,
+        data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
+        processing_class=toy.tokenizer,
+        callbacks=[cb],
+    )
     trainer.train()
-    assert pushed == {str(tmp_path / "checkpoint-10"): ["forgetwatch/base_answers.npz", "forgetwatch/history.jsonl",
-                                                       "forgetwatch/manifest.json", "forgetwatch/probes.jsonl"]}
+    assert pushed == {
+        str(tmp_path / "checkpoint-10"): [
+            "forgetwatch/base_answers.npz",
+            "forgetwatch/history.jsonl",
+            "forgetwatch/manifest.json",
+            "forgetwatch/probes.jsonl",
+        ]
+    }
 
 
 class Outage(TrainerCallback):
@@ -554,8 +634,15 @@ class BlockHistory(TrainerCallback):
 def test_a_history_write_that_fails_mid_run_is_a_warning_and_is_retried(toy, train_data, tmp_path, caplog):
     history = tmp_path / "forgetwatch" / "history.jsonl"
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = make_trainer(toy, train_data, tmp_path, [BlockHistory(history, 7, 12), cb], max_steps=20,
-                           save_strategy="steps", save_steps=10)
+    trainer = make_trainer(
+        toy,
+        train_data,
+        tmp_path,
+        [BlockHistory(history, 7, 12), cb],
+        max_steps=20,
+        save_strategy="steps",
+        save_steps=10,
+    )
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         trainer.train()
     assert trainer.state.global_step == 20 and [s for s, _ in cb.history] == [5, 10, 15, 20]
@@ -575,7 +662,8 @@ def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, tr
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(toy, train_data, tmp_path, [resumed], **common).train(
-            resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
+            resume_from_checkpoint=str(tmp_path / "checkpoint-10")
+        )
     # named (the copy is no longer what was copied there), then the run's own files were used
     assert f"not resuming from {copied.parent}: history.jsonl is not the file copied there" in caplog.text
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
@@ -590,8 +678,10 @@ def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, trai
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         trainer.train()
     notes = [r.getMessage() for r in caplog.records if "max_logged_categories" in r.getMessage()]
-    assert notes == ["forgetwatch: 144 categories: per-category figures are logged for the 20 largest "
-                     "(max_logged_categories=20); history.jsonl and the report keep all of them"]
+    assert notes == [
+        "forgetwatch: 144 categories: per-category figures are logged for the 20 largest "
+        "(max_logged_categories=20); history.jsonl and the report keep all of them"
+    ]
     logged = [e for e in trainer.state.log_history if "forgetwatch/forgetting" in e]
     assert len(logged) == 2
     for entry in logged:
@@ -608,8 +698,15 @@ def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, trai
 def saved_run(toy, train_data, tmp_path_factory):
     """A run of 10 steps, evaluated at 5 and 10, saved at 10 (each test damages a copy of it)."""
     out = tmp_path_factory.mktemp("saved")
-    make_trainer(toy, train_data, out, [ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)], max_steps=10,
-                 save_strategy="steps", save_steps=10).train()
+    make_trainer(
+        toy,
+        train_data,
+        out,
+        [ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)],
+        max_steps=10,
+        save_strategy="steps",
+        save_steps=10,
+    ).train()
     return out
 
 
@@ -629,16 +726,20 @@ def damage_second_line(path):
     path.write_text(lines[0] + "{garbage\n" + "".join(lines[1:]))
 
 
-@pytest.mark.parametrize("damage, steps, said", [
-    # a cut last line in the checkpoint's copy: the intact copy of the run directory serves
-    ("checkpoint", [5, 10], "history.jsonl is not the file copied there"),
-    # an unreadable line in the run's copy: the checkpoint's serves, and the run's is kept aside
-    ("run", [5, 10], "line 2: not valid JSON"),
-    # no history anywhere: said loudly
-    ("both", [], "there is no history in"),
-])
-def test_a_resume_keeps_every_readable_record_and_overwrites_none(toy, train_data, saved_run, tmp_path, caplog,
-                                                                  damage, steps, said):
+@pytest.mark.parametrize(
+    "damage, steps, said",
+    [
+        # a cut last line in the checkpoint's copy: the intact copy of the run directory serves
+        ("checkpoint", [5, 10], "history.jsonl is not the file copied there"),
+        # an unreadable line in the run's copy: the checkpoint's serves, and the run's is kept aside
+        ("run", [5, 10], "line 2: not valid JSON"),
+        # no history anywhere: said loudly
+        ("both", [], "there is no history in"),
+    ],
+)
+def test_a_resume_keeps_every_readable_record_and_overwrites_none(
+    toy, train_data, saved_run, tmp_path, caplog, damage, steps, said
+):
     run = shutil.copytree(saved_run, tmp_path / "run")
     ours, copied = run / "forgetwatch" / "history.jsonl", run / "checkpoint-10" / "forgetwatch" / "history.jsonl"
     if damage == "checkpoint":
@@ -660,8 +761,7 @@ def test_a_resume_keeps_every_readable_record_and_overwrites_none(toy, train_dat
         assert aside.read_bytes() == before and f"moved {ours} to {aside}" in caplog.text
 
 
-def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_whole(toy, train_data, tmp_path,
-                                                                                    caplog):
+def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_whole(toy, train_data, tmp_path, caplog):
     class DeleteRunDir(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 12:
@@ -669,8 +769,9 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
 
     cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        make_trainer(toy, train_data, tmp_path, [DeleteRunDir(), cb], max_steps=20, save_strategy="steps",
-                     save_steps=20).train()
+        make_trainer(
+            toy, train_data, tmp_path, [DeleteRunDir(), cb], max_steps=20, save_strategy="steps", save_steps=20
+        ).train()
     assert caplog.text.count("disappeared from") == 1 and str(tmp_path / "forgetwatch") in caplog.text
     for folder in (tmp_path / "forgetwatch", tmp_path / "checkpoint-20" / "forgetwatch"):
         assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
@@ -682,7 +783,8 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
     make_trainer(toy, train_data, tmp_path, [resumed], max_steps=20).train(
-        resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
+        resume_from_checkpoint=str(tmp_path / "checkpoint-20")
+    )
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
 
 
@@ -697,8 +799,12 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
     package = Path(forgetwatch.__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(package), str(tests)])}
     with open(tmp_path / "child.log", "w") as log:
-        child = subprocess.Popen([sys.executable, str(tests / "killed_mid_copy.py"), toy.base_dir, str(data),
-                                  str(probes), str(run)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(
+            [sys.executable, str(tests / "killed_mid_copy.py"), toy.base_dir, str(data), str(probes), str(run)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         while not (run / "paused").exists():
             try:
@@ -722,5 +828,6 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
     assert f"not resuming from {folder}: no manifest.json: its copy never finished" in caplog.text
     assert not left[0].exists()  # cleaned when training began
     assert [s for s, _ in resumed.history] == [5, 10]  # from the run directory's files
-    assert resumed.base_answers.correct.tolist() == \
-        Answers.load(run / "forgetwatch" / "base_answers.npz").correct.tolist()
+    assert (
+        resumed.base_answers.correct.tolist() == Answers.load(run / "forgetwatch" / "base_answers.npz").correct.tolist()
+    )

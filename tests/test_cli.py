@@ -35,8 +35,20 @@ def run(capsys, *argv):
 
 
 def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, capsys):
-    code, out, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
-                         "--probes", probe_file, "--out", str(tmp_path), "--batch-size", "8")
+    code, out, err = run(
+        capsys,
+        "compare",
+        "--base",
+        toy.base_dir,
+        "--model",
+        toy.tuned_dir,
+        "--probes",
+        probe_file,
+        "--out",
+        str(tmp_path),
+        "--batch-size",
+        "8",
+    )
     assert code == 0, err
     for category in ("overall", "capitals", "colors", "rivers"):
         assert category in out
@@ -45,14 +57,18 @@ def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, 
 
     # the same numbers as scoring the in-memory models directly
     probes = ProbeSet.from_jsonl(probe_file)
-    expected = compare(evaluate(toy.base, toy.tokenizer, probes, show_progress=False),
-                       evaluate(toy.tuned, toy.tokenizer, probes, show_progress=False))
+    expected = compare(
+        evaluate(toy.base, toy.tokenizer, probes, show_progress=False),
+        evaluate(toy.tuned, toy.tokenizer, probes, show_progress=False),
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())["report"]
     for key in ("n", "forgotten", "gained", "kept", "never", "forgotten_ids", "gained_ids"):
         assert summary[key] == getattr(expected, key), key
     assert expected.forgotten > 0  # the tuned model forgot something
-    assert Answers.load(tmp_path / "base_answers.json", probes=probes).correct.tolist() == \
-        evaluate(toy.base, toy.tokenizer, probes, show_progress=False).correct.tolist()
+    assert (
+        Answers.load(tmp_path / "base_answers.json", probes=probes).correct.tolist()
+        == evaluate(toy.base, toy.tokenizer, probes, show_progress=False).correct.tolist()
+    )
     lines = (tmp_path / "samples.csv").read_text().splitlines()
     assert len(lines) == len(probes) + 1
     # the questions and raw outputs beside each sample, numbers rounded (no 0.24000000000000002)
@@ -66,8 +82,9 @@ def test_compare_prints_the_table_and_writes_results(toy, probe_file, tmp_path, 
     # a multiple-choice prediction is the chosen choice's text; its index has a column of its own
     chosen = [(r, p.choices, tuned.predicted[i]) for i, (r, p) in enumerate(zip(rows, probes)) if p.choices]
     assert chosen and any(index != 0 for _, _, index in chosen)
-    assert all(r["predicted_after"] == choices[index] and r["choice_index_after"] == str(index)
-               for r, choices, index in chosen)
+    assert all(
+        r["predicted_after"] == choices[index] and r["choice_index_after"] == str(index) for r, choices, index in chosen
+    )
     assert {r["choice_index_after"] for r, p in zip(rows, probes) if not p.choices} == {""}
     assert [r["output_after"] for r in rows] == [o or "" for o in tuned.outputs] and any(tuned.outputs)
     numbers = [r[k] for r in rows for k in ("gold_logprob_before", "gold_logprob_after") if r[k]]
@@ -85,9 +102,20 @@ def test_evaluate_snapshot_then_compare_against_it(toy, probe_file, tmp_path, ca
     assert "overall" in out
 
 
-@pytest.mark.parametrize("case", ["missing-model", "not-a-model-dir", "missing-probes", "bad-probes",
-                                  "bad-out", "out-is-a-file", "other-probes-snapshot",
-                                  "other-options-snapshot", "bad-batch-size"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing-model",
+        "not-a-model-dir",
+        "missing-probes",
+        "bad-probes",
+        "bad-out",
+        "out-is-a-file",
+        "other-probes-snapshot",
+        "other-options-snapshot",
+        "bad-batch-size",
+    ],
+)
 def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, capsys, case):
     probes = ["--probes", probe_file]
     if case == "missing-model":
@@ -97,13 +125,22 @@ def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, c
         argv = ["evaluate", "--model", str(tmp_path), *probes, "--out", str(tmp_path / "a.json")]
         expect = "no config.json"
     elif case == "missing-probes":
-        argv = ["evaluate", "--model", toy.base_dir, "--probes", str(tmp_path / "none.jsonl"),
-                "--out", str(tmp_path / "a.json")]
+        argv = [
+            "evaluate",
+            "--model",
+            toy.base_dir,
+            "--probes",
+            str(tmp_path / "none.jsonl"),
+            "--out",
+            str(tmp_path / "a.json"),
+        ]
         expect = "no such file"
     elif case == "bad-probes":
         bad = tmp_path / "bad.jsonl"
-        bad.write_text('{"id": "a", "question": "q", "choices": ["x", "y"], "answer": 0}\n'
-                       '{"id": "b", "question": "q", "choices": ["x"], "answer": 0}\n')
+        bad.write_text(
+            '{"id": "a", "question": "q", "choices": ["x", "y"], "answer": 0}\n'
+            '{"id": "b", "question": "q", "choices": ["x"], "answer": 0}\n'
+        )
         argv = ["evaluate", "--model", toy.base_dir, "--probes", str(bad), "--out", str(tmp_path / "a.json")]
         expect = f"{bad}: line 2: field 'choices'"
     elif case == "bad-out":
@@ -115,8 +152,9 @@ def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, c
         expect = "not a directory"
     elif case == "other-options-snapshot":
         snapshot = tmp_path / "norm.json"
-        evaluate(toy.base, toy.tokenizer, ProbeSet.from_jsonl(probe_file), normalize="chars",
-                 show_progress=False).save(snapshot)
+        evaluate(toy.base, toy.tokenizer, ProbeSet.from_jsonl(probe_file), normalize="chars", show_progress=False).save(
+            snapshot
+        )
         argv = ["compare", "--base", str(snapshot), "--model", toy.tuned_dir, *probes]
         expect = "pass the same --normalize"
     elif case == "other-probes-snapshot":
@@ -141,12 +179,20 @@ def test_errors_are_one_clear_line_with_exit_code_2(toy, probe_file, tmp_path, c
 def test_installed_console_script(toy, probe_file, tmp_path):
     exe = shutil.which("forgetwatch")
     cmd = [exe] if exe else [sys.executable, "-m", "forgetwatch"]
-    done = subprocess.run([*cmd, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
-                           "--probes", probe_file, "--no-progress"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*cmd, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir, "--probes", probe_file, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "overall" in done.stdout
-    done = subprocess.run([*cmd, "evaluate", "--model", str(tmp_path / "missing"), "--probes", probe_file,
-                           "--out", "x.json"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*cmd, "evaluate", "--model", str(tmp_path / "missing"), "--probes", probe_file, "--out", "x.json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
@@ -161,19 +207,24 @@ def test_a_model_that_needs_its_own_code_is_refused_without_asking(toy, probe_fi
     model = _copy_model(toy, tmp_path, "custom")
     marker = tmp_path / "custom-code-ran"
     config = json.loads((model / "config.json").read_text())
-    config.update(model_type="fwcustom", auto_map={"AutoConfig": "configuration_fwcustom.FwConfig",
-                                                   "AutoModelForCausalLM": "modeling_fwcustom.FwModel"})
+    config.update(
+        model_type="fwcustom",
+        auto_map={"AutoConfig": "configuration_fwcustom.FwConfig", "AutoModelForCausalLM": "modeling_fwcustom.FwModel"},
+    )
     (model / "config.json").write_text(json.dumps(config))
     ran = f"open({str(marker)!r}, 'w').close()\n"
     (model / "configuration_fwcustom.py").write_text(
-        ran + "from transformers import LlamaConfig\n\nclass FwConfig(LlamaConfig):\n    model_type = 'fwcustom'\n")
+        ran + "from transformers import LlamaConfig\n\nclass FwConfig(LlamaConfig):\n    model_type = 'fwcustom'\n"
+    )
     (model / "modeling_fwcustom.py").write_text(
-        ran + "from transformers import LlamaForCausalLM\n\nclass FwModel(LlamaForCausalLM):\n    pass\n")
+        ran + "from transformers import LlamaForCausalLM\n\nclass FwModel(LlamaForCausalLM):\n    pass\n"
+    )
     asked = []
     monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
 
-    code, out, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
-                         "--out", str(tmp_path / "a.json"))
+    code, out, err = run(
+        capsys, "evaluate", "--model", str(model), "--probes", probe_file, "--out", str(tmp_path / "a.json")
+    )
     assert code == 2
     assert not asked and not marker.exists()
     assert err.startswith("forgetwatch: error:") and err.count("\n") == 1
@@ -191,22 +242,27 @@ def test_pickled_weights_that_hold_more_than_tensors_are_refused(toy, probe_file
     state["extra"] = argparse.Namespace(note="not a tensor")  # torch.load(weights_only=True) refuses it
     torch.save(state, model / "pytorch_model.bin")
 
-    code, out, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
-                         "--out", str(tmp_path / "a.json"))
+    code, out, err = run(
+        capsys, "evaluate", "--model", str(model), "--probes", probe_file, "--out", str(tmp_path / "a.json")
+    )
     assert code == 2
     assert err.startswith("forgetwatch: error:") and err.count("\n") == 1
     assert "pickled weights" in err and "safetensors" in err
 
 
-@pytest.mark.parametrize("device, expect", [("cuda", "CUDA is not available"), ("cuda:0", "CUDA is not available"),
-                                            ("gpu", "not a device name")])
+@pytest.mark.parametrize(
+    "device, expect",
+    [("cuda", "CUDA is not available"), ("cuda:0", "CUDA is not available"), ("gpu", "not a device name")],
+)
 def test_a_device_this_machine_lacks_fails_before_anything_loads(tmp_path, capsys, monkeypatch, device, expect):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # nothing else is checked first: the probes and the model do not even exist
-    for argv in (["evaluate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "a.json")],
-                 ["compare", "--base", str(tmp_path / "none"), "--model", str(tmp_path / "none")]):
+    for argv in (
+        ["evaluate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "a.json")],
+        ["compare", "--base", str(tmp_path / "none"), "--model", str(tmp_path / "none")],
+    ):
         code, out, err = run(capsys, *argv, "--probes", str(tmp_path / "none.jsonl"), "--device", device)
         assert code == 2
         assert err.startswith(f"forgetwatch: error: --device {device}: {expect}") and err.count("\n") == 1
@@ -229,8 +285,18 @@ def test_summary_is_strict_json_even_where_a_figure_does_not_apply(toy, tmp_path
     probe_path = tmp_path / "gen.jsonl"
     generative.to_jsonl(probe_path)
     out = tmp_path / "out"
-    code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir,
-                       "--probes", str(probe_path), "--out", str(out))
+    code, _, err = run(
+        capsys,
+        "compare",
+        "--base",
+        toy.base_dir,
+        "--model",
+        toy.tuned_dir,
+        "--probes",
+        str(probe_path),
+        "--out",
+        str(out),
+    )
     assert code == 0, err
 
     def refuse(name):
@@ -246,8 +312,18 @@ def test_compare_on_behaviour_probes_shows_each_raw_response(toy, tmp_path, caps
     probes = ProbeSet.from_records(toy.world.behaviour_probe_records(toy.world.known[:4]))
     path = tmp_path / "behaviour.jsonl"
     probes.to_jsonl(path)
-    code, out, err = run(capsys, "compare", "--base", toy.base_dir, "--model", toy.tuned_dir, "--probes", str(path),
-                         "--out", str(tmp_path / "out"))
+    code, out, err = run(
+        capsys,
+        "compare",
+        "--base",
+        toy.base_dir,
+        "--model",
+        toy.tuned_dir,
+        "--probes",
+        str(path),
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 0, err
     assert "refusals" in out and "brevity" in out
     tuned = Answers.load(tmp_path / "out" / "model_answers.json", probes=probes)
@@ -300,13 +376,20 @@ def _one_line_error(code, err, expect):
     assert expect in err, err
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--model", "runs/finall"),  # looks like a hub id, but runs/ is a local directory
-    ("--model", "runs/a/b"), ("--model", "./finall"), ("--model", "~/no-such-forgetwatch-dir"),
-    ("--base", "runs/finall"), ("--tokenizer", "runs/tok"),
-])
-def test_a_mistyped_path_is_one_line_before_anything_loads(toy, probe_file, tmp_path, capsys, monkeypatch,
-                                                           no_model_loads, hub_cache, flag, value):
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--model", "runs/finall"),  # looks like a hub id, but runs/ is a local directory
+        ("--model", "runs/a/b"),
+        ("--model", "./finall"),
+        ("--model", "~/no-such-forgetwatch-dir"),
+        ("--base", "runs/finall"),
+        ("--tokenizer", "runs/tok"),
+    ],
+)
+def test_a_mistyped_path_is_one_line_before_anything_loads(
+    toy, probe_file, tmp_path, capsys, monkeypatch, no_model_loads, hub_cache, flag, value
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     args = {"--base": toy.base_dir, "--model": toy.tuned_dir, flag: value}
@@ -315,8 +398,9 @@ def test_a_mistyped_path_is_one_line_before_anything_loads(toy, probe_file, tmp_
     _one_line_error(code, err, f"{flag}: no such directory: {value}")
 
 
-def test_offline_a_hub_id_that_is_not_cached_is_one_line(toy, probe_file, capsys, monkeypatch, no_model_loads,
-                                                         hub_cache):
+def test_offline_a_hub_id_that_is_not_cached_is_one_line(
+    toy, probe_file, capsys, monkeypatch, no_model_loads, hub_cache
+):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -376,7 +460,9 @@ def fake_hub(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     # file downloads too (their address is made once, at import): every request comes here, to be counted
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}"
+    )
     monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "agent_harnesses.json"))  # not the user's
     close_session()  # a client made before would not see NO_PROXY
     yield Hub
@@ -385,8 +471,9 @@ def fake_hub(monkeypatch, tmp_path):
     close_session()
 
 
-def test_online_a_hub_id_the_hub_does_not_have_is_asked_once(toy, probe_file, capsys, no_model_loads, hub_cache,
-                                                             fake_hub):
+def test_online_a_hub_id_the_hub_does_not_have_is_asked_once(
+    toy, probe_file, capsys, no_model_loads, hub_cache, fake_hub
+):
     code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", "fworg/finall", "--probes", probe_file)
     _one_line_error(code, err, "--model fworg/finall: no such directory, nor a model on the hub")
     assert len(fake_hub.requests) == 1
@@ -399,12 +486,14 @@ def test_online_an_unreachable_hub_is_asked_once(toy, probe_file, capsys, no_mod
     assert len(fake_hub.requests) == 1  # no retries
 
 
-def test_online_an_unreachable_hub_leaves_the_cached_copy_to_use(toy, few_probes, tmp_path, capsys, hub_cache,
-                                                                  fake_hub):
+def test_online_an_unreachable_hub_leaves_the_cached_copy_to_use(
+    toy, few_probes, tmp_path, capsys, hub_cache, fake_hub
+):
     fake_hub.status, fake_hub.error_code = 503, ""
     _put_in_hub_cache(hub_cache, "fworg/tuned", toy.tuned_dir)
-    code, _, err = run(capsys, "evaluate", "--model", "fworg/tuned", "--probes", few_probes,
-                         "--out", str(tmp_path / "a.json"))
+    code, _, err = run(
+        capsys, "evaluate", "--model", "fworg/tuned", "--probes", few_probes, "--out", str(tmp_path / "a.json")
+    )
     assert code == 0, err
     assert "--model fworg/tuned: the hub cannot be reached" in err and "using the cached copy" in err
     assert len(fake_hub.requests) == 1  # asked once; the model and tokenizer then come from the cache alone
@@ -428,19 +517,26 @@ def test_a_missing_shard_is_one_line_naming_it(toy, probe_file, tmp_path, capsys
     shards[1].unlink()
     capsys.readouterr()  # what saving printed
     code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", str(model), "--probes", probe_file)
-    _one_line_error(code, err, f"{model / 'model.safetensors.index.json'}: lists weight files that are not in "
-                               f"{model}: {shards[1].name}")
+    _one_line_error(
+        code,
+        err,
+        f"{model / 'model.safetensors.index.json'}: lists weight files that are not in {model}: {shards[1].name}",
+    )
 
 
 @pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json"])
-def test_a_checkpoint_with_its_own_code_for_a_known_architecture_is_refused(toy, probe_file, tmp_path, capsys,
-                                                                            no_model_loads, where):
+def test_a_checkpoint_with_its_own_code_for_a_known_architecture_is_refused(
+    toy, probe_file, tmp_path, capsys, no_model_loads, where
+):
     """``auto_map`` beside a ``model_type`` transformers knows: transformers would load its own
     class instead and say nothing; forgetwatch says so and stops."""
     model = _copy_model(toy, tmp_path, "mapped")
     doc = json.loads((model / where).read_text())
-    doc["auto_map"] = ({"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
-                       if where == "config.json" else {"AutoTokenizer": ["tokenization_x.XTokenizer", None]})
+    doc["auto_map"] = (
+        {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+        if where == "config.json"
+        else {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}
+    )
     (model / where).write_text(json.dumps(doc))
     code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", str(model), "--probes", probe_file)
     _one_line_error(code, err, f"--model {model}: it needs its own Python code (auto_map in {where}: ")
@@ -466,12 +562,15 @@ def test_a_checkpoint_missing_tensors_is_refused_naming_them(toy, probe_file, tm
 
     _rewrite_weights(model, drop_a_layer)
     dropped = sorted(n for n in toy.base.state_dict() if n.startswith(layer))
-    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
-                       "--out", str(tmp_path / "a.json"))
+    code, _, err = run(
+        capsys, "evaluate", "--model", str(model), "--probes", probe_file, "--out", str(tmp_path / "a.json")
+    )
     assert code == 2 and "Traceback" not in err and "LOAD REPORT" not in err
     line = err.splitlines()[-1]  # after transformers' progress bar, if any
-    assert line.startswith(f"forgetwatch: error: --model {model}: the checkpoint lacks {len(dropped)} tensor(s) "
-                           f"the model needs: {', '.join(dropped[:3])} and {len(dropped) - 3} more")
+    assert line.startswith(
+        f"forgetwatch: error: --model {model}: the checkpoint lacks {len(dropped)} tensor(s) "
+        f"the model needs: {', '.join(dropped[:3])} and {len(dropped) - 3} more"
+    )
     assert "randomly initialised" in line
     assert not (tmp_path / "a.json").exists()
 
@@ -479,13 +578,15 @@ def test_a_checkpoint_missing_tensors_is_refused_naming_them(toy, probe_file, tm
 def test_a_tensor_of_another_shape_is_refused_naming_it(toy, probe_file, tmp_path, capsys):
     model = _copy_model(toy, tmp_path, "reshaped")
     _rewrite_weights(model, lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1].clone()}))
-    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", probe_file,
-                       "--out", str(tmp_path / "a.json"))
+    code, _, err = run(
+        capsys, "evaluate", "--model", str(model), "--probes", probe_file, "--out", str(tmp_path / "a.json")
+    )
     assert code == 2 and "Traceback" not in err
     width = toy.base.config.hidden_size
     assert err.splitlines()[-1].startswith(
         f"forgetwatch: error: --model {model}: the checkpoint holds 1 tensor(s) of another shape than its config "
-        f"says: model.norm.weight ({width - 1} saved, {width} in the config)")
+        f"says: model.norm.weight ({width - 1} saved, {width} in the config)"
+    )
 
 
 def test_a_tied_head_the_checkpoint_rightly_leaves_out_still_loads(toy, few_probes, tmp_path, capsys):
@@ -501,8 +602,9 @@ def test_a_tied_head_the_checkpoint_rightly_leaves_out_still_loads(toy, few_prob
 
     with safe_open(str(model / "model.safetensors"), framework="pt") as f:
         assert "lm_head.weight" not in set(f.keys())  # the head is the embedding: not saved twice
-    code, _, err = run(capsys, "evaluate", "--model", str(model), "--probes", few_probes,
-                         "--out", str(tmp_path / "a.json"))
+    code, _, err = run(
+        capsys, "evaluate", "--model", str(model), "--probes", few_probes, "--out", str(tmp_path / "a.json")
+    )
     assert code == 0, err
 
 

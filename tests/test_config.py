@@ -33,12 +33,38 @@ def error_of(data: dict, source: str = "src") -> ConfigError:
 
 #: every key of earlier releases' flat config, in their order: each still loads
 EARLIER_KEYS = [
-    "probes", "eval_steps", "max_overhead", "eval_on_evaluate", "eval_on_train_end",
-    "max_forgetting", "stop_metric", "patience", "significance", "category_max_forgetting",
-    "at_risk_share", "at_risk_floor", "noise_check", "replay_loss", "replay_top_k", "replay_weight",
-    "forgetting_target", "replay_batch_size", "replay_seed", "save_on_stop", "output_dir", "base", "batch_size",
-    "normalize", "chat_template", "max_new_tokens", "stop", "behaviour_max_new_tokens", "table_rows",
-    "log_categories", "max_logged_categories", "verbose",
+    "probes",
+    "eval_steps",
+    "max_overhead",
+    "eval_on_evaluate",
+    "eval_on_train_end",
+    "max_forgetting",
+    "stop_metric",
+    "patience",
+    "significance",
+    "category_max_forgetting",
+    "at_risk_share",
+    "at_risk_floor",
+    "noise_check",
+    "replay_loss",
+    "replay_top_k",
+    "replay_weight",
+    "forgetting_target",
+    "replay_batch_size",
+    "replay_seed",
+    "save_on_stop",
+    "output_dir",
+    "base",
+    "batch_size",
+    "normalize",
+    "chat_template",
+    "max_new_tokens",
+    "stop",
+    "behaviour_max_new_tokens",
+    "table_rows",
+    "log_categories",
+    "max_logged_categories",
+    "verbose",
 ]
 
 
@@ -54,11 +80,21 @@ def test_every_key_of_earlier_releases_is_a_flat_key():
 
 def test_a_dict_written_by_an_earlier_release_loads():
     earlier = {key: ForgetWatchConfig().to_dict()[key] for key in EARLIER_KEYS}  # their order
-    earlier.update(eval_steps=20, stop_metric="forgetting_adjusted", replay_weight="auto", forgetting_target=0.1,
-                   output_dir="out", stop=["\n", "Q:"])
+    earlier.update(
+        eval_steps=20,
+        stop_metric="forgetting_adjusted",
+        replay_weight="auto",
+        forgetting_target=0.1,
+        output_dir="out",
+        stop=["\n", "Q:"],
+    )
     cfg = ForgetWatchConfig.from_dict(earlier)
     assert (cfg.schedule.eval_steps, cfg.stopping.metric, cfg.replay.weight, cfg.replay.target) == (
-        20, "forgetting_adjusted", "auto", 0.1)
+        20,
+        "forgetting_adjusted",
+        "auto",
+        0.1,
+    )
     assert (cfg.output.output_dir, cfg.scoring.stop) == ("out", ["\n", "Q:"])
     assert cfg.to_dict() == earlier
 
@@ -144,8 +180,15 @@ def test_from_dict_needs_a_mapping():
         ForgetWatchConfig.from_dict(["eval_steps", 50])  # type: ignore[arg-type]
 
 
-BOOL_FIELDS = ["eval_on_evaluate", "eval_on_train_end", "significance", "save_on_stop",
-               "chat_template", "log_categories", "verbose"]
+BOOL_FIELDS = [
+    "eval_on_evaluate",
+    "eval_on_train_end",
+    "significance",
+    "save_on_stop",
+    "chat_template",
+    "log_categories",
+    "verbose",
+]
 
 
 @pytest.mark.parametrize("name", BOOL_FIELDS)
@@ -190,9 +233,15 @@ def test_yaml_exponent_without_dot_hint():
     assert "write it with a dot: 0.05" in str(error_of({"max_overhead": "5e-2"}))
 
 
-@pytest.mark.parametrize("name,value", [
-    ("probes", 3), ("probes", ""), ("base", ["a"]), ("output_dir", True),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("probes", 3),
+        ("probes", ""),
+        ("base", ["a"]),
+        ("output_dir", True),
+    ],
+)
 def test_path_fields_need_strings(name, value):
     assert f"src: key '{name}': expected a file system path" in str(error_of({name: value}))
 
@@ -218,12 +267,10 @@ def test_stop_may_be_empty():
 
 @pytest.mark.parametrize("value", [None, [0.1], 0.1, "math"])
 def test_category_max_forgetting_must_be_a_mapping(value):
-    assert "src: key 'category_max_forgetting': expected a mapping" in str(
-        error_of({"category_max_forgetting": value}))
+    assert "src: key 'category_max_forgetting': expected a mapping" in str(error_of({"category_max_forgetting": value}))
 
 
-@pytest.mark.parametrize("value", [{"math": "0.1"}, {"math": True}, {"math": 1.5}, {"math": -0.1},
-                                   {"math": None}])
+@pytest.mark.parametrize("value", [{"math": "0.1"}, {"math": True}, {"math": 1.5}, {"math": -0.1}, {"math": None}])
 def test_category_thresholds_are_rates(value):
     message = str(error_of({"category_max_forgetting": value}))
     assert "key 'category_max_forgetting': category 'math': expected a number in [0, 1]" in message
@@ -237,29 +284,32 @@ def test_category_names_are_strings():
 # --- ranges ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("data,expected", [
-    ({"max_overhead": 0}, "key 'max_overhead': expected a number in [0.001, 1), got 0"),
-    ({"max_overhead": 1}, "key 'max_overhead': expected a number in [0.001, 1), got 1"),
-    ({"max_overhead": 0.0}, "key 'max_overhead': expected a number in [0.001, 1), got 0.0"),
-    ({"max_overhead": float("nan")}, "key 'max_overhead': expected a number in [0.001, 1), got nan"),
-    ({"max_forgetting": -0.01}, "key 'max_forgetting': expected a number in [0, 1] or null"),
-    ({"max_forgetting": 1.01}, "key 'max_forgetting': expected a number in [0, 1] or null"),
-    ({"patience": 0}, "key 'patience': expected an integer >= 1, got 0"),
-    ({"patience": -3}, "key 'patience': expected an integer >= 1, got -3"),
-    ({"eval_steps": 0}, "key 'eval_steps': expected an integer >= 1 or null"),
-    ({"max_new_tokens": 0}, "key 'max_new_tokens': expected an integer from 1 to 1048576, got 0"),
-    ({"stop": ["\n", ""]}, "key 'stop': item 1: expected a non-empty string, got ''"),
-    ({"batch_size": 0}, "key 'batch_size': expected a positive integer or 'auto', got 0"),
-    ({"at_risk_share": 1}, "key 'at_risk_share': expected a number in (0, 1), got 1 (int)"),
-    ({"at_risk_floor": -0.5}, "key 'at_risk_floor': expected a number >= 0, got -0.5 (float)"),
-    ({"at_risk_floor": "0.1"}, "key 'at_risk_floor': expected a number >= 0, got '0.1' (str); remove the quotes"),
-    ({"batch_size": "big"}, "key 'batch_size': expected a positive integer or 'auto', got 'big'"),
-    ({"batch_size": True}, "key 'batch_size': expected a positive integer or 'auto', got True"),
-    ({"batch_size": 8.0}, "key 'batch_size': expected a positive integer or 'auto', got 8.0"),
-    ({"normalize": "tokens"}, "key 'normalize': expected one of 'chars', null, got 'tokens'"),
-    ({"stop_metric": "loss"}, "key 'stop_metric': expected one of 'forgetting', 'forgetting_adjusted', got 'loss'"),
-    ({"stop_metric": None}, "key 'stop_metric': expected one of 'forgetting', 'forgetting_adjusted', got None"),
-])
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"max_overhead": 0}, "key 'max_overhead': expected a number in [0.001, 1), got 0"),
+        ({"max_overhead": 1}, "key 'max_overhead': expected a number in [0.001, 1), got 1"),
+        ({"max_overhead": 0.0}, "key 'max_overhead': expected a number in [0.001, 1), got 0.0"),
+        ({"max_overhead": float("nan")}, "key 'max_overhead': expected a number in [0.001, 1), got nan"),
+        ({"max_forgetting": -0.01}, "key 'max_forgetting': expected a number in [0, 1] or null"),
+        ({"max_forgetting": 1.01}, "key 'max_forgetting': expected a number in [0, 1] or null"),
+        ({"patience": 0}, "key 'patience': expected an integer >= 1, got 0"),
+        ({"patience": -3}, "key 'patience': expected an integer >= 1, got -3"),
+        ({"eval_steps": 0}, "key 'eval_steps': expected an integer >= 1 or null"),
+        ({"max_new_tokens": 0}, "key 'max_new_tokens': expected an integer from 1 to 1048576, got 0"),
+        ({"stop": ["\n", ""]}, "key 'stop': item 1: expected a non-empty string, got ''"),
+        ({"batch_size": 0}, "key 'batch_size': expected a positive integer or 'auto', got 0"),
+        ({"at_risk_share": 1}, "key 'at_risk_share': expected a number in (0, 1), got 1 (int)"),
+        ({"at_risk_floor": -0.5}, "key 'at_risk_floor': expected a number >= 0, got -0.5 (float)"),
+        ({"at_risk_floor": "0.1"}, "key 'at_risk_floor': expected a number >= 0, got '0.1' (str); remove the quotes"),
+        ({"batch_size": "big"}, "key 'batch_size': expected a positive integer or 'auto', got 'big'"),
+        ({"batch_size": True}, "key 'batch_size': expected a positive integer or 'auto', got True"),
+        ({"batch_size": 8.0}, "key 'batch_size': expected a positive integer or 'auto', got 8.0"),
+        ({"normalize": "tokens"}, "key 'normalize': expected one of 'chars', null, got 'tokens'"),
+        ({"stop_metric": "loss"}, "key 'stop_metric': expected one of 'forgetting', 'forgetting_adjusted', got 'loss'"),
+        ({"stop_metric": None}, "key 'stop_metric': expected one of 'forgetting', 'forgetting_adjusted', got None"),
+    ],
+)
 def test_range_errors(data, expected):
     message = str(error_of(data))
     assert message.startswith(f"src: {expected}")
@@ -267,9 +317,18 @@ def test_range_errors(data, expected):
 
 
 def test_range_edges_accepted():
-    cfg = ForgetWatchConfig.from_dict({"max_overhead": 0.999, "max_forgetting": 0.0, "patience": 1, "eval_steps": 1,
-                                       "batch_size": 1, "max_new_tokens": 1, "normalize": "chars",
-                                       "stop_metric": "forgetting_adjusted"})
+    cfg = ForgetWatchConfig.from_dict(
+        {
+            "max_overhead": 0.999,
+            "max_forgetting": 0.0,
+            "patience": 1,
+            "eval_steps": 1,
+            "batch_size": 1,
+            "max_new_tokens": 1,
+            "normalize": "chars",
+            "stop_metric": "forgetting_adjusted",
+        }
+    )
     assert cfg.stopping.max_forgetting == 0.0 and cfg.scoring.batch_size == 1
     assert Stopping(max_forgetting=1.0).max_forgetting == 1.0
 
@@ -325,7 +384,7 @@ def test_every_example_config_loads():
 
 def test_yaml_flat_layout(tmp_path):
     # Double quotes: YAML reads "\n" as a newline, '\n' as backslash + n.
-    path = write(tmp_path, 'eval_steps: 20\nmax_forgetting: 0.1\nstop: ["\\n", \'Q:\']\n')
+    path = write(tmp_path, "eval_steps: 20\nmax_forgetting: 0.1\nstop: [\"\\n\", 'Q:']\n")
     cfg = ForgetWatchConfig.from_yaml(path)
     assert (cfg.schedule.eval_steps, cfg.stopping.max_forgetting, cfg.scoring.stop) == (20, 0.1, ["\n", "Q:"])
 
@@ -340,8 +399,9 @@ def test_yaml_forgetwatch_root_key_errors_name_the_line(tmp_path):
     path = write(tmp_path, "lr: 1\nforgetwatch:\n  eval_steps: 20\n  eval_step: 5\n")
     with pytest.raises(ConfigError) as info:
         ForgetWatchConfig.from_yaml(path)
-    assert str(info.value) == (f"{path}: line 4: key 'eval_step': unknown key "
-                               "(did you mean 'eval_steps'?); fix or remove it")
+    assert str(info.value) == (
+        f"{path}: line 4: key 'eval_step': unknown key (did you mean 'eval_steps'?); fix or remove it"
+    )
 
 
 def test_yaml_forgetwatch_section_must_be_a_mapping(tmp_path):
@@ -406,7 +466,7 @@ def test_from_dict_keeps_relative_paths():
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
-    path = write(tmp_path, "eval_steps: 20\npatience: 2\nstop: [\"a\", \"b\"\nverbose: true\n")
+    path = write(tmp_path, 'eval_steps: 20\npatience: 2\nstop: ["a", "b"\nverbose: true\n')
     with pytest.raises(ConfigError) as info:
         ForgetWatchConfig.from_yaml(path)
     message = str(info.value)
@@ -434,13 +494,16 @@ def test_yaml_unsafe_tag_refused(tmp_path):
         ForgetWatchConfig.from_yaml(path)
 
 
-@pytest.mark.parametrize("text,kind", [
-    ("- eval_steps\n- 50\n", "a list"),
-    ("just some text\n", "a plain string"),
-    ("42\n", "a int"),
-    ("", "an empty document"),
-    ("# only a comment\n", "an empty document"),
-])
+@pytest.mark.parametrize(
+    "text,kind",
+    [
+        ("- eval_steps\n- 50\n", "a list"),
+        ("just some text\n", "a plain string"),
+        ("42\n", "a int"),
+        ("", "an empty document"),
+        ("# only a comment\n", "an empty document"),
+    ],
+)
 def test_yaml_document_must_be_a_mapping(tmp_path, text, kind):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
@@ -470,12 +533,24 @@ def test_yaml_not_utf8(tmp_path):
 
 def full_config(tmp_path: Path) -> ForgetWatchConfig:
     return ForgetWatchConfig(
-        probes=str(tmp_path / "p.jsonl"), base=str(tmp_path / "base.npz"),
+        probes=str(tmp_path / "p.jsonl"),
+        base=str(tmp_path / "base.npz"),
         schedule=Schedule(eval_steps=25, max_overhead=0.1, eval_on_evaluate=False, eval_on_train_end=False),
-        stopping=Stopping(max_forgetting=0.2, metric="forgetting_adjusted", patience=3, significance=True,
-                          category_max_forgetting={"math": 0.1, "näive: 'quotes'": 0.3}, save_on_stop=False),
-        scoring=Scoring(batch_size=16, normalize="chars", chat_template=True, max_new_tokens=200,
-                        stop=["\n", "Question:", "</s>", "  ", "# not a comment", "a: b"]),
+        stopping=Stopping(
+            max_forgetting=0.2,
+            metric="forgetting_adjusted",
+            patience=3,
+            significance=True,
+            category_max_forgetting={"math": 0.1, "näive: 'quotes'": 0.3},
+            save_on_stop=False,
+        ),
+        scoring=Scoring(
+            batch_size=16,
+            normalize="chars",
+            chat_template=True,
+            max_new_tokens=200,
+            stop=["\n", "Question:", "</s>", "  ", "# not a comment", "a: b"],
+        ),
         replay=ReplaySettings(loss="kl", weight="auto", target=0.05),
         output=Output(output_dir=str(tmp_path / "out"), log_categories=False, verbose=False),
     )
@@ -486,7 +561,11 @@ def test_to_dict_is_plain_and_complete(tmp_path):
     data = cfg.to_dict()
     assert sorted(data) == sorted(EARLIER_KEYS)
     assert json.loads(json.dumps(data)) == data  # plain values only
-    assert (data["stop_metric"], data["replay_weight"], data["forgetting_target"]) == ("forgetting_adjusted", "auto", 0.05)
+    assert (data["stop_metric"], data["replay_weight"], data["forgetting_target"]) == (
+        "forgetting_adjusted",
+        "auto",
+        0.05,
+    )
     data["stop"].append("x")
     data["category_max_forgetting"]["x"] = 0.5
     assert "x" not in cfg.scoring.stop and "x" not in cfg.stopping.category_max_forgetting  # copies
@@ -587,33 +666,36 @@ def test_error_messages_never_print_a_huge_value():
 # --- settings that pass a type check but cannot work (refused when the config is built) ---------
 
 
-@pytest.mark.parametrize("data, key, words", [
-    # the replay controller divides by the target, and 2 ** (1 / target) overflows below 0.001
-    ({"replay_weight": "auto", "forgetting_target": 0}, "forgetting_target", "divides by zero"),
-    ({"replay_weight": "auto", "forgetting_target": 1e-6}, "forgetting_target", "[0.001, 1]"),
-    # the budget schedule divides by the share: a tiny one overflows to an infinite wait
-    ({"max_overhead": 1e-320}, "max_overhead", "for rare evaluations set eval_steps"),
-    ({"replay_weight": 1e30}, "replay_weight", "makes the weights NaN"),
-    ({"replay_top_k": 10**6}, "replay_top_k", "from 1 to 1024"),
-    ({"replay_batch_size": 10**30}, "replay_batch_size", "from 1 to 1024"),
-    ({"max_new_tokens": 10**12}, "max_new_tokens", "more than any model's context"),
-    ({"behaviour_max_new_tokens": 10**12}, "behaviour_max_new_tokens", "more than any model's context"),
-    ({"batch_size": 10**30}, "batch_size", "positive integer or 'auto'"),
-    ({"eval_steps": 10**30}, "eval_steps", "what a 64-bit integer holds"),
-    ({"replay_seed": 2**64}, "replay_seed", "what a 64-bit integer holds"),
-    ({"patience": 10**5000}, "patience", "an integer of about 5001 digits"),  # its repr raises
-    ({"table_rows": 2**63}, "table_rows", "what a 64-bit integer holds"),
-    ({"max_forgetting": 10**400}, "max_forgetting", "[0, 1]"),  # float() of it raises
-    ({"at_risk_floor": 10**400}, "at_risk_floor", "a number >= 0"),
-    ({"output_dir": "runs/a\0b"}, "output_dir", "NUL character at character 6"),
-    ({"probes": "p\0.jsonl"}, "probes", "NUL character"),
-    ({"base": "\0"}, "base", "NUL character"),
-    ({"stop": ["\n", "\ud800"]}, "stop", "item 1: expected a string of Unicode text"),
-    ({"stop": ["x" * 201]}, "stop", "at most 200 characters"),
-    ({"stop": [f"<{i}>" for i in range(65)]}, "stop", "at most 64 stop strings"),
-    ({"category_max_forgetting": {"ma\nth": 0.1}}, "category_max_forgetting", "control character"),
-    ({"category_max_forgetting": {"\udc80": 0.1}}, "category_max_forgetting", "lone surrogate"),
-])
+@pytest.mark.parametrize(
+    "data, key, words",
+    [
+        # the replay controller divides by the target, and 2 ** (1 / target) overflows below 0.001
+        ({"replay_weight": "auto", "forgetting_target": 0}, "forgetting_target", "divides by zero"),
+        ({"replay_weight": "auto", "forgetting_target": 1e-6}, "forgetting_target", "[0.001, 1]"),
+        # the budget schedule divides by the share: a tiny one overflows to an infinite wait
+        ({"max_overhead": 1e-320}, "max_overhead", "for rare evaluations set eval_steps"),
+        ({"replay_weight": 1e30}, "replay_weight", "makes the weights NaN"),
+        ({"replay_top_k": 10**6}, "replay_top_k", "from 1 to 1024"),
+        ({"replay_batch_size": 10**30}, "replay_batch_size", "from 1 to 1024"),
+        ({"max_new_tokens": 10**12}, "max_new_tokens", "more than any model's context"),
+        ({"behaviour_max_new_tokens": 10**12}, "behaviour_max_new_tokens", "more than any model's context"),
+        ({"batch_size": 10**30}, "batch_size", "positive integer or 'auto'"),
+        ({"eval_steps": 10**30}, "eval_steps", "what a 64-bit integer holds"),
+        ({"replay_seed": 2**64}, "replay_seed", "what a 64-bit integer holds"),
+        ({"patience": 10**5000}, "patience", "an integer of about 5001 digits"),  # its repr raises
+        ({"table_rows": 2**63}, "table_rows", "what a 64-bit integer holds"),
+        ({"max_forgetting": 10**400}, "max_forgetting", "[0, 1]"),  # float() of it raises
+        ({"at_risk_floor": 10**400}, "at_risk_floor", "a number >= 0"),
+        ({"output_dir": "runs/a\0b"}, "output_dir", "NUL character at character 6"),
+        ({"probes": "p\0.jsonl"}, "probes", "NUL character"),
+        ({"base": "\0"}, "base", "NUL character"),
+        ({"stop": ["\n", "\ud800"]}, "stop", "item 1: expected a string of Unicode text"),
+        ({"stop": ["x" * 201]}, "stop", "at most 200 characters"),
+        ({"stop": [f"<{i}>" for i in range(65)]}, "stop", "at most 64 stop strings"),
+        ({"category_max_forgetting": {"ma\nth": 0.1}}, "category_max_forgetting", "control character"),
+        ({"category_max_forgetting": {"\udc80": 0.1}}, "category_max_forgetting", "lone surrogate"),
+    ],
+)
 def test_settings_that_cannot_work_are_refused_when_built(data, key, words):
     with pytest.raises(ConfigError) as info:
         ForgetWatchConfig.from_dict(data)
@@ -631,13 +713,16 @@ def test_the_bounds_keep_what_works():
     assert ReplaySettings(weight=100).weight == 100.0
 
 
-@pytest.mark.parametrize("text, line, key, words", [
-    (f"eval_steps: 5\npatience: 1{'0' * 5000}\n", 2, "patience", "an integer of 5001 characters"),
-    (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, None, "nested more than 100 levels"),
-    (f"stop: {'[' * 150}{']' * 150}\n", 1, "stop", "nested more than 100 levels"),
-    ("eval_steps: 5\nnote: 2024-13-45\n", 2, None, "YAML cannot build this value (month must be in 1..12)"),
-    ('output_dir: "runs/\\0"\n', 1, "output_dir", "NUL character"),
-])
+@pytest.mark.parametrize(
+    "text, line, key, words",
+    [
+        (f"eval_steps: 5\npatience: 1{'0' * 5000}\n", 2, "patience", "an integer of 5001 characters"),
+        (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, None, "nested more than 100 levels"),
+        (f"stop: {'[' * 150}{']' * 150}\n", 1, "stop", "nested more than 100 levels"),
+        ("eval_steps: 5\nnote: 2024-13-45\n", 2, None, "YAML cannot build this value (month must be in 1..12)"),
+        ('output_dir: "runs/\\0"\n', 1, "output_dir", "NUL character"),
+    ],
+)
 def test_yaml_values_that_would_fail_later_name_file_line_and_key(tmp_path, text, line, key, words):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:

@@ -69,8 +69,9 @@ HOSTILE = [  # a line that used to load and fail later, the key an error names, 
     pytest.param("category_max_forgetting: " + "[" * 5000 + "]" * 5000, None, "nested more than 100", id="deep"),
     pytest.param('output_dir: "runs/\\0"', "output_dir", "NUL character", id="nul-path"),
     pytest.param("forgetting_target: 0", "forgetting_target", "divides by zero", id="zero-target"),
-    pytest.param("replay_batch_size: 1000000000000000000000000000000", "replay_batch_size", "from 1 to 1024",
-                 id="absurd-size"),
+    pytest.param(
+        "replay_batch_size: 1000000000000000000000000000000", "replay_batch_size", "from 1 to 1024", id="absurd-size"
+    ),
 ]
 
 

@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 from tqdm import tqdm
 
 from forgetwatch.console import say
@@ -38,8 +37,9 @@ def _run(code: str, tmp_path) -> str:
     """``code`` run as a script with standard output and error into one log file (as ``2>&1``)."""
     log = tmp_path / "run.log"
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], stdout=f, stderr=subprocess.STDOUT,
-                              cwd=tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path
+        )
     text = log.read_text()
     assert done.returncode == 0, text
     return text
@@ -47,7 +47,8 @@ def _run(code: str, tmp_path) -> str:
 
 @pytest.mark.slow
 def test_warnings_begin_a_line_and_are_shown_once(tmp_path):
-    text = _run("""
+    text = _run(
+        """
         import logging, sys
         from tqdm import tqdm
         import forgetwatch
@@ -58,7 +59,9 @@ def test_warnings_begin_a_line_and_are_shown_once(tmp_path):
         logging.getLogger("forgetwatch").info("not shown: below WARNING, like Python's own fallback")
         logging.basicConfig(format="APP %(message)s")  # the application's own logging: it shows them
         logging.getLogger("forgetwatch.scoring").warning("forgetwatch: shown by the application")
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     lines = text.split("\n")
     assert "forgetwatch: a warning while a bar runs" in lines
     assert "not shown" not in text
@@ -69,7 +72,8 @@ def test_warnings_begin_a_line_and_are_shown_once(tmp_path):
 def test_a_training_run_logged_to_a_file(toy, tmp_path):
     # a real Trainer with its progress bar, forgetwatch's base line, its own progress bar, the
     # evaluation lines and the stop line, all into one log file
-    text = _run(f"""
+    text = _run(
+        f"""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
         from forgetwatch import ForgetWatchCallback
@@ -84,7 +88,9 @@ def test_a_training_run_logged_to_a_file(toy, tmp_path):
                                  per_device_train_batch_size=8, save_strategy="no", logging_steps=100)
         Trainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[callback],
                 data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False)).train()
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     lines = text.split("\n")
     ours = [line for line in lines if "[forgetwatch]" in line]
     assert any(line.startswith("[forgetwatch] base:") for line in ours), text

@@ -28,10 +28,18 @@ def short_context(model: torch.nn.Module, arch: str) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=CONTEXT,
-                                      vocab_size=model.config.vocab_size, bos_token_id=model.config.bos_token_id,
-                                      eos_token_id=model.config.eos_token_id,
-                                      pad_token_id=model.config.pad_token_id)).eval()  # no dropout
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=CONTEXT,
+            vocab_size=model.config.vocab_size,
+            bos_token_id=model.config.bos_token_id,
+            eos_token_id=model.config.eos_token_id,
+            pad_token_id=model.config.pad_token_id,
+        )
+    ).eval()  # no dropout
 
 
 def probe_rows(toy) -> list[dict]:
@@ -40,7 +48,9 @@ def probe_rows(toy) -> list[dict]:
     world = toy.world
     rows = world.behaviour_probe_records(world.known[:1])
     rows += [r for r in world.probe_records() if r["category"] == "rivers"][:4]
-    long = " ".join(f"{c.name} has {c.rivers} rivers." for c in world.countries[:24]) + f" {world.countries[0].name} has"
+    long = (
+        " ".join(f"{c.name} has {c.rivers} rivers." for c in world.countries[:24]) + f" {world.countries[0].name} has"
+    )
     rows.append({"id": "rivers/long", "question": long, "answer": str(world.countries[0].rivers), "extract": "number"})
     return rows
 
@@ -53,23 +63,34 @@ def by_hand(model, tokenizer, probes: ProbeSet) -> list[str]:
         ids = tokenizer(p.question, return_tensors="pt")["input_ids"]
         budget = min(256 if p.check is not None else 64, CONTEXT - ids.shape[1])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=budget,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         assert out.shape[1] <= CONTEXT
-        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         texts.append(text if p.check is not None else cut_at_stop(text, ["\n"]))
     return texts
 
 
 def test_budgets_keep_the_prompt_and_cut_the_response():
-    budgets, note = response_budgets({"a": 7, "b": 20, "c": 127}, max_length=128, max_new_tokens=256,
-                                     setting="behaviour_max_new_tokens")
+    budgets, note = response_budgets(
+        {"a": 7, "b": 20, "c": 127}, max_length=128, max_new_tokens=256, setting="behaviour_max_new_tokens"
+    )
     assert budgets == {"a": 121, "b": 108, "c": 1}
-    assert note == ("the model's context is 128 tokens: 3 of 3 prompt(s) leave less than "
-                    "behaviour_max_new_tokens=256 for the response, which is cut at what the context leaves "
-                    "(1 to 121 tokens)")
+    assert note == (
+        "the model's context is 128 tokens: 3 of 3 prompt(s) leave less than "
+        "behaviour_max_new_tokens=256 for the response, which is cut at what the context leaves "
+        "(1 to 121 tokens)"
+    )
     assert response_budgets({"a": 7}, max_length=2048, max_new_tokens=64) == ({"a": 64}, None)
-    with pytest.raises(PromptTooLongError, match=r"2 prompt\(s\) fill .* 128 tokens.*'b' \(128 tokens\), 'c' \(more than 128 tokens\)"):
+    with pytest.raises(
+        PromptTooLongError, match=r"2 prompt\(s\) fill .* 128 tokens.*'b' \(128 tokens\), 'c' \(more than 128 tokens\)"
+    ):
         response_budgets({"a": 7, "b": 128, "c": 300}, max_length=128, max_new_tokens=64)
 
 
@@ -102,12 +123,26 @@ def test_the_callback_and_the_command_line_score_alike(toy, tmp_path):
     expected = by_hand(model, toy.tokenizer, probes)
     callback = ForgetWatchCallback(probes, eval_steps=1, output_dir=str(tmp_path / "fw"), verbose=False)
     data = [toy.tokenizer("Nothing to learn here.")] * 2
-    args = TrainingArguments(str(tmp_path / "run"), max_steps=1, learning_rate=0.0, use_cpu=True, report_to=[],
-                             per_device_train_batch_size=1, save_strategy="no", disable_tqdm=True)
+    args = TrainingArguments(
+        str(tmp_path / "run"),
+        max_steps=1,
+        learning_rate=0.0,
+        use_cpu=True,
+        report_to=[],
+        per_device_train_batch_size=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     from transformers import DataCollatorForLanguageModeling
 
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback], processing_class=toy.tokenizer,
-            data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False)).train()
+    Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        callbacks=[callback],
+        processing_class=toy.tokenizer,
+        data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
+    ).train()
     assert callback.base_answers.outputs == expected
     assert Answers.load(tmp_path / "fw" / "base_answers.npz").outputs == expected
 
@@ -115,9 +150,25 @@ def test_the_callback_and_the_command_line_score_alike(toy, tmp_path):
     model.save_pretrained(saved)
     toy.tokenizer.save_pretrained(saved)
     probes.to_jsonl(tmp_path / "probes.jsonl")
-    done = subprocess.run([sys.executable, "-m", "forgetwatch", "evaluate", "--model", str(saved), "--probes",
-                           str(tmp_path / "probes.jsonl"), "--out", str(tmp_path / "cli.json"), "--no-progress",
-                           "--device", "cpu"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forgetwatch",
+            "evaluate",
+            "--model",
+            str(saved),
+            "--probes",
+            str(tmp_path / "probes.jsonl"),
+            "--out",
+            str(tmp_path / "cli.json"),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert [s["output"] for s in json.loads((tmp_path / "cli.json").read_text())["samples"]] == expected
     assert "the model's context is 128 tokens" in done.stderr
@@ -129,14 +180,17 @@ def test_the_callback_refuses_a_prompt_with_no_room_before_training(toy, tmp_pat
     from forgetwatch import ForgetWatchCallback
 
     long = " ".join(f"{c.name} has {c.rivers} rivers." for c in toy.world.countries[:36])  # 184 tokens
-    probes = ProbeSet.from_records(probe_rows(toy)[:3] + [{"id": "too-long", "question": long, "check": {"refuses": False}}])
+    probes = ProbeSet.from_records(
+        probe_rows(toy)[:3] + [{"id": "too-long", "question": long, "check": {"refuses": False}}]
+    )
     base = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)  # it fits a 256-token context
     model = short_context(toy.base, "llama")
     # with the base given, nothing is scored at the start and the first evaluation would fail: refused up front
     callback = ForgetWatchCallback(probes, eval_steps=1, output_dir=str(tmp_path / "fw"), verbose=False, base=base)
     args = TrainingArguments(str(tmp_path / "run"), max_steps=1, use_cpu=True, report_to=[], save_strategy="no")
-    trainer = Trainer(model=model, args=args, train_dataset=[toy.tokenizer("x")], callbacks=[callback],
-                      processing_class=toy.tokenizer)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=[toy.tokenizer("x")], callbacks=[callback], processing_class=toy.tokenizer
+    )
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(PromptTooLongError, match="'too-long'"):
         trainer.train()

@@ -55,12 +55,16 @@ def test_demo_replay_shows_both_runs_side_by_side(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--steps", "10", "--eval-steps", "5", "--replay"]) == 0
     out = capsys.readouterr().out
     assert "without replay" in out and "with replay" in out
-    plain, repaired = ([json.loads(x) for x in (tmp_path / run / "history.jsonl").read_text().splitlines()]
-                       for run in ("without-replay", "with-replay"))
+    plain, repaired = (
+        [json.loads(x) for x in (tmp_path / run / "history.jsonl").read_text().splitlines()]
+        for run in ("without-replay", "with-replay")
+    )
     assert [r["step"] for r in plain] == [r["step"] for r in repaired] == [5, 10]
     assert "replay" in repaired[-1] and "replay" not in plain[-1]  # the draws, the weight, the loss
     for line in out.splitlines():  # the table's rows are those two histories' forgetting
         if line.strip().startswith("10 "):
-            assert line.split()[1:] == [f"{100 * plain[-1]['report']['forgetting']:.1f}%",
-                                        f"{100 * repaired[-1]['report']['forgetting']:.1f}%"]
+            assert line.split()[1:] == [
+                f"{100 * plain[-1]['report']['forgetting']:.1f}%",
+                f"{100 * repaired[-1]['report']['forgetting']:.1f}%",
+            ]
     assert (tmp_path / "report.html").is_file() and (tmp_path / "forgetting.png").is_file()

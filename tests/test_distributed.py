@@ -33,9 +33,26 @@ def run_two_ranks(mode: str, out: Path, timeout: int = 300) -> list[dict]:
     script = Path(__file__).with_name("distributed_run.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     launch = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(free_port()), str(script), mode, str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            mode,
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         _, stderr = launch.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:  # ranks out of step hang in a collective: fail, leave nothing behind
@@ -88,7 +105,7 @@ def test_sharded_models_score_like_one_process(tmp_path, mode):
     for rank in ranks:
         assert rank["together_correct"] == rank["alone_correct"]
         assert rank["together_outputs"] == rank["alone_outputs"]  # generation in lockstep, ranks
-        assert rank["max_logprob_diff"] < 1e-5                    # finishing at different times
+        assert rank["max_logprob_diff"] < 1e-5  # finishing at different times
         assert about_half(rank["scored_here"], rank["n_probes"])
 
 

@@ -13,8 +13,9 @@ import pytest
 import forgetwatch
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(m.name for m in pkgutil.walk_packages(forgetwatch.__path__, "forgetwatch.")
-                 if m.name != "forgetwatch.__main__")
+MODULES = sorted(
+    m.name for m in pkgutil.walk_packages(forgetwatch.__path__, "forgetwatch.") if m.name != "forgetwatch.__main__"
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

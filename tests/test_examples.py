@@ -33,11 +33,20 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 # CPU, no bf16 autocast, no activation checkpointing, quiet, tiny batches
-CPU = {"activation_checkpointing": False, "save_strategy": "no", "dataloader_num_workers": 0,
-       "dataloader_pin_memory": False, "disable_tqdm": True, "logging_steps": 1, "seed": 0}
+CPU = {
+    "activation_checkpointing": False,
+    "save_strategy": "no",
+    "dataloader_num_workers": 0,
+    "dataloader_pin_memory": False,
+    "disable_tqdm": True,
+    "logging_steps": 1,
+    "seed": 0,
+}
 
 
 @functools.cache
@@ -58,10 +67,18 @@ TRAINING_EXAMPLES = ["sft_trl", "dpo_trl", "grpo_trl"]
 
 # -- stand-ins for the hub data, in the hub layouts -----------------------------------------------
 
+
 def toy_mmlu_rows(world) -> list[dict]:
     """The toy world's capital and flag questions in the cais/mmlu layout."""
-    return [{"question": r["question"] + "?", "subject": f"toy_{r['category']}", "choices": r["choices"],
-             "answer": r["answer"]} for r in world.probe_records(generative=False)]
+    return [
+        {
+            "question": r["question"] + "?",
+            "subject": f"toy_{r['category']}",
+            "choices": r["choices"],
+            "answer": r["answer"],
+        }
+        for r in world.probe_records(generative=False)
+    ]
 
 
 def arithmetic(world, n: int = 32) -> list[tuple[str, str]]:
@@ -74,9 +91,10 @@ def capybara_rows(world) -> list[dict]:
     pairs = arithmetic(world)
     rows = []
     for i in range(0, len(pairs) - 1, 2):
-        turns = pairs[i:i + 1 + i % 4 // 2]  # alternately one and two exchanges
-        messages = [m for q, a in turns for m in ({"role": "user", "content": q + "."},
-                                                   {"role": "assistant", "content": a})]
+        turns = pairs[i : i + 1 + i % 4 // 2]  # alternately one and two exchanges
+        messages = [
+            m for q, a in turns for m in ({"role": "user", "content": q + "."}, {"role": "assistant", "content": a})
+        ]
         rows.append({"source": "toy", "messages": messages})
     return rows
 
@@ -89,12 +107,22 @@ def ultrafeedback_rows(world, explicit_prompt: bool) -> list[dict]:
         wrong = a.replace("sum is", "sum is not")
         user = [{"role": "user", "content": q + "."}]
         if explicit_prompt:
-            rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": a}],
-                         "rejected": [{"role": "assistant", "content": wrong}]})
+            rows.append(
+                {
+                    "prompt": user,
+                    "chosen": [{"role": "assistant", "content": a}],
+                    "rejected": [{"role": "assistant", "content": wrong}],
+                }
+            )
         else:
-            rows.append({"chosen": user + [{"role": "assistant", "content": a}],
-                         "rejected": user + [{"role": "assistant", "content": wrong}],
-                         "score_chosen": 8.0, "score_rejected": 2.0})
+            rows.append(
+                {
+                    "chosen": user + [{"role": "assistant", "content": a}],
+                    "rejected": user + [{"role": "assistant", "content": wrong}],
+                    "score_chosen": 8.0,
+                    "score_rejected": 2.0,
+                }
+            )
     return rows
 
 
@@ -153,22 +181,32 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
 
 # every script under examples/ and benchmarks/, found anew so that a new one is covered; common.py
 # is the examples' shared module, not a script
-SCRIPTS = sorted(p for folder in ("examples", "benchmarks") for p in (ROOT / folder).glob("*.py")
-                 if p.name != "common.py")
+SCRIPTS = sorted(
+    p for folder in ("examples", "benchmarks") for p in (ROOT / folder).glob("*.py") if p.name != "common.py"
+)
 # run as `python SCRIPT ARGS...`, but with these modules made unimportable: a script that loads
 # them before reading its arguments fails, instead of answering --help seconds later
 HEAVY = ("torch", "transformers", "datasets", "trl", "peft", "lm_eval")
-AS_SCRIPT = ("import os, runpy, sys\n"
-             f"sys.modules.update(dict.fromkeys({HEAVY!r}))\n"
-             "sys.argv = sys.argv[1:]\n"
-             "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
-             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+AS_SCRIPT = (
+    "import os, runpy, sys\n"
+    f"sys.modules.update(dict.fromkeys({HEAVY!r}))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
 
 
 def run_script(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", AS_SCRIPT, str(script), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", AS_SCRIPT, str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_the_scripts_are_found():
@@ -203,11 +241,19 @@ def test_every_script_answers_help_and_mistakes_before_any_work(script, tmp_path
 
 MMLU_ROWS = [
     {"question": "What is 2 + 2?", "subject": "elementary_mathematics", "choices": ["3", "4", "5", "6"], "answer": 1},
-    {"question": "Which planet is the largest?\n", "subject": "astronomy",
-     "choices": ["Mars", "Jupiter", "Venus", "Earth"], "answer": 1},
+    {
+        "question": "Which planet is the largest?\n",
+        "subject": "astronomy",
+        "choices": ["Mars", "Jupiter", "Venus", "Earth"],
+        "answer": 1,
+    },
     {"question": "What is 3 * 3?", "subject": "elementary_mathematics", "choices": ["6", "9", "12", "3"], "answer": 1},
-    {"question": "What is the Sun?", "subject": "astronomy", "choices": ["A star", "A planet", "A moon", "A comet"],
-     "answer": 0},
+    {
+        "question": "What is the Sun?",
+        "subject": "astronomy",
+        "choices": ["A star", "A planet", "A moon", "A comet"],
+        "answer": 0,
+    },
     {"question": "What is 10 - 7?", "subject": "elementary_mathematics", "choices": ["2", "3", "4", "7"], "answer": 1},
 ]
 
@@ -221,10 +267,14 @@ def test_build_probes_uses_lm_eval_mmlu_prompts(name, as_dataset):
     assert len(probes) == 5
     assert probes.categories == ["astronomy", "elementary_mathematics"]
     first, second = probes[0], probes[1]
-    assert first.question == ("The following are multiple choice questions (with answers) about elementary "
-                              "mathematics.\n\nWhat is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer:")
-    assert second.question == ("The following are multiple choice questions (with answers) about astronomy."
-                               "\n\nWhich planet is the largest?\nA. Mars\nB. Jupiter\nC. Venus\nD. Earth\nAnswer:")
+    assert first.question == (
+        "The following are multiple choice questions (with answers) about elementary "
+        "mathematics.\n\nWhat is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer:"
+    )
+    assert second.question == (
+        "The following are multiple choice questions (with answers) about astronomy."
+        "\n\nWhich planet is the largest?\nA. Mars\nB. Jupiter\nC. Venus\nD. Earth\nAnswer:"
+    )
     assert first.choices == ("A", "B", "C", "D") and first.answer == 1
     assert first.category == "elementary_mathematics" and first.id == "mmlu/elementary_mathematics/0"
 
@@ -235,14 +285,27 @@ def test_build_probes_uses_lm_eval_mmlu_prompts(name, as_dataset):
 
 # -- SFT ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_path):
     sft = example("sft_trl")
     train = datasets.Dataset.from_list(capybara_rows(toy.world))
-    trainer = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, train, mmlu_probes, str(tmp_path),
-                                max_steps=4, eval_steps=2, max_forgetting=0.9, use_cpu=True,
-                                per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                                learning_rate=1e-3, max_length=64, **CPU)
+    trainer = sft.build_trainer(
+        copy.deepcopy(toy.base),
+        chat_tokenizer,
+        train,
+        mmlu_probes,
+        str(tmp_path),
+        max_steps=4,
+        eval_steps=2,
+        max_forgetting=0.9,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-3,
+        max_length=64,
+        **CPU,
+    )
     assert isinstance(trainer, trl.SFTTrainer)
     assert trainer.args.report_to == []  # "none" by default
     assert trainer.forgetwatch.config.max_forgetting == 0.9
@@ -253,14 +316,27 @@ def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_pa
 
 # -- DPO ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("explicit_prompt", [False, True], ids=["implicit_prompt", "explicit_prompt"])
 @pytest.mark.slow
 def test_dpo_example_on_ultrafeedback_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, explicit_prompt):
     dpo = example("dpo_trl")
     train = datasets.Dataset.from_list(ultrafeedback_rows(toy.world, explicit_prompt))
-    trainer = dpo.build_trainer(toy.base_dir, chat_tokenizer, train, mmlu_probes, str(tmp_path),
-                                max_steps=4, eval_steps=2, use_cpu=True, per_device_train_batch_size=4,
-                                gradient_accumulation_steps=1, learning_rate=1e-3, max_length=64, **CPU)
+    trainer = dpo.build_trainer(
+        toy.base_dir,
+        chat_tokenizer,
+        train,
+        mmlu_probes,
+        str(tmp_path),
+        max_steps=4,
+        eval_steps=2,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-3,
+        max_length=64,
+        **CPU,
+    )
     assert isinstance(trainer, trl.DPOTrainer)
     assert trainer.ref_model is not None  # built by TRL from the path
     trainer.train()
@@ -268,6 +344,7 @@ def test_dpo_example_on_ultrafeedback_layout(toy, chat_tokenizer, mmlu_probes, t
 
 
 # -- GRPO -----------------------------------------------------------------------------------------
+
 
 def test_length_reward_scores_words_for_plain_and_conversational_completions():
     grpo = example("grpo_trl")
@@ -282,10 +359,22 @@ def test_length_reward_scores_words_for_plain_and_conversational_completions():
 def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, conversational):
     grpo = example("grpo_trl")
     train = datasets.Dataset.from_list(tldr_rows(toy.world, conversational))
-    trainer = grpo.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, train, mmlu_probes, str(tmp_path),
-                                 max_steps=4, eval_steps=2, use_cpu=True, target_words=3,
-                                 per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
-                                 learning_rate=1e-3, **CPU)
+    trainer = grpo.build_trainer(
+        copy.deepcopy(toy.base),
+        chat_tokenizer,
+        train,
+        mmlu_probes,
+        str(tmp_path),
+        max_steps=4,
+        eval_steps=2,
+        use_cpu=True,
+        target_words=3,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        **CPU,
+    )
     assert isinstance(trainer, trl.GRPOTrainer)
     assert not trainer.args.use_vllm
     trainer.train()
@@ -296,21 +385,41 @@ def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path,
 
 # -- summaries and main() -------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat_tokenizer, mmlu_probes, tmp_path):
     sft = example("sft_trl")
     data = datasets.Dataset.from_list(capybara_rows(toy.world))
-    trainer = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, data, mmlu_probes, str(tmp_path / "a"),
-                                max_steps=40, eval_steps=2, max_forgetting=0.0, use_cpu=True, learning_rate=1e-2,
-                                **CPU)
+    trainer = sft.build_trainer(
+        copy.deepcopy(toy.base),
+        chat_tokenizer,
+        data,
+        mmlu_probes,
+        str(tmp_path / "a"),
+        max_steps=40,
+        eval_steps=2,
+        max_forgetting=0.0,
+        use_cpu=True,
+        learning_rate=1e-2,
+        **CPU,
+    )
     trainer.train()
     text = trainer.forgetwatch.summary()
     step = trainer.state.global_step
     assert step < 40 and trainer.forgetwatch.history[-1][1].forgetting > 0  # stopped at the first forgetting
     assert f"forgetwatch stopped training at step {step}: forgetting" in text
     assert f"history: {tmp_path / 'a' / 'forgetwatch' / 'history.jsonl'}" in text
-    quiet = sft.build_trainer(copy.deepcopy(toy.base), chat_tokenizer, data, mmlu_probes, str(tmp_path / "b"),
-                              max_steps=2, eval_steps=5, use_cpu=True, **CPU)
+    quiet = sft.build_trainer(
+        copy.deepcopy(toy.base),
+        chat_tokenizer,
+        data,
+        mmlu_probes,
+        str(tmp_path / "b"),
+        max_steps=2,
+        eval_steps=5,
+        use_cpu=True,
+        **CPU,
+    )
     quiet.forgetwatch.watch.config = quiet.forgetwatch.config.replace(eval_on_train_end=False)
     quiet.train()
     assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
@@ -326,10 +435,12 @@ def test_probes_is_a_sample_size_or_a_probe_file(name, toy, tmp_path, monkeypatc
     loaded = parse_args(["--probes", "mine.jsonl"]).probes
     assert isinstance(loaded, ProbeSet) and loaded.ids == toy.probes.ids
     (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "2+2="}\n', encoding="utf-8")
-    for value, error in [("missing.jsonl", "argument --probes: no such file: missing.jsonl"),
-                         (".", "argument --probes: no such file: ."),
-                         ("0", "argument --probes: 0: give at least 1 probe"),
-                         ("bad.jsonl", "argument --probes: bad.jsonl: line 1: field 'answer'")]:
+    for value, error in [
+        ("missing.jsonl", "argument --probes: no such file: missing.jsonl"),
+        (".", "argument --probes: no such file: ."),
+        ("0", "argument --probes: 0: give at least 1 probe"),
+        ("bad.jsonl", "argument --probes: bad.jsonl: line 1: field 'answer'"),
+    ]:
         with pytest.raises(SystemExit) as exit_info:
             parse_args(["--probes", value])
         assert exit_info.value.code == 2
@@ -354,25 +465,48 @@ def fake_load_dataset(world, train_rows):
 SMALL_BATCH = ["--batch-size", "4", "--grad-accum", "1", "--max-length", "64"]
 
 
-@pytest.mark.parametrize("name, rows, extra", [
-    ("sft_trl", capybara_rows, SMALL_BATCH),
-    ("sft_trl", capybara_rows, [*SMALL_BATCH, "--lora"]),
-    ("sft_trl", capybara_rows, [*SMALL_BATCH, "--probes", "probes.jsonl"]),
-    ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
-    ("grpo_trl", lambda w: tldr_rows(w, False),
-     ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"]),
-])
+@pytest.mark.parametrize(
+    "name, rows, extra",
+    [
+        ("sft_trl", capybara_rows, SMALL_BATCH),
+        ("sft_trl", capybara_rows, [*SMALL_BATCH, "--lora"]),
+        ("sft_trl", capybara_rows, [*SMALL_BATCH, "--probes", "probes.jsonl"]),
+        ("dpo_trl", lambda w: ultrafeedback_rows(w, False), SMALL_BATCH),
+        (
+            "grpo_trl",
+            lambda w: tldr_rows(w, False),
+            ["--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--target-words", "3"],
+        ),
+    ],
+)
 @pytest.mark.slow
-def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_model_dir, tmp_path, monkeypatch,
-                                                   capsys):
+def test_main_end_to_end_with_local_model_and_data(
+    name, rows, extra, toy, chat_model_dir, tmp_path, monkeypatch, capsys
+):
     module = example(name)
     load_dataset, calls = fake_load_dataset(toy.world, rows(toy.world))
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     monkeypatch.chdir(tmp_path)
     own = ProbeSet.from_records(toy.world.probe_records(generative=False)[:10], source="own")
     own.to_jsonl(tmp_path / "probes.jsonl")
-    trainer = module.main(["--model", chat_model_dir, "--output-dir", str(tmp_path), "--max-steps", "2",
-                           "--eval-steps", "1", "--probes", "12", "--learning-rate", "1e-3", "--cpu", *extra])
+    trainer = module.main(
+        [
+            "--model",
+            chat_model_dir,
+            "--output-dir",
+            str(tmp_path),
+            "--max-steps",
+            "2",
+            "--eval-steps",
+            "1",
+            "--probes",
+            "12",
+            "--learning-rate",
+            "1e-3",
+            "--cpu",
+            *extra,
+        ]
+    )
     if "probes.jsonl" in extra:  # the file's probes, and no MMLU download
         assert calls == [(module.DATASET, None, "train")]
         assert trainer.forgetwatch.probes.ids == own.ids
@@ -392,6 +526,7 @@ def test_main_end_to_end_with_local_model_and_data(name, rows, extra, toy, chat_
 
 # -- replay on forgetting -------------------------------------------------------------------------
 
+
 def test_the_replay_pool_is_the_other_half_of_the_facts():
     replay = example("replay_on_forgetting")
     world = ToyWorld(seed=0)
@@ -406,8 +541,9 @@ def test_the_replay_pool_is_the_other_half_of_the_facts():
 @pytest.mark.slow
 def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     replay = example("replay_on_forgetting")
-    trainers = replay.main(["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "10",
-                            "--eval-steps", "5"])
+    trainers = replay.main(
+        ["--output-dir", str(tmp_path), "--base-steps", "120", "--max-steps", "10", "--eval-steps", "5"]
+    )
     out = capsys.readouterr().out
     assert "without replay" in out and "with replay" in out and "forgetting (right at the base" in out
     plain, repaired = trainers["without replay"], trainers["with replay"]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from forgetwatch import probes
-from forgetwatch import extract
+from forgetwatch import extract, probes
 from forgetwatch.extract import (
     extract_exact,
     extract_letter,
@@ -17,54 +16,63 @@ from forgetwatch.extract import (
 )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("3 apples and 4 pears make 7", "7"),  # the last number wins
-    ("She paid $1,234 in total", "1234"),
-    ("The change is -5 degrees", "-5"),
-    ("It costs 3.50", "3.5"),
-    ("It weighs 72.0 kg", "72"),
-    ("So the answer is 5.", "5"),
-    ("Work: 600 + 634 = 1234\n#### 1,234", "1234"),
-    ("-$20 overall", "-20"),
-    ("about .5 of it", "0.5"),
-    ("no number here", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3 apples and 4 pears make 7", "7"),  # the last number wins
+        ("She paid $1,234 in total", "1234"),
+        ("The change is -5 degrees", "-5"),
+        ("It costs 3.50", "3.5"),
+        ("It weighs 72.0 kg", "72"),
+        ("So the answer is 5.", "5"),
+        ("Work: 600 + 634 = 1234\n#### 1,234", "1234"),
+        ("-$20 overall", "-20"),
+        ("about .5 of it", "0.5"),
+        ("no number here", None),
+        ("", None),
+    ],
+)
 def test_extract_number(text, expected):
     assert extract_number(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("$1,234.50", "1234.5"),
-    (" 42 ", "42"),
-    ("7.", "7"),
-    ("-0.250", "-0.25"),
-    ("1,000.00", "1000"),
-    ("abc", None),
-    ("", None),
-    ("NaN", None),
-    ("Infinity", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("$1,234.50", "1234.5"),
+        (" 42 ", "42"),
+        ("7.", "7"),
+        ("-0.250", "-0.25"),
+        ("1,000.00", "1000"),
+        ("abc", None),
+        ("", None),
+        ("NaN", None),
+        ("Infinity", None),
+    ],
+)
 def test_normalize_number(text, expected):
     assert normalize_number(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The answer is (B).", "B"),
-    ("answer: c", "C"),
-    ("The answer is: D", "D"),
-    ("B. because it is larger", "B"),
-    ("(C) since water boils", "C"),
-    ("A\nbecause it is first", "A"),
-    ("I think (D)", "D"),  # the pronoun "I" is not a choice letter
-    ("A dog would say (C)", "C"),  # nor is the article "A"
-    ("Both answers (A) and (B) fit", "A"),  # "answers" is not "answer s"
-    ("no letter here", None),
-    ("The answer is B because it is larger", "B"),
-    ("The answer is a cat.", None),  # the article "a" is not a choice letter
-    ("Answer: I am not sure, maybe (C)", "C"),  # nor is the pronoun "I"
-    ("the answer is (c)", "C"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is (B).", "B"),
+        ("answer: c", "C"),
+        ("The answer is: D", "D"),
+        ("B. because it is larger", "B"),
+        ("(C) since water boils", "C"),
+        ("A\nbecause it is first", "A"),
+        ("I think (D)", "D"),  # the pronoun "I" is not a choice letter
+        ("A dog would say (C)", "C"),  # nor is the article "A"
+        ("Both answers (A) and (B) fit", "A"),  # "answers" is not "answer s"
+        ("no letter here", None),
+        ("The answer is B because it is larger", "B"),
+        ("The answer is a cat.", None),  # the article "a" is not a choice letter
+        ("Answer: I am not sure, maybe (C)", "C"),  # nor is the pronoun "I"
+        ("the answer is (c)", "C"),
+    ],
+)
 def test_extract_letter(text, expected):
     assert extract_letter(text) == expected
 
@@ -90,16 +98,19 @@ def test_builtin_modes_match_probe_validator():
     assert set(extract.BUILTIN) == set(probes.EXTRACT_MODES)
 
 
-@pytest.mark.parametrize("mode, answer, expected", [
-    ("number", "1,234", "1234"),
-    ("number", "$3.50", "3.5"),
-    ("number", " not a number ", "not a number"),
-    ("letter", "(b)", "B"),
-    ("letter", " c ", "C"),
-    ("exact", "  Paris ", "Paris"),
-    (None, " Paris\n", "Paris"),
-    (r"Answer: (\w+)", " Paris ", "Paris"),
-])
+@pytest.mark.parametrize(
+    "mode, answer, expected",
+    [
+        ("number", "1,234", "1234"),
+        ("number", "$3.50", "3.5"),
+        ("number", " not a number ", "not a number"),
+        ("letter", "(b)", "B"),
+        ("letter", " c ", "C"),
+        ("exact", "  Paris ", "Paris"),
+        (None, " Paris\n", "Paris"),
+        (r"Answer: (\w+)", " Paris ", "Paris"),
+    ],
+)
 def test_reference_for(mode, answer, expected):
     assert reference_for(mode, answer) == expected
 

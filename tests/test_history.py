@@ -24,8 +24,14 @@ def line(step, **extra):
 
 def report() -> TransitionReport:
     return TransitionReport(
-        n=4, forgotten=2, gained=1, kept=1, forgetting=0.5, choice_kl=math.inf,
-        forgotten_ids=["q1", "q3"], gained_ids=["q4"],
+        n=4,
+        forgotten=2,
+        gained=1,
+        kept=1,
+        forgetting=0.5,
+        choice_kl=math.inf,
+        forgotten_ids=["q1", "q3"],
+        gained_ids=["q4"],
         by_category={
             "math": TransitionReport(n=2, forgotten=1, kept=1, forgotten_ids=["q1"]),
             "law": TransitionReport(n=2, forgotten=1, gained=1, forgotten_ids=["q3"], gained_ids=["q4"]),
@@ -39,8 +45,9 @@ def write(path, *lines, end="\n"):
 
 
 def test_record_keeps_ids_once_and_reads_back_per_category(tmp_path):
-    record = history_record(30, report(), time=1718000000.12345, seconds=1.234567, trigger="schedule",
-                            stop="forgetting above 10%")
+    record = history_record(
+        30, report(), time=1718000000.12345, seconds=1.234567, trigger="schedule", stop="forgetting above 10%"
+    )
     assert record["step"] == 30 and record["trigger"] == "schedule" and record["stop"] == "forgetting above 10%"
     assert record["time"] == 1718000000.123 and record["seconds"] == 1.2346
     assert record["report"]["forgotten_ids"] == ["q1", "q3"]
@@ -71,22 +78,31 @@ def test_blank_lines_and_an_empty_file(tmp_path):
     assert read_history(write(tmp_path / "empty.jsonl", end="")) == []
 
 
-@pytest.mark.parametrize("bad, why", [
-    ('{"step": 20, "report": {', "not valid JSON"),
-    ("[1, 2]", "expected a JSON object, got \\[1, 2\\] \\(list\\)"),
-    ('{"step": 20}', "record has no 'report'"),
-    ('{"report": {}}', "record has no 'step'"),
-    ('{"step": "20", "report": {}}', "'step' must be an integer, got '20' \\(str\\)"),
-    ('{"step": 2.5, "report": {}}', "'step' must be an integer"),
-    ('{"step": true, "report": {}}', "'step' must be an integer, got True \\(bool\\)"),
-    ('{"step": 20, "report": [1]}', "'report' must be a JSON object, got \\[1\\] \\(list\\)"),
-    ('{"step": 20, "report": {"by_category": {"math": 3}}}', "'report.by_category' must map"),
-    (b'{"step": 20, "report": {"x": "\xff"}}', "not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"step": 20, "report": {', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object, got \\[1, 2\\] \\(list\\)"),
+        ('{"step": 20}', "record has no 'report'"),
+        ('{"report": {}}', "record has no 'step'"),
+        ('{"step": "20", "report": {}}', "'step' must be an integer, got '20' \\(str\\)"),
+        ('{"step": 2.5, "report": {}}', "'step' must be an integer"),
+        ('{"step": true, "report": {}}', "'step' must be an integer, got True \\(bool\\)"),
+        ('{"step": 20, "report": [1]}', "'report' must be a JSON object, got \\[1\\] \\(list\\)"),
+        ('{"step": 20, "report": {"by_category": {"math": 3}}}', "'report.by_category' must map"),
+        (b'{"step": 20, "report": {"x": "\xff"}}', "not UTF-8 text"),
+    ],
+)
 def test_damaged_lines_raise_history_error_naming_file_and_line(tmp_path, bad, why):
     path = tmp_path / "history.jsonl"
-    path.write_bytes(line(10).encode() + b"\n\n" + (bad if isinstance(bad, bytes) else bad.encode()) + b"\n"
-                     + line(30).encode() + b"\n")
+    path.write_bytes(
+        line(10).encode()
+        + b"\n\n"
+        + (bad if isinstance(bad, bytes) else bad.encode())
+        + b"\n"
+        + line(30).encode()
+        + b"\n"
+    )
     for reader in (read_history, load_history):
         with pytest.raises(HistoryError, match=rf"history\.jsonl, line 3: {why}.*fix or delete that line"):
             reader(path)
@@ -106,8 +122,14 @@ N = 15  # probes of the run below
 def base_answers():
     from forgetwatch.answers import Answers
 
-    return Answers.from_samples("fp", {}, [{"id": f"q{i}", "correct": i % 2 == 0, "predicted": 0,
-                                            "choice_logprobs": [-0.1, -2.0], "n_choices": 2} for i in range(N)])
+    return Answers.from_samples(
+        "fp",
+        {},
+        [
+            {"id": f"q{i}", "correct": i % 2 == 0, "predicted": 0, "choice_logprobs": [-0.1, -2.0], "n_choices": 2}
+            for i in range(N)
+        ],
+    )
 
 
 def column(n=N, fingerprint="fp"):
@@ -152,8 +174,11 @@ def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path
     base_answers().save(run / "base_answers.npz")
     write(run / "history.jsonl", line(10, columns=column()), line(20, columns=damage(column())))
     where = rf"history\.jsonl, line 2, field '{field}': .*{why}"
-    for read in (lambda: read_history(run / "history.jsonl", probes=N, fingerprint="fp"), lambda: read_run(tmp_path),
-                 lambda: load_trajectory(run)):
+    for read in (
+        lambda: read_history(run / "history.jsonl", probes=N, fingerprint="fp"),
+        lambda: read_run(tmp_path),
+        lambda: load_trajectory(run),
+    ):
         with pytest.raises(HistoryError, match=where):
             read()
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
@@ -176,21 +201,39 @@ def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
     assert again.correct.tolist() == t.correct.tolist() and again.steps.tolist() == [0, 10]
 
 
-@pytest.mark.parametrize("lines, field, why", [
-    ([line(10), line(10)], "step", "10 after step 10: steps must increase"),  # a line repeated
-    ([line(20), line(10)], "step", "10 after step 20"),  # going backwards
-    ([line(-5)], "step", "must be 0 or more"),
-    (['{"step": 10, "report": {}}'], "report.n", "missing"),  # an empty report
-    ([line(10).replace('"kept": 0', '"kept": 3')], "report.n", r"forgotten \+ gained \+ kept \+ never = 3, not n = 0"),
-    ([line(10).replace('"n": 0', '"n": -1')], "report.n", "must be a whole number 0 or more"),
-    ([line(10).replace('"n": 0', '"n": 0, "forgetting": "high"')], "report.forgetting", "must be a number or null"),
-    ([line(10).replace('"n": 0', '"n": 0, "forgetting": NaN')], "report.forgetting", "NaN is not JSON"),
-    ([line(10).replace('"n": 0', '"n": 0, "forgotten_ids": [1]')], "report.forgotten_ids", "must be a list of probe ids"),
-    ([line(10).replace('"n": 0', '"n": 0, "forgetting_ci": [0.1]')], "report.forgetting_ci", r"must be \[low, high\]"),
-    ([line(10).replace('"n": 0', '"n": 0, "by_category": {"math": {"n": 2}}')], "report.by_category.math.forgotten",
-     "missing"),
-    ([line(10, stop=3)], "stop", "must be text"),
-])
+@pytest.mark.parametrize(
+    "lines, field, why",
+    [
+        ([line(10), line(10)], "step", "10 after step 10: steps must increase"),  # a line repeated
+        ([line(20), line(10)], "step", "10 after step 20"),  # going backwards
+        ([line(-5)], "step", "must be 0 or more"),
+        (['{"step": 10, "report": {}}'], "report.n", "missing"),  # an empty report
+        (
+            [line(10).replace('"kept": 0', '"kept": 3')],
+            "report.n",
+            r"forgotten \+ gained \+ kept \+ never = 3, not n = 0",
+        ),
+        ([line(10).replace('"n": 0', '"n": -1')], "report.n", "must be a whole number 0 or more"),
+        ([line(10).replace('"n": 0', '"n": 0, "forgetting": "high"')], "report.forgetting", "must be a number or null"),
+        ([line(10).replace('"n": 0', '"n": 0, "forgetting": NaN')], "report.forgetting", "NaN is not JSON"),
+        (
+            [line(10).replace('"n": 0', '"n": 0, "forgotten_ids": [1]')],
+            "report.forgotten_ids",
+            "must be a list of probe ids",
+        ),
+        (
+            [line(10).replace('"n": 0', '"n": 0, "forgetting_ci": [0.1]')],
+            "report.forgetting_ci",
+            r"must be \[low, high\]",
+        ),
+        (
+            [line(10).replace('"n": 0', '"n": 0, "by_category": {"math": {"n": 2}}')],
+            "report.by_category.math.forgotten",
+            "missing",
+        ),
+        ([line(10, stop=3)], "stop", "must be text"),
+    ],
+)
 def test_repeated_backward_and_empty_records_are_refused(tmp_path, lines, field, why):
     # never written so: the writer's steps increase (a resume cuts and rewrites the history), and
     # a report holds its counts; which of two records of one step is true cannot be told
@@ -224,8 +267,9 @@ def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, cap
     found = recover_history([checkpoint, run], 20)
     assert [r["step"] for r in found.records] == [5, 10, 15, 20] and found.source == run
     # equally long: the checkpoint's (the run's may be ahead of it, and is cut back)
-    assert recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))],
-                           20).source == run
+    assert (
+        recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))], 20).source == run
+    )
 
 
 def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):

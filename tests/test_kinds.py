@@ -13,8 +13,11 @@ BEH = {"id": "beh", "question": "Say hi briefly.", "check": {"max_words": 5}}
 
 
 def options(probes) -> set[str]:
-    return set(scoring_options(probes, normalize=None, chat_template=False, max_new_tokens=8, stop=["\n"],
-                               behaviour_max_new_tokens=256))
+    return set(
+        scoring_options(
+            probes, normalize=None, chat_template=False, max_new_tokens=8, stop=["\n"], behaviour_max_new_tokens=256
+        )
+    )
 
 
 def test_a_probes_kind_is_read_from_its_row():
@@ -37,14 +40,18 @@ def test_the_stored_scoring_options_follow_the_kinds_present():
 
 def test_a_check_makes_a_behaviour_probe_at_every_step(toy):
     # only a probe built in code can hold both a check and choices: every step takes it for one kind
-    both = Probe(id="both", question="Request: how many rivers has Zeta? Reply:", answer=None,
-                 choices=("one", "two"), check={"max_words": 60})
+    both = Probe(
+        id="both",
+        question="Request: how many rivers has Zeta? Reply:",
+        answer=None,
+        choices=("one", "two"),
+        check={"max_words": 60},
+    )
     assert both.kind is ProbeKind.BEHAVIOUR and not both.is_multiple_choice
     probes = ProbeSet([both])
     assert isinstance(encode_probes(toy.tokenizer, probes)[0], EncodedPrompt)
     assert "behaviour_max_new_tokens" in options(probes)
-    answers = evaluate(toy.base, toy.tokenizer, probes, batch_size=4, show_progress=False,
-                       behaviour_max_new_tokens=4)
+    answers = evaluate(toy.base, toy.tokenizer, probes, batch_size=4, show_progress=False, behaviour_max_new_tokens=4)
     assert answers.n_choices[0] == 0 and answers.predicted[0] == answers.outputs[0]
     assert answers.correct[0]  # four tokens are at most 60 words
 

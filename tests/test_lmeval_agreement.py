@@ -41,7 +41,10 @@ def lmeval_samples(model, tokenizer, records, tmp_path, *, chat=False, batch_siz
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     logging.getLogger("lm-eval").setLevel(logging.ERROR)
     out = simple_evaluate(
-        model=lm, tasks=["fw_agreement"], log_samples=True, verbosity="ERROR",
+        model=lm,
+        tasks=["fw_agreement"],
+        log_samples=True,
+        verbosity="ERROR",
         task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
         apply_chat_template=chat,
     )
@@ -58,12 +61,42 @@ def edge_records(world):
     long_question = " ".join(world.fact_texts()[:60]) + f" The flag of {c.name} is"
     return [
         {"id": "trailing-space", "question": f"The flag of {c.name} is ", "choices": ["blue", "red"], "answer": 0},
-        {"id": "trailing-newline", "question": f"The flag of {c.name} is\n", "choices": ["gold", "red", "green"], "answer": 1},
-        {"id": "tabs-and-spaces", "question": f"The capital of {c.name} is \t ", "choices": [c.capital, "Zu"], "answer": 0},
-        {"id": "unicode", "question": "Die Flagge von Zürich — ünïcødé ist", "choices": ["blüe", "röt ✓", "日本"], "answer": 2},
-        {"id": "long-truncated", "question": long_question, "choices": [c.color, "mauve", f"{c.capital} and more"], "answer": 0},
-        {"id": "punctuation-choice", "question": f"{c.name} has", "choices": [".", "? no", f"{c.rivers} rivers."], "answer": 2},
-        {"id": "uneven-lengths", "question": f"The capital of {c.name} is", "choices": ["B", c.capital, "Quite a long made-up capital name"], "answer": 1},
+        {
+            "id": "trailing-newline",
+            "question": f"The flag of {c.name} is\n",
+            "choices": ["gold", "red", "green"],
+            "answer": 1,
+        },
+        {
+            "id": "tabs-and-spaces",
+            "question": f"The capital of {c.name} is \t ",
+            "choices": [c.capital, "Zu"],
+            "answer": 0,
+        },
+        {
+            "id": "unicode",
+            "question": "Die Flagge von Zürich — ünïcødé ist",
+            "choices": ["blüe", "röt ✓", "日本"],
+            "answer": 2,
+        },
+        {
+            "id": "long-truncated",
+            "question": long_question,
+            "choices": [c.color, "mauve", f"{c.capital} and more"],
+            "answer": 0,
+        },
+        {
+            "id": "punctuation-choice",
+            "question": f"{c.name} has",
+            "choices": [".", "? no", f"{c.rivers} rivers."],
+            "answer": 2,
+        },
+        {
+            "id": "uneven-lengths",
+            "question": f"The capital of {c.name} is",
+            "choices": ["B", c.capital, "Quite a long made-up capital name"],
+            "answer": 1,
+        },
     ]
 
 
@@ -103,6 +136,7 @@ def test_agrees_with_lm_eval_chat_template(toy, tmp_path):
     tokenizer = toy.world.tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     records = mc_records(toy.world)[:40] + edge_records(toy.world)
-    ours = evaluate(toy.base, tokenizer, ProbeSet.from_records(records), chat_template=True,
-                    batch_size=8, show_progress=False)
+    ours = evaluate(
+        toy.base, tokenizer, ProbeSet.from_records(records), chat_template=True, batch_size=8, show_progress=False
+    )
     assert_agrees(ours, lmeval_samples(toy.base, tokenizer, records, tmp_path, chat=True))

@@ -31,9 +31,25 @@ def files(toy, tmp_path_factory):
 
 
 def options(toy, files, out, *more):
-    return ["--model", toy.base_dir, "--probes", str(files / "probes.jsonl"), "--text", str(files / "train.txt"),
-            "--output-dir", str(out), "--max-steps", "8", "--eval-steps", "2", "--save-steps", "2",
-            "--max-forgetting", "0.03", *more]
+    return [
+        "--model",
+        toy.base_dir,
+        "--probes",
+        str(files / "probes.jsonl"),
+        "--text",
+        str(files / "train.txt"),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "8",
+        "--eval-steps",
+        "2",
+        "--save-steps",
+        "2",
+        "--max-forgetting",
+        "0.03",
+        *more,
+    ]
 
 
 def history(out):
@@ -68,9 +84,25 @@ def test_a_plain_pytorch_loop_counts_stops_and_resumes_exactly(toy, files, tmp_p
 
 
 def accelerate_launch(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), str(EXAMPLES / "accelerate_loop.py"), "--cpu", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(EXAMPLES / "accelerate_loop.py"),
+        "--cpu",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -96,4 +128,3 @@ def test_an_accelerate_loop_on_two_processes_counts_stops_together_and_resumes_e
     shutil.copytree(out, again)
     accelerate_launch(*options(toy, files, again, "--resume-from", str(again / "checkpoint-4")))
     assert without_timing(history(again)) == without_timing(records)
-

@@ -28,8 +28,9 @@ from forgetwatch.report import FORMULA_START, ROW_COLUMNS, SAMPLE_COLUMNS, Trans
 FP = "fp-test"
 
 
-def make(correct, k=4, categories=None, logprobs=None, gold=None, ids=None, fingerprint=FP,
-         scoring=None, predicted=None):
+def make(
+    correct, k=4, categories=None, logprobs=None, gold=None, ids=None, fingerprint=FP, scoring=None, predicted=None
+):
     """Answers from per-sample lists; ``k`` may be an int or a list (0 = generative)."""
     n = len(correct)
     ks = k if isinstance(k, list) else [k] * n
@@ -42,11 +43,17 @@ def make(correct, k=4, categories=None, logprobs=None, gold=None, ids=None, fing
         else:
             lp, g = [], gold[i] if gold else None
             pred = predicted[i] if predicted else ("yes" if correct[i] else None)
-        samples.append(dict(
-            id=ids[i] if ids else f"q{i}", correct=bool(correct[i]), predicted=pred,
-            choice_logprobs=lp, gold_logprob=g, n_choices=ks[i],
-            category=categories[i] if categories else "all",
-        ))
+        samples.append(
+            dict(
+                id=ids[i] if ids else f"q{i}",
+                correct=bool(correct[i]),
+                predicted=pred,
+                choice_logprobs=lp,
+                gold_logprob=g,
+                n_choices=ks[i],
+                category=categories[i] if categories else "all",
+            )
+        )
     return Answers.from_samples(fingerprint, scoring or {}, samples)
 
 
@@ -74,10 +81,20 @@ def test_empty_probe_set_gives_nan_rates_without_warnings():
         text = r.summary()
         d = r.to_dict()
     assert (r.n, r.forgotten, r.gained, r.kept, r.never) == (0, 0, 0, 0, 0)
-    for name in ("accuracy_before", "accuracy_after", "forgetting", "backward_transfer",
-                 "forgetting_adjusted", "backward_transfer_adjusted", "forgetting_max",
-                 "backward_transfer_max", "forgetting_relative", "backward_transfer_relative",
-                 "logprob_drop", "choice_kl"):
+    for name in (
+        "accuracy_before",
+        "accuracy_after",
+        "forgetting",
+        "backward_transfer",
+        "forgetting_adjusted",
+        "backward_transfer_adjusted",
+        "forgetting_max",
+        "backward_transfer_max",
+        "forgetting_relative",
+        "backward_transfer_relative",
+        "logprob_drop",
+        "choice_kl",
+    ):
         assert is_nan(getattr(r, name)), name
     assert r.mcnemar_p == 1.0
     assert all(map(math.isnan, r.forgetting_ci + r.backward_transfer_ci))
@@ -134,8 +151,7 @@ def test_mixed_choice_counts_group_and_clamp():
     k2 = [(1, 1), (1, 0), (0, 0), (0, 0)]
     k4 = [(1, 1), (1, 1), (1, 1), (1, 0), (1, 0), (0, 1)]
     # interleave so grouping cannot rely on position
-    order = [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("b", 2), ("b", 3), ("a", 2), ("b", 4),
-             ("a", 3), ("b", 5)]
+    order = [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("b", 2), ("b", 3), ("a", 2), ("b", 4), ("a", 3), ("b", 5)]
     before, after, ks = [], [], []
     for g, j in order:
         pair = (k2 if g == "a" else k4)[j]
@@ -151,8 +167,9 @@ def test_mixed_choice_counts_group_and_clamp():
     got = chance_adjusted(before, after, ks)
     assert tuple(got) == tuple(approx(e) for e in expected)
     r = compare(make(before, k=ks), make(after, k=ks))
-    assert (r.forgetting_adjusted, r.backward_transfer_adjusted, r.forgetting_max,
-            r.backward_transfer_max) == tuple(approx(e) for e in expected)
+    assert (r.forgetting_adjusted, r.backward_transfer_adjusted, r.forgetting_max, r.backward_transfer_max) == tuple(
+        approx(e) for e in expected
+    )
     # without per-group clamping the k=2 group would subtract 4/10·1/8
     assert r.forgetting_adjusted != approx(Fr(17, 90) - Fr(4, 10) * Fr(1, 8))
 
@@ -269,8 +286,9 @@ def exact_mcnemar(b: int, c: int) -> Fr:
     return min(Fr(1), 2 * tail)
 
 
-@pytest.mark.parametrize("b,c", [(0, 1), (0, 5), (1, 2), (2, 9), (3, 3), (7, 20), (0, 40),
-                                 (15, 45), (100, 140), (250, 400)])
+@pytest.mark.parametrize(
+    "b,c", [(0, 1), (0, 5), (1, 2), (2, 9), (3, 3), (7, 20), (0, 40), (15, 45), (100, 140), (250, 400)]
+)
 def test_mcnemar_matches_exact_fraction(b, c):
     expected = float(exact_mcnemar(b, c))
     assert mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-10, abs=1e-300)
@@ -289,7 +307,7 @@ def test_mcnemar_edges_and_large_counts():
     assert mcnemar_exact(20500, 20000) == p
     # extreme imbalance still gives a tiny positive number, not 0 or NaN
     tiny = mcnemar_exact(0, 1000)
-    assert tiny == pytest.approx(2.0 ** -999, rel=1e-9)
+    assert tiny == pytest.approx(2.0**-999, rel=1e-9)
 
 
 # -- continuous drift ----------------------------------------------------------------------------
@@ -343,10 +361,20 @@ def test_at_risk_matches_a_plain_loop():
     gen_b[1:n:37] = [None] * len(gen_b[1:n:37])  # some references were never scored
     before = [rng.random() < 0.7 for _ in range(n)]
     after = [b and rng.random() < 0.8 for b in before]
-    base = make(before, k=ks, logprobs=lp_b, gold=[row[0] if row else g for row, g in zip(lp_b, gen_b)],
-                categories=[rng.choice("ab") for _ in range(n)])
-    cur = make(after, k=ks, logprobs=lp_a, gold=[row[0] if row else g for row, g in zip(lp_a, gen_a)],
-               categories=list(base.categories))
+    base = make(
+        before,
+        k=ks,
+        logprobs=lp_b,
+        gold=[row[0] if row else g for row, g in zip(lp_b, gen_b)],
+        categories=[rng.choice("ab") for _ in range(n)],
+    )
+    cur = make(
+        after,
+        k=ks,
+        logprobs=lp_a,
+        gold=[row[0] if row else g for row, g in zip(lp_a, gen_a)],
+        categories=list(base.categories),
+    )
 
     expected = []
     for i in range(n):
@@ -424,7 +452,7 @@ def test_summary_lists_every_category(report_pair):
     lines = text.splitlines()
     assert lines[0].split()[:2] == ["category", "n"]
     assert "McNemar p" in lines[0]
-    body = [line.split()[0] for line in lines[2:2 + 4]]
+    body = [line.split()[0] for line in lines[2 : 2 + 4]]
     assert body == ["overall", "bio", "law", "math"]
     assert str(r) == text
     assert isinstance(r, TransitionReport)
@@ -452,8 +480,10 @@ def test_to_csv_round_trip(report_pair, tmp_path):
     assert reader.fieldnames == list(ROW_COLUMNS)
     assert ROW_COLUMNS[:8] == ("category", "n", "acc_before", "acc_after", "0->0", "0->1", "1->0", "1->1")
     assert [row["category"] for row in rows] == ["overall", "bio", "law", "math"]
-    assert rows == [{k: ("" if is_nan(v) else str(float(f"{v:.6g}") if isinstance(v, float) else v))
-                     for k, v in row.items()} for row in r.rows()]
+    assert rows == [
+        {k: ("" if is_nan(v) else str(float(f"{v:.6g}") if isinstance(v, float) else v)) for k, v in row.items()}
+        for row in r.rows()
+    ]
     math_row = rows[3]
     child = r.by_category["math"]
     assert int(math_row["n"]) == child.n == 3
@@ -515,7 +545,14 @@ def test_spreadsheet_safe():
     from forgetwatch.report import spreadsheet_safe
 
     assert [spreadsheet_safe(t) for t in FORMULAS] == [
-        "'=cmd|' /C calc'!A0", "'+1+1", "'-2+3", "'@SUM(1)", "'\tq", "'\rq", "''=already quoted"]
+        "'=cmd|' /C calc'!A0",
+        "'+1+1",
+        "'-2+3",
+        "'@SUM(1)",
+        "'\tq",
+        "'\rq",
+        "''=already quoted",
+    ]
     for number in ["-3", "+4", "-0.5", "-1e-3", ".5"]:  # extracted answers stay numbers
         assert spreadsheet_safe(number) == number
     for text in ["q1", "'plain", "", "a=b", "-", "--", "-inf"]:
@@ -528,7 +565,7 @@ def test_csv_outputs_are_safe_and_exact(tmp_path):
     # ids and categories from users' data: formulas, a "\r" inside an id (was an unquoted row
     # break: 145 rows read back for 144 probes), and an extracted answer "-3"
     ids = [*FORMULAS, "line\rbreak", "plain", "q,comma", 'q"quote']
-    cats = ["=HYPERLINK(\"http://x\")", "+cat", "-cat", "@cat", "ok", "ok", "ok", "ok", "ok", "ok", "ok"]
+    cats = ['=HYPERLINK("http://x")', "+cat", "-cat", "@cat", "ok", "ok", "ok", "ok", "ok", "ok", "ok"]
     n = len(ids)
     before = make([1] * n, k=0, ids=ids, categories=cats, predicted=["-3"] * n)
     after = make([i % 2 for i in range(n)], k=0, ids=ids, categories=cats, predicted=["=2+5"] * n)

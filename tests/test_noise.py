@@ -7,21 +7,19 @@ import math
 
 import pytest
 import torch
-from transformers import TrainerCallback
-
 from injected import BatchShapeNoise
+from trainers import make_trainer
+from transformers import TrainerCallback
 
 from forgetwatch import Answers, Scorer, evaluate
 from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.noise import measure_noise, noise_figures, other_batch_size, smallest_detectable, wants_noise_check
 from forgetwatch.stopping import OVERALL, StopRule
 
-from trainers import make_trainer
-
 
 def test_smallest_detectable_is_the_first_count_an_exact_two_sided_test_rejects():
     for n in (50, 144, 10_000):
-        k = next(k for k in range(1, 50) if min(1.0, 2 * 0.5 ** k) < 0.05)  # P(all k one way), two-sided
+        k = next(k for k in range(1, 50) if min(1.0, 2 * 0.5**k) < 0.05)  # P(all k one way), two-sided
         assert smallest_detectable(n) == (k, k / n)
 
 
@@ -30,8 +28,11 @@ def test_noise_figures_count_the_flips_per_category():
     first = Answers.from_samples("fp", {}, [dict(id=i, category=c, correct=x) for i, c, x, _ in rows])
     again = Answers.from_samples("fp", {}, [dict(id=i, category=c, correct=y) for i, c, _, y in rows])
     # two flips, one of them right -> wrong: the forgetting that noise alone makes
-    assert noise_figures(first, again) == {"noise_flips": 2, "noise_floor": 0.25,
-                                           "noise_floor_by_category": {"x": 0.5, "y": 0.0}}
+    assert noise_figures(first, again) == {
+        "noise_flips": 2,
+        "noise_floor": 0.25,
+        "noise_floor_by_category": {"x": 0.5, "y": 0.0},
+    }
 
 
 def test_other_batch_size_differs_from_the_first():
@@ -92,9 +93,9 @@ def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, tr
     lost = sum(x and not y for x, y in zip(a.correct, b.correct))
     assert meta["noise_flips"] == flips and meta["noise_floor"] == lost / len(a)
     assert Answers.load(tmp_path / "forgetwatch" / "base_answers.npz").meta["noise_floor"] == meta["noise_floor"]
-    assert (0, {"forgetwatch/noise_floor": meta["noise_floor"]}) in [(s, {k: v for k, v in log.items()
-                                                                          if k == "forgetwatch/noise_floor"})
-                                                                     for s, log in listener.logs]
+    assert (0, {"forgetwatch/noise_floor": meta["noise_floor"]}) in [
+        (s, {k: v for k, v in log.items() if k == "forgetwatch/noise_floor"}) for s, log in listener.logs
+    ]
     out = capsys.readouterr().out
     k, rate = smallest_detectable(len(toy.probes))
     assert "cannot be told from zero" in out and f"({k} probes)" in out and "noise floor" in out

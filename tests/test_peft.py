@@ -20,21 +20,37 @@ peft = pytest.importorskip("peft")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
-COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, report_to=[],
-              dataloader_num_workers=0, dataloader_pin_memory=False, seed=0, disable_tqdm=True,
-              per_device_train_batch_size=8, learning_rate=2e-2, max_length=64, packing=False)
+COMMON = dict(
+    use_cpu=True,
+    bf16=False,
+    activation_checkpointing=False,
+    logging_steps=1,
+    report_to=[],
+    dataloader_num_workers=0,
+    dataloader_pin_memory=False,
+    seed=0,
+    disable_tqdm=True,
+    per_device_train_batch_size=8,
+    learning_rate=2e-2,
+    max_length=64,
+    packing=False,
+)
 
 
 def lora_config():
-    return peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0,
-                           task_type="CAUSAL_LM")
+    return peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
 
 
 def sft(toy, tmp_path, callbacks, **overrides):
     args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 12, "save_strategy": "no", **overrides})
-    return trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=64)}),
-                          peft_config=lora_config(), callbacks=callbacks)
+    return trl.SFTTrainer(
+        model=copy.deepcopy(toy.base),
+        args=args,
+        processing_class=toy.tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=64)}),
+        peft_config=lora_config(),
+        callbacks=callbacks,
+    )
 
 
 def test_lora_model_scores_like_its_merged_weights(toy, tmp_path):
@@ -76,7 +92,8 @@ def test_adapter_disabled_base_is_scored_again_on_resume(toy, tmp_path):
         (checkpoint / "forgetwatch" / "base_answers.npz").unlink()
     resumed = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", max_new_tokens=6)
     sft(toy, tmp_path, [resumed], save_strategy="steps", save_steps=8).train(
-        resume_from_checkpoint=str(tmp_path / "checkpoint-8"))
+        resume_from_checkpoint=str(tmp_path / "checkpoint-8")
+    )
     assert resumed.base_answers.correct.tolist() == first.base_answers.correct.tolist()
     assert [s for s, _ in resumed.history] == [4, 8, 12]
     for (_, a), (_, b) in zip(first.history, resumed.history):
@@ -86,8 +103,13 @@ def test_adapter_disabled_base_is_scored_again_on_resume(toy, tmp_path):
 def test_adapter_disabled_needs_a_peft_model(toy, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled")
     args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 2, "save_strategy": "no"})
-    trainer = trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
-                             train_dataset=datasets.Dataset.from_dict({"text": ["a b c"] * 16}), callbacks=[cb])
+    trainer = trl.SFTTrainer(
+        model=copy.deepcopy(toy.base),
+        args=args,
+        processing_class=toy.tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": ["a b c"] * 16}),
+        callbacks=[cb],
+    )
     with pytest.raises(ValueError, match="needs a PEFT model"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -118,8 +140,15 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
     from forgetwatch import ProbeSet, ReplayPool
 
     probes, rows = toy.world.replay_split()
-    cb = ForgetWatchCallback(ProbeSet.from_records(probes), eval_steps=6, verbose=False, base="adapter_disabled",
-                             replay=ReplayPool.from_records(rows), replay_loss=loss, replay_top_k=8)
+    cb = ForgetWatchCallback(
+        ProbeSet.from_records(probes),
+        eval_steps=6,
+        verbose=False,
+        base="adapter_disabled",
+        replay=ReplayPool.from_records(rows),
+        replay_loss=loss,
+        replay_top_k=8,
+    )
     trainer = sft(toy, tmp_path, [cb])
     before = {k: v.clone() for k, v in trainer.model.named_parameters() if not v.requires_grad}
     trainer.train()

@@ -28,9 +28,7 @@ from forgetwatch.plot import (
 )
 
 # the PNG tests need the optional matplotlib; the console curve and the loader do not
-needs_mpl = pytest.mark.skipif(
-    importlib.util.find_spec("matplotlib") is None, reason='needs "forgetwatch[plot]"'
-)
+needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason='needs "forgetwatch[plot]"')
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,9 +38,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def answers(correct, categories, k=4):
     samples = [
-        {"id": f"q{i}", "correct": bool(c), "predicted": 0 if c else 1, "n_choices": k,
-         "choice_logprobs": [0.0 if j == 0 else -1.0 for j in range(k)], "gold_logprob": 0.0,
-         "category": cat}
+        {
+            "id": f"q{i}",
+            "correct": bool(c),
+            "predicted": 0 if c else 1,
+            "n_choices": k,
+            "choice_logprobs": [0.0 if j == 0 else -1.0 for j in range(k)],
+            "gold_logprob": 0.0,
+            "category": cat,
+        }
         for i, (c, cat) in enumerate(zip(correct, categories))
     ]
     return Answers.from_samples("fp-plot", {}, samples)
@@ -209,7 +213,7 @@ def test_single_evaluation(tmp_path):
 def test_curves_start_at_the_base(n_evaluations):
     # no record at step 0: the curves still start there, every rate 0 against the base itself,
     # so one evaluation is a line from the base, not a lone dot
-    history = make_history()[1:1 + n_evaluations]
+    history = make_history()[1 : 1 + n_evaluations]
     steps = [r["step"] for r in history]
     assert steps[0] > 0 and history[-1]["report"]["forgetting"] > 0
     fig = _figure(history, None)
@@ -300,7 +304,7 @@ def test_pyplot_never_imported(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from forgetwatch.plot import plot_history
-        plot_history({str(path)!r}, {str(tmp_path / 'x.png')!r})
+        plot_history({str(path)!r}, {str(tmp_path / "x.png")!r})
         assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
     """)
     env = dict(os.environ, MPLBACKEND="")
@@ -330,12 +334,15 @@ def test_load_history_skips_blank_lines(tmp_path):
 
 
 @needs_mpl
-@pytest.mark.parametrize("bad, why", [
-    ('{"step": 20, "report": {', "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"step": 20}', "record has no 'report'"),
-    ('{"report": {}}', "record has no 'step'"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"step": 20, "report": {', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"step": 20}', "record has no 'report'"),
+        ('{"report": {}}', "record has no 'step'"),
+    ],
+)
 def test_load_history_error_names_file_and_line(tmp_path, bad, why):
     records = make_history(steps=(0,))
     path = tmp_path / "history.jsonl"

@@ -43,33 +43,55 @@ BAD_ROWS = [
     pytest.param(row(id="x", question="  \t", answer="a"), "question", "empty", id="blank-question"),
     pytest.param(row(id="x", question="q", choices="A or B", answer=0), "choices", "list", id="choices-not-list"),
     pytest.param(row(id="x", question="q", choices=["only"], answer=0), "choices", "at least 2", id="one-choice"),
-    pytest.param(row(id="x", question="q", choices=["a", " "], answer=0), "choices", "index 1 is empty",
-                 id="blank-choice"),
-    pytest.param(row(id="x", question="q", choices=["a", "b", 3], answer=0), "choices", "index 2 must be a string",
-                 id="non-str-choice"),
+    pytest.param(
+        row(id="x", question="q", choices=["a", " "], answer=0), "choices", "index 1 is empty", id="blank-choice"
+    ),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b", 3], answer=0),
+        "choices",
+        "index 2 must be a string",
+        id="non-str-choice",
+    ),
     pytest.param(row(id="x", question="q", choices=["a", "b"]), "answer", "missing", id="mc-answer-missing"),
     pytest.param(row(id="x", question="q"), "answer", "missing", id="gen-answer-missing"),
-    pytest.param(row(id="x", question="q", choices=["a", "b", "c"], answer="b"), "answer", "(0 to 2)",
-                 id="mc-answer-str"),
-    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=True), "answer", "integer index",
-                 id="mc-answer-bool"),
-    pytest.param(row(id="x", question="q", choices=["a", "b", "c"], answer=3), "answer", "use 0 to 2",
-                 id="mc-answer-out-of-range"),
-    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", "out of range",
-                 id="mc-answer-negative"),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b", "c"], answer="b"), "answer", "(0 to 2)", id="mc-answer-str"
+    ),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b"], answer=True), "answer", "integer index", id="mc-answer-bool"
+    ),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b", "c"], answer=3),
+        "answer",
+        "use 0 to 2",
+        id="mc-answer-out-of-range",
+    ),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", "out of range", id="mc-answer-negative"
+    ),
     pytest.param(row(id="x", question="q", answer=72), "answer", 'write "72" not 72', id="gen-answer-not-str"),
-    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=0, extract="number"), "extract",
-                 "extract applies only to generative probes", id="extract-on-mc"),
-    pytest.param(row(id="x", question="q", answer="1", extract="numbr"), "extract", "unknown extract mode",
-                 id="unknown-extract"),
-    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+"), "extract", "does not compile",
-                 id="regex-bad"),
-    pytest.param(row(id="x", question="q", answer="1", extract="\\d+ apples"), "extract", "0 capture groups",
-                 id="regex-no-group"),
-    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+) (apples)"), "extract", "2 capture groups",
-                 id="regex-two-groups"),
-    pytest.param(row(id="x", question="q", answer="1", category=3), "category", "must be a string",
-                 id="category-not-str"),
+    pytest.param(
+        row(id="x", question="q", choices=["a", "b"], answer=0, extract="number"),
+        "extract",
+        "extract applies only to generative probes",
+        id="extract-on-mc",
+    ),
+    pytest.param(
+        row(id="x", question="q", answer="1", extract="numbr"), "extract", "unknown extract mode", id="unknown-extract"
+    ),
+    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+"), "extract", "does not compile", id="regex-bad"),
+    pytest.param(
+        row(id="x", question="q", answer="1", extract="\\d+ apples"), "extract", "0 capture groups", id="regex-no-group"
+    ),
+    pytest.param(
+        row(id="x", question="q", answer="1", extract="(\\d+) (apples)"),
+        "extract",
+        "2 capture groups",
+        id="regex-two-groups",
+    ),
+    pytest.param(
+        row(id="x", question="q", answer="1", category=3), "category", "must be a string", id="category-not-str"
+    ),
 ]
 
 
@@ -135,15 +157,23 @@ def test_missing_file_is_file_not_found(tmp_path):
 def test_all_bad_rows_reported_together(tmp_path):
     lines = [
         json.dumps(MC),
-        row(id="a", question="q", answer=1),                  # line 2
-        "not json",                                           # line 3
+        row(id="a", question="q", answer=1),  # line 2
+        "not json",  # line 3
         json.dumps(GEN),
         row(id="b", question="", choices=["x"], answer="x"),  # line 5: question, choices, answer
         row(id="b", question="q", choices=["x", ""], answer=2),  # line 6: id (dup of a bad row), choices, answer
     ]
     message, err, _ = load_error(tmp_path, lines)
-    assert [(e[1], e[2]) for e in err.errors] == [(2, "answer"), (3, None), (5, "question"), (5, "choices"),
-                                                  (5, "answer"), (6, "id"), (6, "choices"), (6, "answer")]
+    assert [(e[1], e[2]) for e in err.errors] == [
+        (2, "answer"),
+        (3, None),
+        (5, "question"),
+        (5, "choices"),
+        (5, "answer"),
+        (6, "id"),
+        (6, "choices"),
+        (6, "answer"),
+    ]
     assert "first used on line 5" in message
 
 
@@ -157,8 +187,16 @@ def test_error_report_is_capped(tmp_path):
 
 
 def test_valid_file_loads_with_blank_lines_bom_and_meta(tmp_path):
-    path = write_lines(tmp_path, [b"\xef\xbb\xbf" + json.dumps(MC).encode(), "", "  ", json.dumps(
-        {**GEN, "source": "hand", "note": {"difficulty": 2}}), "\r"])
+    path = write_lines(
+        tmp_path,
+        [
+            b"\xef\xbb\xbf" + json.dumps(MC).encode(),
+            "",
+            "  ",
+            json.dumps({**GEN, "source": "hand", "note": {"difficulty": 2}}),
+            "\r",
+        ],
+    )
     probes = ProbeSet.from_jsonl(path)
     assert probes.ids == ["mc1", "gen1"] and probes.source == str(path)
     mc, gen = probes
@@ -188,8 +226,12 @@ def test_from_records_errors_name_record_numbers():
 
 # -- from_hf presets --------------------------------------------------------------------------------
 
-MMLU_ROW = {"question": "  Find the degree of Q(sqrt(2)) over Q.\n", "subject": "abstract_algebra",
-            "choices": ["0", "4", "2", "6"], "answer": 2}
+MMLU_ROW = {
+    "question": "  Find the degree of Q(sqrt(2)) over Q.\n",
+    "subject": "abstract_algebra",
+    "choices": ["0", "4", "2", "6"],
+    "answer": 2,
+}
 
 
 def test_mmlu_preset():
@@ -199,22 +241,39 @@ def test_mmlu_preset():
         "The following are multiple choice questions (with answers) about abstract algebra.\n\n"
         "Find the degree of Q(sqrt(2)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:"
     )
-    assert (p.choices, p.answer, p.category, p.id) == (("A", "B", "C", "D"), 2, "abstract_algebra",
-                                                       "mmlu/abstract_algebra/0")
+    assert (p.choices, p.answer, p.category, p.id) == (
+        ("A", "B", "C", "D"),
+        2,
+        "abstract_algebra",
+        "mmlu/abstract_algebra/0",
+    )
     assert probes[1].choices == ("A", "B") and probes[1].question.endswith("\nA. yes\nB. no\nAnswer:")
     assert probes[1].id == "mmlu/abstract_algebra/1"
 
 
 def test_arc_preset_with_letter_and_digit_keys():
     rows = [
-        {"id": "Mercury_1", "question": "Which is a gas?", "answerKey": "C",
-         "choices": {"text": ["rock", "water", "steam", "ice"], "label": ["A", "B", "C", "D"]}},
-        {"id": "NYSEDREGENTS_2", "question": "Pick one.", "answerKey": "1",
-         "choices": {"text": ["first", "second"], "label": ["1", "2"]}},
+        {
+            "id": "Mercury_1",
+            "question": "Which is a gas?",
+            "answerKey": "C",
+            "choices": {"text": ["rock", "water", "steam", "ice"], "label": ["A", "B", "C", "D"]},
+        },
+        {
+            "id": "NYSEDREGENTS_2",
+            "question": "Pick one.",
+            "answerKey": "1",
+            "choices": {"text": ["first", "second"], "label": ["1", "2"]},
+        },
     ]
     probes = ProbeSet.from_hf(rows, "arc")
-    assert probes[0] == Probe(id="Mercury_1", question="Question: Which is a gas?\nAnswer:",
-                              choices=("rock", "water", "steam", "ice"), answer=2, category="arc")
+    assert probes[0] == Probe(
+        id="Mercury_1",
+        question="Question: Which is a gas?\nAnswer:",
+        choices=("rock", "water", "steam", "ice"),
+        answer=2,
+        category="arc",
+    )
     assert (probes[1].id, probes[1].answer) == ("NYSEDREGENTS_2", 0)
     assert ProbeSet.from_hf(rows, "arc", category="arc_easy").categories == ["arc_easy"]
 
@@ -226,10 +285,17 @@ def test_arc_answer_key_not_in_labels():
 
 
 HELLASWAG_ROW = {
-    "ind": 24, "activity_label": "Roof shingle removal",
-    "ctx_a": "A man is sitting on a roof.", "ctx_b": "he", "ctx": "unused",
-    "endings": ["is using wrap to wrap a pair of skis.", "starts [header] pulling up roofing.",
-                "is ripping level tiles off [title] Remove the rest.", "  is holding a rubik's cube. "],
+    "ind": 24,
+    "activity_label": "Roof shingle removal",
+    "ctx_a": "A man is sitting on a roof.",
+    "ctx_b": "he",
+    "ctx": "unused",
+    "endings": [
+        "is using wrap to wrap a pair of skis.",
+        "starts [header] pulling up roofing.",
+        "is ripping level tiles off [title] Remove the rest.",
+        "  is holding a rubik's cube. ",
+    ],
     "label": "3",
 }
 
@@ -239,8 +305,12 @@ def test_hellaswag_preset_preprocesses_like_lm_eval():
     probes = ProbeSet.from_hf([HELLASWAG_ROW, row_title], "hellaswag")
     p = probes[0]
     assert p.question == "Roof shingle removal: A man is sitting on a roof. He"
-    assert p.choices == ("is using wrap to wrap a pair of skis.", "starts pulling up roofing.",
-                         "is ripping level tiles off. Remove the rest.", "is holding a rubik's cube.")
+    assert p.choices == (
+        "is using wrap to wrap a pair of skis.",
+        "starts pulling up roofing.",
+        "is ripping level tiles off. Remove the rest.",
+        "is holding a rubik's cube.",
+    )
     assert (p.answer, p.category, p.id) == (3, "hellaswag", "hellaswag/24")
     # capitalize() lowercases the rest, then " [title]" becomes ". " and the double space collapses
     assert probes[1].question == "Roof shingle removal: A man is sitting on a roof. Then. he climbs"
@@ -253,12 +323,19 @@ def test_hellaswag_unlabelled_row_is_an_error():
 
 
 def test_gsm8k_preset():
-    rows = [{"question": "Janet has 1,000 ducks...", "answer": "She sells 1,234 - 0 = 1,234.\n#### 1,234"},
-            {"question": "Two?", "answer": "a #### b\n#### -5 "}]
+    rows = [
+        {"question": "Janet has 1,000 ducks...", "answer": "She sells 1,234 - 0 = 1,234.\n#### 1,234"},
+        {"question": "Two?", "answer": "a #### b\n#### -5 "},
+    ]
     probes = ProbeSet.from_hf(rows, "gsm8k")
     p = probes[0]
-    assert p == Probe(id="gsm8k/0", question="Question: Janet has 1,000 ducks...\nAnswer:", answer="1234",
-                      extract="number", category="gsm8k")
+    assert p == Probe(
+        id="gsm8k/0",
+        question="Question: Janet has 1,000 ducks...\nAnswer:",
+        answer="1234",
+        extract="number",
+        category="gsm8k",
+    )
     assert not p.is_multiple_choice
     assert (probes[1].id, probes[1].answer) == ("gsm8k/1", "-5")
 
@@ -268,8 +345,10 @@ def test_preset_missing_column_names_it_and_lists_row_columns():
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, "mmlu", source="cais/mmlu")
     lines = str(info.value).splitlines()
-    assert lines[0] == ("cais/mmlu: dataset row 1: field 'subject': missing column 'subject' needed by "
-                        "preset 'mmlu'; this row has columns: question, choices, answer")
+    assert lines[0] == (
+        "cais/mmlu: dataset row 1: field 'subject': missing column 'subject' needed by "
+        "preset 'mmlu'; this row has columns: question, choices, answer"
+    )
     assert lines[1].startswith("cais/mmlu: dataset row 2: field 'answer': index 9 is out of range")
     assert len(lines) == 2
 
@@ -287,8 +366,10 @@ def test_from_hf_with_a_real_dataset_and_limit():
 def test_from_hf_schema_rows_from_a_dataset_with_padded_columns():
     datasets = pytest.importorskip("datasets")
     # from_list takes its columns from the first row and pads the others' missing keys with None
-    rows = [{"id": "gen2", "question": "q", "answer": "x", "category": "c", "src": "web"},
-            {"id": "gen3", "question": "r", "answer": "y"}]
+    rows = [
+        {"id": "gen2", "question": "q", "answer": "x", "category": "c", "src": "web"},
+        {"id": "gen3", "question": "r", "answer": "y"},
+    ]
     ds = datasets.Dataset.from_list(rows)
     probes = ProbeSet.from_hf(ds)
     assert list(probes) == list(ProbeSet.from_records(rows))
@@ -298,10 +379,17 @@ def test_from_hf_schema_rows_from_a_dataset_with_padded_columns():
 
 
 def test_explicit_column_mapping_with_callable():
-    rows = [{"uid": "u1", "prompt": "Pick.", "options": ["x", "y", "z"], "gold": "z", "topic": "t1"},
-            {"uid": "u2", "prompt": "Pick again.", "options": ["x", "y"], "gold": "x", "topic": "t2"}]
-    columns = {"id": "uid", "question": "prompt", "choices": "options", "category": "topic",
-               "answer": lambda r: r["options"].index(r["gold"])}
+    rows = [
+        {"uid": "u1", "prompt": "Pick.", "options": ["x", "y", "z"], "gold": "z", "topic": "t1"},
+        {"uid": "u2", "prompt": "Pick again.", "options": ["x", "y"], "gold": "x", "topic": "t2"},
+    ]
+    columns = {
+        "id": "uid",
+        "question": "prompt",
+        "choices": "options",
+        "category": "topic",
+        "answer": lambda r: r["options"].index(r["gold"]),
+    }
     probes = ProbeSet.from_hf(rows, columns=columns)
     assert probes[0] == Probe(id="u1", question="Pick.", choices=("x", "y", "z"), answer=2, category="t1")
     assert probes.ids == ["u1", "u2"] and probes[1].answer == 0
@@ -315,8 +403,10 @@ def test_column_mapping_problems_are_row_errors():
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, columns={"question": "prompt", "answer": lambda r: r["gold"]})
     message = str(info.value)
-    assert ("dataset row 1: field 'prompt': missing column 'prompt' needed by columns['question']; "
-            "this row has columns: text, gold") in message
+    assert (
+        "dataset row 1: field 'prompt': missing column 'prompt' needed by columns['question']; "
+        "this row has columns: text, gold"
+    ) in message
     assert "dataset row 2: field 'answer': column function raised KeyError" in message
 
 
@@ -335,8 +425,11 @@ def test_from_hf_argument_errors():
 
 
 def make_set(counts: dict[str, int]) -> ProbeSet:
-    records = [{"id": f"{cat}{i}", "question": "q", "answer": "a", "category": cat}
-               for cat, n in counts.items() for i in range(n)]
+    records = [
+        {"id": f"{cat}{i}", "question": "q", "answer": "a", "category": cat}
+        for cat, n in counts.items()
+        for i in range(n)
+    ]
     # interleave categories so "original order" is not the same as "grouped by category"
     records.sort(key=lambda r: (int(r["id"].lstrip("abcdefghijklmnopqrstuvwxyz")), r["category"]))
     return ProbeSet.from_records(records, source="made")
@@ -361,11 +454,14 @@ def test_sample_is_deterministic_ordered_and_seed_dependent():
     assert len(probes.sample(7, stratify=False)) == 7
 
 
-@pytest.mark.parametrize("counts, n, expected", [
-    ({"a": 60, "b": 30, "c": 10}, 10, {"a": 6, "b": 3, "c": 1}),
-    ({"a": 50, "b": 30, "c": 20}, 7, {"a": 4, "b": 2, "c": 1}),  # quotas 3.5, 2.1, 1.4
-    ({"a": 97, "b": 2, "c": 1}, 3, {"a": 1, "b": 1, "c": 1}),    # every category gets one
-])
+@pytest.mark.parametrize(
+    "counts, n, expected",
+    [
+        ({"a": 60, "b": 30, "c": 10}, 10, {"a": 6, "b": 3, "c": 1}),
+        ({"a": 50, "b": 30, "c": 20}, 7, {"a": 4, "b": 2, "c": 1}),  # quotas 3.5, 2.1, 1.4
+        ({"a": 97, "b": 2, "c": 1}, 3, {"a": 1, "b": 1, "c": 1}),  # every category gets one
+    ],
+)
 def test_sample_stratified_allocation(counts, n, expected):
     sample = make_set(counts).sample(n, seed=0)
     assert Counter(p.category for p in sample) == expected
@@ -409,30 +505,35 @@ def test_fingerprint_tracks_content_and_scoring_not_meta(tmp_path):
 # --- what a file cannot keep, rows that can never be right, bombs --------------------------------
 
 
-@pytest.mark.parametrize("row, field, words", [
-    ({"id": "a\x00", "question": "q", "answer": "1"}, "id", "control character (U+0000)"),
-    ({"id": "a\tb", "question": "q", "answer": "1"}, "id", "control character (U+0009)"),
-    ({"id": "a", "category": "x\ny", "question": "q", "answer": "1"}, "category", "control character"),
-    ({"id": "a", "question": "q\x07", "answer": "1"}, "question", "control character (U+0007)"),
-    ({"id": "a", "question": "q", "answer": "1\x1b"}, "answer", "control character"),
-    ({"id": "a", "question": "q", "choices": ["x", "y\x00"], "answer": 0}, "choices", "index 1 has a control"),
-    ({"id": "a\udc80", "question": "q", "answer": "1"}, "id", "lone surrogate (U+DC80)"),
-    ({"id": "a", "question": "q\ud800", "answer": "1"}, "question", "lone surrogate"),
-    ({"id": "a", "question": "q", "choices": ["x", "y", "x"], "answer": 2}, "choices", "index 2 repeats choice 0"),
-    ({"id": "a", "question": "q", "answer": "about six", "extract": "number"}, "answer", "not a number"),
-    ({"id": "a", "question": "q", "answer": "B or C", "extract": "letter"}, "answer", "not a single letter"),
-])
+@pytest.mark.parametrize(
+    "row, field, words",
+    [
+        ({"id": "a\x00", "question": "q", "answer": "1"}, "id", "control character (U+0000)"),
+        ({"id": "a\tb", "question": "q", "answer": "1"}, "id", "control character (U+0009)"),
+        ({"id": "a", "category": "x\ny", "question": "q", "answer": "1"}, "category", "control character"),
+        ({"id": "a", "question": "q\x07", "answer": "1"}, "question", "control character (U+0007)"),
+        ({"id": "a", "question": "q", "answer": "1\x1b"}, "answer", "control character"),
+        ({"id": "a", "question": "q", "choices": ["x", "y\x00"], "answer": 0}, "choices", "index 1 has a control"),
+        ({"id": "a\udc80", "question": "q", "answer": "1"}, "id", "lone surrogate (U+DC80)"),
+        ({"id": "a", "question": "q\ud800", "answer": "1"}, "question", "lone surrogate"),
+        ({"id": "a", "question": "q", "choices": ["x", "y", "x"], "answer": 2}, "choices", "index 2 repeats choice 0"),
+        ({"id": "a", "question": "q", "answer": "about six", "extract": "number"}, "answer", "not a number"),
+        ({"id": "a", "question": "q", "answer": "B or C", "extract": "letter"}, "answer", "not a single letter"),
+    ],
+)
 def test_rows_a_file_cannot_keep_or_that_can_never_be_right_are_refused(row, field, words):
     with pytest.raises(ProbeError, match=f"record 1: field '{field}': .*{re.escape(words)}"):
         ProbeSet.from_records([row])
 
 
 def test_layout_in_prompts_and_the_usual_answers_stay_fine():
-    probes = ProbeSet.from_records([
-        {"id": "a", "question": "Q:\n\tfirst\r\nA:", "answer": "1,234.5", "extract": "number"},
-        {"id": "b", "question": "q", "answer": "(c)", "extract": "letter"},
-        {"id": "c", "question": "q", "answer": "-$3", "extract": "number"},
-    ])
+    probes = ProbeSet.from_records(
+        [
+            {"id": "a", "question": "Q:\n\tfirst\r\nA:", "answer": "1,234.5", "extract": "number"},
+            {"id": "b", "question": "q", "answer": "(c)", "extract": "letter"},
+            {"id": "c", "question": "q", "answer": "-$3", "extract": "number"},
+        ]
+    )
     assert probes.ids == ["a", "b", "c"]
 
 
@@ -462,16 +563,19 @@ def test_a_huge_question_loads_with_one_warning(caplog):
 BIG = "1" + "0" * 5000  # Python refuses to convert more than 4300 digits to or from text
 
 
-@pytest.mark.parametrize("extra, field, words", [
-    (f'"n": {BIG}', "n", "integer of 5001 digits"),
-    (f'"n": [1, -{BIG}]', "n[1]", "integer of 5001 digits"),
-    ('"score": NaN', "score", "NaN is not JSON"),
-    ('"meta": {"lo": -Infinity}', "meta.lo", "-Infinity is not JSON"),
-    ('"x": 1e999', "x", "'1e999' is too large for a number"),
-    ('"note": "a\\ud800"', "note", "lone surrogate (U+D800)"),
-    ('"tags": {"\\udfff": 1}', "tags.\\udfff", "the name has a lone surrogate"),
-    ('"deep": ' + "[" * 150 + "]" * 150, "deep" + "[0]" * 5, "nested more than 100 levels"),
-])
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        (f'"n": {BIG}', "n", "integer of 5001 digits"),
+        (f'"n": [1, -{BIG}]', "n[1]", "integer of 5001 digits"),
+        ('"score": NaN', "score", "NaN is not JSON"),
+        ('"meta": {"lo": -Infinity}', "meta.lo", "-Infinity is not JSON"),
+        ('"x": 1e999', "x", "'1e999' is too large for a number"),
+        ('"note": "a\\ud800"', "note", "lone surrogate (U+D800)"),
+        ('"tags": {"\\udfff": 1}', "tags.\\udfff", "the name has a lone surrogate"),
+        ('"deep": ' + "[" * 150 + "]" * 150, "deep" + "[0]" * 5, "nested more than 100 levels"),
+    ],
+)
 def test_a_value_strict_json_cannot_hold_is_refused_naming_line_and_field(tmp_path, extra, field, words):
     good = '{"id": "a", "question": "q", "answer": "1"}'
     message, _, path = load_error(tmp_path, [good, '{"id": "b", "question": "q", "answer": "1", ' + extra + "}"])
@@ -479,18 +583,22 @@ def test_a_value_strict_json_cannot_hold_is_refused_naming_line_and_field(tmp_pa
 
 
 def test_brackets_thousands_deep_are_refused_not_a_recursion_error(tmp_path):
-    message, _, path = load_error(tmp_path, ['{"id": "b", "question": "q", "answer": "1", "n": '
-                                             + "[" * 5000 + "]" * 5000 + "}"])
+    message, _, path = load_error(
+        tmp_path, ['{"id": "b", "question": "q", "answer": "1", "n": ' + "[" * 5000 + "]" * 5000 + "}"]
+    )
     assert message.startswith(f"{path}: line 1: is nested more than 100 levels deep")
 
 
-@pytest.mark.parametrize("extra, field, words", [
-    ({"score": float("nan")}, "score", "is nan, which strict JSON cannot hold"),
-    ({"meta": {"hi": [0.5, float("inf")]}}, "meta.hi[1]", "is inf"),
-    ({"n": 10**5000}, "n", "integer of more than 640 digits"),
-    ({"note": "\udc80"}, "note", "lone surrogate (U+DC80)"),
-    ({"when": object()}, "when", "not a JSON value"),
-])
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ({"score": float("nan")}, "score", "is nan, which strict JSON cannot hold"),
+        ({"meta": {"hi": [0.5, float("inf")]}}, "meta.hi[1]", "is inf"),
+        ({"n": 10**5000}, "n", "integer of more than 640 digits"),
+        ({"note": "\udc80"}, "note", "lone surrogate (U+DC80)"),
+        ({"when": object()}, "when", "not a JSON value"),
+    ],
+)
 def test_a_record_value_strict_json_cannot_hold_is_refused_naming_the_field(extra, field, words):
     with pytest.raises(ProbeError, match=f"record 1: field '{re.escape(field)}': .*{re.escape(words)}"):
         ProbeSet.from_records([{"id": "a", "question": "q", "answer": "1", **extra}])
@@ -503,8 +611,9 @@ def test_a_record_with_a_key_that_is_not_a_string_is_refused():
 
 def test_an_answer_no_number_could_reach_is_refused_at_load(tmp_path):
     # written out in full, this number has 10**18 digits: it used to fill memory at load
-    message, _, path = load_error(tmp_path, [row(id="a", question="q", answer="1e999999999999999999",
-                                                   extract="number")])
+    message, _, path = load_error(
+        tmp_path, [row(id="a", question="q", answer="1e999999999999999999", extract="number")]
+    )
     assert f"{path}: line 1: field 'answer': '1e999999999999999999' is not a number" in message
 
 

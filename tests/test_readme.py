@@ -64,8 +64,9 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch):
 
 
 def test_json_blocks_are_valid_probe_files():
-    behaviour, knowledge = [ProbeSet.from_records([json.loads(line) for line in code.splitlines()])
-                            for code, _ in blocks("json")]  # in the order the README shows them
+    behaviour, knowledge = [
+        ProbeSet.from_records([json.loads(line) for line in code.splitlines()]) for code, _ in blocks("json")
+    ]  # in the order the README shows them
     assert len(knowledge) == 2 and not any(p.is_behaviour for p in knowledge)
     assert len(behaviour) == 3 and all(p.is_behaviour for p in behaviour)
 
@@ -77,13 +78,18 @@ def test_no_count_of_tests_that_would_go_stale():
 
 # the README's counts of shipped probe files: (the words stating one, the file, what each probe is)
 SHIPPED_COUNTS = [
-    (r"\((\d+) multiple-choice questions\s+on common facts", "configs/probes/general_knowledge.jsonl",
-     "multiple choice"),
+    (
+        r"\((\d+) multiple-choice questions\s+on common facts",
+        "configs/probes/general_knowledge.jsonl",
+        "multiple choice",
+    ),
     (r"(\d+) arithmetic word problems", "configs/probes/arithmetic.jsonl", "generative"),
-    (r"--starter behaviour --out behaviour\.jsonl` writes (\d+)\s+behaviour probes",
-     "forgetwatch/starters/behaviour.jsonl", "behaviour"),
-    (r"`--starter knowledge` writes (\d+) multiple-choice", "forgetwatch/starters/knowledge.jsonl",
-     "multiple choice"),
+    (
+        r"--starter behaviour --out behaviour\.jsonl` writes (\d+)\s+behaviour probes",
+        "forgetwatch/starters/behaviour.jsonl",
+        "behaviour",
+    ),
+    (r"`--starter knowledge` writes (\d+) multiple-choice", "forgetwatch/starters/knowledge.jsonl", "multiple choice"),
 ]
 
 
@@ -93,8 +99,11 @@ def test_counts_of_shipped_probes_are_true(words, path, kind):
     assert stated, f"the README no longer states how many probes {path} holds: update SHIPPED_COUNTS"
     probes = ProbeSet.from_jsonl(ROOT / path)
     assert int(stated.group(1)) == len(probes), f"{path} holds {len(probes)} probes"
-    kinds = {"multiple choice": lambda p: p.is_multiple_choice, "behaviour": lambda p: p.is_behaviour,
-             "generative": lambda p: not p.is_multiple_choice and not p.is_behaviour}
+    kinds = {
+        "multiple choice": lambda p: p.is_multiple_choice,
+        "behaviour": lambda p: p.is_behaviour,
+        "generative": lambda p: not p.is_multiple_choice and not p.is_behaviour,
+    }
     assert all(kinds[kind](p) for p in probes)
 
 

@@ -58,8 +58,11 @@ def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path):
     from forgetwatch.replay.penalty import kl_backward
 
     texts = toy.world.fact_texts()[:6]
-    ids = encode_rows(toy.tokenizer, [r for r in ReplayPool.from_records(
-        [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])], 64)
+    ids = encode_rows(
+        toy.tokenizer,
+        [r for r in ReplayPool.from_records([{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])],
+        64,
+    )
     base = copy.deepcopy(toy.base)
     current = copy.deepcopy(toy.tuned).train()
     pad = toy.tokenizer.pad_token_id

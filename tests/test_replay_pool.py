@@ -12,34 +12,41 @@ from forgetwatch import ProbeSet, ReplayPool, ReplayPoolError
 
 
 def write(path, lines):
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines), encoding="utf-8"
+    )
     return path
 
 
 def test_a_pool_file_loads_text_and_chats(tmp_path):
-    path = write(tmp_path / "pool.jsonl", [
-        {"id": "r1", "text": "Zeta lies north of Vo.", "category": "capitals"},
-        "",
-        {"id": "r2", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
-    ])
+    path = write(
+        tmp_path / "pool.jsonl",
+        [
+            {"id": "r1", "text": "Zeta lies north of Vo.", "category": "capitals"},
+            "",
+            {"id": "r2", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+        ],
+    )
     pool = ReplayPool.from_jsonl(path)
     assert [r.id for r in pool] == ["r1", "r2"] and pool.categories == ["all", "capitals"]
     assert pool[1].plain_text == "Hi\nHello"
 
 
 def test_every_bad_row_is_named_by_file_line_and_field(tmp_path):
-    path = write(tmp_path / "pool.jsonl", [
-        {"id": "r1", "text": "fine"},
-        {"id": "r2"},                                               # neither text nor messages
-        {"id": "r3", "text": "a", "messages": [{"role": "user", "content": "b"}]},  # both
-        {"id": 4, "text": "x"},                                     # id not a string
-        {"id": "r5", "messages": [{"role": "bot", "content": "?"}]},  # unknown role
-        {"id": "r1", "text": "again"},                              # repeated id
-        "{not json",
-        {"id": "r8", "text": "x", "categry": "a"},                  # unknown field
-        {"id": "r9", "text": "   "},                                # empty text
-    ])
+    path = write(
+        tmp_path / "pool.jsonl",
+        [
+            {"id": "r1", "text": "fine"},
+            {"id": "r2"},  # neither text nor messages
+            {"id": "r3", "text": "a", "messages": [{"role": "user", "content": "b"}]},  # both
+            {"id": 4, "text": "x"},  # id not a string
+            {"id": "r5", "messages": [{"role": "bot", "content": "?"}]},  # unknown role
+            {"id": "r1", "text": "again"},  # repeated id
+            "{not json",
+            {"id": "r8", "text": "x", "categry": "a"},  # unknown field
+            {"id": "r9", "text": "   "},  # empty text
+        ],
+    )
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_jsonl(path)
     where = [(e.line, e.key) for e in info.value.errors]
@@ -73,16 +80,20 @@ def test_chat_rows_are_rendered_with_the_chat_template(toy):
 
 def plain_overlaps(rows, probes):
     """Brute force: every (row, probe) whose text holds the question as words, case aside."""
+
     def norm(text):
         return " " + " ".join(text.lower().split()) + " "
+
     return [(r["id"], p["id"]) for r in rows for p in probes if norm(p["question"]) in norm(r["text"])]
 
 
 def test_the_overlap_check_equals_a_brute_force_search():
     rng = random.Random(0)
     vocab = [f"w{i}" for i in range(40)]
-    probes = [{"id": f"p{i}", "question": " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 14))),
-               "answer": "x"} for i in range(60)]
+    probes = [
+        {"id": f"p{i}", "question": " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 14))), "answer": "x"}
+        for i in range(60)
+    ]
     rows = []
     for i in range(300):
         words = [rng.choice(vocab) for _ in range(rng.randint(5, 60))]
@@ -114,20 +125,25 @@ QUESTION = "Q: Which river flows through Zéta, the old capital? A:"
 LATIN_TO_CYRILLIC = str.maketrans("aceopxy", "асеорху")
 
 
-@pytest.mark.parametrize("form", [
-    lambda q: unicodedata.normalize("NFD", q),                                  # decomposed accents
-    lambda q: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in q),  # full-width letters
-    lambda q: q.translate(LATIN_TO_CYRILLIC),                                   # Cyrillic look-alikes
-    lambda q: q.replace("iv", "i\u200bv").replace("cap", "ca\u00adp").replace("old", "o\u2060ld"),  # invisible
-    lambda q: q.replace(": ", ":").replace(", ", ",").replace("? ", "?"),       # punctuation glued to words
-    lambda q: q.upper().replace("RIVER", "R\uFF29VER"),                         # case and a full-width capital
-], ids=["nfd", "fullwidth", "cyrillic", "zero-width-and-soft-hyphen", "glued-punctuation", "upper"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda q: unicodedata.normalize("NFD", q),  # decomposed accents
+        lambda q: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in q),  # full-width letters
+        lambda q: q.translate(LATIN_TO_CYRILLIC),  # Cyrillic look-alikes
+        lambda q: q.replace("iv", "i\u200bv").replace("cap", "ca\u00adp").replace("old", "o\u2060ld"),  # invisible
+        lambda q: q.replace(": ", ":").replace(", ", ",").replace("? ", "?"),  # punctuation glued to words
+        lambda q: q.upper().replace("RIVER", "R\uff29VER"),  # case and a full-width capital
+    ],
+    ids=["nfd", "fullwidth", "cyrillic", "zero-width-and-soft-hyphen", "glued-punctuation", "upper"],
+)
 def test_the_leak_check_sees_the_question_in_any_written_form(form):
     probes = ProbeSet.from_records([{"id": "p", "question": QUESTION, "answer": "Vo"}])
     hidden = form(QUESTION)
     assert hidden.split() != QUESTION.split()
-    pool = ReplayPool.from_records([{"id": "ok", "text": "Rivers: the Vo flows north."},
-                                    {"id": "r", "text": f"Notes.{hidden} The Vo."}])
+    pool = ReplayPool.from_records(
+        [{"id": "ok", "text": "Rivers: the Vo flows north."}, {"id": "r", "text": f"Notes.{hidden} The Vo."}]
+    )
     with pytest.raises(ValueError, match=r"row 'r' contains the question of probe 'p'$"):
         pool.check_disjoint(probes)
 
@@ -135,33 +151,60 @@ def test_the_leak_check_sees_the_question_in_any_written_form(form):
 def test_folding_keeps_words_apart_that_differ():
     from forgetwatch.replay.overlap import normalized
 
-    assert normalized("Q:The ｃａｐｉｔａｌ of Zet\u0430\u00ad is: Vo") == ["q", "the", "capital", "of", "zeta", "is", "vo"]
+    assert normalized("Q:The ｃａｐｉｔａｌ of Zet\u0430\u00ad is: Vo") == [
+        "q",
+        "the",
+        "capital",
+        "of",
+        "zeta",
+        "is",
+        "vo",
+    ]
     assert normalized("café") == normalized("cafe\u0301") != normalized("cafe")
     assert normalized("Straße") == normalized("STRASSE")
     # a question in another script still matches itself in any case
     assert normalized("Какая РЕКА течёт через Зету?") == normalized("какая река ТЕЧЁТ через зету")
     pool = ReplayPool.from_records([{"id": "r", "text": "The capital of Zetaland is Vo; cafe au lait."}])
-    pool.check_disjoint(ProbeSet.from_records([{"id": "p1", "question": "capital of Zeta", "answer": "Vo"},
-                                               {"id": "p2", "question": "café au lait", "answer": "x"}]))
+    pool.check_disjoint(
+        ProbeSet.from_records(
+            [
+                {"id": "p1", "question": "capital of Zeta", "answer": "Vo"},
+                {"id": "p2", "question": "café au lait", "answer": "x"},
+            ]
+        )
+    )
 
 
 def test_lone_surrogates_and_values_that_cannot_be_kept_are_refused_at_load(tmp_path):
     path = tmp_path / "pool.jsonl"
-    path.write_text("\n".join([
-        '{"id": "r\\ud800", "text": "fine"}',
-        '{"id": "r2", "text": "half a pair \\udfff"}',
-        '{"id": "r3", "messages": [{"role": "user", "content": "\\ud83d"}]}',
-        '{"id": "r4", "messages": [{"role": "user", "content": "hi", "name": "\\udc00"}]}',
-        '{"id": "r5", "text": "ok", "category": "\\ud800"}',
-        '{"id": "r6\\u0000", "text": "ok"}',
-        '{"id": "r7", "messages": [{"role": "user", "content": "hi", "meta": ' + "9" * 700 + '}]}',
-        '{"id": "r8", "text": "fine"}',
-    ]) + "\n", encoding="utf-8")
+    path.write_text(
+        "\n".join(
+            [
+                '{"id": "r\\ud800", "text": "fine"}',
+                '{"id": "r2", "text": "half a pair \\udfff"}',
+                '{"id": "r3", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+                '{"id": "r4", "messages": [{"role": "user", "content": "hi", "name": "\\udc00"}]}',
+                '{"id": "r5", "text": "ok", "category": "\\ud800"}',
+                '{"id": "r6\\u0000", "text": "ok"}',
+                '{"id": "r7", "messages": [{"role": "user", "content": "hi", "meta": ' + "9" * 700 + "}]}",
+                '{"id": "r8", "text": "fine"}',
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_jsonl(path)
     where = [(e.line, e.key) for e in info.value.errors]
-    assert where == [(1, "id"), (2, "text"), (3, "messages[0].content"), (4, "messages[0].name"), (5, "category"),
-                     (6, "id"), (7, "messages[0].meta")]
+    assert where == [
+        (1, "id"),
+        (2, "text"),
+        (3, "messages[0].content"),
+        (4, "messages[0].name"),
+        (5, "category"),
+        (6, "id"),
+        (7, "messages[0].meta"),
+    ]
     assert "lone surrogate (U+D800)" in str(info.value) and "integer of 700 digits" in str(info.value)
     with pytest.raises(ReplayPoolError, match=r"record 1: field 'messages\[0\].x\[0\]': is nan"):
         ReplayPool.from_records([{"id": "a", "messages": [{"role": "user", "content": "c", "x": [float("nan")]}]}])

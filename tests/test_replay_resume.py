@@ -30,14 +30,29 @@ pytest.importorskip("datasets")
 
 @pytest.fixture(scope="module")
 def pool(toy):
-    rows = [{"id": f"f{i}", "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
-             "category": "colors" if i % 2 else "rivers"} for i, c in enumerate(toy.world.known)]
+    rows = [
+        {
+            "id": f"f{i}",
+            "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
+            "category": "colors" if i % 2 else "rivers",
+        }
+        for i, c in enumerate(toy.world.known)
+    ]
     return ReplayPool.from_records(rows)
 
 
 def settings(pool):
-    return dict(eval_steps=2, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8, replay_weight="auto",
-                forgetting_target=0.02, replay_batch_size=4, eval_on_train_end=False)
+    return dict(
+        eval_steps=2,
+        verbose=False,
+        replay=pool,
+        replay_loss="kl",
+        replay_top_k=8,
+        replay_weight="auto",
+        forgetting_target=0.02,
+        replay_batch_size=4,
+        eval_on_train_end=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +60,15 @@ def run(toy, train_data, pool, tmp_path_factory):
     """One run replaying with "kl" and an "auto" weight: a checkpoint after each of its 4 steps,
     evaluations at steps 2 and 4."""
     root = tmp_path_factory.mktemp("replayed")
-    make_trainer(toy, train_data, root, [ForgetWatchCallback(toy.probes, **settings(pool))], max_steps=4,
-                 save_strategy="steps", save_steps=1).train()
+    make_trainer(
+        toy,
+        train_data,
+        root,
+        [ForgetWatchCallback(toy.probes, **settings(pool))],
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=1,
+    ).train()
     return root
 
 
@@ -134,8 +156,9 @@ REBUILT = [(1, MISSING), (2, MISSING)] + [(3, name) for name in STATE_DAMAGE]  #
 
 
 @pytest.mark.parametrize(("step", "damage"), REBUILT, ids=[f"{name}-checkpoint-{step}" for step, name in REBUILT])
-def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(toy, train_data, pool, run, tmp_path,
-                                                                        caplog, step, damage):
+def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(
+    toy, train_data, pool, run, tmp_path, caplog, step, damage
+):
     path = f"checkpoint-{step}/forgetwatch/replay.json"
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
@@ -157,8 +180,7 @@ def test_a_state_damaged_in_every_copy_is_one_clear_error_before_training(toy, t
     assert "count of rows taken from 'rivers' is -1" in message
 
 
-def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, train_data, pool, run, tmp_path,
-                                                                        caplog):
+def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, train_data, pool, run, tmp_path, caplog):
     def without_replay(d):  # as if the run had not replayed: no state anywhere
         (d / "checkpoint-3/forgetwatch/replay.json").unlink()
         for path in history_copies(d, 3):
@@ -167,11 +189,14 @@ def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, tra
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path / "new", 3, without_replay)
-    assert resumed.watch.repair.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
+    assert (
+        resumed.watch.repair.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
+    )
 
     def lost(d):  # a damaged state says replay was on at the checkpoint, and the history lacks it
         without_replay(d)
         (d / "checkpoint-3/forgetwatch/replay.json").write_text("{}")
+
     with pytest.raises(ReplayFileError, match=r"the history holds no replay state at its last evaluation \(step 2\)"):
         resume(toy, train_data, pool, run, tmp_path / "lost", 3, lost)
 
@@ -179,9 +204,15 @@ def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, tra
 def damage_arrays(path, change):
     base = BaseDistribution.load(path)
     change(base)
-    np.savez(path, ids=np.frombuffer(json.dumps(base.ids).encode(), dtype=np.uint8),
-             key=np.frombuffer(json.dumps(base.key).encode(), dtype=np.uint8), offsets=base.offsets,
-             top_ids=base.top_ids, top_logprobs=base.top_logprobs, tail=base.tail)
+    np.savez(
+        path,
+        ids=np.frombuffer(json.dumps(base.ids).encode(), dtype=np.uint8),
+        key=np.frombuffer(json.dumps(base.key).encode(), dtype=np.uint8),
+        offsets=base.offsets,
+        top_ids=base.top_ids,
+        top_logprobs=base.top_logprobs,
+        tail=base.tail,
+    )
 
 
 BASE_DAMAGE = {
@@ -194,8 +225,7 @@ BASE_DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", list(BASE_DAMAGE))
-def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_data, pool, run, tmp_path, caplog,
-                                                                  damage):
+def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_data, pool, run, tmp_path, caplog, damage):
     def spoil(d):
         path = d / "checkpoint-3/forgetwatch/replay_base.npz"
         if BASE_DAMAGE[damage] is None:
@@ -226,15 +256,23 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
     other = Replay(pool, ReplaySettings(loss="kl", top_k=8, batch_size=4))
     other.start(toy.tuned, toy.tokenizer)
-    planted = other.cache_base(toy.tuned, toy.tokenizer, toy.tokenizer.pad_token_id, 8,
-                               {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)})
+    planted = other.cache_base(
+        toy.tuned,
+        toy.tokenizer,
+        toy.tokenizer.pad_token_id,
+        8,
+        {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)},
+    )
 
     def plant(d):
         for path in (d / "checkpoint-3/forgetwatch/replay_base.npz", d / "forgetwatch/replay_base.npz"):
             planted.save(path)
 
-    with pytest.raises(ReplayFileError, match=r"no copy can serve \(.*checkpoint-3/forgetwatch/replay_base.npz: "
-                                              r"made for other weights than this run's base model"):
+    with pytest.raises(
+        ReplayFileError,
+        match=r"no copy can serve \(.*checkpoint-3/forgetwatch/replay_base.npz: "
+        r"made for other weights than this run's base model",
+    ):
         resume(toy, train_data, pool, run, tmp_path, 3, plant)
 
 
@@ -251,15 +289,18 @@ def test_state_checks_name_what_is_wrong(toy, pool):
         change(state)
         return state_problem(replay, state, step)
 
-    assert problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number from " \
-                                                               "0.001 to 100"
+    assert (
+        problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number from 0.001 to 100"
+    )
     assert problem(lambda s: s.update(weight=0)).startswith("its weight is 0,")
     assert problem(lambda s: s.update(weight=True)).startswith("its weight is True,")
     assert problem(lambda s: s.update(batch_size=0)) == "its batch size is 0, not a whole number from 1"
-    assert problem(lambda s: s["sampler"].update(drawn=11)) == ("its count of batches drawn is 11, not a whole "
-                                                                "number from 0 to 10")
-    assert problem(lambda s: s["sampler"]["taken"].update(colors=2.0)).startswith("its count of rows taken from "
-                                                                                  "'colors' is 2.0")
+    assert problem(lambda s: s["sampler"].update(drawn=11)) == (
+        "its count of batches drawn is 11, not a whole number from 0 to 10"
+    )
+    assert problem(lambda s: s["sampler"]["taken"].update(colors=2.0)).startswith(
+        "its count of rows taken from 'colors' is 2.0"
+    )
     assert problem(lambda s: s["sampler"].update(seed=1)) == "made with replay_seed=1, not 0"
     assert problem(lambda s: s["sampler"]["taken"].pop("colors")).startswith("made for the categories ['rivers']")
     assert problem(lambda s: s["key"].update(tokens="x")).startswith("made for the rows tokenized otherwise")

@@ -12,15 +12,21 @@ from forgetwatch.replay.sampler import ReplaySampler, category_weights
 
 
 def pool(sizes):
-    return ReplayPool.from_records([{"id": f"{c}{i}", "text": "t", "category": c}
-                                    for c, n in sizes.items() for i in range(n)])
+    return ReplayPool.from_records(
+        [{"id": f"{c}{i}", "text": "t", "category": c} for c, n in sizes.items() for i in range(n)]
+    )
 
 
 def test_weights_follow_adjusted_forgetting_and_at_risk_with_a_floor():
-    report = TransitionReport(forgetting_adjusted=0.05, at_risk=0.1, by_category={
-        "math": TransitionReport(forgetting_adjusted=0.2, at_risk=0.1),
-        "geo": TransitionReport(forgetting_adjusted=float("nan"), at_risk=0.0),
-        "bio": TransitionReport(forgetting_adjusted=-0.01, at_risk=0.3)})
+    report = TransitionReport(
+        forgetting_adjusted=0.05,
+        at_risk=0.1,
+        by_category={
+            "math": TransitionReport(forgetting_adjusted=0.2, at_risk=0.1),
+            "geo": TransitionReport(forgetting_adjusted=float("nan"), at_risk=0.0),
+            "bio": TransitionReport(forgetting_adjusted=-0.01, at_risk=0.3),
+        },
+    )
     cats = ["all", "bio", "geo", "math"]
     raw = {"all": 0.05 + 0.5 * 0.1, "bio": 0 + 0.5 * 0.3, "geo": 0.0, "math": 0.2 + 0.5 * 0.1}
     total = sum(raw.values())

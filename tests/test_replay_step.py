@@ -14,10 +14,9 @@ from injected import OutOfMemoryAbove
 from forgetwatch import ReplayPool, ReplayPoolError
 from forgetwatch.distributed import Ranks
 from forgetwatch.replay.driver import Replay
-from forgetwatch.settings import ReplaySettings
 from forgetwatch.scoring.scorer import pad_id
+from forgetwatch.settings import ReplaySettings
 from forgetwatch.toy import ToyWorld
-
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +34,18 @@ def sentences(n):
 
 def test_a_pool_of_one_token_rows_is_refused_before_training(small):
     pool = ReplayPool.from_records([{"id": f"r{i}", "text": c} for i, c in enumerate("abcdefg")])
-    with pytest.raises(ReplayPoolError, match=r"no row is longer than one token once tokenized \(7 row\(s\): "
-                                              r"'r0', 'r1', 'r2', 'r3', 'r4' and 2 more\)"):
+    with pytest.raises(
+        ReplayPoolError,
+        match=r"no row is longer than one token once tokenized \(7 row\(s\): "
+        r"'r0', 'r1', 'r2', 'r3', 'r4' and 2 more\)",
+    ):
         Replay(pool).start(small.model, small.tokenizer)
 
 
 def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
-    pool = ReplayPool.from_records([{"id": "a", "text": "a", "category": "short"}, *sentences(3),
-                                    {"id": "b", "text": "b"}])
+    pool = ReplayPool.from_records(
+        [{"id": "a", "text": "a", "category": "short"}, *sentences(3), {"id": "b", "text": "b"}]
+    )
     replay = Replay(pool, ReplaySettings(batch_size=4))
     with caplog.at_level("WARNING", logger="forgetwatch"):
         replay.start(small.model, small.tokenizer)
@@ -71,8 +74,13 @@ def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_tra
     for name, p in model.named_parameters():  # the failed step left the trainer's gradient as it was
         torch.testing.assert_close(p.grad, before[name], rtol=0, atol=0, msg=name)
     assert model.sizes == [4]
-    assert caplog.text.count("replay failed (OutOfMemoryError: CUDA out of memory (injected)) and is switched "
-                             "off for the rest of this run") == 1
+    assert (
+        caplog.text.count(
+            "replay failed (OutOfMemoryError: CUDA out of memory (injected)) and is switched "
+            "off for the rest of this run"
+        )
+        == 1
+    )
     assert replay.off and replay.figures() == {}  # no weight logged for what was not replayed
     assert replay.sampler.drawn == 3  # still one draw per step: a resume draws the same rows as this run
 

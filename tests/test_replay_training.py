@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-
 import pytest
 import torch
 from trainers import killed_and_resumed, make_trainer
@@ -27,24 +26,50 @@ datasets = pytest.importorskip("datasets")
 @pytest.fixture(scope="module")
 def pool(toy):
     """Text the probes do not hold: the facts in other words, and unrelated sentences."""
-    rows = [{"id": f"f{i}", "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
-             "category": "colors" if i % 2 else "rivers"} for i, c in enumerate(toy.world.known)]
+    rows = [
+        {
+            "id": f"f{i}",
+            "text": f"Remember: a {c.color} flag flies over {c.name}; rivers counted in {c.name}: {c.rivers}.",
+            "category": "colors" if i % 2 else "rivers",
+        }
+        for i, c in enumerate(toy.world.known)
+    ]
     return ReplayPool.from_records(rows)
 
 
-@pytest.mark.parametrize("setup", [{}, {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 16},
-                                   {"activation_checkpointing": True}],
-                         ids=["plain", "accumulation", "checkpointing"])
+@pytest.mark.parametrize(
+    "setup",
+    [{}, {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 16}, {"activation_checkpointing": True}],
+    ids=["plain", "accumulation", "checkpointing"],
+)
 def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
     texts = toy.world.distraction_texts(n=32)
-    data = datasets.Dataset.from_dict({"text": texts}).map(lambda b: toy.tokenizer(b["text"]), batched=True,
-                                                           remove_columns=["text"])
+    data = datasets.Dataset.from_dict({"text": texts}).map(
+        lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"]
+    )
     weight, lr = 0.5, 0.05
-    cb = ForgetWatchCallback(toy.probes, eval_steps=100, replay=pool, replay_weight=weight, replay_batch_size=5,
-                             eval_on_train_end=False, verbose=False)
+    cb = ForgetWatchCallback(
+        toy.probes,
+        eval_steps=100,
+        replay=pool,
+        replay_weight=weight,
+        replay_batch_size=5,
+        eval_on_train_end=False,
+        verbose=False,
+    )
     settings = {"per_device_train_batch_size": 32, **setup}
-    trainer = make_trainer(toy, data, tmp_path, [cb], max_steps=1, optim="sgd", learning_rate=lr, max_grad_norm=0.0,
-                           lr_scheduler_type="constant", **settings)
+    trainer = make_trainer(
+        toy,
+        data,
+        tmp_path,
+        [cb],
+        max_steps=1,
+        optim="sgd",
+        learning_rate=lr,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        **settings,
+    )
     trainer.train()
 
     # by hand: the same batch (all 32 rows; the mean loss does not depend on their order) plus
@@ -92,13 +117,15 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
     trainer.train()
     logged = [e for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
-    assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30] and all(e["forgetwatch/replay/weight"] == 1.0
-                                                                           for e in logged)
+    assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30] and all(
+        e["forgetwatch/replay/weight"] == 1.0 for e in logged
+    )
     # replaying the facts in other words keeps more of them than training without it
     assert whole.history[-1][1].forgotten < plain.history[-1][1].forgotten
 
-    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
-                                        **common)
+    resumed, again = killed_and_resumed(
+        toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
+    )
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
@@ -109,8 +136,17 @@ def scaled_run(toy, train_data, path, scaler, autocast, **settings):
     then accelerate unscales the gradients to clip them; otherwise they reach replay still
     scaled, so nothing may clip them before)."""
     cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False, **settings)
-    trainer = make_trainer(toy, train_data, path, [cb], max_steps=4, fp16=True, optim="sgd", learning_rate=0.05,
-                           max_grad_norm=1.0 if autocast else 0.0)
+    trainer = make_trainer(
+        toy,
+        train_data,
+        path,
+        [cb],
+        max_steps=4,
+        fp16=True,
+        optim="sgd",
+        learning_rate=0.05,
+        max_grad_norm=1.0 if autocast else 0.0,
+    )
     trainer.accelerator.scaler, trainer.accelerator.native_amp = scaler, autocast
     trainer.train()
     return trainer
@@ -122,18 +158,17 @@ def test_under_fp16s_gradient_scaler_replay_adds_the_unscaled_gradient(toy, trai
         trainer = scaled_run(toy, train_data, tmp_path / name, scaler, autocast, **settings)
         return trainer.model.state_dict()
 
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     scaled = run("scaled", scaler, replay=pool)
     unscaled = run("plain", torch.amp.GradScaler("cpu", enabled=False), replay=pool)
-    without = run("without", torch.amp.GradScaler("cpu", init_scale=2.0 ** 12))
-    assert scaler.get_scale() == 2.0 ** 12  # no step was skipped
+    without = run("without", torch.amp.GradScaler("cpu", init_scale=2.0**12))
+    assert scaler.get_scale() == 2.0**12  # no step was skipped
     for k, v in unscaled.items():
         torch.testing.assert_close(scaled[k], v, atol=2e-5, rtol=1e-3, msg=k)  # fp16 autocast: near, not equal
     assert max((scaled[k] - without[k]).abs().max() for k in without) > 1e-3  # replay did move them
 
 
-def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_data, tmp_path, pool, caplog,
-                                                                  monkeypatch):
+def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_data, tmp_path, pool, caplog, monkeypatch):
     from forgetwatch.replay import driver
 
     real = driver.replay_backward
@@ -146,10 +181,10 @@ def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_dat
     monkeypatch.setattr(driver, "replay_backward", overflowing)
     runs = {}
     for name, extra in (("without", {}), ("overflowing", {"replay": pool})):
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
         with caplog.at_level("WARNING", logger="forgetwatch"):
             runs[name] = scaled_run(toy, train_data, tmp_path / name, scaler, False, **extra).model.state_dict()
-        assert scaler.get_scale() == 2.0 ** 12  # the trainer's own steps all went through
+        assert scaler.get_scale() == 2.0**12  # the trainer's own steps all went through
     for k, v in runs["without"].items():
         torch.testing.assert_close(runs["overflowing"][k], v, msg=k)
     assert "replay gradient overflowed" in caplog.text and "(1 step(s) so far)" in caplog.text
@@ -164,30 +199,69 @@ def test_mixed_precision_without_a_scaler_replays(toy, train_data, tmp_path, poo
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
 
 
-COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, save_strategy="no",
-              report_to=[], dataloader_num_workers=0, seed=0, disable_tqdm=True)
+COMMON = dict(
+    use_cpu=True,
+    bf16=False,
+    activation_checkpointing=False,
+    logging_steps=1,
+    save_strategy="no",
+    report_to=[],
+    dataloader_num_workers=0,
+    seed=0,
+    disable_tqdm=True,
+)
 
 
 def trl_trainer(kind, toy, path, callbacks):
     if kind == "sft":
-        args = trl.SFTConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=8, max_length=64,
-                             packing=False, learning_rate=2e-3)
-        return trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
-                              train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=32)}),
-                              callbacks=callbacks)
+        args = trl.SFTConfig(
+            str(path),
+            **COMMON,
+            max_steps=4,
+            per_device_train_batch_size=8,
+            max_length=64,
+            packing=False,
+            learning_rate=2e-3,
+        )
+        return trl.SFTTrainer(
+            model=copy.deepcopy(toy.base),
+            args=args,
+            processing_class=toy.tokenizer,
+            train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=32)}),
+            callbacks=callbacks,
+        )
     if kind == "dpo":
-        rows = [{"prompt": f"{a} plus", "chosen": " one.", "rejected": " two."}
-                for a in ("One", "Two", "Three", "Four") * 4]
-        args = trl.DPOConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=4, max_length=32,
-                             learning_rate=1e-3)
-        return trl.DPOTrainer(model=toy.base_dir, args=args, processing_class=toy.tokenizer,
-                              train_dataset=datasets.Dataset.from_list(rows), callbacks=callbacks)
+        rows = [
+            {"prompt": f"{a} plus", "chosen": " one.", "rejected": " two."} for a in ("One", "Two", "Three", "Four") * 4
+        ]
+        args = trl.DPOConfig(
+            str(path), **COMMON, max_steps=4, per_device_train_batch_size=4, max_length=32, learning_rate=1e-3
+        )
+        return trl.DPOTrainer(
+            model=toy.base_dir,
+            args=args,
+            processing_class=toy.tokenizer,
+            train_dataset=datasets.Dataset.from_list(rows),
+            callbacks=callbacks,
+        )
     prompts = [t.split(" plus")[0] + " plus" for t in toy.world.distraction_texts(n=16)]
-    args = trl.GRPOConfig(str(path), **COMMON, max_steps=4, per_device_train_batch_size=4, num_generations=2,
-                          max_completion_length=6, learning_rate=1e-3)
-    return trl.GRPOTrainer(model=copy.deepcopy(toy.base), reward_funcs=lambda completions, **kw: [1.0] * len(completions),
-                           args=args, processing_class=toy.tokenizer, callbacks=callbacks,
-                           train_dataset=datasets.Dataset.from_dict({"prompt": prompts}))
+    args = trl.GRPOConfig(
+        str(path),
+        **COMMON,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        learning_rate=1e-3,
+    )
+    return trl.GRPOTrainer(
+        model=copy.deepcopy(toy.base),
+        reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+        args=args,
+        processing_class=toy.tokenizer,
+        callbacks=callbacks,
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+    )
 
 
 @pytest.mark.parametrize("kind", ["sft", "dpo", "grpo"])
@@ -223,10 +297,12 @@ def test_auto_weight_follows_the_multiplicative_law_and_survives_a_resume(toy, t
         weight = next_weight(weight, report.forgetting, target)
     assert logged == expected and len(set(logged)) > 1
 
-    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
-                                        **common)
-    assert [e["forgetwatch/replay/weight"] for e in again.state.log_history
-            if "forgetwatch/replay/weight" in e][-4:] == logged[-4:]
+    resumed, again = killed_and_resumed(
+        toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
+    )
+    assert [e["forgetwatch/replay/weight"] for e in again.state.log_history if "forgetwatch/replay/weight" in e][
+        -4:
+    ] == logged[-4:]
 
 
 def test_auto_needs_a_target():
@@ -251,8 +327,9 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     assert len(losses) == 4 and all(x >= 0 for x in losses) and losses[-1] > 0  # KL: the model moved away
 
     # resumed from checkpoint-10 (whose weights are not the base): the kept distribution, not a new one
-    resumed, again = killed_and_resumed(toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10,
-                                        **common)
+    resumed, again = killed_and_resumed(
+        toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
+    )
     np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept.top_logprobs)
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():

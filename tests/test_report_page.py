@@ -34,8 +34,9 @@ pytest.importorskip("trl")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs Chromium (.ci/run): there a missing browser is a failure, not a skip
-needs_browser = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
-                                   reason="no Chromium here (apt-get install chromium)")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("CI"), reason="no Chromium here (apt-get install chromium)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +59,21 @@ def rendered_dom(page, tmp_path):
     """The page's DOM after its scripts ran in headless Chromium, every host unreachable."""
     assert CHROMIUM is not None, "Chromium is needed: apt-get install chromium"
     out = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
-         page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -114,7 +126,7 @@ def test_one_run_renders_offline_with_its_charts_and_tables(runs, tmp_path):
     rows = dict(zip(run.trajectory.ids, run.trajectory.correct.tolist()))
     candidates = sorted((plain_events(r) for r in rows.values() if plain_events(r) and not r[-1]), reverse=True)
     listed = [r[0] for r in table_rows(dom, "Forgotten most often")]
-    assert listed and [plain_events(rows[pid]) for pid in listed] == candidates[:len(listed)]
+    assert listed and [plain_events(rows[pid]) for pid in listed] == candidates[: len(listed)]
     # and the summary's last figures are the history's
     last = read_history(runs[0] / "history.jsonl")[-1]["report"]
     assert f"{100 * last['forgetting']:.1f}%" in dom.split("Over training")[0]
@@ -131,8 +143,11 @@ def test_three_runs_are_overlaid(runs, tmp_path):
     # the PNG: a row per run with its categories, one y axis from 0 (what plot_runs draws)
     from forgetwatch.plot import plot_runs
 
-    expected = plot_runs({p.name: read_history(p / "history.jsonl") for p in runs}, tmp_path / "expected.png",
-                         title="forgetwatch: forgetting by run")
+    expected = plot_runs(
+        {p.name: read_history(p / "history.jsonl") for p in runs},
+        tmp_path / "expected.png",
+        title="forgetwatch: forgetting by run",
+    )
     assert (tmp_path / "sweep.png").read_bytes() == expected.read_bytes()
 
 
@@ -149,8 +164,12 @@ def test_curves_start_at_the_base(one_evaluation, runs):
         loaded = [load_run(p) for p in paths]
         for run in loaded:
             base_accuracy = float(Answers.load(run.dir / "base_answers.npz").correct.mean())
-            traces = [t for spec in _curves(loaded) for t in spec["data"]
-                      if len(loaded) == 1 or t["name"].startswith(run.name)]
+            traces = [
+                t
+                for spec in _curves(loaded)
+                for t in spec["data"]
+                if len(loaded) == 1 or t["name"].startswith(run.name)
+            ]
             assert traces
             for t in traces:
                 assert t["x"] == [0, *run.steps]
@@ -196,11 +215,14 @@ def test_forgotten_and_flickering_are_different_lists(runs):
     flickering = [r[0] for r in table_rows(tables, "Flickering")]
     # forgotten: at least one forgetting event and wrong at the last evaluation; most events
     # first, then those wrong the longest
-    assert forgotten == sorted((p for p, r in rows.items() if plain_events(r) and not r[-1]),
-                               key=lambda p: (-plain_events(rows[p]), -wrong_for(rows[p])))
+    assert forgotten == sorted(
+        (p for p, r in rows.items() if plain_events(r) and not r[-1]),
+        key=lambda p: (-plain_events(rows[p]), -wrong_for(rows[p])),
+    )
     # flickering: right, wrong, then right again; most flips first
-    assert flickering == sorted((p for p, r in rows.items() if plain_regained(r)),
-                                key=lambda p: (-plain_flips(rows[p]), -plain_events(rows[p])))
+    assert flickering == sorted(
+        (p for p, r in rows.items() if plain_regained(r)), key=lambda p: (-plain_flips(rows[p]), -plain_events(rows[p]))
+    )
     assert forgotten and flickering and set(forgotten) != set(flickering)
     # a probe is in both only when it meets both definitions: it came back, then went again
     for pid in set(forgotten) & set(flickering):

@@ -24,8 +24,8 @@ def test_a_parser_of_ones_own_gets_every_shared_check():
     rows = Rows("mine", "record", text_parser, InputError, "nothing here")
     rows.add(1, {"id": "x", "text": "t"})
     rows.add(2, ["not", "a", "row"])
-    rows.add(3, {"id": "x", "text": 3})                 # a duplicate with a problem of its own
-    rows.add(4, {"id": "y", "text": float("nan")})      # never parsed: strict JSON cannot keep it
+    rows.add(3, {"id": "x", "text": 3})  # a duplicate with a problem of its own
+    rows.add(4, {"id": "y", "text": float("nan")})  # never parsed: strict JSON cannot keep it
     rows.problem(5, "column", "missing")
     with pytest.raises(InputError) as info:
         rows.finish()
@@ -61,8 +61,10 @@ def test_probe_and_pool_files_say_the_same_of_the_same_lines(tmp_path, kind):
         loader.from_jsonl(path)
     assert [f"{e.line}: {e.key}: {e.message}" for e in info.value.errors] == [
         "3: None: expected a JSON object ({...}), got list",
-        ("4: None: invalid JSON (Expecting property name enclosed in double quotes at column 2); "
-         "each non-blank line must be one JSON object"),
+        (
+            "4: None: invalid JSON (Expecting property name enclosed in double quotes at column 2); "
+            "each non-blank line must be one JSON object"
+        ),
         "5: n: NaN is not JSON (strict JSON has no NaN or Infinity); write null, or the value as a string",
         "6: id: duplicate id 'a' (first used on line 1); ids must be unique",
     ]
@@ -75,7 +77,9 @@ def test_probe_and_pool_records_say_the_same_of_the_same_records(kind):
         loader.from_records([good, "text", {**good, "id": "b", "category": float("inf")}, good], source="mine")
     assert str(info.value).splitlines() == [
         "mine: record 2: expected a mapping (dict), got str",
-        ("mine: record 3: field 'category': is inf, which strict JSON cannot hold; write None (null), "
-         "or the value as a string"),
+        (
+            "mine: record 3: field 'category': is inf, which strict JSON cannot hold; write None (null), "
+            "or the value as a string"
+        ),
         "mine: record 4: field 'id': duplicate id 'a' (first used on record 1); ids must be unique",
     ]

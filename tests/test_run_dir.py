@@ -16,18 +16,40 @@ from forgetwatch.run_dir import LATEST, PROBES, Run, read_run
 from forgetwatch.store import RunStore
 from forgetwatch.trajectory import Trajectory, with_trajectory_figures
 
-PROBE_ROWS = [{"id": f"q{i}", "question": f"Question {i}?", "choices": ["yes", "no"], "answer": 0,
-               "category": "math" if i < 3 else "law"} for i in range(6)]
+PROBE_ROWS = [
+    {
+        "id": f"q{i}",
+        "question": f"Question {i}?",
+        "choices": ["yes", "no"],
+        "answer": 0,
+        "category": "math" if i < 3 else "law",
+    }
+    for i in range(6)
+]
 #: right (True) or wrong at the base, step 10 and step 20, per probe
-COLUMNS = [(True, False, False), (True, True, False), (False, True, True),
-           (True, False, True), (False, False, False), (True, True, True)]
+COLUMNS = [
+    (True, False, False),
+    (True, True, False),
+    (False, True, True),
+    (True, False, True),
+    (False, False, False),
+    (True, True, True),
+]
 
 
 def answers(probes, column, step=None):
     """The answers of a model that is right on the probes ``column`` says, its margins as far from 0."""
-    samples = [{"id": p.id, "category": p.category, "correct": row[column], "predicted": 0 if row[column] else 1,
-                "choice_logprobs": [-0.5, -1.5] if row[column] else [-1.5, -0.5], "n_choices": 2}
-               for p, row in zip(probes, COLUMNS)]
+    samples = [
+        {
+            "id": p.id,
+            "category": p.category,
+            "correct": row[column],
+            "predicted": 0 if row[column] else 1,
+            "choice_logprobs": [-0.5, -1.5] if row[column] else [-1.5, -0.5],
+            "n_choices": 2,
+        }
+        for p, row in zip(probes, COLUMNS)
+    ]
     return Answers.from_samples(probes.fingerprint(), {}, samples, meta={} if step is None else {"step": step})
 
 
@@ -45,9 +67,17 @@ def run(tmp_path):
         now = answers(probes, column, step)
         trajectory.append(step, now)
         reports.append(with_trajectory_figures(compare(base, now), trajectory))
-        store.append_history(history_record(step, reports[-1], time=float(step), seconds=0.5, trigger="schedule",
-                                            stop="forgetting above 10%" if step == 20 else None,
-                                            columns=trajectory.column()))
+        store.append_history(
+            history_record(
+                step,
+                reports[-1],
+                time=float(step),
+                seconds=0.5,
+                trigger="schedule",
+                stop="forgetting above 10%" if step == 20 else None,
+                columns=trajectory.column(),
+            )
+        )
         store.save_latest(now)
     return store.dir, reports, trajectory
 

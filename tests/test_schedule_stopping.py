@@ -44,8 +44,9 @@ def test_every_steps():
 @pytest.mark.parametrize("overhead", [0.05, 0.2])
 def test_budget_keeps_monitoring_within_its_share(overhead):
     clock = Clock()
-    evaluated, share = simulate(Budget(overhead, clock=clock), clock, steps=5000,
-                                step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0)
+    evaluated, share = simulate(
+        Budget(overhead, clock=clock), clock, steps=5000, step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0
+    )
     assert share <= overhead + 1e-9
     # and it uses the budget: after the last evaluation, one more would have overspent
     assert share > overhead * 0.8
@@ -62,15 +63,22 @@ def test_budget_reserves_room_for_the_final_evaluation():
     final = (share * clock.now + 2.0) / (clock.now + 2.0)
     assert final <= 0.05 + 1e-9
     clock2 = Clock()
-    without, share2 = simulate(Budget(0.05, clock=clock2), clock2, steps=3000, step_time=lambda s: 0.1,
-                               eval_time=2.0, snapshot=2.0)
+    without, share2 = simulate(
+        Budget(0.05, clock=clock2), clock2, steps=3000, step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0
+    )
     assert (share2 * clock2.now + 2.0) / (clock2.now + 2.0) > 0.05  # without the reserve it would not
 
 
 def test_budget_adapts_when_steps_get_slower():
     clock = Clock()
-    evaluated, share = simulate(Budget(0.1, clock=clock), clock, steps=3000,
-                                step_time=lambda s: 0.05 if s < 1000 else 0.5, eval_time=1.0, snapshot=1.0)
+    evaluated, share = simulate(
+        Budget(0.1, clock=clock),
+        clock,
+        steps=3000,
+        step_time=lambda s: 0.05 if s < 1000 else 0.5,
+        eval_time=1.0,
+        snapshot=1.0,
+    )
     assert share <= 0.1 + 1e-9
     early = [s for s in evaluated if s < 1000]
     late = [s for s in evaluated if s >= 1100]
@@ -81,8 +89,14 @@ def test_budget_adapts_when_steps_get_slower():
 def test_budget_spaces_evaluations_after_a_long_pause():
     clock = Clock()
     # a 120 s pause (a checkpoint, a trainer evaluation) at step 1500
-    evaluated, share = simulate(Budget(0.05, clock=clock), clock, steps=3000,
-                                step_time=lambda s: 120.0 if s == 1500 else 0.1, eval_time=2.0, snapshot=2.0)
+    evaluated, share = simulate(
+        Budget(0.05, clock=clock),
+        clock,
+        steps=3000,
+        step_time=lambda s: 120.0 if s == 1500 else 0.1,
+        eval_time=2.0,
+        snapshot=2.0,
+    )
     gaps = [b - a for a, b in zip(evaluated, evaluated[1:])]
     assert min(gaps) >= 370  # one evaluation after the pause, then the usual spacing
     assert share <= 0.05 + 1e-9
@@ -128,8 +142,12 @@ def test_budget_rejects_bad_shares():
 
 
 def report(f, f_adj=None, ci=(None, None), categories=None):
-    return {"forgetting": f, "forgetting_adjusted": f if f_adj is None else f_adj,
-            "forgetting_ci": list(ci), "by_category": categories or {}}
+    return {
+        "forgetting": f,
+        "forgetting_adjusted": f if f_adj is None else f_adj,
+        "forgetting_ci": list(ci),
+        "by_category": categories or {},
+    }
 
 
 def test_stop_rule_threshold_and_patience():

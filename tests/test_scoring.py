@@ -13,9 +13,9 @@ import torch
 from injected import OutOfMemoryAbove
 
 from forgetwatch import ProbeSet, Scorer, evaluate
+from forgetwatch.extract import extract_number
 from forgetwatch.scoring import encoding
 from forgetwatch.scoring.encoding import EncodedChoices
-from forgetwatch.extract import extract_number
 from forgetwatch.scoring.generation import PromptTooLongError, cut_at_stop
 
 
@@ -37,8 +37,11 @@ class TokenCounter:
 
 def unique_tokens(scorer: Scorer) -> int:
     """Each context once, and each choice's tokens but the last (which is only ever a target)."""
-    return sum(len(e.context) + sum(len(c) - 1 for c in e.continuations)
-               for e in scorer.encoded if isinstance(e, EncodedChoices))
+    return sum(
+        len(e.context) + sum(len(c) - 1 for c in e.continuations)
+        for e in scorer.encoded
+        if isinstance(e, EncodedChoices)
+    )
 
 
 def test_each_context_goes_through_the_model_once(toy):
@@ -127,8 +130,9 @@ def test_out_of_memory_halves_the_batch(toy, caplog):
     # the size that fitted is remembered: only the first too-large batch is halved repeatedly
     failures = [s for s in wrapped.sizes if s > 3]
     assert len(failures) == len(set(failures)) <= 5
-    np.testing.assert_allclose(np.concatenate(got.choice_logprobs),
-                               np.concatenate(reference.choice_logprobs), atol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate(got.choice_logprobs), np.concatenate(reference.choice_logprobs), atol=1e-5
+    )
     wrapped.sizes.clear()
     scorer(wrapped, batch_size=16, show_progress=False)
     assert max(wrapped.sizes) <= 2  # later evaluations start at the size that fitted
@@ -155,11 +159,15 @@ def test_ties_go_to_the_lowest_index(toy):
     # choices of equal token length tie exactly, as lm-eval's argmax sees them
     model = copy.deepcopy(toy.base)
     torch.nn.init.zeros_(model.lm_head.weight)
-    one_token = [w for w in ("red", "blue", "green", "gold", "white", "black")
-                 if len(toy.tokenizer(" " + w, add_special_tokens=False).input_ids) == 1][:3]
+    one_token = [
+        w
+        for w in ("red", "blue", "green", "gold", "white", "black")
+        if len(toy.tokenizer(" " + w, add_special_tokens=False).input_ids) == 1
+    ][:3]
     assert len(one_token) == 3
-    probes = ProbeSet.from_records([{"id": f"q{k}", "question": "The flag is", "choices": one_token, "answer": k}
-                                    for k in range(3)])
+    probes = ProbeSet.from_records(
+        [{"id": f"q{k}", "question": "The flag is", "choices": one_token, "answer": k} for k in range(3)]
+    )
     got = evaluate(model, toy.tokenizer, probes, show_progress=False)
     assert all(len(set(lps.tolist())) == 1 for lps in got.choice_logprobs)  # a real tie
     assert list(got.predicted) == [0, 0, 0] and got.correct.tolist() == [True, False, False]
@@ -186,8 +194,7 @@ def test_out_of_memory_in_generation_halves_the_batch(toy):
 
 def test_batch_size_does_not_change_answers(toy):
     probes = toy.probes
-    runs = [evaluate(toy.base, toy.tokenizer, probes, batch_size=bs, show_progress=False)
-            for bs in (1, 5, "auto")]
+    runs = [evaluate(toy.base, toy.tokenizer, probes, batch_size=bs, show_progress=False) for bs in (1, 5, "auto")]
     for other in runs[1:]:
         assert other.correct.tolist() == runs[0].correct.tolist()
         assert other.predicted == runs[0].predicted
@@ -202,9 +209,8 @@ def test_generative_matches_a_per_sample_greedy_loop(toy):
     for i, probe in enumerate(probes):
         ids = toy.tokenizer(probe.question, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            out = toy.base.generate(ids, max_new_tokens=12, do_sample=False,
-                                    pad_token_id=toy.tokenizer.pad_token_id)
-        text = toy.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+            out = toy.base.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=toy.tokenizer.pad_token_id)
+        text = toy.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).split("\n")[0]
         assert got.outputs[i] == text, probe.id
         assert got.predicted[i] == extract_number(text)
         expected_correct.append(extract_number(text) == probe.answer)
@@ -214,15 +220,23 @@ def test_generative_matches_a_per_sample_greedy_loop(toy):
 
 def test_failed_extraction_is_wrong_and_recorded(toy):
     c = toy.world.countries[0]
-    probes = ProbeSet.from_records([
-        {"id": "never", "question": f"{c.name} has", "answer": str(c.rivers), "extract": r"zzz(\d+)"},
-        {"id": "callable", "question": f"{c.name} has", "answer": "x"},
-    ])
+    probes = ProbeSet.from_records(
+        [
+            {"id": "never", "question": f"{c.name} has", "answer": str(c.rivers), "extract": r"zzz(\d+)"},
+            {"id": "callable", "question": f"{c.name} has", "answer": "x"},
+        ]
+    )
     got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
     assert got.predicted[0] is None and not got.correct[0] and got.outputs[0]
     seen = []
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False,
-                   extract=lambda text: seen.append(text) or "x")
+    got = evaluate(
+        toy.base,
+        toy.tokenizer,
+        probes,
+        max_new_tokens=8,
+        show_progress=False,
+        extract=lambda text: seen.append(text) or "x",
+    )
     assert got.correct.tolist() == [False, True]  # the override applies to every generative probe
     assert got.predicted == ["x", "x"] and len(seen) == 2
     assert "extract" in got.scoring
@@ -280,6 +294,7 @@ def test_tokenization_is_cached_across_calls(toy, monkeypatch):
         return real(*args, **kwargs)
 
     import forgetwatch.scoring.scorer as scoring
+
     monkeypatch.setattr(scoring, "encode_probes", counting)
     probes = mc_only(toy).sample(10, seed=3)
     for _ in range(3):
@@ -329,22 +344,46 @@ def unbatched_logprobs(model, scorer):
         ids = [torch.tensor([list(enc.context + c)]) for c in enc.continuations]
         with torch.no_grad():
             lps = [torch.log_softmax(model(input_ids=x).logits[0].float(), -1) for x in ids]
-        out.append([float(lp[len(enc.context) - 1 + np.arange(len(c)), list(c)].sum())
-                    for lp, c in zip(lps, enc.continuations)])
+        out.append(
+            [
+                float(lp[len(enc.context) - 1 + np.arange(len(c)), list(c)].sum())
+                for lp, c in zip(lps, enc.continuations)
+            ]
+        )
     return out
 
 
 def recurrent_or_alibi_models(tokenizer):
     from transformers import JambaConfig, JambaForCausalLM, MptConfig, MptForCausalLM
 
-    common = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    common = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     yield "ALiBi", MptForCausalLM(MptConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=256, **common))
-    yield "recurrent", JambaForCausalLM(JambaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-        expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_expand=2, **common))
+    yield (
+        "recurrent",
+        JambaForCausalLM(
+            JambaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                attn_layer_period=2,
+                attn_layer_offset=1,
+                expert_layer_period=2,
+                expert_layer_offset=1,
+                num_experts=2,
+                mamba_d_state=8,
+                mamba_expand=2,
+                **common,
+            )
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -388,15 +427,15 @@ def test_forwards_bypass_data_parallel_wrappers(toy):
 
 def test_a_custom_extractor_is_compared_with_the_answer_as_written(toy):
     c = toy.world.countries[0]
-    probes = ProbeSet.from_records([
-        {"id": "comma", "question": f"{c.name} has", "answer": "1,234", "extract": "number"},
-        {"id": "letter", "question": f"{c.name} has", "answer": " (b) ", "extract": "letter"},
-    ])
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False,
-                   extract=lambda text: "1,234")
+    probes = ProbeSet.from_records(
+        [
+            {"id": "comma", "question": f"{c.name} has", "answer": "1,234", "extract": "number"},
+            {"id": "letter", "question": f"{c.name} has", "answer": " (b) ", "extract": "letter"},
+        ]
+    )
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False, extract=lambda text: "1,234")
     assert got.correct.tolist() == [True, False]  # not "1234": the user's text, the user's answer
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False,
-                   extract=lambda text: "(b)")
+    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False, extract=lambda text: "(b)")
     assert got.correct.tolist() == [False, True]
 
 
@@ -470,8 +509,14 @@ def test_a_huge_question_is_cut_before_tokenizing_with_the_same_answers(toy, mon
 
     c = toy.world.countries[0]
     filler = "".join(f"{x.name} is a country. " for x in toy.world.countries) * 20_000  # ~5 MB
-    rows = [{"id": "mc", "question": filler + f"The capital of {c.name} is",
-             "choices": [c.capital, toy.world.countries[1].capital], "answer": 0}]
+    rows = [
+        {
+            "id": "mc",
+            "question": filler + f"The capital of {c.name} is",
+            "choices": [c.capital, toy.world.countries[1].capital],
+            "answer": 0,
+        }
+    ]
     seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
     got = evaluate(toy.base, toy.tokenizer, ProbeSet.from_records(rows), show_progress=False)
     assert len(filler) > 5_000_000 and max(seen) < 20_000  # only about the model's 256 tokens were read
@@ -493,6 +538,7 @@ def test_a_cut_question_keeps_the_tokens_a_model_sees(kind):
     from forgetwatch.scoring.encoding import visible_tail
 
     rng = random.Random(0)
+
     def make(n: int) -> str:
         if kind == "words":
             return " ".join(rng.choice(["cat", "sat", "on", "the", "mat", "flag", "river"]) for _ in range(n))
@@ -502,9 +548,10 @@ def test_a_cut_question_keeps_the_tokens_a_model_sees(kind):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([make(200) for _ in range(200)],
-                            trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                show_progress=False))
+    tok.train_from_iterator(
+        [make(200) for _ in range(200)],
+        trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
     for tokens in (17, 129, 257):
         for _ in range(5):
@@ -521,8 +568,15 @@ def test_many_long_questions_are_read_only_as_far_as_the_context_reaches(toy, mo
     c = toy.world.countries[0]
     filler = "".join(f"{x.name} is a country. " for x in toy.world.countries)
     filler = (filler * (96_000 // len(filler) + 1))[:96_000]
-    rows = [{"id": f"q{i}", "question": filler + f"The capital of {c.name} is",
-             "choices": [c.capital, toy.world.countries[1 + i % 5].capital], "answer": 0} for i in range(200)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": filler + f"The capital of {c.name} is",
+            "choices": [c.capital, toy.world.countries[1 + i % 5].capital],
+            "answer": 0,
+        }
+        for i in range(200)
+    ]
     probes = ProbeSet.from_records(rows)
     seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
     scorer = Scorer(toy.tokenizer, probes)
@@ -530,15 +584,16 @@ def test_many_long_questions_are_read_only_as_far_as_the_context_reaches(toy, mo
     assert max(seen) < 20_000 and sum(seen) < 200 * 20_000  # never a whole question
     assert scorer._tokens.visible == 257  # the model's context, and one more token (lm-eval's window)
     want = evaluate(toy.base, toy.tokenizer, probes.subset(lambda p: p.id in ("q0", "q1")), show_progress=False)
-    np.testing.assert_allclose(np.concatenate(got.choice_logprobs[:2]), np.concatenate(want.choice_logprobs),
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate(got.choice_logprobs[:2]), np.concatenate(want.choice_logprobs), rtol=1e-6)
 
 
 def test_a_prompt_that_fills_the_context_is_refused_before_any_model_work(toy, monkeypatch):
     c = toy.world.countries[0]
     filler = "".join(f"{x.name} is a country. " for x in toy.world.countries) * 20_000  # ~5 MB
-    rows = [{"id": "fits", "question": f"{c.name} has", "answer": str(c.rivers), "extract": "number"},
-            {"id": "gen", "question": filler + f"{c.name} has", "answer": str(c.rivers), "extract": "number"}]
+    rows = [
+        {"id": "fits", "question": f"{c.name} has", "answer": str(c.rivers), "extract": "number"},
+        {"id": "gen", "question": filler + f"{c.name} has", "answer": str(c.rivers), "extract": "number"},
+    ]
     seen = _tokenizer_sees(monkeypatch, toy.tokenizer)
     model = copy.deepcopy(toy.base)
     counter = TokenCounter(model, toy.tokenizer.pad_token_id)
@@ -554,7 +609,7 @@ def test_generative_reference_logprob_equals_a_plain_loop(toy):
     for i, p in enumerate(probes):
         context = p.question.rstrip()
         ctx = toy.tokenizer(context)["input_ids"]
-        whole = toy.tokenizer(context + p.question[len(context):] + " " + p.answer)["input_ids"]
+        whole = toy.tokenizer(context + p.question[len(context) :] + " " + p.answer)["input_ids"]
         with torch.no_grad():
             lp = torch.log_softmax(toy.base(input_ids=torch.tensor([whole])).logits[0].float(), -1)
         expected = sum(float(lp[t - 1, whole[t]]) for t in range(len(ctx), len(whole)))

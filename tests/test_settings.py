@@ -25,14 +25,21 @@ def test_each_group_documents_each_of_its_fields_once_in_order():
 def test_help_text_reads_continued_entries_as_plain_text():
     assert help_text(ReplaySettings)["weight"] == (
         'How much the replay loss counts next to the trainer\'s (0 to 100; 0 replays nothing), or "auto": '
-        "set at each evaluation to bring forgetting to target.")
+        "set at each evaluation to bring forgetting to target."
+    )
 
 
 def test_flat_keys_are_unique_and_name_their_group():
     keys = [flat_key(f) for group in GROUPS.values() for f in dataclasses.fields(group)]
     assert len(keys) == len(set(keys)) and not set(keys) & {"probes", "base"}
     assert [flat_key(f) for f in dataclasses.fields(ReplaySettings)] == [
-        "replay_loss", "replay_top_k", "replay_weight", "forgetting_target", "replay_batch_size", "replay_seed"]
+        "replay_loss",
+        "replay_top_k",
+        "replay_weight",
+        "forgetting_target",
+        "replay_batch_size",
+        "replay_seed",
+    ]
     assert flat_key(dataclasses.fields(Stopping)[1]) == "stop_metric"
 
 
@@ -46,12 +53,15 @@ def test_a_group_reports_all_its_problems_together():
 def test_values_that_fail_only_together_are_refused_by_their_group():
     with pytest.raises(ConfigError) as info:
         ReplaySettings(weight="auto")
-    assert str(info.value) == ('ReplaySettings: key \'target\': weight="auto" steers toward a forgetting rate: '
-                               "give target, e.g. 0.05")
+    assert str(info.value) == (
+        "ReplaySettings: key 'target': weight=\"auto\" steers toward a forgetting rate: give target, e.g. 0.05"
+    )
     with pytest.raises(ConfigError) as info:  # in a flat file, named by the flat keys
         ForgetWatchConfig.from_dict({"replay_weight": "auto"})
-    assert str(info.value) == ('<dict>: key \'forgetting_target\': replay_weight="auto" steers toward a '
-                               "forgetting rate: give forgetting_target, e.g. 0.05")
+    assert str(info.value) == (
+        "<dict>: key 'forgetting_target': replay_weight=\"auto\" steers toward a "
+        "forgetting rate: give forgetting_target, e.g. 0.05"
+    )
 
 
 def test_flat_reads_go_through_the_key_table():
@@ -73,10 +83,12 @@ def test_earlier_keywords_build_the_same_config_with_one_warning_naming_the_new_
     assert str(caught[0].message) == (
         "ForgetWatchConfig(eval_steps=..., replay_weight=..., forgetting_target=...) is deprecated and stops "
         "working in the next release; use ForgetWatchConfig(schedule=Schedule(eval_steps=...), "
-        "replay=ReplaySettings(weight=..., target=...))")
+        "replay=ReplaySettings(weight=..., target=...))"
+    )
     assert caught[0].filename == __file__  # points at the caller's line
-    assert legacy == ForgetWatchConfig(probes="p.jsonl", schedule=Schedule(eval_steps=50),
-                                       replay=ReplaySettings(weight="auto", target=0.05))
+    assert legacy == ForgetWatchConfig(
+        probes="p.jsonl", schedule=Schedule(eval_steps=50), replay=ReplaySettings(weight="auto", target=0.05)
+    )
 
 
 def test_earlier_keywords_change_a_group_given_beside_them():
@@ -102,10 +114,14 @@ def test_a_group_of_the_wrong_type_is_named():
 def test_split_legacy_sorts_checks_and_warns_once():
     with pytest.warns(FutureWarning) as caught:
         groups = split_legacy({"replay_weight": 2, "stop_metric": "forgetting_adjusted", "batch_size": 8})
-    assert groups == {"replay": {"weight": 2.0}, "stopping": {"metric": "forgetting_adjusted"},
-                      "scoring": {"batch_size": 8}}
+    assert groups == {
+        "replay": {"weight": 2.0},
+        "stopping": {"metric": "forgetting_adjusted"},
+        "scoring": {"batch_size": 8},
+    }
     assert len(caught) == 1 and str(caught[0].message).startswith(
-        "ForgetWatchCallback(replay_weight=..., stop_metric=..., batch_size=...) is deprecated")
+        "ForgetWatchCallback(replay_weight=..., stop_metric=..., batch_size=...) is deprecated"
+    )
     assert "stopping=Stopping(metric=...)" in str(caught[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -133,30 +149,57 @@ def write(tmp_path, text):
 
 
 def test_a_group_may_be_a_section_of_its_own(tmp_path):
-    nested = write(tmp_path, "forgetwatch:\n  eval_steps: 20\n  stopping:\n    max_forgetting: 0.1\n"
-                             "    metric: forgetting_adjusted\n  replay: {weight: auto, target: 0.05}\n")
-    flat = {"eval_steps": 20, "max_forgetting": 0.1, "stop_metric": "forgetting_adjusted",
-            "replay_weight": "auto", "forgetting_target": 0.05}
+    nested = write(
+        tmp_path,
+        "forgetwatch:\n  eval_steps: 20\n  stopping:\n    max_forgetting: 0.1\n"
+        "    metric: forgetting_adjusted\n  replay: {weight: auto, target: 0.05}\n",
+    )
+    flat = {
+        "eval_steps": 20,
+        "max_forgetting": 0.1,
+        "stop_metric": "forgetting_adjusted",
+        "replay_weight": "auto",
+        "forgetting_target": 0.05,
+    }
     assert ForgetWatchConfig.from_yaml(nested) == ForgetWatchConfig.from_dict(flat)
     assert ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience == 3
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("eval_steps: 5\nscoring:\n  batch_siz: 8\n",
-     "line 3: key 'scoring.batch_siz': unknown key (did you mean 'batch_size'?); fix or remove it"),
-    ("scoring:\n  max_new_tokens: 0\n",
-     "line 2: key 'scoring.max_new_tokens': expected an integer from 1 to 1048576, got 0 (int); use 1 or more"),
-    ("patience: 2\nstopping:\n  patience: 3\n",
-     "line 3: key 'stopping.patience': given twice, as 'patience' and as 'stopping.patience'; keep one"),
-    ("scoring:\n  stop: ['a']\n  stop: ['b']\n",
-     "line 3: key 'scoring.stop': appears 2 times (lines 2, 3); keep one"),
-    ("output: 5\n",
-     ("line 1: key 'output': expected a mapping of Output settings, got 5 (int); indent them under 'output:', "
-      "e.g. output_dir: ...")),
-    ("replay:\n  weight: auto\n",
-     ("key 'forgetting_target': replay.weight=\"auto\" steers toward a forgetting rate: give forgetting_target, "
-      "e.g. 0.05")),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "eval_steps: 5\nscoring:\n  batch_siz: 8\n",
+            "line 3: key 'scoring.batch_siz': unknown key (did you mean 'batch_size'?); fix or remove it",
+        ),
+        (
+            "scoring:\n  max_new_tokens: 0\n",
+            "line 2: key 'scoring.max_new_tokens': expected an integer from 1 to 1048576, got 0 (int); use 1 or more",
+        ),
+        (
+            "patience: 2\nstopping:\n  patience: 3\n",
+            "line 3: key 'stopping.patience': given twice, as 'patience' and as 'stopping.patience'; keep one",
+        ),
+        (
+            "scoring:\n  stop: ['a']\n  stop: ['b']\n",
+            "line 3: key 'scoring.stop': appears 2 times (lines 2, 3); keep one",
+        ),
+        (
+            "output: 5\n",
+            (
+                "line 1: key 'output': expected a mapping of Output settings, got 5 (int); indent them under 'output:', "
+                "e.g. output_dir: ..."
+            ),
+        ),
+        (
+            "replay:\n  weight: auto\n",
+            (
+                "key 'forgetting_target': replay.weight=\"auto\" steers toward a forgetting rate: give forgetting_target, "
+                "e.g. 0.05"
+            ),
+        ),
+    ],
+)
 def test_a_section_names_the_line_and_the_key_as_written(tmp_path, text, expected):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:

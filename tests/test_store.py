@@ -19,8 +19,19 @@ from forgetwatch.store import HISTORY, SNAPSHOT, NotWritableError, RunStore
 
 
 def record(step: int) -> dict:
-    return {"step": step, "report": {"n": 100, "forgotten": step, "gained": 0, "kept": 100 - step, "never": 0,
-                                     "forgetting": step / 100, "choice_kl": math.inf, "logprob_drop": math.nan}}
+    return {
+        "step": step,
+        "report": {
+            "n": 100,
+            "forgotten": step,
+            "gained": 0,
+            "kept": 100 - step,
+            "never": 0,
+            "forgetting": step / 100,
+            "choice_kl": math.inf,
+            "logprob_drop": math.nan,
+        },
+    }
 
 
 def steps(path) -> list[int]:
@@ -28,12 +39,15 @@ def steps(path) -> list[int]:
 
 
 def answers() -> Answers:
-    return Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
-                                                choice_logprobs=[-0.1, -2.0], n_choices=2)])
+    return Answers.from_samples(
+        "fp", {}, [dict(id="q1", correct=True, predicted=0, choice_logprobs=[-0.1, -2.0], n_choices=2)]
+    )
 
 
 def failures(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "could not write" in r.getMessage()]
+    return [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "could not write" in r.getMessage()
+    ]
 
 
 @pytest.fixture
@@ -45,8 +59,15 @@ def test_history_lines_are_strict_json(store):
     store.append_history(record(1))
     line = store.history_path.read_text(encoding="utf-8")
     assert json.loads(line, parse_constant=pytest.fail)["report"] == {
-        "n": 100, "forgotten": 1, "gained": 0, "kept": 99, "never": 0, "forgetting": 0.01, "choice_kl": None,
-        "logprob_drop": None}
+        "n": 100,
+        "forgotten": 1,
+        "gained": 0,
+        "kept": 99,
+        "never": 0,
+        "forgetting": 0.01,
+        "choice_kl": None,
+        "logprob_drop": None,
+    }
 
 
 def test_failed_history_writes_are_kept_and_retried(store, caplog):
@@ -231,10 +252,16 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
     checkpoint = tmp_path / "checkpoint-5" / "forgetwatch"
     checkpoint.mkdir(parents=True)
     store.dir.mkdir()
-    ours = [store.dir / ".history.jsonl.abc123xy.tmp", checkpoint / ".base_answers.npz.k2j3h4g5.tmp",
-            checkpoint / ".manifest.json.zz9y8x7w.tmp"]
-    theirs = [store.dir / ".model.safetensors.abc123xy.tmp", checkpoint / "history.jsonl.tmp",
-              store.dir / "history.jsonl"]
+    ours = [
+        store.dir / ".history.jsonl.abc123xy.tmp",
+        checkpoint / ".base_answers.npz.k2j3h4g5.tmp",
+        checkpoint / ".manifest.json.zz9y8x7w.tmp",
+    ]
+    theirs = [
+        store.dir / ".model.safetensors.abc123xy.tmp",
+        checkpoint / "history.jsonl.tmp",
+        store.dir / "history.jsonl",
+    ]
     for path in ours + theirs:
         path.write_text("x")
     assert sorted(store.remove_leftovers([checkpoint])) == sorted(ours)

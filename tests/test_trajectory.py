@@ -53,8 +53,10 @@ def plain_persistent(row):
 
 def plain_survival(rows):
     right = [r for r in rows if r[0]]
-    return [sum(1 for r in right if not any(r[s - 1] and not r[s] for s in range(1, t + 1))) / len(right)
-            for t in range(len(rows[0]))]
+    return [
+        sum(1 for r in right if not any(r[s - 1] and not r[s] for s in range(1, t + 1))) / len(right)
+        for t in range(len(rows[0]))
+    ]
 
 
 def assert_matches_plain_loops(trajectory, rows, steps, categories):
@@ -102,18 +104,38 @@ class Recorder(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0:
-            self.columns[state.global_step] = evaluate(model, self.toy.tokenizer, self.toy.probes,
-                                                       show_progress=False).correct.tolist()
+            self.columns[state.global_step] = evaluate(
+                model, self.toy.tokenizer, self.toy.probes, show_progress=False
+            ).correct.tolist()
 
 
 def sft(toy, path, callbacks):
-    args = trl.SFTConfig(str(path), use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1,
-                         save_strategy="steps", save_steps=10, report_to=[], dataloader_num_workers=0,
-                         seed=0, disable_tqdm=True, max_steps=20, per_device_train_batch_size=8,
-                         learning_rate=3e-3, max_length=64, packing=False)
+    args = trl.SFTConfig(
+        str(path),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=10,
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+        max_steps=20,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        max_length=64,
+        packing=False,
+    )
     texts = toy.world.distraction_texts(n=64)
-    return trl.SFTTrainer(model=copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"text": texts}), callbacks=callbacks)
+    return trl.SFTTrainer(
+        model=copy.deepcopy(toy.base),
+        args=args,
+        processing_class=toy.tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": texts}),
+        callbacks=callbacks,
+    )
 
 
 def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
@@ -132,11 +154,12 @@ def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
     logged = {e["step"]: e for e in trainer.state.log_history if "forgetwatch/forgetting_events" in e}
     assert sorted(logged) == steps[1:]
     for t, step in enumerate(steps[1:], start=1):
-        so_far = [r[:t + 1] for r in rows]
+        so_far = [r[: t + 1] for r in rows]
         assert logged[step]["forgetwatch/forgetting_events"] == sum(map(plain_events, so_far))
         if t >= 2:
-            assert logged[step]["forgetwatch/forgetting_persistent"] == \
-                pytest.approx(sum(map(plain_persistent, so_far)) / len(rows))
+            assert logged[step]["forgetwatch/forgetting_persistent"] == pytest.approx(
+                sum(map(plain_persistent, so_far)) / len(rows)
+            )
         else:
             assert "forgetwatch/forgetting_persistent" not in logged[step]
         for cat in whole.trajectory.categories:
@@ -183,7 +206,7 @@ def at_risk_outcomes(callback):
     counts = {"at_risk": [0, 0], "other": [0, 0]}  # [forgotten later, total]
     for col, (_, report) in enumerate(callback.history[:-1], start=1):
         risky = {index[pid] for pid in report.at_risk_ids}
-        later_wrong = ~t.correct[:, col + 1:].all(axis=1)
+        later_wrong = ~t.correct[:, col + 1 :].all(axis=1)
         for i in np.flatnonzero(t.correct[:, 0] & t.correct[:, col]):
             group = counts["at_risk" if i in risky else "other"]
             group[0] += int(later_wrong[i])

@@ -22,25 +22,52 @@ datasets = pytest.importorskip("datasets")
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 # CPU, no bf16 autocast, no activation checkpointing (TRL's defaults), quiet
-COMMON = dict(use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=1, save_strategy="no",
-              report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, seed=0, disable_tqdm=True)
+COMMON = dict(
+    use_cpu=True,
+    bf16=False,
+    activation_checkpointing=False,
+    logging_steps=1,
+    save_strategy="no",
+    report_to=[],
+    dataloader_num_workers=0,
+    dataloader_pin_memory=False,
+    seed=0,
+    disable_tqdm=True,
+)
 
 
 def assert_final_counts_match(toy, callback, model):
     """The last evaluation equals an independent scoring of the final weights."""
-    expected = compare(evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False),
-                       evaluate(model, toy.tokenizer, toy.probes, show_progress=False))
+    expected = compare(
+        evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False),
+        evaluate(model, toy.tokenizer, toy.probes, show_progress=False),
+    )
     final = callback.history[-1][1]
     for name in ("forgotten", "gained", "kept", "never", "forgotten_ids", "gained_ids"):
         assert getattr(final, name) == getattr(expected, name), name
 
 
 def sft(toy, tmp_path, callbacks, model=None, **overrides):
-    args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 12, "per_device_train_batch_size": 8,
-                                          "learning_rate": 2e-3, "max_length": 64, "packing": False, **overrides})
+    args = trl.SFTConfig(
+        str(tmp_path),
+        **{
+            **COMMON,
+            "max_steps": 12,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 2e-3,
+            "max_length": 64,
+            "packing": False,
+            **overrides,
+        },
+    )
     texts = toy.world.distraction_texts(n=64)
-    return trl.SFTTrainer(model=model or copy.deepcopy(toy.base), args=args, processing_class=toy.tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"text": texts}), callbacks=callbacks)
+    return trl.SFTTrainer(
+        model=model or copy.deepcopy(toy.base),
+        args=args,
+        processing_class=toy.tokenizer,
+        train_dataset=datasets.Dataset.from_dict({"text": texts}),
+        callbacks=callbacks,
+    )
 
 
 class Listener(TrainerCallback):
@@ -65,6 +92,7 @@ def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
     """Same seed, with and without forgetwatch: identical trainer logs; SFT's own keys
     (averaged and cleared inside TRL's log()) on every logging line; our keys reach
     every on_log listener at the step they were measured."""
+
     def run(path, callbacks):
         model = copy.deepcopy(toy.base)
         for module in model.modules():  # training draws random numbers: the RNG must be restored
@@ -92,8 +120,12 @@ def train_with_offline_wandb(trainer, tmp_path, monkeypatch):
     """Train with W&B offline under ``tmp_path``; the run file is flushed when this returns."""
     import wandb
 
-    for name, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)),
-                        ("WANDB_PROJECT", "forgetwatch-tests"), ("WANDB_SILENT", "true")):
+    for name, value in (
+        ("WANDB_MODE", "offline"),
+        ("WANDB_DIR", str(tmp_path)),
+        ("WANDB_PROJECT", "forgetwatch-tests"),
+        ("WANDB_SILENT", "true"),
+    ):
         monkeypatch.setenv(name, value)
     try:
         trainer.train()
@@ -108,8 +140,9 @@ def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch
     from wandb_log import history_rows
 
     cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    train_with_offline_wandb(sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2,
-                                           report_to=["wandb"]), tmp_path, monkeypatch)
+    train_with_offline_wandb(
+        sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"]), tmp_path, monkeypatch
+    )
     rows = history_rows(tmp_path)
     # a section of its own, not under train/, plotted at the trainer's global step
     assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)
@@ -122,7 +155,8 @@ def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch
         # how the generated responses drift (the rivers probes generate)
         assert row["forgetwatch/behaviour/length_ratio_words"] == pytest.approx(report.behaviour["length_ratio_words"])
         assert row["forgetwatch/rivers/behaviour/words"] == pytest.approx(
-            report.by_category["rivers"].behaviour["words"])
+            report.by_category["rivers"].behaviour["words"]
+        )
 
     # the table of flips grows at each evaluation; the last holds one row per flip of every evaluation
     flips = [r for r in rows if r.get("forgetwatch/flips/log_mode") == "INCREMENTAL"]
@@ -130,8 +164,9 @@ def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch
     (run_dir,) = tmp_path.glob("wandb/offline-run-*")
     tables = sorted(run_dir.glob("files/media/table/forgetwatch/flips*.table.json"), key=lambda p: p.stat().st_mtime)
     logged = [row for t in tables for row in json.loads(t.read_text())["data"]]
-    expected = [(step, pid, "1→0") for step, r in cb.history for pid in r.forgotten_ids] + \
-               [(step, pid, "0→1") for step, r in cb.history for pid in r.gained_ids]
+    expected = [(step, pid, "1→0") for step, r in cb.history for pid in r.forgotten_ids] + [
+        (step, pid, "0→1") for step, r in cb.history for pid in r.gained_ids
+    ]
     assert sorted((row[0], row[1], row[7]) for row in logged) == sorted(expected) and expected
     # at the end, one row per probe with its trajectory
     (final,) = run_dir.glob("files/media/table/forgetwatch/probes*.table.json")
@@ -170,18 +205,39 @@ def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monke
 
 def test_dpo_history_and_final_counts(toy, tmp_path):
     # from a saved directory, so DPO can build its reference model
-    rows = [{"prompt": f"The capital of {c.name} is", "chosen": f" {c.capital}.",
-             "rejected": f" {toy.world.countries[(i + 1) % len(toy.world.countries)].capital}."}
-            for i, c in enumerate(toy.world.known)]
-    args = trl.DPOConfig(str(tmp_path), **{**COMMON, "max_steps": 10, "per_device_train_batch_size": 4,
-                                          "learning_rate": 1e-3, "beta": 0.1, "max_length": 64})
+    rows = [
+        {
+            "prompt": f"The capital of {c.name} is",
+            "chosen": f" {c.capital}.",
+            "rejected": f" {toy.world.countries[(i + 1) % len(toy.world.countries)].capital}.",
+        }
+        for i, c in enumerate(toy.world.known)
+    ]
+    args = trl.DPOConfig(
+        str(tmp_path),
+        **{
+            **COMMON,
+            "max_steps": 10,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1e-3,
+            "beta": 0.1,
+            "max_length": 64,
+        },
+    )
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = trl.DPOTrainer(model=toy.base_dir, args=args, processing_class=toy.tokenizer,
-                             train_dataset=datasets.Dataset.from_list(rows), callbacks=[cb])
+    trainer = trl.DPOTrainer(
+        model=toy.base_dir,
+        args=args,
+        processing_class=toy.tokenizer,
+        train_dataset=datasets.Dataset.from_list(rows),
+        callbacks=[cb],
+    )
     trainer.train()
     assert [step for step, _ in cb.history] == [5, 10]
-    assert cb.base_answers.correct.tolist() == evaluate(
-        toy.base, toy.tokenizer, toy.probes, show_progress=False).correct.tolist()
+    assert (
+        cb.base_answers.correct.tolist()
+        == evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False).correct.tolist()
+    )
     assert_final_counts_match(toy, cb, trainer.model)
 
 
@@ -191,13 +247,26 @@ def test_grpo_history_and_final_counts(toy, tmp_path):
     def has_digit(completions, **kwargs):
         return [1.0 if re.search(r"\d", c) else 0.0 for c in completions]
 
-    args = trl.GRPOConfig(str(tmp_path), **{**COMMON, "max_steps": 6, "per_device_train_batch_size": 4,
-                                           "num_generations": 2, "max_completion_length": 8,
-                                           "learning_rate": 1e-3})
+    args = trl.GRPOConfig(
+        str(tmp_path),
+        **{
+            **COMMON,
+            "max_steps": 6,
+            "per_device_train_batch_size": 4,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "learning_rate": 1e-3,
+        },
+    )
     cb = ForgetWatchCallback(toy.probes, eval_steps=3)
-    trainer = trl.GRPOTrainer(model=copy.deepcopy(toy.base), reward_funcs=has_digit, args=args,
-                              processing_class=toy.tokenizer, callbacks=[cb],
-                              train_dataset=datasets.Dataset.from_dict({"prompt": prompts}))
+    trainer = trl.GRPOTrainer(
+        model=copy.deepcopy(toy.base),
+        reward_funcs=has_digit,
+        args=args,
+        processing_class=toy.tokenizer,
+        callbacks=[cb],
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+    )
     trainer.train()
     assert [step for step, _ in cb.history] == [3, 6]
     assert_final_counts_match(toy, cb, trainer.model)
@@ -214,8 +283,9 @@ def test_a_failing_wandb_table_leaves_the_curves_in_their_section(toy, tmp_path,
 
     monkeypatch.setattr(wandb.Table, "add_data", refuse)  # every table write fails; scalars do not
     cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    train_with_offline_wandb(sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"]),
-                             tmp_path, monkeypatch)
+    train_with_offline_wandb(
+        sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"]), tmp_path, monkeypatch
+    )
     assert caplog.text.count("writing wandb tables failed") == 1  # warned once, training went on
     rows = history_rows(tmp_path)
     assert [r["train/global_step"] for r in rows if "forgetwatch/forgetting" in r] == [4, 8]

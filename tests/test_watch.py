@@ -40,7 +40,10 @@ def test_a_users_sink_hears_the_base_every_evaluation_and_the_end(toy, tmp_path)
     sink = Recorder()
     watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[sink], output=QUIET)
     watch.start(toy.base, toy.tokenizer)
-    assert sink.base.computed and sink.base.answers.correct.tolist() == evaluate(toy.base, toy.tokenizer, toy.probes).correct.tolist()
+    assert (
+        sink.base.computed
+        and sink.base.answers.correct.tolist() == evaluate(toy.base, toy.tokenizer, toy.probes).correct.tolist()
+    )
     assert [watch.due(s) for s in (1, 2, 3)] == [False, True, False]
     watch.evaluate(toy.tuned, 2)
     watch.evaluate(toy.base, 4)
@@ -87,12 +90,15 @@ def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
     assert [r.forgotten_ids for _, r in again.history] == [r.forgotten_ids for _, r in first.history]
 
 
-@pytest.mark.parametrize("state, field", [
-    ({"format": "other", "version": 1, "step": 2, "repair": None}, "format"),
-    ({"format": "forgetwatch.watch", "version": 1, "step": -1, "repair": None}, "step"),
-    ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": {"weight": 1.0}}, "repair"),
-    ({"format": "forgetwatch.watch", "version": 1, "step": float("nan"), "repair": None}, "step"),
-])
+@pytest.mark.parametrize(
+    "state, field",
+    [
+        ({"format": "other", "version": 1, "step": 2, "repair": None}, "format"),
+        ({"format": "forgetwatch.watch", "version": 1, "step": -1, "repair": None}, "step"),
+        ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": {"weight": 1.0}}, "repair"),
+        ({"format": "forgetwatch.watch", "version": 1, "step": float("nan"), "repair": None}, "step"),
+    ],
+)
 def test_a_state_that_is_not_a_watchs_is_refused_naming_the_field(toy, state, field):
     with pytest.raises(ValueError, match=f"field '{field}'"):
         Watch(toy.probes, output_dir="unused").load_state_dict(state)

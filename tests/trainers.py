@@ -9,14 +9,27 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallba
 
 
 def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
-    settings = dict(max_steps=30, per_device_train_batch_size=16, learning_rate=3e-3, logging_steps=5,
-                    report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True)
+    settings = dict(
+        max_steps=30,
+        per_device_train_batch_size=16,
+        learning_rate=3e-3,
+        logging_steps=5,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
     settings.update(overrides)
-    return Trainer(model=model if model is not None else copy.deepcopy(toy.base),
-                   args=TrainingArguments(str(tmp_path), **settings), train_dataset=train_data,
-                   eval_dataset=train_data.select(range(32)),
-                   data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
-                   processing_class=toy.tokenizer, callbacks=callbacks)
+    return Trainer(
+        model=model if model is not None else copy.deepcopy(toy.base),
+        args=TrainingArguments(str(tmp_path), **settings),
+        train_dataset=train_data,
+        eval_dataset=train_data.select(range(32)),
+        data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
+        processing_class=toy.tokenizer,
+        callbacks=callbacks,
+    )
 
 
 class KillAt(TrainerCallback):
@@ -36,8 +49,13 @@ def killed_and_resumed(toy, train_data, run, callback_settings, *, kill_at, resu
     from forgetwatch.callback import ForgetWatchCallback
 
     try:
-        make_trainer(toy, train_data, run, [ForgetWatchCallback(toy.probes, **callback_settings), KillAt(kill_at)],
-                     **trainer_settings).train()
+        make_trainer(
+            toy,
+            train_data,
+            run,
+            [ForgetWatchCallback(toy.probes, **callback_settings), KillAt(kill_at)],
+            **trainer_settings,
+        ).train()
     except RuntimeError as err:
         assert "killed" in str(err)
     else:

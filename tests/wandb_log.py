@@ -30,7 +30,7 @@ def payloads(path: Path):
         if kind == 0:
             pos += room
             continue
-        chunk = data[pos + CHUNK_HEADER.size: pos + CHUNK_HEADER.size + length]
+        chunk = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
         assert zlib.crc32(bytes([kind]) + chunk) == crc, f"{path}: bad checksum at {pos}"
         pos += CHUNK_HEADER.size + length
         parts = chunk if kind in (1, 2) else parts + chunk
@@ -48,6 +48,7 @@ def history_rows(wandb_dir: Path) -> list[dict]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows

@@ -53,10 +53,12 @@ def _boolean(value: Any) -> str | None:
 
 def count(least: int, why: str = "") -> Callable[[Any], str | None]:
     """A rule for an integer from ``least`` up (``why``: said after the range, in the message)."""
+
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             return f"must be an integer >= {least}{why}, {got(value)}"
         return None
+
     return check
 
 
@@ -77,12 +79,14 @@ def text(value: Any) -> str | None:
 def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callable[[Any], str | None]:
     """A rule for a non-empty list of strings, each passing ``entry`` (``why``: said after what
     is expected, in the message)."""
+
     def check(value: Any) -> str | None:
         if isinstance(value, str):
             return f'must be a list of strings{why}; write ["{value:.40}"]'
         if not isinstance(value, list) or not value:
             return f"must be a non-empty list of strings{why}, {got(value)}"
         return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := entry(v))), None)
+
     return check
 
 
@@ -161,27 +165,46 @@ class Check(NamedTuple):
 
 #: Every check key, in the order errors and docs list them.
 CHECKS: dict[str, Check] = {
-    "refuses": Check(_boolean, lambda v, r, refuses: refuses(r) == v,
-                     "true: the response is a refusal; false: it is not (the refusal detector decides)"),
+    "refuses": Check(
+        _boolean,
+        lambda v, r, refuses: refuses(r) == v,
+        "true: the response is a refusal; false: it is not (the refusal detector decides)",
+    ),
     "max_words": Check(count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
     "min_words": Check(count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
     "max_sentences": Check(count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
-    "regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is not None,
-                   "this regular expression matches (RE2 syntax: linear time, no lookarounds)"),
-    "not_regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is None,
-                       "this regular expression does not match (RE2 syntax)"),
-    "contains": Check(strings(), lambda v, r, _: all(p.lower() in r.lower() for p in v),
-                      "holds every one of these strings (case-insensitive)"),
-    "not_contains": Check(strings(), lambda v, r, _: not any(p.lower() in r.lower() for p in v),
-                          "holds none of these strings (case-insensitive)"),
-    "json": Check(_boolean, lambda v, r, _: _parses_as_json(r) == v,
-                  "true: the response parses as JSON (a ```json fence around it allowed)"),
+    "regex": Check(
+        _pattern,
+        lambda v, r, _: patterns.search(v, r) is not None,
+        "this regular expression matches (RE2 syntax: linear time, no lookarounds)",
+    ),
+    "not_regex": Check(
+        _pattern, lambda v, r, _: patterns.search(v, r) is None, "this regular expression does not match (RE2 syntax)"
+    ),
+    "contains": Check(
+        strings(),
+        lambda v, r, _: all(p.lower() in r.lower() for p in v),
+        "holds every one of these strings (case-insensitive)",
+    ),
+    "not_contains": Check(
+        strings(),
+        lambda v, r, _: not any(p.lower() in r.lower() for p in v),
+        "holds none of these strings (case-insensitive)",
+    ),
+    "json": Check(
+        _boolean,
+        lambda v, r, _: _parses_as_json(r) == v,
+        "true: the response parses as JSON (a ```json fence around it allowed)",
+    ),
     "starts_with": Check(text, lambda v, r, _: r.lstrip().startswith(v), "starts with this text (after spaces)"),
     "lowercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.lower()) == v, "true: all letters lowercase"),
     "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v, "true: all letters uppercase"),
     "bullets": Check(count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
-    "ifeval": Check(_ifeval, lambda v, r, _: _ifeval_holds(v, r),
-                    "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])"),
+    "ifeval": Check(
+        _ifeval,
+        lambda v, r, _: _ifeval_holds(v, r),
+        "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])",
+    ),
 }
 
 
@@ -194,14 +217,15 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         "unknown check 'max_word' (did you mean 'max_words'?)"
     """
     if not isinstance(value, Mapping):
-        return [("check", f"must be an object of checks, e.g. {{\"refuses\": false}}, got {_type(value)}")]
+        return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {_type(value)}')]
     if not value:
         return [("check", 'is empty; give at least one check, e.g. {"refuses": false}')]
     problems = []
     for key, v in value.items():
         if key not in CHECKS:
-            problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: "
-                                      f"{', '.join(CHECKS)}"))
+            problems.append(
+                ("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: {', '.join(CHECKS)}")
+            )
         elif found := value_problem(v):  # a lone surrogate, NaN, ...: what no later step could keep
             inside, message = found
             problems.append((f"check.{key}" + (inside if inside[:1] in ("", "[") else f".{inside}"), message))
@@ -209,8 +233,12 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
             inside, message = problem if isinstance(problem, tuple) else ("", problem)
             problems.append((f"check.{key}{inside}", message))
     if not problems and "min_words" in value and "max_words" in value and value["min_words"] > value["max_words"]:
-        problems.append(("check.min_words", f"{value['min_words']} is more than max_words {value['max_words']}: "
-                                            "no response could pass"))
+        problems.append(
+            (
+                "check.min_words",
+                f"{value['min_words']} is more than max_words {value['max_words']}: no response could pass",
+            )
+        )
     return problems
 
 
@@ -230,6 +258,11 @@ def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
     except Exception as err:  # noqa: BLE001 - a check never ends a run; the warning says why it failed
         if key not in _warned:
             _warned.add(key)
-            logger.warning("forgetwatch: the %r check raised %s on a response (%s); a response it raises on counts "
-                           "as failing it (said once per check)", key, type(err).__name__, shorten(str(err), 200))
+            logger.warning(
+                "forgetwatch: the %r check raised %s on a response (%s); a response it raises on counts "
+                "as failing it (said once per check)",
+                key,
+                type(err).__name__,
+                shorten(str(err), 200),
+            )
         return False

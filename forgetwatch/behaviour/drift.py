@@ -42,8 +42,11 @@ SHARES = ("refusals", "hedging", "bullets", "tables", "emoji")
 Measures = dict[str, np.ndarray]
 
 
-def measure(responses: Sequence[str | None], refusal_detector: Callable[[str], bool] | None = None,
-            count_tokens: Callable[[list[str]], list[int]] | None = None) -> Measures:
+def measure(
+    responses: Sequence[str | None],
+    refusal_detector: Callable[[str], bool] | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> Measures:
     """Each response's words, tokens (``count_tokens``: lengths of a list of texts) and
     features, as arrays aligned with ``responses`` (NaN where there is no response)."""
     present = [i for i, r in enumerate(responses) if r is not None]

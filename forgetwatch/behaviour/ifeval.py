@@ -33,8 +33,10 @@ from .checks import count, got, strings, text
 
 __all__ = ["ARGUMENTS", "follows", "instruction_problem"]
 
-REFUSED = {"length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
-                                                  "use the max_sentences check instead"}
+REFUSED = {
+    "length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
+    "use the max_sentences check instead"
+}
 #: Instructions that read NLTK data: refused at load where it is not installed (each response
 #: would fail with a LookupError).
 NEEDS_NLTK_DATA = {"change_case:capital_word_frequency": "tokenizers/punkt_tab"}
@@ -68,8 +70,10 @@ def registry() -> Mapping[str, type]:
         with _no_downloads():
             from lm_eval.tasks.ifeval.instructions_registry import INSTRUCTION_DICT
     except ImportError as exc:
-        raise ImportError(f"the 'ifeval' check needs lm-eval-harness's IFEval instructions ({exc}); install them "
-                          "with: pip install 'forgetwatch[ifeval]'") from exc
+        raise ImportError(
+            f"the 'ifeval' check needs lm-eval-harness's IFEval instructions ({exc}); install them "
+            "with: pip install 'forgetwatch[ifeval]'"
+        ) from exc
     langdetect.DetectorFactory.seed = 0  # its language guesses are random otherwise
     return INSTRUCTION_DICT
 
@@ -84,8 +88,9 @@ def _plain(value: Any) -> str | None:
     if problem := text(value):
         return problem
     if used := sorted(_PATTERN_SYNTAX & set(value)):
-        return (f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; "
-                "give plain text")
+        return (
+            f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; give plain text"
+        )
     return None
 
 
@@ -93,8 +98,11 @@ _plain_list = strings(_plain, " (IFEval reads a lone string letter by letter, an
 
 
 def _relation(value: Any) -> str | None:
-    return None if isinstance(value, str) and value in RELATIONS else \
-        f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
+    return (
+        None
+        if isinstance(value, str) and value in RELATIONS
+        else f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
+    )
 
 
 def _letter(value: Any) -> str | None:
@@ -115,8 +123,10 @@ def _first_word(value: Any) -> str | None:
     if problem := text(value):
         return problem
     if any(ch.isspace() or ch in _WORD_ENDS for ch in value):
-        return (f"{shorten(value)} is not one word: IFEval compares the paragraph's first word up to its first "
-                "space or . , ? ! ' \" with it, so no response could pass")
+        return (
+            f"{shorten(value)} is not one word: IFEval compares the paragraph's first word up to its first "
+            "space or . , ? ! ' \" with it, so no response could pass"
+        )
     return None
 
 
@@ -124,8 +134,20 @@ def _first_word(value: Any) -> str | None:
 #: ``check_following``: the values it uses as given (a test checks that every parameter of
 #: every registered instruction has one, and that lm-eval draws nothing at random within them).
 ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
-    **dict.fromkeys(["num_words", "num_placeholders", "num_bullets", "num_highlights", "num_sections",
-                     "num_paragraphs", "frequency", "let_frequency", "capital_frequency"], _count(0)),
+    **dict.fromkeys(
+        [
+            "num_words",
+            "num_placeholders",
+            "num_bullets",
+            "num_highlights",
+            "num_sections",
+            "num_paragraphs",
+            "frequency",
+            "let_frequency",
+            "capital_frequency",
+        ],
+        _count(0),
+    ),
     "nth_paragraph": _count(1),  # and at most num_paragraphs: see _pair_problem
     **dict.fromkeys(["relation", "let_relation", "capital_relation"], _relation),
     **dict.fromkeys(["keywords", "forbidden_words"], _plain_list),
@@ -141,8 +163,10 @@ def _pair_problem(kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
     """A problem between two parameters: IFEval draws ``nth_paragraph`` at random past
     ``num_paragraphs``."""
     if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
-        return "nth_paragraph", (f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']} "
-                                 "(IFEval draws a random one then)")
+        return "nth_paragraph", (
+            f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']} "
+            "(IFEval draws a random one then)"
+        )
     return None
 
 
@@ -169,8 +193,10 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
     """Why ``value`` is not a list of IFEval instructions this process can check, as
     ``(where, message)`` (``where``: ``""``, ``"[0]"``, ``"[0].kwargs.num_words"``), or ``None``."""
     if not isinstance(value, list) or not value:
-        return "", ('must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
-                    f"got {type(value).__name__}")
+        return "", (
+            'must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
+            f"got {type(value).__name__}"
+        )
     for i, entry in enumerate(value):
         if isinstance(entry, Mapping):
             if not isinstance(entry.get("id"), str) or set(entry) - {"id", "kwargs"}:
@@ -190,20 +216,26 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
             return f"[{i}]", f"unknown IFEval instruction {shorten(name)}{suggestion(name, known)}"
         if name in NEEDS_NLTK_DATA and not _has_nltk_data(NEEDS_NLTK_DATA[name]):
             data = NEEDS_NLTK_DATA[name].rsplit("/", 1)[-1]
-            return f"[{i}]", (f"{name!r} needs NLTK's {data} data, not installed here (every response would fail "
-                              f"it); install it with: python -m nltk.downloader {data}")
+            return f"[{i}]", (
+                f"{name!r} needs NLTK's {data} data, not installed here (every response would fail "
+                f"it); install it with: python -m nltk.downloader {data}"
+            )
         wanted = _parameters(known[name])
         missing, extra = [p for p in wanted if kwargs.get(p) is None], sorted(set(kwargs) - set(wanted))
         if missing or extra:
-            what = (f"give every parameter ({', '.join(wanted)}), or IFEval draws the missing at random"
-                    if missing else f"unknown parameter(s) {', '.join(map(shorten, extra))}; it takes "
-                                    f"{', '.join(wanted) or 'none'}")
+            what = (
+                f"give every parameter ({', '.join(wanted)}), or IFEval draws the missing at random"
+                if missing
+                else f"unknown parameter(s) {', '.join(map(shorten, extra))}; it takes {', '.join(wanted) or 'none'}"
+            )
             return f"[{i}].kwargs", f"{name!r}: {what}"
         for arg in wanted:
             rule = ARGUMENTS.get(arg)
             if rule is None:  # a parameter of a newer lm-eval: whether it is used as given is unknown
-                return f"[{i}].kwargs.{arg}", (f"{name!r}: forgetwatch has no rule for this parameter of this lm-eval "
-                                               "version, so it cannot tell whether IFEval uses it as given")
+                return f"[{i}].kwargs.{arg}", (
+                    f"{name!r}: forgetwatch has no rule for this parameter of this lm-eval "
+                    "version, so it cannot tell whether IFEval uses it as given"
+                )
             if problem := rule(kwargs[arg]):
                 return f"[{i}].kwargs.{arg}", problem
         if pair := _pair_problem(kwargs):

@@ -19,22 +19,69 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["HEDGING_PHRASES", "REFUSAL_PHRASES", "bullet_lines", "has_emoji", "has_table", "hedges",
-           "looks_like_refusal", "sentence_count", "word_count"]
+__all__ = [
+    "HEDGING_PHRASES",
+    "REFUSAL_PHRASES",
+    "bullet_lines",
+    "has_emoji",
+    "has_table",
+    "hedges",
+    "looks_like_refusal",
+    "sentence_count",
+    "word_count",
+]
 
 #: Stock refusal wording, matched case-insensitively within the opening of a response.
 REFUSAL_PHRASES = (
-    "i can't help", "i cannot help", "i can't assist", "i cannot assist", "i can't provide", "i cannot provide",
-    "i can't do that", "i cannot do that", "i won't help", "i won't provide", "i will not", "i'm unable to",
-    "i am unable to", "i'm not able to", "i am not able to", "i must decline", "i have to decline",
-    "i can't comply", "i cannot comply", "i'm sorry, but", "i am sorry, but", "sorry, i can't", "sorry, but i can't",
-    "as an ai", "i refuse", "i can't share", "i cannot share", "not something i can help",
+    "i can't help",
+    "i cannot help",
+    "i can't assist",
+    "i cannot assist",
+    "i can't provide",
+    "i cannot provide",
+    "i can't do that",
+    "i cannot do that",
+    "i won't help",
+    "i won't provide",
+    "i will not",
+    "i'm unable to",
+    "i am unable to",
+    "i'm not able to",
+    "i am not able to",
+    "i must decline",
+    "i have to decline",
+    "i can't comply",
+    "i cannot comply",
+    "i'm sorry, but",
+    "i am sorry, but",
+    "sorry, i can't",
+    "sorry, but i can't",
+    "as an ai",
+    "i refuse",
+    "i can't share",
+    "i cannot share",
+    "not something i can help",
 )
 #: Hedging wording, matched case-insensitively as whole words anywhere.
 HEDGING_PHRASES = (
-    "i think", "i believe", "i'm not sure", "i am not sure", "not entirely sure", "probably", "possibly", "perhaps",
-    "maybe", "might", "it depends", "it seems", "it is possible", "it's possible", "as far as i know",
-    "i could be wrong", "to my knowledge", "likely",
+    "i think",
+    "i believe",
+    "i'm not sure",
+    "i am not sure",
+    "not entirely sure",
+    "probably",
+    "possibly",
+    "perhaps",
+    "maybe",
+    "might",
+    "it depends",
+    "it seems",
+    "it is possible",
+    "it's possible",
+    "as far as i know",
+    "i could be wrong",
+    "to my knowledge",
+    "likely",
 )
 #: How far into a response a refusal phrase counts (characters): a refusal comes first.
 REFUSAL_WINDOW = 200
@@ -49,8 +96,10 @@ _WORD = re.compile(r"\w")
 _SENTENCE_END = re.compile(r"(?<![.!?])[.!?]+(?=\s|$)")
 _BULLET = re.compile(r"^[^\S\n]*(?:[-*+\u2022]|\d{1,3}[.)])[^\S\n]+\S", re.MULTILINE)
 _TABLE_CELL = re.compile(r":?-{3,}:?")
-_EMOJI = re.compile("[\U0001F1E6-\U0001F1FF\U0001F300-\U0001F5FF\U0001F600-\U0001F64F\U0001F680-\U0001F6FF"
-                    "\U0001F900-\U0001F9FF\U0001FA70-\U0001FAFF\u2600-\u26FF\u2700-\u27BF]")
+_EMOJI = re.compile(
+    "[\U0001f1e6-\U0001f1ff\U0001f300-\U0001f5ff\U0001f600-\U0001f64f\U0001f680-\U0001f6ff"
+    "\U0001f900-\U0001f9ff\U0001fa70-\U0001faff\u2600-\u26ff\u2700-\u27bf]"
+)
 
 
 def _plain(text: str) -> str:

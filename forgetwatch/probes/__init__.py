@@ -16,5 +16,17 @@ from ..rows import MAX_FILE_BYTES, MAX_LINE_BYTES
 from .probe_set import ProbeSet, ProbesLike, as_probe_set
 from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError, ProbeKind
 
-__all__ = ["EXTRACT_MODES", "LONG_QUESTION", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_REPORTED_ERRORS",
-           "PROBE_FIELDS", "Probe", "ProbeError", "ProbeKind", "ProbeSet", "ProbesLike", "as_probe_set"]
+__all__ = [
+    "EXTRACT_MODES",
+    "LONG_QUESTION",
+    "MAX_FILE_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_REPORTED_ERRORS",
+    "PROBE_FIELDS",
+    "Probe",
+    "ProbeError",
+    "ProbeKind",
+    "ProbeSet",
+    "ProbesLike",
+    "as_probe_set",
+]

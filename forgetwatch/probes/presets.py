@@ -108,8 +108,9 @@ def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     try:
         answer = int(label)
     except (TypeError, ValueError):
-        raise RowProblem("label", f"{label!r} is not an integer; the hellaswag test split has no "
-                                   "labels, use the validation split") from None
+        raise RowProblem(
+            "label", f"{label!r} is not an integer; the hellaswag test split has no labels, use the validation split"
+        ) from None
     ind = row.get("ind")
     return {
         "id": f"hellaswag/{index if ind is None else ind}",
@@ -140,11 +141,15 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     what = "preset 'ifeval'"
     names = _need_str_list(row, "instruction_id_list", what)
     kwargs = _need(row, "kwargs", what)
-    if not isinstance(kwargs, (list, tuple)) or len(kwargs) != len(names) or \
-            not all(isinstance(k, Mapping) for k in kwargs):
+    if (
+        not isinstance(kwargs, (list, tuple))
+        or len(kwargs) != len(names)
+        or not all(isinstance(k, Mapping) for k in kwargs)
+    ):
         raise RowProblem("kwargs", f"must be a list of {len(names)} mappings, one per instruction")
-    instructions = [{"id": name, "kwargs": {k: v for k, v in given.items() if v is not None}}
-                    for name, given in zip(names, kwargs)]
+    instructions = [
+        {"id": name, "kwargs": {k: v for k, v in given.items() if v is not None}} for name, given in zip(names, kwargs)
+    ]
     return {
         "id": f"ifeval/{row.get('key', index)}",
         "question": _need_str(row, "prompt", what),
@@ -168,7 +173,12 @@ def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 PRESETS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
-    "mmlu": _mmlu, "arc": _arc, "hellaswag": _hellaswag, "gsm8k": _gsm8k, "ifeval": _ifeval, "harmful": _harmful,
+    "mmlu": _mmlu,
+    "arc": _arc,
+    "hellaswag": _hellaswag,
+    "gsm8k": _gsm8k,
+    "ifeval": _ifeval,
+    "harmful": _harmful,
 }
 
 
@@ -189,8 +199,9 @@ def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, Colum
 def check_from_hf_args(dataset: Any, preset: str | None, columns: Mapping[str, ColumnSpec] | None) -> None:
     """Reject a wrong call to ``ProbeSet.from_hf`` before reading any row."""
     if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-        raise TypeError(f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; "
-                        "pick a split, e.g. dataset['test']")
+        raise TypeError(
+            f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
+        )
     if preset is not None and columns is not None:
         raise ValueError("give either preset= or columns=, not both")
     if preset is not None and preset not in PRESETS:
@@ -204,8 +215,9 @@ def check_from_hf_args(dataset: Any, preset: str | None, columns: Mapping[str, C
             raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
 
 
-def row_to_record(row: Mapping[str, Any], index: int, preset: str | None,
-                  columns: Mapping[str, ColumnSpec] | None) -> dict[str, Any]:
+def row_to_record(
+    row: Mapping[str, Any], index: int, preset: str | None, columns: Mapping[str, ColumnSpec] | None
+) -> dict[str, Any]:
     """One dataset row as a probe record (raises :class:`RowProblem`)."""
     if preset is not None:
         return PRESETS[preset](row, index)

@@ -76,8 +76,7 @@ class ProbeSet(Sequence[Probe]):
         Example:
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
         """
-        probes, name = read_dataset(dataset, preset, columns=columns, category=category, limit=limit,
-                                    source=source)
+        probes, name = read_dataset(dataset, preset, columns=columns, category=category, limit=limit, source=source)
         return cls(probes, name)
 
     # -- sequence protocol ----------------------------------------------------------------------
@@ -213,5 +212,7 @@ def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
         return ProbeSet.from_jsonl(probes)
     if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):
         return ProbeSet.from_records(probes, source=source)
-    raise TypeError(f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
-                    f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf")
+    raise TypeError(
+        f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
+        f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf"
+    )

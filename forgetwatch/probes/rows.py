@@ -31,7 +31,13 @@ class RowCollector(Rows[Probe]):
         probes = super().finish()
         long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
         if long:
-            logger.warning("%s: %d question(s) are longer than %d characters (the longest %d): more than a "
-                           "model sees; each is cut from the left to what the model can see before it is "
-                           "tokenized", self.source, len(long), LONG_QUESTION, max(long))
+            logger.warning(
+                "%s: %d question(s) are longer than %d characters (the longest %d): more than a "
+                "model sees; each is cut from the left to what the model can see before it is "
+                "tokenized",
+                self.source,
+                len(long),
+                LONG_QUESTION,
+                max(long),
+            )
         return probes

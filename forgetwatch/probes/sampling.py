@@ -43,8 +43,9 @@ def allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
     if n >= len(nonempty):
         for g in sorted(g for g in nonempty if alloc[g] == 0):
             # Take from the group most over its exact quota; it has >= 2 since n >= groups.
-            donor = max((d for d in alloc if alloc[d] > 1),
-                        key=lambda d: (alloc[d] * total - n * sizes[d], alloc[d], d))
+            donor = max(
+                (d for d in alloc if alloc[d] > 1), key=lambda d: (alloc[d] * total - n * sizes[d], alloc[d], d)
+            )
             alloc[donor] -= 1
             alloc[g] = 1
     return alloc

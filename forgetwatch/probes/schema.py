@@ -128,6 +128,7 @@ class Probe:
 
 # -- validation of one row ------------------------------------------------------------------
 
+
 def is_int(value: Any) -> bool:
     # bool is an int subclass, but True as an answer index is almost surely a mistake.
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -202,8 +203,12 @@ def check_category(value: Any) -> str | None:
 
 def _check_choices(value: Any) -> list[FieldProblem]:
     if not isinstance(value, (list, tuple)):
-        return [("choices", f"must be a list of strings, got {type_name(value)}; "
-                            "for a generative probe leave 'choices' out")]
+        return [
+            (
+                "choices",
+                f"must be a list of strings, got {type_name(value)}; for a generative probe leave 'choices' out",
+            )
+        ]
     if len(value) < 2:
         return [("choices", f"needs at least 2 choices, got {len(value)}")]
     problems: list[FieldProblem] = []
@@ -218,8 +223,13 @@ def _check_choices(value: Any) -> list[FieldProblem]:
     for i, choice in enumerate(texts):
         if choice in texts[:i]:
             # ties go to the lowest index, so the later copy could never be chosen
-            problems.append(("choices", f"choice at index {i} repeats choice {texts.index(choice)} "
-                                        f"({shorten(choice)}); make every choice different"))
+            problems.append(
+                (
+                    "choices",
+                    f"choice at index {i} repeats choice {texts.index(choice)} "
+                    f"({shorten(choice)}); make every choice different",
+                )
+            )
     return problems
 
 
@@ -229,7 +239,7 @@ def _mc_answer_hint(answer: Any, choices: Sequence[Any] | None) -> str:
         if answer in choices:
             return f"; choice {answer!r} is at index {list(choices).index(answer)}, write that"
         if answer.strip().isdigit():
-            return f"; write {answer.strip()} not \"{answer}\""
+            return f'; write {answer.strip()} not "{answer}"'
     return ""
 
 
@@ -240,8 +250,9 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
     answer = row["answer"]
     span = "" if choices is None else f" (0 to {len(choices) - 1})"
     if not is_int(answer):
-        return (f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}"
-                + _mc_answer_hint(answer, choices))
+        return f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}" + _mc_answer_hint(
+            answer, choices
+        )
     if choices is not None and not 0 <= answer < len(choices):
         return f"index {answer} is out of range; 'choices' has {len(choices)} entries, so use 0 to {len(choices) - 1}"
     return None
@@ -249,16 +260,20 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
 
 def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
     if "answer" not in row:
-        return ("missing; give the reference answer as a string (this row has no 'choices', "
-                "so it is generative)" + _misspelled(row, "answer"))
+        return (
+            "missing; give the reference answer as a string (this row has no 'choices', "
+            "so it is generative)" + _misspelled(row, "answer")
+        )
     answer = row["answer"]
     if not isinstance(answer, str):
         if _is_scalar(answer):
             hint = f'; write "{json.dumps(answer)}" not {json.dumps(answer)}'
         else:
             hint = f", got {type_name(answer)}"
-        return ("must be a string for a generative probe (this row has no 'choices', so it is "
-                f"generative){hint}" + _misspelled(row, "choices"))
+        return (
+            "must be a string for a generative probe (this row has no 'choices', so it is "
+            f"generative){hint}" + _misspelled(row, "choices")
+        )
     if _is_blank(answer):
         return "is empty; give the reference answer text"
     if message := unkeepable(answer, allow_layout=True):
@@ -270,12 +285,16 @@ def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
     if mode == "number":
         if normalize_number(answer) is None:
-            return (f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
-                    "extract is 'number' (the last number of the output is compared with it); write the number, "
-                    "or use another extract mode")
+            return (
+                f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
+                "extract is 'number' (the last number of the output is compared with it); write the number, "
+                "or use another extract mode"
+            )
     elif mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
-        return (f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
-                "'B' is compared with it); write the letter, or use another extract mode")
+        return (
+            f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
+            "'B' is compared with it); write the letter, or use another extract mode"
+        )
     return None
 
 
@@ -294,8 +313,7 @@ def _check_extract(value: Any) -> str | None:
         return f"regex {shorten(value)} {problem}; or use one of {modes}"
     groups = compiled(value).groups
     if groups != 1:
-        fix = ("wrap the answer part in (...)" if groups == 0
-               else "make the other groups non-capturing with (?:...)")
+        fix = "wrap the answer part in (...)" if groups == 0 else "make the other groups non-capturing with (?:...)"
         return f"regex {value!r} has {groups} capture groups but needs exactly one (the answer); {fix}"
     return None
 
@@ -317,8 +335,13 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         problems += check_problems(present["check"])
         for other in ("choices", "answer", "extract"):
             if other in present:
-                problems.append((other, f"a behaviour probe (one with 'check') has no '{other}'; remove it, or "
-                                        "remove 'check' to make this a question with an answer"))
+                problems.append(
+                    (
+                        other,
+                        f"a behaviour probe (one with 'check') has no '{other}'; remove it, or "
+                        "remove 'check' to make this a question with an answer",
+                    )
+                )
     elif kind is ProbeKind.MULTIPLE_CHOICE:
         choice_problems = _check_choices(present["choices"])
         problems += choice_problems
@@ -328,8 +351,9 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         if message := _check_mc_answer(present, countable):
             problems.append(("answer", message))
         if "extract" in present:
-            problems.append(("extract", "extract applies only to generative probes; "
-                                        "remove it from this multiple-choice row"))
+            problems.append(
+                ("extract", "extract applies only to generative probes; remove it from this multiple-choice row")
+            )
     else:
         if message := _check_generative_answer(present):
             problems.append(("answer", message))

@@ -82,8 +82,12 @@ class BaseDistribution:
             >>> d.problem()
             'a log-probability is above 0 (0.5)'
         """
-        arrays = {"offsets": (self.offsets, np.int64, 1), "top_ids": (self.top_ids, np.int32, 2),
-                  "top_logprobs": (self.top_logprobs, np.float16, 2), "tail": (self.tail, np.float32, 1)}
+        arrays = {
+            "offsets": (self.offsets, np.int64, 1),
+            "top_ids": (self.top_ids, np.int32, 2),
+            "top_logprobs": (self.top_logprobs, np.float16, 2),
+            "tail": (self.tail, np.float32, 1),
+        }
         for name, (a, dtype, ndim) in arrays.items():
             if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
                 return f"its {name} are not a {ndim}-d {np.dtype(dtype).name} array"
@@ -93,8 +97,10 @@ class BaseDistribution:
             return "a row id appears twice"
         positions = len(self.tail)
         if self.top_ids.shape != self.top_logprobs.shape or self.top_ids.shape[0] != positions or self.k < 1:
-            return (f"its arrays do not fit together (top ids {self.top_ids.shape}, log-probabilities "
-                    f"{self.top_logprobs.shape}, tail {self.tail.shape})")
+            return (
+                f"its arrays do not fit together (top ids {self.top_ids.shape}, log-probabilities "
+                f"{self.top_logprobs.shape}, tail {self.tail.shape})"
+            )
         o = self.offsets
         if len(o) != len(self.ids) + 1 or o[0] != 0 or o[-1] != positions or (np.diff(o) < 0).any():
             return f"its offsets do not add up to {len(self.ids)} rows of {positions} positions"
@@ -112,20 +118,37 @@ class BaseDistribution:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists (to share between ranks as JSON)."""
-        return {"ids": self.ids, "offsets": self.offsets.tolist(), "top_ids": self.top_ids.tolist(),
-                "top_logprobs": self.top_logprobs.astype(np.float32).tolist(), "tail": self.tail.tolist(),
-                "key": self.key}
+        return {
+            "ids": self.ids,
+            "offsets": self.offsets.tolist(),
+            "top_ids": self.top_ids.tolist(),
+            "top_logprobs": self.top_logprobs.astype(np.float32).tolist(),
+            "tail": self.tail.tolist(),
+            "key": self.key,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BaseDistribution:
-        return cls(list(d["ids"]), np.asarray(d["offsets"], dtype=np.int64), np.asarray(d["top_ids"], dtype=np.int32),
-                   np.asarray(d["top_logprobs"], dtype=np.float16), np.asarray(d["tail"], dtype=np.float32),
-                   dict(d.get("key", {})))
+        return cls(
+            list(d["ids"]),
+            np.asarray(d["offsets"], dtype=np.int64),
+            np.asarray(d["top_ids"], dtype=np.int32),
+            np.asarray(d["top_logprobs"], dtype=np.float16),
+            np.asarray(d["tail"], dtype=np.float32),
+            dict(d.get("key", {})),
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         with atomic_write(path, "wb") as f:
-            np.savez(f, ids=_text(self.ids), key=_text(self.key), offsets=self.offsets, top_ids=self.top_ids,
-                     top_logprobs=self.top_logprobs, tail=self.tail)
+            np.savez(
+                f,
+                ids=_text(self.ids),
+                key=_text(self.key),
+                offsets=self.offsets,
+                top_ids=self.top_ids,
+                top_logprobs=self.top_logprobs,
+                tail=self.tail,
+            )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BaseDistribution:
@@ -133,13 +156,31 @@ class BaseDistribution:
         what is wrong with it (damaged, or not a distribution: see :meth:`problem`)."""
         try:
             with np.load(Path(path), allow_pickle=False) as z:
-                base = cls(_json(z["ids"]), z["offsets"], z["top_ids"], z["top_logprobs"], z["tail"],
-                           _json(z["key"]) if "key" in z.files else {})
+                base = cls(
+                    _json(z["ids"]),
+                    z["offsets"],
+                    z["top_ids"],
+                    z["top_logprobs"],
+                    z["tail"],
+                    _json(z["key"]) if "key" in z.files else {},
+                )
         # a damaged npz fails inside zipfile, zlib or numpy with their own exception types
-        except (KeyError, ValueError, TypeError, OSError, EOFError, RecursionError, zipfile.BadZipFile,
-                zlib.error, NotImplementedError) as err:
-            reason = ("it holds pickled (object) data, which forgetwatch never loads" if "pickle" in str(err)
-                      else f"damaged or not a replay base distribution ({first_line(err)})")
+        except (
+            KeyError,
+            ValueError,
+            TypeError,
+            OSError,
+            EOFError,
+            RecursionError,
+            zipfile.BadZipFile,
+            zlib.error,
+            NotImplementedError,
+        ) as err:
+            reason = (
+                "it holds pickled (object) data, which forgetwatch never loads"
+                if "pickle" in str(err)
+                else f"damaged or not a replay base distribution ({first_line(err)})"
+            )
             raise ReplayFileError(path, reason) from None
         if not isinstance(base.key, dict):
             raise ReplayFileError(path, "damaged: its key is not a JSON object")
@@ -159,9 +200,16 @@ def _json(array: np.ndarray) -> Any:
     return strict_json.loads(array.tobytes().decode("utf-8"))
 
 
-def base_distribution(model: torch.nn.Module, tokenizer: Any, row_ids: Sequence[str],
-                      token_ids: Sequence[Sequence[int]], pad_id: int, k: int, rows_per_batch: int = 8,
-                      key: dict[str, Any] | None = None) -> BaseDistribution:
+def base_distribution(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    row_ids: Sequence[str],
+    token_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    k: int,
+    rows_per_batch: int = 8,
+    key: dict[str, Any] | None = None,
+) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at every position of each row (the
     model borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from."""
     device = next(model.parameters()).device
@@ -169,17 +217,26 @@ def base_distribution(model: torch.nn.Module, tokenizer: Any, row_ids: Sequence[
     with borrowed(model, tokenizer), torch.no_grad():
         for idx in group([len(x) for x in token_ids], rows_per_batch, None):
             ids, mask = right_padded([token_ids[i] for i in idx], pad_id)
-            logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device))
-                                     .logits[:, :-1].float(), -1)
+            logp = torch.log_softmax(
+                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1].float(), -1
+            )
             top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
             tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
             for r, i in enumerate(idx):
                 n = len(token_ids[i]) - 1
-                parts[i] = (top_ids[r, :n].cpu().numpy().astype(np.int32),
-                            top_lp[r, :n].cpu().numpy().astype(np.float16), tail[r, :n].cpu().numpy())
+                parts[i] = (
+                    top_ids[r, :n].cpu().numpy().astype(np.int32),
+                    top_lp[r, :n].cpu().numpy().astype(np.float16),
+                    tail[r, :n].cpu().numpy(),
+                )
     order = range(len(token_ids))
     offsets = np.zeros(len(token_ids) + 1, dtype=np.int64)
     np.cumsum([len(parts[i][0]) for i in order], out=offsets[1:])
-    return BaseDistribution(list(row_ids), offsets, np.concatenate([parts[i][0] for i in order]),
-                            np.concatenate([parts[i][1] for i in order]), np.concatenate([parts[i][2] for i in order]),
-                            dict(key or {}))
+    return BaseDistribution(
+        list(row_ids),
+        offsets,
+        np.concatenate([parts[i][0] for i in order]),
+        np.concatenate([parts[i][1] for i in order]),
+        np.concatenate([parts[i][2] for i in order]),
+        dict(key or {}),
+    )

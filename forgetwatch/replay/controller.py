@@ -27,4 +27,4 @@ def next_weight(weight: float, forgetting: float, target: float) -> float:
     if forgetting is None or not math.isfinite(forgetting):
         return weight
     exponent = min(1.0, max(-1.0, (forgetting - target) / target))  # a factor within [1/2, 2]
-    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight * 2.0 ** exponent))
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight * 2.0**exponent))

@@ -86,14 +86,22 @@ class Replay:
     def on_evaluation(self, report: TransitionReport) -> None:
         self.reweigh(report)
 
-    def before_optimizer_step(self, model: torch.nn.Module, *, max_grad_norm: float | None = None,
-                              grad_scaler: tuple[Any, Any] | None = None) -> None:
+    def before_optimizer_step(
+        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
+    ) -> None:
         """This step's replay gradient (see :meth:`step`), with the run's tokenizer and ranks."""
         run = self._run
         if run is None:
             raise RuntimeError("Replay.before_optimizer_step() before the run began: call watch.start() first")
-        self.step(model, run.tokenizer, pad_id(run.tokenizer), max_grad_norm or 0.0, run.rows_per_batch(model),
-                  run.ranks, grad_scaler)
+        self.step(
+            model,
+            run.tokenizer,
+            pad_id(run.tokenizer),
+            max_grad_norm or 0.0,
+            run.rows_per_batch(model),
+            run.ranks,
+            grad_scaler,
+        )
 
     def start(self, model: torch.nn.Module, tokenizer: Any, *, sharded: bool = False, warn: bool = True) -> None:
         """Refuse what replay cannot run under (before any training: ``sharded``, a DeepSpeed
@@ -101,35 +109,53 @@ class Replay:
         replay (rows shorter than two tokens teach nothing: they are left out of the draws,
         :attr:`dropped` names them, and ``warn`` says how many, once)."""
         if sharded or is_sharded(model):
-            raise ValueError("replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without "
-                             "replay=, or under DDP")
+            raise ValueError(
+                "replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without replay=, or under DDP"
+            )
         rows = list(self.pool)
         tokens = encode_rows(tokenizer, rows, self.max_length, keep=True)
         self.encoded = {r.id: ids for r, ids in zip(rows, tokens) if len(ids) >= 2}
         self.dropped = [r.id for r, ids in zip(rows, tokens) if len(ids) < 2]
         if not self.encoded:
-            raise ReplayPoolError([(self.pool.source, None, None, (
-                f"no row is longer than one token once tokenized ({len(rows)} row(s): "
-                f"{listing(map(shorten, self.dropped))}), so replay would train on nothing: a row teaches "
-                "from its second token on; give rows of some text, or train without replay="))])
+            raise ReplayPoolError(
+                [
+                    (
+                        self.pool.source,
+                        None,
+                        None,
+                        (
+                            f"no row is longer than one token once tokenized ({len(rows)} row(s): "
+                            f"{listing(map(shorten, self.dropped))}), so replay would train on nothing: a row teaches "
+                            "from its second token on; give rows of some text, or train without replay="
+                        ),
+                    )
+                ]
+            )
         if self.dropped and warn:
-            logger.warning("forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized and "
-                           "teach nothing; they are left out of the draws (%s)", len(self.dropped), len(rows),
-                           listing(map(shorten, self.dropped)))
-        usable = self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded],
-                                                                self.pool.source)
+            logger.warning(
+                "forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized and "
+                "teach nothing; they are left out of the draws (%s)",
+                len(self.dropped),
+                len(rows),
+                listing(map(shorten, self.dropped)),
+            )
+        usable = (
+            self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source)
+        )
         self.sampler = ReplaySampler(usable, self.seed)
         self.weights = category_weights(None, self.sampler.categories)
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded)}
 
-    def cache_base(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int,
-                   made_by: Mapping[str, str]) -> BaseDistribution:
+    def cache_base(
+        self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int, made_by: Mapping[str, str]
+    ) -> BaseDistribution:
         """With ``"kl"``: the model's (the base's) distribution on every row, kept for the run;
         ``made_by``: the model's keys (``model``, ``weights``), kept with it."""
         ids = list(self.encoded)
         key = {**self.key, "top_k": self.top_k, **made_by}
-        self.base = base_distribution(model, tokenizer, ids, [self.encoded[i] for i in ids], pad_id, self.top_k,
-                                      rows_per_batch, key)
+        self.base = base_distribution(
+            model, tokenizer, ids, [self.encoded[i] for i in ids], pad_id, self.top_k, rows_per_batch, key
+        )
         return self.base
 
     def resume(self, state: Mapping[str, Any], step: int) -> None:
@@ -149,8 +175,16 @@ class Replay:
         if self.auto and steer:
             self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
 
-    def step(self, model: torch.nn.Module, tokenizer: Any, pad_id: int, max_grad_norm: float,
-             rows_per_batch: int, ranks: Ranks, scaled: tuple[Any, Any] | None = None) -> None:
+    def step(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        pad_id: int,
+        max_grad_norm: float,
+        rows_per_batch: int,
+        ranks: Ranks,
+        scaled: tuple[Any, Any] | None = None,
+    ) -> None:
         """Add this optimizer step's replay gradient (then clip the sum again, if clipping).
         ``scaled``: the trainer's enabled gradient scaler and the optimizer it steps (fp16).
 
@@ -199,8 +233,15 @@ class Replay:
         if not self.off:
             self._switch_off(failure, partial=kept is None)
 
-    def _backward(self, model: torch.nn.Module, drawn: list[str], pad_id: int, multiplier: float,
-                  rows_per_batch: int, ranks: Ranks) -> tuple[float, int]:
+    def _backward(
+        self,
+        model: torch.nn.Module,
+        drawn: list[str],
+        pad_id: int,
+        multiplier: float,
+        rows_per_batch: int,
+        ranks: Ranks,
+    ) -> tuple[float, int]:
         """This rank's share of the drawn rows' loss, backpropagated at ``multiplier``: the mean
         loss over its tokens, and the tokens of every rank's rows (what the mean is over)."""
         ids = [self.encoded[i] for i in drawn]
@@ -211,12 +252,20 @@ class Replay:
             return kl_backward(model, ids[mine], targets, pad_id, multiplier, rows_per_batch, total), total
         return replay_backward(model, ids[mine], pad_id, multiplier, rows_per_batch, total), total
 
-    def _finish(self, params: list[torch.nn.Parameter], kept: list[Any] | None, loss: float, total: int,
-                multiplier: float, max_grad_norm: float, ranks: Ranks, scaled: tuple[Any, Any] | None) -> None:
+    def _finish(
+        self,
+        params: list[torch.nn.Parameter],
+        kept: list[Any] | None,
+        loss: float,
+        total: int,
+        multiplier: float,
+        max_grad_norm: float,
+        ranks: Ranks,
+        scaled: tuple[Any, Any] | None,
+    ) -> None:
         """Sum the replay gradient over the ranks, unscale it, add the trainer's back, clip."""
         if ranks.size > 1:  # summed over the ranks, like DDP's for the trainer's own
-            summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64,
-                                  device=ranks.device)
+            summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64, device=ranks.device)
             ranks.sum_tensors([p.grad for p in params] + [summed])
             loss = float(summed) / total
         if scaled is not None:
@@ -244,19 +293,30 @@ class Replay:
         and settings, each time at a cost; a run whose replay stopped at a known point reads
         more plainly than one that replays now and then. A resume starts it again."""
         self.off = f"{type(failure).__name__}: {first_line(failure)}"
-        step = ("this step's gradient may hold part of the replay gradient" if partial
-                else "this step went on with the trainer's gradient alone")
-        logger.warning("forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
-                       "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
-                       "starts replay again (a smaller replay_batch_size if memory ran out)", self.off, step,
-                       exc_info=failure)
+        step = (
+            "this step's gradient may hold part of the replay gradient"
+            if partial
+            else "this step went on with the trainer's gradient alone"
+        )
+        logger.warning(
+            "forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
+            "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
+            "starts replay again (a smaller replay_batch_size if memory ran out)",
+            self.off,
+            step,
+            exc_info=failure,
+        )
 
     def _overflow(self, scale: float) -> None:
         self._overflows += 1
         if self._overflows == 1 or self._overflows % 100 == 0:
-            logger.warning("forgetwatch: the replay gradient overflowed at fp16's gradient scale %g and was "
-                           "left out of this optimizer step (%d step(s) so far); a smaller replay_weight or a "
-                           "smaller initial scale avoids it", scale, self._overflows)
+            logger.warning(
+                "forgetwatch: the replay gradient overflowed at fp16's gradient scale %g and was "
+                "left out of this optimizer step (%d step(s) so far); a smaller replay_weight or a "
+                "smaller initial scale avoids it",
+                scale,
+                self._overflows,
+            )
 
     def figures(self) -> dict[str, float]:
         """The mean replay loss since the last call, and the weight: nothing that does not
@@ -271,8 +331,12 @@ class Replay:
         """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
         record): the draws, the weight and batch size they were made with, and the key of the
         pool and its tokens."""
-        return {"sampler": self.sampler.state_dict(), "weight": self.weight, "batch_size": self.batch_size,
-                "key": dict(self.key)}
+        return {
+            "sampler": self.sampler.state_dict(),
+            "weight": self.weight,
+            "batch_size": self.batch_size,
+            "key": dict(self.key),
+        }
 
 
 def logits_width(model: torch.nn.Module) -> int | None:

@@ -136,7 +136,7 @@ def overlaps(rows: Iterable[Any], probes: Iterable[Any]) -> list[tuple[str, str]
         seen: set[str] = set()
         for start in starts:
             for n in lengths[words[start]]:
-                for probe_id, question in index.get(tuple(words[start:start + n]), ()):
+                for probe_id, question in index.get(tuple(words[start : start + n]), ()):
                     if probe_id not in seen and f" {question} " in text:
                         seen.add(probe_id)
                         found.append((row.id, probe_id))

@@ -38,14 +38,20 @@ def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for r, row in enumerate(rows):
-        ids[r, :len(row)] = torch.tensor(row)
-        mask[r, :len(row)] = 1
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
     return ids, mask
 
 
-def _weighted_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
-                       rows_per_batch: int, total: int | None,
-                       position_loss: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]) -> float:
+def _weighted_backward(
+    model: torch.nn.Module,
+    token_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    weight: float,
+    rows_per_batch: int,
+    total: int | None,
+    position_loss: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
+) -> float:
     """Forward ``token_ids`` in micro-batches; backpropagate ``weight`` × the mean over all
     predicted positions of ``position_loss(logits, ids, rows)`` (rows × positions, fp32); the mean.
 
@@ -66,26 +72,41 @@ def _weighted_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]
     return summed / total
 
 
-def replay_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad_id: int, weight: float,
-                    rows_per_batch: int = 8, total: int | None = None) -> float:
+def replay_backward(
+    model: torch.nn.Module,
+    token_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    weight: float,
+    rows_per_batch: int = 8,
+    total: int | None = None,
+) -> float:
     """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
     predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
     ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more.
     The model is used as found (train mode: dropout as in training)."""
+
     def nll(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                 reduction="none").view(ids.shape[0], -1)
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        ).view(ids.shape[0], -1)
 
     return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, nll)
 
 
-def kl_backward(model: torch.nn.Module, token_ids: Sequence[Sequence[int]],
-                targets: Sequence[tuple[Any, Any, Any]], pad_id: int, weight: float, rows_per_batch: int = 8,
-                total: int | None = None) -> float:
+def kl_backward(
+    model: torch.nn.Module,
+    token_ids: Sequence[Sequence[int]],
+    targets: Sequence[tuple[Any, Any, Any]],
+    pad_id: int,
+    weight: float,
+    rows_per_batch: int = 8,
+    total: int | None = None,
+) -> float:
     """Like :func:`replay_backward`, for the mean over positions of KL(base ‖ current): each
     row's ``targets`` are the base's top-k token ids and log-probabilities per position and the
     log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
     the current model's mass outside the same k tokens stands for its tail."""
+
     def kl(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
         positions, k = ids.shape[1] - 1, targets[rows[0]][0].shape[1]
         top_ids = torch.zeros((len(rows), positions, k), dtype=torch.long)

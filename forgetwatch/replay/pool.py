@@ -57,8 +57,10 @@ class ReplayRow:
         if self.text is not None:
             return self.text
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"replay row {self.id!r} is a chat (messages) but the tokenizer has no chat template; "
-                             "give the row as text, or use a tokenizer with a chat template")
+            raise ValueError(
+                f"replay row {self.id!r} is a chat (messages) but the tokenizer has no chat template; "
+                "give the row as text, or use a tokenizer with a chat template"
+            )
         return tokenizer.apply_chat_template(list(self.messages), tokenize=False)
 
 
@@ -91,8 +93,16 @@ class ReplayPool(Sequence[ReplayRow]):
         return cls(_rows(source, "record").read_records(records), source)
 
     @classmethod
-    def from_hf(cls, dataset: Iterable[Mapping[str, Any]], *, text: str | None = None, messages: str | None = None,
-                id: str | None = None, category: str | None = None, limit: int | None = None) -> ReplayPool:
+    def from_hf(
+        cls,
+        dataset: Iterable[Mapping[str, Any]],
+        *,
+        text: str | None = None,
+        messages: str | None = None,
+        id: str | None = None,
+        category: str | None = None,
+        limit: int | None = None,
+    ) -> ReplayPool:
         """Build from a ``datasets.Dataset`` (or any iterable of dict rows): ``text`` or
         ``messages`` names the column to train on, ``id`` the id column (default: the row
         number), ``category`` a category for every row; ``limit`` keeps the first N rows.
@@ -146,7 +156,9 @@ class ReplayPool(Sequence[ReplayRow]):
             '1a77ffe96941ceb7'
         """
         if self._fingerprint is None:  # the rows never change: hashed once
-            self._fingerprint = content_hash([r.id, r.category, r.text, r.messages] for r in self._rows).hexdigest()[:16]
+            self._fingerprint = content_hash([r.id, r.category, r.text, r.messages] for r in self._rows).hexdigest()[
+                :16
+            ]
         return self._fingerprint
 
     def check_disjoint(self, probes: Iterable[Any]) -> None:
@@ -167,8 +179,10 @@ class ReplayPool(Sequence[ReplayRow]):
         if pairs:
             shown = "; ".join(f"row {shorten(r)} contains the question of probe {shorten(p)}" for r, p in pairs[:20])
             more = f"; and {len(pairs) - 20} more" if len(pairs) > 20 else ""
-            raise ValueError(f"replay pool {self.source} holds probe questions; a probe trained on is no longer "
-                             f"held out. Remove these rows: {shown}{more}")
+            raise ValueError(
+                f"replay pool {self.source} holds probe questions; a probe trained on is no longer "
+                f"held out. Remove these rows: {shown}{more}"
+            )
 
 
 def _rows(source: str, unit: str) -> Rows[ReplayRow]:
@@ -181,8 +195,12 @@ def _parse(row: Mapping[str, Any]) -> ReplayRow | list[FieldProblem]:
     if problems:
         return problems
     messages = row.get("messages")
-    return ReplayRow(id=row["id"], text=row.get("text"), category=row.get("category", "all"),
-                     messages=None if messages is None else tuple(dict(m) for m in messages))
+    return ReplayRow(
+        id=row["id"],
+        text=row.get("text"),
+        category=row.get("category", "all"),
+        messages=None if messages is None else tuple(dict(m) for m in messages),
+    )
 
 
 def _check(row: Mapping[str, Any]) -> Iterator[FieldProblem]:
@@ -205,8 +223,10 @@ def _check(row: Mapping[str, Any]) -> Iterator[FieldProblem]:
         yield "category", message
     unknown = sorted(set(row) - {"id", "text", "messages", "category"})
     if unknown:
-        yield None, (f"unknown field(s) {', '.join(shorten(k) for k in unknown)}; a row holds id, text or messages, "
-                     "category")
+        yield (
+            None,
+            (f"unknown field(s) {', '.join(shorten(k) for k in unknown)}; a row holds id, text or messages, category"),
+        )
 
 
 def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
@@ -215,7 +235,9 @@ def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
         return
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            yield "messages", (f"turn {i} must be {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}, "
-                               f"got {shorten(m)}")
+            yield (
+                "messages",
+                (f'turn {i} must be {{"role": one of {", ".join(ROLES)}, "content": text}}, got {shorten(m)}'),
+            )
         elif message := unkeepable(m["content"], allow_layout=True):
             yield "messages", f"turn {i}: content {message}"

@@ -35,8 +35,16 @@ if TYPE_CHECKING:
     from ..report import TransitionReport
     from .driver import Replay
 
-__all__ = ["base_problem", "base_to_resume", "kept_base", "kept_state", "rebuilt_state", "state_problem",
-           "state_to_resume", "tokens_key"]
+__all__ = [
+    "base_problem",
+    "base_to_resume",
+    "kept_base",
+    "kept_state",
+    "rebuilt_state",
+    "state_problem",
+    "state_to_resume",
+    "tokens_key",
+]
 
 #: A replay state file larger than this is not one (it holds counts per category).
 MAX_STATE_BYTES = 16 << 20
@@ -60,13 +68,17 @@ def tokens_key(encoded: Mapping[str, Sequence[int]]) -> str:
 def _key_problem(key: Any, expected: Mapping[str, Any]) -> str | None:
     """Why a kept ``key`` is not ``expected`` (``None`` if it is; a ``None`` expected value is not checked)."""
     if not isinstance(key, Mapping) or not key:
-        return ("it has no key saying what it was made from (written by an earlier forgetwatch), so it cannot "
-                "be told apart from another run's")
-    what = {"pool": "another replay pool (its rows' ids, texts or categories differ)",
-            "tokens": "the rows tokenized otherwise (another tokenizer, chat template or max length)",
-            "top_k": f"replay_top_k={shorten(key.get('top_k'))}, not {expected.get('top_k')}",
-            "model": "a model of another configuration than this run's base",
-            "weights": "other weights than this run's base model (the base snapshot's)"}
+        return (
+            "it has no key saying what it was made from (written by an earlier forgetwatch), so it cannot "
+            "be told apart from another run's"
+        )
+    what = {
+        "pool": "another replay pool (its rows' ids, texts or categories differ)",
+        "tokens": "the rows tokenized otherwise (another tokenizer, chat template or max length)",
+        "top_k": f"replay_top_k={shorten(key.get('top_k'))}, not {expected.get('top_k')}",
+        "model": "a model of another configuration than this run's base",
+        "weights": "other weights than this run's base model (the base snapshot's)",
+    }
     for name, want in expected.items():
         if want is not None and key.get(name) != want:
             return f"made for {what[name]}"
@@ -88,8 +100,9 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     weight, limit = state.get("weight"), MAX_WEIGHT if replay.auto else math.inf
     least = MIN_WEIGHT if replay.auto else 0
     if not _number(weight) or not least <= weight <= limit:
-        return (f"its weight is {shorten(weight)}, not a finite number "
-                + (f"from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}" if replay.auto else "from 0"))
+        return f"its weight is {shorten(weight)}, not a finite number " + (
+            f"from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}" if replay.auto else "from 0"
+        )
     size = state.get("batch_size")
     if type(size) is not int or size < 1:
         return f"its batch size is {shorten(size)}, not a whole number from 1"
@@ -113,8 +126,9 @@ def read_state(path: str | os.PathLike[str]) -> Any:
         raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
 
 
-def _first_usable(paths: Sequence[Path], read: Callable[[Path], Any],
-                  problem: Callable[[Any], str | None]) -> tuple[Any, list[str]]:
+def _first_usable(
+    paths: Sequence[Path], read: Callable[[Path], Any], problem: Callable[[Any], str | None]
+) -> tuple[Any, list[str]]:
     """The first of ``paths`` that exists, reads and has no ``problem`` (``None`` when none
     does), and why each one before it was passed over."""
     rejected = []
@@ -140,9 +154,14 @@ def kept_state(replay: Replay, paths: Sequence[Path], step: int) -> dict[str, An
     return {"state": state, "rejected": rejected}
 
 
-def state_to_resume(replay: Replay, found: Mapping[str, Any], paths: Sequence[Path],
-                    records: Sequence[Mapping[str, Any]], report: TransitionReport | None,
-                    step: int) -> tuple[dict[str, Any], str | None]:
+def state_to_resume(
+    replay: Replay,
+    found: Mapping[str, Any],
+    paths: Sequence[Path],
+    records: Sequence[Mapping[str, Any]],
+    report: TransitionReport | None,
+    step: int,
+) -> tuple[dict[str, Any], str | None]:
     """The state to resume at ``step`` with, from what :func:`kept_state` ``found``, else
     rebuilt from the history (:func:`rebuilt_state`), and a warning to give when it was
     rebuilt; a :class:`ReplayFileError` naming every copy when neither serves."""
@@ -152,13 +171,21 @@ def state_to_resume(replay: Replay, found: Mapping[str, Any], paths: Sequence[Pa
     try:  # a copy passed over means replay was on at the checkpoint: its draws cannot start afresh
         state, how = rebuilt_state(replay, records, report, step, afresh=not found["rejected"])
     except ValueError as err:
-        raise ReplayFileError(None, f"no replay state to resume step {step} with ({why}); {err}. Resume from a "
-                                    "checkpoint whose forgetwatch folder is whole, or train without replay=") from None
+        raise ReplayFileError(
+            None,
+            f"no replay state to resume step {step} with ({why}); {err}. Resume from a "
+            "checkpoint whose forgetwatch folder is whole, or train without replay=",
+        ) from None
     return state, f"no usable replay state for step {step} ({why}); rebuilt it {how}"
 
 
-def rebuilt_state(replay: Replay, records: Sequence[Mapping[str, Any]], report: TransitionReport | None,
-                  step: int, afresh: bool = True) -> tuple[dict[str, Any], str]:
+def rebuilt_state(
+    replay: Replay,
+    records: Sequence[Mapping[str, Any]],
+    report: TransitionReport | None,
+    step: int,
+    afresh: bool = True,
+) -> tuple[dict[str, Any], str]:
     """``replay``'s state at ``step`` rebuilt from the history (``records`` up to ``step``;
     ``report``: the last one's), and how: from the last record's state, or from the start of
     the run when no evaluation came before ``step``; or, if ``afresh``, a new one when the last
@@ -172,7 +199,8 @@ def rebuilt_state(replay: Replay, records: Sequence[Mapping[str, Any]], report: 
         if not afresh:
             raise ValueError(f"the history holds no replay state at its last evaluation (step {records[-1]['step']})")
         return _state(replay, sampler, replay.weight if not replay.auto else START, replay.batch_size), (
-            f"replay was not on at the last evaluation (step {records[-1]['step']}): its draws start afresh")
+            f"replay was not on at the last evaluation (step {records[-1]['step']}): its draws start afresh"
+        )
     if records:
         since, kept = records[-1]["step"], records[-1]["replay"]
         if problem := state_problem(replay, kept, since):
@@ -186,8 +214,10 @@ def rebuilt_state(replay: Replay, records: Sequence[Mapping[str, Any]], report: 
     else:
         since, weight, batch_size = 0, START if replay.auto else replay.weight, replay.batch_size
         weights = category_weights(None, sampler.categories)
-        how = (f"from the start of the run (no evaluation before step {step}), with this run's replay settings, "
-               f"then the draws of its {step} step(s)")
+        how = (
+            f"from the start of the run (no evaluation before step {step}), with this run's replay settings, "
+            f"then the draws of its {step} step(s)"
+        )
     if weight != 0:
         for _ in range(step - since):
             sampler.next_batch(batch_size, weights)
@@ -198,8 +228,9 @@ def _state(replay: Replay, sampler: ReplaySampler, weight: float, batch_size: in
     return {"sampler": sampler.state_dict(), "weight": weight, "batch_size": batch_size, "key": dict(replay.key)}
 
 
-def kept_base(replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str | None],
-              vocab: int | None) -> dict[str, Any]:
+def kept_base(
+    replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str | None], vocab: int | None
+) -> dict[str, Any]:
     """The first of ``paths`` (``replay_base.npz`` files) that can serve ``replay`` (see
     :func:`base_problem`), and why each one before it was passed over: JSON-ready, to share
     from rank 0 (nodes need not share storage)."""
@@ -212,15 +243,19 @@ def base_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[Bas
     was passed over; a :class:`ReplayFileError` naming every copy when none serves."""
     why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
     if found["base"] is None:
-        raise ReplayFileError(None, f'replay_loss="kl" needs the base model\'s distribution on the replay rows, '
-                                    f"kept when the run began, and no copy can serve ({why}); resume from a "
-                                    'checkpoint that has a good one, or use replay_loss="lm"')
+        raise ReplayFileError(
+            None,
+            f'replay_loss="kl" needs the base model\'s distribution on the replay rows, '
+            f"kept when the run began, and no copy can serve ({why}); resume from a "
+            'checkpoint that has a good one, or use replay_loss="lm"',
+        )
     warning = f"passed over a kept replay base distribution ({why}); using another copy" if found["rejected"] else None
     return BaseDistribution.from_dict(found["base"]), warning
 
 
-def base_problem(replay: Replay, base: BaseDistribution, made_by: Mapping[str, str | None],
-                 vocab: int | None) -> str | None:
+def base_problem(
+    replay: Replay, base: BaseDistribution, made_by: Mapping[str, str | None], vocab: int | None
+) -> str | None:
     """Why a kept base distribution cannot serve ``replay`` (``None`` if it can): its key
     against this run's rows, tokens and top k, and ``made_by`` (the base model's
     configuration and weights keys; ``None``: not checked); its rows and lengths against the

@@ -27,8 +27,12 @@ FLOOR = 0.1
 AT_RISK_WEIGHT = 0.5
 
 
-def category_weights(report: TransitionReport | None, categories: Sequence[str], floor: float = FLOOR,
-                     at_risk_weight: float = AT_RISK_WEIGHT) -> dict[str, float]:
+def category_weights(
+    report: TransitionReport | None,
+    categories: Sequence[str],
+    floor: float = FLOOR,
+    at_risk_weight: float = AT_RISK_WEIGHT,
+) -> dict[str, float]:
     """Shares of the next draws, summing to 1 over ``categories`` (the pool's).
 
     Before any evaluation (``report`` is ``None``) they are even. After one, a category weighs

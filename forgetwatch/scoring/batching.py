@@ -111,7 +111,8 @@ def run_lockstep(
                 if failed == 1:
                     raise torch.cuda.OutOfMemoryError(
                         "forgetwatch ran out of memory scoring a single sequence; evaluate with fewer "
-                        "max_new_tokens or shorter probes, or leave more memory free")
+                        "max_new_tokens or shorter probes, or leave more memory free"
+                    )
                 on_out_of_memory(failed)
                 pending = replan([x for b in pending[k:] for x in items_of(b)])
                 break

@@ -30,8 +30,14 @@ def forward_module(model: torch.nn.Module) -> torch.nn.Module:
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model``'s parameters are sharded across ranks and gathered in each forward:
     FSDP (either version) or DeepSpeed ZeRO-3 (whose parameters carry a ``ds_id``)."""
-    fsdp_types = tuple(t for t in (_optional("torch.distributed.fsdp", "FullyShardedDataParallel"),
-                                   _optional("torch.distributed.fsdp", "FSDPModule")) if t is not None)
+    fsdp_types = tuple(
+        t
+        for t in (
+            _optional("torch.distributed.fsdp", "FullyShardedDataParallel"),
+            _optional("torch.distributed.fsdp", "FSDPModule"),
+        )
+        if t is not None
+    )
     if fsdp_types and any(isinstance(m, fsdp_types) for m in model.modules()):
         return True
     return any(hasattr(p, "ds_id") for p in model.parameters())

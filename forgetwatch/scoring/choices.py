@@ -39,7 +39,6 @@ class Row:
         return len(self.tokens)
 
 
-
 def packed_row(enc: EncodedChoices, first_key: int) -> Row:
     ctx = np.asarray(enc.context, dtype=np.int64)
     c = len(ctx)
@@ -66,13 +65,19 @@ def plain_rows(enc: EncodedChoices, first_key: int, max_length: int) -> list[Row
         if len(cont) > max_length:
             raise ValueError(f"a choice of {len(cont)} tokens exceeds the model's length {max_length}")
         full = np.asarray(enc.context + cont, dtype=np.int64)
-        inp = full[-(max_length + 1):][:-1]
+        inp = full[-(max_length + 1) :][:-1]
         n = len(inp)
-        rows.append(Row(
-            tokens=inp, segments=np.full(n, CONTEXT_SEG), positions=np.arange(n),
-            scored=np.arange(n - len(cont), n), targets=np.asarray(cont, dtype=np.int64),
-            keys=np.full(len(cont), first_key + j), packed=False,
-        ))
+        rows.append(
+            Row(
+                tokens=inp,
+                segments=np.full(n, CONTEXT_SEG),
+                positions=np.arange(n),
+                scored=np.arange(n - len(cont), n),
+                targets=np.asarray(cont, dtype=np.int64),
+                keys=np.full(len(cont), first_key + j),
+                packed=False,
+            )
+        )
     return rows
 
 
@@ -112,17 +117,24 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     pos = np.zeros((b, width), dtype=np.int64)
     row_index, keep_index = [], []
     for i, (r, off) in enumerate(zip(rows, offsets)):
-        ids[i, off:off + len(r)], seg[i, off:off + len(r)], pos[i, off:off + len(r)] = r.tokens, r.segments, r.positions
+        ids[i, off : off + len(r)], seg[i, off : off + len(r)], pos[i, off : off + len(r)] = (
+            r.tokens,
+            r.segments,
+            r.positions,
+        )
         row_index.append(np.full(len(r.scored), i))
         keep_index.append(off + r.scored - (width - keep))
     return Batch(
-        input_ids=torch.from_numpy(ids), segments=torch.from_numpy(seg),
-        position_ids=torch.from_numpy(pos), keep=keep,
+        input_ids=torch.from_numpy(ids),
+        segments=torch.from_numpy(seg),
+        position_ids=torch.from_numpy(pos),
+        keep=keep,
         row_index=torch.from_numpy(np.concatenate(row_index)),
         keep_index=torch.from_numpy(np.concatenate(keep_index)),
         targets=torch.from_numpy(np.concatenate([r.targets for r in rows])),
         keys=np.concatenate([r.keys for r in rows]),
-        packed=packed, rows=rows,
+        packed=packed,
+        rows=rows,
     )
 
 
@@ -145,8 +157,9 @@ def block_mask(segments: torch.Tensor, additive: bool) -> torch.Tensor:
     return mask[:, None]
 
 
-def forward_logprobs(model, batch: Batch, device: torch.device, additive_mask: bool,
-                     keep_arg: str | None) -> np.ndarray:
+def forward_logprobs(
+    model, batch: Batch, device: torch.device, additive_mask: bool, keep_arg: str | None
+) -> np.ndarray:
     """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
@@ -160,7 +173,7 @@ def forward_logprobs(model, batch: Batch, device: torch.device, additive_mask: b
         kwargs["attention_mask"] = (seg != PAD_SEG).long()
     if keep_arg is not None:
         kwargs[keep_arg] = batch.keep
-    logits = model(**kwargs).logits[:, -batch.keep:].float()
+    logits = model(**kwargs).logits[:, -batch.keep :].float()
     # a model split across devices returns logits on its last device
     r, k = batch.row_index.to(logits.device), batch.keep_index.to(logits.device)
     picked = logits[r, k, batch.targets.to(logits.device)] - torch.logsumexp(logits, dim=-1)[r, k]

@@ -87,7 +87,7 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
 def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
     """Move the context's trailing whitespace onto the continuation (as lm-eval does)."""
     stripped = context.rstrip()
-    return stripped, context[len(stripped):] + continuation
+    return stripped, context[len(stripped) :] + continuation
 
 
 def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
@@ -108,7 +108,7 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     """
     n = 4 * tokens
     while n < len(text):
-        tail = text[_word_start(text, len(text) - n):]
+        tail = text[_word_start(text, len(text) - n) :]
         if len(tokenizer(tail, add_special_tokens=False)["input_ids"]) >= tokens + _MARGIN:
             return tail
         n *= 2
@@ -124,8 +124,9 @@ def _word_start(text: str, i: int, within: int = 1000) -> int:
     return i
 
 
-def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
-                  visible: int = VISIBLE_TOKENS) -> list[Encoded]:
+def encode_probes(
+    tokenizer, probes: ProbeSet, chat_template: bool = False, visible: int = VISIBLE_TOKENS
+) -> list[Encoded]:
     """Token ids for every probe, in probe order, with batched tokenizer calls. A generative
     probe's reference answer is encoded like a choice (``delimiter + answer``). Questions are
     cut to what keeps their last ``visible`` tokens exact (:func:`visible_tail`): all that a
@@ -155,7 +156,7 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
             continue
         if p.kind is ProbeKind.GENERATIVE:
             ctx = next(context_ids)
-            cont = tuple(next(whole_ids)[len(ctx):])
+            cont = tuple(next(whole_ids)[len(ctx) :])
             reference = EncodedChoices(tuple(ctx), (cont,)) if ctx and cont else None
             out.append(EncodedPrompt(tuple(next(prompt_ids)), reference))
             continue
@@ -164,7 +165,7 @@ def encode_probes(tokenizer, probes: ProbeSet, chat_template: bool = False,
             raise ValueError(f"probe {p.id!r}: the question encodes to no tokens")
         conts = []
         for choice in p.choices:
-            cont = tuple(next(whole_ids)[len(ctx):])
+            cont = tuple(next(whole_ids)[len(ctx) :])
             if not cont:
                 raise ValueError(
                     f"probe {p.id!r}: choice {choice!r} adds no tokens after the question "

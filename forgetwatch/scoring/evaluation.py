@@ -68,13 +68,30 @@ def evaluate(
         0.62
     """
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    key = (id(tokenizer), probes.fingerprint(), normalize, chat_template, max_new_tokens, stop, extract,
-           behaviour_max_new_tokens, refusal_detector)
+    key = (
+        id(tokenizer),
+        probes.fingerprint(),
+        normalize,
+        chat_template,
+        max_new_tokens,
+        stop,
+        extract,
+        behaviour_max_new_tokens,
+        refusal_detector,
+    )
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
-        scorer = Scorer(tokenizer, probes, normalize=normalize, chat_template=chat_template,
-                        max_new_tokens=max_new_tokens, stop=stop, extract=extract,
-                        behaviour_max_new_tokens=behaviour_max_new_tokens, refusal_detector=refusal_detector)
+        scorer = Scorer(
+            tokenizer,
+            probes,
+            normalize=normalize,
+            chat_template=chat_template,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            extract=extract,
+            behaviour_max_new_tokens=behaviour_max_new_tokens,
+            refusal_detector=refusal_detector,
+        )
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))

@@ -12,7 +12,6 @@ import torch
 from ..text import listing
 from .borrow import forward_module, is_fsdp1, unwrap
 
-
 K = TypeVar("K", bound=Hashable)
 
 
@@ -20,8 +19,13 @@ class PromptTooLongError(ValueError):
     """A prompt that fills the model's whole context, leaving no room for a response."""
 
 
-def response_budgets(lengths: Mapping[K, int], max_length: int, max_new_tokens: int,
-                     setting: str = "max_new_tokens", name: Callable[[K], str] = str) -> tuple[dict[K, int], str | None]:
+def response_budgets(
+    lengths: Mapping[K, int],
+    max_length: int,
+    max_new_tokens: int,
+    setting: str = "max_new_tokens",
+    name: Callable[[K], str] = str,
+) -> tuple[dict[K, int], str | None]:
     """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``,
     or what the model's context of ``max_length`` tokens leaves after the prompt. The one rule
     of every generation path.
@@ -40,18 +44,23 @@ def response_budgets(lengths: Mapping[K, int], max_length: int, max_new_tokens: 
     full = [k for k, b in budgets.items() if b < 1]
     if full:
         # past the context, a prompt may have been read only in part (long questions are cut before tokenizing)
-        shown = listing(f"{name(k)!r} ({lengths[k] if lengths[k] == max_length else f'more than {max_length}'} "
-                        "tokens)" for k in full)
+        shown = listing(
+            f"{name(k)!r} ({lengths[k] if lengths[k] == max_length else f'more than {max_length}'} tokens)"
+            for k in full
+        )
         raise PromptTooLongError(
             f"{len(full)} prompt(s) fill the model's whole context of {max_length} tokens, leaving no room for "
-            f"a response: {shown}; shorten them or leave those probes out")
+            f"a response: {shown}; shorten them or leave those probes out"
+        )
     cut = sorted(b for b in budgets.values() if b < max_new_tokens)
     note = None
     if cut:
         span = f"{cut[0]}" if cut[0] == cut[-1] else f"{cut[0]} to {cut[-1]}"
-        note = (f"the model's context is {max_length} tokens: {len(cut)} of {len(budgets)} prompt(s) leave less "
-                f"than {setting}={max_new_tokens} for the response, which is cut at what the context leaves "
-                f"({span} tokens)")
+        note = (
+            f"the model's context is {max_length} tokens: {len(cut)} of {len(budgets)} prompt(s) leave less "
+            f"than {setting}={max_new_tokens} for the response, which is cut at what the context leaves "
+            f"({span} tokens)"
+        )
     return budgets, note
 
 
@@ -75,8 +84,17 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[:cut]
 
 
-def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device: torch.device,
-                   pad_id: int, max_new_tokens: int, stop: Sequence[str], synced_gpus: bool = False) -> list[str]:
+def generate_texts(
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    *,
+    device: torch.device,
+    pad_id: int,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    synced_gpus: bool = False,
+) -> list[str]:
     """Greedy continuations of one batch of prompts, each cut at the first stop string.
 
     Decoding is plain greedy whatever the model's own generation config says: transformers
@@ -94,11 +112,15 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     greedy = GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-        eos_token_id=stop_token_ids(model, tokenizer), stop_strings=list(stop) or None,
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=stop_token_ids(model, tokenizer),
+        stop_strings=list(stop) or None,
     )
     owner = _generation_config_owner(model)
     saved = owner.generation_config
@@ -106,8 +128,11 @@ def generate_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, device
     try:
         with generator(model) as module:
             out = module.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=greedy,
-                tokenizer=tokenizer, synced_gpus=synced_gpus,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=greedy,
+                tokenizer=tokenizer,
+                synced_gpus=synced_gpus,
             )
     finally:
         owner.generation_config = saved

@@ -49,8 +49,13 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
     lps = measured.logprobs
     scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.normalize == "chars" else lps
     pred = int(np.argmax(scores))  # ties go to the lowest index
-    return {"correct": pred == probe.answer, "predicted": pred, "choice_logprobs": lps,
-            "gold_logprob": float(lps[probe.answer]), "n_choices": probe.n_choices}
+    return {
+        "correct": pred == probe.answer,
+        "predicted": pred,
+        "choice_logprobs": lps,
+        "gold_logprob": float(lps[probe.answer]),
+        "n_choices": probe.n_choices,
+    }
 
 
 def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:

@@ -23,8 +23,15 @@ _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward run
 
 ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "baichuan", "jais"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
-RECURRENT_CONFIG_KEYS = ("attn_layer_period", "mamba_d_state", "ssm_state_size", "state_size",
-                         "hybrid_override_pattern", "layers_block_type", "linear_num_value_heads")
+RECURRENT_CONFIG_KEYS = (
+    "attn_layer_period",
+    "mamba_d_state",
+    "ssm_state_size",
+    "state_size",
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "linear_num_value_heads",
+)
 CHECK_PROBES = 4
 MIN_TOLERANCE = 1e-4  # per token, in nats: far below any leak through the mask
 EPS_FACTOR = 8  # per token, in units of the weights' machine epsilon (bf16: 0.0625 nats)
@@ -39,7 +46,8 @@ def packing_blocker(model, config) -> str | None:
         return "ALiBi position biases depend on the sequence layout"
     layer_types = getattr(config, "layer_types", None) or ()
     if any(t not in ATTENTION_LAYER_TYPES for t in layer_types) or any(
-            getattr(config, key, None) is not None for key in RECURRENT_CONFIG_KEYS):
+        getattr(config, key, None) is not None for key in RECURRENT_CONFIG_KEYS
+    ):
         return "recurrent layers see every earlier token, whatever the mask"
     peft = getattr(model, "active_peft_config", None)
     if getattr(peft, "is_prompt_learning", False):

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ..answers import Answers
-from ..console import progress_bar
 from ..behaviour.style import looks_like_refusal
+from ..console import progress_bar
 from ..distributed import Ranks
 from ..options import BatchSize, check_batch_size, scoring_options
 from ..probes import ProbeKind, ProbeSet
@@ -88,8 +88,13 @@ class Scorer:
         if isinstance(stop, str):
             stop = (stop,)
         # checked where the settings are: a ConfigError (a ValueError) naming what to write
-        Scoring(normalize=normalize, chat_template=chat_template, max_new_tokens=max_new_tokens, stop=stop,
-                behaviour_max_new_tokens=behaviour_max_new_tokens)
+        Scoring(
+            normalize=normalize,
+            chat_template=chat_template,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            behaviour_max_new_tokens=behaviour_max_new_tokens,
+        )
         self.tokenizer = tokenizer
         self.probes = probes
         self.normalize = normalize
@@ -122,10 +127,14 @@ class Scorer:
             encoded = encode_probes(self.tokenizer, self.probes, self.chat_template, visible)
             # what goes through the log-likelihood forwards: each multiple-choice probe, and each
             # generative probe's reference answer (teacher-forced, for its log-probability)
-            reads = [e if isinstance(e, EncodedChoices) else e.reference if self.reference_logprobs else None
-                     for e in encoded]
+            reads = [
+                e if isinstance(e, EncodedChoices) else e.reference if self.reference_logprobs else None
+                for e in encoded
+            ]
             first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in reads])
-            self._tokens = _Tokens(visible, encoded, reads, first_key, [i for i, r in enumerate(reads) if r is not None])
+            self._tokens = _Tokens(
+                visible, encoded, reads, first_key, [i for i, r in enumerate(reads) if r is not None]
+            )
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> None:
@@ -155,13 +164,25 @@ class Scorer:
     @property
     def scoring(self) -> dict[str, Any]:
         """The options that decide the answers (stored with them, checked by ``compare``)."""
-        return scoring_options(self.probes, normalize=self.normalize, chat_template=self.chat_template,
-                               max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract,
-                               behaviour_max_new_tokens=self.behaviour_max_new_tokens,
-                               refusal_detector=self._custom_detector)
+        return scoring_options(
+            self.probes,
+            normalize=self.normalize,
+            chat_template=self.chat_template,
+            max_new_tokens=self.max_new_tokens,
+            stop=self.stop,
+            extract=self.extract,
+            behaviour_max_new_tokens=self.behaviour_max_new_tokens,
+            refusal_detector=self._custom_detector,
+        )
 
-    def __call__(self, model: torch.nn.Module, *, batch_size: BatchSize = Scoring.batch_size,
-                 show_progress: bool = True, distributed: bool = False) -> Answers:
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        *,
+        batch_size: BatchSize = Scoring.batch_size,
+        show_progress: bool = True,
+        distributed: bool = False,
+    ) -> Answers:
         """Score ``model``. With ``distributed=True`` every process of the default
         ``torch.distributed`` group must call this together: each scores its own share of the
         probes, with as many forward and generate calls as the others, and each gets all the
@@ -171,8 +192,7 @@ class Scorer:
         inner = unwrap(model)
         config = _text_config(inner)
         if getattr(config, "is_encoder_decoder", False):
-            raise ValueError("forgetwatch scores decoder-only causal language models; "
-                             "this model is an encoder-decoder")
+            raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         device = _input_device(inner)
         pad = pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
@@ -197,13 +217,18 @@ class Scorer:
         """Every generated probe's prompt, kept whole, with the response length its context
         leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
         by probe index."""
-        kinds = {ProbeKind.GENERATIVE: ("max_new_tokens", self.max_new_tokens, self.stop),
-                 # a response of several lines: no stop strings
-                 ProbeKind.BEHAVIOUR: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())}
+        kinds = {
+            ProbeKind.GENERATIVE: ("max_new_tokens", self.max_new_tokens, self.stop),
+            # a response of several lines: no stop strings
+            ProbeKind.BEHAVIOUR: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ()),
+        }
         out: dict[int, _Prompt] = {}
         for kind, (setting, limit, stop) in kinds.items():
-            lengths = {i: len(e.prompt) for i, (p, e) in enumerate(zip(self.probes, tokens.encoded))
-                       if p.kind is kind and isinstance(e, EncodedPrompt)}
+            lengths = {
+                i: len(e.prompt)
+                for i, (p, e) in enumerate(zip(self.probes, tokens.encoded))
+                if p.kind is kind and isinstance(e, EncodedPrompt)
+            }
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
                 self._warn_once(f"{setting}/{max_length}", "forgetwatch: %s", note)
@@ -215,8 +240,9 @@ class Scorer:
         be packed (checked once per model), and the token budget of a forward for "auto"."""
         if run.batch_size == "auto":
             cfg = _text_config(unwrap(run.model))
-            guess = default_token_budget(run.device, getattr(cfg, "hidden_size", 1024),
-                                         getattr(cfg, "vocab_size", 32000))
+            guess = default_token_budget(
+                run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000)
+            )
             run = replace(run, budget=run.ranks.agree_min([guess])[0])
         return replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
 
@@ -241,10 +267,15 @@ class Scorer:
             return sums
         left = dict(plan.rows_left)
         forward = self._forward(run)
-        for batch, logprobs in run_lockstep(plan.batches, forward, replan=lambda rows: self._batches(rows, run),
-                                            items_of=lambda b: b.rows, filler=plan.filler,
-                                            on_out_of_memory=lambda n: self._out_of_memory(n, run),
-                                            ranks=run.ranks):
+        for batch, logprobs in run_lockstep(
+            plan.batches,
+            forward,
+            replan=lambda rows: self._batches(rows, run),
+            items_of=lambda b: b.rows,
+            filler=plan.filler,
+            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+            ranks=run.ranks,
+        ):
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
             owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
             done = 0
@@ -261,8 +292,10 @@ class Scorer:
         self._warn_truncated(run)
         if not tokens.choice_probes:
             return _Plan([], None, {})
-        mine = [tokens.choice_probes[j] for j in run.ranks.my_share(
-            [self._cost(tokens.reads[i]) for i in tokens.choice_probes])]
+        mine = [
+            tokens.choice_probes[j]
+            for j in run.ranks.my_share([self._cost(tokens.reads[i]) for i in tokens.choice_probes])
+        ]
         cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
         filler = collate(self._rows(tokens, [cheapest], run.max_length, run.packing, window)[:1], run.pad_id)
         rows = self._rows(tokens, mine, run.max_length, run.packing, window)
@@ -285,8 +318,9 @@ class Scorer:
         return len(enc.context) + sum(map(len, enc.continuations))
 
     @staticmethod
-    def _rows(tokens: _Tokens, indices: list[int], max_length: int, packing: bool,
-              sliding_window: int | None) -> list[Row]:
+    def _rows(
+        tokens: _Tokens, indices: list[int], max_length: int, packing: bool, sliding_window: int | None
+    ) -> list[Row]:
         rows: list[Row] = []
         for i in indices:
             enc = tokens.reads[i]
@@ -302,9 +336,14 @@ class Scorer:
     def _warn_truncated(self, run: _Run) -> None:
         truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
         if truncated:
-            self._warn_once("choices", "%d probe(s) are longer than the model's maximum length (%d "
-                            "tokens); their questions are truncated from the left, as lm-eval-harness "
-                            "does", truncated, run.max_length)
+            self._warn_once(
+                "choices",
+                "%d probe(s) are longer than the model's maximum length (%d "
+                "tokens); their questions are truncated from the left, as lm-eval-harness "
+                "does",
+                truncated,
+                run.max_length,
+            )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
         """Length-sorted batches within the current limits; packed and plain rows apart."""
@@ -348,8 +387,11 @@ class Scorer:
             reason = self._packing_problem(run)
             state.packing = bool(run.ranks.agree_min([int(reason is None)])[0])
             if not state.packing:
-                self._warn_once("packing", "scoring each choice as its own sequence, which is slower: %s",
-                                reason or "another rank found packing inexact")
+                self._warn_once(
+                    "packing",
+                    "scoring each choice as its own sequence, which is slower: %s",
+                    reason or "another rank found packing inexact",
+                )
         return state.packing
 
     def _packing_problem(self, run: _Run) -> str | None:
@@ -358,8 +400,13 @@ class Scorer:
         if reason is not None:
             return reason
         tokens = run.tokens
-        probes = check_probes([(int(tokens.first_key[i]), tokens.reads[i]) for i in tokens.choice_probes
-                               if not needs_truncation(tokens.reads[i], run.max_length)])
+        probes = check_probes(
+            [
+                (int(tokens.first_key[i]), tokens.reads[i])
+                for i in tokens.choice_probes
+                if not needs_truncation(tokens.reads[i], run.max_length)
+            ]
+        )
         if not probes:
             return None
         forward = self._forward(run)
@@ -367,13 +414,19 @@ class Scorer:
 
         def chunks(rows: list[Row]) -> list[list[Row]]:
             size = run.state.row_cap or max(1, len(rows))
-            return [rows[i:i + size] for i in range(0, len(rows), size)]
+            return [rows[i : i + size] for i in range(0, len(rows), size)]
 
         def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
             sums = np.zeros(n_keys)
-            for part, lp in run_lockstep(chunks(rows), lambda rs: forward(collate(rs, run.pad_id)), replan=chunks,
-                                         items_of=list, filler=rows[:1],
-                                         on_out_of_memory=lambda n: self._out_of_memory(n, run), ranks=run.ranks):
+            for part, lp in run_lockstep(
+                chunks(rows),
+                lambda rs: forward(collate(rs, run.pad_id)),
+                replan=chunks,
+                items_of=list,
+                filler=rows[:1],
+                on_out_of_memory=lambda n: self._out_of_memory(n, run),
+                ranks=run.ranks,
+            ):
                 sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
             return sums
 
@@ -389,8 +442,9 @@ class Scorer:
         costs = [len(prompts[i].ids) + prompts[i].new_tokens for i in order]
         return [order[j] for j in run.ranks.my_share(costs)], [order[int(np.argmin(costs))]]
 
-    def _generate(self, run: _Run, prompts: dict[int, _Prompt], mine: list[int], filler: list[int],
-                  bar) -> dict[int, str]:
+    def _generate(
+        self, run: _Run, prompts: dict[int, _Prompt], mine: list[int], filler: list[int], bar
+    ) -> dict[int, str]:
         """Generated text by probe index (every rank gets all of them). A batch holds prompts
         generated alike: the same response length and stop strings."""
         if not prompts:
@@ -409,13 +463,27 @@ class Scorer:
 
         def generate(chunk: list[int]) -> list[str]:
             how = prompts[chunk[0]]
-            return generate_texts(run.model, self.tokenizer, [prompts[i].ids for i in chunk], device=run.device,
-                                  pad_id=run.pad_id, max_new_tokens=how.new_tokens, stop=how.stop,
-                                  synced_gpus=synced)
+            return generate_texts(
+                run.model,
+                self.tokenizer,
+                [prompts[i].ids for i in chunk],
+                device=run.device,
+                pad_id=run.pad_id,
+                max_new_tokens=how.new_tokens,
+                stop=how.stop,
+                synced_gpus=synced,
+            )
 
         texts: dict[str, str] = {}
-        for part, out in run_lockstep(plan(mine), generate, replan=plan, items_of=list, filler=filler,
-                                      on_out_of_memory=lambda n: self._out_of_memory(n, run), ranks=run.ranks):
+        for part, out in run_lockstep(
+            plan(mine),
+            generate,
+            replan=plan,
+            items_of=list,
+            filler=filler,
+            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+            ranks=run.ranks,
+        ):
             texts.update((str(i), t) for i, t in zip(part, out))
             bar.update(len(part))
         return {int(i): t for shard in run.ranks.gather_json(texts) for i, t in shard.items()}
@@ -427,9 +495,9 @@ class Scorer:
         rules = Rules(self.normalize, self.extract, self.refusal_detector)
         samples = []
         for i, probe in enumerate(self.probes):
-            measured = Measured(sums[first_key[i]:first_key[i + 1]], texts.get(i))
+            measured = Measured(sums[first_key[i] : first_key[i + 1]], texts.get(i))
             samples.append({"id": probe.id, "category": probe.category, **SCORE[probe.kind](probe, measured, rules)})
-        meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        meta = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
 
 

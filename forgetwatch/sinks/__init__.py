@@ -24,8 +24,17 @@ from ..text import first_line
 from ..trajectory import Trajectory
 from .figures import EVAL_PREFIX, METRICS, PREFIX, console_line, eval_metric_values, logged_categories, metric_values
 
-__all__ = ["EVAL_PREFIX", "METRICS", "PREFIX", "Sink", "Sinks", "console_line", "eval_metric_values",
-           "logged_categories", "metric_values"]
+__all__ = [
+    "EVAL_PREFIX",
+    "METRICS",
+    "PREFIX",
+    "Sink",
+    "Sinks",
+    "console_line",
+    "eval_metric_values",
+    "logged_categories",
+    "metric_values",
+]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -68,5 +77,10 @@ class Sinks:
             try:
                 method(payload)
             except Exception as err:  # noqa: BLE001 - a sink that fails must not end training
-                logger.warning("forgetwatch: the sink %s failed in %s (%s: %s); training goes on, and the other "
-                               "sinks had it", type(sink).__name__, event, type(err).__name__, first_line(err))
+                logger.warning(
+                    "forgetwatch: the sink %s failed in %s (%s: %s); training goes on, and the other sinks had it",
+                    type(sink).__name__,
+                    event,
+                    type(err).__name__,
+                    first_line(err),
+                )

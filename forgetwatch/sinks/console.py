@@ -36,7 +36,9 @@ class ConsoleLines:
             say(console_line(evaluation.step, evaluation.report))
         if evaluation.stop:
             # on its own line above any progress bar, where a person sees it; and to the logs
-            message = (f"stopping training at step {evaluation.step}: {evaluation.stop}"
-                       f"{self.stop_note(evaluation.step)}; history {self.history}")
+            message = (
+                f"stopping training at step {evaluation.step}: {evaluation.stop}"
+                f"{self.stop_note(evaluation.step)}; history {self.history}"
+            )
             say(f"[forgetwatch] {message}")
             logger.info("forgetwatch: %s", message)

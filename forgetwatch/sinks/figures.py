@@ -77,8 +77,10 @@ def logged_categories(categories: Sequence[str], limit: int) -> tuple[set[str] |
     if len(sizes) <= limit:
         return True, None
     largest = sorted(sizes, key=lambda c: (-sizes[c], c))[:limit]
-    return set(largest), (f"{len(sizes)} categories: per-category figures are logged for the {limit} largest "
-                          f"(max_logged_categories={limit}); history.jsonl and the report keep all of them")
+    return set(largest), (
+        f"{len(sizes)} categories: per-category figures are logged for the {limit} largest "
+        f"(max_logged_categories={limit}); history.jsonl and the report keep all of them"
+    )
 
 
 def eval_metric_values(report: TransitionReport) -> dict[str, float]:
@@ -91,20 +93,25 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
     """The line printed once the base is known: accuracy, probes, categories, the smallest
     forgetting rate these probes can tell from zero, the noise floor if measured, the file."""
     k, rate = smallest_detectable(len(base))
-    line = (f"[forgetwatch] base: accuracy {pct(base.accuracy)} on {len(base)} probes "
-            f"({len(set(base.categories))} categories); forgetting under {pct(rate)} ({k} probes) cannot be told "
-            "from zero here")
+    line = (
+        f"[forgetwatch] base: accuracy {pct(base.accuracy)} on {len(base)} probes "
+        f"({len(set(base.categories))} categories); forgetting under {pct(rate)} ({k} probes) cannot be told "
+        "from zero here"
+    )
     if "noise_floor" in base.meta:
-        line += (f"; noise floor {pct(base.meta['noise_floor'])} (right, then wrong when scored again; "
-                 f"{base.meta['noise_flips']} probes flipped either way)")
+        line += (
+            f"; noise floor {pct(base.meta['noise_floor'])} (right, then wrong when scored again; "
+            f"{base.meta['noise_flips']} probes flipped either way)"
+        )
     return line + f"; snapshot {snapshot}" + ("" if computed else " (loaded)")
 
 
 def console_line(step: int, report: TransitionReport) -> str:
     """One short line per evaluation."""
-    return (f"[forgetwatch] step {step}: forgetting {pct(report.forgetting)} "
-            f"(adjusted {pct(report.forgetting_adjusted)}), backward transfer "
-            f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
-            f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
-            f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk")
-
+    return (
+        f"[forgetwatch] step {step}: forgetting {pct(report.forgetting)} "
+        f"(adjusted {pct(report.forgetting_adjusted)}), backward transfer "
+        f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
+        f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
+        f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk"
+    )

@@ -13,8 +13,7 @@ from ..probes import ProbeSet
 from ..report import TransitionReport
 from ..trajectory import Trajectory
 
-FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin",
-                "events so far")
+FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin", "events so far")
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
 
 
@@ -35,8 +34,15 @@ def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str
     return output if output is not None else ("" if predicted is None else str(predicted))
 
 
-def flip_rows(step: int, probes: ProbeSet, base: Answers, now: Answers, report: TransitionReport,
-              trajectory: Trajectory, limit: int) -> list[list[Any]]:
+def flip_rows(
+    step: int,
+    probes: ProbeSet,
+    base: Answers,
+    now: Answers,
+    report: TransitionReport,
+    trajectory: Trajectory,
+    limit: int,
+) -> list[list[Any]]:
     """The probes that flipped against the base at this evaluation (forgotten first, then
     gained; at most ``limit``), one row each in :data:`FLIP_COLUMNS` order."""
     index = {pid: i for i, pid in enumerate(base.ids)}
@@ -47,9 +53,20 @@ def flip_rows(step: int, probes: ProbeSet, base: Answers, now: Answers, report: 
             break
         i = index[pid]
         margin = float(trajectory.signal[i, -1])
-        rows.append([step, pid, probes[i].category, probes[i].question, probes[i].answer_text,
-                     shown_answer(base, i, probes[i].choices), shown_answer(now, i, probes[i].choices), transition,
-                     round(margin, 3) if np.isfinite(margin) else None, int(events[i])])
+        rows.append(
+            [
+                step,
+                pid,
+                probes[i].category,
+                probes[i].question,
+                probes[i].answer_text,
+                shown_answer(base, i, probes[i].choices),
+                shown_answer(now, i, probes[i].choices),
+                transition,
+                round(margin, 3) if np.isfinite(margin) else None,
+                int(events[i]),
+            ]
+        )
     return rows
 
 
@@ -58,9 +75,18 @@ def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[lis
     :data:`PROBE_COLUMNS` order, its trajectory as ■ right / □ wrong from the base on."""
     events, first = trajectory.forgetting_events(), trajectory.first_forgotten()
     order = np.argsort(-events, kind="stable")[:limit]
-    return [[trajectory.ids[i], probes[i].category, probes[i].question, probes[i].answer_text, int(events[i]),
-             None if first[i] < 0 else int(first[i]), "".join("■" if c else "□" for c in trajectory.correct[i])]
-            for i in order]
+    return [
+        [
+            trajectory.ids[i],
+            probes[i].category,
+            probes[i].question,
+            probes[i].answer_text,
+            int(events[i]),
+            None if first[i] < 0 else int(first[i]),
+            "".join("■" if c else "□" for c in trajectory.correct[i]),
+        ]
+        for i in order
+    ]
 
 
 def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -72,6 +98,7 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         |---|---|
         | 1 | x\\|y |
     """
+
     def cell(v: Any) -> str:
         return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
 

@@ -25,8 +25,15 @@ class TensorBoardText:
         self._broken = False
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        rows = flip_rows(evaluation.step, self.probes, evaluation.base, evaluation.answers, evaluation.report,
-                         evaluation.trajectory, self.limit)
+        rows = flip_rows(
+            evaluation.step,
+            self.probes,
+            evaluation.base,
+            evaluation.answers,
+            evaluation.report,
+            evaluation.trajectory,
+            self.limit,
+        )
         self._text("forgetwatch/flips", markdown(FLIP_COLUMNS, rows) if rows else "no probe flipped", evaluation.step)
 
     def on_end(self, trajectory: Trajectory) -> None:
@@ -41,5 +48,8 @@ class TensorBoardText:
             writer.add_text(tag, text, step)
         except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
             self._broken = True
-            logger.warning("forgetwatch: writing tensorboard failed (%s: %s); no more of it this run, training "
-                           "goes on", type(err).__name__, first_line(err))
+            logger.warning(
+                "forgetwatch: writing tensorboard failed (%s: %s); no more of it this run, training goes on",
+                type(err).__name__,
+                first_line(err),
+            )

@@ -44,9 +44,13 @@ class TrainerLog:
         try:
             self.link.emit(metrics, skip=("WandbCallback",) if taken else ())
         except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
-            logger.warning("forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
-                           "(%s: %s); training goes on, and the figures are in the history file", step,
-                           type(err).__name__, err)
+            logger.warning(
+                "forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
+                "(%s: %s); training goes on, and the figures are in the history file",
+                step,
+                type(err).__name__,
+                err,
+            )
 
 
 class WhileTraining(Sinks):

@@ -55,8 +55,15 @@ class WandbSection:
         run = self._run("wandb tables")
         if run is None:
             return
-        rows = flip_rows(evaluation.step, self.probes, evaluation.base, evaluation.answers, evaluation.report,
-                         evaluation.trajectory, self.limit)
+        rows = flip_rows(
+            evaluation.step,
+            self.probes,
+            evaluation.base,
+            evaluation.answers,
+            evaluation.report,
+            evaluation.trajectory,
+            self.limit,
+        )
 
         def log() -> None:
             import wandb
@@ -78,8 +85,12 @@ class WandbSection:
         def log() -> None:
             import wandb
 
-            run.log({"forgetwatch/probes": wandb.Table(columns=list(PROBE_COLUMNS), data=rows),
-                     STEP_KEY: int(trajectory.steps[-1])})
+            run.log(
+                {
+                    "forgetwatch/probes": wandb.Table(columns=list(PROBE_COLUMNS), data=rows),
+                    STEP_KEY: int(trajectory.steps[-1]),
+                }
+            )
 
         self._guard("wandb tables", log)
 
@@ -107,7 +118,12 @@ class WandbSection:
             write()
         except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
             self._broken.add(name)
-            logger.warning("forgetwatch: writing %s failed (%s: %s); no more of it this run (scalars then go the "
-                           "trainer's way), training goes on", name, type(err).__name__, first_line(err))
+            logger.warning(
+                "forgetwatch: writing %s failed (%s: %s); no more of it this run (scalars then go the "
+                "trainer's way), training goes on",
+                name,
+                type(err).__name__,
+                first_line(err),
+            )
             return False
         return True

@@ -28,9 +28,16 @@ from forgetwatch import (
 def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     probes = ProbeSet.from_jsonl("probes.jsonl")
     pool = ReplayPool.from_jsonl("pool.jsonl")
-    watch = Watch(probes, output_dir="run/forgetwatch", max_forgetting=0.1, scoring=Scoring(batch_size=8),
-                  schedule=Schedule(eval_steps=50), stopping=Stopping(patience=2), output=Output(verbose=False),
-                  replay=Replay(pool, ReplaySettings(weight="auto", target=0.05)))
+    watch = Watch(
+        probes,
+        output_dir="run/forgetwatch",
+        max_forgetting=0.1,
+        scoring=Scoring(batch_size=8),
+        schedule=Schedule(eval_steps=50),
+        stopping=Stopping(patience=2),
+        output=Output(verbose=False),
+        replay=Replay(pool, ReplaySettings(weight="auto", target=0.05)),
+    )
     watch.start(model, tokenizer)
     for step in range(1, steps + 1):
         watch.before_optimizer_step(model, max_grad_norm=1.0)
