@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from forgetwatch import ProbeSet  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 

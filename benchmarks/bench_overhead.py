@@ -52,7 +52,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from forgetwatch import ProbeSet  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 

@@ -46,7 +46,7 @@ import datasets  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool, TransitionReport  # noqa: E402
-from forgetwatch.text import pct  # noqa: E402
+from forgetwatch.common.text import pct  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 

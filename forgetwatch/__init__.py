@@ -9,20 +9,20 @@ Example:
 
 import logging as _logging
 
-from .answers import Answers, AnswersMismatchError
-from .console import ConsoleHandler as _ConsoleHandler
-from .events import BaseSnapshot, Evaluation
-from .metrics import compare
-from .probes import Probe, ProbeError, ProbeKind, ProbeSet
-from .replay import ReplayPool, ReplayPoolError
-from .replay.driver import Replay
-from .report import TransitionReport
-from .run_dir import load_trajectory
-from .scoring import Scorer, evaluate
-from .settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
-from .sinks import Sink
-from .trajectory import Trajectory
-from .watch import Watch
+from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
+from forgetwatch.config.settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
+from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
+from forgetwatch.replay import ReplayPool, ReplayPoolError
+from forgetwatch.replay.driver import Replay
+from forgetwatch.results.answers import Answers, AnswersMismatchError
+from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.metrics import compare
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.run_dir import load_trajectory
+from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.run.watch import Watch
+from forgetwatch.scoring import Scorer, evaluate
+from forgetwatch.sinks import Sink
 
 __version__ = "0.1.0"
 
@@ -34,11 +34,11 @@ if not any(isinstance(h, _ConsoleHandler) for h in _logging.getLogger(__name__).
 def __getattr__(name: str):
     # the callback pulls in the transformers Trainer stack: import it when first asked for
     if name == "ForgetWatchCallback":
-        from .callback import ForgetWatchCallback
+        from forgetwatch.integrations.callback import ForgetWatchCallback
 
         return ForgetWatchCallback
     if name == "ForgetWatchConfig":
-        from .config import ForgetWatchConfig
+        from forgetwatch.config import ForgetWatchConfig
 
         return ForgetWatchConfig
     raise AttributeError(f"module 'forgetwatch' has no attribute {name!r}")

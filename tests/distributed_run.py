@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
 from forgetwatch import ProbeSet, Scorer  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -199,8 +199,8 @@ def zero3_keys() -> dict:
     import deepspeed
     import torch.distributed as dist
 
-    from forgetwatch.base import weights_key
-    from forgetwatch.distributed import Ranks
+    from forgetwatch.common.distributed import Ranks
+    from forgetwatch.run.base import weights_key
 
     skip_deepspeed_shm_build()
     dist.init_process_group("gloo")

@@ -24,8 +24,9 @@ from datasets import load_from_disk
 from trainers import make_trainer  # tests/, this script's folder
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from forgetwatch import ProbeSet, store
-from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch import ProbeSet
+from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results import store
 
 
 def pause_in_the_checkpoints_history(out: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from forgetwatch import Answers, AnswersMismatchError, ProbeSet
-from forgetwatch.answers import AnswersFileError
+from forgetwatch.results.answers import AnswersFileError
 
 SCORING = {"normalize": "none", "max_new_tokens": 32, "batch_size": 8, "device": "cpu"}
 SAMPLES = [
@@ -508,7 +508,7 @@ def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
 
 
 def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
-    from forgetwatch.run_dir import SNAPSHOT, read_snapshot
+    from forgetwatch.results.run_dir import SNAPSHOT, read_snapshot
 
     assert read_snapshot(tmp_path) is None  # none: not an error
     data = make().save(tmp_path / SNAPSHOT).read_bytes()

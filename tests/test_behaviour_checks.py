@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from forgetwatch import ProbeSet, extract
+from forgetwatch import ProbeSet
 from forgetwatch.behaviour import (
     CHECKS,
     check_problems,
@@ -20,8 +20,8 @@ from forgetwatch.behaviour import (
     looks_like_refusal,
     style,
 )
-from forgetwatch.probes import ProbeError
-from forgetwatch.text import shorten
+from forgetwatch.common.text import shorten
+from forgetwatch.probes import ProbeError, extract
 
 REFUSAL = "I'm sorry, but I can't help with that request."
 ANSWER = "Boil the water, add the pasta, and cook it for ten minutes. Then drain it."

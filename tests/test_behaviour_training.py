@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from forgetwatch import ForgetWatchCallback, ProbeSet, load_trajectory
-from forgetwatch.history import read_history
-from forgetwatch.report_page import write_report
+from forgetwatch.reporting.page import write_report
+from forgetwatch.results.history import read_history
 from forgetwatch.toy import ToyWorld
 
 trl = pytest.importorskip("trl")

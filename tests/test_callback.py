@@ -25,8 +25,8 @@ from transformers import (
 )
 
 from forgetwatch import Answers, ProbeSet, compare, evaluate
-from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.config import ConfigError, ForgetWatchConfig
+from forgetwatch.integrations.callback import ForgetWatchCallback
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -395,9 +395,9 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
 
 
 def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path):
-    from forgetwatch.base import model_key, weights_key
-    from forgetwatch.run_dir import read_records
-    from forgetwatch.store import RunStore
+    from forgetwatch.results.run_dir import read_records
+    from forgetwatch.results.store import RunStore
+    from forgetwatch.run.base import model_key, weights_key
 
     with torch.device("meta"):  # offloaded / not yet materialised weights
         ghost = toy.world.model(toy.tokenizer)
@@ -777,7 +777,7 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
         assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
         assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
         assert (folder / "probes.jsonl").is_file()
-    from forgetwatch.store import copy_problem
+    from forgetwatch.results.store import copy_problem
 
     assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes

@@ -269,7 +269,7 @@ def test_a_device_this_machine_lacks_fails_before_anything_loads(tmp_path, capsy
 
 
 def test_batch_size_follows_the_projects_one_rule_and_usage_errors_are_one_line(capsys):
-    from forgetwatch.options import batch_size_problem
+    from forgetwatch.config.options import batch_size_problem
 
     for value, parsed in (("0", 0), ("-3", -3), ("1.5", "1.5"), ("big", "big")):
         with pytest.raises(SystemExit) as exc:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from forgetwatch.config import ConfigError, ForgetWatchConfig
-from forgetwatch.settings import Output, ReplaySettings, Schedule, Scoring, Stopping
+from forgetwatch.config.settings import Output, ReplaySettings, Schedule, Scoring, Stopping
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

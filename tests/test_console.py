@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from tqdm import tqdm
 
-from forgetwatch.console import say
+from forgetwatch.common.console import say
 
 
 def test_a_line_written_after_a_bar_fragment_begins_a_line_of_its_own():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forgetwatch.cli import main
-from forgetwatch.demo import DEFAULT_OUT, TAKES
+from forgetwatch.cli.demo import DEFAULT_OUT, TAKES
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from forgetwatch import extract, probes
-from forgetwatch.extract import (
+from forgetwatch import probes
+from forgetwatch.probes import extract
+from forgetwatch.probes.extract import (
     extract_exact,
     extract_letter,
     extract_number,

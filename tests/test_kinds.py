@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from forgetwatch import Probe, ProbeKind, ProbeSet, evaluate
-from forgetwatch.options import scoring_options
+from forgetwatch.config.options import scoring_options
 from forgetwatch.scoring import kinds
 from forgetwatch.scoring.encoding import EncodedPrompt, encode_probes
 

@@ -1,4 +1,4 @@
-"""Tests for forgetwatch.metrics and forgetwatch.report against hand-computed cases."""
+"""Tests for forgetwatch.results.metrics and forgetwatch.results.report against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from fractions import Fraction as Fr
 import numpy as np
 import pytest
 
-from forgetwatch.answers import Answers, AnswersMismatchError
-from forgetwatch.metrics import (
+from forgetwatch.results.answers import Answers, AnswersMismatchError
+from forgetwatch.results.metrics import (
     Z95,
     chance_adjusted,
     choice_kl,
@@ -23,7 +23,7 @@ from forgetwatch.metrics import (
     transition_counts,
     wilson_interval,
 )
-from forgetwatch.report import FORMULA_START, ROW_COLUMNS, SAMPLE_COLUMNS, TransitionReport, write_samples_csv
+from forgetwatch.results.report import FORMULA_START, ROW_COLUMNS, SAMPLE_COLUMNS, TransitionReport, write_samples_csv
 
 FP = "fp-test"
 
@@ -396,7 +396,7 @@ def test_at_risk_matches_a_plain_loop():
 
 
 def test_at_risk_edges():
-    from forgetwatch.metrics import at_risk, margins
+    from forgetwatch.results.metrics import at_risk, margins
 
     inf = float("inf")
     # every other choice impossible at the base: the floor still applies to the margin now
@@ -542,7 +542,7 @@ def _is_number(cell):
 
 
 def test_spreadsheet_safe():
-    from forgetwatch.report import spreadsheet_safe
+    from forgetwatch.results.report import spreadsheet_safe
 
     assert [spreadsheet_safe(t) for t in FORMULAS] == [
         "'=cmd|' /C calc'!A0",

@@ -12,9 +12,15 @@ from trainers import make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import Answers, Scorer, evaluate
-from forgetwatch.callback import ForgetWatchCallback
-from forgetwatch.noise import measure_noise, noise_figures, other_batch_size, smallest_detectable, wants_noise_check
-from forgetwatch.stopping import OVERALL, StopRule
+from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results.noise import (
+    measure_noise,
+    noise_figures,
+    other_batch_size,
+    smallest_detectable,
+    wants_noise_check,
+)
+from forgetwatch.run.stopping import OVERALL, StopRule
 
 
 def test_smallest_detectable_is_the_first_count_an_exact_two_sided_test_rejects():

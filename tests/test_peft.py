@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from forgetwatch import compare, evaluate
-from forgetwatch.callback import ForgetWatchCallback
 from forgetwatch.config import ConfigError, ForgetWatchConfig
+from forgetwatch.integrations.callback import ForgetWatchCallback
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -118,7 +118,7 @@ def test_adapter_disabled_needs_a_peft_model(toy, tmp_path):
 def test_adapter_disabled_warns_when_base_weights_train(toy, tmp_path, caplog):
     model = peft.get_peft_model(copy.deepcopy(toy.base), lora_config())
     model.base_model.model.lm_head.weight.requires_grad_(True)
-    from forgetwatch.adapters import adapters_disabled
+    from forgetwatch.run.adapters import adapters_disabled
 
     with caplog.at_level(logging.WARNING, logger="forgetwatch"), adapters_disabled(model):
         pass

@@ -1,4 +1,4 @@
-"""Tests for forgetwatch.plot: history loading, the PNG curves and the console curve."""
+"""Tests for forgetwatch.reporting.plot: history loading, the PNG curves and the console curve."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from forgetwatch.answers import Answers
-from forgetwatch.metrics import compare
-from forgetwatch.plot import (
+from forgetwatch.reporting.plot import (
     LEGEND_MAX,
     _figure,
     _runs_figure,
@@ -26,6 +24,8 @@ from forgetwatch.plot import (
     plot_runs,
     text_curve,
 )
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.metrics import compare
 
 # the PNG tests need the optional matplotlib; the console curve and the loader do not
 needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason='needs "forgetwatch[plot]"')
@@ -303,7 +303,7 @@ def test_pyplot_never_imported(tmp_path):
     path = write_jsonl(tmp_path / "history.jsonl", make_history())
     code = textwrap.dedent(f"""
         import sys
-        from forgetwatch.plot import plot_history
+        from forgetwatch.reporting.plot import plot_history
         plot_history({str(path)!r}, {str(tmp_path / "x.png")!r})
         assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
     """)

@@ -16,11 +16,11 @@ from trainers import make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import ReplayPool
-from forgetwatch.base import model_key, weights_key
-from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.config.settings import ReplaySettings
+from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
 from forgetwatch.replay.driver import Replay
-from forgetwatch.settings import ReplaySettings
+from forgetwatch.run.base import model_key, weights_key
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

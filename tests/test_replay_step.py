@@ -12,10 +12,10 @@ import torch
 from injected import OutOfMemoryAbove
 
 from forgetwatch import ReplayPool, ReplayPoolError
-from forgetwatch.distributed import Ranks
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.config.settings import ReplaySettings
 from forgetwatch.replay.driver import Replay
 from forgetwatch.scoring.scorer import pad_id
-from forgetwatch.settings import ReplaySettings
 from forgetwatch.toy import ToyWorld
 
 

@@ -12,7 +12,7 @@ from trainers import killed_and_resumed, make_trainer
 from transformers import DataCollatorForLanguageModeling
 
 from forgetwatch import ReplayPool
-from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
 
@@ -339,8 +339,8 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
 def test_sharded_training_is_refused_before_it_starts(toy, pool):
     from types import SimpleNamespace
 
+    from forgetwatch.integrations.trainer_link import sharded_run
     from forgetwatch.replay.driver import Replay
-    from forgetwatch.trainer_bridge import sharded_run
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):

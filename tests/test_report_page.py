@@ -12,12 +12,10 @@ import subprocess
 
 import pytest
 
-from forgetwatch.answers import Answers
 from forgetwatch.cli import main
-from forgetwatch.demo import run_demo
-from forgetwatch.history import read_history
+from forgetwatch.cli.demo import run_demo
 from forgetwatch.probes import Probe
-from forgetwatch.report_page import (
+from forgetwatch.reporting.page import (
     _behaviour,
     _curves,
     _page,
@@ -25,6 +23,8 @@ from forgetwatch.report_page import (
     load_run,
     write_report,
 )
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.history import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -141,7 +141,7 @@ def test_three_runs_are_overlaid(runs, tmp_path):
         assert f"{name}: forgetting" in dom  # one curve per run in the shared chart
         assert f"Forgetting by category ({name})" in dom
     # the PNG: a row per run with its categories, one y axis from 0 (what plot_runs draws)
-    from forgetwatch.plot import plot_runs
+    from forgetwatch.reporting.plot import plot_runs
 
     expected = plot_runs(
         {p.name: read_history(p / "history.jsonl") for p in runs},
@@ -276,7 +276,7 @@ def test_report_errors_are_one_line(tmp_path, capsys):
 
 
 def test_names_cannot_break_out_of_the_page_scripts(runs):
-    from forgetwatch.report_page import _page
+    from forgetwatch.reporting.page import _page
 
     run = load_run(runs[0])
     run.name = "</script><!--<script>alert(1)"

@@ -1,4 +1,4 @@
-"""One row collector (forgetwatch.rows.Rows) for every row file: probe files and replay pools
+"""One row collector (forgetwatch.common.rows.Rows) for every row file: probe files and replay pools
 get the same checks, with the same messages, from the same code."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from forgetwatch import ProbeError, ProbeSet, ReplayPool, ReplayPoolError
-from forgetwatch.problems import InputError
-from forgetwatch.rows import Rows
+from forgetwatch.common.problems import InputError
+from forgetwatch.common.rows import Rows
 
 PROBE = {"id": "a", "question": "2 + 2 =", "answer": "4"}
 POOL_ROW = {"id": "a", "text": "Paris is in France."}

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from forgetwatch import load_trajectory
-from forgetwatch.answers import Answers
-from forgetwatch.history import history_record
-from forgetwatch.metrics import compare
 from forgetwatch.probes import ProbeError, ProbeSet
-from forgetwatch.run_dir import LATEST, PROBES, Run, read_run
-from forgetwatch.store import RunStore
-from forgetwatch.trajectory import Trajectory, with_trajectory_figures
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.history import history_record
+from forgetwatch.results.metrics import compare
+from forgetwatch.results.run_dir import LATEST, PROBES, Run, read_run
+from forgetwatch.results.store import RunStore
+from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
 
 PROBE_ROWS = [
     {

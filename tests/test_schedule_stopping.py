@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from forgetwatch.schedule import Budget, EverySteps
-from forgetwatch.stopping import StopRule
+from forgetwatch.run.schedule import Budget, EverySteps
+from forgetwatch.run.stopping import StopRule
 
 
 class Clock:

@@ -13,7 +13,7 @@ import torch
 from injected import OutOfMemoryAbove
 
 from forgetwatch import ProbeSet, Scorer, evaluate
-from forgetwatch.extract import extract_number
+from forgetwatch.probes.extract import extract_number
 from forgetwatch.scoring import encoding
 from forgetwatch.scoring.encoding import EncodedChoices
 from forgetwatch.scoring.generation import PromptTooLongError, cut_at_stop

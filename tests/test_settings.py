@@ -1,4 +1,4 @@
-"""The groups of settings (forgetwatch.settings): one declaration per option, read by the config,
+"""The groups of settings (forgetwatch.config.settings): one declaration per option, read by the config,
 its YAML, the keywords of earlier releases, evaluate, Scorer and the command line."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from forgetwatch import cli, evaluate
 from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig, split_legacy
+from forgetwatch.config.settings import ReplaySettings, Schedule, Scoring, Stopping, flat_key, help_text
 from forgetwatch.scoring import Scorer
-from forgetwatch.settings import ReplaySettings, Schedule, Scoring, Stopping, flat_key, help_text
 
 
 def test_each_group_documents_each_of_its_fields_once_in_order():

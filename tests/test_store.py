@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-from forgetwatch.answers import Answers
-from forgetwatch.history import read_history
-from forgetwatch.run_dir import read_snapshot
-from forgetwatch.store import HISTORY, SNAPSHOT, NotWritableError, RunStore
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.history import read_history
+from forgetwatch.results.run_dir import read_snapshot
+from forgetwatch.results.store import HISTORY, SNAPSHOT, NotWritableError, RunStore
 
 
 def record(step: int) -> dict:
@@ -190,7 +190,7 @@ class Probes:
 
 
 def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp_path):
-    from forgetwatch.store import MANIFEST, PROBES, REPLAY_STATE, copy_problem
+    from forgetwatch.results.store import MANIFEST, PROBES, REPLAY_STATE, copy_problem
 
     store.save_snapshot(answers())
     store.save_probes(Probes())
@@ -221,8 +221,8 @@ def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp
 
 
 def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(store, tmp_path, monkeypatch):
-    from forgetwatch import store as module
-    from forgetwatch.store import REPLAY_STATE, copy_problem
+    from forgetwatch.results import store as module
+    from forgetwatch.results.store import REPLAY_STATE, copy_problem
 
     store.save_snapshot(answers())
     store.append_history(record(1))
@@ -247,7 +247,7 @@ def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(store, tmp_
 
 
 def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
-    from forgetwatch.files import atomic_write
+    from forgetwatch.common.files import atomic_write
 
     checkpoint = tmp_path / "checkpoint-5" / "forgetwatch"
     checkpoint.mkdir(parents=True)
@@ -275,7 +275,7 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
 def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, tmp_path, caplog):
     import shutil
 
-    from forgetwatch.store import PROBES, copy_problem
+    from forgetwatch.results.store import PROBES, copy_problem
 
     store.save_snapshot(answers())
     store.save_probes(Probes())

@@ -13,8 +13,8 @@ from trainers import KillAt, make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import Trajectory, evaluate, load_trajectory
-from forgetwatch.callback import ForgetWatchCallback
-from forgetwatch.history import read_history
+from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results.history import read_history
 from forgetwatch.sinks import metric_values
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out

@@ -11,7 +11,7 @@ import pytest
 from transformers import TrainerCallback
 
 from forgetwatch import compare, evaluate
-from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.integrations.callback import ForgetWatchCallback
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

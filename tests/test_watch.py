@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from forgetwatch import Evaluation, Output, Schedule, Scoring, Watch, compare, evaluate
-from forgetwatch.callback import ForgetWatchCallback
+from forgetwatch.integrations.callback import ForgetWatchCallback
 
 QUIET = Output(verbose=False)
 
@@ -119,6 +119,9 @@ def test_settings_come_as_groups_and_earlier_keywords_warn_naming_the_new_form(t
     assert legacy.config == Watch(toy.probes, output_dir="x", scoring=Scoring(batch_size=4)).config
     with pytest.warns(FutureWarning, match=r"replay=Replay\(pool, ReplaySettings\(weight=\.\.\.\)\)"):
         Watch(toy.probes, output_dir="x", replay_weight=2.0)
+    with pytest.warns(FutureWarning, match=r"ForgetWatchCallback\(patience=\.\.\.\) is deprecated") as caught:
+        ForgetWatchCallback(toy.probes, patience=2)
+    assert caught[0].filename == __file__  # pointing at the caller's line
     # the contract keywords are no earlier form: no warning, and they win over the group given
     shortcut = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), eval_steps=3)
     assert shortcut.config.schedule.eval_steps == 3

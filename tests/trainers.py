@@ -46,7 +46,7 @@ class KillAt(TrainerCallback):
 def killed_and_resumed(toy, train_data, run, callback_settings, *, kill_at, resume_from, **trainer_settings):
     """A run killed at step ``kill_at``, then resumed from its ``checkpoint-<resume_from>``
     with a fresh callback: ``(callback, trainer)`` of the resumed run."""
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.integrations.callback import ForgetWatchCallback
 
     try:
         make_trainer(

@@ -19,10 +19,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from .. import patterns
-from ..strict_json import value_problem
-from ..text import shorten, suggestion
-from . import style
+from forgetwatch.behaviour import style
+from forgetwatch.common import patterns
+from forgetwatch.common.strict_json import value_problem
+from forgetwatch.common.text import shorten, suggestion
 
 __all__ = ["CHECKS", "check_problems", "failed_checks"]
 
@@ -91,7 +91,7 @@ def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callabl
 
 
 def _ifeval(value: Any) -> str | tuple[str, str] | None:
-    from .ifeval import instruction_problem
+    from forgetwatch.behaviour.ifeval import instruction_problem
 
     return instruction_problem(value)
 
@@ -149,7 +149,7 @@ def _letters(response: str) -> bool:
 
 
 def _ifeval_holds(value: Any, response: str) -> bool:
-    from .ifeval import follows
+    from forgetwatch.behaviour.ifeval import follows
 
     return follows(value, response)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import style
+from forgetwatch.behaviour import style
 
 __all__ = ["FEATURES", "SHARES", "behaviour_figures", "measure", "token_counter"]
 

@@ -28,8 +28,8 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..text import shorten, suggestion
-from .checks import count, got, strings, text
+from forgetwatch.behaviour.checks import count, got, strings, text
+from forgetwatch.common.text import shorten, suggestion
 
 __all__ = ["ARGUMENTS", "follows", "instruction_problem"]
 

@@ -7,14 +7,14 @@ A probe file is JSONL, one object per line::
 
 Every row is validated before anything is returned, so a bad file fails before model work.
 The package: :mod:`.schema` (one row's fields and checks), :mod:`.rows` (validating rows
-from any source, files read by :mod:`forgetwatch.rows`), :mod:`.presets` (datasets),
+from any source, files read by :mod:`forgetwatch.common.rows`), :mod:`.presets` (datasets),
 :mod:`.sampling`, :mod:`.probe_set` (:class:`ProbeSet`).
 """
 
-from ..problems import MAX_REPORTED as MAX_REPORTED_ERRORS
-from ..rows import MAX_FILE_BYTES, MAX_LINE_BYTES
-from .probe_set import ProbeSet, ProbesLike, as_probe_set
-from .schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError, ProbeKind
+from forgetwatch.common.problems import MAX_REPORTED as MAX_REPORTED_ERRORS
+from forgetwatch.common.rows import MAX_FILE_BYTES, MAX_LINE_BYTES
+from forgetwatch.probes.probe_set import ProbeSet, ProbesLike, as_probe_set
+from forgetwatch.probes.schema import EXTRACT_MODES, LONG_QUESTION, PROBE_FIELDS, Probe, ProbeError, ProbeKind
 
 __all__ = [
     "EXTRACT_MODES",

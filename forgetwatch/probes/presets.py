@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import Any
 
-from .rows import RowCollector
-from .schema import PROBE_FIELDS, Probe, check_category, is_int, type_name
+from forgetwatch.probes.rows import RowCollector
+from forgetwatch.probes.schema import PROBE_FIELDS, Probe, check_category, is_int, type_name
 
 ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

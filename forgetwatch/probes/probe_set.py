@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from ..files import atomic_write, content_hash, json_line
-from .presets import read_dataset
-from .rows import RowCollector
-from .sampling import sample_indices
-from .schema import Probe, is_int
+from forgetwatch.common.files import atomic_write, content_hash, json_line
+from forgetwatch.probes.presets import read_dataset
+from forgetwatch.probes.rows import RowCollector
+from forgetwatch.probes.sampling import sample_indices
+from forgetwatch.probes.schema import Probe, is_int
 
 
 class ProbeSet(Sequence[Probe]):

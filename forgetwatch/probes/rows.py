@@ -1,13 +1,13 @@
 """Probe rows from any source, validated by the one row collector
-(:class:`forgetwatch.rows.Rows`) with the probe schema, and one warning for questions too long
+(:class:`forgetwatch.common.rows.Rows`) with the probe schema, and one warning for questions too long
 to see."""
 
 from __future__ import annotations
 
 import logging
 
-from ..rows import Rows
-from .schema import LONG_QUESTION, Probe, ProbeError, parse_row
+from forgetwatch.common.rows import Rows
+from forgetwatch.probes.schema import LONG_QUESTION, Probe, ProbeError, parse_row
 
 logger = logging.getLogger(__name__)
 

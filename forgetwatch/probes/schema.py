@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..behaviour.checks import check_problems
-from ..extract import MAX_NUMBER_DIGITS, normalize_number
-from ..patterns import compiled, pattern_problem
-from ..problems import InputError
-from ..rows import FieldProblem
-from ..text import did_you_mean, shorten, suggestion, type_name
+from forgetwatch.behaviour.checks import check_problems
+from forgetwatch.common.patterns import compiled, pattern_problem
+from forgetwatch.common.problems import InputError
+from forgetwatch.common.rows import FieldProblem
+from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
+from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 
 EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
@@ -36,7 +36,7 @@ PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "c
 class ProbeError(InputError):
     """A probe file or record set is malformed.
 
-    ``errors`` holds one ``(source, line, field, message)`` :class:`~forgetwatch.problems.Problem`
+    ``errors`` holds one ``(source, line, field, message)`` :class:`~forgetwatch.common.problems.Problem`
     per problem found. ``unit`` names what ``line`` counts: ``"line"`` for files, ``"record"``
     for :meth:`ProbeSet.from_records`, ``"dataset row"`` for :meth:`ProbeSet.from_hf`.
     """

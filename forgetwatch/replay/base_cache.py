@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import strict_json
-from ..files import atomic_write, strict_dumps
-from ..scoring.batching import group
-from ..scoring.borrow import borrowed
-from ..text import first_line
-from .penalty import right_padded
+from forgetwatch.common import strict_json
+from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.text import first_line
+from forgetwatch.replay.penalty import right_padded
+from forgetwatch.scoring.batching import group
+from forgetwatch.scoring.borrow import borrowed
 
 __all__ = ["BaseDistribution", "ReplayFileError", "base_distribution"]
 

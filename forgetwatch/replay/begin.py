@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..adapters import adapters_disabled
-from ..base import model_key, weights_key
-from ..config import ADAPTER_DISABLED
-from ..scoring.scorer import pad_id
-from ..store import REPLAY_BASE, REPLAY_STATE
-from .driver import logits_width
-from .resume import base_to_resume, kept_base, kept_state, state_problem, state_to_resume
+from forgetwatch.config import ADAPTER_DISABLED
+from forgetwatch.replay.driver import logits_width
+from forgetwatch.replay.resume import base_to_resume, kept_base, kept_state, state_problem, state_to_resume
+from forgetwatch.results.store import REPLAY_BASE, REPLAY_STATE
+from forgetwatch.run.adapters import adapters_disabled
+from forgetwatch.run.base import model_key, weights_key
+from forgetwatch.scoring.scorer import pad_id
 
 if TYPE_CHECKING:
-    from ..repair import RunContext
-    from .driver import Replay
+    from forgetwatch.replay.driver import Replay
+    from forgetwatch.run.repair import RunContext
 
 logger = logging.getLogger("forgetwatch")
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 
-#: The weight "auto" starts from, and the bounds it stays within: never quite 0, so that a
-#: long spell without forgetting cannot switch replay off for good (0 doubled is 0).
-START, MIN_WEIGHT, MAX_WEIGHT = 1.0, 1e-3, 100.0
+# the weight "auto" starts from, and its bounds: declared with the setting they bound
+from forgetwatch.config.checks import MAX_WEIGHT, MIN_WEIGHT, START
+
+__all__ = ["MAX_WEIGHT", "MIN_WEIGHT", "START", "next_weight"]
 
 
 def next_weight(weight: float, forgetting: float, target: float) -> float:

@@ -21,18 +21,18 @@ from typing import Any
 
 import torch
 
-from ..distributed import Ranks
-from ..report import TransitionReport
-from ..scoring.borrow import is_sharded, unwrap
-from ..scoring.scorer import pad_id
-from ..settings import ReplaySettings
-from ..text import first_line, listing, shorten
-from .base_cache import BaseDistribution, base_distribution
-from .controller import START, next_weight
-from .penalty import encode_rows, kl_backward, replay_backward
-from .pool import ReplayPool, ReplayPoolError
-from .resume import state_problem, tokens_key
-from .sampler import ReplaySampler, category_weights
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.common.text import first_line, listing, shorten
+from forgetwatch.config.settings import ReplaySettings
+from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
+from forgetwatch.replay.controller import START, next_weight
+from forgetwatch.replay.penalty import encode_rows, kl_backward, replay_backward
+from forgetwatch.replay.pool import ReplayPool, ReplayPoolError
+from forgetwatch.replay.resume import state_problem, tokens_key
+from forgetwatch.replay.sampler import ReplaySampler, category_weights
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.scoring.borrow import is_sharded, unwrap
+from forgetwatch.scoring.scorer import pad_id
 
 __all__ = ["Replay", "logits_width"]
 
@@ -41,7 +41,7 @@ logger = logging.getLogger("forgetwatch")
 
 class Replay:
     """The replay of one run: which rows, how much, and what it cost so far. A repair method
-    (:class:`~forgetwatch.repair.Repair`): the run calls :meth:`begin`, :meth:`on_evaluation`
+    (:class:`~forgetwatch.run.repair.Repair`): the run calls :meth:`begin`, :meth:`on_evaluation`
     and :meth:`before_optimizer_step`.
 
     Args:
@@ -78,7 +78,7 @@ class Replay:
 
     def begin(self, model: torch.nn.Module, run: Any) -> None:
         """Training begins or resumes (see :func:`~forgetwatch.replay.begin.begin`)."""
-        from .begin import begin
+        from forgetwatch.replay.begin import begin
 
         self._run = run
         begin(self, model, run)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..scoring.batching import group
-from .pool import ReplayRow
+from forgetwatch.replay.pool import ReplayRow
+from forgetwatch.scoring.batching import group
 
 __all__ = ["encode_rows", "kl_backward", "replay_backward"]
 

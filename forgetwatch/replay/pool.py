@@ -18,14 +18,18 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..files import content_hash
-from ..probes.schema import check_category, unkeepable
-from ..problems import InputError
-from ..rows import FieldProblem, Rows
-from ..text import shorten, type_name
-from .overlap import overlaps
+from forgetwatch.common.files import content_hash
+from forgetwatch.common.problems import InputError
+from forgetwatch.common.rows import FieldProblem, Rows
+from forgetwatch.common.text import shorten, type_name
+from forgetwatch.config.settings import ReplaySettings
+from forgetwatch.probes.schema import check_category, unkeepable
+from forgetwatch.replay.overlap import overlaps
+
+if TYPE_CHECKING:
+    from forgetwatch.replay.driver import Replay
 
 __all__ = ["ReplayPool", "ReplayPoolError", "ReplayRow"]
 
@@ -160,6 +164,17 @@ class ReplayPool(Sequence[ReplayRow]):
                 :16
             ]
         return self._fingerprint
+
+    def as_repair(self, settings: ReplaySettings | None = None) -> Replay:
+        """This pool replayed with ``settings``: the repair method a run takes as ``replay=``.
+
+        Example:
+            >>> pool.as_repair(ReplaySettings(weight=0.5)).weight   # doctest: +SKIP
+            0.5
+        """
+        from forgetwatch.replay.driver import Replay  # the driver reads pools: imported when used
+
+        return Replay(self, settings)
 
     def check_disjoint(self, probes: Iterable[Any]) -> None:
         """Refuse rows that contain a probe's question, in whatever form it is written (case,

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import strict_json
-from ..text import first_line, shorten
-from .base_cache import BaseDistribution, ReplayFileError
-from .controller import MAX_WEIGHT, MIN_WEIGHT, START, next_weight
-from .sampler import ReplaySampler, category_weights
+from forgetwatch.common import strict_json
+from forgetwatch.common.text import first_line, shorten
+from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
+from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, next_weight
+from forgetwatch.replay.sampler import ReplaySampler, category_weights
 
 if TYPE_CHECKING:
-    from ..report import TransitionReport
-    from .driver import Replay
+    from forgetwatch.replay.driver import Replay
+    from forgetwatch.results.report import TransitionReport
 
 __all__ = [
     "base_problem",

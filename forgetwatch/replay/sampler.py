@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..report import TransitionReport
-from ..text import shorten
-from .pool import ReplayPool, ReplayRow
+from forgetwatch.common.text import shorten
+from forgetwatch.replay.pool import ReplayPool, ReplayRow
+from forgetwatch.results.report import TransitionReport
 
 __all__ = ["ReplaySampler", "category_weights"]
 

@@ -8,7 +8,7 @@
 table), :mod:`.borrow` (handing the model back as found).
 """
 
-from .evaluation import evaluate
-from .scorer import Scorer
+from forgetwatch.scoring.evaluation import evaluate
+from forgetwatch.scoring.scorer import Scorer
 
 __all__ = ["Scorer", "evaluate"]

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import torch
 
-from ..distributed import Ranks
+from forgetwatch.common.distributed import Ranks
 
 T = TypeVar("T")
 B = TypeVar("B")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .encoding import EncodedChoices
+from forgetwatch.scoring.encoding import EncodedChoices
 
 PAD_SEG = -2  # padding
 CONTEXT_SEG = -1  # shared context (and everything in a plain row)

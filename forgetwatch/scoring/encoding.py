@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..probes import ProbeKind, ProbeSet
+from forgetwatch.probes import ProbeKind, ProbeSet
 
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
 DEFAULT_MAX_LENGTH = 2048

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from ..answers import Answers
-from ..options import BatchSize
-from ..probes import ProbeSet
-from ..settings import Scoring
-from .scorer import Scorer
+from forgetwatch.config.options import BatchSize
+from forgetwatch.config.settings import Scoring
+from forgetwatch.probes import ProbeSet
+from forgetwatch.results.answers import Answers
+from forgetwatch.scoring.scorer import Scorer
 
 __all__ = ["evaluate"]
 
@@ -54,7 +54,7 @@ def evaluate(
     Args:
         model, tokenizer, probes: what to score, with what, on what.
         batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens:
-            as :class:`~forgetwatch.settings.Scoring` describes them (defaults: its own).
+            as :class:`~forgetwatch.config.settings.Scoring` describes them (defaults: its own).
         extract, refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default
             ``None``: each probe's own ``extract`` mode; the phrase detector).
         show_progress: a progress bar (default ``True``).

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import torch
 
-from ..text import listing
-from .borrow import forward_module, is_fsdp1, unwrap
+from forgetwatch.common.text import listing
+from forgetwatch.scoring.borrow import forward_module, is_fsdp1, unwrap
 
 K = TypeVar("K", bound=Hashable)
 

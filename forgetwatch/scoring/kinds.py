@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..behaviour.checks import failed_checks
-from ..extract import extractor_for, is_correct, reference_for
-from ..probes import Probe, ProbeKind
+from forgetwatch.behaviour.checks import failed_checks
+from forgetwatch.probes import Probe, ProbeKind
+from forgetwatch.probes.extract import extractor_for, is_correct, reference_for
 
 
 class Measured(NamedTuple):

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..text import first_line
-from .choices import Row, packed_row, plain_rows
-from .encoding import EncodedChoices
+from forgetwatch.common.text import first_line
+from forgetwatch.scoring.choices import Row, packed_row, plain_rows
+from forgetwatch.scoring.encoding import EncodedChoices
 
 _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it
 
@@ -79,7 +79,7 @@ def packing_problem(
     of the precision the forward runs in: another layout rounds differently in half
     precision), and :data:`MIN_TOLERANCE`.
     """
-    from .batching import is_out_of_memory
+    from forgetwatch.scoring.batching import is_out_of_memory
 
     packed = [packed_row(enc, key) for key, enc in probes]
     plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]

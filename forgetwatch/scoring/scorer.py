@@ -11,6 +11,7 @@ call; everything after it is this rank's own work, in lockstep with the others
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import logging
@@ -23,20 +24,27 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..answers import Answers
-from ..behaviour.style import looks_like_refusal
-from ..console import progress_bar
-from ..distributed import Ranks
-from ..options import BatchSize, check_batch_size, scoring_options
-from ..probes import ProbeKind, ProbeSet
-from ..settings import Scoring
-from .batching import default_token_budget, group, run_lockstep
-from .borrow import borrowed, forward_module, is_sharded, unwrap
-from .choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
-from .encoding import VISIBLE_TOKENS, Encoded, EncodedChoices, EncodedPrompt, encode_probes, model_max_length
-from .generation import generate_texts, response_budgets
-from .kinds import SCORE, Measured, Rules
-from .packing import check_probes, packing_blocker, packing_problem
+from forgetwatch.behaviour.style import looks_like_refusal
+from forgetwatch.common.console import progress_bar
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.config.options import BatchSize, check_batch_size, scoring_options
+from forgetwatch.config.settings import Scoring
+from forgetwatch.probes import ProbeKind, ProbeSet
+from forgetwatch.results.answers import Answers
+from forgetwatch.scoring.batching import default_token_budget, group, run_lockstep
+from forgetwatch.scoring.borrow import borrowed, forward_module, is_sharded, unwrap
+from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
+from forgetwatch.scoring.encoding import (
+    VISIBLE_TOKENS,
+    Encoded,
+    EncodedChoices,
+    EncodedPrompt,
+    encode_probes,
+    model_max_length,
+)
+from forgetwatch.scoring.generation import generate_texts, response_budgets
+from forgetwatch.scoring.kinds import SCORE, Measured, Rules
+from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
 
 __all__ = ["Scorer"]
 
@@ -49,7 +57,7 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize, chat_template, max_new_tokens, stop: as :class:`~forgetwatch.settings.Scoring`
+        normalize, chat_template, max_new_tokens, stop: as :class:`~forgetwatch.config.settings.Scoring`
             describes them (defaults: its own).
         extract: a callable ``text -> str | None`` used for every generative probe instead of
             the probe's own ``extract`` mode (default ``None``); its result is compared with the
@@ -57,7 +65,7 @@ class Scorer:
         reference_logprobs: also score each generative probe's reference answer, teacher-forced
             after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
             moves before the answer flips, for one extra forward per probe in the same batches.
-        behaviour_max_new_tokens: as :class:`~forgetwatch.settings.Scoring` describes it (a
+        behaviour_max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (a
             response may hold several lines, so ``stop`` does not apply). For every generated
             response, prompts are kept whole and the length is cut to what the model's context
             leaves after the prompt (one warning says so); a prompt that fills the context is
@@ -160,6 +168,17 @@ class Scorer:
         any is planned)."""
         sizes = [len(b) for plan in self.state(model).plans.values() for b in plan.batches]
         return max(sizes, default=default)
+
+    @classmethod
+    def with_settings(cls, tokenizer: Any, probes: ProbeSet, settings: Scoring, **more: Any) -> Scorer:
+        """A scorer with a :class:`~forgetwatch.Scoring` group's options (``batch_size`` is
+        given per call); ``more``: ``extract``, ``refusal_detector``, ...
+
+        Example:
+            >>> scorer = Scorer.with_settings(tokenizer, probes, Scoring(max_new_tokens=32))  # doctest: +SKIP
+        """
+        options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "batch_size"}
+        return cls(tokenizer, probes, **options, **more)
 
     @property
     def scoring(self) -> dict[str, Any]:

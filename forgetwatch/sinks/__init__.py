@@ -19,10 +19,18 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from ..events import BaseSnapshot, Evaluation
-from ..text import first_line
-from ..trajectory import Trajectory
-from .figures import EVAL_PREFIX, METRICS, PREFIX, console_line, eval_metric_values, logged_categories, metric_values
+from forgetwatch.common.text import first_line
+from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.figures import (
+    EVAL_PREFIX,
+    METRICS,
+    PREFIX,
+    console_line,
+    eval_metric_values,
+    logged_categories,
+    metric_values,
+)
 
 __all__ = [
     "EVAL_PREFIX",

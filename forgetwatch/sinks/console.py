@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..console import say
-from ..events import BaseSnapshot, Evaluation
-from .figures import base_line, console_line
+from forgetwatch.common.console import say
+from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.sinks.figures import base_line, console_line
 
 logger = logging.getLogger("forgetwatch")
 

@@ -3,7 +3,7 @@
 A figure that does not apply (a multiple-choice drift measure of a generative-only category, a
 rate over no probes) is NaN in the report and left out here: no NaN reaches a logger, the
 trainer's ``log_history`` or a file. Sending the values to the trainer's integrations is
-:class:`~forgetwatch.trainer_bridge.TrainerBridge`'s job.
+:class:`~forgetwatch.integrations.trainer_link.TrainerBridge`'s job.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from ..answers import Answers
-from ..noise import smallest_detectable
-from ..report import TransitionReport
-from ..text import pct
+from forgetwatch.common.text import pct
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.noise import smallest_detectable
+from forgetwatch.results.report import TransitionReport
 
 PREFIX = "forgetwatch/"
 EVAL_PREFIX = "eval_forgetwatch_"

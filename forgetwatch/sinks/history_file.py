@@ -3,13 +3,13 @@ as ``answers_latest.npz`` (what the report shows as the answer now)."""
 
 from __future__ import annotations
 
-from ..events import Evaluation
-from ..store import RunStore
-from ..trajectory import Trajectory
+from forgetwatch.results.events import Evaluation
+from forgetwatch.results.store import RunStore
+from forgetwatch.results.trajectory import Trajectory
 
 
 class HistoryFile:
-    """Writes each evaluation into the run's :class:`~forgetwatch.store.RunStore`; a failed
+    """Writes each evaluation into the run's :class:`~forgetwatch.results.store.RunStore`; a failed
     write warns and is retried at the next one, never raised."""
 
     def __init__(self, store: RunStore):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Evaluation
-from ..report import TransitionReport
+from forgetwatch.results.events import Evaluation
+from forgetwatch.results.report import TransitionReport
 
 OnForgetting = Callable[[TransitionReport, int], Any]
 

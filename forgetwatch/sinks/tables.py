@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..answers import Answers, chosen_text
-from ..probes import ProbeSet
-from ..report import TransitionReport
-from ..trajectory import Trajectory
+from forgetwatch.probes import ProbeSet
+from forgetwatch.results.answers import Answers, chosen_text
+from forgetwatch.results.events import Evaluation
+from forgetwatch.results.trajectory import Trajectory
 
 FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin", "events so far")
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
@@ -34,17 +34,11 @@ def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str
     return output if output is not None else ("" if predicted is None else str(predicted))
 
 
-def flip_rows(
-    step: int,
-    probes: ProbeSet,
-    base: Answers,
-    now: Answers,
-    report: TransitionReport,
-    trajectory: Trajectory,
-    limit: int,
-) -> list[list[Any]]:
+def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
     """The probes that flipped against the base at this evaluation (forgotten first, then
     gained; at most ``limit``), one row each in :data:`FLIP_COLUMNS` order."""
+    step, probes, base, now = evaluation.step, evaluation.probes, evaluation.base, evaluation.answers
+    report, trajectory = evaluation.report, evaluation.trajectory
     index = {pid: i for i, pid in enumerate(base.ids)}
     events = trajectory.forgetting_events()
     rows = []

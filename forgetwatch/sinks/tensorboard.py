@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Evaluation
-from ..probes import ProbeSet
-from ..text import first_line
-from ..trajectory import Trajectory
-from .tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, markdown, probe_rows
+from forgetwatch.common.text import first_line
+from forgetwatch.probes import ProbeSet
+from forgetwatch.results.events import Evaluation
+from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, markdown, probe_rows
 
 logger = logging.getLogger("forgetwatch")
 
@@ -25,15 +25,7 @@ class TensorBoardText:
         self._broken = False
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        rows = flip_rows(
-            evaluation.step,
-            self.probes,
-            evaluation.base,
-            evaluation.answers,
-            evaluation.report,
-            evaluation.trajectory,
-            self.limit,
-        )
+        rows = flip_rows(evaluation, self.limit)
         self._text("forgetwatch/flips", markdown(FLIP_COLUMNS, rows) if rows else "no probe flipped", evaluation.step)
 
     def on_end(self, trajectory: Trajectory) -> None:

@@ -4,7 +4,7 @@ The figures (``forgetwatch/...``, categories under it) are plotted against ``tra
 like a trainer's, instead of mixed into ``train/``; a table of the probes that flipped at each
 evaluation grows as training goes (W&B's incremental tables), and at the end one row per probe
 holds its trajectory. A write that fails warns once and that kind is then left alone (the
-scalars then go to the trainer's log, see :class:`~forgetwatch.sinks.trainer_log.TrainerLog`).
+scalars then go to the trainer's log, see :class:`~forgetwatch.integrations.trainer_log.TrainerLog`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..events import BaseSnapshot, Evaluation
-from ..probes import ProbeSet
-from ..text import first_line
-from ..trajectory import Trajectory
-from .tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, probe_rows
+from forgetwatch.common.text import first_line
+from forgetwatch.probes import ProbeSet
+from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, probe_rows
 
 logger = logging.getLogger("forgetwatch")
 
@@ -55,15 +55,7 @@ class WandbSection:
         run = self._run("wandb tables")
         if run is None:
             return
-        rows = flip_rows(
-            evaluation.step,
-            self.probes,
-            evaluation.base,
-            evaluation.answers,
-            evaluation.report,
-            evaluation.trajectory,
-            self.limit,
-        )
+        rows = flip_rows(evaluation, self.limit)
 
         def log() -> None:
             import wandb

@@ -1,0 +1,385 @@
+"""``forgetwatch`` command line: the offline workflow on saved checkpoints, and the demo.
+
+    forgetwatch evaluate --model PATH --probes FILE --out FILE
+    forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
+    forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
+    forgetwatch probes   --starter behaviour|knowledge [--out FILE]
+    forgetwatch demo     [--out DIR] [--replay]
+
+``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
+``.npz``), so the base model is scored once and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
+from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
+from forgetwatch.cli.demo import TAKES
+from forgetwatch.common.files import atomic_write, strict_dump
+from forgetwatch.common.text import first_line
+from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scoring_options
+from forgetwatch.config.settings import Scoring, help_text
+from forgetwatch.probes import ProbeError, ProbeSet
+from forgetwatch.results.answers import Answers, AnswersMismatchError
+from forgetwatch.starters import STARTERS, starter_path, write_starter
+
+_ANSWER_SUFFIXES = (".json", ".npz")
+
+
+class UsageError(Exception):
+    """A problem with the command's input: printed without a traceback, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error (exit code 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _batch_size(value: str) -> int | str:
+    """``--batch-size``: the text as the batch size it names (the rule is ``options``')."""
+    parsed: int | str = value
+    if value != "auto":
+        try:
+            parsed = int(value)
+        except ValueError:
+            pass
+    problem = batch_size_problem(parsed)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return parsed
+
+
+def _help(name: str, show_default: bool = True) -> str:
+    """A scoring option's help as :class:`~forgetwatch.config.settings.Scoring` declares it, and its default."""
+    text = help_text(Scoring)[name].rstrip(".").replace("%", "%%")
+    return f"{text} (default: %(default)s)" if show_default else text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    scoring = argparse.ArgumentParser(add_help=False)
+    scoring.add_argument("--probes", required=True, metavar="FILE", help="probe set (JSONL)")
+    scoring.add_argument(
+        "--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N", help=_help("batch_size")
+    )
+    scoring.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    scoring.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' dtype (default: as saved)",
+    )
+    scoring.add_argument(
+        "--chat-template",
+        action="store_true",
+        default=Scoring.chat_template,
+        help=_help("chat_template", show_default=False),
+    )
+    scoring.add_argument(
+        "--normalize", choices=[m for m in NORMALIZE_MODES if m], default=Scoring.normalize, help=_help("normalize")
+    )
+    scoring.add_argument(
+        "--max-new-tokens", type=int, default=Scoring.max_new_tokens, metavar="N", help=_help("max_new_tokens")
+    )
+    scoring.add_argument(
+        "--behaviour-max-new-tokens",
+        type=int,
+        default=Scoring.behaviour_max_new_tokens,
+        metavar="N",
+        help=_help("behaviour_max_new_tokens"),
+    )
+    scoring.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="tokenizer to use (default: the one saved with each model)"
+    )
+    scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
+    ev.add_argument("--model", required=True, metavar="PATH", help="model directory or hub id")
+    ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
+
+    cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
+    cmp.add_argument(
+        "--base",
+        required=True,
+        metavar="PATH",
+        help="base model directory, hub id, or answers file from 'forgetwatch evaluate'",
+    )
+    cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
+    cmp.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write both answers, per-sample and per-category CSVs and a JSON summary here",
+    )
+    rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
+    rep.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run's forgetwatch directory (OUTPUT_DIR/forgetwatch) or the trainer's output directory",
+    )
+    rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
+    rep.add_argument("--png", default=None, metavar="FILE.png", help="also draw the curves as a PNG")
+    rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
+    probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
+    probes.add_argument(
+        "--starter", required=True, choices=list(STARTERS), help="; ".join(f"{k}: {v}" for k, v in STARTERS.items())
+    )
+    probes.add_argument(
+        "--out", default=None, metavar="FILE", help="the JSONL probe file to write (default: standard output)"
+    )
+    demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
+    demo.add_argument(
+        "--out",
+        default=DEMO_OUT,
+        metavar="DIR",
+        help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})",
+    )
+    demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
+    demo.add_argument(
+        "--eval-steps", type=int, default=5, metavar="N", help="re-score the probes every N steps (default 5)"
+    )
+    demo.add_argument(
+        "--replay",
+        action="store_true",
+        help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``forgetwatch`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "evaluate":
+            return _evaluate_command(args)
+        if args.command == "demo":
+            return _demo_command(args)
+        if args.command == "report":
+            return _report_command(args)
+        if args.command == "probes":
+            return _probes_command(args)
+        return _compare_command(args)
+    except (UsageError, CheckpointError, ProbeError, AnswersMismatchError) as err:
+        print(f"forgetwatch: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
+
+
+def _probes_command(args: argparse.Namespace) -> int:
+    note = (
+        "A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
+        "with ProbeSet.from_hf (see the README)."
+    )
+    if args.out is None:  # the probe file itself on stdout, to pipe; nothing else there
+        sys.stdout.write(starter_path(args.starter).read_text(encoding="utf-8"))
+        sys.stdout.flush()
+        print(f"forgetwatch: {STARTERS[args.starter]}. {note}", file=sys.stderr)
+        return 0
+    out = Path(args.out)
+    _check_writable("--out", out.parent)
+    write_starter(args.starter, out)
+    print(f"wrote {out}: {STARTERS[args.starter]}.\n{note}")
+    return 0
+
+
+def _evaluate_command(args: argparse.Namespace) -> int:
+    if Path(args.out).suffix not in _ANSWER_SUFFIXES:
+        raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
+    _check_device(args.device)
+    _check_writable("--out", Path(args.out).parent)
+    probes = _load_probes(args.probes)
+    [(model, tokenizer)] = _prepare(args, ("--model", args.model))
+    answers = _score(args, model, tokenizer, probes)
+    answers.save(args.out)
+    print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
+    return 0
+
+
+def _compare_command(args: argparse.Namespace) -> int:
+    from forgetwatch.results.metrics import compare
+    from forgetwatch.results.report import write_samples_csv
+
+    _check_device(args.device)
+    if args.out:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise UsageError(f"--out {args.out}: exists and is not a directory")
+        _check_writable("--out", Path(args.out))
+    probes = _load_probes(args.probes)
+    base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
+    if base_is_answers:
+        if not Path(args.base).is_file():
+            raise UsageError(f"--base {args.base}: no such answers file")
+        try:
+            base = Answers.load(args.base, probes=probes)
+        except ValueError as err:
+            raise UsageError(f"--base: {err}") from err
+        _check_same_options(args, base, probes)
+    named = [] if base_is_answers else [("--base", args.base)]
+    prepared = _prepare(args, *named, ("--model", args.model))
+    if not base_is_answers:
+        base = _score(args, *prepared[0], probes)
+    current = _score(args, *prepared[-1], probes)
+    report = compare(base, current)
+
+    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {args.probes} ({len(probes)})\n")
+    print(report.summary())
+    if args.out:
+        out = Path(args.out)
+        base.save(out / "base_answers.json")
+        current.save(out / "model_answers.json")
+        write_samples_csv(base, current, out / "samples.csv", probes)
+        report.to_csv(out / "transitions.csv")
+        summary: dict[str, Any] = {
+            "base": args.base,
+            "model": args.model,
+            "probes": args.probes,
+            "report": report.to_dict(),
+        }
+        with atomic_write(out / "summary.json") as f:
+            strict_dump(summary, f)
+        print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
+    return 0
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from forgetwatch.cli.demo import run_demo
+
+    if args.steps < 1 or args.eval_steps < 1:
+        raise UsageError("--steps and --eval-steps must be at least 1")
+    try:
+        run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps, replay=args.replay)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
+    return 0
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    from forgetwatch.reporting.page import write_report
+    from forgetwatch.results.history import HistoryError
+
+    if args.top < 1:
+        raise UsageError("--top must be at least 1")
+    for flag, path in (("--out", args.out), ("--png", args.png)):
+        if path is not None:
+            _check_writable(flag, Path(path).absolute().parent)
+    try:
+        out = write_report(args.runs, args.out, png=args.png, top=args.top)
+    except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
+        raise UsageError(first_line(err)) from err
+    print(f"wrote {out}" + (f" and {args.png}" if args.png else ""))
+    return 0
+
+
+def _load_probes(path: str) -> ProbeSet:
+    try:
+        return ProbeSet.from_jsonl(path)
+    except FileNotFoundError as err:
+        raise UsageError(f"--probes {path}: no such file") from err
+    except (IsADirectoryError, PermissionError) as err:
+        raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
+
+
+def _check_writable(flag: str, directory: Path) -> None:
+    """Fail before scoring, not after, when results could not be written."""
+    existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag}: cannot write into {directory}")
+
+
+def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
+    """A base snapshot must have been scored the way this run will score the model."""
+    wanted = scoring_options(
+        probes,
+        normalize=args.normalize,
+        chat_template=args.chat_template,
+        max_new_tokens=args.max_new_tokens,
+        stop=Scoring.stop,
+        behaviour_max_new_tokens=args.behaviour_max_new_tokens,
+    )
+    problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
+    if problem:
+        raise UsageError(
+            f"--base {args.base} was scored for {problem}; "
+            "pass the same --normalize / --chat-template / --max-new-tokens"
+        )
+
+
+def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:
+    """Each model named by (flag, value), located and checked, with its tokenizer loaded,
+    before any model loads: a mistake in the last argument costs no time spent on the first."""
+    models = [locate(flag, value) for flag, value in named]
+    shared = locate("--tokenizer", args.tokenizer, tokenizer=True) if args.tokenizer else None
+    for ckpt in filter(None, [*models, shared]):
+        if ckpt.note:
+            print(f"forgetwatch: {ckpt.note}", file=sys.stderr)
+    for model in models:
+        check(model, shared or model)
+    tokenizers: dict[Checkpoint, Any] = {}
+    for model in models:
+        if (shared or model) not in tokenizers:
+            tokenizers[shared or model] = load_tokenizer(shared or model)
+    return [(model, tokenizers[shared or model]) for model in models]
+
+
+def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: ProbeSet) -> Answers:
+    import torch
+
+    from forgetwatch.scoring import evaluate
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(ckpt, args.dtype, device)
+    try:
+        answers = evaluate(
+            model,
+            tokenizer,
+            probes,
+            batch_size=args.batch_size,
+            normalize=args.normalize,
+            chat_template=args.chat_template,
+            max_new_tokens=args.max_new_tokens,
+            stop=Scoring.stop,
+            behaviour_max_new_tokens=args.behaviour_max_new_tokens,
+            show_progress=not args.no_progress,
+        )
+    except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
+        raise UsageError(str(err)) from err
+    answers.model = ckpt.name
+    return answers
+
+
+def _check_device(device: str | None) -> None:
+    """Fail before anything is loaded on a device this machine does not have."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(f"--device {device}: not a device name (e.g. cpu, cuda, cuda:1)") from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UsageError(f"--device {device}: CUDA is not available here ({why}); use --device cpu")
+    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

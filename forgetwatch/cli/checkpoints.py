@@ -1,0 +1,367 @@
+"""Checkpoints named on the command line: where each one is (a local directory or a hub id),
+what is wrong with it (found before any model loads), and loading it without running its own
+code or scoring weights it does not hold.
+
+A local path that does not exist fails at once, without asking the hub; a hub id is looked
+up in the local hub cache, and on the hub once (no retries) unless ``HF_HUB_OFFLINE`` is set.
+
+Example:
+    >>> locate("--model", "runs/finall")  # doctest: +SKIP
+    Traceback (most recent call last):
+        ...
+    forgetwatch.cli.checkpoints.CheckpointError: --model: no such directory: runs/finall
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.common.text import first_line, listing
+
+#: ``namespace/name``, as the hub spells repository ids.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: The classes forgetwatch loads: an ``auto_map`` entry for one of them is the checkpoint's own code.
+LOADED_CLASSES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")
+_MODEL_FILES = ("config.json",)
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names it and says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model or tokenizer named on the command line.
+
+    Attributes:
+        flag: the option that named it (``--model``), for messages.
+        name: as the user wrote it.
+        path: what ``from_pretrained`` gets: the local directory, or the hub id.
+        local: a directory on this machine.
+        cached_only: a hub id read from the local hub cache only (offline, or the hub unreachable).
+        note: why it is read from the cache although the hub was asked, for the console.
+    """
+
+    flag: str
+    name: str
+    path: str
+    local: bool
+    cached_only: bool = False
+    note: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.flag} {self.name}"
+
+
+def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
+    """Where ``value`` is: an existing local directory, or a hub id that is cached or on the hub.
+
+    ``a/b`` is a local path when ``a`` is a local directory, a hub id otherwise; anything else
+    that does not exist (more separators, a leading ``.``, ``~`` or ``/``, a bare name) is a
+    missing directory. Raises :class:`CheckpointError` in one line.
+
+    Example:
+        >>> locate("--model", "/no/such/dir")
+        Traceback (most recent call last):
+            ...
+        forgetwatch.cli.checkpoints.CheckpointError: --model: no such directory: /no/such/dir
+    """
+    path = os.path.expanduser(value)
+    if os.path.exists(path):
+        what = "tokenizer" if tokenizer else "model"
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{flag} {value}: expected a {what} directory (saved with save_pretrained)")
+        if not tokenizer and not os.path.isfile(os.path.join(path, "config.json")):
+            raise CheckpointError(f"{flag} {value}: no config.json in this directory; is it a saved model?")
+        return Checkpoint(flag, value, path, local=True)
+    if not HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
+        raise CheckpointError(f"{flag}: no such directory: {value}")
+    return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
+
+
+def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
+    """A hub id: in the local cache (no network), else asked of the hub once."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = any(isinstance(try_to_load_from_cache(repo, f), str) for f in files)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return Checkpoint(flag, repo, repo, local=False, cached_only=True)
+        raise CheckpointError(
+            f"{flag} {repo}: no such directory, and not in the local hub cache "
+            "(HF_HUB_OFFLINE is set, so the hub is not asked)"
+        )
+    unreachable = _ask_hub(flag, repo)
+    if unreachable is None:
+        return Checkpoint(flag, repo, repo, local=False)
+    if cached:
+        return Checkpoint(
+            flag,
+            repo,
+            repo,
+            local=False,
+            cached_only=True,
+            note=f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy",
+        )
+    raise CheckpointError(
+        f"{flag} {repo}: no such directory, and the hub cannot be reached to look it up "
+        f"({unreachable}); it is not in the local hub cache either"
+    )
+
+
+def _ask_hub(flag: str, repo: str) -> str | None:
+    """``None`` when the hub has ``repo``; why the hub could not be asked otherwise. One
+    request, no retries: a mistyped id must not cost a minute of back-off."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(repo, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except GatedRepoError:
+        return None  # it exists; access is checked when its files are fetched
+    except RepositoryNotFoundError as err:
+        raise CheckpointError(
+            f"{flag} {repo}: no such directory, nor a model on the hub (a private or gated one needs `hf auth login`)"
+        ) from err
+    except HFValidationError as err:
+        raise CheckpointError(f"{flag}: no such directory: {repo}") from err
+    except Exception as err:  # noqa: BLE001 - no network, a proxy, the hub down: whatever stops the request
+        return first_line(err)
+    return None
+
+
+def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
+    """What can be found wrong before loading: the checkpoint's own code (``auto_map``) for a
+    class forgetwatch loads, and (local directories) damaged or missing weight files.
+
+    Example:
+        >>> model = locate("--model", "runs/final")  # doctest: +SKIP
+        >>> check(model, model)  # doctest: +SKIP
+    """
+    config = _json(model, "config.json")
+    if config is not None:
+        _refuse_own_code(model, "config.json", config)
+    if tokenizer != model:
+        config = _json(tokenizer, "config.json")
+        if config is not None:
+            _refuse_own_code(tokenizer, "config.json", config)
+    tok_config = _json(tokenizer, "tokenizer_config.json")
+    if tok_config is not None:
+        _refuse_own_code(tokenizer, "tokenizer_config.json", tok_config)
+    if model.local:
+        _check_weight_files(Path(model.path))
+
+
+def _json(ckpt: Checkpoint, name: str) -> dict[str, Any] | None:
+    """One JSON file of a checkpoint, or ``None`` when it has none."""
+    if ckpt.local:
+        path = Path(ckpt.path, name)
+        if not path.is_file():
+            return None
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+
+        try:
+            path = Path(hf_hub_download(ckpt.path, name, local_files_only=ckpt.cached_only))
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            return None
+        except Exception as err:  # any failure to fetch is the checkpoint's, in one line
+            raise CheckpointError(f"{ckpt.label}: cannot fetch {name} ({first_line(err)})") from err
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{ckpt.label}: {path}: not a readable JSON file ({first_line(err)})") from err
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{ckpt.label}: {path}: expected a JSON object")
+    return doc
+
+
+def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
+    auto_map = doc.get("auto_map")
+    if isinstance(auto_map, (list, tuple)):  # tokenizer files once named the tokenizer classes alone
+        auto_map = {"AutoTokenizer": auto_map}
+    if not isinstance(auto_map, dict):
+        return
+    own = [f"{k} -> {auto_map[k]}" for k in LOADED_CLASSES if k in auto_map]
+    if own:
+        known = f" (model_type {doc['model_type']!r})" if isinstance(doc.get("model_type"), str) else ""
+        raise CheckpointError(
+            f"{ckpt.label}: it needs its own Python code (auto_map in {name}: {listing(own, 2)}), which forgetwatch "
+            f"does not run; if transformers has this architecture{known}, use a copy without auto_map"
+        )
+
+
+def _check_weight_files(root: Path) -> None:
+    """The safetensors files transformers would read are all there and whole (a cut copy
+    fails here, naming the file, instead of inside transformers naming none)."""
+    single, index = root / "model.safetensors", root / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{index}: not a readable index of weight files ({first_line(err)})") from err
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map of tensors to files")
+        files = [root / str(name) for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: lists weight files that are not in {root}: {listing(missing)}")
+    else:
+        return  # pickled weights or another layout: checked as they load
+    from safetensors import SafetensorError, safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            reason = first_line(err).removeprefix("Error while deserializing header: ")
+            raise CheckpointError(
+                f"{f}: not a whole safetensors file ({reason}); it may have been cut short "
+                "while saving or copying: save or copy it again"
+            ) from err
+
+
+def load_tokenizer(ckpt: Checkpoint) -> Any:
+    """The checkpoint's tokenizer, running none of its code (``trust_remote_code=False``).
+
+    Example:
+        >>> tokenizer = load_tokenizer(locate("--model", "runs/final"))  # doctest: +SKIP
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        with _offline(ckpt.cached_only):
+            return AutoTokenizer.from_pretrained(ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); pass --tokenizer PATH"
+        ) from err
+
+
+def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
+    """The checkpoint as a causal language model on ``device``: none of its code run, pickled
+    weights only as plain tensors, and refused when it lacks a tensor the model needs or has
+    one of another shape (transformers would initialise those randomly, and the model would be
+    scored as if it were the checkpoint).
+
+    Example:
+        >>> model = load_model(locate("--model", "runs/final"), "auto", "cpu")  # doctest: +SKIP
+    """
+    import torch
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
+    with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                ckpt.path,
+                trust_remote_code=False,
+                local_files_only=ckpt.cached_only,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **{_dtype_kwarg(): dtype},
+            )
+        except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
+            raise CheckpointError(
+                f"cannot load a causal language model from {ckpt.name} ({_load_problem(err)})"
+            ) from err
+        problem = _uncovered(info)
+        if problem:
+            held.clear()  # our line says it all
+            raise CheckpointError(
+                f"{ckpt.label}: the checkpoint {problem}; forgetwatch does not score randomly "
+                "initialised weights (is it a complete save of this model?)"
+            )
+    return model.to(device)
+
+
+def _uncovered(info: dict[str, Any]) -> str | None:
+    """What the model needs that the checkpoint does not hold (transformers' loading info),
+    or ``None``. A tied head the checkpoint rightly leaves out is not missing."""
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if missing:
+        unused = sorted(info.get("unexpected_keys") or ())
+        hint = f"; {len(unused)} of its tensors go unused, e.g. {unused[0]}" if unused else ""
+        return f"lacks {len(missing)} tensor(s) the model needs: {listing(missing, 3)}{hint}"
+    if mismatched:
+        shapes = [
+            f"{name} ({_shape(saved)} saved, {_shape(wanted)} in the config)" for name, saved, wanted in mismatched
+        ]
+        return f"holds {len(mismatched)} tensor(s) of another shape than its config says: {listing(shapes, 2)}"
+    return None
+
+
+def _shape(size: Any) -> str:
+    return "x".join(str(int(d)) for d in size)
+
+
+@contextmanager
+def _offline(cached_only: bool) -> Iterator[None]:
+    """huggingface_hub offline for the block, when a checkpoint is read from the cache alone:
+    ``local_files_only`` does not reach every lookup ``from_pretrained`` makes (transformers 5
+    looks for an adapter config without it), and each would retry an unreachable hub for 20 s."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = saved or cached_only
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+@contextmanager
+def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
+    """Hold back what ``logger`` says (transformers' load report) until the block ends, then
+    say it; what the block clears from the list is not said (a refused checkpoint gets one
+    line, not a table and then a line)."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
+    logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(hold)
+        for record in held:
+            logger.handle(record)
+
+
+def _load_problem(err: BaseException) -> str:
+    """What went wrong loading a checkpoint, in one line."""
+    if isinstance(err, pickle.UnpicklingError):
+        return (
+            "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
+            "else from a pickle; re-save the model as safetensors with save_pretrained"
+        )
+    if isinstance(err, EOFError):
+        return "a weight file ends early; it may have been cut short while saving or copying"
+    return first_line(err)
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained`` took ``torch_dtype`` before transformers 4.56 and ``dtype`` since."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"

@@ -1,0 +1,1 @@
+"""Helpers every layer uses: files, strict JSON, messages, console, ranks."""

@@ -1,0 +1,89 @@
+"""One way to report bad input, shared by probe files and configs: every problem found, each
+naming where it is (source, line, key or field), raised together in one error."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from forgetwatch.common.text import shorten
+
+#: Most problems one error lists; the rest are counted in a last line.
+MAX_REPORTED = 20
+
+
+class Problem(NamedTuple):
+    """One problem: where it is (``source``, ``line``, ``key``) and what is wrong."""
+
+    source: str
+    line: int | None
+    key: str | None
+    message: str
+
+    def render(self, unit: str = "line", noun: str = "key") -> str:
+        """``source: line 3: key 'eval_step': message``; ``unit`` and ``noun`` name what
+        ``line`` counts and what ``key`` is."""
+        where = self.source if self.line is None else f"{self.source}: {unit} {self.line}"
+        if self.key is not None:
+            where += f": {noun} {shorten(self.key)}"
+        return f"{where}: {self.message}"
+
+
+class InputError(ValueError):
+    """Bad input, with one line per problem; ``errors`` holds the :class:`Problem` tuples and
+    ``unit`` names what their ``line`` counts ("line", "record", "dataset row")."""
+
+    noun = "key"
+
+    def __init__(self, errors: Sequence[Problem | tuple], unit: str = "line"):
+        self.errors = [Problem(*e) for e in errors]
+        self.unit = unit
+        super().__init__("\n".join(p.render(unit, self.noun) for p in self.errors))
+
+
+class Problems:
+    """Collects the problems of one source (at most :data:`MAX_REPORTED` kept, all counted),
+    then raises them together.
+
+    Example:
+        >>> found = Problems("probes.jsonl")
+        >>> found.add(3, "answer", "missing")
+        >>> found.raise_if_any(InputError)
+        Traceback (most recent call last):
+            ...
+        forgetwatch.common.problems.InputError: probes.jsonl: line 3: key 'answer': missing
+    """
+
+    def __init__(self, source: str, unit: str = "line", cap: int = MAX_REPORTED):
+        self.source, self.unit, self.cap = source, unit, cap
+        self.kept: list[Problem] = []
+        self.count = 0
+
+    def add(self, line: int | None, key: str | None, message: str) -> None:
+        self.count += 1
+        if len(self.kept) < self.cap:
+            self.kept.append(Problem(self.source, line, key, message))
+
+    def extend(self, problems: Sequence[Problem]) -> None:
+        for p in problems:
+            self.count += 1
+            if len(self.kept) < self.cap:
+                self.kept.append(p)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def raise_if_any(self, error: type[InputError]) -> None:
+        if not self.count:
+            return
+        shown = list(self.kept)
+        if self.count > len(shown):
+            shown.append(
+                Problem(
+                    self.source,
+                    None,
+                    None,
+                    f"... and {self.count - len(shown)} more problem(s) not shown; fix the ones above and load again",
+                )
+            )
+        raise error(shown, self.unit)

@@ -1,0 +1,464 @@
+"""Settings for :class:`~forgetwatch.integrations.callback.ForgetWatchCallback`, from code or a YAML file.
+
+In code, a config holds the probes, the base and one of each group of settings
+(:mod:`forgetwatch.config.settings`)::
+
+    ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
+                      stopping=Stopping(max_forgetting=0.05))
+
+A config file is a YAML mapping of *flat keys*, each setting's own name (``eval_steps``,
+``stop_metric``, ``replay_weight``), either on its own or under a top-level ``forgetwatch:`` key
+of a bigger training config::
+
+    # train.yaml
+    learning_rate: 2.0e-5          # not ours: ignored
+    forgetwatch:
+      probes: probes/general_knowledge.jsonl   # relative paths are relative to this file
+      eval_steps: 50
+      max_forgetting: 0.05
+
+Flat keys are the preferred form in files: there each setting has one name, the one
+:meth:`ForgetWatchConfig.to_yaml` writes and errors name. A group may also be written as a
+section of its own, with its field names inside (``stopping: {max_forgetting: 0.05,
+patience: 3}``), as it reads in Python. Every value is checked when the config is built, and
+all the problems found are reported together in one :class:`ConfigError`. The checks live in
+:mod:`forgetwatch.config.checks`, reading and writing YAML in :mod:`forgetwatch.config.yaml_files`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.common.text import describe, suggestion
+from forgetwatch.config import checks as check
+from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
+from forgetwatch.config.settings import (
+    Output,
+    ReplaySettings,
+    Schedule,
+    Scoring,
+    Signals,
+    Stopping,
+    check_group,
+    flat_key,
+    option,
+)
+from forgetwatch.config.yaml_files import read_section, write_settings
+
+__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
+
+#: Settings holding file system paths (flat keys): resolved against the YAML file's folder when relative.
+PATH_KEYS = ("probes", "base", "output_dir")
+ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a path
+
+
+def _base(value: Any) -> str:
+    return value if value == ADAPTER_DISABLED else check.path(value)
+
+
+@dataclass(frozen=True, init=False)
+class ForgetWatchConfig:
+    """What to probe, how often, and when to stop: the settings of ``ForgetWatchCallback``.
+
+    Every value is validated on construction; a wrong one raises :class:`ConfigError`. A
+    config is immutable: :meth:`replace` makes a changed, validated copy. Each setting is read
+    through its group (``config.schedule.eval_steps``) or, as in earlier releases, by its flat
+    key (``config.eval_steps``, ``config.replay_weight``). Keywords of earlier releases
+    (``ForgetWatchConfig(eval_steps=50)``) still work for this release, with a
+    ``FutureWarning`` naming the new form.
+
+    Attributes:
+        probes: Path to a probe JSONL file (the callback also accepts a ProbeSet object
+            directly).
+        base: A saved base answers snapshot (.json/.npz) to use instead of computing one; or
+            "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever
+            training begins or resumes, instead of keeping a snapshot.
+        scoring: How probes are scored (:class:`~forgetwatch.config.settings.Scoring`).
+        schedule: When to evaluate (:class:`~forgetwatch.config.settings.Schedule`).
+        stopping: When to stop training (:class:`~forgetwatch.config.settings.Stopping`).
+        signals: At-risk probes and the noise floor (:class:`~forgetwatch.config.settings.Signals`).
+        replay: How a replay pool repairs (:class:`~forgetwatch.config.settings.ReplaySettings`).
+        output: Where results go, how much is logged (:class:`~forgetwatch.config.settings.Output`).
+
+    Example:
+        >>> cfg = ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
+        ...                         stopping=Stopping(max_forgetting=0.05))
+        >>> cfg.stopping.patience, cfg.scoring.stop, cfg.eval_steps
+        (1, ['\\n'], 50)
+        >>> ForgetWatchConfig(stopping=Stopping(patience=0))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        forgetwatch.config.checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
+    """
+
+    probes: str | None = option(None, check=check.optional(check.path, "passing probes to the callback directly"))
+    base: str | None = option(None, check=check.optional(_base, "computing the base snapshot"))
+    scoring: Scoring = field(default_factory=Scoring)
+    schedule: Schedule = field(default_factory=Schedule)
+    stopping: Stopping = field(default_factory=Stopping)
+    signals: Signals = field(default_factory=Signals)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+    output: Output = field(default_factory=Output)
+
+    def __init__(
+        self,
+        probes: str | os.PathLike[str] | None = None,
+        *,
+        base: str | os.PathLike[str] | None = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        replay: ReplaySettings | None = None,
+        output: Output | None = None,
+        **legacy: Any,
+    ) -> None:
+        source = type(self).__name__
+        own, problems = check_values({"probes": probes, "base": base}, _OWN, source, {})
+        groups: dict[str, Any] = {
+            "scoring": scoring,
+            "schedule": schedule,
+            "stopping": stopping,
+            "signals": signals,
+            "replay": replay,
+            "output": output,
+        }
+        for name, group in GROUPS.items():
+            if groups[name] is not None and not isinstance(groups[name], group):
+                problems.append(
+                    ConfigProblem(
+                        source,
+                        None,
+                        name,
+                        f"expected a {group.__name__}, got "
+                        f"{describe(groups[name])}; write {name}={group.__name__}(...)",
+                    )
+                )
+        changes, found = _split(legacy, source)
+        if changes and not (problems or found):  # what fails only together, named as it was given
+            merged = {
+                flat_key(f): changes[name].get(f.name, getattr(groups[name] or GROUPS[name](), f.name))
+                for name in changes
+                for f in fields(GROUPS[name])
+            }
+            found = _check(merged, {}, source, {}, together=True)[2]
+        if problems or found:
+            raise ConfigError(problems + found)
+        if legacy:
+            warnings.warn(_legacy_message(source, legacy), FutureWarning, stacklevel=2)
+        for name, group in GROUPS.items():
+            value = groups[name] or group()
+            object.__setattr__(self, name, dataclasses.replace(value, **changes[name]) if name in changes else value)
+        for name, value in own.items():
+            object.__setattr__(self, name, value)  # frozen: only construction sets fields
+
+    def __getattr__(self, name: str) -> Any:
+        # flat reads of earlier releases (config.eval_steps), through the one key table
+        if name not in _GROUPED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        group, field_name = _GROUPED[name]
+        return getattr(object.__getattribute__(self, group), field_name)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
+        """Build a config from a mapping of flat keys (or group sections) to values; missing
+        keys keep defaults. Reads what :meth:`to_dict` wrote, in this release or an earlier one.
+
+        All problems (unknown keys, wrong types, values out of range) are reported together in
+        one :class:`ConfigError` whose lines start with ``source``. Paths are kept as given
+        (relative ones stay relative to the current directory).
+
+        Example:
+            >>> ForgetWatchConfig.from_dict({"eval_steps": 50}).schedule.eval_steps
+            50
+            >>> ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience
+            3
+            >>> ForgetWatchConfig.from_dict({"eval_step": 50}, source="cfg")  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+                ...
+            forgetwatch.config.checks.ConfigError: cfg: key 'eval_step': unknown key (did you mean 'eval_steps'?); ...
+        """
+        return cls._from_mapping(data, source, lines={}, relative_to=None)
+
+    def replace(self, **changes: Any) -> ForgetWatchConfig:
+        """A copy with ``changes``, checked like a new config (errors name the keyword): a flat
+        key changes one setting, a group (an object, or a mapping of its fields) replaces it.
+
+        Example:
+            >>> cfg = ForgetWatchConfig(schedule=Schedule(eval_steps=50))
+            >>> cfg.replace(patience=2).stopping.patience, cfg.replace(patience=2).schedule.eval_steps
+            (2, 50)
+            >>> cfg.replace(schedule=Schedule(max_overhead=0.1)).schedule.eval_steps is None
+            True
+        """
+        data = self.to_dict()
+        for name in changes.keys() & GROUPS.keys():
+            for f in fields(GROUPS[name]):
+                del data[flat_key(f)]
+        return type(self)._from_mapping({**data, **changes}, "replace()", {}, None)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **overrides: Any) -> ForgetWatchConfig:
+        """Load a config from a YAML file; keyword ``overrides`` (as for :meth:`replace`) win
+        over the file's settings.
+
+        The document is either the config mapping itself or a bigger mapping holding it under a
+        top-level ``forgetwatch:`` key (other top-level keys are then ignored). Relative
+        ``probes``, ``base`` and ``output_dir`` paths are taken relative to the YAML file's
+        folder, so a config and its probe files can move together; ``~`` is expanded.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ConfigError: the YAML is malformed (names the file and line), uses anchors or aliases,
+                is over 1 MiB, or a value is invalid.
+
+        Example:
+            >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")
+            >>> cfg.stopping.max_forgetting, cfg.stopping.metric
+            (0.05, 'forgetting_adjusted')
+            >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).stopping.patience
+            5
+        """
+        data, lines, problems = read_section(path, [*_FLAT, *GROUPS], sections=GROUPS)
+        cfg = cls._from_mapping(data, str(path), lines, Path(path).absolute().parent, problems)
+        return cfg.replace(**overrides) if overrides else cfg
+
+    @classmethod
+    def _from_mapping(
+        cls,
+        data: Mapping[str, Any],
+        source: str,
+        lines: Mapping[str, int],
+        relative_to: Path | None,
+        problems: list[ConfigProblem] | None = None,
+    ) -> ForgetWatchConfig:
+        if not isinstance(data, Mapping):
+            message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
+            raise ConfigError([ConfigProblem(source, None, None, message)])
+        flat, written, found = _flatten(data, source, lines)
+        own, groups, value_problems = _check(flat, written, source, lines, together=True)
+        problems = [*(problems or []), *found, *value_problems]
+        if problems:
+            raise ConfigError(problems)
+        if relative_to is not None:
+            for values in (own, groups.get("output", {})):
+                for key in PATH_KEYS:
+                    if values.get(key) not in (None, ADAPTER_DISABLED):
+                        values[key] = _resolve(values[key], relative_to)
+        return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
+
+    def check_categories(self, categories: Sequence[str]) -> None:
+        """Refuse per-category thresholds for categories the probes do not have: a misspelled
+        one would leave its guard off all run long.
+
+        Example:
+            >>> cfg = ForgetWatchConfig(stopping=Stopping(category_max_forgetting={"mth": 0.1}))
+            >>> cfg.check_categories(["math"])  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+                ...
+            forgetwatch.config.checks.ConfigError: ForgetWatchCallback: key 'category_max_forgetting': names categories ...
+        """
+        unknown = sorted(set(self.stopping.category_max_forgetting) - set(categories))
+        if unknown:
+            message = (
+                f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
+                f"they have {', '.join(map(repr, categories))}"
+            )
+            raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting by its flat key, as a plain dict (only str, int, float, bool, None, list,
+        dict): YAML/JSON-ready, and what :meth:`from_dict` reads back.
+
+        Example:
+            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_dict()["eval_steps"]
+            50
+        """
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            items = (
+                [(flat_key(g), getattr(value, g.name)) for g in fields(value)]
+                if f.name in GROUPS
+                else [(f.name, value)]
+            )
+            for key, v in items:
+                data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+        return data
+
+    def to_yaml(self, path: str | os.PathLike[str]) -> None:
+        """Write the config as a flat YAML file (atomically) that :meth:`from_yaml` reads back.
+
+        Relative paths are written as absolute ones (resolved against the current directory),
+        because :meth:`from_yaml` would otherwise read them relative to the file's folder.
+
+        Example:
+            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_yaml("/tmp/forgetwatch.yaml")
+            >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").schedule.eval_steps
+            50
+        """
+        data = self.to_dict()
+        for key in PATH_KEYS:
+            if data[key] not in (None, ADAPTER_DISABLED):
+                data[key] = _resolve(data[key], Path.cwd())
+        write_settings(data, path)
+
+
+#: the groups, by their field of ForgetWatchConfig (and their section in YAML)
+GROUPS: dict[str, type[Any]] = {
+    f.name: f.default_factory
+    for f in fields(ForgetWatchConfig)  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING
+}
+#: the config's own settings (probes, base): their checks
+_OWN: dict[str, Callable[[Any], Any]] = {
+    f.name: f.metadata["check"] for f in fields(ForgetWatchConfig) if "check" in f.metadata
+}
+#: every group setting's flat key -> (group, field): the one key table
+_GROUPED: dict[str, tuple[str, str]] = {
+    flat_key(f): (name, f.name) for name, group in GROUPS.items() for f in fields(group)
+}
+#: every flat key: the config's own settings, then the groups'
+_FLAT = [*_OWN, *_GROUPED]
+
+
+def split_legacy(
+    settings: Mapping[str, Any], source: str = "ForgetWatchCallback", stacklevel: int = 2
+) -> dict[str, dict[str, Any]]:
+    """Flat keywords of earlier releases (``replay_weight=1.0``), checked and sorted into their
+    groups: ``{"replay": {"weight": 1.0}}``, ready for ``dataclasses.replace(group, **those)``.
+
+    Unknown keywords and wrong values raise one :class:`ConfigError` naming ``source``
+    (with did-you-mean over every flat key); otherwise one ``FutureWarning`` names each keyword
+    and its new form, ``stacklevel`` counted as for :func:`warnings.warn` from the caller.
+    Values that fail only together (``weight="auto"`` without a ``target``) are the group's to
+    refuse, once it is built.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     split_legacy({"replay_weight": 2, "eval_steps": 50})
+        {'schedule': {'eval_steps': 50}, 'replay': {'weight': 2.0}}
+        >>> print(caught[0].message)
+        ForgetWatchCallback(replay_weight=..., eval_steps=...) is deprecated and stops working in the next release; use ForgetWatchCallback(replay=Replay(pool, ReplaySettings(weight=...)), schedule=Schedule(eval_steps=...))
+    """
+    grouped, problems = _split(settings, source)
+    if problems:
+        raise ConfigError(problems)
+    if settings:
+        warnings.warn(_legacy_message(source, settings), FutureWarning, stacklevel=stacklevel + 1)
+    return grouped
+
+
+def _split(settings: Mapping[str, Any], source: str) -> tuple[dict[str, dict[str, Any]], list[ConfigProblem]]:
+    problems = []
+    for key in settings:
+        if key in _OWN:
+            problems.append(ConfigProblem(source, None, key, f"not a setting of a group; pass {key}= itself"))
+        elif key not in _GROUPED:
+            problems.append(_unknown(key, _FLAT, source, None))
+    _, grouped, found = _check({k: v for k, v in settings.items() if k in _GROUPED}, {}, source, {}, together=False)
+    return grouped, problems + found
+
+
+def _legacy_message(source: str, keys: Sequence[str] | Mapping[str, Any]) -> str:
+    """``X(eval_steps=...) is deprecated ...; use X(schedule=Schedule(eval_steps=...))``."""
+    by_group: dict[str, list[str]] = {}
+    for key in keys:
+        group, field_name = _GROUPED[key]
+        by_group.setdefault(group, []).append(f"{field_name}=...")
+    old = ", ".join(f"{key}=..." for key in keys)
+
+    def form(group: str, names: list[str]) -> str:
+        settings = f"{GROUPS[group].__name__}({', '.join(names)})"
+        # a run's replay= takes the repair method, which holds its settings
+        return (
+            f"replay=Replay(pool, {settings})"
+            if group == "replay" and source != "ForgetWatchConfig"
+            else f"{group}={settings}"
+        )
+
+    new = ", ".join(form(group, names) for group, names in by_group.items())
+    return f"{source}({old}) is deprecated and stops working in the next release; use {source}({new})"
+
+
+def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> ConfigProblem:
+    hint = suggestion(key.rpartition(".")[2], known) or f" (known keys: {', '.join(known)})"
+    return ConfigProblem(source, line, key, f"unknown key{hint}; fix or remove it")
+
+
+def _flatten(
+    data: Mapping[Any, Any], source: str, lines: Mapping[str, int]
+) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
+    """``data``'s settings by flat key, with its group sections (``scoring: {batch_size: 8}``)
+    and group objects taken apart; how each was written (``scoring.batch_size``), for errors;
+    and the problems: keys that are no setting, a setting given twice, a section that is no
+    mapping."""
+    flat: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    problems: list[ConfigProblem] = []
+
+    def add(key: str, as_written: str, value: Any) -> None:
+        if key in flat:
+            message = f"given twice, as {written[key]!r} and as {as_written!r}; keep one"
+            problems.append(ConfigProblem(source, lines.get(as_written), as_written, message))
+        flat[key], written[key] = value, as_written
+
+    for key, value in data.items():
+        if not isinstance(key, str):
+            message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
+            problems.append(ConfigProblem(source, None, None, message))
+        elif key in GROUPS:
+            group = GROUPS[key]
+            names = {f.name: flat_key(f) for f in fields(group)}
+            if isinstance(value, group):
+                value = {name: getattr(value, name) for name in names}
+            if not isinstance(value, Mapping):
+                message = (
+                    f"expected a mapping of {group.__name__} settings, got {describe(value)}; "
+                    f"indent them under '{key}:', e.g. {next(iter(names))}: ..."
+                )
+                problems.append(ConfigProblem(source, lines.get(key), key, message))
+                continue
+            for name, item in value.items():
+                if name in names:
+                    add(names[name], f"{key}.{name}", item)
+                else:
+                    problems.append(_unknown(f"{key}.{name}", list(names), source, lines.get(f"{key}.{name}")))
+        elif key in _OWN or key in _GROUPED:
+            add(key, key, value)
+        else:
+            problems.append(_unknown(key, [*_FLAT, *GROUPS], source, lines.get(key)))
+    return flat, written, problems
+
+
+def _check(
+    flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int], together: bool
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
+    """Check flat settings: the config's own (by key), each group's (by field), and every
+    problem, in the order the settings were given (each named as written)."""
+    own, problems = check_values({k: v for k, v in flat.items() if k in _OWN}, _OWN, source, lines)
+    groups: dict[str, dict[str, Any]] = {}
+    for name, group in GROUPS.items():
+        keys = {f.name: flat_key(f) for f in fields(group)}
+        given = {f: flat[k] for f, k in keys.items() if k in flat}
+        if given:
+            shown = {f: written.get(k, k) for f, k in keys.items()}  # as given, for errors
+            groups[name], found = check_group(group, given, source, shown.__getitem__, lines, together)
+            problems += found
+    order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
+    problems.sort(key=lambda p: order.get(p.key or "", len(order)))
+    return own, groups, problems
+
+
+def _resolve(path: str, folder: Path) -> str:
+    # No normpath: collapsing ".." past a symlink would point somewhere else.
+    expanded = Path(os.path.expanduser(path))
+    return str(expanded if expanded.is_absolute() else folder / expanded)

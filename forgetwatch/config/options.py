@@ -1,0 +1,75 @@
+"""Rules of the scoring options that the settings, the scorer and the command line share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from forgetwatch.common.text import shorten
+from forgetwatch.probes import ProbeKind
+
+#: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
+NORMALIZE_MODES: tuple[str | None, ...] = (None, "chars")
+
+BatchSize = int | str  # a positive int, or "auto"
+
+#: The largest count or size any setting may be: what a 64-bit integer holds, as numpy, torch
+#: and the files keep them (a Python int could be 10**5000).
+MAX_INT = 2**63 - 1
+#: Most tokens a generation may ask for: more than any model's context, which is all a
+#: generation can use (a model with no fixed limit would generate on for days).
+MAX_NEW_TOKENS = 1 << 20
+
+
+def batch_size_problem(value: Any) -> str | None:
+    """Why ``value`` is not a batch size (a positive integer or ``"auto"``), or ``None``.
+
+    Example:
+        >>> batch_size_problem(0)
+        "expected a positive integer or 'auto', got 0"
+    """
+    if value == "auto" and isinstance(value, str):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+        return f"expected a positive integer or 'auto', got {shorten(value, 40)}"
+    return None
+
+
+def scoring_options(
+    probes: Iterable[Any],
+    *,
+    normalize: str | None,
+    chat_template: bool,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    behaviour_max_new_tokens: int,
+    extract: Callable[[str], str | None] | None = None,
+    refusal_detector: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """The options that decide the answers of ``probes``, as stored with them: generation's
+    options count only when some probe is generative, behaviour's when some has a ``check``.
+
+    Example:
+        >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."],
+        ...                 behaviour_max_new_tokens=256)
+        {'normalize': None, 'chat_template': False}
+    """
+    kinds = {p.kind for p in probes}
+    options: dict[str, Any] = {"normalize": normalize, "chat_template": chat_template}
+    if ProbeKind.GENERATIVE in kinds:
+        options.update(max_new_tokens=max_new_tokens, stop=list(stop))
+        if extract is not None:
+            options["extract"] = getattr(extract, "__qualname__", repr(extract))
+    if ProbeKind.BEHAVIOUR in kinds:
+        options["behaviour_max_new_tokens"] = behaviour_max_new_tokens
+        if refusal_detector is not None:
+            options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))
+    return options
+
+
+def check_batch_size(value: Any) -> BatchSize:
+    """``value`` if it is a batch size, else a ``ValueError`` saying what is expected."""
+    problem = batch_size_problem(value)
+    if problem:
+        raise ValueError(f"batch_size: {problem}")
+    return value

@@ -1,0 +1,345 @@
+"""The settings of a forgetwatch run, in six small groups, each option declared once.
+
+A field of a group carries its type, its default and its check (from
+:mod:`forgetwatch.config.checks`); its help is the group docstring's ``Attributes:`` entry,
+which :func:`help_text` reads for the command line. A group checks its values when it is built
+and reports every problem it finds in one :class:`~forgetwatch.config.checks.ConfigError`.
+
+Each field also has a *flat key*: its name in a flat YAML file and as a keyword of earlier
+releases (``ReplaySettings.weight`` is ``replay_weight``). It is the field's name unless its
+metadata says otherwise. :class:`~forgetwatch.config.ForgetWatchConfig` holds one of each group.
+
+Example:
+    >>> Stopping(max_forgetting=0.05, patience=3).metric
+    'forgetting'
+    >>> Stopping(patience=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    forgetwatch.config.checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
+
+from forgetwatch.config import checks as check
+from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
+from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES
+
+#: the forgetting rates a run may stop on (and replay steer by)
+STOP_METRICS = ("forgetting", "forgetting_adjusted")
+
+__all__ = ["Output", "ReplaySettings", "Schedule", "Scoring", "Signals", "Stopping", "help_text"]
+
+_LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    check: Callable[[Any], Any],
+    key: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A setting: its default (or ``factory``), the check its value must pass, and its flat
+    key where that is not the field's name."""
+    metadata = {"check": check, **({"key": key} if key else {})}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def flat_key(f: Field[Any]) -> str:
+    """A field's name in flat YAML files and as a keyword of earlier releases."""
+    return f.metadata.get("key", f.name)
+
+
+class _Group:
+    """What every group does: check itself when built (see :func:`check_group`)."""
+
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        cleaned, problems = check_group(type(self), values, type(self).__name__)
+        if problems:
+            raise ConfigError(problems)
+        # normalised copies (list/dict copies, ints as floats): the caller's objects are not shared
+        for name, value in cleaned.items():
+            object.__setattr__(self, name, value)  # frozen: only construction sets fields
+
+    @staticmethod
+    def _cross_check(values: Mapping[str, Any], name: Callable[[str], str]) -> list[tuple[str, str]]:
+        """``(field, message)`` for values that pass one by one but not together."""
+        return []
+
+
+def check_group(
+    group: type[_Group],
+    given: Mapping[str, Any],
+    source: str,
+    name: Callable[[str], str] = str,
+    lines: Mapping[str, int] | None = None,
+    together: bool = True,
+) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """Check ``given`` (field name -> value) against ``group``'s declarations and, with
+    ``together``, the values that only fail together (the defaults standing in for what is
+    not given). Returns the normalised values by field name, and every problem, each naming its
+    field as ``name(field)`` at ``lines[name(field)]``."""
+    declared = fields(group)  # type: ignore[arg-type]
+    lines = lines or {}
+    checks = {name(f.name): f.metadata["check"] for f in declared}
+    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines)
+    by_field = {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}
+    if together and not problems:
+        defaults = {
+            f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
+            for f in declared
+        }
+        for field_name, message in group._cross_check({**defaults, **by_field}, name):
+            problems.append(ConfigProblem(source, lines.get(name(field_name)), name(field_name), message))
+    return by_field, problems
+
+
+@functools.cache
+def help_text(group: type) -> dict[str, str]:
+    """Each field's help, as plain text: the entries of the ``Attributes:`` section of
+    ``group``'s docstring, the one place it is written.
+
+    Example:
+        >>> help_text(Scoring)["max_new_tokens"]
+        'Generative probes: most tokens to generate (>= 1).'
+    """
+    lines = inspect.cleandoc(group.__doc__ or "").splitlines()
+    helps: dict[str, str] = {}
+    name = ""
+    for line in lines[lines.index("Attributes:") + 1 :]:
+        if not line.startswith("    "):  # a blank line or the next section ends it
+            break
+        if line.startswith("        "):  # an entry's continuation
+            helps[name] += " " + line.strip()
+        else:
+            name, _, text = line.strip().partition(": ")
+            helps[name] = text
+    return {k: v.replace("``", "") for k, v in helps.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scoring(_Group):
+    """How probes are scored: by the callback, ``evaluate``, ``Scorer`` and the command line.
+
+    Attributes:
+        batch_size: Probes per forward pass: a positive integer, or "auto" for the largest
+            batch that fits.
+        normalize: Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars"
+            (``acc_norm``: log-probability divided by the choice's length in characters).
+        chat_template: Wrap each question in the tokenizer's chat template (a user turn with the
+            generation prompt).
+        max_new_tokens: Generative probes: most tokens to generate (>= 1).
+        stop: Generative probes: generation stops at the first of these strings (EOS always
+            stops).
+        behaviour_max_new_tokens: Behaviour probes (rows with ``check``): most tokens of a
+            response (>= 1); they run to EOS, ``stop`` does not apply.
+
+    Example:
+        >>> Scoring(batch_size=8, normalize="chars").batch_size
+        8
+    """
+
+    batch_size: int | str = option("auto", check=check.batch_size)
+    normalize: str | None = option(None, check=check.choice(tuple(m for m in NORMALIZE_MODES if m), allow_none=True))
+    chat_template: bool = option(False, check=check.boolean)
+    max_new_tokens: int = option(64, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
+    stop: Sequence[str] = option(("\n",), check=check.stop_strings)  # kept as a list
+    behaviour_max_new_tokens: int = option(256, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule(_Group):
+    """When to evaluate.
+
+    Attributes:
+        eval_steps: Evaluate every N optimizer steps; None: the cost-budget schedule (see
+            ``max_overhead``).
+        max_overhead: With the budget schedule, the share of wall time monitoring may take
+            (0.001 <= x < 1).
+        eval_on_evaluate: Also evaluate at every trainer evaluation (adds
+            ``eval_forgetwatch_*`` metrics).
+        eval_on_train_end: Evaluate once more when training ends.
+
+    Example:
+        >>> Schedule(eval_steps=50).eval_on_train_end
+        True
+    """
+
+    eval_steps: int | None = option(None, check=check.optional(check.integer(1), "the cost-budget schedule"))
+    max_overhead: float = option(
+        0.05,
+        check=check.rate(
+            True,
+            True,
+            "0.05 for 5 % of wall time",
+            floor=0.001,
+            why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
+            "for rare evaluations set eval_steps",
+        ),
+    )
+    eval_on_evaluate: bool = option(True, check=check.boolean)
+    eval_on_train_end: bool = option(True, check=check.boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stopping(_Group):
+    """When to stop a run that forgets too much.
+
+    Attributes:
+        max_forgetting: Stop training once the forgetting rate exceeds this (0..1); None:
+            never stop.
+        metric: Which rate ``max_forgetting`` applies to: "forgetting" or
+            "forgetting_adjusted" (flat key ``stop_metric``).
+        patience: Consecutive evaluations over the threshold before stopping (>= 1).
+        significance: Stop only when the Wilson 95 % lower bound of the rate is over the
+            threshold.
+        category_max_forgetting: Per-category thresholds, category -> rate (0..1); none by
+            default.
+        save_on_stop: Ask the trainer for a checkpoint before stopping.
+
+    Example:
+        >>> Stopping(max_forgetting=0.05, metric="forgetting_adjusted").patience
+        1
+    """
+
+    max_forgetting: float | None = option(
+        None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
+    )
+    metric: str = option("forgetting", check=check.choice(STOP_METRICS), key="stop_metric")
+    patience: int = option(1, check=check.integer(1))
+    significance: bool = option(False, check=check.boolean)
+    category_max_forgetting: dict[str, float] = option(check=check.category_rates, factory=dict)
+    save_on_stop: bool = option(True, check=check.boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signals(_Group):
+    """Early warnings beside the counts: probes at risk, and the noise floor.
+
+    Attributes:
+        at_risk_share: A still-right probe is at risk once its margin (multiple choice) or its
+            reference answer's probability (generative) falls below this share of the base's
+            (0 < x < 1).
+        at_risk_floor: A still-right multiple-choice probe is also at risk once its margin
+            falls below this many nats (>= 0).
+        noise_check: Score the base twice, in batches of another size, and report how many
+            probes flip with no weight change: the noise floor of forgetting; None: on for GPUs
+            and half-precision models.
+
+    Example:
+        >>> Signals(noise_check=True).at_risk_share
+        0.5
+    """
+
+    at_risk_share: float = option(0.5, check=check.rate(True, True, "0.5"))
+    at_risk_floor: float = option(0.1, check=check.non_negative)
+    noise_check: bool | None = option(
+        None, check=check.optional(check.boolean, "on for GPUs and half-precision models")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplaySettings(_Group):
+    """How a replay pool repairs forgetting (flat keys ``replay_*`` and ``forgetting_target``).
+
+    Attributes:
+        loss: The loss replayed rows add: "lm" (next-token loss on their text) or "kl" (KL from
+            the base model's next-token distribution on them, kept once when training begins).
+        top_k: With loss "kl": the base's most likely next tokens kept per position, the rest as
+            one tail mass (1 to 1024).
+        weight: How much the replay loss counts next to the trainer's (0 to 100; 0 replays
+            nothing), or "auto": set at each evaluation to bring forgetting to ``target``.
+        target: With weight "auto": the forgetting rate (``Stopping.metric``) the replay weight
+            steers toward (0.001..1).
+        batch_size: Pool rows replayed before each optimizer step (1 to 1024).
+        seed: The seed of the draws (the same on every rank).
+
+    Example:
+        >>> ReplaySettings(weight="auto", target=0.05).loss
+        'lm'
+        >>> ReplaySettings(weight="auto")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        forgetwatch.config.checks.ConfigError: ReplaySettings: key 'target': weight="auto" steers toward ...
+    """
+
+    loss: str = option("lm", check=check.choice(("lm", "kl")), key="replay_loss")
+    top_k: int = option(
+        32,
+        key="replay_top_k",
+        check=check.integer(
+            1,
+            1024,
+            "each costs 6 bytes at every position of every replay row, kept all run: "
+            "a few dozen carry nearly all of the base's probability",
+        ),
+    )
+    weight: float | str = option(1.0, check=check.weight_or_auto, key="replay_weight")
+    target: float | None = option(
+        None,
+        key="forgetting_target",
+        check=check.optional(
+            check.rate(
+                False,
+                False,
+                "0.05",
+                floor=0.001,
+                why="the weight moves by the relative miss (forgetting - target) / target: "
+                "below 0.1 % (0 divides by zero) one forgotten probe would overflow it",
+            ),
+            "no target",
+        ),
+    )
+    batch_size: int = option(
+        8,
+        key="replay_batch_size",
+        check=check.integer(
+            1,
+            1024,
+            "each row replayed costs a forward and a backward pass before every optimizer step; a few dozen are plenty",
+        ),
+    )
+    seed: int = option(0, check=check.integer(0), key="replay_seed")
+
+    @staticmethod
+    def _cross_check(values: Mapping[str, Any], name: Callable[[str], str]) -> list[tuple[str, str]]:
+        if values["weight"] == "auto" and values["target"] is None:
+            message = f'{name("weight")}="auto" steers toward a forgetting rate: give {name("target")}, e.g. 0.05'
+            return [("target", message)]
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class Output(_Group):
+    """Where results go and how much is logged.
+
+    Attributes:
+        output_dir: Where the base snapshot and history live; None:
+            ``<trainer output_dir>/forgetwatch``.
+        table_rows: W&B and TensorBoard tables: at most this many rows for each evaluation's
+            flips, and in the final table of probes (>= 1).
+        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys.
+        max_logged_categories: With log_categories: per-category keys for at most this many
+            categories, the largest by probe count (each adds about a dozen values per
+            evaluation); every category stays in history.jsonl and the report (>= 1).
+        verbose: Print one console line per evaluation.
+
+    Example:
+        >>> Output(output_dir="runs/a/forgetwatch", verbose=False).table_rows
+        500
+    """
+
+    output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
+    table_rows: int = option(500, check=check.integer(1))
+    log_categories: bool = option(True, check=check.boolean)
+    max_logged_categories: int = option(100, check=check.integer(1))
+    verbose: bool = option(True, check=check.boolean)

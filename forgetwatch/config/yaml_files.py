@@ -1,0 +1,225 @@
+"""Reading and writing forgetwatch settings as YAML, keeping line numbers for errors.
+
+Only plain values are read: no ``!!`` tags, and no anchors or aliases (``&a`` / ``*a``): a few
+nested aliases expand to billions of values ("billion laughs"), and a settings file has no
+use for them. Files over :data:`MAX_BYTES` are refused before they are read, and so are
+values nested deeper than :data:`~forgetwatch.common.strict_json.MAX_DEPTH` or integers longer than
+:data:`~forgetwatch.common.strict_json.MAX_INT_DIGITS` digits, before they are built.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forgetwatch.common.files import atomic_write
+from forgetwatch.common.strict_json import MAX_DEPTH, MAX_INT_DIGITS
+from forgetwatch.common.text import describe, did_you_mean, shorten
+from forgetwatch.config.checks import ConfigError, ConfigProblem
+
+MAX_BYTES = 1 << 20  # 1 MiB
+#: Top-level key under which a bigger YAML file may hold the forgetwatch section.
+ROOT_KEY = "forgetwatch"
+
+
+def read_section(
+    path: str | os.PathLike[str], known: Iterable[str], sections: Iterable[str] = ()
+) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
+    """The forgetwatch settings of a YAML file (its top level, or its ``forgetwatch:``
+    section), each key's line (a key inside one of the ``sections`` as ``section.key``), and the
+    problems found so far (unknown keys come later).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ConfigError: not UTF-8, too big, not YAML, aliases, or not a mapping of settings.
+    """
+    known = list(known)
+    source = str(path)
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_BYTES:  # a settings file is small; anything else is a mistake or a bomb
+            message = f"is {size} bytes; a forgetwatch config is a few settings (at most {MAX_BYTES} bytes)"
+            raise ConfigError([ConfigProblem(source, None, None, message)])
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "forgetwatch config file not found; check the path", source) from None
+    except UnicodeDecodeError as exc:
+        message = f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
+        raise ConfigError([ConfigProblem(source, None, None, message)]) from None
+
+    node, data = _parse_yaml(text, source)
+    if not isinstance(data, Mapping):
+        got = "an empty document" if data is None else f"a {_yaml_kind(data)}"
+        message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
+        raise ConfigError([ConfigProblem(source, None, None, message)])
+
+    settings_node = node
+    lines = _key_lines(node)
+    problems: list[ConfigProblem] = []
+    if ROOT_KEY in data:
+        # The section lives inside a bigger config: only its own keys are ours.
+        root_line = lines.get(ROOT_KEY, (None,))[0]
+        section = data[ROOT_KEY]
+        if not isinstance(section, Mapping):
+            got = "nothing" if section is None else describe(section)
+            message = f"expected a mapping of forgetwatch settings, got {got}; indent the settings under '{ROOT_KEY}:'"
+            raise ConfigError([ConfigProblem(source, root_line, ROOT_KEY, message)])
+        data = section
+        settings_node = _value_node(node, ROOT_KEY)
+        lines = _key_lines(settings_node)
+    elif data and not any(k in known or did_you_mean(str(k), known) for k in data):
+        # Nothing we know or nearly know: likely a training config without a forgetwatch section.
+        message = (
+            "no forgetwatch settings found; if this is a bigger training config, "
+            f"put the forgetwatch settings under a top-level '{ROOT_KEY}:' key"
+        )
+        problems.append(ConfigProblem(source, None, None, message))
+
+    for name in sections:  # a group written as a section of its own: its keys' lines too
+        if isinstance(data.get(name), Mapping):
+            inner = _key_lines(_value_node(settings_node, name))
+            lines.update({f"{name}.{key}": found for key, found in inner.items()})
+    for key, key_lines in lines.items():
+        if len(key_lines) > 1:
+            # PyYAML silently keeps the last one; a repeated key is almost always a mistake.
+            shown = ", ".join(str(n) for n in key_lines)
+            message = f"appears {len(key_lines)} times (lines {shown}); keep one"
+            problems.append(ConfigProblem(source, key_lines[-1], key, message))
+    return data, {k: v[0] for k, v in lines.items()}, problems
+
+
+def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write settings as a flat YAML file, atomically."""
+    text = yaml.dump(dict(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    with atomic_write(path) as f:
+        f.write("# forgetwatch settings; load with ForgetWatchConfig.from_yaml(path)\n")
+        f.write(text)
+
+
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return f"plain string {shorten(value, 40)}"
+    return f"{type(value).__name__} {shorten(value)}"
+
+
+def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
+    """Raise on the first node that is reached twice (an alias of an anchor), nested deeper
+    than :data:`MAX_DEPTH`, or an integer of more than :data:`MAX_INT_DIGITS` digits, before
+    the document is built: a settings file has no use for them, and each goes off when built
+    (nested aliases explode; Python refuses to read a 5,000-digit integer)."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, int, str | None]] = [(node, 1, None)] if node is not None else []
+    while todo:
+        current, depth, key = todo.pop()  # key: the nearest mapping key above, to name in errors
+        line = current.start_mark.line + 1
+        if id(current) in seen:
+            message = (
+                "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
+            )
+            raise ConfigError([ConfigProblem(source, line, key, message)])
+        if depth > MAX_DEPTH:
+            raise ConfigError([ConfigProblem(source, line, key, _TOO_DEEP)])
+        if current.tag == _INT_TAG and len(current.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
+            message = f"an integer of {len(current.value)} characters; no forgetwatch setting takes one this long"
+            raise ConfigError([ConfigProblem(source, line, key, message)])
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            for key_node, value_node in current.value:
+                named = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else key
+                todo += [(key_node, depth + 1, key), (value_node, depth + 1, named)]
+        elif isinstance(current, yaml.SequenceNode):
+            todo.extend((n, depth + 1, key) for n in current.value)
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_TOO_DEEP = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch setting takes one"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that remembers the node it is building: a value it cannot build (a date
+    such as 2024-13-45) is then reported at its line."""
+
+    building: yaml.Node | None = None
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.building = node
+        return super().construct_object(node, deep)
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper writing strings with newlines or other control characters double-quoted.
+
+    The default would write ``"\\n"`` as a quoted scalar broken over two lines: valid, but
+    hard to read and easy to break by hand.
+    """
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if any(ch < " " or ch == "\x7f" for ch in value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """Parse once, keeping the node tree (for line numbers) and the plain data."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        _refuse_unsafe(node, source)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        what = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        if isinstance(exc, yaml.constructor.ConstructorError):
+            # Parsed fine, but asks for an object safe_load will not build (e.g. !!python/...).
+            message = f"YAML error: {what}{column}; use plain values only (no '!!' tags)"
+        else:
+            message = (
+                f"YAML syntax error: {what}{column}; fix the YAML at that spot "
+                "(indentation, a missing ':' or an unclosed bracket or quote)"
+            )
+        raise ConfigError([ConfigProblem(source, line, None, message)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem(source, None, None, f"YAML error: {exc}")]) from None
+    except RecursionError:  # the composer nests on the stack: thousands of "[" exhaust it
+        raise ConfigError([ConfigProblem(source, loader.get_mark().line + 1, None, _TOO_DEEP)]) from None
+    except ConfigError:
+        raise
+    except (ValueError, OverflowError) as exc:  # a scalar YAML reads as a type it cannot build
+        line = loader.building.start_mark.line + 1 if loader.building is not None else None
+        message = f"YAML cannot build this value ({exc}); quote it to keep it as text"
+        raise ConfigError([ConfigProblem(source, line, None, message)]) from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _key_lines(node: yaml.Node | None) -> dict[str, list[int]]:
+    """1-based line numbers of each string key of a mapping node (several if repeated)."""
+    lines: dict[str, list[int]] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                lines.setdefault(str(key_node.value), []).append(key_node.start_mark.line + 1)
+    return lines
+
+
+def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The node of ``key``'s value in a mapping node (the last one if the key repeats)."""
+    found = None
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                found = value_node
+    return found

@@ -1,0 +1,1 @@
+"""Adapters from training frameworks' events to a Watch."""

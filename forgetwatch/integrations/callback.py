@@ -1,0 +1,244 @@
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch`.
+
+Everything that is not about transformers lives in the watch; the trainer's internals are
+reached through :class:`~forgetwatch.integrations.trainer_link.TrainerLink` only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from torch.nn import Module
+from transformers import TrainerCallback
+from transformers import TrainerControl as Control
+from transformers import TrainerState as State
+from transformers import TrainingArguments as Args
+
+from forgetwatch.config import ForgetWatchConfig
+from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.integrations.trainer_link import TrainerLink, sharded_run
+from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
+from forgetwatch.probes import ProbesLike
+from forgetwatch.replay import ReplayPool
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.events import Evaluation
+from forgetwatch.results.store import SUBDIR
+from forgetwatch.run.repair import Repair, Repairable
+from forgetwatch.run.watch import Watch, settle
+from forgetwatch.sinks import eval_metric_values
+from forgetwatch.sinks.hook import OnForgetting
+
+#: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
+_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "refusal_detector", "clock", "sinks")
+#: what the watch knows, read through the callback as before
+_FORWARDED = frozenset(
+    "config probes history trajectory base_answers stop_reason monitoring_seconds output_dir history_path "
+    "on_forgetting summary".split()
+)
+
+
+class ForgetWatchCallback(TrainerCallback):
+    """Measure per-sample forgetting on a probe set while a transformers / TRL trainer trains.
+
+    A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the
+    trainer's events to it: the base is scored when training begins (or loaded), the live model
+    every ``eval_steps`` steps (or within the ``max_overhead`` budget), at trainer evaluations
+    and at the end. Each evaluation reaches every reporting integration (W&B, TensorBoard, ...)
+    as ``forgetwatch/*`` metrics, ``history.jsonl``, the console, ``on_forgetting`` and the
+    ``sinks``. A failure of forgetwatch during training is a loud warning, never an exception.
+
+    Args:
+        probes: a :class:`~forgetwatch.ProbeSet`, the path of a probe JSONL file, or a list of
+            probe rows (dicts in the probe-file schema).
+        eval_steps: evaluate every N optimizer steps (default ``None``: the ``max_overhead`` budget).
+        max_forgetting: stop training once the forgetting rate exceeds this (default ``None``:
+            never stop).
+        output_dir: where snapshot and history live (default ``None``:
+            ``<trainer output_dir>/forgetwatch``, or the trial's ``run-*`` folder in a
+            hyperparameter search).
+        base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
+            instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
+            (LoRA) model with its adapters disabled, when training begins and on every resume.
+        tokenizer: defaults to the trainer's ``processing_class``.
+        scoring, schedule, stopping, signals, output: the settings of each group (see
+            :mod:`forgetwatch.config.settings`), e.g. ``scoring=Scoring(batch_size=16)``.
+        replay: a :class:`~forgetwatch.ReplayPool` (or its file) to repair forgetting with, or a
+            repair method (default ``None``: no repair). A pool holding a probe's question is refused.
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`).
+        on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
+        trainer: the trainer running this callback, if known; otherwise it is found when
+            training begins (see :mod:`forgetwatch.integrations.trainer_link`).
+        **settings: passed to the :class:`~forgetwatch.Watch`: ``config`` (a
+            :class:`~forgetwatch.config.ForgetWatchConfig`, which the keywords above override),
+            ``refusal_detector``, ``clock``, and the flat settings of earlier releases
+            (``replay_weight=``, ``batch_size=``, ...: a ``FutureWarning`` names the new form).
+
+    Attributes:
+        watch: the :class:`~forgetwatch.Watch` doing the work; ``history`` (``(global_step,
+            TransitionReport)`` per evaluation), ``trajectory``, ``base_answers``, ``stop_reason``,
+            ``monitoring_seconds``, ``output_dir``, ``history_path`` and ``config`` are its own.
+
+    Example:
+        >>> trainer = SFTTrainer(model=model, train_dataset=ds,
+        ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        probes: ProbesLike | None = None,
+        *,
+        eval_steps: int | None = None,
+        max_forgetting: float | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        base: Answers | str | os.PathLike[str] | None = None,
+        tokenizer: Any = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        output: Output | None = None,
+        replay: Repair | Repairable | str | os.PathLike[str] | None = None,
+        sinks: Iterable[Any] = (),
+        on_forgetting: OnForgetting | None = None,
+        trainer: Any = None,
+        **settings: Any,
+    ):
+        if isinstance(replay, (str, os.PathLike)):  # a pool's file, as earlier releases took
+            replay = ReplayPool.from_jsonl(replay)
+        # every keyword but the trainer's own (tokenizer, trainer) is the watch's; earlier
+        # releases' keywords are settled here, so their warning names this class and its caller
+        mine = {k: v for k, v in locals().items() if k not in ("self", "tokenizer", "trainer", "settings")}
+        own = {k: settings.pop(k) for k in ("refusal_detector", "clock") if k in settings}
+        config = settle(settings.pop("config", None), {}, settings, type(self).__name__)
+        self.watch = Watch(**mine, **own, config=config)
+        self.tokenizer = tokenizer
+        self._link = TrainerLink(self, trainer)
+        self._eval_logged_at: int | None = None
+
+    @classmethod
+    def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
+        """Build from a :class:`~forgetwatch.config.ForgetWatchConfig` (its ``probes`` path
+        is loaded unless ``probes=`` is passed); other keywords override its settings.
+
+        Example:
+            >>> cb = ForgetWatchCallback.from_config(ForgetWatchConfig(probes="p.jsonl"))  # doctest: +SKIP
+        """
+        return cls(kwargs.pop("probes", None), config=config, **kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> ForgetWatchCallback:
+        """Build from a YAML file (see ``configs/``); keywords override the file's settings.
+
+        Example:
+            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
+            >>> cb.config.schedule.eval_steps, cb.config.stopping.max_forgetting
+            (10, 0.05)
+        """
+        own = {k: kwargs.pop(k) for k in _OWN if k in kwargs}
+        if isinstance(own.get("base"), (str, os.PathLike)):
+            kwargs["base"] = own.pop("base")
+        return cls(config=ForgetWatchConfig.from_yaml(path, **kwargs), **own)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FORWARDED:
+            return getattr(self.__dict__["watch"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # -- trainer events ------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        link = self._link
+        link.attach(args, state, control)
+        processing_class = kw.get("processing_class")
+        tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
+        if tokenizer is None:
+            raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class, or tokenizer=")
+        self.watch.start(
+            model,
+            tokenizer,
+            step=state.global_step,
+            output_dir=link.run_dir() / SUBDIR,
+            sinks=trainer_sinks(link, self.watch.probes, self.watch.config.output.table_rows),
+            resume_from=link.resume_folders(SUBDIR),
+            leftovers_in=link.checkpoint_folders(SUBDIR),
+            max_steps=state.max_steps,
+            sharded=sharded_run(args),
+            stop_note=self._stop_note,
+        )
+
+    def _stop_note(self, step: int) -> str:
+        saving = self.watch.config.stopping.save_on_stop
+        return f"; saving checkpoint {self._link.checkpoint_dir(step)}" if saving else ""
+
+    def on_step_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        if self.watch.due(state.global_step):
+            self._evaluated(self.watch.evaluate(model, state.global_step), control)
+
+    def on_epoch_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        # however training stops (max_steps, a callback, data running out), this runs before
+        # the trainer finalizes, while every integration is still open; and the trainer
+        # saves after it if asked to
+        if not control.should_training_stop:
+            return
+        step, watch = state.global_step, self.watch
+        self._evaluated(watch.finish(model, step), control)
+        saved = self._link.checkpoint_dir(step).is_dir()
+        if watch.stop_step == step and watch.config.stopping.save_on_stop and not saved:
+            control.should_save = True  # e.g. save_strategy="best" overrode the request
+
+    def on_evaluate(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        watch, step, metrics = self.watch, state.global_step, kw.get("metrics")
+        if not watch.config.schedule.eval_on_evaluate or watch.base_answers is None:
+            return
+        if not self._link.open:  # after train(): the weights may have changed (best model loaded)
+            report = watch.measure(model)  # scored afresh, outside the run's history
+        elif watch.evaluated(step):
+            report = watch.history[-1][1]
+        else:
+            evaluation = watch.evaluate(model, step, "evaluate")
+            self._evaluated(evaluation, control)
+            report = evaluation.report
+        extra = eval_metric_values(report)
+        if metrics is not None:  # the dict best-model selection and EarlyStoppingCallback read
+            metrics.update(extra)
+        if self._eval_logged_at != step or not self._link.open:  # once per step
+            self._eval_logged_at = step
+            self._link.state, self._link.control = state, control
+            TrainerLog(self._link).send(extra)
+
+    def on_train_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        # a fallback: integrations may be closed now, so the result goes to the history only
+        self._link.open = False
+        self.watch.finish(model, state.global_step)
+        self.watch.flush()  # a last try for anything a failed write left in memory
+
+    def on_log(self, args: Args, state: State, control: Control, logs: dict[str, float], **kw: Any) -> None:
+        # the trainer's final summary line (printed after this) says forgetwatch stopped it
+        if "train_runtime" in logs and self.watch.stop_step is not None:
+            logs["forgetwatch_stopped_at_step"] = self.watch.stop_step
+
+    def on_pre_optimizer_step(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
+        # after the trainer's backward (and its clipping): the repair's gradient joins it
+        if self.watch.repair is not None:
+            scaler = self._link.grad_scaler()
+            self.watch.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
+
+    def on_save(self, args: Args, state: State, control: Control, **kw: Any) -> None:
+        self._copy_into_checkpoint(state.global_step)
+
+    def on_push_begin(self, args: Args, state: State, control: Control, **kw: Any) -> None:
+        # the trainer pushes a checkpoint before on_save: put the files in it first
+        self._copy_into_checkpoint(state.global_step)
+
+    def _copy_into_checkpoint(self, step: int) -> None:
+        checkpoint = self._link.checkpoint_dir(step)
+        if checkpoint.is_dir():
+            self.watch.save_to(checkpoint / SUBDIR)
+
+    def _evaluated(self, evaluation: Evaluation | None, control: Control) -> None:
+        """Every rank stops together (the watch's rule is rank 0's); the trainer saves first if asked."""
+        if evaluation is not None and evaluation.stop:
+            control.should_training_stop = True
+            control.should_save = control.should_save or self.watch.config.stopping.save_on_stop

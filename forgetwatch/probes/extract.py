@@ -1,0 +1,129 @@
+"""Answer extraction for generative probes: from generated text to a comparable answer.
+
+Each extractor returns the extracted answer as text, or ``None`` when nothing could be
+extracted (which scores as wrong).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from forgetwatch.common import patterns
+
+Extractor = Callable[[str], "str | None"]
+
+# Linear in the text, which the model writes: no two quantifiers may share characters, or a
+# run of spaces is split between them every way (quadratic; "\s*(?:is\s*:?|:)?\s*" was).
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_LETTER_AFTER_ANSWER = re.compile(r"\b(?i:answer)\b\s*(?:(?i:is)(?:\s*:)?\s*|:\s*)?(\()?([A-Za-z])(?![A-Za-z])")
+_SET_OFF = re.compile(r"\s*(?:$|[).,;:!?\n])")
+_PROSE_AFTER = re.compile(r"\s+[a-z]")
+# A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
+_LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
+_LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
+
+
+#: Longest number compared: at most this many characters as written, and this many digits
+#: before or after the point once written out in full ("1e999999999" would be a billion digits,
+#: gigabytes). A reference answer over it is refused at load; a longer number in an output
+#: could never equal one, so it extracts as nothing.
+MAX_NUMBER_DIGITS = 1000
+
+
+def normalize_number(text: str) -> str | None:
+    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if ``text`` is not a number, or is one over
+    :data:`MAX_NUMBER_DIGITS`.
+
+    Example:
+        >>> normalize_number("$1,234.50"), normalize_number("1e3"), normalize_number("1e999999999")
+        ('1234.5', '1000', None)
+    """
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    if len(cleaned) > MAX_NUMBER_DIGITS:
+        return None
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    if value == 0:
+        return "0"  # not "-0", nor "0.000..." for 0e-999999
+    if abs(value.adjusted()) > MAX_NUMBER_DIGITS:
+        return None
+    # written out exactly ("1e3" -> "1000", not "1E+3"), trailing zeros after the point dropped;
+    # not Decimal.normalize(), which rounds to the context's 28 digits
+    plain = format(value, "f")
+    return plain.rstrip("0").rstrip(".") if "." in plain else plain
+
+
+def extract_number(text: str) -> str | None:
+    """The last number in the text, normalised (GSM8K convention: the final number)."""
+    found = _NUMBER.findall(text)
+    return normalize_number(found[-1]) if found else None
+
+
+def extract_letter(text: str) -> str | None:
+    """A choice letter: after "answer is"/"answer:", else at the very start, else as "(X)".
+
+    After "answer", a letter counts when it is in parentheses, set off by punctuation or the
+    end, or a capital followed by more text, unless it reads as a word: "a"/"A"/"I" before a
+    lowercase word ("the answer is a cat", "Answer: I am not sure").
+    """
+    for m in _LETTER_AFTER_ANSWER.finditer(text):
+        paren, letter = m.group(1), m.group(2)
+        if (
+            paren
+            or _SET_OFF.match(text, m.end())
+            or (letter.isupper() and not (letter in "AI" and _PROSE_AFTER.match(text, m.end())))
+        ):
+            return letter.upper()
+    for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
+        m = pattern.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def extract_exact(text: str) -> str | None:
+    return text.strip()
+
+
+def regex_extractor(pattern: str) -> Extractor:
+    """The first group of ``pattern``'s first match, run by RE2 in linear time (see
+    :mod:`forgetwatch.common.patterns`)."""
+
+    def extract(text: str) -> str | None:
+        m = patterns.search(pattern, text)
+        return None if m is None or m.group(1) is None else m.group(1).strip()
+
+    return extract
+
+
+BUILTIN: dict[str, Extractor] = {
+    "number": extract_number,
+    "letter": extract_letter,
+    "exact": extract_exact,
+}
+
+
+def extractor_for(mode: str | None) -> Extractor:
+    """The extractor for a probe's ``extract`` field (``None`` means exact match)."""
+    if mode is None:
+        return extract_exact
+    return BUILTIN.get(mode) or regex_extractor(mode)
+
+
+def reference_for(mode: str | None, answer: str) -> str:
+    """The reference answer in the form the extractor produces."""
+    if mode == "number":
+        return normalize_number(answer) or answer.strip()
+    if mode == "letter":
+        return answer.strip().strip("()").upper()
+    return answer.strip()
+
+
+def is_correct(extracted: str | None, reference: str) -> bool:
+    return extracted is not None and extracted == reference

@@ -1,0 +1,1 @@
+"""Pictures of runs: the HTML page and the plots."""

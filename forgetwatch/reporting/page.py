@@ -1,0 +1,557 @@
+"""``forgetwatch report``: one self-contained HTML page (and a PNG) of one or more runs.
+
+A run is its forgetwatch directory: the base snapshot, ``history.jsonl`` (which carries the
+trajectory) and, when the callback wrote it, ``probes.jsonl`` for the questions. The page
+holds the curves from the base on (forgetting, backward transfer, adjusted forgetting,
+accuracy against the base, with the noise floor where it was measured), the drift of the
+responses where there are behaviour probes, a category × step heatmap, the survival curve,
+and three tables of probes with the gold answer, the base's and the current one and their
+trajectories as sparklines: those forgotten and wrong now, those that flicker (right again
+after being forgotten), and those at risk at the last evaluation; several runs (a sweep) are
+overlaid. Charts are Plotly's, whose script is written into the page: it opens offline.
+
+Example:
+    >>> write_report(["out/forgetwatch"], "report.html")          # doctest: +SKIP
+    PosixPath('report.html')
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forgetwatch.behaviour.drift import SHARES
+from forgetwatch.common.files import atomic_write
+from forgetwatch.common.text import pct
+from forgetwatch.probes import Probe, ProbeKind
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.run_dir import HISTORY, SUBDIR, Run, read_run, run_directory
+from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.tables import shown_answer
+
+__all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported
+
+#: Probes listed in each table of the page.
+TOP = 25
+_CURVES = (
+    ("forgetting", "forgetting"),
+    ("backward_transfer", "backward transfer"),
+    ("forgetting_adjusted", "forgetting (chance-adjusted)"),
+)
+#: Characters of an answer a table cell shows (the whole one is its tooltip).
+_ANSWER_CHARS = 40
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """A run from its forgetwatch directory, or from the trainer's output directory holding one
+    (see :func:`~forgetwatch.results.run_dir.read_run`); the page needs its history.
+
+    Raises ``FileNotFoundError`` naming what is missing.
+    """
+    path = run_directory(path)
+    if not (path / HISTORY).is_file():
+        raise FileNotFoundError(
+            f"{path}: no {HISTORY}; give a run's forgetwatch directory (OUTPUT_DIR/{SUBDIR}) "
+            "or the trainer's output directory"
+        )
+    return read_run(path)
+
+
+# -- what the page reads of a run -----------------------------------------------------------------
+
+
+def _has_behaviour(run: Run) -> bool:
+    """Whether the run has behaviour probes (rows with ``check``); without its probe file,
+    whether its history has drift figures."""
+    if run.probes:
+        return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
+    return any(report.behaviour for _, report in run.history)
+
+
+def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
+    """Steps and ``values`` (one per evaluation) with the base's value ahead at step 0, so a
+    curve starts where training did; none where the first evaluation has no figure."""
+    if run.steps and run.steps[0] <= 0:  # the base step was evaluated itself
+        return run.steps, values
+    return [0, *run.steps], [at_base if not values or values[0] is not None else None, *values]
+
+
+def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
+    """A rate or accuracy from the base on: compared with itself, the base forgets and
+    gains nothing; its accuracy is the base's."""
+    base = run.trajectory.correct[:, 0]
+    at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
+    return _from_base(run, _series(run, key), at_base)
+
+
+def _behaviour_curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
+    """A behaviour figure from the base on: at the base, the responses are the base's."""
+    first = run.history[0][1].behaviour if run.history else {}
+    at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
+    return _from_base(run, [_num(report.behaviour.get(key)) for _, report in run.history], at_base)
+
+
+def _series(run: Run, key: str, category: str | None = None) -> list[float | None]:
+    """One figure of every evaluation (``None`` where it does not apply)."""
+    reports = [r if category is None else r.by_category.get(category) for _, r in run.history]
+    return [None if r is None else _num(getattr(r, key)) for r in reports]
+
+
+def write_report(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    png: str | os.PathLike[str] | None = None,
+    top: int = TOP,
+) -> Path:
+    """Write the HTML page of the runs in ``run_dirs`` (and, with ``png``, their curves as a
+    PNG); atomically. Needs ``plotly`` (``pip install "forgetwatch[report]"``)."""
+    runs = [load_run(d) for d in run_dirs]
+    _unique_names(runs)
+    page = _page(runs, top)
+    with atomic_write(out) as f:
+        f.write(page)
+    if png is not None:
+        _png(runs, png)
+    return Path(out)
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+
+def _page(runs: list[Run], top: int) -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise ImportError(
+            'forgetwatch report draws its charts with plotly: pip install "forgetwatch[report]"'
+        ) from None
+    title = "forgetwatch: " + ", ".join(r.name for r in runs)
+    parts = [
+        f"<h1>{_e(title)}</h1>",
+        _summary(runs),
+        "<h2>Over training</h2>",
+        *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))),
+        _figure(_survival(runs), "survival"),
+    ]
+    if any(_has_behaviour(r) for r in runs):
+        parts.append(_figure(_behaviour(runs), "behaviour"))
+    for k, run in enumerate(runs):
+        parts += [
+            f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
+            _figure(_heatmap(run), f"heatmap-{k}"),
+            _probe_tables(run, top),
+        ]
+    body = "\n".join(parts)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n"
+    )
+
+
+def _summary(runs: list[Run]) -> str:
+    rows = []
+    for run in runs:
+        t, last = run.trajectory, run.history[-1][1] if run.history else TransitionReport()
+        stop = next((r["stop"] for r in run.records if "stop" in r), None)
+        floor = run.noise_floor
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td>{_e(x)}</td>"
+                for x in (
+                    run.name,
+                    len(t.ids),
+                    len(set(t.categories)),
+                    pct(float(t.correct[:, 0].mean())),
+                    pct(last.accuracy_after),
+                    pct(last.forgetting),
+                    pct(last.backward_transfer),
+                    int(t.forgetting_events().sum()),
+                    "-" if floor is None else pct(floor),
+                    f"step {run.steps[-1]}" if run.steps else "-",
+                    stop or "",
+                )
+            )
+            + "</tr>"
+        )
+    head = (
+        "run",
+        "probes",
+        "categories",
+        "base accuracy",
+        "accuracy",
+        "forgetting",
+        "backward transfer",
+        "forgetting events",
+        "noise floor",
+        "last evaluation",
+        "stopped",
+    )
+    return (
+        f'<table class="summary"><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{"".join(rows)}</table>'
+        '<p class="note">Forgetting: right at the base, wrong now (share of all probes). Backward transfer: '
+        "the reverse. A forgetting event: right at one evaluation, wrong at the next.</p>"
+    )
+
+
+def _curves(runs: list[Run]) -> list[dict[str, Any]]:
+    """One run: its rates and accuracies in one chart. Several: rates overlaid, a colour a run,
+    and their accuracies in a second chart."""
+    if len(runs) == 1:
+        run = runs[0]
+        traces = [
+            _line(*_curve(run, key), name, color, dash)
+            for (key, name), color, dash in zip(_CURVES, ("#d62728", "#2ca02c", "#d62728"), ("solid", "solid", "dash"))
+        ]
+        traces += [
+            _line(*_curve(run, "accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
+            _line(*_curve(run, "accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2"),
+        ]
+        traces += _noise(run, "#999")
+        layout = _layout("Forgetting, backward transfer and accuracy by training step", "share of probes")
+        layout["yaxis2"] = {
+            "title": {"text": "accuracy"},
+            "tickformat": ".0%",
+            "overlaying": "y",
+            "side": "right",
+            "range": [0, 1.02],
+            "dtick": 0.2,
+            "showgrid": False,
+        }
+        return [{"data": traces, "layout": layout}]
+    rates, accuracy = [], []
+    for k, run in enumerate(runs):
+        color = _COLORS[k % len(_COLORS)]
+        rates += [
+            _line(*_curve(run, "forgetting"), f"{run.name}: forgetting", color, "solid"),
+            _line(*_curve(run, "backward_transfer"), f"{run.name}: backward transfer", color, "dot"),
+        ]
+        rates += _noise(run, color)
+        accuracy.append(_line(*_curve(run, "accuracy_after"), run.name, color, "solid"))
+    return [
+        {"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},
+        {"data": accuracy, "layout": _layout("Accuracy on the probes by training step", "accuracy")},
+    ]
+
+
+def _noise(run: Run, color: str) -> list[dict[str, Any]]:
+    if run.noise_floor is None:
+        return []
+    steps, _ = _curve(run, "forgetting")
+    return [_line(steps, [run.noise_floor] * len(steps), f"{run.name}: noise floor", color, "dashdot")]
+
+
+def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "xaxis": {"title": {"text": "training step"}},
+        # ".1~%": small rates keep a decimal (".0%" labels 0.2 % and 0.4 % both "0%")
+        "yaxis": {"title": {"text": y_title}, "tickformat": ".1~%", "rangemode": "tozero"},
+        "legend": {"orientation": "h", "y": -0.22},
+        "height": height,
+        "margin": {"t": 50},
+    }
+
+
+def _heatmap(run: Run) -> dict[str, Any]:
+    categories = sorted(set(run.trajectory.categories))
+    z = [_series(run, "forgetting", c) for c in categories]
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "z": z,
+                "x": [str(s) for s in run.steps],
+                "y": categories,
+                "colorscale": "Reds",
+                "zmin": 0,
+                "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
+                "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>",
+            }
+        ],
+        "layout": {
+            "title": {"text": f"Forgetting by category ({run.name})"},
+            "xaxis": {"title": {"text": "training step"}, "type": "category"},
+            "height": 170 + 28 * len(categories),
+            "margin": {"t": 50},
+        },
+    }
+
+
+def _behaviour(runs: list[Run]) -> dict[str, Any]:
+    """How the responses drift: the share with each style feature (the base's dotted) and
+    their length against the base's (right axis). One run: every feature seen; several:
+    refusals and length, a colour a run."""
+    traces = []
+    for k, run in enumerate(runs):
+        if not _has_behaviour(run):
+            continue
+        color = _COLORS[k % len(_COLORS)]
+        prefix = f"{run.name}: " if len(runs) > 1 else ""
+        features = SHARES if len(runs) == 1 else SHARES[:1]
+        for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
+            now, base = _behaviour_curve(run, name), _behaviour_curve(run, f"{name}_base")
+            if name != "refusals" and not any(now[1] + base[1]):
+                continue  # a feature no response ever had
+            traces += [_line(*now, f"{prefix}{name}", c, "solid"), _line(*base, f"{prefix}{name} (base)", c, "dot")]
+        ratio = _line(
+            *_behaviour_curve(run, "length_ratio_words"),
+            f"{prefix}length in words vs the base",
+            "#333" if len(runs) == 1 else color,
+            "dash",
+            "y2",
+        )
+        ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
+        traces.append(ratio)
+    layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
+    layout["yaxis2"] = {
+        "title": {"text": "length / base length"},
+        "overlaying": "y",
+        "side": "right",
+        "rangemode": "tozero",
+        "showgrid": False,
+        "tickformat": ".1f",
+        "ticksuffix": "×",
+    }
+    return {"data": traces, "layout": layout}
+
+
+def _survival(runs: list[Run]) -> dict[str, Any]:
+    traces = [
+        _line(
+            [int(s) for s in run.trajectory.steps],
+            [_num(v) for v in run.trajectory.survival()],
+            run.name,
+            _COLORS[k % len(_COLORS)],
+            "solid",
+            shape="hv",
+        )
+        for k, run in enumerate(runs)
+    ]
+    layout = _layout("Survival: share of the base's right answers not yet forgotten once", "survival", height=380)
+    layout["yaxis"]["range"] = [0, 1.02]
+    return {"data": traces, "layout": layout}
+
+
+def _probe_tables(run: Run, top: int) -> str:
+    t = run.trajectory
+    last_risk = set(run.history[-1][1].at_risk_ids) if run.history else set()
+    risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
+    risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
+    unknown = (
+        ""
+        if run.latest is not None
+        else '<p class="note">The run directory holds no answers of its last '
+        'evaluation (written by an older forgetwatch, or resumed and not evaluated since): "answer now" '
+        "says right or wrong.</p>"
+    )
+    return unknown + "".join(
+        [
+            _table(
+                run,
+                _forgotten_now(t)[:top],
+                "Forgotten most often, and wrong now",
+                "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the "
+                "last evaluation; most events first, then those wrong the longest",
+                "no probe is forgotten now",
+            ),
+            _table(
+                run,
+                _flickering(t)[:top],
+                "Flickering: forgotten, then right again",
+                "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
+                "first. One wrong again at the last evaluation is in both tables",
+                "no probe came back after a forgetting event",
+            ),
+            _table(
+                run,
+                risky,
+                "At risk at the last evaluation: still right, margin slipping",
+                "",
+                "no probe is at risk at the last evaluation",
+            ),
+        ]
+    )
+
+
+def _forgotten_now(t: Trajectory) -> list[int]:
+    """Rows of the probes with a forgetting event that are wrong at the last evaluation: the
+    most events first, then those wrong for the most evaluations."""
+    events = t.forgetting_events()
+    wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
+    rows = np.flatnonzero((events > 0) & ~t.correct[:, -1])
+    return sorted(rows.tolist(), key=lambda i: (-events[i], -wrong_for[i]))
+
+
+def _flickering(t: Trajectory) -> list[int]:
+    """Rows of the probes right again after a forgetting event: the most flips (changes
+    between right and wrong) first, then the most forgetting events."""
+    events, flips = t.forgetting_events(), _flips(t)
+    return sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i]))
+
+
+def _flips(t: Trajectory) -> np.ndarray:
+    return (t.correct[:, 1:] != t.correct[:, :-1]).sum(axis=1)
+
+
+def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
+    if not rows:
+        return f'<h3>{_e(title)}</h3><p class="note">{_e(empty)}.</p>'
+    t = run.trajectory
+    events, flips = t.forgetting_events(), _flips(t)
+    lines = []
+    for i in rows:
+        probe = run.probes.get(t.ids[i])
+        question = probe.question if probe else ""
+        gold, then, now = _answers(run, i, probe)
+        lines.append(
+            f'<tr><td class="id">{_e(t.ids[i])}</td><td>{_e(t.categories[i])}</td>'
+            f'<td class="q" title="{_e(question)}">{_e(_cut(question, 120))}</td>{_cell(gold)}{_cell(then)}'
+            f"{_cell(now, 'r' if t.correct[i, -1] else 'w')}<td>{int(events[i])}</td><td>{int(flips[i])}</td>"
+            f"<td>{_sparkline(t.correct[i], t.steps)}</td><td>{_signal_line(t.signal[i])}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("id", "category", "question", "gold answer", "base's answer", "answer now", "events", "flips")
+    )
+    head += (
+        '<th title="right (■) or wrong (□) at the base and at each evaluation">trajectory</th>'
+        '<th title="the drift signal at each evaluation">margin</th>'
+    )
+    note = f'<p class="note">{_e(note)}.</p>' if note else ""
+    return f'<h3>{_e(title)}</h3>{note}<table class="probes"><tr>{head}</tr>{"".join(lines)}</table>'
+
+
+def _answers(run: Run, i: int, probe: Probe | None) -> tuple[str, str, str]:
+    """Probe ``i``'s gold answer, the base's and the current one, as the W&B flips table shows
+    them (a choice's text, a raw output). Without the last evaluation's answers, "now" says
+    right or wrong."""
+    choices = probe.choices if probe else None
+    gold = probe.answer_text if probe else ""
+    then = shown_answer(run.base, i, choices)
+    if run.latest is not None:
+        now = shown_answer(run.latest, i, choices)
+    else:
+        now = "right" if run.trajectory.correct[i, -1] else "wrong"
+    return gold, then, now
+
+
+def _cell(text: str, kind: str = "") -> str:
+    css = f"a {kind}".strip()
+    return f'<td class="{css}" title="{_e(text)}">{_e(_cut(text, _ANSWER_CHARS))}</td>'
+
+
+def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
+    cells = "".join(
+        f'<rect x="{5 * k}" y="1" width="4" height="10" class="{"r" if c else "w"}">'
+        f"<title>step {int(s)}: {'right' if c else 'wrong'}</title></rect>"
+        for k, (c, s) in enumerate(zip(correct, steps))
+    )
+    return f'<svg class="spark" width="{5 * len(correct)}" height="12">{cells}</svg>'
+
+
+def _signal_line(signal: np.ndarray) -> str:
+    finite = np.isfinite(signal)
+    if finite.sum() < 2:
+        return ""
+    lo, hi = float(signal[finite].min()), float(signal[finite].max())
+    span = hi - lo or 1.0
+    points = " ".join(
+        f"{5 * k + 2},{11 - 10 * (float(v) - lo) / span:.1f}" for k, v in enumerate(signal) if math.isfinite(v)
+    )
+    return (
+        f'<svg class="spark" width="{5 * len(signal)}" height="12"><polyline points="{points}">'
+        f"<title>from {float(signal[finite][0]):.2f} to {float(signal[finite][-1]):.2f} nats</title>"
+        "</polyline></svg>"
+    )
+
+
+# -- the PNG --------------------------------------------------------------------------------------
+
+
+def _png(runs: list[Run], out: str | os.PathLike[str]) -> None:
+    """The demo's PNG: forgetting and backward transfer with their categories; several runs a row each."""
+    from forgetwatch.reporting.plot import plot_history, plot_runs
+
+    if len(runs) == 1:
+        plot_history(runs[0].records, out, title=f"forgetting: {runs[0].name}")
+    else:
+        plot_runs({run.name: run.records for run in runs}, out, title="forgetwatch: forgetting by run")
+
+
+# -- small pieces ---------------------------------------------------------------------------------
+
+
+def _line(
+    x: Sequence[int],
+    y: Sequence[float | None],
+    name: str,
+    color: str | None,
+    dash: str,
+    yaxis: str = "y",
+    shape: str = "linear",
+) -> dict[str, Any]:
+    line: dict[str, Any] = {"dash": dash, "shape": shape}
+    if color:
+        line["color"] = color
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "x": list(x),
+        "y": list(y),
+        "name": name,
+        "line": line,
+        "yaxis": yaxis,
+        "hovertemplate": "step %{x}: %{y:.1%}<extra>" + _e(name) + "</extra>",
+    }
+
+
+def _figure(spec: dict[str, Any], key: str) -> str:
+    div = "fig-" + "".join(c if c.isalnum() else "-" for c in key)
+    # no markup inside the script: "</script>" or "<!--" in a name would end or derail it
+    data = json.dumps(spec, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (
+        f'<div id="{div}" class="fig"></div><script>(function(){{var s={data};'
+        f"Plotly.newPlot({json.dumps(div)},s.data,s.layout,{{responsive:true,displaylogo:false}});}})();</script>"
+    )
+
+
+def _unique_names(runs: list[Run]) -> None:
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+        if seen[run.name] > 1:
+            run.name = f"{run.name} ({seen[run.name]})"
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px}h3{font-size:15px;margin-top:20px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border-bottom:1px solid #ddd;padding:4px 8px;
+text-align:left;vertical-align:middle}th{background:#f5f5f5}.note{color:#666;font-size:13px}
+td.q,td.a{max-width:260px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}td.a{max-width:150px}
+td.a.w{color:#c33}td.id{font-family:monospace}
+.fig{margin:8px 0 16px}svg.spark rect.r{fill:#2b7}svg.spark rect.w{fill:#fff;stroke:#c33;stroke-width:1}
+svg.spark polyline{fill:none;stroke:#555;stroke-width:1.2}
+"""

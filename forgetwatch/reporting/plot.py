@@ -1,0 +1,426 @@
+"""Curves of forgetting and backward transfer over training, from a history of evaluations.
+
+The training callback appends one JSON object per evaluation to ``history.jsonl`` (the
+format and its reader: :mod:`forgetwatch.results.history`)::
+
+    {"step": 40, "time": 12.5, "report": {...TransitionReport.to_dict()...}}
+
+:func:`plot_history` draws it as a PNG (matplotlib, an optional dependency), :func:`plot_runs`
+several runs' in one, and :func:`text_curve` as a few lines of plain text for the console.
+
+Example:
+    >>> from forgetwatch.reporting.plot import load_history, plot_history, text_curve
+    >>> history = load_history("run/forgetwatch/history.jsonl")    # doctest: +SKIP
+    >>> plot_history(history, "run/forgetwatch/curve.png")         # doctest: +SKIP
+    >>> print(text_curve(history))                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.common.files import atomic_write
+from forgetwatch.common.text import pct
+from forgetwatch.results.history import read_history as load_history  # the one reader of history files
+
+__all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]
+
+#: What the plotting functions accept: a history.jsonl path, or its records. A record is a
+#: mapping ``{"step": int, "report": dict | TransitionReport, ...}`` or, as in
+#: ``ForgetWatchCallback.history``, a ``(step, TransitionReport)`` pair.
+History = str | os.PathLike | Sequence[Any]
+
+#: Most entries the PNG legend shows; further categories are drawn grey as "+N more".
+LEGEND_MAX = 12
+
+_DPI = 120
+_OVERALL_COLOR = "black"
+_OTHER_COLOR = "#b5b5b5"
+_INSTALL_HINT = 'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Point:
+    """One evaluation, reduced to the numbers the curves need (NaN where unknown)."""
+
+    step: int
+    report: Mapping[str, Any]
+    categories: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def _points(history: History) -> list[_Point]:
+    """Normalise any accepted history form into points sorted by step."""
+    if isinstance(history, (str, os.PathLike)):
+        source = f"{os.fspath(history)}"
+        records: Sequence[Any] = load_history(history)
+    else:
+        source = "history"
+        records = history
+    by_step: dict[int, _Point] = {}
+    for i, record in enumerate(records):
+        step, report = _unpack(record, f"{source}: record {i}")
+        cats = report.get("by_category") or {}
+        if not isinstance(cats, Mapping):
+            raise ValueError(f"{source}: record {i}: 'by_category' must be a mapping")
+        # a resumed run can evaluate a step twice; the later evaluation is the current truth
+        by_step[step] = _Point(step, report, {str(k): v for k, v in cats.items()})
+    if not by_step:
+        raise ValueError(
+            f"{source} has no evaluations to plot (is it the history.jsonl of a run that reached its first evaluation?)"
+        )
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _unpack(record: Any, where: str) -> tuple[int, Mapping[str, Any]]:
+    if isinstance(record, Mapping):
+        if "step" not in record or "report" not in record:
+            raise ValueError(f"{where}: needs 'step' and 'report' keys")
+        step, report = record["step"], record["report"]
+    elif isinstance(record, (tuple, list)) and len(record) == 2:
+        step, report = record  # ForgetWatchCallback.history holds (step, TransitionReport)
+    else:
+        raise ValueError(f"{where}: expected a mapping or a (step, report) pair")
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
+    if not isinstance(report, Mapping):
+        raise ValueError(f"{where}: 'report' must be a mapping or a TransitionReport")
+    try:
+        step_int = int(step)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: step {step!r} is not an integer") from None
+    return step_int, report
+
+
+def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -> float:
+    """A rate as a float; missing, null or non-numeric values become NaN (a gap in a curve)."""
+    if report is None:
+        return math.nan
+    value = report.get(key)
+    if index is not None:
+        value = value[index] if isinstance(value, (list, tuple)) and len(value) > index else None
+    if value is None or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def text_curve(history: History, width: int = 60) -> str:
+    """The overall forgetting (F) and backward transfer (BT) curves as plain text.
+
+    One line per evaluation, in step order: the step, F and BT in percent, and a bar of
+    ``#`` whose length is proportional to F. The largest F in the history gets the longest
+    bar, which fills each line to ``width`` characters (at least 10 ``#``): the bars show the
+    curve's shape, the percentages its level. Unknown values show as ``-``.
+
+    Example:
+        >>> h = [{"step": s, "report": {"forgetting": f, "backward_transfer": bt}}
+        ...      for s, f, bt in [(0, 0.0, 0.0), (20, 0.012, 0.004), (40, 0.031, 0.008)]]
+        >>> print(text_curve(h, width=48))
+        step  0  F  0.0%  BT  0.0%
+        step 20  F  1.2%  BT  0.4%  ########
+        step 40  F  3.1%  BT  0.8%  ####################
+    """
+    points = _points(history)
+    step_w = max(len(str(p.step)) for p in points)
+    heads = [
+        f"step {p.step:>{step_w}}  F {pct(_num(p.report, 'forgetting'), 4, '-')}"
+        f"  BT {pct(_num(p.report, 'backward_transfer'), 4, '-')}"
+        for p in points
+    ]
+    f_values = [_num(p.report, "forgetting") for p in points]
+    finite = [f for f in f_values if math.isfinite(f)]
+    top = max(finite, default=0.0)
+    bar_max = max(width - max(len(h) for h in heads) - 2, 10)
+    lines = []
+    for head, f in zip(heads, f_values):
+        n = round(bar_max * f / top) if top > 0 and math.isfinite(f) else 0
+        n = max(0, min(n, bar_max))  # negative or NaN rates get no bar
+        lines.append(f"{head}  {'#' * n}" if n else head)
+    return "\n".join(lines)
+
+
+# -- PNG -------------------------------------------------------------------------------------
+
+
+def plot_history(
+    history: History,
+    out_png: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """Draw forgetting and backward transfer against training step; write a PNG atomically.
+
+    Two panels side by side. Each has a thick black line for the overall rate, a dashed one
+    for its chance-adjusted version (when that differs), a grey band for the 95 % interval,
+    and one thin line per category, with markers at the evaluated steps. The curves start at
+    the base (step 0, every rate 0), so one evaluation draws a line. When there are more
+    categories than the legend has room for (:data:`LEGEND_MAX` entries), the ones with the
+    highest peak forgetting keep their colours and the rest are drawn grey as "+N more".
+
+    ``history`` is a ``history.jsonl`` path or its records (see :func:`load_history`); a
+    ``ForgetWatchCallback.history`` list of ``(step, TransitionReport)`` also works. Only
+    matplotlib's object API with the Agg canvas is used, so pyplot's state and the user's
+    backend are left alone. Raises ``ValueError`` for an empty history and ``ImportError``
+    when matplotlib is missing.
+
+    Example:
+        >>> plot_history("run/forgetwatch/history.jsonl", "forgetting.png")  # doctest: +SKIP
+        PosixPath('forgetting.png')
+    """
+    return _save(_figure(history, title), out_png)
+
+
+def plot_runs(
+    runs: Mapping[str, History],
+    out_png: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """Several runs (a sweep) in one PNG: per run, a row with :func:`plot_history`'s two
+    panels, named on the left; a category has one colour in every row, and all panels share
+    one y axis from 0, so the rows compare at a glance.
+
+    Example:
+        >>> plot_runs({"lr 1e-5": "a/forgetwatch/history.jsonl", "lr 1e-4": "b/forgetwatch/history.jsonl"},
+        ...           "sweep.png")  # doctest: +SKIP
+        PosixPath('sweep.png')
+    """
+    return _save(_runs_figure(list(runs.items()), title), out_png)
+
+
+def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    out = Path(out_png)
+    with atomic_write(out, "wb") as f:
+        f.write(buf.getvalue())
+    return out
+
+
+def _figure(history: History, title: str | None) -> Any:
+    """The matplotlib ``Figure`` that :func:`plot_history` saves (Agg canvas, no pyplot)."""
+    return _runs_figure([(None, history)], title)
+
+
+_PANELS = (
+    ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
+    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted", "backward_transfer_ci"),
+)
+
+
+@dataclass
+class _Row:
+    """One run's curves, ready to draw."""
+
+    name: str | None
+    points: list[_Point]  # the base first
+    evaluations: int
+    overall: dict[str, list[float]]
+    bands: dict[str, tuple[list[float], list[float]]]
+    show_adjusted: dict[str, bool]
+    show_band: dict[str, bool]
+
+
+def _row(name: str | None, history: History) -> _Row:
+    evaluated = _points(history)
+    points = _from_base(evaluated)
+    overall = {k: [_num(p.report, k) for p in points] for _, rate, adjusted, _ci in _PANELS for k in (rate, adjusted)}
+    bands = {
+        ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points]) for *_, ci in _PANELS
+    }
+    return _Row(
+        name,
+        points,
+        len(evaluated),
+        overall,
+        bands,
+        {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in _PANELS},
+        {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1]) for *_, ci in _PANELS},
+    )
+
+
+def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) -> Any:
+    """The matplotlib ``Figure`` of :func:`plot_runs`: a row of two panels per run."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator, PercentFormatter
+    except ImportError as e:
+        raise ImportError(_INSTALL_HINT) from e
+
+    rows = [_row(name, history) for name, history in runs]
+    categories = _ranked_categories([p for row in rows for p in row.points])
+    # one category (e.g. the default "all") is the overall curve again: don't draw it twice
+    if len(categories) == 1:
+        categories = []
+    any_adjusted = any(v for row in rows for v in row.show_adjusted.values())
+    any_band = any(v for row in rows for v in row.show_band.values())
+
+    # legend budget: fixed entries first, then categories; overflow becomes "+N more"
+    fixed: list[Any] = [Line2D([], [], color=_OVERALL_COLOR, lw=2.6, marker="o", label="overall")]
+    if any_adjusted:
+        fixed.append(Line2D([], [], color=_OVERALL_COLOR, lw=1.8, ls="--", label="overall, chance-adjusted"))
+    if any_band:
+        fixed.append(Patch(color=_OVERALL_COLOR, alpha=0.12, label="overall, 95% interval"))
+    room = LEGEND_MAX - len(fixed)
+    named = categories if len(categories) <= room else categories[: room - 1]
+    others = categories[len(named) :]
+    color_of = dict(zip(named, _palette(len(named))))
+
+    handles = list(fixed) + [Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
+    if others:
+        handles.append(Line2D([], [], color=_OTHER_COLOR, lw=1.0, label=f"+{len(others)} more categories"))
+
+    ncol = min(len(handles), 4)
+    legend_rows = math.ceil(len(handles) / ncol)
+    height = 4.6 if len(rows) == 1 else 0.6 + 3.4 * len(rows)
+    fig = Figure(figsize=(12.0, height + 0.28 * legend_rows), layout="constrained")
+    FigureCanvasAgg(fig)  # attaches the Agg canvas to fig; no global backend change
+    # one y scale for all panels, so a small BT is not read as large as the F beside it, and
+    # one run's rates not as large as another's
+    grid = fig.subplots(len(rows), 2, sharex=True, sharey=True, squeeze=False)
+
+    for r, (row, axes) in enumerate(zip(rows, grid)):
+        steps = [p.step for p in row.points]
+        for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
+            # draw back to front: grey overflow, coloured categories, then the overall curves
+            for c in others:
+                ax.plot(
+                    steps,
+                    [_num(p.categories.get(c), key) for p in row.points],
+                    color=_OTHER_COLOR,
+                    lw=0.9,
+                    marker="o",
+                    ms=2,
+                    alpha=0.8,
+                    zorder=1,
+                )
+            for c in named:
+                ax.plot(
+                    steps,
+                    [_num(p.categories.get(c), key) for p in row.points],
+                    color=color_of[c],
+                    lw=1.4,
+                    marker="o",
+                    ms=3.5,
+                    alpha=0.9,
+                    zorder=2,
+                )
+            if row.show_band[ci]:
+                low, high = row.bands[ci]
+                ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
+                if len(steps) == 1:  # a band over one step has no width: draw it as a bar
+                    ax.vlines(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=8, zorder=3)
+            if row.show_adjusted[adj]:
+                ax.plot(steps, row.overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
+            ax.plot(steps, row.overall[key], color=_OVERALL_COLOR, lw=2.6, marker="o", ms=5, zorder=5)
+            _label_last(ax, steps, row.overall[key])
+
+            if r == 0:
+                ax.set_title(panel_title)
+            if r == len(rows) - 1:
+                ax.set_xlabel("training step")
+            ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(True, alpha=0.3)
+            ax.margins(x=0.08)  # room for the last-value label
+        axes[0].set_ylabel("share of probes" if row.name is None else f"{row.name}\nshare of probes")
+    # only once every panel holds data: fixing the shared limits earlier would cut off the others
+    _floor_at_zero(grid[0][0])
+
+    n = _num(rows[0].points[-1].report, "n")
+    if len(rows) == 1:
+        subtitle = f"{rows[0].evaluations} evaluation{'s' if rows[0].evaluations != 1 else ''}"
+    else:
+        subtitle = f"{len(rows)} runs"
+    if math.isfinite(n):
+        subtitle += f", {int(n)} probes"
+    fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({subtitle})")
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
+
+    return fig
+
+
+def _from_base(points: list[_Point]) -> list[_Point]:
+    """``points`` with the base ahead of them at step 0, where none was evaluated there: every
+    rate against the base itself is 0 (and its interval [0, 0]). Only the figures the first
+    evaluation has are set, so a curve the history does not draw stays undrawn."""
+    if points[0].step <= 0:
+        return points
+
+    def at_base(report: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for _, rate, adjusted, ci in _PANELS:
+            out.update({k: 0.0 for k in (rate, adjusted) if math.isfinite(_num(report, k))})
+            if math.isfinite(_num(report, ci, 0)):
+                out[ci] = [0.0, 0.0]
+        return out
+
+    first = points[0]
+    return [_Point(0, at_base(first.report), {c: at_base(r) for c, r in first.categories.items()}), *points]
+
+
+def _ranked_categories(points: Sequence[_Point]) -> list[str]:
+    """All categories, those that forgot the most (peak F over the run) first, then by name."""
+    peak: dict[str, float] = {}
+    for p in points:
+        for cat, rep in p.categories.items():
+            f = _num(rep, "forgetting")
+            best = peak.get(cat, -math.inf)
+            peak[cat] = max(best, f) if math.isfinite(f) else best
+    return sorted(peak, key=lambda c: (-peak[c], c))
+
+
+def _differs(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether curve ``a`` has data and is not just ``b`` (e.g. generative probes: no guessing)."""
+    finite = [(x, y) for x, y in zip(a, b) if math.isfinite(x)]
+    return any(not (math.isfinite(y) and math.isclose(x, y, abs_tol=1e-12)) for x, y in finite)
+
+
+def _palette(n: int) -> list[Any]:
+    """``n`` distinct colours, none grey (grey means "one of the +N more")."""
+    from matplotlib import colormaps
+
+    tab20 = colormaps["tab20"]
+    # strong shades first, then their light partners; tab20's 14/15 are the greys
+    order = [i for i in range(0, 20, 2) if i != 14] + [i for i in range(1, 20, 2) if i != 15]
+    return [tab20(order[i % len(order)]) for i in range(n)]
+
+
+def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
+    """Write the latest known overall value beside its point: the number people look for."""
+    for x, y in zip(reversed(steps), reversed(values)):
+        if math.isfinite(y):
+            ax.annotate(
+                pct(y),
+                (x, y),
+                xytext=(6, 4),
+                textcoords="offset points",
+                fontsize="small",
+                fontweight="bold",
+                color=_OVERALL_COLOR,
+                zorder=6,
+            )
+            return
+
+
+def _floor_at_zero(ax: Any) -> None:
+    # rates are shares of probes, never below 0; keep a visible range when all are 0 or NaN
+    _, top = ax.get_ylim()
+    ax.set_ylim(0.0, top if top > 0 and math.isfinite(top) else 0.01)

@@ -1,0 +1,1 @@
+"""What an evaluation gives: answers, transitions, trajectories, their files' formats."""

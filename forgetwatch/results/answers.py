@@ -1,0 +1,491 @@
+"""Answers: one model's per-sample results on a probe set, saved as JSON or npz (never pickle)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import zipfile
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forgetwatch.common.files import atomic_write, json_safe, strict_dump, strict_dumps
+from forgetwatch.common.text import first_line, shorten
+
+FORMAT = "forgetwatch.answers"
+#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets
+#: (version 1 stored fixed-width unicode arrays, 4 bytes per character of the longest text).
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+#: The npz columns of text, each stored as ``<name>_utf8`` (bytes) and ``<name>_offsets``.
+TEXT_COLUMNS = ("ids", "categories", "pred_text", "outputs")
+ANOTHER_PROBE_SET = "another probe set"
+_REDO = "evaluate the model again to re-create it"
+
+
+class AnswersMismatchError(ValueError):
+    """Two answer sets (or answers and probes) do not describe the same probes and scoring."""
+
+
+class AnswersFileError(ValueError):
+    """An answers file that cannot be used: damaged, edited since it was written, or not
+    written by forgetwatch.
+
+    Attributes:
+        reason: what is wrong, without the path or the advice.
+        path: the file, when known.
+    """
+
+    def __init__(self, reason: str, path: str | os.PathLike[str] | None = None, advice: str = _REDO):
+        self.reason, self.path = reason, path
+        super().__init__(f"{path}: {reason}; {advice}" if path is not None else f"{reason}; {advice}")
+
+
+@dataclass
+class Answers:
+    """Per-sample results of one model on one probe set, aligned to the probe set's order.
+
+    Attributes:
+        ids: probe ids, in probe-set order.
+        correct: bool per sample.
+        predicted: chosen choice index (multiple choice), extracted text (generative;
+            ``None`` when extraction failed), or the raw response (behaviour probes, so a
+            failed check can be read).
+        choice_logprobs: per sample, the summed log-probability of each choice
+            (empty for generative probes).
+        gold_logprob: log-probability of the correct choice; for a generative probe, of its reference
+            answer after the prompt, teacher-forced (NaN where it was not scored).
+        n_choices: number of choices per sample (0 for generative probes).
+        categories: category per sample.
+        outputs: raw generated text for generative and behaviour probes (``None`` for multiple choice).
+        probe_fingerprint: fingerprint of the probe set's content.
+        scoring: the scoring options the answers were computed with.
+        model: a name for the model (path or hub id), informational.
+        meta: free-form extra information (version, time, step, ...).
+
+    Example:
+        >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
+        ...     choice_logprobs=[-0.1, -2.0], n_choices=2)])
+        >>> a.accuracy
+        1.0
+    """
+
+    ids: list[str]
+    correct: np.ndarray
+    predicted: list[int | str | None]
+    choice_logprobs: list[np.ndarray]
+    gold_logprob: np.ndarray
+    n_choices: np.ndarray
+    categories: list[str]
+    outputs: list[str | None]
+    probe_fingerprint: str
+    scoring: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.correct = np.asarray(self.correct, dtype=bool)
+        self.gold_logprob = np.asarray(self.gold_logprob, dtype=np.float64)
+        self.n_choices = np.asarray(self.n_choices, dtype=np.int64)
+        self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
+        n = len(self.ids)
+        lengths = {
+            "correct": len(self.correct),
+            "predicted": len(self.predicted),
+            "choice_logprobs": len(self.choice_logprobs),
+            "gold_logprob": len(self.gold_logprob),
+            "n_choices": len(self.n_choices),
+            "categories": len(self.categories),
+            "outputs": len(self.outputs),
+        }
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
+
+    @classmethod
+    def from_samples(
+        cls,
+        probe_fingerprint: str,
+        scoring: dict[str, Any],
+        samples: Sequence[dict[str, Any]],
+        model: str = "",
+        meta: dict[str, Any] | None = None,
+    ) -> Answers:
+        """Build from one dict per sample (keys as the attribute names, singular)."""
+        return cls(
+            ids=[s["id"] for s in samples],
+            correct=np.array([bool(s["correct"]) for s in samples], dtype=bool),
+            predicted=[s.get("predicted") for s in samples],
+            choice_logprobs=[np.array([_float(x) for x in s.get("choice_logprobs", ())], dtype=float) for s in samples],
+            gold_logprob=np.array([_float(s.get("gold_logprob")) for s in samples]),
+            n_choices=np.array([int(s.get("n_choices", 0)) for s in samples], dtype=np.int64),
+            categories=[s.get("category", "all") for s in samples],
+            outputs=[s.get("output") for s in samples],
+            probe_fingerprint=probe_fingerprint,
+            scoring=dict(scoring),
+            model=model,
+            meta=dict(meta or {}),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def accuracy(self) -> float:
+        """Share of correct samples (NaN when there are none)."""
+        return float(self.correct.mean()) if len(self) else math.nan
+
+    def samples(self) -> list[dict[str, Any]]:
+        """One plain dict per sample (the inverse of :meth:`from_samples`)."""
+        return [
+            {
+                "id": self.ids[i],
+                "category": self.categories[i],
+                "correct": bool(self.correct[i]),
+                "predicted": _plain(self.predicted[i]),
+                # a log-probability can be -inf (a model that masks part of its vocabulary):
+                # kept as "-inf", which float() reads back, not made null (null is "none")
+                "choice_logprobs": json_safe(self.choice_logprobs[i].tolist(), infinity_as_text=True),
+                "gold_logprob": json_safe(float(self.gold_logprob[i]), infinity_as_text=True),
+                "n_choices": int(self.n_choices[i]),
+                "output": self.outputs[i],
+            }
+            for i in range(len(self))
+        ]
+
+    def mismatch(
+        self,
+        *,
+        fingerprint: str,
+        scoring: Mapping[str, Any] | None = None,
+        ids: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """Why these answers cannot serve as the base for the given probes, scoring and model
+        (a short reason), or ``None`` when they can.
+
+        Args:
+            fingerprint: the probe set's fingerprint (``ProbeSet.fingerprint()``).
+            scoring: the scoring options to match (speed-only ones, batch size and device, aside);
+                ``None``: not compared.
+            ids: the probe ids, in order; ``None``: not compared.
+            meta: entries of :attr:`meta` that must match, e.g. ``{"model_key": ...}``.
+
+        Example:
+            >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True)])
+            >>> a.mismatch(fingerprint="fp", ids=["q1", "q2"])
+            "other probe ids (1 missing, e.g. 'q2')"
+        """
+        if self.probe_fingerprint != fingerprint:
+            return ANOTHER_PROBE_SET
+        if ids is not None:
+            problem = _ids_differ(self.ids, ids)
+            if problem:
+                return f"other probe ids ({problem})"
+        if scoring is not None and not self.scored_like(scoring):
+            return f"other scoring options ({self.scoring} vs {dict(scoring)})"
+        for key, value in (meta or {}).items():
+            if self.meta.get(key) != value:
+                return "another model" if key == "model_key" else "other weights"
+        return None
+
+    def check_compatible(self, other: Answers, what: str = "answers") -> None:
+        """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way.
+
+        Example:
+            >>> base.check_compatible(current)  # doctest: +SKIP
+        """
+        problem = other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids)
+        if problem:
+            raise AnswersMismatchError(
+                f"these {what} were computed for {problem}; evaluate both models "
+                "on the same probe file with the same options"
+            )
+
+    def scored_like(self, scoring: Mapping[str, Any]) -> bool:
+        """Whether these answers were scored with options that give the same answers."""
+        return _comparable_scoring(self.scoring) == _comparable_scoring(scoring)
+
+    def check_probes(self, probes: Any) -> None:
+        """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a
+        ProbeSet): the same fingerprint and the same ids in the same order.
+
+        Example:
+            >>> base.check_probes(ProbeSet.from_jsonl("probes.jsonl"))  # doctest: +SKIP
+        """
+        problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
+        if problem:
+            detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
+            raise AnswersMismatchError(
+                f"these answers were computed on a different probe set than "
+                f"{probes.source}{detail}; evaluate the model again on these probes"
+            )
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def _content(self) -> dict[str, Any]:
+        """What the checksum covers: everything but format, version and the checksum itself."""
+        return {
+            "probe_fingerprint": self.probe_fingerprint,
+            "scoring": json_safe(self.scoring),
+            "model": self.model,
+            "meta": json_safe(self.meta),
+            "samples": self.samples(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-able values: the content of a ``.json`` answers file.
+
+        Example:
+            >>> Answers.from_samples("fp", {}, []).to_dict()["format"]
+            'forgetwatch.answers'
+        """
+        content = self._content()
+        return {"format": FORMAT, "version": VERSION, "checksum": _checksum(content), **content}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Answers:
+        """The inverse of :meth:`to_dict`; raises :class:`AnswersFileError` when the content
+        does not match its checksum (edited or damaged since it was written).
+
+        Example:
+            >>> again = Answers.from_dict(answers.to_dict())  # doctest: +SKIP
+        """
+        _check_header(doc)
+        answers = cls.from_samples(
+            doc["probe_fingerprint"],
+            doc.get("scoring", {}),
+            doc["samples"],
+            model=doc.get("model", ""),
+            meta=doc.get("meta", {}),
+        )
+        return answers._checked(doc)
+
+    def _checked(self, header: dict[str, Any]) -> Answers:
+        # files written before version 2 have no checksum; from version 2 on, one is required
+        if header["version"] >= 2 and header.get("checksum") != _checksum(self._content()):
+            raise AnswersFileError(
+                "edited or damaged since it was written (its content does not match the checksum in its header)"
+            )
+        return self
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically as JSON (``.json``) or numpy archive (``.npz``, no pickle).
+
+        Example:
+            >>> answers.save("base_answers.json")  # doctest: +SKIP
+        """
+        path = Path(path)
+        if path.suffix == ".npz":
+            arrays = self._to_arrays()
+            with atomic_write(path, "wb") as f:
+                np.savez_compressed(f, **arrays)
+        elif path.suffix == ".json":
+            with atomic_write(path) as f:
+                strict_dump(self.to_dict(), f)
+        else:
+            raise ValueError(f"{path}: answers are saved as .json or .npz; choose one of those endings")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], probes: Any = None) -> Answers:
+        """Read answers saved by :meth:`save`; if ``probes`` is given, check they belong to it
+        (fingerprint and ids, see :meth:`check_probes`).
+
+        Raises :class:`AnswersFileError` (a ``ValueError``) for a damaged or edited file, or one
+        not written by forgetwatch, and :class:`AnswersMismatchError` for other probes.
+
+        Example:
+            >>> base = Answers.load("base_answers.json")  # doctest: +SKIP
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such answers file")
+        try:
+            if path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as z:
+                    answers = cls._from_arrays({k: z[k] for k in z.files})
+            else:
+                with open(path, encoding="utf-8") as f:
+                    answers = cls.from_dict(json.load(f))
+        except AnswersFileError as e:
+            raise AnswersFileError(e.reason, path) from None
+        # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
+        except (
+            KeyError,
+            ValueError,
+            TypeError,
+            OSError,
+            EOFError,
+            zipfile.BadZipFile,
+            zlib.error,
+            NotImplementedError,
+        ) as e:
+            # not chained: the reason says what matters, and numpy's text may advise loading pickles
+            raise AnswersFileError(_unreadable(e), path) from None
+        if probes is not None:
+            answers.check_probes(probes)
+        return answers
+
+    def _to_arrays(self) -> dict[str, np.ndarray]:
+        doc = self.to_dict()
+        header = {k: v for k, v in doc.items() if k != "samples"}
+        pred_index = np.array(
+            [int(p) if isinstance(p, numbers.Integral) else -1 for p in self.predicted], dtype=np.int64
+        )
+        flat = (np.concatenate(self.choice_logprobs) if self.choice_logprobs else np.zeros(0)).astype(np.float64)
+        texts = {
+            "ids": self.ids,
+            "categories": self.categories,
+            "pred_text": [p if isinstance(p, str) else "" for p in self.predicted],
+            "outputs": [o or "" for o in self.outputs],
+        }
+        arrays = {
+            "header": np.array(strict_dumps(header)),
+            "correct": self.correct,
+            "n_choices": self.n_choices,
+            "gold_logprob": self.gold_logprob,
+            "choice_logprobs": flat,
+            "choice_counts": np.array([len(x) for x in self.choice_logprobs], dtype=np.int64),
+            "pred_index": pred_index,
+            "pred_none": np.array([p is None for p in self.predicted], dtype=bool),
+            "outputs_none": np.array([o is None for o in self.outputs], dtype=bool),
+        }
+        for name, column in texts.items():
+            arrays[f"{name}_utf8"], arrays[f"{name}_offsets"] = _pack_text(column)
+        return arrays
+
+    @classmethod
+    def _from_arrays(cls, z: dict[str, np.ndarray]) -> Answers:
+        header = json.loads(str(z["header"]))
+        _check_header(header)
+        if header["version"] == 1:  # fixed-width unicode arrays
+            text = {name: [str(x) for x in z[name]] for name in TEXT_COLUMNS}
+        else:
+            text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
+        counts = z["choice_counts"].astype(int)
+        splits = np.cumsum(counts)[:-1] if len(counts) else []
+        predicted: list[int | str | None] = []
+        for idx, pred, none in zip(z["pred_index"], text["pred_text"], z["pred_none"]):
+            predicted.append(None if none else int(idx) if idx >= 0 else pred)
+        answers = cls(
+            ids=text["ids"],
+            correct=z["correct"],
+            predicted=predicted,
+            choice_logprobs=list(np.split(z["choice_logprobs"], splits)) if len(counts) else [],
+            gold_logprob=z["gold_logprob"],
+            n_choices=z["n_choices"],
+            categories=text["categories"],
+            outputs=[None if none else o for o, none in zip(text["outputs"], z["outputs_none"])],
+            probe_fingerprint=header["probe_fingerprint"],
+            scoring=header.get("scoring", {}),
+            model=header.get("model", ""),
+            meta=header.get("meta", {}),
+        )
+        return answers._checked(header)
+
+
+def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
+    """The text of the choice a multiple-choice prediction names; ``None`` when it names none
+    (no choices known, or not an index into them).
+
+    Example:
+        >>> chosen_text(1, ["Paris", "Rome"]), chosen_text(None, ["Paris", "Rome"])
+        ('Rome', None)
+    """
+    if choices is None or isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
+        return None
+    return choices[int(predicted)] if 0 <= predicted < len(choices) else None
+
+
+def _check_header(doc: dict[str, Any]) -> None:
+    if not isinstance(doc, dict):
+        raise AnswersFileError(f"not a forgetwatch answers file (a JSON {type(doc).__name__}, not an object)")
+    if doc.get("format") != FORMAT:
+        raise AnswersFileError(
+            f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, expected {FORMAT!r})"
+        )
+    if doc.get("version") not in READABLE_VERSIONS:
+        raise AnswersFileError(
+            f"file version {shorten(doc.get('version'))} is not one this forgetwatch "
+            f"reads ({', '.join(map(str, READABLE_VERSIONS))})"
+        )
+
+
+def _unreadable(err: BaseException) -> str:
+    """What a failure while reading says about the file, for the user (never numpy's advice
+    to load pickled data: a forgetwatch file holds none, and loading it could run code)."""
+    if "pickle" in str(err).lower():
+        return (
+            "damaged or not written by forgetwatch: it holds pickled (object) data, and "
+            "forgetwatch never loads pickled data"
+        )
+    if isinstance(err, KeyError):
+        return f"damaged or not a forgetwatch answers file (no {err} in it)"
+    return f"damaged or not a forgetwatch answers file ({first_line(err)})"
+
+
+def _checksum(content: dict[str, Any]) -> str:
+    return hashlib.sha256(strict_dumps(content, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def _pack_text(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """One UTF-8 byte buffer and ``len(texts) + 1`` offsets: each text costs its own length."""
+    encoded = [t.encode("utf-8") for t in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+def _unpack_text(data: np.ndarray, offsets: np.ndarray, name: str) -> list[str]:
+    bounds = offsets.tolist()
+    if (
+        data.dtype != np.uint8
+        or not bounds
+        or bounds[0] != 0
+        or bounds[-1] != len(data)
+        or any(a > b for a, b in zip(bounds, bounds[1:]))
+    ):
+        raise AnswersFileError(f"damaged: its {name!r} text column does not add up")
+    raw = data.tobytes()
+    return [raw[a:b].decode("utf-8") for a, b in zip(bounds, bounds[1:])]
+
+
+def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
+    """How the ids ``have`` differ from the ``want``-ed ones, or ``None`` when they are the same."""
+    if list(have) == list(want):
+        return None
+    have_set, want_set = set(have), set(want)
+    missing = [i for i in want if i not in have_set]
+    extra = [i for i in have if i not in want_set]
+    parts = [f"{len(missing)} missing, e.g. {shorten(missing[0])}"] if missing else []
+    if extra:
+        parts.append(f"{len(extra)} extra, e.g. {shorten(extra[0])}")
+    if not parts:
+        parts.append(
+            "the same ids in another order"
+            if len(have) == len(want)
+            else f"{len(have)} ids for {len(want)} probes, some repeated"
+        )
+    return "; ".join(parts)
+
+
+def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
+    # batch size and device change speed, not answers
+    return {k: v for k, v in scoring.items() if k not in ("batch_size", "device")}
+
+
+def _float(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _plain(x: Any) -> Any:
+    """A numpy scalar as the Python value JSON writes (a predicted index may be numpy's int)."""
+    return x.item() if isinstance(x, np.generic) else x

@@ -1,0 +1,464 @@
+"""The history file of a monitored run: its record format and its one reader.
+
+``history.jsonl`` holds one JSON object per evaluation, one per line, each line written whole
+and ended by a newline::
+
+    {"step": 40, "time": 1718000000.123, "seconds": 1.25, "trigger": "schedule",
+     "report": {...TransitionReport.to_dict(), ids once at the top level...}, "stop": "...",
+     "columns": {"probes": "<fingerprint>", "correct": "<base64>", "signal": "<base64>"}}
+
+``stop`` is there only when forgetwatch stopped training at that evaluation; ``columns`` is the
+evaluation's trajectory column (:func:`encode_column`). Steps increase from line to line.
+
+Every reader of a run's files reads records through :func:`scan_history` (the report and
+:func:`~forgetwatch.load_trajectory` by :func:`forgetwatch.results.run_dir.read_run`, the plots, the
+store and a resume), so a damaged line is the same :class:`HistoryError`, naming the file,
+line and field, wherever it is read.
+
+Example:
+    >>> from forgetwatch.results.history import read_history, report_from_record
+    >>> records = read_history("run/forgetwatch/history.jsonl")               # doctest: +SKIP
+    >>> report = report_from_record(records[-1], {p.id: p.category for p in probes})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import logging
+import math
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forgetwatch.common import strict_json
+from forgetwatch.common.text import describe
+from forgetwatch.results.report import TransitionReport
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "HistoryError",
+    "HistoryScan",
+    "decode_column",
+    "encode_column",
+    "history_record",
+    "read_history",
+    "recover_history",
+    "report_from_record",
+    "scan_history",
+]
+
+#: The id lists of a report: kept once, at the top level of a record.
+_ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
+#: A report's counts: whole numbers, the last four adding up to ``n``.
+_COUNTS = ("n", "forgotten", "gained", "kept", "never")
+#: Most bytes a column may inflate to when the probe count is not known (32 million probes):
+#: a few bytes of zlib must not become gigabytes.
+_MAX_COLUMN_BYTES = 1 << 26
+_FIX = "fix or delete that line (each line is one evaluation)"
+
+
+class HistoryError(ValueError):
+    """A line of a history file that is not an evaluation record.
+
+    The message names the file, the line and the field (``history.jsonl, line 4, field
+    'columns.correct': not base64 text; ...``) when they are known.
+
+    Attributes:
+        reason: what is wrong, without where.
+        field: the field (``"report.n"``, ``"columns.signal"``), or ``None`` for the line as a whole.
+        path, line: the file and its line number, or ``None``.
+    """
+
+    def __init__(
+        self, reason: str, field: str | None = None, path: str | os.PathLike[str] | None = None, line: int | None = None
+    ):
+        self.reason, self.field, self.path, self.line = reason, field, path, line
+        where = f"field {field!r}: " if field else ""
+        if path is not None:
+            where = f"{path}, line {line}" + (f", field {field!r}" if field else "") + ": "
+        super().__init__(f"{where}{reason}" + (f"; {_FIX}" if path is not None else ""))
+
+    def at(self, path: str | os.PathLike[str], line: int) -> HistoryError:
+        """The same problem, placed at ``line`` of ``path``."""
+        return HistoryError(self.reason, self.field, path, line)
+
+
+def history_record(
+    step: int,
+    report: TransitionReport,
+    *,
+    time: float,
+    seconds: float,
+    trigger: str,
+    stop: str | None = None,
+    columns: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One evaluation as ``history.jsonl`` stores it.
+
+    The forgotten and gained ids are kept once, at the top level of the report: repeating
+    them per category would double the file. :func:`report_from_record` gives each category
+    its ids back.
+
+    Args:
+        step: the trainer's global step.
+        report: the evaluation's :class:`~forgetwatch.results.report.TransitionReport`.
+        time: when it was made (seconds since the epoch, ``time.time()``).
+        seconds: how long the evaluation took.
+        trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``).
+        stop: why forgetwatch stopped training here, if it did.
+        columns: the evaluation's trajectory column (:meth:`~forgetwatch.results.trajectory.Trajectory.column`).
+
+    Example:
+        >>> r = history_record(10, TransitionReport(n=1, kept=1), time=0.0, seconds=0.5, trigger="schedule")
+        >>> r["step"], r["report"]["kept"]
+        (10, 1)
+    """
+    data = report.to_dict()
+    for child in data["by_category"].values():
+        for name in _ID_LISTS:
+            child.pop(name, None)
+        child.pop("by_category", None)
+    record: dict[str, Any] = {
+        "step": step,
+        "time": round(time, 3),
+        "seconds": round(seconds, 4),
+        "trigger": trigger,
+        "report": data,
+    }
+    if stop is not None:
+        record["stop"] = stop
+    if columns is not None:
+        record["columns"] = columns
+    return record
+
+
+def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]) -> TransitionReport:
+    """The :class:`~forgetwatch.results.report.TransitionReport` of a history record, each category's
+    forgotten and gained ids rebuilt from ``category_of`` (probe id → category).
+
+    Example:
+        >>> r = history_record(10, TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"],
+        ...     by_category={"math": TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"])}),
+        ...     time=0.0, seconds=0.5, trigger="schedule")
+        >>> report_from_record(r, {"q1": "math"}).by_category["math"].forgotten_ids
+        ['q1']
+    """
+    report = TransitionReport.from_dict(record["report"])
+    children = {
+        cat: dataclasses.replace(
+            child, **{name: [i for i in getattr(report, name) if category_of.get(i) == cat] for name in _ID_LISTS}
+        )
+        for cat, child in report.by_category.items()
+    }
+    return dataclasses.replace(report, by_category=children)
+
+
+# -- trajectory columns --------------------------------------------------------------------------
+
+
+def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> dict[str, str]:
+    """One evaluation's trajectory column as a record stores it: correctness bit-packed, the
+    signal as float16, each zlib-compressed and base64-encoded.
+
+    Example:
+        >>> column = encode_column("fp", np.array([True, False]), np.array([0.5, np.nan]))
+        >>> decode_column(column, 2)[0].tolist()
+        [True, False]
+    """
+    return {
+        "probes": fingerprint,
+        "correct": _pack(np.packbits(np.asarray(correct, dtype=bool)).tobytes()),
+        "signal": _pack(np.asarray(signal).astype("<f2").tobytes()),
+    }
+
+
+def decode_column(
+    column: Any, probes: int | None = None, fingerprint: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A record's column back as ``(correct, signal)`` arrays (bool, float32), checked: the
+    column of exactly ``probes`` probes (when given) of the probe set ``fingerprint`` (when
+    given). Raises :class:`HistoryError` naming the field (``columns.correct``, ...).
+
+    Example:
+        >>> decode_column({"probes": "fp", "correct": "bad", "signal": ""}, 2)
+        Traceback (most recent call last):
+            ...
+        forgetwatch.results.history.HistoryError: field 'columns.correct': not base64 text
+    """
+    if not isinstance(column, Mapping):
+        raise HistoryError(f"must be a JSON object, got {describe(column)}", "columns")
+    for key in ("probes", "correct", "signal"):
+        if not isinstance(column.get(key), str):
+            raise HistoryError(
+                f"must be text, got {describe(column.get(key))}" if key in column else "missing", f"columns.{key}"
+            )
+    if fingerprint is not None and column["probes"] != fingerprint:
+        raise HistoryError(
+            f"written for another probe set (fingerprint {column['probes']!r}, these probes "
+            f"{fingerprint!r}); use the probes of that run, or start a new output directory",
+            "columns.probes",
+        )
+    packed = _inflate(
+        column["correct"], "columns.correct", _MAX_COLUMN_BYTES if probes is None else -(-probes // 8), probes
+    )
+    signal = _inflate(column["signal"], "columns.signal", _MAX_COLUMN_BYTES if probes is None else 2 * probes, probes)
+    if len(signal) % 2:
+        raise HistoryError(f"holds {len(signal)} bytes; float16 values take 2 each", "columns.signal")
+    n = len(signal) // 2
+    if probes is not None and n != probes:
+        raise HistoryError(f"holds {n} probes, the run has {probes}", "columns.signal")
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8))
+    if len(packed) != -(-n // 8) or bits[n:].any():
+        raise HistoryError(
+            f"holds {len(bits)} bits, not the {n} probes of its signal (padded to a whole byte with zeros)",
+            "columns.correct",
+        )
+    return bits[:n].astype(bool), np.frombuffer(signal, dtype="<f2").astype(np.float32)
+
+
+def _pack(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
+    """base64, then zlib, with at most ``limit`` bytes out (what ``probes`` probes take)."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise HistoryError("not base64 text", field) from None
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as err:
+        raise HistoryError(f"not zlib-compressed data ({err})", field) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise HistoryError(
+            f"holds more than the {probes} probes of this run"
+            if probes is not None
+            else f"inflates to more than {limit} bytes",
+            field,
+        )
+    if not inflater.eof or inflater.unused_data:
+        raise HistoryError("zlib data cut short or followed by other bytes", field)
+    return out
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class HistoryScan:
+    """One history file as far as it could be read: ``records``, the valid ones before the
+    first line that is not a record; ``problem``, that line's error (``None``: all were read);
+    ``cut``, whether its last line was cut short (and dropped)."""
+
+    path: Path
+    records: list[dict[str, Any]]
+    problem: HistoryError | None = None
+    cut: bool = False
+
+
+def scan_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> HistoryScan:
+    """Read a ``history.jsonl`` up to its first line that is not a record (see
+    :func:`read_history` for what makes one). A last line without its final newline was
+    cut short (a crash in the middle of a write): it is dropped with a warning.
+
+    Example:
+        >>> scan = scan_history("run/forgetwatch/history.jsonl")   # doctest: +SKIP
+        >>> len(scan.records), scan.problem                       # doctest: +SKIP
+        (3, None)
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
+    if cut:
+        logger.warning(
+            "%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)", path, len(lines)
+        )
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = _record(line, probes, fingerprint)
+            if records and record["step"] <= records[-1]["step"]:
+                # never written so: a resume cuts the history at its checkpoint and rewrites it
+                raise HistoryError(
+                    f"{record['step']} after step {records[-1]['step']}: steps must increase "
+                    "(lines repeated, or two runs writing one history?)",
+                    "step",
+                )
+        except HistoryError as err:
+            return HistoryScan(path, records, err.at(path, number), cut)
+        records.append(record)
+    return HistoryScan(path, records, cut=cut)
+
+
+def read_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> list[dict[str, Any]]:
+    """The records of a ``history.jsonl``, in file order; blank lines are skipped.
+
+    A last line without its final newline was cut short (a crash in the middle of a write):
+    it is dropped with a warning. Any other line that is not a record raises
+    :class:`HistoryError` naming the file, line and field: not JSON, not an object, no
+    ``step`` (an integer ≥ 0, greater than the line before's), no ``report`` (an object with
+    the counts of a :class:`~forgetwatch.results.report.TransitionReport`, figures as numbers or
+    ``null``), or a ``columns`` that does not decode (to ``probes`` probes of the probe set
+    ``fingerprint``, when given).
+
+    Example:
+        >>> records = read_history("run/forgetwatch/history.jsonl")   # doctest: +SKIP
+        >>> records[-1]["step"], records[-1]["report"]["forgetting"]  # doctest: +SKIP
+        (40, 0.031)
+    """
+    scan = scan_history(path, probes=probes, fingerprint=fingerprint)
+    if scan.problem is not None:
+        raise scan.problem
+    return scan.records
+
+
+@dataclass
+class Recovered:
+    """What a resume keeps of a run's history: ``records`` (from ``source``, ``None`` when no
+    copy exists) and every copy as read (``scans``)."""
+
+    records: list[dict[str, Any]]
+    source: Path | None
+    scans: list[HistoryScan]
+
+
+def recover_history(
+    paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
+) -> Recovered:
+    """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the
+    checkpoint's first): the first whole copy, cut at ``step``; when every copy has an
+    unreadable line, the longest valid stretch up to ``step``, from any copy that agrees with
+    the first one's valid records (another run's history, left in the run directory, never
+    stands in for this run's). Every unreadable line is named in a warning; no copy at all is
+    a loud warning too.
+
+    Example:
+        >>> recover_history(["ckpt/forgetwatch/history.jsonl", "run/forgetwatch/history.jsonl"], 20).records  # doctest: +SKIP
+    """
+    scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
+    if not scans:
+        logger.warning(
+            "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
+            "step %d are lost (the trajectory, the patience count and the report start again here; the "
+            "base snapshot is intact, so the figures stay right)",
+            step,
+            " or ".join(str(p) for p in paths),
+            step,
+        )
+        return Recovered([], None, [])
+    kept = [[r for r in s.records if r["step"] <= step] for s in scans]
+    # copies of this run agree with the first where both hold records: the same steps, made at the same times
+    ours = [
+        i
+        for i in range(len(scans))
+        if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
+    ]
+    whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
+    best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
+    for scan in scans:
+        if scan.problem is not None:
+            logger.warning(
+                "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
+                scan.problem,
+                len(kept[best]),
+                step,
+                scans[best].path,
+            )
+    return Recovered(kept[best], scans[best].path, scans)
+
+
+def _record(line: bytes, probes: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
+    """The record on one line, or :class:`HistoryError` saying what is wrong with it."""
+    try:
+        record = strict_json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HistoryError("not UTF-8 text") from None
+    except strict_json.StrictJSONError as err:  # NaN, a 5,000-digit integer, ...: not what forgetwatch writes
+        raise HistoryError(err.why, err.where or None) from None
+    except ValueError as err:  # JSONDecodeError
+        raise HistoryError(f"not valid JSON ({getattr(err, 'msg', err)})") from None
+    if not isinstance(record, dict):
+        raise HistoryError(f"expected a JSON object, got {describe(record)}")
+    for key in ("step", "report"):
+        if key not in record:
+            raise HistoryError(f"record has no {key!r}")
+    step, report = record["step"], record["report"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise HistoryError(f"'step' must be an integer, got {describe(step)}")
+    if step < 0:
+        raise HistoryError(f"must be 0 or more, got {step}", "step")
+    if not isinstance(report, dict):
+        raise HistoryError(f"'report' must be a JSON object, got {describe(report)}")
+    categories = report.get("by_category", {})
+    if not isinstance(categories, dict) or not all(isinstance(c, dict) for c in categories.values()):
+        raise HistoryError(f"'report.by_category' must map categories to JSON objects, got {describe(categories)}")
+    _check_report(report, "report")
+    for cat, child in categories.items():
+        _check_report(child, f"report.by_category.{cat}")
+    for key in ("stop", "trigger"):
+        if key in record and not isinstance(record[key], str):
+            raise HistoryError(f"must be text, got {describe(record[key])}", key)
+    if "columns" in record:
+        decode_column(record["columns"], probes, fingerprint)
+    return record
+
+
+_FIELDS = TransitionReport.__dataclass_fields__
+
+
+def _check_report(report: Mapping[str, Any], where: str) -> None:
+    """The counts and figures of a report (a TransitionReport's dict) are what they must be:
+    an evaluation without them would read as one of no probes and break every figure after it."""
+    for name in _COUNTS:
+        value = report.get(name)
+        if name not in report:
+            raise HistoryError(
+                "missing (a report holds the counts n, forgotten, gained, kept and never)", f"{where}.{name}"
+            )
+        if not _is_int(value) or value < 0:
+            raise HistoryError(f"must be a whole number 0 or more, got {describe(value)}", f"{where}.{name}")
+    if sum(report[name] for name in _COUNTS[1:]) != report["n"]:
+        raise HistoryError(
+            f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, not n = {report['n']}",
+            f"{where}.n",
+        )
+    for name, value in report.items():
+        if name not in _FIELDS or name in _COUNTS or name == "by_category" or value is None:
+            continue
+        field = f"{where}.{name}"
+        if name.endswith("_ids"):
+            if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
+                raise HistoryError(f"must be a list of probe ids, got {describe(value)}", field)
+        elif name.endswith("_ci"):
+            if not isinstance(value, list) or len(value) != 2 or not all(v is None or _is_number(v) for v in value):
+                raise HistoryError(f"must be [low, high] (numbers or null), got {describe(value)}", field)
+        elif name == "behaviour":
+            if not isinstance(value, dict) or not all(v is None or _is_number(v) for v in value.values()):
+                raise HistoryError(f"must map figures to numbers or null, got {describe(value)}", field)
+        elif not _is_number(value):
+            raise HistoryError(f"must be a number or null, got {describe(value)}", field)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number; not NaN or infinity, which strict JSON (what forgetwatch writes) has not."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))

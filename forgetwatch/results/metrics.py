@@ -1,0 +1,392 @@
+"""Forgetting metrics: per-sample transitions between a base model and the current model.
+
+Following Harmon et al. (ICLR 2026), "Mapping Post-Training Forgetting in Language Models at
+Scale": each probe is correct (1) or wrong (0) before and after, giving four transitions,
+1→0 forgotten, 0→1 gained (backward transfer), 1→1 kept and 0→0 never. With N probes,
+forgetting F = n10/N and backward transfer BT = n01/N, so that
+acc_after − acc_before = BT − F. For multiple choice the rates are also corrected for lucky
+guesses (:func:`chance_adjusted`).
+
+All functions are pure and use numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from forgetwatch.behaviour.drift import behaviour_figures, measure
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.report import TransitionReport
+
+#: Two-sided 95 % standard-normal quantile.
+Z95 = 1.959963984540054
+
+
+class Transitions(NamedTuple):
+    """Counts of the four per-sample transitions (before→after)."""
+
+    n00: int
+    n01: int
+    n10: int
+    n11: int
+
+
+class ChanceAdjusted(NamedTuple):
+    """Guess-corrected forgetting and backward transfer, with their ceilings."""
+
+    forgetting_adjusted: float
+    backward_transfer_adjusted: float
+    forgetting_max: float
+    backward_transfer_max: float
+
+
+def _pair(before: ArrayLike, after: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(before, dtype=bool)
+    a = np.asarray(after, dtype=bool)
+    if b.ndim != 1 or b.shape != a.shape:
+        raise ValueError(f"before and after must be 1-D and of equal length; got shapes {b.shape} and {a.shape}")
+    return b, a
+
+
+def _ratio(x: float, n: float) -> float:
+    """``x / n`` as a float, NaN when ``n == 0`` (no division warning)."""
+    return float(x) / float(n) if n else math.nan
+
+
+def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
+    """Count the transitions between per-sample correctness before and after.
+
+    Example:
+        >>> transition_counts([1, 1, 0, 0], [1, 0, 1, 0])
+        Transitions(n00=1, n01=1, n10=1, n11=1)
+    """
+    b, a = _pair(before, after)
+    return Transitions(
+        n00=int(np.count_nonzero(~b & ~a)),
+        n01=int(np.count_nonzero(~b & a)),
+        n10=int(np.count_nonzero(b & ~a)),
+        n11=int(np.count_nonzero(b & a)),
+    )
+
+
+def _group_chance_adjusted(b: np.ndarray, a: np.ndarray, k: int) -> ChanceAdjusted:
+    """Chance-adjusted rates for one non-empty group whose samples all have ``k`` choices."""
+    n = len(b)
+    a_pre, a_post = np.count_nonzero(b) / n, np.count_nonzero(a) / n
+    f = np.count_nonzero(b & ~a) / n
+    bt = np.count_nonzero(~b & a) / n
+    if k == 0:
+        # generative: nobody guesses right by luck (the k → ∞ limit)
+        return ChanceAdjusted(f, bt, a_pre, a_post)
+    # "knows, or guesses uniformly; before and after independent": a lucky guess before
+    # then a miss after looks like forgetting (and the reverse like backward transfer)
+    f_chance = (1 - a_pre) / (k - 1) * (1 - a_post)
+    bt_chance = (1 - a_pre) * (1 - a_post) / (k - 1)
+    return ChanceAdjusted(
+        forgetting_adjusted=max(f - f_chance, 0.0),
+        backward_transfer_adjusted=max(bt - bt_chance, 0.0),
+        forgetting_max=max((k * a_pre - 1) / (k - 1), 0.0),
+        backward_transfer_max=max((k * a_post - 1) / (k - 1), 0.0),
+    )
+
+
+def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
+    """Forgetting and backward transfer corrected for lucky guesses, with their ceilings.
+
+    ``k`` is each sample's number of choices (0 for generative; a single int applies to all).
+    Samples are grouped by ``k``; within a group with accuracies a_pre and a_post,
+    F_adj = max(F − (1 − a_pre)/(k − 1)·(1 − a_post), 0),
+    BT_adj = max(BT − (1 − a_pre)·(1 − a_post)/(k − 1), 0),
+    F_max = max((k·a_pre − 1)/(k − 1), 0) and BT_max = max((k·a_post − 1)/(k − 1), 0).
+    Generative groups have no chance term (F_adj = F, F_max = a_pre, and so on). The groups
+    are then averaged weighted by their size. All NaN when there are no samples.
+
+    Example:
+        >>> chance_adjusted([1, 1, 1, 1], [1, 0, 0, 1], k=2)  # a_pre = 1: no lucky guesses
+        ChanceAdjusted(forgetting_adjusted=0.5, backward_transfer_adjusted=0.0, forgetting_max=1.0, backward_transfer_max=0.0)
+    """
+    b, a = _pair(before, after)
+    ks = np.broadcast_to(np.asarray(k, dtype=np.int64), b.shape)
+    n = len(b)
+    if n == 0:
+        return ChanceAdjusted(math.nan, math.nan, math.nan, math.nan)
+    bad = sorted({int(x) for x in ks if x == 1 or x < 0})
+    if bad:
+        raise ValueError(f"number of choices must be 0 (generative) or at least 2; got {bad}")
+    total = np.zeros(4)
+    for kg in np.unique(ks):
+        mask = ks == kg
+        total += np.count_nonzero(mask) / n * np.array(_group_chance_adjusted(b[mask], a[mask], int(kg)))
+    return ChanceAdjusted(*(float(x) for x in total))
+
+
+def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for the proportion ``x / n``; ``(nan, nan)`` when ``n == 0``.
+
+    Example:
+        >>> tuple(round(v, 4) for v in wilson_interval(3, 10))
+        (0.1078, 0.6032)
+    """
+    if n < 0 or not 0 <= x <= max(n, 0):
+        raise ValueError(f"need 0 <= x <= n; got x={x}, n={n}")
+    if n == 0:
+        return (math.nan, math.nan)
+    p = x / n
+    z2 = z * z
+    denom = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # at x = 0 (x = n) the bound is exactly 0 (1), but center − half only gets there up to rounding
+    low = 0.0 if x == 0 else max(center - half, 0.0)
+    high = 1.0 if x == n else min(center + half, 1.0)
+    return (low, high)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0).
+
+    p = min(1, 2·P(X ≤ min(b, c))) with X ~ Binomial(b + c, 1/2); 1 when b + c = 0.
+    Computed in log space, so it stays accurate for tens of thousands of pairs.
+
+    Example:
+        >>> mcnemar_exact(0, 5)  # 2 / 2**5
+        0.0625
+    """
+    if b < 0 or c < 0:
+        raise ValueError(f"counts must be non-negative; got b={b}, c={c}")
+    m, k = int(b) + int(c), min(int(b), int(c))
+    if m == 0:
+        return 1.0
+    log_half_m = m * math.log(2.0)
+    lg_m = math.lgamma(m + 1)
+
+    def log_pmf(i: int) -> float:
+        return lg_m - math.lgamma(i + 1) - math.lgamma(m - i + 1) - log_half_m
+
+    # k <= m/2, so the pmf falls as i goes down from k: sum relative to the largest term and
+    # stop once terms are below e^-60 of it (the rest decays geometrically and cannot matter)
+    top = log_pmf(k)
+    scaled_sum = 0.0
+    for i in range(k, -1, -1):
+        rel = log_pmf(i) - top
+        if rel < -60.0:
+            break
+        scaled_sum += math.exp(rel)
+    log_p = math.log(2.0) + top + math.log(scaled_sum)
+    return math.exp(min(log_p, 0.0))
+
+
+def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
+    """Mean fall of the gold answer's log-probability over base-correct samples where it was
+    scored (a choice, or a generative probe's teacher-forced reference; NaN where not).
+
+    Positive means the current model is less sure of answers the base model got right, which
+    shows before those answers flip. NaN when there is no such sample.
+
+    Example:
+        >>> logprob_drop([-0.1, -0.2, -3.0, float("nan")], [-0.6, -0.2, -0.1, -1.0], [True, True, False, True])
+        0.25
+    """
+    gb = np.asarray(gold_before, dtype=np.float64)
+    ga = np.asarray(gold_after, dtype=np.float64)
+    mask = np.asarray(correct_before, dtype=bool) & np.isfinite(gb) & np.isfinite(ga)
+    if not mask.any():
+        return math.nan
+    return float(np.mean(gb[mask] - ga[mask]))
+
+
+def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], normalized: bool = False) -> np.ndarray:
+    """Each sample's drift signal: for multiple choice its margin, the gold choice's
+    log-probability minus the best other choice's (below zero: answered wrong); for a
+    generative probe (no choices) the reference answer's log-probability. NaN where not scored,
+    and for multiple choice when answers were decided on ``normalized`` (per-character)
+    scores, which raw log-probabilities do not order.
+
+    Example:
+        >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
+        [1.0, -2.0]
+    """
+    gold = np.asarray(gold_logprob, dtype=np.float64)
+    out = gold.copy()
+    for i, lps in enumerate(choice_logprobs):
+        lps = np.asarray(lps, dtype=np.float64)
+        if len(lps) > 1 and normalized:
+            out[i] = np.nan
+        elif len(lps) > 1:
+            others = lps[lps != gold[i]] if np.count_nonzero(lps == gold[i]) == 1 else lps
+            out[i] = gold[i] - others.max()
+    return out
+
+
+def at_risk(
+    correct_before: ArrayLike,
+    correct_after: ArrayLike,
+    signal_before: ArrayLike,
+    signal_after: ArrayLike,
+    n_choices: ArrayLike,
+    share: float = 0.5,
+    floor: float = 0.1,
+) -> np.ndarray:
+    """Which samples are still right but slipping, before they flip (see :func:`margins`).
+
+    A sample right before and now is at risk when, for multiple choice, its margin fell below
+    ``share`` of its base margin or below ``floor`` nats; for a generative probe, when its
+    reference answer's probability fell below ``share`` of the base's (log-probability down by
+    more than ``-log(share)``).
+
+    Example:
+        >>> at_risk([1, 1, 1, 0], [1, 1, 0, 0], [2.0, 2.0, 2.0, -1.0], [0.5, 1.5, -1.0, -2.0], [4, 4, 4, 4]).tolist()
+        [True, False, False, False]
+    """
+    before, after = np.asarray(correct_before, dtype=bool), np.asarray(correct_after, dtype=bool)
+    sb, sa = np.asarray(signal_before, dtype=np.float64), np.asarray(signal_after, dtype=np.float64)
+    choice = np.asarray(n_choices) > 0
+    with np.errstate(invalid="ignore"):
+        below_share = np.isfinite(sb) & np.where(choice, sa < share * sb, sa < sb + math.log(share))
+        slipping = below_share | (choice & (sa < floor))
+    return before & after & np.isfinite(sa) & slipping
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax, shifted by the row maximum so exp never overflows."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]) -> float:
+    """Mean KL(p_base ‖ p_current) over samples with choices, p = softmax of the choice logprobs.
+
+    Samples with no choice log-probabilities (generative) are skipped; NaN when none remain.
+
+    Example:
+        >>> round(choice_kl([[0.0, 0.0], []], [[0.0, -math.log(3)], []]), 4)  # p=(.5,.5), q=(.75,.25)
+        0.1438
+    """
+    if len(logprobs_before) != len(logprobs_after):
+        raise ValueError(
+            f"need one entry per sample on both sides; got {len(logprobs_before)} and {len(logprobs_after)}"
+        )
+    # group samples by number of choices so each group is one vectorised 2-D computation
+    groups: dict[int, list[int]] = {}
+    before = [np.asarray(x, dtype=np.float64) for x in logprobs_before]
+    after = [np.asarray(x, dtype=np.float64) for x in logprobs_after]
+    for i, (x, y) in enumerate(zip(before, after)):
+        if len(x) != len(y):
+            raise ValueError(f"sample {i}: {len(x)} choices before but {len(y)} after")
+        if len(x):
+            groups.setdefault(len(x), []).append(i)
+    if not groups:
+        return math.nan
+    total, count = 0.0, 0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for rows in groups.values():
+            lp = _log_softmax(np.stack([before[i] for i in rows]))
+            lq = _log_softmax(np.stack([after[i] for i in rows]))
+            p = np.exp(lp)
+            # choices with p = 0 add nothing (0·log 0 = 0), even where q = 0 too
+            terms = np.where(p > 0, p * (lp - lq), 0.0)
+            # KL >= 0; clip rounding noise just below zero
+            total += float(np.maximum(terms.sum(axis=1), 0.0).sum())
+            count += len(rows)
+    return total / count
+
+
+def _report(
+    base: Answers,
+    current: Answers,
+    idx: np.ndarray,
+    risky: np.ndarray,
+    by_category: dict[str, TransitionReport] | None = None,
+    behaviour: Callable[[np.ndarray], dict[str, float]] | None = None,
+) -> TransitionReport:
+    """The report for the samples at positions ``idx`` (in probe order); ``risky`` marks the
+    samples at risk (all of them, in probe order)."""
+    before, after = base.correct[idx], current.correct[idx]
+    k = base.n_choices[idx]
+    t = transition_counts(before, after)
+    n = len(idx)
+    adjusted = chance_adjusted(before, after, k)
+    forgotten_mask = before & ~after
+    gained_mask = ~before & after
+    return TransitionReport(
+        n=n,
+        forgotten=t.n10,
+        gained=t.n01,
+        kept=t.n11,
+        never=t.n00,
+        accuracy_before=_ratio(t.n10 + t.n11, n),
+        accuracy_after=_ratio(t.n01 + t.n11, n),
+        forgetting=_ratio(t.n10, n),
+        backward_transfer=_ratio(t.n01, n),
+        forgetting_adjusted=adjusted.forgetting_adjusted,
+        backward_transfer_adjusted=adjusted.backward_transfer_adjusted,
+        forgetting_max=adjusted.forgetting_max,
+        backward_transfer_max=adjusted.backward_transfer_max,
+        forgetting_relative=_ratio(t.n10, t.n10 + t.n11),
+        backward_transfer_relative=_ratio(t.n01, t.n00 + t.n01),
+        forgetting_ci=wilson_interval(t.n10, n),
+        backward_transfer_ci=wilson_interval(t.n01, n),
+        mcnemar_p=mcnemar_exact(t.n01, t.n10),
+        logprob_drop=logprob_drop(base.gold_logprob[idx], current.gold_logprob[idx], before),
+        choice_kl=choice_kl([base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]),
+        forgotten_ids=[base.ids[i] for i in idx[forgotten_mask]],
+        gained_ids=[base.ids[i] for i in idx[gained_mask]],
+        at_risk=_ratio(int(risky[idx].sum()), n),
+        at_risk_ids=[base.ids[i] for i in idx[risky[idx]]],
+        behaviour=behaviour(idx) if behaviour else {},
+        by_category=by_category or {},
+    )
+
+
+def compare(
+    base: Answers,
+    current: Answers,
+    *,
+    at_risk_share: float = 0.5,
+    at_risk_floor: float = 0.1,
+    refusal_detector: Callable[[str], bool] | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> TransitionReport:
+    """Compare the current model's answers with the base model's on the same probes.
+
+    Raises :class:`~forgetwatch.results.answers.AnswersMismatchError` if the two answer sets are
+    for different probes or scoring options. The report covers all samples, with one child
+    report per category in ``by_category`` (categories sorted). ``at_risk_share`` (default
+    0.5) and ``at_risk_floor`` (default 0.1 nats) decide which still-right samples are at
+    risk (see :func:`at_risk`). Where probes generate, ``behaviour`` holds how the responses
+    drift from the base's (:func:`~forgetwatch.behaviour.drift.behaviour_figures`, with
+    ``refusal_detector``, and ``count_tokens``, the token lengths of a list of texts, when given).
+
+    Example:
+        >>> report = compare(base_answers, current_answers)  # doctest: +SKIP
+        >>> print(report.summary())  # doctest: +SKIP
+    """
+    base.check_compatible(current)
+    positions: dict[str, list[int]] = {}
+    for i, cat in enumerate(base.categories):
+        positions.setdefault(cat, []).append(i)
+    normalized = base.scoring.get("normalize") == "chars"
+    risky = at_risk(
+        base.correct,
+        current.correct,
+        margins(base.gold_logprob, base.choice_logprobs, normalized),
+        margins(current.gold_logprob, current.choice_logprobs, normalized),
+        base.n_choices,
+        at_risk_share,
+        at_risk_floor,
+    )
+    measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
+
+    def behaviour(idx: np.ndarray) -> dict[str, float]:
+        return behaviour_figures(*measured, idx)
+
+    by_category = {
+        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, behaviour=behaviour)
+        for cat in sorted(positions)
+    }
+    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, by_category, behaviour)

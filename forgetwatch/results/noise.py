@@ -1,0 +1,103 @@
+"""How much forgetting is noise: answers that flip with no weight change at all.
+
+Greedy answers can change when only the arithmetic does: bf16 and fp16 round differently in
+another batch, near-tie probes flip. Scoring the base twice, in batches of another size (so
+each probe keeps other company), counts those flips: forgetting below that share is noise.
+And at any N, too few flips one way cannot be told from zero at all (:func:`smallest_detectable`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from forgetwatch.config.options import BatchSize
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.metrics import mcnemar_exact
+
+#: the scope of the whole probe set, beside each category's
+OVERALL = "overall"
+
+
+def wants_noise_check(model: torch.nn.Module) -> bool:
+    """Whether the base should be scored twice by default: on a GPU, or in half precision
+    (weights or autocast), where batch composition changes the last bits."""
+    params = list(model.parameters())
+    device = params[0].device.type if params else "cpu"
+    half = any(p.is_floating_point() and p.dtype in (torch.float16, torch.bfloat16) for p in params)
+    return device == "cuda" or half or torch.is_autocast_enabled(device)
+
+
+def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
+    """A batch size that gives each probe other neighbours than ``batch_size`` did (the first
+    pass put about ``rows_per_batch`` rows in a batch).
+
+    Example:
+        >>> other_batch_size(32, 32), other_batch_size("auto", 90), other_batch_size(1, 1)
+        (17, 46, 2)
+    """
+    rows = batch_size if isinstance(batch_size, int) else rows_per_batch
+    other = rows // 2 + 1
+    return other if other != rows else rows + 1
+
+
+def measure_noise(
+    scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize, distributed: bool = False
+) -> dict[str, object]:
+    """Score ``model`` again with ``scorer`` in batches of another size than ``first`` was
+    scored in, and count the flips (:func:`noise_figures`)."""
+    again = scorer(
+        model,
+        batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
+        show_progress=False,
+        distributed=distributed,
+    )
+    return noise_figures(first, again)
+
+
+def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
+    """Two scorings of the same weights: ``noise_flips``, how many probes changed either way,
+    and ``noise_floor`` (overall and ``noise_floor_by_category``), the share that went from
+    right to wrong: the forgetting rate that noise alone produces.
+
+    Example:
+        >>> a = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 1), ("c", 0))])
+        >>> b = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 0), ("c", 1))])
+        >>> f = noise_figures(a, b); f["noise_flips"], round(f["noise_floor"], 3)
+        (2, 0.333)
+    """
+    before, after = np.asarray(first.correct, dtype=bool), np.asarray(again.correct, dtype=bool)
+    lost = before & ~after
+    categories = np.asarray(first.categories)
+    by_category = {c: float(lost[categories == c].mean()) for c in sorted(set(first.categories))}
+    return {
+        "noise_flips": int((before != after).sum()),
+        "noise_floor": float(lost.mean()) if len(lost) else 0.0,
+        "noise_floor_by_category": by_category,
+    }
+
+
+def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:
+    """The noise floors kept in a snapshot's ``meta``, by stop-rule scope (``"overall"`` and
+    each category); empty when none was measured."""
+    if "noise_floor" not in meta:
+        return {}
+    return {OVERALL: meta["noise_floor"], **meta.get("noise_floor_by_category", {})}
+
+
+def smallest_detectable(n: int, alpha: float = 0.05) -> tuple[int, float]:
+    """The fewest forgotten probes (none gained) whose exact McNemar test tells them from
+    chance at ``alpha``, and that count as a share of ``n``: smaller forgetting rates cannot
+    be told from zero on these probes.
+
+    Example:
+        >>> smallest_detectable(200)
+        (6, 0.03)
+    """
+    k = 1
+    while mcnemar_exact(0, k) >= alpha:
+        k += 1
+    return k, (k / n if n else math.nan)

@@ -1,0 +1,364 @@
+"""TransitionReport: the per-sample transition counts and rates, as a table, a dict or a CSV."""
+
+from __future__ import annotations
+
+import csv
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forgetwatch.behaviour.drift import SHARES
+from forgetwatch.common.files import atomic_write, json_safe
+from forgetwatch.common.text import pct
+
+if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
+    from forgetwatch.results.answers import Answers
+
+#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
+ROW_COLUMNS = (
+    "category",
+    "n",
+    "acc_before",
+    "acc_after",
+    "0->0",
+    "0->1",
+    "1->0",
+    "1->1",
+    "forgetting",
+    "backward_transfer",
+    "forgetting_adjusted",
+    "backward_transfer_adjusted",
+    "forgetting_max",
+    "backward_transfer_max",
+    "mcnemar_p",
+)
+
+#: Columns of :func:`write_samples_csv`.
+SAMPLE_COLUMNS = (
+    "id",
+    "category",
+    "question",
+    "answer",
+    "correct_before",
+    "correct_after",
+    "transition",
+    "predicted_before",
+    "predicted_after",
+    "choice_index_before",
+    "choice_index_after",
+    "output_before",
+    "output_after",
+    "gold_logprob_before",
+    "gold_logprob_after",
+)
+#: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
+CSV_DIGITS = 6
+
+_NAN = math.nan
+
+
+@dataclass(frozen=True)
+class TransitionReport:
+    """How answers changed between a base model (before) and the current model (after).
+
+    Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0.
+    Rates are shares of ``n`` (NaN when ``n == 0``); see :mod:`forgetwatch.results.metrics` for the
+    definitions. Build one with :func:`forgetwatch.results.metrics.compare`. ``at_risk_ids`` are the
+    still-right probes whose margin is slipping (:func:`forgetwatch.results.metrics.at_risk`);
+    ``forgetting_events`` and ``forgetting_persistent`` come from the run's trajectory
+    (:mod:`forgetwatch.results.trajectory`), NaN outside a run. ``behaviour`` holds how generated
+    responses drift from the base's (:mod:`forgetwatch.behaviour.drift`; empty without any).
+
+    Example:
+        >>> r = TransitionReport(n=2, forgotten=1, kept=1)
+        >>> r.forgotten, r.by_category
+        (1, {})
+    """
+
+    n: int = 0
+    forgotten: int = 0
+    gained: int = 0
+    kept: int = 0
+    never: int = 0
+    accuracy_before: float = _NAN
+    accuracy_after: float = _NAN
+    forgetting: float = _NAN
+    backward_transfer: float = _NAN
+    forgetting_adjusted: float = _NAN
+    backward_transfer_adjusted: float = _NAN
+    forgetting_max: float = _NAN
+    backward_transfer_max: float = _NAN
+    forgetting_relative: float = _NAN
+    backward_transfer_relative: float = _NAN
+    forgetting_ci: tuple[float, float] = (_NAN, _NAN)
+    backward_transfer_ci: tuple[float, float] = (_NAN, _NAN)
+    mcnemar_p: float = 1.0
+    logprob_drop: float = _NAN
+    choice_kl: float = _NAN
+    forgotten_ids: list[str] = field(default_factory=list)
+    gained_ids: list[str] = field(default_factory=list)
+    at_risk: float = _NAN
+    at_risk_ids: list[str] = field(default_factory=list)
+    forgetting_events: float = _NAN
+    forgetting_persistent: float = _NAN
+    behaviour: dict[str, float] = field(default_factory=dict)
+    by_category: dict[str, TransitionReport] = field(default_factory=dict)
+
+    # -- plain data ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested.
+
+        Example:
+            >>> TransitionReport().to_dict()["forgetting"] is None
+            True
+        """
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "by_category":
+                out[name] = {cat: child.to_dict() for cat, child in value.items()}
+            else:  # an infinite choice KL is possible: null, like NaN
+                out[name] = json_safe(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransitionReport:
+        """Inverse of :meth:`to_dict` (``None`` back to NaN; missing fields take their defaults).
+
+        Example:
+            >>> r = TransitionReport(n=2, forgotten=1, kept=1, forgotten_ids=["a"])
+            >>> TransitionReport.from_dict(r.to_dict()).forgotten_ids
+            ['a']
+        """
+        values: dict[str, Any] = {}
+        for name, f in cls.__dataclass_fields__.items():
+            if name not in data:
+                continue
+            value = data[name]
+            if name == "by_category":
+                value = {cat: cls.from_dict(child) for cat, child in (value or {}).items()}
+            elif name.endswith("_ci"):
+                value = tuple(_NAN if v is None else float(v) for v in (value or (None, None)))
+            elif name.endswith("_ids"):
+                value = list(value)
+            elif name == "behaviour":
+                value = {k: float(v) for k, v in (value or {}).items() if v is not None}
+            elif f.type in ("float", float):
+                value = _NAN if value is None else float(value)
+            values[name] = value
+        return cls(**values)
+
+    def _row(self, category: str) -> dict[str, Any]:
+        return {
+            "category": category,
+            "n": self.n,
+            "acc_before": self.accuracy_before,
+            "acc_after": self.accuracy_after,
+            "0->0": self.never,
+            "0->1": self.gained,
+            "1->0": self.forgotten,
+            "1->1": self.kept,
+            "forgetting": self.forgetting,
+            "backward_transfer": self.backward_transfer,
+            "forgetting_adjusted": self.forgetting_adjusted,
+            "backward_transfer_adjusted": self.backward_transfer_adjusted,
+            "forgetting_max": self.forgetting_max,
+            "backward_transfer_max": self.backward_transfer_max,
+            "mcnemar_p": self.mcnemar_p,
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per row: ``"overall"`` first, then each category (keys :data:`ROW_COLUMNS`).
+
+        Example:
+            >>> [r["category"] for r in TransitionReport().rows()]
+            ['overall']
+        """
+        return [self._row("overall")] + [child._row(cat) for cat, child in self.by_category.items()]
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted, and
+        defused for spreadsheets by :func:`spreadsheet_safe`).
+
+        Example:
+            >>> report.to_csv("transitions.csv")  # doctest: +SKIP
+        """
+        path = Path(path)
+        with atomic_write(path) as f:
+            writer = _csv_writer(f, ROW_COLUMNS)
+            writer.writeheader()
+            for row in self.rows():
+                writer.writerow({k: _csv_value(v) for k, v in row.items()})
+        return path
+
+    # -- terminal --------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text table, one row for ``overall`` then one per category.
+
+        Example:
+            >>> print(TransitionReport().summary().splitlines()[0].split()[:3])
+            ['category', 'n', 'acc_before']
+        """
+        header = [
+            "category",
+            "n",
+            "acc_before",
+            "acc_after",
+            "F",
+            "BT",
+            "F_adj",
+            "BT_adj",
+            "forgotten",
+            "gained",
+            "McNemar p",
+        ]
+        table = [header] + [
+            [
+                str(r["category"]),
+                str(r["n"]),
+                _fmt(r["acc_before"]),
+                _fmt(r["acc_after"]),
+                _fmt(r["forgetting"]),
+                _fmt(r["backward_transfer"]),
+                _fmt(r["forgetting_adjusted"]),
+                _fmt(r["backward_transfer_adjusted"]),
+                str(r["1->0"]),
+                str(r["0->1"]),
+                _fmt_p(r["mcnemar_p"]),
+            ]
+            for r in self.rows()
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        lines = []
+        for j, row in enumerate(table):
+            # category left-aligned, numbers right-aligned so digits line up
+            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+            lines.append("  ".join(cells).rstrip())
+            if j == 0:
+                lines.append("-" * len(lines[0]))
+        # the drift measures warn before answers flip, so show them when there are any
+        if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
+            lines.append(
+                f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, choice KL {_fmt(self.choice_kl)}"
+            )
+        b = self.behaviour
+        if b:  # how the generated responses drift, next to what they were at the base
+            ratio = f"{b['length_ratio_words']:.2f}x the base's length in words, " if "length_ratio_words" in b else ""
+            shares = ", ".join(
+                f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
+                for name in SHARES
+                if b[name] or b[name + "_base"] or name == "refusals"
+            )
+            lines.append(f"responses: {ratio}{shares}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
+    """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
+
+    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question and
+    the correct answer come from ``probes`` (a ProbeSet; empty without), the raw generated
+    outputs from the answers. A prediction is text: the chosen choice's (its index in
+    ``choice_index_*``; the text needs ``probes``), the extracted answer, or a behaviour
+    probe's response. Missing predictions and NaN log-probabilities are empty cells, numbers have
+    :data:`CSV_DIGITS` significant digits. Text is quoted, and defused for spreadsheets by
+    :func:`spreadsheet_safe` (ids and outputs come from data and models).
+
+    Example:
+        >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
+    """
+    base.check_compatible(current)
+    path = Path(path)
+    with atomic_write(path) as f:
+        writer = _csv_writer(f, SAMPLE_COLUMNS)
+        writer.writeheader()
+        for i, sample_id in enumerate(base.ids):
+            before, after = int(base.correct[i]), int(current.correct[i])
+            probe = probes[i] if probes is not None else None
+            writer.writerow(
+                {
+                    "id": _csv_value(sample_id),
+                    "category": _csv_value(base.categories[i]),
+                    "question": _csv_value(probe.question if probe else None),
+                    "answer": _csv_value(probe.answer_text if probe else None),
+                    "correct_before": before,
+                    "correct_after": after,
+                    "transition": f"{before}->{after}",
+                    **_prediction_cells(base, i, probe, "before"),
+                    **_prediction_cells(current, i, probe, "after"),
+                    "output_before": _csv_value(base.outputs[i]),
+                    "output_after": _csv_value(current.outputs[i]),
+                    "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
+                    "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
+                }
+            )
+    return path
+
+
+def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
+    """``predicted_<when>`` as text and, for multiple choice, ``choice_index_<when>``."""
+    from forgetwatch.results.answers import chosen_text
+
+    predicted = answers.predicted[i]
+    if not answers.n_choices[i]:
+        return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
+    return {
+        f"predicted_{when}": _csv_value(chosen_text(predicted, probe.choices if probe else None)),
+        f"choice_index_{when}": int(predicted) if isinstance(predicted, numbers.Integral) else "",
+    }
+
+
+def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
+    # every text cell quoted: a "\r" inside an id would otherwise end the row early
+    return csv.DictWriter(f, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+
+
+def _csv_value(v: Any) -> Any:
+    """A cell: empty for missing values, floats to :data:`CSV_DIGITS` significant digits, text
+    defused for spreadsheets."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return float(f"{v:.{CSV_DIGITS}g}")
+    return spreadsheet_safe(v) if isinstance(v, str) else v
+
+
+#: What makes a spreadsheet read a cell as a formula (or, tab and CR, hide that it is one).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a
+    formula (it starts with ``= + - @``, tab or CR), unless it is just a number.
+
+    Ids, categories and model outputs come from users' data or a model, and a cell like
+    ``=cmd|' /C calc'!A0`` runs when the CSV is opened in a spreadsheet. To read a cell back
+    exactly, drop one leading ``'`` when the rest, after any further ``'``, starts with one of
+    :data:`FORMULA_START` (text already starting with ``'`` before such a character gets one
+    more, so this undoes every case).
+
+    Example:
+        >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")
+        ("'=1+1", '-3', 'q1')
+    """
+    if text.lstrip("'").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
+def _fmt(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.4f}"
+
+
+def _fmt_p(p: float) -> str:
+    return "-" if math.isnan(p) else f"{p:.3g}"

@@ -1,0 +1,85 @@
+"""What a repair method (replay today) plugs into: the run tells it when training begins, after
+each evaluation and before each optimizer step; it keeps and restores its own state.
+
+A repair method is any object with the methods of :class:`Repair`. The run knows nothing of
+pools, samplers or caches: :class:`~forgetwatch.replay.driver.Replay` is one such object, and a
+second method is a sibling of ``replay/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.store import RunStore
+
+
+@dataclass
+class RunContext:
+    """What a repair method is told when training begins.
+
+    Attributes:
+        ranks, writes: every rank of the run, and whether this one writes the run's files.
+        store: the run's files.
+        tokenizer, rows_per_batch: the probes' tokenizer, and rows per forward pass for a model.
+        step: the step training begins (or resumes) at.
+        resume_dirs: where a resumed run's kept files are, first first (empty on a fresh run).
+        records: the history so far (a resumed run's, up to ``step``).
+        last_report: the last evaluation's report, if any.
+        base: ``"adapter_disabled"``, a ``base=`` file, or ``None`` (the base was scored from the model).
+        base_meta: the base answers' ``meta`` (the model and weights they were scored from).
+        stop_metric: which forgetting rate the run steers and stops on.
+        state: the method's own state from :meth:`~forgetwatch.Watch.load_state_dict`, if given.
+        sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
+    """
+
+    ranks: Ranks
+    writes: bool
+    store: RunStore
+    tokenizer: Any
+    rows_per_batch: Any
+    step: int = 0
+    resume_dirs: Sequence[Path] = ()
+    records: Sequence[Mapping[str, Any]] = ()
+    last_report: TransitionReport | None = None
+    base: Any = None
+    base_meta: Mapping[str, Any] = field(default_factory=dict)
+    stop_metric: str = "forgetting"
+    state: Mapping[str, Any] | None = None
+    sharded: bool = False
+
+
+class Repairable(Protocol):
+    """What offers a repair method for a run's replay settings (a :class:`~forgetwatch.ReplayPool`)."""
+
+    def as_repair(self, settings: Any) -> Repair: ...
+
+
+@runtime_checkable
+class Repair(Protocol):
+    """A repair method: ``name`` keys its entry in each history record and its files."""
+
+    name: str
+
+    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
+        """Training begins (or resumes): refuse what it cannot run under, restore its state."""
+
+    def figures(self) -> dict[str, float]:
+        """Its figures since the last call, to log beside the evaluation's (``replay/loss``, ...)."""
+
+    def state(self) -> dict[str, Any]:
+        """Its state now, JSON-ready: kept in each history record and each checkpoint."""
+
+    def on_evaluation(self, report: TransitionReport) -> None:
+        """An evaluation was made: adjust to what it found."""
+
+    def before_optimizer_step(
+        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
+    ) -> None:
+        """After the backward pass, before the optimizer steps: add the repair's gradient."""

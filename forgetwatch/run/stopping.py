@@ -1,0 +1,96 @@
+"""When to stop a run that forgets too much: thresholds, patience, an optional significance guard.
+
+The rule reads plain report dicts (:meth:`TransitionReport.to_dict`), the same records the
+history file holds, so after a resume it is rebuilt by replaying the history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from forgetwatch.common.text import pct
+from forgetwatch.config.settings import STOP_METRICS
+from forgetwatch.results.noise import OVERALL
+
+
+class StopRule:
+    """Stop once a forgetting rate stays over its threshold for ``patience`` evaluations.
+
+    Args:
+        max_forgetting: threshold on the overall rate (``None``: no overall threshold).
+        metric: ``"forgetting"`` (raw F) or ``"forgetting_adjusted"`` (chance-adjusted).
+        patience: consecutive evaluations over a threshold before stopping.
+        significance: compare the Wilson 95 % lower bound instead of the estimate, so a
+            small probe set's noise alone does not stop a run. For the adjusted rate the
+            bound is shifted by the same chance correction as the estimate.
+        category_max_forgetting: thresholds for single categories, each counted separately.
+        noise_floor: with ``significance``, the share of probes that flip with no weight change
+            (overall under ``"overall"``, and per category): taken off the lower bound first.
+
+    Example:
+        >>> rule = StopRule(max_forgetting=0.05, patience=2)
+        >>> rule.update({"forgetting": 0.08, "forgetting_adjusted": 0.07, "forgetting_ci": [0.06, 0.1]})
+        >>> rule.update({"forgetting": 0.09, "forgetting_adjusted": 0.08, "forgetting_ci": [0.07, 0.11]})
+        'forgetting 9.00% > 5.00% for 2 consecutive evaluations'
+    """
+
+    def __init__(
+        self,
+        max_forgetting: float | None = None,
+        metric: str = "forgetting",
+        patience: int = 1,
+        significance: bool = False,
+        category_max_forgetting: Mapping[str, float] | None = None,
+        noise_floor: Mapping[str, float] | None = None,
+    ):
+        if metric not in STOP_METRICS:
+            raise ValueError(f"metric must be one of {STOP_METRICS}, got {metric!r}")
+        if patience < 1:
+            raise ValueError(f"patience must be at least 1, got {patience}")
+        self.thresholds: dict[str, float] = dict(category_max_forgetting or {})
+        if max_forgetting is not None:
+            self.thresholds[OVERALL] = max_forgetting
+        self.metric = metric
+        self.patience = patience
+        self.significance = significance
+        self.streaks: dict[str, int] = {}
+        self.noise_floor = dict(noise_floor or {})
+
+    @property
+    def active(self) -> bool:
+        return bool(self.thresholds)
+
+    def update(self, report: Mapping[str, Any]) -> str | None:
+        """Count one evaluation; return why to stop, or ``None`` to go on."""
+        reasons = []
+        for scope, threshold in self.thresholds.items():
+            figures = report if scope == OVERALL else (report.get("by_category") or {}).get(scope)
+            value = self.value(figures, self.noise_floor.get(scope, 0.0)) if figures else math.nan
+            self.streaks[scope] = self.streaks.get(scope, 0) + 1 if value > threshold else 0
+            if self.streaks[scope] >= self.patience:
+                reasons.append(self._reason(scope, value, threshold))
+        return "; ".join(reasons) or None
+
+    def value(self, figures: Mapping[str, Any], noise: float = 0.0) -> float:
+        """The number compared with the threshold (NaN compares as never over it); with
+        ``significance``, less ``noise`` (the share that flips by itself)."""
+        estimate = _number(figures.get(self.metric))
+        if not self.significance:
+            return estimate
+        low = _number((figures.get("forgetting_ci") or [None])[0])
+        # shift the raw rate's lower bound by the chance correction the estimate received
+        return low - (_number(figures.get("forgetting")) - estimate) - noise
+
+    def _reason(self, scope: str, value: float, threshold: float) -> str:
+        what = self.metric
+        if self.significance:
+            what += " lower bound (95 %)" + (" less the noise floor" if self.noise_floor.get(scope) else "")
+        where = "" if scope == OVERALL else f" in category {scope!r}"
+        times = f" for {self.patience} consecutive evaluations" if self.patience > 1 else ""
+        return f"{what}{where} {pct(value, digits=2)} > {pct(threshold, digits=2)}{times}"
+
+
+def _number(x: Any) -> float:
+    return math.nan if x is None else float(x)

@@ -1,0 +1,642 @@
+"""Watch: the monitor without a trainer. Any training loop can drive it.
+
+It only orchestrates: when to evaluate (:mod:`.schedule`), where the base comes from
+(:mod:`.base`), scoring (:mod:`.scoring`), comparison (:mod:`.metrics`), stopping
+(:mod:`.stopping`), files (:mod:`.store`, :mod:`.history`), where each evaluation goes
+(:mod:`.sinks`) and repair (:mod:`.repair`) each live in their own module. Collectives are
+visible here: every cross-rank step goes through the one ``Ranks`` the watch holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forgetwatch.behaviour.drift import token_counter
+from forgetwatch.common import strict_json
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.common.text import pct
+from forgetwatch.config import ADAPTER_DISABLED, ForgetWatchConfig, split_legacy
+from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.history import history_record, recover_history, report_from_record
+from forgetwatch.results.metrics import compare
+from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.store import HISTORY, REPLAY_STATE, RunStore, copy_problem
+from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
+from forgetwatch.run.adapters import adapters_disabled
+from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
+from forgetwatch.run.repair import Repair, Repairable, RunContext
+from forgetwatch.run.schedule import Budget, EverySteps
+from forgetwatch.run.stopping import StopRule
+from forgetwatch.scoring import Scorer
+from forgetwatch.sinks import Sinks, logged_categories, metric_values
+from forgetwatch.sinks.console import ConsoleLines
+from forgetwatch.sinks.figures import PREFIX
+from forgetwatch.sinks.history_file import HistoryFile
+from forgetwatch.sinks.hook import ForgettingHook, OnForgetting
+
+__all__ = ["Watch"]
+
+logger = logging.getLogger("forgetwatch")
+
+#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back
+STATE_FORMAT = "forgetwatch.watch"
+
+
+def settle(
+    config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: Mapping[str, Any], source: str, **flat: Any
+) -> ForgetWatchConfig:
+    """One config from what a run was given: ``config`` (or the defaults), whole ``groups``
+    in place of its own, ``legacy`` flat keywords (warned, see
+    :func:`~forgetwatch.config.split_legacy`), then the ``flat`` keywords given (not ``None``)."""
+    config = config or ForgetWatchConfig()
+    split_legacy(legacy, source=source, stacklevel=3)  # unknown keys refused, the rest warned
+    groups = {name: group for name, group in groups.items() if group is not None}
+    if groups:
+        config = config.replace(**groups)
+    given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
+    given = {**legacy, **given}  # as flat keys: an error names them as they were written
+    return config.replace(**given) if given else config
+
+
+def as_repair(replay: Repair | Repairable | None, config: ForgetWatchConfig) -> Repair | None:
+    """``replay=`` as a repair method: what offers one for the config's replay settings (a
+    :class:`~forgetwatch.ReplayPool`) gives it; a repair method is taken as it is."""
+    if isinstance(replay, (str, os.PathLike)):
+        raise TypeError(
+            f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
+        )
+    make = getattr(replay, "as_repair", None)
+    return make(config.replay) if callable(make) else replay
+
+
+class Watch:
+    """Measure per-sample forgetting on a probe set while any training loop runs.
+
+    The base model's answers are scored once at :meth:`start` (or loaded: ``base=``, a cached
+    snapshot in ``output_dir``, or the run's own on resume); then :meth:`evaluate` re-scores
+    the live model and compares, whenever :meth:`due` says so (every ``eval_steps`` steps, or
+    as often as ``max_overhead`` of wall time allows). Each evaluation goes to the history
+    file, the console, the ``on_forgetting`` hook and every sink; it says whether to stop
+    (``max_forgetting``). In a distributed run every rank calls every method at the same steps.
+
+    Args:
+        probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file, or a list of probe rows.
+        eval_steps: evaluate every N steps (default ``None``: the ``max_overhead`` budget); the
+            same as ``schedule=Schedule(eval_steps=...)``.
+        max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never);
+            the same as ``stopping=Stopping(max_forgetting=...)``.
+        output_dir: where the snapshot and ``history.jsonl`` live (required here or at :meth:`start`).
+        base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the
+            model at the start, or ``"adapter_disabled"`` for a PEFT model's adapters off.
+        scoring, schedule, stopping, signals, output: the settings of each group (see
+            :mod:`forgetwatch.config.settings`; default: the config's, else the group's defaults).
+        replay: a repair method (a :class:`~forgetwatch.Replay`), or a
+            :class:`~forgetwatch.ReplayPool` replayed with the config's replay settings.
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,
+            unless a sink's ``all_ranks`` is true.
+        on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
+        refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``.
+        config: a :class:`~forgetwatch.config.ForgetWatchConfig` (e.g. from YAML); the keywords
+            above override it.
+        clock: what the budget and ``monitoring_seconds`` read (default ``time.perf_counter``).
+        **legacy: flat settings of earlier releases (``replay_weight=``, ``batch_size=``, ...):
+            they work for this release, with a ``FutureWarning`` naming the new form.
+
+    Example:
+        >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
+        >>> watch.start(model, tokenizer)                                     # doctest: +SKIP
+        >>> for step, batch in enumerate(loader, 1):                          # doctest: +SKIP
+        ...     train_step(batch)
+        ...     if watch.due(step) and watch.evaluate(model, step).stop:
+        ...         break
+        >>> watch.finish(model, step)                                         # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        probes: ProbesLike | None = None,
+        *,
+        eval_steps: int | None = None,
+        max_forgetting: float | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        base: Answers | str | os.PathLike[str] | None = None,
+        scoring: Scoring | None = None,
+        schedule: Schedule | None = None,
+        stopping: Stopping | None = None,
+        signals: Signals | None = None,
+        output: Output | None = None,
+        replay: Repair | Repairable | None = None,
+        sinks: Iterable[Any] = (),
+        on_forgetting: OnForgetting | None = None,
+        refusal_detector: Callable[[str], bool] | None = None,
+        config: ForgetWatchConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        **legacy: Any,
+    ):
+        config = settle(
+            config,
+            dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals, output=output),
+            legacy,
+            type(self).__name__,
+            eval_steps=eval_steps,
+            max_forgetting=max_forgetting,
+            output_dir=output_dir,
+            base=None if isinstance(base, Answers) else base,
+        )
+        probes = probes if probes is not None else config.probes
+        if probes is None:
+            raise ValueError("forgetwatch needs probes: a ProbeSet, a probe file path or a list of probe rows")
+        # a bad probe file fails here, before any training
+        self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
+        config.check_categories(self.probes.categories)
+        self.repair = as_repair(replay, config)
+        pool = getattr(self.repair, "pool", None)
+        if pool is not None:
+            pool.check_disjoint(self.probes)  # the probes must stay held out
+        self.config = config
+        self.refusal_detector = refusal_detector
+        self.on_forgetting = on_forgetting
+        self.user_sinks = list(sinks)
+        self.base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
+        self.clock = clock
+        self.base_answers: Answers | None = None
+        self.history: list[tuple[int, TransitionReport]] = []
+        self.trajectory: Trajectory | None = None
+        self.stop_reason: str | None = None
+        self.monitoring_seconds = 0.0
+        self.records: list[dict[str, Any]] = []
+        self.scorer: Scorer | None = None
+        self.store: RunStore | None = None
+        self.ranks = Ranks.alone()
+        self.writes = True  # whether this rank writes the run's files
+        self.schedule: EverySteps | Budget = self._new_schedule()
+        self.finished = False
+        self._sinks = Sinks()  # the run's own writers and the caller's
+        self._user_sinks = Sinks()  # the user's sinks and hook: not monitoring cost
+        self._stop_rule: StopRule | None = None
+        self._logged: set[str] | bool = True  # per-category keys: all, none, or these
+        self._step = 0  # the last step the loop told us of
+        self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
+        self._max_steps: int | None = None
+        self._length_checked = True
+
+    # -- what a loop calls ----------------------------------------------------------------------
+
+    def start(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        step: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        resume_from: Sequence[Path] = (),
+        leftovers_in: Sequence[Path] = (),
+        sinks: Iterable[Any] = (),
+        max_steps: int | None = None,
+        sharded: bool = False,
+        stop_note: Callable[[int], str] = lambda step: "",
+    ) -> BaseSnapshot:
+        """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came
+        first): the base snapshot, scored or loaded; on resume the history up to ``step``; repair
+        begins. Call it on every rank. A bad probe for this model, an unwritable ``output_dir``
+        or a missing snapshot to resume from raise here, before any training.
+
+        Args:
+            step: the step training begins at (default: the loaded state's, else 0).
+            output_dir: where the run's files go, when not configured.
+            resume_from: folders holding a kept copy of the run's files (a checkpoint's), tried
+                before ``output_dir`` on resume.
+            leftovers_in: more folders to clean of what an interrupted write left.
+            sinks: sinks of the caller (a trainer's integrations), before the user's.
+            max_steps: the run's length, if known (to warn when the budget allows no evaluation).
+            sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
+            stop_note: what the caller does on stopping at a step, for the stop line.
+        """
+        began = self.clock()
+        if step is None:
+            step = int(self._loaded["step"]) if self._loaded else 0
+        self.ranks = Ranks.all()
+        # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
+        self.writes = self.ranks.index == 0
+        # the config is frozen, but its lists and dicts can still be edited: check it again
+        c = self.config = self.config.replace()
+        c.check_categories(self.probes.categories)
+        directory = c.output.output_dir or output_dir
+        if directory is None:
+            raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
+        self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
+        self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
+        self._logged = False
+        if c.output.log_categories:
+            self._logged, note = logged_categories([p.category for p in self.probes], c.output.max_logged_categories)
+            if note and self.writes:
+                logger.warning("forgetwatch: %s", note)
+        self.store = RunStore(directory)
+        if self.writes:  # what a kill -9 left half-written, in the run directory and its checkpoints
+            self.store.remove_leftovers(leftovers_in)
+        # a watch may serve several runs (train() calls): each starts from its own state
+        self.history, self.records, self.stop_reason, self.finished = [], [], None, False
+        self.schedule = self._new_schedule()
+        self._step, self._max_steps = step, max_steps
+        self._length_checked = not isinstance(self.schedule, Budget)  # a fixed interval is never too long
+        resumed = step > 0
+        dirs = self._resume_dirs(resume_from) if resumed else []
+        self.base_answers, cost = self._base(model, dirs, step)
+        self.trajectory = Trajectory.start(self.base_answers)
+        t = c.stopping
+        self._stop_rule = StopRule(
+            t.max_forgetting,
+            t.metric,
+            t.patience,
+            t.significance,
+            t.category_max_forgetting,
+            noise_floor=noise_by_scope(self.base_answers.meta),
+        )
+        self._sinks = self._build_sinks(sinks, stop_note)
+        snapshot = BaseSnapshot(self.base_answers, self.store.snapshot_path, cost is not None, step)
+        if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
+            snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
+        self._sinks.on_base(snapshot)
+        self._user_sinks.on_base(snapshot)
+        if resumed:
+            self._restore_history(dirs, step)
+        if self.repair is not None:
+            state = (self._loaded or {}).get("repair")
+            self.repair.begin(
+                model,
+                RunContext(
+                    ranks=self.ranks,
+                    writes=self.writes,
+                    store=self.store,
+                    tokenizer=self.scorer.tokenizer,
+                    rows_per_batch=self.scorer.rows_per_batch,
+                    step=step,
+                    resume_dirs=dirs,
+                    records=self.records,
+                    last_report=self.history[-1][1] if self.history else None,
+                    base=self.base_given,
+                    base_meta=self.base_answers.meta,
+                    stop_metric=c.stopping.metric,
+                    state=state,
+                    sharded=sharded,
+                ),
+            )
+        self._loaded = None
+        if not resumed and self.writes:
+            self.store.set_aside_history()
+        if self.writes:
+            self.store.save_probes(self.probes)
+        self.monitoring_seconds = self.clock() - began
+        # a loaded snapshot says nothing about what an evaluation costs
+        self.schedule.start(step, cost or 0.0)
+        return snapshot
+
+    def due(self, step: int) -> bool:
+        """Whether to evaluate at ``step`` (call it once per optimizer step, on every rank)."""
+        self._step = step
+        if self.schedule.due(step):
+            return True
+        if not self._length_checked:
+            self._warn_if_too_short()
+        return False
+
+    def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation:
+        """Score the live model, compare it with the base, and hand the result to every sink; on
+        every rank. ``Evaluation.stop`` says why to stop training, or is ``None``."""
+        if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
+            raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")
+        self._step = step
+        began = self.clock()
+        answers = self._score(model)
+        self.trajectory.append(step, answers)
+        report = with_trajectory_figures(self.compare(answers), self.trajectory)
+        self.history.append((step, report))
+        seconds = self.clock() - began
+        record = history_record(
+            step,
+            report,
+            time=round(time.time(), 3),
+            trigger=trigger,
+            seconds=round(seconds, 4),
+            columns=self.trajectory.column(),
+        )
+        metrics = metric_values(report, self._logged)
+        if self.repair is not None:
+            figures = self.repair.figures()
+            record[self.repair.name] = {**figures, **self.repair.state()}
+            metrics.update({f"{PREFIX}{name}": value for name, value in figures.items()})
+            self.repair.on_evaluation(report)
+        reason = None
+        if self._stop_rule.active:
+            reason = self._stop_rule.update(record["report"])
+            # every rank must stop together: rank 0 decides
+            if self.ranks.from_rank_zero([int(reason is not None)])[0]:
+                reason = reason or "rank 0's forgetting rule fired"
+            else:
+                reason = None
+        if reason:
+            record["stop"] = reason
+            self.stop_reason = f"step {step}: {reason}"
+        self.records.append(record)
+        evaluation = Evaluation(
+            step=step,
+            report=report,
+            answers=answers,
+            seconds=seconds,
+            stop=reason,
+            trigger=trigger,
+            metrics=metrics,
+            record=record,
+            probes=self.probes,
+            base=self.base_answers,
+            trajectory=self.trajectory,
+        )
+        self._sinks.on_evaluation(evaluation)
+        # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)
+        spent = self.clock() - began
+        self.schedule.evaluated(step, spent)
+        self.monitoring_seconds += spent
+        self._user_sinks.on_evaluation(evaluation)
+        return evaluation
+
+    def finish(self, model: torch.nn.Module, step: int) -> Evaluation | None:
+        """Training ended at ``step``: one more evaluation unless this step has one (and
+        ``eval_on_train_end`` is on), then every sink's ``on_end``. Once per run."""
+        if self.finished or self.base_answers is None:
+            return None
+        evaluation = None
+        if self.config.schedule.eval_on_train_end and not self.evaluated(step):
+            evaluation = self.evaluate(model, step, "train_end")
+        self.finished = True
+        self._sinks.on_end(self.trajectory)
+        self._user_sinks.on_end(self.trajectory)
+        return evaluation
+
+    def flush(self) -> None:
+        """A last try for any write that failed (it warned): the history, the snapshot, checkpoint copies."""
+        if self.writes and self.store is not None:
+            self.store.flush()
+
+    def before_optimizer_step(
+        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
+    ) -> None:
+        """With repair (``replay=``): add its gradient, after the backward pass and any clipping,
+        before ``optimizer.step()``; on every rank. Nothing without repair."""
+        if self.repair is not None:
+            self.repair.before_optimizer_step(model, max_grad_norm=max_grad_norm, grad_scaler=grad_scaler)
+
+    def measure(self, model: torch.nn.Module) -> TransitionReport:
+        """The model scored against the base, outside the run's history (e.g. after training)."""
+        return self.compare(self._score(model))
+
+    def compare(self, answers: Answers) -> TransitionReport:
+        """``answers`` against the base answers, with the run's settings."""
+        c = self.config
+        return compare(
+            self.base_answers,
+            answers,
+            at_risk_share=c.signals.at_risk_share,
+            at_risk_floor=c.signals.at_risk_floor,
+            refusal_detector=self.scorer.refusal_detector,
+            count_tokens=token_counter(self.scorer.tokenizer),
+        )
+
+    def evaluated(self, step: int) -> bool:
+        """Whether the last evaluation was at ``step``."""
+        return bool(self.history) and self.history[-1][0] == step
+
+    def save_to(self, folder: str | os.PathLike[str]) -> None:
+        """Copy the run's files (and the repair's state now) into ``folder``, a checkpoint's
+        ``forgetwatch`` folder, as one whole copy; a failure warns and is retried, never raised."""
+        if self.writes and self.store is not None:
+            extra = {REPLAY_STATE: self.repair.state()} if self.repair is not None else None
+            self.store.copy_to(folder, extra)
+
+    # -- resuming a loop ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a loop keeps in its checkpoint to resume exactly (JSON-ready): the last step it
+        told the watch of, and the repair's state. The history and snapshot are in ``output_dir``.
+
+        Example:
+            >>> json.dump(watch.state_dict(), open("ckpt/forgetwatch.json", "w"))  # doctest: +SKIP
+        """
+        return {
+            "format": STATE_FORMAT,
+            "version": 1,
+            "step": self._step,
+            "repair": self.repair.state() if self.repair is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`'s result at the next :meth:`start` (call it before).
+
+        Example:
+            >>> watch.load_state_dict(json.load(open("ckpt/forgetwatch.json")))   # doctest: +SKIP
+            >>> watch.start(model, tokenizer)     # resumes at the kept step      # doctest: +SKIP
+        """
+        problem = strict_json.value_problem(state) if isinstance(state, Mapping) else (None, "not a mapping")
+        if problem is None and state.get("format") != STATE_FORMAT:
+            problem = ("format", f"expected {STATE_FORMAT!r}, got {state.get('format')!r}")
+        step = state.get("step") if problem is None else None
+        if problem is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            problem = ("step", f"expected a whole number >= 0, got {step!r}")
+        if problem is None and state.get("repair") is not None and self.repair is None:
+            problem = ("repair", "the state holds a repair method's state, and this watch has none (replay=)")
+        if problem is not None:
+            field, message = problem
+            raise ValueError(
+                f"Watch.load_state_dict: {'field ' + repr(field) + ': ' if field else ''}{message}; "
+                "pass what Watch.state_dict() returned"
+            )
+        self._loaded = dict(state)
+
+    # -- reading it -----------------------------------------------------------------------------
+
+    @property
+    def output_dir(self) -> Path | None:
+        """Where snapshot and history go (known once training began, or when configured)."""
+        if self.store is not None:
+            return self.store.dir
+        return Path(self.config.output.output_dir) if self.config.output.output_dir else None
+
+    @property
+    def history_path(self) -> Path | None:
+        return self.output_dir / HISTORY if self.output_dir else None
+
+    def summary(self) -> str:
+        """The last evaluation's table, why training stopped (if forgetwatch stopped it), and
+        where the history is: what to print when training ends.
+
+        Example:
+            >>> print(watch.summary())  # doctest: +SKIP
+        """
+        if self.history:
+            step, report = self.history[-1]
+            lines = [f"forgetting at step {step} (against the model before training):", report.summary()]
+        else:
+            lines = ["forgetwatch has not evaluated yet"]
+        if self.base_answers is not None and "noise_floor" in self.base_answers.meta:
+            lines.append(
+                f"noise floor: {pct(self.base_answers.meta['noise_floor'])} of the probes went from right "
+                "to wrong when the base was scored again; forgetting below it is noise"
+            )
+        if self.stop_reason:
+            lines.append(f"forgetwatch stopped training at {self.stop_reason}")
+        if self.history_path:
+            lines.append(f"history: {self.history_path}")
+        return "\n".join(lines)
+
+    @property
+    def stop_step(self) -> int | None:
+        """The step forgetwatch stopped training at, if it did."""
+        return self.history[-1][0] if self.stop_reason and self.history else None
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _new_schedule(self) -> EverySteps | Budget:
+        c = self.config.schedule
+        if c.eval_steps:
+            return EverySteps(c.eval_steps)
+        # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
+        return Budget(
+            c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
+        )
+
+    def _build_sinks(self, callers: Iterable[Any], stop_note: Callable[[int], str]) -> Sinks:
+        """Which ranks write is decided here, once: the run's own writers on rank 0, the hook
+        and sinks marked ``all_ranks`` everywhere."""
+
+        def here(sinks: Iterable[Any]) -> list[Any]:
+            return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
+
+        mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
+        self._user_sinks = Sinks(
+            here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []), *self.user_sinks])
+        )
+        return Sinks(here([*mine, *callers]))
+
+    def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
+        """Every rank scores its share of the probes; each gets all the answers."""
+        return self.scorer(
+            model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
+        )
+
+    def _warn_if_too_short(self) -> None:
+        """At the budget's first look at the clock (the first step it can measure), say if it
+        would evaluate only at the end of this run."""
+        projected = self.schedule.projected
+        if projected is None and not self.history:
+            return
+        self._length_checked = True
+        if self.writes and not self.history and self._max_steps and projected > self._max_steps:
+            logger.warning(
+                "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
+                "evaluation before the end (the first would come at about step %d), so only the "
+                "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
+                self._max_steps,
+                self.config.schedule.max_overhead,
+                projected,
+            )
+
+    def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
+        """Where a resumed run looks for its base snapshot, history and repair files, in order:
+        each of ``candidates`` that is a whole copy (see :func:`~forgetwatch.results.store.copy_problem`;
+        one that is not is left out, with a warning), then the run's own directory. The first
+        candidate must exist. Rank 0 decides (it alone reads them)."""
+        dirs = []
+        for i, folder in enumerate(dict.fromkeys(Path(c) for c in candidates)):
+            if not self.writes or folder == self.store.dir:
+                dirs.append(folder)
+                continue
+            if folder.is_dir():
+                problem = copy_problem(folder)
+            elif i == 0:
+                problem = "no such folder (the checkpoint was saved without forgetwatch)"
+            else:
+                continue
+            if problem:
+                logger.warning(
+                    "forgetwatch: not resuming from %s: %s; using the files of the run directory %s instead",
+                    folder,
+                    problem,
+                    self.store.dir,
+                )
+            else:
+                dirs.append(folder)
+        return list(dict.fromkeys([*dirs, self.store.dir]))
+
+    def _base(self, model: torch.nn.Module, dirs: list[Path], step: int) -> tuple[Answers, float | None]:
+        """The base answers, and the seconds one scoring of them took (what an evaluation will
+        cost; ``None`` when they were loaded).
+
+        Rank 0 decides from its files whether one is found, and shares it, so every rank
+        either loads the same answers or joins in computing them; an error there (a damaged
+        ``base=`` file, no snapshot to resume from) is raised on every rank."""
+        given, resumed = self.base_given, step > 0
+        keys = {"model_key": model_key(model)}
+        if given is None and not resumed:  # a cached snapshot must be of these very weights
+            keys["weights_key"] = weights_key(model, self.ranks)
+        expected = Expected(self.scorer.fingerprint, self.scorer.scoring, self.probes.ids, keys)
+
+        def from_files() -> dict[str, Any] | None:  # on rank 0
+            self.store.check_writable()  # the one time a file problem stops training: before it starts
+            answers = stored_base(given, expected, run_dir=self.store.dir, resume_dirs=dirs, step=step)
+            if answers is not None:  # kept with the run and its checkpoints (a cached one is there already)
+                self.store.save_snapshot(answers, on_disk=given is None and not resumed)
+            return None if answers is None else answers.to_dict()
+
+        found = self.ranks.share_from_rank_zero(from_files)
+        if found is not None:
+            return Answers.from_dict(found), None
+        check = self.config.signals.noise_check
+        if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
+            check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model))])[0])
+        with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
+            began = self.clock()
+            answers = self._score(model, show_progress=self.config.output.verbose and self.writes)
+            cost = self.clock() - began
+            if check:
+                answers.meta.update(
+                    measure_noise(self.scorer, model, answers, self.config.scoring.batch_size, distributed=True)
+                )
+        answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
+        if self.writes:
+            self.store.save_snapshot(answers)
+        return answers, cost
+
+    def _restore_history(self, dirs: list[Path], step: int) -> None:
+        """Keep the history up to ``step``, every record that can be read (see
+        :func:`~forgetwatch.results.history.recover_history`); replay it through the stop rule. The
+        run's own file, if it holds records that could not be read, is moved aside, never
+        overwritten."""
+        paths = [d / HISTORY for d in dirs]
+
+        def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
+            found = recover_history(
+                paths, step, probes=len(self.base_answers), fingerprint=self.base_answers.probe_fingerprint
+            )
+            if any(s.problem is not None and s.path == self.store.history_path for s in found.scans):
+                self.store.set_aside_damaged(len(found.records))
+            return found.records
+
+        self.records = self.ranks.share_from_rank_zero(recover)
+        category = {p.id: p.category for p in self.probes}
+        self.history = [(r["step"], report_from_record(r, category)) for r in self.records]
+        self.trajectory = Trajectory.from_history(self.base_answers, self.records)
+        for r in self.records:
+            self._stop_rule.update(r["report"])
+        if self.writes:
+            self.store.save_history(self.records)
