@@ -41,7 +41,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from forgetwatch import ProbeSet  # noqa: E402
+from forgetwatch import Output, ProbeSet, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -75,7 +75,11 @@ def main(argv=None) -> int:
 
     log: dict[str, list[int]] = {"train": [], "forgetwatch": []}
     cb = ForgetWatchCallback(
-        probes, eval_steps=args.eval_steps, batch_size=batch_size, output_dir=args.out + "/fw", verbose=False
+        probes,
+        eval_steps=args.eval_steps,
+        output_dir=args.out + "/fw",
+        scoring=Scoring(batch_size=batch_size),
+        output=Output(verbose=False),
     )
     config = trl.SFTConfig(
         args.out,

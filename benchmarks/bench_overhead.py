@@ -51,7 +51,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from forgetwatch import ProbeSet  # noqa: E402
+from forgetwatch import Output, ProbeSet, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -64,7 +64,9 @@ def train_once(world, tokenizer, base, probes, steps, out, callback_settings):
 
     callbacks = []
     if callback_settings is not None:
-        callbacks.append(ForgetWatchCallback(probes, output_dir=out + "/fw", verbose=False, **callback_settings))
+        callbacks.append(
+            ForgetWatchCallback(probes, output_dir=out + "/fw", output=Output(verbose=False), **callback_settings)
+        )
     args = trl.SFTConfig(
         out,
         max_steps=steps,
@@ -99,7 +101,7 @@ def idle_step_cost(probes, tokenizer, model) -> float:
     """Seconds per ``on_step_end`` call on a step where nothing is due (budget schedule)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    cb = ForgetWatchCallback(probes, verbose=False)
+    cb = ForgetWatchCallback(probes, output=Output(verbose=False))
     cb.watch.schedule.start(0, spent=1e9)  # a huge past cost: nothing will be due
     cb.watch.schedule.due(1)  # plans the next clock reading far ahead
     state, control = TrainerState(), TrainerControl()
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     }
 
     # the toy model sees 256 tokens: responses of up to 64 leave room for the prompts
-    common = {"behaviour_max_new_tokens": 64} if behaviour else {}
+    common = {"scoring": Scoring(behaviour_max_new_tokens=64)} if behaviour else {}
     runs = {
         "without": None,
         "budget 5%": common,

@@ -55,7 +55,7 @@ def watched_trainer(
     """
     import torch
 
-    from forgetwatch import ForgetWatchCallback
+    from forgetwatch import ForgetWatchCallback, Scoring
 
     settings = {
         "max_steps": max_steps,
@@ -76,8 +76,8 @@ def watched_trainer(
         probes,
         eval_steps=eval_steps,
         max_forgetting=max_forgetting,
-        chat_template=chat_template,
         base="adapter_disabled" if lora else None,
+        scoring=Scoring(chat_template=chat_template),
     )
     trainer = trainer_class(args=config_class(output_dir, **settings), callbacks=[callback], **trainer_kwargs)
     trainer.forgetwatch = callback

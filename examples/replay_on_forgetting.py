@@ -45,7 +45,15 @@ if __name__ == "__main__":
 import datasets  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool, TransitionReport  # noqa: E402
+from forgetwatch import (  # noqa: E402
+    ForgetWatchCallback,
+    Output,
+    ProbeSet,
+    Replay,
+    ReplayPool,
+    ReplaySettings,
+    TransitionReport,
+)
 from forgetwatch.common.text import pct  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -105,8 +113,10 @@ def build_trainer(
         "seed": 0,
     }
     settings.update(extra)
-    replay = {} if pool is None else {"replay": pool, "replay_weight": replay_weight}
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, verbose=False, on_forgetting=AtRiskLog(), **replay)
+    replay = None if pool is None else Replay(pool, ReplaySettings(weight=replay_weight))
+    callback = ForgetWatchCallback(
+        probes, eval_steps=eval_steps, output=Output(verbose=False), on_forgetting=AtRiskLog(), replay=replay
+    )
     trainer = SFTTrainer(
         model=model,
         args=SFTConfig(str(output_dir), **settings),

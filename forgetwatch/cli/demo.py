@@ -127,10 +127,11 @@ def _post_train(
     from datasets import Dataset
     from transformers import PrinterCallback
 
+    from forgetwatch.config.settings import Output
     from forgetwatch.integrations.callback import ForgetWatchCallback
 
     callback = ForgetWatchCallback(
-        probes, eval_steps=eval_steps, output_dir=str(out), verbose=verbose, **callback_settings
+        probes, eval_steps=eval_steps, output_dir=str(out), output=Output(verbose=verbose), **callback_settings
     )
     args = trl.SFTConfig(
         str(out / "sft"),
