@@ -83,6 +83,10 @@ class Replay:
         self._run = run
         begin(self, model, run)
 
+    def hold_out(self, probes: Any) -> None:
+        """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
+        self.pool.check_disjoint(probes)
+
     def on_evaluation(self, report: TransitionReport) -> None:
         self.reweigh(report)
 

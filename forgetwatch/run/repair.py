@@ -67,6 +67,10 @@ class Repair(Protocol):
 
     name: str
 
+    def hold_out(self, probes: Any) -> None:
+        """Refuse (a ``ValueError`` naming both) training data that holds a probe: called when
+        the run is built, before any work."""
+
     def begin(self, model: torch.nn.Module, run: RunContext) -> None:
         """Training begins (or resumes): refuse what it cannot run under, restore its state."""
 

@@ -28,11 +28,12 @@ from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stop
 from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.results.history import history_record, recover_history, report_from_record
+from forgetwatch.results.history import history_record, recover_history
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.store import HISTORY, REPLAY_STATE, RunStore, copy_problem
+from forgetwatch.results.run_dir import Run
+from forgetwatch.results.store import HISTORY, RunStore, copy_problem
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
@@ -162,9 +163,8 @@ class Watch:
         self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
         config.check_categories(self.probes.categories)
         self.repair = as_repair(replay, config)
-        pool = getattr(self.repair, "pool", None)
-        if pool is not None:
-            pool.check_disjoint(self.probes)  # the probes must stay held out
+        if self.repair is not None:
+            self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
         self.config = config
         self.refusal_detector = refusal_detector
         self.on_forgetting = on_forgetting
@@ -421,7 +421,7 @@ class Watch:
         """Copy the run's files (and the repair's state now) into ``folder``, a checkpoint's
         ``forgetwatch`` folder, as one whole copy; a failure warns and is retried, never raised."""
         if self.writes and self.store is not None:
-            extra = {REPLAY_STATE: self.repair.state()} if self.repair is not None else None
+            extra = {f"{self.repair.name}.json": self.repair.state()} if self.repair is not None else None
             self.store.copy_to(folder, extra)
 
     # -- resuming a loop ------------------------------------------------------------------------
@@ -633,9 +633,8 @@ class Watch:
             return found.records
 
         self.records = self.ranks.share_from_rank_zero(recover)
-        category = {p.id: p.category for p in self.probes}
-        self.history = [(r["step"], report_from_record(r, category)) for r in self.records]
-        self.trajectory = Trajectory.from_history(self.base_answers, self.records)
+        run = Run(self.store.dir, self.base_answers, self.records)  # each record's report, made once
+        self.history, self.trajectory = run.history, run.trajectory
         for r in self.records:
             self._stop_rule.update(r["report"])
         if self.writes:
