@@ -10,9 +10,25 @@ import json
 import math
 import os
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+#: What reading a damaged or hostile ``.npz`` raises: zipfile, zlib and numpy each fail with
+#: their own types (numpy's NotImplementedError: pickled object arrays, which are never loaded).
+NPZ_ERRORS: tuple[type[BaseException], ...] = (
+    KeyError,
+    ValueError,
+    TypeError,
+    OSError,
+    EOFError,
+    RecursionError,
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+)
 
 _TMP = ".tmp"  # the ending of atomic_write's temporary files
 

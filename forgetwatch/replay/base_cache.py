@@ -10,8 +10,6 @@ every array checks out (:meth:`BaseDistribution.problem`) and the key is this ru
 from __future__ import annotations
 
 import os
-import zipfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ import numpy as np
 import torch
 
 from forgetwatch.common import strict_json
-from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, strict_dumps
 from forgetwatch.common.text import first_line
 from forgetwatch.replay.penalty import right_padded
 from forgetwatch.scoring.batching import group
@@ -165,17 +163,7 @@ class BaseDistribution:
                     _json(z["key"]) if "key" in z.files else {},
                 )
         # a damaged npz fails inside zipfile, zlib or numpy with their own exception types
-        except (
-            KeyError,
-            ValueError,
-            TypeError,
-            OSError,
-            EOFError,
-            RecursionError,
-            zipfile.BadZipFile,
-            zlib.error,
-            NotImplementedError,
-        ) as err:
+        except NPZ_ERRORS as err:
             reason = (
                 "it holds pickled (object) data, which forgetwatch never loads"
                 if "pickle" in str(err)

@@ -7,8 +7,6 @@ import json
 import math
 import numbers
 import os
-import zipfile
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from forgetwatch.common.files import atomic_write, json_safe, strict_dump, strict_dumps
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, strict_dump, strict_dumps
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
@@ -318,16 +316,7 @@ class Answers:
         except AnswersFileError as e:
             raise AnswersFileError(e.reason, path) from None
         # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
-        except (
-            KeyError,
-            ValueError,
-            TypeError,
-            OSError,
-            EOFError,
-            zipfile.BadZipFile,
-            zlib.error,
-            NotImplementedError,
-        ) as e:
+        except NPZ_ERRORS as e:
             # not chained: the reason says what matters, and numpy's text may advise loading pickles
             raise AnswersFileError(_unreadable(e), path) from None
         if probes is not None:
