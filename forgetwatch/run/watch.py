@@ -1,10 +1,11 @@
 """Watch: the monitor without a trainer. Any training loop can drive it.
 
-It only orchestrates: when to evaluate (:mod:`.schedule`), where the base comes from
-(:mod:`.base`), scoring (:mod:`.scoring`), comparison (:mod:`.metrics`), stopping
-(:mod:`.stopping`), files (:mod:`.store`, :mod:`.history`), where each evaluation goes
-(:mod:`.sinks`) and repair (:mod:`.repair`) each live in their own module. Collectives are
-visible here: every cross-rank step goes through the one ``Ranks`` the watch holds.
+It only orchestrates: when to evaluate (:mod:`forgetwatch.run.schedule`), where the base comes
+from (:mod:`forgetwatch.run.base`), scoring (:mod:`forgetwatch.scoring`), comparison
+(:mod:`forgetwatch.results.metrics`), stopping (:mod:`forgetwatch.run.stopping`), files
+(:mod:`forgetwatch.results.store`), where each evaluation goes (:mod:`forgetwatch.sinks`) and
+repair (:mod:`forgetwatch.run.repair`) each live in their own module. Collectives are visible
+here: every cross-rank step goes through the one ``Ranks`` the watch holds.
 """
 
 from __future__ import annotations
