@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,13 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch):
     (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
-    for i, (code, skipped) in enumerate(blocks("python")):
-        if not skipped:
-            exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        for i, (code, skipped) in enumerate(blocks("python")):
+            if not skipped:
+                exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+    # what a new user copies uses today's forms: none of forgetwatch's deprecation warnings
+    assert not [w for w in caught if "stops working in the next release" in str(w.message)]
     report = namespace["report"]
     assert report.n == len(namespace["probes"]) and report.forgotten > 0  # the run forgot something
     assert (tmp_path / "transitions.csv").is_file() and (tmp_path / "base_answers.json").is_file()
