@@ -79,6 +79,81 @@ class ProbeSet(Sequence[Probe]):
         probes, name = read_dataset(dataset, preset, columns=columns, category=category, limit=limit, source=source)
         return cls(probes, name)
 
+    @classmethod
+    def from_lm_eval(
+        cls,
+        tasks: str | Sequence[str],
+        *,
+        num_fewshot: int | None = None,
+        limit: int | float | None = None,
+        include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+        include_defaults: bool = True,
+        task_manager: Any = None,
+        fewshot_seed: int = 1234,
+        apply_chat_template: bool = False,
+        tokenizer: Any = None,
+        system_instruction: str | None = None,
+        fewshot_as_multiturn: bool = True,
+        metric: str | Mapping[str, str] | None = None,
+        filter: str | Mapping[str, str] | None = None,
+    ) -> ProbeSet:
+        """Probes built by lm-evaluation-harness's own task objects, scored as lm-eval scores
+        them (``pip install 'forgetwatch[lm-eval]'``).
+
+        Each document of each task (a group's subtasks, each under its own name) is one probe:
+        id ``"<task>/<doc_id>"``, category the task's name, ``meta["lm_eval"]`` its task and
+        groups. Prompts, few-shot examples, filters and metrics are lm-eval's, configured as
+        ``lm_eval.simple_evaluate`` configures them, so a probe is right exactly when lm-eval's
+        per-sample metric is 1, and a task's accuracy is lm-eval's number for it.
+
+        Args:
+            tasks: task, group or tag names (or task YAML paths), as for ``lm_eval --tasks``.
+            num_fewshot: few-shot examples per prompt (``None``: each task's own; a task that
+                sets ``num_fewshot: 0`` keeps it, as in lm-eval).
+            limit: the first ``limit`` documents of each task (a float below 1: that share).
+            include_path: a folder (or several) of the user's task YAMLs.
+            include_defaults: also index lm-eval's own tasks (a few seconds); ``False`` when all
+                tasks are in ``include_path``.
+            task_manager: an ``lm_eval.tasks.TaskManager`` to use instead of a new one.
+            fewshot_seed: the few-shot sampler's seed (lm-eval's ``fewshot_random_seed``).
+            apply_chat_template: build prompts in the model's chat template; needs ``tokenizer``.
+            tokenizer: the model's tokenizer (only the chat template needs it).
+            system_instruction: a system prompt, as lm-eval's ``--system_instruction``.
+            fewshot_as_multiturn: with a chat template, each example is a user/assistant turn
+                (``simple_evaluate``'s default).
+            metric: the metric that decides right and wrong (one name, or one per task name):
+                default ``acc`` for multiple choice (``acc_norm`` or ``acc_bytes`` when asked),
+                ``exact_match`` for generation, else the task's first per-sample mean metric.
+            filter: which filter pipeline's output counts, where a task has several (gsm8k has
+                ``strict-match`` and ``flexible-extract``); default the task's first.
+
+        What cannot be scored per sample as lm-eval does is refused here, naming the task and
+        why: perplexity tasks, sampling, repeats, metrics aggregated over all documents, a
+        context per choice. A name lm-eval does not know is refused with close names.
+
+        Example:
+            >>> probes = ProbeSet.from_lm_eval(["arc_easy", "mmlu"], num_fewshot=5, limit=20)  # doctest: +SKIP
+        """
+        from forgetwatch.probes.lm_eval_tasks import load_lm_eval_probes
+
+        probes = load_lm_eval_probes(
+            tasks,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            include_path=include_path,
+            include_defaults=include_defaults,
+            task_manager=task_manager,
+            fewshot_seed=fewshot_seed,
+            apply_chat_template=apply_chat_template,
+            tokenizer=tokenizer,
+            system_instruction=system_instruction,
+            fewshot_as_multiturn=fewshot_as_multiturn,
+            metric=metric,
+            filter=filter,
+        )
+        names = [tasks] if isinstance(tasks, str) else list(tasks)
+        return cls(probes, "lm-eval: " + ", ".join(map(str, names)))
+
     # -- sequence protocol ----------------------------------------------------------------------
 
     def __len__(self) -> int:

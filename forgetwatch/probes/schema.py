@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from forgetwatch.behaviour.checks import check_problems
 from forgetwatch.common.patterns import compiled, pattern_problem
@@ -66,6 +66,32 @@ class ProbeKind(Enum):
         return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
 
 
+class Judge(Protocol):
+    """Decides a probe's answer the way another tool does, in place of forgetwatch's own rules:
+    :class:`forgetwatch.probes.lm_eval_tasks.LmEvalJudge` runs lm-eval's filters and metric.
+    It may also set how the probe is generated (``None``: the scorer's settings).
+
+    Example:
+        >>> probe.judge.choose(np.array([-2.0, -0.5]))  # doctest: +SKIP
+        (True, 1)
+    """
+
+    max_new_tokens: int | None
+    stop: tuple[str, ...] | None
+
+    def describe(self) -> dict[str, Any]:
+        """What decides the verdict, as plain JSON (part of the probe set's fingerprint)."""
+        ...
+
+    def choose(self, logprobs: Any) -> tuple[bool, int]:
+        """Multiple choice: (right?, the index shown as predicted) from each choice's log-probability."""
+        ...
+
+    def read(self, text: str) -> tuple[bool, str]:
+        """Generative: (right?, the answer read from the text) for a generated response."""
+        ...
+
+
 @dataclass(frozen=True)
 class Probe:
     """One probe: a question with choices (multiple choice), a reference answer (generative),
@@ -86,6 +112,11 @@ class Probe:
     extract: str | None = None
     check: Mapping[str, Any] | None = field(default=None, hash=False)
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: the text between the question and each choice (or the reference answer); ``None``: a
+    #: space, or nothing after a chat template's assistant turn (lm-eval's default)
+    delimiter: str | None = None
+    #: decides the answer instead of forgetwatch's rules (lm-eval probes); ``None``: ours
+    judge: Judge | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def kind(self) -> ProbeKind:
@@ -123,6 +154,10 @@ class Probe:
             row["answer"] = self.answer
         if self.extract is not None:
             row["extract"] = self.extract
+        if self.delimiter is not None:
+            row["delimiter"] = self.delimiter
+        if self.judge is not None:
+            row["judge"] = self.judge.describe()
         return row
 
 

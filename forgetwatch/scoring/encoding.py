@@ -1,7 +1,7 @@
 """Token ids for a probe set, computed once per (tokenizer, probe set, prompt format).
 
 Multiple choice follows lm-eval-harness's ``acc`` exactly: the continuation is
-``delimiter + choice`` (delimiter ``" "``, or ``""`` with a chat template); trailing whitespace
+``delimiter + choice`` (the probe's delimiter, else ``" "``, or ``""`` with a chat template); trailing whitespace
 of the context moves onto the continuation; the pair is encoded whole and split at the length
 of the encoded context; the tokenizer adds its special tokens (BOS) unless the text already
 starts with the prefix token.
@@ -131,7 +131,7 @@ def encode_probes(
     probe's reference answer is encoded like a choice (``delimiter + answer``). Questions are
     cut to what keeps their last ``visible`` tokens exact (:func:`visible_tail`): all that a
     model with a context of fewer tokens can see."""
-    delimiter = "" if chat_template else " "
+    default_delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
     prompts: list[str] = []
@@ -141,6 +141,7 @@ def encode_probes(
             prompts.append(text)
         if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score
             continue
+        delimiter = default_delimiter if p.delimiter is None else p.delimiter
         for choice in p.choices or (p.answer,):
             context, continuation = split_trailing_space(text, delimiter + choice)
             wholes.append(context + continuation)

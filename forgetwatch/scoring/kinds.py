@@ -39,7 +39,7 @@ class Rules:
 
 def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
     """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the
-    lowest index.
+    lowest index. A probe with a :attr:`~forgetwatch.probes.Probe.judge` is judged by it.
 
     Example:
         >>> p = Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1)
@@ -47,10 +47,14 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
         1
     """
     lps = measured.logprobs
-    scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.normalize == "chars" else lps
-    pred = int(np.argmax(scores))  # ties go to the lowest index
+    if probe.judge is not None:  # the probe's own rules (lm-eval's metric)
+        correct, pred = probe.judge.choose(lps)
+    else:
+        scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.normalize == "chars" else lps
+        pred = int(np.argmax(scores))  # ties go to the lowest index
+        correct = pred == probe.answer
     return {
-        "correct": pred == probe.answer,
+        "correct": correct,
         "predicted": pred,
         "choice_logprobs": lps,
         "gold_logprob": float(lps[probe.answer]),
@@ -59,8 +63,9 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
 
 
 def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The answer pulled out of the generated text (the probe's ``extract``, or the user's
-    extractor) against the reference; the reference's log-probability where it was scored.
+    """The answer pulled out of the generated text (the probe's judge, the user's extractor, or
+    the probe's ``extract``) against the reference; the reference's log-probability where it
+    was scored.
 
     Example:
         >>> p = Probe(id="g1", question="6 * 7 =", answer="42", extract="number")
@@ -69,11 +74,15 @@ def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]
     """
     text = measured.text
     assert text is not None  # every generative probe is generated
-    if rules.extract is not None:  # the user's extractor: compared with the answer as written
-        got, reference = rules.extract(text), probe.answer.strip()
+    if probe.judge is not None:  # the probe's own rules (lm-eval's filters and metric)
+        correct, got = probe.judge.read(text)
+    elif rules.extract is not None:  # the user's extractor: compared with the answer as written
+        got = rules.extract(text)
+        correct = is_correct(got, probe.answer.strip())
     else:
-        got, reference = extractor_for(probe.extract)(text), reference_for(probe.extract, probe.answer)
-    sample = {"correct": is_correct(got, reference), "predicted": got, "output": text, "n_choices": 0}
+        got = extractor_for(probe.extract)(text)
+        correct = is_correct(got, reference_for(probe.extract, probe.answer))
+    sample = {"correct": correct, "predicted": got, "output": text, "n_choices": 0}
     if len(measured.logprobs):  # the reference answer's teacher-forced log-probability
         sample["gold_logprob"] = float(measured.logprobs[0])
     return sample

@@ -38,7 +38,6 @@ from forgetwatch.scoring.encoding import (
     VISIBLE_TOKENS,
     Encoded,
     EncodedChoices,
-    EncodedPrompt,
     encode_probes,
     model_max_length,
 )
@@ -103,6 +102,12 @@ class Scorer:
             stop=stop,
             behaviour_max_new_tokens=behaviour_max_new_tokens,
         )
+        if chat_template and any(p.judge is not None for p in probes):
+            raise ValueError(
+                "these probes' prompts were built by lm-eval, so chat_template=True would wrap them twice; "
+                "ask lm-eval for the chat template instead: ProbeSet.from_lm_eval(..., apply_chat_template=True, "
+                "tokenizer=tokenizer), with chat_template=False here"
+            )
         self.tokenizer = tokenizer
         self.probes = probes
         self.normalize = normalize
@@ -236,22 +241,31 @@ class Scorer:
         """Every generated probe's prompt, kept whole, with the response length its context
         leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
         by probe index."""
-        kinds = {
-            ProbeKind.GENERATIVE: ("max_new_tokens", self.max_new_tokens, self.stop),
-            # a response of several lines: no stop strings
-            ProbeKind.BEHAVIOUR: ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ()),
-        }
         out: dict[int, _Prompt] = {}
-        for kind, (setting, limit, stop) in kinds.items():
-            lengths = {
-                i: len(e.prompt)
-                for i, (p, e) in enumerate(zip(self.probes, tokens.encoded))
-                if p.kind is kind and isinstance(e, EncodedPrompt)
-            }
+        for (setting, limit, stop), members in self._generation_settings().items():
+            lengths = {i: len(tokens.encoded[i].prompt) for i in members}
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
-                self._warn_once(f"{setting}/{max_length}", "forgetwatch: %s", note)
+                self._warn_once(f"{setting}={limit}/{max_length}", "forgetwatch: %s", note)
             out.update((i, _Prompt(tokens.encoded[i].prompt, n, stop)) for i, n in budgets.items())
+        return out
+
+    def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
+        """The generated probes by how they are generated: (the setting that limits the
+        response, its length, stop strings). A probe's judge may set its own (lm-eval's
+        ``max_gen_toks`` and ``until``)."""
+        out: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
+        for i, p in enumerate(self.probes):
+            if p.kind is ProbeKind.GENERATIVE:
+                how = ("max_new_tokens", self.max_new_tokens, self.stop)
+                if p.judge is not None:
+                    limit = self.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
+                    how = ("max_gen_toks", limit, self.stop if p.judge.stop is None else p.judge.stop)
+            elif p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
+                how = ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())
+            else:
+                continue
+            out.setdefault(how, []).append(i)
         return out
 
     def _agree(self, run: _Run) -> _Run:

@@ -1,0 +1,329 @@
+"""Probes built by lm-eval-harness's own task objects: its prompts, few-shot blocks, filters and
+metrics, exactly as ``lm_eval.simple_evaluate`` builds and scores them (``pip install
+'forgetwatch[lm-eval]'``).
+
+Nothing lm-eval does is done again here. Its ``TaskManager`` loads the tasks (groups become
+their subtasks); each task is configured with the calls ``simple_evaluate`` makes (few-shot
+count, seed) and builds its requests with ``build_all_requests``. A request's context becomes a
+probe's question as it stands; a multiple-choice request's continuation is ``delimiter +
+choice``. At each evaluation a probe's :class:`LmEvalJudge` hands what the model did to the
+task: log-likelihoods to ``process_results``, generated text through the task's filter
+pipeline and then ``process_results``; lm-eval's metric value is the verdict.
+
+What cannot be scored per sample exactly as lm-eval does is refused when the tasks load, before
+any model work, naming the task and why.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from forgetwatch.probes.schema import Probe
+
+#: Multiple-choice metrics that depend on the choices' log-likelihoods alone (``exact_match``
+#: also needs whether each choice is the greedy continuation, ``acc_mutual_info`` extra requests).
+CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
+#: lm-eval's default for a generation without ``max_gen_toks`` (HFLM's ``max_gen_toks``).
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+class LmEvalTaskError(ValueError):
+    """An lm-eval task that cannot be loaded or scored per sample; the message names it and why."""
+
+
+@dataclass(frozen=True, eq=False)
+class LmEvalJudge:
+    """One document's verdict, by its lm-eval task: ``process_results`` on the choices'
+    log-likelihoods, or the task's filter pipeline (``filter``) and then ``process_results`` on
+    generated text; ``metric``'s value is right (1) or wrong (0).
+
+    Example:
+        >>> probes[0].judge.choose(np.array([-4.3, -3.3, -21.6, -13.2]))  # doctest: +SKIP
+        (True, 1)
+    """
+
+    task: Any  # lm_eval.api.task.Task
+    doc: Mapping[str, Any]
+    doc_id: int
+    metric: str
+    filter: str
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lm_eval_task": self.task.task_name,
+            "version": str(self.task.VERSION),
+            "metric": self.metric,
+            "filter": self.filter,
+        }
+
+    def choose(self, logprobs: Any) -> tuple[bool, int]:
+        lls = np.asarray(logprobs, dtype=float)
+        # the choice lm-eval's metric picks, for display (ties go to the lowest index, as np.argmax)
+        scores = lls
+        if self.metric != "acc":
+            choices = self.task.doc_to_choice(self.doc)
+            size = (lambda c: len(c.encode("utf-8"))) if self.metric == "acc_bytes" else len
+            scores = lls / np.array([float(size(c)) for c in choices])
+        # is_greedy is never read by the metrics allowed for choices (CHOICE_METRICS)
+        results = self.task.process_results(self.doc, [(float(x), False) for x in lls])
+        return _right(results, self), int(np.argmax(scores))
+
+    def read(self, text: str) -> tuple[bool, str]:
+        from lm_eval.api.instance import Instance
+
+        inst = Instance(
+            request_type="generate_until",
+            doc=self.doc,
+            arguments=("", {}),
+            idx=0,
+            metadata=(self.task.task_name, self.doc_id, 1),
+        )
+        inst.resps.append(text)
+        for ensemble in self.task._filters:  # the task's filter pipelines; one of them counts
+            if ensemble.name == self.filter:
+                ensemble.apply([inst])
+        answer = inst.filtered_resps[self.filter]
+        return _right(self.task.process_results(self.doc, [answer]), self), str(answer)
+
+
+def _right(results: Mapping[str, Any], judge: LmEvalJudge) -> bool:
+    value = results[judge.metric]
+    if isinstance(value, (bool, np.bool_)) or value in (0, 1):
+        return bool(value == 1)
+    raise ValueError(
+        f"lm-eval task {judge.task.task_name!r}, document {judge.doc_id}: metric {judge.metric!r} gave "
+        f"{value!r}, not right (1) or wrong (0); choose a per-sample 0/1 metric with metric="
+    )
+
+
+def load_lm_eval_probes(
+    tasks: str | Sequence[str],
+    *,
+    num_fewshot: int | None = None,
+    limit: int | float | None = None,
+    include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+    include_defaults: bool = True,
+    task_manager: Any = None,
+    fewshot_seed: int = 1234,
+    apply_chat_template: bool = False,
+    tokenizer: Any = None,
+    system_instruction: str | None = None,
+    fewshot_as_multiturn: bool = True,
+    metric: str | Mapping[str, str] | None = None,
+    filter: str | Mapping[str, str] | None = None,
+) -> list[Probe]:
+    """The probes of lm-eval ``tasks``: see :meth:`forgetwatch.ProbeSet.from_lm_eval`."""
+    try:
+        from lm_eval.evaluator_utils import get_sample_size
+        from lm_eval.tasks import TaskManager
+    except ImportError as err:
+        raise ImportError(
+            "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
+        ) from err
+    names = [tasks] if isinstance(tasks, str) else list(tasks)
+    if not names:
+        raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
+    if apply_chat_template and tokenizer is None:
+        raise LmEvalTaskError("apply_chat_template=True needs the model's tokenizer: pass tokenizer=")
+    if task_manager is None:
+        paths = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
+        task_manager = TaskManager(
+            include_path=[str(p) for p in paths] if paths else None, include_defaults=include_defaults
+        )
+    _check_names(task_manager, names)
+    loaded = task_manager.load(names)
+    groups = _groups_of(loaded.get("group_map", {}))
+    chat = _chat_function(tokenizer) if apply_chat_template else None
+
+    built: list[tuple[str, Any, str, str]] = []
+    refused: list[str] = []
+    for name, task in loaded["tasks"].items():
+        _configure_like_simple_evaluate(task, num_fewshot, fewshot_seed)
+        how = _scorable(task, name, _per_task(metric, name), _per_task(filter, name))
+        if isinstance(how, str):
+            refused.append(how)
+        else:
+            built.append((name, task, *how))
+    if refused:
+        raise LmEvalTaskError("cannot score these lm-eval tasks per sample:\n  " + "\n  ".join(refused))
+
+    probes: list[Probe] = []
+    for name, task, chosen_metric, chosen_filter in built:
+        task.set_fewshot_seed(seed=fewshot_seed)  # the sampler's draws depend on its state: seed each build
+        task.build_all_requests(
+            limit=get_sample_size(task, limit),
+            rank=0,
+            world_size=1,
+            cache_requests=False,
+            rewrite_requests_cache=False,
+            system_instruction=system_instruction,
+            apply_chat_template=apply_chat_template,
+            fewshot_as_multiturn=fewshot_as_multiturn,
+            chat_template=chat,
+            tokenizer_name="",
+        )
+        meta = {"lm_eval": {"task": name, "groups": groups.get(name, [])}}
+        for doc_id, instances in _by_document(task.instances):
+            probes.append(_probe(task, name, doc_id, instances, chosen_metric, chosen_filter, meta))
+    return probes
+
+
+def _check_names(task_manager: Any, names: Iterable[str]) -> None:
+    known = set(task_manager.all_tasks)
+    for name in names:
+        if name in known or (isinstance(name, str) and name.endswith((".yaml", ".yml")) and os.path.isfile(name)):
+            continue
+        close = difflib.get_close_matches(str(name), sorted(known), n=5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        where = "" if getattr(task_manager, "include_path", None) is None else " (or in include_path)"
+        raise LmEvalTaskError(f"lm-eval has no task, group or tag named {name!r}{where}{hint}")
+
+
+def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Each task's groups, innermost first (lm-eval keeps a subtask's group only in the map)."""
+    parent = {child: group for group, children in group_map.items() for child in children}
+    out: dict[str, list[str]] = {}
+    for child in parent:
+        chain, node = [], child
+        while node in parent and parent[node] not in chain:
+            node = parent[node]
+            chain.append(node)
+        out[child] = chain
+    return out
+
+
+def _chat_function(tokenizer: Any):
+    """lm-eval's own chat formatting (``HFLM.apply_chat_template``) on this tokenizer."""
+    from lm_eval.models.huggingface import HFLM
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise LmEvalTaskError("apply_chat_template=True but this tokenizer has no chat template")
+    lm = SimpleNamespace(tokenizer=tokenizer, chat_template_args={})
+
+    def chat(history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return HFLM.apply_chat_template(lm, history, add_generation_prompt)  # type: ignore[arg-type]
+
+    return chat
+
+
+def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None, seed: int) -> None:
+    """The calls ``simple_evaluate`` makes on each task before building its requests: an
+    explicit ``num_fewshot: 0`` in the task is never overridden."""
+    if num_fewshot is not None:
+        if task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=num_fewshot)
+    elif task.get_config("num_fewshot") is None:
+        task.set_config(key="num_fewshot", value=0)
+    task.set_fewshot_seed(seed=seed)
+
+
+def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
+    return option.get(name) if isinstance(option, Mapping) else option
+
+
+def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None) -> tuple[str, str] | str:
+    """(metric, filter) this task is scored by, or why it cannot be scored per sample."""
+    from lm_eval.api.metrics import mean
+
+    kind = task.OUTPUT_TYPE
+    if getattr(task, "MULTIMODAL", False):
+        return f"{name}: multimodal tasks are not scored by forgetwatch"
+    if kind == "loglikelihood_rolling":
+        return f"{name}: a perplexity task (loglikelihood_rolling) has no right or wrong answer per sample"
+    if kind not in ("multiple_choice", "generate_until"):
+        return f"{name}: output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)"
+    if (task.config.repeats or 1) > 1:
+        return f"{name}: repeats={task.config.repeats} samples each answer several times; forgetwatch generates once"
+    if kind == "generate_until":
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
+        if gen.get("do_sample"):
+            return f"{name}: it samples (do_sample or temperature > 0); forgetwatch decodes greedily"
+    aggregations = task.aggregation()
+    allowed = CHOICE_METRICS if kind == "multiple_choice" else tuple(aggregations)
+    per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
+    if metric is None:
+        preferred = "acc" if kind == "multiple_choice" else "exact_match"
+        metric = preferred if preferred in per_sample else (per_sample[0] if per_sample else None)
+        if metric is None:
+            return f"{name}: none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"
+    elif metric not in per_sample:
+        why = "not one of its metrics" if metric not in aggregations else "not a per-sample mean of right/wrong"
+        if kind == "multiple_choice" and metric in aggregations and metric not in CHOICE_METRICS:
+            why = f"not one of {', '.join(CHOICE_METRICS)}"
+        return f"{name}: metric {metric!r} is {why}; it has {', '.join(per_sample) or 'none usable'}"
+    filters = [ensemble.name for ensemble in task._filters]
+    if filter_name is None:
+        filter_name = filters[0]
+    elif filter_name not in filters:
+        return f"{name}: no filter named {filter_name!r}; it has {', '.join(filters)}"
+    return metric, filter_name
+
+
+def _by_document(instances: Iterable[Any]) -> list[tuple[int, list[Any]]]:
+    docs: dict[int, list[Any]] = {}
+    for inst in instances:
+        docs.setdefault(inst.doc_id, []).append(inst)
+    return [(doc_id, sorted(group, key=lambda i: i.idx)) for doc_id, group in docs.items()]
+
+
+def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str, filter_name: str, meta: dict) -> Probe:
+    doc = instances[0].doc
+    context = instances[0].args[0]
+    pid = f"{name}/{doc_id}"
+    if task.OUTPUT_TYPE == "generate_until":
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        gen = normalize_gen_kwargs(dict(instances[0].args[1]), DEFAULT_MAX_GEN_TOKS)
+        judge = LmEvalJudge(
+            task,
+            doc,
+            doc_id,
+            metric,
+            filter_name,
+            max_new_tokens=int(gen["max_gen_toks"]),
+            stop=tuple(u for u in gen["until"] if u),  # lm-eval skips empty stop strings
+        )
+        target = task.doc_to_target(doc)
+        if task.config.doc_to_choice is not None and isinstance(target, int):
+            target = task.doc_to_choice(doc)[target]
+        reference = str(target[0] if isinstance(target, list) and target else target)
+        delimiter = task.config.target_delimiter if not reference[:1].isspace() else ""
+        return Probe(
+            id=pid, question=context, answer=reference, category=name, meta=meta, delimiter=delimiter, judge=judge
+        )
+    choices = list(task.doc_to_choice(doc))
+    if len({inst.args[0] for inst in instances}) > 1 or len(instances) != len(choices):
+        raise LmEvalTaskError(
+            f"{name}: each choice has its own context (multiple_input, as winogrande); forgetwatch scores one "
+            "context per document"
+        )
+    continuations = [inst.args[1] for inst in instances]
+    delimiter = continuations[0][: len(continuations[0]) - len(choices[0])]
+    if any(cont != delimiter + choice for cont, choice in zip(continuations, choices)):
+        raise LmEvalTaskError(f"{name}, document {doc_id}: a continuation is not its choice after one delimiter")
+    gold = task.doc_to_target(doc)
+    if isinstance(gold, list):
+        gold = gold[0]
+    if isinstance(gold, str):
+        gold = choices.index(gold) if gold in choices else 0
+    return Probe(
+        id=pid,
+        question=context,
+        answer=int(gold),
+        choices=tuple(choices),
+        category=name,
+        meta=meta,
+        delimiter=delimiter,
+        judge=LmEvalJudge(task, doc, doc_id, metric, filter_name),
+    )

@@ -1,0 +1,287 @@
+"""ProbeSet.from_lm_eval: probes built by lm-eval's own task objects, right exactly when
+``simple_evaluate(..., log_samples=True)`` says so, per sample, on local task YAMLs whose data
+are JSONL files written here (a 5-shot multiple-choice task, a generative task with regex
+filters, a group, a chat template)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from forgetwatch import ProbeSet, Scorer
+
+pytest.importorskip("lm_eval")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+TASKS = {
+    # 5-shot from a separate split with first_n: every document shares one few-shot block
+    "fw_cap.yaml": """task: fw_cap
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    train: {dir}/cap_train.jsonl
+    test: {dir}/cap_test.jsonl
+training_split: train
+test_split: test
+fewshot_split: train
+fewshot_config:
+  sampler: first_n
+description: "Facts about capitals.\\n\\n"
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""",
+    "fw_col.yaml": """task: fw_col
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {dir}/col_test.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+""",
+    "fw_group.yaml": """group: fw_group
+task:
+  - fw_cap
+  - group: fw_inner
+    task:
+      - fw_col
+    aggregate_metric_list:
+      - metric: acc
+aggregate_metric_list:
+  - metric: acc
+    weight_by_size: true
+""",
+    # generative, 5-shot, two regex filter pipelines and exact_match with arguments
+    "fw_riv.yaml": """task: fw_riv
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    train: {dir}/riv_train.jsonl
+    test: {dir}/riv_test.jsonl
+test_split: test
+fewshot_split: train
+fewshot_config:
+  sampler: first_n
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}} rivers."
+fewshot_delimiter: "\\n"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+filter_list:
+  - name: strict
+    filter:
+      - function: regex
+        regex_pattern: "(\\\\d+) rivers"
+      - function: take_first
+  - name: flex
+    filter:
+      - function: regex
+        regex_pattern: "(\\\\d+)"
+        group_select: -1
+      - function: take_first
+metric_list:
+  - metric: exact_match
+    ignore_case: true
+    regexes_to_ignore: [" rivers\\\\.$"]
+""",
+    # what forgetwatch cannot score per sample
+    "x_rolling.yaml": """task: x_rolling
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {dir}/riv_test.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{question}}}}"
+metric_list:
+  - metric: word_perplexity
+""",
+    "x_sample.yaml": """task: x_sample
+include: fw_riv.yaml
+generation_kwargs:
+  until: ["\\n"]
+  temperature: 0.7
+""",
+    "x_f1.yaml": """task: x_f1
+include: fw_col.yaml
+metric_list:
+  - metric: f1
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def task_dir(toy, tmp_path_factory):
+    """The toy world's facts as lm-eval tasks: 40 test documents and 8 few-shot ones per kind."""
+    root = tmp_path_factory.mktemp("lm_eval_tasks")
+    records = toy.world.probe_records()
+    for kind, short in (("capitals", "cap"), ("colors", "col"), ("rivers", "riv")):
+        rows = [r for r in records if r["category"] == kind]
+        for split, part in (("test", rows[:40]), ("train", rows[40:])):
+            (root / f"{short}_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    for name, text in TASKS.items():
+        (root / name).write_text(text.format(dir=root))
+    return root
+
+
+@pytest.fixture
+def kept_rng():
+    """simple_evaluate seeds Python's, numpy's and torch's global generators: put them back."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])
+
+
+def lm_eval_run(model, tokenizer, task_dir, tasks, **options):
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm-eval").setLevel(logging.ERROR)
+    return simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8),
+        tasks=tasks,
+        log_samples=True,
+        bootstrap_iters=0,
+        verbosity="ERROR",
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        **options,
+    )
+
+
+def compare(reference, answers, probes, metric_of):
+    """Per task: (documents where forgetwatch's verdict equals lm-eval's, documents, lm-eval's rights).
+    ``metric_of(task)`` is the (metric, filter) the probes were built with."""
+    correct = dict(zip(answers.ids, answers.correct))
+    prompts = {p.id: p.question for p in probes}
+    out = {}
+    for task, samples in reference["samples"].items():
+        metric, filter_name = metric_of(task)
+        same = right = n = 0
+        for s in samples:
+            if s["filter"] != filter_name:
+                continue
+            pid = f"{task}/{s['doc_id']}"
+            assert prompts[pid] == s["arguments"][0][0]  # the very prompt lm-eval scored
+            lm_eval_right = bool(float(s[metric]) == 1.0)
+            same += bool(correct[pid]) == lm_eval_right
+            right += lm_eval_right
+            n += 1
+        out[task] = (same, n, right)
+    return out
+
+
+def assert_agrees(table):
+    for task, (same, n, right) in table.items():
+        assert n == 40, task
+        assert same == n, f"{task}: forgetwatch and lm-eval agree on {same} of {n} documents"
+        # a check where every document, or none, is right proves nothing
+        assert 0 < right < n, f"{task}: lm-eval counts {right} of {n} right, so agreement would be void"
+
+
+def test_five_shot_choices_generation_and_a_group_agree_per_sample(toy, task_dir, kept_rng):
+    tasks = ["fw_group", "fw_riv"]
+    reference = lm_eval_run(toy.base, toy.tokenizer, task_dir, tasks, num_fewshot=5)
+    probes = ProbeSet.from_lm_eval(tasks, num_fewshot=5, include_path=task_dir, include_defaults=False)
+    assert probes.categories == ["fw_cap", "fw_col", "fw_riv"]  # a group's subtasks keep their names
+    assert probes[probes.ids.index("fw_col/0")].meta["lm_eval"]["groups"] == [
+        "fw_group::fw_inner",
+        "fw_group",
+    ]
+    answers = Scorer(toy.tokenizer, probes)(toy.base, show_progress=False)
+    table = compare(
+        reference, answers, probes, lambda t: ("exact_match", "strict") if t == "fw_riv" else ("acc", "none")
+    )
+    assert_agrees(table)
+    # each task's accuracy is lm-eval's number for it
+    for task in tasks[1:] + ["fw_cap", "fw_col"]:
+        metric = "exact_match,strict" if task == "fw_riv" else "acc,none"
+        mine = answers.correct[np.asarray(answers.categories) == task].mean()
+        assert mine == pytest.approx(reference["results"][task][metric])
+
+
+def test_acc_norm_and_another_filter_agree_per_sample(toy, task_dir, kept_rng):
+    reference = lm_eval_run(toy.base, toy.tokenizer, task_dir, ["fw_cap", "fw_riv"], num_fewshot=3)
+    probes = ProbeSet.from_lm_eval(
+        ["fw_cap", "fw_riv"],
+        num_fewshot=3,
+        include_path=task_dir,
+        include_defaults=False,
+        metric={"fw_cap": "acc_norm"},
+        filter={"fw_riv": "flex"},
+    )
+    answers = Scorer(toy.tokenizer, probes)(toy.base, show_progress=False)
+    table = compare(
+        reference, answers, probes, lambda t: ("exact_match", "flex") if t == "fw_riv" else ("acc_norm", "none")
+    )
+    assert_agrees(table)
+
+
+def test_chat_template_agrees_per_sample(toy, task_dir, kept_rng):
+    tokenizer = type(toy.tokenizer).from_pretrained(toy.base_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    options = dict(num_fewshot=2, apply_chat_template=True, system_instruction="You know geography.")
+    reference = lm_eval_run(toy.base, tokenizer, task_dir, ["fw_cap", "fw_col"], **options)
+    probes = ProbeSet.from_lm_eval(
+        ["fw_cap", "fw_col"], include_path=task_dir, include_defaults=False, tokenizer=tokenizer, **options
+    )
+    assert probes[0].question.startswith("<|system|>\nYou know geography.")
+    assert probes[0].delimiter == ""  # lm-eval drops the space after the assistant turn
+    answers = Scorer(tokenizer, probes)(toy.base, show_progress=False)
+    assert_agrees(compare(reference, answers, probes, lambda t: ("acc", "none")))
+    with pytest.raises(ValueError, match="wrap them twice"):
+        Scorer(tokenizer, probes, chat_template=True)
+
+
+def test_limit_takes_the_first_documents_of_each_subtask(task_dir):
+    probes = ProbeSet.from_lm_eval("fw_group", limit=3, include_path=task_dir, include_defaults=False)
+    assert probes.ids == ["fw_cap/0", "fw_cap/1", "fw_cap/2", "fw_col/0", "fw_col/1", "fw_col/2"]
+
+
+@pytest.mark.parametrize(
+    ("task", "why"),
+    [
+        ("x_rolling", "a perplexity task"),
+        ("x_sample", "it samples"),
+        ("x_f1", "none of its metrics \\(f1\\)"),
+    ],
+)
+def test_what_cannot_be_scored_per_sample_is_refused_at_load(task_dir, task, why):
+    with pytest.raises(ValueError, match=f"{task}: {why}"):
+        ProbeSet.from_lm_eval(["fw_cap", task], include_path=task_dir, include_defaults=False)
+
+
+def test_a_metric_that_is_not_per_sample_right_or_wrong_is_refused(task_dir):
+    with pytest.raises(ValueError, match="fw_col: metric 'acc_norm' is not one of its metrics"):
+        ProbeSet.from_lm_eval("fw_col", include_path=task_dir, include_defaults=False, metric="acc_norm")
+    with pytest.raises(ValueError, match="fw_riv: no filter named 'loose'; it has strict, flex"):
+        ProbeSet.from_lm_eval("fw_riv", include_path=task_dir, include_defaults=False, filter="loose")
+
+
+def test_a_misspelled_task_name_gives_close_names(task_dir):
+    with pytest.raises(ValueError, match="no task, group or tag named 'fw_cpa'.*close names: fw_cap, fw_col"):
+        ProbeSet.from_lm_eval(["fw_cpa"], include_path=task_dir, include_defaults=False)
