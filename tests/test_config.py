@@ -61,6 +61,7 @@ EARLIER_KEYS = [
     "max_new_tokens",
     "stop",
     "behaviour_max_new_tokens",
+    "shared_prefixes",
     "table_rows",
     "log_categories",
     "max_logged_categories",

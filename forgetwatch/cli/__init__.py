@@ -101,6 +101,14 @@ def _parser() -> argparse.ArgumentParser:
         help=_help("behaviour_max_new_tokens"),
     )
     scoring.add_argument(
+        "--no-shared-prefixes",
+        dest="shared_prefixes",
+        action="store_false",
+        default=Scoring.shared_prefixes,
+        help="score every probe whole (default: a prompt prefix many probes share, such as a few-shot block, "
+        "is computed once per evaluation and read from the KV cache)",
+    )
+    scoring.add_argument(
         "--tokenizer", default=None, metavar="PATH", help="tokenizer to use (default: the one saved with each model)"
     )
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -354,6 +362,7 @@ def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: P
             max_new_tokens=args.max_new_tokens,
             stop=Scoring.stop,
             behaviour_max_new_tokens=args.behaviour_max_new_tokens,
+            shared_prefixes=args.shared_prefixes,
             show_progress=not args.no_progress,
         )
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none

@@ -142,6 +142,10 @@ class Scoring(_Group):
             stops).
         behaviour_max_new_tokens: Behaviour probes (rows with ``check``): most tokens of a
             response (>= 1); they run to EOS, ``stop`` does not apply.
+        shared_prefixes: Compute a prompt prefix that many probes share (a few-shot block, a
+            long system prompt) once per evaluation and read it from the KV cache for each of
+            them: the same answers, at the cost of the probes' own tokens. Off, or where the
+            model cannot be packed, every probe is scored whole.
 
     Example:
         >>> Scoring(batch_size=8, normalize="chars").batch_size
@@ -154,6 +158,7 @@ class Scoring(_Group):
     max_new_tokens: int = option(64, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
     stop: Sequence[str] = option(("\n",), check=check.stop_strings)  # kept as a list
     behaviour_max_new_tokens: int = option(256, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
+    shared_prefixes: bool = option(True, check=check.boolean)
 
 
 @dataclass(frozen=True, kw_only=True)

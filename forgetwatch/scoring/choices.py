@@ -34,15 +34,18 @@ class Row:
     targets: np.ndarray  # the token read at each scored position
     keys: np.ndarray  # flat (probe, choice) index each read adds to
     packed: bool
+    prefix: tuple[int, ...] = ()  # the shared prefix before the row, read from a KV cache
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def packed_row(enc: EncodedChoices, first_key: int) -> Row:
-    ctx = np.asarray(enc.context, dtype=np.int64)
+def packed_row(enc: EncodedChoices, first_key: int, skip: int = 0) -> Row:
+    """One probe's packed row; its first ``skip`` context tokens are a shared prefix, left out
+    of the row (read from a cache) with the rest at the positions they have after it."""
+    ctx = np.asarray(enc.context[skip:], dtype=np.int64)
     c = len(ctx)
-    tokens, segments, positions = [ctx], [np.full(c, CONTEXT_SEG)], [np.arange(c)]
+    tokens, segments, positions = [ctx], [np.full(c, CONTEXT_SEG)], [np.arange(skip, skip + c)]
     scored, targets, keys = [], [], []
     start = c
     for j, cont in enumerate(enc.continuations):
@@ -50,13 +53,14 @@ def packed_row(enc: EncodedChoices, first_key: int) -> Row:
         n = len(cont) - 1  # the last token is only ever a target
         tokens.append(cont[:-1])
         segments.append(np.full(n, j))
-        positions.append(np.arange(c, c + n))
+        positions.append(np.arange(skip + c, skip + c + n))
         scored.append(np.concatenate([[c - 1], np.arange(start, start + n)]))
         targets.append(cont)
         keys.append(np.full(len(cont), first_key + j))
         start += n
     cat = np.concatenate
-    return Row(cat(tokens), cat(segments), cat(positions), cat(scored), cat(targets), cat(keys), True)
+    prefix = tuple(enc.context[:skip])
+    return Row(cat(tokens), cat(segments), cat(positions), cat(scored), cat(targets), cat(keys), True, prefix)
 
 
 def plain_rows(enc: EncodedChoices, first_key: int, max_length: int) -> list[Row]:
@@ -99,13 +103,15 @@ class Batch:
     keys: np.ndarray
     packed: bool
     rows: list[Row]
+    prefix: tuple[int, ...] = ()  # shared by every row: read from a KV cache
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
 def collate(rows: list[Row], pad_id: int) -> Batch:
-    """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval)."""
+    """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval).
+    The rows of a batch share one prefix (or none)."""
     width = max(len(r) for r in rows)
     packed = rows[0].packed
     offsets = [width - len(r) if packed else 0 for r in rows]
@@ -135,21 +141,25 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
         keys=np.concatenate([r.keys for r in rows]),
         packed=packed,
         rows=rows,
+        prefix=rows[0].prefix,
     )
 
 
-def block_mask(segments: torch.Tensor, additive: bool) -> torch.Tensor:
-    """4D mask: causal, no padding, and a choice sees only the context and itself.
+def block_mask(segments: torch.Tensor, additive: bool, prefix: int = 0) -> torch.Tensor:
+    """4D mask: causal, no padding, and a choice sees only the context and itself; every
+    position also sees the ``prefix`` cached positions before the row.
 
     Boolean (True = attend) for SDPA; additive float32 for eager attention, which adds the
     mask to its scores (float32 promotes any score dtype and holds the most negative value).
     """
-    _, width = segments.shape
+    b, width = segments.shape
     q, k = segments[:, :, None], segments[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
     allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
     # a padding query sees itself, so no row of the softmax is empty
     allowed |= torch.eye(width, dtype=torch.bool, device=segments.device)
+    if prefix:
+        allowed = torch.cat([allowed.new_ones(b, width, prefix), allowed], dim=-1)
     if not additive:
         return allowed[:, None]
     mask = torch.zeros(allowed.shape, dtype=torch.float32, device=segments.device)
@@ -158,17 +168,25 @@ def block_mask(segments: torch.Tensor, additive: bool) -> torch.Tensor:
 
 
 def forward_logprobs(
-    model, batch: Batch, device: torch.device, additive_mask: bool, keep_arg: str | None
+    model,
+    batch: Batch,
+    device: torch.device,
+    additive_mask: bool,
+    keep_arg: str | None,
+    cache: tuple[str, object] | None = None,
 ) -> np.ndarray:
-    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order."""
+    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order.
+    ``cache``: (the forward's argument name, a KV cache of ``batch.prefix`` for every row)."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
         "input_ids": batch.input_ids.to(device, non_blocking=True),
         "position_ids": batch.position_ids.to(device, non_blocking=True),
-        "use_cache": False,
+        "use_cache": cache is not None,
     }
+    if cache is not None:
+        kwargs[cache[0]] = cache[1]
     if batch.packed:
-        kwargs["attention_mask"] = block_mask(seg, additive_mask)
+        kwargs["attention_mask"] = block_mask(seg, additive_mask, len(batch.prefix))
     else:
         kwargs["attention_mask"] = (seg != PAD_SEG).long()
     if keep_arg is not None:

@@ -35,6 +35,7 @@ def evaluate(
     extract: Callable[[str], str | None] | None = None,
     behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
     refusal_detector: Callable[[str], bool] | None = None,
+    shared_prefixes: bool = Scoring.shared_prefixes,
     show_progress: bool = True,
     distributed: bool = False,
 ) -> Answers:
@@ -53,7 +54,7 @@ def evaluate(
 
     Args:
         model, tokenizer, probes: what to score, with what, on what.
-        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens:
+        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes:
             as :class:`~forgetwatch.config.settings.Scoring` describes them (defaults: its own).
         extract, refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default
             ``None``: each probe's own ``extract`` mode; the phrase detector).
@@ -78,6 +79,7 @@ def evaluate(
         extract,
         behaviour_max_new_tokens,
         refusal_detector,
+        shared_prefixes,
     )
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
@@ -91,6 +93,7 @@ def evaluate(
             extract=extract,
             behaviour_max_new_tokens=behaviour_max_new_tokens,
             refusal_detector=refusal_detector,
+            shared_prefixes=shared_prefixes,
         )
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:

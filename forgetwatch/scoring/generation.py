@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -94,8 +94,15 @@ def generate_texts(
     max_new_tokens: int,
     stop: Sequence[str],
     synced_gpus: bool = False,
+    prefix: Sequence[int] = (),
+    cache: tuple[str, Any] | None = None,
 ) -> list[str]:
     """Greedy continuations of one batch of prompts, each cut at the first stop string.
+
+    ``prefix``: tokens every prompt starts with, left out of ``prompts``, whose KV cache for
+    every row is ``cache`` (the forward's argument name, the cache): each row is laid out as
+    ``prefix, padding, prompt``, with the padding masked, so that each prompt's tokens have the
+    positions they have in the whole prompt.
 
     Decoding is plain greedy whatever the model's own generation config says: transformers
     fills every option a call leaves unset from ``model.generation_config`` (a repetition
@@ -108,12 +115,17 @@ def generate_texts(
     """
     from transformers import GenerationConfig
 
-    width = max(len(p) for p in prompts)
+    start = len(prefix)
+    width = start + max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    if start:
+        ids[:, :start] = torch.tensor(list(prefix), dtype=torch.long)
+        mask[:, :start] = 1
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p) :] = 1
+    extra = {cache[0]: cache[1]} if cache is not None else {}
     greedy = GenerationConfig(
         do_sample=False,
         num_beams=1,
@@ -133,6 +145,7 @@ def generate_texts(
                 generation_config=greedy,
                 tokenizer=tokenizer,
                 synced_gpus=synced_gpus,
+                **extra,
             )
     finally:
         owner.generation_config = saved

@@ -66,9 +66,12 @@ def packing_problem(
     score: Callable[[list[Row]], np.ndarray],
     max_length: int,
     eps: float,
-) -> str | None:
+    prefixes: bool = False,
+) -> tuple[str | None, str | None]:
     """Compare packed with plain scores on ``probes`` (``(first key, encoding)`` pairs): why
-    this model may not be scored packed, or ``None``.
+    this model may not be scored packed, or ``None``; and, with ``prefixes``, why it may not
+    read a prefix from a KV cache (the first half of each context, behind which the rest is
+    scored packed), or ``None``.
 
     ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Plain
     rows are scored first, outside any error handling: a failure there is not about packing
@@ -92,16 +95,26 @@ def packing_problem(
     used = tokens > 0
     noise = float(np.max(np.abs(together - alone)[used] / tokens[used]))
     tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
-    try:
-        packed_scores = score(packed)
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
-            raise
-        return f"its forward rejects a custom attention mask ({first_line(err)})"
-    error = float(np.max(np.abs(packed_scores - together)[used] / tokens[used]))
-    if error <= tolerance:
-        return None
-    return f"packed scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
+
+    def differs(rows: list[Row], scored: str, what: str) -> str | None:
+        try:
+            scores = score(rows)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
+                raise
+            return f"its forward rejects {what} ({first_line(err)})"
+        read = np.zeros_like(used)
+        read[np.concatenate([r.keys for r in rows])] = True
+        error = float(np.max(np.abs(scores - together)[read] / tokens[read]))
+        if error <= tolerance:
+            return None
+        return f"{scored} scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
+
+    packing = differs(packed, "packed", "a custom attention mask")
+    if packing is not None or not prefixes:
+        return packing, None
+    behind = [packed_row(enc, key, len(enc.context) // 2) for key, enc in probes if len(enc.context) >= 2]
+    return None, differs(behind, "prefix-cached", "a prefix read from a KV cache") if behind else None
 
 
 def _raised_in_forward(err: BaseException) -> bool:

@@ -38,12 +38,14 @@ from forgetwatch.scoring.encoding import (
     VISIBLE_TOKENS,
     Encoded,
     EncodedChoices,
+    EncodedPrompt,
     encode_probes,
     model_max_length,
 )
 from forgetwatch.scoring.generation import generate_texts, response_budgets
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
+from forgetwatch.scoring.prefixes import cache_argument, prefix_cache, repeated, shared_prefix_lengths
 
 __all__ = ["Scorer"]
 
@@ -72,6 +74,7 @@ class Scorer:
         refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
             the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
             a phrase detector).
+        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it.
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -91,6 +94,7 @@ class Scorer:
         reference_logprobs: bool = True,
         behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
         refusal_detector: Callable[[str], bool] | None = None,
+        shared_prefixes: bool = Scoring.shared_prefixes,
     ):
         if isinstance(stop, str):
             stop = (stop,)
@@ -101,6 +105,7 @@ class Scorer:
             max_new_tokens=max_new_tokens,
             stop=stop,
             behaviour_max_new_tokens=behaviour_max_new_tokens,
+            shared_prefixes=shared_prefixes,
         )
         if chat_template and any(p.judge is not None for p in probes):
             raise ValueError(
@@ -119,6 +124,7 @@ class Scorer:
         self.refusal_detector = refusal_detector or looks_like_refusal
         self._custom_detector = refusal_detector
         self.reference_logprobs = reference_logprobs
+        self.shared_prefixes = shared_prefixes
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
@@ -145,9 +151,13 @@ class Scorer:
                 for e in encoded
             ]
             first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in reads])
-            self._tokens = _Tokens(
-                visible, encoded, reads, first_key, [i for i, r in enumerate(reads) if r is not None]
-            )
+            choice_probes = [i for i, r in enumerate(reads) if r is not None]
+            generated = [i for i, e in enumerate(encoded) if isinstance(e, EncodedPrompt)]
+            skips = np.zeros(len(encoded), dtype=np.int64)
+            skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
+            prompt_skips = np.zeros(len(encoded), dtype=np.int64)
+            prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
+            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips)
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> None:
@@ -247,7 +257,9 @@ class Scorer:
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
                 self._warn_once(f"{setting}={limit}/{max_length}", "forgetwatch: %s", note)
-            out.update((i, _Prompt(tokens.encoded[i].prompt, n, stop)) for i, n in budgets.items())
+            out.update(
+                (i, _Prompt(tokens.encoded[i].prompt, n, stop, int(tokens.prompt_skips[i]))) for i, n in budgets.items()
+            )
         return out
 
     def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
@@ -277,14 +289,15 @@ class Scorer:
                 run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000)
             )
             run = replace(run, budget=run.ranks.agree_min([guess])[0])
-        return replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
+        run = replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
+        return replace(run, prefixes=self._may_share_prefixes(run))
 
     # -- multiple choice -----------------------------------------------------------------------
 
     def _choice_plan(self, run: _Run) -> _Plan:
         """This rank's log-likelihood batches for this model's shape (planned once)."""
         plans = run.state.plans
-        key = (run.max_length, run.packing, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
+        key = (run.max_length, run.packing, run.prefixes, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
         if key not in plans:  # one shape at a time
             plans.clear()
             plans[key] = self._plan(run)
@@ -330,20 +343,28 @@ class Scorer:
             for j in run.ranks.my_share([self._cost(tokens.reads[i]) for i in tokens.choice_probes])
         ]
         cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
-        filler = collate(self._rows(tokens, [cheapest], run.max_length, run.packing, window)[:1], run.pad_id)
-        rows = self._rows(tokens, mine, run.max_length, run.packing, window)
+        filler = collate(self._rows(tokens, [cheapest], run, window, prefixes=False)[:1], run.pad_id)
+        rows = self._rows(tokens, mine, run, window, prefixes=run.prefixes)
         # the bar counts multiple-choice probes (a generative one is counted with generation)
         rows_left = Counter(int(np.searchsorted(tokens.first_key, r.keys[0], side="right")) - 1 for r in rows)
         rows_left = {i: n for i, n in rows_left.items() if isinstance(tokens.encoded[i], EncodedChoices)}
         return _Plan(self._batches(rows, run), filler, rows_left)
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
-        """Log-probabilities of one batch's reads, through the module forwards must go through."""
+        """Log-probabilities of one batch's reads, through the module forwards must go through.
+        A batch behind a shared prefix reads it from the prefix's cache, computed once while
+        the batches behind it follow one another."""
         inner = unwrap(run.model)
         fwd = forward_module(run.model)
         additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
         keep_arg = _keep_arg(inner)
-        return lambda batch: forward_logprobs(fwd, batch, run.device, additive, keep_arg)
+        cached = _PrefixCache(fwd, run.device, cache_argument(inner), keep_arg)
+
+        def forward(batch: Batch) -> np.ndarray:
+            cache = cached.for_rows(batch.prefix, len(batch)) if batch.prefix else None
+            return forward_logprobs(fwd, batch, run.device, additive, keep_arg, cache)
+
+        return forward
 
     @staticmethod
     def _cost(enc: EncodedChoices) -> int:
@@ -351,19 +372,17 @@ class Scorer:
         return len(enc.context) + sum(map(len, enc.continuations))
 
     @staticmethod
-    def _rows(
-        tokens: _Tokens, indices: list[int], max_length: int, packing: bool, sliding_window: int | None
-    ) -> list[Row]:
+    def _rows(tokens: _Tokens, indices: list[int], run: _Run, sliding_window: int | None, prefixes: bool) -> list[Row]:
         rows: list[Row] = []
         for i in indices:
             enc = tokens.reads[i]
             first = int(tokens.first_key[i])
-            if packing and not needs_truncation(enc, max_length):
-                row = packed_row(enc, first)
-                if sliding_window is None or len(row) <= sliding_window:
+            if run.packing and not needs_truncation(enc, run.max_length):
+                row = packed_row(enc, first, int(tokens.skips[i]) if prefixes else 0)
+                if sliding_window is None or len(row) + len(row.prefix) <= sliding_window:
                     rows.append(row)
                     continue
-            rows.extend(plain_rows(enc, first, max_length))
+            rows.extend(plain_rows(enc, first, run.max_length))
         return rows
 
     def _warn_truncated(self, run: _Run) -> None:
@@ -379,11 +398,15 @@ class Scorer:
             )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
-        """Length-sorted batches within the current limits; packed and plain rows apart."""
+        """Length-sorted batches within the current limits; packed and plain rows apart, and
+        rows behind different prefixes apart (those behind one prefix follow one another)."""
+        alike: dict[tuple[bool, tuple[int, ...]], list[Row]] = {}
+        for r in rows:
+            alike.setdefault((r.packed, r.prefix), []).append(r)
         batches = []
-        for kind in (True, False):
-            subset = [r for r in rows if r.packed is kind]
-            for idx in group([len(r) for r in subset], *self._limits(run)):
+        for subset in alike.values():
+            # a row behind a prefix attends to it too: its width counts toward the token budget
+            for idx in group([len(r) + len(r.prefix) for r in subset], *self._limits(run)):
                 batches.append(collate([subset[i] for i in idx], run.pad_id))
         return batches
 
@@ -417,21 +440,48 @@ class Scorer:
         on every rank: they all check the same probes, and all must agree.)"""
         state = run.state
         if state.packing is None:
-            reason = self._packing_problem(run)
-            state.packing = bool(run.ranks.agree_min([int(reason is None)])[0])
+            reason, prefix_reason = self._packing_problem(run)
+            state.packing, state.prefixes = map(
+                bool, run.ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)])
+            )
             if not state.packing:
                 self._warn_once(
                     "packing",
                     "scoring each choice as its own sequence, which is slower: %s",
                     reason or "another rank found packing inexact",
                 )
+            elif not state.prefixes and self.shared_prefixes:
+                self._warn_once(
+                    "prefixes",
+                    "computing shared prompt prefixes again for every probe, which is slower: %s",
+                    prefix_reason or "another rank found a cached prefix inexact",
+                )
         return state.packing
 
-    def _packing_problem(self, run: _Run) -> str | None:
+    def _may_share_prefixes(self, run: _Run) -> bool:
+        """Whether shared prefixes are computed once for this call: asked for, on a model
+        whose choices may be packed (the same rules make a cached prefix exact) and whose
+        cache passed the one-time check, and not with parameters sharded over several ranks
+        (there every rank must run as many forwards as the others, and the prefixes differ)."""
+        if not self.shared_prefixes:
+            return False
+        if run.tokens.choice_probes:  # checked with packing
+            if not (run.packing and run.state.prefixes):
+                return False
+        elif packing_blocker(unwrap(run.model), _text_config(unwrap(run.model))) is not None:
+            return False
+        if run.ranks.size > 1 and is_sharded(run.model):
+            self._warn_once("prefixes", "scoring each probe whole: parameters sharded over ranks need equal forwards")
+            return False
+        return True
+
+    def _packing_problem(self, run: _Run) -> tuple[str | None, str | None]:
+        """Why this model's choices may not be packed, and why it may not read a shared prefix
+        from a KV cache (``None``: it may)."""
         inner = unwrap(run.model)
         reason = packing_blocker(inner, _text_config(inner))
         if reason is not None:
-            return reason
+            return reason, reason
         tokens = run.tokens
         probes = check_probes(
             [
@@ -441,13 +491,16 @@ class Scorer:
             ]
         )
         if not probes:
-            return None
+            return None, None
         forward = self._forward(run)
         n_keys = int(tokens.first_key[-1])
 
-        def chunks(rows: list[Row]) -> list[list[Row]]:
+        def chunks(rows: list[Row]) -> list[list[Row]]:  # rows behind one prefix at a time
             size = run.state.row_cap or max(1, len(rows))
-            return [rows[i : i + size] for i in range(0, len(rows), size)]
+            alike: dict[tuple[int, ...], list[Row]] = {}
+            for r in rows:
+                alike.setdefault(r.prefix, []).append(r)
+            return [part[i : i + size] for part in alike.values() for i in range(0, len(part), size)]
 
         def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
             sums = np.zeros(n_keys)
@@ -463,7 +516,7 @@ class Scorer:
                 sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
             return sums
 
-        return packing_problem(probes, score, run.max_length, _compute_eps(run))
+        return packing_problem(probes, score, run.max_length, _compute_eps(run), prefixes=self.shared_prefixes)
 
     # -- generative ----------------------------------------------------------------------------
 
@@ -484,27 +537,36 @@ class Scorer:
             return {}
         synced = run.ranks.size > 1 and is_sharded(run.model)
 
+        def skip(i: int) -> int:
+            return prompts[i].skip if run.prefixes else 0
+
         def plan(indices: list[int]) -> list[list[int]]:
-            alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+            alike: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
             for i in indices:
-                alike.setdefault((prompts[i].new_tokens, prompts[i].stop), []).append(i)
+                how = prompts[i]
+                alike.setdefault((how.new_tokens, how.stop, how.ids[: skip(i)]), []).append(i)
             batches = []
-            for (new_tokens, _), part in alike.items():
+            for (new_tokens, _, _), part in alike.items():
                 widths = [len(prompts[i].ids) + (new_tokens if run.batch_size == "auto" else 0) for i in part]
                 batches += [[part[j] for j in idx] for idx in group(widths, *self._limits(run))]
             return batches
 
+        inner = unwrap(run.model)
+        cached = _PrefixCache(forward_module(run.model), run.device, cache_argument(inner), _keep_arg(inner))
+
         def generate(chunk: list[int]) -> list[str]:
-            how = prompts[chunk[0]]
+            how, n = prompts[chunk[0]], skip(chunk[0])
             return generate_texts(
                 run.model,
                 self.tokenizer,
-                [prompts[i].ids for i in chunk],
+                [prompts[i].ids[n:] for i in chunk],
                 device=run.device,
                 pad_id=run.pad_id,
                 max_new_tokens=how.new_tokens,
                 stop=how.stop,
                 synced_gpus=synced,
+                prefix=how.ids[:n],
+                cache=cached.for_rows(how.ids[:n], len(chunk)) if n else None,
             )
 
         texts: dict[str, str] = {}
@@ -541,6 +603,7 @@ class ModelState:
     that fitted after an out-of-memory error."""
 
     packing: bool | None = None
+    prefixes: bool | None = None  # may a prefix be read from its cache (None: not checked)
     plans: dict[tuple, _Plan] = field(default_factory=dict)
     row_cap: int | None = None
     token_cap: int | None = None
@@ -556,14 +619,18 @@ class _Tokens(NamedTuple):
     reads: list[EncodedChoices | None]
     first_key: np.ndarray
     choice_probes: list[int]
+    skips: np.ndarray  # per probe: tokens of its context shared as a prefix (0: none)
+    prompt_skips: np.ndarray  # per probe: the same for its generation prompt
 
 
 class _Prompt(NamedTuple):
-    """A generated probe's prompt (whole), the tokens its response may have, its stop strings."""
+    """A generated probe's prompt (whole), the tokens its response may have, its stop strings,
+    and how many of its first tokens it shares with other prompts as one prefix."""
 
     ids: tuple[int, ...]
     new_tokens: int
     stop: tuple[str, ...]
+    skip: int = 0
 
 
 @dataclass(frozen=True)
@@ -579,6 +646,7 @@ class _Run:
     state: ModelState
     tokens: _Tokens
     packing: bool = False
+    prefixes: bool = False  # shared prefixes are read from their cache
     budget: int | None = None  # tokens per forward, for batch_size="auto"
 
 
@@ -589,6 +657,24 @@ class _Plan(NamedTuple):
     batches: list[Batch]
     filler: Batch | None
     rows_left: dict[int, int]
+
+
+class _PrefixCache:
+    """The KV cache of the prefix the current batches share, computed when a batch behind
+    another prefix comes (batches behind one prefix follow one another: each is computed once)."""
+
+    def __init__(self, module, device: torch.device, argument: str, keep_arg: str | None):
+        self.module, self.device, self.argument, self.keep_arg = module, device, argument, keep_arg
+        self.prefix: tuple[int, ...] = ()
+        self.cache = None
+
+    def for_rows(self, prefix: tuple[int, ...], rows: int) -> tuple[str, Any]:
+        """(the forward's cache argument, a copy of ``prefix``'s cache for ``rows`` sequences)."""
+        if prefix != self.prefix:
+            self.cache = None  # free the last one first
+            self.cache = prefix_cache(self.module, prefix, self.device, self.argument, self.keep_arg)
+            self.prefix = prefix
+        return self.argument, repeated(self.cache, rows)
 
 
 def _input_device(model) -> torch.device:

@@ -1,0 +1,112 @@
+"""Shared prompt prefixes computed once (a few-shot block): the same answers as scoring each probe
+whole, in log-likelihood scoring and in greedy generation, at the cost of each unique token once."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from forgetwatch import ProbeSet, Scorer
+from forgetwatch.scoring.encoding import EncodedChoices
+from forgetwatch.scoring.prefixes import shared_prefix_lengths
+
+
+def test_prefix_groups_keep_each_sequence_s_last_token_and_save_tokens():
+    assert shared_prefix_lengths([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8], [5, 6]], min_tokens=3) == [4, 4, 0]
+    # a whole sequence is never all prefix: its last token is its own
+    assert shared_prefix_lengths([[1, 2, 3], [1, 2, 3, 4]], min_tokens=2) == [2, 2]
+    # alone, or sharing too little: no prefix
+    assert shared_prefix_lengths([[1, 2, 3, 4]], min_tokens=2) == [0]
+    assert shared_prefix_lengths([[1, 2, 9], [1, 7, 9]], min_tokens=2) == [0, 0]
+    # a neighbour that would cut a long shared block short starts a group of its own
+    block = list(range(100, 140))
+    seqs = [block + [1, 2], block + [1, 3], block + [1, 4], block[:20] + [7, 7], block[:20] + [7, 8]]
+    assert shared_prefix_lengths(seqs, min_tokens=10) == [41, 41, 41, 21, 21]
+
+
+def few_shot(toy, shots: int = 5) -> ProbeSet:
+    """The toy's questions behind few-shot blocks of known facts (as lm-eval's first_n builds
+    them): one block for the capitals, a shorter one for the rivers (generated)."""
+    countries = toy.world.countries
+    blocks = {
+        "capitals": "".join(f"The capital of {c.name} is {c.capital}\n\n" for c in countries[-shots:]),
+        "rivers": "An atlas of rivers, one country a line.\n"
+        + "".join(f"{c.name} has {c.rivers} rivers.\n" for c in countries[-2:]),
+    }
+    rows = [
+        {**r, "question": blocks[r["category"]] + r["question"]}
+        for r in toy.probes.to_records()
+        if r["category"] in blocks
+    ]
+    return ProbeSet.from_records(rows, source="few-shot")
+
+
+class Widths:
+    """The input widths of every forward, and the non-padding tokens they carry."""
+
+    def __init__(self, model, pad_id):
+        self.shapes, self.tokens, self.pad_id = [], 0, pad_id
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        ids = kwargs["input_ids"]
+        self.shapes.append(tuple(ids.shape))
+        self.tokens += int((ids != self.pad_id).sum())
+
+
+@pytest.mark.parametrize(("arch", "attn"), [("llama", "sdpa"), ("llama", "eager"), ("gpt2", "sdpa")])
+def test_answers_are_the_same_with_and_without_shared_prefixes(toy, arch, attn):
+    model = toy.base if arch == "llama" else toy.world.model(toy.tokenizer, arch="gpt2")
+    model = copy.deepcopy(model)
+    model.set_attn_implementation(attn)
+    probes = few_shot(toy)
+    shared = Scorer(toy.tokenizer, probes, max_new_tokens=8)
+    whole = Scorer(toy.tokenizer, probes, max_new_tokens=8, shared_prefixes=False)
+    a = shared(model, batch_size=8, show_progress=False)
+    b = whole(model, batch_size=8, show_progress=False)
+    assert shared.state(model).prefixes is True
+    assert a.correct.tolist() == b.correct.tolist()
+    assert 0 < int(a.correct.sum()) < len(a)
+    for x, y in zip(a.choice_logprobs, b.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(a.gold_logprob, b.gold_logprob, atol=1e-5, rtol=1e-5)
+    # greedy generation behind a cached prefix: the same tokens, whatever the padding
+    assert a.outputs == b.outputs
+    generated = [o for o in a.outputs if o is not None]
+    assert len(generated) == 48 and len(set(generated)) > 1
+
+
+def test_every_unique_token_goes_through_the_model_once(toy):
+    probes = few_shot(toy).subset(lambda p: p.is_multiple_choice)
+    scorer = Scorer(toy.tokenizer, probes)
+    scorer(toy.base, batch_size=16, show_progress=False)  # the first call checks packing and the cache
+    widths = Widths(toy.base, toy.tokenizer.pad_token_id)
+    try:
+        scorer(toy.base, batch_size=16, show_progress=False)
+    finally:
+        widths.handle.remove()
+    tokens = scorer._tokens
+    prefixes = {tuple(e.context[: tokens.skips[i]]) for i, e in enumerate(scorer.encoded)}
+    assert len(prefixes) == 1 and len(next(iter(prefixes))) > 40  # the 5-shot block
+    own = sum(
+        len(e.context) - tokens.skips[i] + sum(len(c) - 1 for c in e.continuations)
+        for i, e in enumerate(scorer.encoded)
+        if isinstance(e, EncodedChoices)
+    )
+    assert widths.tokens == own + len(next(iter(prefixes)))  # the block once, each probe's own tokens once
+    assert widths.shapes[0] == (1, len(next(iter(prefixes))))  # the prefix first, then its probes
+
+
+def test_a_model_that_cannot_pack_scores_each_probe_whole(toy, caplog):
+    from test_scoring import IgnoresCustomMasks
+
+    probes = few_shot(toy).subset(lambda p: p.is_multiple_choice)
+    reference = Scorer(toy.tokenizer, probes, shared_prefixes=False)(toy.base, batch_size=8, show_progress=False)
+    wrapped = IgnoresCustomMasks(toy.base)
+    scorer = Scorer(toy.tokenizer, probes)
+    got = scorer(wrapped, batch_size=8, show_progress=False)
+    assert scorer.state(wrapped).packing is False
+    assert all(not b.prefix for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
+    assert got.correct.tolist() == reference.correct.tolist()
