@@ -9,6 +9,8 @@ import pytest
 
 from forgetwatch import ForgetWatchCallback, ProbeSet
 from forgetwatch.config import ConfigError, ForgetWatchConfig
+from forgetwatch.probes import as_probe_set
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.presets import PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -22,6 +24,12 @@ def test_there_are_configs_to_check():
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
 def test_config_loads_and_its_probe_file_is_shipped(path):
     cfg = ForgetWatchConfig.from_yaml(path)
+    if isinstance(cfg.probes, LmEvalProbes):  # a local lm-eval task folder, shipped beside it
+        assert Path(cfg.probes.include_path).is_relative_to(CONFIGS / "lm_eval_tasks")
+        probes = as_probe_set(cfg.probes)
+        assert len(probes) >= 30 and len(probes.categories) >= 2
+        assert ForgetWatchCallback.from_yaml(path).config == cfg
+        return
     assert cfg.probes and Path(cfg.probes).is_relative_to(CONFIGS / "probes")
     probes = ProbeSet.from_jsonl(cfg.probes)
     assert len(probes) >= 30

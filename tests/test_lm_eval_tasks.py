@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import ProbeSet, Scorer
+from forgetwatch import ForgetWatchConfig, ProbeSet, Scorer
+from forgetwatch.cli import main
+from forgetwatch.config import ConfigError
+from forgetwatch.probes import as_probe_set
+from forgetwatch.sinks.figures import lm_eval_lines
 
 pytest.importorskip("lm_eval")
 
@@ -222,6 +226,8 @@ def test_five_shot_choices_generation_and_a_group_agree_per_sample(toy, task_dir
         metric = "exact_match,strict" if task == "fw_riv" else "acc,none"
         mine = answers.correct[np.asarray(answers.categories) == task].mean()
         assert mine == pytest.approx(reference["results"][task][metric])
+        # and the console says so, in lm-eval's terms
+        assert f"lm-eval {task}: {metric} {reference['results'][task][metric]:.4f}" in "\n".join(lm_eval_lines(answers))
 
 
 def test_acc_norm_and_another_filter_agree_per_sample(toy, task_dir, kept_rng):
@@ -283,5 +289,37 @@ def test_a_metric_that_is_not_per_sample_right_or_wrong_is_refused(task_dir):
 
 
 def test_a_misspelled_task_name_gives_close_names(task_dir):
-    with pytest.raises(ValueError, match="no task, group or tag named 'fw_cpa'.*close names: fw_cap, fw_col"):
+    with pytest.raises(
+        ValueError, match="no lm-eval task, group or tag is named 'fw_cpa'.*close names: fw_cap, fw_col"
+    ):
         ProbeSet.from_lm_eval(["fw_cpa"], include_path=task_dir, include_defaults=False)
+
+
+def test_a_config_names_lm_eval_tasks_with_a_task_folder_beside_it(task_dir, tmp_path):
+    config = tmp_path / "watch.yaml"
+    config.write_text(
+        f"probes:\n  lm_eval: [fw_cap, fw_riv]\n  num_fewshot: 2\n  limit: 4\n  include_path: {task_dir.name}\n"
+        "  include_defaults: false\neval_steps: 5\n"
+    )
+    (tmp_path / task_dir.name).symlink_to(task_dir)
+    cfg = ForgetWatchConfig.from_yaml(config)
+    assert cfg.probes.include_path == str(tmp_path / task_dir.name)  # relative to the YAML file
+    assert ForgetWatchConfig.from_dict(cfg.to_dict()) == cfg
+    probes = as_probe_set(cfg.probes)
+    assert probes.ids == [f"fw_cap/{i}" for i in range(4)] + [f"fw_riv/{i}" for i in range(4)]
+    assert probes[0].question.count("The capital of") == 3  # two examples, then the question
+    config.write_text("probes:\n  lm_eval: [fw_cap]\n  num_fewshots: 2\n")
+    with pytest.raises(ConfigError, match="line 1: key 'probes'.*'probes.num_fewshots'.*did you mean 'num_fewshot'"):
+        ForgetWatchConfig.from_yaml(config)
+
+
+def test_the_command_line_scores_lm_eval_tasks(toy, task_dir, tmp_path, capsys):
+    out = tmp_path / "answers.json"
+    args = ["evaluate", "--model", toy.base_dir, "--out", str(out), "--no-progress", "--batch-size", "8"]
+    tasks = ["--lm-eval-tasks", "fw_cap", "--num-fewshot", "5", "--include-path", str(task_dir)]
+    assert main(args + tasks) == 0
+    probes = ProbeSet.from_lm_eval("fw_cap", num_fewshot=5, include_path=task_dir, include_defaults=False)
+    expected = Scorer(toy.tokenizer, probes)(toy.base, show_progress=False)
+    assert "\n".join(lm_eval_lines(expected)) in capsys.readouterr().out
+    assert main(args + ["--probes", "x.jsonl", "--num-fewshot", "5"]) == 2
+    assert "--num-fewshot goes with --lm-eval-tasks" in capsys.readouterr().err

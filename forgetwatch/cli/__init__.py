@@ -27,6 +27,7 @@ from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scor
 from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.probes import ProbeError, ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
+from forgetwatch.sinks.figures import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
 
 _ANSWER_SUFFIXES = (".json", ".npz")
@@ -70,7 +71,23 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     scoring = argparse.ArgumentParser(add_help=False)
-    scoring.add_argument("--probes", required=True, metavar="FILE", help="probe set (JSONL)")
+    which = scoring.add_mutually_exclusive_group(required=True)
+    which.add_argument("--probes", metavar="FILE", help="probe set (JSONL)")
+    which.add_argument(
+        "--lm-eval-tasks",
+        nargs="+",
+        metavar="TASK",
+        help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
+    )
+    scoring.add_argument(
+        "--num-fewshot", type=int, default=None, metavar="N", help="with --lm-eval-tasks: few-shot examples per prompt"
+    )
+    scoring.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="with --lm-eval-tasks: the first N documents of each task"
+    )
+    scoring.add_argument(
+        "--include-path", default=None, metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs"
+    )
     scoring.add_argument(
         "--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N", help=_help("batch_size")
     )
@@ -210,11 +227,13 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
     _check_device(args.device)
     _check_writable("--out", Path(args.out).parent)
-    probes = _load_probes(args.probes)
+    probes = _load_probes(args)
     [(model, tokenizer)] = _prepare(args, ("--model", args.model))
     answers = _score(args, model, tokenizer, probes)
     answers.save(args.out)
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
+    for line in lm_eval_lines(answers):
+        print(line)
     return 0
 
 
@@ -227,7 +246,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise UsageError(f"--out {args.out}: exists and is not a directory")
         _check_writable("--out", Path(args.out))
-    probes = _load_probes(args.probes)
+    probes = _load_probes(args)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     if base_is_answers:
         if not Path(args.base).is_file():
@@ -244,7 +263,9 @@ def _compare_command(args: argparse.Namespace) -> int:
     current = _score(args, *prepared[-1], probes)
     report = compare(base, current)
 
-    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {args.probes} ({len(probes)})\n")
+    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {_probes_name(args)} ({len(probes)})\n")
+    for line in lm_eval_lines(base, "base, "):
+        print(line)
     print(report.summary())
     if args.out:
         out = Path(args.out)
@@ -255,7 +276,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         summary: dict[str, Any] = {
             "base": args.base,
             "model": args.model,
-            "probes": args.probes,
+            "probes": _probes_name(args),
             "report": report.to_dict(),
         }
         with atomic_write(out / "summary.json") as f:
@@ -293,13 +314,43 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_probes(path: str) -> ProbeSet:
+def _load_probes(args: argparse.Namespace) -> ProbeSet:
+    if args.lm_eval_tasks:
+        return _lm_eval_probes(args)
+    for flag in ("num_fewshot", "limit", "include_path"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
+    path = args.probes
     try:
         return ProbeSet.from_jsonl(path)
     except FileNotFoundError as err:
         raise UsageError(f"--probes {path}: no such file") from err
     except (IsADirectoryError, PermissionError) as err:
         raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
+
+
+def _lm_eval_probes(args: argparse.Namespace) -> ProbeSet:
+    if args.chat_template:
+        raise UsageError(
+            "--chat-template with --lm-eval-tasks: build the probes in Python, "
+            "ProbeSet.from_lm_eval(..., apply_chat_template=True, tokenizer=tokenizer)"
+        )
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UsageError("--num-fewshot must be at least 0")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise UsageError(f"--include-path {args.include_path}: no such folder")
+    try:
+        return ProbeSet.from_lm_eval(
+            args.lm_eval_tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path
+        )
+    except (ImportError, ValueError) as err:
+        raise UsageError(str(err)) from err
+
+
+def _probes_name(args: argparse.Namespace) -> str:
+    return args.probes or "lm-eval " + " ".join(args.lm_eval_tasks)
 
 
 def _check_writable(flag: str, directory: Path) -> None:

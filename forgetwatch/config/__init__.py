@@ -31,7 +31,7 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from forgetwatch.config.settings import (
     option,
 )
 from forgetwatch.config.yaml_files import read_section, write_settings
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
 __all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
 
@@ -60,6 +61,20 @@ ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a
 
 def _base(value: Any) -> str:
     return value if value == ADAPTER_DISABLED else check.path(value)
+
+
+def _probes(value: Any) -> str | LmEvalProbes:
+    """A probe file's path, or lm-eval tasks: ``{lm_eval: [names], num_fewshot: 5, ...}``."""
+    if isinstance(value, LmEvalProbes):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return LmEvalProbes.from_mapping(value)
+        except ValueError as err:
+            raise check.Invalid(
+                "a probe file path, or lm-eval tasks as {lm_eval: [...], ...}", value, str(err)
+            ) from None
+    return check.path(value)
 
 
 @dataclass(frozen=True, init=False)
@@ -97,7 +112,9 @@ class ForgetWatchConfig:
         forgetwatch.config.checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
     """
 
-    probes: str | None = option(None, check=check.optional(check.path, "passing probes to the callback directly"))
+    probes: str | LmEvalProbes | None = option(
+        None, check=check.optional(_probes, "passing probes to the callback directly")
+    )
     base: str | None = option(None, check=check.optional(_base, "computing the base snapshot"))
     scoring: Scoring = field(default_factory=Scoring)
     schedule: Schedule = field(default_factory=Schedule)
@@ -108,7 +125,7 @@ class ForgetWatchConfig:
 
     def __init__(
         self,
-        probes: str | os.PathLike[str] | None = None,
+        probes: str | os.PathLike[str] | LmEvalProbes | None = None,
         *,
         base: str | os.PathLike[str] | None = None,
         scoring: Scoring | None = None,
@@ -249,8 +266,12 @@ class ForgetWatchConfig:
         if relative_to is not None:
             for values in (own, groups.get("output", {})):
                 for key in PATH_KEYS:
-                    if values.get(key) not in (None, ADAPTER_DISABLED):
-                        values[key] = _resolve(values[key], relative_to)
+                    value = values.get(key)
+                    if isinstance(value, LmEvalProbes):  # a task folder next to the config
+                        if value.include_path is not None:
+                            values[key] = replace(value, include_path=_resolve(value.include_path, relative_to))
+                    elif value not in (None, ADAPTER_DISABLED):
+                        values[key] = _resolve(value, relative_to)
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def check_categories(self, categories: Sequence[str]) -> None:
@@ -289,6 +310,8 @@ class ForgetWatchConfig:
                 else [(f.name, value)]
             )
             for key, v in items:
+                if isinstance(v, LmEvalProbes):
+                    v = v.to_dict()
                 data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
         return data
 

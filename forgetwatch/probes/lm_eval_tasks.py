@@ -57,6 +57,10 @@ class LmEvalJudge:
     max_new_tokens: int | None = None
     stop: tuple[str, ...] | None = None
 
+    @property
+    def label(self) -> str:
+        return f"{self.metric},{self.filter}"  # as lm-eval's results name it
+
     def describe(self) -> dict[str, Any]:
         return {
             "lm_eval_task": self.task.task_name,
@@ -184,8 +188,8 @@ def _check_names(task_manager: Any, names: Iterable[str]) -> None:
             continue
         close = difflib.get_close_matches(str(name), sorted(known), n=5)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        where = "" if getattr(task_manager, "include_path", None) is None else " (or in include_path)"
-        raise LmEvalTaskError(f"lm-eval has no task, group or tag named {name!r}{where}{hint}")
+        where = "" if getattr(task_manager, "include_path", None) is None else ", include_path searched too"
+        raise LmEvalTaskError(f"no lm-eval task, group or tag is named {name!r}{where}{hint}")
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -327,3 +331,99 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
         delimiter=delimiter,
         judge=LmEvalJudge(task, doc, doc_id, metric, filter_name),
     )
+
+
+#: The options of an ``lm_eval`` probes entry in a config, as ``ProbeSet.from_lm_eval`` takes them.
+SPEC_KEYS = (
+    "lm_eval",
+    "num_fewshot",
+    "limit",
+    "include_path",
+    "include_defaults",
+    "fewshot_seed",
+    "system_instruction",
+    "metric",
+    "filter",
+)
+
+
+@dataclass(frozen=True)
+class LmEvalProbes:
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``): what
+    :meth:`forgetwatch.ProbeSet.from_lm_eval` builds the probes from.
+
+    Example:
+        >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()
+        {'lm_eval': ['arc_easy'], 'num_fewshot': 5}
+    """
+
+    tasks: tuple[str, ...]
+    num_fewshot: int | None = None
+    limit: int | float | None = None
+    include_path: str | None = None
+    include_defaults: bool = True
+    fewshot_seed: int = 1234
+    system_instruction: str | None = None
+    metric: str | None = None
+    filter: str | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LmEvalProbes:
+        """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
+        unknown = [k for k in data if k not in SPEC_KEYS]
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), SPEC_KEYS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            extra = ""
+            if unknown[0] in ("apply_chat_template", "tokenizer"):
+                extra = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True, tokenizer=...)"
+            raise ValueError(
+                f"key 'probes.{unknown[0]}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"
+            )
+        tasks = data.get("lm_eval")
+        tasks = [tasks] if isinstance(tasks, str) else tasks
+        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
+            raise ValueError("key 'probes.lm_eval': expected a task name or a list of them, e.g. [arc_easy, mmlu]")
+        checks = {
+            "num_fewshot": (lambda v: v is None or (_is_count(v)), "a whole number >= 0"),
+            "limit": (
+                lambda v: v is None or _is_count(v) and v > 0 or isinstance(v, float) and 0 < v < 1,
+                "a number of documents per task (>= 1), or a share below 1",
+            ),
+            "include_path": (lambda v: v is None or isinstance(v, str) and v.strip(), "a folder of task YAMLs"),
+            "include_defaults": (lambda v: isinstance(v, bool), "true or false"),
+            "fewshot_seed": (_is_count, "a whole number >= 0"),
+            "system_instruction": (lambda v: v is None or isinstance(v, str), "a string"),
+            "metric": (lambda v: v is None or isinstance(v, str), "a metric name, e.g. acc_norm"),
+            "filter": (lambda v: v is None or isinstance(v, str), "a filter name, e.g. strict-match"),
+        }
+        for key, (ok, expected) in checks.items():
+            if key in data and not ok(data[key]):
+                raise ValueError(f"key 'probes.{key}': expected {expected}, got {data[key]!r}")
+        return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config mapping (options left at their defaults left out)."""
+        out: dict[str, Any] = {"lm_eval": list(self.tasks)}
+        for name, default in (
+            ("num_fewshot", None),
+            ("limit", None),
+            ("include_path", None),
+            ("include_defaults", True),
+            ("fewshot_seed", 1234),
+            ("system_instruction", None),
+            ("metric", None),
+            ("filter", None),
+        ):
+            if getattr(self, name) != default:
+                out[name] = getattr(self, name)
+        return out
+
+    def build(self) -> list[Probe]:
+        """The probes (lm-eval loads the tasks and their data now)."""
+        options = {k: v for k, v in self.__dict__.items() if k != "tasks"}
+        return load_lm_eval_probes(list(self.tasks), **options)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from forgetwatch.common.files import atomic_write, content_hash, json_line
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.presets import read_dataset
 from forgetwatch.probes.rows import RowCollector
 from forgetwatch.probes.sampling import sample_indices
@@ -269,8 +270,9 @@ class ProbeSet(Sequence[Probe]):
         return h.hexdigest()[:16]
 
 
-#: What accepts probes: a :class:`ProbeSet`, a probe file's path, or a list of probe rows.
-ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]]
+#: What accepts probes: a :class:`ProbeSet`, a probe file's path, a list of probe rows, or lm-eval
+#: tasks as a config names them.
+ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]] | LmEvalProbes
 
 
 def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
@@ -283,6 +285,8 @@ def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
     """
     if isinstance(probes, ProbeSet):
         return probes
+    if isinstance(probes, LmEvalProbes):
+        return ProbeSet(probes.build(), "lm-eval: " + ", ".join(probes.tasks))
     if isinstance(probes, (str, os.PathLike)):
         return ProbeSet.from_jsonl(probes)
     if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):

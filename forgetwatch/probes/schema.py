@@ -79,6 +79,11 @@ class Judge(Protocol):
     max_new_tokens: int | None
     stop: tuple[str, ...] | None
 
+    @property
+    def label(self) -> str:
+        """The verdict's name in the other tool's reports (lm-eval: ``"acc,none"``)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """What decides the verdict, as plain JSON (part of the probe set's fingerprint)."""
         ...

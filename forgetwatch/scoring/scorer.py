@@ -592,7 +592,10 @@ class Scorer:
         for i, probe in enumerate(self.probes):
             measured = Measured(sums[first_key[i] : first_key[i + 1]], texts.get(i))
             samples.append({"id": probe.id, "category": probe.category, **SCORE[probe.kind](probe, measured, rules)})
-        meta = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        meta: dict[str, Any] = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        judged = {p.category: p.judge.label for p in self.probes if p.judge is not None}
+        if judged:  # each task's accuracy is lm-eval's number for it: say which
+            meta["lm_eval"] = judged
         return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
 
 

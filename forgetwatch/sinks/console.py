@@ -9,7 +9,7 @@ from pathlib import Path
 
 from forgetwatch.common.console import say
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.sinks.figures import base_line, console_line
+from forgetwatch.sinks.figures import base_line, console_line, lm_eval_lines
 
 logger = logging.getLogger("forgetwatch")
 
@@ -30,6 +30,8 @@ class ConsoleLines:
     def on_base(self, snapshot: BaseSnapshot) -> None:
         if self.verbose:
             say(base_line(snapshot.answers, snapshot.path, snapshot.computed))
+            for line in lm_eval_lines(snapshot.answers, "base, "):
+                say(line)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.verbose:

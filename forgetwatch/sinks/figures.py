@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.noise import smallest_detectable
@@ -104,6 +106,23 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
             f"{base.meta['noise_flips']} probes flipped either way)"
         )
     return line + f"; snapshot {snapshot}" + ("" if computed else " (loaded)")
+
+
+def lm_eval_lines(answers: Answers, lead: str = "") -> list[str]:
+    """Each lm-eval task's accuracy as lm-eval reports it (``fw_cap: acc,none 0.3500 (14/40)``):
+    for probes built by ``ProbeSet.from_lm_eval``, lm-eval's own number for those documents."""
+    labels = answers.meta.get("lm_eval") or {}
+    if not labels:
+        return []
+    categories = np.asarray(answers.categories)
+    lines = []
+    for task, label in sorted(labels.items()):
+        right = answers.correct[categories == task]
+        if len(right):
+            lines.append(
+                f"[forgetwatch] {lead}lm-eval {task}: {label} {right.mean():.4f} ({int(right.sum())}/{len(right)})"
+            )
+    return lines
 
 
 def console_line(step: int, report: TransitionReport) -> str:
