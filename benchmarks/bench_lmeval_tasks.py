@@ -5,8 +5,8 @@ tasks (YAMLs and JSONL data written to a temporary folder):
 
 - a 5-shot multiple-choice task (ARC-like: a passage, a question, four multi-token choices;
   ``first_n`` few-shot from a separate split, so every document shares one few-shot block);
-- an 8-shot generative task (GSM8K-like: worked answers ending in ``#### N``, a regex filter,
-  ``exact_match``).
+- an 8-shot generative task (GSM8K-like: worked answers ending in ``#### N``, regex filters,
+  ``exact_match`` on the last number, gsm8k's ``flexible-extract``).
 
 Timed, each repeat in turn (interleaved, so drift hits all alike), medians reported:
 
@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--max-gen-toks", type=int, default=32)
+    ap.add_argument("--max-gen-toks", type=int, default=48)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", help="also write the figures here")
@@ -99,9 +99,10 @@ test_split: test
 fewshot_split: train
 fewshot_config:
   sampler: first_n
+  doc_to_target: "{{{{worked}}}} #### {{{{rivers}}}}"
 output_type: generate_until
 doc_to_text: "Question: How many rivers does {{{{name}}}} have?\\nAnswer:"
-doc_to_target: "{{{{worked}}}} #### {{{{rivers}}}}"
+doc_to_target: "{{{{rivers}}}}"
 fewshot_delimiter: "\\n\\n"
 generation_kwargs:
   until: ["\\n\\n", "Question:"]
@@ -113,6 +114,12 @@ filter_list:
       - function: regex
         regex_pattern: "#### (\\\\d+)"
       - function: take_first
+  - name: flexible-extract
+    filter:
+      - function: regex
+        regex_pattern: "(\\\\d+)"
+        group_select: -1
+      - function: take_first
 metric_list:
   - metric: exact_match
 """
@@ -123,22 +130,29 @@ def write_tasks(world: ToyWorld, root: Path, docs: int, max_gen_toks: int, seed:
     rng = random.Random(seed)
     facts = world.fact_texts()
     capitals = [c.capital for c in world.countries]
-    mc, gen = [], []
+    mc = []
     for i in range(docs + 8):
         c = world.countries[i % len(world.countries)]
         choices = rng.sample([x for x in capitals if x != c.capital], 3)
         gold = rng.randrange(4)
         choices.insert(gold, c.capital)
         mc.append({"name": c.name, "passage": " ".join(rng.sample(facts, 3)), "choices": choices, "answer": gold})
-        worked = (
-            f"{c.name} is a country whose capital is {c.capital} and whose flag is {c.color}. It has {c.rivers} rivers."
-        )
-        gen.append({"name": c.name, "worked": worked, "rivers": str(c.rivers)})
+    gen = gen_rows(world, docs)
     for name, rows in (("mc", mc), ("gen", gen)):
         (root / f"{name}_train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
         (root / f"{name}_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[8:]))
     (root / "bench_mc.yaml").write_text(MC_TASK.format(dir=root))
     (root / "bench_gen.yaml").write_text(GEN_TASK.format(dir=root, max_gen_toks=max_gen_toks))
+
+
+def gen_rows(world: ToyWorld, docs: int) -> list[dict]:
+    """The generative task's documents: a worked answer ending in the number of rivers."""
+    rows = []
+    for i in range(docs + 8):
+        c = world.countries[i % len(world.countries)]
+        worked = f"{c.name}'s capital is {c.capital} and its flag is {c.color}. It has {c.rivers} rivers."
+        rows.append({"name": c.name, "worked": worked, "rivers": str(c.rivers)})
+    return rows
 
 
 def floor_batches(scorer: Scorer, batch_size: int):
@@ -214,14 +228,27 @@ def main(argv=None) -> int:
 
     world = ToyWorld(n_countries=args.docs + 8, seed=0)
     tokenizer = world.tokenizer()
-    model = world.model(tokenizer, hidden=args.hidden, layers=args.layers)
-    world.train(model, tokenizer, world.fact_texts(), steps=60, batch_size=32)
+    tokenizer.model_max_length = 2048  # few-shot prompts are longer than the toy's 256 tokens
+    config = world.model(tokenizer, hidden=args.hidden, layers=args.layers).config
+    config.max_position_embeddings = 2048
+    torch.manual_seed(0)
+    model = type(world.model(tokenizer, hidden=8, layers=1))(config)
+    # it learns the facts, and the worked answers' form (so that some generated answers are right)
+    worked = [
+        f"Question: How many rivers does {r['name']} have?\nAnswer: {r['worked']} #### {r['rivers']}"
+        for r in gen_rows(world, args.docs)
+    ]
+    world.train(model, tokenizer, world.fact_texts() + worked, steps=120, batch_size=32)
     model.to(args.device).eval()
     root = Path(tempfile.mkdtemp(prefix="bench_lmeval_"))
     write_tasks(world, root, args.docs, args.max_gen_toks)
 
     def load(task: str, shots: int) -> ProbeSet:
-        return ProbeSet.from_lm_eval(task, num_fewshot=shots, include_path=root, include_defaults=False)
+        # generation: the last number counts (gsm8k's flexible-extract): a small model's worked
+        # answers are rarely in the strict form
+        return ProbeSet.from_lm_eval(
+            task, num_fewshot=shots, include_path=root, include_defaults=False, filter={"bench_gen": "flexible-extract"}
+        )
 
     mc5, mc0, gen8 = load("bench_mc", 5), load("bench_mc", 0), load("bench_gen", 8)
     mc_requests, gen_requests = requests_of(mc5), requests_of(gen8)
@@ -283,6 +310,7 @@ def main(argv=None) -> int:
             f"({a['right (lm-eval)']} right by lm-eval)"
         )
     print(f"shared prefix on and off give the same answers: {same_as_whole}")
+    print(f"a generated answer: {results['forgetwatch 8-shot gen'].outputs[0]!r}")
     print(f"\n{'':30}{'median s':>10}   runs")
     for k, v in times.items():
         print(f"{k:30}{med[k]:10.3f}   " + " ".join(f"{x:.3f}" for x in v))

@@ -106,8 +106,20 @@ def prefix_cache(
 
 
 def repeated(cache, rows: int):
-    """A copy of a prefix's cache for a batch of ``rows`` sequences: the forward appends to the
-    cache it is given, and the prefix's own stays as it was for the next batch."""
-    out = copy.deepcopy(cache)
-    out.batch_repeat_interleave(rows)
+    """A prefix's cache for a batch of ``rows`` sequences, the prefix's own left as it was for the
+    next batch (a forward appends to the cache it is given). Each layer's keys and values are
+    views of the prefix's, broadcast over the rows: the forward's append is their only copy."""
+    out = copy.copy(cache)
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(hasattr(layer, "keys") for layer in layers):  # another cache layout
+        out = copy.deepcopy(cache)
+        out.batch_repeat_interleave(rows)
+        return out
+    out.layers = []
+    for layer in layers:
+        view = copy.copy(layer)
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            view.keys = layer.keys.expand(rows, *layer.keys.shape[1:])
+            view.values = layer.values.expand(rows, *layer.values.shape[1:])
+        out.layers.append(view)
     return out

@@ -537,8 +537,12 @@ class Scorer:
             return {}
         synced = run.ranks.size > 1 and is_sharded(run.model)
 
-        def skip(i: int) -> int:
-            return prompts[i].skip if run.prefixes else 0
+        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
+
+        def skip(i: int) -> int:  # a cache that drops what slides out of the window could not be shared
+            how = prompts[i]
+            fits = window is None or len(how.ids) + how.new_tokens <= window
+            return how.skip if run.prefixes and fits else 0
 
         def plan(indices: list[int]) -> list[list[int]]:
             alike: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
