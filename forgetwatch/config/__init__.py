@@ -328,8 +328,12 @@ class ForgetWatchConfig:
         """
         data = self.to_dict()
         for key in PATH_KEYS:
-            if data[key] not in (None, ADAPTER_DISABLED):
-                data[key] = _resolve(data[key], Path.cwd())
+            value = data[key]
+            if isinstance(value, dict):  # lm-eval tasks: their task folder
+                if value.get("include_path") is not None:
+                    value["include_path"] = _resolve(value["include_path"], Path.cwd())
+            elif value not in (None, ADAPTER_DISABLED):
+                data[key] = _resolve(value, Path.cwd())
         write_settings(data, path)
 
 

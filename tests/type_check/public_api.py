@@ -27,6 +27,10 @@ from forgetwatch import (
 
 def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     probes = ProbeSet.from_jsonl("probes.jsonl")
+    few_shot: ProbeSet = ProbeSet.from_lm_eval(
+        ["arc_easy", "mmlu"], num_fewshot=5, limit=20, metric={"arc_easy": "acc_norm"}
+    )
+    answers_5shot: Answers = evaluate(model, tokenizer, few_shot, shared_prefixes=True)
     pool = ReplayPool.from_jsonl("pool.jsonl")
     watch = Watch(
         probes,
