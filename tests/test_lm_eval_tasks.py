@@ -323,3 +323,32 @@ def test_the_command_line_scores_lm_eval_tasks(toy, task_dir, tmp_path, capsys):
     assert "\n".join(lm_eval_lines(expected)) in capsys.readouterr().out
     assert main(args + ["--probes", "x.jsonl", "--num-fewshot", "5"]) == 2
     assert "--num-fewshot goes with --lm-eval-tasks" in capsys.readouterr().err
+
+
+def test_the_command_line_builds_chat_prompts_with_the_model_s_tokenizer(toy, task_dir, tmp_path, capsys):
+    tokenizer = type(toy.tokenizer).from_pretrained(toy.base_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model_dir = tmp_path / "chat-model"
+    toy.base.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    args = [
+        "evaluate",
+        "--model",
+        str(model_dir),
+        "--out",
+        str(tmp_path / "a.json"),
+        "--no-progress",
+        "--chat-template",
+    ]
+    assert main(args + ["--lm-eval-tasks", "fw_col", "--num-fewshot", "2", "--include-path", str(task_dir)]) == 0
+    probes = ProbeSet.from_lm_eval(
+        "fw_col",
+        num_fewshot=2,
+        include_path=task_dir,
+        include_defaults=False,
+        apply_chat_template=True,
+        tokenizer=tokenizer,
+    )
+    assert probes[0].question.startswith("<|user|>")
+    expected = Scorer(tokenizer, probes)(toy.base, show_progress=False)
+    assert "\n".join(lm_eval_lines(expected)) in capsys.readouterr().out

@@ -227,8 +227,9 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
     _check_device(args.device)
     _check_writable("--out", Path(args.out).parent)
-    probes = _load_probes(args)
+    probes = None if _chat_tasks(args) else _load_probes(args)
     [(model, tokenizer)] = _prepare(args, ("--model", args.model))
+    probes = probes or _load_probes(args, tokenizer)
     answers = _score(args, model, tokenizer, probes)
     answers.save(args.out)
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
@@ -246,8 +247,10 @@ def _compare_command(args: argparse.Namespace) -> int:
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise UsageError(f"--out {args.out}: exists and is not a directory")
         _check_writable("--out", Path(args.out))
-    probes = _load_probes(args)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
+    named = [] if base_is_answers else [("--base", args.base)]
+    prepared = _prepare(args, *named, ("--model", args.model)) if _chat_tasks(args) else None
+    probes = _load_probes(args, prepared[-1][1] if prepared else None)
     if base_is_answers:
         if not Path(args.base).is_file():
             raise UsageError(f"--base {args.base}: no such answers file")
@@ -256,8 +259,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"--base: {err}") from err
         _check_same_options(args, base, probes)
-    named = [] if base_is_answers else [("--base", args.base)]
-    prepared = _prepare(args, *named, ("--model", args.model))
+    prepared = prepared or _prepare(args, *named, ("--model", args.model))
     if not base_is_answers:
         base = _score(args, *prepared[0], probes)
     current = _score(args, *prepared[-1], probes)
@@ -314,9 +316,14 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_probes(args: argparse.Namespace) -> ProbeSet:
+def _chat_tasks(args: argparse.Namespace) -> bool:
+    """lm-eval builds chat prompts with the model's tokenizer: they are built once it is loaded."""
+    return bool(args.lm_eval_tasks and args.chat_template)
+
+
+def _load_probes(args: argparse.Namespace, tokenizer: Any = None) -> ProbeSet:
     if args.lm_eval_tasks:
-        return _lm_eval_probes(args)
+        return _lm_eval_probes(args, tokenizer)
     for flag in ("num_fewshot", "limit", "include_path"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
@@ -329,12 +336,7 @@ def _load_probes(args: argparse.Namespace) -> ProbeSet:
         raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
 
 
-def _lm_eval_probes(args: argparse.Namespace) -> ProbeSet:
-    if args.chat_template:
-        raise UsageError(
-            "--chat-template with --lm-eval-tasks: build the probes in Python, "
-            "ProbeSet.from_lm_eval(..., apply_chat_template=True, tokenizer=tokenizer)"
-        )
+def _lm_eval_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise UsageError("--num-fewshot must be at least 0")
     if args.limit is not None and args.limit < 1:
@@ -343,10 +345,19 @@ def _lm_eval_probes(args: argparse.Namespace) -> ProbeSet:
         raise UsageError(f"--include-path {args.include_path}: no such folder")
     try:
         return ProbeSet.from_lm_eval(
-            args.lm_eval_tasks, num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path
+            args.lm_eval_tasks,
+            num_fewshot=args.num_fewshot,
+            limit=args.limit,
+            include_path=args.include_path,
+            apply_chat_template=args.chat_template,
+            tokenizer=tokenizer,
         )
     except (ImportError, ValueError) as err:
         raise UsageError(str(err)) from err
+
+
+def _scorer_chat_template(args: argparse.Namespace) -> bool:
+    return bool(args.chat_template and not args.lm_eval_tasks)  # lm-eval's prompts are already in it
 
 
 def _probes_name(args: argparse.Namespace) -> str:
@@ -365,7 +376,7 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
     wanted = scoring_options(
         probes,
         normalize=args.normalize,
-        chat_template=args.chat_template,
+        chat_template=_scorer_chat_template(args),
         max_new_tokens=args.max_new_tokens,
         stop=Scoring.stop,
         behaviour_max_new_tokens=args.behaviour_max_new_tokens,
@@ -409,7 +420,7 @@ def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: P
             probes,
             batch_size=args.batch_size,
             normalize=args.normalize,
-            chat_template=args.chat_template,
+            chat_template=_scorer_chat_template(args),
             max_new_tokens=args.max_new_tokens,
             stop=Scoring.stop,
             behaviour_max_new_tokens=args.behaviour_max_new_tokens,
