@@ -56,4 +56,4 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     history: list[tuple[int, TransitionReport]] = callback.history
     base: Answers = evaluate(model, tokenizer, probes, batch_size=32, show_progress=False)
     report: TransitionReport = compare(base, evaluate(model, tokenizer, probes))
-    return report.forgetting + len(history) + float(load_trajectory("run").correct.mean())
+    return report.forgetting + len(history) + float(load_trajectory("run").correct.mean()) + answers_5shot.accuracy
