@@ -238,7 +238,7 @@ def main(argv=None) -> int:
         f"Question: How many rivers does {r['name']} have?\nAnswer: {r['worked']} #### {r['rivers']}"
         for r in gen_rows(world, args.docs)
     ]
-    world.train(model, tokenizer, world.fact_texts() + worked, steps=120, batch_size=32)
+    world.train(model, tokenizer, world.fact_texts() + worked, steps=120, lr=1e-3, batch_size=32)
     model.to(args.device).eval()
     root = Path(tempfile.mkdtemp(prefix="bench_lmeval_"))
     write_tasks(world, root, args.docs, args.max_gen_toks)

@@ -13,6 +13,9 @@
 - ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
   the weights key: the same weights twice, then others.
 - ``replay`` / ``replay-fails``: SFT under DDP with replay (rank 0's replay failing at step 3).
+- ``prefixes`` / ``prefixes-fsdp2``: few-shot probes (one shared block) scored with
+  ``distributed=True`` by an unsharded copy on each rank (each rank reads the block from its
+  cache) or under FSDP2 (each probe whole), next to every probe scored whole by this rank alone.
 - ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
   than 3 rows and rank 0 never does.
 """
@@ -149,15 +152,20 @@ def sharded(mode: str) -> dict:
     import torch.distributed as dist
 
     world, tokenizer, base, probes = toy_setup()
-    # behaviour probes too: their responses are generated apart (no stop strings), in lockstep as well
-    probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
+    if mode.startswith("prefixes"):  # every question behind one few-shot block
+        block = "".join(f"The capital of {c.name} is {c.capital}\n\n" for c in world.countries[-5:])
+        probes = ProbeSet.from_records([{**r, "question": block + r["question"]} for r in probes.to_records()])
+    else:  # behaviour probes too: their responses are generated apart (no stop strings), in lockstep as well
+        probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
     dist.init_process_group("gloo")
-    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)(
+    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, shared_prefixes=False)(
         base, batch_size=8, show_progress=False
     )
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
-    if mode == "oom":
+    if mode == "prefixes":
+        pass  # a whole copy on each rank, as under DDP
+    elif mode == "oom":
         model = OutOfMemoryAbove(model, limit=3 if int(os.environ["RANK"]) == 1 else float("inf"))
     elif mode == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -191,6 +199,7 @@ def sharded(mode: str) -> dict:
         "scored_here": scorer.scored_here,
         "n_probes": len(probes),
         "row_cap": scorer.state(model).row_cap,
+        "read_prefixes": any(b.prefix for plan in scorer.state(model).plans.values() for b in plan.batches),
         "rows": getattr(model, "sizes", []),
     }
 

@@ -96,9 +96,11 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
         assert expected.gained_ids == r0["gained_ids"][i], step
 
 
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2", "oom"])
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2"])
 def test_sharded_models_score_like_one_process(tmp_path, mode):
     ranks = run_two_ranks(mode, tmp_path)
+    if mode.startswith("prefixes"):  # a shared block is read from the cache unless forwards must line up
+        assert all(rank["read_prefixes"] is (mode == "prefixes") for rank in ranks)
     if mode == "oom":  # only rank 1 ran out of memory, yet both shrank their batches alike
         assert ranks[0]["row_cap"] == ranks[1]["row_cap"] == 2
         assert len(ranks[0]["rows"]) == len(ranks[1]["rows"])
