@@ -151,7 +151,7 @@ def load_lm_eval_probes(
     built: list[tuple[str, Any, str, str]] = []
     refused: list[str] = []
     for name, task in loaded["tasks"].items():
-        _configure_like_simple_evaluate(task, num_fewshot, fewshot_seed)
+        _configure_like_simple_evaluate(task, num_fewshot)
         how = _scorable(task, name, _per_task(metric, name), _per_task(filter, name))
         if isinstance(how, str):
             refused.append(how)
@@ -219,15 +219,14 @@ def _chat_function(tokenizer: Any):
     return chat
 
 
-def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None, seed: int) -> None:
-    """The calls ``simple_evaluate`` makes on each task before building its requests: an
-    explicit ``num_fewshot: 0`` in the task is never overridden."""
+def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None) -> None:
+    """The few-shot count ``simple_evaluate`` sets on each task (its seed is set right before
+    the task builds its requests): an explicit ``num_fewshot: 0`` in the task is never overridden."""
     if num_fewshot is not None:
         if task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
     elif task.get_config("num_fewshot") is None:
         task.set_config(key="num_fewshot", value=0)
-    task.set_fewshot_seed(seed=seed)
 
 
 def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
