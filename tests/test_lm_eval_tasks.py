@@ -352,3 +352,22 @@ def test_the_command_line_builds_chat_prompts_with_the_model_s_tokenizer(toy, ta
     assert probes[0].question.startswith("<|user|>")
     expected = Scorer(tokenizer, probes)(toy.base, show_progress=False)
     assert "\n".join(lm_eval_lines(expected)) in capsys.readouterr().out
+
+
+def test_a_watched_run_states_each_task_s_base_accuracy_as_lm_eval_reports_it(toy, task_dir, tmp_path, capsys):
+    from forgetwatch import Watch
+    from forgetwatch.reporting.page import write_report
+
+    probes = ProbeSet.from_lm_eval(
+        ["fw_cap", "fw_riv"], num_fewshot=3, limit=12, include_path=task_dir, include_defaults=False
+    )
+    watch = Watch(probes, output_dir=tmp_path / "forgetwatch", eval_steps=2)
+    watch.start(toy.base, toy.tokenizer)
+    watch.evaluate(toy.tuned, 2)
+    watch.finish(toy.tuned, 3)
+    expected = lm_eval_lines(Scorer(toy.tokenizer, probes)(toy.base, show_progress=False), "base, ")
+    assert len(expected) == 2 and "\n".join(expected) in capsys.readouterr().out
+    # kept with the snapshot: the report says it too
+    page = write_report([tmp_path], tmp_path / "report.html").read_text()
+    for line in lm_eval_lines(Scorer(toy.tokenizer, probes)(toy.base, show_progress=False)):
+        assert line.removeprefix("[forgetwatch] ") in page

@@ -34,6 +34,7 @@ from forgetwatch.probes import Probe, ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_dir import HISTORY, SUBDIR, Run, read_run, run_directory
 from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.figures import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
 __all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported
@@ -195,10 +196,17 @@ def _summary(runs: list[Run]) -> str:
         "last evaluation",
         "stopped",
     )
+    # lm-eval probes: each task's base accuracy as lm-eval reports it, to check against its number
+    lm_eval = [
+        f"<li>{_e(line.removeprefix('[forgetwatch] '))}</li>"
+        for run in runs
+        for line in lm_eval_lines(run.base, f"{run.name}: " if len(runs) > 1 else "")
+    ]
+    tasks = f'<p class="note">Base accuracy as lm-eval reports it:</p><ul>{"".join(lm_eval)}</ul>' if lm_eval else ""
     return (
         f'<table class="summary"><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{"".join(rows)}</table>'
         '<p class="note">Forgetting: right at the base, wrong now (share of all probes). Backward transfer: '
-        "the reverse. A forgetting event: right at one evaluation, wrong at the next.</p>"
+        "the reverse. A forgetting event: right at one evaluation, wrong at the next.</p>" + tasks
     )
 
 
