@@ -150,7 +150,7 @@ def gen_rows(world: ToyWorld, docs: int) -> list[dict]:
     rows = []
     for i in range(docs + 8):
         c = world.countries[i % len(world.countries)]
-        worked = f"{c.name}'s capital is {c.capital} and its flag is {c.color}. It has {c.rivers} rivers."
+        worked = f"{c.name} has {c.rivers} rivers."
         rows.append({"name": c.name, "worked": worked, "rivers": str(c.rivers)})
     return rows
 
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
         f"Question: How many rivers does {r['name']} have?\nAnswer: {r['worked']} #### {r['rivers']}"
         for r in gen_rows(world, args.docs)
     ]
-    world.train(model, tokenizer, world.fact_texts() + worked, steps=120, lr=1e-3, batch_size=32)
+    world.train(model, tokenizer, world.fact_texts() + 4 * worked, steps=120, lr=1e-3, batch_size=32)
     model.to(args.device).eval()
     root = Path(tempfile.mkdtemp(prefix="bench_lmeval_"))
     write_tasks(world, root, args.docs, args.max_gen_toks)
