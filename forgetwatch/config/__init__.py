@@ -266,12 +266,8 @@ class ForgetWatchConfig:
         if relative_to is not None:
             for values in (own, groups.get("output", {})):
                 for key in PATH_KEYS:
-                    value = values.get(key)
-                    if isinstance(value, LmEvalProbes):  # a task folder next to the config
-                        if value.include_path is not None:
-                            values[key] = replace(value, include_path=_resolve(value.include_path, relative_to))
-                    elif value not in (None, ADAPTER_DISABLED):
-                        values[key] = _resolve(value, relative_to)
+                    if key in values:
+                        values[key] = _resolved(values[key], relative_to)
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def check_categories(self, categories: Sequence[str]) -> None:
@@ -328,12 +324,9 @@ class ForgetWatchConfig:
         """
         data = self.to_dict()
         for key in PATH_KEYS:
-            value = data[key]
-            if isinstance(value, dict):  # lm-eval tasks: their task folder
-                if value.get("include_path") is not None:
-                    value["include_path"] = _resolve(value["include_path"], Path.cwd())
-            elif value not in (None, ADAPTER_DISABLED):
-                data[key] = _resolve(value, Path.cwd())
+            group, name = _GROUPED.get(key, (None, key))
+            value = _resolved(getattr(getattr(self, group) if group else self, name), Path.cwd())
+            data[key] = value.to_dict() if isinstance(value, LmEvalProbes) else value
         write_settings(data, path)
 
 
@@ -483,6 +476,16 @@ def _check(
     order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
     problems.sort(key=lambda p: order.get(p.key or "", len(order)))
     return own, groups, problems
+
+
+def _resolved(value: Any, folder: Path) -> Any:
+    """A path setting's value with a relative path taken from ``folder``: the path itself, or
+    the task folder of lm-eval tasks."""
+    if isinstance(value, LmEvalProbes):
+        if value.include_path is None:
+            return value
+        return replace(value, include_path=_resolve(value.include_path, folder))
+    return value if value in (None, ADAPTER_DISABLED) else _resolve(value, folder)
 
 
 def _resolve(path: str, folder: Path) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
@@ -332,20 +332,6 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
     )
 
 
-#: The options of an ``lm_eval`` probes entry in a config, as ``ProbeSet.from_lm_eval`` takes them.
-SPEC_KEYS = (
-    "lm_eval",
-    "num_fewshot",
-    "limit",
-    "include_path",
-    "include_defaults",
-    "fewshot_seed",
-    "system_instruction",
-    "metric",
-    "filter",
-)
-
-
 @dataclass(frozen=True)
 class LmEvalProbes:
     """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``): what
@@ -403,25 +389,16 @@ class LmEvalProbes:
 
     def to_dict(self) -> dict[str, Any]:
         """The config mapping (options left at their defaults left out)."""
-        out: dict[str, Any] = {"lm_eval": list(self.tasks)}
-        for name, default in (
-            ("num_fewshot", None),
-            ("limit", None),
-            ("include_path", None),
-            ("include_defaults", True),
-            ("fewshot_seed", 1234),
-            ("system_instruction", None),
-            ("metric", None),
-            ("filter", None),
-        ):
-            if getattr(self, name) != default:
-                out[name] = getattr(self, name)
-        return out
+        defaults = {f.name: f.default for f in fields(self)}
+        return {"lm_eval": list(self.tasks), **{k: v for k, v in self.options().items() if v != defaults[k]}}
 
-    def build(self) -> list[Probe]:
-        """The probes (lm-eval loads the tasks and their data now)."""
-        options = {k: v for k, v in self.__dict__.items() if k != "tasks"}
-        return load_lm_eval_probes(list(self.tasks), **options)
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`forgetwatch.ProbeSet.from_lm_eval` besides the tasks."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tasks"}
+
+
+#: The keys of an ``lm_eval`` probes entry in a config: the task names, then the options.
+SPEC_KEYS = ("lm_eval", *(f.name for f in fields(LmEvalProbes) if f.name != "tasks"))
 
 
 def _is_count(value: Any) -> bool:

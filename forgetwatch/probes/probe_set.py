@@ -286,7 +286,7 @@ def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
     if isinstance(probes, ProbeSet):
         return probes
     if isinstance(probes, LmEvalProbes):
-        return ProbeSet(probes.build(), "lm-eval: " + ", ".join(probes.tasks))
+        return ProbeSet.from_lm_eval(list(probes.tasks), **probes.options())
     if isinstance(probes, (str, os.PathLike)):
         return ProbeSet.from_jsonl(probes)
     if isinstance(probes, Sequence) and all(isinstance(row, Mapping) for row in probes):
