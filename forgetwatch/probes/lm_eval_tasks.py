@@ -56,6 +56,7 @@ class LmEvalJudge:
     filter: str
     max_new_tokens: int | None = None
     stop: tuple[str, ...] | None = None
+    choices: tuple[str, ...] = ()  # multiple choice: the document's choices, as the task gave them
 
     @property
     def label(self) -> str:
@@ -74,9 +75,8 @@ class LmEvalJudge:
         # the choice lm-eval's metric picks, for display (ties go to the lowest index, as np.argmax)
         scores = lls
         if self.metric != "acc":
-            choices = self.task.doc_to_choice(self.doc)
             size = (lambda c: len(c.encode("utf-8"))) if self.metric == "acc_bytes" else len
-            scores = lls / np.array([float(size(c)) for c in choices])
+            scores = lls / np.array([float(size(c)) for c in self.choices])
         # is_greedy is never read by the metrics allowed for choices (CHOICE_METRICS)
         results = self.task.process_results(self.doc, [(float(x), False) for x in lls])
         return _right(results, self), int(np.argmax(scores))
@@ -328,7 +328,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
         category=name,
         meta=meta,
         delimiter=delimiter,
-        judge=LmEvalJudge(task, doc, doc_id, metric, filter_name),
+        judge=LmEvalJudge(task, doc, doc_id, metric, filter_name, choices=tuple(choices)),
     )
 
 
