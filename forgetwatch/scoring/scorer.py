@@ -470,7 +470,7 @@ class Scorer:
                 return False
         elif packing_blocker(unwrap(run.model), _text_config(unwrap(run.model))) is not None:
             return False
-        if run.ranks.size > 1 and is_sharded(run.model):
+        if run.sharded_over_ranks:
             self._warn_once("prefixes", "scoring each probe whole: parameters sharded over ranks need equal forwards")
             return False
         return True
@@ -535,7 +535,7 @@ class Scorer:
         generated alike: the same response length and stop strings."""
         if not prompts:
             return {}
-        synced = run.ranks.size > 1 and is_sharded(run.model)
+        synced = run.sharded_over_ranks
 
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
 
@@ -655,6 +655,11 @@ class _Run:
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
     budget: int | None = None  # tokens per forward, for batch_size="auto"
+
+    @property
+    def sharded_over_ranks(self) -> bool:
+        """Parameters sharded over several ranks: every forward runs on all of them together."""
+        return self.ranks.size > 1 and is_sharded(self.model)
 
 
 class _Plan(NamedTuple):
