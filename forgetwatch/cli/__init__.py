@@ -5,6 +5,8 @@
     forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
     forgetwatch probes   --starter behaviour|knowledge [--out FILE]
     forgetwatch demo     [--out DIR] [--replay]
+    forgetwatch plugin-path swift          (the file for ms-swift's --external_plugins)
+    forgetwatch llamafactory CONFIG.yaml [key=value ...]   (LLaMA-Factory's training, watched)
 
 ``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
 ``.npz``), so the base model is scored once and reused.
@@ -22,10 +24,11 @@ from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
 from forgetwatch.common.files import atomic_write, strict_dump
+from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
 from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
-from forgetwatch.probes import ProbeError, ProbeSet
+from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.sinks.figures import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
@@ -181,6 +184,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
     )
+    path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
+    path.add_argument("framework", choices=["swift"], help="swift: for ms-swift's --external_plugins")
+    lmf = sub.add_parser(
+        "llamafactory", help="run LLaMA-Factory's training (as llamafactory-cli train) with forgetwatch watching"
+    )
+    lmf.add_argument("config", metavar="CONFIG", help="LLaMA-Factory's YAML/JSON, with forgetwatch_<key> settings")
+    lmf.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="overrides, as llamafactory-cli")
     return parser
 
 
@@ -196,13 +206,31 @@ def main(argv: list[str] | None = None) -> int:
             return _report_command(args)
         if args.command == "probes":
             return _probes_command(args)
+        if args.command == "plugin-path":
+            from forgetwatch.integrations.swift import PLUGIN_FILE
+
+            print(PLUGIN_FILE)
+            return 0
+        if args.command == "llamafactory":
+            return _llamafactory_command(args)
         return _compare_command(args)
-    except (UsageError, CheckpointError, ProbeError, AnswersMismatchError) as err:
+    except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
         print(f"forgetwatch: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
+
+
+def _llamafactory_command(args: argparse.Namespace) -> int:
+    from importlib.util import find_spec
+
+    from forgetwatch.integrations.llamafactory import run
+
+    if find_spec("llamafactory") is None:
+        raise UsageError("LLaMA-Factory is not installed here: pip install llamafactory (see the README)")
+    run(args.config, args.overrides)
+    return 0
 
 
 def _probes_command(args: argparse.Namespace) -> int:

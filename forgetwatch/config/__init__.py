@@ -52,7 +52,7 @@ from forgetwatch.config.settings import (
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
-__all__ = ["ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
+__all__ = ["FLAT_KEYS", "ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
 
 #: Settings holding file system paths (flat keys): resolved against the YAML file's folder when relative.
 PATH_KEYS = ("probes", "base", "output_dir")
@@ -346,6 +346,8 @@ _GROUPED: dict[str, tuple[str, str]] = {
 }
 #: every flat key: the config's own settings, then the groups'
 _FLAT = [*_OWN, *_GROUPED]
+#: every setting's one name in files (``eval_steps``, ``replay_weight``), in declaration order
+FLAT_KEYS: tuple[str, ...] = tuple(_FLAT)
 
 
 def split_legacy(

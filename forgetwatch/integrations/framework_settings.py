@@ -1,0 +1,169 @@
+"""forgetwatch's settings as a training framework carries them, checked before any model work.
+
+Frameworks that build the trainer themselves take settings in their own places:
+``forgetwatch_<key>`` entries of an Axolotl or LLaMA-Factory YAML, ``FORGETWATCH_<KEY>``
+environment variables for ms-swift (which refuses flags it does not know). Each flat key of
+:class:`~forgetwatch.config.ForgetWatchConfig` has such a name (``forgetwatch_eval_steps``,
+``FORGETWATCH_MAX_FORGETTING``), and two more exist only here:
+
+- ``config``: a forgetwatch YAML (any of ``configs/``); the other settings override it;
+- ``replay``: a replay pool file (JSONL) to repair forgetting with.
+
+``probes`` is a probe file, a list of lm-eval task names, or ``{lm_eval: [...], num_fewshot: 5}``.
+An unknown name, a wrong value or a bad probe file is one error naming the setting as the user
+wrote it, raised before the framework loads a model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from forgetwatch.common.problems import Problem
+from forgetwatch.common.text import describe, did_you_mean
+from forgetwatch.config import FLAT_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.probes import ProbeSet
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
+from forgetwatch.probes.probe_set import as_probe_set
+from forgetwatch.replay import ReplayPool
+
+KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
+#: settings of the frameworks' own, beside the config's flat keys
+EXTRA = ("config", "replay")
+#: every setting a framework may give, without its prefix
+NAMES = (*FLAT_KEYS, *EXTRA)
+
+
+@dataclass(frozen=True)
+class FrameworkSettings:
+    """A checked config, its loaded probes and replay pool: what a framework's plugin needs to
+    add a :class:`~forgetwatch.ForgetWatchCallback` to the trainer it builds.
+
+    Example:
+        >>> settings = FrameworkSettings.from_keys({"forgetwatch_probes": "configs/probes/general_knowledge.jsonl",
+        ...                                         "forgetwatch_eval_steps": 50}, "train.yaml")
+        >>> settings.config.schedule.eval_steps, len(settings.probes) > 0
+        (50, True)
+    """
+
+    config: ForgetWatchConfig
+    probes: ProbeSet
+    replay: ReplayPool | None = None
+    #: where the settings came from, for the first console line
+    source: str = ""
+
+    @classmethod
+    def from_keys(cls, values: Mapping[str, Any], source: str) -> FrameworkSettings:
+        """From the ``forgetwatch_*`` keys of a framework's config (other keys are ignored).
+
+        Example:
+            >>> FrameworkSettings.from_keys({"forgetwatch_eval_step": 5}, "train.yaml")  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+                ...
+            forgetwatch.config.checks.ConfigError: train.yaml: key 'forgetwatch_eval_step': unknown key (did you mean 'forgetwatch_eval_steps'?)...
+        """
+        given = {k[len(KEY_PREFIX) :]: v for k, v in values.items() if isinstance(k, str) and k.startswith(KEY_PREFIX)}
+        return cls._build(given, lambda name: KEY_PREFIX + name, source)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
+        """From ``FORGETWATCH_*`` environment variables; values are read as YAML scalars or
+        flow collections (``50``, ``0.1``, ``true``, ``[arc_easy, hellaswag]``), paths as text.
+
+        Example:
+            >>> FrameworkSettings.from_environ({"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl",
+            ...                                 "FORGETWATCH_MAX_FORGETTING": "0.1"}).config.stopping.max_forgetting
+            0.1
+        """
+        environ = os.environ if environ is None else environ
+        given: dict[str, Any] = {}
+        unreadable: list[Problem] = []
+        for key, text in environ.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX) :].lower()
+            try:
+                given[name] = _env_value(name, text)
+            except yaml.YAMLError:
+                unreadable.append(Problem("environment", None, key, f"cannot read {text!r} as a YAML value"))
+        return cls._build(given, lambda name: ENV_PREFIX + name.upper(), "environment", unreadable)
+
+    @classmethod
+    def _build(
+        cls,
+        given: dict[str, Any],
+        named: Callable[[str], str],
+        source: str,
+        problems: list[Problem] | None = None,
+    ) -> FrameworkSettings:
+        problems = list(problems or [])
+        for name in given:
+            if name not in NAMES:
+                match = did_you_mean(name, NAMES)
+                hint = f" (did you mean {named(match)!r}?)" if match else ""
+                problems.append(Problem(source, None, named(name), f"unknown key{hint}; fix or remove it"))
+        given = {k: v for k, v in given.items() if k in NAMES}
+        config_path, replay_path = given.pop("config", None), given.pop("replay", None)
+        for name, value in (("config", config_path), ("replay", replay_path)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                problems.append(Problem(source, None, named(name), f"expected a file path, got {describe(value)}"))
+        if isinstance(given.get("probes"), list):  # lm-eval task names
+            given["probes"] = {"lm_eval": given["probes"]}
+        if problems:
+            raise ConfigError(problems)
+        base = ForgetWatchConfig.from_yaml(config_path) if config_path is not None else ForgetWatchConfig()
+        try:
+            config = base.replace(**given)
+        except ConfigError as err:  # named as the user wrote them
+            raise ConfigError(
+                [Problem(source, None, named(p.key) if p.key else None, p.message) for p in err.errors]
+            ) from None
+        if config.probes is None:
+            message = f"no probes: set {named('probes')} (a probe file or lm-eval task names)"
+            where = f" or give probes in the file {named('config')} names" if config_path is None else ""
+            raise ConfigError([Problem(source, None, named("probes"), message + where)])
+        probes = as_probe_set(config.probes)
+        replay = ReplayPool.from_jsonl(replay_path) if replay_path is not None else None
+        if replay is not None:
+            replay.check_disjoint(probes)
+        return cls(config, probes, replay, source)
+
+    def callback(self, trainer: Any = None) -> Any:
+        """The :class:`~forgetwatch.ForgetWatchCallback` these settings describe, for ``trainer``."""
+        from forgetwatch.integrations.callback import ForgetWatchCallback
+
+        return ForgetWatchCallback.from_config(self.config, probes=self.probes, replay=self.replay, trainer=trainer)
+
+    def describe(self, framework: str) -> str:
+        """The plugin's first console line: it loaded, and what it will do."""
+        config = self.config
+        what = config.probes.tasks if isinstance(config.probes, LmEvalProbes) else config.probes
+        steps = config.schedule.eval_steps
+        when = f"every {steps} steps" if steps else f"within a {config.schedule.max_overhead:.0%} time budget"
+        limit = config.stopping.max_forgetting
+        stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
+        replay = f", replaying {len(self.replay)} rows" if self.replay is not None else ""
+        return (
+            f"[forgetwatch] {framework} plugin loaded: {len(self.probes)} probes ({what}), evaluating "
+            f"{when}{stop}{replay}; results in the run's output_dir/forgetwatch"
+        )
+
+
+def _env_value(name: str, text: str) -> Any:
+    """An environment variable's text as a setting's value: paths stay text unless a list or
+    mapping is written (lm-eval tasks); everything else is read as YAML."""
+    if name in ("probes", "base", "output_dir", "config", "replay") and not text.lstrip().startswith(("[", "{")):
+        return text
+    return yaml.safe_load(text)
+
+
+def main_process() -> bool:
+    """Whether this is the launch's first process, not a data loader's worker: the one that
+    prints (plugins load on every rank, before torch.distributed starts)."""
+    from torch.utils.data import get_worker_info
+
+    return os.environ.get("RANK", "0") == "0" and get_worker_info() is None

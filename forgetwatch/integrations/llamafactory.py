@@ -1,0 +1,47 @@
+"""LLaMA-Factory launcher: its training, with forgetwatch's callback added.
+
+LLaMA-Factory takes callbacks only from Python (``run_exp(callbacks=...)``), so forgetwatch
+runs its training in place of ``llamafactory-cli train``::
+
+    forgetwatch llamafactory train.yaml [key=value ...]
+    torchrun --nproc_per_node 8 -m forgetwatch llamafactory train.yaml   # several GPUs
+
+The YAML is LLaMA-Factory's own, with ``forgetwatch_<key>`` settings beside its keys
+(``forgetwatch_probes: probes.jsonl``, ``forgetwatch_eval_steps: 50``; see
+:mod:`forgetwatch.integrations.framework_settings`); ``key=value`` overrides either kind, as
+``llamafactory-cli`` reads them. forgetwatch takes its keys out before LLaMA-Factory, which
+refuses keys it does not know, reads the rest. Results go to ``<output_dir>/forgetwatch``.
+Several processes need this module as the ``torchrun`` target: ``llamafactory-cli`` starts its
+own workers, without the callback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from forgetwatch.common.console import say
+from forgetwatch.integrations.framework_settings import KEY_PREFIX, FrameworkSettings, main_process
+
+
+def run(config: str, overrides: Sequence[str] = ()) -> None:
+    """Train as ``llamafactory-cli train CONFIG [key=value ...]`` does, watched by forgetwatch.
+
+    Example:
+        >>> run("train.yaml", ["forgetwatch_eval_steps=10"])  # doctest: +SKIP
+    """
+    try:
+        from llamafactory.hparams.parser import read_args
+        from llamafactory.train.tuner import run_exp
+    except ImportError as err:
+        raise ImportError(f"forgetwatch llamafactory needs LLaMA-Factory ({err}): pip install llamafactory") from err
+    sys.argv = [sys.argv[0], config, *overrides]  # read_args reads the command line, as llamafactory-cli's does
+    args = read_args()
+    if not isinstance(args, dict):
+        raise ValueError(f"{config}: give LLaMA-Factory's training config as a .yaml, .yml or .json file")
+    settings = FrameworkSettings.from_keys(args, config)
+    if main_process():
+        say(settings.describe("LLaMA-Factory"))
+    for key in [key for key in args if key.startswith(KEY_PREFIX)]:
+        del args[key]
+    run_exp(args=args, callbacks=[settings.callback()])

@@ -1,0 +1,166 @@
+"""forgetwatch's settings as Axolotl / LLaMA-Factory keys and ms-swift environment variables:
+checked by the config's own rules, named as the user wrote them, before any model work.
+(The frameworks themselves run in tests/test_frameworks.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forgetwatch import ForgetWatchCallback
+from forgetwatch.cli import main
+from forgetwatch.config import FLAT_KEYS, ConfigError
+from forgetwatch.integrations.framework_settings import FrameworkSettings
+from forgetwatch.integrations.swift import PLUGIN_FILE
+from forgetwatch.probes import ProbeError, ProbeSet
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = str(ROOT / "configs" / "probes" / "general_knowledge.jsonl")
+CONFIG = str(ROOT / "configs" / "early_stop_adjusted_5pct.yaml")
+
+
+def test_keys_become_the_config_and_the_probes_are_loaded():
+    settings = FrameworkSettings.from_keys(
+        {
+            "base_model": "x",  # the framework's own: not ours
+            "forgetwatch_probes": PROBES,
+            "forgetwatch_eval_steps": 7,
+            "forgetwatch_max_forgetting": 0.1,
+            "forgetwatch_batch_size": 4,
+        },
+        "train.yaml",
+    )
+    config = settings.config
+    assert (config.schedule.eval_steps, config.stopping.max_forgetting, config.scoring.batch_size) == (7, 0.1, 4)
+    assert settings.probes.ids == ProbeSet.from_jsonl(PROBES).ids
+    callback = settings.callback()
+    assert isinstance(callback, ForgetWatchCallback)
+    assert callback.config == config and callback.probes is settings.probes
+
+
+def test_a_forgetwatch_yaml_is_overridden_by_the_keys_beside_it():
+    settings = FrameworkSettings.from_keys({"forgetwatch_config": CONFIG, "forgetwatch_patience": 5}, "train.yaml")
+    stopping = settings.config.stopping
+    assert (stopping.max_forgetting, stopping.metric, stopping.patience) == (0.05, "forgetting_adjusted", 5)
+    assert settings.probes.ids == ProbeSet.from_jsonl(ROOT / "configs" / "probes" / "general_knowledge.jsonl").ids
+
+
+def test_every_setting_has_a_key():
+    for key in FLAT_KEYS:
+        with pytest.raises(ConfigError) as caught:
+            FrameworkSettings.from_keys({f"forgetwatch_{key}": object()}, "train.yaml")
+        assert f"key 'forgetwatch_{key}'" in str(caught.value), key
+        assert "unknown" not in str(caught.value), key
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        (
+            {"forgetwatch_probes": PROBES, "forgetwatch_eval_step": 5},
+            "train.yaml: key 'forgetwatch_eval_step': unknown key (did you mean 'forgetwatch_eval_steps'?)",
+        ),
+        (
+            {"forgetwatch_probes": PROBES, "forgetwatch_eval_steps": "abc"},
+            "train.yaml: key 'forgetwatch_eval_steps': expected an integer >= 1 or null",
+        ),
+        (
+            {"forgetwatch_probes": PROBES, "forgetwatch_max_forgetting": "5%"},
+            "train.yaml: key 'forgetwatch_max_forgetting': expected",
+        ),
+        ({"forgetwatch_eval_steps": 5}, "train.yaml: key 'forgetwatch_probes': no probes: set forgetwatch_probes"),
+        ({"forgetwatch_config": 3}, "train.yaml: key 'forgetwatch_config': expected a file path, got 3"),
+    ],
+)
+def test_a_wrong_key_is_one_error_naming_it_as_written(values, expected):
+    with pytest.raises(ConfigError) as caught:
+        FrameworkSettings.from_keys(values, "train.yaml")
+    assert str(caught.value).startswith(expected)
+
+
+def test_errors_in_the_forgetwatch_yaml_name_its_file_and_line(tmp_path):
+    config = tmp_path / "fw.yaml"
+    config.write_text(f"probes: {PROBES}\neval_steps: 0\n")
+    with pytest.raises(ConfigError, match=r"fw.yaml: line 2: key 'eval_steps'"):
+        FrameworkSettings.from_keys({"forgetwatch_config": str(config)}, "train.yaml")
+
+
+def test_a_bad_probe_file_is_named_before_any_model_work(tmp_path):
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text(json.dumps({"id": "a", "question": "Q?"}) + "\n")
+    with pytest.raises(ProbeError, match=r"probes.jsonl: line 1"):
+        FrameworkSettings.from_keys({"forgetwatch_probes": str(probes)}, "train.yaml")
+
+
+def test_a_replay_pool_holding_a_probe_question_is_refused(tmp_path):
+    question = ProbeSet.from_jsonl(PROBES)[0].question
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(json.dumps({"id": "r1", "text": f"{question} yes"}) + "\n")
+    with pytest.raises(ValueError, match="holds probe questions"):
+        FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
+    pool.write_text(json.dumps({"id": "r1", "text": "Something else entirely."}) + "\n")
+    settings = FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
+    assert settings.replay is not None and len(settings.replay) == 1
+
+
+def test_lm_eval_task_names_are_probes():
+    tasks = ROOT / "configs" / "lm_eval_tasks"
+    settings = FrameworkSettings.from_keys(
+        {"forgetwatch_probes": {"lm_eval": ["fw_small"], "include_path": str(tasks), "limit": 3}}, "t.yaml"
+    )
+    assert isinstance(settings.config.probes, LmEvalProbes)
+    assert {p.category for p in settings.probes} == {"fw_general_knowledge", "fw_arithmetic"}
+    with pytest.raises(ValueError, match="no lm-eval task, group or tag is named 'fw_nonexistent'"):
+        FrameworkSettings.from_keys({"forgetwatch_probes": ["fw_nonexistent"]}, "t.yaml")  # a list: task names
+
+
+def test_environment_variables_are_read_as_yaml_values_and_named_as_set():
+    settings = FrameworkSettings.from_environ(
+        {
+            "PATH": "/bin",
+            "FORGETWATCH_PROBES": PROBES,
+            "FORGETWATCH_EVAL_STEPS": "2",
+            "FORGETWATCH_MAX_FORGETTING": "0.25",
+            "FORGETWATCH_LOG_CATEGORIES": "false",
+        }
+    )
+    assert settings.config.schedule.eval_steps == 2 and settings.config.stopping.max_forgetting == 0.25
+    assert settings.config.output.log_categories is False
+    with pytest.raises(ConfigError) as caught:
+        FrameworkSettings.from_environ(
+            {"FORGETWATCH_PROBES": PROBES, "FORGETWATCH_MAX_FORGETING": "0.1", "FORGETWATCH_EVAL_STEPS": "[1"}
+        )
+    assert str(caught.value).splitlines() == [
+        "environment: key 'FORGETWATCH_EVAL_STEPS': cannot read '[1' as a YAML value",
+        "environment: key 'FORGETWATCH_MAX_FORGETING': unknown key (did you mean 'FORGETWATCH_MAX_FORGETTING'?); "
+        "fix or remove it",
+    ]
+    with pytest.raises(ConfigError, match="key 'FORGETWATCH_PROBES': no probes: set FORGETWATCH_PROBES"):
+        FrameworkSettings.from_environ({})
+
+
+def test_the_first_console_line_says_what_the_plugin_will_do():
+    settings = FrameworkSettings.from_keys(
+        {"forgetwatch_probes": PROBES, "forgetwatch_eval_steps": 50, "forgetwatch_max_forgetting": 0.1}, "t.yaml"
+    )
+    count = len(ProbeSet.from_jsonl(PROBES))
+    assert settings.describe("Axolotl") == (
+        f"[forgetwatch] Axolotl plugin loaded: {count} probes ({PROBES}), evaluating every 50 steps, "
+        "stopping above 10.0% forgetting; results in the run's output_dir/forgetwatch"
+    )
+
+
+def test_the_command_line_prints_the_swift_plugin_file(capsys):
+    assert main(["plugin-path", "swift"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == str(PLUGIN_FILE) and PLUGIN_FILE.is_file()
+    assert PLUGIN_FILE.name != "forgetwatch.py"  # ms-swift puts its folder first on sys.path
+    assert sorted(p.name for p in PLUGIN_FILE.parent.glob("*.py")) == ["__init__.py", "forgetwatch_plugin.py"]
+
+
+def test_the_llamafactory_command_says_how_to_install_it(capsys):
+    assert main(["llamafactory", "train.yaml"]) == 2
+    assert "pip install llamafactory" in capsys.readouterr().err
