@@ -35,6 +35,7 @@ logger = logging.getLogger("forgetwatch")
 MAX_DEPTH = 16
 
 #: Callbacks that print every log dict to the console: forgetwatch's one line replaces them.
+#: Only these classes: a framework's subclass keeps a log of its own (ms-swift's ``logging.jsonl``).
 CONSOLE_CALLBACKS = frozenset(
     {"ProgressCallback", "PrinterCallback", "NotebookProgressCallback", "RichProgressCallback"}
 )
@@ -68,7 +69,7 @@ def sharded_run(args: Any) -> bool:
 
 
 def _prints_logs(callback: Any) -> bool:
-    return any(cls.__name__ in CONSOLE_CALLBACKS for cls in type(callback).__mro__)
+    return type(callback).__name__ in CONSOLE_CALLBACKS
 
 
 def _saved_at(checkpoint: Path) -> int | None:
