@@ -15,9 +15,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 from forgetwatch import ProbeSet
 from forgetwatch.cli import main
+from forgetwatch.integrations.framework_settings import FrameworkSettings
+from forgetwatch.integrations.swift import PLUGIN_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -118,7 +121,8 @@ def _help(command: str, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_bash_lines_name_real_commands_flags_files_and_extras(capsys):
+def test_bash_lines_name_real_commands_flags_files_and_extras(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the lines name shipped files by relative path
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     lines = [line for code, _ in blocks("bash") for line in code.splitlines() if line.strip()]
     assert any(line.startswith("forgetwatch ") for line in lines)
@@ -126,7 +130,17 @@ def test_bash_lines_name_real_commands_flags_files_and_extras(capsys):
         line = line.split("#")[0]
         for part in line.split("&&"):
             words = shlex.split(part.replace("[", " ").replace("]", " "))
-            if words[:3] == ["pip", "install", "-e"]:
+            environ = {}
+            while "=" in words[0] and words[0].split("=")[0].isupper():  # VARIABLE=value command ...
+                name, _, value = words.pop(0).partition("=")
+                environ[name] = value
+            if environ:
+                FrameworkSettings.from_environ(environ)  # the plugin's own check
+            if words[0] == "swift":  # ms-swift's command with forgetwatch's plugin file
+                assert words[words.index("--external_plugins") + 1] == "$(forgetwatch plugin-path swift)", part
+                assert words[words.index("--callbacks") + 1] == "forgetwatch", part
+                assert main(["plugin-path", "swift"]) == 0 and capsys.readouterr().out.strip() == str(PLUGIN_FILE)
+            elif words[:3] == ["pip", "install", "-e"]:
                 extra = re.fullmatch(r"\.\[(\w+)\]", part.split()[-1].strip('"'))
                 assert extra and extra.group(1) in extras, part
             elif words[0] == "python":
@@ -137,6 +151,22 @@ def test_bash_lines_name_real_commands_flags_files_and_extras(capsys):
                     assert flag in text, f"{flag} is not an option of 'forgetwatch {words[1]}'"
             else:
                 assert words == ["pytest"], part
+
+
+def test_framework_yaml_blocks_are_checked_as_the_plugins_check_them(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the blocks name shipped files by relative path
+    found = [yaml.safe_load(code) for code, _ in blocks("yaml")]
+    assert len(found) == 3
+    for config in found:
+        if "ENV" in config:  # ms-swift
+            FrameworkSettings.from_environ({k: str(v) for k, v in config["ENV"].items()})
+            assert Path(config["external_plugins"]).name == PLUGIN_FILE.name and config["callbacks"] == ["forgetwatch"]
+            continue
+        FrameworkSettings.from_keys(config, "README.md")  # Axolotl, LLaMA-Factory
+        for plugin in config.get("plugins", []):
+            module, _, name = plugin.rpartition(".")
+            source = ROOT / (module.replace(".", "/") + ".py")  # imported by Axolotl, which is not here
+            assert f"class {name}(" in source.read_text(), plugin
 
 
 def test_layout_tree_names_every_module():

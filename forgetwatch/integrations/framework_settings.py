@@ -141,7 +141,9 @@ class FrameworkSettings:
     def describe(self, framework: str) -> str:
         """The plugin's first console line: it loaded, and what it will do."""
         config = self.config
-        what = config.probes.tasks if isinstance(config.probes, LmEvalProbes) else config.probes
+        what = (
+            f"lm-eval: {', '.join(config.probes.tasks)}" if isinstance(config.probes, LmEvalProbes) else config.probes
+        )
         steps = config.schedule.eval_steps
         when = f"every {steps} steps" if steps else f"within a {config.schedule.max_overhead:.0%} time budget"
         limit = config.stopping.max_forgetting
