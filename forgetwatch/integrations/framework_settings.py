@@ -26,6 +26,7 @@ import yaml
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean
 from forgetwatch.config import FLAT_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.probe_set import as_probe_set
@@ -132,10 +133,8 @@ class FrameworkSettings:
             replay.check_disjoint(probes)
         return cls(config, probes, replay, source)
 
-    def callback(self, trainer: Any = None) -> Any:
+    def callback(self, trainer: Any = None) -> ForgetWatchCallback:
         """The :class:`~forgetwatch.ForgetWatchCallback` these settings describe, for ``trainer``."""
-        from forgetwatch.integrations.callback import ForgetWatchCallback
-
         return ForgetWatchCallback.from_config(self.config, probes=self.probes, replay=self.replay, trainer=trainer)
 
     def describe(self, framework: str) -> str:
