@@ -59,6 +59,9 @@ def framework_env(name: str) -> Path:
                 (site / package).mkdir(exist_ok=True)
                 (site / package / "__init__.py").write_text('"""Stand-in: the CUDA build cannot load here."""\n')
             (folder / "ready").write_text("\n".join(spec) + "\n")
+            for stale in CACHE.glob(f"{name}-*"):  # what an earlier spec built: gigabytes each
+                if stale != folder:
+                    shutil.rmtree(stale, ignore_errors=True)
         if name not in _installed_this_session:
             _pip(bin_dir, "install", "--no-deps", "--force-reinstall", str(ROOT))
             _installed_this_session.add(name)
