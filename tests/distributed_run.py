@@ -1,6 +1,7 @@
 """Run by tests/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo, CPU).
 
-``python distributed_run.py MODE OUT``; each rank writes what it saw to ``OUT/rank<N>.json``.
+``python distributed_run.py MODE OUT``; each rank writes what it saw to ``OUT/rank<N>.json``
+(sharded modes may be joined, ``fsdp1,fsdp2``: one launch, ``OUT/rank<N>-<mode>.json`` each).
 
 - ``sft``: TRL's SFTTrainer (DDP) with ForgetWatchCallback on the default budget schedule and
   an early-stop rule; rank 1 is made slower, so the ranks' clocks disagree. Rank 0 saves the
@@ -157,7 +158,8 @@ def sharded(mode: str) -> dict:
         probes = ProbeSet.from_records([{**r, "question": block + r["question"]} for r in probes.to_records()])
     else:  # behaviour probes too: their responses are generated apart (no stop strings), in lockstep as well
         probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # several modes run one after another in one launch
+        dist.init_process_group("gloo")
     alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, shared_prefixes=False)(
         base, batch_size=8, show_progress=False
     )
@@ -302,8 +304,13 @@ def main(mode: str, out: str) -> None:
         result = replay(out, fail_at=3 if mode == "replay-fails" else None)
     elif mode in ("sft", "zero3"):
         result = sft(out, zero3=mode == "zero3")
-    else:
-        result = zero3_keys() if mode == "zero3key" else sharded(mode)
+    elif mode == "zero3key":
+        result = zero3_keys()
+    else:  # "fsdp1,fsdp2,...": each sharded mode in turn, one launch for all (each its own file)
+        for one in mode.split(","):
+            with open(os.path.join(out, f"rank{os.environ['RANK']}-{one}.json"), "w") as f:
+                json.dump(sharded(one), f)
+        result = {}
     with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
         json.dump(result, f)
     if torch.distributed.is_initialized():

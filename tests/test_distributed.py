@@ -96,9 +96,20 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
         assert expected.gained_ids == r0["gained_ids"][i], step
 
 
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2"])
-def test_sharded_models_score_like_one_process(tmp_path, mode):
-    ranks = run_two_ranks(mode, tmp_path)
+SHARDED = ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory) -> Path:
+    """Every sharded mode, one after another in one 2-rank launch (a launch costs seconds)."""
+    out = tmp_path_factory.mktemp("sharded")
+    run_two_ranks(",".join(SHARDED), out)
+    return out
+
+
+@pytest.mark.parametrize("mode", SHARDED)
+def test_sharded_models_score_like_one_process(sharded_runs, mode):
+    ranks = [json.loads((sharded_runs / f"rank{r}-{mode}.json").read_text()) for r in (0, 1)]
     if mode.startswith("prefixes"):  # a shared block is read from the cache unless forwards must line up
         assert all(rank["read_prefixes"] is (mode == "prefixes") for rank in ranks)
     if mode == "oom":  # only rank 1 ran out of memory, yet both shrank their batches alike
