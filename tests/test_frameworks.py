@@ -4,7 +4,8 @@ LLaMA-Factory (``forgetwatch llamafactory``).
 
 Each runs in its own cached environment (tests/framework_envs.py), installed from the package
 index, with forgetwatch from this checkout: a tiny model that learned the toy world's facts is
-post-trained on arithmetic for 6 steps, evaluated at 2, 4 and 6. The checks read what the run
+post-trained on arithmetic for 6 steps, evaluated at 2, 4 and 6 (Axolotl and LLaMA-Factory
+replaying a pool of other facts, the trainer found by each plugin's own route). The checks read what the run
 left (history, snapshot, the framework's own log), never the exit code: Axolotl trains on with
 exit code 0 when it cannot import a plugin.
 """
@@ -43,8 +44,11 @@ class World:
         self.root, self.model, self.tokenizer = root, root / "model", tokenizer
         model.save_pretrained(self.model)
         tokenizer.save_pretrained(self.model)
+        # probes on half the known countries; a replay pool of the other half's facts
+        probes, pool = world.replay_split()
         self.probes = root / "probes.jsonl"
-        ProbeSet.from_records(world.probe_records(generative=False)).to_jsonl(self.probes)
+        ProbeSet.from_records(probes).to_jsonl(self.probes)
+        self.pool = _jsonl(root / "pool.jsonl", pool)
         sums = [t.split(". ", 1) for t in world.distraction_texts(96)]  # "Compute a plus b", "The sum is c."
         self.text = _jsonl(root / "train.jsonl", [{"text": f"{q}. {a}"} for q, a in sums])
         chats = [[{"role": "user", "content": f"{q}."}, {"role": "assistant", "content": a}] for q, a in sums]
@@ -129,6 +133,7 @@ def axolotl_yaml(world: World, out: Path, **settings) -> Path:
         "plugins": [AXOLOTL_PLUGIN],
         "forgetwatch_probes": str(world.probes),
         "forgetwatch_eval_steps": EVERY,
+        "forgetwatch_replay": str(world.pool),
         "datasets": [{"path": str(world.text), "ds_type": "json", "type": "completion"}],
         "dataset_prepared_path": str(world.root / "axolotl_prepared"),
         "sequence_len": 64,
@@ -176,10 +181,11 @@ def test_axolotl_watches_stops_and_resumes(world):
     run = world.root / "axolotl_run"
     printed = axolotl(world, run)
     check_watched(run, printed, "Axolotl", world)
-    # Axolotl's own logging (use_tensorboard) carries the figures at their steps
+    # Axolotl's own logging (use_tensorboard) carries the figures at their steps, replay's too
     assert tensorboard_scalars(run, "train/forgetwatch/forgotten") == {
         r["step"]: float(r["report"]["forgotten"]) for r in history(run)
     }
+    assert sorted(tensorboard_scalars(run, "train/forgetwatch/replay/loss")) == [2, 4, 6]
 
     stopped = world.root / "axolotl_stop"
     printed = axolotl(world, stopped, forgetwatch_max_forgetting=STOP_AT)
@@ -338,6 +344,7 @@ def llamafactory(world: World, out: Path, **settings) -> str:
         "seed": 0,
         "forgetwatch_probes": str(world.probes),
         "forgetwatch_eval_steps": EVERY,
+        "forgetwatch_replay": str(world.pool),
         **settings,
     }
     path = out.with_suffix(".yaml")
@@ -352,6 +359,7 @@ def test_llamafactory_watches_stops_and_resumes(world):
     # the log LLaMA-Factory keeps (and plots from) holds the figures at their steps
     records = json.loads((run / "trainer_state.json").read_text())["log_history"]
     assert logged(records) == {r["step"]: r["report"]["forgotten"] for r in history(run)}
+    assert sorted(logged(records, "forgetwatch/replay/loss")) == [2, 4, 6]  # the trainer was found for replay
 
     stopped = world.root / "lmf_stop"
     printed = llamafactory(world, stopped, forgetwatch_max_forgetting=STOP_AT)
