@@ -5,9 +5,9 @@ LLaMA-Factory (``forgetwatch llamafactory``).
 Each runs in its own cached environment (tests/framework_envs.py), installed from the package
 index, with forgetwatch from this checkout: a tiny model that learned the toy world's facts is
 post-trained on arithmetic for 6 steps, evaluated at 2, 4 and 6 (Axolotl and LLaMA-Factory
-replaying a pool of other facts, the trainer found by each plugin's own route). The checks read what the run
-left (history, snapshot, the framework's own log), never the exit code: Axolotl trains on with
-exit code 0 when it cannot import a plugin.
+replaying a pool of other facts, the trainer found by each plugin's own route). The checks read
+what the run left (history, snapshot, the framework's own log), never the exit code: Axolotl
+trains on with exit code 0 when it cannot import a plugin.
 """
 
 from __future__ import annotations
@@ -96,23 +96,23 @@ def forgotten(run_dir: Path) -> list[int]:
 
 
 def check_watched(run_dir: Path, printed: str, framework: str, world: World) -> None:
-    """Evaluations at 2, 4, 6 over a base snapshot, said on the console; the step-2 figures are
-    those of the checkpoint the framework saved there, scored here afresh."""
+    """Evaluations at 2, 4, 6 over a base snapshot, said on the console; the snapshot and the
+    step-2 figures are those of the model given and of the checkpoint saved at step 2, scored
+    here afresh."""
     assert f"[forgetwatch] {framework} plugin loaded" in printed, printed[-3000:]
     assert steps(run_dir) == [2, 4, 6], printed[-3000:]
     base = Answers.load(run_dir / "forgetwatch" / "base_answers.npz")
     probes = ProbeSet.from_jsonl(world.probes)
     assert base.ids == probes.ids and "[forgetwatch] step 6:" in printed
-    assert history(run_dir)[0]["report"]["forgotten"] == _forgotten_at(
-        run_dir / "checkpoint-2", base, probes, world.tokenizer
-    )
+    assert base.correct.tolist() == _scored(world.model, world).correct.tolist()
+    at_2 = _scored(run_dir / "checkpoint-2", world)
+    assert history(run_dir)[0]["report"]["forgotten"] == int(np.sum(base.correct & ~at_2.correct))
 
 
-def _forgotten_at(checkpoint: Path, base: Answers, probes: ProbeSet, tokenizer) -> int:
+def _scored(weights: Path, world: World) -> Answers:
     from transformers import AutoModelForCausalLM
 
-    answers = evaluate(AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, probes)
-    return int(np.sum(base.correct & ~answers.correct))
+    return evaluate(AutoModelForCausalLM.from_pretrained(weights), world.tokenizer, ProbeSet.from_jsonl(world.probes))
 
 
 def logged(records: list[dict], key: str = "forgetwatch/forgotten") -> dict[int, float]:
