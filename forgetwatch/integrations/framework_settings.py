@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from torch.utils.data import get_worker_info
 
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean
-from forgetwatch.config import FLAT_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
@@ -157,7 +158,7 @@ class FrameworkSettings:
 def _env_value(name: str, text: str) -> Any:
     """An environment variable's text as a setting's value: paths stay text unless a list or
     mapping is written (lm-eval tasks); everything else is read as YAML."""
-    if name in ("probes", "base", "output_dir", "config", "replay") and not text.lstrip().startswith(("[", "{")):
+    if name in (*PATH_KEYS, *EXTRA) and not text.lstrip().startswith(("[", "{")):
         return text
     return yaml.safe_load(text)
 
@@ -165,6 +166,4 @@ def _env_value(name: str, text: str) -> Any:
 def main_process() -> bool:
     """Whether this is the launch's first process, not a data loader's worker: the one that
     prints (plugins load on every rank, before torch.distributed starts)."""
-    from torch.utils.data import get_worker_info
-
     return os.environ.get("RANK", "0") == "0" and get_worker_info() is None
