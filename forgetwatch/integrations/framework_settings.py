@@ -113,8 +113,8 @@ class FrameworkSettings:
         for name, value in (("config", config_path), ("replay", replay_path)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 problems.append(Problem(source, None, named(name), f"expected a file path, got {describe(value)}"))
-        if isinstance(given.get("probes"), list):  # lm-eval task names
-            given["probes"] = {"lm_eval": given["probes"]}
+        if "probes" in given:
+            given["probes"] = probes_setting(given["probes"])
         if problems:
             raise ConfigError(problems)
         base = ForgetWatchConfig.from_yaml(config_path) if config_path is not None else ForgetWatchConfig()
@@ -153,6 +153,16 @@ class FrameworkSettings:
             f"[forgetwatch] {framework} plugin loaded: {len(self.probes)} probes ({what}), evaluating "
             f"{when}{stop}{replay}; results in the run's output_dir/forgetwatch"
         )
+
+
+def probes_setting(value: Any) -> Any:
+    """The ``probes`` setting as the config reads it: a list names lm-eval tasks.
+
+    Example:
+        >>> probes_setting(["arc_easy", "hellaswag"]), probes_setting("probes.jsonl")
+        ({'lm_eval': ['arc_easy', 'hellaswag']}, 'probes.jsonl')
+    """
+    return {"lm_eval": value} if isinstance(value, list) else value
 
 
 def _env_value(name: str, text: str) -> Any:
