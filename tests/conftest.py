@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -55,3 +56,15 @@ def train_data(toy):
     return Dataset.from_dict({"text": texts}).map(
         lambda b: toy.tokenizer(b["text"]), batched=True, remove_columns=["text"]
     )
+
+
+@pytest.fixture(scope="session")
+def replay_runs(tmp_path_factory):
+    """``replay_runs(mode)``: both ranks' results of SFT with replay under DDP, as it goes
+    ("replay") and with rank 0's replay failing ("replay-fails"): one 2-rank launch for both."""
+    pytest.importorskip("trl")
+    from test_distributed import run_two_ranks
+
+    out = tmp_path_factory.mktemp("replay_ranks")
+    run_two_ranks("replay,replay-fails", out)
+    return lambda mode: [json.loads((out / f"rank{r}-{mode}.json").read_text()) for r in (0, 1)]

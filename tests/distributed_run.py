@@ -1,7 +1,7 @@
 """Run by tests/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo, CPU).
 
 ``python distributed_run.py MODE OUT``; each rank writes what it saw to ``OUT/rank<N>.json``
-(sharded modes may be joined, ``fsdp1,fsdp2``: one launch, ``OUT/rank<N>-<mode>.json`` each).
+(modes may be joined, ``fsdp1,fsdp2``: one launch, ``OUT/rank<N>-<mode>.json`` each).
 
 - ``sft``: TRL's SFTTrainer (DDP) with ForgetWatchCallback on the default budget schedule and
   an early-stop rule; rank 1 is made slower, so the ranks' clocks disagree. Rank 0 saves the
@@ -239,8 +239,9 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     from forgetwatch import ReplayPool
     from forgetwatch.replay import driver
 
+    backward = driver.replay_backward
     if fail_at and os.environ["RANK"] == "0":
-        calls, backward = [], driver.replay_backward
+        calls = []
 
         def failing(*args, **kwargs):
             calls.append(1)
@@ -286,7 +287,10 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         callbacks=[cb],
         train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        driver.replay_backward = backward  # the next mode of this launch replays as it should
     params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
     return {
@@ -299,19 +303,24 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     }
 
 
-def main(mode: str, out: str) -> None:
+def run(mode: str, out: str) -> dict:
     if mode in ("replay", "replay-fails"):
-        result = replay(out, fail_at=3 if mode == "replay-fails" else None)
-    elif mode in ("sft", "zero3"):
-        result = sft(out, zero3=mode == "zero3")
-    elif mode == "zero3key":
-        result = zero3_keys()
-    else:  # "fsdp1,fsdp2,...": each sharded mode in turn, one launch for all (each its own file)
+        return replay(os.path.join(out, mode), fail_at=3 if mode == "replay-fails" else None)
+    if mode in ("sft", "zero3"):
+        return sft(out, zero3=mode == "zero3")
+    return zero3_keys() if mode == "zero3key" else sharded(mode)
+
+
+def main(mode: str, out: str) -> None:
+    rank = os.environ["RANK"]
+    if "," in mode:  # "fsdp1,fsdp2,...": each mode in turn, one launch for all (each its own file)
         for one in mode.split(","):
-            with open(os.path.join(out, f"rank{os.environ['RANK']}-{one}.json"), "w") as f:
-                json.dump(sharded(one), f)
+            with open(os.path.join(out, f"rank{rank}-{one}.json"), "w") as f:
+                json.dump(run(one, out), f)
         result = {}
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+    else:
+        result = run(mode, out)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()

@@ -131,8 +131,8 @@ def test_weights_key_under_zero3_reads_the_partitions_not_the_placeholders(tmp_p
     assert same_a == same_b and other != same_a
 
 
-def test_replay_keeps_the_ranks_parameters_identical(tmp_path):
-    r0, r1 = run_two_ranks("replay", tmp_path)
+def test_replay_keeps_the_ranks_parameters_identical(replay_runs):
+    r0, r1 = replay_runs("replay")
     assert r0["world_size"] == 2 and r0["drawn"] == r1["drawn"] == 10  # one replay batch per optimizer step
     assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # bit for bit
     assert r0["replay_losses"] == r1["replay_losses"] and len(r0["replay_losses"]) == 2

@@ -101,11 +101,8 @@ def test_stepping_before_start_is_a_programming_error(small):
 
 
 @pytest.mark.slow
-def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(tmp_path):
-    pytest.importorskip("trl")
-    from test_distributed import run_two_ranks
-
-    r0, r1 = run_two_ranks("replay-fails", tmp_path)  # would hang in the all-reduce if only rank 1 went on
+def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(replay_runs):
+    r0, r1 = replay_runs("replay-fails")  # would hang in the all-reduce if only rank 1 went on
     assert r0["off"] == "RuntimeError: replay failed (injected)" and r1["off"].endswith("replay failed on another rank")
     assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # the ranks' parameters stay identical
     assert r0["drawn"] == r1["drawn"] == 10
