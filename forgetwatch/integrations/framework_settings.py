@@ -55,8 +55,6 @@ class FrameworkSettings:
     config: ForgetWatchConfig
     probes: ProbeSet
     replay: ReplayPool | None = None
-    #: where the settings came from, for the first console line
-    source: str = ""
 
     @classmethod
     def from_keys(cls, values: Mapping[str, Any], source: str) -> FrameworkSettings:
@@ -132,7 +130,7 @@ class FrameworkSettings:
         replay = ReplayPool.from_jsonl(replay_path) if replay_path is not None else None
         if replay is not None:
             replay.check_disjoint(probes)
-        return cls(config, probes, replay, source)
+        return cls(config, probes, replay)
 
     def callback(self, trainer: Any = None) -> ForgetWatchCallback:
         """The :class:`~forgetwatch.ForgetWatchCallback` these settings describe, for ``trainer``."""
