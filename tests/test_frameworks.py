@@ -12,6 +12,7 @@ trains on with exit code 0 when it cannot import a plugin.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -243,10 +244,16 @@ def swift_flags(arguments: dict) -> list[str]:
     return [item for key, value in arguments.items() for item in (f"--{key}", str(value))]
 
 
+@functools.cache
 def plugin_file() -> str:
+    """The plugin file, as the swift environment's ``forgetwatch plugin-path swift`` prints it (asked once)."""
     bin_dir = framework_env("swift")
     printed = framework_run(bin_dir, ["forgetwatch", "plugin-path", "swift"], Path("/"), Path("/dev/null"))
     return printed.strip()
+
+
+def plugin_flags() -> list[str]:
+    return ["--external_plugins", plugin_file(), "--callbacks", "forgetwatch"]
 
 
 def run_dirs(out: Path) -> list[Path]:
@@ -257,7 +264,7 @@ def run_dirs(out: Path) -> list[Path]:
 def test_swift_sft_watches_stops_and_resumes(world):
     out = world.root / "swift_run"
     env = {"FORGETWATCH_PROBES": str(world.probes), "FORGETWATCH_EVAL_STEPS": str(EVERY)}
-    plugin = ["--external_plugins", plugin_file(), "--callbacks", "forgetwatch"]
+    plugin = plugin_flags()
     printed = swift(world, ["sft", *swift_flags(swift_arguments(world, out, world.chat)), *plugin], out, env)
     [run] = run_dirs(out)
     check_watched(run, printed, "ms-swift", world)
@@ -296,7 +303,7 @@ def test_swift_sft_watches_stops_and_resumes(world):
 def test_swift_refuses_a_misspelled_setting_before_loading_a_model(world):
     out = world.root / "swift_typo"
     env = {"FORGETWATCH_PROBES": str(world.probes), "FORGETWATCH_EVAL_STEP": str(EVERY)}
-    plugin = ["--external_plugins", plugin_file(), "--callbacks", "forgetwatch"]
+    plugin = plugin_flags()
     printed = swift(world, ["sft", *swift_flags(swift_arguments(world, out, world.chat)), *plugin], out, env)
     assert "key 'FORGETWATCH_EVAL_STEP': unknown key (did you mean 'FORGETWATCH_EVAL_STEPS'?)" in printed
     assert not list(out.rglob("checkpoint-*")) and not list(out.rglob("forgetwatch"))
@@ -312,7 +319,7 @@ def test_swift_rlhf_is_watched(world, kind):
         "grpo": {"reward_funcs": "format", "num_generations": 4, "max_completion_length": 8, "max_length": 512},
     }[kind]
     arguments.update(extra, per_device_train_batch_size=4)
-    plugin = ["--external_plugins", plugin_file(), "--callbacks", "forgetwatch"]
+    plugin = plugin_flags()
     printed = swift(world, ["rlhf", "--rlhf_type", kind, *swift_flags(arguments), *plugin], out, env)
     [run] = run_dirs(out)
     assert steps(run) == [2, 4], printed[-3000:]
