@@ -38,6 +38,8 @@ def test_flat_keys_are_unique_and_name_their_group():
         "replay_weight",
         "forgetting_target",
         "replay_batch_size",
+        "replay_select",
+        "replay_scan_rows",
         "replay_seed",
     ]
     assert flat_key(dataclasses.fields(Stopping)[1]) == "stop_metric"

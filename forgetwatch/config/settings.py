@@ -239,6 +239,9 @@ class Signals(_Group):
         noise_check: Score the base twice, in batches of another size, and report how many
             probes flip with no weight change: the noise floor of forgetting; None: on for GPUs
             and half-precision models.
+        train_kl_rows: Rows of the training data on which KL(base || current) is measured at
+            each evaluation (``forgetwatch/drift/train_kl``), a fixed seeded sample, the base's
+            distribution kept once (0 to 4096; 0: off).
 
     Example:
         >>> Signals(noise_check=True).at_risk_share
@@ -249,6 +252,12 @@ class Signals(_Group):
     at_risk_floor: float = option(0.1, check=check.non_negative)
     noise_check: bool | None = option(
         None, check=check.optional(check.boolean, "on for GPUs and half-precision models")
+    )
+    train_kl_rows: int = option(
+        128,
+        check=check.integer(
+            0, 4096, "each row is one forward pass at every evaluation, and its base distribution is kept all run"
+        ),
     )
 
 
@@ -266,6 +275,11 @@ class ReplaySettings(_Group):
         target: With weight "auto": the forgetting rate (``Stopping.metric``) the replay weight
             steers toward (0.001..1).
         batch_size: Pool rows replayed before each optimizer step (1 to 1024).
+        select: How rows are drawn: "categories" (by the forgetting of the probe category each
+            row names, measured at the last evaluation), "rows" (by how much each row's own loss
+            rose above the base's at the last evaluation: no categories needed) or "uniform".
+        scan_rows: With select "rows": the pool rows measured at each evaluation, a fixed seeded
+            sample when the pool is larger (1 to 4096); only those rows are replayed.
         seed: The seed of the draws (the same on every rank).
 
     Example:
@@ -311,6 +325,17 @@ class ReplaySettings(_Group):
             1,
             1024,
             "each row replayed costs a forward and a backward pass before every optimizer step; a few dozen are plenty",
+        ),
+    )
+    select: str = option("categories", key="replay_select", check=check.choice(("categories", "rows", "uniform")))
+    scan_rows: int = option(
+        512,
+        key="replay_scan_rows",
+        check=check.integer(
+            1,
+            4096,
+            "each scanned row is one forward pass at every evaluation (and 4 bytes in each history record); "
+            "a few hundred measure a pool well",
         ),
     )
     seed: int = option(0, check=check.integer(0), key="replay_seed")
