@@ -15,6 +15,7 @@ from forgetwatch import ReplayPool, ReplayPoolError
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config.settings import ReplaySettings
 from forgetwatch.replay.driver import Replay
+from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
 
@@ -91,7 +92,10 @@ def test_a_replay_that_works_still_adds_its_gradient(small):
     replay.start(model, small.tokenizer)
     before = trainers_gradient(small, model)
     replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
-    assert not replay.off and set(replay.figures()) == {"replay/weight", "replay/loss"}
+    drawn = ReplaySampler(replay.sampler.pool, 0).next_batch(4, replay.weights)  # the same draw, again
+    figures = replay.figures()
+    assert not replay.off and set(figures) == {"replay/weight", "replay/loss", "replay/tokens"}
+    assert figures["replay/tokens"] == sum(len(replay.encoded[r.id]) for r in drawn) > 0  # every token forwarded
     assert any(not torch.equal(p.grad, before[n]) for n, p in model.named_parameters())
 
 

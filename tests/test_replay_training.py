@@ -92,13 +92,15 @@ def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
 
 def test_weight_zero_is_a_run_without_replay(toy, train_data, tmp_path, pool):
     runs = []
-    for name, extra in (("plain", {}), ("zero", {"replay": pool, "replay_weight": 0.0})):
+    zero = {"replay": pool, "replay_weight": 0.0}
+    for name, extra in (("plain", {}), ("zero", zero), ("zero-rows", {**zero, "replay_select": "rows"})):
         cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False, **extra)
         trainer = make_trainer(toy, train_data, tmp_path / name, [cb], max_steps=20)
         trainer.train()
         runs.append(([e["loss"] for e in trainer.state.log_history if "loss" in e], trainer.model.state_dict()))
-    assert runs[0][0] == runs[1][0]
-    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+    for other in runs[1:]:  # the rows' scans at each evaluation borrow the model and change nothing
+        assert runs[0][0] == other[0]
+        assert all(torch.equal(runs[0][1][k], other[1][k]) for k in runs[0][1])
 
 
 def test_a_pool_holding_a_probe_question_is_refused_naming_both(toy):
@@ -108,9 +110,12 @@ def test_a_pool_holding_a_probe_question_is_refused_naming_both(toy):
         ForgetWatchCallback(toy.probes, replay=leaky)
 
 
-def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool):
+@pytest.mark.parametrize("select", ["categories", "rows"])
+def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool, select):
     common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
-    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight=1.0, replay_batch_size=8)
+    settings = dict(
+        eval_steps=5, verbose=False, replay=pool, replay_weight=1.0, replay_batch_size=8, replay_select=select
+    )
     plain = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
     make_trainer(toy, train_data, tmp_path / "plain", [plain], **common).train()
     whole = ForgetWatchCallback(toy.probes, **settings)
@@ -129,6 +134,16 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+    # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
+    def kept(callback):
+        return [
+            {k: v for k, v in r["replay"].items() if k != "replay/scan_seconds"}  # wall time: not a state
+            for r in callback.watch.records
+            if r["step"] > 10
+        ]
+
+    assert kept(resumed) == kept(whole)
+    assert kept(whole)[-1]["tokens"] > 0 and ("scan" in kept(whole)[-1]) == (select == "rows")
 
 
 def scaled_run(toy, train_data, path, scaler, autocast, **settings):
@@ -334,6 +349,16 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+    # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
+    def kept(callback):
+        return [
+            {k: v for k, v in r["replay"].items() if k != "replay/scan_seconds"}  # wall time: not a state
+            for r in callback.watch.records
+            if r["step"] > 10
+        ]
+
+    assert kept(resumed) == kept(whole)
+    assert kept(whole)[-1]["tokens"] > 0 and ("scan" in kept(whole)[-1]) == (select == "rows")
 
 
 def test_sharded_training_is_refused_before_it_starts(toy, pool):

@@ -197,9 +197,11 @@ def base_distribution(
     k: int,
     rows_per_batch: int = 8,
     key: dict[str, Any] | None = None,
+    starts: Sequence[int] | None = None,
 ) -> BaseDistribution:
-    """The model's top-``k`` next-token log-probabilities at every position of each row (the
-    model borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from."""
+    """The model's top-``k`` next-token log-probabilities at every target position of each row
+    (those predicting its tokens from its ``starts`` entry on, 1 when not given; the model
+    borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from."""
     device = next(model.parameters()).device
     parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     with borrowed(model, tokenizer), torch.no_grad():
@@ -211,11 +213,11 @@ def base_distribution(
             top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
             tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
             for r, i in enumerate(idx):
-                n = len(token_ids[i]) - 1
+                at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
                 parts[i] = (
-                    top_ids[r, :n].cpu().numpy().astype(np.int32),
-                    top_lp[r, :n].cpu().numpy().astype(np.float16),
-                    tail[r, :n].cpu().numpy(),
+                    top_ids[r, at].cpu().numpy().astype(np.int32),
+                    top_lp[r, at].cpu().numpy().astype(np.float16),
+                    tail[r, at].cpu().numpy(),
                 )
     order = range(len(token_ids))
     offsets = np.zeros(len(token_ids) + 1, dtype=np.int64)

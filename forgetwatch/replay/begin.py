@@ -1,5 +1,6 @@
 """Replay as a run begins: refuse what it cannot run under, go on with the draws where a resumed
-run left them, and, with ``replay_loss="kl"``, the base's distribution on the rows (kept once).
+run left them, and what is measured on the base once and kept: with ``replay_loss="kl"`` the
+base's distribution on the rows, with ``replay_select="rows"`` its loss on the scanned rows.
 
 Rank 0 reads the kept files (nodes need not share storage) and shares what it found, so every
 rank resumes from the same state or every rank raises the same error.
@@ -15,8 +16,17 @@ import torch
 
 from forgetwatch.config import ADAPTER_DISABLED
 from forgetwatch.replay.driver import logits_width
-from forgetwatch.replay.resume import base_to_resume, kept_base, kept_state, state_problem, state_to_resume
-from forgetwatch.results.store import REPLAY_BASE, REPLAY_STATE
+from forgetwatch.replay.resume import (
+    base_to_resume,
+    kept_base,
+    kept_scan,
+    kept_state,
+    scan_to_resume,
+    state_problem,
+    state_to_resume,
+)
+from forgetwatch.replay.scan import ScanBase, sample_key
+from forgetwatch.results.store import REPLAY_BASE, REPLAY_SCAN, REPLAY_STATE
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import model_key, weights_key
 from forgetwatch.scoring.scorer import pad_id
@@ -50,23 +60,62 @@ def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
         replay.reweigh(run.last_report, steer=False)
     if replay.loss == "kl":
         _base_distribution(replay, model, run)
+    if replay.select == "rows":
+        _scan_base(replay, model, run)
+
+
+def _read_back(run: RunContext) -> bool:
+    """Whether what was measured on the base is read back (a resume), not measured again: on a
+    fresh run, and with ``base="adapter_disabled"`` (the base is at hand), it is measured."""
+    return run.step > 0 and run.base != ADAPTER_DISABLED
+
+
+def _made_by(model: torch.nn.Module, run: RunContext) -> dict[str, str | None]:
+    """The base model's keys, which a kept file must carry: on resume from the base snapshot's
+    meta (scored from the same weights; the weights' key is not checked for a ``base=`` file)."""
+    if _read_back(run):
+        meta = run.base_meta if run.base is None else {}
+        return {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+    return {"model": model_key(model), "weights": weights_key(model, run.ranks)}
+
+
+def _on_base(model: torch.nn.Module, run: RunContext) -> contextlib.AbstractContextManager:
+    """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""
+    return adapters_disabled(model) if run.base == ADAPTER_DISABLED else contextlib.nullcontext()
 
 
 def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
     """On a fresh run (and with ``base="adapter_disabled"``, which is never read back) from the
     model; on resume the first kept copy whose arrays check out and whose key is this run's."""
-    if run.step > 0 and run.base != ADAPTER_DISABLED:
+    made_by = _made_by(model, run)
+    if _read_back(run):
         paths = [d / REPLAY_BASE for d in run.resume_dirs]
-        meta = run.base_meta if run.base is None else {}  # scored from the same weights
-        made_by = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
         vocab = logits_width(model)
         found = run.ranks.share_from_rank_zero(lambda: kept_base(replay, paths, made_by, vocab))
         replay.base, warning = base_to_resume(found, paths)
         if warning and run.writes:
             logger.warning("forgetwatch: %s", warning)
     else:
-        made_by = {"model": model_key(model), "weights": weights_key(model, run.ranks)}
-        with adapters_disabled(model) if run.base == ADAPTER_DISABLED else contextlib.nullcontext():
+        with _on_base(model, run):
             replay.cache_base(model, run.tokenizer, pad_id(run.tokenizer), run.rows_per_batch(model), made_by)
     if run.writes:
         run.store.save_replay_base(replay.base)  # kept with the run (and its checkpoints) for the next resume
+
+
+def _scan_base(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
+    """The base's loss on the scanned rows: measured on a fresh run, read back on resume (as
+    :func:`_base_distribution`)."""
+    made_by = _made_by(model, run)
+    if _read_back(run):
+        paths = [d / REPLAY_SCAN for d in run.resume_dirs]
+        found = run.ranks.share_from_rank_zero(lambda: kept_scan(replay, paths, made_by))
+        replay.scan_base, warning = scan_to_resume(found, paths)
+        if warning and run.writes:
+            logger.warning("forgetwatch: %s", warning)
+    else:
+        with _on_base(model, run):
+            losses = replay.scan_losses(model)
+        key = {**replay.key, "sample": sample_key(replay.scanned), **made_by}
+        replay.scan_base = ScanBase(replay.scanned, losses.tolist(), key)
+    if run.writes:
+        run.store.keep(REPLAY_SCAN, replay.scan_base.save)

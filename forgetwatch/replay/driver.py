@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from forgetwatch.common.distributed import Ranks
@@ -26,10 +28,19 @@ from forgetwatch.common.text import first_line, listing, shorten
 from forgetwatch.config.settings import ReplaySettings
 from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
 from forgetwatch.replay.controller import START, next_weight
-from forgetwatch.replay.penalty import encode_rows, kl_backward, replay_backward
+from forgetwatch.replay.penalty import encode_rows, kl_backward, replay_backward, target_count
 from forgetwatch.replay.pool import ReplayPool, ReplayPoolError
 from forgetwatch.replay.resume import state_problem, tokens_key
-from forgetwatch.replay.sampler import ReplaySampler, category_weights
+from forgetwatch.replay.sampler import ReplaySampler, RowSampler, category_weights
+from forgetwatch.replay.scan import (
+    ScanBase,
+    decode_increase,
+    encode_increase,
+    row_losses,
+    row_probabilities,
+    sample_key,
+    scan_sample,
+)
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.scorer import pad_id
@@ -46,9 +57,10 @@ class Replay:
 
     Args:
         pool: the rows (checked disjoint from the probes when the run is built).
-        settings: how much, how many rows and which loss (a :class:`~forgetwatch.ReplaySettings`;
-            ``weight="auto"`` steers toward ``target`` by
-            :func:`~forgetwatch.replay.controller.next_weight`, on the run's stop metric).
+        settings: how much, how many rows, which loss and how rows are drawn (a
+            :class:`~forgetwatch.ReplaySettings`; ``weight="auto"`` steers toward ``target`` by
+            :func:`~forgetwatch.replay.controller.next_weight`, on the run's stop metric;
+            ``select="rows"`` draws by each row's loss rise, see :mod:`~forgetwatch.replay.scan`).
         max_length: tokens kept of a row.
 
     Example:
@@ -64,9 +76,15 @@ class Replay:
         self.auto = s.weight == "auto"
         self.weight = START if self.auto else float(s.weight)
         self.pool, self.batch_size, self.max_length, self.seed = pool, s.batch_size, max_length, s.seed
-        self.target, self.loss, self.top_k = s.target, s.loss, s.top_k
+        self.target, self.loss, self.top_k, self.select = s.target, s.loss, s.top_k, s.select
         self.metric = "forgetting"  # the run's stop metric, once it begins
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
+        self.starts: dict[str, int] = {}  # each row's first target token, where not 1
+        self.tokens = 0  # replay tokens forwarded so far (every rank's rows)
+        self.scan_base: ScanBase | None = None  # with select "rows": the base's loss on the scanned rows
+        self.increase: np.ndarray | None = None  # with select "rows": each scanned row's loss rise (float32)
+        self._used = self.weight  # the weight used since the last evaluation (logged with it)
+        self._scan_seconds: float | None = None
         self.dropped: list[str] = []  # ids of the rows too short to replay
         self.key: dict[str, str] = {}  # the pool and its tokens, which kept states must match
         self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
@@ -87,7 +105,12 @@ class Replay:
         """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
         self.pool.check_disjoint(probes)
 
-    def on_evaluation(self, report: TransitionReport) -> None:
+    def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
+        """An evaluation was made: with ``select="rows"`` the scanned rows' losses measured on
+        ``model`` (monitoring time, on every rank); then the draws and the weight adjusted."""
+        self._used = self.weight
+        if self.select == "rows" and model is not None and not self.off:
+            self.scan(model)
         self.reweigh(report)
 
     def before_optimizer_step(
@@ -146,9 +169,41 @@ class Replay:
         usable = (
             self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source)
         )
-        self.sampler = ReplaySampler(usable, self.seed)
-        self.weights = category_weights(None, self.sampler.categories)
-        self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded)}
+        self.sampler = self.new_sampler(usable)
+        self.increase = np.zeros(len(self.sampler.rows), np.float32) if self.select == "rows" else None
+        self.reweigh(None)
+        self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
+
+    def new_sampler(self, usable: ReplayPool) -> ReplaySampler | RowSampler:
+        """A sampler of ``usable`` rows, at its first draw, for this replay's ``select``."""
+        if self.select == "rows":
+            return RowSampler(usable, scan_sample(len(usable), self.settings.scan_rows, self.seed), self.seed)
+        return ReplaySampler(usable, self.seed, uniform=self.select == "uniform")
+
+    @property
+    def scanned(self) -> list[str]:
+        """With ``select="rows"``: the ids of the rows scanned and replayed."""
+        return [r.id for r in self.sampler.rows] if isinstance(self.sampler, RowSampler) else []
+
+    def scan_losses(self, model: torch.nn.Module) -> np.ndarray:
+        """The scanned rows' mean loss per target token on ``model`` (every rank, sharded)."""
+        run, ids = self._run, self.scanned
+        return row_losses(
+            model,
+            [self.encoded[i] for i in ids],
+            [self.starts.get(i, 1) for i in ids],
+            pad_id(run.tokenizer),
+            run.rows_per_batch(model),
+            run.ranks,
+            run.tokenizer,
+        )
+
+    def scan(self, model: torch.nn.Module) -> None:
+        """Measure the scanned rows now against the base: their loss rises, for the draws."""
+        began = time.perf_counter()  # what the scan costs, logged (monitoring time either way)
+        now = self.scan_losses(model)
+        self.increase = (now - np.asarray(self.scan_base.base_loss)).astype(np.float32)
+        self._scan_seconds = time.perf_counter() - began
 
     def cache_base(
         self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int, made_by: Mapping[str, str]
@@ -158,7 +213,15 @@ class Replay:
         ids = list(self.encoded)
         key = {**self.key, "top_k": self.top_k, **made_by}
         self.base = base_distribution(
-            model, tokenizer, ids, [self.encoded[i] for i in ids], pad_id, self.top_k, rows_per_batch, key
+            model,
+            tokenizer,
+            ids,
+            [self.encoded[i] for i in ids],
+            pad_id,
+            self.top_k,
+            rows_per_batch,
+            key,
+            [self.starts.get(i, 1) for i in ids],
         )
         return self.base
 
@@ -169,14 +232,21 @@ class Replay:
             raise ValueError(f"this replay state cannot be used: {problem}")
         self.sampler.load_state_dict(state["sampler"], max_drawn=step)
         if self.auto:  # a fixed weight is a setting, and the one given now applies
-            self.weight = float(state["weight"])
+            self.weight = self._used = float(state["weight"])
+        self.tokens = state.get("tokens", 0)
+        if self.select == "rows":
+            self.increase = decode_increase(state["scan"]["increase"], len(self.scanned))
+        self.reweigh(None, steer=False)
 
-    def reweigh(self, report: TransitionReport, steer: bool = True) -> None:
-        """Categories weighted by this evaluation's forgetting, for the draws until the next;
-        with ``"auto"`` and ``steer``, the weight steered by it too (a resume restores the
-        weight instead)."""
-        self.weights = category_weights(report, self.sampler.categories)
-        if self.auto and steer:
+    def reweigh(self, report: TransitionReport | None, steer: bool = True) -> None:
+        """The draws until the next evaluation: categories weighted by this evaluation's
+        forgetting, or rows by their loss rise (``select="rows"``); with ``"auto"`` and
+        ``steer``, the weight steered by it too (a resume restores the weight instead)."""
+        if self.select == "rows":
+            self.weights = row_probabilities(self.increase.astype(np.float64))
+        else:
+            self.weights = category_weights(report, self.sampler.categories)
+        if self.auto and steer and report is not None:
             self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
 
     def step(
@@ -205,6 +275,8 @@ class Replay:
         drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights)]
         if self.off and ranks.size == 1:
             return
+        if not self.off:
+            self.tokens += sum(len(self.encoded[i]) for i in drawn)
         params = [p for p in model.parameters() if p.requires_grad]
         kept, failure = None, RuntimeError(self.off) if self.off else None
         if failure is None:
@@ -248,13 +320,15 @@ class Replay:
     ) -> tuple[float, int]:
         """This rank's share of the drawn rows' loss, backpropagated at ``multiplier``: the mean
         loss over its tokens, and the tokens of every rank's rows (what the mean is over)."""
-        ids = [self.encoded[i] for i in drawn]
-        total = sum(len(x) - 1 for x in ids)
+        ids, starts = [self.encoded[i] for i in drawn], [self.starts.get(i, 1) for i in drawn]
+        total = target_count(ids, starts)
         mine = slice(ranks.index, None, ranks.size)
         if self.loss == "kl":
             targets = [self.base.row(i) for i in drawn[mine]]
-            return kl_backward(model, ids[mine], targets, pad_id, multiplier, rows_per_batch, total), total
-        return replay_backward(model, ids[mine], pad_id, multiplier, rows_per_batch, total), total
+            loss = kl_backward(model, ids[mine], targets, pad_id, multiplier, rows_per_batch, total, starts[mine])
+        else:
+            loss = replay_backward(model, ids[mine], pad_id, multiplier, rows_per_batch, total, starts[mine])
+        return loss, total
 
     def _finish(
         self,
@@ -323,24 +397,40 @@ class Replay:
             )
 
     def figures(self) -> dict[str, float]:
-        """The mean replay loss since the last call, and the weight: nothing that does not
-        apply (no weight once replay is switched off and nothing was replayed since)."""
-        out = {"replay/weight": float(self.weight)} if self._steps or not self.off else {}
+        """Since the last call: the mean replay loss and the weight used, the replay tokens so
+        far and, with ``select="rows"``, the scanned rows' mean loss rise (``replay/drift``,
+        nats per token) and the scan's seconds. Nothing that does not apply (no weight once
+        replay is switched off and nothing was replayed since)."""
+        out = (
+            {"replay/weight": float(self._used), "replay/tokens": float(self.tokens)}
+            if self._steps or not self.off
+            else {}
+        )
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
-        self._loss_sum, self._steps = 0.0, 0
+        if self._scan_seconds is not None:
+            out["replay/drift"] = float(np.maximum(self.increase, 0).mean())
+            out["replay/scan_seconds"] = self._scan_seconds
+        self._loss_sum, self._steps, self._scan_seconds = 0.0, 0, None
         return out
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
-        record): the draws, the weight and batch size they were made with, and the key of the
-        pool and its tokens."""
-        return {
+        record, as it is after the evaluation): the draws, the weight and batch size they are made
+        with, the replay tokens so far, with ``select="rows"`` the rows' loss rises, and the key
+        of the pool and its tokens."""
+        state = {
+            "version": 2,
+            "select": self.select,
             "sampler": self.sampler.state_dict(),
             "weight": self.weight,
             "batch_size": self.batch_size,
+            "tokens": self.tokens,
             "key": dict(self.key),
         }
+        if self.select == "rows":
+            state["scan"] = {"sample": sample_key(self.scanned), "increase": encode_increase(self.increase)}
+        return state
 
 
 def logits_width(model: torch.nn.Module) -> int | None:

@@ -3,7 +3,9 @@ mean next-token loss backpropagated onto the gradients already there (the traine
 before the optimizer applies them.
 
 Only one micro-batch's logits live at a time: each micro-batch's share of the mean is
-backpropagated at once. Padding never counts. With ``weight == 0`` nothing runs at all, so
+backpropagated at once. Padding never counts. A row learns from its token ``start`` on (its
+``starts`` entry; 1, every token but the first, unless given): a synthetic row's prompt is
+context, its answer the target. With ``weight == 0`` nothing runs at all, so
 the run (its random numbers included) is the run without replay.
 
 Example:
@@ -21,7 +23,7 @@ import torch
 from forgetwatch.replay.pool import ReplayRow
 from forgetwatch.scoring.batching import group
 
-__all__ = ["encode_rows", "kl_backward", "replay_backward"]
+__all__ = ["encode_rows", "kl_backward", "replay_backward", "target_count"]
 
 
 def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int, keep: bool = False) -> list[list[int]]:
@@ -30,6 +32,26 @@ def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int, keep
     texts = [row.render(tokenizer) for row in rows]
     ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
     return [list(x) for x in ids if keep or len(x) >= 2]
+
+
+def target_count(token_ids: Sequence[Sequence[int]], starts: Sequence[int] | None = None) -> int:
+    """How many tokens ``token_ids`` predict: each row from its ``starts`` entry on (1 when not given).
+
+    Example:
+        >>> target_count([[5, 6, 7], [5, 6, 7, 8]], starts=[1, 3])
+        3
+    """
+    return sum(len(x) - (1 if starts is None else s) for x, s in zip(token_ids, starts or [1] * len(token_ids)))
+
+
+def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] | None) -> torch.Tensor:
+    """The positions that predict a target token (rows × positions, one fewer than ``mask``'s):
+    the attention mask shifted, with each row's positions before its start cleared."""
+    targets = mask[:, 1:].clone()
+    if starts is not None:
+        for r, i in enumerate(rows):
+            targets[r, : starts[i] - 1] = 0
+    return targets
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,21 +73,22 @@ def _weighted_backward(
     rows_per_batch: int,
     total: int | None,
     position_loss: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
+    starts: Sequence[int] | None = None,
 ) -> float:
     """Forward ``token_ids`` in micro-batches; backpropagate ``weight`` × the mean over all
-    predicted positions of ``position_loss(logits, ids, rows)`` (rows × positions, fp32); the mean.
+    target positions of ``position_loss(logits, ids, rows)`` (rows × positions, fp32); the mean.
 
     Only one micro-batch's logits live at a time, and padding never counts."""
     if weight == 0 or not token_ids:
         return float("nan")
     device = next(model.parameters()).device
     if total is None:
-        total = sum(len(x) - 1 for x in token_ids)  # every row predicts all its tokens but the first
+        total = target_count(token_ids, starts)
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
         ids, mask = (t.to(device) for t in right_padded([token_ids[i] for i in idx], pad_id))
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        loss = (position_loss(logits, ids, idx) * mask[:, 1:]).sum()
+        loss = (position_loss(logits, ids, idx) * target_mask(mask, idx, starts)).sum()
         (weight * loss / total).backward()
         summed += float(loss.detach())
         del logits, loss
@@ -79,18 +102,20 @@ def replay_backward(
     weight: float,
     rows_per_batch: int = 8,
     total: int | None = None,
+    starts: Sequence[int] | None = None,
 ) -> float:
     """Add ``weight`` × the gradient of the mean next-token loss over all of ``token_ids``'
-    predicted tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
-    ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more.
-    The model is used as found (train mode: dropout as in training)."""
+    target tokens to the parameters' ``.grad``; return that mean loss (``nan`` when nothing
+    ran). ``total``: the tokens the mean is over, when these rows are one rank's share of more;
+    ``starts``: each row's first target token (default 1). The model is used as found (train
+    mode: dropout as in training)."""
 
     def nll(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
         ).view(ids.shape[0], -1)
 
-    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, nll)
+    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, nll, starts)
 
 
 def kl_backward(
@@ -101,10 +126,11 @@ def kl_backward(
     weight: float,
     rows_per_batch: int = 8,
     total: int | None = None,
+    starts: Sequence[int] | None = None,
 ) -> float:
-    """Like :func:`replay_backward`, for the mean over positions of KL(base ‖ current): each
-    row's ``targets`` are the base's top-k token ids and log-probabilities per position and the
-    log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
+    """Like :func:`replay_backward`, for the mean over target positions of KL(base ‖ current):
+    each row's ``targets`` are the base's top-k token ids and log-probabilities per target
+    position and the log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
     the current model's mass outside the same k tokens stands for its tail."""
 
     def kl(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -114,14 +140,15 @@ def kl_backward(
         tail = torch.zeros((len(rows), positions))
         for r, i in enumerate(rows):  # padded positions stay zero, and the mask drops them
             t_ids, t_lp, t_tail = targets[i]
-            n = len(token_ids[i]) - 1
-            top_ids[r, :n] = torch.as_tensor(t_ids, dtype=torch.long)
-            top_lp[r, :n] = torch.as_tensor(t_lp, dtype=torch.float32)
-            tail[r, :n] = torch.as_tensor(t_tail, dtype=torch.float32)
+            first = 0 if starts is None else starts[i] - 1
+            at = slice(first, len(token_ids[i]) - 1)
+            top_ids[r, at] = torch.as_tensor(t_ids, dtype=torch.long)
+            top_lp[r, at] = torch.as_tensor(t_lp, dtype=torch.float32)
+            tail[r, at] = torch.as_tensor(t_tail, dtype=torch.float32)
         top_ids, top_lp, tail = top_ids.to(logits.device), top_lp.to(logits.device), tail.to(logits.device)
         logq = torch.log_softmax(logits, -1)
         q_top = logq.gather(-1, top_ids)
         q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
         return (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
 
-    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, kl)
+    return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, kl, starts)

@@ -7,9 +7,9 @@ range, arrays that make a distribution) and its key, which ties it to what made 
 rows, their tokens, the seed, top k, and the base model's configuration and weights). A copy
 that fails says why and the next is tried; when none serves, training does not begin.
 
-Rebuilding the draws from the history is exact: a history record holds the state at its
-evaluation, and from there every optimizer step draws one batch with the weights that
-evaluation set (:meth:`~forgetwatch.replay.driver.Replay.step` draws whether or not it
+Rebuilding the draws from the history is exact: a history record holds the state after its
+evaluation (version 2; an earlier release's record holds it before, and the weight is steered
+again), and from there every optimizer step draws one batch with the weights that evaluation set (:meth:`~forgetwatch.replay.driver.Replay.step` draws whether or not it
 replays), so replaying those draws gives the state at any later step.
 """
 
@@ -29,7 +29,8 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
 from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, next_weight
-from forgetwatch.replay.sampler import ReplaySampler, category_weights
+from forgetwatch.replay.sampler import category_weights
+from forgetwatch.replay.scan import ScanBase, decode_increase, encode_increase, row_probabilities, sample_key
 
 if TYPE_CHECKING:
     from forgetwatch.replay.driver import Replay
@@ -39,8 +40,10 @@ __all__ = [
     "base_problem",
     "base_to_resume",
     "kept_base",
+    "kept_scan",
     "kept_state",
     "rebuilt_state",
+    "scan_to_resume",
     "state_problem",
     "state_to_resume",
     "tokens_key",
@@ -50,9 +53,10 @@ __all__ = [
 MAX_STATE_BYTES = 16 << 20
 
 
-def tokens_key(encoded: Mapping[str, Sequence[int]]) -> str:
-    """A hash of the rows' token ids, in order: the same pool tokenized otherwise (another
-    tokenizer, chat template or ``max_length``) has another key.
+def tokens_key(encoded: Mapping[str, Sequence[int]], starts: Mapping[str, int] | None = None) -> str:
+    """A hash of the rows' token ids, in order, and of each first target token that is not 1:
+    the same pool tokenized otherwise (another tokenizer, chat template or ``max_length``) has
+    another key.
 
     Example:
         >>> tokens_key({"r1": [1, 2, 3]}) == tokens_key({"r1": [1, 2, 4]})
@@ -62,6 +66,8 @@ def tokens_key(encoded: Mapping[str, Sequence[int]]) -> str:
     for pid, ids in encoded.items():
         h.update(json.dumps(pid).encode("utf-8"))
         h.update(np.asarray(ids, dtype=np.int64).tobytes())
+        if (starts or {}).get(pid, 1) != 1:
+            h.update(f"@{starts[pid]}".encode())
     return h.hexdigest()[:16]
 
 
@@ -76,6 +82,7 @@ def _key_problem(key: Any, expected: Mapping[str, Any]) -> str | None:
         "pool": "another replay pool (its rows' ids, texts or categories differ)",
         "tokens": "the rows tokenized otherwise (another tokenizer, chat template or max length)",
         "top_k": f"replay_top_k={shorten(key.get('top_k'))}, not {expected.get('top_k')}",
+        "sample": "other scanned rows (another replay_scan_rows or replay_seed)",
         "model": "a model of another configuration than this run's base",
         "weights": "other weights than this run's base model (the base snapshot's)",
     }
@@ -106,6 +113,18 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     size = state.get("batch_size")
     if type(size) is not int or size < 1:
         return f"its batch size is {shorten(size)}, not a whole number from 1"
+    tokens = state.get("tokens", 0)  # an earlier release's state has none
+    if type(tokens) is not int or tokens < 0:
+        return f"its count of replay tokens is {shorten(tokens)}, not a whole number from 0"
+    select = state.get("select", "categories")
+    if select != replay.select:
+        return f"made with replay_select={shorten(select)}, not {replay.select!r}"
+    if select == "rows":
+        scan = state.get("scan")
+        if not isinstance(scan, Mapping) or scan.get("sample") != sample_key(replay.scanned):
+            return "made for other scanned rows (another replay_scan_rows, replay_seed or pool)"
+        if decode_increase(scan.get("increase"), len(replay.scanned)) is None:
+            return f"its rows' loss rises are not {len(replay.scanned)} finite float32 numbers in base64"
     return replay.sampler.state_problem(state.get("sampler"), max_drawn=step)
 
 
@@ -194,11 +213,14 @@ def rebuilt_state(
     Example:
         >>> state, how = rebuilt_state(replay, callback._records, callback.history[-1][1], 30)  # doctest: +SKIP
     """
-    sampler = ReplaySampler(replay.sampler.pool, replay.seed)
+    sampler = replay.new_sampler(replay.sampler.pool)
+    rows = replay.select == "rows"
+    increase = np.zeros(len(replay.scanned), np.float32) if rows else None
+    tokens = 0
     if records and "replay" not in records[-1]:
         if not afresh:
             raise ValueError(f"the history holds no replay state at its last evaluation (step {records[-1]['step']})")
-        return _state(replay, sampler, replay.weight if not replay.auto else START, replay.batch_size), (
+        return _state(replay, sampler, replay.weight if not replay.auto else START, replay.batch_size, 0, increase), (
             f"replay was not on at the last evaluation (step {records[-1]['step']}): its draws start afresh"
         )
     if records:
@@ -206,26 +228,41 @@ def rebuilt_state(
         if problem := state_problem(replay, kept, since):
             raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
         sampler.load_state_dict(kept["sampler"], max_drawn=since)
-        weight, batch_size = kept["weight"], kept["batch_size"]
-        weights = category_weights(report, sampler.categories)
-        if replay.auto:  # the evaluation that made the record steered the weight after writing it
+        weight, batch_size, tokens = kept["weight"], kept["batch_size"], kept.get("tokens", 0)
+        if rows:
+            increase = decode_increase(kept["scan"]["increase"], len(replay.scanned))
+        if replay.auto and kept.get("version") is None:  # an earlier release wrote it before steering
             weight = next_weight(weight, getattr(report, replay.metric), replay.target)
         how = f"from the history's state at step {since}, then the draws of the {step - since} step(s) since"
     else:
         since, weight, batch_size = 0, START if replay.auto else replay.weight, replay.batch_size
-        weights = category_weights(None, sampler.categories)
+        report = None
         how = (
             f"from the start of the run (no evaluation before step {step}), with this run's replay settings, "
             f"then the draws of its {step} step(s)"
         )
+    weights = row_probabilities(increase.astype(np.float64)) if rows else category_weights(report, sampler.categories)
     if weight != 0:
         for _ in range(step - since):
-            sampler.next_batch(batch_size, weights)
-    return _state(replay, sampler, weight, batch_size), how
+            tokens += sum(len(replay.encoded[r.id]) for r in sampler.next_batch(batch_size, weights))
+    return _state(replay, sampler, weight, batch_size, tokens, increase), how
 
 
-def _state(replay: Replay, sampler: ReplaySampler, weight: float, batch_size: int) -> dict[str, Any]:
-    return {"sampler": sampler.state_dict(), "weight": weight, "batch_size": batch_size, "key": dict(replay.key)}
+def _state(
+    replay: Replay, sampler: Any, weight: float, batch_size: int, tokens: int, increase: np.ndarray | None
+) -> dict[str, Any]:
+    state = {
+        "version": 2,
+        "select": replay.select,
+        "sampler": sampler.state_dict(),
+        "weight": weight,
+        "batch_size": batch_size,
+        "tokens": tokens,
+        "key": dict(replay.key),
+    }
+    if increase is not None:
+        state["scan"] = {"sample": sample_key(replay.scanned), "increase": encode_increase(increase)}
+    return state
 
 
 def kept_base(
@@ -264,8 +301,39 @@ def base_problem(
     if problem := _key_problem(base.key, expected):
         return problem
     ids = list(replay.encoded)
-    if base.ids != ids or np.diff(base.offsets).tolist() != [len(replay.encoded[i]) - 1 for i in ids]:
+    lengths = [len(replay.encoded[i]) - replay.starts.get(i, 1) for i in ids]
+    if base.ids != ids or np.diff(base.offsets).tolist() != lengths:
         return "damaged: its rows or their lengths are not those of the tokenized pool"
     if vocab is not None and len(base.top_ids) and int(base.top_ids.max()) >= vocab:
         return f"damaged: a token id ({int(base.top_ids.max())}) is outside the model's vocabulary of {vocab}"
     return None
+
+
+def kept_scan(replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str | None]) -> dict[str, Any]:
+    """The first of ``paths`` (``replay_scan.json`` files) made for ``replay``'s scanned rows
+    and ``made_by`` (the base model's keys), and why each one before it was passed over:
+    JSON-ready, to share from rank 0."""
+    expected = {**replay.key, "sample": sample_key(replay.scanned), **made_by}
+
+    def problem(scan: ScanBase) -> str | None:
+        if reason := _key_problem(scan.key, expected):
+            return reason
+        return None if scan.ids == replay.scanned else "damaged: its rows are not this run's scanned rows"
+
+    scan, rejected = _first_usable(paths, ScanBase.load, problem)
+    return {"scan": None if scan is None else scan.to_dict(), "rejected": rejected}
+
+
+def scan_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[ScanBase, str | None]:
+    """The base losses :func:`kept_scan` ``found``, and a warning when a copy was passed over; a
+    :class:`ReplayFileError` naming every copy when none serves."""
+    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
+    if found["scan"] is None:
+        raise ReplayFileError(
+            None,
+            f'replay_select="rows" needs the base model\'s loss on the scanned replay rows, kept when the run '
+            f"began, and no copy can serve ({why}); resume from a checkpoint that has a good one, or use "
+            'replay_select="categories"',
+        )
+    warning = f"passed over a kept replay scan ({why}); using another copy" if found["rejected"] else None
+    return ScanBase.from_dict(found["scan"]), warning

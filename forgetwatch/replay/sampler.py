@@ -19,7 +19,7 @@ from forgetwatch.common.text import shorten
 from forgetwatch.replay.pool import ReplayPool, ReplayRow
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["ReplaySampler", "category_weights"]
+__all__ = ["ReplaySampler", "RowSampler", "category_weights"]
 
 #: Share of the draws spread evenly over the categories, so that none starves.
 FLOOR = 0.1
@@ -66,7 +66,8 @@ def _figure(x: float) -> float:
 
 class ReplaySampler:
     """Draws batches of replay rows: a category per row by the weights, then the category's
-    next row in a seeded shuffled order (every row once before any twice).
+    next row in a seeded shuffled order (every row once before any twice). ``uniform``: every
+    row in one category, ``"all"`` (``replay_select="uniform"``).
 
     Example:
         >>> pool = ReplayPool.from_records([{"id": f"r{i}", "text": "t", "category": "ab"[i % 2]} for i in range(6)])
@@ -75,13 +76,14 @@ class ReplaySampler:
         ['r2', 'r4', 'r0', 'r0']
     """
 
-    def __init__(self, pool: ReplayPool, seed: int = 0):
+    def __init__(self, pool: ReplayPool, seed: int = 0, uniform: bool = False):
         self.pool = pool
         self.seed = seed
-        self.categories = pool.categories
+        self.uniform = uniform
+        self.categories = ["all"] if uniform else pool.categories
         self._rows: dict[str, list[int]] = {c: [] for c in self.categories}
         for i, row in enumerate(pool):
-            self._rows[row.category].append(i)
+            self._rows["all" if uniform else row.category].append(i)
         self.drawn = 0  # batches drawn so far
         self._taken = {c: 0 for c in self.categories}  # rows taken per category so far
         self._orders: dict[str, tuple[int, np.ndarray]] = {}  # each category's shuffle of its epoch
@@ -142,6 +144,53 @@ class ReplaySampler:
         self.drawn = state["drawn"]
         self._taken = dict(state["taken"])
         self._orders = {}
+
+
+class RowSampler:
+    """Draws batches of the scanned rows (``replay_select="rows"``), each batch by the rows'
+    probabilities (:func:`~forgetwatch.replay.scan.row_probabilities`): without replacement when
+    the batch is no larger than the rows. Like :class:`ReplaySampler`, the draws depend only on
+    the seed, the count of batches drawn before and the probabilities.
+
+    Example:
+        >>> pool = ReplayPool.from_records([{"id": f"r{i}", "text": "t"} for i in range(4)])
+        >>> sampler = RowSampler(pool, np.arange(4), seed=0)
+        >>> sorted(r.id for r in sampler.next_batch(2, np.array([0.0, 0.5, 0.5, 0.0])))
+        ['r1', 'r2']
+    """
+
+    uniform = False
+    categories: list[str] = []
+
+    def __init__(self, pool: ReplayPool, sample: np.ndarray, seed: int = 0):
+        self.pool, self.sample, self.seed = pool, sample, seed
+        self.rows = [pool[int(i)] for i in sample]
+        self.drawn = 0
+
+    def next_batch(self, size: int, p: np.ndarray) -> list[ReplayRow]:
+        rng = np.random.default_rng([self.seed, self.drawn])
+        picks = rng.choice(len(self.rows), size=size, replace=size > int((p > 0).sum()), p=p)
+        self.drawn += 1
+        return [self.rows[int(i)] for i in picks]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "drawn": self.drawn}
+
+    def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
+        """Why ``state`` cannot be this sampler's (``None`` if it can); see :meth:`ReplaySampler.state_problem`."""
+        if not isinstance(state, Mapping) or set(state) != {"seed", "drawn"}:
+            return f"its draws are not {{seed, drawn}} (replay_select='rows'): {shorten(state)}"
+        if type(state["seed"]) is not int or state["seed"] != self.seed:
+            return f"made with replay_seed={shorten(state['seed'])}, not {self.seed}"
+        if not _count(state["drawn"], max_drawn):
+            most = "" if max_drawn is None else f" to {max_drawn}"
+            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
+        if problem := self.state_problem(state, max_drawn):
+            raise ValueError(f"this replay state cannot be used: {problem}")
+        self.drawn = state["drawn"]
 
 
 def _count(value: Any, most: int | None) -> bool:

@@ -37,6 +37,7 @@ from forgetwatch.results.run_dir import (
     MANIFEST,
     PROBES,
     REPLAY_BASE,
+    REPLAY_SCAN,
     REPLAY_STATE,
     SNAPSHOT,
     SUBDIR,
@@ -53,6 +54,7 @@ __all__ = [
     "MANIFEST",
     "PROBES",
     "REPLAY_BASE",
+    "REPLAY_SCAN",
     "REPLAY_STATE",
     "SNAPSHOT",
     "SUBDIR",
@@ -62,13 +64,14 @@ __all__ = [
 ]
 
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
-FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, MANIFEST)
+FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 #: What a write-once file that could not be written costs, for the warning.
 _WHAT = {
     SNAPSHOT: "the base snapshot is",
     PROBES: "the probe set (the report's questions) is",
     REPLAY_BASE: "the base's distribution on the replay rows is",
+    REPLAY_SCAN: "the base's loss on the scanned replay rows is",
 }
 
 
@@ -188,7 +191,12 @@ class RunStore:
 
     def save_replay_base(self, base: Any) -> bool:
         """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
-        return self._save_once(REPLAY_BASE, base.save)
+        return self.keep(REPLAY_BASE, base.save)
+
+    def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
+        """Write a file made once for the run (one of :data:`FILES`) with ``write(path)`` and
+        keep it for checkpoints; on failure it warns and is retried. Whether it is on disk."""
+        return self._save_once(name, write)
 
     def save_latest(self, answers: Answers) -> bool:
         """The last evaluation's answers (with its step in ``meta``), so the report shows what the

@@ -80,8 +80,10 @@ class Repair(Protocol):
     def state(self) -> dict[str, Any]:
         """Its state now, JSON-ready: kept in each history record and each checkpoint."""
 
-    def on_evaluation(self, report: TransitionReport) -> None:
-        """An evaluation was made: adjust to what it found."""
+    def on_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
+        """An evaluation was made: adjust to what it found (``model``: the live model, to measure
+        more on; borrow it and hand it back as found). Called before :meth:`figures` and
+        :meth:`state`, which say where the method stands after it."""
 
     def before_optimizer_step(
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None

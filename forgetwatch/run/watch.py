@@ -11,6 +11,7 @@ here: every cross-rank step goes through the one ``Ranks`` the watch holds.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import time
@@ -334,11 +335,11 @@ class Watch:
             columns=self.trajectory.column(),
         )
         metrics = metric_values(report, self._logged)
-        if self.repair is not None:
+        if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
+            self._repair_evaluation(report, model)
             figures = self.repair.figures()
             record[self.repair.name] = {**figures, **self.repair.state()}
             metrics.update({f"{PREFIX}{name}": value for name, value in figures.items()})
-            self.repair.on_evaluation(report)
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])
@@ -371,6 +372,18 @@ class Watch:
         self.monitoring_seconds += spent
         self._user_sinks.on_evaluation(evaluation)
         return evaluation
+
+    def _repair_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
+        """``repair.on_evaluation(report, model)``; a repair method written for an earlier
+        release takes the report alone."""
+        try:
+            takes_model = len(inspect.signature(self.repair.on_evaluation).parameters) >= 2
+        except (TypeError, ValueError):  # no signature to read (a builtin): call it as documented
+            takes_model = True
+        if takes_model:
+            self.repair.on_evaluation(report, model)
+        else:
+            self.repair.on_evaluation(report)
 
     def finish(self, model: torch.nn.Module, step: int) -> Evaluation | None:
         """Training ended at ``step``: one more evaluation unless this step has one (and
