@@ -1,0 +1,266 @@
+"""A seeded sample of the rows a trainer trains on, as token ids and the index of their first
+target token: what the train-KL signal measures KL(base ‖ current) on.
+
+Which rows and which targets are read from the training dataset's columns (not the trainer's
+class), as transformers and TRL leave them after the trainer is built:
+
+- ``input_ids`` (a ``Trainer`` on a tokenized dataset, TRL's ``SFTTrainer``): the targets are the
+  positions whose ``labels`` are not -100; without ``labels``, those that ``completion_mask`` and
+  ``assistant_masks`` mark (older TRL kept these columns, and ``completion_mask`` only when
+  ``completion_only_loss`` is not off); without either, every token but the first. Padding that
+  ``attention_mask`` marks at either end is dropped; a packed row (``seq_lengths`` or
+  ``position_ids``) keeps its first sequence only.
+- ``prompt_ids`` + ``chosen_ids`` (``DPOTrainer``; older TRL: ``prompt_input_ids`` +
+  ``chosen_input_ids``, and before that ``chosen_input_ids`` holding the prompt too, with
+  ``chosen_labels``): the prompt, then the chosen answer; the targets are the chosen tokens.
+- ``prompt_ids`` + ``completion_ids`` (``KTOTrainer``): the prompt, then the completion (desirable or not).
+- a raw ``prompt`` column and no token ids (``GRPOTrainer``, ``RLOOTrainer``): the prompt's tokens
+  (through the chat template, with the generation prompt, when the prompt is a list of messages),
+  ``start = len(prompt)`` and no completion yet: ``TrainRows.max_new_tokens > 0`` says that the
+  caller appends the base model's greedy completion (at most that many tokens) and measures on it.
+
+Rows whose targets are not one run at the end (several assistant turns, a masked token inside an
+answer) are measured on their *last* run of targets: the tokens after the last target are dropped
+(no earlier position depends on them) and ``start`` is where that last run begins, so earlier
+targets become context and no non-target token is ever measured. Rows are cut to their first
+:data:`MAX_TOKENS` tokens before targets are looked for; a row left with no target is left out.
+
+Anything else (no training dataset, an ``IterableDataset``, columns of raw text that a collator
+tokenizes on the fly) gives no rows and a one-line reason; so does a dataset that cannot be read:
+this is monitoring, and it never stops the training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: rows are cut to their first this many tokens (prompt and completion together)
+MAX_TOKENS = 512
+
+#: the most tokens of the base's greedy completion asked for after a GRPO prompt
+MAX_COMPLETION = 128
+
+_DIRECT = "Watch.start(train_rows=...) takes rows directly"
+
+
+@dataclass(frozen=True)
+class TrainRows:
+    """Token rows of the training data, each ``(token_ids, start)``: the measured positions
+    predict the tokens ``start .. len(token_ids) - 1`` (``start >= 1``).
+
+    ``source`` is "trainer", "sft", "dpo", "kto" or "grpo". For "grpo" each row is a prompt alone
+    (``start == len(token_ids)``) and ``max_new_tokens > 0``: the caller appends the base's greedy
+    completion of at most that many tokens, cuts the row to :data:`MAX_TOKENS`, and measures the
+    completion's tokens. Otherwise ``max_new_tokens`` is 0 and the rows are complete.
+
+    >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
+    True
+    """
+
+    rows: list[tuple[list[int], int]]
+    source: str
+    max_new_tokens: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the rows hold their targets already (``False``: a completion is still to be generated)."""
+        return self.max_new_tokens == 0
+
+
+def training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[TrainRows | None, str]:
+    """At most ``n`` rows of ``trainer.train_dataset``, a seeded sample (the same on every call
+    for the same dataset size and ``seed``), as ``(TrainRows, "")``; or ``(None, reason)``, the
+    reason one line, when the dataset cannot give rows. ``tokenizer`` tokenizes raw prompts
+    (GRPO); ``None`` takes the trainer's ``processing_class``. Never raises.
+
+    >>> from types import SimpleNamespace
+    >>> data = [{"input_ids": [1, 5, 6, 7], "labels": [-100, -100, 6, 7]}]
+    >>> rows, reason = training_rows(SimpleNamespace(train_dataset=data), None, n=128, seed=0)
+    >>> rows.rows, rows.source, reason
+    ([([1, 5, 6, 7], 2)], 'trainer', '')
+    >>> training_rows(SimpleNamespace(train_dataset=iter(data)), None, n=128, seed=0)
+    (None, 'the training dataset (a list_iterator) cannot be sampled by index: Watch.start(train_rows=...) takes rows directly')
+    """
+    try:
+        return _training_rows(trainer, tokenizer, n, seed)
+    except Exception as err:  # monitoring, not training: an odd dataset turns the signal off, never the run
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        return None, f"the training data could not be read ({reason}): {_DIRECT}"
+
+
+def _training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[TrainRows | None, str]:
+    if n <= 0:
+        return None, "no rows asked for (n = 0)"
+    dataset = getattr(trainer, "train_dataset", None)
+    if dataset is None:
+        return None, f"the trainer has no training dataset: {_DIRECT}"
+    try:
+        size = len(dataset)
+        dataset.__getitem__  # noqa: B018  (a sized dataset without indexing cannot be sampled either)
+    except (TypeError, AttributeError):
+        return None, f"the training dataset (a {type(dataset).__name__}) cannot be sampled by index: {_DIRECT}"
+    if size == 0:
+        return None, f"the training dataset is empty: {_DIRECT}"
+    columns = _columns(dataset)
+    if columns is None:
+        return None, f"the training dataset's rows are not dicts of columns: {_DIRECT}"
+    layout = _layout(columns, trainer)
+    if layout is None:
+        shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
+        return None, f"the training dataset has no token ids this can read (columns: {shown}): {_DIRECT}"
+    source, needed, read = layout
+    if source == "grpo":
+        if tokenizer is None:
+            tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+        if tokenizer is None:
+            return None, f"the training prompts are text and no tokenizer was given: {_DIRECT}"
+    indices = np.sort(np.random.default_rng([seed, size]).choice(size, min(n, size), replace=False))
+    if hasattr(dataset, "select_columns"):  # a datasets.Dataset: read only the columns used (no images)
+        dataset = dataset.select_columns(needed)
+    rows = []
+    for index in indices:
+        row = read(dataset[int(index)], trainer, tokenizer)
+        if row is not None:
+            rows.append(row)
+    if not rows:
+        return None, f"none of the {len(indices)} sampled rows has a target token in its first {MAX_TOKENS}: {_DIRECT}"
+    if source == "grpo":
+        limit = getattr(getattr(trainer, "args", None), "max_completion_length", None)
+        return TrainRows(rows, source, min(limit, MAX_COMPLETION) if limit else MAX_COMPLETION), ""
+    return TrainRows(rows, source), ""
+
+
+def _columns(dataset: Any) -> list[str] | None:
+    names = getattr(dataset, "column_names", None)
+    if isinstance(names, list) and all(isinstance(c, str) for c in names):
+        return names
+    first = dataset[0]  # a torch Dataset or a list of dicts: the first row's keys
+    return [str(k) for k in first] if isinstance(first, Mapping) else None
+
+
+def _layout(columns: list[str], trainer: Any):
+    """``(source, columns read, reader)`` for the dataset's columns, or ``None``."""
+    have = set(columns)
+    if "input_ids" in have:
+        source = "sft" if any(c.__name__ == "SFTTrainer" for c in type(trainer).__mro__) else "trainer"
+        extra = ("labels", "completion_mask", "assistant_masks", "attention_mask", "seq_lengths", "position_ids")
+        return source, ["input_ids", *(c for c in extra if c in have)], _sequence_reader("input_ids", "labels")
+    if {"chosen_input_ids", "chosen_labels"} <= have:  # TRL before 0.12: the prompt inside chosen_input_ids
+        needed = [
+            "chosen_input_ids",
+            "chosen_labels",
+            *(["chosen_attention_mask"] if "chosen_attention_mask" in have else []),
+        ]
+        return "dpo", needed, _sequence_reader("chosen_input_ids", "chosen_labels", "chosen_attention_mask")
+    for prompt, answer, source in (
+        ("prompt_ids", "chosen_ids", "dpo"),
+        ("prompt_input_ids", "chosen_input_ids", "dpo"),
+        ("prompt_ids", "completion_ids", "kto"),
+    ):
+        if {prompt, answer} <= have:
+            return source, [prompt, answer], _pair_reader(prompt, answer)
+    if "prompt" in have and not any(c.endswith("_ids") for c in have):
+        return "grpo", ["prompt"], _read_prompt
+    return None
+
+
+def _ints(values: Any) -> list[int]:
+    values = values.tolist() if hasattr(values, "tolist") else values
+    return [int(v) for v in values]
+
+
+def _sequence_reader(ids_key: str, labels_key: str, attention_key: str = "attention_mask"):
+    def read(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
+        ids = _ints(example[ids_key])
+        if example.get(labels_key) is not None:
+            targets = [label != -100 for label in _ints(example[labels_key])]
+        else:
+            masks = []
+            # TRL folds completion_mask into the labels only with completion_only_loss on (None: on)
+            if example.get("completion_mask") is not None and _completion_only(trainer):
+                masks.append(_ints(example["completion_mask"]))
+            if example.get("assistant_masks") is not None:
+                masks.append(_ints(example["assistant_masks"]))
+            targets = [all(bits) for bits in zip(*masks, strict=False)] if masks else [True] * len(ids)
+        end = min(len(ids), len(targets))
+        end = min(end, _first_sequence_end(example, end))
+        begin = 0
+        if example.get(attention_key) is not None:  # padding stored in the row: drop it at either end
+            attended = [i for i, bit in enumerate(_ints(example[attention_key])[:end]) if bit]
+            if not attended:
+                return None
+            begin, end = attended[0], attended[-1] + 1
+        return _row(ids[begin:end], targets[begin:end])
+
+    return read
+
+
+def _completion_only(trainer: Any) -> bool:
+    return getattr(getattr(trainer, "args", None), "completion_only_loss", None) is not False
+
+
+def _first_sequence_end(example: Mapping, end: int) -> int:
+    """Where a packed row's first sequence ends (``end`` when the row is not packed)."""
+    lengths = example.get("seq_lengths")
+    if lengths is not None and len(_ints(lengths)):
+        return _ints(lengths)[0]
+    positions = example.get("position_ids")
+    if positions is not None:
+        restarts = [i for i, p in enumerate(_ints(positions)) if p == 0 and i > 0]
+        if restarts:
+            return restarts[0]
+    return end
+
+
+def _pair_reader(prompt_key: str, answer_key: str):
+    def read(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
+        prompt, answer = _ints(example[prompt_key]), _ints(example[answer_key])
+        return _row(prompt + answer, [False] * len(prompt) + [True] * len(answer))
+
+    return read
+
+
+def _row(ids: list[int], targets: Sequence[bool]) -> tuple[list[int], int] | None:
+    """``(ids, start)`` measured on the last run of targets within the first MAX_TOKENS tokens
+    (the first token predicts nothing), or ``None`` when there is no target there."""
+    ids, targets = ids[:MAX_TOKENS], list(targets[:MAX_TOKENS])
+    marked = [i for i in range(1, len(ids)) if targets[i]]
+    if not marked:
+        return None
+    end = marked[-1] + 1
+    start = end - 1
+    while start > 1 and targets[start - 1]:
+        start -= 1
+    return ids[:end], start
+
+
+def _read_prompt(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
+    prompt = example["prompt"]
+    if isinstance(prompt, str):
+        ids = _first(tokenizer(text=prompt)["input_ids"])  # as GRPOTrainer tokenizes a text prompt
+    else:  # a conversation: as GRPOTrainer renders it, ending on the generation prompt
+        encoded = tokenizer.apply_chat_template(
+            list(prompt),
+            tools=getattr(trainer, "tools", None) or None,
+            chat_template=getattr(trainer, "chat_template", None),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(getattr(trainer, "chat_template_kwargs", None) or {}),
+        )
+        ids = _first(encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded)
+    keep = getattr(getattr(trainer, "args", None), "max_prompt_length", None)
+    if isinstance(keep, int) and keep > 0:  # older TRL kept a prompt's last max_prompt_length tokens
+        ids = ids[-keep:]
+    ids = ids[: MAX_TOKENS - 1]  # room for at least one completion token
+    return (ids, len(ids)) if ids else None
+
+
+def _first(ids: Any) -> list[int]:
+    """Token ids as a flat list (a processor may answer one text with a batch of one)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
+    return _ints(ids[0] if len(ids) and isinstance(ids[0], list) else ids)
