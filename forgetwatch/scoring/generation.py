@@ -328,7 +328,7 @@ def generate_sharded(
             stop=how.stop,
             synced_gpus=synced,
             prefix=how.ids[:n],
-            cache=prefix_cache(how.ids[:n], len(chunk)) if n else None,
+            cache=prefix_cache(how.ids[:n], len(chunk)) if n and prefix_cache is not None else None,
             return_ids=return_ids,
         )
 
@@ -385,7 +385,10 @@ def _as_prompts(
         )
         if note:
             logger.warning("forgetwatch: %s", note)
-    return [GenerationPrompt(plain[i], budgets[i], tuple(stop)) if i in plain else p for i, p in enumerate(prompts)]
+    return [
+        p if isinstance(p, GenerationPrompt) else GenerationPrompt(plain[i], budgets[i], tuple(stop))
+        for i, p in enumerate(prompts)
+    ]
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
