@@ -9,6 +9,7 @@ import unicodedata
 import pytest
 
 from forgetwatch import ProbeSet, ReplayPool, ReplayPoolError
+from forgetwatch.replay.pool import Answering
 
 
 def write(path, lines):
@@ -208,3 +209,195 @@ def test_lone_surrogates_and_values_that_cannot_be_kept_are_refused_at_load(tmp_
     assert "lone surrogate (U+D800)" in str(info.value) and "integer of 700 digits" in str(info.value)
     with pytest.raises(ReplayPoolError, match=r"record 1: field 'messages\[0\].x\[0\]': is nan"):
         ReplayPool.from_records([{"id": "a", "messages": [{"role": "user", "content": "c", "x": [float("nan")]}]}])
+
+
+# -- prompt rows: answered by the base model when training begins ------------------------------
+
+
+def test_from_prompts_takes_strings_dicts_and_a_mapping_of_categories():
+    pool = ReplayPool.from_prompts(["Name a river.", "What is 2 + 3?"])
+    assert [(r.id, r.prompt, r.category, r.text) for r in pool] == [
+        ("p0", "Name a river.", "all", None),
+        ("p1", "What is 2 + 3?", "all", None),
+    ]
+    assert pool.answering == Answering(max_new_tokens=64, chat_template=False, stop=())
+    assert pool[0].plain_text == "Name a river." and pool.source == "<prompts>"
+    pool = ReplayPool.from_prompts(
+        ["Name a river.", {"id": "sum", "prompt": "What is 2 + 3?", "category": "math"}, {"prompt": "Hi."}],
+        category="geo",
+        max_new_tokens=16,
+        chat_template=True,
+        stop="\n",
+    )
+    assert [(r.id, r.category) for r in pool] == [("p0", "geo"), ("sum", "math"), ("p2", "geo")]
+    assert pool.answering.as_dict() == {"max_new_tokens": 16, "chat_template": True, "stop": ["\n"]}
+    pool = ReplayPool.from_prompts({"geo": ["Name a river.", "Name a lake."], "math": ("What is 2 + 3?",)})
+    assert [(r.id, r.category) for r in pool] == [("p0", "geo"), ("p1", "geo"), ("p2", "math")]
+    assert pool.categories == ["geo", "math"] and pool[1:].answering == pool.answering
+    # what a prompt row trains on is not known before the base model answers it
+    with pytest.raises(ValueError, match="replay row 'p0' is a prompt"):
+        pool[0].render(None)
+    # a pool without prompt rows has no answering settings
+    assert ReplayPool.from_records([{"id": "r", "text": "t"}], max_new_tokens=8).answering is None
+
+
+def test_from_prompts_refuses_what_is_no_list_of_prompts():
+    with pytest.raises(TypeError, match="not one string"):
+        ReplayPool.from_prompts("Name a river.")
+    with pytest.raises(TypeError, match="category 'geo': give a list of prompt strings, got str"):
+        ReplayPool.from_prompts({"geo": "Name a river."})
+    with pytest.raises(ValueError, match="mapping's keys or as category=, not both"):
+        ReplayPool.from_prompts({"geo": ["Name a river."]}, category="geo")
+    with pytest.raises(ValueError, match="category= is empty"):
+        ReplayPool.from_prompts(["Name a river."], category=" ")
+    with pytest.raises(ReplayPoolError, match="no rows found"):
+        ReplayPool.from_prompts([])
+    with pytest.raises(ReplayPoolError) as info:
+        ReplayPool.from_prompts(
+            [
+                "fine",
+                {"id": "p0", "prompt": "again"},  # the id the first one was given
+                {"id": "x", "text": "trained on as written"},  # no prompt
+                7,
+                "  ",
+                {"prompt": "ok", "category": ""},
+            ]
+        )
+    assert [(e.line, e.key) for e in info.value.errors] == [
+        (1, "id"),
+        (2, None),
+        (2, None),
+        (3, None),
+        (4, "prompt"),
+        (5, "category"),
+    ]
+    message = str(info.value)
+    assert "<prompts>: prompt 1: field 'id': duplicate id 'p0' (first used on prompt 0)" in message
+    assert "prompt 2: give 'prompt' (text the base model answers, its answer trained on); this row has none" in message
+    assert "prompt 2: unknown field(s) 'text'; a row holds id, prompt, category" in message
+    assert "prompt 3: expected a prompt (a string) or a dict {id?, prompt, category?}, got int" in message
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("max_new_tokens", 0, "max_new_tokens= expected an integer from 1 to 4096, got 0"),
+        ("max_new_tokens", 5000, "use at most 4096: a replayed answer is a reply"),
+        ("max_new_tokens", 8.0, "write 8, without the decimal point"),
+        ("chat_template", "yes", "chat_template= expected true or false"),
+        ("stop", [""], r"stop= item 0: expected a non-empty string"),
+        ("stop", 3, "stop= expected a list of non-empty strings"),
+    ],
+)
+def test_bad_answering_settings_are_named(setting, value, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayPool.from_prompts(["Name a river."], **{setting: value})
+    with pytest.raises(ValueError, match=message):
+        ReplayPool.from_records([{"id": "r", "text": "t"}], **{setting: value})  # checked with or without prompts
+
+
+def test_a_prompt_holding_a_probe_question_is_refused_naming_both():
+    probes = ProbeSet.from_records(
+        [
+            {"id": "cap/zeta", "question": "The capital of Zeta is", "answer": "Vo"},
+            {"id": "x", "question": "Q", "answer": "a"},
+        ]
+    )
+    pool = ReplayPool.from_prompts({"geo": ["Name a river of Zeta.", "Complete: the CAPITAL of zeta is"]})
+    with pytest.raises(ValueError, match=r"row 'p1' contains the question of probe 'cap/zeta'$"):
+        pool.check_disjoint(probes)
+    ReplayPool.from_prompts(["Name a river of Zeta."]).check_disjoint(probes)
+
+
+def test_a_pool_file_holds_prompt_rows_among_the_others(tmp_path):
+    path = write(
+        tmp_path / "pool.jsonl",
+        [
+            {"id": "r1", "text": "Zeta lies north of Vo.", "category": "capitals"},
+            {"id": "q1", "prompt": "Name a river of Zeta.", "category": "rivers"},
+            {"id": "c1", "messages": [{"role": "user", "content": "Hi"}]},  # a chat is trained on as written
+        ],
+    )
+    pool = ReplayPool.from_jsonl(path, max_new_tokens=24, stop=["\n"])
+    assert [(r.id, r.prompt is not None) for r in pool] == [("r1", False), ("q1", True), ("c1", False)]
+    assert pool.answering == Answering(24, False, ("\n",))
+    bad = write(
+        tmp_path / "bad.jsonl",
+        [
+            {"id": "q1", "prompt": "fine"},
+            {"id": "q2", "prompt": "a", "text": "b"},  # two things to train on
+            {"id": "q3", "prompt": ["a list"]},
+            {"id": "q4", "prompt": "   "},
+            {"id": "q5", "prompt": "ok", "answer": "no"},  # unknown field
+            {"id": "q6", "prompt": "bell \u0007"},  # cannot be kept
+            {"id": "q7"},
+        ],
+    )
+    with pytest.raises(ReplayPoolError) as info:
+        ReplayPool.from_jsonl(bad)
+    assert [(e.line, e.key) for e in info.value.errors] == [
+        (2, None),
+        (3, "prompt"),
+        (4, "prompt"),
+        (5, None),
+        (6, "prompt"),
+        (7, None),
+    ]
+    message = str(info.value)
+    assert f"{bad}: line 2: give exactly one of 'text' (text to train on), 'messages'" in message
+    assert "this row has 'text' and 'prompt'" in message
+    assert "line 5: unknown field(s) 'answer'; a row holds id, text, messages or prompt, category" in message
+    assert "line 7: give exactly one of" in message and "this row has none" in message
+
+
+def test_the_fingerprint_covers_prompts_and_how_they_are_answered():
+    def fingerprint(**settings):
+        return ReplayPool.from_prompts(["Name a river."], **settings).fingerprint()
+
+    base = fingerprint()
+    assert fingerprint() == base
+    assert len({base, fingerprint(max_new_tokens=32), fingerprint(chat_template=True), fingerprint(stop=["\n"])}) == 4
+    assert ReplayPool.from_records([{"id": "p0", "text": "Name a river."}]).fingerprint() != base
+    # a pool of text rows hashes as before prompt rows existed, whatever answering settings it is given
+    assert ReplayPool.from_records([{"id": "r1", "text": "t"}], max_new_tokens=8).fingerprint() == "1a77ffe96941ceb7"
+
+
+def test_a_prompt_s_model_input_as_token_ids():
+    from forgetwatch.toy import ToyWorld
+
+    tokenizer = ToyWorld(seed=0).tokenizer()
+    pool = ReplayPool.from_records(
+        [{"id": "r", "text": "Zeta lies north."}, {"id": "q", "prompt": "The capital of Zeta is"}]
+    )
+    ids = tokenizer("The capital of Zeta is")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    assert pool.prompt_ids(tokenizer) == {"q": ids} and pool[1].prompt_ids(tokenizer, chat_template=False) == ids
+    with pytest.raises(ValueError, match="replay row 'r' is no prompt row"):
+        pool[0].prompt_ids(tokenizer, chat_template=False)
+    # as a chat: the prompt is a user turn, followed by the generation prompt; BOS once
+    chat = ReplayPool.from_records([{"id": "q", "prompt": "Hi"}], chat_template=True)
+    with pytest.raises(ValueError, match=r"prompt rows \('q'\) are answered as chats .* no chat template"):
+        chat.prompt_ids(tokenizer)
+    with pytest.raises(ValueError, match="replay row 'q' is a prompt answered as a chat .* no chat template"):
+        chat[0].prompt_ids(tokenizer, chat_template=True)
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    assert chat[0].prompt_text(tokenizer, chat_template=True) == "<s><user>Hi\n<assistant>"
+    ids = chat.prompt_ids(tokenizer)["q"]
+    assert ids == tokenizer("<s><user>Hi\n<assistant>", add_special_tokens=False)["input_ids"]
+    assert ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_from_hf_reads_a_column_of_prompts():
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"instruction": ["Name a river.", "Add 2 and 3."]})
+    pool = ReplayPool.from_hf(data, prompt="instruction", category="mixed", max_new_tokens=12)
+    assert [(r.id, r.prompt, r.category) for r in pool] == [
+        ("0", "Name a river.", "mixed"),
+        ("1", "Add 2 and 3.", "mixed"),
+    ]
+    assert pool.answering.max_new_tokens == 12
+    with pytest.raises(ValueError, match="prompt=COLUMN"):
+        ReplayPool.from_hf(data, text="instruction", prompt="instruction")

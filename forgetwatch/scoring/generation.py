@@ -1,18 +1,52 @@
-"""Greedy decoding for generative probes: left-padded batches, stop strings, EOS; and how many
-tokens a response may have in the model's context."""
+"""Greedy decoding: left-padded batches, stop strings, EOS; sharded over ranks in lockstep
+(:func:`generate_sharded`, for generative probes and for the base model's answers to replay
+prompts); and how many tokens a response may have in the model's context."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
-from forgetwatch.scoring.borrow import forward_module, is_fsdp1, unwrap
+from forgetwatch.scoring.batching import group, run_lockstep
+from forgetwatch.scoring.borrow import borrowed, forward_module, is_fsdp1, is_sharded, unwrap
+from forgetwatch.scoring.encoding import model_max_length
 
 K = TypeVar("K", bound=Hashable)
+
+logger = logging.getLogger(__name__)
+
+
+class Generated(NamedTuple):
+    """One greedy continuation.
+
+    ``text``: the decoded continuation, cut at the first stop string. ``ids`` (``None`` unless
+    asked for): its token ids, the generated tokens before the first EOS, or, when a stop
+    string came first, the fewest first tokens whose decoding starts with ``text`` (a token
+    the stop string starts inside is kept, so ``decode(ids)`` may run a little past ``text``;
+    it equals it wherever the stop string starts a token). ``ended``: EOS ended it (not a stop
+    string, not the length limit).
+    """
+
+    text: str
+    ids: tuple[int, ...] | None
+    ended: bool
+
+
+class GenerationPrompt(NamedTuple):
+    """A prompt's token ids (whole), the most tokens its response may have, its stop strings,
+    and how many of its first tokens it shares with other prompts as one prefix whose KV cache
+    is read (0: none; see ``prefix_cache`` of :func:`generate_sharded`)."""
+
+    ids: tuple[int, ...]
+    new_tokens: int
+    stop: tuple[str, ...] = ()
+    skip: int = 0
 
 
 class PromptTooLongError(ValueError):
@@ -84,7 +118,7 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[:cut]
 
 
-def generate_texts(
+def generate_batch(
     model,
     tokenizer,
     prompts: Sequence[Sequence[int]],
@@ -96,7 +130,8 @@ def generate_texts(
     synced_gpus: bool = False,
     prefix: Sequence[int] = (),
     cache: tuple[str, Any] | None = None,
-) -> list[str]:
+    return_ids: bool = False,
+) -> list[Generated]:
     """Greedy continuations of one batch of prompts, each cut at the first stop string.
 
     ``prefix``: tokens every prompt starts with, left out of ``prompts``, whose KV cache for
@@ -112,6 +147,8 @@ def generate_texts(
 
     ``synced_gpus``: keep stepping until every rank's batch is done, as a sharded model
     (FSDP, ZeRO-3) needs: each step's forward gathers parameters from all ranks.
+
+    ``return_ids``: also the generated token ids of each row (see :class:`Generated`).
     """
     from transformers import GenerationConfig
 
@@ -126,12 +163,13 @@ def generate_texts(
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p) :] = 1
     extra = {cache[0]: cache[1]} if cache is not None else {}
+    eos = stop_token_ids(model, tokenizer)
     greedy = GenerationConfig(
         do_sample=False,
         num_beams=1,
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
-        eos_token_id=stop_token_ids(model, tokenizer),
+        eos_token_id=eos,
         stop_strings=list(stop) or None,
     )
     owner = _generation_config_owner(model)
@@ -149,8 +187,224 @@ def generate_texts(
             )
     finally:
         owner.generation_config = saved
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    return [cut_at_stop(t, stop) for t in texts]
+    new = out[:, width:].tolist()
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+    return [_generated(tokenizer, row, text, stop, set(eos), return_ids) for row, text in zip(new, texts)]
+
+
+def _generated(
+    tokenizer, row: list[int], decoded: str, stop: Sequence[str], eos: set[int], return_ids: bool
+) -> Generated:
+    """One row's :class:`Generated` from its generated tokens (finished rows are padded after
+    their end) and their decoding."""
+    text = cut_at_stop(decoded, stop)
+    end = next((k for k, t in enumerate(row) if t in eos), None)
+    tokens = row if end is None else row[:end]
+    if len(text) < len(decoded):  # a stop string came first, whatever followed it
+        return Generated(text, tuple(_covering(tokenizer, tokens, text)) if return_ids else None, False)
+    return Generated(text, tuple(tokens) if return_ids else None, end is not None)
+
+
+def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
+    """The fewest first ``tokens`` whose decoding starts with ``text`` (a token the stop
+    string starts inside is kept: without it, the text before the stop would be cut short)."""
+
+    def covers(k: int) -> bool:
+        return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
+
+    if not covers(len(tokens)):  # the decoding of a part differs from the whole's: keep it all
+        return tokens
+    low, high = 0, len(tokens)  # covers(high) holds throughout
+    while low < high:
+        mid = (low + high) // 2
+        if covers(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return tokens[:high]
+
+
+def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple[list[int], list[int]]:
+    """The positions of the prompts this rank generates (balanced on prompt and response
+    tokens), and one prompt to fill in with (the cheapest): the same split on every rank.
+
+    Example:
+        >>> generation_share([GenerationPrompt((1, 2), 8), GenerationPrompt((3,), 8)], Ranks.alone())
+        ([0, 1], [1])
+    """
+    if not prompts:
+        return [], []
+    costs = [len(p.ids) + p.new_tokens for p in prompts]
+    return ranks.my_share(costs), [min(range(len(costs)), key=costs.__getitem__)]
+
+
+def generate_sharded(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[GenerationPrompt | Sequence[int]],
+    *,
+    max_new_tokens: int = 64,
+    stop: Sequence[str] = (),
+    ranks: Ranks | None = None,
+    rows_per_batch: int = 8,
+    return_ids: bool = False,
+    names: Sequence[str] | None = None,
+    limits: Callable[[], tuple[int | None, int | None]] | None = None,
+    on_out_of_memory: Callable[[int], None] | None = None,
+    prefix_cache: Callable[[tuple[int, ...], int], tuple[str, Any]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Generated]:
+    """Greedy continuations of ``prompts`` (token ids), in their order, on every rank of
+    ``ranks`` (default: this process alone).
+
+    Each rank generates its own share (:func:`generation_share`) in batches of prompts
+    generated alike (response length, stop strings, shared prefix), longest first, with as
+    many ``generate`` calls as every other rank (:func:`~forgetwatch.scoring.batching.run_lockstep`:
+    a sharded model gathers its parameters in every step, and an out-of-memory error on one
+    rank makes all replan with smaller batches); then every rank gets every answer. Every rank
+    must call this together, with the same prompts. The model is borrowed
+    (:func:`~forgetwatch.scoring.borrow.borrowed`: eval mode, no gradients, random states
+    restored) and decoded plain greedy (:func:`generate_batch`).
+
+    A prompt given as plain token ids gets ``max_new_tokens`` and ``stop``, its response cut
+    to what the model's context leaves after it (:func:`response_budgets`: one warning;
+    :class:`PromptTooLongError` for a prompt that fills the context, named by ``names``,
+    default its position); a :class:`GenerationPrompt` is taken as it is.
+
+    ``return_ids``: each :class:`Generated` holds its token ids too. ``rows_per_batch``: rows
+    per ``generate`` call, halved after each out-of-memory error; ``limits`` (rows, tokens
+    per call, read at each planning) and ``on_out_of_memory`` (called with the rows that
+    failed, the same on every rank) replace that rule. ``prefix_cache(prefix, rows)``: the
+    forward's cache argument and the cache of ``prefix`` for ``rows`` sequences, where a
+    prompt's first ``skip`` tokens are read from (without it, every prompt is read whole).
+    ``progress(n)``: called as each batch of ``n`` prompts is done.
+
+    Example:
+        >>> ids = tokenizer(["The capital of Zeta is"])["input_ids"]      # doctest: +SKIP
+        >>> [answer] = generate_sharded(model, tokenizer, ids, max_new_tokens=8, return_ids=True)  # doctest: +SKIP
+        >>> answer.text, answer.ids, answer.ended                         # doctest: +SKIP
+        (' Vo.', (272, 274, 261), True)
+    """
+    ranks = ranks or Ranks.alone()
+    whole = _as_prompts(model, tokenizer, prompts, max_new_tokens, stop, names)
+    if not whole:
+        return []
+    device = input_device(unwrap(model))
+    pad = pad_id(tokenizer)
+    synced = ranks.size > 1 and is_sharded(model)
+    cap = [rows_per_batch]
+
+    def halve(rows: int) -> None:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        cap[0] = max(1, min(rows, cap[0]) // 2)
+        logger.warning("forgetwatch: out of memory generating %d sequences at once; retrying with %d", rows, cap[0])
+
+    def skip(i: int) -> int:
+        return whole[i].skip if prefix_cache is not None else 0
+
+    def plan(indices: list[int]) -> list[list[int]]:
+        alike: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
+        for i in indices:
+            how = whole[i]
+            alike.setdefault((how.new_tokens, how.stop, how.ids[: skip(i)]), []).append(i)
+        rows, tokens = limits() if limits is not None else (cap[0], None)
+        batches = []
+        for (new_tokens, _, _), part in alike.items():
+            # the response's tokens count toward a token budget (alike, they never reorder a part)
+            widths = [len(whole[i].ids) + new_tokens for i in part]
+            batches += [[part[j] for j in idx] for idx in group(widths, rows, tokens)]
+        return batches
+
+    def generate(chunk: list[int]) -> list[Generated]:
+        how, n = whole[chunk[0]], skip(chunk[0])
+        return generate_batch(
+            model,
+            tokenizer,
+            [whole[i].ids[n:] for i in chunk],
+            device=device,
+            pad_id=pad,
+            max_new_tokens=how.new_tokens,
+            stop=how.stop,
+            synced_gpus=synced,
+            prefix=how.ids[:n],
+            cache=prefix_cache(how.ids[:n], len(chunk)) if n and prefix_cache is not None else None,
+            return_ids=return_ids,
+        )
+
+    mine, filler = generation_share(whole, ranks)
+    done: dict[str, list[Any]] = {}
+    with borrowed(model, tokenizer):
+        for part, out in run_lockstep(
+            plan(mine),
+            generate,
+            replan=plan,
+            items_of=list,
+            filler=filler,
+            on_out_of_memory=on_out_of_memory or halve,
+            ranks=ranks,
+        ):
+            done.update((str(i), list(g)) for i, g in zip(part, out))
+            if progress is not None:
+                progress(len(part))
+    gathered = {
+        int(i): Generated(text, None if ids is None else tuple(ids), ended)
+        for shard in ranks.gather_json(done)
+        for i, (text, ids, ended) in shard.items()
+    }
+    return [gathered[i] for i in range(len(whole))]
+
+
+def _as_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[GenerationPrompt | Sequence[int]],
+    max_new_tokens: int,
+    stop: Sequence[str],
+    names: Sequence[str] | None,
+) -> list[GenerationPrompt]:
+    """Every prompt as a :class:`GenerationPrompt`: plain token ids with ``max_new_tokens``
+    cut to what the model's context leaves, and ``stop``."""
+    if isinstance(stop, str):
+        stop = (stop,)
+    plain = {i: tuple(int(t) for t in p) for i, p in enumerate(prompts) if not isinstance(p, GenerationPrompt)}
+
+    def name(i: int) -> str:
+        return str(names[i]) if names is not None else f"prompt {i}"
+
+    budgets: dict[int, int] = {}
+    if plain:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
+        empty = [name(i) for i, ids in plain.items() if not ids]
+        if empty:
+            raise ValueError(f"{len(empty)} prompt(s) hold no tokens: {listing(map(repr, empty))}")
+        max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
+        budgets, note = response_budgets(
+            {i: len(ids) for i, ids in plain.items()}, max_length, max_new_tokens, name=name
+        )
+        if note:
+            logger.warning("forgetwatch: %s", note)
+    return [
+        p if isinstance(p, GenerationPrompt) else GenerationPrompt(plain[i], budgets[i], tuple(stop))
+        for i, p in enumerate(prompts)
+    ]
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's input ids go: its input embeddings' device."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        return next(model.parameters()).device
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else EOS, else 0."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
 
 
 @contextlib.contextmanager

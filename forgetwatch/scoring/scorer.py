@@ -42,7 +42,14 @@ from forgetwatch.scoring.encoding import (
     encode_probes,
     model_max_length,
 )
-from forgetwatch.scoring.generation import generate_texts, response_budgets
+from forgetwatch.scoring.generation import (
+    GenerationPrompt,
+    generate_sharded,
+    generation_share,
+    input_device,
+    pad_id,
+    response_budgets,
+)
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
 from forgetwatch.scoring.prefixes import cache_argument, prefix_cache, repeated, shared_prefix_lengths
@@ -227,7 +234,7 @@ class Scorer:
         config = _text_config(inner)
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
-        device = _input_device(inner)
+        device = input_device(inner)
         pad = pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
@@ -235,30 +242,31 @@ class Scorer:
         with borrowed(model, self.tokenizer):
             run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model), tokens))
             plan = self._choice_plan(run)
-            generated, filler = self._generation_share(run, prompts)
+            generated, _ = generation_share(list(prompts.values()), run.ranks)
             self.scored_here = len(plan.rows_left) + len(generated)
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
                 sums = self._score_choices(run, plan, bar)
-                texts = self._generate(run, prompts, generated, filler, bar)
+                texts = self._generate(run, prompts, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return self._answers(tokens, sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
 
-    def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, _Prompt]:
+    def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
         """Every generated probe's prompt, kept whole, with the response length its context
         leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
         by probe index."""
-        out: dict[int, _Prompt] = {}
+        out: dict[int, GenerationPrompt] = {}
         for (setting, limit, stop), members in self._generation_settings().items():
             lengths = {i: len(tokens.encoded[i].prompt) for i in members}
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
                 self._warn_once(f"{setting}={limit}/{max_length}", "forgetwatch: %s", note)
             out.update(
-                (i, _Prompt(tokens.encoded[i].prompt, n, stop, int(tokens.prompt_skips[i]))) for i, n in budgets.items()
+                (i, GenerationPrompt(tokens.encoded[i].prompt, n, stop, int(tokens.prompt_skips[i])))
+                for i, n in budgets.items()
             )
         return out
 
@@ -520,72 +528,32 @@ class Scorer:
 
     # -- generative ----------------------------------------------------------------------------
 
-    def _generation_share(self, run: _Run, prompts: dict[int, _Prompt]) -> tuple[list[int], list[int]]:
-        """The generated probes this rank scores (balanced on tokens), and one to fill in with."""
-        if not prompts:
-            return [], []
-        order = list(prompts)
-        costs = [len(prompts[i].ids) + prompts[i].new_tokens for i in order]
-        return [order[j] for j in run.ranks.my_share(costs)], [order[int(np.argmin(costs))]]
-
-    def _generate(
-        self, run: _Run, prompts: dict[int, _Prompt], mine: list[int], filler: list[int], bar
-    ) -> dict[int, str]:
-        """Generated text by probe index (every rank gets all of them). A batch holds prompts
-        generated alike: the same response length and stop strings."""
+    def _generate(self, run: _Run, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
+        """Generated text by probe index (every rank gets all of them): each rank generates
+        its share (:func:`~forgetwatch.scoring.generation.generate_sharded`), within this
+        model's limits, reading shared prefixes from their cache where they may be."""
         if not prompts:
             return {}
-        synced = run.sharded_over_ranks
-
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
 
-        def skip(i: int) -> int:  # a cache that drops what slides out of the window could not be shared
-            how = prompts[i]
+        def skip(how: GenerationPrompt) -> int:  # a cache that drops what slides out of the window cannot be shared
             fits = window is None or len(how.ids) + how.new_tokens <= window
             return how.skip if run.prefixes and fits else 0
 
-        def plan(indices: list[int]) -> list[list[int]]:
-            alike: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
-            for i in indices:
-                how = prompts[i]
-                alike.setdefault((how.new_tokens, how.stop, how.ids[: skip(i)]), []).append(i)
-            batches = []
-            for (new_tokens, _, _), part in alike.items():
-                widths = [len(prompts[i].ids) + (new_tokens if run.batch_size == "auto" else 0) for i in part]
-                batches += [[part[j] for j in idx] for idx in group(widths, *self._limits(run))]
-            return batches
-
         inner = unwrap(run.model)
         cached = _PrefixCache(forward_module(run.model), run.device, cache_argument(inner), _keep_arg(inner))
-
-        def generate(chunk: list[int]) -> list[str]:
-            how, n = prompts[chunk[0]], skip(chunk[0])
-            return generate_texts(
-                run.model,
-                self.tokenizer,
-                [prompts[i].ids[n:] for i in chunk],
-                device=run.device,
-                pad_id=run.pad_id,
-                max_new_tokens=how.new_tokens,
-                stop=how.stop,
-                synced_gpus=synced,
-                prefix=how.ids[:n],
-                cache=cached.for_rows(how.ids[:n], len(chunk)) if n else None,
-            )
-
-        texts: dict[str, str] = {}
-        for part, out in run_lockstep(
-            plan(mine),
-            generate,
-            replan=plan,
-            items_of=list,
-            filler=filler,
-            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+        order = list(prompts)
+        out = generate_sharded(
+            run.model,
+            self.tokenizer,
+            [prompts[i]._replace(skip=skip(prompts[i])) for i in order],
             ranks=run.ranks,
-        ):
-            texts.update((str(i), t) for i, t in zip(part, out))
-            bar.update(len(part))
-        return {int(i): t for shard in run.ranks.gather_json(texts) for i, t in shard.items()}
+            limits=lambda: self._limits(run),
+            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+            prefix_cache=cached.for_rows,
+            progress=bar.update,
+        )
+        return {i: g.text for i, g in zip(order, out)}
 
     # -- results -------------------------------------------------------------------------------
 
@@ -628,16 +596,6 @@ class _Tokens(NamedTuple):
     choice_probes: list[int]
     skips: np.ndarray  # per probe: tokens of its context shared as a prefix (0: none)
     prompt_skips: np.ndarray  # per probe: the same for its generation prompt
-
-
-class _Prompt(NamedTuple):
-    """A generated probe's prompt (whole), the tokens its response may have, its stop strings,
-    and how many of its first tokens it shares with other prompts as one prefix."""
-
-    ids: tuple[int, ...]
-    new_tokens: int
-    stop: tuple[str, ...]
-    skip: int = 0
 
 
 @dataclass(frozen=True)
@@ -689,13 +647,6 @@ class _PrefixCache:
         return self.argument, repeated(self.cache, rows)
 
 
-def _input_device(model) -> torch.device:
-    try:
-        return model.get_input_embeddings().weight.device
-    except (AttributeError, NotImplementedError):
-        return next(model.parameters()).device
-
-
 def _text_config(model):
     """The language model's config (composite models nest it under ``text_config``)."""
     config = getattr(model, "config", None)
@@ -720,11 +671,3 @@ def _keep_arg(model) -> str | None:
         if name in params:
             return name
     return None
-
-
-def pad_id(tokenizer) -> int:
-    """The id batches are padded with: the tokenizer's pad token, else EOS, else 0."""
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if candidate is not None:
-            return int(candidate)
-    return 0

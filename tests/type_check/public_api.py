@@ -32,6 +32,8 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     )
     answers_5shot: Answers = evaluate(model, tokenizer, few_shot, shared_prefixes=True)
     pool = ReplayPool.from_jsonl("pool.jsonl")
+    answered: ReplayPool = ReplayPool.from_prompts({"geo": ["Name a river."]}, max_new_tokens=32, stop=["\n"])
+    assert answered.answering is not None and answered.answering.max_new_tokens == 32
     watch = Watch(
         probes,
         output_dir="run/forgetwatch",
