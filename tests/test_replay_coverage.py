@@ -156,3 +156,42 @@ def test_on_a_real_comparison():
     assert [s.note() for s in spill_over(report, cov)] == [
         "refusals outside 'refusal' 33% (base 0%) while replaying it"
     ]
+
+
+def test_replay_names_a_spill_in_its_notes_and_figures():
+    from types import SimpleNamespace
+
+    from forgetwatch import ReplayPool
+    from forgetwatch.config.settings import ReplaySettings
+    from forgetwatch.replay.driver import Replay
+    from forgetwatch.sinks.console import ConsoleLines
+    from forgetwatch.toy import REFUSAL, ToyWorld
+
+    world = ToyWorld(seed=0)
+    tokenizer = world.tokenizer()
+    pool = ReplayPool.from_records([{"id": "r0", "text": f"Request: how? Reply: {REFUSAL}", "category": "refusal"}])
+    replay = Replay(pool, ReplaySettings(weight="auto", target=0.05))
+    replay.probe_categories = ["refusal", "facts"]  # as hold_out(probes) sets them
+    replay.start(world.model(tokenizer), tokenizer)
+    spilling = TransitionReport(
+        by_category={
+            "refusal": cat(10, 0, behaviour={"refusals": 0.9, "refusals_base": 0.9}),
+            "facts": cat(20, 0, behaviour={"refusals": 0.3, "refusals_base": 0.05}),
+        }
+    )
+    replay.on_evaluation(spilling)
+    assert replay.notes() == ["replay weight 0.5 (auto)", "refusals outside 'refusal' 30% (base 5%) while replaying it"]
+    assert replay.figures()["replay/spill/refusal/refusals"] == pytest.approx(0.25)
+    printed = []
+    lines = ConsoleLines(history=None)
+    evaluation = SimpleNamespace(step=5, report=spilling, notes=replay.notes(), stop=None)
+    import forgetwatch.sinks.console as console
+
+    said, console.say = console.say, printed.append
+    try:
+        lines.on_evaluation(evaluation)
+    finally:
+        console.say = said
+    assert printed[0].endswith(
+        "; replay weight 0.5 (auto); refusals outside 'refusal' 30% (base 5%) while replaying it"
+    )

@@ -15,6 +15,7 @@ from forgetwatch import ReplayPool
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
+from forgetwatch.replay.synthetic import answer_prompts
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -35,6 +36,17 @@ def pool(toy):
         for i, c in enumerate(toy.world.known)
     ]
     return ReplayPool.from_records(rows)
+
+
+@pytest.fixture(scope="module")
+def mixed_pool(pool, toy):
+    """The pool's text rows and prompts the base answers when training begins (synthetic replay)."""
+    prompts = [
+        {"id": f"p{i}", "prompt": f"Remember: a {c.color} flag flies over", "category": "colors"}
+        for i, c in enumerate(toy.world.known[:8])
+    ]
+    rows = [{"id": r.id, "text": r.text, "category": r.category} for r in pool]
+    return ReplayPool.from_records(rows + prompts, max_new_tokens=6)
 
 
 @pytest.mark.parametrize(
@@ -90,10 +102,11 @@ def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4, msg=name)
 
 
-def test_weight_zero_is_a_run_without_replay(toy, train_data, tmp_path, pool):
+def test_weight_zero_is_a_run_without_replay(toy, train_data, tmp_path, pool, mixed_pool):
     runs = []
     zero = {"replay": pool, "replay_weight": 0.0}
-    for name, extra in (("plain", {}), ("zero", zero), ("zero-rows", {**zero, "replay_select": "rows"})):
+    rows = {"replay": mixed_pool, "replay_weight": 0.0, "replay_select": "rows"}  # scans and the base's answers
+    for name, extra in (("plain", {}), ("zero", zero), ("zero-rows-synthetic", rows)):
         cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False, **extra)
         trainer = make_trainer(toy, train_data, tmp_path / name, [cb], max_steps=20)
         trainer.train()
@@ -111,10 +124,19 @@ def test_a_pool_holding_a_probe_question_is_refused_naming_both(toy):
 
 
 @pytest.mark.parametrize("select", ["categories", "rows"])
-def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool, select):
+def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool, mixed_pool, select, monkeypatch):
+    import forgetwatch.replay.begin as begin
+
+    answered = []  # the base answers the prompts once per run begun, never on resume
+    monkeypatch.setattr(begin, "answer_prompts", lambda *a, **k: answered.append(1) or answer_prompts(*a, **k))
     common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
     settings = dict(
-        eval_steps=5, verbose=False, replay=pool, replay_weight=1.0, replay_batch_size=8, replay_select=select
+        eval_steps=5,
+        verbose=False,
+        replay=pool if select == "categories" else mixed_pool,
+        replay_weight=1.0,
+        replay_batch_size=8,
+        replay_select=select,
     )
     plain = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
     make_trainer(toy, train_data, tmp_path / "plain", [plain], **common).train()
@@ -134,6 +156,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+
     # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
     def kept(callback):
         return [
@@ -144,6 +167,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
 
     assert kept(resumed) == kept(whole)
     assert kept(whole)[-1]["tokens"] > 0 and ("scan" in kept(whole)[-1]) == (select == "rows")
+    assert len(answered) == (2 if select == "rows" else 0)  # the whole run and the killed one; the resume read them
 
 
 def scaled_run(toy, train_data, path, scaler, autocast, **settings):
@@ -279,8 +303,8 @@ def trl_trainer(kind, toy, path, callbacks):
     )
 
 
-@pytest.mark.parametrize("kind", ["sft", "dpo", "grpo"])
-def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
+@pytest.mark.parametrize("kind, select", [("sft", "rows"), ("dpo", "categories"), ("grpo", "uniform")])
+def test_replay_runs_in_trl_trainers(toy, tmp_path, mixed_pool, kind, select):
     steps = []
 
     class Count(ForgetWatchCallback):
@@ -288,7 +312,7 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
             super().on_pre_optimizer_step(args, state, control, **kwargs)
             steps.append(self.watch.repair.sampler.drawn)
 
-    cb = Count(toy.probes, eval_steps=2, verbose=False, replay=pool, replay_batch_size=4)
+    cb = Count(toy.probes, eval_steps=2, verbose=False, replay=mixed_pool, replay_batch_size=4, replay_select=select)
     trainer = trl_trainer(kind, toy, tmp_path, [cb])
     trainer.train()
     assert steps == [1, 2, 3, 4]  # one replay batch before each optimizer step
@@ -296,28 +320,46 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, pool, kind):
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
 
 
-def test_auto_weight_follows_the_multiplicative_law_and_survives_a_resume(toy, train_data, tmp_path, pool):
-    from forgetwatch.replay.controller import next_weight
+def test_auto_weight_follows_its_law_on_the_covered_forgetting_and_survives_a_resume(
+    toy, train_data, tmp_path, pool, caplog
+):
+    from forgetwatch.replay.controller import Controller
+    from forgetwatch.replay.coverage import coverage, covered_forgetting
 
     target = 0.02
     common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
     settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight="auto", forgetting_target=target)
     whole = ForgetWatchCallback(toy.probes, **settings)
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
-    trainer.train()
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        trainer.train()
     logged = [e["forgetwatch/replay/weight"] for e in trainer.state.log_history if "forgetwatch/replay/weight" in e]
-    expected, weight = [], 1.0
-    for _, report in whole.history:  # the weight logged at an evaluation is the one used up to it
-        expected.append(weight)
-        weight = next_weight(weight, report.forgetting, target)
+    # by hand: the law on the forgetting of the categories the pool covers (colors, rivers; not
+    # capitals), with the pool's drift measured at each evaluation
+    covers = coverage(pool.categories, toy.probes.categories)
+    assert covers.uncovered == ("capitals",)
+    expected, controller = [], Controller(target)
+    for (_, report), record in zip(whole.history, whole.watch.records):
+        expected.append(controller.weight)  # the weight logged at an evaluation is the one used up to it
+        controller.update(covered_forgetting(report, covers, "forgetting"), record["replay"]["replay/drift"])
     assert logged == expected and len(set(logged)) > 1
+    # forgetting of capitals, which the pool cannot repair, is said once and does not drive the weight
+    capitals = [r.by_category["capitals"].forgotten for _, r in whole.history]
+    assert max(capitals) >= 2 and caplog.text.count("'capitals' probes are forgotten") == 1
+    assert "the replay pool has no 'capitals' rows (it covers colors, rivers)" in caplog.text
 
-    resumed, again = killed_and_resumed(
-        toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
-    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed, again = killed_and_resumed(
+            toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
+        )
     assert [e["forgetwatch/replay/weight"] for e in again.state.log_history if "forgetwatch/replay/weight" in e][
         -4:
     ] == logged[-4:]
+    warned_by_10 = "capitals" in next(r["replay"] for r in whole.watch.records if r["step"] == 10).get("warned", [])
+    assert (
+        caplog.text.count("'capitals' probes are forgotten") == (1 if not warned_by_10 else 0) + 1
+    )  # the killed run's
 
 
 def test_auto_needs_a_target():
@@ -349,16 +391,6 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
-    # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
-    def kept(callback):
-        return [
-            {k: v for k, v in r["replay"].items() if k != "replay/scan_seconds"}  # wall time: not a state
-            for r in callback.watch.records
-            if r["step"] > 10
-        ]
-
-    assert kept(resumed) == kept(whole)
-    assert kept(whole)[-1]["tokens"] > 0 and ("scan" in kept(whole)[-1]) == (select == "rows")
 
 
 def test_sharded_training_is_refused_before_it_starts(toy, pool):

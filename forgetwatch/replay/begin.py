@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +18,9 @@ import torch
 from forgetwatch.config import ADAPTER_DISABLED
 from forgetwatch.replay.driver import logits_width
 from forgetwatch.replay.resume import (
+    answers_to_resume,
     base_to_resume,
+    kept_answers,
     kept_base,
     kept_scan,
     kept_state,
@@ -26,7 +29,9 @@ from forgetwatch.replay.resume import (
     state_to_resume,
 )
 from forgetwatch.replay.scan import ScanBase, sample_key
-from forgetwatch.results.store import REPLAY_BASE, REPLAY_SCAN, REPLAY_STATE
+from forgetwatch.replay.synthetic import Answer, KeptAnswers, answer_prompts, prompts_key
+from forgetwatch.results.noise import noise_by_scope
+from forgetwatch.results.store import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_SCAN, REPLAY_STATE
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import model_key, weights_key
 from forgetwatch.scoring.scorer import pad_id
@@ -43,7 +48,10 @@ def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
     (``run.state``), else the first kept ``replay.json``, else rebuilt from the history (exact,
     and said), else one clear error naming each copy; then the base distribution for ``"kl"``."""
     replay.metric = run.stop_metric
-    replay.start(model, run.tokenizer, sharded=run.sharded, warn=run.writes)
+    replay.noise = noise_by_scope(dict(run.base_meta))
+    replay.refuse_sharded(model, run.sharded)
+    answers = _answers(replay, model, run) if replay.pool.answering is not None else None
+    replay.start(model, run.tokenizer, sharded=run.sharded, warn=run.writes, answers=answers)
     if run.step > 0:
         if run.state is not None:
             if problem := state_problem(replay, run.state, run.step):
@@ -60,7 +68,7 @@ def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
         replay.reweigh(run.last_report, steer=False)
     if replay.loss == "kl":
         _base_distribution(replay, model, run)
-    if replay.select == "rows":
+    if replay.scans:
         _scan_base(replay, model, run)
 
 
@@ -82,6 +90,37 @@ def _made_by(model: torch.nn.Module, run: RunContext) -> dict[str, str | None]:
 def _on_base(model: torch.nn.Module, run: RunContext) -> contextlib.AbstractContextManager:
     """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""
     return adapters_disabled(model) if run.base == ADAPTER_DISABLED else contextlib.nullcontext()
+
+
+def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[str, Answer]:
+    """The base's answers to the pool's prompts: generated on a fresh run (sharded over the
+    ranks), read back on resume (as :func:`_base_distribution`)."""
+    prompt_ids = replay.pool.prompt_ids(run.tokenizer)
+    key = {"pool": replay.pool.fingerprint(), "prompts": prompts_key(prompt_ids), **_made_by(model, run)}
+    if _read_back(run):
+        paths = [d / REPLAY_ANSWERS for d in run.resume_dirs]
+        vocab = logits_width(model)
+        found = run.ranks.share_from_rank_zero(lambda: kept_answers(paths, key, vocab))
+        kept, warning = answers_to_resume(found, paths)
+        if warning and run.writes:
+            logger.warning("forgetwatch: %s", warning)
+    else:
+        began = time.perf_counter()
+        with _on_base(model, run):
+            answers = answer_prompts(
+                model, run.tokenizer, replay.pool, prompt_ids, run.ranks, run.rows_per_batch(model)
+            )
+        kept = KeptAnswers(answers, key)
+        if run.writes:
+            logger.info(
+                "forgetwatch: replay: the base answered %d prompts in %.1f s (kept in %s)",
+                len(answers),
+                time.perf_counter() - began,
+                REPLAY_ANSWERS,
+            )
+    if run.writes:
+        run.store.keep(REPLAY_ANSWERS, kept.save)
+    return kept.answers
 
 
 def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:

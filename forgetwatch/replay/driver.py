@@ -27,7 +27,15 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line, listing, shorten
 from forgetwatch.config.settings import ReplaySettings
 from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
-from forgetwatch.replay.controller import START, next_weight
+from forgetwatch.replay.controller import START, Controller, reach_message
+from forgetwatch.replay.coverage import (
+    Coverage,
+    coverage,
+    covered_forgetting,
+    spill_over,
+    uncovered_losses,
+    uncovered_message,
+)
 from forgetwatch.replay.penalty import encode_rows, kl_backward, replay_backward, target_count
 from forgetwatch.replay.pool import ReplayPool, ReplayPoolError
 from forgetwatch.replay.resume import state_problem, tokens_key
@@ -41,6 +49,7 @@ from forgetwatch.replay.scan import (
     sample_key,
     scan_sample,
 )
+from forgetwatch.replay.synthetic import Answer, answer_prompts
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.scorer import pad_id
@@ -59,7 +68,8 @@ class Replay:
         pool: the rows (checked disjoint from the probes when the run is built).
         settings: how much, how many rows, which loss and how rows are drawn (a
             :class:`~forgetwatch.ReplaySettings`; ``weight="auto"`` steers toward ``target`` by
-            :func:`~forgetwatch.replay.controller.next_weight`, on the run's stop metric;
+            :class:`~forgetwatch.replay.controller.Controller`, on the run's stop metric over the
+            probe categories the pool covers (:mod:`~forgetwatch.replay.coverage`);
             ``select="rows"`` draws by each row's loss rise, see :mod:`~forgetwatch.replay.scan`).
         max_length: tokens kept of a row.
 
@@ -77,6 +87,15 @@ class Replay:
         self.weight = START if self.auto else float(s.weight)
         self.pool, self.batch_size, self.max_length, self.seed = pool, s.batch_size, max_length, s.seed
         self.target, self.loss, self.top_k, self.select = s.target, s.loss, s.top_k, s.select
+        self.controller = Controller(s.target, START) if self.auto else None
+        # the pool's rows are scanned at each evaluation to draw by them, or to know the controller's reach
+        self.scans = self.select == "rows" or self.auto
+        self.scan_ids: list[str] = []  # the rows scanned (and, with select "rows", replayed)
+        self.probe_categories: list[str] | None = None  # once the run is built
+        self.coverage: Coverage | None = None  # which probe categories the pool covers
+        self.warned: set[str] = set()  # uncovered categories warned of (once per run)
+        self.noise: dict[str, float] = {}  # the base's noise floors by scope, once the run begins
+        self._spills: list[Any] = []
         self.metric = "forgetting"  # the run's stop metric, once it begins
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
         self.starts: dict[str, int] = {}  # each row's first target token, where not 1
@@ -104,14 +123,33 @@ class Replay:
     def hold_out(self, probes: Any) -> None:
         """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
         self.pool.check_disjoint(probes)
+        self.probe_categories = list(probes.categories)
 
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
         """An evaluation was made: with ``select="rows"`` the scanned rows' losses measured on
         ``model`` (monitoring time, on every rank); then the draws and the weight adjusted."""
         self._used = self.weight
-        if self.select == "rows" and model is not None and not self.off:
+        if self.scans and model is not None and not self.off:
             self.scan(model)
         self.reweigh(report)
+        if self.coverage is not None:
+            self._warn_uncovered(report)
+            self._spills = spill_over(report, self.coverage)
+
+    def _warn_uncovered(self, report: TransitionReport) -> None:
+        """Once per category per run: forgetting replay cannot repair, for want of its rows."""
+        floor = {c: max(self.target or 0.0, 2 * self.noise.get(c, 0.0)) for c in self.coverage.uncovered}
+        for category, loss in uncovered_losses(report, self.coverage, floor=floor).items():
+            if category not in self.warned:
+                self.warned.add(category)
+                if self._run is None or self._run.writes:
+                    logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage))
+
+    def notes(self) -> list[str]:
+        """What the console line says of replay at this evaluation: the ``"auto"`` weight and
+        whether it is at its reach, and behaviour that spills from replayed categories."""
+        out = [self.controller.note()] if self.controller is not None else []
+        return out + [s.note() for s in self._spills]
 
     def before_optimizer_step(
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
@@ -130,19 +168,43 @@ class Replay:
             grad_scaler,
         )
 
-    def start(self, model: torch.nn.Module, tokenizer: Any, *, sharded: bool = False, warn: bool = True) -> None:
-        """Refuse what replay cannot run under (before any training: ``sharded``, a DeepSpeed
-        ZeRO or FSDP run); tokenize the pool once, and refuse a pool with no row long enough to
-        replay (rows shorter than two tokens teach nothing: they are left out of the draws,
-        :attr:`dropped` names them, and ``warn`` says how many, once)."""
+    def refuse_sharded(self, model: torch.nn.Module, sharded: bool = False) -> None:
+        """Replay cannot run under DeepSpeed ZeRO or FSDP (``sharded``): refused before any work."""
         if sharded or is_sharded(model):
             raise ValueError(
                 "replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without replay=, or under DDP"
             )
+
+    def start(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        sharded: bool = False,
+        warn: bool = True,
+        answers: Mapping[str, Answer] | None = None,
+    ) -> None:
+        """Refuse what replay cannot run under (before any training: ``sharded``, a DeepSpeed
+        ZeRO or FSDP run); tokenize the pool once, and refuse a pool with no row long enough to
+        replay (rows shorter than two tokens teach nothing, nor a prompt the base answered with
+        nothing: they are left out of the draws, :attr:`dropped` names them, and ``warn`` says
+        how many, once). Prompt rows are their prompt and the base's ``answers`` (by row id;
+        when not given, ``model`` answers them here, in this process alone)."""
+        self.refuse_sharded(model, sharded)
         rows = list(self.pool)
-        tokens = encode_rows(tokenizer, rows, self.max_length, keep=True)
-        self.encoded = {r.id: ids for r, ids in zip(rows, tokens) if len(ids) >= 2}
-        self.dropped = [r.id for r, ids in zip(rows, tokens) if len(ids) < 2]
+        texts = [r for r in rows if r.prompt is None]
+        tokens = dict(zip([r.id for r in texts], encode_rows(tokenizer, texts, self.max_length, keep=True)))
+        self.starts = {}
+        if len(texts) < len(rows):
+            prompt_ids = self.pool.prompt_ids(tokenizer)
+            if answers is None:
+                answers = answer_prompts(model, tokenizer, self.pool, prompt_ids, Ranks.alone(), 8)
+            for pid, ids in prompt_ids.items():
+                tokens[pid], self.starts[pid] = answers[pid].row(ids, tokenizer.eos_token_id, self.max_length)
+        usable = {pid: len(ids) > self.starts.get(pid, 1) for pid, ids in tokens.items()}  # some token to learn
+        self.encoded = {r.id: tokens[r.id] for r in rows if usable[r.id]}
+        self.dropped = [r.id for r in rows if not usable[r.id]]
+        self.starts = {pid: s for pid, s in self.starts.items() if pid in self.encoded}
         if not self.encoded:
             raise ReplayPoolError(
                 [
@@ -151,7 +213,8 @@ class Replay:
                         None,
                         None,
                         (
-                            f"no row is longer than one token once tokenized ({len(rows)} row(s): "
+                            f"no row is longer than one token once tokenized, nor a prompt the base answered "
+                            f"({len(rows)} row(s): "
                             f"{listing(map(shorten, self.dropped))}), so replay would train on nothing: a row teaches "
                             "from its second token on; give rows of some text, or train without replay="
                         ),
@@ -160,17 +223,22 @@ class Replay:
             )
         if self.dropped and warn:
             logger.warning(
-                "forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized and "
-                "teach nothing; they are left out of the draws (%s)",
+                "forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized, or "
+                "prompts the base answered with nothing, and teach nothing; they are left out of the draws (%s)",
                 len(self.dropped),
                 len(rows),
                 listing(map(shorten, self.dropped)),
             )
         usable = (
-            self.pool if not self.dropped else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source)
+            self.pool
+            if not self.dropped
+            else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source, self.pool.answering)
         )
+        self.scan_ids = [usable[int(i)].id for i in scan_sample(len(usable), self.settings.scan_rows, self.seed)]
         self.sampler = self.new_sampler(usable)
-        self.increase = np.zeros(len(self.sampler.rows), np.float32) if self.select == "rows" else None
+        self.increase = np.zeros(len(self.scan_ids), np.float32) if self.scans else None
+        if self.probe_categories is not None:
+            self.coverage = coverage(usable.categories, self.probe_categories)
         self.reweigh(None)
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
 
@@ -182,8 +250,8 @@ class Replay:
 
     @property
     def scanned(self) -> list[str]:
-        """With ``select="rows"``: the ids of the rows scanned and replayed."""
-        return [r.id for r in self.sampler.rows] if isinstance(self.sampler, RowSampler) else []
+        """The ids of the rows scanned at each evaluation (none unless :attr:`scans`)."""
+        return self.scan_ids if self.scans else []
 
     def scan_losses(self, model: torch.nn.Module) -> np.ndarray:
         """The scanned rows' mean loss per target token on ``model`` (every rank, sharded)."""
@@ -233,8 +301,10 @@ class Replay:
         self.sampler.load_state_dict(state["sampler"], max_drawn=step)
         if self.auto:  # a fixed weight is a setting, and the one given now applies
             self.weight = self._used = float(state["weight"])
+            self.controller.load_state_dict(state.get("controller", {"weight": self.weight}))
         self.tokens = state.get("tokens", 0)
-        if self.select == "rows":
+        self.warned = set(state.get("warned", []))
+        if self.scans:
             self.increase = decode_increase(state["scan"]["increase"], len(self.scanned))
         self.reweigh(None, steer=False)
 
@@ -247,7 +317,20 @@ class Replay:
         else:
             self.weights = category_weights(report, self.sampler.categories)
         if self.auto and steer and report is not None:
-            self.weight = next_weight(self.weight, getattr(report, self.metric), self.target)
+            covered = (
+                covered_forgetting(report, self.coverage, self.metric)
+                if self.coverage is not None
+                else getattr(report, self.metric)
+            )
+            drift = self.drift if self._scan_seconds is not None else None  # measured at this evaluation
+            self.weight = self.controller.update(covered, drift)
+            if self.controller.first_hold and (self._run is None or self._run.writes):
+                logger.warning("forgetwatch: %s", reach_message(covered, drift))
+
+    @property
+    def drift(self) -> float:
+        """The scanned rows' mean loss rise over the base (nats per token; a fall counts as none)."""
+        return float(np.maximum(self.increase, 0).mean())
 
     def step(
         self,
@@ -409,8 +492,10 @@ class Replay:
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
         if self._scan_seconds is not None:
-            out["replay/drift"] = float(np.maximum(self.increase, 0).mean())
+            out["replay/drift"] = self.drift
             out["replay/scan_seconds"] = self._scan_seconds
+        for spill in self._spills:
+            out[f"replay/spill/{spill.category}/{spill.share}"] = spill.rise
         self._loss_sum, self._steps, self._scan_seconds = 0.0, 0, None
         return out
 
@@ -428,8 +513,12 @@ class Replay:
             "tokens": self.tokens,
             "key": dict(self.key),
         }
-        if self.select == "rows":
+        if self.scans:
             state["scan"] = {"sample": sample_key(self.scanned), "increase": encode_increase(self.increase)}
+        if self.controller is not None:
+            state["controller"] = self.controller.state_dict()
+        if self.warned:
+            state["warned"] = sorted(self.warned)
         return state
 
 

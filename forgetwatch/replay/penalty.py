@@ -30,6 +30,8 @@ def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int, keep
     """Token ids of each row's text (chats through the chat template), cut to ``max_length``;
     rows shorter than two tokens teach nothing and are dropped (``keep``: kept, one list a row)."""
     texts = [row.render(tokenizer) for row in rows]
+    if not texts:  # a tokenizer refuses an empty batch
+        return []
     ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
     return [list(x) for x in ids if keep or len(x) >= 2]
 

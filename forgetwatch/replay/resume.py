@@ -28,9 +28,10 @@ import numpy as np
 from forgetwatch.common import strict_json
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
-from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, next_weight
+from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, Controller, next_weight
 from forgetwatch.replay.sampler import category_weights
 from forgetwatch.replay.scan import ScanBase, decode_increase, encode_increase, row_probabilities, sample_key
+from forgetwatch.replay.synthetic import KeptAnswers
 
 if TYPE_CHECKING:
     from forgetwatch.replay.driver import Replay
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = [
     "base_problem",
     "base_to_resume",
+    "answers_to_resume",
+    "kept_answers",
     "kept_base",
     "kept_scan",
     "kept_state",
@@ -83,6 +86,7 @@ def _key_problem(key: Any, expected: Mapping[str, Any]) -> str | None:
         "tokens": "the rows tokenized otherwise (another tokenizer, chat template or max length)",
         "top_k": f"replay_top_k={shorten(key.get('top_k'))}, not {expected.get('top_k')}",
         "sample": "other scanned rows (another replay_scan_rows or replay_seed)",
+        "prompts": "the prompts tokenized otherwise (another tokenizer or chat template)",
         "model": "a model of another configuration than this run's base",
         "weights": "other weights than this run's base model (the base snapshot's)",
     }
@@ -119,12 +123,17 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     select = state.get("select", "categories")
     if select != replay.select:
         return f"made with replay_select={shorten(select)}, not {replay.select!r}"
-    if select == "rows":
+    if replay.scans:
         scan = state.get("scan")
         if not isinstance(scan, Mapping) or scan.get("sample") != sample_key(replay.scanned):
             return "made for other scanned rows (another replay_scan_rows, replay_seed or pool)"
         if decode_increase(scan.get("increase"), len(replay.scanned)) is None:
             return f"its rows' loss rises are not {len(replay.scanned)} finite float32 numbers in base64"
+    if replay.auto and "controller" in state and (problem := Controller.state_problem(state["controller"])):
+        return f"its controller: {problem}"
+    warned = state.get("warned", [])
+    if not isinstance(warned, list) or not all(isinstance(c, str) for c in warned):
+        return f"its categories warned of are {shorten(warned)}, not a list of names"
     return replay.sampler.state_problem(state.get("sampler"), max_drawn=step)
 
 
@@ -215,8 +224,8 @@ def rebuilt_state(
     """
     sampler = replay.new_sampler(replay.sampler.pool)
     rows = replay.select == "rows"
-    increase = np.zeros(len(replay.scanned), np.float32) if rows else None
-    tokens = 0
+    increase = np.zeros(len(replay.scanned), np.float32) if replay.scans else None
+    tokens, extra = 0, {}
     if records and "replay" not in records[-1]:
         if not afresh:
             raise ValueError(f"the history holds no replay state at its last evaluation (step {records[-1]['step']})")
@@ -229,10 +238,12 @@ def rebuilt_state(
             raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
         sampler.load_state_dict(kept["sampler"], max_drawn=since)
         weight, batch_size, tokens = kept["weight"], kept["batch_size"], kept.get("tokens", 0)
-        if rows:
+        extra = {k: kept[k] for k in ("controller", "warned") if k in kept}
+        if replay.scans:
             increase = decode_increase(kept["scan"]["increase"], len(replay.scanned))
         if replay.auto and kept.get("version") is None:  # an earlier release wrote it before steering
             weight = next_weight(weight, getattr(report, replay.metric), replay.target)
+            extra["controller"] = {"weight": weight}
         how = f"from the history's state at step {since}, then the draws of the {step - since} step(s) since"
     else:
         since, weight, batch_size = 0, START if replay.auto else replay.weight, replay.batch_size
@@ -245,7 +256,7 @@ def rebuilt_state(
     if weight != 0:
         for _ in range(step - since):
             tokens += sum(len(replay.encoded[r.id]) for r in sampler.next_batch(batch_size, weights))
-    return _state(replay, sampler, weight, batch_size, tokens, increase), how
+    return {**_state(replay, sampler, weight, batch_size, tokens, increase), **extra}, how
 
 
 def _state(
@@ -337,3 +348,29 @@ def scan_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[Sca
         )
     warning = f"passed over a kept replay scan ({why}); using another copy" if found["rejected"] else None
     return ScanBase.from_dict(found["scan"]), warning
+
+
+def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None) -> dict[str, Any]:
+    """The first of ``paths`` (``replay_answers.json`` files) made with ``key`` (the pool, its
+    prompts' tokens and the base model) whose token ids fit the model's ``vocab``, and why each
+    one before it was passed over: JSON-ready, to share from rank 0."""
+
+    def problem(kept: KeptAnswers) -> str | None:
+        return _key_problem(kept.key, key) or kept.problem(vocab)
+
+    kept, rejected = _first_usable(paths, KeptAnswers.load, problem)
+    return {"answers": None if kept is None else kept.to_dict(), "rejected": rejected}
+
+
+def answers_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[KeptAnswers, str | None]:
+    """The answers :func:`kept_answers` ``found``, and a warning when a copy was passed over; a
+    :class:`ReplayFileError` naming every copy when none serves."""
+    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
+    if found["answers"] is None:
+        raise ReplayFileError(
+            None,
+            "a pool of prompts replays the base model's answers to them, kept when the run began, and no "
+            f"copy can serve ({why}); resume from a checkpoint that has a good one",
+        )
+    warning = f"passed over kept replay answers ({why}); using another copy" if found["rejected"] else None
+    return KeptAnswers.from_dict(found["answers"]), warning

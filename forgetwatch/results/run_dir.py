@@ -9,8 +9,9 @@ by default ``OUTPUT_DIR/forgetwatch``), and a copy of them in each checkpoint's
   trajectory column;
 - ``probes.jsonl``: the probe set, for the report's questions;
 - ``answers_latest.npz``: the last evaluation's answers (run directory only);
-- ``replay.json``, ``replay_base.npz``, ``replay_scan.json``: replay's draws, the base's
-  distribution on the replay rows and its loss on the scanned rows (read back, checked, by
+- ``replay.json``, ``replay_base.npz``, ``replay_scan.json``, ``replay_answers.json``: replay's
+  draws, the base's distribution on the replay rows, its loss on the scanned rows and its
+  answers to a pool's prompts (read back, checked, by
   :mod:`forgetwatch.replay.resume`);
 - ``manifest.json``: in a checkpoint, written last; the copy is whole (:func:`~forgetwatch.results.store.copy_problem`).
 
@@ -49,6 +50,7 @@ PROBES = "probes.jsonl"  # the questions, for reports
 REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
 REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
 REPLAY_SCAN = "replay_scan.json"  # the base's loss on the scanned replay rows (replay_select="rows")
+REPLAY_ANSWERS = "replay_answers.json"  # the base's answers to a pool's prompts (synthetic replay)
 MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
 LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
 SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory

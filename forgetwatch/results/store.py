@@ -36,6 +36,7 @@ from forgetwatch.results.run_dir import (
     LATEST,
     MANIFEST,
     PROBES,
+    REPLAY_ANSWERS,
     REPLAY_BASE,
     REPLAY_SCAN,
     REPLAY_STATE,
@@ -53,6 +54,7 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "PROBES",
+    "REPLAY_ANSWERS",
     "REPLAY_BASE",
     "REPLAY_SCAN",
     "REPLAY_STATE",
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
-FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, MANIFEST)
+FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, REPLAY_ANSWERS, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 #: What a write-once file that could not be written costs, for the warning.
 _WHAT = {
@@ -72,6 +74,7 @@ _WHAT = {
     PROBES: "the probe set (the report's questions) is",
     REPLAY_BASE: "the base's distribution on the replay rows is",
     REPLAY_SCAN: "the base's loss on the scanned replay rows is",
+    REPLAY_ANSWERS: "the base's answers to the replay prompts are",
 }
 
 

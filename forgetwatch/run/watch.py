@@ -364,6 +364,7 @@ class Watch:
             probes=self.probes,
             base=self.base_answers,
             trajectory=self.trajectory,
+            notes=list(getattr(self.repair, "notes", list)()),  # an optional method of a repair
         )
         self._sinks.on_evaluation(evaluation)
         # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)

@@ -35,7 +35,7 @@ class ConsoleLines:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.verbose:
-            say(console_line(evaluation.step, evaluation.report))
+            say("; ".join([console_line(evaluation.step, evaluation.report), *evaluation.notes]))
         if evaluation.stop:
             # on its own line above any progress bar, where a person sees it; and to the logs
             message = (

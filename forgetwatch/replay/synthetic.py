@@ -1,0 +1,152 @@
+"""Synthetic replay: a pool of prompts (:meth:`~forgetwatch.ReplayPool.from_prompts`) whose
+targets the base model writes. When training begins the base answers every prompt once
+(greedy, batched, sharded over the ranks like probe generation); each row trained on is then the
+prompt and that answer, its loss on the answer's tokens only. The answers are kept with the run
+(``replay_answers.json``) and read back on resume: they cannot be written again from moved
+weights.
+
+Example:
+    >>> pool = ReplayPool.from_prompts(["Name a river.", "Say hello."], max_new_tokens=16)  # doctest: +SKIP
+    >>> ForgetWatchCallback(probes, replay=pool)                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from forgetwatch.common import strict_json
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.text import first_line, shorten
+from forgetwatch.replay.base_cache import ReplayFileError
+from forgetwatch.replay.pool import ReplayPool
+from forgetwatch.scoring.generation import generate_sharded
+
+__all__ = ["Answer", "KeptAnswers", "answer_prompts", "prompts_key"]
+
+_FORMAT = "forgetwatch.replay_answers"
+#: A kept answers file larger than this is not one.
+MAX_ANSWERS_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The base's answer to one prompt: its token ids, its text, and whether EOS ended it."""
+
+    ids: list[int]
+    text: str
+    ended: bool
+
+    def row(self, prompt_ids: list[int], eos_id: int | None, max_length: int) -> tuple[list[int], int]:
+        """The row trained on: the prompt's tokens, the answer's, and EOS when the answer ended
+        with it, cut to ``max_length``; and its first target token (the answer's first).
+
+        Example:
+            >>> Answer([7, 8], " Vo.", ended=True).row([1, 5, 6], eos_id=2, max_length=512)
+            ([1, 5, 6, 7, 8, 2], 3)
+        """
+        tail = self.ids + ([eos_id] if self.ended and eos_id is not None else [])
+        return (prompt_ids + tail)[:max_length], len(prompt_ids)
+
+
+def prompts_key(prompt_ids: Mapping[str, list[int]]) -> str:
+    """A hash of the prompts' token ids, in order."""
+    h = hashlib.sha256()
+    for pid, ids in prompt_ids.items():
+        h.update(json.dumps([pid, list(ids)]).encode("utf-8"))
+    return h.hexdigest()[:16]
+
+
+def answer_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pool: ReplayPool,
+    prompt_ids: Mapping[str, list[int]],
+    ranks: Ranks,
+    rows_per_batch: int,
+) -> dict[str, Answer]:
+    """The model's greedy answers to the pool's prompts (as :attr:`ReplayPool.answering`
+    says), by row id; every rank must call it together and gets every answer."""
+    answering = pool.answering
+    ids = list(prompt_ids)
+    out = generate_sharded(
+        model,
+        tokenizer,
+        [prompt_ids[i] for i in ids],
+        max_new_tokens=answering.max_new_tokens,
+        stop=answering.stop,
+        ranks=ranks,
+        rows_per_batch=rows_per_batch,
+        return_ids=True,
+        names=ids,
+    )
+    return {i: Answer(list(g.ids or ()), g.text, bool(g.ended)) for i, g in zip(ids, out)}
+
+
+@dataclass
+class KeptAnswers:
+    """The answers of a run, and ``key``: what they were made from (the pool and its answering
+    settings, the prompts' tokens, the base model and its weights)."""
+
+    answers: dict[str, Answer]
+    key: dict[str, Any]
+
+    def problem(self, vocab: int | None = None) -> str | None:
+        """What is wrong with them, or ``None``: ids whole numbers inside the vocabulary, text a string.
+
+        Example:
+            >>> KeptAnswers({"p0": Answer([-1], "x", True)}, {}).problem()
+            "the answer to 'p0' has a token id below 0"
+        """
+        for pid, a in self.answers.items():
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in a.ids):
+                return f"the answer to {shorten(pid)} has token ids that are not whole numbers"
+            if any(t < 0 for t in a.ids):
+                return f"the answer to {shorten(pid)} has a token id below 0"
+            if vocab is not None and any(t >= vocab for t in a.ids):
+                return f"the answer to {shorten(pid)} has a token id outside the model's vocabulary of {vocab}"
+            if not isinstance(a.text, str) or not isinstance(a.ended, bool):
+                return f"the answer to {shorten(pid)} has no text or no ended flag"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "version": 1,
+            "key": self.key,
+            "answers": {i: {"ids": a.ids, "text": a.text, "ended": a.ended} for i, a in self.answers.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KeptAnswers:
+        answers = {i: Answer(list(a["ids"]), a["text"], a["ended"]) for i, a in d["answers"].items()}
+        return cls(answers, dict(d["key"]))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with atomic_write(path, "w") as f:
+            f.write(strict_dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> KeptAnswers:
+        """Read a file written by :meth:`save`; a :class:`ReplayFileError` names it and what is wrong."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_ANSWERS_BYTES + 1)
+            if len(raw) > MAX_ANSWERS_BYTES:
+                raise ValueError(f"over {MAX_ANSWERS_BYTES >> 20} MiB")
+            d = strict_json.loads(raw.decode("utf-8"))
+            if not isinstance(d, dict) or d.get("format") != _FORMAT or not isinstance(d.get("key"), dict):
+                raise ValueError("not a replay answers file")
+            kept = cls.from_dict(d)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+        if problem := kept.problem():
+            raise ReplayFileError(path, f"damaged: {problem}")
+        return kept
