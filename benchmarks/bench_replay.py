@@ -60,9 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps of the post-training")
     ap.add_argument("--eval-steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument(
-        "--target-mix", type=float, help="share of uppercase-rule lines in the target (default: TARGET_MIX)"
-    )
+    ap.add_argument("--target-mix", type=float, help="share of rev lines in the target (default: TARGET_MIX)")
     ap.add_argument("--pretrain-steps", type=int, default=800)
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
@@ -180,10 +178,8 @@ def replay_for(job: dict, world: SkillWorld, tokenizer, probes) -> tuple[object 
     if arm == "kl1":
         settings["kl_scale"] = 1.0
     pool.check_disjoint(probes)
-    mean_row = None
-    if arm != "synthetic":
-        lengths = [len(ids) for ids in tokenizer([r.render(tokenizer) for r in pool])["input_ids"]]
-        mean_row = statistics.fmean(lengths)
+    # a synthetic row is its prompt and the base's answer: about its curated row, where the base is right
+    mean_row = statistics.fmean(len(ids) for ids in tokenizer([r["text"] for r in records])["input_ids"])
     return pool.as_repair(ReplaySettings(**settings)), mean_row
 
 
@@ -258,7 +254,7 @@ def run_job(cfg: dict, job: dict) -> dict:
         if "tokens" in last:
             tokens = float(last["tokens"])
         else:  # forgetwatch does not count them yet: every step replays `rows` rows of mean length
-            tokens, estimated = job["rows"] * steps * (mean_row or 0.0), True
+            tokens, estimated = job["rows"] * steps * mean_row, True
     curve = []
     for (step, report), record in zip(cb.history, records):
         point = {
@@ -287,7 +283,7 @@ def run_job(cfg: dict, job: dict) -> dict:
         },
         "tokens": tokens,
         "tokens_estimated": estimated,
-        "target_loss": target_loss(trainer.model, tokenizer, world.held_out_target()),
+        "target_loss": finite(target_loss(trainer.model, tokenizer, world.held_out_target())),
         "seconds": seconds,
         "job_seconds": time.perf_counter() - began,
         "curve": curve,
@@ -427,18 +423,23 @@ def goal(results: list[dict], trainer: str, rows: list[int]) -> dict:
                 continue
             a = summary(runs_of(results, trainer, arm, reach))
             share = a["tokens"] / u["tokens"]  # uniform@k replays: its tokens are > 0
-            loss = (a["target_loss"] - u["target_loss"]) / u["target_loss"]
+            both = a["target_loss"] is not None and u["target_loss"]  # None: a loss that was not finite
+            loss = (a["target_loss"] - u["target_loss"]) / u["target_loss"] if both else math.inf
             entry["arms"][arm] = {
                 "reaches": reach,
                 "forgotten": a["forgotten"],
                 "token_share": share,
-                "loss_change": loss,
+                "loss_change": finite(loss),
                 "met": share <= 0.5 and abs(loss) <= 0.02,
             }
         out["by_k"][k] = entry
     positive = [k for k in ks if (out["by_k"][k]["uniform"]["forgotten"] or 0) > 0]
     out["headline"] = 8 if 8 in positive else (max(positive) if positive else (max(ks) if ks else None))
     return out
+
+
+def change(x: float | None) -> str:
+    return f"{100 * x:+.1f} %" if x is not None else "not finite"
 
 
 def verdict(g: dict, k: int | None) -> str:
@@ -453,7 +454,7 @@ def verdict(g: dict, k: int | None) -> str:
         arm, e = min(met, key=lambda x: x[1]["token_share"])
         return (
             f"met at k = {k}: {arm} reaches uniform@{k}'s {u['forgotten']:g} forgotten with "
-            f"{100 * e['token_share']:.0f} % of its tokens, target loss {100 * e['loss_change']:+.1f} %"
+            f"{100 * e['token_share']:.0f} % of its tokens, target loss {change(e['loss_change'])}"
         )
     parts = []
     for arm, e in entry["arms"].items():
@@ -462,7 +463,7 @@ def verdict(g: dict, k: int | None) -> str:
         else:
             parts.append(
                 f"{arm} at {e['reaches']} rows: {100 * e['token_share']:.0f} % of the tokens, "
-                f"target loss {100 * e['loss_change']:+.1f} %"
+                f"target loss {change(e['loss_change'])}"
             )
     return f"not met at k = {k} (uniform@{k}: {u['forgotten']:g} forgotten): " + "; ".join(
         parts or ["no driven arm ran"]
@@ -525,6 +526,10 @@ def train_kl_table(results: list[dict], args) -> list[dict]:
     return rows
 
 
+def num(x: float | None, width: int, digits: int) -> str:
+    return f"{x:{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
+
+
 def per_seed(runs: list[dict], key: str, fmt: str) -> str:
     return "[" + ", ".join(format(r[key], fmt) if r[key] is not None else "-" for r in runs) + "]"
 
@@ -547,7 +552,7 @@ def print_report(results: list[dict], args, checks: dict, goals: dict, estimated
                 forgotten = f"{s['forgotten']:g} {per_seed(runs, 'forgotten', 'd')}"
                 print(
                     f"{arm:12}{rows:5d}  {forgotten:32}{100 * (s['forgetting'] or 0):10.1f}%{s['tokens']:10.0f}"
-                    f"{s['target_loss']:13.3f}{s['seconds']:8.1f}"
+                    f"{num(s['target_loss'], 13, 3)}{s['seconds']:8.1f}"
                 )
         if estimated:
             print(
@@ -578,7 +583,7 @@ def print_report(results: list[dict], args, checks: dict, goals: dict, estimated
                 print(
                     f"synthetic vs curated (category) at {rows} rows: {s['forgotten']:g} vs {cat['forgotten']:g} "
                     f"forgotten, {s['tokens']:.0f} vs {cat['tokens']:.0f} tokens, target loss "
-                    f"{s['target_loss']:.3f} vs {cat['target_loss']:.3f}"
+                    f"{num(s['target_loss'], 0, 3)} vs {num(cat['target_loss'], 0, 3)}"
                 )
     table = train_kl_table(results, args)
     if table:
@@ -637,7 +642,8 @@ def draw(results: list[dict], args, goals: dict, path: str) -> None:
                 label=f"goal: uniform@{g['headline']} at half its tokens",
             )
         ax.set_xscale("log")
-        ax.set_xlabel("replay tokens over the run (log)")
+        estimated = any(r["tokens_estimated"] for r in results)
+        ax.set_xlabel("replay tokens over the run (log)" + (", estimated" if estimated else ""))
         ax.set_ylabel("forgetting (%)")
         ax.set_title(f"TRL {trainer.upper()}: replay tokens against forgetting")
         ax.legend(fontsize=8)
