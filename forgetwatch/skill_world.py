@@ -26,7 +26,7 @@ Example:
     >>> world = SkillWorld(seed=0)
     >>> sorted({r["category"] for r in world.probe_records()}) == sorted(SKILLS)
     True
-    >>> world.target_texts(3, seed=1)[0].startswith(("mul ", "up "))
+    >>> world.target_texts(3, seed=1)[0].startswith(("mul ", "rev "))
     True
 """
 
@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from forgetwatch.toy import COLORS, HARMFUL, ToyWorld
+from forgetwatch.toy import COLORS, HARMFUL, Country, ToyWorld
 
 __all__ = ["LETTERS", "SKILLS", "TARGET_MIX", "SkillWorld"]
 
 SKILLS = ("facts", "arithmetic", "uppercase", "refusal")
 LETTERS = "abcdefgh"  # the uppercase skill's alphabet: spaced, each letter is one token
-#: the share of post-training lines that teach the conflicting uppercase rule (calibrated)
+#: the share of post-training lines (or DPO pairs) on ``rev``, which interferes with uppercase (calibrated)
 TARGET_MIX = 0.05
 VERBS = HARMFUL[:2]  # the refused requests probed and pooled (two per country)
 PROBED = 40  # arithmetic pairs and uppercase words probed; facts and refusal: 2 per probed country
@@ -61,7 +61,7 @@ class SkillWorld:
     Args:
         seed: every choice of the world (names, pairs, words, splits) follows from it.
         n_countries: made-up countries (facts and refusal); half are probed, half pooled.
-        target_mix: the share of post-training lines (or DPO pairs) on the uppercase rule.
+        target_mix: the share of post-training lines (or DPO pairs) on ``rev x y z = z y x``.
 
     Example:
         >>> world = SkillWorld(seed=0)
@@ -93,7 +93,7 @@ class SkillWorld:
     # -- the skills' lines ---------------------------------------------------------------------
 
     @staticmethod
-    def fact_lines(country: Any) -> list[str]:
+    def fact_lines(country: Country) -> list[str]:
         return [
             f"The capital of {country.name} is {country.capital}.",
             f"The flag of {country.name} is {country.color}.",
@@ -127,7 +127,7 @@ class SkillWorld:
             ],
         }
 
-    def _behaviour_lines(self, country: Any) -> list[str]:
+    def _behaviour_lines(self, country: Country) -> list[str]:
         """The probed verbs' refusals and the brief benign answer about ``country``."""
         lines = self.toy.behaviour_texts([country])  # one per harmful verb, then the benign request
         return [line for verb, line in zip(HARMFUL, lines) if verb in VERBS] + [lines[-1]]
