@@ -1,27 +1,41 @@
-"""Does forgetting-driven replay repair forgetting? Arms side by side on the toy world.
+"""Does replay aimed at what is lost beat uniform replay at equal replayed tokens?
 
-The model learns made-up facts; the probes ask about one half of the countries, the replay pool
-holds the facts of the other half plus unrelated text (disjoint from the probes); TRL's
-SFTTrainer (or DPOTrainer, ``--trainer dpo``) then post-trains it on arithmetic. At equal steps:
+The world (``forgetwatch/skill_world.py``) has four separate skills: facts (multiple choice),
+arithmetic (``add 3 4 = 7``), uppercase (``up b a d = B A D``) and refusal. Each is probed on
+one half of its items; the replay pool holds the other half. A base pre-trained on all of them
+(once per seed, cached under ``--out``) is post-trained with TRL's SFTTrainer on ``mul a b = a·b``
+plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's letters), and with DPOTrainer on the same as preference pairs:
+arithmetic forgets hard, uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
+rows per step (``replay_loss="lm"``, weight 1):
 
 - ``none``: no replay;
-- ``uniform``: the same replay rows per step, drawn evenly (the pool as one category);
-- ``driven``: drawn by the forgetting measured at the last evaluation (``replay_loss="lm"``);
-- ``kl``: driven, with ``replay_loss="kl"`` (KL from the base's distribution on the rows);
-- ``auto``: driven, with ``replay_weight="auto"`` steering toward ``--target``.
+- ``uniform``: the curated pool, drawn evenly (``replay_select="uniform"``);
+- ``category``: drawn by the forgetting of each category (``replay_select="categories"``);
+- ``rows``: drawn by the forgetting of each row (``replay_select="rows"``);
+- ``synthetic``: the pool's prompts answered by the base (``ReplayPool.from_prompts``);
+- SFT only, at 4 rows: ``auto`` (weight steered toward ``--target``), ``kl`` (``replay_loss="kl"``,
+  default scale) and ``kl1`` (scale 1.0).
 
-Reported, medians over seeds: probes forgotten (1->0) at the end, the target task's loss on
-held-out arithmetic, wall time, and the forgetting curve of each arm (``--png``).
+Arms that the installed forgetwatch cannot run are left out with a note. The x axis of every
+comparison is the tokens replayed over the run (``replay/tokens`` of the last history record; an
+estimate, marked so, where forgetwatch does not count them). Printed per trainer: median [per seed]
+probes forgotten (1->0) at the end, forgetting, tokens, held-out target loss and wall time; then the
+void check (exit status 2 when the post-training forgets every skill alike), the goal of
+forgetting-driven replay (uniform@k's forgetting with half its tokens, target loss within 2 %),
+synthetic against curated, and how the probe-free train-KL signal tracks forgetting.
 
-    python benchmarks/bench_replay.py [--seeds 3] [--steps 40] [--trainer sft|dpo] [--png replay.png]
+    python benchmarks/bench_replay.py [--seeds 5] [--jobs 2] [--png replay_pareto.png] [--json replay.json]
+    python benchmarks/bench_replay.py --quick   # 2 seeds, SFT, rows 2 and 8
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import hashlib
 import json
+import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -30,40 +44,143 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+CURATED = ("uniform", "category", "rows", "synthetic")  # the arms swept over rows per step
+SFT_ONLY = ("auto", "kl", "kl1")  # at 4 rows, SFT only
+ARMS = ("none", *CURATED, *SFT_ONLY)
+DRIVEN = ("category", "rows", "synthetic")  # the arms the goal is about
+TRAIN_KL_RUNS = [(lr, steps) for lr in (5e-4, 1e-3, 2e-3) for steps in (40, 80)]  # SFT, seed 0, no replay
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seeds", type=int, help="seeds (default 5; 2 with --quick)")
+    ap.add_argument("--trainers", nargs="+", choices=("sft", "dpo"), help="default both (SFT with --quick)")
+    ap.add_argument("--rows", type=int, nargs="+", help="replay rows per step to sweep (default 1 2 4 8)")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, help="default every arm the installed forgetwatch runs")
+    ap.add_argument("--steps", type=int, default=40, help="optimizer steps of the post-training")
     ap.add_argument("--eval-steps", type=int, default=5)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--replay-rows", type=int, default=8, help="replay rows per optimizer step (every arm)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--target-mix", type=float, help="share of rev lines in the target (default: TARGET_MIX)")
+    ap.add_argument("--pretrain-steps", type=int, default=800)
+    ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
-    ap.add_argument("--trainer", choices=("sft", "dpo"), default="sft")
-    ap.add_argument("--out", default="/tmp/forgetwatch-bench-replay")
-    ap.add_argument("--png", help="draw the arms' forgetting curves here (seed 0)")
-    ap.add_argument("--json", help="also write every figure here")
-    return ap.parse_args(argv)
+    ap.add_argument("--no-train-kl", action="store_true", help="leave out the train-KL tracking runs")
+    ap.add_argument("--quick", action="store_true", help="development run: 2 seeds, SFT, rows 2 and 8")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (1 thread each)")
+    ap.add_argument("--out", default="/tmp/forgetwatch-bench-replay", help="bases are cached here")
+    ap.add_argument("--png", help="draw replay tokens against forgetting here")
+    ap.add_argument("--json", help="write every per-seed figure here")
+    args = ap.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = 2 if args.quick else 5
+    if args.trainers is None:
+        args.trainers = ["sft"] if args.quick else ["sft", "dpo"]
+    if args.rows is None:
+        args.rows = [2, 8] if args.quick else [1, 2, 4, 8]
+    for name in ("seeds", "steps", "eval_steps", "pretrain_steps", "hidden", "jobs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.rows) < 1:
+        ap.error("--rows must be at least 1")
+    return args
 
 
 if __name__ == "__main__":
     parse_args()  # before the slow imports below: --help and mistakes answer at once
+    os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported, here and in the workers spawned
 
 import torch  # noqa: E402
 
-from forgetwatch import ForgetWatchCallback, ProbeSet, ReplayPool  # noqa: E402
-from forgetwatch.toy import ToyWorld  # noqa: E402
+from forgetwatch import ForgetWatchCallback, Output, ProbeSet, ReplayPool, ReplaySettings, Scoring, Signals  # noqa: E402
+from forgetwatch.skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
-ARMS = ("none", "uniform", "driven", "kl", "auto")
+FEATURES = {
+    "select": "select" in ReplaySettings.__dataclass_fields__,  # replay_select: uniform / categories / rows
+    "prompts": hasattr(ReplayPool, "from_prompts"),  # synthetic replay
+    "kl_scale": "kl_scale" in ReplaySettings.__dataclass_fields__,
+    "train_kl": "train_kl_rows" in Signals.__dataclass_fields__,
+}
+NEEDS = {"rows": "select", "synthetic": "prompts", "kl1": "kl_scale"}
+SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 
 
-def split(world: ToyWorld, unrelated: int = 20) -> tuple[ProbeSet, ReplayPool, ReplayPool]:
-    """Probes on one half of the known countries; the pool (by category, and as one category)."""
-    probes, rows = world.replay_split(unrelated)
-    probes = ProbeSet.from_records(probes)
-    driven = ReplayPool.from_records(rows)
-    uniform = ReplayPool.from_records([{**r, "category": "all"} for r in rows])
-    return probes, driven, uniform
+def unavailable(arm: str) -> str | None:
+    """Why the installed forgetwatch cannot run ``arm``, or None."""
+    need = NEEDS.get(arm)
+    return None if need is None or FEATURES[need] else f"needs {need!r}, which this forgetwatch lacks"
+
+
+# -- one process's work ---------------------------------------------------------------------------
+
+
+def init_worker() -> None:
+    """One thread per process: with other processes on the cores, OpenMP's spinning threads make a
+    multi-threaded run several times slower, while one thread keeps its pace."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def base_path(cfg: dict, seed: int) -> str:
+    """Where the base of ``seed`` is kept: named by everything that makes it."""
+    world = SkillWorld(seed)
+    made = [1, world.pretrain_texts(), world.tokenizer_texts(), cfg["pretrain_steps"], cfg["hidden"], torch.__version__]
+    key = hashlib.sha256(json.dumps(made).encode()).hexdigest()[:12]
+    return os.path.join(cfg["out"], "bases", f"{seed}-{key}")
+
+
+def ensure_base(cfg: dict, seed: int) -> float:
+    """Pre-train the base of ``seed`` unless kept; returns the seconds it took (0 when kept)."""
+    path = base_path(cfg, seed)
+    if os.path.isdir(path):
+        return 0.0
+    start = time.perf_counter()
+    tokenizer, model = SkillWorld(seed).pretrained(steps=cfg["pretrain_steps"], hidden=cfg["hidden"])
+    partial = f"{path}.part-{os.getpid()}"
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    try:
+        os.replace(partial, path)  # whole or absent: a killed run never leaves half a base
+    except OSError:  # made meanwhile by another process
+        shutil.rmtree(partial, ignore_errors=True)
+    return time.perf_counter() - start
+
+
+def finite(x) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def replay_for(job: dict, world: SkillWorld, tokenizer, probes) -> tuple[object | None, float | None]:
+    """The arm's repair, and the mean tokens of a row where forgetwatch does not count them."""
+    arm, rows = job["arm"], job["rows"]
+    if arm == "none":
+        return None, None
+    records = world.pool_records()
+    settings: dict = {"batch_size": rows, "seed": job["seed"]}
+    if arm == "synthetic":
+        pool = ReplayPool.from_prompts(world.prompt_records(), max_new_tokens=SYNTHETIC_TOKENS)
+    elif arm == "uniform" and not FEATURES["select"]:  # today's form: the pool as one category
+        pool = ReplayPool.from_records([{**r, "category": "all"} for r in records])
+    else:
+        pool = ReplayPool.from_records(records)
+    if FEATURES["select"] and arm in ("uniform", "category", "rows", "synthetic", "auto", "kl", "kl1"):
+        settings["select"] = {"uniform": "uniform", "rows": "rows"}.get(arm, "categories")
+    if arm == "auto":
+        settings.update(weight="auto", target=job["target"])
+    if arm in ("kl", "kl1"):
+        settings["loss"] = "kl"
+    if arm == "kl1":
+        settings["kl_scale"] = 1.0
+    pool.check_disjoint(probes)
+    # a synthetic row is its prompt and the base's answer: about its curated row, where the base is right
+    mean_row = statistics.fmean(len(ids) for ids in tokenizer([r["text"] for r in records])["input_ids"])
+    return pool.as_repair(ReplaySettings(**settings)), mean_row
 
 
 def target_loss(model, tokenizer, texts: list[str]) -> float:
@@ -75,127 +192,539 @@ def target_loss(model, tokenizer, texts: list[str]) -> float:
         return float(model(**batch, labels=labels).loss)
 
 
-def run_arm(arm: str, world, tokenizer, base, args) -> dict:
+def run_job(cfg: dict, job: dict) -> dict:
+    """One post-training run of one arm; every figure the report needs, as plain data."""
     import trl
     from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    probes, driven, uniform = split(world)
-    replay = {
-        "none": {},
-        "uniform": {"replay": uniform},
-        "driven": {"replay": driven},
-        "kl": {"replay": driven, "replay_loss": "kl"},
-        "auto": {"replay": driven, "replay_weight": "auto", "forgetting_target": args.target},
-    }[arm]
+    began = time.perf_counter()
+    seed, steps = job["seed"], job["steps"]
+    world = SkillWorld(seed, target_mix=job.get("target_mix", cfg["target_mix"]))
+    path = base_path(cfg, seed)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    probes = ProbeSet.from_records(world.probe_records())
+    repair, mean_row = replay_for(job, world, tokenizer, probes)
+    name = f"{job['trainer']}-{seed}-{job['arm']}-{job['rows']}-{job['lr']:g}-{steps}"
+    run_dir = os.path.join(cfg["out"], "runs", f"{name}-{os.getpid()}")
+    shutil.rmtree(run_dir, ignore_errors=True)
     cb = ForgetWatchCallback(
         probes,
-        eval_steps=args.eval_steps,
-        verbose=False,
-        noise_check=False,
-        replay_batch_size=args.replay_rows,
-        **replay,
+        eval_steps=cfg["eval_steps"],
+        replay=repair,
+        output_dir=os.path.join(run_dir, "forgetwatch"),
+        scoring=Scoring(batch_size=64, max_new_tokens=8, behaviour_max_new_tokens=16),
+        signals=Signals(noise_check=False),
+        output=Output(verbose=False),
     )
     common = dict(
-        max_steps=args.steps,
-        learning_rate=args.lr,
+        max_steps=steps,
+        learning_rate=job["lr"],
         report_to=[],
         save_strategy="no",
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
-        seed=0,
+        seed=seed,
         disable_tqdm=True,
         logging_steps=1000,
         dataloader_num_workers=0,
     )
-    if args.trainer == "dpo":
-        rows = [
-            {
-                "prompt": t.split(" is ")[0] + " is",
-                "chosen": " " + t.split(" is ")[1],
-                "rejected": " " + str(int(t.split(" is ")[1].rstrip(".")) + 1) + ".",
-            }
-            for t in world.distraction_texts(n=200)
-            if " is " in t
-        ]
-        config = trl.DPOConfig(args.out, per_device_train_batch_size=8, max_length=48, beta=0.1, **common)
-        saved = os.path.join(args.out, "base")  # DPO loads its reference model from a directory
-        base.save_pretrained(saved)
-        tokenizer.save_pretrained(saved)
+    if job["trainer"] == "dpo":
+        config = trl.DPOConfig(run_dir, per_device_train_batch_size=8, max_length=48, beta=0.1, **common)
+        data = Dataset.from_list(world.target_pairs(400, seed=seed + 1))
         trainer = trl.DPOTrainer(
-            model=saved, args=config, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), callbacks=[cb]
+            model=path, args=config, processing_class=tokenizer, train_dataset=data, callbacks=[cb]
         )
     else:
-        config = trl.SFTConfig(args.out, per_device_train_batch_size=16, max_length=64, packing=False, **common)
+        config = trl.SFTConfig(run_dir, per_device_train_batch_size=16, max_length=64, packing=False, **common)
+        data = Dataset.from_dict({"text": world.target_texts(400, seed=seed + 1)})
+        model = AutoModelForCausalLM.from_pretrained(path)
         trainer = trl.SFTTrainer(
-            model=copy.deepcopy(base),
-            args=config,
-            processing_class=tokenizer,
-            train_dataset=Dataset.from_dict({"text": world.distraction_texts()}),
-            callbacks=[cb],
+            model=model, args=config, processing_class=tokenizer, train_dataset=data, callbacks=[cb]
         )
+    trainer.remove_callback(PrinterCallback)  # the trainer's closing figures, printed per run otherwise
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
+    records = cb.watch.records
     final = cb.history[-1][1]
+    last = records[-1].get("replay", {}) if records else {}
+    tokens, estimated = 0.0, False
+    if repair is not None:
+        if "tokens" in last:
+            tokens = float(last["tokens"])
+        else:  # forgetwatch does not count them yet: every step replays `rows` rows of mean length
+            tokens, estimated = job["rows"] * steps * mean_row, True
+    curve = []
+    for (step, report), record in zip(cb.history, records):
+        point = {
+            "step": step,
+            "forgetting": finite(report.forgetting),
+            "forgotten": report.forgotten,
+            "categories": {c: finite(r.forgetting_relative) for c, r in report.by_category.items()},
+        }
+        kl = (record.get("drift") or {}).get("train_kl")
+        if kl is not None and math.isfinite(kl):
+            point["train_kl"] = float(kl)
+        curve.append(point)
+    shutil.rmtree(run_dir, ignore_errors=True)
     return {
+        **job,
         "forgotten": final.forgotten,
-        "forgetting": final.forgetting,
+        "forgetting": finite(final.forgetting),
+        "by_category": {
+            c: {
+                "n": r.n,
+                "accuracy_before": finite(r.accuracy_before),
+                "forgotten": r.forgotten,
+                "forgetting_relative": finite(r.forgetting_relative),
+            }
+            for c, r in final.by_category.items()
+        },
+        "tokens": tokens,
+        "tokens_estimated": estimated,
+        "target_loss": finite(target_loss(trainer.model, tokenizer, world.held_out_target())),
         "seconds": seconds,
-        "target_loss": target_loss(trainer.model, tokenizer, world.distraction_texts(n=64, seed=7)),
-        "curve": [(s, r.forgetting) for s, r in cb.history],
-        "weights": [
-            e.get("forgetwatch/replay/weight") for e in trainer.state.log_history if "forgetwatch/replay/weight" in e
-        ],
+        "job_seconds": time.perf_counter() - began,
+        "curve": curve,
+        "weights": [r["replay"]["weight"] for r in records if "weight" in r.get("replay", {})],
+        "train_kl": [p["train_kl"] for p in curve if "train_kl" in p],
+    }
+
+
+def work(task: tuple[dict, dict]) -> dict:
+    return run_job(*task)
+
+
+def base_work(task: tuple[dict, int]) -> float:
+    return ensure_base(*task)
+
+
+# -- the plan, and running it ---------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """Every run, and a note per arm left out."""
+    wanted = args.arms or list(ARMS)
+    notes, arms = [], []
+    for arm in wanted:
+        if why := unavailable(arm):
+            notes.append(f"arm {arm!r} left out: it {why}")
+        else:
+            arms.append(arm)
+    jobs = []
+    base = {"lr": args.lr, "steps": args.steps, "target": args.target}
+    for trainer in args.trainers:
+        for seed in range(args.seeds):
+            for arm in arms:
+                if arm == "none":
+                    jobs.append({"trainer": trainer, "seed": seed, "arm": arm, "rows": 0, **base})
+                elif arm in CURATED:
+                    jobs += [{"trainer": trainer, "seed": seed, "arm": arm, "rows": r, **base} for r in args.rows]
+                elif trainer == "sft":
+                    jobs.append({"trainer": trainer, "seed": seed, "arm": arm, "rows": 4, **base})
+    if "sft" in args.trainers and not args.no_train_kl:
+        if FEATURES["train_kl"]:
+            for lr, steps in TRAIN_KL_RUNS:
+                job = {"trainer": "sft", "seed": 0, "arm": "none", "rows": 0, "lr": lr, "steps": steps}
+                if not any(_same(job, j) for j in jobs):
+                    jobs.append({**job, "target": args.target, "extra": "train_kl"})
+        else:
+            notes.append("train-KL table left out: this forgetwatch has no drift/train_kl signal")
+    if not FEATURES["select"] and "uniform" in arms:
+        notes.append('uniform: the pool rewritten as one category "all" (this forgetwatch has no replay_select)')
+    return jobs, notes
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("trainer", "seed", "arm", "rows", "lr", "steps"))
+
+
+def execute(cfg: dict, seeds: list[int], jobs: list[dict], processes: int) -> tuple[list[dict], float]:
+    """Bases first (one per seed), then the runs; longest first so the workers finish together."""
+    order = sorted(jobs, key=lambda j: (j["trainer"] != "dpo", -j["steps"], -j["rows"]))
+    if processes == 1:
+        init_worker()
+        pretrain = sum(ensure_base(cfg, s) for s in seeds)
+        return [run_job(cfg, j) for j in order], pretrain
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(processes, initializer=init_worker) as pool:
+        pretrain = sum(pool.map(base_work, [(cfg, s) for s in seeds], chunksize=1))
+        results = []
+        for i, result in enumerate(pool.imap_unordered(work, [(cfg, j) for j in order], chunksize=1), 1):
+            results.append(result)
+            if i % max(1, len(order) // 10) == 0 or i == len(order):
+                print(f"  {i}/{len(order)} runs done", file=sys.stderr, flush=True)
+        pool.close()  # let the workers end on their own: no semaphore left behind
+        pool.join()
+    return results, pretrain
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+
+def med(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def runs_of(results: list[dict], trainer: str, arm: str, rows: int | None = None) -> list[dict]:
+    found = [
+        r
+        for r in results
+        if r["trainer"] == trainer and r["arm"] == arm and "extra" not in r and (rows is None or r["rows"] == rows)
+    ]
+    return sorted(found, key=lambda r: r["seed"])
+
+
+def void_check(results: list[dict], trainer: str) -> dict:
+    """Per category, the median relative forgetting of ``none`` at the end; void unless the
+    largest is at least 3 times the smallest (with the smallest 0: whenever the largest is > 0)."""
+    none = runs_of(results, trainer, "none")
+    if not none:
+        return {"medians": {}, "hi": None, "lo": None, "void": False, "computed": False}
+    medians = {c: med(r["by_category"].get(c, {}).get("forgetting_relative") for r in none) for c in SKILLS}
+    known = [v for v in medians.values() if v is not None]
+    hi, lo = (max(known), min(known)) if known else (0.0, 0.0)
+    void = not (hi > 0 and hi >= 3 * lo)
+    return {"medians": medians, "hi": hi, "lo": lo, "void": void, "computed": True}
+
+
+def summary(runs: list[dict]) -> dict:
+    return {
+        "forgotten": med(r["forgotten"] for r in runs),
+        "forgetting": med(r["forgetting"] for r in runs),
+        "tokens": med(r["tokens"] for r in runs),
+        "target_loss": med(r["target_loss"] for r in runs),
+        "seconds": med(r["seconds"] for r in runs),
+    }
+
+
+def goal(results: list[dict], trainer: str, rows: list[int]) -> dict:
+    """For each uniform budget k (rows > 1): the fewest rows at which each forgetting-driven arm
+    forgets no more than uniform@k; met where that costs at most half uniform@k's tokens with the
+    held-out target loss within 2 %."""
+    out: dict = {"by_k": {}}
+    ks = [k for k in sorted(rows) if k > 1 and runs_of(results, trainer, "uniform", k)]
+    for k in ks:
+        u = summary(runs_of(results, trainer, "uniform", k))
+        entry = {"uniform": u, "arms": {}}
+        for arm in DRIVEN:
+            measured = [r for r in sorted(rows) if runs_of(results, trainer, arm, r)]
+            if not measured:
+                continue
+            reach = next(
+                (r for r in measured if summary(runs_of(results, trainer, arm, r))["forgotten"] <= u["forgotten"]), None
+            )
+            if reach is None:
+                entry["arms"][arm] = {"reaches": None, "met": False}
+                continue
+            a = summary(runs_of(results, trainer, arm, reach))
+            share = a["tokens"] / u["tokens"]  # uniform@k replays: its tokens are > 0
+            both = a["target_loss"] is not None and u["target_loss"]  # None: a loss that was not finite
+            loss = (a["target_loss"] - u["target_loss"]) / u["target_loss"] if both else math.inf
+            entry["arms"][arm] = {
+                "reaches": reach,
+                "forgotten": a["forgotten"],
+                "token_share": share,
+                "loss_change": finite(loss),
+                "met": share <= 0.5 and abs(loss) <= 0.02,
+            }
+        out["by_k"][k] = entry
+    positive = [k for k in ks if (out["by_k"][k]["uniform"]["forgotten"] or 0) > 0]
+    out["headline"] = 8 if 8 in positive else (max(positive) if positive else (max(ks) if ks else None))
+    return out
+
+
+def change(x: float | None) -> str:
+    return f"{100 * x:+.1f} %" if x is not None else "not finite"
+
+
+def verdict(g: dict, k: int | None) -> str:
+    if k is None or k not in g["by_k"]:
+        return "no uniform budget above 1 row was measured"
+    entry = g["by_k"][k]
+    u = entry["uniform"]
+    if not u["forgotten"]:
+        return f"no comparison at k = {k}: uniform@{k} forgets nothing (a floor every arm reaches)"
+    met = [(a, e) for a, e in entry["arms"].items() if e["met"]]
+    if met:
+        arm, e = min(met, key=lambda x: x[1]["token_share"])
+        return (
+            f"met at k = {k}: {arm} reaches uniform@{k}'s {u['forgotten']:g} forgotten with "
+            f"{100 * e['token_share']:.0f} % of its tokens, target loss {change(e['loss_change'])}"
+        )
+    parts = []
+    for arm, e in entry["arms"].items():
+        if e["reaches"] is None:
+            parts.append(f"{arm} never forgets as little")
+        else:
+            parts.append(
+                f"{arm} at {e['reaches']} rows: {100 * e['token_share']:.0f} % of the tokens, "
+                f"target loss {change(e['loss_change'])}"
+            )
+    return f"not met at k = {k} (uniform@{k}: {u['forgotten']:g} forgotten): " + "; ".join(
+        parts or ["no driven arm ran"]
+    )
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Rank correlation (ties share their mean rank); None when either side is constant."""
+    if len(x) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for t in range(i, j + 1):
+                r[order[t]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def train_kl_table(results: list[dict], args) -> list[dict]:
+    """Per run of the train-KL set: Spearman's rho of train KL against forgetting (all probes,
+    arithmetic, facts) over its evaluations; and pooled over every run."""
+    runs = [
+        r
+        for r in results
+        if r["trainer"] == "sft"
+        and r["seed"] == 0
+        and r["arm"] == "none"
+        and (r["lr"], r["steps"]) in TRAIN_KL_RUNS
+        and r["train_kl"]
+    ]
+    rows, pooled = [], {"all": ([], []), "arithmetic": ([], []), "facts": ([], [])}
+    for r in sorted(runs, key=lambda r: (r["lr"], r["steps"])):
+        points = [p for p in r["curve"] if "train_kl" in p]
+        row = {"lr": r["lr"], "steps": r["steps"], "evaluations": len(points)}
+        for name in pooled:
+            pairs = [(p["train_kl"], p["forgetting"] if name == "all" else p["categories"].get(name)) for p in points]
+            pairs = [(a, b) for a, b in pairs if b is not None]
+            row[name] = spearman([a for a, _ in pairs], [b for _, b in pairs])
+            pooled[name][0].extend(a for a, _ in pairs)
+            pooled[name][1].extend(b for _, b in pairs)
+        rows.append(row)
+    if rows:
+        rows.append(
+            {"lr": "pooled", "steps": "", "evaluations": len(pooled["all"][0])}
+            | {n: spearman(*v) for n, v in pooled.items()}
+        )
+    return rows
+
+
+def num(x: float | None, width: int, digits: int) -> str:
+    return f"{x:{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
+
+
+def per_seed(runs: list[dict], key: str, fmt: str) -> str:
+    return "[" + ", ".join(format(r[key], fmt) if r[key] is not None else "-" for r in runs) + "]"
+
+
+def print_report(results: list[dict], args, checks: dict, goals: dict, estimated: bool) -> None:
+    n = len(SkillWorld(0).probe_records())
+    for trainer in args.trainers:
+        print(
+            f"\nTRL {trainer.upper()} on the skill world (mul + {100 * args.target_mix:g} % rev), "
+            f"{args.steps} steps, lr {args.lr:g}; {n} probes; medians of {args.seeds} seeds [per seed]"
+        )
+        tok_head = "tokens" + ("*" if estimated else "")
+        print(
+            f"{'arm':12}{'rows':>5}  {'1->0 [per seed]':32}{'forgetting':>11}{tok_head:>10}{'target loss':>13}{'wall s':>8}"
+        )
+        for arm in ARMS:
+            for rows in sorted({r["rows"] for r in runs_of(results, trainer, arm)}):
+                runs = runs_of(results, trainer, arm, rows)
+                s = summary(runs)
+                forgotten = f"{s['forgotten']:g} {per_seed(runs, 'forgotten', 'd')}"
+                print(
+                    f"{arm:12}{rows:5d}  {forgotten:32}{100 * (s['forgetting'] or 0):10.1f}%{s['tokens']:10.0f}"
+                    f"{num(s['target_loss'], 13, 3)}{s['seconds']:8.1f}"
+                )
+        if estimated:
+            print(
+                "* estimated: rows per step x steps x the pool's mean tokenized row (forgetwatch does not count them yet)"
+            )
+        c = checks[trainer]
+        if not c["computed"]:
+            print("void check: not computed (the none arm did not run)")
+            continue
+        medians = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in c["medians"].items())
+        state = "VOID" if c["void"] else "not void"
+        print(
+            f"void check: {state} (relative forgetting of none, medians: {medians}; hi {c['hi']:.2f}, lo {c['lo']:.2f})"
+        )
+        if not c["void"]:
+            g = goals[trainer]
+            for k in g["by_k"]:
+                print(f"goal{' (headline)' if k == g['headline'] else ''}: {verdict(g, k)}")
+        if trainer == "sft" and (auto := runs_of(results, "sft", "auto")):
+            print(f'"auto" weights at each evaluation (seed 0): {[round(w, 3) for w in auto[0]["weights"]]}')
+        synthetic = {r["rows"] for r in runs_of(results, trainer, "synthetic")}
+        for rows in sorted(synthetic):
+            s, cat = (
+                summary(runs_of(results, trainer, "synthetic", rows)),
+                summary(runs_of(results, trainer, "category", rows)),
+            )
+            if cat["forgotten"] is not None:
+                print(
+                    f"synthetic vs curated (category) at {rows} rows: {s['forgotten']:g} vs {cat['forgotten']:g} "
+                    f"forgotten, {s['tokens']:.0f} vs {cat['tokens']:.0f} tokens, target loss "
+                    f"{num(s['target_loss'], 0, 3)} vs {num(cat['target_loss'], 0, 3)}"
+                )
+    table = train_kl_table(results, args)
+    if table:
+        print("\ntrain KL against forgetting (Spearman rho over each run's evaluations; SFT, seed 0, no replay)")
+        print(f"{'lr':>8}{'steps':>7}{'evals':>7}{'all':>8}{'arith':>8}{'facts':>8}")
+        for row in table:
+            cells = "".join(
+                f"{row[n]:8.2f}" if row[n] is not None else f"{'-':>8}" for n in ("all", "arithmetic", "facts")
+            )
+            lr = f"{row['lr']:g}" if isinstance(row["lr"], float) else row["lr"]
+            print(f"{lr:>8}{row['steps']!s:>7}{row['evaluations']:7d}{cells}")
+
+
+def draw(results: list[dict], args, goals: dict, path: str) -> None:
+    """Two panels (one per trainer): replay tokens (log) against forgetting, a line per arm
+    through its medians, seeds as faint dots, no replay as a dashed line, the goal's point marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6 * len(args.trainers), 4.5))
+    FigureCanvasAgg(fig)
+    colors = dict(zip(ARMS[1:], ("#888888", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")))
+    for i, trainer in enumerate(args.trainers):
+        ax = fig.add_subplot(1, len(args.trainers), i + 1)
+        none = summary(runs_of(results, trainer, "none"))
+        if none["forgetting"] is not None:
+            ax.axhline(100 * none["forgetting"], color="#444", linestyle="--", label="none")
+        for arm in ARMS[1:]:
+            rows = sorted({r["rows"] for r in runs_of(results, trainer, arm)})
+            if not rows:
+                continue
+            xs, ys = [], []
+            for r in rows:
+                runs = runs_of(results, trainer, arm, r)
+                ax.scatter(
+                    [x["tokens"] for x in runs],
+                    [100 * (x["forgetting"] or 0) for x in runs],
+                    color=colors[arm],
+                    alpha=0.2,
+                    s=12,
+                )
+                s = summary(runs)
+                xs.append(s["tokens"])
+                ys.append(100 * (s["forgetting"] or 0))
+            ax.plot(xs, ys, marker="o", color=colors[arm], label=arm)
+        g = goals.get(trainer)
+        if g and g["headline"] in g["by_k"]:
+            u = g["by_k"][g["headline"]]["uniform"]
+            ax.scatter(
+                [u["tokens"] / 2],
+                [100 * (u["forgetting"] or 0)],
+                marker="*",
+                s=160,
+                color="black",
+                zorder=5,
+                label=f"goal: uniform@{g['headline']} at half its tokens",
+            )
+        ax.set_xscale("log")
+        estimated = any(r["tokens_estimated"] for r in results)
+        ax.set_xlabel("replay tokens over the run (log)" + (", estimated" if estimated else ""))
+        ax.set_ylabel("forgetting (%)")
+        ax.set_title(f"TRL {trainer.upper()}: replay tokens against forgetting")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def versions() -> dict:
+    import transformers
+    import trl
+
+    import forgetwatch
+
+    return {
+        "forgetwatch": forgetwatch.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
     }
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    import datasets
-
-    datasets.disable_progress_bars()
-    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    for seed in range(args.seeds):
-        world = ToyWorld(seed=seed)
-        tokenizer, base, _ = world.base_and_tuned(tuned_steps=0)
-        for arm in ARMS:
-            results[arm].append(run_arm(arm, world, tokenizer, base, args))
-    n = len(split(ToyWorld(seed=0))[0])
+    began = time.perf_counter()
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers
+    if args.target_mix is None:
+        args.target_mix = TARGET_MIX
+    jobs, notes = plan(args)
+    for note in notes:
+        print(f"note: {note}")
+    cfg = {
+        "out": args.out,
+        "pretrain_steps": args.pretrain_steps,
+        "hidden": args.hidden,
+        "eval_steps": args.eval_steps,
+        "target_mix": args.target_mix,
+    }
+    os.makedirs(os.path.join(args.out, "bases"), exist_ok=True)
+    print(f"{len(jobs)} runs over {args.seeds} seed(s) in {args.jobs} process(es) of 1 thread", flush=True)
+    results, pretrain = execute(cfg, list(range(args.seeds)), jobs, args.jobs)
+    estimated = any(r["tokens_estimated"] for r in results)
+    checks = {t: void_check(results, t) for t in args.trainers}
+    void = any(c["void"] for c in checks.values())
+    goals = {t: goal(results, t, args.rows) for t in args.trainers}
+    if void:
+        for t, c in checks.items():
+            if c["void"]:
+                medians = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in c["medians"].items())
+                print(
+                    f"VOID: {t.upper()} without replay forgets every skill alike ({medians}: hi {c['hi']:.2f} < 3 x lo {c['lo']:.2f})"
+                )
+    print_report(results, args, checks, goals, estimated)
+    wall = time.perf_counter() - began
+    run_seconds = [r["job_seconds"] for r in results]
     print(
-        f"toy world, TRL {args.trainer.upper()} on arithmetic, {args.steps} steps; {n} probes; "
-        f"{args.replay_rows} replay rows per step; medians of {args.seeds} seeds"
+        f"\nwall {wall:.0f} s ({args.jobs} process(es)); pre-training {pretrain:.0f} s; "
+        f"median run {med(run_seconds) or 0:.1f} s over {len(results)} runs"
     )
-    print(f"\n{'arm':10}{'1->0':>7}{'forgetting':>12}{'target loss':>13}{'wall s':>9}   per seed 1->0")
-    for arm, runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("forgotten", "forgetting", "target_loss", "seconds")}
-        print(
-            f"{arm:10}{med['forgotten']:7.0f}{100 * med['forgetting']:11.1f}%{med['target_loss']:13.3f}"
-            f"{med['seconds']:9.1f}   {[r['forgotten'] for r in runs]}"
-        )
-    auto = results["auto"][0]["weights"]
-    print(f'\n"auto" weights at each evaluation (seed 0): {[round(w, 3) for w in auto]}')
-    if args.png:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(7, 4))
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        for arm, runs in results.items():
-            steps, values = zip(*runs[0]["curve"])
-            ax.plot(steps, [100 * v for v in values], marker="o", label=arm)
-        ax.axhline(100 * args.target, color="#999", linestyle=":", label='"auto" target')
-        ax.set_xlabel("training step")
-        ax.set_ylabel("forgetting (%)")
-        ax.set_title(f"Replay arms, TRL {args.trainer.upper()} on arithmetic (seed 0)")
-        ax.legend()
-        fig.savefig(args.png, dpi=110)
+    if args.png and not void:
+        draw(results, args, goals, args.png)
     if args.json:
+        meta = {
+            "settings": {k: v for k, v in vars(args).items() if k not in ("png", "json")},
+            "versions": versions(),
+            "features": FEATURES,
+            "notes": notes,
+            "tokens_estimated": estimated,
+            "wall_seconds": wall,
+            "pretrain_seconds": pretrain,
+        }
+        data = {
+            "meta": meta,
+            "void": void,
+            "void_check": checks,
+            "goal": {t: {**g, "verdict": verdict(g, g["headline"])} for t, g in goals.items()},
+            "train_kl": train_kl_table(results, args),
+            "runs": sorted(results, key=lambda r: (r["trainer"], r["arm"], r["rows"], r["seed"], r["lr"], r["steps"])),
+        }
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+            json.dump(data, f, indent=1, allow_nan=False)
+    return 2 if void else 0
 
 
 if __name__ == "__main__":
