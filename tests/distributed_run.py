@@ -13,7 +13,8 @@
   by this rank alone (knowledge and behaviour probes).
 - ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
   the weights key: the same weights twice, then others.
-- ``replay`` / ``replay-fails``: SFT under DDP with replay (rank 0's replay failing at step 3).
+- ``replay`` / ``replay-fails``: SFT under DDP with replay (rank 0's replay failing at step 3);
+  ``replay`` draws by the rows' loss rises and holds prompts the base answers (synthetic).
 - ``prefixes`` / ``prefixes-fsdp2``: few-shot probes (one shared block) scored with
   ``distributed=True`` by an unsharded copy on each rank (each rank reads the block from its
   cache) or under FSDP2 (each probe whole), next to every probe scored whole by this rank alone.
@@ -252,14 +253,22 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         driver.replay_backward = failing
 
     world, tokenizer, base, probes = toy_setup()
-    pool = ReplayPool.from_records(
-        [
-            {"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.", "category": "colors"}
-            for i, c in enumerate(world.known)
-        ]
-    )
+    rows = [
+        {"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.", "category": "colors"}
+        for i, c in enumerate(world.known)
+    ]
+    if not fail_at:  # scans and synthetic rows, each rank measuring and answering its share
+        rows += [{"id": f"p{i}", "prompt": f"Rivers counted in {c.name}:"} for i, c in enumerate(world.known[:9])]
+    pool = ReplayPool.from_records(rows, max_new_tokens=5)
     cb = ForgetWatchCallback(
-        probes, verbose=False, max_new_tokens=6, eval_steps=5, replay=pool, replay_batch_size=5, noise_check=False
+        probes,
+        verbose=False,
+        max_new_tokens=6,
+        eval_steps=5,
+        replay=pool,
+        replay_batch_size=5,
+        noise_check=False,
+        replay_select="categories" if fail_at else "rows",
     )
     args = trl.SFTConfig(
         out,
@@ -300,6 +309,9 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         "drawn": cb.watch.repair.sampler.drawn,
         "world_size": args.world_size,
         "off": cb.watch.repair.off,
+        "state": cb.watch.repair.state(),  # the rows' loss rises (bit for bit) and the tokens replayed
+        "encoded": cb.watch.repair.encoded,  # the prompts' rows: prompt and the base's answer
+        "answered": sorted(cb.watch.repair.starts),
     }
 
 

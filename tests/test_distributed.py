@@ -136,3 +136,6 @@ def test_replay_keeps_the_ranks_parameters_identical(replay_runs):
     assert r0["world_size"] == 2 and r0["drawn"] == r1["drawn"] == 10  # one replay batch per optimizer step
     assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # bit for bit
     assert r0["replay_losses"] == r1["replay_losses"] and len(r0["replay_losses"]) == 2
+    # drawn by the rows' loss rises, measured on each rank's share and summed: the same everywhere
+    assert r0["state"] == r1["state"] and r0["state"]["select"] == "rows" and "scan" in r0["state"]
+    assert r0["encoded"] == r1["encoded"] and len(r0["answered"]) == 9  # every prompt answered, shared

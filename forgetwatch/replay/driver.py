@@ -213,10 +213,10 @@ class Replay:
                         None,
                         None,
                         (
-                            f"no row is longer than one token once tokenized, nor a prompt the base answered "
-                            f"({len(rows)} row(s): "
+                            f"no row is longer than one token once tokenized ({len(rows)} row(s): "
                             f"{listing(map(shorten, self.dropped))}), so replay would train on nothing: a row teaches "
-                            "from its second token on; give rows of some text, or train without replay="
+                            "from its second token on (a prompt row from its answer, and the base answered none); "
+                            "give rows of some text, or train without replay="
                         ),
                     )
                 ]
