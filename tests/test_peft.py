@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from forgetwatch import compare, evaluate
+from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.replay.scan import row_losses
+from forgetwatch.scoring.scorer import pad_id
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -37,18 +40,21 @@ COMMON = dict(
 )
 
 
-def lora_config():
-    return peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+def lora_config(init: bool = True):
+    """``init=False``: adapters that already change the model when training begins."""
+    return peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM", init_lora_weights=init
+    )
 
 
-def sft(toy, tmp_path, callbacks, **overrides):
+def sft(toy, tmp_path, callbacks, init=True, **overrides):
     args = trl.SFTConfig(str(tmp_path), **{**COMMON, "max_steps": 12, "save_strategy": "no", **overrides})
     return trl.SFTTrainer(
         model=copy.deepcopy(toy.base),
         args=args,
         processing_class=toy.tokenizer,
         train_dataset=datasets.Dataset.from_dict({"text": toy.world.distraction_texts(n=64)}),
-        peft_config=lora_config(),
+        peft_config=lora_config(init),
         callbacks=callbacks,
     )
 
@@ -140,16 +146,21 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
     from forgetwatch import ProbeSet, ReplayPool
 
     probes, rows = toy.world.replay_split()
+    if loss == "kl":  # with prompts the base answers, and drawn by the rows' loss rises
+        rows = rows + [
+            {"id": f"p{i}", "prompt": f"Rivers counted in {c.name}:"} for i, c in enumerate(toy.world.known[:4])
+        ]
     cb = ForgetWatchCallback(
         ProbeSet.from_records(probes),
         eval_steps=6,
         verbose=False,
         base="adapter_disabled",
-        replay=ReplayPool.from_records(rows),
+        replay=ReplayPool.from_records(rows, max_new_tokens=4),
         replay_loss=loss,
         replay_top_k=8,
+        replay_select="rows" if loss == "kl" else "categories",
     )
-    trainer = sft(toy, tmp_path, [cb])
+    trainer = sft(toy, tmp_path, [cb], init=loss == "lm")  # "kl": adapters that move the model from the start
     before = {k: v.clone() for k, v in trainer.model.named_parameters() if not v.requires_grad}
     trainer.train()
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
@@ -159,3 +170,19 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
             assert torch.equal(p, before[name]), name
     if loss == "kl":  # the base's distribution, from the model with its adapters disabled
         assert (tmp_path / "forgetwatch" / "replay_base.npz").is_file()
+        # the answers and the base's losses on the scanned rows, as the plain base gives them
+        from forgetwatch.replay.synthetic import answer_prompts
+
+        replay = cb.watch.repair
+        prompts = replay.pool.prompt_ids(toy.tokenizer)
+        answers = answer_prompts(toy.base, toy.tokenizer, replay.pool, prompts, Ranks.alone(), 4)
+        assert all(replay.encoded[i][replay.starts[i] :][: len(a.ids)] == a.ids for i, a in answers.items())
+        plain = row_losses(
+            toy.base,
+            [replay.encoded[i] for i in replay.scanned],
+            [replay.starts.get(i, 1) for i in replay.scanned],
+            pad_id(toy.tokenizer),
+            8,
+            Ranks.alone(),
+        )
+        np.testing.assert_allclose(replay.scan_base.base_loss, plain, rtol=1e-5, atol=1e-6)
