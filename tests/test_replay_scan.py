@@ -66,6 +66,7 @@ def test_the_rises_round_trip_bit_for_bit_and_bad_ones_are_refused():
     assert decode_increase("not base64!", 1) is None
 
 
+@pytest.mark.slow
 def test_row_losses_equal_a_plain_loop(small):
     world, tokenizer, model = small
     rows = [tokenizer(t)["input_ids"] for t in world.fact_texts()[:9]]
@@ -89,6 +90,7 @@ def test_a_damaged_scan_file_says_why(tmp_path):
         ScanBase.load(path)
 
 
+@pytest.mark.slow
 def test_one_step_after_a_scan_equals_the_combined_loss_by_hand(small, tmp_path):
     world, tokenizer, trained = small
     pool = ReplayPool.from_records(

@@ -19,6 +19,9 @@ from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
 
+# trains a toy model: pytest -m "not slow" leaves them out
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["Remember: a red flag flies over", "The capital of", "One plus one is", "Rivers counted in"]
 
 

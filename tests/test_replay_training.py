@@ -123,13 +123,26 @@ def test_a_pool_holding_a_probe_question_is_refused_naming_both(toy):
         ForgetWatchCallback(toy.probes, replay=leaky)
 
 
+RESUMED = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+
+
+@pytest.fixture(scope="module")
+def plain(toy, train_data, tmp_path_factory):
+    """The run without replay that replay runs are measured against (run once)."""
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
+    make_trainer(toy, train_data, tmp_path_factory.mktemp("plain"), [cb], **RESUMED).train()
+    return cb
+
+
 @pytest.mark.parametrize("select", ["categories", "rows"])
-def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path, pool, mixed_pool, select, monkeypatch):
+def test_replay_is_logged_repairs_and_resumes_exactly(
+    toy, train_data, tmp_path, pool, mixed_pool, select, monkeypatch, plain
+):
     import forgetwatch.replay.begin as begin
 
     answered = []  # the base answers the prompts once per run begun, never on resume
     monkeypatch.setattr(begin, "answer_prompts", lambda *a, **k: answered.append(1) or answer_prompts(*a, **k))
-    common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+    common = RESUMED
     settings = dict(
         eval_steps=5,
         verbose=False,
@@ -138,8 +151,6 @@ def test_replay_is_logged_repairs_and_resumes_exactly(toy, train_data, tmp_path,
         replay_batch_size=8,
         replay_select=select,
     )
-    plain = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
-    make_trainer(toy, train_data, tmp_path / "plain", [plain], **common).train()
     whole = ForgetWatchCallback(toy.probes, **settings)
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
     trainer.train()
@@ -327,7 +338,7 @@ def test_auto_weight_follows_its_law_on_the_covered_forgetting_and_survives_a_re
     from forgetwatch.replay.coverage import coverage, covered_forgetting
 
     target = 0.02
-    common = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate=5e-3)
+    common = RESUMED
     settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight="auto", forgetting_target=target)
     whole = ForgetWatchCallback(toy.probes, **settings)
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
