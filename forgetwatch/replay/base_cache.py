@@ -25,7 +25,7 @@ from forgetwatch.replay.penalty import right_padded
 from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed
 
-__all__ = ["BaseDistribution", "ReplayFileError", "base_distribution"]
+__all__ = ["BaseDistribution", "ReplayFileError", "base_distribution", "read_kept_json"]
 
 
 class ReplayFileError(ValueError):
@@ -35,6 +35,23 @@ class ReplayFileError(ValueError):
     def __init__(self, path: str | os.PathLike[str] | None, reason: str):
         self.path, self.reason = None if path is None else str(path), reason
         super().__init__(reason if path is None else f"{path}: {reason}")
+
+
+def read_kept_json(path: str | os.PathLike[str], limit: int, form: str | None = None) -> Any:
+    """The JSON in a kept replay file; a :class:`ReplayFileError` names the file and why it cannot
+    be read (over ``limit`` bytes, not UTF-8, not JSON, numbers past what JSON keeps, or not an
+    object of ``"format": form`` when ``form`` is given)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+        if len(raw) > limit:
+            raise ValueError(f"over {limit >> 20} MiB")
+        value = strict_json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as err:  # JSON, strict JSON and UTF-8 errors are ValueErrors
+        raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+    if form is not None and (not isinstance(value, dict) or value.get("format") != form):
+        raise ReplayFileError(path, f"damaged: not a {form} file")
+    return value
 
 
 #: How far the kept probabilities of a position (its top k and its tail) may sum from 1: float16

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from forgetwatch.common import strict_json
-from forgetwatch.common.text import first_line, shorten
-from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
+from forgetwatch.common.text import shorten
+from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError, read_kept_json
 from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, Controller, next_weight
 from forgetwatch.replay.sampler import category_weights
 from forgetwatch.replay.scan import ScanBase, decode_increase, encode_increase, row_probabilities, sample_key
@@ -142,16 +141,8 @@ def _number(value: Any) -> bool:
 
 
 def read_state(path: str | os.PathLike[str]) -> Any:
-    """The JSON in a ``replay.json`` file; a :class:`ReplayFileError` names the file and why it
-    cannot be read (too big, not UTF-8, not JSON, numbers past what JSON keeps)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATE_BYTES + 1)
-        if len(raw) > MAX_STATE_BYTES:
-            raise ValueError(f"over {MAX_STATE_BYTES >> 20} MiB")
-        return strict_json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError) as err:  # JSON, strict JSON and UTF-8 errors are ValueErrors
-        raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+    """The JSON in a ``replay.json`` file (see :func:`~forgetwatch.replay.base_cache.read_kept_json`)."""
+    return read_kept_json(path, MAX_STATE_BYTES)
 
 
 def _first_usable(
@@ -283,22 +274,29 @@ def kept_base(
     :func:`base_problem`), and why each one before it was passed over: JSON-ready, to share
     from rank 0 (nodes need not share storage)."""
     base, rejected = _first_usable(paths, BaseDistribution.load, lambda b: base_problem(replay, b, made_by, vocab))
-    return {"base": None if base is None else base.to_dict(), "rejected": rejected}
+    return {"kept": None if base is None else base.to_dict(), "rejected": rejected}
+
+
+def kept_copy(found: Mapping[str, Any], paths: Sequence[Path], what: str, needs: str) -> tuple[Any, str | None]:
+    """The kept copy (JSON-ready) a ``kept_*`` function ``found``, and a warning to give when a
+    copy was passed over; a :class:`ReplayFileError` naming every copy when none serves.
+    ``what``: the file's contents, for the warning; ``needs``: what the run needs it for."""
+    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
+    if found["kept"] is None:
+        raise ReplayFileError(
+            None,
+            f"{needs}, kept when the run began, and no copy can serve ({why}); resume from a checkpoint that has "
+            "a good one",
+        )
+    warning = f"passed over kept {what} ({why}); using another copy" if found["rejected"] else None
+    return found["kept"], warning
 
 
 def base_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[BaseDistribution, str | None]:
-    """The base distribution :func:`kept_base` ``found``, and a warning to give when a copy
-    was passed over; a :class:`ReplayFileError` naming every copy when none serves."""
-    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
-    if found["base"] is None:
-        raise ReplayFileError(
-            None,
-            f'replay_loss="kl" needs the base model\'s distribution on the replay rows, '
-            f"kept when the run began, and no copy can serve ({why}); resume from a "
-            'checkpoint that has a good one, or use replay_loss="lm"',
-        )
-    warning = f"passed over a kept replay base distribution ({why}); using another copy" if found["rejected"] else None
-    return BaseDistribution.from_dict(found["base"]), warning
+    """The base distribution :func:`kept_base` ``found`` (see :func:`kept_copy`)."""
+    needs = 'replay_loss="kl" needs the base model\'s distribution on the replay rows (or use replay_loss="lm")'
+    kept, warning = kept_copy(found, paths, "replay base distributions", needs)
+    return BaseDistribution.from_dict(kept), warning
 
 
 def base_problem(
@@ -332,22 +330,14 @@ def kept_scan(replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str |
         return None if scan.ids == replay.scanned else "damaged: its rows are not this run's scanned rows"
 
     scan, rejected = _first_usable(paths, ScanBase.load, problem)
-    return {"scan": None if scan is None else scan.to_dict(), "rejected": rejected}
+    return {"kept": None if scan is None else scan.to_dict(), "rejected": rejected}
 
 
 def scan_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[ScanBase, str | None]:
-    """The base losses :func:`kept_scan` ``found``, and a warning when a copy was passed over; a
-    :class:`ReplayFileError` naming every copy when none serves."""
-    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
-    if found["scan"] is None:
-        raise ReplayFileError(
-            None,
-            f'replay_select="rows" needs the base model\'s loss on the scanned replay rows, kept when the run '
-            f"began, and no copy can serve ({why}); resume from a checkpoint that has a good one, or use "
-            'replay_select="categories"',
-        )
-    warning = f"passed over a kept replay scan ({why}); using another copy" if found["rejected"] else None
-    return ScanBase.from_dict(found["scan"]), warning
+    """The base losses :func:`kept_scan` ``found`` (see :func:`kept_copy`)."""
+    needs = 'replay_select="rows" and replay_weight="auto" need the base model\'s loss on the scanned replay rows'
+    kept, warning = kept_copy(found, paths, "replay scans", needs)
+    return ScanBase.from_dict(kept), warning
 
 
 def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None) -> dict[str, Any]:
@@ -359,18 +349,11 @@ def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | Non
         return _key_problem(kept.key, key) or kept.problem(vocab)
 
     kept, rejected = _first_usable(paths, KeptAnswers.load, problem)
-    return {"answers": None if kept is None else kept.to_dict(), "rejected": rejected}
+    return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}
 
 
 def answers_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[KeptAnswers, str | None]:
-    """The answers :func:`kept_answers` ``found``, and a warning when a copy was passed over; a
-    :class:`ReplayFileError` naming every copy when none serves."""
-    why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
-    if found["answers"] is None:
-        raise ReplayFileError(
-            None,
-            "a pool of prompts replays the base model's answers to them, kept when the run began, and no "
-            f"copy can serve ({why}); resume from a checkpoint that has a good one",
-        )
-    warning = f"passed over kept replay answers ({why}); using another copy" if found["rejected"] else None
-    return KeptAnswers.from_dict(found["answers"]), warning
+    """The answers :func:`kept_answers` ``found`` (see :func:`kept_copy`)."""
+    needs = "a pool of prompts replays the base model's answers to them"
+    kept, warning = kept_copy(found, paths, "replay answers", needs)
+    return KeptAnswers.from_dict(kept), warning

@@ -120,13 +120,8 @@ class ReplaySampler:
             >>> sampler.state_problem({"seed": 0, "drawn": -1, "taken": {"all": 0}}, max_drawn=10)
             'its count of batches drawn is -1, not a whole number from 0 to 10'
         """
-        if not isinstance(state, Mapping) or set(state) != {"seed", "drawn", "taken"}:
-            return f"its draws are not {{seed, drawn, taken}}: {shorten(state)}"
-        if type(state["seed"]) is not int or state["seed"] != self.seed:
-            return f"made with replay_seed={shorten(state['seed'])}, not {self.seed}"
-        if not _count(state["drawn"], max_drawn):
-            most = "" if max_drawn is None else f" to {max_drawn}"
-            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
+        if problem := _draws_problem(state, {"seed", "drawn", "taken"}, self.seed, max_drawn):
+            return problem
         taken = state["taken"]
         if not isinstance(taken, Mapping) or set(taken) != set(self.categories):
             have = sorted(taken) if isinstance(taken, Mapping) else shorten(taken)
@@ -178,19 +173,26 @@ class RowSampler:
 
     def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
         """Why ``state`` cannot be this sampler's (``None`` if it can); see :meth:`ReplaySampler.state_problem`."""
-        if not isinstance(state, Mapping) or set(state) != {"seed", "drawn"}:
-            return f"its draws are not {{seed, drawn}} (replay_select='rows'): {shorten(state)}"
-        if type(state["seed"]) is not int or state["seed"] != self.seed:
-            return f"made with replay_seed={shorten(state['seed'])}, not {self.seed}"
-        if not _count(state["drawn"], max_drawn):
-            most = "" if max_drawn is None else f" to {max_drawn}"
-            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
-        return None
+        return _draws_problem(state, {"seed", "drawn"}, self.seed, max_drawn)
 
     def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
         if problem := self.state_problem(state, max_drawn):
             raise ValueError(f"this replay state cannot be used: {problem}")
         self.drawn = state["drawn"]
+
+
+def _draws_problem(state: Any, keys: set[str], seed: int, max_drawn: int | None) -> str | None:
+    """Why ``state`` is not a sampler's draws with ``keys``, made with ``seed`` (``None`` if it is)."""
+    if not isinstance(state, Mapping) or set(state) != keys:
+        return (
+            f"its draws are not {{{', '.join(sorted(keys, key=['seed', 'drawn', 'taken'].index))}}}: {shorten(state)}"
+        )
+    if type(state["seed"]) is not int or state["seed"] != seed:
+        return f"made with replay_seed={shorten(state['seed'])}, not {seed}"
+    if not _count(state["drawn"], max_drawn):
+        most = "" if max_drawn is None else f" to {max_drawn}"
+        return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
+    return None
 
 
 def _count(value: Any, most: int | None) -> bool:

@@ -24,11 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from forgetwatch.common import strict_json
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
-from forgetwatch.common.text import first_line
-from forgetwatch.replay.base_cache import ReplayFileError
+from forgetwatch.replay.base_cache import ReplayFileError, read_kept_json
 from forgetwatch.replay.penalty import right_padded, target_mask
 from forgetwatch.replay.sampler import FLOOR
 from forgetwatch.scoring.batching import group
@@ -175,17 +173,8 @@ class ScanBase:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ScanBase:
         """Read a file written by :meth:`save`; a :class:`ReplayFileError` names it and what is wrong."""
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_SCAN_BYTES + 1)
-            if len(raw) > MAX_SCAN_BYTES:
-                raise ValueError(f"over {MAX_SCAN_BYTES >> 20} MiB")
-            d = strict_json.loads(raw.decode("utf-8"))
-            if not isinstance(d, dict) or d.get("format") != _FORMAT or not {"ids", "base_loss", "key"} <= set(d):
-                raise ValueError("not a replay scan file")
-            scan = cls(d["ids"], d["base_loss"], d["key"])
-        except (OSError, ValueError) as err:
-            raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+        d = read_kept_json(path, MAX_SCAN_BYTES, _FORMAT)
+        scan = cls(d.get("ids"), d.get("base_loss"), d.get("key"))
         if problem := scan.problem():
             raise ReplayFileError(path, f"damaged: {problem}")
         return scan

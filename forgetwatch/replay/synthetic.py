@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
-from forgetwatch.common import strict_json
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line, shorten
-from forgetwatch.replay.base_cache import ReplayFileError
+from forgetwatch.replay.base_cache import ReplayFileError, read_kept_json
 from forgetwatch.replay.pool import ReplayPool
 from forgetwatch.scoring.generation import generate_sharded
 
@@ -136,17 +135,13 @@ class KeptAnswers:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeptAnswers:
         """Read a file written by :meth:`save`; a :class:`ReplayFileError` names it and what is wrong."""
+        d = read_kept_json(path, MAX_ANSWERS_BYTES, _FORMAT)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_ANSWERS_BYTES + 1)
-            if len(raw) > MAX_ANSWERS_BYTES:
-                raise ValueError(f"over {MAX_ANSWERS_BYTES >> 20} MiB")
-            d = strict_json.loads(raw.decode("utf-8"))
-            if not isinstance(d, dict) or d.get("format") != _FORMAT or not isinstance(d.get("key"), dict):
-                raise ValueError("not a replay answers file")
             kept = cls.from_dict(d)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
+        if not isinstance(kept.key, dict):
+            raise ReplayFileError(path, "damaged: its key is not a JSON object")
         if problem := kept.problem():
             raise ReplayFileError(path, f"damaged: {problem}")
         return kept
