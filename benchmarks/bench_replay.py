@@ -3,9 +3,10 @@
 The world (``forgetwatch/skill_world.py``) has four separate skills: facts (multiple choice),
 arithmetic (``add 3 4 = 7``), uppercase (``up b a d = B A D``) and refusal. Each is probed on
 one half of its items; the replay pool holds the other half. A base pre-trained on all of them
-(once per seed, cached under ``--out``) is post-trained with TRL's SFTTrainer on ``mul a b = a·b``
-plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's letters), and with DPOTrainer on the same as preference pairs:
-arithmetic forgets hard, uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
+(once per seed, cached under ``--out``) is post-trained with TRL's SFTTrainer on ``max a b = m``
+(the larger digit) plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's
+letters), and with DPOTrainer on the same as preference pairs: arithmetic forgets hard,
+uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
 rows per step (``replay_loss="lm"``, weight 1):
 
 - ``none``: no replay;
@@ -13,13 +14,15 @@ rows per step (``replay_loss="lm"``, weight 1):
 - ``category``: drawn by the forgetting of each category (``replay_select="categories"``);
 - ``rows``: drawn by the forgetting of each row (``replay_select="rows"``);
 - ``synthetic``: the pool's prompts answered by the base (``ReplayPool.from_prompts``);
-- SFT only, at 4 rows: ``auto`` (weight steered toward ``--target``), ``kl`` (``replay_loss="kl"``,
-  default scale) and ``kl1`` (scale 1.0).
+- SFT only, at 4 rows: ``auto`` (weight steered toward ``--target``) and ``kl``
+  (``replay_loss="kl"``, categories).
 
-Arms that the installed forgetwatch cannot run are left out with a note. The x axis of every
-comparison is the tokens replayed over the run (``replay/tokens`` of the last history record; an
-estimate, marked so, where forgetwatch does not count them). Printed per trainer: median [per seed]
-probes forgotten (1->0) at the end, forgetting, tokens, held-out target loss and wall time; then the
+The x axis of every comparison is the tokens replayed over the run (``replay/tokens`` of the last
+history record, as forgetwatch counts them). The target loss is the mean next-token loss on the
+answer tokens (after ``=``) of target lines on pairs never trained on; the base's is printed beside
+it, so that how far post-training lowers it shows the task is learned, not guessed. Printed per
+trainer: median [per seed] probes forgotten (1->0) at the end, forgetting, tokens, held-out target
+loss and wall time; then the
 void check (exit status 2 when the post-training forgets every skill alike), the goal of
 forgetting-driven replay (uniform@k's forgetting with half its tokens, target loss within 2 %),
 synthetic against curated, and how the probe-free train-KL signal tracks forgetting.
@@ -45,7 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
 CURATED = ("uniform", "category", "rows", "synthetic")  # the arms swept over rows per step
-SFT_ONLY = ("auto", "kl", "kl1")  # at 4 rows, SFT only
+SFT_ONLY = ("auto", "kl")  # at 4 rows, SFT only
 ARMS = ("none", *CURATED, *SFT_ONLY)
 DRIVEN = ("category", "rows", "synthetic")  # the arms the goal is about
 TRAIN_KL_RUNS = [(lr, steps) for lr in (5e-4, 1e-3, 2e-3) for steps in (40, 80)]  # SFT, seed 0, no replay
@@ -56,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, help="seeds (default 5; 2 with --quick)")
     ap.add_argument("--trainers", nargs="+", choices=("sft", "dpo"), help="default both (SFT with --quick)")
     ap.add_argument("--rows", type=int, nargs="+", help="replay rows per step to sweep (default 1 2 4 8)")
-    ap.add_argument("--arms", nargs="+", choices=ARMS, help="default every arm the installed forgetwatch runs")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, help="default every arm")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps of the post-training")
     ap.add_argument("--eval-steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -94,20 +97,7 @@ import torch  # noqa: E402
 from forgetwatch import ForgetWatchCallback, Output, ProbeSet, ReplayPool, ReplaySettings, Scoring, Signals  # noqa: E402
 from forgetwatch.skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
-FEATURES = {
-    "select": "select" in ReplaySettings.__dataclass_fields__,  # replay_select: uniform / categories / rows
-    "prompts": hasattr(ReplayPool, "from_prompts"),  # synthetic replay
-    "kl_scale": "kl_scale" in ReplaySettings.__dataclass_fields__,
-    "train_kl": "train_kl_rows" in Signals.__dataclass_fields__,
-}
-NEEDS = {"rows": "select", "synthetic": "prompts", "kl1": "kl_scale"}
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
-
-
-def unavailable(arm: str) -> str | None:
-    """Why the installed forgetwatch cannot run ``arm``, or None."""
-    need = NEEDS.get(arm)
-    return None if need is None or FEATURES[need] else f"needs {need!r}, which this forgetwatch lacks"
 
 
 # -- one process's work ---------------------------------------------------------------------------
@@ -156,40 +146,41 @@ def finite(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def replay_for(job: dict, world: SkillWorld, tokenizer, probes) -> tuple[object | None, float | None]:
-    """The arm's repair, and the mean tokens of a row where forgetwatch does not count them."""
-    arm, rows = job["arm"], job["rows"]
+def replay_for(job: dict, world: SkillWorld, probes):
+    """The arm's repair (None for ``none``)."""
+    arm = job["arm"]
     if arm == "none":
-        return None, None
-    records = world.pool_records()
-    settings: dict = {"batch_size": rows, "seed": job["seed"]}
+        return None
     if arm == "synthetic":
         pool = ReplayPool.from_prompts(world.prompt_records(), max_new_tokens=SYNTHETIC_TOKENS)
-    elif arm == "uniform" and not FEATURES["select"]:  # today's form: the pool as one category
-        pool = ReplayPool.from_records([{**r, "category": "all"} for r in records])
     else:
-        pool = ReplayPool.from_records(records)
-    if FEATURES["select"] and arm in ("uniform", "category", "rows", "synthetic", "auto", "kl", "kl1"):
-        settings["select"] = {"uniform": "uniform", "rows": "rows"}.get(arm, "categories")
+        pool = ReplayPool.from_records(world.pool_records())
+    settings: dict = {"batch_size": job["rows"], "seed": job["seed"]}
+    settings["select"] = {"uniform": "uniform", "rows": "rows"}.get(arm, "categories")
     if arm == "auto":
         settings.update(weight="auto", target=job["target"])
-    if arm in ("kl", "kl1"):
+    if arm == "kl":
         settings["loss"] = "kl"
-    if arm == "kl1":
-        settings["kl_scale"] = 1.0
     pool.check_disjoint(probes)
-    # a synthetic row is its prompt and the base's answer: about its curated row, where the base is right
-    mean_row = statistics.fmean(len(ids) for ids in tokenizer([r["text"] for r in records])["input_ids"])
-    return pool.as_repair(ReplaySettings(**settings)), mean_row
+    return pool.as_repair(ReplaySettings(**settings))
 
 
-def target_loss(model, tokenizer, texts: list[str]) -> float:
-    """Mean next-token loss on held-out target-task text."""
+def target_loss(model, tokenizer, records: list[dict]) -> float:
+    """Mean next-token loss on the answer tokens of held-out target lines (``{"prompt",
+    "answer"}``): the prompt's tokens are context, not scored, so that the figure is how well the
+    rule is known, not how well the line's format is."""
     model.eval()
+    total, count = 0.0, 0
     with torch.no_grad():
-        batch = tokenizer(texts, return_tensors="pt", padding=True)
-        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        return float(model(**batch, labels=labels).loss)
+        for r in records:
+            prompt = tokenizer(r["prompt"])["input_ids"]
+            answer = tokenizer(r["answer"], add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([prompt + answer])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+            losses = torch.nn.functional.cross_entropy(logits.float(), ids[0, len(prompt) :], reduction="none")
+            total += float(losses.sum())
+            count += len(answer)
+    return total / count
 
 
 def run_job(cfg: dict, job: dict) -> dict:
@@ -204,7 +195,7 @@ def run_job(cfg: dict, job: dict) -> dict:
     path = base_path(cfg, seed)
     tokenizer = AutoTokenizer.from_pretrained(path)
     probes = ProbeSet.from_records(world.probe_records())
-    repair, mean_row = replay_for(job, world, tokenizer, probes)
+    repair = replay_for(job, world, probes)
     name = f"{job['trainer']}-{seed}-{job['arm']}-{job['rows']}-{job['lr']:g}-{steps}"
     run_dir = os.path.join(cfg["out"], "runs", f"{name}-{os.getpid()}")
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -248,13 +239,7 @@ def run_job(cfg: dict, job: dict) -> dict:
     seconds = time.perf_counter() - start
     records = cb.watch.records
     final = cb.history[-1][1]
-    last = records[-1].get("replay", {}) if records else {}
-    tokens, estimated = 0.0, False
-    if repair is not None:
-        if "tokens" in last:
-            tokens = float(last["tokens"])
-        else:  # forgetwatch does not count them yet: every step replays `rows` rows of mean length
-            tokens, estimated = job["rows"] * steps * mean_row, True
+    tokens = float(records[-1]["replay"]["tokens"]) if repair is not None else 0.0
     curve = []
     for (step, report), record in zip(cb.history, records):
         point = {
@@ -282,8 +267,10 @@ def run_job(cfg: dict, job: dict) -> dict:
             for c, r in final.by_category.items()
         },
         "tokens": tokens,
-        "tokens_estimated": estimated,
         "target_loss": finite(target_loss(trainer.model, tokenizer, world.held_out_target())),
+        "base_target_loss": finite(
+            target_loss(AutoModelForCausalLM.from_pretrained(path), tokenizer, world.held_out_target())
+        ),
         "seconds": seconds,
         "job_seconds": time.perf_counter() - began,
         "curve": curve,
@@ -304,15 +291,9 @@ def base_work(task: tuple[dict, int]) -> float:
 
 
 def plan(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
-    """Every run, and a note per arm left out."""
-    wanted = args.arms or list(ARMS)
-    notes, arms = [], []
-    for arm in wanted:
-        if why := unavailable(arm):
-            notes.append(f"arm {arm!r} left out: it {why}")
-        else:
-            arms.append(arm)
-    jobs = []
+    """Every run, and notes on what was left out."""
+    arms = args.arms or list(ARMS)
+    notes, jobs = [], []
     base = {"lr": args.lr, "steps": args.steps, "target": args.target}
     for trainer in args.trainers:
         for seed in range(args.seeds):
@@ -324,15 +305,10 @@ def plan(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
                 elif trainer == "sft":
                     jobs.append({"trainer": trainer, "seed": seed, "arm": arm, "rows": 4, **base})
     if "sft" in args.trainers and not args.no_train_kl:
-        if FEATURES["train_kl"]:
-            for lr, steps in TRAIN_KL_RUNS:
-                job = {"trainer": "sft", "seed": 0, "arm": "none", "rows": 0, "lr": lr, "steps": steps}
-                if not any(_same(job, j) for j in jobs):
-                    jobs.append({**job, "target": args.target, "extra": "train_kl"})
-        else:
-            notes.append("train-KL table left out: this forgetwatch has no drift/train_kl signal")
-    if not FEATURES["select"] and "uniform" in arms:
-        notes.append('uniform: the pool rewritten as one category "all" (this forgetwatch has no replay_select)')
+        for lr, steps in TRAIN_KL_RUNS:  # their table is printed when the records hold drift/train_kl
+            job = {"trainer": "sft", "seed": 0, "arm": "none", "rows": 0, "lr": lr, "steps": steps}
+            if not any(_same(job, j) for j in jobs):
+                jobs.append({**job, "target": args.target, "extra": "train_kl"})
     return jobs, notes
 
 
@@ -534,16 +510,17 @@ def per_seed(runs: list[dict], key: str, fmt: str) -> str:
     return "[" + ", ".join(format(r[key], fmt) if r[key] is not None else "-" for r in runs) + "]"
 
 
-def print_report(results: list[dict], args, checks: dict, goals: dict, estimated: bool) -> None:
+def print_report(results: list[dict], args, checks: dict, goals: dict) -> None:
     n = len(SkillWorld(0).probe_records())
     for trainer in args.trainers:
         print(
-            f"\nTRL {trainer.upper()} on the skill world (mul + {100 * args.target_mix:g} % rev), "
+            f"\nTRL {trainer.upper()} on the skill world (max + {100 * args.target_mix:g} % rev), "
             f"{args.steps} steps, lr {args.lr:g}; {n} probes; medians of {args.seeds} seeds [per seed]"
         )
-        tok_head = "tokens" + ("*" if estimated else "")
+        base = med(r["base_target_loss"] for r in results if r["trainer"] == trainer)
+        print(f"target loss: held-out pairs, answer tokens only (the base's: {num(base, 0, 3)}, median over seeds)")
         print(
-            f"{'arm':12}{'rows':>5}  {'1->0 [per seed]':32}{'forgetting':>11}{tok_head:>10}{'target loss':>13}{'wall s':>8}"
+            f"{'arm':12}{'rows':>5}  {'1->0 [per seed]':32}{'forgetting':>11}{'tokens':>10}{'target loss':>13}{'wall s':>8}"
         )
         for arm in ARMS:
             for rows in sorted({r["rows"] for r in runs_of(results, trainer, arm)}):
@@ -554,10 +531,6 @@ def print_report(results: list[dict], args, checks: dict, goals: dict, estimated
                     f"{arm:12}{rows:5d}  {forgotten:32}{100 * (s['forgetting'] or 0):10.1f}%{s['tokens']:10.0f}"
                     f"{num(s['target_loss'], 13, 3)}{s['seconds']:8.1f}"
                 )
-        if estimated:
-            print(
-                "* estimated: rows per step x steps x the pool's mean tokenized row (forgetwatch does not count them yet)"
-            )
         c = checks[trainer]
         if not c["computed"]:
             print("void check: not computed (the none arm did not run)")
@@ -586,6 +559,8 @@ def print_report(results: list[dict], args, checks: dict, goals: dict, estimated
                     f"{num(s['target_loss'], 0, 3)} vs {num(cat['target_loss'], 0, 3)}"
                 )
     table = train_kl_table(results, args)
+    if not table and any("extra" in r for r in results):
+        print("\ntrain-KL table left out: the history records hold no drift/train_kl")
     if table:
         print("\ntrain KL against forgetting (Spearman rho over each run's evaluations; SFT, seed 0, no replay)")
         print(f"{'lr':>8}{'steps':>7}{'evals':>7}{'all':>8}{'arith':>8}{'facts':>8}")
@@ -605,7 +580,7 @@ def draw(results: list[dict], args, goals: dict, path: str) -> None:
 
     fig = Figure(figsize=(6 * len(args.trainers), 4.5))
     FigureCanvasAgg(fig)
-    colors = dict(zip(ARMS[1:], ("#888888", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")))
+    colors = dict(zip(ARMS[1:], ("#888888", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")))
     for i, trainer in enumerate(args.trainers):
         ax = fig.add_subplot(1, len(args.trainers), i + 1)
         none = summary(runs_of(results, trainer, "none"))
@@ -642,8 +617,7 @@ def draw(results: list[dict], args, goals: dict, path: str) -> None:
                 label=f"goal: uniform@{g['headline']} at half its tokens",
             )
         ax.set_xscale("log")
-        estimated = any(r["tokens_estimated"] for r in results)
-        ax.set_xlabel("replay tokens over the run (log)" + (", estimated" if estimated else ""))
+        ax.set_xlabel("replay tokens over the run (log)")
         ax.set_ylabel("forgetting (%)")
         ax.set_title(f"TRL {trainer.upper()}: replay tokens against forgetting")
         ax.legend(fontsize=8)
@@ -684,7 +658,6 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(args.out, "bases"), exist_ok=True)
     print(f"{len(jobs)} runs over {args.seeds} seed(s) in {args.jobs} process(es) of 1 thread", flush=True)
     results, pretrain = execute(cfg, list(range(args.seeds)), jobs, args.jobs)
-    estimated = any(r["tokens_estimated"] for r in results)
     checks = {t: void_check(results, t) for t in args.trainers}
     void = any(c["void"] for c in checks.values())
     goals = {t: goal(results, t, args.rows) for t in args.trainers}
@@ -695,7 +668,7 @@ def main(argv=None) -> int:
                 print(
                     f"VOID: {t.upper()} without replay forgets every skill alike ({medians}: hi {c['hi']:.2f} < 3 x lo {c['lo']:.2f})"
                 )
-    print_report(results, args, checks, goals, estimated)
+    print_report(results, args, checks, goals)
     wall = time.perf_counter() - began
     run_seconds = [r["job_seconds"] for r in results]
     print(
@@ -708,9 +681,7 @@ def main(argv=None) -> int:
         meta = {
             "settings": {k: v for k, v in vars(args).items() if k not in ("png", "json")},
             "versions": versions(),
-            "features": FEATURES,
             "notes": notes,
-            "tokens_estimated": estimated,
             "wall_seconds": wall,
             "pretrain_seconds": pretrain,
         }

@@ -8,7 +8,7 @@ the smallest share where uppercase forgets between 15 % and 50 % of what it knew
 most 5 % (``TARGET_MIX`` in ``forgetwatch/skill_world.py`` is set from it, by hand). Bases are
 pre-trained once per seed and kept under ``--out``, shared with the benchmark.
 
-    python benchmarks/calibrate_skills.py [--mixes 0 0.05 0.1 0.2] [--seeds 5] [--jobs 2]
+    python benchmarks/calibrate_skills.py [--mixes 0 0.02 0.03 0.04 0.05 0.1] [--seeds 5] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mixes", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2], help="shares to try")
+    ap.add_argument("--mixes", type=float, nargs="+", default=[0.0, 0.02, 0.03, 0.04, 0.05, 0.1], help="shares to try")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -15,18 +15,24 @@ category        pre-training line                                       probe
 
 Each skill's items are split in two disjoint halves: the probed half (the probes) and the pooled
 half (the replay pool's rows, and the same rows' questions as prompts); the model is pre-trained
-on both. The post-training target, ``mul a b = a·b``, shares the arithmetic's format and digits
-(hard forgetting); a share ``target_mix`` of its lines is ``rev x y z = z y x``, a new operator on
-the uppercase skill's letters that reverses them, on words neither probed nor pooled (it
-interferes with uppercasing as ``mul`` does with ``add``, more mildly at a small share); facts
-and refusal share nothing with it. ``TARGET_MIX`` was calibrated by
+on both. The post-training target, ``max a b = m`` (the larger digit), shares the arithmetic's
+format and digits (hard forgetting); a share ``target_mix`` of its lines is ``rev x y z = z y x``,
+a new operator on the uppercase skill's letters that reverses them, on words neither probed nor
+pooled (it interferes with uppercasing as ``max`` does with ``add``, more mildly at a small
+share); facts and refusal share nothing with it. ``TARGET_MIX`` was calibrated by
 ``benchmarks/calibrate_skills.py``.
+
+The target is ``max`` because a two-layer model learns it as a rule: trained on 60 of the 100
+pairs, its loss on the answers of the 40 held out falls far below the base's and below a guess
+among the ten digits, so the held-out target loss measures how well the task is learned. A
+product (or a copy such as ``swap a b = b a``) is only memorised by so small a model: on unseen
+pairs its loss stays at a guess, and replay merely moves the guesses.
 
 Example:
     >>> world = SkillWorld(seed=0)
     >>> sorted({r["category"] for r in world.probe_records()}) == sorted(SKILLS)
     True
-    >>> world.target_texts(3, seed=1)[0].startswith(("mul ", "rev "))
+    >>> world.target_texts(3, seed=1)[0].startswith(("max ", "rev "))
     True
 """
 
@@ -43,12 +49,13 @@ __all__ = ["LETTERS", "SKILLS", "TARGET_MIX", "SkillWorld"]
 
 SKILLS = ("facts", "arithmetic", "uppercase", "refusal")
 LETTERS = "abcdefgh"  # the uppercase skill's alphabet: spaced, each letter is one token
-#: the share of post-training lines (or DPO pairs) on ``rev``, which interferes with uppercase (calibrated)
-TARGET_MIX = 0.05
+#: the share of post-training lines (or DPO pairs) on ``rev``, which interferes with uppercase
+#: (calibrated: at 0.02 uppercase loses 0.17 of what it knew, median of 5 seeds; from 0.04 on, 0.65)
+TARGET_MIX = 0.02
 VERBS = HARMFUL[:2]  # the refused requests probed and pooled (two per country)
 PROBED = 40  # arithmetic pairs and uppercase words probed; facts and refusal: 2 per probed country
 POOLED = 60  # arithmetic pairs and uppercase words in the pool
-HELD_OUT = 40  # multiplication pairs never trained on: the held-out target
+HELD_OUT = 40  # max pairs never trained on: the held-out target
 
 
 def _spaced(word: str) -> str:
@@ -88,7 +95,7 @@ class SkillWorld:
         self.reverse_words = words[PROBED + POOLED :]  # the conflicting rule's words: never probed or pooled
         pairs = [(a, b) for a in range(10) for b in range(10)]
         rng.shuffle(pairs)
-        self.held_out_pairs, self.mul_pairs = pairs[:HELD_OUT], pairs[HELD_OUT:]
+        self.held_out_pairs, self.max_pairs = pairs[:HELD_OUT], pairs[HELD_OUT:]
 
     # -- the skills' lines ---------------------------------------------------------------------
 
@@ -102,6 +109,10 @@ class SkillWorld:
     @staticmethod
     def add_line(a: int, b: int) -> str:
         return f"add {a} {b} = {a + b}"
+
+    @staticmethod
+    def max_line(a: int, b: int) -> str:
+        return f"max {a} {b} = {max(a, b)}"
 
     @staticmethod
     def up_line(word: str) -> str:
@@ -249,12 +260,12 @@ class SkillWorld:
         return flags
 
     def target_texts(self, n: int = 400, seed: int = 1) -> list[str]:
-        """SFT data: ``mul a b = a·b`` on the training pairs, and a share ``target_mix`` of
+        """SFT data: ``max a b = m`` on the training pairs, and a share ``target_mix`` of
         ``rev x y z = z y x`` (reversed, not uppercased) on words never probed or pooled.
 
         Example:
             >>> SkillWorld(seed=0, target_mix=0.0).target_texts(2, seed=1)
-            ['mul 6 2 = 12', 'mul 7 6 = 42']
+            ['max 6 2 = 6', 'max 7 6 = 7']
         """
         rng = random.Random(seed)
         out = []
@@ -263,21 +274,20 @@ class SkillWorld:
                 w = rng.choice(self.reverse_words)
                 out.append(f"rev {_spaced(w)} = {_spaced(w[::-1])}")
             else:
-                a, b = rng.choice(self.mul_pairs)
-                out.append(f"mul {a} {b} = {a * b}")
+                out.append(self.max_line(*rng.choice(self.max_pairs)))
         return out
 
     def target_pairs(self, n: int = 400, seed: int = 1) -> list[dict[str, str]]:
-        """DPO data (prompt / chosen / rejected): ``mul a b =`` chooses the product over the sum
-        (the old skill's answer); a share ``target_mix`` of ``rev x y z =`` chooses the reversed
-        word over the uppercased one.
+        """DPO data (prompt / chosen / rejected): ``max a b =`` chooses the larger digit over the
+        sum (the old skill's answer); a share ``target_mix`` of ``rev x y z =`` chooses the
+        reversed word over the uppercased one.
 
         Example:
             >>> SkillWorld(seed=0, target_mix=0.0).target_pairs(1, seed=1)
-            [{'prompt': 'mul 6 2 =', 'chosen': ' 12', 'rejected': ' 8'}]
+            [{'prompt': 'max 7 2 =', 'chosen': ' 7', 'rejected': ' 9'}]
         """
         rng = random.Random(seed)
-        differ = [(a, b) for a, b in self.mul_pairs if a * b != a + b]  # the sum would be chosen too
+        differ = [(a, b) for a, b in self.max_pairs if max(a, b) != a + b]  # with a 0 the sum is the max
         out = []
         for up in self._mixed(n, seed):
             if up:
@@ -291,20 +301,21 @@ class SkillWorld:
                 )
             else:
                 a, b = rng.choice(differ)
-                out.append({"prompt": f"mul {a} {b} =", "chosen": f" {a * b}", "rejected": f" {a + b}"})
+                out.append({"prompt": f"max {a} {b} =", "chosen": f" {max(a, b)}", "rejected": f" {a + b}"})
         return out
 
-    def held_out_target(self, n: int = HELD_OUT) -> list[str]:
-        """``mul`` lines on pairs never in :meth:`target_texts` or :meth:`target_pairs` (at most 40):
-        the target task's held-out loss.
+    def held_out_target(self, n: int = HELD_OUT) -> list[dict[str, str]]:
+        """``{"prompt", "answer"}`` of ``max`` on pairs never in :meth:`target_texts` or
+        :meth:`target_pairs` (at most 40): the target task's held-out loss is the loss on the
+        answer tokens, the prompt being context.
 
         Example:
-            >>> len(SkillWorld(seed=0).held_out_target(8))
-            8
+            >>> SkillWorld(seed=0).held_out_target(1)
+            [{'prompt': 'max 8 0 =', 'answer': ' 8'}]
         """
         if not 1 <= n <= len(self.held_out_pairs):
             raise ValueError(f"n must be 1 to {len(self.held_out_pairs)}, got {n}")
-        return [f"mul {a} {b} = {a * b}" for a, b in self.held_out_pairs[:n]]
+        return [{"prompt": f"max {a} {b} =", "answer": f" {max(a, b)}"} for a, b in self.held_out_pairs[:n]]
 
     # -- tokenizer and model ---------------------------------------------------------------------
 
@@ -328,8 +339,8 @@ class SkillWorld:
             True
         """
         reversed_ = [f"rev {_spaced(w)} = {_spaced(w[::-1])}" for w in self.reverse_words]
-        mul = [f"mul {a} {b} = {a * b}" for a in range(10) for b in range(10)]
-        return self.pretrain_texts() + reversed_ + mul
+        max_ = [self.max_line(a, b) for a in range(10) for b in range(10)]
+        return self.pretrain_texts() + reversed_ + max_
 
     def model(self, tokenizer: Any, hidden: int = 96, layers: int = 2) -> torch.nn.Module:
         """A freshly initialised tiny Llama (seeded by the world's seed)."""

@@ -63,17 +63,22 @@ def test_the_arithmetic_and_the_uppercase_answers_are_right(world, probes):
 
 def test_the_target_never_holds_a_probe_question_and_the_held_out_is_apart(world, probes):
     texts = world.target_texts(400, seed=1)
-    assert {t.split()[0] for t in texts} == {"mul", "rev"}
+    assert {t.split()[0] for t in texts} == {"max", "rev"}
     rows = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
     rows += [{"id": f"d{i}", "text": " ".join(p.values())} for i, p in enumerate(world.target_pairs(400, seed=1))]
     ReplayPool.from_records(rows).check_disjoint(probes)
     for t in texts:
-        if m := re.fullmatch(r"mul (\d) (\d) = (\d+)", t):
-            assert int(m[1]) * int(m[2]) == int(m[3])
+        if m := re.fullmatch(r"max (\d) (\d) = (\d)", t):
+            assert max(int(m[1]), int(m[2])) == int(m[3])
     held_out = world.held_out_target()
-    assert len(held_out) == len(set(held_out)) == 40
-    assert not set(held_out) & set(texts)
-    assert not {h.rsplit(" ", 1)[0] for h in held_out} & {p["prompt"] for p in world.target_pairs(400, seed=1)}
+    prompts = [h["prompt"] for h in held_out]
+    assert len(prompts) == len(set(prompts)) == 40
+    for h in held_out:  # the answer is the larger digit, after a space, as the target lines hold it
+        a, b = map(int, re.fullmatch(r"max (\d) (\d) =", h["prompt"]).groups())
+        assert h["answer"] == f" {max(a, b)}"
+    assert not {h["prompt"] + h["answer"] for h in held_out} & set(texts)
+    assert not set(prompts) & {p["prompt"] for p in world.target_pairs(400, seed=1)}
+    assert not set(prompts) & {t.rsplit(" ", 1)[0] for t in texts}
 
 
 def test_the_target_mix_is_the_share_of_rev_lines_and_pairs():
@@ -81,7 +86,7 @@ def test_the_target_mix_is_the_share_of_rev_lines_and_pairs():
     assert sum(t.startswith("rev ") for t in world.target_texts(200, seed=2)) == 50
     pairs = world.target_pairs(200, seed=2)
     assert sum(p["prompt"].startswith("rev ") for p in pairs) == 50
-    assert all(p["chosen"] != p["rejected"] for p in pairs)
+    assert all(p["chosen"] != p["rejected"] for p in pairs)  # the sum is never the max
     assert not any(t.startswith("rev ") for t in SkillWorld(seed=0, target_mix=0.0).target_texts(200, seed=2))
     with pytest.raises(ValueError, match="target_mix"):
         SkillWorld(target_mix=1.5)
@@ -93,3 +98,9 @@ def test_every_spaced_letter_and_digit_is_one_token(world):
         assert len(tokenizer(f" {ch}", add_special_tokens=False)["input_ids"]) == 1, ch
     word = tokenizer("up b a d = B A D", add_special_tokens=False)["input_ids"]
     assert len(word) == 8  # up, three letters, =, three letters
+    # the held-out answer is scored as its own tokens after the prompt's: the same ids as the whole line
+    for h in world.held_out_target(5):
+        whole = tokenizer(h["prompt"] + h["answer"])["input_ids"]
+        assert (
+            whole == tokenizer(h["prompt"])["input_ids"] + tokenizer(h["answer"], add_special_tokens=False)["input_ids"]
+        )
