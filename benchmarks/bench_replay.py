@@ -7,7 +7,9 @@ one half of its items; the replay pool holds the other half. A base pre-trained 
 (the larger digit) plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's
 letters), and with DPOTrainer on the same as preference pairs: arithmetic forgets hard,
 uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
-rows per step (``replay_loss="lm"``, weight 1):
+rows per step (``replay_loss="lm"``, weight ``rows × --weight-per-row``: forgetwatch's replay loss
+is a mean over the replayed tokens, so at one fixed weight a single row per step would pull as
+hard as eight; scaled, every replayed token pulls alike and "equal tokens" means equal replay):
 
 - ``none``: no replay;
 - ``uniform``: the curated pool, drawn evenly (``replay_select="uniform"``);
@@ -24,7 +26,8 @@ it, so that how far post-training lowers it shows the task is learned, not guess
 trainer: median [per seed] probes forgotten (1->0) at the end, forgetting, tokens, held-out target
 loss and wall time; then the
 void check (exit status 2 when the post-training forgets every skill alike), the goal of
-forgetting-driven replay (uniform@k's forgetting with half its tokens, target loss within 2 %),
+forgetting-driven replay (uniform@k's forgetting with at most half its tokens, target loss no more
+than 2 % above uniform@k's),
 synthetic against curated, and how the probe-free train-KL signal tracks forgetting.
 
     python benchmarks/bench_replay.py [--seeds 5] [--jobs 2] [--png replay_pareto.png] [--json replay.json]
@@ -67,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--pretrain-steps", type=int, default=800)
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
+    ap.add_argument(
+        "--weight-per-row", type=float, default=0.125, help="replay weight per row per step (8 rows: weight 1)"
+    )
     ap.add_argument("--no-train-kl", action="store_true", help="leave out the train-KL tracking runs")
     ap.add_argument("--quick", action="store_true", help="development run: 2 seeds, SFT, rows 2 and 8")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (1 thread each)")
@@ -146,7 +152,7 @@ def finite(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def replay_for(job: dict, world: SkillWorld, probes):
+def replay_for(job: dict, world: SkillWorld, probes, weight_per_row: float):
     """The arm's repair (None for ``none``)."""
     arm = job["arm"]
     if arm == "none":
@@ -155,7 +161,7 @@ def replay_for(job: dict, world: SkillWorld, probes):
         pool = ReplayPool.from_prompts(world.prompt_records(), max_new_tokens=SYNTHETIC_TOKENS)
     else:
         pool = ReplayPool.from_records(world.pool_records())
-    settings: dict = {"batch_size": job["rows"], "seed": job["seed"]}
+    settings: dict = {"batch_size": job["rows"], "seed": job["seed"], "weight": job["rows"] * weight_per_row}
     settings["select"] = {"uniform": "uniform", "rows": "rows"}.get(arm, "categories")
     if arm == "auto":
         settings.update(weight="auto", target=job["target"])
@@ -195,7 +201,7 @@ def run_job(cfg: dict, job: dict) -> dict:
     path = base_path(cfg, seed)
     tokenizer = AutoTokenizer.from_pretrained(path)
     probes = ProbeSet.from_records(world.probe_records())
-    repair = replay_for(job, world, probes)
+    repair = replay_for(job, world, probes, cfg["weight_per_row"])
     name = f"{job['trainer']}-{seed}-{job['arm']}-{job['rows']}-{job['lr']:g}-{steps}"
     run_dir = os.path.join(cfg["out"], "runs", f"{name}-{os.getpid()}")
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -379,9 +385,10 @@ def summary(runs: list[dict]) -> dict:
 
 
 def goal(results: list[dict], trainer: str, rows: list[int]) -> dict:
-    """For each uniform budget k (rows > 1): the fewest rows at which each forgetting-driven arm
-    forgets no more than uniform@k; met where that costs at most half uniform@k's tokens with the
-    held-out target loss within 2 %."""
+    """For each uniform budget k (rows > 1) and forgetting-driven arm: met where some setting of
+    the arm forgets no more than uniform@k with at most half its tokens and a held-out target
+    loss at most 2 % above uniform@k's (the cheapest such setting); otherwise the fewest rows at
+    which the arm forgets no more, with what it costs."""
     out: dict = {"by_k": {}}
     ks = [k for k in sorted(rows) if k > 1 and runs_of(results, trainer, "uniform", k)]
     for k in ks:
@@ -391,23 +398,26 @@ def goal(results: list[dict], trainer: str, rows: list[int]) -> dict:
             measured = [r for r in sorted(rows) if runs_of(results, trainer, arm, r)]
             if not measured:
                 continue
-            reach = next(
-                (r for r in measured if summary(runs_of(results, trainer, arm, r))["forgotten"] <= u["forgotten"]), None
-            )
-            if reach is None:
-                entry["arms"][arm] = {"reaches": None, "met": False}
-                continue
-            a = summary(runs_of(results, trainer, arm, reach))
-            share = a["tokens"] / u["tokens"]  # uniform@k replays: its tokens are > 0
-            both = a["target_loss"] is not None and u["target_loss"]  # None: a loss that was not finite
-            loss = (a["target_loss"] - u["target_loss"]) / u["target_loss"] if both else math.inf
-            entry["arms"][arm] = {
-                "reaches": reach,
-                "forgotten": a["forgotten"],
-                "token_share": share,
-                "loss_change": finite(loss),
-                "met": share <= 0.5 and abs(loss) <= 0.02,
-            }
+            options = []
+            for r in measured:
+                a = summary(runs_of(results, trainer, arm, r))
+                if a["forgotten"] > u["forgotten"]:
+                    continue
+                share = a["tokens"] / u["tokens"]  # uniform@k replays: its tokens are > 0
+                both = a["target_loss"] is not None and u["target_loss"]  # None: a loss that was not finite
+                loss = (a["target_loss"] - u["target_loss"]) / u["target_loss"] if both else math.inf
+                met = share <= 0.5 and loss <= 0.02
+                options.append(
+                    {
+                        "reaches": r,
+                        "forgotten": a["forgotten"],
+                        "token_share": share,
+                        "loss_change": finite(loss),
+                        "met": met,
+                    }
+                )
+            met = [o for o in options if o["met"]]
+            entry["arms"][arm] = (met or options or [{"reaches": None, "met": False}])[0]
         out["by_k"][k] = entry
     positive = [k for k in ks if (out["by_k"][k]["uniform"]["forgotten"] or 0) > 0]
     out["headline"] = 8 if 8 in positive else (max(positive) if positive else (max(ks) if ks else None))
@@ -654,6 +664,7 @@ def main(argv=None) -> int:
         "hidden": args.hidden,
         "eval_steps": args.eval_steps,
         "target_mix": args.target_mix,
+        "weight_per_row": args.weight_per_row,
     }
     os.makedirs(os.path.join(args.out, "bases"), exist_ok=True)
     print(f"{len(jobs)} runs over {args.seeds} seed(s) in {args.jobs} process(es) of 1 thread", flush=True)
