@@ -83,6 +83,8 @@ def test_rows_are_sampled_cut_and_checked():
     assert [r[0] for r in picked.rows] == sorted(r[0] for r in picked.rows)  # in their order
     long = as_train_rows([list(range(600)), ([1, 2], 2)], max_rows=8)  # a row with no target is left out
     assert [len(ids) for ids, _ in long.rows] == [train_kl.MAX_TOKENS]
+    # a tuple of token ids is a row, a pair of ids and a number is a row and its start; arrays are read
+    assert as_train_rows([(5, 6), (np.array([5, 6, 7]), 2)], max_rows=8).rows == [([5, 6], 1), ([5, 6, 7], 2)]
     prompts = TrainRows([([1, 2, 3], 3)], "grpo", max_new_tokens=8)  # the completion comes later: kept whole
     assert as_train_rows(prompts, max_rows=8) == prompts
     for bad, match in (
@@ -176,3 +178,21 @@ def test_lora_with_adapters_disabled_is_the_plain_base(toy, rows, tmp_path):
         np.testing.assert_array_equal(getattr(disabled.base, name), getattr(plain.base, name), err_msg=name)
     assert disabled.measure(toy.base, Ranks.alone())["train_kl"] == 0.0
     assert disabled.measure(lora, Ranks.alone())["train_kl"] > 0  # the adapters are on again
+
+
+def test_the_callback_says_in_one_line_why_it_cannot_read_the_training_rows(toy, caplog):
+    from types import SimpleNamespace
+
+    from forgetwatch.integrations.callback import ForgetWatchCallback
+
+    streamed = ForgetWatchCallback(toy.probes)
+    streamed._link.trainer = SimpleNamespace(train_dataset=(row for row in [{"input_ids": [1, 2]}]))
+    off = ForgetWatchCallback(toy.probes, signals=Signals(train_kl_rows=0))
+    off._link.trainer = SimpleNamespace(train_dataset=[{"input_ids": [1, 2, 3]}])
+    with caplog.at_level(logging.INFO, logger="forgetwatch"):
+        assert streamed._train_rows() is None and off._train_rows() is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "forgetwatch: train KL (forgetwatch/drift/train_kl) is off: the training dataset (a generator) cannot be "
+        "sampled by index: Watch.start(train_rows=...) takes rows directly"
+    ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from forgetwatch.results.store import TRAIN_KL
 from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed, is_sharded, unwrap
+from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import generate_sharded, pad_id, stop_token_ids
 from forgetwatch.scoring.next_tokens import (
     BaseDistribution,
@@ -117,19 +119,20 @@ def _pairs(rows: Any) -> list[tuple[list[int], int]]:
         raise ValueError(f"train_rows must be a list of token-id lists or (token_ids, start) pairs, got {rows!r:.80}")
     out = []
     for n, row in enumerate(rows):
-        ids, start = (row[0], row[1]) if isinstance(row, tuple) and len(row) == 2 else (row, 1)
-        if hasattr(ids, "tolist"):
+        paired = isinstance(row, tuple) and len(row) == 2 and hasattr(row[0], "__len__")
+        ids, start = (row[0], row[1]) if paired else (row, 1)
+        if hasattr(ids, "tolist"):  # a tensor or an array
             ids = ids.tolist()
-        if (
-            isinstance(ids, (str, bytes))
-            or not isinstance(ids, Sequence)
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
-        ):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not all(_whole(t) and t >= 0 for t in ids):
             raise ValueError(f"train_rows[{n}]: not a list of token ids (whole numbers from 0): {ids!r:.80}")
-        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        if not _whole(start) or start < 1:
             raise ValueError(f"train_rows[{n}]: its start (the first target token) must be a whole number >= 1")
-        out.append((list(ids), start))
+        out.append(([int(t) for t in ids], int(start)))
     return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def rows_key(tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> str:
@@ -202,6 +205,9 @@ class TrainKL:
         try:
             with run.as_base(model):
                 pairs = given.rows if given.complete else self._completed(model, run, given)
+                # a row no longer than the model's context (a trainer's rows are, unless given otherwise)
+                limit = model_max_length(getattr(unwrap(model), "config", None), run.tokenizer)
+                pairs = [(ids[:limit], start) for ids, start in pairs if start < min(len(ids), limit)]
                 if pairs:
                     tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
                     key = {
@@ -309,7 +315,8 @@ class TrainKL:
             return
         kept = found["kept"]
         if found["rejected"] and run.writes:
-            logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, found["rejected"])
+            why = "; ".join(found["rejected"])
+            logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
         self._set(BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"], kept["source"])
 
     @staticmethod
