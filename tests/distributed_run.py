@@ -14,7 +14,8 @@
 - ``zero3key``: toy models partitioned by DeepSpeed ZeRO-3 (``zero.Init(module=...)``), for
   the weights key: the same weights twice, then others.
 - ``replay`` / ``replay-fails``: SFT under DDP with replay (rank 0's replay failing at step 3);
-  ``replay`` draws by the rows' loss rises and holds prompts the base answers (synthetic).
+  ``replay`` draws by the rows' loss rises and holds prompts the base answers (synthetic); the
+  train-KL signal (on by default) is measured on both ranks' shares of the same rows.
 - ``prefixes`` / ``prefixes-fsdp2``: few-shot probes (one shared block) scored with
   ``distributed=True`` by an unsharded copy on each rank (each rank reads the block from its
   cache) or under FSDP2 (each probe whole), next to every probe scored whole by this rank alone.
@@ -302,7 +303,11 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         driver.replay_backward = backward  # the next mode of this launch replays as it should
     params = torch.cat([p.detach().double().flatten() for p in trainer.model.parameters()])
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
+    drift = [e["forgetwatch/drift/train_kl"] for e in trainer.state.log_history if "forgetwatch/drift/train_kl" in e]
     return {
+        "train_kl": drift,
+        "train_kl_kept": [r["drift"]["train_kl"] for r in cb.watch.records if "drift" in r],
+        "train_kl_rows": len(cb.watch.train_kl.tokens),
         "checksum": float(params.sum()),
         "first": params[:50].tolist(),
         "replay_losses": losses,

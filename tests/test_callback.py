@@ -558,6 +558,7 @@ def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
             "forgetwatch/history.jsonl",
             "forgetwatch/manifest.json",
             "forgetwatch/probes.jsonl",
+            "forgetwatch/train_kl.npz",  # the train-KL signal's rows and base distribution (on by default)
         ]
     }
 
@@ -685,7 +686,11 @@ def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, trai
     logged = [e for e in trainer.state.log_history if "forgetwatch/forgetting" in e]
     assert len(logged) == 2
     for entry in logged:
-        categories = {k.split("/")[1] for k in entry if k.count("/") >= 2 and not k.startswith("forgetwatch/behaviour")}
+        categories = {
+            k.split("/")[1]
+            for k in entry
+            if k.count("/") >= 2 and not k.startswith(("forgetwatch/behaviour", "forgetwatch/drift"))
+        }
         assert categories == {f"c{i:03d}" for i in range(20)}  # equal sizes: the first 20 by name, every time
     records = [json.loads(x) for x in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
     assert all(len(r["report"]["by_category"]) == 144 for r in records)

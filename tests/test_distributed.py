@@ -139,3 +139,6 @@ def test_replay_keeps_the_ranks_parameters_identical(replay_runs):
     # drawn by the rows' loss rises, measured on each rank's share and summed: the same everywhere
     assert r0["state"] == r1["state"] and r0["state"]["select"] == "rows" and "scan" in r0["state"]
     assert r0["encoded"] == r1["encoded"] and len(r0["answered"]) == 9  # every prompt answered, shared
+    # the train-KL signal: each rank measures its share of rank 0's rows, and both get the same sum
+    assert r0["train_kl"] == r1["train_kl"] == r0["train_kl_kept"] and len(r0["train_kl"]) == 2
+    assert r0["train_kl_rows"] == r1["train_kl_rows"] == 128 and 0 < r0["train_kl"][0] < r0["train_kl"][1]

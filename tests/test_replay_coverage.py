@@ -184,7 +184,7 @@ def test_replay_names_a_spill_in_its_notes_and_figures():
     assert replay.figures()["replay/spill/refusal/refusals"] == pytest.approx(0.25)
     printed = []
     lines = ConsoleLines(history=None)
-    evaluation = SimpleNamespace(step=5, report=spilling, notes=replay.notes(), stop=None)
+    evaluation = SimpleNamespace(step=5, report=spilling, notes=replay.notes(), stop=None, record={})
     import forgetwatch.sinks.console as console
 
     said, console.say = console.say, printed.append

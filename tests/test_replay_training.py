@@ -128,10 +128,16 @@ RESUMED = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate
 
 @pytest.fixture(scope="module")
 def plain(toy, train_data, tmp_path_factory):
-    """The run without replay that replay runs are measured against (run once)."""
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
+    """The run without replay that replay runs are measured against (run once); without the
+    train-KL signal too (``train_kl_rows=0``), which changes nothing the runs compare."""
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, train_kl_rows=0)
     make_trainer(toy, train_data, tmp_path_factory.mktemp("plain"), [cb], **RESUMED).train()
     return cb
+
+
+def train_kl_of(callback):
+    """The train-KL signal of each evaluation in the run's history, by step."""
+    return {r["step"]: r["drift"]["train_kl"] for r in callback.watch.records if "drift" in r}
 
 
 @pytest.mark.parametrize("select", ["categories", "rows"])
@@ -139,6 +145,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
     toy, train_data, tmp_path, pool, mixed_pool, select, monkeypatch, plain
 ):
     import forgetwatch.replay.begin as begin
+    from forgetwatch.run import train_kl
 
     answered = []  # the base answers the prompts once per run begun, never on resume
     monkeypatch.setattr(begin, "answer_prompts", lambda *a, **k: answered.append(1) or answer_prompts(*a, **k))
@@ -160,13 +167,31 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
     )
     # replaying the facts in other words keeps more of them than training without it
     assert whole.history[-1][1].forgotten < plain.history[-1][1].forgotten
+    # the train-KL signal (on by default: the Trainer's rows are token ids) at each evaluation, growing;
+    # with train_kl_rows=0 neither measured nor kept
+    drift = [e["forgetwatch/drift/train_kl"] for e in trainer.state.log_history if "forgetwatch/drift/train_kl" in e]
+    assert drift == list(train_kl_of(whole).values()) and len(drift) == 6 and 0 < drift[0] < drift[-1]
+    assert (tmp_path / "whole" / "checkpoint-10" / "forgetwatch" / "train_kl.npz").is_file()
+    assert not train_kl_of(plain) and not list(plain.output_dir.parent.rglob("train_kl.npz"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the train-KL base was measured again on resume")
 
     resumed, again = killed_and_resumed(
-        toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
+        toy,
+        train_data,
+        tmp_path / "killed",
+        settings,
+        kill_at=13,
+        resume_from=10,
+        # the kept train_kl.npz serves the resumed run: the base is never measured from moved weights
+        before_resume=lambda: monkeypatch.setattr(train_kl, "base_distribution", refuse),
+        **common,
     )
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
+    assert train_kl_of(resumed) == train_kl_of(whole)  # exactly, at 15 to 30 (and 5, 10 kept in the history)
 
     # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
     def kept(callback):

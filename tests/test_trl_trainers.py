@@ -47,6 +47,23 @@ def assert_final_counts_match(toy, callback, model):
         assert getattr(final, name) == getattr(expected, name), name
 
 
+def assert_train_kl_at_each_evaluation(trainer, callback, source):
+    """The train-KL signal (on by default) was measured on the trainer's own rows at each
+    evaluation, logged with the trainer's log and kept in the history."""
+    logged = {
+        e["step"]: e["forgetwatch/drift/train_kl"]
+        for e in trainer.state.log_history
+        if "forgetwatch/drift/train_kl" in e
+    }
+    kept = {r["step"]: r["drift"]["train_kl"] for r in callback.watch.records}
+    assert list(logged) == [step for step, _ in callback.history] and logged == kept
+    assert all(x >= 0 for x in logged.values()) and max(logged.values()) > 0
+    signal = callback.watch.train_kl
+    assert signal.source == source and 0 < len(signal.tokens) <= 128
+    assert all(1 <= start < len(ids) for ids, start in zip(signal.tokens, signal.starts))
+    return signal
+
+
 def sft(toy, tmp_path, callbacks, model=None, **overrides):
     args = trl.SFTConfig(
         str(tmp_path),
@@ -86,6 +103,7 @@ def test_sft_history_and_final_counts(toy, tmp_path):
     trainer.train()
     assert [step for step, _ in cb.history] == [4, 8, 12]
     assert_final_counts_match(toy, cb, trainer.model)
+    assert_train_kl_at_each_evaluation(trainer, cb, "sft")
 
 
 def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
@@ -239,6 +257,9 @@ def test_dpo_history_and_final_counts(toy, tmp_path):
         == evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False).correct.tolist()
     )
     assert_final_counts_match(toy, cb, trainer.model)
+    signal = assert_train_kl_at_each_evaluation(trainer, cb, "dpo")
+    chosen = {toy.tokenizer(row["chosen"], add_special_tokens=False)["input_ids"][0] for row in rows}
+    assert all(ids[start] in chosen for ids, start in zip(signal.tokens, signal.starts))  # measured on the chosen
 
 
 def test_grpo_history_and_final_counts(toy, tmp_path):
@@ -270,6 +291,9 @@ def test_grpo_history_and_final_counts(toy, tmp_path):
     trainer.train()
     assert [step for step, _ in cb.history] == [3, 6]
     assert_final_counts_match(toy, cb, trainer.model)
+    # measured on each prompt followed by the base's own greedy completion (at most max_completion_length)
+    signal = assert_train_kl_at_each_evaluation(trainer, cb, "grpo")
+    assert all(len(ids) - start <= 8 + 1 for ids, start in zip(signal.tokens, signal.starts))
     rewards = [e for e in trainer.state.log_history if "reward" in e and "step" in e and "train_runtime" not in e]
     assert [e["step"] for e in rewards] == [1, 2, 3, 4, 5, 6]  # GRPO's own metrics, every step
 

@@ -43,9 +43,12 @@ class KillAt(TrainerCallback):
             raise RuntimeError("killed")
 
 
-def killed_and_resumed(toy, train_data, run, callback_settings, *, kill_at, resume_from, **trainer_settings):
+def killed_and_resumed(
+    toy, train_data, run, callback_settings, *, kill_at, resume_from, before_resume=None, **trainer_settings
+):
     """A run killed at step ``kill_at``, then resumed from its ``checkpoint-<resume_from>``
-    with a fresh callback: ``(callback, trainer)`` of the resumed run."""
+    with a fresh callback (``before_resume()`` called first): ``(callback, trainer)`` of the
+    resumed run."""
     from forgetwatch.integrations.callback import ForgetWatchCallback
 
     try:
@@ -60,6 +63,8 @@ def killed_and_resumed(toy, train_data, run, callback_settings, *, kill_at, resu
         assert "killed" in str(err)
     else:
         raise AssertionError(f"the run was not killed at step {kill_at}")
+    if before_resume is not None:
+        before_resume()
     callback = ForgetWatchCallback(toy.probes, **callback_settings)
     trainer = make_trainer(toy, train_data, run, [callback], **trainer_settings)
     trainer.train(resume_from_checkpoint=str(run / f"checkpoint-{resume_from}"))

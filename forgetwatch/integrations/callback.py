@@ -6,6 +6,7 @@ reached through :class:`~forgetwatch.integrations.trainer_link.TrainerLink` only
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -16,8 +17,10 @@ from transformers import TrainerControl as Control
 from transformers import TrainerState as State
 from transformers import TrainingArguments as Args
 
+from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ForgetWatchConfig
 from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.integrations.train_data import TrainRows, training_rows
 from forgetwatch.integrations.trainer_link import TrainerLink, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.probes import ProbesLike
@@ -29,6 +32,8 @@ from forgetwatch.run.repair import Repair, Repairable
 from forgetwatch.run.watch import Watch, settle
 from forgetwatch.sinks import eval_metric_values
 from forgetwatch.sinks.hook import OnForgetting
+
+logger = logging.getLogger("forgetwatch")
 
 #: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
 _OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "refusal_detector", "clock", "sinks")
@@ -166,7 +171,31 @@ class ForgetWatchCallback(TrainerCallback):
             max_steps=state.max_steps,
             sharded=sharded_run(args),
             stop_note=self._stop_note,
+            train_rows=self._train_rows(),
         )
+
+    def _train_rows(self) -> TrainRows | None:
+        """A seeded sample of the trainer's training rows for the train-KL signal, read on rank 0
+        and shared (every rank measures the same rows); ``None``, said in one line, when
+        ``train_kl_rows=0`` or the training data cannot be read."""
+        n = self.watch.config.signals.train_kl_rows
+        if n <= 0:
+            return None
+
+        def read() -> dict[str, Any]:  # on rank 0; a GRPO prompt is tokenized as its trainer does
+            rows, reason = training_rows(self._link.trainer, None, n, seed=0)
+            if rows is None:
+                return {"rows": None, "reason": reason}
+            return {"rows": rows.rows, "source": rows.source, "max_new_tokens": rows.max_new_tokens}
+
+        ranks = Ranks.all()
+        found = ranks.share_from_rank_zero(read)
+        if found["rows"] is None:
+            if ranks.index == 0:
+                logger.info("forgetwatch: train KL (forgetwatch/drift/train_kl) is off: %s", found["reason"])
+            return None
+        rows = [(list(ids), int(start)) for ids, start in found["rows"]]
+        return TrainRows(rows, found["source"], found["max_new_tokens"])
 
     def _stop_note(self, step: int) -> str:
         saving = self.watch.config.stopping.save_on_stop

@@ -33,42 +33,18 @@ this is monitoring, and it never stops the training.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-#: rows are cut to their first this many tokens (prompt and completion together)
-MAX_TOKENS = 512
+from forgetwatch.run.train_kl import MAX_TOKENS, TrainRows
+
+__all__ = ["MAX_COMPLETION", "MAX_TOKENS", "TrainRows", "training_rows"]
 
 #: the most tokens of the base's greedy completion asked for after a GRPO prompt
 MAX_COMPLETION = 128
 
 _DIRECT = "Watch.start(train_rows=...) takes rows directly"
-
-
-@dataclass(frozen=True)
-class TrainRows:
-    """Token rows of the training data, each ``(token_ids, start)``: the measured positions
-    predict the tokens ``start .. len(token_ids) - 1`` (``start >= 1``).
-
-    ``source`` is "trainer", "sft", "dpo", "kto" or "grpo". For "grpo" each row is a prompt alone
-    (``start == len(token_ids)``) and ``max_new_tokens > 0``: the caller appends the base's greedy
-    completion of at most that many tokens, cuts the row to :data:`MAX_TOKENS`, and measures the
-    completion's tokens. Otherwise ``max_new_tokens`` is 0 and the rows are complete.
-
-    >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
-    True
-    """
-
-    rows: list[tuple[list[int], int]]
-    source: str
-    max_new_tokens: int = 0
-
-    @property
-    def complete(self) -> bool:
-        """Whether the rows hold their targets already (``False``: a completion is still to be generated)."""
-        return self.max_new_tokens == 0
 
 
 def training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[TrainRows | None, str]:

@@ -22,6 +22,7 @@ import torch
 
 from forgetwatch.replay.pool import ReplayRow
 from forgetwatch.scoring.batching import group
+from forgetwatch.scoring.next_tokens import aligned_targets, kl_to_base, right_padded, target_mask
 
 __all__ = ["encode_rows", "kl_backward", "replay_backward", "target_count"]
 
@@ -44,27 +45,6 @@ def target_count(token_ids: Sequence[Sequence[int]], starts: Sequence[int] | Non
         3
     """
     return sum(len(x) - (1 if starts is None else s) for x, s in zip(token_ids, starts or [1] * len(token_ids)))
-
-
-def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] | None) -> torch.Tensor:
-    """The positions that predict a target token (rows × positions, one fewer than ``mask``'s):
-    the attention mask shifted, with each row's positions before its start cleared."""
-    targets = mask[:, 1:].clone()
-    if starts is not None:
-        for r, i in enumerate(rows):
-            targets[r, : starts[i] - 1] = 0
-    return targets
-
-
-def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` as one batch, right-padded (positions as in training): ids and attention mask."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        mask[r, : len(row)] = 1
-    return ids, mask
 
 
 def _weighted_backward(
@@ -136,21 +116,8 @@ def kl_backward(
     the current model's mass outside the same k tokens stands for its tail."""
 
     def kl(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        positions, k = ids.shape[1] - 1, targets[rows[0]][0].shape[1]
-        top_ids = torch.zeros((len(rows), positions, k), dtype=torch.long)
-        top_lp = torch.zeros((len(rows), positions, k))
-        tail = torch.zeros((len(rows), positions))
-        for r, i in enumerate(rows):  # padded positions stay zero, and the mask drops them
-            t_ids, t_lp, t_tail = targets[i]
-            first = 0 if starts is None else starts[i] - 1
-            at = slice(first, len(token_ids[i]) - 1)
-            top_ids[r, at] = torch.as_tensor(t_ids, dtype=torch.long)
-            top_lp[r, at] = torch.as_tensor(t_lp, dtype=torch.float32)
-            tail[r, at] = torch.as_tensor(t_tail, dtype=torch.float32)
-        top_ids, top_lp, tail = top_ids.to(logits.device), top_lp.to(logits.device), tail.to(logits.device)
-        logq = torch.log_softmax(logits, -1)
-        q_top = logq.gather(-1, top_ids)
-        q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
-        return (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
+        firsts = [0 if starts is None else starts[i] - 1 for i in rows]
+        base = aligned_targets([targets[i] for i in rows], firsts, ids.shape[1] - 1, logits.device)
+        return kl_to_base(logits, *base)
 
     return _weighted_backward(model, token_ids, pad_id, weight, rows_per_batch, total, kl, starts)

@@ -42,6 +42,7 @@ from forgetwatch.results.run_dir import (
     REPLAY_STATE,
     SNAPSHOT,
     SUBDIR,
+    TRAIN_KL,
     read_records,
 )
 
@@ -60,13 +61,14 @@ __all__ = [
     "REPLAY_STATE",
     "SNAPSHOT",
     "SUBDIR",
+    "TRAIN_KL",
     "NotWritableError",
     "RunStore",
     "copy_problem",
 ]
 
 #: Every file forgetwatch writes in its folders (nothing else there is touched).
-FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, REPLAY_ANSWERS, MANIFEST)
+FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, REPLAY_ANSWERS, TRAIN_KL, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 #: What a write-once file that could not be written costs, for the warning.
 _WHAT = {
@@ -75,6 +77,7 @@ _WHAT = {
     REPLAY_BASE: "the base's distribution on the replay rows is",
     REPLAY_SCAN: "the base's loss on the scanned replay rows is",
     REPLAY_ANSWERS: "the base's answers to the replay prompts are",
+    TRAIN_KL: "the base's distribution on the training rows (train KL) is",
 }
 
 

@@ -8,6 +8,7 @@ second method is a sibling of ``replay/``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from forgetwatch.common.distributed import Ranks
+from forgetwatch.config import ADAPTER_DISABLED
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.store import RunStore
+from forgetwatch.run.adapters import adapters_disabled
+from forgetwatch.run.base import model_key, weights_key
 
 
 @dataclass
@@ -53,6 +57,26 @@ class RunContext:
     stop_metric: str = "forgetting"
     state: Mapping[str, Any] | None = None
     sharded: bool = False
+
+    @property
+    def reads_back(self) -> bool:
+        """Whether what was measured on the base once is read back from the kept files (a
+        resume), not measured again: on a fresh run, and with ``base="adapter_disabled"`` (the
+        base is at hand), it is measured."""
+        return self.step > 0 and self.base != ADAPTER_DISABLED
+
+    def made_by(self, model: torch.nn.Module) -> dict[str, str | None]:
+        """The base model's keys, which a file measured on the base must carry: on resume from
+        the base snapshot's meta (scored from the same weights; the weights' key is not checked
+        for a ``base=`` file)."""
+        if self.reads_back:
+            meta = self.base_meta if self.base is None else {}
+            return {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+        return {"model": model_key(model), "weights": weights_key(model, self.ranks)}
+
+    def as_base(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""
+        return adapters_disabled(model) if self.base == ADAPTER_DISABLED else contextlib.nullcontext()
 
 
 class Repairable(Protocol):

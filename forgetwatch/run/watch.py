@@ -42,6 +42,7 @@ from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
+from forgetwatch.run.train_kl import RowsLike, TrainKL
 from forgetwatch.scoring import Scorer
 from forgetwatch.sinks import Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
@@ -177,6 +178,7 @@ class Watch:
         self.history: list[tuple[int, TransitionReport]] = []
         self.trajectory: Trajectory | None = None
         self.stop_reason: str | None = None
+        self.train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
         self.monitoring_seconds = 0.0
         self.records: list[dict[str, Any]] = []
         self.scorer: Scorer | None = None
@@ -209,6 +211,7 @@ class Watch:
         max_steps: int | None = None,
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
+        train_rows: RowsLike | None = None,
     ) -> BaseSnapshot:
         """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came
         first): the base snapshot, scored or loaded; on resume the history up to ``step``; repair
@@ -225,6 +228,11 @@ class Watch:
             max_steps: the run's length, if known (to warn when the budget allows no evaluation).
             sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
             stop_note: what the caller does on stopping at a step, for the stop line.
+            train_rows: rows of the training data to measure KL(base ‖ current) on at each
+                evaluation (``forgetwatch/drift/train_kl``, at most ``train_kl_rows`` of them;
+                see :mod:`forgetwatch.run.train_kl`): a :class:`~forgetwatch.run.train_kl.TrainRows`,
+                token-id lists, or ``(token_ids, start)`` pairs whose tokens from ``start`` on are
+                measured. Give the same rows on resume.
         """
         began = self.clock()
         if step is None:
@@ -274,27 +282,28 @@ class Watch:
         self._user_sinks.on_base(snapshot)
         if resumed:
             self._restore_history(dirs, step)
+        context = RunContext(
+            ranks=self.ranks,
+            writes=self.writes,
+            store=self.store,
+            tokenizer=self.scorer.tokenizer,
+            rows_per_batch=self.scorer.rows_per_batch,
+            step=step,
+            resume_dirs=dirs,
+            records=self.records,
+            last_report=self.history[-1][1] if self.history else None,
+            base=self.base_given,
+            base_meta=self.base_answers.meta,
+            stop_metric=c.stopping.metric,
+            state=(self._loaded or {}).get("repair"),
+            sharded=sharded,
+        )
         if self.repair is not None:
-            state = (self._loaded or {}).get("repair")
-            self.repair.begin(
-                model,
-                RunContext(
-                    ranks=self.ranks,
-                    writes=self.writes,
-                    store=self.store,
-                    tokenizer=self.scorer.tokenizer,
-                    rows_per_batch=self.scorer.rows_per_batch,
-                    step=step,
-                    resume_dirs=dirs,
-                    records=self.records,
-                    last_report=self.history[-1][1] if self.history else None,
-                    base=self.base_given,
-                    base_meta=self.base_answers.meta,
-                    stop_metric=c.stopping.metric,
-                    state=state,
-                    sharded=sharded,
-                ),
-            )
+            self.repair.begin(model, context)
+        self.train_kl = None
+        if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
+            self.train_kl = TrainKL(c.signals.train_kl_rows)
+            self.train_kl.begin(model, context, train_rows)
         self._loaded = None
         if not resumed and self.writes:
             self.store.set_aside_history()
@@ -340,6 +349,9 @@ class Watch:
             figures = self.repair.figures()
             record[self.repair.name] = {**figures, **self.repair.state()}
             metrics.update({f"{PREFIX}{name}": value for name, value in figures.items()})
+        if self.train_kl is not None and (drift := self.train_kl.measure(model, self.ranks)):
+            record["drift"] = drift  # inside the timed block: its cost is monitoring cost
+            metrics[f"{PREFIX}drift/train_kl"] = drift["train_kl"]
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])

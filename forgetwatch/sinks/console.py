@@ -35,7 +35,8 @@ class ConsoleLines:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.verbose:
-            say("; ".join([console_line(evaluation.step, evaluation.report), *evaluation.notes]))
+            train_kl = (evaluation.record.get("drift") or {}).get("train_kl")
+            say("; ".join([console_line(evaluation.step, evaluation.report, train_kl), *evaluation.notes]))
         if evaluation.stop:
             # on its own line above any progress bar, where a person sees it; and to the logs
             message = (

@@ -125,12 +125,13 @@ def lm_eval_lines(answers: Answers, lead: str = "") -> list[str]:
     return lines
 
 
-def console_line(step: int, report: TransitionReport) -> str:
-    """One short line per evaluation."""
+def console_line(step: int, report: TransitionReport, train_kl: float | None = None) -> str:
+    """One short line per evaluation (``train_kl``: the train-KL signal, when measured)."""
     return (
         f"[forgetwatch] step {step}: forgetting {pct(report.forgetting)} "
         f"(adjusted {pct(report.forgetting_adjusted)}), backward transfer "
         f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
         f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
         f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk"
+        + (f"; train KL {train_kl:.3g}" if train_kl is not None else "")
     )

@@ -1,0 +1,423 @@
+"""``forgetwatch/drift/train_kl``: a forgetting signal that needs no probes.
+
+At each evaluation, the mean over target tokens of KL(base ‖ current) on a fixed seeded sample
+of the training data (at most ``train_kl_rows`` rows, each cut to its first :data:`MAX_TOKENS`
+tokens): how far training has moved the model's next-token distribution on the very data it
+trains on, in nats per token. The base's distribution on those rows (its :data:`TOP_K` most
+likely tokens per target position and the mass outside them, in float32, so that the base
+measured against itself gives exactly 0) is computed once when training begins, with a PEFT
+model's adapters disabled for ``base="adapter_disabled"``, and kept with the run
+(``train_kl.npz``, the rows' tokens in it too, so a resume does not depend on the dataset);
+on resume it is read back, never measured again from moved weights. It is a signal, not a
+training input: when no kept copy can serve, or a measurement fails, it is off for the run
+with one warning, and training goes on.
+
+Example:
+    >>> signal = TrainKL(max_rows=128)
+    >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
+    >>> signal.measure(model, Ranks.alone())                        # doctest: +SKIP
+    {'train_kl': 0.0, 'rows': 2, 'tokens': 4, 'seconds': 0.003}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import numbers
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from forgetwatch.common.distributed import Ranks
+from forgetwatch.common.files import NPZ_ERRORS
+from forgetwatch.common.text import first_line
+from forgetwatch.results.store import TRAIN_KL
+from forgetwatch.run.repair import RunContext
+from forgetwatch.scoring.batching import group
+from forgetwatch.scoring.borrow import borrowed, is_sharded, unwrap
+from forgetwatch.scoring.encoding import model_max_length
+from forgetwatch.scoring.generation import generate_sharded, pad_id, stop_token_ids
+from forgetwatch.scoring.next_tokens import (
+    BaseDistribution,
+    KeptFileError,
+    aligned_targets,
+    base_distribution,
+    kl_to_base,
+    right_padded,
+    target_mask,
+)
+
+__all__ = ["MAX_TOKENS", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
+
+logger = logging.getLogger("forgetwatch")
+
+#: rows are cut to their first this many tokens (prompt and completion together)
+MAX_TOKENS = 512
+#: the base's most likely tokens kept per target position (with the mass outside them)
+TOP_K = 32
+_FORMAT = "forgetwatch.train_kl"
+_NAME = "train KL (forgetwatch/drift/train_kl)"
+
+
+@dataclass(frozen=True)
+class TrainRows:
+    """Token rows of the training data, each ``(token_ids, start)``: the measured positions
+    predict the tokens ``start .. len(token_ids) - 1`` (``start >= 1``).
+
+    ``source`` says where they come from ("trainer", "sft", "dpo", "kto", "grpo", or "given").
+    For "grpo" each row is a prompt alone (``start == len(token_ids)``) and ``max_new_tokens > 0``:
+    the base's greedy completion of at most that many tokens is appended when training begins
+    (the row cut to :data:`MAX_TOKENS`), and its tokens are measured. Otherwise
+    ``max_new_tokens`` is 0 and the rows are complete.
+
+    >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
+    True
+    """
+
+    rows: list[tuple[list[int], int]]
+    source: str
+    max_new_tokens: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the rows hold their targets already (``False``: a completion is still to be generated)."""
+        return self.max_new_tokens == 0
+
+
+#: what ``Watch.start(train_rows=...)`` takes: :class:`TrainRows`, or token-id lists (every token
+#: but the first a target), or ``(token_ids, start)`` pairs
+RowsLike = TrainRows | Sequence[Sequence[int] | tuple[Sequence[int], int]]
+
+
+def as_train_rows(rows: RowsLike, max_rows: int, seed: int = 0) -> TrainRows:
+    """``rows`` as :class:`TrainRows`: at most ``max_rows`` of them (a seeded sample, in their
+    order, when there are more), complete rows cut to :data:`MAX_TOKENS` tokens and those left
+    with no target dropped. A ``ValueError`` says what is wrong with rows that are not token ids.
+
+    Example:
+        >>> as_train_rows([[1, 5, 6], ([1, 8, 9], 2), [4]], max_rows=128)
+        TrainRows(rows=[([1, 5, 6], 1), ([1, 8, 9], 2)], source='given', max_new_tokens=0)
+    """
+    given = rows if isinstance(rows, TrainRows) else TrainRows(_pairs(rows), "given")
+    pairs = given.rows
+    if len(pairs) > max_rows:  # as training_rows samples a dataset: seeded by the count, kept in order
+        keep = np.sort(np.random.default_rng([seed, len(pairs)]).choice(len(pairs), max_rows, replace=False))
+        pairs = [pairs[int(i)] for i in keep]
+    if given.complete:
+        pairs = [(ids[:MAX_TOKENS], start) for ids, start in pairs if start < min(len(ids), MAX_TOKENS)]
+    return TrainRows(pairs, given.source, given.max_new_tokens)
+
+
+def _pairs(rows: Any) -> list[tuple[list[int], int]]:
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise ValueError(f"train_rows must be a list of token-id lists or (token_ids, start) pairs, got {rows!r:.80}")
+    out = []
+    for n, row in enumerate(rows):
+        paired = isinstance(row, tuple) and len(row) == 2 and hasattr(row[0], "__len__")
+        ids, start = (row[0], row[1]) if paired else (row, 1)
+        if hasattr(ids, "tolist"):  # a tensor or an array
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not all(_whole(t) and t >= 0 for t in ids):
+            raise ValueError(f"train_rows[{n}]: not a list of token ids (whole numbers from 0): {ids!r:.80}")
+        if not _whole(start) or start < 1:
+            raise ValueError(f"train_rows[{n}]: its start (the first target token) must be a whole number >= 1")
+        out.append(([int(t) for t in ids], int(start)))
+    return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def rows_key(tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> str:
+    """A hash of the rows' tokens and starts, in order.
+
+    Example:
+        >>> rows_key([[1, 2, 3]], [1]) == rows_key([[1, 2, 3]], [2])
+        False
+    """
+    h = hashlib.sha256()
+    for ids, start in zip(tokens, starts):
+        h.update(np.asarray(ids, dtype=np.int64).tobytes())
+        h.update(f"@{start};".encode())
+    return h.hexdigest()[:16]
+
+
+class TrainKL:
+    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training
+    begins (the base measured once, or read back on resume), :meth:`measure` at each evaluation.
+
+    Args:
+        max_rows: at most this many rows (``train_kl_rows``).
+        top_k: the base's most likely tokens kept per position (the rest as one tail).
+        seed: which rows, when more are given.
+    """
+
+    def __init__(self, max_rows: int = 128, *, top_k: int = TOP_K, seed: int = 0):
+        self.max_rows, self.top_k, self.seed = max_rows, top_k, seed
+        self.base: BaseDistribution | None = None
+        self.tokens: list[list[int]] = []
+        self.starts: list[int] = []
+        self.source = ""
+        self._run: RunContext | None = None
+
+    @property
+    def on(self) -> bool:
+        """Whether it is measured at each evaluation."""
+        return self.base is not None
+
+    @property
+    def targets(self) -> int:
+        """How many tokens it is measured on."""
+        return sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
+
+    def begin(self, model: torch.nn.Module, run: RunContext, rows: RowsLike | None) -> None:
+        """Training begins (or resumes): on a fresh run (and with ``base="adapter_disabled"``) the
+        base's distribution on ``rows`` is measured (a GRPO prompt's completion generated first)
+        and kept as ``train_kl.npz``; on resume the first kept copy that checks out is read back.
+        Off (``rows`` is ``None``, a sharded model, no usable copy, a failure) leaves it off, said
+        in one line; malformed ``rows`` raise a ``ValueError`` here, before any training."""
+        self.base, self._run = None, run
+        if rows is None:
+            return
+        given = as_train_rows(rows, self.max_rows, self.seed)
+        say = logger.info if run.writes else logger.debug
+        if run.sharded or is_sharded(model):
+            say("forgetwatch: %s is off: it is not measured on sharded models (DeepSpeed ZeRO-3, FSDP) yet", _NAME)
+            return
+        if run.reads_back:
+            self._read_back(model, run)
+        else:
+            self._measure_base(model, run, given)
+        if self.base is not None and run.writes:
+            run.store.keep(TRAIN_KL, self.save)  # kept with the run (and its checkpoints) for the next resume
+
+    def _measure_base(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
+        failure: BaseException | None = None
+        pairs: list[tuple[list[int], int]] = []
+        base: BaseDistribution | None = None
+        try:
+            with run.as_base(model):
+                pairs = given.rows if given.complete else self._completed(model, run, given)
+                # a row no longer than the model's context (a trainer's rows are, unless given otherwise)
+                limit = model_max_length(getattr(unwrap(model), "config", None), run.tokenizer)
+                pairs = [(ids[:limit], start) for ids, start in pairs if start < min(len(ids), limit)]
+                if pairs:
+                    tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
+                    key = {
+                        "format": _FORMAT,
+                        "source": given.source,
+                        "rows": rows_key(tokens, starts),
+                        "rows_asked": self.max_rows,
+                        "top_k": self.top_k,
+                        **run.made_by(model),
+                    }
+                    base = base_distribution(
+                        unwrap(model),
+                        run.tokenizer,
+                        [str(i) for i in range(len(tokens))],
+                        tokens,
+                        pad_id(run.tokenizer),
+                        self.top_k,
+                        run.rows_per_batch(model),
+                        key,
+                        starts,
+                        precision=np.float32,
+                    )
+        except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
+            failure = err
+        # every rank goes on, or none: a rank that measures alone would wait for the others forever
+        if run.ranks.sum(np.array([float(failure is not None)]))[0] > 0:
+            if run.writes:
+                why = f"{type(failure).__name__}: {first_line(failure)}" if failure else "it failed on another rank"
+                logger.warning("forgetwatch: %s is off for this run: the base could not be measured (%s)", _NAME, why)
+            return
+        if base is None:
+            if run.writes:
+                logger.info("forgetwatch: %s is off: none of the training rows has a token to measure", _NAME)
+            return
+        self._set(base, [ids for ids, _ in pairs], [s for _, s in pairs], given.source)
+
+    def _completed(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> list[tuple[list[int], int]]:
+        """GRPO's prompts with the base's greedy completion appended (and its EOS, if it ended),
+        cut to :data:`MAX_TOKENS`: the completion's tokens are the targets."""
+        prompts = [ids for ids, _ in given.rows]
+        answers = generate_sharded(
+            model,
+            run.tokenizer,
+            prompts,
+            max_new_tokens=given.max_new_tokens,
+            ranks=run.ranks,
+            rows_per_batch=run.rows_per_batch(model),
+            return_ids=True,
+        )
+        eos = run.tokenizer.eos_token_id
+        if eos is None:
+            eos = (stop_token_ids(model, run.tokenizer) or [None])[0]
+        rows = []
+        for prompt, answer in zip(prompts, answers):
+            completion = list(answer.ids or ()) + ([eos] if answer.ended and eos is not None else [])
+            ids = (prompt + completion)[:MAX_TOKENS]
+            if len(ids) > len(prompt):
+                rows.append((ids, len(prompt)))
+        return rows
+
+    def _set(self, base: BaseDistribution, tokens: list[list[int]], starts: list[int], source: str) -> None:
+        self.base, self.tokens, self.starts, self.source = base, tokens, starts, source
+
+    # -- the kept file -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write ``train_kl.npz``: the base distribution and the rows it was measured on."""
+        lengths = [len(ids) for ids in self.tokens]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.asarray([t for ids in self.tokens for t in ids], dtype=np.int64)
+        extra = {"tokens": tokens, "token_offsets": offsets, "starts": np.asarray(self.starts, dtype=np.int64)}
+        self.base.save(path, extra)
+
+    @staticmethod
+    def load(path: str | Path) -> tuple[BaseDistribution, list[list[int]], list[int]]:
+        """A ``train_kl.npz`` back: ``(base distribution, rows' tokens, starts)``; a
+        :class:`~forgetwatch.scoring.next_tokens.KeptFileError` says what is wrong with it."""
+        base = BaseDistribution.load(path)
+        try:
+            with np.load(Path(path), allow_pickle=False) as z:
+                tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
+        except NPZ_ERRORS as err:
+            raise KeptFileError(path, f"damaged or not a train-KL file ({first_line(err)})") from None
+        if problem := _rows_problem(base, tokens, offsets, starts):
+            raise KeptFileError(path, f"damaged: {problem}")
+        rows = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(starts))]
+        return base, rows, starts.tolist()
+
+    def _read_back(self, model: torch.nn.Module, run: RunContext) -> None:
+        paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
+        expected = {"format": _FORMAT, "rows_asked": self.max_rows, "top_k": self.top_k, **run.made_by(model)}
+        vocab = _logits_width(model)
+        found = run.ranks.share_from_rank_zero(lambda: self._kept(paths, expected, vocab))
+        if found["kept"] is None:
+            if run.writes:
+                why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
+                logger.warning(
+                    "forgetwatch: %s is off for this resumed run: it needs the base model's distribution on the "
+                    "training rows, kept when the run began, and no copy can serve (%s); it is never measured "
+                    "again from the moved weights",
+                    _NAME,
+                    why,
+                )
+            return
+        kept = found["kept"]
+        if found["rejected"] and run.writes:
+            why = "; ".join(found["rejected"])
+            logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
+        self._set(BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"], kept["source"])
+
+    @staticmethod
+    def _kept(paths: Sequence[Path], expected: dict[str, Any], vocab: int | None) -> dict[str, Any]:
+        """The first of ``paths`` that reads, checks out and carries the ``expected`` key, and why
+        each one before it was passed over: JSON-ready, to share from rank 0 (nodes need not
+        share storage)."""
+        rejected = []
+        for path in paths:
+            if not path.is_file():
+                continue
+            try:
+                base, tokens, starts = TrainKL.load(path)
+            except KeptFileError as err:
+                rejected.append(str(err))
+                continue
+            wrong = [name for name, want in expected.items() if want is not None and base.key.get(name) != want]
+            if wrong:
+                rejected.append(f"{path}: made for another {', '.join(wrong)} than this run's")
+            elif vocab is not None and max([int(base.top_ids.max(initial=0)), *map(max, tokens)]) >= vocab:
+                rejected.append(f"{path}: damaged: a token id is outside the model's vocabulary of {vocab}")
+            else:
+                kept = {"base": base.to_dict(), "tokens": tokens, "starts": starts, "source": base.key.get("source")}
+                return {"kept": kept, "rejected": rejected}
+        return {"kept": None, "rejected": rejected}
+
+    # -- at each evaluation ----------------------------------------------------------------------
+
+    def measure(self, model: torch.nn.Module, ranks: Ranks) -> dict[str, float]:
+        """The mean KL(base ‖ ``model``) per target token over the rows (``train_kl``), with how
+        many rows and tokens it is over and the seconds it took; ``{}`` when off. The rows are
+        split over the ranks and the sums added up: every rank gets the same value, bit for bit.
+        The model is borrowed (eval mode, no gradients, random states restored) and forwarded
+        unwrapped, so ranks forwarding different rows never wait on DDP. A failure (on any
+        rank) turns the signal off for the run, with one warning; so does a value that is not a
+        finite number."""
+        if self.base is None or self._run is None:
+            return {}
+        began = time.perf_counter()
+        n = len(self.tokens)
+        sums = np.zeros(n + 1, dtype=np.float64)  # each row's KL summed over its targets; then a failure flag
+        failure: BaseException | None = None
+        try:
+            mine = ranks.my_share([len(x) for x in self.tokens])
+            inner = unwrap(model)
+            device = next(inner.parameters()).device
+            with borrowed(model, self._run.tokenizer):
+                for batch in group([len(self.tokens[i]) for i in mine], self._run.rows_per_batch(model), None):
+                    idx = [mine[j] for j in batch]
+                    ids, mask = (t.to(device) for t in right_padded([self.tokens[i] for i in idx], self._pad))
+                    logits = inner(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+                    base = aligned_targets(
+                        [self.base.row(str(i)) for i in idx], [self.starts[i] - 1 for i in idx], logits.shape[1], device
+                    )
+                    kl = kl_to_base(logits, *base) * target_mask(mask, idx, self.starts)
+                    sums[idx] = kl.sum(1).double().cpu().numpy()
+                    del logits, kl
+        except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
+            failure, sums[n] = err, 1.0
+        sums = ranks.sum(sums)
+        value = float(sums[:n].sum() / max(self.targets, 1))
+        if sums[n] > 0 or not math.isfinite(value):
+            self.base = None
+            if self._run.writes:
+                why = (
+                    f"{type(failure).__name__}: {first_line(failure)}"
+                    if failure is not None
+                    else ("it failed on another rank" if sums[n] > 0 else f"it came out as {value}")
+                )
+                logger.warning(
+                    "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
+                )
+            return {}
+        return {"train_kl": value, "rows": n, "tokens": self.targets, "seconds": round(time.perf_counter() - began, 4)}
+
+    @property
+    def _pad(self) -> int:
+        return pad_id(self._run.tokenizer)
+
+
+def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarray, starts: np.ndarray) -> str | None:
+    """What is wrong with a kept file's rows against its distribution, or ``None``."""
+    for name, a in (("tokens", tokens), ("token offsets", offsets), ("starts", starts)):
+        if a.dtype != np.int64 or a.ndim != 1:
+            return f"its {name} are not a 1-d int64 array"
+    n = len(starts)
+    if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) < 1).any():
+        return f"its token offsets do not add up to {n} rows of {len(tokens)} tokens"
+    lengths = np.diff(offsets)
+    if (starts < 1).any() or (starts >= lengths).any() or (tokens < 0).any():
+        return "a row's start or a token id is out of range"
+    if base.ids != [str(i) for i in range(n)] or (np.diff(base.offsets) != lengths - starts).any():
+        return "its distribution's positions are not its rows' targets"
+    rows = [tokens[offsets[i] : offsets[i + 1]] for i in range(n)]
+    if base.key.get("rows") != rows_key(rows, starts.tolist()):
+        return "its rows are not those its key was made from"
+    return None
+
+
+def _logits_width(model: torch.nn.Module) -> int | None:
+    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``."""
+    get = getattr(unwrap(model), "get_output_embeddings", None)
+    weight = getattr(get() if callable(get) else None, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None

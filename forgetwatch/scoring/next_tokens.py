@@ -1,0 +1,316 @@
+"""A model's next-token distribution on token rows, kept once, and KL(base ‖ current) against it.
+
+At each target position of each row, the ``k`` most likely next tokens with their
+log-probabilities, and the log of the mass outside them: enough for KL(base ‖ current) with no
+second model in memory. Replay's ``"kl"`` loss (:mod:`forgetwatch.replay.base_cache`) and the
+train-KL signal (:mod:`forgetwatch.run.train_kl`) both keep one (npz, never pickle) with the key
+of what it was made from, and compute the same KL (:func:`kl_to_base`). Rows are right-padded
+into batches (:func:`right_padded`, positions as in training) and a row's targets are its
+tokens from its ``start`` on (:func:`target_mask`).
+
+Example:
+    >>> ids, mask = right_padded([[5, 6, 7], [5, 6]], pad_id=0)
+    >>> ids.tolist(), target_mask(mask, [0, 1], [2, 1]).tolist()
+    ([[5, 6, 7], [5, 6, 0]], [[0, 1], [1, 0]])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from forgetwatch.common import strict_json
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, strict_dumps
+from forgetwatch.common.text import first_line
+from forgetwatch.scoring.batching import group
+from forgetwatch.scoring.borrow import borrowed
+
+__all__ = [
+    "BaseDistribution",
+    "KeptFileError",
+    "aligned_targets",
+    "base_distribution",
+    "kl_to_base",
+    "right_padded",
+    "target_mask",
+]
+
+
+class KeptFileError(ValueError):
+    """A file kept with the run (replay's ``replay.json``, ``replay_base.npz``, ``replay_scan.json``,
+    a history record's replay state, ``train_kl.npz``) cannot serve this run: which one (``None``
+    when the reason names several), and why."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, reason: str):
+        self.path, self.reason = None if path is None else str(path), reason
+        super().__init__(reason if path is None else f"{path}: {reason}")
+
+
+#: How far the kept probabilities of a position (its top k and its tail) may sum from 1: float16
+#: log-probabilities round each term by less than 0.05 %.
+MASS_TOLERANCE = 0.01
+
+#: The precisions the kept log-probabilities may have: float16 (replay: half the bytes) or
+#: float32 (train KL: the base measured against itself gives exactly 0).
+LOGPROB_TYPES = (np.float16, np.float32)
+
+
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one batch, right-padded (positions as in training): ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    return ids, mask
+
+
+def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] | None) -> torch.Tensor:
+    """The positions that predict a target token (rows × positions, one fewer than ``mask``'s):
+    the attention mask shifted, with each row's positions before its start cleared."""
+    targets = mask[:, 1:].clone()
+    if starts is not None:
+        for r, i in enumerate(rows):
+            targets[r, : starts[i] - 1] = 0
+    return targets
+
+
+def aligned_targets(
+    parts: Sequence[tuple[Any, Any, Any]], firsts: Sequence[int], positions: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch's base distribution laid out like its logits (rows × ``positions``): each
+    row's ``(top_ids, top_logprobs, tail)`` (see :meth:`BaseDistribution.row`) placed from its
+    first target position (``firsts``, its start − 1) on; other positions stay zero (a mask drops
+    them)."""
+    k = parts[0][0].shape[1]
+    top_ids = torch.zeros((len(parts), positions, k), dtype=torch.long)
+    top_lp = torch.zeros((len(parts), positions, k))
+    tail = torch.zeros((len(parts), positions))
+    for r, ((t_ids, t_lp, t_tail), first) in enumerate(zip(parts, firsts)):
+        at = slice(first, first + len(t_tail))
+        top_ids[r, at] = torch.as_tensor(t_ids, dtype=torch.long)
+        top_lp[r, at] = torch.as_tensor(t_lp, dtype=torch.float32)
+        tail[r, at] = torch.as_tensor(t_tail, dtype=torch.float32)
+    return top_ids.to(device), top_lp.to(device), tail.to(device)
+
+
+def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """KL(base ‖ current) at each position (the shape of ``logits`` without its last axis, fp32):
+    the base's top-k tokens ``top_ids`` with their log-probabilities ``top_lp`` and the log of its
+    mass outside them ``tail``, against the current ``logits``; the current model's mass outside
+    the same k tokens stands for its tail. Exact when k covers the vocabulary (the tails are 0).
+
+    Example:
+        >>> logits = torch.tensor([[0.0, 1.0, 2.0]])
+        >>> lp = torch.log_softmax(logits, -1)
+        >>> kl_to_base(logits, torch.tensor([[2, 1, 0]]), lp[:, [2, 1, 0]], torch.tensor([-30.0])).abs().item() < 1e-6
+        True
+    """
+    logq = torch.log_softmax(logits, -1)
+    q_top = logq.gather(-1, top_ids)
+    q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
+    return (top_lp.exp() * (top_lp - q_top)).sum(-1) + tail.exp() * (tail - q_tail)
+
+
+@dataclass
+class BaseDistribution:
+    """Per row (by id): ``top_ids`` and ``top_logprobs`` (positions × k) and ``tail`` (the log
+    of the probability outside the top k, per position); row ``i``'s positions are
+    ``offsets[i]:offsets[i + 1]``, one per predicted token. ``key``: what it was made from (for
+    replay's rows see :func:`~forgetwatch.replay.resume.base_problem`; for train KL
+    :mod:`forgetwatch.run.train_kl`)."""
+
+    ids: list[str]
+    offsets: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    tail: np.ndarray
+    key: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index = {pid: i for i, pid in enumerate(self.ids)}
+
+    @property
+    def k(self) -> int:
+        return int(self.top_ids.shape[1])
+
+    def row(self, pid: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        i = self._index[pid]
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.top_ids[a:b], self.top_logprobs[a:b].astype(np.float32), self.tail[a:b]
+
+    def problem(self) -> str | None:
+        """What is wrong with these arrays as a distribution, or ``None``: their types and
+        shapes, offsets that do not add up, ids that repeat, log-probabilities that are not
+        finite and at most 0, token ids below 0, or a position whose kept probabilities do
+        not sum to 1.
+
+        Example:
+            >>> d = BaseDistribution(["r1"], np.array([0, 1]), np.array([[3]], dtype=np.int32),
+            ...                      np.array([[0.5]], dtype=np.float16), np.array([-1.0], dtype=np.float32))
+            >>> d.problem()
+            'a log-probability is above 0 (0.5)'
+        """
+        arrays = {
+            "offsets": (self.offsets, (np.int64,), 1),
+            "top_ids": (self.top_ids, (np.int32,), 2),
+            "top_logprobs": (self.top_logprobs, LOGPROB_TYPES, 2),
+            "tail": (self.tail, (np.float32,), 1),
+        }
+        for name, (a, dtypes, ndim) in arrays.items():
+            if not isinstance(a, np.ndarray) or a.dtype not in dtypes or a.ndim != ndim:
+                return f"its {name} are not a {ndim}-d {' or '.join(np.dtype(t).name for t in dtypes)} array"
+        if not isinstance(self.ids, list) or not all(isinstance(i, str) for i in self.ids):
+            return "its row ids are not a list of strings"
+        if len(self._index) != len(self.ids):
+            return "a row id appears twice"
+        positions = len(self.tail)
+        if self.top_ids.shape != self.top_logprobs.shape or self.top_ids.shape[0] != positions or self.k < 1:
+            return (
+                f"its arrays do not fit together (top ids {self.top_ids.shape}, log-probabilities "
+                f"{self.top_logprobs.shape}, tail {self.tail.shape})"
+            )
+        o = self.offsets
+        if len(o) != len(self.ids) + 1 or o[0] != 0 or o[-1] != positions or (np.diff(o) < 0).any():
+            return f"its offsets do not add up to {len(self.ids)} rows of {positions} positions"
+        if (self.top_ids < 0).any():
+            return "a token id is below 0"
+        for name, values in (("log-probability", self.top_logprobs), ("tail", self.tail)):
+            if not np.isfinite(values).all():
+                return f"a {name} is not a finite number"
+            if (values > 0).any():
+                return f"a {name} is above 0 ({float(values.max()):g})"
+        mass = np.exp(self.top_logprobs.astype(np.float64)).sum(1) + np.exp(self.tail.astype(np.float64))
+        if positions and (off := float(np.abs(mass - 1).max())) > MASS_TOLERANCE:
+            return f"the probabilities kept at a position do not sum to 1 (off by {off:.3g})"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists (to share between ranks as JSON)."""
+        return {
+            "ids": self.ids,
+            "offsets": self.offsets.tolist(),
+            "top_ids": self.top_ids.tolist(),
+            "top_logprobs": self.top_logprobs.astype(np.float32).tolist(),
+            "logprob_type": self.top_logprobs.dtype.name,
+            "tail": self.tail.tolist(),
+            "key": self.key,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BaseDistribution:
+        precision = np.float32 if d.get("logprob_type") == "float32" else np.float16
+        return cls(
+            list(d["ids"]),
+            np.asarray(d["offsets"], dtype=np.int64),
+            np.asarray(d["top_ids"], dtype=np.int32),
+            np.asarray(d["top_logprobs"], dtype=precision),
+            np.asarray(d["tail"], dtype=np.float32),
+            dict(d.get("key", {})),
+        )
+
+    def save(self, path: str | os.PathLike[str], extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write it as an npz (no pickled data); ``extra``: more arrays to keep in the same file."""
+        with atomic_write(path, "wb") as f:
+            np.savez(
+                f,
+                ids=_text(self.ids),
+                key=_text(self.key),
+                offsets=self.offsets,
+                top_ids=self.top_ids,
+                top_logprobs=self.top_logprobs,
+                tail=self.tail,
+                **(extra or {}),
+            )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BaseDistribution:
+        """Read a file written by :meth:`save`; a :class:`KeptFileError` names the file and
+        what is wrong with it (damaged, or not a distribution: see :meth:`problem`)."""
+        try:
+            with np.load(Path(path), allow_pickle=False) as z:
+                base = cls(
+                    _json(z["ids"]),
+                    z["offsets"],
+                    z["top_ids"],
+                    z["top_logprobs"],
+                    z["tail"],
+                    _json(z["key"]) if "key" in z.files else {},
+                )
+        # a damaged npz fails inside zipfile, zlib or numpy with their own exception types
+        except NPZ_ERRORS as err:
+            reason = (
+                "it holds pickled (object) data, which forgetwatch never loads"
+                if "pickle" in str(err)
+                else f"damaged or not a base distribution ({first_line(err)})"
+            )
+            raise KeptFileError(path, reason) from None
+        if not isinstance(base.key, dict):
+            raise KeptFileError(path, "damaged: its key is not a JSON object")
+        if problem := base.problem():
+            raise KeptFileError(path, f"damaged: {problem}")
+        return base
+
+
+def _text(value: Any) -> np.ndarray:
+    """A JSON value as UTF-8 bytes in a uint8 array (npz holds no text without pickling)."""
+    return np.frombuffer(strict_dumps(value).encode("utf-8"), dtype=np.uint8)
+
+
+def _json(array: np.ndarray) -> Any:
+    if array.dtype != np.uint8 or array.ndim != 1:
+        raise ValueError("a text field is not UTF-8 bytes")
+    return strict_json.loads(array.tobytes().decode("utf-8"))
+
+
+def base_distribution(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    row_ids: Sequence[str],
+    token_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    k: int,
+    rows_per_batch: int = 8,
+    key: dict[str, Any] | None = None,
+    starts: Sequence[int] | None = None,
+    precision: type = np.float16,
+) -> BaseDistribution:
+    """The model's top-``k`` next-token log-probabilities at every target position of each row
+    (those predicting its tokens from its ``starts`` entry on, 1 when not given; the model
+    borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from;
+    ``precision``: the kept log-probabilities' type (one of :data:`LOGPROB_TYPES`)."""
+    device = next(model.parameters()).device
+    parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    with borrowed(model, tokenizer), torch.no_grad():
+        for idx in group([len(x) for x in token_ids], rows_per_batch, None):
+            ids, mask = right_padded([token_ids[i] for i in idx], pad_id)
+            logp = torch.log_softmax(
+                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1].float(), -1
+            )
+            top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
+            for r, i in enumerate(idx):
+                at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
+                parts[i] = (
+                    top_ids[r, at].cpu().numpy().astype(np.int32),
+                    top_lp[r, at].cpu().numpy().astype(precision),
+                    tail[r, at].cpu().numpy(),
+                )
+    order = range(len(token_ids))
+    offsets = np.zeros(len(token_ids) + 1, dtype=np.int64)
+    np.cumsum([len(parts[i][0]) for i in order], out=offsets[1:])
+    return BaseDistribution(
+        list(row_ids),
+        offsets,
+        np.concatenate([parts[i][0] for i in order]),
+        np.concatenate([parts[i][1] for i in order]),
+        np.concatenate([parts[i][2] for i in order]),
+        dict(key or {}),
+    )
