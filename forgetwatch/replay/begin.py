@@ -8,15 +8,12 @@ rank resumes from the same state or every rank raises the same error.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import torch
 
-from forgetwatch.config import ADAPTER_DISABLED
-from forgetwatch.replay.driver import logits_width
 from forgetwatch.replay.resume import (
     answers_to_resume,
     base_to_resume,
@@ -32,8 +29,7 @@ from forgetwatch.replay.scan import ScanBase, sample_key
 from forgetwatch.replay.synthetic import Answer, KeptAnswers, answer_prompts, prompts_key
 from forgetwatch.results.noise import noise_by_scope
 from forgetwatch.results.store import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_SCAN, REPLAY_STATE
-from forgetwatch.run.adapters import adapters_disabled
-from forgetwatch.run.base import model_key, weights_key
+from forgetwatch.scoring.next_tokens import logits_width
 from forgetwatch.scoring.scorer import pad_id
 
 if TYPE_CHECKING:
@@ -72,32 +68,12 @@ def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
         _scan_base(replay, model, run)
 
 
-def _read_back(run: RunContext) -> bool:
-    """Whether what was measured on the base is read back (a resume), not measured again: on a
-    fresh run, and with ``base="adapter_disabled"`` (the base is at hand), it is measured."""
-    return run.step > 0 and run.base != ADAPTER_DISABLED
-
-
-def _made_by(model: torch.nn.Module, run: RunContext) -> dict[str, str | None]:
-    """The base model's keys, which a kept file must carry: on resume from the base snapshot's
-    meta (scored from the same weights; the weights' key is not checked for a ``base=`` file)."""
-    if _read_back(run):
-        meta = run.base_meta if run.base is None else {}
-        return {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
-    return {"model": model_key(model), "weights": weights_key(model, run.ranks)}
-
-
-def _on_base(model: torch.nn.Module, run: RunContext) -> contextlib.AbstractContextManager:
-    """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""
-    return adapters_disabled(model) if run.base == ADAPTER_DISABLED else contextlib.nullcontext()
-
-
 def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[str, Answer]:
     """The base's answers to the pool's prompts: generated on a fresh run (sharded over the
     ranks), read back on resume (as :func:`_base_distribution`)."""
     prompt_ids = replay.pool.prompt_ids(run.tokenizer)
-    key = {"pool": replay.pool.fingerprint(), "prompts": prompts_key(prompt_ids), **_made_by(model, run)}
-    if _read_back(run):
+    key = {"pool": replay.pool.fingerprint(), "prompts": prompts_key(prompt_ids), **run.made_by(model)}
+    if run.reads_back:
         paths = [d / REPLAY_ANSWERS for d in run.resume_dirs]
         vocab = logits_width(model)
         found = run.ranks.share_from_rank_zero(lambda: kept_answers(paths, key, vocab))
@@ -106,7 +82,7 @@ def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[st
             logger.warning("forgetwatch: %s", warning)
     else:
         began = time.perf_counter()
-        with _on_base(model, run):
+        with run.as_base(model):
             answers = answer_prompts(
                 model, run.tokenizer, replay.pool, prompt_ids, run.ranks, run.rows_per_batch(model)
             )
@@ -126,8 +102,8 @@ def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[st
 def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
     """On a fresh run (and with ``base="adapter_disabled"``, which is never read back) from the
     model; on resume the first kept copy whose arrays check out and whose key is this run's."""
-    made_by = _made_by(model, run)
-    if _read_back(run):
+    made_by = run.made_by(model)
+    if run.reads_back:
         paths = [d / REPLAY_BASE for d in run.resume_dirs]
         vocab = logits_width(model)
         found = run.ranks.share_from_rank_zero(lambda: kept_base(replay, paths, made_by, vocab))
@@ -135,7 +111,7 @@ def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) 
         if warning and run.writes:
             logger.warning("forgetwatch: %s", warning)
     else:
-        with _on_base(model, run):
+        with run.as_base(model):
             replay.cache_base(model, run.tokenizer, pad_id(run.tokenizer), run.rows_per_batch(model), made_by)
     if run.writes:
         run.store.save_replay_base(replay.base)  # kept with the run (and its checkpoints) for the next resume
@@ -144,15 +120,15 @@ def _base_distribution(replay: Replay, model: torch.nn.Module, run: RunContext) 
 def _scan_base(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
     """The base's loss on the scanned rows: measured on a fresh run, read back on resume (as
     :func:`_base_distribution`)."""
-    made_by = _made_by(model, run)
-    if _read_back(run):
+    made_by = run.made_by(model)
+    if run.reads_back:
         paths = [d / REPLAY_SCAN for d in run.resume_dirs]
         found = run.ranks.share_from_rank_zero(lambda: kept_scan(replay, paths, made_by))
         replay.scan_base, warning = scan_to_resume(found, paths)
         if warning and run.writes:
             logger.warning("forgetwatch: %s", warning)
     else:
-        with _on_base(model, run):
+        with run.as_base(model):
             losses = replay.scan_losses(model)
         key = {**replay.key, "sample": sample_key(replay.scanned), **made_by}
         replay.scan_base = ScanBase(replay.scanned, losses.tolist(), key)

@@ -51,10 +51,10 @@ from forgetwatch.replay.scan import (
 )
 from forgetwatch.replay.synthetic import Answer, answer_prompts
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.scoring.borrow import is_sharded, unwrap
+from forgetwatch.scoring.borrow import is_sharded
 from forgetwatch.scoring.scorer import pad_id
 
-__all__ = ["Replay", "logits_width"]
+__all__ = ["Replay"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -520,14 +520,6 @@ class Replay:
         if self.warned:
             state["warned"] = sorted(self.warned)
         return state
-
-
-def logits_width(model: torch.nn.Module) -> int | None:
-    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``
-    when it does not say."""
-    get = getattr(unwrap(model), "get_output_embeddings", None)
-    weight = getattr(get() if callable(get) else None, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
 def _unscale(scaler: Any, optimizer: Any) -> None:

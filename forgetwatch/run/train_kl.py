@@ -49,6 +49,7 @@ from forgetwatch.scoring.next_tokens import (
     aligned_targets,
     base_distribution,
     kl_to_base,
+    logits_width,
     right_padded,
     target_mask,
 )
@@ -300,7 +301,7 @@ class TrainKL:
     def _read_back(self, model: torch.nn.Module, run: RunContext) -> None:
         paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
         expected = {"format": _FORMAT, "rows_asked": self.max_rows, "top_k": self.top_k, **run.made_by(model)}
-        vocab = _logits_width(model)
+        vocab = logits_width(model)
         found = run.ranks.share_from_rank_zero(lambda: self._kept(paths, expected, vocab))
         if found["kept"] is None:
             if run.writes:
@@ -414,10 +415,3 @@ def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarra
     if base.key.get("rows") != rows_key(rows, starts.tolist()):
         return "its rows are not those its key was made from"
     return None
-
-
-def _logits_width(model: torch.nn.Module) -> int | None:
-    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``."""
-    get = getattr(unwrap(model), "get_output_embeddings", None)
-    weight = getattr(get() if callable(get) else None, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None

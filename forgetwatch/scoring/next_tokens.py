@@ -29,9 +29,10 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.files import NPZ_ERRORS, atomic_write, strict_dumps
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import group
-from forgetwatch.scoring.borrow import borrowed
+from forgetwatch.scoring.borrow import borrowed, unwrap
 
 __all__ = [
+    "logits_width",
     "BaseDistribution",
     "KeptFileError",
     "aligned_targets",
@@ -314,3 +315,11 @@ def base_distribution(
         np.concatenate([parts[i][2] for i in order]),
         dict(key or {}),
     )
+
+
+def logits_width(model: torch.nn.Module) -> int | None:
+    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``
+    when it does not say."""
+    get = getattr(unwrap(model), "get_output_embeddings", None)
+    weight = getattr(get() if callable(get) else None, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
