@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 
 from forgetwatch import ReplayPool
@@ -53,7 +54,8 @@ def test_weight_zero_runs_nothing(toy):
     assert torch.equal(state, torch.get_rng_state())
 
 
-def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path):
+@pytest.mark.parametrize("from_answer", [False, True], ids=["every-token", "from-a-start"])
+def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path, from_answer):
     from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
     from forgetwatch.replay.penalty import kl_backward
 
@@ -66,20 +68,26 @@ def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path):
     base = copy.deepcopy(toy.base)
     current = copy.deepcopy(toy.tuned).train()
     pad = toy.tokenizer.pad_token_id
+    # a synthetic row learns from its answer on: positions before its start are context
+    starts = [1 + i % 4 for i in range(len(ids))] if from_answer else None
+    first = starts or [1] * len(ids)
     for k in (len(toy.tokenizer), 5):  # the whole vocabulary: exact; 5: the top five and the tail
-        cache = base_distribution(base, toy.tokenizer, [f"r{i}" for i in range(len(ids))], ids, pad, k, 4)
+        names = [f"r{i}" for i in range(len(ids))]
+        cache = base_distribution(base, toy.tokenizer, names, ids, pad, k, 4, starts=starts)
         cache.save(tmp_path / "cache.npz")
         cache = BaseDistribution.load(tmp_path / "cache.npz")
         ours = copy.deepcopy(current)
-        mean = kl_backward(ours, ids, [cache.row(f"r{i}") for i in range(len(ids))], pad, 0.3, rows_per_batch=4)
+        targets = [cache.row(f"r{i}") for i in range(len(ids))]
+        mean = kl_backward(ours, ids, targets, pad, 0.3, rows_per_batch=4, starts=starts)
 
         ref = copy.deepcopy(current)
         terms = []
         for i, row in enumerate(ids):
             x = torch.tensor([row])
+            at = slice(first[i] - 1, None)
             with torch.no_grad():
-                p_full = torch.log_softmax(base(input_ids=x).logits[0, :-1].float(), -1)
-            q = torch.log_softmax(ref(input_ids=x).logits[0, :-1].float(), -1)
+                p_full = torch.log_softmax(base(input_ids=x).logits[0, :-1].float(), -1)[at]
+            q = torch.log_softmax(ref(input_ids=x).logits[0, :-1].float(), -1)[at]
             top_ids, top_lp, tail = (torch.as_tensor(a) for a in cache.row(f"r{i}"))
             assert torch.allclose(top_lp, p_full.gather(-1, top_ids.long()), atol=1e-3, rtol=2e-3)  # stored at fp16
             qt = q.gather(-1, top_ids.long())
