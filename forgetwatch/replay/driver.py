@@ -100,8 +100,8 @@ class Replay:
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
         self.starts: dict[str, int] = {}  # each row's first target token, where not 1
         self.tokens = 0  # replay tokens forwarded so far (every rank's rows)
-        self.scan_base: ScanBase | None = None  # with select "rows": the base's loss on the scanned rows
-        self.increase: np.ndarray | None = None  # with select "rows": each scanned row's loss rise (float32)
+        self.scan_base: ScanBase | None = None  # when it scans: the base's loss on the scanned rows
+        self.increase: np.ndarray | None = None  # when it scans: each scanned row's loss rise (float32)
         self._used = self.weight  # the weight used since the last evaluation (logged with it)
         self._scan_seconds: float | None = None
         self.dropped: list[str] = []  # ids of the rows too short to replay
@@ -126,8 +126,9 @@ class Replay:
         self.probe_categories = list(probes.categories)
 
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
-        """An evaluation was made: with ``select="rows"`` the scanned rows' losses measured on
-        ``model`` (monitoring time, on every rank); then the draws and the weight adjusted."""
+        """An evaluation was made: with ``select="rows"`` or ``"auto"``, the scanned rows' losses
+        measured on ``model`` (monitoring time, on every rank); then the draws and the weight
+        adjusted, uncovered forgetting warned of, spill-over noted."""
         self._used = self.weight
         if self.scans and model is not None and not self.off:
             self.scan(model)
