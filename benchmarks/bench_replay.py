@@ -282,6 +282,24 @@ def run_job(cfg: dict, job: dict) -> dict:
         "curve": curve,
         "weights": [r["replay"]["weight"] for r in records if "weight" in r.get("replay", {})],
         "train_kl": [p["train_kl"] for p in curve if "train_kl" in p],
+        # what each evaluation cost, in seconds (medians): scoring, the pool's scan, train KL
+        "costs": {
+            name: med(values)
+            for name, values in (
+                ("scoring", [r["seconds"] for r in records]),
+                (
+                    "scan",
+                    [
+                        r["replay"]["replay/scan_seconds"]
+                        for r in records
+                        if "replay/scan_seconds" in r.get("replay", {})
+                    ],
+                ),
+                ("train_kl", [r["drift"]["seconds"] for r in records if "seconds" in r.get("drift", {})]),
+            )
+            if values
+        },
+        "monitoring_seconds": cb.watch.monitoring_seconds,
     }
 
 
@@ -554,6 +572,11 @@ def print_report(results: list[dict], args, checks: dict, goals: dict) -> None:
             g = goals[trainer]
             for k in g["by_k"]:
                 print(f"goal{' (headline)' if k == g['headline'] else ''}: {verdict(g, k)}")
+        mine = [r for r in results if r["trainer"] == trainer and "extra" not in r]
+        costs = {k: med(r["costs"].get(k) for r in mine) for k in ("scoring", "scan", "train_kl")}
+        names = {"scoring": "scoring the probes", "scan": "the pool's scan ('rows', 'auto')", "train_kl": "train KL"}
+        parts = [f"{names[k]} {1000 * v:.1f} ms" for k, v in costs.items() if v is not None]
+        print("per evaluation, medians: " + ", ".join(parts))
         if trainer == "sft" and (auto := runs_of(results, "sft", "auto")):
             print(f'"auto" weights at each evaluation (seed 0): {[round(w, 3) for w in auto[0]["weights"]]}')
         synthetic = {r["rows"] for r in runs_of(results, trainer, "synthetic")}

@@ -306,3 +306,25 @@ def test_state_checks_name_what_is_wrong(toy, pool):
     assert problem(lambda s: s["key"].update(tokens="x")).startswith("made for the rows tokenized otherwise")
     assert problem(lambda s: s.pop("key")).startswith("it has no key saying what it was made from")
     assert state_problem(replay, [1, 2], 10) == "not a replay state (a JSON list, not an object)"
+
+
+def test_an_auto_run_of_an_earlier_release_resumes_without_judging_its_reach(
+    toy, train_data, pool, run, tmp_path, caplog
+):
+    # what an earlier release kept: no version, select, tokens, scan or controller; no replay_scan.json
+    def earlier(state):
+        for key in ("version", "select", "tokens", "scan", "controller", "warned"):
+            state.pop(key, None)
+
+    def damage(d):
+        for folder in [d / "forgetwatch", *d.glob("checkpoint-*/forgetwatch")]:
+            (folder / "replay_scan.json").unlink(missing_ok=True)
+        edit_json(d / "checkpoint-3" / "forgetwatch" / "replay.json", earlier)
+        edit_history_states(d, 3, earlier)
+
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        resumed = resume(toy, train_data, pool, run, tmp_path, 3, damage)
+    replay = resumed.watch.repair
+    assert replay.weight == kept(run, 3)["weight"] and replay.controller.weight == replay.weight
+    assert not replay.scans and "scan" not in replay.state() and replay.tokens == 0  # its count starts here
+    assert 'replay_weight="auto" resumes without judging its reach' in caplog.text

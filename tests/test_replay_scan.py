@@ -147,3 +147,31 @@ def test_one_step_after_a_scan_equals_the_combined_loss_by_hand(small, tmp_path)
     assert replay.tokens == sum(map(len, rows)) and replay.figures()["replay/drift"] == pytest.approx(
         np.maximum(rise, 0).mean(), abs=2e-5
     )
+
+
+@pytest.mark.slow
+def test_a_scan_that_fails_or_finds_no_number_never_stops_training(small, tmp_path, caplog, monkeypatch):
+    world, tokenizer, model = small
+    pool = ReplayPool.from_records([{"id": f"r{i}", "text": t} for i, t in enumerate(world.fact_texts()[:6])])
+    replay = Replay(pool, ReplaySettings(select="rows", batch_size=2))
+    run = RunContext(
+        ranks=Ranks.alone(), writes=True, store=RunStore(tmp_path), tokenizer=tokenizer, rows_per_batch=lambda m: 3
+    )
+    replay.begin(model, run)
+    base = np.asarray(replay.scan_base.base_loss)
+    # a row whose loss is not a number counts as risen by 0: nothing NaN reaches the draws or the logs
+    monkeypatch.setattr(replay, "scan_losses", lambda m: base + np.array([0.5, np.nan, np.inf, 0, 0, 0]))
+    replay.on_evaluation(TransitionReport(), model)
+    assert replay.increase.tolist() == [0.5, 0, 0, 0, 0, 0] and np.isfinite(list(replay.figures().values())).all()
+
+    def broken(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", broken)
+    monkeypatch.setattr(replay, "scan_losses", Replay.scan_losses.__get__(replay))
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        replay.on_evaluation(TransitionReport(), model)  # a warning, not an exception
+        replay.on_evaluation(TransitionReport(), model)
+    assert "OutOfMemoryError: CUDA out of memory (injected)" in replay.scan_off
+    assert caplog.text.count("the replay pool's scan failed") == 1 and replay.increase.tolist()[0] == 0.5
+    assert "replay/drift" not in replay.figures()

@@ -278,8 +278,9 @@ class ReplaySettings(_Group):
         select: How rows are drawn: "categories" (by the forgetting of the probe category each
             row names, measured at the last evaluation), "rows" (by how much each row's own loss
             rose above the base's at the last evaluation: no categories needed) or "uniform".
-        scan_rows: With select "rows": the pool rows measured at each evaluation, a fixed seeded
-            sample when the pool is larger (1 to 4096); only those rows are replayed.
+        scan_rows: With select "rows" (or weight "auto", to judge its reach): the pool rows
+            measured at each evaluation, a fixed seeded sample when the pool is larger (1 to
+            4096); with select "rows" only those rows are replayed.
         seed: The seed of the draws (the same on every rank).
 
     Example:

@@ -40,9 +40,10 @@ logger = logging.getLogger("forgetwatch")
 
 
 def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
-    """Start ``replay`` for a run: tokenize the pool; on resume its state from the run's own
-    (``run.state``), else the first kept ``replay.json``, else rebuilt from the history (exact,
-    and said), else one clear error naming each copy; then the base distribution for ``"kl"``."""
+    """Start ``replay`` for a run: the base's answers to prompt rows, then tokenize the pool; on
+    resume its state from the run's own (``run.state``), else the first kept ``replay.json``,
+    else rebuilt from the history (exact, and said), else one clear error naming each copy; then
+    the base distribution for ``"kl"`` and the base's loss on the scanned rows."""
     replay.metric = run.stop_metric
     replay.noise = noise_by_scope(dict(run.base_meta))
     replay.refuse_sharded(model, run.sharded)
@@ -124,6 +125,15 @@ def _scan_base(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
     if run.reads_back:
         paths = [d / REPLAY_SCAN for d in run.resume_dirs]
         found = run.ranks.share_from_rank_zero(lambda: kept_scan(replay, paths, made_by))
+        if found["kept"] is None and replay.select != "rows":  # "auto" scans only to judge its reach
+            replay.scans, replay.increase = False, None
+            if run.writes:
+                logger.warning(
+                    'forgetwatch: replay_weight="auto" resumes without judging its reach: no kept replay scan '
+                    "can serve (%s)",
+                    "; ".join(found["rejected"]) or "none kept (a run of an earlier release)",
+                )
+            return
         replay.scan_base, warning = scan_to_resume(found, paths)
         if warning and run.writes:
             logger.warning("forgetwatch: %s", warning)
@@ -132,5 +142,7 @@ def _scan_base(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
             losses = replay.scan_losses(model)
         key = {**replay.key, "sample": sample_key(replay.scanned), **made_by}
         replay.scan_base = ScanBase(replay.scanned, losses.tolist(), key)
+        if problem := replay.scan_base.problem():  # a base that cannot score its own rows: said before training
+            raise ValueError(f"the base model's loss on the replay rows cannot be kept: {problem}")
     if run.writes:
         run.store.keep(REPLAY_SCAN, replay.scan_base.save)

@@ -184,8 +184,9 @@ def uncovered_losses(
     return out
 
 
-def uncovered_message(category: str, loss: Loss, coverage: Coverage) -> str:
-    """The warning, once per category per run, that replay cannot repair ``category``'s losses.
+def uncovered_message(category: str, loss: Loss, coverage: Coverage, steering: bool = True) -> str:
+    """The warning, once per category per run, that replay cannot repair ``category``'s losses
+    (``steering``: the weight is ``"auto"``, and does not steer on them either).
 
     Example:
         >>> print(uncovered_message("refusal", Loss(9, 40, 0.225), coverage(["arithmetic", "facts"],
@@ -193,10 +194,11 @@ def uncovered_message(category: str, loss: Loss, coverage: Coverage) -> str:
         9 of the 40 'refusal' probes are forgotten (22%), and the replay pool has no 'refusal' rows (it covers arithmetic, facts): replay cannot repair them and replay_weight='auto' does not steer on them; add rows of category 'refusal' to the pool
     """
     name = shorten(category)
+    steers = " and replay_weight='auto' does not steer on them" if steering else ""
     return (
         f"{loss.forgotten} of the {loss.n} {name} probes are forgotten ({pct(loss.rate, digits=0)}), "
         f"and the replay pool has no {name} rows (it covers {listing(coverage.covered)}): replay cannot "
-        f"repair them and replay_weight='auto' does not steer on them; add rows of category {name} to the pool"
+        f"repair them{steers}; add rows of category {name} to the pool"
     )
 
 

@@ -33,6 +33,7 @@ from forgetwatch.replay.coverage import (
     coverage,
     covered_forgetting,
     spill_over,
+    steering_note,
     uncovered_losses,
     uncovered_message,
 )
@@ -52,6 +53,7 @@ from forgetwatch.replay.scan import (
 from forgetwatch.replay.synthetic import Answer, answer_prompts
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded
+from forgetwatch.scoring.next_tokens import MeasureFailed
 from forgetwatch.scoring.scorer import pad_id
 
 __all__ = ["Replay"]
@@ -104,6 +106,7 @@ class Replay:
         self.increase: np.ndarray | None = None  # when it scans: each scanned row's loss rise (float32)
         self._used = self.weight  # the weight used since the last evaluation (logged with it)
         self._scan_seconds: float | None = None
+        self.scan_off: str | None = None  # why the scans stopped for the rest of the run, once they did
         self.dropped: list[str] = []  # ids of the rows too short to replay
         self.key: dict[str, str] = {}  # the pool and its tokens, which kept states must match
         self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
@@ -130,7 +133,7 @@ class Replay:
         measured on ``model`` (monitoring time, on every rank); then the draws and the weight
         adjusted, uncovered forgetting warned of, spill-over noted."""
         self._used = self.weight
-        if self.scans and model is not None and not self.off:
+        if self.scans and model is not None and self.scan_off is None:  # every rank alike: replay's own state aside
             self.scan(model)
         self.reweigh(report)
         if self.coverage is not None:
@@ -144,7 +147,7 @@ class Replay:
             if category not in self.warned:
                 self.warned.add(category)
                 if self._run is None or self._run.writes:
-                    logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage))
+                    logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage, self.auto))
 
     def notes(self) -> list[str]:
         """What the console line says of replay at this evaluation: the ``"auto"`` weight and
@@ -235,11 +238,16 @@ class Replay:
             if not self.dropped
             else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source, self.pool.answering)
         )
-        self.scan_ids = [usable[int(i)].id for i in scan_sample(len(usable), self.settings.scan_rows, self.seed)]
         self.sampler = self.new_sampler(usable)
+        self.scan_ids = [r.id for r in self.sampler.rows] if isinstance(self.sampler, RowSampler) else []
+        if self.scans and not self.scan_ids:  # "auto" over categories: the same seeded sample, scanned only
+            self.scan_ids = [usable[int(i)].id for i in scan_sample(len(usable), self.settings.scan_rows, self.seed)]
         self.increase = np.zeros(len(self.scan_ids), np.float32) if self.scans else None
-        if self.probe_categories is not None:
-            self.coverage = coverage(usable.categories, self.probe_categories)
+        if self.probe_categories is not None:  # what is replayed: with "rows", the scanned rows alone
+            replayed = self.sampler.rows if isinstance(self.sampler, RowSampler) else usable
+            self.coverage = coverage({r.category for r in replayed}, self.probe_categories)
+            if self.auto and warn and (note := steering_note(self.coverage)):
+                logger.warning("forgetwatch: %s", note)
         self.reweigh(None)
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
 
@@ -268,10 +276,24 @@ class Replay:
         )
 
     def scan(self, model: torch.nn.Module) -> None:
-        """Measure the scanned rows now against the base: their loss rises, for the draws."""
+        """Measure the scanned rows now against the base: their loss rises, for the draws. A
+        row whose loss is not a finite number counts as risen by 0; a failure (on any rank)
+        stops the scans for the rest of the run with one warning, the last rises kept."""
         began = time.perf_counter()  # what the scan costs, logged (monitoring time either way)
-        now = self.scan_losses(model)
-        self.increase = (now - np.asarray(self.scan_base.base_loss)).astype(np.float32)
+        try:
+            now = self.scan_losses(model)
+        except MeasureFailed as err:
+            self.scan_off = str(err)
+            if self._run is None or self._run.writes:
+                logger.warning(
+                    "forgetwatch: the replay pool's scan failed (%s) and stops for the rest of this run: the "
+                    "draws keep the last rises measured%s; training goes on",
+                    err,
+                    ', and replay_weight="auto" no longer judges its reach' if self.auto else "",
+                )
+            return
+        rise = now - np.asarray(self.scan_base.base_loss)
+        self.increase = np.where(np.isfinite(rise), rise, 0.0).astype(np.float32)
         self._scan_seconds = time.perf_counter() - began
 
     def cache_base(
@@ -305,8 +327,13 @@ class Replay:
             self.controller.load_state_dict(state.get("controller", {"weight": self.weight}))
         self.tokens = state.get("tokens", 0)
         self.warned = set(state.get("warned", []))
-        if self.scans:
-            self.increase = decode_increase(state["scan"]["increase"], len(self.scanned))
+        if self.scans:  # an earlier release's "auto" state has no scan: its rises start at 0
+            scan = state.get("scan")
+            self.increase = (
+                decode_increase(scan["increase"], len(self.scanned))
+                if scan is not None
+                else np.zeros(len(self.scanned), np.float32)
+            )
         self.reweigh(None, steer=False)
 
     def reweigh(self, report: TransitionReport | None, steer: bool = True) -> None:
@@ -482,7 +509,7 @@ class Replay:
 
     def figures(self) -> dict[str, float]:
         """Since the last call: the mean replay loss and the weight used, the replay tokens so
-        far and, with ``select="rows"``, the scanned rows' mean loss rise (``replay/drift``,
+        far and, when it scans (``select="rows"``, ``"auto"``), the scanned rows' mean loss rise (``replay/drift``,
         nats per token) and the scan's seconds. Nothing that does not apply (no weight once
         replay is switched off and nothing was replayed since)."""
         out = (
@@ -503,7 +530,7 @@ class Replay:
     def state(self) -> dict[str, Any]:
         """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
         record, as it is after the evaluation): the draws, the weight and batch size they are made
-        with, the replay tokens so far, with ``select="rows"`` the rows' loss rises, and the key
+        with, the replay tokens so far, when it scans the rows' loss rises, and the key
         of the pool and its tokens."""
         state = {
             "version": 2,

@@ -1,6 +1,7 @@
 """What a resumed run reads back for replay, and whether it may: the draws (a checkpoint's
-``replay.json``, or rebuilt from the history) and, with ``replay_loss="kl"``, the base
-distribution (``replay_base.npz``).
+``replay.json``, or rebuilt from the history) and what was measured on the base once: with
+``replay_loss="kl"`` its distribution on the rows (``replay_base.npz``), for scans its loss on
+the scanned rows (``replay_scan.json``), for prompt rows its answers (``replay_answers.json``).
 
 Every copy is checked before any of it is used: its values (whole counts, a finite weight in
 range, arrays that make a distribution) and its key, which ties it to what made it (the pool's
@@ -122,7 +123,7 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     select = state.get("select", "categories")
     if select != replay.select:
         return f"made with replay_select={shorten(select)}, not {replay.select!r}"
-    if replay.scans:
+    if replay.scans and (select == "rows" or "scan" in state):  # an earlier release's "auto" state has none
         scan = state.get("scan")
         if not isinstance(scan, Mapping) or scan.get("sample") != sample_key(replay.scanned):
             return "made for other scanned rows (another replay_scan_rows, replay_seed or pool)"
@@ -230,7 +231,7 @@ def rebuilt_state(
         sampler.load_state_dict(kept["sampler"], max_drawn=since)
         weight, batch_size, tokens = kept["weight"], kept["batch_size"], kept.get("tokens", 0)
         extra = {k: kept[k] for k in ("controller", "warned") if k in kept}
-        if replay.scans:
+        if replay.scans and "scan" in kept:
             increase = decode_increase(kept["scan"]["increase"], len(replay.scanned))
         if replay.auto and kept.get("version") is None:  # an earlier release wrote it before steering
             weight = next_weight(weight, getattr(report, replay.metric), replay.target)

@@ -79,7 +79,6 @@ class ReplaySampler:
     def __init__(self, pool: ReplayPool, seed: int = 0, uniform: bool = False):
         self.pool = pool
         self.seed = seed
-        self.uniform = uniform
         self.categories = ["all"] if uniform else pool.categories
         self._rows: dict[str, list[int]] = {c: [] for c in self.categories}
         for i, row in enumerate(pool):
@@ -153,9 +152,6 @@ class RowSampler:
         >>> sorted(r.id for r in sampler.next_batch(2, np.array([0.0, 0.5, 0.5, 0.0])))
         ['r1', 'r2']
     """
-
-    uniform = False
-    categories: list[str] = []
 
     def __init__(self, pool: ReplayPool, sample: np.ndarray, seed: int = 0):
         self.pool, self.sample, self.seed = pool, sample, seed

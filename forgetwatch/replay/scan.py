@@ -27,10 +27,8 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.replay.base_cache import ReplayFileError, read_kept_json
-from forgetwatch.replay.penalty import right_padded, target_mask
 from forgetwatch.replay.sampler import FLOOR
-from forgetwatch.scoring.batching import group
-from forgetwatch.scoring.borrow import borrowed, unwrap
+from forgetwatch.scoring.next_tokens import row_sums
 
 __all__ = ["ScanBase", "decode_increase", "encode_increase", "row_losses", "row_probabilities", "scan_sample"]
 
@@ -78,30 +76,19 @@ def row_losses(
     tokenizer: Any = None,
 ) -> np.ndarray:
     """Each row's mean next-token loss over its target tokens (from its ``starts`` entry on),
-    float64. The rows are split over the ranks and the results summed: every rank gets all of
-    them, bit for bit the same. The model is borrowed (eval mode, no gradients, random states
-    restored) and forwarded unwrapped, so ranks forwarding different rows never wait on DDP.
+    float64, sharded over the ranks (see :func:`~forgetwatch.scoring.next_tokens.row_sums`: a
+    failure on any rank is a ``MeasureFailed`` on every rank).
 
     Example:
         >>> row_losses(model, [[1, 5, 6]], [1], pad_id=0, rows_per_batch=8, ranks=Ranks.alone())  # doctest: +SKIP
         array([2.31...])
     """
-    out = np.zeros(len(token_ids), dtype=np.float64)
-    mine = ranks.my_share([len(x) for x in token_ids])
-    inner = unwrap(model)
-    device = next(inner.parameters()).device
-    with borrowed(model, tokenizer):
-        for batch in group([len(token_ids[i]) for i in mine], rows_per_batch, None):
-            idx = [mine[j] for j in batch]
-            ids, mask = (t.to(device) for t in right_padded([token_ids[i] for i in idx], pad_id))
-            logits = inner(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-            ).view(len(idx), -1)
-            targets = target_mask(mask, idx, starts)
-            means = (nll * targets).sum(1) / targets.sum(1)
-            out[idx] = means.double().cpu().numpy()
-    return ranks.sum(out)
+
+    def nll(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+
+    sums = row_sums(model, tokenizer, token_ids, starts, pad_id, rows_per_batch, ranks, nll)
+    return sums / np.array([len(x) - s for x, s in zip(token_ids, starts)], dtype=np.float64)
 
 
 def encode_increase(increase: np.ndarray) -> str:

@@ -57,6 +57,7 @@ class RunContext:
     stop_metric: str = "forgetting"
     state: Mapping[str, Any] | None = None
     sharded: bool = False
+    _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
 
     @property
     def reads_back(self) -> bool:
@@ -69,10 +70,14 @@ class RunContext:
         """The base model's keys, which a file measured on the base must carry: on resume from
         the base snapshot's meta (scored from the same weights; the weights' key is not checked
         for a ``base=`` file)."""
-        if self.reads_back:
-            meta = self.base_meta if self.base is None else {}
-            return {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
-        return {"model": model_key(model), "weights": weights_key(model, self.ranks)}
+        if self._made_by is None:  # once: the weights' key reads the parameters
+            if self.reads_back:
+                meta = self.base_meta if self.base is None else {}
+                made = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+            else:
+                made = {"model": model_key(model), "weights": weights_key(model, self.ranks)}
+            self._made_by = made
+        return dict(self._made_by)
 
     def as_base(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""

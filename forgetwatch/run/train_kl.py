@@ -39,19 +39,18 @@ from forgetwatch.common.files import NPZ_ERRORS
 from forgetwatch.common.text import first_line
 from forgetwatch.results.store import TRAIN_KL
 from forgetwatch.run.repair import RunContext
-from forgetwatch.scoring.batching import group
-from forgetwatch.scoring.borrow import borrowed, is_sharded, unwrap
+from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import generate_sharded, pad_id, stop_token_ids
 from forgetwatch.scoring.next_tokens import (
     BaseDistribution,
     KeptFileError,
+    MeasureFailed,
     aligned_targets,
     base_distribution,
     kl_to_base,
     logits_width,
-    right_padded,
-    target_mask,
+    row_sums,
 )
 
 __all__ = ["MAX_TOKENS", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
@@ -358,35 +357,34 @@ class TrainKL:
             return {}
         began = time.perf_counter()
         n = len(self.tokens)
-        sums = np.zeros(n + 1, dtype=np.float64)  # each row's KL summed over its targets; then a failure flag
-        failure: BaseException | None = None
+        base = self.base
+
+        def kl(logits: torch.Tensor, ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
+            parts = [base.row(str(i)) for i in idx]
+            return kl_to_base(
+                logits, *aligned_targets(parts, [self.starts[i] - 1 for i in idx], logits.shape[1], logits.device)
+            )
+
+        why = None
         try:
-            mine = ranks.my_share([len(x) for x in self.tokens])
-            inner = unwrap(model)
-            device = next(inner.parameters()).device
-            with borrowed(model, self._run.tokenizer):
-                for batch in group([len(self.tokens[i]) for i in mine], self._run.rows_per_batch(model), None):
-                    idx = [mine[j] for j in batch]
-                    ids, mask = (t.to(device) for t in right_padded([self.tokens[i] for i in idx], self._pad))
-                    logits = inner(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-                    base = aligned_targets(
-                        [self.base.row(str(i)) for i in idx], [self.starts[i] - 1 for i in idx], logits.shape[1], device
-                    )
-                    kl = kl_to_base(logits, *base) * target_mask(mask, idx, self.starts)
-                    sums[idx] = kl.sum(1).double().cpu().numpy()
-                    del logits, kl
-        except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
-            failure, sums[n] = err, 1.0
-        sums = ranks.sum(sums)
-        value = float(sums[:n].sum() / max(self.targets, 1))
-        if sums[n] > 0 or not math.isfinite(value):
+            sums = row_sums(
+                model,
+                self._run.tokenizer,
+                self.tokens,
+                self.starts,
+                self._pad,
+                self._run.rows_per_batch(model),
+                ranks,
+                kl,
+            )
+            value = float(sums.sum() / max(self.targets, 1))
+            if not math.isfinite(value):
+                why = f"it came out as {value}"
+        except MeasureFailed as err:  # a signal, not a training input: the run goes on
+            why = str(err)
+        if why is not None:
             self.base = None
             if self._run.writes:
-                why = (
-                    f"{type(failure).__name__}: {first_line(failure)}"
-                    if failure is not None
-                    else ("it failed on another rank" if sums[n] > 0 else f"it came out as {value}")
-                )
                 logger.warning(
                     "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
                 )

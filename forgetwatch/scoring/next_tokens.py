@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,9 @@ from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed, unwrap
 
 __all__ = [
+    "MeasureFailed",
     "logits_width",
+    "row_sums",
     "BaseDistribution",
     "KeptFileError",
     "aligned_targets",
@@ -315,6 +317,56 @@ def base_distribution(
         np.concatenate([parts[i][2] for i in order]),
         dict(key or {}),
     )
+
+
+class MeasureFailed(RuntimeError):
+    """A measurement over rows failed on some rank (every rank raises it, together)."""
+
+
+def row_sums(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    pad_id: int,
+    rows_per_batch: int,
+    ranks: Any,
+    per_position: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
+) -> np.ndarray:
+    """Each row's sum over its target positions (those predicting its tokens from its ``starts``
+    entry on) of ``per_position(logits, ids, rows)`` (rows × positions, fp32), float64. The rows
+    are split over the ranks and the sums added up: every rank gets all of them, bit for bit the
+    same. The model is borrowed (eval mode, no gradients, random states restored) and forwarded
+    unwrapped, so ranks forwarding different rows never wait on DDP. A failure on any rank is a
+    :class:`MeasureFailed` on every rank, after the one collective (none waits forever).
+
+    Example:
+        >>> nll = lambda logits, ids, rows: torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        >>> row_sums(model, tokenizer, [[1, 5, 6]], [1], 0, 8, Ranks.alone(), nll)  # doctest: +SKIP
+        array([4.62...])
+    """
+    n = len(rows)
+    sums = np.zeros(n + 1, dtype=np.float64)  # each row's sum; then a failure flag
+    failure: BaseException | None = None
+    try:
+        mine = ranks.my_share([len(x) for x in rows])
+        inner = unwrap(model)
+        device = next(inner.parameters()).device
+        with borrowed(model, tokenizer):
+            for batch in group([len(rows[i]) for i in mine], rows_per_batch, None):
+                idx = [mine[j] for j in batch]
+                ids, mask = (t.to(device) for t in right_padded([rows[i] for i in idx], pad_id))
+                logits = inner(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+                values = per_position(logits, ids, idx) * target_mask(mask, idx, starts)
+                sums[idx] = values.sum(1).double().cpu().numpy()
+                del logits, values
+    except Exception as err:  # noqa: BLE001 - said below, on every rank alike
+        failure, sums[n] = err, 1.0
+    sums = ranks.sum(sums)
+    if sums[n] > 0:
+        why = f"{type(failure).__name__}: {first_line(failure)}" if failure is not None else "it failed on another rank"
+        raise MeasureFailed(why) from failure
+    return sums[:n]
 
 
 def logits_width(model: torch.nn.Module) -> int | None:
