@@ -13,9 +13,10 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.config.settings import ReplaySettings
 from forgetwatch.replay.driver import Replay
 from forgetwatch.replay.sampler import ReplaySampler
-from forgetwatch.replay.synthetic import Answer, KeptAnswers
+from forgetwatch.replay.synthetic import KeptAnswers
 from forgetwatch.results.store import REPLAY_ANSWERS, RunStore
 from forgetwatch.run.repair import RunContext
+from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
 
@@ -126,6 +127,6 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
         '{"format"'
     )  # kept again
     (tmp_path / REPLAY_ANSWERS).write_text("{")
-    KeptAnswers({"p0": Answer([1], "x", True)}, {"pool": "other"}).save(second / REPLAY_ANSWERS)
+    KeptAnswers({"p0": Generated("x", (1,), True)}, {"pool": "other"}).save(second / REPLAY_ANSWERS)
     with pytest.raises(ValueError, match=r"replay_answers.json: damaged.*made for another replay pool"):
         Replay(pool).begin(model, run(10, [tmp_path, second]))

@@ -26,9 +26,10 @@ from forgetwatch.replay.resume import (
     state_to_resume,
 )
 from forgetwatch.replay.scan import ScanBase, sample_key
-from forgetwatch.replay.synthetic import Answer, KeptAnswers, answer_prompts, prompts_key
+from forgetwatch.replay.synthetic import KeptAnswers, answer_prompts, prompts_key
 from forgetwatch.results.noise import noise_by_scope
 from forgetwatch.results.store import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_SCAN, REPLAY_STATE
+from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.next_tokens import logits_width
 from forgetwatch.scoring.scorer import pad_id
 
@@ -69,7 +70,7 @@ def begin(replay: Replay, model: torch.nn.Module, run: RunContext) -> None:
         _scan_base(replay, model, run)
 
 
-def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[str, Answer]:
+def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[str, Generated]:
     """The base's answers to the pool's prompts: generated on a fresh run (sharded over the
     ranks), read back on resume (as :func:`_base_distribution`)."""
     prompt_ids = replay.pool.prompt_ids(run.tokenizer)

@@ -50,9 +50,10 @@ from forgetwatch.replay.scan import (
     sample_key,
     scan_sample,
 )
-from forgetwatch.replay.synthetic import Answer, answer_prompts
+from forgetwatch.replay.synthetic import answer_prompts
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded
+from forgetwatch.scoring.generation import Generated, answered_row
 from forgetwatch.scoring.next_tokens import MeasureFailed
 from forgetwatch.scoring.scorer import pad_id
 
@@ -186,7 +187,7 @@ class Replay:
         *,
         sharded: bool = False,
         warn: bool = True,
-        answers: Mapping[str, Answer] | None = None,
+        answers: Mapping[str, Generated] | None = None,
     ) -> None:
         """Refuse what replay cannot run under (before any training: ``sharded``, a DeepSpeed
         ZeRO or FSDP run); tokenize the pool once, and refuse a pool with no row long enough to
@@ -204,7 +205,7 @@ class Replay:
             if answers is None:
                 answers = answer_prompts(model, tokenizer, self.pool, prompt_ids, Ranks.alone(), 8)
             for pid, ids in prompt_ids.items():
-                tokens[pid], self.starts[pid] = answers[pid].row(ids, tokenizer.eos_token_id, self.max_length)
+                tokens[pid], self.starts[pid] = answered_row(ids, answers[pid], model, tokenizer, self.max_length)
         usable = {pid: len(ids) > self.starts.get(pid, 1) for pid, ids in tokens.items()}  # some token to learn
         self.encoded = {r.id: tokens[r.id] for r in rows if usable[r.id]}
         self.dropped = [r.id for r in rows if not usable[r.id]]

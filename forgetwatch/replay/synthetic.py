@@ -26,33 +26,13 @@ from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.replay.base_cache import ReplayFileError, read_kept_json
 from forgetwatch.replay.pool import ReplayPool
-from forgetwatch.scoring.generation import generate_sharded
+from forgetwatch.scoring.generation import Generated, generate_sharded
 
-__all__ = ["Answer", "KeptAnswers", "answer_prompts", "prompts_key"]
+__all__ = ["KeptAnswers", "answer_prompts", "prompts_key"]
 
 _FORMAT = "forgetwatch.replay_answers"
 #: A kept answers file larger than this is not one.
 MAX_ANSWERS_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The base's answer to one prompt: its token ids, its text, and whether EOS ended it."""
-
-    ids: list[int]
-    text: str
-    ended: bool
-
-    def row(self, prompt_ids: list[int], eos_id: int | None, max_length: int) -> tuple[list[int], int]:
-        """The row trained on: the prompt's tokens, the answer's, and EOS when the answer ended
-        with it, cut to ``max_length``; and its first target token (the answer's first).
-
-        Example:
-            >>> Answer([7, 8], " Vo.", ended=True).row([1, 5, 6], eos_id=2, max_length=512)
-            ([1, 5, 6, 7, 8, 2], 3)
-        """
-        tail = self.ids + ([eos_id] if self.ended and eos_id is not None else [])
-        return (prompt_ids + tail)[:max_length], len(prompt_ids)
 
 
 def prompts_key(prompt_ids: Mapping[str, list[int]]) -> str:
@@ -70,7 +50,7 @@ def answer_prompts(
     prompt_ids: Mapping[str, list[int]],
     ranks: Ranks,
     rows_per_batch: int,
-) -> dict[str, Answer]:
+) -> dict[str, Generated]:
     """The model's greedy answers to the pool's prompts (as :attr:`ReplayPool.answering`
     says), by row id; every rank must call it together and gets every answer."""
     answering = pool.answering
@@ -86,7 +66,7 @@ def answer_prompts(
         return_ids=True,
         names=ids,
     )
-    return {i: Answer(list(g.ids or ()), g.text, bool(g.ended)) for i, g in zip(ids, out)}
+    return dict(zip(ids, out))
 
 
 @dataclass
@@ -94,18 +74,18 @@ class KeptAnswers:
     """The answers of a run, and ``key``: what they were made from (the pool and its answering
     settings, the prompts' tokens, the base model and its weights)."""
 
-    answers: dict[str, Answer]
+    answers: dict[str, Generated]
     key: dict[str, Any]
 
     def problem(self, vocab: int | None = None) -> str | None:
         """What is wrong with them, or ``None``: ids whole numbers inside the vocabulary, text a string.
 
         Example:
-            >>> KeptAnswers({"p0": Answer([-1], "x", True)}, {}).problem()
+            >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
             "the answer to 'p0' has a token id below 0"
         """
         for pid, a in self.answers.items():
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in a.ids):
+            if not isinstance(a.ids, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in a.ids):
                 return f"the answer to {shorten(pid)} has token ids that are not whole numbers"
             if any(t < 0 for t in a.ids):
                 return f"the answer to {shorten(pid)} has a token id below 0"
@@ -120,12 +100,12 @@ class KeptAnswers:
             "format": _FORMAT,
             "version": 1,
             "key": self.key,
-            "answers": {i: {"ids": a.ids, "text": a.text, "ended": a.ended} for i, a in self.answers.items()},
+            "answers": {i: {"ids": list(a.ids), "text": a.text, "ended": a.ended} for i, a in self.answers.items()},
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KeptAnswers:
-        answers = {i: Answer(list(a["ids"]), a["text"], a["ended"]) for i, a in d["answers"].items()}
+        answers = {i: Generated(a["text"], tuple(a["ids"]), a["ended"]) for i, a in d["answers"].items()}
         return cls(answers, dict(d["key"]))
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -41,7 +41,7 @@ from forgetwatch.results.store import TRAIN_KL
 from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
-from forgetwatch.scoring.generation import generate_sharded, pad_id, stop_token_ids
+from forgetwatch.scoring.generation import answered_row, generate_sharded, pad_id
 from forgetwatch.scoring.next_tokens import (
     BaseDistribution,
     KeptFileError,
@@ -257,16 +257,8 @@ class TrainKL:
             rows_per_batch=run.rows_per_batch(model),
             return_ids=True,
         )
-        eos = run.tokenizer.eos_token_id
-        if eos is None:
-            eos = (stop_token_ids(model, run.tokenizer) or [None])[0]
-        rows = []
-        for prompt, answer in zip(prompts, answers):
-            completion = list(answer.ids or ()) + ([eos] if answer.ended and eos is not None else [])
-            ids = (prompt + completion)[:MAX_TOKENS]
-            if len(ids) > len(prompt):
-                rows.append((ids, len(prompt)))
-        return rows
+        rows = [answered_row(p, a, model, run.tokenizer, MAX_TOKENS) for p, a in zip(prompts, answers)]
+        return [(ids, start) for ids, start in rows if len(ids) > start]
 
     def _set(self, base: BaseDistribution, tokens: list[list[int]], starts: list[int], source: str) -> None:
         self.base, self.tokens, self.starts, self.source = base, tokens, starts, source

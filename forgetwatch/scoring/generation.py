@@ -108,6 +108,24 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def answered_row(
+    prompt: Sequence[int], answer: Generated, model: Any, tokenizer: Any, max_length: int
+) -> tuple[list[int], int]:
+    """A prompt and the model's greedy ``answer`` as one row to train or measure on: the
+    prompt's tokens, the answer's, and an EOS when the answer ended with one (the tokenizer's,
+    else the model's first), cut to ``max_length``; and its first target token (the answer's).
+
+    Example:
+        >>> answered_row([1, 5], Generated(" Vo.", (7, 8), True), model, tokenizer, 512)  # doctest: +SKIP
+        ([1, 5, 7, 8, 2], 2)
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = (stop_token_ids(model, tokenizer) or [None])[0]
+    tail = list(answer.ids or ()) + ([eos] if answer.ended and eos is not None else [])
+    return (list(prompt) + tail)[:max_length], len(prompt)
+
+
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """The text before the first occurrence of any stop string."""
     cut = len(text)
