@@ -371,8 +371,9 @@ class ReplayPool(Sequence[ReplayRow]):
 
     def prompt_ids(self, tokenizer: Any) -> dict[str, list[int]]:
         """Every prompt row's model input as token ids, by row id, rendered as
-        :attr:`answering` says (:meth:`ReplayRow.prompt_ids`); a ``ValueError`` naming the
-        rows if they are answered as chats and the tokenizer has no chat template.
+        :attr:`answering` says (as :meth:`ReplayRow.prompt_ids` renders one row, here in one
+        batch); a ``ValueError`` naming the rows if they are answered as chats and the tokenizer
+        has no chat template.
 
         Example:
             >>> pool = ReplayPool.from_prompts(["Name a river.", "What is 2 + 3?"])

@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from forgetwatch.replay.controller import MAX_WEIGHT, MIN_WEIGHT, START, Control
 from forgetwatch.replay.sampler import category_weights
 from forgetwatch.replay.scan import ScanBase, decode_increase, encode_increase, row_probabilities, sample_key
 from forgetwatch.replay.synthetic import KeptAnswers
+from forgetwatch.scoring.next_tokens import first_usable
 
 if TYPE_CHECKING:
     from forgetwatch.replay.driver import Replay
@@ -146,31 +147,10 @@ def read_state(path: str | os.PathLike[str]) -> Any:
     return read_kept_json(path, MAX_STATE_BYTES)
 
 
-def _first_usable(
-    paths: Sequence[Path], read: Callable[[Path], Any], problem: Callable[[Any], str | None]
-) -> tuple[Any, list[str]]:
-    """The first of ``paths`` that exists, reads and has no ``problem`` (``None`` when none
-    does), and why each one before it was passed over."""
-    rejected = []
-    for path in paths:
-        if not path.is_file():
-            continue
-        try:
-            value = read(path)
-        except ReplayFileError as err:
-            rejected.append(str(err))
-            continue
-        if reason := problem(value):
-            rejected.append(f"{path}: {reason}")
-        else:
-            return value, rejected
-    return None, rejected
-
-
 def kept_state(replay: Replay, paths: Sequence[Path], step: int) -> dict[str, Any]:
     """The first of ``paths`` (``replay.json`` files) that is ``replay``'s state at ``step``,
     and why each one before it was passed over: JSON-ready, to share from rank 0."""
-    state, rejected = _first_usable(paths, read_state, lambda s: state_problem(replay, s, step))
+    state, rejected = first_usable(paths, read_state, lambda s: state_problem(replay, s, step))
     return {"state": state, "rejected": rejected}
 
 
@@ -274,7 +254,7 @@ def kept_base(
     """The first of ``paths`` (``replay_base.npz`` files) that can serve ``replay`` (see
     :func:`base_problem`), and why each one before it was passed over: JSON-ready, to share
     from rank 0 (nodes need not share storage)."""
-    base, rejected = _first_usable(paths, BaseDistribution.load, lambda b: base_problem(replay, b, made_by, vocab))
+    base, rejected = first_usable(paths, BaseDistribution.load, lambda b: base_problem(replay, b, made_by, vocab))
     return {"kept": None if base is None else base.to_dict(), "rejected": rejected}
 
 
@@ -330,7 +310,7 @@ def kept_scan(replay: Replay, paths: Sequence[Path], made_by: Mapping[str, str |
             return reason
         return None if scan.ids == replay.scanned else "damaged: its rows are not this run's scanned rows"
 
-    scan, rejected = _first_usable(paths, ScanBase.load, problem)
+    scan, rejected = first_usable(paths, ScanBase.load, problem)
     return {"kept": None if scan is None else scan.to_dict(), "rejected": rejected}
 
 
@@ -349,7 +329,7 @@ def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | Non
     def problem(kept: KeptAnswers) -> str | None:
         return _key_problem(kept.key, key) or kept.problem(vocab)
 
-    kept, rejected = _first_usable(paths, KeptAnswers.load, problem)
+    kept, rejected = first_usable(paths, KeptAnswers.load, problem)
     return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}
 
 

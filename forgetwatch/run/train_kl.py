@@ -48,6 +48,7 @@ from forgetwatch.scoring.next_tokens import (
     MeasureFailed,
     aligned_targets,
     base_distribution,
+    first_usable,
     kl_to_base,
     logits_width,
     row_sums,
@@ -316,24 +317,22 @@ class TrainKL:
         """The first of ``paths`` that reads, checks out and carries the ``expected`` key, and why
         each one before it was passed over: JSON-ready, to share from rank 0 (nodes need not
         share storage)."""
-        rejected = []
-        for path in paths:
-            if not path.is_file():
-                continue
-            try:
-                base, tokens, starts = TrainKL.load(path)
-            except KeptFileError as err:
-                rejected.append(str(err))
-                continue
+
+        def problem(loaded: tuple[BaseDistribution, list[list[int]], list[int]]) -> str | None:
+            base, tokens, _ = loaded
             wrong = [name for name, want in expected.items() if want is not None and base.key.get(name) != want]
             if wrong:
-                rejected.append(f"{path}: made for another {', '.join(wrong)} than this run's")
-            elif vocab is not None and max([int(base.top_ids.max(initial=0)), *map(max, tokens)]) >= vocab:
-                rejected.append(f"{path}: damaged: a token id is outside the model's vocabulary of {vocab}")
-            else:
-                kept = {"base": base.to_dict(), "tokens": tokens, "starts": starts, "source": base.key.get("source")}
-                return {"kept": kept, "rejected": rejected}
-        return {"kept": None, "rejected": rejected}
+                return f"made for another {', '.join(wrong)} than this run's"
+            if vocab is not None and max([int(base.top_ids.max(initial=0)), *map(max, tokens)]) >= vocab:
+                return f"damaged: a token id is outside the model's vocabulary of {vocab}"
+            return None
+
+        loaded, rejected = first_usable(paths, TrainKL.load, problem)
+        if loaded is None:
+            return {"kept": None, "rejected": rejected}
+        base, tokens, starts = loaded
+        kept = {"base": base.to_dict(), "tokens": tokens, "starts": starts, "source": base.key.get("source")}
+        return {"kept": kept, "rejected": rejected}
 
     # -- at each evaluation ----------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ __all__ = [
     "BaseDistribution",
     "KeptFileError",
     "aligned_targets",
+    "first_usable",
     "base_distribution",
     "kl_to_base",
     "right_padded",
@@ -62,6 +63,28 @@ MASS_TOLERANCE = 0.01
 #: The precisions the kept log-probabilities may have: float16 (replay: half the bytes) or
 #: float32 (train KL: the base measured against itself gives exactly 0).
 LOGPROB_TYPES = (np.float16, np.float32)
+
+
+def first_usable(
+    paths: Sequence[Path], read: Callable[[Path], Any], problem: Callable[[Any], str | None]
+) -> tuple[Any, list[str]]:
+    """The first of ``paths`` (kept copies of one file) that exists, reads (a
+    :class:`KeptFileError` says why not) and has no ``problem`` (``None`` when none does), and
+    why each one before it was passed over."""
+    rejected = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            value = read(path)
+        except KeptFileError as err:
+            rejected.append(str(err))
+            continue
+        if reason := problem(value):
+            rejected.append(f"{path}: {reason}")
+        else:
+            return value, rejected
+    return None, rejected
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
