@@ -67,8 +67,8 @@ EARLIER_KEYS = [
     "max_logged_categories",
     "verbose",
 ]
-#: Keys added since (issue 20): a config of an earlier release leaves them at their defaults.
-NEW_KEYS = ["replay_select", "replay_scan_rows", "train_kl_rows"]
+#: Keys added since (issues 20 and 27): a config of an earlier release leaves them at their defaults.
+NEW_KEYS = ["replay_select", "replay_scan_rows", "train_kl_rows", "precision"]
 
 
 def test_no_settings_is_the_default_groups():

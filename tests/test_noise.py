@@ -21,6 +21,7 @@ from forgetwatch.results.noise import (
     wants_noise_check,
 )
 from forgetwatch.run.stopping import OVERALL, StopRule
+from forgetwatch.scoring.precision import compute_precision, is_reduced
 
 
 def test_smallest_detectable_is_the_first_count_an_exact_two_sided_test_rejects():
@@ -70,9 +71,11 @@ def test_measured_noise_equals_an_independent_count_of_flips(toy):
         assert share == sum(mine) / len(mine)
 
 
-def test_noise_check_is_on_by_default_for_half_precision_only(toy):
-    assert not wants_noise_check(toy.base)
-    assert wants_noise_check(copy.deepcopy(toy.base).to(torch.bfloat16))
+def test_noise_check_is_on_by_default_for_reduced_precision_only(toy):
+    cpu = torch.device("cpu")
+    half = copy.deepcopy(toy.base).to(torch.bfloat16)
+    assert not wants_noise_check(toy.base, is_reduced(compute_precision(toy.base, cpu, "weights")))
+    assert wants_noise_check(half, is_reduced(compute_precision(half, cpu, "weights")))
 
 
 class LogsAtZero(TrainerCallback):

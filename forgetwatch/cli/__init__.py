@@ -290,7 +290,7 @@ def _compare_command(args: argparse.Namespace) -> int:
     prepared = prepared or _prepare(args, *named, ("--model", args.model))
     if not base_is_answers:
         base = _score(args, *prepared[0], probes)
-    current = _score(args, *prepared[-1], probes)
+    current = _score(args, *prepared[-1], probes, precision=base.scoring.get("precision"))
     report = compare(base, current)
 
     print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {_probes_name(args)} ({len(probes)})\n")
@@ -409,6 +409,8 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
         stop=Scoring.stop,
         behaviour_max_new_tokens=args.behaviour_max_new_tokens,
     )
+    # the precision is the model's, known once it is loaded (checked in _score)
+    wanted["precision"] = base.scoring.get("precision")
     problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
     if problem:
         raise UsageError(
@@ -434,13 +436,24 @@ def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Ch
     return [(model, tokenizers[shared or model]) for model in models]
 
 
-def _score(args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: ProbeSet) -> Answers:
+def _score(
+    args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: ProbeSet, precision: str | None = None
+) -> Answers:
+    """``ckpt`` scored on ``probes``; with ``precision``, only if it computes in that one (the
+    base's), checked before any scoring."""
     import torch
 
     from forgetwatch.scoring import evaluate
+    from forgetwatch.scoring.precision import compute_precision
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(ckpt, args.dtype, device)
+    mine = compute_precision(model, torch.device(device), "weights")
+    if precision is not None and mine != precision:
+        raise UsageError(
+            f"the base was scored in {precision} and {ckpt.name} computes in {mine}: rounding alone "
+            f"would flip answers; pass --dtype {precision.split('+')[0].split()[0]} to score it alike"
+        )
     try:
         answers = evaluate(
             model,

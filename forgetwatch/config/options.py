@@ -10,6 +10,8 @@ from forgetwatch.probes import ProbeKind
 
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
 NORMALIZE_MODES: tuple[str | None, ...] = (None, "chars")
+#: ``precision`` values: the weights' own dtype (autocast off), or as the training forward computes
+PRECISIONS = ("weights", "autocast")
 
 BatchSize = int | str  # a positive int, or "auto"
 

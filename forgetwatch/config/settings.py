@@ -28,7 +28,7 @@ from typing import Any
 
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
-from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES
+from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
 
 #: the forgetting rates a run may stop on (and replay steer by)
 STOP_METRICS = ("forgetting", "forgetting_adjusted")
@@ -146,6 +146,11 @@ class Scoring(_Group):
             long system prompt) once per evaluation and read it from the KV cache for each of
             them: the same answers, at the cost of the probes' own tokens. Off, or where the
             model cannot be packed, every probe is scored whole.
+        precision: What the forwards compute in: "weights" (the weights' own dtype, autocast
+            off, so answers equal an offline recount of the same weights, e.g. lm-eval's) or
+            "autocast" (as the trainer's mixed-precision forward computes: faster on GPUs with
+            float32 weights, but answers flip with rounding alone; the noise floor is measured).
+            Recorded with the answers; answers of another precision are not compared.
 
     Example:
         >>> Scoring(batch_size=8, normalize="chars").batch_size
@@ -159,6 +164,7 @@ class Scoring(_Group):
     stop: Sequence[str] = option(("\n",), check=check.stop_strings)  # kept as a list
     behaviour_max_new_tokens: int = option(256, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
     shared_prefixes: bool = option(True, check=check.boolean)
+    precision: str = option("weights", check=check.choice(PRECISIONS))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +244,8 @@ class Signals(_Group):
             falls below this many nats (>= 0).
         noise_check: Score the base twice, in batches of another size, and report how many
             probes flip with no weight change: the noise floor of forgetting; None: on for GPUs
-            and half-precision models.
+            and wherever answers are computed in reduced precision (half-precision weights, or
+            precision="autocast" under mixed precision).
         train_kl_rows: Rows of the training data on which KL(base || current) is measured at
             each evaluation (``forgetwatch/drift/train_kl``), a fixed seeded sample, the base's
             distribution kept once (0 to 4096; 0: off).
@@ -250,9 +257,7 @@ class Signals(_Group):
 
     at_risk_share: float = option(0.5, check=check.rate(True, True, "0.5"))
     at_risk_floor: float = option(0.1, check=check.non_negative)
-    noise_check: bool | None = option(
-        None, check=check.optional(check.boolean, "on for GPUs and half-precision models")
-    )
+    noise_check: bool | None = option(None, check=check.optional(check.boolean, "on for GPUs and reduced precision"))
     train_kl_rows: int = option(
         128,
         check=check.integer(

@@ -188,6 +188,12 @@ class Answers:
             if problem:
                 return f"other probe ids ({problem})"
         if scoring is not None and not self.scored_like(scoring):
+            mine, theirs = _comparable_scoring(self.scoring), _comparable_scoring(scoring)
+            if mine.pop("precision", None) != theirs.pop("precision", None) and mine == theirs:
+                return (
+                    f"another precision ({self.scoring.get('precision', 'not recorded')} vs "
+                    f"{scoring.get('precision', 'not recorded')}: rounding alone flips answers)"
+                )
             return f"other scoring options ({self.scoring} vs {dict(scoring)})"
         for key, value in (meta or {}).items():
             if self.meta.get(key) != value:

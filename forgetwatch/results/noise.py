@@ -22,13 +22,12 @@ from forgetwatch.results.metrics import mcnemar_exact
 OVERALL = "overall"
 
 
-def wants_noise_check(model: torch.nn.Module) -> bool:
-    """Whether the base should be scored twice by default: on a GPU, or in half precision
-    (weights or autocast), where batch composition changes the last bits."""
+def wants_noise_check(model: torch.nn.Module, reduced: bool) -> bool:
+    """Whether the base should be scored twice by default: on a GPU, or where the answers are
+    computed in reduced precision (``reduced``: half-precision weights or autocast), where
+    batch composition changes the last bits."""
     params = list(model.parameters())
-    device = params[0].device.type if params else "cpu"
-    half = any(p.is_floating_point() and p.dtype in (torch.float16, torch.bfloat16) for p in params)
-    return device == "cuda" or half or torch.is_autocast_enabled(device)
+    return reduced or (params[0].device.type if params else "cpu") == "cuda"
 
 
 def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:

@@ -44,6 +44,7 @@ from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import RowsLike, TrainKL
 from forgetwatch.scoring import Scorer
+from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
 from forgetwatch.sinks.figures import PREFIX
@@ -616,7 +617,7 @@ class Watch:
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
             keys["weights_key"] = weights_key(model, self.ranks)
-        expected = Expected(self.scorer.fingerprint, self.scorer.scoring, self.probes.ids, keys)
+        expected = Expected(self.scorer.fingerprint, self.scorer.scoring_for(model), self.probes.ids, keys)
 
         def from_files() -> dict[str, Any] | None:  # on rank 0
             self.store.check_writable()  # the one time a file problem stops training: before it starts
@@ -630,7 +631,8 @@ class Watch:
             return Answers.from_dict(found), None
         check = self.config.signals.noise_check
         if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
-            check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model))])[0])
+            reduced = is_reduced(expected.scoring["precision"])
+            check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model, reduced))])[0])
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
             began = self.clock()
             answers = self._score(model, show_progress=self.config.output.verbose and self.writes)

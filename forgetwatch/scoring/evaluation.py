@@ -36,6 +36,7 @@ def evaluate(
     behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
     refusal_detector: Callable[[str], bool] | None = None,
     shared_prefixes: bool = Scoring.shared_prefixes,
+    precision: str = Scoring.precision,
     show_progress: bool = True,
     distributed: bool = False,
 ) -> Answers:
@@ -54,7 +55,8 @@ def evaluate(
 
     Args:
         model, tokenizer, probes: what to score, with what, on what.
-        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes:
+        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes,
+        precision:
             as :class:`~forgetwatch.config.settings.Scoring` describes them (defaults: its own).
         extract, refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default
             ``None``: each probe's own ``extract`` mode; the phrase detector).
@@ -80,6 +82,7 @@ def evaluate(
         behaviour_max_new_tokens,
         refusal_detector,
         shared_prefixes,
+        precision,
     )
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
@@ -94,6 +97,7 @@ def evaluate(
             behaviour_max_new_tokens=behaviour_max_new_tokens,
             refusal_detector=refusal_detector,
             shared_prefixes=shared_prefixes,
+            precision=precision,
         )
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:

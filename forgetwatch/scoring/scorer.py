@@ -52,6 +52,7 @@ from forgetwatch.scoring.generation import (
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
+from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import cache_argument, prefix_cache, repeated, shared_prefix_lengths
 
 __all__ = ["Scorer"]
@@ -81,7 +82,7 @@ class Scorer:
         refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
             the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
             a phrase detector).
-        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it.
+        shared_prefixes, precision: as :class:`~forgetwatch.config.settings.Scoring` describes them.
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -102,6 +103,7 @@ class Scorer:
         behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
         refusal_detector: Callable[[str], bool] | None = None,
         shared_prefixes: bool = Scoring.shared_prefixes,
+        precision: str = Scoring.precision,
     ):
         if isinstance(stop, str):
             stop = (stop,)
@@ -113,6 +115,7 @@ class Scorer:
             stop=stop,
             behaviour_max_new_tokens=behaviour_max_new_tokens,
             shared_prefixes=shared_prefixes,
+            precision=precision,
         )
         if chat_template and any(p.judge is not None for p in probes):
             raise ValueError(
@@ -132,6 +135,7 @@ class Scorer:
         self._custom_detector = refusal_detector
         self.reference_logprobs = reference_logprobs
         self.shared_prefixes = shared_prefixes
+        self.precision = precision
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
@@ -202,9 +206,16 @@ class Scorer:
         options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "batch_size"}
         return cls(tokenizer, probes, **options, **more)
 
+    def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
+        """The options that decide ``model``'s answers (stored with them, checked by
+        ``compare``): :attr:`scoring` and the precision the forwards compute in."""
+        inner = unwrap(model)
+        precision = compute_precision(model, input_device(inner), self.precision)
+        return {**self.scoring, "precision": precision}
+
     @property
     def scoring(self) -> dict[str, Any]:
-        """The options that decide the answers (stored with them, checked by ``compare``)."""
+        """The options that decide the answers whatever the model (see :meth:`scoring_for`)."""
         return scoring_options(
             self.probes,
             normalize=self.normalize,
@@ -239,8 +250,12 @@ class Scorer:
         max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
         prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
-        with borrowed(model, self.tokenizer):
-            run = self._agree(_Run(model, device, pad, max_length, batch_size, ranks, self.state(model), tokens))
+        scoring = self.scoring_for(model)
+        with borrowed(model, self.tokenizer), scoring_in(model, device, self.precision):
+            run = _Run(
+                model, device, pad, max_length, batch_size, ranks, self.state(model), tokens, scoring["precision"]
+            )
+            run = self._agree(run)
             plan = self._choice_plan(run)
             generated, _ = generation_share(list(prompts.values()), run.ranks)
             self.scored_here = len(plan.rows_left) + len(generated)
@@ -252,7 +267,7 @@ class Scorer:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return self._answers(tokens, sums, texts, str(getattr(inner.config, "_name_or_path", "") or ""))
+        return self._answers(tokens, sums, texts, scoring, str(getattr(inner.config, "_name_or_path", "") or ""))
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
         """Every generated probe's prompt, kept whole, with the response length its context
@@ -524,7 +539,7 @@ class Scorer:
                 sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
             return sums
 
-        return packing_problem(probes, score, run.max_length, _compute_eps(run), prefixes=self.shared_prefixes)
+        return packing_problem(probes, score, run.max_length, epsilon(run.precision), prefixes=self.shared_prefixes)
 
     # -- generative ----------------------------------------------------------------------------
 
@@ -557,7 +572,9 @@ class Scorer:
 
     # -- results -------------------------------------------------------------------------------
 
-    def _answers(self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], model_name: str) -> Answers:
+    def _answers(
+        self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], scoring: dict[str, Any], model_name: str
+    ) -> Answers:
         first_key = tokens.first_key
         rules = Rules(self.normalize, self.extract, self.refusal_detector)
         samples = []
@@ -568,7 +585,7 @@ class Scorer:
         judged = {p.category: p.judge.label for p in self.probes if p.judge is not None}
         if judged:  # each task's accuracy is lm-eval's number for it: say which
             meta["lm_eval"] = judged
-        return Answers.from_samples(self.fingerprint, self.scoring, samples, model=model_name, meta=meta)
+        return Answers.from_samples(self.fingerprint, scoring, samples, model=model_name, meta=meta)
 
 
 @dataclass
@@ -610,6 +627,7 @@ class _Run:
     ranks: Ranks
     state: ModelState
     tokens: _Tokens
+    precision: str  # what the forwards compute in (see forgetwatch.scoring.precision)
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
     budget: int | None = None  # tokens per forward, for batch_size="auto"
@@ -652,15 +670,6 @@ def _text_config(model):
     config = getattr(model, "config", None)
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
-
-
-def _compute_eps(run: _Run) -> float:
-    """Machine epsilon of the least precise arithmetic a forward runs in: the weights' dtypes,
-    or autocast's (a trainer in bf16 mixed precision keeps fp32 weights but computes in bf16)."""
-    dtypes = {p.dtype for p in run.model.parameters() if p.is_floating_point()}
-    if torch.is_autocast_enabled(run.device.type):
-        dtypes.add(torch.get_autocast_dtype(run.device.type))
-    return max((torch.finfo(d).eps for d in dtypes), default=torch.finfo(torch.float32).eps)
 
 
 def _keep_arg(model) -> str | None:
