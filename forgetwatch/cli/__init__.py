@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights' dtype (default: as saved)",
+        help="weights' dtype (default: as saved; float32 for a GGUF file)",
     )
     scoring.add_argument(
         "--chat-template",
@@ -134,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
-    ev.add_argument("--model", required=True, metavar="PATH", help="model directory or hub id")
+    ev.add_argument("--model", required=True, metavar="PATH", help="model directory, .gguf file or hub id")
     ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
 
     cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
@@ -142,9 +142,11 @@ def _parser() -> argparse.ArgumentParser:
         "--base",
         required=True,
         metavar="PATH",
-        help="base model directory, hub id, or answers file from 'forgetwatch evaluate'",
+        help="base model directory, .gguf file, hub id, or answers file from 'forgetwatch evaluate'",
     )
-    cmp.add_argument("--model", required=True, metavar="PATH", help="post-trained model directory or hub id")
+    cmp.add_argument(
+        "--model", required=True, metavar="PATH", help="post-trained model directory, .gguf file or hub id"
+    )
     cmp.add_argument(
         "--out",
         default=None,

@@ -1,6 +1,10 @@
-"""Checkpoints named on the command line: where each one is (a local directory or a hub id),
-what is wrong with it (found before any model loads), and loading it without running its own
-code or scoring weights it does not hold.
+"""Checkpoints named on the command line: where each one is (a local directory, a GGUF file or
+a hub id), what is wrong with it (found before any model loads), and loading it without running
+its own code or scoring weights it does not hold.
+
+A GGUF file (``--model model.gguf``, or a folder holding one and no ``config.json``) is read as
+transformers reads it: model, configuration and tokenizer from the one file, the weights
+dequantized (float32 unless ``--dtype`` says otherwise).
 
 A local path that does not exist fails at once, without asking the hub; a hub id is looked
 up in the local hub cache, and on the hub once (no retries) unless ``HF_HUB_OFFLINE`` is set.
@@ -50,6 +54,7 @@ class Checkpoint:
         local: a directory on this machine.
         cached_only: a hub id read from the local hub cache only (offline, or the hub unreachable).
         note: why it is read from the cache although the hub was asked, for the console.
+        gguf: the GGUF file in ``path`` that holds the model and its tokenizer, if it is one.
     """
 
     flag: str
@@ -58,6 +63,7 @@ class Checkpoint:
     local: bool
     cached_only: bool = False
     note: str | None = None
+    gguf: str | None = None
 
     @property
     def label(self) -> str:
@@ -65,7 +71,9 @@ class Checkpoint:
 
 
 def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
-    """Where ``value`` is: an existing local directory, or a hub id that is cached or on the hub.
+    """Where ``value`` is: an existing local directory, a ``.gguf`` file (or a folder holding
+    one in place of ``config.json``, or of the tokenizer's files for a tokenizer), or a hub id
+    that is cached or on the hub.
 
     ``a/b`` is a local path when ``a`` is a local directory, a hub id otherwise; anything else
     that does not exist (more separators, a leading ``.``, ``~`` or ``/``, a bare name) is a
@@ -80,14 +88,38 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
     path = os.path.expanduser(value)
     if os.path.exists(path):
         what = "tokenizer" if tokenizer else "model"
+        if os.path.isfile(path) and path.lower().endswith(".gguf"):
+            folder, name = os.path.split(os.path.abspath(path))
+            return Checkpoint(flag, value, folder, local=True, gguf=name)
         if not os.path.isdir(path):
-            raise CheckpointError(f"{flag} {value}: expected a {what} directory (saved with save_pretrained)")
-        if not tokenizer and not os.path.isfile(os.path.join(path, "config.json")):
-            raise CheckpointError(f"{flag} {value}: no config.json in this directory; is it a saved model?")
+            raise CheckpointError(
+                f"{flag} {value}: expected a {what} directory (saved with save_pretrained) or a .gguf file"
+            )
+        saved = _TOKENIZER_FILES if tokenizer else _MODEL_FILES
+        if not any(os.path.isfile(os.path.join(path, f)) for f in saved):
+            gguf = _only_gguf(flag, value, path)
+            if gguf:
+                return Checkpoint(flag, value, path, local=True, gguf=gguf)
+            if not tokenizer:
+                raise CheckpointError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
         return Checkpoint(flag, value, path, local=True)
     if not HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
-        raise CheckpointError(f"{flag}: no such directory: {value}")
+        raise CheckpointError(f"{flag}: no such {'file' if value.lower().endswith('.gguf') else 'directory'}: {value}")
     return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
+
+
+def _only_gguf(flag: str, value: str, folder: str) -> str | None:
+    """The one GGUF file in ``folder``, ``None`` when it has none; several are one error that
+    says how to choose."""
+    found = sorted(
+        f for f in os.listdir(folder) if f.lower().endswith(".gguf") and os.path.isfile(os.path.join(folder, f))
+    )
+    if len(found) > 1:
+        raise CheckpointError(
+            f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
+            f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
+        )
+    return found[0] if found else None
 
 
 def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
@@ -159,7 +191,10 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
     tok_config = _json(tokenizer, "tokenizer_config.json")
     if tok_config is not None:
         _refuse_own_code(tokenizer, "tokenizer_config.json", tok_config)
-    if model.local:
+    for ckpt in dict.fromkeys((model, tokenizer)):
+        if ckpt.gguf:
+            _check_gguf(ckpt.label, os.path.join(ckpt.path, ckpt.gguf))
+    if model.local and not model.gguf:
         _check_weight_files(Path(model.path))
 
 
@@ -201,6 +236,23 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
             f"{ckpt.label}: it needs its own Python code (auto_map in {name}: {listing(own, 2)}), which forgetwatch "
             f"does not run; if transformers has this architecture{known}, use a copy without auto_map"
         )
+
+
+def _check_gguf(label: str, path: str) -> None:
+    """The GGUF file is whole and readable (its header and every tensor's extent), and the
+    ``gguf`` package that reads it is installed: a cut file fails here, not inside transformers
+    after another model was scored."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as err:
+        raise CheckpointError(f"{label}: reading a GGUF file needs the gguf package: pip install gguf") from err
+    try:
+        GGUFReader(path)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{label}: not a readable GGUF file ({first_line(err)}); "
+            "it may have been cut short while downloading or copying"
+        ) from err
 
 
 def _check_weight_files(root: Path) -> None:
@@ -246,7 +298,9 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
 
     try:
         with _offline(ckpt.cached_only):
-            return AutoTokenizer.from_pretrained(ckpt.path, trust_remote_code=False, local_files_only=ckpt.cached_only)
+            return AutoTokenizer.from_pretrained(
+                ckpt.path, gguf_file=ckpt.gguf, trust_remote_code=False, local_files_only=ckpt.cached_only
+            )
     except (OSError, ValueError) as err:
         raise CheckpointError(
             f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); pass --tokenizer PATH"
@@ -266,11 +320,14 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
+    if ckpt.gguf and dtype_name == "auto":  # a GGUF's weights are quantized: "as saved" is what they dequantize to
+        dtype_name = "float32"
     dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
     with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
                 ckpt.path,
+                gguf_file=ckpt.gguf,
                 trust_remote_code=False,
                 local_files_only=ckpt.cached_only,
                 output_loading_info=True,
