@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             return _llamafactory_command(args)
         return _compare_command(args)
     except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
+        # Errors in the user's input are these types (a foreign library reading the input, as
+        # lm-eval loading tasks, is wrapped where it is called): one message, exit 2. Any other
+        # exception is a bug and keeps its traceback.
         print(f"forgetwatch: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
@@ -382,7 +385,7 @@ def _lm_eval_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
             apply_chat_template=args.chat_template,
             tokenizer=tokenizer,
         )
-    except (ImportError, ValueError) as err:
+    except ImportError as err:  # lm-eval is not installed; errors in its tasks are InputErrors
         raise UsageError(str(err)) from err
 
 

@@ -11,20 +11,31 @@ task: log-likelihoods to ``process_results``, generated text through the task's 
 pipeline and then ``process_results``; lm-eval's metric value is the verdict.
 
 What cannot be scored per sample exactly as lm-eval does is refused when the tasks load, before
-any model work, naming the task and why.
+any model work, naming the task and why; so is what lm-eval would fail on later or obscurely (a
+task file that is not YAML, groups that include each other, a data file that cannot be read, a
+document without choices or whose answer is not one of them), naming the file, line or
+document and field. Tasks all found in ``include_path`` are loaded from there alone.
+
+Building the tasks a user names runs their code, as lm-eval does: ``!function`` modules are
+imported and Jinja templates rendered unsandboxed. Nothing else here imports task code (an
+index of a folder reads its YAML without resolving functions).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from forgetwatch.common.problems import InputError, Problem, Problems
+from forgetwatch.common.text import first_line, shorten
 from forgetwatch.probes.schema import Probe
 
 #: Multiple-choice metrics that depend on the choices' log-likelihoods alone (``exact_match``
@@ -34,8 +45,18 @@ CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
 DEFAULT_MAX_GEN_TOKS = 256
 
 
-class LmEvalTaskError(ValueError):
-    """An lm-eval task that cannot be loaded or scored per sample; the message names it and why."""
+class LmEvalTaskError(InputError):
+    """An lm-eval task that cannot be loaded or scored per sample: the message names it and why,
+    and its file, line or document and field where they are known (then also in ``errors``)."""
+
+    noun = "field"
+
+    def __init__(self, errors: str | Sequence[Problem], unit: str = "line"):
+        if isinstance(errors, str):  # a message that names its task itself
+            ValueError.__init__(self, errors)
+            self.errors, self.unit = [], unit
+        else:
+            super().__init__(errors, unit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,19 +177,25 @@ def load_lm_eval_probes(
 
     probes: list[Probe] = []
     for name, task, chosen_metric, chosen_filter in built:
-        task.set_fewshot_seed(seed=fewshot_seed)  # the sampler's draws depend on its state: seed each build
-        task.build_all_requests(
-            limit=get_sample_size(task, limit),
-            rank=0,
-            world_size=1,
-            cache_requests=False,
-            rewrite_requests_cache=False,
-            system_instruction=system_instruction,
-            apply_chat_template=apply_chat_template,
-            fewshot_as_multiturn=fewshot_as_multiturn,
-            chat_template=chat,
-            tokenizer_name="",
-        )
+        try:
+            _check_documents(task, name, get_sample_size(task, limit))
+            task.set_fewshot_seed(seed=fewshot_seed)  # the sampler's draws depend on its state: seed each build
+            task.build_all_requests(
+                limit=get_sample_size(task, limit),
+                rank=0,
+                world_size=1,
+                cache_requests=False,
+                rewrite_requests_cache=False,
+                system_instruction=system_instruction,
+                apply_chat_template=apply_chat_template,
+                fewshot_as_multiturn=fewshot_as_multiturn,
+                chat_template=chat,
+                tokenizer_name="",
+            )
+        except LmEvalTaskError:
+            raise
+        except Exception as err:  # the task's templates or code on its documents
+            raise LmEvalTaskError(f"{_named(task, name)} could not build its prompts: {_cause(err)}") from err
         meta = {"lm_eval": {"task": name, "groups": groups.get(name, [])}}
         for doc_id, instances in _by_document(task.instances):
             probes.append(_probe(task, name, doc_id, instances, chosen_metric, chosen_filter, meta))
@@ -182,32 +209,157 @@ def _load_tasks(
     include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
     include_defaults: bool,
 ) -> dict[str, Any]:
-    """lm-eval's ``TaskManager.load`` of ``names``. Tasks all found in ``include_path`` are
-    loaded from there alone: indexing lm-eval's own ~15,000 tasks takes seconds."""
+    """lm-eval's ``TaskManager.load`` of ``names``. When everything they need is in
+    ``include_path`` it is loaded from there alone: indexing lm-eval's own ~15,000 tasks takes
+    up to two minutes, and a failure there is a failure of the user's folder."""
     if task_manager is None:
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
-        if paths and include_defaults:
-            local = manager_class(include_path=paths, include_defaults=False)
-            if set(names) <= set(local.all_tasks):
-                try:
-                    return dict(local.load(names))
-                except Exception:  # e.g. a local group of built-in tasks: load with the full index
-                    pass
-        task_manager = manager_class(include_path=paths, include_defaults=include_defaults)
+        task_manager = manager_class(include_path=paths, include_defaults=include_defaults and not paths)
+        if paths and _missing(task_manager.task_index, names):
+            _check_yaml_files(paths)  # lm-eval's index skips a file it cannot read without a word
+            if include_defaults:  # e.g. a local group of lm-eval's own tasks
+                task_manager = manager_class(include_path=paths, include_defaults=True)
     _check_names(task_manager, names)
-    return dict(task_manager.load(names))
+    try:
+        return dict(task_manager.load(names))
+    except Exception as err:  # the task's data, templates or code
+        raise LmEvalTaskError(_load_failure(err)) from err
 
 
 def _check_names(task_manager: Any, names: Iterable[str]) -> None:
-    known = set(task_manager.all_tasks)
-    for name in names:
-        if name in known or (isinstance(name, str) and name.endswith((".yaml", ".yml")) and os.path.isfile(name)):
+    known = sorted(task_manager.task_index)
+    where = "" if getattr(task_manager, "include_path", None) is None else ", include_path searched too"
+    for group, name in _missing(task_manager.task_index, names):
+        if group is None and str(name).endswith((".yaml", ".yml")) and os.path.isfile(name):
             continue
-        close = difflib.get_close_matches(str(name), sorted(known), n=5)
+        close = difflib.get_close_matches(str(name), known, n=5)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        where = "" if getattr(task_manager, "include_path", None) is None else ", include_path searched too"
-        raise LmEvalTaskError(f"no lm-eval task, group or tag is named {name!r}{where}{hint}")
+        if group is None:
+            raise LmEvalTaskError(f"no lm-eval task, group or tag is named {name!r}{where}{hint}")
+        raise LmEvalTaskError(f"lm-eval group {group!r} includes {name!r}, which is no task, group or tag{where}{hint}")
+
+
+def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str | None, str]]:
+    """``(group, name)`` for each name that ``names`` need, themselves (group ``None``) or
+    through their groups, that ``index`` (lm-eval's ``TaskManager.task_index``) lacks. Groups
+    that include each other are refused, naming the cycle: lm-eval would recurse until Python stops it."""
+    missing: list[tuple[str | None, str]] = []
+    done: set[str] = set()
+
+    def visit(name: str, group: str | None, path: list[str]) -> None:
+        entry = index.get(name)
+        if entry is None:
+            missing.append((group, name))
+        elif entry.kind.name == "GROUP" and name not in done:
+            if name in path:
+                shown = [f"{n} ({index[n].yaml_path})" if n in index else n for n in path[path.index(name) :]]
+                raise LmEvalTaskError(
+                    f"lm-eval groups include each other: {' -> '.join(shown)} -> {name}; a group cannot "
+                    "contain itself: remove one of these from the other's task list"
+                )
+            members((entry.cfg or {}).get("task"), name, [*path, name])
+            done.add(name)
+
+    def members(items: Any, group: str, path: list[str]) -> None:
+        for item in items if isinstance(items, list) else []:
+            item = {"task": item} if isinstance(item, str) else item
+            subgroup, task = (item.get("group"), item.get("task")) if isinstance(item, Mapping) else (None, None)
+            if isinstance(subgroup, str) and subgroup not in index:  # a group defined inline
+                members(task, f"{group}::{subgroup}", [*path, f"{group}::{subgroup}"])
+            elif isinstance(subgroup, str):
+                visit(subgroup, group, path)
+            elif isinstance(task, str) and (task in index or "dataset_path" not in item):
+                visit(task, group, path)  # else a task defined inline
+
+    for name in names:
+        visit(name, None, [])
+    return missing
+
+
+def _check_yaml_files(paths: Iterable[str]) -> None:
+    """Each task file in ``paths`` that lm-eval cannot read (YAML, an include), refused naming
+    its file and line. Functions are not resolved: nothing is imported."""
+    import yaml
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    found = Problems("lm-eval task folder")
+    for root in paths:
+        for path in sorted(Path(root).glob("**/*.yaml")):
+            if path.parent.name in ("__pycache__", ".ipynb_checkpoints"):
+                continue
+            try:
+                load_yaml(path, resolve_func=False)
+            except yaml.MarkedYAMLError as err:
+                mark = err.problem_mark or err.context_mark
+                what = " ".join(filter(None, [err.problem, err.context and f"({err.context})"]))
+                line = None if mark is None else mark.line + 1
+                source = str(path) if mark is None else mark.name
+                found.extend([Problem(source, line, None, f"not YAML: {what}; lm-eval skips this file: fix it")])
+            except Exception as err:  # an include that is missing or circular, not a mapping
+                found.extend([Problem(str(path), None, None, f"{first_line(err)}; lm-eval skips this file: fix it")])
+    found.raise_if_any(LmEvalTaskError)
+
+
+def _named(task: Any, name: str | None = None) -> str:
+    """``lm-eval task 'name' (its YAML file)``."""
+    source = (getattr(task.config, "metadata", None) or {}).get("config_source")
+    name = name or task.config.task
+    return f"lm-eval task {name!r}" + (f" ({source})" if source and source != "inline" else "")
+
+
+def _cause(err: BaseException) -> str:
+    """The error and, where it wraps another, the first one."""
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
+    return text if root is err else f"{text} ({type(root).__name__}: {first_line(root)})"
+
+
+def _load_failure(err: Exception) -> str:
+    """What went wrong building a task: the task being built when it failed (read from the
+    traceback: lm-eval does not say), and what is wrong with its local data file where that is
+    the cause."""
+    from lm_eval.api.task import Task
+
+    task = entry = None
+    frame = err.__traceback__
+    while frame is not None:  # the innermost task object, or index entry, being built
+        local = frame.tb_frame.f_locals
+        task = local["self"] if isinstance(local.get("self"), Task) and hasattr(local["self"], "config") else task
+        entry = local["entry"] if hasattr(local.get("entry"), "yaml_path") else entry
+        frame = frame.tb_next
+    if task is None:
+        where = f"lm-eval task {entry.name!r} ({entry.yaml_path})" if entry is not None else "lm-eval's tasks"
+        return f"{where} could not be loaded: {_cause(err)}"
+    files = (task.config.dataset_kwargs or {}).get("data_files")
+    files = list(files.values()) if isinstance(files, Mapping) else [files]
+    for path in (Path(f) for group in files for f in (group if isinstance(group, list) else [group]) if f):
+        problem = _data_file_problem(path)
+        if problem:
+            return f"{_named(task)} could not load its data: {problem}"
+    return f"{_named(task)} could not be loaded: {_cause(err)}"
+
+
+def _data_file_problem(path: Path) -> str | None:
+    """Why a local data file cannot be read (no documents, a JSON line that is not JSON), or None."""
+    if not path.is_file():
+        return None
+    if path.stat().st_size == 0:
+        return f"{path}: no documents: the file is empty"
+    if path.suffix != ".jsonl":
+        return None
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        seen = False
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                seen = True
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as err:
+                    return f"{path}: line {number}: not JSON ({err.msg} at column {err.colno}); fix or remove the line"
+    return None if seen else f"{path}: no documents: only blank lines"
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -291,6 +443,42 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     return metric, filter_name
 
 
+def _check_documents(task: Any, name: str, limit: int | None) -> None:
+    """A multiple-choice document lm-eval would fail on (no choices, an answer index past them)
+    or score against no choice (an answer that is not one of them), refused naming the document
+    and the field; in the few-shot examples, what lm-eval would fail on."""
+    if task.OUTPUT_TYPE != "multiple_choice":
+        return
+    sets = [(_named(task, name), [doc for _, doc in task.doc_iterator(limit=limit)], True)]
+    sampler = getattr(task, "sampler", None)
+    if (task.get_config("num_fewshot") or 0) > 0 and sampler is not None:
+        sets.append((f"{_named(task, name)}, few-shot examples", sampler.fewshot_docs(), False))
+    choice_field, target_field = shorten(task.config.doc_to_choice), shorten(task.config.doc_to_target)
+    for source, docs, scored in sets:
+        found = Problems(source, unit="document")
+        for doc_id, doc in enumerate(docs):
+            choices, golds = task.doc_to_choice(doc), task.doc_to_target(doc)
+            if not choices:
+                found.add(doc_id, "doc_to_choice", f"{choice_field} gave no choices; give every document at least one")
+            for gold in (golds if isinstance(golds, list) else [golds]) if choices else []:
+                index = isinstance(gold, (int, np.integer)) and not isinstance(gold, bool)
+                if index and not 0 <= gold < len(choices):
+                    found.add(
+                        doc_id,
+                        "doc_to_target",
+                        f"{target_field} gave {gold}, not the index of one of its {len(choices)} choices; "
+                        "fix the document",
+                    )
+                elif not index and scored and gold not in choices:
+                    found.add(
+                        doc_id,
+                        "doc_to_target",
+                        f"{target_field} gave {shorten(gold)}, which is not one of its choices "
+                        f"{shorten(list(choices))}; the gold answer must be one of them exactly: fix the document",
+                    )
+        found.raise_if_any(LmEvalTaskError)
+
+
 def _by_document(instances: Iterable[Any]) -> list[tuple[int, list[Any]]]:
     docs: dict[int, list[Any]] = {}
     for inst in instances:
@@ -337,7 +525,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
     if isinstance(gold, list):
         gold = gold[0]
     if isinstance(gold, str):
-        gold = choices.index(gold) if gold in choices else 0
+        gold = choices.index(gold)  # one of them: _check_documents
     return Probe(
         id=pid,
         question=context,
@@ -353,7 +541,9 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
 @dataclass(frozen=True)
 class LmEvalProbes:
     """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``): what
-    :meth:`forgetwatch.ProbeSet.from_lm_eval` builds the probes from.
+    :meth:`forgetwatch.ProbeSet.from_lm_eval` builds the probes from. Building them runs the
+    task folder's code (``!function`` modules, Jinja templates), as lm-eval does; reading a
+    config that names them does not.
 
     Example:
         >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()

@@ -130,7 +130,13 @@ class ProbeSet(Sequence[Probe]):
 
         What cannot be scored per sample as lm-eval does is refused here, naming the task and
         why: perplexity tasks, sampling, repeats, metrics aggregated over all documents, a
-        context per choice. A name lm-eval does not know is refused with close names.
+        context per choice. A name lm-eval does not know is refused with close names; a broken
+        task folder (a file that is not YAML, groups that include each other, unreadable data,
+        a document without choices or whose answer is not one of them) names the file and line
+        or the document and field.
+
+        Building the tasks runs their folder's code, as lm-eval does: ``!function`` modules are
+        imported and Jinja templates rendered unsandboxed. Name only task folders you trust.
 
         Example:
             >>> probes = ProbeSet.from_lm_eval(["arc_easy", "mmlu"], num_fewshot=5, limit=20)  # doctest: +SKIP
