@@ -24,7 +24,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from forgetwatch import Answers, ProbeSet, compare, evaluate
+from forgetwatch import Answers, Output, ProbeSet, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 
@@ -671,17 +671,19 @@ def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, tr
     assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
 
 
-def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, train_data, tmp_path, caplog):
+def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, train_data, tmp_path, capsys):
     # one category per probe: 144 categories, each a dozen values per evaluation if all were logged
     probes = ProbeSet.from_records([{**r, "category": f"c{i:03d}"} for i, r in enumerate(toy.world.probe_records())])
-    cb = ForgetWatchCallback(probes, eval_steps=10, max_logged_categories=20, verbose=False)
+    output = Output(min_logged_right=1, max_logged_categories=20)
+    cb = ForgetWatchCallback(probes, eval_steps=10, output=output)
     trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=20)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        trainer.train()
-    notes = [r.getMessage() for r in caplog.records if "max_logged_categories" in r.getMessage()]
+    trainer.train()
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not logged" in line]
+    wrong = sum(not right for right in cb.watch.base_answers.correct)  # a probe wrong at the base: none right
     assert notes == [
-        "forgetwatch: 144 categories: per-category figures are logged for the 20 largest "
-        "(max_logged_categories=20); history.jsonl and the report keep all of them"
+        f"[forgetwatch] per-category figures are logged for 20 of 144 categories; not logged: {wrong} with "
+        "fewer than 1 probes right at the base, too few to tell forgetting from zero (min_logged_right=1), "
+        f"{124 - wrong} beyond the 20 largest (max_logged_categories=20); history.jsonl and the report keep all of them"
     ]
     logged = [e for e in trainer.state.log_history if "forgetwatch/forgetting" in e]
     assert len(logged) == 2
@@ -691,7 +693,9 @@ def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, trai
             for k in entry
             if k.count("/") >= 2 and not k.startswith(("forgetwatch/behaviour", "forgetwatch/drift"))
         }
-        assert categories == {f"c{i:03d}" for i in range(20)}  # equal sizes: the first 20 by name, every time
+        # equal sizes: the first 20 by name of those right at the base, every time
+        right = [p.category for p, r in zip(probes, cb.watch.base_answers.correct) if r]
+        assert categories == set(sorted(right)[:20])
     records = [json.loads(x) for x in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
     assert all(len(r["report"]["by_category"]) == 144 for r in records)
 

@@ -68,7 +68,7 @@ EARLIER_KEYS = [
     "verbose",
 ]
 #: Keys added since (issues 20 and 27): a config of an earlier release leaves them at their defaults.
-NEW_KEYS = ["replay_select", "replay_scan_rows", "train_kl_rows", "precision"]
+NEW_KEYS = ["replay_select", "replay_scan_rows", "train_kl_rows", "precision", "category_map", "min_logged_right"]
 
 
 def test_no_settings_is_the_default_groups():

@@ -216,6 +216,9 @@ def test_five_shot_choices_generation_and_a_group_agree_per_sample(toy, task_dir
         "fw_group::fw_inner",
         "fw_group",
     ]
+    # logged by their innermost group; a task outside any group is a group of its own
+    groups = {p.category: p.category_group for p in probes}
+    assert groups == {"fw_cap": "fw_group", "fw_col": "fw_group::fw_inner", "fw_riv": "fw_riv"}
     answers = Scorer(toy.tokenizer, probes)(toy.base, show_progress=False)
     table = compare(
         reference, answers, probes, lambda t: ("exact_match", "strict") if t == "fw_riv" else ("acc", "none")

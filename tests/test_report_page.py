@@ -12,12 +12,16 @@ import subprocess
 
 import pytest
 
+from forgetwatch import Output, Watch
 from forgetwatch.cli import main
 from forgetwatch.cli.demo import run_demo
 from forgetwatch.probes import Probe
 from forgetwatch.reporting.page import (
     _behaviour,
     _curves,
+    _group_forgetting,
+    _groups,
+    _heatmap,
     _page,
     _probe_tables,
     load_run,
@@ -285,3 +289,23 @@ def test_names_cannot_break_out_of_the_page_scripts(runs):
     scripts = re.findall(r"<script>\(function\(\)\{(.*?)\}\)\(\);</script>", page, flags=re.S)
     assert scripts and not any(x in s for s in scripts for x in ("<", ">"))
     assert "&lt;/script&gt;&lt;!--&lt;script&gt;alert(1)" in page  # shown as text in the tables
+
+
+def test_groups_get_a_heatmap_of_their_own_and_long_names_fit(toy, tmp_path):
+    long = "high_school_government_and_politics"  # "ublic relations": the margin cut the names
+    category_map = {"capitals": f"{long}_group", "colors": f"{long}_group", "rivers": "rivers"}
+    watch = Watch(toy.probes, output_dir=tmp_path / "run", eval_steps=1, output=Output(category_map=category_map))
+    watch.start(toy.base, toy.tokenizer)
+    watch.evaluate(toy.tuned, 1)
+    run = load_run(tmp_path / "run")
+    assert _groups(run) == {f"{long}_group": ["capitals", "colors"], "rivers": ["rivers"]}
+    # a group's rate is its categories' forgotten over their probes
+    report = run.history[-1][1]
+    kids = [report.by_category[c] for c in ("capitals", "colors")]
+    groups = {g: _group_forgetting(run, cs) for g, cs in _groups(run).items()}
+    assert groups[f"{long}_group"] == [sum(k.forgotten for k in kids) / sum(k.n for k in kids)]
+    page = write_report([tmp_path / "run"], tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Forgetting by group" in page and "Forgetting by category" in page
+    for spec in (_heatmap(run, groups, "group"), _heatmap(run, {long: [0.1]}, "category")):
+        # plotly sizes the left margin to the longest name, and reads none as a number
+        assert spec["layout"]["yaxis"] == {"type": "category", "automargin": True}

@@ -9,8 +9,11 @@ import logging
 
 import pytest
 
-from forgetwatch import Evaluation, Output, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch import Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results.noise import smallest_detectable
+from forgetwatch.sinks import logged_categories, metric_values
 
 QUIET = Output(verbose=False)
 
@@ -134,3 +137,102 @@ def test_the_callbacks_signature_is_short_typed_and_not_rewritten():
     assert all(p.annotation is not inspect.Parameter.empty for p in named)
     documented = ForgetWatchCallback.__doc__
     assert all(p.name in documented for p in named)
+
+
+# -- which categories are logged -----------------------------------------------------------------
+
+SUBJECTS, GROUPS = 46, ("stem", "humanities", "social_sciences", "other")
+
+
+def mmlu_like(toy, grouped_by=None):
+    """80 probes in 46 categories of 1 or 2 probes, as MMLU's subjects come at 80 documents;
+    ``grouped_by="lm_eval"``: each probe carries its groups as ``ProbeSet.from_lm_eval`` keeps them."""
+    rows = []
+    for i, row in enumerate(toy.world.probe_records()[:80]):
+        subject = f"mmlu_subject_{i % SUBJECTS:02d}"
+        group = f"mmlu_{GROUPS[i % SUBJECTS % len(GROUPS)]}"
+        lm_eval = {"lm_eval": {"task": subject, "groups": [group, "mmlu"]}} if grouped_by == "lm_eval" else {}
+        rows.append({**row, "category": subject, **lm_eval})
+    category_map = {f"mmlu_subject_{j:02d}": f"mmlu_{GROUPS[j % len(GROUPS)]}" for j in range(SUBJECTS)}
+    return ProbeSet.from_records(rows), (category_map if grouped_by == "category_map" else {})
+
+
+def logged_names(metrics):
+    """The categories (or groups) with keys of their own: ``forgetwatch/<name>/<figure>``."""
+    return {key.split("/")[1] for key in metrics if key.count("/") >= 2} - {"behaviour"}
+
+
+def test_categories_too_small_to_tell_forgetting_from_zero_are_not_logged(toy, tmp_path, capsys):
+    probes, _ = mmlu_like(toy)
+    watch = Watch(probes, output_dir=tmp_path, eval_steps=1)
+    watch.start(toy.base, toy.tokenizer)
+    evaluation = watch.evaluate(toy.tuned, 1)
+    # no subject has 6 probes right at the base: per-subject figures would be noise
+    assert evaluation.report.forgotten > 0 and logged_names(evaluation.metrics) == set()
+    assert evaluation.metrics == metric_values(evaluation.report, categories=False)
+    said = [line for line in capsys.readouterr().out.splitlines() if "not logged" in line]
+    assert said == [
+        "[forgetwatch] per-category figures are logged for none of 46 categories; not logged: 46 with fewer "
+        "than 6 probes right at the base, too few to tell forgetting from zero (min_logged_right=6); "
+        "history.jsonl and the report keep all of them"
+    ]
+    record = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
+    assert len(record["report"]["by_category"]) == SUBJECTS
+
+
+def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
+    probes, category_map = mmlu_like(toy, "category_map")
+    output = Output(category_map=category_map, verbose=False)
+    watch = Watch(probes, output_dir=tmp_path, eval_steps=1, output=output)
+    watch.start(toy.base, toy.tokenizer)
+    evaluation = watch.evaluate(toy.tuned, 1)
+    groups = {f"mmlu_{g}" for g in GROUPS}
+    assert logged_names(evaluation.metrics) == groups
+    # what TensorBoard gets: the overall figures and each group's, not 46 subjects' (498 tags before)
+    assert len(evaluation.metrics) <= 5 * len(metric_values(evaluation.report, categories=False))
+    # a group's figures are its probes', counted here by a plain loop
+    group_of = {p.id: p.category_group for p in watch.probes}
+    for group in groups:
+        forgotten = sum(
+            b and not a and group_of[i] == group
+            for i, b, a in zip(evaluation.answers.ids, watch.base_answers.correct, evaluation.answers.correct)
+        )
+        assert evaluation.metrics[f"forgetwatch/{group}/forgotten"] == forgotten
+    # the history keeps every subject, and probes.jsonl each probe's group, for the report
+    record = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
+    assert len(record["report"]["by_category"]) == SUBJECTS
+    assert {p.category_group for p in ProbeSet.from_jsonl(tmp_path / "probes.jsonl")} == groups
+    # a resume decides from the kept base snapshot: the same keys
+    again = Watch(probes, output_dir=tmp_path, eval_steps=1, output=output)
+    again.load_state_dict(watch.state_dict())
+    again.start(toy.tuned, toy.tokenizer)
+    assert logged_names(again.evaluate(toy.tuned, 2).metrics) == groups
+
+
+def test_lm_eval_probes_are_grouped_by_their_innermost_group(toy):
+    probes, _ = mmlu_like(toy, "lm_eval")
+    _, category_map = mmlu_like(toy, "category_map")
+    assert [p.category_group for p in probes] == [category_map[p.category] for p in probes]
+    # a category map names the group of those it names; the others keep lm-eval's
+    regrouped = probes.with_groups({"mmlu_subject_00": "algebra"})
+    assert [p.category_group for p in regrouped][:2] == ["algebra", category_map["mmlu_subject_01"]]
+
+
+def test_the_logging_rule_counts_probes_right_at_the_base():
+    # a large category with 5 right cannot show forgetting; a small one with 6 right can
+    categories = ["large"] * 50 + ["small"] * 6
+    right = [i < 5 for i in range(50)] + [True] * 6
+    chosen, note = logged_categories(categories, right, min_right=6, limit=100)
+    assert chosen == {"small"} and "1 with fewer than 6 probes right at the base" in note
+    assert logged_categories(categories, right, min_right=5, limit=100) == (True, None)
+    # the default is the fewest forgotten probes an exact McNemar test tells from zero at 5 %
+    assert Output().min_logged_right == smallest_detectable(80)[0] == smallest_detectable(10_000)[0]
+
+
+def test_a_category_map_naming_no_category_is_refused_before_any_work(toy):
+    with pytest.raises(ConfigError, match=r"key 'category_map': names categories the probes do not have: 'captials'"):
+        Watch(toy.probes, output_dir="unused", output=Output(category_map={"captials": "geography"}))
+    with pytest.raises(ConfigError, match=r"key 'category_map': expected group names as non-empty strings"):
+        Output(category_map={"capitals": 3})
+    config = ForgetWatchConfig.from_dict({"category_map": {"capitals": "geography"}})  # as YAML gives it
+    assert config.output.category_map == {"capitals": "geography"}

@@ -7,8 +7,10 @@ facts every few steps. The curve, a PNG of it and the history land in the output
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import logging
 import os
 import time
 import warnings
@@ -151,7 +153,7 @@ def _post_train(
         dataloader_pin_memory=False,
     )
     data = Dataset.from_dict({"text": world.distraction_texts(seed=seed + 1)})
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_trainer_setup():
         warnings.simplefilter("ignore", FutureWarning)
         trainer = trl.SFTTrainer(
             model=copy.deepcopy(base), args=args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
@@ -159,6 +161,29 @@ def _post_train(
         trainer.remove_callback(PrinterCallback)  # the one-line summaries say enough
         trainer.train()
     return callback
+
+
+@contextlib.contextmanager
+def _quiet_trainer_setup():
+    """While the demo's trainer is built: no progress bar for each of TRL's passes over the
+    demo's own data set, and not deepspeed's "Setting accelerator to CPU" (accelerate imports
+    deepspeed, where installed, as the trainer is built; this demo runs on the CPU by design).
+    Both as they were afterwards."""
+    import datasets
+
+    def not_the_cpu_notice(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+    bars = not datasets.are_progress_bars_disabled()
+    deepspeed = logging.getLogger("DeepSpeed")  # its logger's name; created on import, filters kept
+    datasets.disable_progress_bars()
+    deepspeed.addFilter(not_the_cpu_notice)
+    try:
+        yield
+    finally:
+        deepspeed.removeFilter(not_the_cpu_notice)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _side_by_side(callbacks) -> str:

@@ -271,8 +271,8 @@ class ForgetWatchConfig:
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def check_categories(self, categories: Sequence[str]) -> None:
-        """Refuse per-category thresholds for categories the probes do not have: a misspelled
-        one would leave its guard off all run long.
+        """Refuse per-category thresholds and groups for categories the probes do not have: a
+        misspelled one would leave its guard off all run long, or its category ungrouped.
 
         Example:
             >>> cfg = ForgetWatchConfig(stopping=Stopping(category_max_forgetting={"mth": 0.1}))
@@ -281,13 +281,19 @@ class ForgetWatchConfig:
                 ...
             forgetwatch.config.checks.ConfigError: ForgetWatchCallback: key 'category_max_forgetting': names categories ...
         """
-        unknown = sorted(set(self.stopping.category_max_forgetting) - set(categories))
-        if unknown:
-            message = (
-                f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
-                f"they have {', '.join(map(repr, categories))}"
-            )
-            raise ConfigError([ConfigProblem("ForgetWatchCallback", None, "category_max_forgetting", message)])
+        problems = []
+        for key, named in (
+            ("category_max_forgetting", self.stopping.category_max_forgetting),
+            ("category_map", self.output.category_map),
+        ):
+            if unknown := sorted(set(named) - set(categories)):
+                message = (
+                    f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
+                    f"they have {', '.join(map(repr, categories))}"
+                )
+                problems.append(ConfigProblem("ForgetWatchCallback", None, key, message))
+        if problems:
+            raise ConfigError(problems)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting by its flat key, as a plain dict (only str, int, float, bool, None, list,

@@ -260,6 +260,19 @@ def category_rates(value: Any) -> dict[str, float]:
     return cleaned
 
 
+def category_map(value: Any) -> dict[str, str]:
+    expected = "a mapping of category name to group name, e.g. {abstract_algebra: stem}"
+    if not isinstance(value, Mapping):
+        raise Invalid(expected, value, "remove the key to log each category as it is")
+    for category, group in value.items():
+        for what, name in (("category", category), ("group", group)):
+            if not isinstance(name, str) or not name:
+                raise Invalid(f"{what} names as non-empty strings", name, "quote the name in YAML, e.g. '2024': recent")
+            if message := check_category(name):  # the probes' own rule for a category's name
+                raise Invalid(f"a {what} name", name, message)
+    return dict(value)
+
+
 def check_values(
     values: Mapping[str, Any], checks: Mapping[str, Callable[[Any], Any]], source: str, lines: Mapping[str, int]
 ) -> tuple[dict[str, Any], list[ConfigProblem]]:

@@ -363,7 +363,15 @@ class Output(_Group):
             ``<trainer output_dir>/forgetwatch``.
         table_rows: W&B and TensorBoard tables: at most this many rows for each evaluation's
             flips, and in the final table of probes (>= 1).
-        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys.
+        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys: per group where the
+            categories have groups (``category_map``, or lm-eval's own, e.g. ``mmlu_stem``).
+        category_map: Category -> group, for probe files: the logged per-category figures are
+            the groups' (a category left out is a group of its own); history.jsonl keeps every
+            category, and the report shows both.
+        min_logged_right: With log_categories: log a category (or group) only when at least this
+            many of its probes are right at the base (>= 1): with fewer, even all of them
+            forgotten cannot be told from zero (6 is the fewest an exact McNemar test calls
+            significant at 5 %), so its figures would be noise.
         max_logged_categories: With log_categories: per-category keys for at most this many
             categories, the largest by probe count (each adds about a dozen values per
             evaluation); every category stays in history.jsonl and the report (>= 1).
@@ -377,5 +385,7 @@ class Output(_Group):
     output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
     table_rows: int = option(500, check=check.integer(1))
     log_categories: bool = option(True, check=check.boolean)
+    category_map: dict[str, str] = option(check=check.category_map, factory=dict)
+    min_logged_right: int = option(6, check=check.integer(1))
     max_logged_categories: int = option(100, check=check.integer(1))
     verbose: bool = option(True, check=check.boolean)

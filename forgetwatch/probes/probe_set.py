@@ -4,6 +4,7 @@ select, save and fingerprint one."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -15,7 +16,7 @@ from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.presets import read_dataset
 from forgetwatch.probes.rows import RowCollector
 from forgetwatch.probes.sampling import sample_indices
-from forgetwatch.probes.schema import Probe, is_int
+from forgetwatch.probes.schema import GROUP_KEY, Probe, is_int
 
 
 class ProbeSet(Sequence[Probe]):
@@ -194,6 +195,25 @@ class ProbeSet(Sequence[Probe]):
             ['arc', 'gsm8k']
         """
         return sorted({p.category for p in self._probes})
+
+    def with_groups(self, category_map: Mapping[str, str]) -> ProbeSet:
+        """These probes, those of each category ``category_map`` names keeping its group
+        (:attr:`Probe.category_group`): what the ``category_map`` setting does to a run's probes.
+
+        Example:
+            >>> probes = ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4", "category": "sums"}])
+            >>> [p.category_group for p in probes.with_groups({"sums": "arithmetic"})]
+            ['arithmetic']
+        """
+        if not category_map:
+            return self
+        grouped = [
+            dataclasses.replace(p, meta={**p.meta, GROUP_KEY: category_map[p.category]})
+            if p.category in category_map
+            else p
+            for p in self._probes
+        ]
+        return ProbeSet(grouped, self.source)
 
     # -- selection ------------------------------------------------------------------------------
 

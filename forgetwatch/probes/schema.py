@@ -31,6 +31,8 @@ EXTRACT_MODES = ("number", "letter", "exact")
 #: warning for all such probes, and is cut from the left before tokenizing.
 LONG_QUESTION = 100_000
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
+#: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
+GROUP_KEY = "category_group"
 
 
 class ProbeError(InputError):
@@ -127,6 +129,25 @@ class Probe:
     def kind(self) -> ProbeKind:
         """Multiple choice, generative or behaviour: what decides how the probe is scored."""
         return ProbeKind.of(has_check=self.check is not None, has_choices=self.choices is not None)
+
+    @property
+    def category_group(self) -> str:
+        """The group its category's figures are logged in: the one kept with it (``meta``'s
+        ``category_group``, from a run's ``category_map``), else its innermost lm-eval group
+        (``mmlu_stem`` for ``mmlu_anatomy``), else its category.
+
+        Example:
+            >>> Probe(id="q1", question="2 + 2 =", answer="4", category="arithmetic").category_group
+            'arithmetic'
+        """
+        kept = self.meta.get(GROUP_KEY)
+        if isinstance(kept, str) and kept:
+            return kept
+        lm_eval = self.meta.get("lm_eval")
+        groups = lm_eval.get("groups") if isinstance(lm_eval, Mapping) else None
+        if isinstance(groups, list) and groups and isinstance(groups[0], str) and groups[0]:
+            return groups[0]
+        return self.category
 
     @property
     def is_multiple_choice(self) -> bool:

@@ -4,11 +4,12 @@ A run is its forgetwatch directory: the base snapshot, ``history.jsonl`` (which 
 trajectory) and, when the callback wrote it, ``probes.jsonl`` for the questions. The page
 holds the curves from the base on (forgetting, backward transfer, adjusted forgetting,
 accuracy against the base, with the noise floor where it was measured), the drift of the
-responses where there are behaviour probes, a category × step heatmap, the survival curve,
-and three tables of probes with the gold answer, the base's and the current one and their
-trajectories as sparklines: those forgotten and wrong now, those that flicker (right again
-after being forgotten), and those at risk at the last evaluation; several runs (a sweep) are
-overlaid. Charts are Plotly's, whose script is written into the page: it opens offline.
+responses where there are behaviour probes, a category × step heatmap (and one of the category
+groups, where the probes have groups), the survival curve, and three tables of probes with the
+gold answer, the base's and the current one and their trajectories as sparklines: those
+forgotten and wrong now, those that flicker (right again after being forgotten), and those at
+risk at the last evaluation; several runs (a sweep) are overlaid. Charts are Plotly's, whose
+script is written into the page: it opens offline.
 
 Example:
     >>> write_report(["out/forgetwatch"], "report.html")          # doctest: +SKIP
@@ -145,9 +146,12 @@ def _page(runs: list[Run], top: int) -> str:
     if any(_has_behaviour(r) for r in runs):
         parts.append(_figure(_behaviour(runs), "behaviour"))
     for k, run in enumerate(runs):
+        groups = {g: _group_forgetting(run, cs) for g, cs in _groups(run).items()}
+        categories = {c: _series(run, "forgetting", c) for c in sorted(set(run.trajectory.categories))}
         parts += [
             f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
-            _figure(_heatmap(run), f"heatmap-{k}"),
+            *([_figure(_heatmap(run, groups, "group"), f"groups-{k}")] if groups else []),
+            _figure(_heatmap(run, categories, "category"), f"heatmap-{k}"),
             _probe_tables(run, top),
         ]
     body = "\n".join(parts)
@@ -269,16 +273,36 @@ def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
     }
 
 
-def _heatmap(run: Run) -> dict[str, Any]:
-    categories = sorted(set(run.trajectory.categories))
-    z = [_series(run, "forgetting", c) for c in categories]
+def _groups(run: Run) -> dict[str, list[str]]:
+    """Each category group of the run and its categories, where its probes have groups (read
+    from its ``probes.jsonl``: ``category_map``'s, or lm-eval's); none otherwise."""
+    group_of = {p.category: p.category_group for p in run.probes.values()}
+    groups: dict[str, list[str]] = {}
+    for category, group in sorted(group_of.items()):
+        groups.setdefault(group, []).append(category)
+    return groups if any(g != c for c, g in group_of.items()) else {}
+
+
+def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
+    """A group's forgetting rate at every evaluation: its categories' forgotten over their probes."""
+    out: list[float | None] = []
+    for _, report in run.history:
+        children = [report.by_category[c] for c in categories if c in report.by_category]
+        n = sum(child.n for child in children)
+        out.append(sum(child.forgotten for child in children) / n if n else None)
+    return out
+
+
+def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[str, Any]:
+    """Forgetting of each of ``rows`` (a name and its rate at every evaluation) by step."""
+    labels = list(rows)
     return {
         "data": [
             {
                 "type": "heatmap",
-                "z": z,
+                "z": list(rows.values()),
                 "x": [str(s) for s in run.steps],
-                "y": categories,
+                "y": labels,
                 "colorscale": "Reds",
                 "zmin": 0,
                 "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
@@ -286,9 +310,11 @@ def _heatmap(run: Run) -> dict[str, Any]:
             }
         ],
         "layout": {
-            "title": {"text": f"Forgetting by category ({run.name})"},
+            "title": {"text": f"Forgetting by {what} ({run.name})"},
             "xaxis": {"title": {"text": "training step"}, "type": "category"},
-            "height": 170 + 28 * len(categories),
+            # the left margin grows to the longest name ("high_school_government_and_politics")
+            "yaxis": {"type": "category", "automargin": True},
+            "height": 170 + 28 * len(labels),
             "margin": {"t": 50},
         },
     }

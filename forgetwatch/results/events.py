@@ -22,6 +22,7 @@ class BaseSnapshot:
         computed: whether they were scored now (``False``: loaded from a file).
         step: the training step the run starts (or resumes) at.
         metrics: figures to log once (``forgetwatch/noise_floor`` when it was measured now).
+        notes: what the run says once as it starts, for the console (which categories are not logged).
     """
 
     answers: Answers
@@ -29,6 +30,7 @@ class BaseSnapshot:
     computed: bool
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -351,12 +351,14 @@ def compare(
     at_risk_floor: float = 0.1,
     refusal_detector: Callable[[str], bool] | None = None,
     count_tokens: Callable[[list[str]], list[int]] | None = None,
+    categories: Sequence[str] | None = None,
 ) -> TransitionReport:
     """Compare the current model's answers with the base model's on the same probes.
 
     Raises :class:`~forgetwatch.results.answers.AnswersMismatchError` if the two answer sets are
     for different probes or scoring options. The report covers all samples, with one child
-    report per category in ``by_category`` (categories sorted). ``at_risk_share`` (default
+    report per category in ``by_category`` (categories sorted; ``categories``: each probe's
+    in place of the answers', such as its category's group). ``at_risk_share`` (default
     0.5) and ``at_risk_floor`` (default 0.1 nats) decide which still-right samples are at
     risk (see :func:`at_risk`). Where probes generate, ``behaviour`` holds how the responses
     drift from the base's (:func:`~forgetwatch.behaviour.drift.behaviour_figures`, with
@@ -368,7 +370,7 @@ def compare(
     """
     base.check_compatible(current)
     positions: dict[str, list[int]] = {}
-    for i, cat in enumerate(base.categories):
+    for i, cat in enumerate(base.categories if categories is None else categories):
         positions.setdefault(cat, []).append(i)
     normalized = base.scoring.get("normalize") == "chars"
     risky = at_risk(

@@ -180,11 +180,14 @@ class Trajectory:
         return trajectory
 
 
-def with_trajectory_figures(report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
-    """``report`` with the trajectory's figures, overall and per category (see
-    :meth:`Trajectory.figures`); figures that do not apply stay NaN."""
+def with_trajectory_figures(
+    report: TransitionReport, trajectory: Trajectory, categories: Sequence[str] | None = None
+) -> TransitionReport:
+    """``report`` with the trajectory's figures, overall and per category (``categories``: each
+    probe's as the report was made with, default the trajectory's; see :meth:`Trajectory.figures`);
+    figures that do not apply stay NaN."""
     rows: dict[str, list[int]] = {}
-    for i, category in enumerate(trajectory.categories):
+    for i, category in enumerate(trajectory.categories if categories is None else categories):
         rows.setdefault(category, []).append(i)
     children = {
         cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))

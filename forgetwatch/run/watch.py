@@ -192,6 +192,7 @@ class Watch:
         self._user_sinks = Sinks()  # the user's sinks and hook: not monitoring cost
         self._stop_rule: StopRule | None = None
         self._logged: set[str] | bool = True  # per-category keys: all, none, or these
+        self._groups: list[str] | None = None  # each probe's category group, where they have groups
         self._step = 0  # the last step the loop told us of
         self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
         self._max_steps: int | None = None
@@ -244,16 +245,14 @@ class Watch:
         # the config is frozen, but its lists and dicts can still be edited: check it again
         c = self.config = self.config.replace()
         c.check_categories(self.probes.categories)
+        self.probes = self.probes.with_groups(c.output.category_map)  # kept in probes.jsonl, for the report
+        groups = [p.category_group for p in self.probes]
+        self._groups = groups if groups != [p.category for p in self.probes] else None
         directory = c.output.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
         self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
         self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
-        self._logged = False
-        if c.output.log_categories:
-            self._logged, note = logged_categories([p.category for p in self.probes], c.output.max_logged_categories)
-            if note and self.writes:
-                logger.warning("forgetwatch: %s", note)
         self.store = RunStore(directory)
         if self.writes:  # what a kill -9 left half-written, in the run directory and its checkpoints
             self.store.remove_leftovers(leftovers_in)
@@ -266,6 +265,15 @@ class Watch:
         dirs = self._resume_dirs(resume_from) if resumed else []
         self.base_answers, cost = self._base(model, dirs, step)
         self.trajectory = Trajectory.start(self.base_answers)
+        self._logged, note = False, None
+        if c.output.log_categories:  # decided on the base's answers: a resume decides the same
+            self._logged, note = logged_categories(
+                self._groups or self.base_answers.categories,
+                self.base_answers.correct,
+                c.output.min_logged_right,
+                c.output.max_logged_categories,
+                categories=len(self.probes.categories) if self._groups else None,
+            )
         t = c.stopping
         self._stop_rule = StopRule(
             t.max_forgetting,
@@ -276,7 +284,9 @@ class Watch:
             noise_floor=noise_by_scope(self.base_answers.meta),
         )
         self._sinks = self._build_sinks(sinks, stop_note)
-        snapshot = BaseSnapshot(self.base_answers, self.store.snapshot_path, cost is not None, step)
+        snapshot = BaseSnapshot(
+            self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
+        )
         if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
             snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
         self._sinks.on_base(snapshot)
@@ -344,7 +354,10 @@ class Watch:
             seconds=round(seconds, 4),
             columns=self.trajectory.column(),
         )
-        metrics = metric_values(report, self._logged)
+        logged = report
+        if self._groups is not None and self._logged:  # the logged figures are the groups'
+            logged = with_trajectory_figures(self.compare(answers, self._groups), self.trajectory, self._groups)
+        metrics = metric_values(logged, self._logged)
         if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
             self._repair_evaluation(report, model)
             figures = self.repair.figures()
@@ -429,8 +442,9 @@ class Watch:
         """The model scored against the base, outside the run's history (e.g. after training)."""
         return self.compare(self._score(model))
 
-    def compare(self, answers: Answers) -> TransitionReport:
-        """``answers`` against the base answers, with the run's settings."""
+    def compare(self, answers: Answers, categories: Sequence[str] | None = None) -> TransitionReport:
+        """``answers`` against the base answers, with the run's settings (``categories``: each
+        probe's, in place of its own; see :func:`~forgetwatch.compare`)."""
         c = self.config
         return compare(
             self.base_answers,
@@ -439,6 +453,7 @@ class Watch:
             at_risk_floor=c.signals.at_risk_floor,
             refusal_detector=self.scorer.refusal_detector,
             count_tokens=token_counter(self.scorer.tokenizer),
+            categories=categories,
         )
 
     def evaluated(self, step: int) -> bool:

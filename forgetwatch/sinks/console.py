@@ -30,7 +30,7 @@ class ConsoleLines:
     def on_base(self, snapshot: BaseSnapshot) -> None:
         if self.verbose:
             say(base_line(snapshot.answers, snapshot.path, snapshot.computed))
-            for line in lm_eval_lines(snapshot.answers, "base, "):
+            for line in [*lm_eval_lines(snapshot.answers, "base, "), *(f"[forgetwatch] {n}" for n in snapshot.notes)]:
                 say(line)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:

@@ -66,22 +66,39 @@ def metric_values(report: TransitionReport, categories: bool | Collection[str] =
     return out
 
 
-def logged_categories(categories: Sequence[str], limit: int) -> tuple[set[str] | bool, str | None]:
-    """Which categories get keys of their own (``categories``: each probe's): all of them, or,
-    when there are more than ``limit``, the ``limit`` largest (by probe count, then name) for
-    the whole run, so their curves have no gaps; with a sentence saying so (for one warning).
+def logged_categories(
+    groups: Sequence[str], right: Sequence[bool], min_right: int, limit: int, categories: int | None = None
+) -> tuple[set[str] | bool, str | None]:
+    """Which categories get keys of their own, for the whole run, so their curves have no gaps
+    (``groups``: each probe's category, or its category's group when ``categories``, their
+    number, is given; ``right``: whether the base answered it right). All of them (``True``),
+    or those with at least ``min_right`` probes right at the base (with fewer, forgetting
+    cannot be told from zero) and, of those, the ``limit`` largest (by probe count, then name);
+    with a sentence saying how many are left out and why (for one line).
 
     Example:
-        >>> logged_categories(["a", "b", "b", "c"], limit=1)
-        ({'b'}, '3 categories: per-category figures are logged for the 1 largest (max_logged_categories=1); history.jsonl and the report keep all of them')
+        >>> logged_categories(["a", "b", "b", "c", "c"], [True] * 5, min_right=2, limit=1)
+        ({'b'}, 'per-category figures are logged for 1 of 3 categories; not logged: 1 with fewer than 2 probes right at the base, too few to tell forgetting from zero (min_logged_right=2), 1 beyond the 1 largest (max_logged_categories=1); history.jsonl and the report keep all of them')
     """
-    sizes = Counter(categories)
-    if len(sizes) <= limit:
+    sizes = Counter(groups)
+    base_right = Counter(g for g, r in zip(groups, right) if r)
+    enough = [g for g in sizes if base_right[g] >= min_right]
+    chosen = sorted(enough, key=lambda g: (-sizes[g], g))[:limit]
+    if len(chosen) == len(sizes):
         return True, None
-    largest = sorted(sizes, key=lambda c: (-sizes[c], c))[:limit]
-    return set(largest), (
-        f"{len(sizes)} categories: per-category figures are logged for the {limit} largest "
-        f"(max_logged_categories={limit}); history.jsonl and the report keep all of them"
+    reasons = []
+    if small := len(sizes) - len(enough):
+        reasons.append(
+            f"{small} with fewer than {min_right} probes right at the base, too few to tell forgetting "
+            f"from zero (min_logged_right={min_right})"
+        )
+    if over := len(enough) - len(chosen):
+        reasons.append(f"{over} beyond the {limit} largest (max_logged_categories={limit})")
+    units = "categories" if categories is None else f"groups (of {categories} categories)"
+    return set(chosen), (
+        f"per-category figures are logged{' by group' if categories is not None else ''} for "
+        f"{len(chosen) or 'none'} of {len(sizes)} {units}; not logged: {', '.join(reasons)}; "
+        "history.jsonl and the report keep all of them"
     )
 
 
