@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -321,13 +321,16 @@ def scan_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[Sca
     return ScanBase.from_dict(kept), warning
 
 
-def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None) -> dict[str, Any]:
+def kept_answers(
+    paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None, prompts: Collection[str]
+) -> dict[str, Any]:
     """The first of ``paths`` (``replay_answers.json`` files) made with ``key`` (the pool, its
-    prompts' tokens and the base model) whose token ids fit the model's ``vocab``, and why each
-    one before it was passed over: JSON-ready, to share from rank 0."""
+    prompts' tokens and the base model) that answers each of ``prompts`` (the pool's row ids) with
+    token ids that fit the model's ``vocab``, and why each one before it was passed over:
+    JSON-ready, to share from rank 0."""
 
     def problem(kept: KeptAnswers) -> str | None:
-        return _key_problem(kept.key, key) or kept.problem(vocab)
+        return _key_problem(kept.key, key) or kept.problem(vocab, prompts)
 
     kept, rejected = first_usable(paths, KeptAnswers.load, problem)
     return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}
