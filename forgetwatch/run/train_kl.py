@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.common.files import NPZ_ERRORS
 from forgetwatch.common.text import first_line
 from forgetwatch.results.store import TRAIN_KL
 from forgetwatch.run.repair import RunContext
@@ -280,12 +279,10 @@ class TrainKL:
     def load(path: str | Path) -> tuple[BaseDistribution, list[list[int]], list[int]]:
         """A ``train_kl.npz`` back: ``(base distribution, rows' tokens, starts)``; a
         :class:`~forgetwatch.scoring.next_tokens.KeptFileError` says what is wrong with it."""
-        base = BaseDistribution.load(path)
-        try:
-            with np.load(Path(path), allow_pickle=False) as z:
-                tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
-        except NPZ_ERRORS as err:
-            raise KeptFileError(path, f"damaged or not a train-KL file ({first_line(err)})") from None
+        base, z = BaseDistribution.read(path)
+        if missing := [name for name in ("tokens", "token_offsets", "starts") if name not in z]:
+            raise KeptFileError(path, f"damaged or not a train-KL file (no {missing[0]} in it)")
+        tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
         if problem := _rows_problem(base, tokens, offsets, starts):
             raise KeptFileError(path, f"damaged: {problem}")
         rows = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(starts))]
