@@ -121,6 +121,11 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     tokens = state.get("tokens", 0)  # an earlier release's state has none
     if type(tokens) is not int or tokens < 0:
         return f"its count of replay tokens is {shorten(tokens)}, not a whole number from 0"
+    loss = state.get("loss", {"sum": 0.0, "steps": 0})
+    if not isinstance(loss, Mapping) or not _number(loss.get("sum")) or type(loss.get("steps")) is not int:
+        return f"its replay loss since the last evaluation is {shorten(loss)}, not a finite sum and a count of steps"
+    if not 0 <= loss["steps"] <= step:
+        return f"its replay loss since the last evaluation is over {loss['steps']} steps, not 0 to {step}"
     select = state.get("select", "categories")
     if select != replay.select:
         return f"made with replay_select={shorten(select)}, not {replay.select!r}"
@@ -176,7 +181,10 @@ def state_to_resume(
             f"no replay state to resume step {step} with ({why}); {err}. Resume from a "
             "checkpoint whose forgetwatch folder is whole, or train without replay=",
         ) from None
-    return state, f"no usable replay state for step {step} ({why}); rebuilt it {how}"
+    return state, (
+        f"no usable replay state for step {step} ({why}); rebuilt it {how} (the replay loss of the steps "
+        "before the resume is not kept in the history: the next replay/loss is over the steps from here)"
+    )
 
 
 def rebuilt_state(
