@@ -114,10 +114,10 @@ def read_value(text: str, source: str) -> Any:
 
 
 def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str, Any]]:
-    """The top-level keys of a YAML file whose plain scalar value YAML 1.1 reads otherwise than
-    YAML 1.2 (``010`` as 8, ``1:30`` as 90, ``yes`` as true), as training frameworks read their
-    configs: key -> (line, the text written, YAML 1.1's value). Empty when the file cannot be
-    read: its framework has read it already and says why.
+    """The top-level keys of a YAML file whose plain scalar value YAML 1.1, as training frameworks
+    read their configs, reads as a number or true/false otherwise than YAML 1.2 does (``010`` as 8,
+    ``1:30`` as 90, ``yes`` as true): key -> (line, the text written, YAML 1.1's value). Empty
+    when the file cannot be read: its framework has read it already and says why.
 
     Example:
         >>> import pathlib, tempfile
@@ -143,7 +143,8 @@ def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str
             old, new = yaml.safe_load(text), read_value(text, str(path))
         except (yaml.YAMLError, ConfigError, ValueError):
             continue
-        if (type(old), repr(old)) != (type(new), repr(new)):
+        # a number or true/false where YAML 1.2 reads another (a date, say, fails the settings' own checks)
+        if isinstance(old, (bool, int, float)) and (type(old), repr(old)) != (type(new), repr(new)):
             found[str(key_node.value)] = (value_node.start_mark.line + 1, text, old)
     return found
 
