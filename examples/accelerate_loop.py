@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.backward(lm_loss(model, tokenizer, batch))
         optimizer.step()
         optimizer.zero_grad()
-        stop = watch.due(step) and watch.evaluate(model, step).stop  # the same on every process
+        evaluation = watch.evaluate(model, step) if watch.due(step) else None  # None: skipped, with a warning
+        stop = evaluation is not None and evaluation.stop  # the same on every process
         if (step % args.save_steps == 0 or stop) and accelerator.is_main_process:
             folder = out / f"checkpoint-{step}"
             accelerator.unwrap_model(model).save_pretrained(folder)

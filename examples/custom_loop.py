@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         lm_loss(model, tokenizer, batch_at(texts, step, args.batch_size, args.seed)).backward()
         optimizer.step()
         optimizer.zero_grad()
-        stop = watch.due(step) and watch.evaluate(model, step).stop
+        evaluation = watch.evaluate(model, step) if watch.due(step) else None  # None: skipped, with a warning
+        stop = evaluation is not None and evaluation.stop
         if step % args.save_steps == 0 or stop:
             folder = out / f"checkpoint-{step}"
             model.save_pretrained(folder)

@@ -489,21 +489,23 @@ def test_text_round_trips_exactly_in_both_formats(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "write",
+    "write, words",
     [
-        lambda p: np.savez(p, header=np.array("{}"), ids=np.array(["a", 1], dtype=object)),
-        lambda p: p.write_bytes(b"\x80\x04K\x01."),  # a pickle (of 1), named .npz
+        (
+            lambda p: np.savez(p, header=np.array("{}"), ids=np.array(["a", 1], dtype=object)),
+            "damaged or not written by forgetwatch: it holds pickled (object) data, and forgetwatch never loads",
+        ),
+        (lambda p: p.write_bytes(b"\x80\x04K\x01."), "damaged or not a forgetwatch answers file (File is not a zip"),
     ],
-    ids=["object-array", "pickle"],
+    ids=["object-array", "pickle"],  # a pickle (of 1), named .npz: read as a zip, never unpickled
 )
-def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
+def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write, words):
     path = tmp_path / "a.npz"
     write(path)
     with pytest.raises(AnswersFileError) as info:
         Answers.load(path)
     message = str(info.value)
-    assert "damaged or not written by forgetwatch" in message
-    assert "forgetwatch never loads pickled data" in message
+    assert words in message
     assert "allow_pickle" not in message and "unsafely" not in message
 
 

@@ -286,6 +286,31 @@ def test_evaluation_after_training_scores_the_current_weights(toy, train_data, t
     assert [step for step, _ in cb.history] == [30]  # not part of the run's history
 
 
+class NanAt(TrainerCallback):
+    """The weights turn NaN once training reaches ``step`` (a diverged run), before forgetwatch looks."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.get_input_embeddings().weight.fill_(float("nan"))
+
+
+def test_a_model_gone_nan_is_a_warning_and_training_goes_on(toy, train_data, tmp_path, caplog):
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, output=Output(verbose=False))
+    trainer = make_trainer(toy, train_data, tmp_path, [NanAt(3), cb], max_steps=6, eval_strategy="steps", eval_steps=5)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        trainer.train()  # no exception into the trainer
+    assert trainer.state.global_step == 6 and [step for step, _ in cb.history] == [2]
+    skipped = re.findall(r"step (\d+): the model: its log-probabilities are not finite", caplog.text)
+    assert skipped == ["4", "5", "6"]  # each step's evaluation after, the trainer's at 5 and the end's: once each
+    assert caplog.text.count("this evaluation is skipped, training goes on") == 3
+    steps = [json.loads(line)["step"] for line in (tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()]
+    assert steps == [2]
+
+
 def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, train_data, tmp_path):
     common = dict(max_steps=30, save_strategy="steps", save_steps=10)
     whole = ForgetWatchCallback(toy.probes, eval_steps=5)

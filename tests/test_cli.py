@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from forgetwatch import Answers, ProbeSet, compare, evaluate
 from forgetwatch.cli import main
@@ -617,3 +618,27 @@ def test_probes_without_out_writes_the_set_to_stdout(capsys, tmp_path):
     assert "smoke alarm" in err
     (tmp_path / "piped.jsonl").write_text(out, encoding="utf-8")
     assert len(ProbeSet.from_jsonl(tmp_path / "piped.jsonl")) == 40
+
+
+def test_a_checkpoint_with_nan_weights_is_one_error_naming_it_before_anything_is_written(
+    toy, few_probes, tmp_path, capsys, caplog
+):
+    from transformers import AutoModelForCausalLM
+
+    broken = _copy_model(toy, tmp_path, "nan")
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[5:].fill_(float("nan"))  # most tokens' embeddings
+    model.save_pretrained(broken)
+    out = tmp_path / "out"
+    code, printed, err = run(
+        capsys, "compare", "--base", toy.base_dir, "--model", str(broken), "--probes", few_probes, "--out", str(out)
+    )
+    assert code == 2 and "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() if "forgetwatch" in line]
+    assert "packed scores differ" not in caplog.text  # NaN says nothing of packing
+    assert line.startswith(f"forgetwatch: error: {broken}: its log-probabilities are not finite numbers (NaN or inf)")
+    assert "its weights or its outputs hold NaN or inf" in line
+    assert "forgotten" not in printed and not (out.exists() and any(out.iterdir()))  # no report, no files
+    code, _, err = run(capsys, "evaluate", "--model", str(broken), "--probes", few_probes, "--out", str(out / "a.json"))
+    assert code == 2 and "not finite" in err and not (out / "a.json").exists()

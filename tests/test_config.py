@@ -722,8 +722,10 @@ def test_the_bounds_keep_what_works():
         (f"eval_steps: 5\npatience: 1{'0' * 5000}\n", 2, "patience", "an integer of 5001 characters"),
         (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, None, "nested more than 100 levels"),
         (f"stop: {'[' * 150}{']' * 150}\n", 1, "stop", "nested more than 100 levels"),
-        ("eval_steps: 5\nnote: 2024-13-45\n", 2, None, "YAML cannot build this value (month must be in 1..12)"),
+        ("eval_steps: 5\nnote: !!timestamp 2024-13-45\n", 2, None, "YAML cannot build this value (month must be"),
         ('output_dir: "runs/\\0"\n', 1, "output_dir", "NUL character"),
+        ("eval_steps: 1:30\n", 1, "eval_steps", "expected an integer >= 1 or null"),  # not 90 (base 60)
+        ("verbose: yes\n", 1, "verbose", "expected true or false, got 'yes'"),
     ],
 )
 def test_yaml_values_that_would_fail_later_name_file_line_and_key(tmp_path, text, line, key, words):
@@ -732,6 +734,11 @@ def test_yaml_values_that_would_fail_later_name_file_line_and_key(tmp_path, text
         ForgetWatchConfig.from_yaml(path)
     assert [e[:3] for e in info.value.errors] == [(str(path), line, key)]
     assert words in str(info.value)
+
+
+def test_yaml_numbers_are_read_by_yaml_1_2(tmp_path):
+    config = ForgetWatchConfig.from_yaml(write(tmp_path, "eval_steps: 010\nmax_overhead: 5e-2\n"))
+    assert (config.schedule.eval_steps, config.schedule.max_overhead) == (10, 0.05)  # not octal 8, not text
 
 
 def test_a_number_too_large_for_a_float_gets_no_quotes_hint():

@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from forgetwatch import ForgetWatchCallback
 from forgetwatch.cli import main
-from forgetwatch.config import FLAT_KEYS, ConfigError
+from forgetwatch.config import FLAT_KEYS, ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.framework_settings import FrameworkSettings
 from forgetwatch.integrations.swift import PLUGIN_FILE
 from forgetwatch.probes import ProbeError, ProbeSet
@@ -133,12 +134,71 @@ def test_environment_variables_are_read_as_yaml_values_and_named_as_set():
             {"FORGETWATCH_PROBES": PROBES, "FORGETWATCH_MAX_FORGETING": "0.1", "FORGETWATCH_EVAL_STEPS": "[1"}
         )
     assert str(caught.value).splitlines() == [
-        "environment: key 'FORGETWATCH_EVAL_STEPS': cannot read '[1' as a YAML value",
+        "environment: key 'FORGETWATCH_EVAL_STEPS': YAML syntax error: while parsing a flow sequence expected ',' "
+        "or ']', but got '<stream end>' (column 3); fix the YAML at that spot (indentation, a missing ':' or an "
+        "unclosed bracket or quote)",
         "environment: key 'FORGETWATCH_MAX_FORGETING': unknown key (did you mean 'FORGETWATCH_MAX_FORGETTING'?); "
         "fix or remove it",
     ]
     with pytest.raises(ConfigError, match="key 'FORGETWATCH_PROBES': no probes: set FORGETWATCH_PROBES"):
         FrameworkSettings.from_environ({})
+
+
+def test_environment_values_are_read_by_yaml_1_2_and_checked_by_the_settings_type():
+    def read(**env: str) -> ForgetWatchConfig:
+        return FrameworkSettings.from_environ({"FORGETWATCH_PROBES": PROBES, **env}).config
+
+    assert read(FORGETWATCH_EVAL_STEPS="010").schedule.eval_steps == 10  # decimal, not octal 8
+    assert read(FORGETWATCH_MAX_OVERHEAD="5e-2").schedule.max_overhead == 0.05
+    assert read(FORGETWATCH_MAX_FORGETTING="null").stopping.max_forgetting is None
+    for env, expected in [
+        ({"FORGETWATCH_EVAL_STEPS": "1:30"}, "'FORGETWATCH_EVAL_STEPS': expected an integer >= 1 or null"),
+        ({"FORGETWATCH_LOG_CATEGORIES": "yes"}, "'FORGETWATCH_LOG_CATEGORIES': expected true or false, got 'yes'"),
+        ({"FORGETWATCH_MAX_FORGETTING": ""}, "'FORGETWATCH_MAX_FORGETTING': is set but empty"),
+        ({"FORGETWATCH_MAX_FORGETTING": " "}, "'FORGETWATCH_MAX_FORGETTING': is set but empty"),
+        ({"FORGETWATCH_EVAL_STEPS": "9" * 5000}, "'FORGETWATCH_EVAL_STEPS': an integer of 5000 characters"),
+        (
+            {"forgetwatch_eval_steps": "5"},
+            "'forgetwatch_eval_steps': forgetwatch's environment variables are upper case: set FORGETWATCH_EVAL_STEPS",
+        ),
+        (
+            {"Forgetwatch_Eval_Step": "5"},
+            "'Forgetwatch_Eval_Step': forgetwatch's environment variables are upper case: set FORGETWATCH_EVAL_STEPS",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            read(**env)
+        assert len(caught.value.errors) == 1, env
+        assert str(caught.value).startswith(f"environment: key {expected}"), (env, str(caught.value))
+
+
+def test_mixed_case_keys_are_named_with_their_spelling():
+    with pytest.raises(ConfigError) as caught:
+        FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "Forgetwatch_Eval_Steps": 5}, "train.yaml")
+    assert str(caught.value) == (
+        "train.yaml: key 'Forgetwatch_Eval_Steps': forgetwatch's keys are lower case: write 'forgetwatch_eval_steps'"
+    )
+
+
+def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tmp_path):
+    train = tmp_path / "train.yaml"
+    train.write_text(
+        f"base_model: x\nlearning_rate: 0.1\nforgetwatch_probes: {PROBES}\nforgetwatch_eval_steps: 1:30\n"
+        "forgetwatch_patience: 010\nforgetwatch_verbose: 'yes'\n"
+    )
+    values = yaml.safe_load(train.read_text())  # as Axolotl reads it: 90, 8
+    assert (values["forgetwatch_eval_steps"], values["forgetwatch_patience"]) == (90, 8)
+    with pytest.raises(ConfigError) as caught:
+        FrameworkSettings.from_keys(values, str(train), yaml_file=train)
+    assert [line.split(": the framework")[0] for line in str(caught.value).splitlines()] == [
+        f"{train}: line 4: key 'forgetwatch_eval_steps'",
+        f"{train}: line 5: key 'forgetwatch_patience'",
+    ]
+    assert "reads 1:30 as 90 (YAML 1.1" in str(caught.value)
+    # a value overridden since (LLaMA-Factory's key=value) is not the file's
+    values.update(forgetwatch_eval_steps=5, forgetwatch_patience=3, forgetwatch_verbose=True)
+    config = FrameworkSettings.from_keys(values, str(train), yaml_file=train).config
+    assert (config.schedule.eval_steps, config.stopping.patience) == (5, 3)
 
 
 def test_the_first_console_line_says_what_the_plugin_will_do():

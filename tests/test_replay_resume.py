@@ -139,6 +139,23 @@ def test_a_whole_checkpoint_resumes_with_its_own_state(toy, train_data, pool, ru
     np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
 
 
+def test_a_run_resumed_between_evaluations_logs_the_replay_loss_of_every_step_since_the_last(
+    toy, train_data, pool, run, tmp_path
+):
+    assert kept(run, 3)["loss"]["steps"] == 1  # step 3's loss, kept until the evaluation at 4
+    copied = tmp_path / "run"
+    shutil.copytree(run, copied)
+    callback = ForgetWatchCallback(toy.probes, **settings(pool))
+    make_trainer(toy, train_data, copied, [callback], max_steps=4).train(
+        resume_from_checkpoint=str(copied / "checkpoint-3")
+    )
+    whole = [json.loads(line) for line in (run / "forgetwatch" / "history.jsonl").read_text().splitlines()]
+    resumed = callback.watch.records[-1]
+    assert resumed["step"] == whole[-1]["step"] == 4
+    # the mean over steps 3 and 4, as the uninterrupted run logged it (not step 4's alone)
+    assert resumed["replay"]["replay/loss"] == pytest.approx(whole[-1]["replay"]["replay/loss"], rel=1e-6)
+
+
 STATE_DAMAGE = {
     "missing (killed while copying)": lambda p: p.unlink(),
     "not JSON": lambda p: p.write_text('{"sampler": {"seed": 0, "dra'),
@@ -162,7 +179,8 @@ def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(
     path = f"checkpoint-{step}/forgetwatch/replay.json"
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
-    assert resumed.watch.repair.state() == kept(run, step)  # the draws and the steered weight, as the run had them
+    # the draws and the steered weight, as the run had them (not the replay loss since the last evaluation)
+    assert resumed.watch.repair.state() == {k: v for k, v in kept(run, step).items() if k != "loss"}
     assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
 
 
@@ -250,7 +268,7 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
     assert "not resuming from" in caplog.text and "replay_base.npz is not the file copied there" in caplog.text
     # the run directory's files serve: its distribution, and the state rebuilt exactly from the history
     np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
-    assert resumed.watch.repair.state() == kept(run, 3)
+    assert resumed.watch.repair.state() == {k: v for k, v in kept(run, 3).items() if k != "loss"}
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
@@ -305,6 +323,12 @@ def test_state_checks_name_what_is_wrong(toy, pool):
     assert problem(lambda s: s["sampler"]["taken"].pop("colors")).startswith("made for the categories ['rivers']")
     assert problem(lambda s: s["key"].update(tokens="x")).startswith("made for the rows tokenized otherwise")
     assert problem(lambda s: s.pop("key")).startswith("it has no key saying what it was made from")
+    assert problem(lambda s: s.update(loss={"sum": float("nan"), "steps": 1})).startswith(
+        "its replay loss since the last evaluation is"
+    )
+    assert problem(lambda s: s.update(loss={"sum": 1.5, "steps": 11})) == (
+        "its replay loss since the last evaluation is over 11 steps, not 0 to 10"
+    )
     assert state_problem(replay, [1, 2], 10) == "not a replay state (a JSON list, not an object)"
 
 

@@ -88,7 +88,7 @@ def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_th
     assert replay.tokens == sum(len(by_hand[int(r.id[1:])][0]) for r in drawn)
 
 
-def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypatch):
+def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypatch, caplog):
     world, tokenizer, model = small
     pool = ReplayPool.from_prompts(PROMPTS, max_new_tokens=4, category="facts")
 
@@ -129,4 +129,20 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
     (tmp_path / REPLAY_ANSWERS).write_text("{")
     KeptAnswers({"p0": Generated("x", (1,), True)}, {"pool": "other"}).save(second / REPLAY_ANSWERS)
     with pytest.raises(ValueError, match=r"replay_answers.json: damaged.*made for another replay pool"):
+        Replay(pool).begin(model, run(10, [tmp_path, second]))
+
+    # a copy of this run's that lacks one prompt's answer is passed over too, and alone it is one error
+    short = KeptAnswers({i: a for i, a in kept.answers.items() if i != "p3"}, kept.key)
+    short.save(tmp_path / REPLAY_ANSWERS)
+    kept.save(second / REPLAY_ANSWERS)
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        again = Replay(pool)
+        again.begin(model, run(10, [tmp_path, second]))
+    assert (
+        again.encoded == fresh.encoded
+        and "damaged: it has no answer to prompt 'p3'); using another copy" in caplog.text
+    )
+    for folder in (tmp_path, second):
+        short.save(folder / REPLAY_ANSWERS)
+    with pytest.raises(ValueError, match=r"no copy can serve \(.*replay_answers.json: damaged: it has no answer to "):
         Replay(pool).begin(model, run(10, [tmp_path, second]))

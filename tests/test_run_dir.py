@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import struct
+import zipfile
 
 import numpy as np
 import pytest
 
 from forgetwatch import load_trajectory
+from forgetwatch.cli import main
+from forgetwatch.common import files
 from forgetwatch.probes import ProbeError, ProbeSet
-from forgetwatch.results.answers import Answers
+from forgetwatch.results.answers import Answers, AnswersFileError
 from forgetwatch.results.history import history_record
 from forgetwatch.results.metrics import compare
-from forgetwatch.results.run_dir import LATEST, PROBES, Run, read_run
+from forgetwatch.results.run_dir import LATEST, PROBES, SNAPSHOT, Run, read_run
 from forgetwatch.results.store import RunStore
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
+from forgetwatch.scoring.next_tokens import BaseDistribution, KeptFileError
 
 PROBE_ROWS = [
     {
@@ -137,3 +143,100 @@ def test_the_probes_and_latest_answers_are_read_only_when_asked_for(run):
 def test_no_base_snapshot_says_what_to_give(tmp_path):
     with pytest.raises(FileNotFoundError, match="base_answers.npz: no base snapshot; give the forgetwatch directory"):
         read_run(tmp_path)
+
+
+# -- someone else's run directory: sizes from the headers, no pickles, no links out ---------------
+
+
+def replace_member(path, name, data):
+    """The npz at ``path`` with its member ``name`` holding ``data`` instead."""
+    with zipfile.ZipFile(path) as z:
+        members = {m: z.read(m) for m in z.namelist()}
+    members[name] = data
+    with zipfile.ZipFile(path, "w") as z:
+        for member, content in members.items():
+            z.writestr(member, content)
+
+
+def npy(shape, descr="|b1", data=b""):
+    """An .npy file whose header claims ``shape`` entries of ``descr``, followed by ``data``."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buffer.getvalue() + data
+
+
+def report_error(directory, tmp_path, capsys):
+    """``forgetwatch report`` on ``directory``: its exit code 2 and its one line of error."""
+    assert main(["report", str(directory), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_an_array_header_claiming_10_13_entries_is_refused_before_anything_is_allocated(run, tmp_path, capsys):
+    directory, _, _ = run
+    replace_member(directory / SNAPSHOT, "correct.npy", npy((10**13,), data=b"\x01" * 6))
+    err = report_error(directory, tmp_path, capsys)  # not 9 TiB asked for: one line, at once
+    assert f"{directory / SNAPSHOT}: damaged or not a forgetwatch answers file" in err
+    assert "its array 'correct' claims 10,000,000,000,000 entries of bool in 6 bytes" in err
+
+
+def test_a_zip_claiming_gigabytes_is_refused_before_any_is_inflated(run, tmp_path, capsys, monkeypatch):
+    directory, _, _ = run
+    data = bytearray((directory / SNAPSHOT).read_bytes())
+    entry = data.index(b"PK\x01\x02")  # the first member's entry in the central directory: its unpacked size
+    struct.pack_into("<I", data, entry + 24, 3_000_000_000)
+    (directory / SNAPSHOT).write_bytes(bytes(data))
+    assert "claims 3,000,00" in report_error(directory, tmp_path, capsys)
+
+    # a real, highly compressible member past the cap (lowered here): refused from its header, never read
+    def never(*args, **kwargs):
+        raise AssertionError("an array was read")
+
+    np.savez_compressed(directory / LATEST, header=np.array("{}"), outputs_utf8=np.zeros(4 << 20, np.uint8))
+    assert (directory / LATEST).stat().st_size < 64 << 10
+    monkeypatch.setattr(files, "MAX_NPZ_BYTES", 1 << 20)
+    monkeypatch.setattr(np.lib.format, "read_array", never)
+    with pytest.raises(AnswersFileError, match=r"it claims 4,194,\d+ bytes unpacked, more than the 1,048,576"):
+        Answers.load(directory / LATEST)
+
+
+def test_kept_distributions_are_read_by_the_same_checks(tmp_path):
+    base = BaseDistribution(
+        ["r1"],
+        np.array([0, 1]),
+        np.array([[3]], dtype=np.int32),
+        np.array([[0.0]], dtype=np.float16),
+        np.array([-np.inf], dtype=np.float32),
+    )
+    base.save(tmp_path / "d.npz")
+    replace_member(tmp_path / "d.npz", "tail.npy", npy((10**12,), "<f4", b"\0" * 4))
+    with pytest.raises(KeptFileError, match=r"damaged or not a base distribution \(its array 'tail' claims"):
+        BaseDistribution.load(tmp_path / "d.npz")
+    replace_member(tmp_path / "d.npz", "tail.npy", npy((1,), "|O", b"\0" * 8))
+    with pytest.raises(KeptFileError, match=r"holds pickled \(object\) data, which forgetwatch never loads"):
+        BaseDistribution.load(tmp_path / "d.npz")
+
+
+def test_links_out_of_the_run_directory_are_not_followed(run, tmp_path, capsys):
+    directory, _, _ = run
+    secret = tmp_path / "elsewhere.jsonl"
+    secret.write_text((directory / PROBES).read_text())
+    (directory / PROBES).unlink()
+    (directory / PROBES).symlink_to(secret)
+    err = report_error(directory, tmp_path, capsys)
+    assert err == (
+        f"forgetwatch: error: {directory / PROBES}: a symbolic link to {secret}, outside the run directory; "
+        "forgetwatch does not follow it: copy the file into the run directory, or remove the link"
+    )
+    # a link inside the directory is read; so is the forgetwatch folder, unless it leads out of the run
+    (directory / PROBES).unlink()
+    (directory / "kept.jsonl").write_text(secret.read_text())
+    (directory / PROBES).symlink_to("kept.jsonl")
+    assert list(read_run(directory.parent).probes) == [r["id"] for r in PROBE_ROWS]
+    outside = tmp_path / "moved"
+    directory.rename(outside)
+    directory.symlink_to(outside)
+    assert f"{directory}: a symbolic link to {outside}, outside the run directory" in report_error(
+        directory.parent, tmp_path, capsys
+    )

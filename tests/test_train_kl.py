@@ -115,7 +115,7 @@ def test_a_watch_logs_it_at_each_evaluation_and_resumes_from_the_kept_copy(toy, 
     monkeypatch.setattr(train_kl, "base_distribution", refuse)
     again = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
     again.load_state_dict(kept)
-    again.start(toy.tuned, toy.tokenizer, train_rows=rows[:2])  # other rows given: the kept ones serve
+    again.start(toy.tuned, toy.tokenizer, train_rows=rows)
     assert again.evaluate(toy.base, 4).metrics[KEY] == 0.0
     assert again.evaluate(toy.tuned, 6).metrics[KEY] == moved.metrics[KEY]
 
@@ -144,25 +144,35 @@ def test_a_damaged_or_foreign_copy_is_passed_over_for_the_next(toy, rows, tmp_pa
     signal = TrainKL(128)
     signal.begin(toy.base, context(tmp_path / "run", tokenizer=toy.tokenizer), rows)
     good = tmp_path / "run" / TRAIN_KL
-    bad, other = tmp_path / "bad", tmp_path / "other"
-    bad.mkdir()
-    other.mkdir()
+    bad, other, foreign = tmp_path / "bad", tmp_path / "other", tmp_path / "foreign"
+    for folder in (bad, other, foreign):
+        folder.mkdir()
     with np.load(good) as z:  # a row's tokens changed: its key no longer holds
         arrays = dict(z)
     arrays["tokens"] = arrays["tokens"].copy()
     arrays["tokens"][3] += 1
     np.savez(bad / TRAIN_KL, **arrays)
     TrainKL(64).begin(toy.base, context(other, tokenizer=toy.tokenizer), rows)  # another train_kl_rows
+    TrainKL(128).begin(toy.base, context(foreign, tokenizer=toy.tokenizer), rows[1:])  # another run's rows
 
     resumed = TrainKL(128)
     meta = {"model_key": signal.base.key["model"], "weights_key": signal.base.key["weights"]}
-    dirs = [bad, other, tmp_path / "run"]
+    dirs = [bad, other, foreign, tmp_path / "run"]
     run = context(tmp_path / "resumed", tokenizer=toy.tokenizer, step=10, resume_dirs=dirs, base_meta=meta)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         resumed.begin(toy.tuned, run, rows)
-    assert "its rows are not those its key was made from" in caplog.text and "another rows_asked" in caplog.text
+    assert "its rows are not those its key was made from" in caplog.text
+    assert f"{other / TRAIN_KL}: made for other train_kl_rows than this run's" in caplog.text
+    assert f"{foreign / TRAIN_KL}: made for other training rows (their token ids) than this run's" in caplog.text
     assert resumed.on and resumed.tokens == [list(x) for x, _ in rows]
     assert resumed.measure(toy.base, Ranks.alone())["train_kl"] == 0.0
+
+    # another run's copy alone (the same base, other rows) does not serve: the signal is off, said once
+    caplog.clear()
+    alone = context(tmp_path / "alone", tokenizer=toy.tokenizer, step=10, resume_dirs=[foreign], base_meta=meta)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        resumed.begin(toy.tuned, alone, rows)
+    assert not resumed.on and caplog.text.count("is off for this resumed run") == 1
 
 
 def test_lora_with_adapters_disabled_is_the_plain_base(toy, rows, tmp_path):

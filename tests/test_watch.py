@@ -3,16 +3,19 @@ the settings as groups and the keywords of earlier releases."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
 
 import pytest
+import torch
 
 from forgetwatch import Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import smallest_detectable
+from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import logged_categories, metric_values
 
 QUIET = Output(verbose=False)
@@ -73,6 +76,28 @@ def test_a_failing_sink_warns_and_the_others_go_on(toy, tmp_path, caplog):
     assert [e.step for e in sink.evaluations] == [2, 4]
     steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert steps == [2, 4]
+
+
+def test_nan_outputs_are_an_error_when_scoring_and_a_skipped_evaluation_while_training(toy, tmp_path, caplog):
+    broken = copy.deepcopy(toy.tuned)
+    with torch.no_grad():
+        broken.get_input_embeddings().weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteScoresError, match=r"the model: its log-probabilities are not finite numbers"):
+        evaluate(broken, toy.tokenizer, toy.probes)
+    with pytest.raises(NonFiniteScoresError):  # a base that cannot be scored: before any training
+        Watch(toy.probes, output_dir=tmp_path / "nan-base", eval_steps=2, output=QUIET).start(broken, toy.tokenizer)
+
+    sink = Recorder()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[sink], output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert watch.evaluate(broken, 2) is None  # no exception into the training loop
+    assert "step 2: the model: its log-probabilities are not finite" in caplog.text
+    assert "this evaluation is skipped, training goes on" in caplog.text
+    assert watch.evaluate(toy.tuned, 4).step == 4  # the next one is made as usual
+    assert [e.step for e in sink.evaluations] == [4] and watch.trajectory.steps.tolist() == [0, 4]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert steps == [4] and [step for step, _ in watch.history] == [4]
 
 
 def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):

@@ -16,9 +16,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 #: What reading a damaged or hostile ``.npz`` raises: zipfile, zlib and numpy each fail with
-#: their own types (numpy's NotImplementedError: pickled object arrays, which are never loaded).
+#: their own types (numpy's NotImplementedError: pickled object arrays, which are never loaded;
+#: zipfile's RuntimeError: an encrypted member).
 NPZ_ERRORS: tuple[type[BaseException], ...] = (
+    RuntimeError,
     KeyError,
     ValueError,
     TypeError,
@@ -31,6 +35,60 @@ NPZ_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 _TMP = ".tmp"  # the ending of atomic_write's temporary files
+
+#: The most bytes an npz forgetwatch reads may hold, unpacked: far more than any file it writes
+#: (a run's answers, a base distribution on its rows). What a file claims is checked against it
+#: before anything is inflated: a small zip can unpack to gigabytes.
+MAX_NPZ_BYTES = 2 << 30
+
+
+def read_npz(path: str | os.PathLike[str] | IO[bytes]) -> dict[str, np.ndarray]:
+    """Every array of an npz file, read only once the sizes its headers claim hold up: the zip's
+    (its members' unpacked sizes, together at most :data:`MAX_NPZ_BYTES`; zipfile inflates no
+    member past its claim) and each ``.npy`` header's (its shape and element type must make its
+    member's size: a header claiming 10**13 entries is not believed). Nothing is unpickled.
+
+    Raises:
+        ValueError: what is wrong (its first line says it); ``OSError``, ``zipfile.BadZipFile``
+        and the others of :data:`NPZ_ERRORS` for a damaged file.
+
+    Example:
+        >>> import io
+        >>> buffer = io.BytesIO()
+        >>> np.savez(buffer, a=np.arange(3))
+        >>> read_npz(buffer)["a"].tolist()
+        [0, 1, 2]
+    """
+    limit = MAX_NPZ_BYTES
+    with zipfile.ZipFile(path) as z:
+        members = z.infolist()
+        claimed = sum(m.file_size for m in members)
+        if claimed > limit:
+            raise ValueError(f"it claims {claimed:,} bytes unpacked, more than the {limit:,} an npz may hold here")
+        arrays: dict[str, Any] = {}  # name -> its member, until every header has been checked
+        for member in members:
+            name = member.filename.removesuffix(".npy")
+            if name == member.filename or name in arrays:
+                raise ValueError(f"its member {member.filename[:80]!r} is not one array of its own")
+            with z.open(member) as f:
+                version = np.lib.format.read_magic(f)
+                if version not in _HEADERS:
+                    raise ValueError(f"its array {name!r} is .npy version {version}, which forgetwatch does not write")
+                shape, _, dtype = _HEADERS[version](f)
+                data = member.file_size - f.tell()
+            if dtype.hasobject:
+                raise ValueError(f"its array {name!r} holds pickled (object) data, which forgetwatch never loads")
+            if dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != data:
+                raise ValueError(f"its array {name!r} claims {math.prod(shape):,} entries of {dtype} in {data:,} bytes")
+            arrays[name] = member
+        for name, member in arrays.items():
+            with z.open(member) as f:
+                arrays[name] = np.lib.format.read_array(f, allow_pickle=False)
+        return arrays
+
+
+#: the .npy header readers of the versions numpy writes for plain arrays
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 @contextlib.contextmanager

@@ -1,5 +1,11 @@
 """Reading and writing forgetwatch settings as YAML, keeping line numbers for errors.
 
+Plain scalars are read by YAML 1.2's core schema, not PyYAML's YAML 1.1: ``010`` is 10 (not
+octal 8), ``1:30`` is text (not 90 in base 60), ``yes``/``on`` are text (not true), ``5e-2`` is
+0.05. A setting then checks the value's type, so ``eval_steps: 1:30`` is an error, not 90.
+Training frameworks read their own configs by YAML 1.1: :func:`yaml11_misreadings` finds the
+values they read otherwise.
+
 Only plain values are read: no ``!!`` tags, and no anchors or aliases (``&a`` / ``*a``): a few
 nested aliases expand to billions of values ("billion laughs"), and a settings file has no
 use for them. Files over :data:`MAX_BYTES` are refused before they are read, and so are
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -93,6 +100,55 @@ def read_section(
     return data, {k: v[0] for k, v in lines.items()}, problems
 
 
+def read_value(text: str, source: str) -> Any:
+    """One value written as YAML text (an environment variable's), read as a config file's are.
+
+    Example:
+        >>> read_value("010", "env"), read_value("[arc_easy, hellaswag]", "env"), read_value("1:30", "env")
+        (10, ['arc_easy', 'hellaswag'], '1:30')
+
+    Raises:
+        ConfigError: not YAML, too deep, or an integer too long to be a setting.
+    """
+    return _parse_yaml(text, source)[1]
+
+
+def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str, Any]]:
+    """The top-level keys of a YAML file whose plain scalar value YAML 1.1, as training frameworks
+    read their configs, reads as a number or true/false otherwise than YAML 1.2 does (``010`` as 8,
+    ``1:30`` as 90, ``yes`` as true): key -> (line, the text written, YAML 1.1's value). Empty
+    when the file cannot be read: its framework has read it already and says why.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "train.yaml"
+        >>> _ = path.write_text("lr: 1.0e-5\\nforgetwatch_eval_steps: 010\\n")
+        >>> yaml11_misreadings(path)
+        {'forgetwatch_eval_steps': (2, '010', 8)}
+    """
+    try:
+        if Path(path).stat().st_size > MAX_BYTES:
+            return {}
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    found: dict[str, tuple[int, str, Any]] = {}
+    for key_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
+        if not (isinstance(key_node, yaml.ScalarNode) and isinstance(value_node, yaml.ScalarNode)):
+            continue
+        if value_node.style is not None or len(value_node.value) > 100:  # quoted is text in both
+            continue
+        text = value_node.value
+        try:
+            old, new = yaml.safe_load(text), read_value(text, str(path))
+        except (yaml.YAMLError, ConfigError, ValueError):
+            continue
+        # a number or true/false where YAML 1.2 reads another (a date, say, fails the settings' own checks)
+        if isinstance(old, (bool, int, float)) and (type(old), repr(old)) != (type(new), repr(new)):
+            found[str(key_node.value)] = (value_node.start_mark.line + 1, text, old)
+    return found
+
+
 def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write settings as a flat YAML file, atomically."""
     text = yaml.dump(dict(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
@@ -143,14 +199,31 @@ _TOO_DEEP = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch se
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that remembers the node it is building: a value it cannot build (a date
-    such as 2024-13-45) is then reported at its line."""
+    """SafeLoader reading plain scalars by YAML 1.2's core schema (null, true/false, decimal
+    integers, floats; the rest is text), remembering the node it is building: a value it cannot
+    build is then reported at its line."""
 
     building: yaml.Node | None = None
+    yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         self.building = node
         return super().construct_object(node, deep)
+
+
+for _tag, _pattern, _first in (
+    ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+    ("bool", r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+    ("int", r"[-+]?[0-9]+", list("-+0123456789")),
+    (
+        "float",
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        list("-+.0123456789"),
+    ),
+):
+    _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), _first)
+# a decimal integer, whatever its leading zeros: YAML 1.1's constructor would read 010 as octal
+_Loader.add_constructor(_INT_TAG, lambda loader, node: int(loader.construct_scalar(node)))
 
 
 class _Dumper(yaml.SafeDumper):

@@ -30,6 +30,7 @@ from forgetwatch.results.events import Evaluation
 from forgetwatch.results.store import SUBDIR
 from forgetwatch.run.repair import Repair, Repairable
 from forgetwatch.run.watch import Watch, settle
+from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
 from forgetwatch.sinks.hook import OnForgetting
 
@@ -222,11 +223,18 @@ class ForgetWatchCallback(TrainerCallback):
         if not watch.config.schedule.eval_on_evaluate or watch.base_answers is None:
             return
         if not self._link.open:  # after train(): the weights may have changed (best model loaded)
-            report = watch.measure(model)  # scored afresh, outside the run's history
+            try:
+                report = watch.measure(model)  # scored afresh, outside the run's history
+            except NonFiniteScoresError as err:
+                if watch.writes:
+                    logger.warning("forgetwatch: %s; no forgetwatch metrics for this evaluation", err)
+                return
         elif watch.evaluated(step):
             report = watch.history[-1][1]
         else:
             evaluation = watch.evaluate(model, step, "evaluate")
+            if evaluation is None:  # skipped, said
+                return
             self._evaluated(evaluation, control)
             report = evaluation.report
         extra = eval_metric_values(report)

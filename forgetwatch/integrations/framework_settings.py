@@ -16,17 +16,18 @@ wrote it, raised before the framework loads a model.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from torch.utils.data import get_worker_info
 
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean
 from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.config.yaml_files import read_value, yaml11_misreadings
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
@@ -57,8 +58,14 @@ class FrameworkSettings:
     replay: ReplayPool | None = None
 
     @classmethod
-    def from_keys(cls, values: Mapping[str, Any], source: str) -> FrameworkSettings:
+    def from_keys(
+        cls, values: Mapping[str, Any], source: str, yaml_file: str | os.PathLike[str] | None = None
+    ) -> FrameworkSettings:
         """From the ``forgetwatch_*`` keys of a framework's config (other keys are ignored).
+
+        ``yaml_file``: the YAML file the framework read ``values`` from. Frameworks read YAML
+        1.1, forgetwatch YAML 1.2 (see :mod:`forgetwatch.config.yaml_files`): a value they read
+        otherwise (``010`` as octal 8, ``1:30`` as 90, ``yes`` as true) is an error naming its line.
 
         Example:
             >>> FrameworkSettings.from_keys({"forgetwatch_eval_step": 5}, "train.yaml")  # doctest: +ELLIPSIS
@@ -66,13 +73,31 @@ class FrameworkSettings:
                 ...
             forgetwatch.config.checks.ConfigError: train.yaml: key 'forgetwatch_eval_step': unknown key (did you mean 'forgetwatch_eval_steps'?)...
         """
-        given = {k[len(KEY_PREFIX) :]: v for k, v in values.items() if isinstance(k, str) and k.startswith(KEY_PREFIX)}
-        return cls._build(given, lambda name: KEY_PREFIX + name, source)
+        given: dict[str, Any] = {}
+        problems: list[Problem] = []
+        for key, value in values.items():
+            if not (isinstance(key, str) and key.lower().startswith(KEY_PREFIX)):
+                continue
+            if key != key.lower():
+                right = KEY_PREFIX + _known(key[len(KEY_PREFIX) :].lower())
+                problems.append(Problem(source, None, key, f"forgetwatch's keys are lower case: write {right!r}"))
+            else:
+                given[key[len(KEY_PREFIX) :]] = value
+        misread = yaml11_misreadings(yaml_file) if yaml_file is not None else {}
+        for key, (line, text, old) in misread.items():
+            if key.startswith(KEY_PREFIX) and key[len(KEY_PREFIX) :] in given and values[key] == old:  # not overridden
+                message = (
+                    f"the framework reads {text} as {json.dumps(old)} (YAML 1.1: a leading 0 is octal, a colon "
+                    f"base 60, yes/no/on/off true/false); write {json.dumps(old)} if you mean that, or quote text"
+                )
+                problems.append(Problem(str(yaml_file), line, key, message))
+        return cls._build(given, lambda name: KEY_PREFIX + name, source, problems)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
-        """From ``FORGETWATCH_*`` environment variables; values are read as YAML scalars or
-        flow collections (``50``, ``0.1``, ``true``, ``[arc_easy, hellaswag]``), paths as text.
+        """From ``FORGETWATCH_*`` environment variables; values are read as a forgetwatch YAML
+        file's (``50``, ``0.1``, ``true``, ``[arc_easy, hellaswag]``), paths as text. A variable
+        set but empty, or spelled in lower case, is an error naming it.
 
         Example:
             >>> FrameworkSettings.from_environ({"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl",
@@ -81,16 +106,23 @@ class FrameworkSettings:
         """
         environ = os.environ if environ is None else environ
         given: dict[str, Any] = {}
-        unreadable: list[Problem] = []
+        problems: list[Problem] = []
         for key, text in environ.items():
-            if not key.startswith(ENV_PREFIX):
+            if not key.upper().startswith(ENV_PREFIX):
                 continue
             name = key[len(ENV_PREFIX) :].lower()
-            try:
-                given[name] = _env_value(name, text)
-            except yaml.YAMLError:
-                unreadable.append(Problem("environment", None, key, f"cannot read {text!r} as a YAML value"))
-        return cls._build(given, lambda name: ENV_PREFIX + name.upper(), "environment", unreadable)
+            if key != key.upper():
+                message = f"forgetwatch's environment variables are upper case: set {ENV_PREFIX}{_known(name).upper()}"
+                problems.append(Problem("environment", None, key, message))
+            elif not text.strip():
+                message = "is set but empty; give it a value (null for the default), or unset it"
+                problems.append(Problem("environment", None, key, message))
+            else:
+                try:
+                    given[name] = _env_value(name, text)
+                except ConfigError as err:
+                    problems += [Problem("environment", None, key, p.message) for p in err.errors]
+        return cls._build(given, lambda name: ENV_PREFIX + name.upper(), "environment", problems)
 
     @classmethod
     def _build(
@@ -163,12 +195,17 @@ def probes_setting(value: Any) -> Any:
     return {"lm_eval": value} if isinstance(value, list) else value
 
 
+def _known(name: str) -> str:
+    """``name`` if it is a setting's, else the nearest setting's name (or ``name``)."""
+    return name if name in NAMES else did_you_mean(name, NAMES) or name
+
+
 def _env_value(name: str, text: str) -> Any:
     """An environment variable's text as a setting's value: paths stay text unless a list or
-    mapping is written (lm-eval tasks); everything else is read as YAML."""
+    mapping is written (lm-eval tasks); everything else is read as a config file's values are."""
     if name in (*PATH_KEYS, *EXTRA) and not text.lstrip().startswith(("[", "{")):
         return text
-    return yaml.safe_load(text)
+    return read_value(text, "environment")
 
 
 def main_process() -> bool:

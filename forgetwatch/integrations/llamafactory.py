@@ -39,7 +39,8 @@ def run(config: str, overrides: Sequence[str] = ()) -> None:
     args = read_args()
     if not isinstance(args, dict):
         raise ValueError(f"{config}: give LLaMA-Factory's training config as a .yaml, .yml or .json file")
-    settings = FrameworkSettings.from_keys(args, config)
+    yaml_file = config if config.endswith((".yaml", ".yml")) else None  # read by YAML 1.1
+    settings = FrameworkSettings.from_keys(args, config, yaml_file=yaml_file)
     if main_process():
         say(settings.describe("LLaMA-Factory"))
     for key in [key for key in args if key.startswith(KEY_PREFIX)]:

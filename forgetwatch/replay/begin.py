@@ -78,7 +78,7 @@ def _answers(replay: Replay, model: torch.nn.Module, run: RunContext) -> dict[st
     if run.reads_back:
         paths = [d / REPLAY_ANSWERS for d in run.resume_dirs]
         vocab = logits_width(model)
-        found = run.ranks.share_from_rank_zero(lambda: kept_answers(paths, key, vocab))
+        found = run.ranks.share_from_rank_zero(lambda: kept_answers(paths, key, vocab, list(prompt_ids)))
         kept, warning = answers_to_resume(found, paths)
         if warning and run.writes:
             logger.warning("forgetwatch: %s", warning)

@@ -327,6 +327,8 @@ class Replay:
             self.weight = self._used = float(state["weight"])
             self.controller.load_state_dict(state.get("controller", {"weight": self.weight}))
         self.tokens = state.get("tokens", 0)
+        loss = state.get("loss", {"sum": 0.0, "steps": 0})  # since the last evaluation: its mean goes on
+        self._loss_sum, self._steps = float(loss["sum"]), loss["steps"]
         self.warned = set(state.get("warned", []))
         if self.scans:  # an earlier release's "auto" state has no scan: its rises start at 0
             scan = state.get("scan")
@@ -531,8 +533,8 @@ class Replay:
     def state(self) -> dict[str, Any]:
         """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
         record, as it is after the evaluation): the draws, the weight and batch size they are made
-        with, the replay tokens so far, when it scans the rows' loss rises, and the key
-        of the pool and its tokens."""
+        with, the replay tokens so far, when it scans the rows' loss rises, the key of the pool
+        and its tokens, and between evaluations the replay loss summed since the last one."""
         state = {
             "version": 2,
             "select": self.select,
@@ -548,6 +550,8 @@ class Replay:
             state["controller"] = self.controller.state_dict()
         if self.warned:
             state["warned"] = sorted(self.warned)
+        if self._steps:  # between evaluations: replay/loss is the mean over all the steps since the last
+            state["loss"] = {"sum": self._loss_sum, "steps": self._steps}
         return state
 
 

@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +121,11 @@ def state_problem(replay: Replay, state: Any, step: int) -> str | None:
     tokens = state.get("tokens", 0)  # an earlier release's state has none
     if type(tokens) is not int or tokens < 0:
         return f"its count of replay tokens is {shorten(tokens)}, not a whole number from 0"
+    loss = state.get("loss", {"sum": 0.0, "steps": 0})
+    if not isinstance(loss, Mapping) or not _number(loss.get("sum")) or type(loss.get("steps")) is not int:
+        return f"its replay loss since the last evaluation is {shorten(loss)}, not a finite sum and a count of steps"
+    if not 0 <= loss["steps"] <= step:
+        return f"its replay loss since the last evaluation is over {loss['steps']} steps, not 0 to {step}"
     select = state.get("select", "categories")
     if select != replay.select:
         return f"made with replay_select={shorten(select)}, not {replay.select!r}"
@@ -176,7 +181,10 @@ def state_to_resume(
             f"no replay state to resume step {step} with ({why}); {err}. Resume from a "
             "checkpoint whose forgetwatch folder is whole, or train without replay=",
         ) from None
-    return state, f"no usable replay state for step {step} ({why}); rebuilt it {how}"
+    return state, (
+        f"no usable replay state for step {step} ({why}); rebuilt it {how} (the replay loss of the steps "
+        "before the resume is not kept in the history: the next replay/loss is over the steps from here)"
+    )
 
 
 def rebuilt_state(
@@ -321,13 +329,16 @@ def scan_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[Sca
     return ScanBase.from_dict(kept), warning
 
 
-def kept_answers(paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None) -> dict[str, Any]:
+def kept_answers(
+    paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None, prompts: Collection[str]
+) -> dict[str, Any]:
     """The first of ``paths`` (``replay_answers.json`` files) made with ``key`` (the pool, its
-    prompts' tokens and the base model) whose token ids fit the model's ``vocab``, and why each
-    one before it was passed over: JSON-ready, to share from rank 0."""
+    prompts' tokens and the base model) that answers each of ``prompts`` (the pool's row ids) with
+    token ids that fit the model's ``vocab``, and why each one before it was passed over:
+    JSON-ready, to share from rank 0."""
 
     def problem(kept: KeptAnswers) -> str | None:
-        return _key_problem(kept.key, key) or kept.problem(vocab)
+        return _key_problem(kept.key, key) or kept.problem(vocab, prompts)
 
     kept, rejected = first_usable(paths, KeptAnswers.load, problem)
     return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,13 +77,22 @@ class KeptAnswers:
     answers: dict[str, Generated]
     key: dict[str, Any]
 
-    def problem(self, vocab: int | None = None) -> str | None:
-        """What is wrong with them, or ``None``: ids whole numbers inside the vocabulary, text a string.
+    def problem(self, vocab: int | None = None, prompts: Collection[str] | None = None) -> str | None:
+        """What is wrong with them, or ``None``: ids whole numbers inside the vocabulary, text a
+        string, and (given ``prompts``, the pool's row ids) one answer to each prompt.
 
         Example:
             >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
             "the answer to 'p0' has a token id below 0"
+            >>> KeptAnswers({"p0": Generated("x", (1,), True)}, {}).problem(prompts=["p0", "p1"])
+            "damaged: it has no answer to prompt 'p1'"
         """
+        if prompts is not None and (missing := [p for p in prompts if p not in self.answers]):
+            return f"damaged: it has no answer to prompt {shorten(missing[0])}" + (
+                f" (nor to {len(missing) - 1} more)" if len(missing) > 1 else ""
+            )
+        if prompts is not None and len(self.answers) != len(prompts):
+            return "damaged: it has answers to prompts that are not the pool's"
         for pid, a in self.answers.items():
             if not isinstance(a.ids, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in a.ids):
                 return f"the answer to {shorten(pid)} has token ids that are not whole numbers"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, strict_dump, strict_dumps
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_npz, strict_dump, strict_dumps
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
@@ -314,8 +314,7 @@ class Answers:
             raise FileNotFoundError(f"{path}: no such answers file")
         try:
             if path.suffix == ".npz":
-                with np.load(path, allow_pickle=False) as z:
-                    answers = cls._from_arrays({k: z[k] for k in z.files})
+                answers = cls._from_arrays(read_npz(path))
             else:
                 with open(path, encoding="utf-8") as f:
                     answers = cls.from_dict(json.load(f))

@@ -67,7 +67,21 @@ def run_directory(path: str | os.PathLike[str]) -> Path:
         PosixPath('/nonexistent/out')
     """
     path = Path(path)
-    return path / SUBDIR if not (path / SNAPSHOT).is_file() and (path / SUBDIR / SNAPSHOT).is_file() else path
+    if (path / SNAPSHOT).is_file() or not (path / SUBDIR / SNAPSHOT).is_file():
+        return path
+    return _inside(path, SUBDIR)
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory / name``; a ``ValueError`` naming it when it is a symbolic link that leads out
+    of ``directory``: someone else's run directory may point its files at any file of yours."""
+    path = directory / name
+    if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(
+            f"{path}: a symbolic link to {os.readlink(path)}, outside the run directory; forgetwatch does not "
+            "follow it: copy the file into the run directory, or remove the link"
+        )
+    return path
 
 
 def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
@@ -194,9 +208,10 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     checkpoint's ``forgetwatch/`` copy) or the trainer's output directory holding one: what
     :func:`load_trajectory` and ``forgetwatch report`` read.
 
-    Raises ``FileNotFoundError`` without a base snapshot, and
+    Raises ``FileNotFoundError`` without a base snapshot,
     :class:`~forgetwatch.results.history.HistoryError` (file, line, field) for a damaged record,
-    columns of another probe set or size included; no history yet is no records.
+    columns of another probe set or size included (no history yet is no records), and a
+    ``ValueError`` for a file that is a symbolic link out of the directory (never followed).
 
     Example:
         >>> run = read_run("out")                                        # doctest: +SKIP
@@ -204,6 +219,8 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
         (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
     """
     path = run_directory(run_dir)
+    for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
+        _inside(path, name)
     if not (path / SNAPSHOT).is_file():
         raise FileNotFoundError(
             f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.common.files import NPZ_ERRORS
 from forgetwatch.common.text import first_line
 from forgetwatch.results.store import TRAIN_KL
 from forgetwatch.run.repair import RunContext
@@ -193,7 +192,7 @@ class TrainKL:
             say("forgetwatch: %s is off: it is not measured on sharded models (DeepSpeed ZeRO-3, FSDP) yet", _NAME)
             return
         if run.reads_back:
-            self._read_back(model, run)
+            self._read_back(model, run, given)
         else:
             self._measure_base(model, run, given)
         if self.base is not None and run.writes:
@@ -215,6 +214,7 @@ class TrainKL:
                         "format": _FORMAT,
                         "source": given.source,
                         "rows": rows_key(tokens, starts),
+                        "given": _given_key(given),
                         "rows_asked": self.max_rows,
                         "top_k": self.top_k,
                         **run.made_by(model),
@@ -279,20 +279,24 @@ class TrainKL:
     def load(path: str | Path) -> tuple[BaseDistribution, list[list[int]], list[int]]:
         """A ``train_kl.npz`` back: ``(base distribution, rows' tokens, starts)``; a
         :class:`~forgetwatch.scoring.next_tokens.KeptFileError` says what is wrong with it."""
-        base = BaseDistribution.load(path)
-        try:
-            with np.load(Path(path), allow_pickle=False) as z:
-                tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
-        except NPZ_ERRORS as err:
-            raise KeptFileError(path, f"damaged or not a train-KL file ({first_line(err)})") from None
+        base, z = BaseDistribution.read(path)
+        if missing := [name for name in ("tokens", "token_offsets", "starts") if name not in z]:
+            raise KeptFileError(path, f"damaged or not a train-KL file (no {missing[0]} in it)")
+        tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
         if problem := _rows_problem(base, tokens, offsets, starts):
             raise KeptFileError(path, f"damaged: {problem}")
         rows = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(starts))]
         return base, rows, starts.tolist()
 
-    def _read_back(self, model: torch.nn.Module, run: RunContext) -> None:
+    def _read_back(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
         paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
-        expected = {"format": _FORMAT, "rows_asked": self.max_rows, "top_k": self.top_k, **run.made_by(model)}
+        expected = {
+            "format": _FORMAT,
+            "given": _given_key(given),
+            "rows_asked": self.max_rows,
+            "top_k": self.top_k,
+            **run.made_by(model),
+        }
         vocab = logits_width(model)
         found = run.ranks.share_from_rank_zero(lambda: self._kept(paths, expected, vocab))
         if found["kept"] is None:
@@ -322,7 +326,7 @@ class TrainKL:
             base, tokens, _ = loaded
             wrong = [name for name, want in expected.items() if want is not None and base.key.get(name) != want]
             if wrong:
-                return f"made for another {', '.join(wrong)} than this run's"
+                return f"made for other {', '.join(_KEYS.get(n, n) for n in wrong)} than this run's"
             if vocab is not None and max([int(base.top_ids.max(initial=0)), *map(max, tokens)]) >= vocab:
                 return f"damaged: a token id is outside the model's vocabulary of {vocab}"
             return None
@@ -385,6 +389,23 @@ class TrainKL:
     @property
     def _pad(self) -> int:
         return pad_id(self._run.tokenizer)
+
+
+#: what each entry of a kept file's key stands for, in the message that refuses it
+_KEYS = {
+    "format": "contents",
+    "given": "training rows (their token ids)",
+    "rows_asked": "train_kl_rows",
+    "top_k": "top k",
+    "model": "model configuration",
+    "weights": "base weights",
+}
+
+
+def _given_key(given: TrainRows) -> str:
+    """The key of the training rows a run was given (before any completion): another run's
+    kept file, made on other rows of the same base, is refused on resume."""
+    return rows_key([ids for ids, _ in given.rows], [start for _, start in given.rows])
 
 
 def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarray, starts: np.ndarray) -> str | None:

@@ -43,7 +43,7 @@ from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import RowsLike, TrainKL
-from forgetwatch.scoring import Scorer
+from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
@@ -183,6 +183,7 @@ class Watch:
         self.monitoring_seconds = 0.0
         self.records: list[dict[str, Any]] = []
         self.scorer: Scorer | None = None
+        self._skipped: int | None = None  # the step whose evaluation gave NaN log-probabilities
         self.store: RunStore | None = None
         self.ranks = Ranks.alone()
         self.writes = True  # whether this rank writes the run's files
@@ -334,14 +335,27 @@ class Watch:
             self._warn_if_too_short()
         return False
 
-    def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation:
+    def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
         """Score the live model, compare it with the base, and hand the result to every sink; on
-        every rank. ``Evaluation.stop`` says why to stop training, or is ``None``."""
+        every rank. ``Evaluation.stop`` says why to stop training, or is ``None``. A model whose
+        log-probabilities are NaN or infinite is a warning and no evaluation (``None``): nothing
+        is recorded or logged for it."""
         if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
             raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")
         self._step = step
+        if step == self._skipped:  # this step's weights gave NaN already: said once
+            return None
         began = self.clock()
-        answers = self._score(model)
+        try:
+            answers = self._score(model)
+        except NonFiniteScoresError as err:  # monitoring never stops training: said loudly, skipped
+            self._skipped = step
+            spent = self.clock() - began
+            self.schedule.evaluated(step, spent)
+            self.monitoring_seconds += spent
+            if self.writes:
+                logger.warning("forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, err)
+            return None
         self.trajectory.append(step, answers)
         report = with_trajectory_figures(self.compare(answers), self.trajectory)
         self.history.append((step, report))

@@ -9,6 +9,6 @@ table), :mod:`.borrow` (handing the model back as found).
 """
 
 from forgetwatch.scoring.evaluation import evaluate
-from forgetwatch.scoring.scorer import Scorer
+from forgetwatch.scoring.scorer import NonFiniteScoresError, Scorer
 
-__all__ = ["Scorer", "evaluate"]
+__all__ = ["NonFiniteScoresError", "Scorer", "evaluate"]

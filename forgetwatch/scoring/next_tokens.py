@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from forgetwatch.common import strict_json
-from forgetwatch.common.files import NPZ_ERRORS, atomic_write, strict_dumps
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, read_npz, strict_dumps
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed, unwrap
@@ -260,29 +260,29 @@ class BaseDistribution:
     def load(cls, path: str | os.PathLike[str]) -> BaseDistribution:
         """Read a file written by :meth:`save`; a :class:`KeptFileError` names the file and
         what is wrong with it (damaged, or not a distribution: see :meth:`problem`)."""
+        return cls.read(path)[0]
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> tuple[BaseDistribution, dict[str, np.ndarray]]:
+        """As :meth:`load`, with every array of the file (the ``extra`` ones :meth:`save` kept)."""
         try:
-            with np.load(Path(path), allow_pickle=False) as z:
-                base = cls(
-                    _json(z["ids"]),
-                    z["offsets"],
-                    z["top_ids"],
-                    z["top_logprobs"],
-                    z["tail"],
-                    _json(z["key"]) if "key" in z.files else {},
-                )
+            z = read_npz(path)
+            base = cls(
+                _json(z["ids"]),
+                z["offsets"],
+                z["top_ids"],
+                z["top_logprobs"],
+                z["tail"],
+                _json(z["key"]) if "key" in z else {},
+            )
         # a damaged npz fails inside zipfile, zlib or numpy with their own exception types
         except NPZ_ERRORS as err:
-            reason = (
-                "it holds pickled (object) data, which forgetwatch never loads"
-                if "pickle" in str(err)
-                else f"damaged or not a base distribution ({first_line(err)})"
-            )
-            raise KeptFileError(path, reason) from None
+            raise KeptFileError(path, f"damaged or not a base distribution ({first_line(err)})") from None
         if not isinstance(base.key, dict):
             raise KeptFileError(path, "damaged: its key is not a JSON object")
         if problem := base.problem():
             raise KeptFileError(path, f"damaged: {problem}")
-        return base
+        return base, z
 
 
 def _text(value: Any) -> np.ndarray:

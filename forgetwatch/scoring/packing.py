@@ -87,12 +87,14 @@ def packing_problem(
     packed = [packed_row(enc, key) for key, enc in probes]
     plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]
     together = score(plain)
-    alone = sum(score([r]) for r in plain)
     tokens = np.zeros_like(together)
     for key, enc in probes:
         for j, cont in enumerate(enc.continuations):
             tokens[key + j] = len(cont)
     used = tokens > 0
+    if not np.isfinite(together[used]).all():  # NaN says nothing of packing; the scorer refuses the model
+        return None, None
+    alone = sum(score([r]) for r in plain)
     noise = float(np.max(np.abs(together - alone)[used] / tokens[used]))
     tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
 

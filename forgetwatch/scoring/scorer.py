@@ -55,9 +55,15 @@ from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_p
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import cache_argument, prefix_cache, repeated, shared_prefix_lengths
 
-__all__ = ["Scorer"]
+__all__ = ["NonFiniteScoresError", "Scorer"]
 
 logger = logging.getLogger(__name__)
+
+
+class NonFiniteScoresError(ValueError):
+    """A model's log-probabilities on the probes are NaN or infinite: its weights or outputs hold
+    them, and no answer can be read. ``evaluate`` and ``compare`` raise it; during training the
+    monitor warns and skips that evaluation."""
 
 
 class Scorer:
@@ -262,12 +268,28 @@ class Scorer:
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
                 sums = self._score_choices(run, plan, bar)
+                self._check_finite(sums, run.tokens, inner)  # before generating: a broken model wastes no more time
                 texts = self._generate(run, prompts, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return self._answers(tokens, sums, texts, scoring, str(getattr(inner.config, "_name_or_path", "") or ""))
+
+    def _check_finite(self, sums: np.ndarray, tokens: _Tokens, model: torch.nn.Module) -> None:
+        """A :class:`NonFiniteScoresError` when a log-probability sum is NaN or infinite: answers
+        read from them would be noise (argmax over NaN picks the first choice). ``sums`` are the
+        same on every rank, so every rank raises together."""
+        bad = np.flatnonzero(~np.isfinite(sums))
+        if not len(bad):
+            return
+        probe = self.probes[int(np.searchsorted(tokens.first_key, bad[0], side="right")) - 1]
+        name = str(getattr(getattr(model, "config", None), "_name_or_path", "") or "") or "the model"
+        raise NonFiniteScoresError(
+            f"{name}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of {len(sums)} "
+            f"scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN or inf "
+            "(a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
+        )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
         """Every generated probe's prompt, kept whole, with the response length its context
