@@ -108,5 +108,52 @@ def test_a_model_that_cannot_pack_scores_each_probe_whole(toy, caplog):
     scorer = Scorer(toy.tokenizer, probes)
     got = scorer(wrapped, batch_size=8, show_progress=False)
     assert scorer.state(wrapped).packing is False
-    assert all(not b.prefix for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
+    assert all(not any(b.prefixes) for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
     assert got.correct.tolist() == reference.correct.tolist()
+
+
+def background_probes(toy) -> ProbeSet:
+    """Questions behind one of a few short background passages, each shared by two or three
+    probes: many small prefix groups, the case where a batch per prefix cost more than it saved."""
+    facts = toy.world.fact_texts()
+    rows, seen = [], {}
+    for r in toy.probes.to_records():
+        i = seen[r.get("choices") is None] = seen.get(r.get("choices") is None, -1) + 1  # counted per kind
+        background = " ".join(facts[(i // 3) * 2 : (i // 3) * 2 + 2])
+        rows.append({**r, "question": f"{background}\n{r['question']}"})
+    return ProbeSet.from_records(rows, source="background")
+
+
+def test_prefixes_shared_by_a_few_probes_cost_no_extra_batches(toy):
+    probes = background_probes(toy)
+    shared = Scorer(toy.tokenizer, probes, max_new_tokens=8)
+    whole = Scorer(toy.tokenizer, probes, max_new_tokens=8, shared_prefixes=False)
+    for scorer in (shared, whole):  # the first call checks packing and the cache
+        scorer(toy.base, batch_size=8, show_progress=False)
+    tokens = shared._tokens
+    choices = {tuple(r.context[:k]) for r, k in zip(tokens.reads, tokens.skips) if k}
+    prompts = {tuple(e.prompt[:k]) for e, k in zip(shared.encoded, tokens.prompt_skips) if k}
+    assert len(choices) > 10 and len(prompts) > 5  # many small prefix groups
+
+    counts = {}
+    for name, scorer in (("shared", shared), ("whole", whole)):
+        widths = Widths(toy.base, toy.tokenizer.pad_token_id)
+        generate = toy.base.generate
+        calls = []
+        toy.base.generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
+        try:
+            answers = scorer(toy.base, batch_size=8, show_progress=False)
+        finally:
+            widths.handle.remove()
+            del toy.base.generate
+        counts[name] = (answers, widths, len(calls))
+    (a, shared_widths, shared_calls), (b, whole_widths, whole_calls) = counts["shared"], counts["whole"]
+    assert a.correct.tolist() == b.correct.tolist() and a.outputs == b.outputs
+    for x, y in zip(a.choice_logprobs, b.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
+    assert shared_calls == whole_calls  # generate: as many batches as with every prompt whole
+    plan = shared.state(toy.base).plans
+    [choice_batches] = [len(p.batches) for p in plan.values()]
+    [whole_batches] = [len(p.batches) for p in whole.state(toy.base).plans.values()]
+    assert choice_batches <= whole_batches  # rows behind different prefixes share batches
+    assert shared_widths.tokens < whole_widths.tokens  # and the prefixes' tokens go through once

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -36,6 +36,49 @@ def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -
             batches.append(current)
             current = []
         current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def group_runs(
+    own: Sequence[int],
+    shared: Sequence[int],
+    runs: Sequence[Hashable],
+    max_rows: int | None,
+    max_tokens: int | None,
+) -> list[list[int]]:
+    """Split items into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens,
+    the items of one run (rows behind one shared prefix) following one another, longest
+    first, and runs ordered by their longest item; batches are cut in that order, so a batch
+    may hold the end of one run and the start of the next. An item's width is its ``own``
+    tokens and its run's ``shared`` ones (read from a cache, attended to): a batch holds rows x
+    (its longest ``shared`` + its longest ``own``) padded tokens.
+
+    Example:
+        >>> group_runs([3, 9, 5, 2], [0, 0, 4, 4], ["a", "a", "b", "b"], max_rows=3, max_tokens=None)
+        [[1, 0, 2], [3]]
+    """
+    members: dict[Hashable, list[int]] = {}
+    for i, run in enumerate(runs):
+        members.setdefault(run, []).append(i)
+    for idx in members.values():
+        idx.sort(key=lambda i: -own[i])
+    order = [i for idx in sorted(members.values(), key=lambda idx: -(own[idx[0]] + shared[idx[0]])) for i in idx]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest = (0, 0)
+    for i in order:
+        wider = (max(widest[0], own[i]), max(widest[1], shared[i]))
+        full = current and (
+            (max_rows is not None and len(current) >= max_rows)
+            or (max_tokens is not None and (len(current) + 1) * sum(wider) > max_tokens)
+        )
+        if full:
+            batches.append(current)
+            current, wider = [], (own[i], shared[i])
+        current.append(i)
+        widest = wider
     if current:
         batches.append(current)
     return batches

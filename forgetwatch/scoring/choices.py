@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from forgetwatch.scoring.encoding import EncodedChoices
+from forgetwatch.scoring.prefixes import prefix_lengths_mask
 
 PAD_SEG = -2  # padding
 CONTEXT_SEG = -1  # shared context (and everything in a plain row)
@@ -103,15 +104,19 @@ class Batch:
     keys: np.ndarray
     packed: bool
     rows: list[Row]
-    prefix: tuple[int, ...] = ()  # shared by every row: read from a KV cache
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def prefixes(self) -> list[tuple[int, ...]]:
+        """Each row's prefix, read from a KV cache (``()``: none)."""
+        return [r.prefix for r in self.rows]
+
 
 def collate(rows: list[Row], pad_id: int) -> Batch:
     """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval).
-    The rows of a batch share one prefix (or none)."""
+    Rows may sit behind different prefixes (or none)."""
     width = max(len(r) for r in rows)
     packed = rows[0].packed
     offsets = [width - len(r) if packed else 0 for r in rows]
@@ -141,13 +146,13 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
         keys=np.concatenate([r.keys for r in rows]),
         packed=packed,
         rows=rows,
-        prefix=rows[0].prefix,
     )
 
 
-def block_mask(segments: torch.Tensor, additive: bool, prefix: int = 0) -> torch.Tensor:
+def block_mask(segments: torch.Tensor, additive: bool, prefix: torch.Tensor | None = None) -> torch.Tensor:
     """4D mask: causal, no padding, and a choice sees only the context and itself; every
-    position also sees the ``prefix`` cached positions before the row.
+    position of a row also sees the cached prefix positions ``prefix`` (rows x width, boolean)
+    marks as its own.
 
     Boolean (True = attend) for SDPA; additive float32 for eager attention, which adds the
     mask to its scores (float32 promotes any score dtype and holds the most negative value).
@@ -158,8 +163,8 @@ def block_mask(segments: torch.Tensor, additive: bool, prefix: int = 0) -> torch
     allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
     # a padding query sees itself, so no row of the softmax is empty
     allowed |= torch.eye(width, dtype=torch.bool, device=segments.device)
-    if prefix:
-        allowed = torch.cat([allowed.new_ones(b, width, prefix), allowed], dim=-1)
+    if prefix is not None:
+        allowed = torch.cat([prefix[:, None, :].expand(b, width, prefix.shape[1]), allowed], dim=-1)
     if not additive:
         return allowed[:, None]
     mask = torch.zeros(allowed.shape, dtype=torch.float32, device=segments.device)
@@ -176,7 +181,8 @@ def forward_logprobs(
     cache: tuple[str, object] | None = None,
 ) -> np.ndarray:
     """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order.
-    ``cache``: (the forward's argument name, a KV cache of ``batch.prefix`` for every row)."""
+    ``cache``: (the forward's argument name, a KV cache of each row's prefix, left-padded:
+    :class:`~forgetwatch.scoring.prefixes.PrefixStore`)."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
         "input_ids": batch.input_ids.to(device, non_blocking=True),
@@ -186,7 +192,9 @@ def forward_logprobs(
     if cache is not None:
         kwargs[cache[0]] = cache[1]
     if batch.packed:
-        kwargs["attention_mask"] = block_mask(seg, additive_mask, len(batch.prefix))
+        lengths = [len(p) for p in batch.prefixes]
+        prefix = prefix_lengths_mask(lengths, max(lengths)).to(device) if cache is not None else None
+        kwargs["attention_mask"] = block_mask(seg, additive_mask, prefix)
     else:
         kwargs["attention_mask"] = (seg != PAD_SEG).long()
     if keep_arg is not None:

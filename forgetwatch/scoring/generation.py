@@ -13,7 +13,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
-from forgetwatch.scoring.batching import group, run_lockstep
+from forgetwatch.scoring.batching import group_runs, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, forward_module, is_fsdp1, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 
@@ -146,16 +146,17 @@ def generate_batch(
     max_new_tokens: int,
     stop: Sequence[str],
     synced_gpus: bool = False,
-    prefix: Sequence[int] = (),
+    prefixes: Sequence[Sequence[int]] = (),
     cache: tuple[str, Any] | None = None,
     return_ids: bool = False,
 ) -> list[Generated]:
     """Greedy continuations of one batch of prompts, each cut at the first stop string.
 
-    ``prefix``: tokens every prompt starts with, left out of ``prompts``, whose KV cache for
-    every row is ``cache`` (the forward's argument name, the cache): each row is laid out as
-    ``prefix, padding, prompt``, with the padding masked, so that each prompt's tokens have the
-    positions they have in the whole prompt.
+    ``prefixes``: per row, the tokens its prompt starts with, left out of ``prompts``, whose KV
+    caches are ``cache`` (the forward's argument name, a cache of each row's prefix, left-padded
+    to the longest: :class:`~forgetwatch.scoring.prefixes.PrefixStore`): each row is laid out as
+    ``padding, prefix, padding, prompt``, with the padding masked, so that each prompt's tokens
+    have the positions they have in the whole prompt.
 
     Decoding is plain greedy whatever the model's own generation config says: transformers
     fills every option a call leaves unset from ``model.generation_config`` (a repetition
@@ -170,13 +171,14 @@ def generate_batch(
     """
     from transformers import GenerationConfig
 
-    start = len(prefix)
+    start = max(map(len, prefixes), default=0)
     width = start + max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    if start:
-        ids[:, :start] = torch.tensor(list(prefix), dtype=torch.long)
-        mask[:, :start] = 1
+    for i, prefix in enumerate(prefixes):
+        if prefix:
+            ids[i, start - len(prefix) : start] = torch.tensor(list(prefix), dtype=torch.long)
+            mask[i, start - len(prefix) : start] = 1
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p) :] = 1
@@ -269,14 +271,15 @@ def generate_sharded(
     names: Sequence[str] | None = None,
     limits: Callable[[], tuple[int | None, int | None]] | None = None,
     on_out_of_memory: Callable[[int], None] | None = None,
-    prefix_cache: Callable[[tuple[int, ...], int], tuple[str, Any]] | None = None,
+    prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
     """Greedy continuations of ``prompts`` (token ids), in their order, on every rank of
     ``ranks`` (default: this process alone).
 
     Each rank generates its own share (:func:`generation_share`) in batches of prompts
-    generated alike (response length, stop strings, shared prefix), longest first, with as
+    generated alike (response length, stop strings), longest first, prompts behind one shared
+    prefix following one another (:func:`~forgetwatch.scoring.batching.group_runs`), with as
     many ``generate`` calls as every other rank (:func:`~forgetwatch.scoring.batching.run_lockstep`:
     a sharded model gathers its parameters in every step, and an out-of-memory error on one
     rank makes all replan with smaller batches); then every rank gets every answer. Every rank
@@ -292,9 +295,9 @@ def generate_sharded(
     ``return_ids``: each :class:`Generated` holds its token ids too. ``rows_per_batch``: rows
     per ``generate`` call, halved after each out-of-memory error; ``limits`` (rows, tokens
     per call, read at each planning) and ``on_out_of_memory`` (called with the rows that
-    failed, the same on every rank) replace that rule. ``prefix_cache(prefix, rows)``: the
-    forward's cache argument and the cache of ``prefix`` for ``rows`` sequences, where a
-    prompt's first ``skip`` tokens are read from (without it, every prompt is read whole).
+    failed, the same on every rank) replace that rule. ``prefix_cache(prefixes)``: the
+    forward's cache argument and a cache of each row's prefix (its prompt's first ``skip``
+    tokens), where they are read from (without it, every prompt is read whole).
     ``progress(n)``: called as each batch of ``n`` prompts is done.
 
     Example:
@@ -322,31 +325,32 @@ def generate_sharded(
         return whole[i].skip if prefix_cache is not None else 0
 
     def plan(indices: list[int]) -> list[list[int]]:
-        alike: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
+        alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
         for i in indices:
-            how = whole[i]
-            alike.setdefault((how.new_tokens, how.stop, how.ids[: skip(i)]), []).append(i)
+            alike.setdefault((whole[i].new_tokens, whole[i].stop), []).append(i)
         rows, tokens = limits() if limits is not None else (cap[0], None)
         batches = []
-        for (new_tokens, _, _), part in alike.items():
-            # the response's tokens count toward a token budget (alike, they never reorder a part)
-            widths = [len(whole[i].ids) + new_tokens for i in part]
-            batches += [[part[j] for j in idx] for idx in group(widths, rows, tokens)]
+        for (new_tokens, _), part in alike.items():
+            # the response's tokens count toward a token budget
+            own = [len(whole[i].ids) - skip(i) + new_tokens for i in part]
+            runs = [whole[i].ids[: skip(i)] for i in part]
+            batches += [[part[j] for j in idx] for idx in group_runs(own, list(map(len, runs)), runs, rows, tokens)]
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        how, n = whole[chunk[0]], skip(chunk[0])
+        how = whole[chunk[0]]
+        prefixes = [whole[i].ids[: skip(i)] for i in chunk]
         return generate_batch(
             model,
             tokenizer,
-            [whole[i].ids[n:] for i in chunk],
+            [whole[i].ids[skip(i) :] for i in chunk],
             device=device,
             pad_id=pad,
             max_new_tokens=how.new_tokens,
             stop=how.stop,
             synced_gpus=synced,
-            prefix=how.ids[:n],
-            cache=prefix_cache(how.ids[:n], len(chunk)) if n and prefix_cache is not None else None,
+            prefixes=prefixes,
+            cache=prefix_cache(prefixes) if any(prefixes) and prefix_cache is not None else None,
             return_ids=return_ids,
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -93,33 +94,94 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def prefix_cache(
-    module: torch.nn.Module, prefix: Sequence[int], device: torch.device, argument: str, keep_arg: str | None
-):
-    """The KV cache of one prefix (batch of one), from one forward (logits of its last position only)."""
-    ids = torch.tensor([list(prefix)], dtype=torch.long, device=device)
-    kwargs = {"input_ids": ids, "position_ids": torch.arange(len(prefix), device=device)[None], "use_cache": True}
-    if keep_arg is not None:
-        kwargs[keep_arg] = 1
-    out = module(**kwargs)
-    return out[argument] if argument in out else out["past_key_values"]
+class PrefixStore:
+    """The KV caches of the prefixes a batch reads, each computed once while it is read.
 
+    A batch's rows may sit behind different prefixes (or none), so batches are as full as they
+    would be with every probe whole: sharing a prefix saves its tokens and never costs a
+    batch. Each row's prefix is placed on the left of the batch's cache, padded (with zeros,
+    masked) to the longest; the row's own tokens keep the positions they have in the whole
+    sequence. The prefixes a batch needs and lacks are computed in one left-padded forward
+    (logits of their last position only); those the next batch does not read are dropped, and
+    rows behind one prefix are planned to follow one another, so each is computed once.
 
-def repeated(cache, rows: int):
-    """A prefix's cache for a batch of ``rows`` sequences, the prefix's own left as it was for the
-    next batch (a forward appends to the cache it is given). Each layer's keys and values are
-    views of the prefix's, broadcast over the rows: the forward's append is their only copy."""
-    out = copy.copy(cache)
-    layers = getattr(cache, "layers", None)
-    if layers is None or not all(hasattr(layer, "keys") for layer in layers):  # another cache layout
-        out = copy.deepcopy(cache)
-        out.batch_repeat_interleave(rows)
+    Example:
+        >>> store = PrefixStore(model, torch.device("cpu"), "past_key_values", None, pad_id=0)  # doctest: +SKIP
+        >>> argument, cache = store.for_rows([(5, 6, 7), (5, 6, 7), ()])                      # doctest: +SKIP
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, argument: str, keep_arg: str | None, pad_id: int):
+        self.module, self.device, self.argument, self.keep_arg, self.pad_id = module, device, argument, keep_arg, pad_id
+        self.kept: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # per layer: keys, values
+        self.template = None  # a cache of the model's own kind, copied for each batch
+
+    def for_rows(self, prefixes: Sequence[tuple[int, ...]]) -> tuple[str, Any]:
+        """(the forward's cache argument, a cache holding each row's prefix, left-padded)."""
+        wanted = dict.fromkeys(p for p in prefixes if p)
+        self.kept = {p: kv for p, kv in self.kept.items() if p in wanted}  # free what no row reads now
+        missing = [p for p in wanted if p not in self.kept]
+        if missing:
+            self._compute(missing)
+        return self.argument, self._assemble(prefixes)
+
+    def _compute(self, prefixes: list[tuple[int, ...]]) -> None:
+        width = max(map(len, prefixes))
+        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        positions = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for i, p in enumerate(prefixes):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+            positions[i, width - len(p) :] = torch.arange(len(p))
+        kwargs = {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+            "position_ids": positions.to(self.device),
+            "use_cache": True,
+        }
+        if self.keep_arg is not None:
+            kwargs[self.keep_arg] = 1
+        out = self.module(**kwargs)
+        cache = out[self.argument] if self.argument in out else out["past_key_values"]
+        layers = getattr(cache, "layers", None)
+        if layers is None or not all(hasattr(layer, "keys") for layer in layers):
+            raise TypeError(f"a {type(cache).__name__} holds no keys and values per layer to share")
+        self.template = cache
+        for i, p in enumerate(prefixes):  # each row's own positions, without the padding
+            self.kept[p] = [(layer.keys[i : i + 1, :, width - len(p) :], layer.values[i : i + 1, :, width - len(p) :]) for layer in layers]
+
+    def _assemble(self, prefixes: Sequence[tuple[int, ...]]):
+        width = max(map(len, prefixes))
+        rows = len(prefixes)
+        out = copy.copy(self.template)
+        out.layers = []
+        alone = len(set(prefixes)) == 1  # one prefix for every row: views of its cache, no copy
+        for k, layer in enumerate(self.template.layers):
+            view = copy.copy(layer)
+            if alone:
+                keys, values = self.kept[prefixes[0]][k]
+                view.keys = keys.expand(rows, *keys.shape[1:])
+                view.values = values.expand(rows, *values.shape[1:])
+            else:
+                some_keys, some_values = next(iter(self.kept.values()))[k]
+                view.keys = some_keys.new_zeros(rows, some_keys.shape[1], width, some_keys.shape[3])
+                view.values = some_values.new_zeros(rows, some_values.shape[1], width, some_values.shape[3])
+                for p in dict.fromkeys(prefixes):
+                    if p:
+                        at = torch.tensor([r for r, q in enumerate(prefixes) if q == p], device=view.keys.device)
+                        keys, values = self.kept[p][k]
+                        view.keys[at, :, width - len(p) :] = keys
+                        view.values[at, :, width - len(p) :] = values
+            out.layers.append(view)
         return out
-    out.layers = []
-    for layer in layers:
-        view = copy.copy(layer)
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            view.keys = layer.keys.expand(rows, *layer.keys.shape[1:])
-            view.values = layer.values.expand(rows, *layer.values.shape[1:])
-        out.layers.append(view)
-    return out
+
+
+def prefix_lengths_mask(lengths: Sequence[int], width: int) -> torch.Tensor:
+    """Which of a batch's ``width`` cached prefix positions each row attends to: its own
+    prefix, the last ``lengths[row]`` of them (left-padded).
+
+    Example:
+        >>> prefix_lengths_mask([2, 0], 3).tolist()
+        [[False, True, True], [False, False, False]]
+    """
+    return torch.arange(width)[None, :] >= width - torch.tensor(list(lengths))[:, None]

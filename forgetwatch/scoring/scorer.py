@@ -31,7 +31,7 @@ from forgetwatch.config.options import BatchSize, check_batch_size, scoring_opti
 from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
-from forgetwatch.scoring.batching import default_token_budget, group, run_lockstep
+from forgetwatch.scoring.batching import default_token_budget, group_runs, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, forward_module, is_sharded, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import (
@@ -53,7 +53,7 @@ from forgetwatch.scoring.generation import (
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
-from forgetwatch.scoring.prefixes import cache_argument, prefix_cache, repeated, shared_prefix_lengths
+from forgetwatch.scoring.prefixes import PrefixStore, cache_argument, shared_prefix_lengths
 
 __all__ = ["NonFiniteScoresError", "Scorer"]
 
@@ -397,17 +397,15 @@ class Scorer:
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
         """Log-probabilities of one batch's reads, through the module forwards must go through.
-        A batch behind a shared prefix reads it from the prefix's cache, computed once while
-        the batches behind it follow one another."""
+        Rows behind shared prefixes read them from their caches (:class:`PrefixStore`)."""
         inner = unwrap(run.model)
         fwd = forward_module(run.model)
         additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
-        keep_arg = _keep_arg(inner)
-        cached = _PrefixCache(fwd, run.device, cache_argument(inner), keep_arg)
+        store = self._prefix_store(run)
 
         def forward(batch: Batch) -> np.ndarray:
-            cache = cached.for_rows(batch.prefix, len(batch)) if batch.prefix else None
-            return forward_logprobs(fwd, batch, run.device, additive, keep_arg, cache)
+            cache = store.for_rows(batch.prefixes) if any(batch.prefixes) else None
+            return forward_logprobs(fwd, batch, run.device, additive, store.keep_arg, cache)
 
         return forward
 
@@ -430,6 +428,11 @@ class Scorer:
             rows.extend(plain_rows(enc, first, run.max_length))
         return rows
 
+    @staticmethod
+    def _prefix_store(run: _Run) -> PrefixStore:
+        inner = unwrap(run.model)
+        return PrefixStore(forward_module(run.model), run.device, cache_argument(inner), _keep_arg(inner), run.pad_id)
+
     def _warn_truncated(self, run: _Run) -> None:
         truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
         if truncated:
@@ -443,15 +446,14 @@ class Scorer:
             )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
-        """Length-sorted batches within the current limits; packed and plain rows apart, and
-        rows behind different prefixes apart (those behind one prefix follow one another)."""
-        alike: dict[tuple[bool, tuple[int, ...]], list[Row]] = {}
-        for r in rows:
-            alike.setdefault((r.packed, r.prefix), []).append(r)
+        """Batches within the current limits, packed and plain rows apart, longest first; rows
+        behind one prefix follow one another (it is computed once), and rows behind different
+        prefixes share batches (sharing a prefix never costs a batch)."""
         batches = []
-        for subset in alike.values():
-            # a row behind a prefix attends to it too: its width counts toward the token budget
-            for idx in group([len(r) + len(r.prefix) for r in subset], *self._limits(run)):
+        for packed in (True, False):
+            subset = [r for r in rows if r.packed is packed]
+            own, shared, runs = [len(r) for r in subset], [len(r.prefix) for r in subset], [r.prefix for r in subset]
+            for idx in group_runs(own, shared, runs, *self._limits(run)):
                 batches.append(collate([subset[i] for i in idx], run.pad_id))
         return batches
 
@@ -577,8 +579,6 @@ class Scorer:
             fits = window is None or len(how.ids) + how.new_tokens <= window
             return how.skip if run.prefixes and fits else 0
 
-        inner = unwrap(run.model)
-        cached = _PrefixCache(forward_module(run.model), run.device, cache_argument(inner), _keep_arg(inner))
         order = list(prompts)
         out = generate_sharded(
             run.model,
@@ -587,7 +587,7 @@ class Scorer:
             ranks=run.ranks,
             limits=lambda: self._limits(run),
             on_out_of_memory=lambda n: self._out_of_memory(n, run),
-            prefix_cache=cached.for_rows,
+            prefix_cache=self._prefix_store(run).for_rows,
             progress=bar.update,
         )
         return {i: g.text for i, g in zip(order, out)}
@@ -667,24 +667,6 @@ class _Plan(NamedTuple):
     batches: list[Batch]
     filler: Batch | None
     rows_left: dict[int, int]
-
-
-class _PrefixCache:
-    """The KV cache of the prefix the current batches share, computed when a batch behind
-    another prefix comes (batches behind one prefix follow one another: each is computed once)."""
-
-    def __init__(self, module, device: torch.device, argument: str, keep_arg: str | None):
-        self.module, self.device, self.argument, self.keep_arg = module, device, argument, keep_arg
-        self.prefix: tuple[int, ...] = ()
-        self.cache = None
-
-    def for_rows(self, prefix: tuple[int, ...], rows: int) -> tuple[str, Any]:
-        """(the forward's cache argument, a copy of ``prefix``'s cache for ``rows`` sequences)."""
-        if prefix != self.prefix:
-            self.cache = None  # free the last one first
-            self.cache = prefix_cache(self.module, prefix, self.device, self.argument, self.keep_arg)
-            self.prefix = prefix
-        return self.argument, repeated(self.cache, rows)
 
 
 def _text_config(model):
