@@ -45,10 +45,22 @@ def test_weights_precision_ignores_an_ambient_autocast_and_autocast_follows_it(t
         compare(plain, rounded)
 
 
-def test_accelerates_wrapper_is_set_aside_while_scoring_and_put_back(toy):
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one global state; a test that sets its own mixed precision starts and
+    leaves it blank."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_accelerates_wrapper_is_set_aside_while_scoring_and_put_back(toy, fresh_accelerate_state):
     from accelerate import Accelerator
 
     model = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(copy.deepcopy(toy.base))
+    assert compute_precision(model, torch.device("cpu"), "autocast") == "bfloat16 autocast, float32 weights"
     wrapped = vars(model)["forward"]
     ids = torch.tensor([[1, 2, 3]])
     with scoring_in(model, torch.device("cpu"), "weights"), torch.no_grad():

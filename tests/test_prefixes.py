@@ -140,7 +140,7 @@ def test_prefixes_shared_by_a_few_probes_cost_no_extra_batches(toy):
         widths = Widths(toy.base, toy.tokenizer.pad_token_id)
         generate = toy.base.generate
         calls = []
-        toy.base.generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
+        toy.base.generate = lambda *a, calls=calls, generate=generate, **k: calls.append(1) or generate(*a, **k)
         try:
             answers = scorer(toy.base, batch_size=8, show_progress=False)
         finally:

@@ -148,7 +148,10 @@ class PrefixStore:
             raise TypeError(f"a {type(cache).__name__} holds no keys and values per layer to share")
         self.template = cache
         for i, p in enumerate(prefixes):  # each row's own positions, without the padding
-            self.kept[p] = [(layer.keys[i : i + 1, :, width - len(p) :], layer.values[i : i + 1, :, width - len(p) :]) for layer in layers]
+            self.kept[p] = [
+                (layer.keys[i : i + 1, :, width - len(p) :], layer.values[i : i + 1, :, width - len(p) :])
+                for layer in layers
+            ]
 
     def _assemble(self, prefixes: Sequence[tuple[int, ...]]):
         width = max(map(len, prefixes))
