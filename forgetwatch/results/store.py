@@ -199,20 +199,20 @@ class RunStore:
                 f.write(text)
         except FileExistsError:
             left_by = _left_by(path)  # raises when a live watch of another process holds it
-            earlier = _HOLDERS.get(key)
             if left_by is not None:
                 logger.warning("forgetwatch: taking over %s, left by %s", path, left_by)
-            elif earlier is not None and earlier._lock is not None and earlier._lock.alive:
-                earlier._lock.detach()  # the lock is this store's now
-                earlier._superseded, self._earlier = True, earlier
-                logger.warning(
-                    "forgetwatch: another watch of this process wrote in %s and has not finished (its loop "
-                    "raised, or goes on): this one takes the folder over; that one writes nothing more there, "
-                    "or, if this run is a fresh one, goes on in the folder its files are moved to",
-                    self.dir,
-                )
             with atomic_write(path) as f:
                 f.write(text)
+        earlier = _HOLDERS.get(key)
+        if earlier is not None and earlier._lock is not None and earlier._lock.alive:
+            earlier._lock.detach()  # the lock is this store's now
+            earlier._superseded, self._earlier = True, earlier
+            logger.warning(
+                "forgetwatch: another watch of this process wrote in %s and has not finished (its loop raised, "
+                "or goes on): this one takes the folder over; that one writes nothing more there, or, if this "
+                "run is a fresh one, goes on in the folder its files are moved to",
+                self.dir,
+            )
         _HOLDERS[key] = self
         self._lock = weakref.finalize(self, _unlock, path, text)
 
