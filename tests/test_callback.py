@@ -110,8 +110,8 @@ def test_snapshot_is_cached_and_never_reused_for_other_probes(toy, train_data, t
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(toy, train_data, tmp_path, [ForgetWatchCallback(fewer, eval_steps=30)], model=moved).train()
     assert "other weights" in caplog.text
-    # an earlier run's history is kept, renamed, not overwritten
-    assert len(list((tmp_path / "forgetwatch").glob("history-*.jsonl"))) >= 1
+    # every earlier run is kept whole, set aside, never overwritten
+    assert len(list((tmp_path / "forgetwatch").glob("previous-*/history.jsonl"))) == 3
 
 
 def test_base_answers_can_be_given(toy, train_data, tmp_path):
@@ -860,6 +860,8 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         resumed = resume_at_10(toy, train_data, run)
     assert f"not resuming from {folder}: no manifest.json: its copy never finished" in caplog.text
+    lock = run / "forgetwatch" / "watch.lock"  # the killed process's, taken over
+    assert f"taking over {lock}, left by process {child.pid}, which has ended" in caplog.text
     assert not left[0].exists()  # cleaned when training began
     assert [s for s, _ in resumed.history] == [5, 10]  # from the run directory's files
     assert (

@@ -1,4 +1,5 @@
 """RunStore: monitoring never kills training. Failed writes warn once, are kept, and retried.
+One watch per directory, and a fresh run sets an earlier run's files aside, all of them.
 
 The failures are real ones: a directory where a file should be stops writes for root too
 (a read-only folder does not).
@@ -6,16 +7,21 @@ The failures are real ones: a directory where a file should be stops writes for 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.history import read_history
 from forgetwatch.results.run_dir import read_snapshot
-from forgetwatch.results.store import HISTORY, SNAPSHOT, NotWritableError, RunStore
+from forgetwatch.results.store import FILES, HISTORY, LATEST, LOCK, SNAPSHOT, NotWritableError, RunStore
 
 
 def record(step: int) -> dict:
@@ -279,7 +285,7 @@ def test_a_run_directory_deleted_during_training_is_written_again_from_memory(st
 
     store.save_snapshot(answers())
     store.save_probes(Probes())
-    store.set_aside_history()
+    store.save_history([])
     store.append_history(record(1))
     shutil.rmtree(store.dir)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
@@ -307,9 +313,105 @@ def test_a_history_with_unreadable_records_is_moved_aside_never_overwritten(stor
     assert aside.read_bytes() == damaged
 
 
-def test_a_fresh_run_sets_an_earlier_history_aside_and_begins_an_empty_one(store):
+def write_run(folder, mark: str) -> dict[str, bytes]:
+    """Every file forgetwatch writes in a run directory, each with bytes of its own; the bytes by name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {name: f"{mark}:{name}".encode() for name in (*FILES, LATEST, f"{HISTORY}.damaged-1")}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def held(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_a_fresh_run_sets_every_file_of_an_earlier_run_aside_together(store):
+    store.dir.mkdir()
+    assert store.set_aside() is None  # nothing to set aside
+    (store.dir / "notes.txt").write_text("the user's")
+    first = write_run(store.dir, "first")
+    assert store.set_aside() == store.dir / "previous-1"
+    assert held(store.dir / "previous-1") == first  # all of them, byte for byte, together
+    assert held(store.dir) == {"notes.txt": b"the user's"}  # nothing else is touched
+    second = write_run(store.dir, "second")
+    assert store.set_aside() == store.dir / "previous-2" and held(store.dir / "previous-2") == second
+    assert held(store.dir / "previous-1") == first
+
+
+def test_a_set_aside_cut_short_is_completed_by_the_next_fresh_run(store):
+    files = write_run(store.dir, "earlier")
+    partial = store.dir / "previous.partial"
+    partial.mkdir()
+    for name in list(files)[:3]:  # killed after moving three files
+        os.replace(store.dir / name, partial / name)
+    assert store.set_aside() == store.dir / "previous-1"
+    assert held(store.dir / "previous-1") == files and not partial.exists()
+    # cut short, then a resumed run wrote in the directory again: the two are kept apart, not mixed
+    partial.mkdir()
+    os.replace(store.dir / "previous-1" / SNAPSHOT, partial / SNAPSHOT)
+    (store.dir / SNAPSHOT).write_bytes(b"the resumed run's")
+    store.set_aside()
+    assert held(store.dir / "previous-2") == {SNAPSHOT: files[SNAPSHOT]}
+    assert held(store.dir / "previous-3") == {SNAPSHOT: b"the resumed run's"}
+
+
+def lock_of(pid: int, host: str | None = None) -> str:
+    return json.dumps({"pid": pid, "host": host or socket.gethostname()})
+
+
+def test_one_watch_per_directory_and_a_gone_ones_lock_is_taken_over(store, caplog):
+    store.check_writable()
+    store.claim()
+    lock = store.dir / LOCK
+    assert json.loads(lock.read_text()) == {"pid": os.getpid(), "host": socket.gethostname()}
+    store.release()
+    assert not lock.exists()
+    other = RunStore(store.dir)
+    other.claim()
+    del other
+    gc.collect()
+    assert not lock.exists()  # a store collected frees its directory
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(lock_of(int(ended.stdout)))
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        store.claim()
+    assert f"taking over {lock}, left by process {int(ended.stdout)}, which has ended" in caplog.text
+    store.release()
+
+    for theirs, says in [
+        (lock_of(os.getppid()), f"a watch of process {os.getppid()} on {socket.gethostname()} writes in"),
+        (lock_of(1234, "another-host"), "a watch of process 1234 on another-host writes in"),
+        ("", "cannot be read"),
+    ]:
+        lock.write_text(theirs)
+        with pytest.raises(NotWritableError, match=says) as refused:
+            RunStore(store.dir).claim()
+        assert lock.read_text() == theirs
+        if theirs:
+            assert f"if that run has ended, delete {lock}" in str(refused.value)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_later_store_of_this_process_takes_the_directory_over(store, caplog, fresh):
+    store.check_writable()
+    store.claim()
+    store.save_snapshot(answers())
     store.append_history(record(1))
-    kept = store.set_aside_history()
-    assert steps(kept) == [1] and store.history_path.read_text() == ""
-    assert store.set_aside_history() is None  # an empty history is not kept as an earlier run's
-    assert len(list(store.dir.glob("history-*.jsonl"))) == 1
+    earlier = held(store.dir)
+    later = RunStore(store.dir)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        later.claim()  # a loop that raised cannot be told from a live one here: the later one wins
+        assert "another watch of this process wrote in" in caplog.text
+        if fresh:  # the earlier one goes on among its files, set aside
+            folder = later.set_aside()
+            assert store.dir == folder and store.append_history(record(2)) and steps(folder / HISTORY) == [1, 2]
+        else:  # resumed by the later one: the earlier one writes nothing more
+            assert store.append_history(record(2)) is False and store.copy_to(store.dir.parent / "ckpt") is False
+            assert held(store.dir) == earlier and not (store.dir.parent / "ckpt").exists()
+            assert "this watch writes nothing more there" in caplog.text
+    store.release()  # the earlier one's end leaves the later one's lock
+    assert (later.dir / LOCK).exists()
+    later.release()
+    assert not (later.dir / LOCK).exists()

@@ -1,5 +1,7 @@
-"""Watch without a trainer: sinks of the user's, a failing sink, state_dict / load_state_dict,
-the settings as groups and the keywords of earlier releases."""
+"""Watch without a trainer: sinks of the user's (a failing, a mutating and a blocking one),
+steps, state_dict / load_state_dict, one watch per directory and an earlier run's files set aside,
+a model whose embeddings do not cover the tokenizer, the settings as groups and the keywords of
+earlier releases."""
 
 from __future__ import annotations
 
@@ -7,14 +9,21 @@ import copy
 import inspect
 import json
 import logging
+import os
+import socket
+import threading
 
+import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch import Answers, Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results.history import read_history
 from forgetwatch.results.noise import smallest_detectable
+from forgetwatch.results.run_dir import load_trajectory
+from forgetwatch.results.store import LOCK, NotWritableError
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import logged_categories, metric_values
 
@@ -116,6 +125,8 @@ def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
     assert [s for s, _ in again.history] == [2]  # what came after step 3 is not this run's
     again.due(4) and again.evaluate(toy.base, 4)
     assert [r.forgotten_ids for _, r in again.history] == [r.forgotten_ids for _, r in first.history]
+    first.evaluate(toy.base, 6)  # the killed loop's watch: the resumed one took the folder over
+    assert [r["step"] for r in read_history(tmp_path / "history.jsonl")] == [2, 4]
 
 
 @pytest.mark.parametrize(
@@ -125,6 +136,9 @@ def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
         ({"format": "forgetwatch.watch", "version": 1, "step": -1, "repair": None}, "step"),
         ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": {"weight": 1.0}}, "repair"),
         ({"format": "forgetwatch.watch", "version": 1, "step": float("nan"), "repair": None}, "step"),
+        ({"format": "forgetwatch.watch", "version": 2, "step": 2, "repair": None}, "version"),
+        ({"format": "forgetwatch.watch", "version": True, "step": 2, "repair": None}, "version"),
+        ({"format": "forgetwatch.watch", "step": 2, "repair": None}, "version"),
     ],
 )
 def test_a_state_that_is_not_a_watchs_is_refused_naming_the_field(toy, state, field):
@@ -261,3 +275,211 @@ def test_a_category_map_naming_no_category_is_refused_before_any_work(toy):
         Output(category_map={"capitals": 3})
     config = ForgetWatchConfig.from_dict({"category_map": {"capitals": "geography"}})  # as YAML gives it
     assert config.output.category_map == {"capitals": "geography"}
+
+
+def steps_written(folder) -> list[int]:
+    return [r["step"] for r in read_history(folder / "history.jsonl")]
+
+
+def test_steps_go_forward_as_whole_numbers_and_one_evaluation_per_step(toy, tmp_path):
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    first = watch.evaluate(toy.tuned, 4)
+    forwards = []
+    hook = toy.base.get_input_embeddings().register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        for step, error, says in [
+            (3, ValueError, r"step=3\): steps do not go backwards, and the last evaluation was at step 4"),
+            (-1, ValueError, r"step=-1\): a step is a whole number >= 0"),
+            (4.5, TypeError, r"step=4.5\): a step is a whole number \(int\).* got float"),
+            (6.0, TypeError, "got float"),
+            (True, TypeError, "got bool"),
+            ("6", TypeError, "got str"),
+            (None, TypeError, "got NoneType"),
+        ]:
+            with pytest.raises(error, match=says):
+                watch.evaluate(toy.base, step)
+        # the step of the last evaluation: that evaluation again, nothing scored, nothing written
+        assert watch.evaluate(toy.base, 4) is first
+        assert forwards == [] and steps_written(tmp_path) == [4]
+    finally:
+        hook.remove()
+    watch.evaluate(toy.base, np.int64(6))  # numpy's integers are whole numbers
+    assert steps_written(tmp_path) == [4, 6] and [s for s, _ in watch.history] == [4, 6]
+    watch.close()
+
+    resumed = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    resumed.load_state_dict(watch.state_dict())
+    resumed.start(toy.tuned, toy.tokenizer)
+    assert [s for s, _ in resumed.history] == [4, 6]  # read back whole
+    assert not list(tmp_path.glob("history.jsonl.damaged*"))
+    with pytest.raises(ValueError, match="step 6 was evaluated before this run resumed"):
+        resumed.evaluate(toy.tuned, 6)
+    with pytest.raises(ValueError, match="the last evaluation was at step 6"):
+        resumed.evaluate(toy.tuned, 5)
+
+
+class Vandal:
+    """A sink that changes everything it is handed."""
+
+    def on_base(self, snapshot):
+        snapshot.answers.correct[:] = ~snapshot.answers.correct
+        snapshot.answers.ids.reverse()
+        snapshot.answers.meta.clear()
+
+    def on_evaluation(self, evaluation):
+        evaluation.report.forgotten_ids.clear()
+        evaluation.report.by_category.clear()
+        evaluation.record["step"] = -1
+        evaluation.record["report"].clear()
+        evaluation.metrics.clear()
+        evaluation.trajectory.correct[:] = False
+        evaluation.trajectory.steps[:] = 0
+        evaluation.base.correct[:] = False
+        evaluation.answers.correct[:] = True
+        evaluation.probes[0].meta["changed"] = True
+
+    def on_end(self, trajectory):
+        trajectory.correct[:] = True
+        trajectory.ids.clear()
+
+
+def test_a_sink_that_changes_what_it_is_handed_changes_nothing_of_the_run(toy, tmp_path):
+    def vandal_hook(report, step):
+        report.forgotten_ids.append("not a probe")
+
+    watch = Watch(
+        toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[Vandal()], on_forgetting=vandal_hook, output=QUIET
+    )
+    watch.start(toy.base, toy.tokenizer)
+    watch.evaluate(toy.tuned, 2)
+    watch.evaluate(toy.base, 4)
+    watch.finish(toy.tuned, 4)
+    base = evaluate(toy.base, toy.tokenizer, toy.probes)
+    tuned = evaluate(toy.tuned, toy.tokenizer, toy.probes)
+    expected = compare(base, tuned)
+    assert watch.base_answers.ids == base.ids and watch.base_answers.correct.tolist() == base.correct.tolist()
+    assert Answers.load(tmp_path / "base_answers.npz").correct.tolist() == base.correct.tolist()
+    assert watch.history[0][1].forgotten_ids == expected.forgotten_ids and watch.history[0][1].by_category
+    records = read_history(tmp_path / "history.jsonl")
+    assert [r["step"] for r in records] == [2, 4] == [r["step"] for r in watch.records]
+    assert records[0]["report"]["forgotten"] == expected.forgotten == watch.records[0]["report"]["forgotten"]
+    columns = [base.correct.tolist(), tuned.correct.tolist(), base.correct.tolist()]
+    for trajectory in (watch.trajectory, load_trajectory(tmp_path)):
+        assert trajectory.ids == base.ids and trajectory.steps.tolist() == [0, 2, 4]
+        assert trajectory.correct.T.tolist() == columns
+    assert "changed" not in watch.probes[0].meta and "changed" not in toy.probes[0].meta
+    assert ProbeSet.from_jsonl(tmp_path / "probes.jsonl").fingerprint() == toy.probes.fingerprint()
+
+
+class Stuck:
+    """A sink whose call never returns until the test lets it."""
+
+    def __init__(self):
+        self.calls, self.entered, self.release = 0, threading.Event(), threading.Event()
+
+    def on_evaluation(self, evaluation):
+        self.calls += 1
+        self.entered.set()
+        self.release.wait()
+
+
+def test_a_sink_that_blocks_is_dropped_for_the_run_and_training_goes_on(toy, tmp_path, caplog):
+    stuck = Stuck()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[stuck], output=QUIET)
+    watch.sink_seconds = 0  # it never returns before the test lets it: dropped, whatever the clock says
+    watch.start(toy.base, toy.tokenizer)
+    try:
+        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+            watch.evaluate(toy.tuned, 2)
+            watch.evaluate(toy.base, 4)
+            watch.finish(toy.base, 4)
+        assert stuck.entered.wait() and stuck.calls == 1  # not called again once dropped
+    finally:
+        stuck.release.set()
+    assert caplog.text.count("the sink Stuck did not return from on_evaluation within 0 s; it is dropped") == 1
+    assert steps_written(tmp_path) == [2, 4]
+
+
+def test_a_model_without_embeddings_for_the_tokenizers_ids_is_refused_before_scoring(toy, tmp_path):
+    small = copy.deepcopy(toy.base)
+    small.resize_token_embeddings(40)
+    says = (
+        r"this tokenizer gives token ids up to \d+ \(probe '.+' of toy has one\), but the model has embeddings "
+        r"for 40 tokens \(ids 0 to 39\).*resize_token_embeddings\(len\(tokenizer\)\)"
+    )
+    with pytest.raises(ValueError, match=says):
+        evaluate(small, toy.tokenizer, toy.probes)
+    with pytest.raises(ValueError, match=says):
+        Watch(toy.probes, output_dir=tmp_path / "run").start(small, toy.tokenizer)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def files(folder) -> dict[str, bytes]:
+    """What forgetwatch wrote in a run directory, by name (its lock is not the run's)."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != LOCK}
+
+
+def test_a_fresh_run_sets_the_earlier_runs_files_aside_whole(toy, tmp_path, caplog):
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    first.evaluate(toy.tuned, 2)
+    first.finish(toy.tuned, 2)
+    earlier = files(tmp_path)
+    assert {"base_answers.npz", "history.jsonl", "probes.jsonl", "answers_latest.npz"} <= set(earlier)
+
+    # a second start() of the same watch, same model and weights: the snapshot is reused
+    with caplog.at_level(logging.INFO, logger="forgetwatch"):
+        snapshot = first.start(toy.base, toy.tokenizer)
+    assert not snapshot.computed and "reusing the base snapshot" in caplog.text
+    assert files(tmp_path / "previous-1") == earlier  # kept whole, byte for byte
+    assert (tmp_path / "base_answers.npz").read_bytes() == earlier["base_answers.npz"]
+    assert steps_written(tmp_path) == []
+    first.evaluate(toy.base, 3)
+    first.finish(toy.base, 3)
+    second = files(tmp_path)
+
+    # another probe set, then another base
+    fewer = toy.probes.sample(30, seed=1)
+    other = Watch(fewer, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    assert other.start(toy.base, toy.tokenizer).computed
+    other.evaluate(toy.tuned, 2)
+    other.finish(toy.tuned, 2)
+    third = files(tmp_path)
+    assert files(tmp_path / "previous-2") == second
+    another_base = Watch(fewer, output_dir=tmp_path, output=QUIET)
+    assert another_base.start(toy.tuned, toy.tokenizer).computed  # other weights: scored, not reused
+    assert files(tmp_path / "previous-3") == third
+    assert [files(tmp_path / f"previous-{n}") for n in (1, 2)] == [earlier, second]
+    assert another_base.base_answers.correct.tolist() == evaluate(toy.tuned, toy.tokenizer, fewer).correct.tolist()
+    assert load_trajectory(tmp_path / "previous-2").steps.tolist() == [0, 3]  # each reads back as it was
+    another_base.close()
+
+
+def test_two_watches_never_write_in_one_directory(toy, tmp_path, caplog):
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    first.evaluate(toy.tuned, 2)
+    before = files(tmp_path)
+
+    # in this process the later watch takes the folder over: the first goes on among its own files
+    fewer = toy.probes.sample(30, seed=1)
+    second = Watch(fewer, output_dir=tmp_path, eval_steps=2, output=QUIET)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        second.start(toy.base, toy.tokenizer)
+    assert "another watch of this process wrote in" in caplog.text
+    assert files(tmp_path / "previous-1") == before  # byte for byte
+    first.evaluate(toy.base, 4)
+    second.evaluate(toy.tuned, 2)
+    assert steps_written(tmp_path / "previous-1") == [2, 4] and steps_written(tmp_path) == [2]
+    assert first.history_path == tmp_path / "previous-1" / "history.jsonl"
+    assert load_trajectory(tmp_path / "previous-1").ids == toy.probes.ids and load_trajectory(tmp_path).ids == fewer.ids
+    first.finish(toy.base, 4)
+    second.finish(toy.tuned, 2)
+
+    # a live watch of another process: refused before any work
+    after = files(tmp_path)
+    (tmp_path / LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
+    with pytest.raises(NotWritableError, match=f"a watch of process {os.getppid()} on .* writes in {tmp_path}"):
+        Watch(toy.probes, output_dir=tmp_path, output=QUIET).start(toy.base, toy.tokenizer)
+    assert files(tmp_path) == after and not (tmp_path / "previous-2").exists()

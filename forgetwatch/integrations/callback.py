@@ -213,7 +213,7 @@ class ForgetWatchCallback(TrainerCallback):
         if not control.should_training_stop:
             return
         step, watch = state.global_step, self.watch
-        self._evaluated(watch.finish(model, step), control)
+        self._evaluated(watch.finish(model, step, close=False), control)  # the trainer may save after this
         saved = self._link.checkpoint_dir(step).is_dir()
         if watch.stop_step == step and watch.config.stopping.save_on_stop and not saved:
             control.should_save = True  # e.g. save_strategy="best" overrode the request
@@ -248,8 +248,7 @@ class ForgetWatchCallback(TrainerCallback):
     def on_train_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # a fallback: integrations may be closed now, so the result goes to the history only
         self._link.open = False
-        self.watch.finish(model, state.global_step)
-        self.watch.flush()  # a last try for anything a failed write left in memory
+        self.watch.finish(model, state.global_step)  # closes: a last try for any write owed, the directory freed
 
     def on_log(self, args: Args, state: State, control: Control, logs: dict[str, float], **kw: Any) -> None:
         # the trainer's final summary line (printed after this) says forgetwatch stopped it

@@ -15,7 +15,9 @@ by default ``OUTPUT_DIR/forgetwatch``), and a copy of them in each checkpoint's
   :mod:`forgetwatch.replay.resume`);
 - ``train_kl.npz``: the training rows the train-KL signal measures and the base's distribution
   on them (:mod:`forgetwatch.run.train_kl`);
-- ``manifest.json``: in a checkpoint, written last; the copy is whole (:func:`~forgetwatch.results.store.copy_problem`).
+- ``manifest.json``: in a checkpoint, written last; the copy is whole (:func:`~forgetwatch.results.store.copy_problem`);
+- ``watch.lock``: while a watch writes there, its process (pid and host): one watch per directory;
+- ``previous-<n>/``: an earlier run's files, all of them, set aside when a fresh run began here.
 
 :func:`read_run` reads a run: the report, :func:`load_trajectory` and a resume all see the
 same :class:`Run`, each evaluation's report built once from its record.
@@ -57,6 +59,8 @@ TRAIN_KL = "train_kl.npz"  # the train-KL signal's rows and the base's next-toke
 MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
 LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
 SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory
+LOCK = "watch.lock"  # while a watch writes in the run directory: its pid and host
+PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run
 
 
 def run_directory(path: str | os.PathLike[str]) -> Path:

@@ -11,17 +11,24 @@ manifest: the copy was cut short, e.g. by kill -9; a file missing or other than 
 copied), and a resume then falls back to the run directory. The files written once per run
 (snapshot, probes, the replay base) are kept in memory too: a run directory deleted during
 training gets them back, and later checkpoints still hold them.
+
+One watch writes in a run directory at a time (:meth:`RunStore.claim`, ``watch.lock``), and a
+fresh run never writes over an earlier run's files: it moves all of them into one
+``previous-<n>/`` folder first (:meth:`RunStore.set_aside`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
-import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,7 +41,9 @@ from forgetwatch.results.history import HistoryError
 from forgetwatch.results.run_dir import (
     HISTORY,
     LATEST,
+    LOCK,
     MANIFEST,
+    PREVIOUS,
     PROBES,
     REPLAY_ANSWERS,
     REPLAY_BASE,
@@ -53,7 +62,9 @@ __all__ = [
     "FILES",
     "HISTORY",
     "LATEST",
+    "LOCK",
     "MANIFEST",
+    "PREVIOUS",
     "PROBES",
     "REPLAY_ANSWERS",
     "REPLAY_BASE",
@@ -79,6 +90,8 @@ _WHAT = {
     REPLAY_ANSWERS: "the base's answers to the replay prompts are",
     TRAIN_KL: "the base's distribution on the training rows (train KL) is",
 }
+#: The stores of this process that wrote a run directory's lock, by the lock's real path
+_HOLDERS: weakref.WeakValueDictionary[str, RunStore] = weakref.WeakValueDictionary()
 
 
 class NotWritableError(OSError):
@@ -114,6 +127,10 @@ class RunStore:
         self._owed: set[str] = set()  # of those, the ones not on disk
         self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
         self._lost_said = False
+        self._lock: weakref.finalize | None = None  # removes the lock: at release(), collection or exit
+        self._earlier: RunStore | None = None  # the store of this process this one took the directory from
+        self._superseded = False  # another store of this process took the directory: nothing more is written
+        self._superseded_said = False
 
     @property
     def snapshot_path(self) -> Path:
@@ -155,6 +172,105 @@ class RunStore:
                 "folder with output_dir="
             ) from err
 
+    def claim(self) -> None:
+        """Take the run directory for this run alone, before anything is read or written there:
+        ``watch.lock`` names this process (pid, host). A live watch of another process keeps it
+        (refused); the lock of a process that has ended (killed, crashed) is taken over with a
+        warning. In this process, whose watch of a loop that raised cannot be told from a live
+        one, the later watch takes the directory over, with a warning: the earlier one writes
+        nothing more there, or, when this run sets its files aside (:meth:`set_aside`), goes on
+        writing among them. :meth:`release` frees the directory, and so do this store's
+        collection and the end of the process.
+
+        Raises:
+            NotWritableError: a live watch of another process holds the directory.
+
+        Example:
+            >>> store.claim()      # doctest: +SKIP
+            >>> store.release()    # doctest: +SKIP
+        """
+        if self._lock is not None and self._lock.alive:
+            return
+        path = self.dir / LOCK
+        key = os.path.realpath(path)
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        try:
+            with open(path, "x", encoding="utf-8") as f:  # exclusive: of two starters, one wins
+                f.write(text)
+        except FileExistsError:
+            left_by = _left_by(path)  # raises when a live watch of another process holds it
+            if left_by is not None:
+                logger.warning("forgetwatch: taking over %s, left by %s", path, left_by)
+            with atomic_write(path) as f:
+                f.write(text)
+        earlier = _HOLDERS.get(key)
+        if earlier is not None and earlier._lock is not None and earlier._lock.alive:
+            earlier._lock.detach()  # the lock is this store's now
+            earlier._superseded, self._earlier = True, earlier
+            logger.warning(
+                "forgetwatch: another watch of this process wrote in %s and has not finished (its loop raised, "
+                "or goes on): this one takes the folder over; that one writes nothing more there, or, if this "
+                "run is a fresh one, goes on in the folder its files are moved to",
+                self.dir,
+            )
+        _HOLDERS[key] = self
+        self._lock = weakref.finalize(self, _unlock, path, text)
+
+    def release(self) -> None:
+        """The run is over: another watch may use the directory (the lock this store wrote is removed)."""
+        if self._lock is not None:
+            self._lock()
+
+    def set_aside(self) -> Path | None:
+        """Before a fresh run: move every file an earlier run left in the run directory (its
+        snapshot, history, probes, replay and train-KL files, last answers, damaged histories)
+        into one new folder, ``previous-<n>``, so that none is overwritten or mixed with this
+        run's; a cached snapshot is read from there. Each file is moved whole, into a
+        ``previous.partial`` folder renamed at the end: one cut short (kill -9) is completed by
+        the next fresh run. The folder, if there was anything to move.
+
+        Raises:
+            NotWritableError: the files cannot be moved (when training begins, before any work).
+
+        Example:
+            >>> store.set_aside()       # doctest: +SKIP
+            PosixPath('out/forgetwatch/previous-1')
+        """
+        partial = self.dir / f"{PREVIOUS}.partial"
+        names = [n for n in (*FILES, LATEST) if os.path.lexists(self.dir / n)]
+        names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
+        try:
+            if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
+                os.replace(partial, self._free_name(PREVIOUS, "", first="-1"))  # two runs' files: kept apart
+            if not names and not partial.is_dir():
+                return None
+            partial.mkdir(exist_ok=True)
+            for name in names:
+                os.replace(self.dir / name, partial / name)
+            aside = self._free_name(PREVIOUS, "", first="-1")
+            os.replace(partial, aside)
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move an earlier run's files in {self.dir} out of the way ({err}); it will "
+                "not overwrite them: move them yourself, or choose another folder with output_dir="
+            ) from err
+        logger.info("forgetwatch: %s held an earlier run's files; moved them, all of them, to %s", self.dir, aside)
+        if self._earlier is not None:  # the watch that wrote them goes on writing there
+            self._earlier.dir, self._earlier._superseded = aside, False
+        return aside
+
+    def _gone(self) -> bool:
+        """Whether another watch of this process took the directory over: nothing more is written
+        (said once)."""
+        if self._superseded and not self._superseded_said:
+            self._superseded_said = True
+            logger.warning(
+                "forgetwatch: another watch of this process took %s over; this watch writes nothing more "
+                "there (its evaluations stay in its history)",
+                self.dir,
+            )
+        return self._superseded
+
     def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
         """Remove the temporary files that writes cut short (kill -9) left in the run directory
         and in ``folders`` (checkpoints' forgetwatch folders): only forgetwatch's own, by name.
@@ -166,7 +282,7 @@ class RunStore:
         """
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
-            for path in leftover_temporaries(folder, (*FILES, LATEST)):
+            for path in leftover_temporaries(folder, (*FILES, LATEST, LOCK)):
                 try:
                     path.unlink()
                 except OSError as err:
@@ -185,11 +301,16 @@ class RunStore:
 
     # -- the files written once ----------------------------------------------------------------
 
-    def save_snapshot(self, answers: Answers, *, on_disk: bool = False) -> bool:
-        """Write the base answers (``on_disk``: they are the snapshot the run directory holds
-        already: only keep them) and keep them for checkpoints; on failure retried. Whether
-        they are on disk."""
-        return self._save_once(SNAPSHOT, answers.save, on_disk)
+    def save_snapshot(self, answers: Answers, *, copy_of: Path | None = None) -> bool:
+        """Write the base answers (``copy_of``: a snapshot file holding them, a cached one
+        reused: the run directory gets that very file) and keep them for checkpoints; on failure
+        retried. Whether they are on disk."""
+        if copy_of is not None:
+            self._kept[SNAPSHOT] = answers.save
+            with contextlib.suppress(OSError):  # else written below
+                os.link(copy_of, self.snapshot_path)  # the same bytes: nothing to copy
+                return True
+        return self._save_once(SNAPSHOT, answers.save)
 
     def save_probes(self, probes: Any) -> bool:
         """Write the probe set beside the history, for reports (a failure warns, and is retried)."""
@@ -209,6 +330,8 @@ class RunStore:
         model answers now: replaced at each evaluation, not copied into checkpoints (a resumed
         run writes its own at its first evaluation). A failure warns; the report then says only
         right or wrong."""
+        if self._gone():
+            return False
         try:
             answers.save(self.dir / LATEST)
         except OSError as err:
@@ -221,11 +344,10 @@ class RunStore:
             return False
         return True
 
-    def _save_once(self, name: str, write: Callable[[Path], Any], on_disk: bool = False) -> bool:
+    def _save_once(self, name: str, write: Callable[[Path], Any]) -> bool:
+        if self._gone():
+            return False
         self._kept[name] = write
-        if on_disk:
-            self._owed.discard(name)
-            return True
         self._owed.add(name)
         return self._try_once(name)
 
@@ -233,6 +355,8 @@ class RunStore:
 
     def save_history(self, records: list[dict[str, Any]]) -> bool:
         """Replace the whole history (at the start of a run, or after a resume). Whether it is on disk."""
+        if self._gone():
+            return False
         self._written, self._unwritten = [], list(records)
         return self._try_history()
 
@@ -240,6 +364,8 @@ class RunStore:
         """Add one record: one write of one whole line, flushed to disk (a crash can cut only
         this line short, and reading it back drops such a line). Whether everything is
         on disk (see :attr:`pending`)."""
+        if self._gone():
+            return False
         self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
         if self._unwritten:  # the file is behind: retried below by one rewrite, this record included
             self._unwritten.append(record)
@@ -253,16 +379,6 @@ class RunStore:
             if self._written is not None:
                 self._written.append(record)
         return self.flush()
-
-    def set_aside_history(self) -> Path | None:
-        """Before a fresh run: move an earlier run's history out of the way (kept, renamed),
-        and begin an empty one. The earlier history's new path, if there was one."""
-        kept = None
-        if self.history_path.is_file() and self.history_path.stat().st_size:
-            kept = self._free_name("history-" + time.strftime("%Y%m%d-%H%M%S"), ".jsonl")
-            os.replace(self.history_path, kept)
-        self.save_history([])
-        return kept
 
     def set_aside_damaged(self, records: int) -> Path | None:
         """Before a resume rewrites the history with the ``records`` it could read: move the
@@ -314,6 +430,8 @@ class RunStore:
             >>> store.copy_to("out/checkpoint-20/forgetwatch", extra={REPLAY_STATE: {"drawn": 40}})  # doctest: +SKIP
             True
         """
+        if self._gone():
+            return False
         target = Path(directory)
         self._copies.pop(target, None)
         self.flush()  # earlier failures first: the copy then finds the history on disk
@@ -327,6 +445,8 @@ class RunStore:
         Example:
             >>> if not store.flush(): print(store.pending, "writes still owed")  # doctest: +SKIP
         """
+        if self._gone():
+            return False
         self._find_lost()
         for name in sorted(self._owed):
             self._try_once(name)
@@ -473,6 +593,47 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
                 f"{MANIFEST} lists {shorten(listed)})"
             )
     return None
+
+
+def _left_by(path: Path) -> str | None:
+    """Who left the lock at ``path``, a process that has ended; ``None``: this process. Raises
+    :class:`NotWritableError` when a live watch of another process holds it."""
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise NotWritableError(
+            f"forgetwatch: {path} cannot be read ({first_line(err)}): another watch may be starting in "
+            f"{path.parent} right now; if no run uses that folder, delete {path}"
+        ) from None
+    if host == socket.gethostname() and pid == os.getpid():
+        return None
+    if host == socket.gethostname() and not _alive(pid):
+        return f"process {pid}, which has ended"
+    raise NotWritableError(
+        f"forgetwatch: a watch of process {pid} on {host} writes in {path.parent}; two watches in one folder "
+        f"would mix their files: give this run another output_dir, or, if that run has ended, delete {path}"
+    ) from None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (where that cannot be asked, it is taken to)."""
+    if os.name != "posix":  # os.kill would end it there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's
+        return True
+    return True
+
+
+def _unlock(path: Path, text: str) -> None:
+    """Remove the lock at ``path`` if it is still the one written (``text``), not a taker-over's."""
+    with contextlib.suppress(OSError):  # gone already, or its folder with it
+        if path.read_text(encoding="utf-8") == text:
+            path.unlink()
 
 
 def _digest(path: Path) -> dict[str, Any]:

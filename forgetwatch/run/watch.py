@@ -11,8 +11,10 @@ here: every cross-rank step goes through the one ``Ranks`` the watch holds.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,7 +37,7 @@ from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_dir import Run
-from forgetwatch.results.store import HISTORY, RunStore, copy_problem
+from forgetwatch.results.store import HISTORY, SNAPSHOT, RunStore, copy_problem
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
@@ -45,7 +47,7 @@ from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
-from forgetwatch.sinks import Sinks, logged_categories, metric_values
+from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
 from forgetwatch.sinks.figures import PREFIX
 from forgetwatch.sinks.history_file import HistoryFile
@@ -57,6 +59,7 @@ logger = logging.getLogger("forgetwatch")
 
 #: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back
 STATE_FORMAT = "forgetwatch.watch"
+STATE_VERSION = 1
 
 
 def settle(
@@ -110,7 +113,9 @@ class Watch:
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
             :class:`~forgetwatch.ReplayPool` replayed with the config's replay settings.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,
-            unless a sink's ``all_ranks`` is true.
+            unless a sink's ``all_ranks`` is true. They are handed copies (what they change
+            never reaches the run), and a call may take at most :attr:`sink_seconds` (a sink
+            still busy then is dropped for the run, with a warning).
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``.
         config: a :class:`~forgetwatch.config.ForgetWatchConfig` (e.g. from YAML); the keywords
@@ -118,6 +123,10 @@ class Watch:
         clock: what the budget and ``monitoring_seconds`` read (default ``time.perf_counter``).
         **legacy: flat settings of earlier releases (``replay_weight=``, ``batch_size=``, ...):
             they work for this release, with a ``FutureWarning`` naming the new form.
+
+    Attributes:
+        sink_seconds: how long one call of a user's sink (or ``on_forgetting``) may take
+            before training goes on without that sink (default 300).
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -198,6 +207,10 @@ class Watch:
         self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
         self._max_steps: int | None = None
         self._length_checked = True
+        self.sink_seconds = SINK_SECONDS
+        self._began_at = 0  # the step this run began (or resumed) at
+        self._last: Evaluation | None = None  # this run's last evaluation, as the watch made it
+        self._their_probes: ProbeSet | None = None  # the user's sinks' copy of the probes
 
     # -- what a loop calls ----------------------------------------------------------------------
 
@@ -254,77 +267,85 @@ class Watch:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
         self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
         self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
+        if self.store is not None:
+            self.store.release()  # this watch's earlier run (train() called again) is over
         self.store = RunStore(directory)
-        if self.writes:  # what a kill -9 left half-written, in the run directory and its checkpoints
-            self.store.remove_leftovers(leftovers_in)
-        # a watch may serve several runs (train() calls): each starts from its own state
-        self.history, self.records, self.stop_reason, self.finished = [], [], None, False
-        self.schedule = self._new_schedule()
-        self._step, self._max_steps = step, max_steps
-        self._length_checked = not isinstance(self.schedule, Budget)  # a fixed interval is never too long
         resumed = step > 0
-        dirs = self._resume_dirs(resume_from) if resumed else []
-        self.base_answers, cost = self._base(model, dirs, step)
-        self.trajectory = Trajectory.start(self.base_answers)
-        self._logged, note = False, None
-        if c.output.log_categories:  # decided on the base's answers: a resume decides the same
-            self._logged, note = logged_categories(
-                self._groups or self.base_answers.categories,
-                self.base_answers.correct,
-                c.output.min_logged_right,
-                c.output.max_logged_categories,
-                categories=len(self.probes.categories) if self._groups else None,
+        # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
+        # what a kill -9 left half-written, and sets an earlier run's files aside
+        aside = self.ranks.share_from_rank_zero(lambda: self._claim(leftovers_in, fresh=not resumed))
+        aside = Path(aside) if aside else None
+        try:
+            # a watch may serve several runs (train() calls): each starts from its own state
+            self.history, self.records, self.stop_reason, self.finished = [], [], None, False
+            self.schedule = self._new_schedule()
+            self._step, self._max_steps, self._began_at, self._last = step, max_steps, step, None
+            self._length_checked = not isinstance(self.schedule, Budget)  # a fixed interval is never too long
+            dirs = self._resume_dirs(resume_from) if resumed else []
+            self.base_answers, cost = self._base(model, dirs, step, aside)
+            self.trajectory = Trajectory.start(self.base_answers)
+            self._logged, note = False, None
+            if c.output.log_categories:  # decided on the base's answers: a resume decides the same
+                self._logged, note = logged_categories(
+                    self._groups or self.base_answers.categories,
+                    self.base_answers.correct,
+                    c.output.min_logged_right,
+                    c.output.max_logged_categories,
+                    categories=len(self.probes.categories) if self._groups else None,
+                )
+            t = c.stopping
+            self._stop_rule = StopRule(
+                t.max_forgetting,
+                t.metric,
+                t.patience,
+                t.significance,
+                t.category_max_forgetting,
+                noise_floor=noise_by_scope(self.base_answers.meta),
             )
-        t = c.stopping
-        self._stop_rule = StopRule(
-            t.max_forgetting,
-            t.metric,
-            t.patience,
-            t.significance,
-            t.category_max_forgetting,
-            noise_floor=noise_by_scope(self.base_answers.meta),
-        )
-        self._sinks = self._build_sinks(sinks, stop_note)
-        snapshot = BaseSnapshot(
-            self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
-        )
-        if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
-            snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
-        self._sinks.on_base(snapshot)
-        self._user_sinks.on_base(snapshot)
-        if resumed:
-            self._restore_history(dirs, step)
-        context = RunContext(
-            ranks=self.ranks,
-            writes=self.writes,
-            store=self.store,
-            tokenizer=self.scorer.tokenizer,
-            rows_per_batch=self.scorer.rows_per_batch,
-            step=step,
-            resume_dirs=dirs,
-            records=self.records,
-            last_report=self.history[-1][1] if self.history else None,
-            base=self.base_given,
-            base_meta=self.base_answers.meta,
-            stop_metric=c.stopping.metric,
-            state=(self._loaded or {}).get("repair"),
-            sharded=sharded,
-        )
-        if self.repair is not None:
-            self.repair.begin(model, context)
-        self.train_kl = None
-        if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
-            self.train_kl = TrainKL(c.signals.train_kl_rows)
-            self.train_kl.begin(model, context, train_rows)
-        self._loaded = None
-        if not resumed and self.writes:
-            self.store.set_aside_history()
-        if self.writes:
-            self.store.save_probes(self.probes)
-        self.monitoring_seconds = self.clock() - began
-        # a loaded snapshot says nothing about what an evaluation costs
-        self.schedule.start(step, cost or 0.0)
-        return snapshot
+            self._sinks = self._build_sinks(sinks, stop_note)
+            snapshot = BaseSnapshot(
+                self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
+            )
+            if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
+                snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
+            self._sinks.on_base(snapshot)
+            self._user_sinks.on_base(self._theirs(snapshot))
+            if resumed:
+                self._restore_history(dirs, step)
+            context = RunContext(
+                ranks=self.ranks,
+                writes=self.writes,
+                store=self.store,
+                tokenizer=self.scorer.tokenizer,
+                rows_per_batch=self.scorer.rows_per_batch,
+                step=step,
+                resume_dirs=dirs,
+                records=self.records,
+                last_report=self.history[-1][1] if self.history else None,
+                base=self.base_given,
+                base_meta=self.base_answers.meta,
+                stop_metric=c.stopping.metric,
+                state=(self._loaded or {}).get("repair"),
+                sharded=sharded,
+            )
+            if self.repair is not None:
+                self.repair.begin(model, context)
+            self.train_kl = None
+            if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
+                self.train_kl = TrainKL(c.signals.train_kl_rows)
+                self.train_kl.begin(model, context, train_rows)
+            self._loaded = None
+            if not resumed and self.writes:
+                self.store.save_history([])
+            if self.writes:
+                self.store.save_probes(self.probes)
+            self.monitoring_seconds = self.clock() - began
+            # a loaded snapshot says nothing about what an evaluation costs
+            self.schedule.start(step, cost or 0.0)
+            return snapshot
+        except BaseException:
+            self.store.release()  # a run that did not start holds no directory
+            raise
 
     def due(self, step: int) -> bool:
         """Whether to evaluate at ``step`` (call it once per optimizer step, on every rank)."""
@@ -339,9 +360,35 @@ class Watch:
         """Score the live model, compare it with the base, and hand the result to every sink; on
         every rank. ``Evaluation.stop`` says why to stop training, or is ``None``. A model whose
         log-probabilities are NaN or infinite is a warning and no evaluation (``None``): nothing
-        is recorded or logged for it."""
+        is recorded or logged for it.
+
+        ``step`` is the number of optimizer steps the weights have had: a whole number, from the
+        step the run began at on, never below the last evaluation's. A step that goes backwards,
+        a negative, fractional, boolean or non-integer one is refused (``ValueError``,
+        ``TypeError``) before any scoring: the history must read back in step order.
+
+        One evaluation per step: at the step of the last evaluation, that evaluation is returned
+        again, and nothing is scored or written. The step names the weights, so a loop that asks
+        twice (on its schedule, then at its end) gets the same answers for free, and the
+        history keeps one record per step, as a resume needs. To score weights changed without a
+        step, call :meth:`measure` (it writes nothing).
+
+        Example:
+            >>> watch.evaluate(model, 100).report.forgetting   # doctest: +SKIP
+            0.04
+            >>> watch.evaluate(model, 100) is watch.evaluate(model, 100)   # doctest: +SKIP
+            True
+        """
         if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
             raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")
+        step = self._checked_step(step)
+        if self.evaluated(step):
+            if self._last is None or self._last.step != step:
+                raise ValueError(
+                    f"Watch.evaluate(step={step}): step {step} was evaluated before this run resumed "
+                    f"({self.history_path} holds it); evaluate at a later step"
+                )
+            return self._last
         self._step = step
         if step == self._skipped:  # this step's weights gave NaN already: said once
             return None
@@ -407,12 +454,34 @@ class Watch:
             notes=list(getattr(self.repair, "notes", list)()),  # an optional method of a repair
         )
         self._sinks.on_evaluation(evaluation)
+        self._last = evaluation
         # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)
         spent = self.clock() - began
         self.schedule.evaluated(step, spent)
         self.monitoring_seconds += spent
-        self._user_sinks.on_evaluation(evaluation)
+        self._user_sinks.on_evaluation(self._theirs(evaluation))
         return evaluation
+
+    def _checked_step(self, step: Any) -> int:
+        """``step`` as an ``int``, when it is a whole number not before this run's start or its last evaluation."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(
+                f"Watch.evaluate(step={step!r}): a step is a whole number (int), the optimizer steps the "
+                f"weights have had; got {type(step).__name__}"
+            )
+        step = int(step)
+        last = self.history[-1][0] if self.history else None
+        if step < 0:
+            raise ValueError(f"Watch.evaluate(step={step}): a step is a whole number >= 0")
+        if step < self._began_at or (last is not None and step < last):
+            since = f"this run began at step {self._began_at}"
+            if last is not None and last >= self._began_at:
+                since = f"the last evaluation was at step {last}"
+            raise ValueError(
+                f"Watch.evaluate(step={step}): steps do not go backwards, and {since}; pass the optimizer "
+                "steps the weights have had (a trainer's global step)"
+            )
+        return step
 
     def _repair_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
         """``repair.on_evaluation(report, model)``; a repair method written for an earlier
@@ -426,18 +495,28 @@ class Watch:
         else:
             self.repair.on_evaluation(report)
 
-    def finish(self, model: torch.nn.Module, step: int) -> Evaluation | None:
+    def finish(self, model: torch.nn.Module, step: int, *, close: bool = True) -> Evaluation | None:
         """Training ended at ``step``: one more evaluation unless this step has one (and
-        ``eval_on_train_end`` is on), then every sink's ``on_end``. Once per run."""
-        if self.finished or self.base_answers is None:
-            return None
+        ``eval_on_train_end`` is on), then every sink's ``on_end``, once per run; then
+        :meth:`close` (``close=False``: a caller that still saves after this closes it itself)."""
         evaluation = None
-        if self.config.schedule.eval_on_train_end and not self.evaluated(step):
-            evaluation = self.evaluate(model, step, "train_end")
-        self.finished = True
-        self._sinks.on_end(self.trajectory)
-        self._user_sinks.on_end(self.trajectory)
+        if not self.finished and self.base_answers is not None:
+            if self.config.schedule.eval_on_train_end and not self.evaluated(step):
+                evaluation = self.evaluate(model, step, "train_end")
+            self.finished = True
+            self._sinks.on_end(self.trajectory)
+            self._user_sinks.on_end(self._theirs(self.trajectory))
+        if close:
+            self.close()
         return evaluation
+
+    def close(self) -> None:
+        """The run is over: a last try for any write owed (:meth:`flush`), then the run directory
+        is free for another watch. :meth:`finish` calls it; call it yourself for a run that ended
+        without (its loop raised), to start another watch on the directory in this process."""
+        self.flush()
+        if self.store is not None:
+            self.store.release()
 
     def flush(self) -> None:
         """A last try for any write that failed (it warned): the history, the snapshot, checkpoint copies."""
@@ -492,7 +571,7 @@ class Watch:
         """
         return {
             "format": STATE_FORMAT,
-            "version": 1,
+            "version": STATE_VERSION,
             "step": self._step,
             "repair": self.repair.state() if self.repair is not None else None,
         }
@@ -507,6 +586,9 @@ class Watch:
         problem = strict_json.value_problem(state) if isinstance(state, Mapping) else (None, "not a mapping")
         if problem is None and state.get("format") != STATE_FORMAT:
             problem = ("format", f"expected {STATE_FORMAT!r}, got {state.get('format')!r}")
+        version = state.get("version") if problem is None else None
+        if problem is None and (type(version) is not int or version != STATE_VERSION):
+            problem = ("version", f"this forgetwatch reads version {STATE_VERSION}, got {version!r}")
         step = state.get("step") if problem is None else None
         if problem is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             problem = ("step", f"expected a whole number >= 0, got {step!r}")
@@ -581,9 +663,31 @@ class Watch:
 
         mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
         self._user_sinks = Sinks(
-            here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []), *self.user_sinks])
+            here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []), *self.user_sinks]),
+            seconds=self.sink_seconds,
         )
         return Sinks(here([*mine, *callers]))
+
+    def _theirs(self, payload: Any) -> Any:
+        """What the user's sinks and hook are handed: a copy of ``payload``, so that nothing they
+        do to it reaches what the run keeps or writes. The probes are copied once per watch
+        (the lm-eval tasks behind them are shared, not copied)."""
+        if not self._user_sinks.sinks:
+            return payload
+        if self._their_probes is None:
+            tasks = {id(p.judge): p.judge for p in self.probes if p.judge is not None}
+            self._their_probes = ProbeSet(copy.deepcopy(list(self.probes), tasks), self.probes.source)
+        return copy.deepcopy(payload, {id(self.probes): self._their_probes})
+
+    def _claim(self, leftovers_in: Sequence[Path], fresh: bool) -> str | None:
+        """On rank 0, before any work: the run directory writable and this watch's alone, cleaned
+        of what a kill -9 left half-written (here and in ``leftovers_in``), and, for a ``fresh``
+        run, an earlier run's files set aside together (where they went)."""
+        self.store.check_writable()  # the one time a file problem stops training: before it starts
+        self.store.claim()
+        self.store.remove_leftovers(leftovers_in)
+        aside = self.store.set_aside() if fresh else None
+        return str(aside) if aside else None
 
     def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
         """Every rank scores its share of the probes; each gets all the answers."""
@@ -635,9 +739,12 @@ class Watch:
                 dirs.append(folder)
         return list(dict.fromkeys([*dirs, self.store.dir]))
 
-    def _base(self, model: torch.nn.Module, dirs: list[Path], step: int) -> tuple[Answers, float | None]:
+    def _base(
+        self, model: torch.nn.Module, dirs: list[Path], step: int, aside: Path | None
+    ) -> tuple[Answers, float | None]:
         """The base answers, and the seconds one scoring of them took (what an evaluation will
-        cost; ``None`` when they were loaded).
+        cost; ``None`` when they were loaded). A fresh run may reuse a snapshot among the earlier
+        run's files set ``aside``.
 
         Rank 0 decides from its files whether one is found, and shares it, so every rank
         either loads the same answers or joins in computing them; an error there (a damaged
@@ -649,10 +756,10 @@ class Watch:
         expected = Expected(self.scorer.fingerprint, self.scorer.scoring_for(model), self.probes.ids, keys)
 
         def from_files() -> dict[str, Any] | None:  # on rank 0
-            self.store.check_writable()  # the one time a file problem stops training: before it starts
-            answers = stored_base(given, expected, run_dir=self.store.dir, resume_dirs=dirs, step=step)
-            if answers is not None:  # kept with the run and its checkpoints (a cached one is there already)
-                self.store.save_snapshot(answers, on_disk=given is None and not resumed)
+            answers = stored_base(given, expected, run_dir=aside or self.store.dir, resume_dirs=dirs, step=step)
+            if answers is not None:  # kept with the run and its checkpoints (a cached one: that very file)
+                cached = given is None and not resumed
+                self.store.save_snapshot(answers, copy_of=aside / SNAPSHOT if cached else None)
             return None if answers is None else answers.to_dict()
 
         found = self.ranks.share_from_rank_zero(from_files)

@@ -174,7 +174,8 @@ class Scorer:
             skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
             prompt_skips = np.zeros(len(encoded), dtype=np.int64)
             prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
-            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips)
+            max_id = max(map(_max_id, encoded), default=0)
+            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_id)
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> None:
@@ -187,7 +188,9 @@ class Scorer:
             >>> Scorer(tokenizer, probes).prepare(model)   # doctest: +SKIP
         """
         max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
-        self._prompts(self._tokenized(max_length + 1), max_length)
+        tokens = self._tokenized(max_length + 1)
+        self._check_vocabulary(unwrap(model), tokens)
+        self._prompts(tokens, max_length)
 
     def state(self, model: torch.nn.Module) -> ModelState:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -255,6 +258,7 @@ class Scorer:
         pad = pad_id(self.tokenizer)
         max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
+        self._check_vocabulary(inner, tokens)
         prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
         scoring = self.scoring_for(model)
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.precision):
@@ -289,6 +293,29 @@ class Scorer:
             f"{name}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of {len(sums)} "
             f"scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN or inf "
             "(a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
+        )
+
+    def _check_vocabulary(self, model: torch.nn.Module, tokens: _Tokens) -> None:
+        """A token id the model has no embedding for (a tokenizer not the model's, or tokens
+        added without resizing it) fails here, naming both sizes, not as an ``IndexError`` (a
+        CUDA assert on a GPU) inside a forward."""
+        try:
+            size = model.get_input_embeddings().num_embeddings
+        except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
+            return
+        pad = pad_id(self.tokenizer)
+        if max(tokens.max_id, pad) < size:
+            return
+        if tokens.max_id >= size:
+            probe = next(p for p, e in zip(self.probes, tokens.encoded) if _max_id(e) >= size)
+            what = f"token ids up to {tokens.max_id} (probe {probe.id!r} of {self.probes.source} has one)"
+        else:
+            what = f"padding token id {pad}"
+        raise ValueError(
+            f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
+            f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
+            "the model; pass the model's own tokenizer, or call model.resize_token_embeddings(len(tokenizer)) "
+            "before training"
         )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
@@ -635,6 +662,7 @@ class _Tokens(NamedTuple):
     choice_probes: list[int]
     skips: np.ndarray  # per probe: tokens of its context shared as a prefix (0: none)
     prompt_skips: np.ndarray  # per probe: the same for its generation prompt
+    max_id: int  # the largest token id of any probe
 
 
 @dataclass(frozen=True)
@@ -667,6 +695,18 @@ class _Plan(NamedTuple):
     batches: list[Batch]
     filler: Batch | None
     rows_left: dict[int, int]
+
+
+def _max_id(encoded: Encoded) -> int:
+    """The largest token id of one probe's tokens."""
+    if isinstance(encoded, EncodedPrompt):
+        parts = [
+            encoded.prompt,
+            *([encoded.reference.context, *encoded.reference.continuations] if encoded.reference else []),
+        ]
+    else:
+        parts = [encoded.context, *encoded.continuations]
+    return max((max(part) for part in parts if part), default=0)
 
 
 def _text_config(model):
