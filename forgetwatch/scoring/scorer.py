@@ -506,17 +506,12 @@ class Scorer:
         if reason is not None:
             return reason, reason
         tokens = run.tokens
-        probes = check_probes(
-            [
-                (int(tokens.first_key[i]), tokens.reads[i])
-                for i in tokens.choice_probes
-                if not needs_truncation(tokens.reads[i], run.max_length)
-            ]
-        )
+        probes = check_probes((tokens.reads[i] for i in tokens.choice_probes), run.max_length)
         if not probes:
-            return None, None
+            reason = f"its context of {run.max_length} tokens is too short to check packing on"
+            return reason, reason
         forward = self._forward(run)
-        n_keys = int(tokens.first_key[-1])
+        n_keys = sum(len(enc.continuations) for _, enc in probes)
 
         def chunks(rows: list[Row]) -> list[list[Row]]:  # rows behind one prefix at a time
             size = run.state.row_cap or max(1, len(rows))
