@@ -4,9 +4,11 @@ whole, in log-likelihood scoring and in greedy generation, at the cost of each u
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import pytest
+import torch
 
 from forgetwatch import ProbeSet, Scorer
 from forgetwatch.scoring.encoding import EncodedChoices
@@ -157,3 +159,32 @@ def test_prefixes_shared_by_a_few_probes_cost_no_extra_batches(toy):
     [whole_batches] = [len(p.batches) for p in whole.state(toy.base).plans.values()]
     assert choice_batches <= whole_batches  # rows behind different prefixes share batches
     assert shared_widths.tokens < whole_widths.tokens  # and the prefixes' tokens go through once
+
+
+class DropsTheCache(torch.nn.Module):
+    """A model that drops the KV cache it is given: what follows a prefix sees none of it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, **kwargs):
+        if [kwargs.pop(name) for name in ("cache", "past_key_values") if kwargs.get(name) is not None]:
+            width = kwargs["input_ids"].shape[1]
+            kwargs["attention_mask"] = kwargs["attention_mask"][..., -width:]
+        return self.module(**kwargs)
+
+
+def test_a_model_that_cannot_read_a_cached_prefix_packs_but_computes_every_prefix(toy, caplog):
+    probes = few_shot(toy).subset(lambda p: p.is_multiple_choice)
+    reference = Scorer(toy.tokenizer, probes, shared_prefixes=False)(toy.base, batch_size=8, show_progress=False)
+    wrapped = DropsTheCache(toy.base)
+    scorer = Scorer(toy.tokenizer, probes)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        got = scorer(wrapped, batch_size=8, show_progress=False)
+    assert scorer.state(wrapped).packing is True
+    assert scorer.state(wrapped).prefixes is False
+    assert "prefix-cached scores differ from plain ones" in caplog.text
+    assert all(not any(b.prefixes) for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
+    for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)

@@ -117,6 +117,27 @@ def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+def test_the_packing_check_costs_the_same_whatever_the_context_length(toy):
+    # checked on short probes made of the probes' own tokens: a long few-shot prompt costs
+    # nothing more to check than a short one
+    from test_prefixes import few_shot
+
+    checks = []
+    for shots in (1, 12):
+        scorer = Scorer(toy.tokenizer, few_shot(toy, shots).subset(lambda p: p.is_multiple_choice))
+        counter = TokenCounter(toy.base, toy.tokenizer.pad_token_id)
+        try:
+            scorer(toy.base, batch_size=16, show_progress=False)  # the packing check, then scoring
+            first = (counter.calls, counter.tokens)
+            scorer(toy.base, batch_size=16, show_progress=False)  # scoring alone
+        finally:
+            counter.handle.remove()
+        scoring = (counter.calls - first[0], counter.tokens - first[1])
+        checks.append((first[0] - scoring[0], first[1] - scoring[1]))
+    assert checks[0] == checks[1]
+    assert 0 < checks[1][1] < scoring[1]  # less than one evaluation of the 12-shot probes
+
+
 @pytest.mark.slow
 def test_out_of_memory_halves_the_batch(toy, caplog):
     probes = mc_only(toy)

@@ -4,19 +4,22 @@ Packing relies on attention being the only way tokens see each other, steered by
 and the position ids. Models with position biases computed from the sequence layout (ALiBi),
 recurrent layers (state-space / linear attention, which also see padding), or virtual prompt
 tokens break that, as do attention kernels that take no custom mask. Those are refused up
-front; for everything else, packed scores are compared once with plain ones on the probes
-that exercise packing most, against the noise that batching alone causes.
+front; for everything else, packed scores are compared once with plain ones, against the noise
+that batching alone causes, on a few short probes made of the probes' own tokens: what leaks
+through a mask leaks at any length, so the check costs a few forwards of a few dozen tokens,
+however long the probes' contexts (a 5-shot MMLU prompt holds hundreds of tokens).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from forgetwatch.common.text import first_line
-from forgetwatch.scoring.choices import Row, packed_row, plain_rows
+from forgetwatch.scoring.choices import Row, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import EncodedChoices
 
 _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it
@@ -32,7 +35,11 @@ RECURRENT_CONFIG_KEYS = (
     "layers_block_type",
     "linear_num_value_heads",
 )
-CHECK_PROBES = 4
+#: The check's probes, each (its context's tokens after the shared prefix, its choices' lengths):
+#: choices of one token and of several (a choice token could see another choice's), contexts of
+#: two lengths (batches are padded), all behind one prefix (read from a KV cache, for two rows).
+CHECK_SHAPES = ((12, (1, 3, 5)), (20, (4, 2)))
+CHECK_PREFIX = 16
 MIN_TOLERANCE = 1e-4  # per token, in nats: far below any leak through the mask
 EPS_FACTOR = 8  # per token, in units of the weights' machine epsilon (bf16: 0.0625 nats)
 
@@ -55,10 +62,28 @@ def packing_blocker(model, config) -> str | None:
     return None
 
 
-def check_probes(encoded: Sequence[tuple[int, EncodedChoices]], n: int = CHECK_PROBES):
-    """The probes that exercise packing most: most choice tokens behind the context."""
-    ranked = sorted(encoded, key=lambda item: -sum(len(c) - 1 for c in item[1].continuations))
-    return ranked[:n]
+def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tuple[int, EncodedChoices]]:
+    """The probes packing is checked on, as ``(first key, encoding)`` pairs: :data:`CHECK_SHAPES`
+    filled with ``encoded``'s tokens in order (contexts, then choices, repeated if too few);
+    none if the model's context cannot hold them.
+
+    Example:
+        >>> [len(e.context) for _, e in check_probes([EncodedChoices((1, 2, 3), ((4, 5),))], 2048)]
+        [28, 36]
+    """
+    pool = itertools.chain.from_iterable(itertools.chain(e.context, *e.continuations) for e in encoded)
+    need = CHECK_PREFIX + sum(n + sum(lengths) for n, lengths in CHECK_SHAPES)
+    tokens = itertools.islice(itertools.cycle(pool), need)
+
+    def take(n: int) -> tuple[int, ...]:
+        return tuple(itertools.islice(tokens, n))
+
+    prefix = take(CHECK_PREFIX)
+    probes, key = [], 0
+    for n, lengths in CHECK_SHAPES:
+        probes.append((key, EncodedChoices(prefix + take(n), tuple(take(k) for k in lengths))))
+        key += len(lengths)
+    return [] if any(needs_truncation(enc, max_length) for _, enc in probes) else probes
 
 
 def packing_problem(
@@ -68,10 +93,10 @@ def packing_problem(
     eps: float,
     prefixes: bool = False,
 ) -> tuple[str | None, str | None]:
-    """Compare packed with plain scores on ``probes`` (``(first key, encoding)`` pairs): why
-    this model may not be scored packed, or ``None``; and, with ``prefixes``, why it may not
-    read a prefix from a KV cache (the first half of each context, behind which the rest is
-    scored packed), or ``None``.
+    """Compare packed with plain scores on ``probes`` (:func:`check_probes`): why this model may
+    not be scored packed, or ``None``; and, with ``prefixes``, why it may not read a prefix from
+    a KV cache (the context's first :data:`CHECK_PREFIX` tokens, behind which the rest is scored
+    packed; then prefixes of two lengths in one batch), or ``None``.
 
     ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Plain
     rows are scored first, outside any error handling: a failure there is not about packing
@@ -115,8 +140,12 @@ def packing_problem(
     packing = differs(packed, "packed", "a custom attention mask")
     if packing is not None or not prefixes:
         return packing, None
-    behind = [packed_row(enc, key, len(enc.context) // 2) for key, enc in probes if len(enc.context) >= 2]
-    return None, differs(behind, "prefix-cached", "a prefix read from a KV cache") if behind else None
+    # both behind one prefix (its cache's views), then behind prefixes of two lengths in one
+    # batch (copied into a cache, the shorter left-padded), as scoring reads them
+    shared = [packed_row(enc, key, CHECK_PREFIX) for key, enc in probes]
+    mixed = [packed_row(enc, key, CHECK_PREFIX + 8 * i) for i, (key, enc) in enumerate(probes)]
+    what = "a prefix read from a KV cache"
+    return None, differs(shared, "prefix-cached", what) or differs(mixed, "prefix-cached", what)
 
 
 def _raised_in_forward(err: BaseException) -> bool:

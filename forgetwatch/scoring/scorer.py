@@ -557,24 +557,16 @@ class Scorer:
         if reason is not None:
             return reason, reason
         tokens = run.tokens
-        probes = check_probes(
-            [
-                (int(tokens.first_key[i]), tokens.reads[i])
-                for i in tokens.choice_probes
-                if not needs_truncation(tokens.reads[i], run.max_length)
-            ]
-        )
+        probes = check_probes((tokens.reads[i] for i in tokens.choice_probes), run.max_length)
         if not probes:
-            return None, None
+            reason = f"its context of {run.max_length} tokens is too short to check packing on"
+            return reason, reason
         forward = self._forward(run)
-        n_keys = int(tokens.first_key[-1])
+        n_keys = sum(len(enc.continuations) for _, enc in probes)
 
-        def chunks(rows: list[Row]) -> list[list[Row]]:  # rows behind one prefix at a time
+        def chunks(rows: list[Row]) -> list[list[Row]]:  # together, as scoring batches them
             size = run.state.row_cap or max(1, len(rows))
-            alike: dict[tuple[int, ...], list[Row]] = {}
-            for r in rows:
-                alike.setdefault(r.prefix, []).append(r)
-            return [part[i : i + size] for part in alike.values() for i in range(0, len(part), size)]
+            return [rows[i : i + size] for i in range(0, len(rows), size)]
 
         def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
             sums = np.zeros(n_keys)
