@@ -102,7 +102,7 @@ def idle_step_cost(probes, tokenizer, model) -> float:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     cb = ForgetWatchCallback(probes, output=Output(verbose=False))
-    cb.watch.schedule.start(0, spent=1e9)  # a huge past cost: nothing will be due
+    cb.watch.schedule.start(0, spent=1e9, cost=1.0)  # a huge past cost: nothing will be due
     cb.watch.schedule.due(1)  # plans the next clock reading far ahead
     state, control = TrainerState(), TrainerControl()
     args = TrainingArguments("/tmp/forgetwatch-bench-idle", report_to=[])

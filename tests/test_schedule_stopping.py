@@ -19,11 +19,13 @@ class Clock:
         return self.now
 
 
-def simulate(budget: Budget, clock: Clock, steps: int, step_time, eval_time: float, snapshot: float):
-    """A training run: returns evaluation steps and the share of time spent monitoring."""
-    clock.now = snapshot
-    budget.start(0, spent=snapshot)
-    evaluated, monitoring = [], snapshot
+def simulate(budget: Budget, clock: Clock, steps: int, step_time, eval_time: float, snapshot: float, start_up=None):
+    """A training run: returns evaluation steps and the share of time spent monitoring. The
+    start-up (default: the snapshot alone) counts; an evaluation is expected to cost the snapshot."""
+    start_up = snapshot if start_up is None else start_up
+    clock.now = start_up
+    budget.start(0, spent=start_up, cost=snapshot)
+    evaluated, monitoring = [], start_up
     for step in range(1, steps + 1):
         clock.now += step_time(step)
         if budget.due(step):
@@ -69,6 +71,51 @@ def test_budget_reserves_room_for_the_final_evaluation():
     assert (share2 * clock2.now + 2.0) / (clock2.now + 2.0) > 0.05  # without the reserve it would not
 
 
+def test_budget_counts_the_whole_start_up():
+    # 60 s before training (a 2 s snapshot, its noise check, train KL's base, files), 2 s evaluations
+    clock = Clock()
+    budget = Budget(0.05, clock=clock, reserve=1)
+    evaluated, share = simulate(
+        budget, clock, steps=20000, step_time=lambda s: 0.1, eval_time=2.0, snapshot=2.0, start_up=60.0
+    )
+    # the first comes once training has paid for all of it, this evaluation and the final one
+    assert abs(evaluated[0] - (60 + 2 * 2) * 19 / 0.1) <= 1
+    assert (share * clock.now + 2.0) / (clock.now + 2.0) <= 0.05 + 1e-9  # the final evaluation too
+    # a checkpoint's copy of the files during training: not training time, paid for like the rest
+    clock = Clock()
+    budget = Budget(0.5, clock=clock)
+    budget.start(0, spent=0.0, cost=1.0)
+    clock.now = 30.0
+    budget.spent(30.0)
+    clock.now = 31.0
+    assert not budget.due(1)  # 1 s of training pays for 1 s, not for the copy's 30 and an evaluation
+    clock.now = 62.0
+    assert budget.due(2)
+
+
+def test_every_steps_says_what_an_evaluation_costs_and_warns_once_when_over_the_budget():
+    clock = Clock()
+    every = EverySteps(8, max_overhead=0.05, clock=clock)
+    every.start(0)
+    clock.now = 16.0  # 8 steps of 2 s
+    note, warning = every.pace(8, began=16.0, cost=12.0)
+    assert note == "evaluation 12.0 s = 6.0 training steps"
+    assert warning == (
+        "eval_steps=8 spends 42.9% of wall time on monitoring (an evaluation 12.0 s, 8 training steps 16.0 s); "
+        "the budget (max_overhead=0.05, without eval_steps) would evaluate about every 114 steps"
+    )  # 12 s paid for by 19 x 12 s of training: 114 steps of 2 s
+    clock.now = 28.5
+    every.evaluated(8, 12.5)
+    assert every.pace(8, began=28.5, cost=1.0) == (None, None)  # no training step since: nothing to say
+    every.spent(3.0)  # a checkpoint's copy is not training time
+    clock.now = 28.5 + 3.0 + 8 * 0.5
+    assert every.pace(16, began=clock.now, cost=0.25) == ("evaluation 250 ms = 0.5 training steps", None)  # once
+    cheap = EverySteps(100, max_overhead=0.05, clock=clock)
+    cheap.start(0)
+    clock.now += 200.0
+    assert cheap.pace(100, began=clock.now, cost=1.0) == ("evaluation 1.0 s = 0.5 training steps", None)
+
+
 def test_budget_adapts_when_steps_get_slower():
     clock = Clock()
     evaluated, share = simulate(
@@ -111,7 +158,7 @@ def test_budget_decisions_come_from_the_agree_hook():
         return [1, values[1]]
 
     budget = Budget(0.05, clock=clock, agree=rank_zero_says)
-    budget.start(0, spent=100.0)
+    budget.start(0, spent=100.0, cost=100.0)
     clock.now = 1.0
     assert budget.due(1)  # this rank's clock says no; rank 0 says yes
     assert seen == [[0, 2]]
@@ -128,7 +175,7 @@ def test_budget_reads_the_clock_only_at_planned_checks():
 def test_budget_evaluates_early_when_the_cost_is_unknown():
     clock = Clock()
     budget = Budget(0.05, clock=clock)
-    budget.start(0, spent=0.0)  # the snapshot was loaded, not computed: cost unknown
+    budget.start(0, spent=0.0, cost=None)  # answers loaded that do not say what scoring took
     assert budget.due(1)
     budget.evaluated(1, 3.0)
     clock.now = 1.0

@@ -174,8 +174,9 @@ class Schedule(_Group):
     Attributes:
         eval_steps: Evaluate every N optimizer steps; None: the cost-budget schedule (see
             ``max_overhead``).
-        max_overhead: With the budget schedule, the share of wall time monitoring may take
-            (0.001 <= x < 1).
+        max_overhead: With the budget schedule, the share of wall time monitoring may take,
+            the start-up included (0.001 <= x < 1); with ``eval_steps``, a warning says when
+            the interval spends more.
         eval_on_evaluate: Also evaluate at every trainer evaluation (adds
             ``eval_forgetwatch_*`` metrics).
         eval_on_train_end: Evaluate once more when training ends.
@@ -248,7 +249,8 @@ class Signals(_Group):
             precision="autocast" under mixed precision).
         train_kl_rows: Rows of the training data on which KL(base || current) is measured at
             each evaluation (``forgetwatch/drift/train_kl``), a fixed seeded sample, the base's
-            distribution kept once (0 to 4096; 0: off).
+            distribution kept once (0 to 4096; 0: off); fewer when the base's distribution on
+            all of them would take longer than scoring the probes.
 
     Example:
         >>> Signals(noise_check=True).at_risk_share

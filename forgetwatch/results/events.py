@@ -47,7 +47,7 @@ class Evaluation:
         metrics: the figures to log, ``forgetwatch/<name>`` (no NaN: a figure that does not apply is left out).
         record: the ``history.jsonl`` record of it.
         probes, base, trajectory: the run's probes, the base answers, every probe's correctness so far.
-        notes: what the repair method says at this evaluation, for the console line.
+        notes: what the repair method and the schedule say at this evaluation, for the console line.
 
     Example:
         >>> ev = watch.evaluate(model, step=100)      # doctest: +SKIP

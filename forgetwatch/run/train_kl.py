@@ -12,6 +12,16 @@ on resume it is read back, never measured again from moved weights. It is a sign
 training input: when no kept copy can serve, or a measurement fails, it is off for the run
 with one warning, and training goes on.
 
+What it costs is bounded by what the probes cost: a :class:`~forgetwatch.Watch` lets the base's
+distribution take about as long as scoring the probes did (at least :data:`MIN_SECONDS`). The
+time per row is measured on a first seeded sample of an eighth of the rows (at most one batch,
+GRPO's completions included); when all of them would take longer, a seeded sample of as many as
+fit is measured instead (at least one batch), said in one line. Each evaluation's forward over
+the rows then costs about what the base's did, so train KL at most about doubles an
+evaluation, and the start-up, whose every second counts against ``max_overhead``, grows by at
+most about one more scoring of the probes. Fewer rows make the signal noisier, not biased: the
+mean is over a random sample either way, and each record says over how many rows and tokens.
+
 Example:
     >>> signal = TrainKL(max_rows=128)
     >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
@@ -26,7 +36,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +63,7 @@ from forgetwatch.scoring.next_tokens import (
     row_sums,
 )
 
-__all__ = ["MAX_TOKENS", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
+__all__ = ["MAX_TOKENS", "MIN_SECONDS", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -61,6 +71,9 @@ logger = logging.getLogger("forgetwatch")
 MAX_TOKENS = 512
 #: the base's most likely tokens kept per target position (with the mass outside them)
 TOP_K = 32
+#: in a Watch the base may take this long even when the probes were scored faster (or their
+#: cost is not known): a start-up of seconds is paid for by a few minutes of training
+MIN_SECONDS = 5.0
 _FORMAT = "forgetwatch.train_kl"
 _NAME = "train KL (forgetwatch/drift/train_kl)"
 
@@ -157,10 +170,21 @@ class TrainKL:
         max_rows: at most this many rows (``train_kl_rows``).
         top_k: the base's most likely tokens kept per position (the rest as one tail).
         seed: which rows, when more are given.
+        max_seconds: about how long measuring the base may take, by ``clock`` (``None``: no
+            limit): fewer rows, a seeded sample, when all of them would take longer.
     """
 
-    def __init__(self, max_rows: int = 128, *, top_k: int = TOP_K, seed: int = 0):
+    def __init__(
+        self,
+        max_rows: int = 128,
+        *,
+        top_k: int = TOP_K,
+        seed: int = 0,
+        max_seconds: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.max_rows, self.top_k, self.seed = max_rows, top_k, seed
+        self.max_seconds, self.clock = max_seconds, clock
         self.base: BaseDistribution | None = None
         self.tokens: list[list[int]] = []
         self.starts: list[int] = []
@@ -199,51 +223,85 @@ class TrainKL:
             run.store.keep(TRAIN_KL, self.save)  # kept with the run (and its checkpoints) for the next resume
 
     def _measure_base(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
-        failure: BaseException | None = None
-        pairs: list[tuple[list[int], int]] = []
-        base: BaseDistribution | None = None
-        try:
-            with run.as_base(model):
-                pairs = given.rows if given.complete else self._completed(model, run, given)
-                # a row no longer than the model's context (a trainer's rows are, unless given otherwise)
-                limit = model_max_length(getattr(unwrap(model), "config", None), run.tokenizer)
-                pairs = [(ids[:limit], start) for ids, start in pairs if start < min(len(ids), limit)]
-                if pairs:
-                    tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
-                    key = {
-                        "format": _FORMAT,
-                        "source": given.source,
-                        "rows": rows_key(tokens, starts),
-                        "given": _given_key(given),
-                        "rows_asked": self.max_rows,
-                        "top_k": self.top_k,
-                        **run.made_by(model),
-                    }
-                    base = base_distribution(
-                        unwrap(model),
-                        run.tokenizer,
-                        [str(i) for i in range(len(tokens))],
-                        tokens,
-                        pad_id(run.tokenizer),
-                        self.top_k,
-                        run.rows_per_batch(model),
-                        key,
-                        starts,
-                        precision=np.float32,
-                    )
-        except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
-            failure = err
         # every rank goes on, or none: a rank that measures alone would wait for the others forever
-        if run.ranks.sum(np.array([float(failure is not None)]))[0] > 0:
+        n, why = _everywhere(run, lambda: self._affordable(model, run, given))
+        if why is None:
+            n = run.ranks.from_rank_zero([n])[0]  # rank 0's clock decides for all
+            if n < len(given.rows) and run.writes:
+                logger.info(
+                    "forgetwatch: %s is measured on %d of %d training rows (a seeded sample): the base's "
+                    "distribution on all of them would take longer than the %.1f s it is given, about what "
+                    "scoring the probes takes",
+                    _NAME,
+                    n,
+                    len(given.rows),
+                    self.max_seconds,
+                )
+            rows = as_train_rows(given, n, self.seed)
+            measured, why = _everywhere(run, lambda: self._measured(model, run, rows, _given_key(given)))
+        if why is not None:
             if run.writes:
-                why = f"{type(failure).__name__}: {first_line(failure)}" if failure else "it failed on another rank"
                 logger.warning("forgetwatch: %s is off for this run: the base could not be measured (%s)", _NAME, why)
             return
+        pairs, base = measured
         if base is None:
             if run.writes:
                 logger.info("forgetwatch: %s is off: none of the training rows has a token to measure", _NAME)
             return
         self._set(base, [ids for ids, _ in pairs], [s for _, s in pairs], given.source)
+
+    def _affordable(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> int:
+        """How many of the rows the base can be measured on within ``max_seconds``: all of
+        them when they fit in one batch or there is no limit; else timed on a seeded sample of
+        an eighth of them (at most one batch; GRPO's completions included), at least one batch."""
+        rows, batch = len(given.rows), run.rows_per_batch(model)
+        if self.max_seconds is None or rows <= batch:
+            return rows
+        pilot = min(batch, math.ceil(rows / 8))
+        with run.as_base(model):  # the weights' key, read once: not part of the time per row
+            run.made_by(model)
+        began = self.clock()
+        self._measured(model, run, as_train_rows(given, pilot, self.seed), "pilot")
+        per_row = (self.clock() - began) / pilot
+        left = self.max_seconds - per_row * pilot
+        return rows if per_row <= 0 else int(min(rows, max(batch, left // per_row)))
+
+    def _measured(
+        self, model: torch.nn.Module, run: RunContext, given: TrainRows, given_key: str
+    ) -> tuple[list[tuple[list[int], int]], BaseDistribution | None]:
+        """The rows (GRPO's completed) and the base's distribution on them (``None``: no row
+        has a token to measure), keyed by ``given_key``, the rows the run was given (a sample
+        of which ``given`` may be)."""
+        with run.as_base(model):
+            pairs = given.rows if given.complete else self._completed(model, run, given)
+            # a row no longer than the model's context (a trainer's rows are, unless given otherwise)
+            limit = model_max_length(getattr(unwrap(model), "config", None), run.tokenizer)
+            pairs = [(ids[:limit], start) for ids, start in pairs if start < min(len(ids), limit)]
+            if not pairs:
+                return pairs, None
+            tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
+            key = {
+                "format": _FORMAT,
+                "source": given.source,
+                "rows": rows_key(tokens, starts),
+                "given": given_key,
+                "rows_asked": self.max_rows,
+                "top_k": self.top_k,
+                **run.made_by(model),
+            }
+            base = base_distribution(
+                unwrap(model),
+                run.tokenizer,
+                [str(i) for i in range(len(tokens))],
+                tokens,
+                pad_id(run.tokenizer),
+                self.top_k,
+                run.rows_per_batch(model),
+                key,
+                starts,
+                precision=np.float32,
+            )
+            return pairs, base
 
     def _completed(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> list[tuple[list[int], int]]:
         """GRPO's prompts with the base's greedy completion appended (and its EOS, if it ended),
@@ -406,6 +464,20 @@ def _given_key(given: TrainRows) -> str:
     """The key of the training rows a run was given (before any completion): another run's
     kept file, made on other rows of the same base, is refused on resume."""
     return rows_key([ids for ids, _ in given.rows], [start for _, start in given.rows])
+
+
+def _everywhere(run: RunContext, work: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``work()`` on every rank: its result here, and why it failed (``None`` when it failed on
+    no rank; every rank learns of a failure on any, in one collective)."""
+    failure: BaseException | None = None
+    result = None
+    try:
+        result = work()
+    except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
+        failure = err
+    if run.ranks.sum(np.array([float(failure is not None)]))[0] == 0:
+        return result, None
+    return None, f"{type(failure).__name__}: {first_line(failure)}" if failure else "it failed on another rank"
 
 
 def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarray, starts: np.ndarray) -> str | None:

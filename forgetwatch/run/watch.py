@@ -14,6 +14,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import math
 import numbers
 import os
 import time
@@ -44,7 +45,7 @@ from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
-from forgetwatch.run.train_kl import RowsLike, TrainKL
+from forgetwatch.run.train_kl import MIN_SECONDS, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
@@ -76,6 +77,12 @@ def settle(
     given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
     given = {**legacy, **given}  # as flat keys: an error names them as they were written
     return config.replace(**given) if given else config
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration read from a file: a number of seconds, else ``None``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
 
 
 def as_repair(replay: Repair | Repairable | None, config: ForgetWatchConfig) -> Repair | None:
@@ -120,7 +127,8 @@ class Watch:
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``.
         config: a :class:`~forgetwatch.config.ForgetWatchConfig` (e.g. from YAML); the keywords
             above override it.
-        clock: what the budget and ``monitoring_seconds`` read (default ``time.perf_counter``).
+        clock: what the schedule, ``monitoring_seconds`` and train KL's time for its base read
+            (default ``time.perf_counter``).
         **legacy: flat settings of earlier releases (``replay_weight=``, ``batch_size=``, ...):
             they work for this release, with a ``FutureWarning`` naming the new form.
 
@@ -330,18 +338,25 @@ class Watch:
             )
             if self.repair is not None:
                 self.repair.begin(model, context)
-            self.train_kl = None
+            self.train_kl, train_kl_cost = None, 0.0
+            scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
             if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
-                self.train_kl = TrainKL(c.signals.train_kl_rows)
+                # its base may take about as long as scoring the probes (see forgetwatch.run.train_kl)
+                limit = max(scoring or 0.0, MIN_SECONDS)
+                self.train_kl = TrainKL(c.signals.train_kl_rows, max_seconds=limit, clock=self.clock)
+                kl_began = self.clock()
                 self.train_kl.begin(model, context, train_rows)
+                train_kl_cost = self.clock() - kl_began if self.train_kl.on else 0.0
             self._loaded = None
             if not resumed and self.writes:
                 self.store.save_history([])
             if self.writes:
                 self.store.save_probes(self.probes)
+            # all of the start-up counts against the budget; an evaluation will cost about a scoring
+            # of the probes and a forward over train KL's rows (unknown when answers that do not
+            # say what scoring them took were loaded)
             self.monitoring_seconds = self.clock() - began
-            # a loaded snapshot says nothing about what an evaluation costs
-            self.schedule.start(step, cost or 0.0)
+            self.schedule.start(step, self.monitoring_seconds, None if scoring is None else scoring + train_kl_cost)
             return snapshot
         except BaseException:
             self.store.release()  # a run that did not start holds no directory
@@ -427,6 +442,12 @@ class Watch:
         if self.train_kl is not None and (drift := self.train_kl.measure(model, self.ranks)):
             record["drift"] = drift  # inside the timed block: its cost is monitoring cost
             metrics[f"{PREFIX}drift/train_kl"] = drift["train_kl"]
+        notes = list(getattr(self.repair, "notes", list)())  # an optional method of a repair
+        if isinstance(self.schedule, EverySteps):  # what the fixed interval costs, and a warning once
+            note, warning = self.schedule.pace(step, began, self.clock() - began)
+            notes += [note] if note else []
+            if warning and self.writes:
+                logger.warning("forgetwatch: %s", warning)
         reason = None
         if self._stop_rule.active:
             reason = self._stop_rule.update(record["report"])
@@ -451,7 +472,7 @@ class Watch:
             probes=self.probes,
             base=self.base_answers,
             trajectory=self.trajectory,
-            notes=list(getattr(self.repair, "notes", list)()),  # an optional method of a repair
+            notes=notes,
         )
         self._sinks.on_evaluation(evaluation)
         self._last = evaluation
@@ -557,8 +578,12 @@ class Watch:
         """Copy the run's files (and the repair's state now) into ``folder``, a checkpoint's
         ``forgetwatch`` folder, as one whole copy; a failure warns and is retried, never raised."""
         if self.writes and self.store is not None:
+            began = self.clock()
             extra = {f"{self.repair.name}.json": self.repair.state()} if self.repair is not None else None
             self.store.copy_to(folder, extra)
+            spent = self.clock() - began  # monitoring cost too
+            self.schedule.spent(spent)
+            self.monitoring_seconds += spent
 
     # -- resuming a loop ------------------------------------------------------------------------
 
@@ -648,7 +673,7 @@ class Watch:
     def _new_schedule(self) -> EverySteps | Budget:
         c = self.config.schedule
         if c.eval_steps:
-            return EverySteps(c.eval_steps)
+            return EverySteps(c.eval_steps, c.max_overhead, clock=self.clock)
         # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
         return Budget(
             c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
@@ -777,7 +802,9 @@ class Watch:
                 answers.meta.update(
                     measure_noise(self.scorer, model, answers, self.config.scoring.batch_size, distributed=True)
                 )
-        answers.meta.update(keys, **({"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}))
+        # what scoring took: what a run that reuses the snapshot expects an evaluation to cost
+        disabled = {"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}
+        answers.meta.update(keys, scoring_seconds=round(cost, 4), **disabled)
         if self.writes:
             self.store.save_snapshot(answers)
         return answers, cost
