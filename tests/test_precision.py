@@ -114,3 +114,23 @@ def test_autocast_precision_is_recorded_and_measures_the_noise_floor(toy, train_
     make_trainer(toy, train_data, tmp_path, [again], bf16=True, max_steps=10).train()
     rescored = Answers.load(tmp_path / "forgetwatch" / "base_answers.npz")
     assert rescored.scoring["precision"] == "float32"
+
+
+def test_train_kl_forwards_follow_the_scoring_precision(toy, fresh_accelerate_state):
+    from accelerate import Accelerator
+
+    from forgetwatch.common.distributed import Ranks
+    from forgetwatch.scoring.next_tokens import row_sums
+
+    wrapped = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(copy.deepcopy(toy.base))
+    rows = [toy.tokenizer(t)["input_ids"] for t in toy.world.fact_texts()[:6]]
+
+    def nll(logits, ids, _):
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+
+    def sums(model, compute):
+        return row_sums(model, toy.tokenizer, rows, [1] * len(rows), 0, 4, Ranks.alone(), nll, compute=compute)
+
+    plain = sums(toy.base, "weights")
+    np.testing.assert_array_equal(sums(wrapped, "weights"), plain)
+    assert np.abs(sums(wrapped, "autocast") - plain).max() > 1e-3  # the trainer's bf16, for a training loss

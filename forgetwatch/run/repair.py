@@ -41,6 +41,7 @@ class RunContext:
         stop_metric: which forgetting rate the run steers and stops on.
         state: the method's own state from :meth:`~forgetwatch.Watch.load_state_dict`, if given.
         sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
+        precision: what the monitor's own forwards compute in (``Scoring.precision``).
     """
 
     ranks: Ranks
@@ -57,6 +58,7 @@ class RunContext:
     stop_metric: str = "forgetting"
     state: Mapping[str, Any] | None = None
     sharded: bool = False
+    precision: str = "weights"
     _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
 
     @property

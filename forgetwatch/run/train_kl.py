@@ -300,6 +300,7 @@ class TrainKL:
                 key,
                 starts,
                 precision=np.float32,
+                compute=run.precision,  # as the probes are scored
             )
             return pairs, base
 
@@ -429,6 +430,7 @@ class TrainKL:
                 self._run.rows_per_batch(model),
                 ranks,
                 kl,
+                compute=self._run.precision,
             )
             value = float(sums.sum() / max(self.targets, 1))
             if not math.isfinite(value):

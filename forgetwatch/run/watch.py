@@ -335,6 +335,7 @@ class Watch:
                 stop_metric=c.stopping.metric,
                 state=(self._loaded or {}).get("repair"),
                 sharded=sharded,
+                precision=c.scoring.precision,
             )
             if self.repair is not None:
                 self.repair.begin(model, context)

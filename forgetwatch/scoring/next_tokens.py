@@ -30,6 +30,7 @@ from forgetwatch.common.files import NPZ_ERRORS, atomic_write, read_npz, strict_
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed, unwrap
+from forgetwatch.scoring.precision import scoring_in
 
 __all__ = [
     "MeasureFailed",
@@ -307,14 +308,17 @@ def base_distribution(
     key: dict[str, Any] | None = None,
     starts: Sequence[int] | None = None,
     precision: type = np.float16,
+    compute: str = "autocast",
 ) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at every target position of each row
     (those predicting its tokens from its ``starts`` entry on, 1 when not given; the model
     borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from;
-    ``precision``: the kept log-probabilities' type (one of :data:`LOGPROB_TYPES`)."""
+    ``precision``: the kept log-probabilities' type (one of :data:`LOGPROB_TYPES`); ``compute``:
+    the arithmetic of the forwards, as :func:`~forgetwatch.scoring.precision.scoring_in` takes it
+    (``"autocast"``: as the training forward computes, for a training loss)."""
     device = next(model.parameters()).device
     parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    with borrowed(model, tokenizer), torch.no_grad():
+    with borrowed(model, tokenizer), scoring_in(model, device, compute), torch.no_grad():
         for idx in group([len(x) for x in token_ids], rows_per_batch, None):
             ids, mask = right_padded([token_ids[i] for i in idx], pad_id)
             logp = torch.log_softmax(
@@ -355,13 +359,15 @@ def row_sums(
     rows_per_batch: int,
     ranks: Any,
     per_position: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
+    compute: str = "autocast",
 ) -> np.ndarray:
     """Each row's sum over its target positions (those predicting its tokens from its ``starts``
     entry on) of ``per_position(logits, ids, rows)`` (rows × positions, fp32), float64. The rows
     are split over the ranks and the sums added up: every rank gets all of them, bit for bit the
     same. The model is borrowed (eval mode, no gradients, random states restored) and forwarded
-    unwrapped, so ranks forwarding different rows never wait on DDP. A failure on any rank is a
-    :class:`MeasureFailed` on every rank, after the one collective (none waits forever).
+    unwrapped, so ranks forwarding different rows never wait on DDP, in ``compute``'s arithmetic
+    (as :func:`base_distribution`). A failure on any rank is a :class:`MeasureFailed` on every
+    rank, after the one collective (none waits forever).
 
     Example:
         >>> nll = lambda logits, ids, rows: torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
@@ -375,7 +381,7 @@ def row_sums(
         mine = ranks.my_share([len(x) for x in rows])
         inner = unwrap(model)
         device = next(inner.parameters()).device
-        with borrowed(model, tokenizer):
+        with borrowed(model, tokenizer), scoring_in(model, device, compute):
             for batch in group([len(rows[i]) for i in mine], rows_per_batch, None):
                 idx = [mine[j] for j in batch]
                 ids, mask = (t.to(device) for t in right_padded([rows[i] for i in idx], pad_id))
