@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--countries", type=int, default=48, help="capital probes (default 48)")
     ap.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
     ap.add_argument("--eval-steps", type=int, default=10, help="evaluate every N steps (default 10)")
+    ap.add_argument(
+        "--budget", action="store_true", help="no --eval-steps: forgetwatch's cost budget (max_overhead=0.05) paces it"
+    )
     ap.add_argument("--batch-size", type=int, default=4, help="training rows per step (default 4)")
     ap.add_argument("--max-length", type=int, default=256, help="training tokens per row (default 256)")
     ap.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
@@ -107,11 +110,10 @@ def main(argv: list[str] | None = None):
     print("2/4 building the probes ...")
     probes, groups = build_probes(tokenizer, out, args.subjects, args.docs, args.countries, args.seed)
     data = Dataset.from_dict({"text": real.cpython_texts(args.steps * args.batch_size, seed=args.seed)})
-    print(
-        f"3/4 SFT on CPython's source for {args.steps} steps; {len(probes)} probes scored every "
-        f"{args.eval_steps} steps ..."
-    )
-    callback = ForgetWatchCallback(probes, eval_steps=args.eval_steps, output_dir=str(out / "forgetwatch"))
+    every = "as the 5 % budget allows" if args.budget else f"every {args.eval_steps} steps"
+    print(f"3/4 SFT on CPython's source for {args.steps} steps; {len(probes)} probes scored {every} ...")
+    eval_steps = None if args.budget else args.eval_steps
+    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, output_dir=str(out / "forgetwatch"))
     config = SFTConfig(
         str(out / "sft"),
         max_steps=args.steps,
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None):
         use_cpu=True,
         bf16=args.bf16,
         save_strategy="no",
-        logging_steps=args.eval_steps,
+        logging_steps=args.eval_steps if eval_steps else 50,
         report_to=[],
         seed=args.seed,
         disable_tqdm=True,

@@ -16,7 +16,7 @@ touches a model hub.
 Example:
     >>> model, tokenizer = smollm2()                          # doctest: +SKIP
     >>> rows = mmlu_rows(["anatomy", "astronomy"])            # doctest: +SKIP
-    >>> probes = ProbeSet.from_hf(rows, preset="mmlu")        # lm-eval's zero-shot MMLU prompt
+    >>> probes = ProbeSet.from_hf(rows, preset="mmlu")        # doctest: +SKIP
 """
 
 from __future__ import annotations

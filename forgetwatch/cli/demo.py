@@ -112,6 +112,28 @@ def run_demo(
     return callback
 
 
+def run_real_demo(argv: list[str]):
+    """``forgetwatch demo --real``: ``examples/real_model.py`` of this checkout, with ``argv``
+    (its own options); returns its callback. The example is the code to read, so it is run, not
+    copied here: an installation without the repository's ``examples/`` is told where it is.
+
+    Example:
+        >>> run_real_demo(["--steps", "20"])   # doctest: +SKIP
+    """
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "real_model.py"
+    if not path.is_file():
+        raise ImportError(
+            "forgetwatch demo --real runs examples/real_model.py from a clone of the repository "
+            '(git clone ...; pip install -e ".[real]"); it is not in this installation'
+        )
+    spec = importlib.util.spec_from_file_location("forgetwatch_real_model_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
 def _post_train(
     world,
     tokenizer,
