@@ -17,7 +17,7 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.store import RunStore
 from forgetwatch.run.repair import RunContext
 from forgetwatch.run.schedule import duration
-from forgetwatch.run.train_kl import MIN_SECONDS, TrainKL, as_train_rows
+from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, TrainKL, as_train_rows
 
 QUIET = Output(verbose=False)
 
@@ -78,7 +78,7 @@ def test_train_kl_is_measured_on_as_many_rows_as_fit_its_time(toy, tmp_path, cap
     assert roomy.tokens == [ids for ids, _ in given]  # all fit: all measured
 
 
-def test_a_watch_gives_train_kl_the_time_scoring_the_probes_took(toy, few, rows, tmp_path, caplog):
+def test_a_watch_gives_train_kl_a_share_of_the_time_scoring_the_probes_took(toy, few, rows, tmp_path, caplog):
     model = copy.deepcopy(toy.base)
     clock = ForwardClock(model)
     plain = Watch(few, output_dir=tmp_path / "plain", output=QUIET, clock=clock)
@@ -87,7 +87,7 @@ def test_a_watch_gives_train_kl_the_time_scoring_the_probes_took(toy, few, rows,
     with caplog.at_level(logging.INFO, logger="forgetwatch"):
         with_kl = forwards(clock, lambda: watch.start(model, toy.tokenizer, train_rows=rows))
     scoring = watch.base_answers.meta["scoring_seconds"]
-    assert watch.train_kl.max_seconds == max(scoring, MIN_SECONDS)
+    assert watch.train_kl.max_seconds == max(SHARE * scoring, MIN_SECONDS)
     measured = len(watch.train_kl.tokens)
     assert measured < len(rows) and f"measured on {measured} of {len(rows)} training rows" in caplog.text
     # its start-up (the timing, then the rows kept) within its time, up to one batch

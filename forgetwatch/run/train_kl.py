@@ -13,13 +13,13 @@ training input: when no kept copy can serve, or a measurement fails, it is off f
 with one warning, and training goes on.
 
 What it costs is bounded by what the probes cost: a :class:`~forgetwatch.Watch` lets the base's
-distribution take about as long as scoring the probes did (at least :data:`MIN_SECONDS`). The
+distribution take :data:`SHARE` of what scoring the probes took (at least :data:`MIN_SECONDS`). The
 time per row is measured on a first seeded sample of an eighth of the rows (at most one batch,
 GRPO's completions included); when all of them would take longer, a seeded sample of as many as
 fit is measured instead (at least one batch), said in one line. Each evaluation's forward over
-the rows then costs about what the base's did, so train KL at most about doubles an
-evaluation, and the start-up, whose every second counts against ``max_overhead``, grows by at
-most about one more scoring of the probes. Fewer rows make the signal noisier, not biased: the
+the rows then costs about what the base's did, so train KL adds at most about a quarter to an
+evaluation, and as much to the start-up, whose every second counts against ``max_overhead``
+(a quarter: a second signal beside the probes, not a second evaluation). Fewer rows make the signal noisier, not biased: the
 mean is over a random sample either way, and each record says over how many rows and tokens.
 
 Example:
@@ -63,7 +63,7 @@ from forgetwatch.scoring.next_tokens import (
     row_sums,
 )
 
-__all__ = ["MAX_TOKENS", "MIN_SECONDS", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
+__all__ = ["MAX_TOKENS", "MIN_SECONDS", "SHARE", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -74,6 +74,8 @@ TOP_K = 32
 #: in a Watch the base may take this long even when the probes were scored faster (or their
 #: cost is not known): a start-up of seconds is paid for by a few minutes of training
 MIN_SECONDS = 5.0
+#: The share of a scoring of the probes train KL's base may take (and each evaluation's forward over its rows).
+SHARE = 0.25
 _FORMAT = "forgetwatch.train_kl"
 _NAME = "train KL (forgetwatch/drift/train_kl)"
 

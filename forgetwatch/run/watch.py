@@ -45,7 +45,7 @@ from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
-from forgetwatch.run.train_kl import MIN_SECONDS, RowsLike, TrainKL
+from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
@@ -342,8 +342,8 @@ class Watch:
             self.train_kl, train_kl_cost = None, 0.0
             scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
             if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
-                # its base may take about as long as scoring the probes (see forgetwatch.run.train_kl)
-                limit = max(scoring or 0.0, MIN_SECONDS)
+                # its base may take a share of what scoring the probes took (see forgetwatch.run.train_kl)
+                limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)
                 self.train_kl = TrainKL(c.signals.train_kl_rows, max_seconds=limit, clock=self.clock)
                 kl_began = self.clock()
                 self.train_kl.begin(model, context, train_rows)
