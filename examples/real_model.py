@@ -20,8 +20,10 @@ The probes, three ways a user would build them:
   France?", the reply begun with "The capital of France is", right when the words before the
   full stop are the capital.
 
-MMLU's subjects are grouped into lm-eval's four groups (stem, humanities, social sciences,
-other) and the capitals by region for the per-category figures. Training: ``--steps`` steps of
+For the per-category figures, MMLU's subjects are grouped as lm-eval groups them (stem,
+humanities, social sciences, other), 5-shot and 0-shot apart, and the capitals' regions into one
+group: a subject of 10 documents cannot tell forgetting from zero. The noise check is on (the
+base scored twice): near chance, how much of a flip is noise matters most. Training: ``--steps`` steps of
 ``--batch-size`` chunks of ``--max-length`` tokens at ``--lr``; forgetwatch evaluates every
 ``--eval-steps`` steps (and at the end). Training runs in float32: TRL's default of bf16 mixed
 precision is several times slower on a CPU without bf16 units (``--bf16`` turns it on;
@@ -40,14 +42,8 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-#: one subject of each of lm-eval's four MMLU groups, with short questions
-SUBJECTS = ("astronomy", "world_religions", "high_school_geography", "nutrition")
-GROUPS = {
-    "astronomy": "mmlu/stem",
-    "world_religions": "mmlu/humanities",
-    "high_school_geography": "mmlu/social_sciences",
-    "nutrition": "mmlu/other",
-}
+#: one subject of three of lm-eval's four MMLU groups, with short questions
+SUBJECTS = ("astronomy", "world_religions", "high_school_geography")
 SHOTS = 5
 
 
@@ -55,16 +51,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="forgetwatch-real", help="output folder (default forgetwatch-real)")
     ap.add_argument("--subjects", nargs="+", default=list(SUBJECTS), help="MMLU subjects")
-    ap.add_argument("--docs", type=int, default=16, help="MMLU documents per subject (default 16)")
-    ap.add_argument("--countries", type=int, default=48, help="capital probes (default 48)")
-    ap.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    ap.add_argument("--docs", type=int, default=10, help="MMLU documents per subject (default 10)")
+    ap.add_argument("--countries", type=int, default=32, help="capital probes (default 32)")
+    ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     ap.add_argument("--eval-steps", type=int, default=10, help="evaluate every N steps (default 10)")
     ap.add_argument(
         "--budget", action="store_true", help="no --eval-steps: forgetwatch's cost budget (max_overhead=0.05) paces it"
     )
-    ap.add_argument("--batch-size", type=int, default=4, help="training rows per step (default 4)")
+    ap.add_argument("--batch-size", type=int, default=2, help="training rows per step (default 2)")
     ap.add_argument("--max-length", type=int, default=256, help="training tokens per row (default 256)")
-    ap.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
+    ap.add_argument("--lr", type=float, default=2e-4, help="learning rate (default 2e-4)")
     ap.add_argument("--bf16", action="store_true", help="train in bf16 mixed precision (TRL's default on a GPU)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -84,8 +80,8 @@ def build_probes(tokenizer, out: Path, subjects, docs: int, countries: int, seed
     asked = real.sample(real.countries(), countries, seed=seed)
     capitals = ProbeSet.from_records(real.capital_probe_records(tokenizer, asked), source="capitals")
 
-    groups = {f"local_mmlu_{s}": GROUPS.get(s, "mmlu/other") + " 5-shot" for s in subjects}
-    groups.update({s: GROUPS.get(s, "mmlu/other") + " 0-shot" for s in subjects})
+    groups = {f"local_mmlu_{s}": real.mmlu_group(s) + "_5shot" for s in subjects}
+    groups.update({s: real.mmlu_group(s) + "_0shot" for s in subjects})
     groups.update({p.category: "capitals" for p in capitals})
     return ProbeSet([*five_shot, *zero_shot, *capitals], source="real model probes"), groups
 
@@ -98,7 +94,7 @@ def main(argv: list[str] | None = None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from forgetwatch import ForgetWatchCallback, real
+    from forgetwatch import ForgetWatchCallback, Output, Scoring, Signals, real
     from forgetwatch.reporting.page import write_report
     from forgetwatch.reporting.plot import plot_history
 
@@ -113,7 +109,14 @@ def main(argv: list[str] | None = None):
     every = "as the 5 % budget allows" if args.budget else f"every {args.eval_steps} steps"
     print(f"3/4 SFT on CPython's source for {args.steps} steps; {len(probes)} probes scored {every} ...")
     eval_steps = None if args.budget else args.eval_steps
-    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, output_dir=str(out / "forgetwatch"))
+    callback = ForgetWatchCallback(
+        probes,
+        eval_steps=eval_steps,
+        output_dir=str(out / "forgetwatch"),
+        scoring=Scoring(max_new_tokens=16),  # a capital's name; longer answers are wrong anyway
+        output=Output(category_map=groups),
+        signals=Signals(noise_check=True),
+    )
     config = SFTConfig(
         str(out / "sft"),
         max_steps=args.steps,

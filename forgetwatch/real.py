@@ -42,6 +42,7 @@ __all__ = [
     "capital_probe_records",
     "countries",
     "cpython_texts",
+    "mmlu_group",
     "mmlu_rows",
     "mmlu_subjects",
     "smollm2",
@@ -229,6 +230,23 @@ def _lm_eval_mmlu_template() -> Path:
     return Path(spec.origin).parent / "tasks" / "mmlu" / "default" / "_default_template_yaml"
 
 
+def mmlu_group(subject: str) -> str:
+    """The lm-eval group a subject belongs to (``mmlu_stem``, ``mmlu_humanities``,
+    ``mmlu_social_sciences``, ``mmlu_other``), as lm-eval's own task file tags it.
+
+    Example:
+        >>> mmlu_group("astronomy")   # doctest: +SKIP
+        'mmlu_stem'
+    """
+    import re
+
+    path = _lm_eval_mmlu_template().parent / f"mmlu_{subject}.yaml"
+    found = re.search(r'^"?tag"?:\s*"?(mmlu_\w+?)_tasks"?\s*$', path.read_text(encoding="utf-8"), re.M)
+    if found is None:
+        raise ValueError(f"lm-eval has no MMLU subject named {subject!r} ({path})")
+    return found.group(1)
+
+
 def write_mmlu_tasks(folder: str | os.PathLike[str], subjects: Sequence[str], docs: int, shots: int = 5) -> list[str]:
     """lm-eval tasks for ``subjects`` in ``folder``, built on lm-eval's own MMLU template (its
     ``include``, prompt, choices and metric) pointed at local JSONL: per subject, the first
@@ -320,7 +338,7 @@ def capital_probe_records(tokenizer: Any, items: Sequence[Country]) -> list[dict
             "question": _capital_prompt(tokenizer, c.name),
             "answer": c.capital,
             "extract": CAPITAL_EXTRACT,
-            "category": f"capitals/{c.region.lower()}",
+            "category": f"capitals_{c.region.lower() or 'other'}",
         }
         for c in items
     ]

@@ -17,7 +17,7 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.store import RunStore
 from forgetwatch.run.repair import RunContext
 from forgetwatch.run.schedule import duration
-from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, TrainKL, as_train_rows
+from forgetwatch.run.train_kl import MIN_ROWS, MIN_SECONDS, SHARE, TrainKL, as_train_rows
 
 QUIET = Output(verbose=False)
 
@@ -67,11 +67,11 @@ def test_train_kl_is_measured_on_as_many_rows_as_fit_its_time(toy, tmp_path, cap
     signal = TrainKL(128, max_seconds=3.0, clock=clock)
     with caplog.at_level(logging.INFO, logger="forgetwatch"):
         spent = forwards(clock, lambda: signal.begin(model, context(tmp_path, toy.tokenizer), given))
-    # timed on 2 rows (an eighth of 12) in one forward: 0.5 s a row, 2 s left of 3 for 4 rows, but one batch at least
-    kept = as_train_rows(given, 5).rows
+    # timed on 2 rows (an eighth of 12) in one forward: 0.5 s a row, 2 s left of 3 for 4 rows, but 8 at least
+    kept = as_train_rows(given, MIN_ROWS).rows
     assert signal.tokens == [ids for ids, _ in kept] and signal.starts == [s for _, s in kept]
-    assert spent == 2  # the timing, then the 5 rows in one batch
-    assert "measured on 5 of 12 training rows (a seeded sample)" in caplog.text
+    assert spent == 3  # the timing, then the 8 rows in batches of 5
+    assert f"measured on {MIN_ROWS} of 12 training rows (a seeded sample)" in caplog.text
     assert signal.measure(model, Ranks.alone())["train_kl"] == 0.0  # still exactly 0 at the base
     roomy = TrainKL(128, max_seconds=100.0, clock=clock)
     roomy.begin(model, context(tmp_path / "roomy", toy.tokenizer), given)
@@ -90,7 +90,7 @@ def test_a_watch_gives_train_kl_a_share_of_the_time_scoring_the_probes_took(toy,
     assert watch.train_kl.max_seconds == max(SHARE * scoring, MIN_SECONDS)
     measured = len(watch.train_kl.tokens)
     assert measured < len(rows) and f"measured on {measured} of {len(rows)} training rows" in caplog.text
-    # its start-up (the timing, then the rows kept) within its time, up to one batch
+    # its start-up (the timing, then the rows kept) within its time, up to a batch
     assert with_kl - without <= watch.train_kl.max_seconds + 1
     assert watch.monitoring_seconds == with_kl  # all of the start-up is monitoring time
 

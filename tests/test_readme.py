@@ -1,4 +1,4 @@
-"""Every code block of README.md works on a fresh clone.
+"""Every code block of README.md (and of the docs' pages) works on a fresh clone.
 
 The ```python blocks run in order, in one namespace, offline (a block right after an
 ``<!-- not run: ... -->`` comment is skipped: it needs a download). Every ```bash line names
@@ -24,6 +24,7 @@ from forgetwatch.integrations.swift import PLUGIN_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 NOT_RUN = "<!-- not run:"
 
 
@@ -124,7 +125,8 @@ def _help(command: str, capsys) -> str:
 def test_bash_lines_name_real_commands_flags_files_and_extras(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the lines name shipped files by relative path
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    lines = [line for code, _ in blocks("bash") for line in code.splitlines() if line.strip()]
+    texts = [path.read_text(encoding="utf-8") for path in [README, *DOCS]]
+    lines = [line for text in texts for code, _ in blocks("bash", text) for line in code.splitlines() if line.strip()]
     assert any(line.startswith("forgetwatch ") for line in lines)
     for line in lines:
         line = line.split("#")[0]
@@ -150,7 +152,7 @@ def test_bash_lines_name_real_commands_flags_files_and_extras(capsys, monkeypatc
                 for flag in (w for w in words[2:] if w.startswith("--")):
                     assert flag in text, f"{flag} is not an option of 'forgetwatch {words[1]}'"
             else:
-                assert words == ["pytest"], part
+                assert words[0] == "pytest" and all(w in ("-m", "real", "framework") for w in words[1:]), part
 
 
 def test_framework_yaml_blocks_are_checked_as_the_plugins_check_them(monkeypatch):
@@ -180,3 +182,12 @@ def test_layout_tree_names_every_module():
             named.add("".join(folders[:depth]) + name)
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "forgetwatch").rglob("*.py")}
     assert named == modules
+
+
+def test_the_docs_site_names_every_page():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    pages = {page for entry in nav for page in entry.values()}
+    assert pages == {path.name for path in DOCS}
+    for path in DOCS:  # pictures a page shows are in the repository
+        for picture in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text(encoding="utf-8")):
+            assert (path.parent / picture).is_file(), f"{path.name} shows {picture}, which is not there"

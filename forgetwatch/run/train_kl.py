@@ -14,9 +14,9 @@ with one warning, and training goes on.
 
 What it costs is bounded by what the probes cost: a :class:`~forgetwatch.Watch` lets the base's
 distribution take :data:`SHARE` of what scoring the probes took (at least :data:`MIN_SECONDS`). The
-time per row is measured on a first seeded sample of an eighth of the rows (at most one batch,
-GRPO's completions included); when all of them would take longer, a seeded sample of as many as
-fit is measured instead (at least one batch), said in one line. Each evaluation's forward over
+time per row is measured on a first seeded sample of an eighth of the rows (at most
+:data:`MIN_ROWS`, GRPO's completions included); when all of them would take longer, a seeded
+sample of as many as fit is measured instead (at least :data:`MIN_ROWS`), said in one line. Each evaluation's forward over
 the rows then costs about what the base's did, so train KL adds at most about a quarter to an
 evaluation, and as much to the start-up, whose every second counts against ``max_overhead``
 (a quarter: a second signal beside the probes, not a second evaluation). Fewer rows make the signal noisier, not biased: the
@@ -63,7 +63,7 @@ from forgetwatch.scoring.next_tokens import (
     row_sums,
 )
 
-__all__ = ["MAX_TOKENS", "MIN_SECONDS", "SHARE", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
+__all__ = ["MAX_TOKENS", "MIN_ROWS", "MIN_SECONDS", "SHARE", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -76,6 +76,8 @@ TOP_K = 32
 MIN_SECONDS = 5.0
 #: The share of a scoring of the probes train KL's base may take (and each evaluation's forward over its rows).
 SHARE = 0.25
+#: The fewest rows it is measured on when time is short.
+MIN_ROWS = 8
 _FORMAT = "forgetwatch.train_kl"
 _NAME = "train KL (forgetwatch/drift/train_kl)"
 
@@ -232,8 +234,8 @@ class TrainKL:
             if n < len(given.rows) and run.writes:
                 logger.info(
                     "forgetwatch: %s is measured on %d of %d training rows (a seeded sample): the base's "
-                    "distribution on all of them would take longer than the %.1f s it is given, about what "
-                    "scoring the probes takes",
+                    "distribution on all of them would take longer than the %.1f s it is given, a quarter of "
+                    "what scoring the probes took",
                     _NAME,
                     n,
                     len(given.rows),
@@ -254,19 +256,21 @@ class TrainKL:
 
     def _affordable(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> int:
         """How many of the rows the base can be measured on within ``max_seconds``: all of
-        them when they fit in one batch or there is no limit; else timed on a seeded sample of
-        an eighth of them (at most one batch; GRPO's completions included), at least one batch."""
-        rows, batch = len(given.rows), run.rows_per_batch(model)
-        if self.max_seconds is None or rows <= batch:
+        them when there is no limit or they are :data:`MIN_ROWS` at most; else timed on a
+        seeded sample of an eighth of them (:data:`MIN_ROWS` at most; GRPO's completions
+        included), at least :data:`MIN_ROWS` (not a batch: the scorer's batches hold dozens of
+        long rows, which cost more than the limit on a CPU)."""
+        rows = len(given.rows)
+        if self.max_seconds is None or rows <= MIN_ROWS:
             return rows
-        pilot = min(batch, math.ceil(rows / 8))
+        pilot = min(MIN_ROWS, math.ceil(rows / 8))
         with run.as_base(model):  # the weights' key, read once: not part of the time per row
             run.made_by(model)
         began = self.clock()
         self._measured(model, run, as_train_rows(given, pilot, self.seed), "pilot")
         per_row = (self.clock() - began) / pilot
         left = self.max_seconds - per_row * pilot
-        return rows if per_row <= 0 else int(min(rows, max(batch, left // per_row)))
+        return rows if per_row <= 0 else int(min(rows, max(MIN_ROWS, left // per_row)))
 
     def _measured(
         self, model: torch.nn.Module, run: RunContext, given: TrainRows, given_key: str
