@@ -48,8 +48,8 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     for step in range(1, steps + 1):
         watch.before_optimizer_step(model, max_grad_norm=1.0)
         if watch.due(step):
-            evaluation: Evaluation = watch.evaluate(model, step)
-            if evaluation.stop:
+            evaluation: Evaluation | None = watch.evaluate(model, step)
+            if evaluation is not None and evaluation.stop:
                 break
     watch.finish(model, steps)
     state: dict[str, object] = watch.state_dict()
