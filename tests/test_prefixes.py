@@ -4,13 +4,16 @@ whole, in log-likelihood scoring and in greedy generation, at the cost of each u
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import random
 
 import numpy as np
 import pytest
 import torch
 
 from forgetwatch import ProbeSet, Scorer
+from forgetwatch.scoring.batching import forward_cost, group_runs
 from forgetwatch.scoring.encoding import EncodedChoices
 from forgetwatch.scoring.prefixes import shared_prefix_lengths
 
@@ -26,6 +29,56 @@ def test_prefix_groups_keep_each_sequence_s_last_token_and_save_tokens():
     block = list(range(100, 140))
     seqs = [block + [1, 2], block + [1, 3], block + [1, 4], block[:20] + [7, 7], block[:20] + [7, 8]]
     assert shared_prefix_lengths(seqs, min_tokens=10) == [41, 41, 41, 21, 21]
+
+
+def test_batches_are_cut_where_padding_and_forwards_cost_least():
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 7)
+        own = [rng.randint(1, 30) for _ in range(n)]
+        runs = [rng.choice("abc") for _ in range(n)]
+        prefix = {"a": 0, "b": rng.randint(1, 20), "c": rng.randint(1, 20)}
+        _check_cheapest_cuts(
+            own,
+            [prefix[r] for r in runs],
+            runs,
+            rng.choice([None, 2, 3]),
+            rng.choice([None, 60]),
+            rng.choice([0, 5, 50]),
+        )
+
+
+def _check_cheapest_cuts(own, shared, runs, max_rows, max_tokens, per_batch):
+    """group_runs' cuts against every way to cut its order into consecutive batches."""
+
+    def padded(batch):
+        return len(batch) * (max(own[i] for i in batch) + max(shared[i] for i in batch))
+
+    def fits(batch):
+        return len(batch) == 1 or (
+            len(batch) <= (max_rows or len(own)) and padded(batch) <= (max_tokens or padded(batch))
+        )
+
+    order = [i for b in group_runs(own, shared, runs, max_rows, max_tokens) for i in b]
+    first = {i for k, i in enumerate(order) if shared[i] and runs[i] not in {runs[j] for j in order[:k]}}
+
+    def cost(parts):  # padded tokens, a forward per batch and one per prefix first read in it
+        return sum(padded(b) + per_batch * (1 + any(i in first for i in b)) for b in parts)
+
+    got = group_runs(own, shared, runs, max_rows, max_tokens, per_batch)
+    assert [i for b in got for i in b] == order and all(map(fits, got))
+    every = (_cut(order, cuts) for cuts in itertools.product((False, True), repeat=len(order) - 1))
+    assert cost(got) == min(cost(parts) for parts in every if all(map(fits, parts)))
+
+
+def _cut(order, cuts):
+    parts, current = [], [order[0]]
+    for i, cut in zip(order[1:], cuts):
+        if cut:
+            parts.append(current)
+            current = []
+        current.append(i)
+    return parts + [current]
 
 
 def few_shot(toy, shots: int = 5) -> ProbeSet:
@@ -154,10 +207,12 @@ def test_prefixes_shared_by_a_few_probes_cost_no_extra_batches(toy):
     for x, y in zip(a.choice_logprobs, b.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     assert shared_calls == whole_calls  # generate: as many batches as with every prompt whole
-    plan = shared.state(toy.base).plans
-    [choice_batches] = [len(p.batches) for p in plan.values()]
-    [whole_batches] = [len(p.batches) for p in whole.state(toy.base).plans.values()]
-    assert choice_batches <= whole_batches  # rows behind different prefixes share batches
+    # rows behind different prefixes share batches: the forwards, as the batches are cut
+    # (padded tokens, and a forward's own cost), cost no more than with every prompt whole
+    per_forward = forward_cost(toy.base.device)
+    assert sum(r * w + per_forward for r, w in shared_widths.shapes) <= sum(
+        r * w + per_forward for r, w in whole_widths.shapes
+    )
     assert shared_widths.tokens < whole_widths.tokens  # and the prefixes' tokens go through once
 
 

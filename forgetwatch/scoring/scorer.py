@@ -31,7 +31,7 @@ from forgetwatch.config.options import BatchSize, check_batch_size, scoring_opti
 from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
-from forgetwatch.scoring.batching import default_token_budget, group_runs, run_lockstep
+from forgetwatch.scoring.batching import default_token_budget, forward_cost, group_runs, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, forward_module, is_sharded, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import (
@@ -475,12 +475,13 @@ class Scorer:
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
         """Batches within the current limits, packed and plain rows apart, longest first; rows
         behind one prefix follow one another (it is computed once), and rows behind different
-        prefixes share batches (sharing a prefix never costs a batch)."""
+        prefixes share batches (sharing a prefix never costs a batch). Cut where padding and
+        forwards cost least: rows far shorter than a batch's longest start a batch of their own."""
         batches = []
         for packed in (True, False):
             subset = [r for r in rows if r.packed is packed]
             own, shared, runs = [len(r) for r in subset], [len(r.prefix) for r in subset], [r.prefix for r in subset]
-            for idx in group_runs(own, shared, runs, *self._limits(run)):
+            for idx in group_runs(own, shared, runs, *self._limits(run), per_batch=forward_cost(run.device)):
                 batches.append(collate([subset[i] for i in idx], run.pad_id))
         return batches
 
