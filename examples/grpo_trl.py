@@ -25,7 +25,7 @@ evaluated instruct models this way; for a base model without a chat template, pa
 
 Needs internet (model and datasets) and, realistically, a GPU: bf16 mixed precision is used
 when CUDA is available. The weights are loaded in float32 (the optimizer's master copy), and
-the forgetwatch evaluations run the model's forward as training does, under autocast.
+forgetwatch scores in those float32 weights, autocast off (``Scoring(precision="weights")``).
 """
 
 from __future__ import annotations

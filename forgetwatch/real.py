@@ -158,6 +158,8 @@ def smollm2_dir() -> Path:
     with tempfile.TemporaryDirectory(dir=_made(cache_dir())) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if (target / "model.safetensors").is_file():  # another process converted it meanwhile
+            return target
         if target.exists():  # a conversion cut short: its folder holds no weights
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -18,7 +18,18 @@ import torch  # noqa: E402
 from forgetwatch import ProbeSet  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# under pytest-xdist the workers share the cores: one thread each
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+
+
+def pytest_collection_modifyitems(items):
+    # under pytest-xdist (--dist loadgroup) the real-model tests share one worker, which loads
+    # the model once; the framework tests another, which builds their environments one at a time
+    for item in items:
+        for name in ("real", "framework"):
+            if item.get_closest_marker(name):
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
 
 
 @dataclass

@@ -134,7 +134,8 @@ def given_base(given: Answers | str | os.PathLike[str], expected: Expected, prob
     problem = expected.problem(answers)
     if problem:
         raise AnswersMismatchError(
-            f"base={given!s:.80} was computed for {problem}; it cannot be this run's "
+            f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
+            f"{problem}; it cannot be this run's "
             "base: score the base model on these probes (forgetwatch evaluate) "
             "or leave base unset"
         )
