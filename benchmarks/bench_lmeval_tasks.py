@@ -75,6 +75,7 @@ if __name__ == "__main__":
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_scoring import floor_batches, run_floor  # noqa: E402  (the same floor as the scoring benchmark's)
 
 from forgetwatch import ProbeSet, Scorer  # noqa: E402
 from forgetwatch.scoring.encoding import EncodedChoices  # noqa: E402
@@ -165,31 +166,6 @@ def gen_rows(world: ToyWorld, docs: int) -> list[dict]:
         worked = f"{c.name} has {c.rivers} rivers."
         rows.append({"name": c.name, "worked": worked, "rivers": str(c.rivers)})
     return rows
-
-
-def floor_batches(scorer: Scorer, batch_size: int):
-    """Every unique token once (each distinct shared prefix once, each probe's own tokens once)
-    packed densely into rows as wide as an average packed probe with its prefix; the rows in
-    batches of ``batch_size``, and the logits a batch must keep (one per scored token)."""
-    encoded = [e for e in scorer.encoded if isinstance(e, EncodedChoices)]
-    skips = scorer._tokenized(0).skips
-    prefixes = {tuple(e.context[:s]) for e, s in zip(encoded, skips) if s}
-    parts = [np.asarray(p) for p in prefixes]
-    parts += [np.concatenate([e.context[s:]] + [c[:-1] for c in e.continuations]) for e, s in zip(encoded, skips)]
-    stream = np.concatenate(parts).astype(np.int64)
-    scored = sum(len(c) for e in encoded for c in e.continuations)
-    width = round(statistics.mean(len(e.context) + sum(len(c) - 1 for c in e.continuations) for e in encoded))
-    n_rows = -(-len(stream) // width)
-    stream = np.resize(stream, n_rows * width)  # the last row filled by wrapping: no idle slots
-    rows = torch.from_numpy(stream.reshape(n_rows, width))
-    return [rows[i : i + batch_size] for i in range(0, n_rows, batch_size)], -(-scored // n_rows), len(stream)
-
-
-def run_floor(model, batches, keep, device):
-    with torch.no_grad():
-        for ids in batches:
-            logits = model(input_ids=ids.to(device), logits_to_keep=keep, use_cache=False).logits.float()
-            torch.logsumexp(logits, dim=-1)
 
 
 def lm_eval_verdicts(probes: ProbeSet, outputs) -> np.ndarray:
@@ -290,7 +266,7 @@ def main(argv=None) -> int:
         f"forgetwatch {gen_name} whole": Scorer(tokenizer, gen, reference_logprobs=False, shared_prefixes=False),
     }
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size)
-    batches, keep, n_unique = floor_batches(scorers["forgetwatch 5-shot"], args.batch_size)
+    batches, keep, n_unique, _ = floor_batches(scorers["forgetwatch 5-shot"], args.batch_size)
     runs = {
         name: (lambda s=s: s(model, batch_size=args.batch_size, show_progress=False)) for name, s in scorers.items()
     }

@@ -130,10 +130,10 @@ def floor_batches(scorer: Scorer, batch_size: int):
     return [rows[i : i + batch_size] for i in range(0, n_rows, batch_size)], keep, len(stream), scored
 
 
-def run_floor(model, batches, keep):
+def run_floor(model, batches, keep, device="cpu"):
     with torch.no_grad():
         for ids in batches:
-            logits = model(input_ids=ids, logits_to_keep=keep, use_cache=False).logits.float()
+            logits = model(input_ids=ids.to(device), logits_to_keep=keep, use_cache=False).logits.float()
             torch.logsumexp(logits, dim=-1)
 
 
