@@ -122,7 +122,7 @@ class Expected:
         return answers.mismatch(fingerprint=self.fingerprint, scoring=self.scoring, ids=self.ids, meta=keys)
 
 
-def given_base(given: Answers | str | os.PathLike[str], expected: Expected, probes: Any = None) -> Answers:
+def given_base(given: Answers | str | os.PathLike[str], expected: Expected) -> Answers:
     """``base=`` answers, if they can serve: any model's answers may, if they cover these
     probes (ids included, so a file with rows deleted is refused before training), scored alike.
 

@@ -3,7 +3,7 @@
 A figure that does not apply (a multiple-choice drift measure of a generative-only category, a
 rate over no probes) is NaN in the report and left out here: no NaN reaches a logger, the
 trainer's ``log_history`` or a file. Sending the values to the trainer's integrations is
-:class:`~forgetwatch.integrations.trainer_link.TrainerBridge`'s job.
+:class:`~forgetwatch.integrations.trainer_link.TrainerLink`'s job.
 """
 
 from __future__ import annotations
