@@ -1,6 +1,6 @@
 """Does replay aimed at what is lost beat uniform replay at equal replayed tokens?
 
-The world (``forgetwatch/skill_world.py``) has four separate skills: facts (multiple choice),
+The world (``benchmarks/skill_world.py``) has four separate skills: facts (multiple choice),
 arithmetic (``add 3 4 = 7``), uppercase (``up b a d = B A D``) and refusal. Each is probed on
 one half of its items; the replay pool holds the other half. A base pre-trained on all of them
 (once per seed, cached under ``--out``) is post-trained with TRL's SFTTrainer on ``max a b = m``
@@ -99,9 +99,9 @@ if __name__ == "__main__":
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported, here and in the workers spawned
 
 import torch  # noqa: E402
+from skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
 from forgetwatch import ForgetWatchCallback, Output, ProbeSet, ReplayPool, ReplaySettings, Scoring, Signals  # noqa: E402
-from forgetwatch.skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 

@@ -5,7 +5,7 @@ skill hard, one mildly and one not at all. Without replay (TRL SFT, the benchmar
 and steps), this sweeps ``target_mix``, the share of ``rev x y z = z y x`` lines in the target,
 and prints per share the median [per seed] relative forgetting of each skill at the end. It keeps
 the smallest share where uppercase forgets between 15 % and 50 % of what it knew and facts at
-most 5 % (``TARGET_MIX`` in ``forgetwatch/skill_world.py`` is set from it, by hand). Bases are
+most 5 % (``TARGET_MIX`` in ``benchmarks/skill_world.py`` is set from it, by hand). Bases are
 pre-trained once per seed and kept under ``--out``, shared with the benchmark.
 
     python benchmarks/calibrate_skills.py [--mixes 0 0.02 0.03 0.04 0.05 0.1] [--seeds 5] [--jobs 2]
@@ -41,8 +41,7 @@ if __name__ == "__main__":
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_replay as bench  # noqa: E402
-
-from forgetwatch.skill_world import SKILLS  # noqa: E402
+from skill_world import SKILLS  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -4,12 +4,16 @@ prompts, right answers, a target that never holds a probe's question (no trainin
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from forgetwatch import ProbeSet, ReplayPool
-from forgetwatch.skill_world import LETTERS, SKILLS, SkillWorld
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the replay benchmark's world
+from skill_world import LETTERS, SKILLS, SkillWorld  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[0, 3])
