@@ -40,6 +40,90 @@ def imports() -> list[tuple[str, str, str]]:
     return found
 
 
+def module_imports() -> dict[str, set[str]]:
+    """Each forgetwatch module and the forgetwatch modules it imports anywhere: at the top, in
+    functions, under ``TYPE_CHECKING`` (``from forgetwatch.x import y`` names module ``y`` when
+    there is one, else ``forgetwatch.x``)."""
+
+    def name(path: Path) -> str:
+        parts = ("forgetwatch", *path.relative_to(PACKAGE).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(path): path for path in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("forgetwatch"):
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("forgetwatch")]
+            else:
+                continue
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target != module:
+                    edges[module].add(target)
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of modules that import each other, directly or around a circle (Tarjan)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = set()
+            while not group or w != v:
+                w = stack.pop()
+                group.add(w)
+            if len(group) > 1:
+                found.append(group)
+
+    for v in edges:
+        if v not in order:
+            visit(v)
+    return found
+
+
+def test_circles_are_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_modules_import_each_other_but_replay_s():
+    # replay's modules still import each other (its rework, issue 28, takes this circle away)
+    replay = {
+        f"forgetwatch.replay.{m}"
+        for m in ("begin", "driver", "penalty", "pool", "resume", "sampler", "scan", "synthetic")
+    }
+    assert [group for group in circles(module_imports()) if group != replay] == []
+
+
+def test_nothing_reads_another_object_s_stack_frames_but_the_two_left():
+    # the trainer link and lm-eval's task loading still do (issue 28 replaces them with public routes)
+    readers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if any(word in path.read_text(encoding="utf-8") for word in ("_getframe", "currentframe", "f_locals"))
+    }
+    assert readers <= {"integrations/trainer_link.py", "probes/lm_eval_tasks.py"}, readers
+
+
 def test_every_package_is_a_layer():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert packages == set(LAYERS)

@@ -20,9 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from forgetwatch.behaviour import style
+from forgetwatch.behaviour.ifeval import follows, instruction_problem
+from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common import patterns
 from forgetwatch.common.strict_json import value_problem
-from forgetwatch.common.text import shorten, suggestion
+from forgetwatch.common.text import shorten, suggestion, type_name
 
 __all__ = ["CHECKS", "check_problems", "failed_checks"]
 
@@ -38,28 +40,8 @@ _warned: set[str] = set()  # check keys that raised on a response, warned once e
 _JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
 
 
-def _type(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def got(value: Any) -> str:
-    """The end of a message about a bad value: its type and (shortened) value."""
-    return f"got {_type(value)} {shorten(value)}"
-
-
 def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be true or false, {got(value)}"
-
-
-def count(least: int, why: str = "") -> Callable[[Any], str | None]:
-    """A rule for an integer from ``least`` up (``why``: said after the range, in the message)."""
-
-    def check(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            return f"must be an integer >= {least}{why}, {got(value)}"
-        return None
-
-    return check
 
 
 def _pattern(value: Any) -> str | None:
@@ -67,33 +49,6 @@ def _pattern(value: Any) -> str | None:
         return f"must be a non-empty regular expression (a string), {got(value)}"
     problem = patterns.pattern_problem(value)
     return f"regex {shorten(value)} {problem}" if problem else None
-
-
-def text(value: Any) -> str | None:
-    """The rule for a non-empty string."""
-    if not isinstance(value, str) or not value.strip():
-        return f"must be a non-empty string, {got(value)}"
-    return None
-
-
-def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callable[[Any], str | None]:
-    """A rule for a non-empty list of strings, each passing ``entry`` (``why``: said after what
-    is expected, in the message)."""
-
-    def check(value: Any) -> str | None:
-        if isinstance(value, str):
-            return f'must be a list of strings{why}; write ["{value:.40}"]'
-        if not isinstance(value, list) or not value:
-            return f"must be a non-empty list of strings{why}, {got(value)}"
-        return next((f"entry {i}: {problem}" for i, v in enumerate(value) if (problem := entry(v))), None)
-
-    return check
-
-
-def _ifeval(value: Any) -> str | tuple[str, str] | None:
-    from forgetwatch.behaviour.ifeval import instruction_problem
-
-    return instruction_problem(value)
 
 
 def _unfenced(text: str) -> str:
@@ -148,12 +103,6 @@ def _letters(response: str) -> bool:
     return any(ch.isalpha() for ch in response)
 
 
-def _ifeval_holds(value: Any, response: str) -> bool:
-    from forgetwatch.behaviour.ifeval import follows
-
-    return follows(value, response)
-
-
 class Check(NamedTuple):
     """One check key: how its value is validated (a message, or ``(where inside the value,
     message)``; ``None`` when it is fine), whether a response passes, what it means."""
@@ -201,8 +150,8 @@ CHECKS: dict[str, Check] = {
     "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v, "true: all letters uppercase"),
     "bullets": Check(count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
     "ifeval": Check(
-        _ifeval,
-        lambda v, r, _: _ifeval_holds(v, r),
+        instruction_problem,
+        lambda v, r, _: follows(v, r),
         "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])",
     ),
 }
@@ -217,7 +166,7 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         "unknown check 'max_word' (did you mean 'max_words'?)"
     """
     if not isinstance(value, Mapping):
-        return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {_type(value)}')]
+        return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {type_name(value)}')]
     if not value:
         return [("check", 'is empty; give at least one check, e.g. {"refuses": false}')]
     problems = []

@@ -28,7 +28,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from forgetwatch.behaviour.checks import count, got, strings, text
+from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common.text import shorten, suggestion
 
 __all__ = ["ARGUMENTS", "follows", "instruction_problem"]
