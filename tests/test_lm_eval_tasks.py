@@ -17,7 +17,7 @@ from forgetwatch import ForgetWatchConfig, ProbeSet, Scorer
 from forgetwatch.cli import main
 from forgetwatch.config import ConfigError
 from forgetwatch.probes import as_probe_set
-from forgetwatch.sinks.figures import lm_eval_lines
+from forgetwatch.sinks.metrics import lm_eval_lines
 
 pytest.importorskip("lm_eval")
 

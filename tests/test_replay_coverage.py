@@ -181,7 +181,7 @@ def test_replay_names_a_spill_in_its_notes_and_figures():
     )
     replay.on_evaluation(spilling)
     assert replay.notes() == ["replay weight 0.5 (auto)", "refusals outside 'refusal' 30% (base 5%) while replaying it"]
-    assert replay.figures()["replay/spill/refusal/refusals"] == pytest.approx(0.25)
+    assert replay.metrics()["replay/spill/refusal/refusals"] == pytest.approx(0.25)
     printed = []
     lines = ConsoleLines(history=None)
     evaluation = SimpleNamespace(step=5, report=spilling, notes=replay.notes(), stop=None, record={})

@@ -144,7 +144,7 @@ def test_one_step_after_a_scan_equals_the_combined_loss_by_hand(small, tmp_path)
     (weight * torch.cat(losses).mean()).backward()
     for (name, a), b in zip(model.named_parameters(), hand.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=2e-6, rtol=1e-4, msg=name)
-    assert replay.tokens == sum(map(len, rows)) and replay.figures()["replay/drift"] == pytest.approx(
+    assert replay.tokens == sum(map(len, rows)) and replay.metrics()["replay/drift"] == pytest.approx(
         np.maximum(rise, 0).mean(), abs=2e-5
     )
 
@@ -162,7 +162,7 @@ def test_a_scan_that_fails_or_finds_no_number_never_stops_training(small, tmp_pa
     # a row whose loss is not a number counts as risen by 0: nothing NaN reaches the draws or the logs
     monkeypatch.setattr(replay, "scan_losses", lambda m: base + np.array([0.5, np.nan, np.inf, 0, 0, 0]))
     replay.on_evaluation(TransitionReport(), model)
-    assert replay.increase.tolist() == [0.5, 0, 0, 0, 0, 0] and np.isfinite(list(replay.figures().values())).all()
+    assert replay.increase.tolist() == [0.5, 0, 0, 0, 0, 0] and np.isfinite(list(replay.metrics().values())).all()
 
     def broken(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
@@ -174,4 +174,4 @@ def test_a_scan_that_fails_or_finds_no_number_never_stops_training(small, tmp_pa
         replay.on_evaluation(TransitionReport(), model)
     assert "OutOfMemoryError: CUDA out of memory (injected)" in replay.scan_off
     assert caplog.text.count("the replay pool's scan failed") == 1 and replay.increase.tolist()[0] == 0.5
-    assert "replay/drift" not in replay.figures()
+    assert "replay/drift" not in replay.metrics()

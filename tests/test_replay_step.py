@@ -82,7 +82,7 @@ def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_tra
         )
         == 1
     )
-    assert replay.off and replay.figures() == {}  # no weight logged for what was not replayed
+    assert replay.off and replay.metrics() == {}  # no weight logged for what was not replayed
     assert replay.sampler.drawn == 3  # still one draw per step: a resume draws the same rows as this run
 
 
@@ -93,7 +93,7 @@ def test_a_replay_that_works_still_adds_its_gradient(small):
     before = trainers_gradient(small, model)
     replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
     drawn = ReplaySampler(replay.sampler.pool, 0).next_batch(4, replay.weights)  # the same draw, again
-    figures = replay.figures()
+    figures = replay.metrics()
     assert not replay.off and set(figures) == {"replay/weight", "replay/loss", "replay/tokens"}
     assert figures["replay/tokens"] == sum(len(replay.encoded[r.id]) for r in drawn) > 0  # every token forwarded
     assert any(not torch.equal(p.grad, before[n]) for n, p in model.named_parameters())

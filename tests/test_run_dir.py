@@ -19,7 +19,7 @@ from forgetwatch.results.history import history_record
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.run_dir import LATEST, PROBES, SNAPSHOT, Run, read_run
 from forgetwatch.results.store import RunStore
-from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
+from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.scoring.next_tokens import BaseDistribution, KeptFileError
 
 PROBE_ROWS = [
@@ -72,7 +72,7 @@ def run(tmp_path):
     for column, step in ((1, 10), (2, 20)):
         now = answers(probes, column, step)
         trajectory.append(step, now)
-        reports.append(with_trajectory_figures(compare(base, now), trajectory))
+        reports.append(with_trajectory_metrics(compare(base, now), trajectory))
         store.append_history(
             history_record(
                 step,

@@ -69,7 +69,7 @@ def assert_matches_plain_loops(trajectory, rows, steps, categories):
     assert trajectory.survival().tolist() == pytest.approx(plain_survival(rows))
     for cat in set(categories):
         mine = [r for r, c in zip(rows, categories) if c == cat]
-        figures = trajectory.figures([i for i, c in enumerate(categories) if c == cat])
+        figures = trajectory.metrics([i for i, c in enumerate(categories) if c == cat])
         assert figures["forgetting_events"] == sum(plain_events(r) for r in mine)
         if len(steps) >= 3:
             assert figures["forgetting_persistent"] == pytest.approx(sum(map(plain_persistent, mine)) / len(mine))

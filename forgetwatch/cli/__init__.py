@@ -30,7 +30,7 @@ from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scor
 from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
-from forgetwatch.sinks.figures import lm_eval_lines
+from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
 
 _ANSWER_SUFFIXES = (".json", ".npz")

@@ -510,7 +510,7 @@ class Replay:
                 self._overflows,
             )
 
-    def figures(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Since the last call: the mean replay loss and the weight used, the replay tokens so
         far and, when it scans (``select="rows"``, ``"auto"``), the scanned rows' mean loss rise (``replay/drift``,
         nats per token) and the scan's seconds. Nothing that does not apply (no weight once

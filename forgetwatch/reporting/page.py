@@ -35,7 +35,7 @@ from forgetwatch.probes import Probe, ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_dir import HISTORY, SUBDIR, Run, read_run, run_directory
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.figures import lm_eval_lines
+from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
 __all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported

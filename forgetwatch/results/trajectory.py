@@ -35,7 +35,7 @@ from forgetwatch.results.history import HistoryError, decode_column, encode_colu
 from forgetwatch.results.metrics import margins
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["Trajectory", "with_trajectory_figures"]
+__all__ = ["Trajectory", "with_trajectory_metrics"]
 
 
 class Trajectory:
@@ -132,7 +132,7 @@ class Trajectory:
         unbroken = np.cumsum(events, axis=1) == 0
         return unbroken[right].mean(axis=0)
 
-    def figures(self, rows: ArrayLike | None = None) -> dict[str, float]:
+    def metrics(self, rows: ArrayLike | None = None) -> dict[str, float]:
         """The latest evaluation's trajectory figures for ``rows`` (default all probes):
         ``forgetting_events`` (events so far, all probes together) and, from the second
         evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
@@ -180,20 +180,20 @@ class Trajectory:
         return trajectory
 
 
-def with_trajectory_figures(
+def with_trajectory_metrics(
     report: TransitionReport, trajectory: Trajectory, categories: Sequence[str] | None = None
 ) -> TransitionReport:
     """``report`` with the trajectory's figures, overall and per category (``categories``: each
-    probe's as the report was made with, default the trajectory's; see :meth:`Trajectory.figures`);
+    probe's as the report was made with, default the trajectory's; see :meth:`Trajectory.metrics`);
     figures that do not apply stay NaN."""
     rows: dict[str, list[int]] = {}
     for i, category in enumerate(trajectory.categories if categories is None else categories):
         rows.setdefault(category, []).append(i)
     children = {
-        cat: dataclasses.replace(child, **trajectory.figures(rows.get(cat, [])))
+        cat: dataclasses.replace(child, **trajectory.metrics(rows.get(cat, [])))
         for cat, child in report.by_category.items()
     }
-    return dataclasses.replace(report, by_category=children, **trajectory.figures())
+    return dataclasses.replace(report, by_category=children, **trajectory.metrics())
 
 
 def _signal(answers: Answers) -> np.ndarray:

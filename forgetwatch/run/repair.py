@@ -105,7 +105,7 @@ class Repair(Protocol):
     def begin(self, model: torch.nn.Module, run: RunContext) -> None:
         """Training begins (or resumes): refuse what it cannot run under, restore its state."""
 
-    def figures(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Its figures since the last call, to log beside the evaluation's (``replay/loss``, ...)."""
 
     def state(self) -> dict[str, Any]:
@@ -113,7 +113,7 @@ class Repair(Protocol):
 
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
         """An evaluation was made: adjust to what it found (``model``: the live model, to measure
-        more on; borrow it and hand it back as found). Called before :meth:`figures` and
+        more on; borrow it and hand it back as found). Called before :meth:`metrics` and
         :meth:`state`, which say where the method stands after it."""
 
     def before_optimizer_step(

@@ -39,7 +39,7 @@ from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_dir import Run
 from forgetwatch.results.store import HISTORY, SNAPSHOT, RunStore, copy_problem
-from forgetwatch.results.trajectory import Trajectory, with_trajectory_figures
+from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
@@ -50,9 +50,9 @@ from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
-from forgetwatch.sinks.figures import PREFIX
 from forgetwatch.sinks.history_file import HistoryFile
 from forgetwatch.sinks.hook import ForgettingHook, OnForgetting
+from forgetwatch.sinks.metrics import PREFIX
 
 __all__ = ["Watch"]
 
@@ -420,7 +420,7 @@ class Watch:
                 logger.warning("forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, err)
             return None
         self.trajectory.append(step, answers)
-        report = with_trajectory_figures(self.compare(answers), self.trajectory)
+        report = with_trajectory_metrics(self.compare(answers), self.trajectory)
         self.history.append((step, report))
         seconds = self.clock() - began
         record = history_record(
@@ -433,13 +433,13 @@ class Watch:
         )
         logged = report
         if self._groups is not None and self._logged:  # the logged figures are the groups'
-            logged = with_trajectory_figures(self.compare(answers, self._groups), self.trajectory, self._groups)
+            logged = with_trajectory_metrics(self.compare(answers, self._groups), self.trajectory, self._groups)
         metrics = metric_values(logged, self._logged)
         if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
             self._repair_evaluation(report, model)
-            figures = self.repair.figures()
-            record[self.repair.name] = {**figures, **self.repair.state()}
-            metrics.update({f"{PREFIX}{name}": value for name, value in figures.items()})
+            repaired = self.repair.metrics()
+            record[self.repair.name] = {**repaired, **self.repair.state()}
+            metrics.update({f"{PREFIX}{name}": value for name, value in repaired.items()})
         if self.train_kl is not None and (drift := self.train_kl.measure(model, self.ranks)):
             record["drift"] = drift  # inside the timed block: its cost is monitoring cost
             metrics[f"{PREFIX}drift/train_kl"] = drift["train_kl"]

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 from forgetwatch.common.text import first_line
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.figures import (
+from forgetwatch.sinks.metrics import (
     EVAL_PREFIX,
     METRICS,
     PREFIX,

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from forgetwatch.common.console import say
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.sinks.figures import base_line, console_line, lm_eval_lines
+from forgetwatch.sinks.metrics import base_line, console_line, lm_eval_lines
 
 logger = logging.getLogger("forgetwatch")
 
 
 class ConsoleLines:
-    """Prints :func:`~forgetwatch.sinks.figures.base_line` and
-    :func:`~forgetwatch.sinks.figures.console_line` (when ``verbose``), and the stop line.
+    """Prints :func:`~forgetwatch.sinks.metrics.base_line` and
+    :func:`~forgetwatch.sinks.metrics.console_line` (when ``verbose``), and the stop line.
 
     Args:
         history: the history file the stop line points to.
