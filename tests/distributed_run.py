@@ -202,8 +202,8 @@ def sharded(mode: str) -> dict:
         ),
         "scored_here": scorer.scored_here,
         "n_probes": len(probes),
-        "row_cap": scorer.state(model).row_cap,
-        "read_prefixes": any(any(b.prefixes) for plan in scorer.state(model).plans.values() for b in plan.batches),
+        "row_cap": scorer.about(model).row_cap,
+        "read_prefixes": any(any(b.prefixes) for plan in scorer.about(model).plans.values() for b in plan.batches),
         "rows": getattr(model, "sizes", []),
     }
 

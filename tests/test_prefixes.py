@@ -121,7 +121,7 @@ def test_answers_are_the_same_with_and_without_shared_prefixes(toy, arch, attn):
     whole = Scorer(toy.tokenizer, probes, max_new_tokens=8, shared_prefixes=False)
     a = shared(model, batch_size=8, show_progress=False)
     b = whole(model, batch_size=8, show_progress=False)
-    assert shared.state(model).prefixes is True
+    assert shared.about(model).prefixes is True
     assert a.correct.tolist() == b.correct.tolist()
     assert 0 < int(a.correct.sum()) < len(a)
     for x, y in zip(a.choice_logprobs, b.choice_logprobs):
@@ -162,8 +162,8 @@ def test_a_model_that_cannot_pack_scores_each_probe_whole(toy, caplog):
     wrapped = IgnoresCustomMasks(toy.base)
     scorer = Scorer(toy.tokenizer, probes)
     got = scorer(wrapped, batch_size=8, show_progress=False)
-    assert scorer.state(wrapped).packing is False
-    assert all(not any(b.prefixes) for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
+    assert scorer.about(wrapped).packing is False
+    assert all(not any(b.prefixes) for plan in scorer.about(wrapped).plans.values() for b in plan.batches)
     assert got.correct.tolist() == reference.correct.tolist()
 
 
@@ -237,9 +237,9 @@ def test_a_model_that_cannot_read_a_cached_prefix_packs_but_computes_every_prefi
     scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         got = scorer(wrapped, batch_size=8, show_progress=False)
-    assert scorer.state(wrapped).packing is True
-    assert scorer.state(wrapped).prefixes is False
+    assert scorer.about(wrapped).packing is True
+    assert scorer.about(wrapped).prefixes is False
     assert "prefix-cached scores differ from plain ones" in caplog.text
-    assert all(not any(b.prefixes) for plan in scorer.state(wrapped).plans.values() for b in plan.batches)
+    assert all(not any(b.prefixes) for plan in scorer.about(wrapped).plans.values() for b in plan.batches)
     for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)

@@ -49,7 +49,7 @@ def test_each_context_goes_through_the_model_once(toy):
     probes = mc_only(toy)
     scorer = Scorer(toy.tokenizer, probes)
     scorer(toy.base, batch_size=16, show_progress=False)  # first call also checks packing once
-    assert scorer.state(toy.base).packing is True
+    assert scorer.about(toy.base).packing is True
     counter = TokenCounter(toy.base, toy.tokenizer.pad_token_id)
     try:
         scorer(toy.base, batch_size=16, show_progress=False)
@@ -80,11 +80,11 @@ def test_packed_equals_plain(toy, attn):
     probes = mc_only(toy)
     packed = Scorer(toy.tokenizer, probes)
     a = packed(model, batch_size=8, show_progress=False)
-    assert packed.state(model).packing is True
+    assert packed.about(model).packing is True
     plain = Scorer(toy.tokenizer, probes)
-    plain.state(model).packing = False  # force lm-eval's one-sequence-per-choice layout
+    plain.about(model).packing = False  # force lm-eval's one-sequence-per-choice layout
     b = plain(model, batch_size=8, show_progress=False)
-    assert all(not batch.packed for batch in next(iter(plain.state(model).plans.values())).batches)
+    assert all(not batch.packed for batch in next(iter(plain.about(model).plans.values())).batches)
     for x, y in zip(a.choice_logprobs, b.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     assert a.correct.tolist() == b.correct.tolist()
@@ -111,7 +111,7 @@ def test_falls_back_to_plain_rows_when_packing_disagrees(toy, caplog):
     scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         got = scorer(wrapped, batch_size=8, show_progress=False)
-    assert scorer.state(wrapped).packing is False
+    assert scorer.about(wrapped).packing is False
     assert "packed scores differ from plain ones" in caplog.text
     assert got.correct.tolist() == reference.correct.tolist()
     for x, y in zip(got.choice_logprobs, reference.choice_logprobs):
@@ -353,7 +353,7 @@ def test_half_precision_scores_with_fp32_log_softmax(toy, dtype):
     model = copy.deepcopy(toy.base).to(dtype)
     scorer = Scorer(toy.tokenizer, probes)
     half = scorer(model, show_progress=False)
-    assert scorer.state(model).packing is True  # bf16 rounding is no reason to give up packing
+    assert scorer.about(model).packing is True  # bf16 rounding is no reason to give up packing
     assert all(x.dtype == np.float64 for x in half.choice_logprobs)
     agreement = np.mean(full.correct == half.correct)
     assert agreement >= 0.9, agreement
@@ -416,7 +416,7 @@ def test_models_that_cannot_be_packed_are_scored_exactly(toy, caplog):
         scorer = Scorer(toy.tokenizer, probes)
         with caplog.at_level(logging.WARNING, logger="forgetwatch"):
             got = scorer(model, batch_size=8, show_progress=False)
-        assert scorer.state(model).packing is False
+        assert scorer.about(model).packing is False
         assert reason in caplog.text
         for x, y in zip(got.choice_logprobs, unbatched_logprobs(model, scorer)):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=reason)

@@ -145,7 +145,7 @@ class Scorer:
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
-        self._models: weakref.WeakKeyDictionary[torch.nn.Module, ModelState] = weakref.WeakKeyDictionary()
+        self._models: weakref.WeakKeyDictionary[torch.nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
         self._warned: set[str] = set()  # warnings given once per scorer
         #: how many probes this process scored itself in the last call (all of them, unless
         #: ``distributed=True`` shared them out)
@@ -192,16 +192,16 @@ class Scorer:
         self._check_vocabulary(unwrap(model), tokens)
         self._prompts(tokens, max_length)
 
-    def state(self, model: torch.nn.Module) -> ModelState:
+    def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
         if model not in self._models:
-            self._models[model] = ModelState()
+            self._models[model] = ModelFacts()
         return self._models[model]
 
     def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
         """The most rows a planned log-likelihood batch of ``model`` holds (``default`` before
         any is planned)."""
-        sizes = [len(b) for plan in self.state(model).plans.values() for b in plan.batches]
+        sizes = [len(b) for plan in self.about(model).plans.values() for b in plan.batches]
         return max(sizes, default=default)
 
     @classmethod
@@ -263,7 +263,7 @@ class Scorer:
         scoring = self.scoring_for(model)
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.precision):
             run = _Run(
-                model, device, pad, max_length, batch_size, ranks, self.state(model), tokens, scoring["precision"]
+                model, device, pad, max_length, batch_size, ranks, self.about(model), tokens, scoring["precision"]
             )
             run = self._agree(run)
             plan = self._choice_plan(run)
@@ -368,7 +368,7 @@ class Scorer:
 
     def _choice_plan(self, run: _Run) -> _Plan:
         """This rank's log-likelihood batches for this model's shape (planned once)."""
-        plans = run.state.plans
+        plans = run.facts.plans
         key = (run.max_length, run.packing, run.prefixes, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
         if key not in plans:  # one shape at a time
             plans.clear()
@@ -493,45 +493,45 @@ class Scorer:
     def _limits(self, run: _Run) -> tuple[int | None, int | None]:
         """Rows and tokens per forward: the user's batch size, or the agreed budget for "auto";
         never more than has fitted in memory since an out-of-memory error."""
-        state = run.state
+        facts = run.facts
         if run.batch_size == "auto":
-            return state.row_cap, min(run.budget, state.token_cap or run.budget)
-        return min(run.batch_size, state.row_cap or run.batch_size), None
+            return facts.row_cap, min(run.budget, facts.token_cap or run.budget)
+        return min(run.batch_size, facts.row_cap or run.batch_size), None
 
     def _out_of_memory(self, rows: int, run: _Run) -> None:
         """Remember that ``rows`` sequences did not fit, for this evaluation and later ones
         (every rank calls this with the same ``rows``, so their limits stay the same)."""
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
-        state = run.state
-        state.row_cap = max(1, min(rows, state.row_cap or rows) // 2)
+        facts = run.facts
+        facts.row_cap = max(1, min(rows, facts.row_cap or rows) // 2)
         if run.batch_size == "auto":
-            state.token_cap = max(1, self._limits(run)[1] // 2)
-        state.plans.clear()
-        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, state.row_cap)
+            facts.token_cap = max(1, self._limits(run)[1] // 2)
+        facts.plans.clear()
+        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
     def _may_pack(self, run: _Run) -> bool:
         """Once per model: may its multiple-choice probes be scored packed? (The same answer
         on every rank: they all check the same probes, and all must agree.)"""
-        state = run.state
-        if state.packing is None:
+        facts = run.facts
+        if facts.packing is None:
             reason, prefix_reason = self._packing_problem(run)
-            state.packing, state.prefixes = map(
+            facts.packing, facts.prefixes = map(
                 bool, run.ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)])
             )
-            if not state.packing:
+            if not facts.packing:
                 self._warn_once(
                     "packing",
                     "scoring each choice as its own sequence, which is slower: %s",
                     reason or "another rank found packing inexact",
                 )
-            elif not state.prefixes and self.shared_prefixes:
+            elif not facts.prefixes and self.shared_prefixes:
                 self._warn_once(
                     "prefixes",
                     "computing shared prompt prefixes again for every probe, which is slower: %s",
                     prefix_reason or "another rank found a cached prefix inexact",
                 )
-        return state.packing
+        return facts.packing
 
     def _may_share_prefixes(self, run: _Run) -> bool:
         """Whether shared prefixes are computed once for this call: asked for, on a model
@@ -541,7 +541,7 @@ class Scorer:
         if not self.shared_prefixes:
             return False
         if run.tokens.choice_probes:  # checked with packing
-            if not (run.packing and run.state.prefixes):
+            if not (run.packing and run.facts.prefixes):
                 return False
         elif packing_blocker(unwrap(run.model), _text_config(unwrap(run.model))) is not None:
             return False
@@ -566,7 +566,7 @@ class Scorer:
         n_keys = sum(len(enc.continuations) for _, enc in probes)
 
         def chunks(rows: list[Row]) -> list[list[Row]]:  # together, as scoring batches them
-            size = run.state.row_cap or max(1, len(rows))
+            size = run.facts.row_cap or max(1, len(rows))
             return [rows[i : i + size] for i in range(0, len(rows), size)]
 
         def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
@@ -631,7 +631,7 @@ class Scorer:
 
 
 @dataclass
-class ModelState:
+class ModelFacts:
     """What a :class:`Scorer` learned about one model: whether its choices may be packed
     (``None``: not checked yet), its planned batches, and the rows and tokens per forward
     that fitted after an out-of-memory error."""
@@ -668,7 +668,7 @@ class _Run:
     max_length: int
     batch_size: BatchSize
     ranks: Ranks
-    state: ModelState
+    facts: ModelFacts
     tokens: _Tokens
     precision: str  # what the forwards compute in (see forgetwatch.scoring.precision)
     packing: bool = False
