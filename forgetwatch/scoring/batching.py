@@ -24,22 +24,7 @@ def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -
         >>> group([3, 9, 5], max_rows=2, max_tokens=None)
         [[1, 2], [0]]
     """
-    order = sorted(range(len(widths)), key=lambda i: -widths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        # longest first, so the first row's width is the batch's padded width
-        full = current and (
-            (max_rows is not None and len(current) >= max_rows)
-            or (max_tokens is not None and (len(current) + 1) * widths[current[0]] > max_tokens)
-        )
-        if full:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+    return group_runs(widths, [0] * len(widths), range(len(widths)), max_rows, max_tokens)  # each item a run
 
 
 def group_runs(
