@@ -11,6 +11,7 @@ import logging
 import math
 
 import pytest
+from test_callback import ForwardClock  # one second per forward; training steps move ``now`` by hand
 
 from forgetwatch import Output, ProbeKind, Watch
 from forgetwatch.common.distributed import Ranks
@@ -20,20 +21,6 @@ from forgetwatch.run.schedule import duration
 from forgetwatch.run.train_kl import MIN_ROWS, MIN_SECONDS, SHARE, TrainKL, as_train_rows
 
 QUIET = Output(verbose=False)
-
-
-class ForwardClock:
-    """One second per forward pass of ``model``; training steps move ``now`` by hand."""
-
-    def __init__(self, model):
-        self.now = 0.0
-        model.register_forward_hook(self._tick)
-
-    def _tick(self, *_):
-        self.now += 1.0
-
-    def __call__(self):
-        return self.now
 
 
 def forwards(clock, work):
