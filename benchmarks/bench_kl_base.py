@@ -35,8 +35,8 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from forgetwatch.replay.base_cache import base_distribution  # noqa: E402
 from forgetwatch.replay.penalty import kl_backward, right_padded  # noqa: E402
+from forgetwatch.scoring.next_tokens import base_distribution  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 SIZES = ((64, 2), (256, 4), (512, 6))  # hidden width, layers

@@ -7,17 +7,15 @@ one half of its items; the replay pool holds the other half. A base pre-trained 
 (the larger digit) plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's
 letters), and with DPOTrainer on the same as preference pairs: arithmetic forgets hard,
 uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
-rows per step (``replay_loss="lm"``, weight ``rows × --weight-per-row``: forgetwatch's replay loss
+rows per step (``loss="lm"``, weight ``rows × --weight-per-row``: forgetwatch's replay loss
 is a mean over the replayed tokens, so at one fixed weight a single row per step would pull as
 hard as eight; scaled, every replayed token pulls alike and "equal tokens" means equal replay):
 
 - ``none``: no replay;
-- ``uniform``: the curated pool, drawn evenly (``replay_select="uniform"``);
-- ``category``: drawn by the forgetting of each category (``replay_select="categories"``);
-- ``rows``: drawn by the forgetting of each row (``replay_select="rows"``);
+- ``uniform``: the curated pool, drawn evenly (``select="uniform"``);
+- ``category``: drawn by the forgetting of each category (``select="categories"``);
 - ``synthetic``: the pool's prompts answered by the base (``ReplayPool.from_prompts``);
-- SFT only, at 4 rows: ``auto`` (weight steered toward ``--target``) and ``kl``
-  (``replay_loss="kl"``, categories).
+- SFT only, at 4 rows: ``kl`` (``loss="kl"``, categories).
 
 The x axis of every comparison is the tokens replayed over the run (``replay/tokens`` of the last
 history record, as forgetwatch counts them). The target loss is the mean next-token loss on the
@@ -50,10 +48,10 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
-CURATED = ("uniform", "category", "rows", "synthetic")  # the arms swept over rows per step
-SFT_ONLY = ("auto", "kl")  # at 4 rows, SFT only
+CURATED = ("uniform", "category", "synthetic")  # the arms swept over rows per step
+SFT_ONLY = ("kl",)  # at 4 rows, SFT only
 ARMS = ("none", *CURATED, *SFT_ONLY)
-DRIVEN = ("category", "rows", "synthetic")  # the arms the goal is about
+DRIVEN = ("category", "synthetic")  # the arms the goal is about
 TRAIN_KL_RUNS = [(lr, steps) for lr in (5e-4, 1e-3, 2e-3) for steps in (40, 80)]  # SFT, seed 0, no replay
 
 
@@ -69,7 +67,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--target-mix", type=float, help="share of rev lines in the target (default: TARGET_MIX)")
     ap.add_argument("--pretrain-steps", type=int, default=800)
     ap.add_argument("--hidden", type=int, default=96)
-    ap.add_argument("--target", type=float, default=0.05, help='forgetting target of the "auto" arm')
     ap.add_argument(
         "--weight-per-row", type=float, default=0.125, help="replay weight per row per step (8 rows: weight 1)"
     )
@@ -101,7 +98,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 from skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
-from forgetwatch import ForgetWatchCallback, Output, ProbeSet, ReplayPool, ReplaySettings, Scoring, Signals  # noqa: E402
+from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Replay, ReplayPool, Scoring, Signals  # noqa: E402
 
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 
@@ -161,14 +158,10 @@ def replay_for(job: dict, world: SkillWorld, probes, weight_per_row: float):
         pool = ReplayPool.from_prompts(world.prompt_records(), max_new_tokens=SYNTHETIC_TOKENS)
     else:
         pool = ReplayPool.from_records(world.pool_records())
-    settings: dict = {"batch_size": job["rows"], "seed": job["seed"], "weight": job["rows"] * weight_per_row}
-    settings["select"] = {"uniform": "uniform", "rows": "rows"}.get(arm, "categories")
-    if arm == "auto":
-        settings.update(weight="auto", target=job["target"])
-    if arm == "kl":
-        settings["loss"] = "kl"
-    pool.check_disjoint(probes)
-    return pool.as_repair(ReplaySettings(**settings))
+    select = "uniform" if arm == "uniform" else "categories"
+    loss = "kl" if arm == "kl" else "lm"
+    weight = job["rows"] * weight_per_row
+    return Replay(pool, loss=loss, weight=weight, select=select, batch_size=job["rows"], seed=job["seed"])
 
 
 def target_loss(model, tokenizer, records: list[dict]) -> float:
@@ -280,21 +273,12 @@ def run_job(cfg: dict, job: dict) -> dict:
         "seconds": seconds,
         "job_seconds": time.perf_counter() - began,
         "curve": curve,
-        "weights": [r["replay"]["weight"] for r in records if "weight" in r.get("replay", {})],
         "train_kl": [p["train_kl"] for p in curve if "train_kl" in p],
-        # what each evaluation cost, in seconds (medians): scoring, the pool's scan, train KL
+        # what each evaluation cost, in seconds (medians): scoring, train KL
         "costs": {
             name: med(values)
             for name, values in (
                 ("scoring", [r["seconds"] for r in records]),
-                (
-                    "scan",
-                    [
-                        r["replay"]["replay/scan_seconds"]
-                        for r in records
-                        if "replay/scan_seconds" in r.get("replay", {})
-                    ],
-                ),
                 ("train_kl", [r["drift"]["seconds"] for r in records if "seconds" in r.get("drift", {})]),
             )
             if values
@@ -318,7 +302,7 @@ def plan(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     """Every run, and notes on what was left out."""
     arms = args.arms or list(ARMS)
     notes, jobs = [], []
-    base = {"lr": args.lr, "steps": args.steps, "target": args.target}
+    base = {"lr": args.lr, "steps": args.steps}
     for trainer in args.trainers:
         for seed in range(args.seeds):
             for arm in arms:
@@ -332,7 +316,7 @@ def plan(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
         for lr, steps in TRAIN_KL_RUNS:  # their table is printed when the records hold drift/train_kl
             job = {"trainer": "sft", "seed": 0, "arm": "none", "rows": 0, "lr": lr, "steps": steps}
             if not any(_same(job, j) for j in jobs):
-                jobs.append({**job, "target": args.target, "extra": "train_kl"})
+                jobs.append({**job, "extra": "train_kl"})
     return jobs, notes
 
 
@@ -573,12 +557,10 @@ def print_report(results: list[dict], args, checks: dict, goals: dict) -> None:
             for k in g["by_k"]:
                 print(f"goal{' (headline)' if k == g['headline'] else ''}: {verdict(g, k)}")
         mine = [r for r in results if r["trainer"] == trainer and "extra" not in r]
-        costs = {k: med(r["costs"].get(k) for r in mine) for k in ("scoring", "scan", "train_kl")}
-        names = {"scoring": "scoring the probes", "scan": "the pool's scan ('rows', 'auto')", "train_kl": "train KL"}
+        costs = {k: med(r["costs"].get(k) for r in mine) for k in ("scoring", "train_kl")}
+        names = {"scoring": "scoring the probes", "train_kl": "train KL"}
         parts = [f"{names[k]} {1000 * v:.1f} ms" for k, v in costs.items() if v is not None]
         print("per evaluation, medians: " + ", ".join(parts))
-        if trainer == "sft" and (auto := runs_of(results, "sft", "auto")):
-            print(f'"auto" weights at each evaluation (seed 0): {[round(w, 3) for w in auto[0]["weights"]]}')
         synthetic = {r["rows"] for r in runs_of(results, trainer, "synthetic")}
         for rows in sorted(synthetic):
             s, cat = (

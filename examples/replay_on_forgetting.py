@@ -51,7 +51,6 @@ from forgetwatch import (  # noqa: E402
     ProbeSet,
     Replay,
     ReplayPool,
-    ReplaySettings,
     TransitionReport,
 )
 from forgetwatch.common.text import pct  # noqa: E402
@@ -113,7 +112,7 @@ def build_trainer(
         "seed": 0,
     }
     settings.update(extra)
-    replay = None if pool is None else Replay(pool, ReplaySettings(weight=replay_weight))
+    replay = None if pool is None else Replay(pool, weight=replay_weight)
     callback = ForgetWatchCallback(
         probes, eval_steps=eval_steps, output=Output(verbose=False), on_forgetting=AtRiskLog(), replay=replay
     )

@@ -10,10 +10,9 @@ Example:
 import logging as _logging
 
 from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
-from forgetwatch.config.settings import Output, ReplaySettings, Schedule, Scoring, Signals, Stopping
+from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
 from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
-from forgetwatch.replay import ReplayPool, ReplayPoolError
-from forgetwatch.replay.driver import Replay
+from forgetwatch.replay import Replay, ReplayPool, ReplayPoolError
 from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.metrics import compare
@@ -59,7 +58,6 @@ __all__ = [
     "Replay",
     "ReplayPool",
     "ReplayPoolError",
-    "ReplaySettings",
     "Schedule",
     "Scorer",
     "Scoring",

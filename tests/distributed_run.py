@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
-from forgetwatch import ProbeSet, Scorer  # noqa: E402
+from forgetwatch import Output, ProbeSet, Replay, Schedule, Scorer, Scoring, Signals  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
@@ -104,9 +104,19 @@ def sft(out: str, zero3: bool = False) -> dict:
     settings = (
         {"eval_steps": 10}
         if zero3
-        else {"max_overhead": 0.5, "max_forgetting": 0.45, "clock": ForwardClock(base, rate=1.0 + 0.5 * rank)}
+        else {
+            "schedule": Schedule(max_overhead=0.5),
+            "max_forgetting": 0.45,
+            "clock": ForwardClock(base, rate=1.0 + 0.5 * rank),
+        }
     )
-    cb = ForgetWatchCallback(probes, verbose=False, max_new_tokens=6, on_forgetting=after_evaluation, **settings)
+    cb = ForgetWatchCallback(
+        probes,
+        on_forgetting=after_evaluation,
+        **settings,
+        output=Output(verbose=False),
+        scoring=Scoring(max_new_tokens=6),
+    )
     args = trl.SFTConfig(
         out,
         max_steps=30 if zero3 else 150,
@@ -239,7 +249,7 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     from datasets import Dataset
 
     from forgetwatch import ReplayPool
-    from forgetwatch.replay import driver
+    from forgetwatch.replay import replay as driver
 
     backward = driver.replay_backward
     if fail_at and os.environ["RANK"] == "0":
@@ -258,18 +268,16 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         {"id": f"r{i}", "text": f"Remember: a {c.color} flag flies over {c.name}.", "category": "colors"}
         for i, c in enumerate(world.known)
     ]
-    if not fail_at:  # scans and synthetic rows, each rank measuring and answering its share
+    if not fail_at:  # synthetic rows, each rank answering its share
         rows += [{"id": f"p{i}", "prompt": f"Rivers counted in {c.name}:"} for i, c in enumerate(world.known[:9])]
     pool = ReplayPool.from_records(rows, max_new_tokens=5)
     cb = ForgetWatchCallback(
         probes,
-        verbose=False,
-        max_new_tokens=6,
         eval_steps=5,
-        replay=pool,
-        replay_batch_size=5,
-        noise_check=False,
-        replay_select="categories" if fail_at else "rows",
+        replay=Replay(pool, batch_size=5, select="categories" if fail_at else "uniform"),
+        output=Output(verbose=False),
+        scoring=Scoring(max_new_tokens=6),
+        signals=Signals(noise_check=False),
     )
     args = trl.SFTConfig(
         out,
@@ -314,7 +322,7 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         "drawn": cb.watch.repair.sampler.drawn,
         "world_size": args.world_size,
         "off": cb.watch.repair.off,
-        "state": cb.watch.repair.state(),  # the rows' loss rises (bit for bit) and the tokens replayed
+        "state": cb.watch.repair.state(),  # the draws and the tokens replayed
         "encoded": cb.watch.repair.encoded,  # the prompts' rows: prompt and the base's answer
         "answered": sorted(cb.watch.repair.starts),
     }

@@ -24,7 +24,7 @@ from datasets import load_from_disk
 from trainers import make_trainer  # tests/, this script's folder
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from forgetwatch import ProbeSet
+from forgetwatch import Output, ProbeSet
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results import store
 
@@ -50,7 +50,7 @@ def main(model_dir: str, data_dir: str, probes: str, out: str) -> None:
     toy = types.SimpleNamespace(
         base=AutoModelForCausalLM.from_pretrained(model_dir), tokenizer=AutoTokenizer.from_pretrained(model_dir)
     )
-    callback = ForgetWatchCallback(ProbeSet.from_jsonl(probes), eval_steps=5, verbose=False)
+    callback = ForgetWatchCallback(ProbeSet.from_jsonl(probes), eval_steps=5, output=Output(verbose=False))
     make_trainer(
         toy, load_from_disk(data_dir), Path(out), [callback], max_steps=20, save_strategy="steps", save_steps=10
     ).train()

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from forgetwatch import ForgetWatchCallback, ProbeSet, load_trajectory
+from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Scoring, Signals, load_trajectory
 from forgetwatch.reporting.page import write_report
 from forgetwatch.results.history import read_history
 from forgetwatch.toy import ToyWorld
@@ -91,7 +91,11 @@ class Recount(TrainerCallback):
 def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_path):
     world, tokenizer, base, probes, drifted = behaving
     watch = ForgetWatchCallback(
-        probes, eval_steps=4, behaviour_max_new_tokens=NEW_TOKENS, verbose=False, noise_check=False
+        probes,
+        eval_steps=4,
+        scoring=Scoring(behaviour_max_new_tokens=NEW_TOKENS),
+        output=Output(verbose=False),
+        signals=Signals(noise_check=False),
     )
     recount = Recount(tokenizer, probes, every=4)
     args = trl.SFTConfig(
@@ -165,12 +169,12 @@ def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_pa
         logged[-1]["forgetwatch/refusals/behaviour/refusals"]
         == watch.history[-1][1].by_category["refusals"].behaviour["refusals"]
     )
-    records = read_history(watch.history_path)
+    records = read_history(watch.watch.history_path)
     assert records[-1]["report"]["behaviour"] == pytest.approx(watch.history[-1][1].behaviour)
-    assert load_trajectory(watch.output_dir).correct.tolist() == trajectory.correct.tolist()
+    assert load_trajectory(watch.watch.output_dir).correct.tolist() == trajectory.correct.tolist()
     # the probes the run keeps (for the report) hold their checks; the report draws the drift
-    kept = [json.loads(line) for line in (watch.output_dir / "probes.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (watch.watch.output_dir / "probes.jsonl").read_text().splitlines()]
     assert sum("check" in p for p in kept) == len(behaviour)
     pytest.importorskip("plotly")
-    page = write_report([watch.output_dir], tmp_path / "report.html").read_text(encoding="utf-8")
+    page = write_report([watch.watch.output_dir], tmp_path / "report.html").read_text(encoding="utf-8")
     assert "Behaviour drift" in page and "length in words vs the base" in page

@@ -24,7 +24,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from forgetwatch import Answers, Output, ProbeSet, compare, evaluate
+from forgetwatch import Answers, Output, ProbeSet, Schedule, Stopping, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 
@@ -135,7 +135,7 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
 
 @pytest.mark.parametrize("patience", [1, 2])
 def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, capsys):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, patience=patience)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, stopping=Stopping(patience=patience))
     trainer = make_trainer(toy, train_data, tmp_path, [cb], disable_tqdm=False)
     trainer.train()
     stop_step = 5 * patience
@@ -185,7 +185,7 @@ def test_train_end_is_evaluated_once(toy, train_data, tmp_path):
     assert [step for step, _ in cb.history] == [7, 14, 21, 28, 30]
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=14).train()  # the same callback, a new run
     assert [step for step, _ in cb.history] == [7, 14]
-    cb = ForgetWatchCallback(toy.probes, eval_steps=7, eval_on_train_end=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=7, schedule=Schedule(eval_on_train_end=False))
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=30).train()
     assert [step for step, _ in cb.history] == [7, 14, 21, 28]
 
@@ -208,7 +208,7 @@ class ForwardClock:
 def test_default_budget_schedule_evaluates_within_its_share(toy, train_data, tmp_path):
     model = copy.deepcopy(toy.base)
     clock = ForwardClock(model)
-    cb = ForgetWatchCallback(toy.probes, max_overhead=0.5, clock=clock)
+    cb = ForgetWatchCallback(toy.probes, clock=clock, schedule=Schedule(max_overhead=0.5))
     make_trainer(toy, train_data, tmp_path, [cb], model=model, max_steps=400).train()
     steps = [step for step, _ in cb.history]
     assert steps[-1] == 400 and len(steps) >= 3  # scheduled evaluations, then the end
@@ -373,12 +373,12 @@ def test_construction_errors_come_before_any_training(toy, tmp_path):
     bad.write_text('{"id": "a", "question": "q", "choices": ["x"], "answer": 0}\n')
     with pytest.raises(ValueError, match="line 1: field 'choices'"):
         ForgetWatchCallback(str(bad))
-    with pytest.raises(ValueError, match="did you mean 'eval_steps'"):
+    with pytest.raises(TypeError, match="did you mean 'eval_steps'"):
         ForgetWatchCallback(toy.probes, eval_step=10)
     with pytest.raises(ValueError, match="needs probes"):
         ForgetWatchCallback()
     with pytest.raises(ConfigError, match="'colours'.*they have 'capitals', 'colors', 'rivers'"):
-        ForgetWatchCallback(toy.probes, category_max_forgetting={"colours": 0.1})
+        ForgetWatchCallback(toy.probes, stopping=Stopping(category_max_forgetting={"colours": 0.1}))
     with pytest.raises(ConfigError, match="key 'base'"):
         ForgetWatchCallback(toy.probes, base="")
     with pytest.raises(TypeError, match="ProbeSet.from_records"):
@@ -387,14 +387,22 @@ def test_construction_errors_come_before_any_training(toy, tmp_path):
 
 def test_probe_rows_keywords_over_a_config_and_yaml_overrides(toy, tmp_path):
     cb = ForgetWatchCallback(toy.probes.to_records(), eval_steps=10)
-    assert cb.probes.ids == toy.probes.ids
-    cb = ForgetWatchCallback(toy.probes, config=ForgetWatchConfig(eval_steps=10, patience=3), eval_steps=20)
-    assert (cb.config.eval_steps, cb.config.patience) == (20, 3)
+    assert cb.watch.probes.ids == toy.probes.ids
+    cb = ForgetWatchCallback(
+        toy.probes,
+        config=ForgetWatchConfig(stopping=Stopping(patience=3), schedule=Schedule(eval_steps=10)),
+        eval_steps=20,
+    )
+    assert (cb.config.schedule.eval_steps, cb.config.stopping.patience) == (20, 3)
     path = tmp_path / "probes.jsonl"
     toy.probes.to_jsonl(path)
     (tmp_path / "fw.yaml").write_text(f"probes: {path.name}\neval_steps: 15\nmax_forgetting: 0.5\n")
     cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml", eval_steps=10, on_forgetting=print)
-    assert (cb.config.eval_steps, cb.config.max_forgetting, cb.on_forgetting) == (10, 0.5, print)
+    assert (cb.config.schedule.eval_steps, cb.config.stopping.max_forgetting, cb.watch.on_forgetting) == (
+        10,
+        0.5,
+        print,
+    )
 
 
 def test_from_config_and_yaml(toy, train_data, tmp_path):
@@ -402,11 +410,11 @@ def test_from_config_and_yaml(toy, train_data, tmp_path):
     toy.probes.to_jsonl(path)
     (tmp_path / "fw.yaml").write_text(f"forgetwatch:\n  probes: {path.name}\n  eval_steps: 15\n  max_forgetting: 0.9\n")
     cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml")
-    assert cb.probes.ids == toy.probes.ids and cb.config.eval_steps == 15
+    assert cb.watch.probes.ids == toy.probes.ids and cb.config.schedule.eval_steps == 15
     make_trainer(toy, train_data, tmp_path, [cb]).train()
     assert [s for s, _ in cb.history] == [15, 30]
-    cb = ForgetWatchCallback.from_config(ForgetWatchConfig(eval_steps=10), probes=toy.probes)
-    assert cb.config.eval_steps == 10
+    cb = ForgetWatchCallback.from_config(ForgetWatchConfig(schedule=Schedule(eval_steps=10)), probes=toy.probes)
+    assert cb.config.schedule.eval_steps == 10
 
 
 @pytest.mark.parametrize("name", ["multiple_choice_every_50_steps", "early_stop_adjusted_5pct", "gsm8k_generative"])
@@ -414,7 +422,7 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     cb = ForgetWatchCallback.from_yaml(path, probes=toy.probes)  # probes given: the file's path is not read
     config = ForgetWatchConfig.from_yaml(path)
-    assert cb.config.eval_steps == config.eval_steps and cb.config.stop == config.stop
+    assert cb.config.schedule.eval_steps == config.schedule.eval_steps and cb.config.scoring.stop == config.scoring.stop
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=4).train()
     assert cb.history and cb.history[-1][0] == 4
 
@@ -633,9 +641,9 @@ def test_a_base_file_with_probes_deleted_or_reordered_is_refused_before_training
 def test_a_config_edited_in_place_is_checked_again_before_training(toy, train_data, tmp_path, edit):
     cb = ForgetWatchCallback(toy.probes, eval_steps=10)
     if edit == "stop":
-        cb.config.stop.append("")  # a frozen config's list can still be changed in place
+        cb.config.scoring.stop.append("")  # a frozen config's list can still be changed in place
     else:
-        cb.config.category_max_forgetting["capitls"] = 0.1
+        cb.config.stopping.category_max_forgetting["capitls"] = 0.1
     trainer = make_trainer(toy, train_data, tmp_path, [cb])
     with pytest.raises(ConfigError, match="stop" if edit == "stop" else "capitls"):
         trainer.train()
@@ -736,7 +744,7 @@ def saved_run(toy, train_data, tmp_path_factory):
         toy,
         train_data,
         out,
-        [ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)],
+        [ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False))],
         max_steps=10,
         save_strategy="steps",
         save_steps=10,
@@ -746,7 +754,9 @@ def saved_run(toy, train_data, tmp_path_factory):
 
 def resume_at_10(toy, train_data, run):
     """Resumed from checkpoint-10 for a step, not evaluated again: what the resume restored."""
-    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
+    resumed = ForgetWatchCallback(
+        toy.probes, eval_steps=5, output=Output(verbose=False), schedule=Schedule(eval_on_train_end=False)
+    )
     make_trainer(toy, train_data, run, [resumed], max_steps=10).train(resume_from_checkpoint=str(run / "checkpoint-10"))
     return resumed
 
@@ -801,7 +811,7 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
             if state.global_step == 12:
                 shutil.rmtree(tmp_path / "forgetwatch")
 
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False))
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(
             toy, train_data, tmp_path, [DeleteRunDir(), cb], max_steps=20, save_strategy="steps", save_steps=20
@@ -815,7 +825,9 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
 
     assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
-    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, eval_on_train_end=False)
+    resumed = ForgetWatchCallback(
+        toy.probes, eval_steps=5, output=Output(verbose=False), schedule=Schedule(eval_on_train_end=False)
+    )
     make_trainer(toy, train_data, tmp_path, [resumed], max_steps=20).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-20")
     )

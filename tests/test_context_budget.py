@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from forgetwatch import ProbeSet, Scorer, evaluate
+from forgetwatch import Output, ProbeSet, Scorer, evaluate
 from forgetwatch.scoring.generation import PromptTooLongError, cut_at_stop, response_budgets
 
 CONTEXT = 128
@@ -121,7 +121,7 @@ def test_the_callback_and_the_command_line_score_alike(toy, tmp_path):
     model = short_context(toy.base, "llama")
     probes = ProbeSet.from_records(probe_rows(toy))
     expected = by_hand(model, toy.tokenizer, probes)
-    callback = ForgetWatchCallback(probes, eval_steps=1, output_dir=str(tmp_path / "fw"), verbose=False)
+    callback = ForgetWatchCallback(probes, eval_steps=1, output_dir=str(tmp_path / "fw"), output=Output(verbose=False))
     data = [toy.tokenizer("Nothing to learn here.")] * 2
     args = TrainingArguments(
         str(tmp_path / "run"),
@@ -186,7 +186,9 @@ def test_the_callback_refuses_a_prompt_with_no_room_before_training(toy, tmp_pat
     base = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)  # it fits a 256-token context
     model = short_context(toy.base, "llama")
     # with the base given, nothing is scored at the start and the first evaluation would fail: refused up front
-    callback = ForgetWatchCallback(probes, eval_steps=1, output_dir=str(tmp_path / "fw"), verbose=False, base=base)
+    callback = ForgetWatchCallback(
+        probes, eval_steps=1, output_dir=str(tmp_path / "fw"), base=base, output=Output(verbose=False)
+    )
     args = TrainingArguments(str(tmp_path / "run"), max_steps=1, use_cpu=True, report_to=[], save_strategy="no")
     trainer = Trainer(
         model=model, args=args, train_dataset=[toy.tokenizer("x")], callbacks=[callback], processing_class=toy.tokenizer

@@ -166,7 +166,7 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
     """History at the expected steps, on disk too; base scored with the chat template; summary."""
     callback = trainer.forgetwatch
     assert history_steps(trainer) == steps
-    assert callback.config.chat_template is True
+    assert callback.config.scoring.chat_template is True
     expected = evaluate(toy.base, chat_tokenizer, probes, chat_template=True, show_progress=False)
     np.testing.assert_allclose(callback.base_answers.gold_logprob, expected.gold_logprob, rtol=1e-4, atol=1e-4)
     path = Path(trainer.args.output_dir) / "forgetwatch" / "history.jsonl"
@@ -311,7 +311,7 @@ def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_pa
     )
     assert isinstance(trainer, trl.SFTTrainer)
     assert trainer.args.report_to == []  # "none" by default
-    assert trainer.forgetwatch.config.max_forgetting == 0.9
+    assert trainer.forgetwatch.config.stopping.max_forgetting == 0.9
     trainer.train()
     check_run(sft, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
     assert any("loss" in e for e in trainer.state.log_history)
@@ -512,10 +512,10 @@ def test_main_end_to_end_with_local_model_and_data(
     )
     if "probes.jsonl" in extra:  # the file's probes, and no MMLU download
         assert calls == [(module.DATASET, None, "train")]
-        assert trainer.forgetwatch.probes.ids == own.ids
+        assert trainer.forgetwatch.watch.probes.ids == own.ids
     else:
         assert calls == [("cais/mmlu", "all", "test"), (module.DATASET, None, "train")]
-        assert len(trainer.forgetwatch.probes) == 12
+        assert len(trainer.forgetwatch.watch.probes) == 12
     assert history_steps(trainer) == [1, 2]
     assert trainer.args.use_cpu and trainer.args.report_to == []
     out = capsys.readouterr().out
@@ -554,6 +554,6 @@ def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     logged = [e for e in repaired.state.log_history if "forgetwatch/replay/loss" in e]
     assert [e["step"] for e in logged] == [5, 10]
     assert not any("forgetwatch/replay/loss" in e for e in plain.state.log_history)
-    hook = repaired.forgetwatch.on_forgetting
+    hook = repaired.forgetwatch.watch.on_forgetting
     assert sorted(hook.by_step) == [5, 10]
     assert hook.by_step[10] == repaired.forgetwatch.history[-1][1].at_risk_ids

@@ -39,7 +39,7 @@ def test_keys_become_the_config_and_the_probes_are_loaded():
     assert settings.probes.ids == ProbeSet.from_jsonl(PROBES).ids
     callback = settings.callback()
     assert isinstance(callback, ForgetWatchCallback)
-    assert callback.config == config and callback.probes is settings.probes
+    assert callback.config == config and callback.watch.probes is settings.probes
 
 
 def test_a_forgetwatch_yaml_is_overridden_by_the_keys_beside_it():
@@ -104,7 +104,7 @@ def test_a_replay_pool_holding_a_probe_question_is_refused(tmp_path):
         FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
     pool.write_text(json.dumps({"id": "r1", "text": "Something else entirely."}) + "\n")
     settings = FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
-    assert settings.replay is not None and len(settings.replay) == 1
+    assert settings.replay is not None and len(settings.replay.pool) == 1
 
 
 def test_lm_eval_task_names_are_probes():

@@ -11,7 +11,7 @@ from injected import BatchShapeNoise
 from trainers import make_trainer
 from transformers import TrainerCallback
 
-from forgetwatch import Answers, Scorer, evaluate
+from forgetwatch import Answers, Scorer, Scoring, Signals, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import (
     measure_noise,
@@ -90,7 +90,7 @@ class LogsAtZero(TrainerCallback):
 def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, train_data, tmp_path, capsys):
     model = copy.deepcopy(toy.base).to(torch.bfloat16)  # half precision: other batches round otherwise
     listener = LogsAtZero()
-    cb = ForgetWatchCallback(toy.probes, eval_steps=10, batch_size=16)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10, scoring=Scoring(batch_size=16))
     make_trainer(toy, train_data, tmp_path, [cb, listener], model=model, max_steps=10).train()
     meta = cb.base_answers.meta
 
@@ -108,15 +108,15 @@ def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, tr
     out = capsys.readouterr().out
     k, rate = smallest_detectable(len(toy.probes))
     assert "cannot be told from zero" in out and f"({k} probes)" in out and "noise floor" in out
-    assert "noise floor" in cb.summary()
+    assert "noise floor" in cb.watch.summary()
 
 
 @pytest.mark.slow
 def test_no_noise_check_in_full_precision_unless_asked(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=10)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()
-    assert "noise_floor" not in cb.base_answers.meta and "noise floor" not in cb.summary()
-    forced = ForgetWatchCallback(toy.probes, eval_steps=10, noise_check=True)
+    assert "noise_floor" not in cb.base_answers.meta and "noise floor" not in cb.watch.summary()
+    forced = ForgetWatchCallback(toy.probes, eval_steps=10, signals=Signals(noise_check=True))
     make_trainer(toy, train_data, tmp_path / "forced", [forced], max_steps=10).train()
     assert forced.base_answers.meta["noise_flips"] == 0  # fp32 on a CPU: the same answers in any batch
     assert not math.isnan(forced.base_answers.meta["noise_floor"])

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import compare, evaluate
+from forgetwatch import Scoring, compare, evaluate
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.replay.scan import row_losses
+from forgetwatch.scoring.next_tokens import base_distribution
 from forgetwatch.scoring.scorer import pad_id
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -77,7 +77,7 @@ def test_lora_model_scores_like_its_merged_weights(toy, tmp_path):
 
 
 def test_adapter_disabled_base_is_the_model_before_training(toy, tmp_path):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled", max_new_tokens=6)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled", scoring=Scoring(max_new_tokens=6))
     trainer = sft(toy, tmp_path, [cb])
     trainer.train()
     base = evaluate(toy.base, toy.tokenizer, toy.probes, max_new_tokens=6, show_progress=False)
@@ -90,13 +90,13 @@ def test_adapter_disabled_base_is_the_model_before_training(toy, tmp_path):
 
 
 def test_adapter_disabled_base_is_scored_again_on_resume(toy, tmp_path):
-    first = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", max_new_tokens=6)
+    first = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", scoring=Scoring(max_new_tokens=6))
     sft(toy, tmp_path, [first], save_strategy="steps", save_steps=8).train()
     # the resumed run finds no snapshot to trust: it scores the disabled-adapter model again
     (tmp_path / "forgetwatch" / "base_answers.npz").unlink()
     for checkpoint in tmp_path.glob("checkpoint-*"):
         (checkpoint / "forgetwatch" / "base_answers.npz").unlink()
-    resumed = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", max_new_tokens=6)
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", scoring=Scoring(max_new_tokens=6))
     sft(toy, tmp_path, [resumed], save_strategy="steps", save_steps=8).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-8")
     )
@@ -143,22 +143,19 @@ def test_config_accepts_adapter_disabled(tmp_path):
 
 @pytest.mark.parametrize("loss", ["lm", "kl"])
 def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(toy, tmp_path, loss):
-    from forgetwatch import ProbeSet, ReplayPool
+    from forgetwatch import Output, ProbeSet, Replay, ReplayPool
 
     probes, rows = toy.world.replay_split()
-    if loss == "kl":  # with prompts the base answers, and drawn by the rows' loss rises
+    if loss == "kl":  # with prompts the base answers
         rows = rows + [
             {"id": f"p{i}", "prompt": f"Rivers counted in {c.name}:"} for i, c in enumerate(toy.world.known[:4])
         ]
     cb = ForgetWatchCallback(
         ProbeSet.from_records(probes),
         eval_steps=6,
-        verbose=False,
+        output=Output(verbose=False),
         base="adapter_disabled",
-        replay=ReplayPool.from_records(rows, max_new_tokens=4),
-        replay_loss=loss,
-        replay_top_k=8,
-        replay_select="rows" if loss == "kl" else "categories",
+        replay=Replay(ReplayPool.from_records(rows, max_new_tokens=4), loss=loss, top_k=8),
     )
     trainer = sft(toy, tmp_path, [cb], init=loss == "lm")  # "kl": adapters that move the model from the start
     before = {k: v.clone() for k, v in trainer.model.named_parameters() if not v.requires_grad}
@@ -170,19 +167,26 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
             assert torch.equal(p, before[name]), name
     if loss == "kl":  # the base's distribution, from the model with its adapters disabled
         assert (tmp_path / "forgetwatch" / "replay_base.npz").is_file()
-        # the answers and the base's losses on the scanned rows, as the plain base gives them
+        # the answers and the base's distribution on the rows, as the plain base gives them
         from forgetwatch.replay.synthetic import answer_prompts
 
         replay = cb.watch.repair
         prompts = replay.pool.prompt_ids(toy.tokenizer)
         answers = answer_prompts(toy.base, toy.tokenizer, replay.pool, prompts, Ranks.alone(), 4)
         assert all(replay.encoded[i][replay.starts[i] :][: len(a.ids)] == list(a.ids) for i, a in answers.items())
-        plain = row_losses(
+        ids = list(replay.encoded)
+        plain = base_distribution(
             toy.base,
-            [replay.encoded[i] for i in replay.scanned],
-            [replay.starts.get(i, 1) for i in replay.scanned],
+            toy.tokenizer,
+            ids,
+            [replay.encoded[i] for i in ids],
             pad_id(toy.tokenizer),
             8,
-            Ranks.alone(),
+            starts=[replay.starts.get(i, 1) for i in ids],
         )
-        np.testing.assert_allclose(replay.scan_base.base_loss, plain, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(replay.base.offsets, plain.offsets)
+        np.testing.assert_allclose(
+            np.exp(replay.base.top_logprobs.astype(np.float32)).sum(1),
+            np.exp(plain.top_logprobs.astype(np.float32)).sum(1),
+            atol=2e-3,
+        )

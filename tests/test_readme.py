@@ -69,7 +69,7 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch):
     assert report.n == len(namespace["probes"]) and report.forgotten > 0  # the run forgot something
     assert (tmp_path / "transitions.csv").is_file() and (tmp_path / "base_answers.json").is_file()
     assert (tmp_path / "out" / "forgetwatch" / "history.jsonl").is_file()
-    assert namespace["callback"].config.eval_steps == 10
+    assert namespace["callback"].config.schedule.eval_steps == 10
 
 
 def test_json_blocks_are_valid_probe_files():

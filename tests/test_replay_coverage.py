@@ -1,22 +1,10 @@
-"""What a replay pool covers: the forgetting "auto" steers on, the losses it cannot reach, and
-behaviour spilling from a replayed category onto the others (pure functions, hand-made reports)."""
+"""What a replay pool covers, and the losses it cannot reach (pure functions, hand-made reports)."""
 
 from __future__ import annotations
 
 import math
 
-import pytest
-
-from forgetwatch.replay.coverage import (
-    Loss,
-    Spill,
-    coverage,
-    covered_forgetting,
-    spill_over,
-    steering_note,
-    uncovered_losses,
-    uncovered_message,
-)
+from forgetwatch.replay.coverage import Loss, coverage, uncovered_losses, uncovered_message
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
@@ -50,23 +38,6 @@ def test_coverage_sorts_the_categories_three_ways():
     assert coverage(["all"], ["all"]).covered == ("all",)  # no categories on either side
 
 
-def test_covered_forgetting_is_the_stop_metric_over_the_covered_categories():
-    cov = coverage(["arithmetic", "facts"], ["arithmetic", "facts", "refusal"])
-    assert covered_forgetting(REPORT, cov, "forgetting") == 7 / 60  # Σ forgotten / Σ n
-    assert covered_forgetting(REPORT, cov, "forgetting_adjusted") == 0.04  # facts' does not apply
-    both = coverage(["arithmetic", "refusal"], ["arithmetic", "facts", "refusal"])
-    assert math.isclose(covered_forgetting(REPORT, both, "forgetting_adjusted"), (20 * 0.04 + 40 * 0.3) / 60)
-    only_facts = coverage(["facts"], ["arithmetic", "facts", "refusal"])
-    assert math.isnan(covered_forgetting(REPORT, only_facts, "forgetting_adjusted"))
-    # nothing told apart: the overall figure, as before coverage was judged
-    for pool in (["all"], ["arithmetic", "facts", "refusal"]):
-        cov = coverage(pool, ["arithmetic", "facts", "refusal"])
-        assert covered_forgetting(REPORT, cov, "forgetting") == 0.16
-        assert covered_forgetting(REPORT, cov, "forgetting_adjusted") == 0.2
-    with pytest.raises(ValueError, match="metric must be 'forgetting' or 'forgetting_adjusted', not 'at_risk'"):
-        covered_forgetting(REPORT, cov, "at_risk")
-
-
 def test_uncovered_losses_need_two_probes_and_a_rate_over_the_floor():
     report = TransitionReport(
         by_category={"a": cat(10, 5), "one": cat(5, 1), "b": cat(100, 4), "c": cat(50, 3), "empty": TransitionReport()}
@@ -84,50 +55,8 @@ def test_the_uncovered_warning_says_what_and_what_to_do():
     ((category, loss),) = uncovered_losses(REPORT, cov, floor=0.05).items()
     assert uncovered_message(category, loss, cov) == (
         "9 of the 40 'refusal' probes are forgotten (22%), and the replay pool has no 'refusal' rows "
-        "(it covers arithmetic, facts): replay cannot repair them and replay_weight='auto' does not "
-        "steer on them; add rows of category 'refusal' to the pool"
+        "(it covers arithmetic, facts): replay cannot repair them; add rows of category 'refusal' to the pool"
     )
-    assert "steers on all of the forgetting" in steering_note(coverage(["all"], ["a"]))
-    assert steering_note(cov) is None
-
-
-def shares(n: int, **figures: tuple[float, float]) -> TransitionReport:
-    behaviour = {}
-    for share, (now, base) in figures.items():
-        behaviour[share], behaviour[f"{share}_base"] = now, base
-    return TransitionReport(n=n, behaviour=behaviour)
-
-
-def test_spill_over_when_a_replayed_behaviour_rises_elsewhere():
-    report = TransitionReport(
-        by_category={
-            "refusal": shares(20, refusals=(0.95, 0.9), bullets=(0.0, 0.0)),
-            "facts": shares(30, refusals=(0.2, 0.05), bullets=(0.5, 0.0)),
-            "math": shares(10, refusals=(0.0, 0.1), bullets=(0.0, 0.0)),
-            "choice": TransitionReport(n=100),  # multiple choice: no responses, no part in it
-        }
-    )
-    cov = coverage(["refusal"], ["refusal", "facts", "math", "choice"])
-    (spill,) = spill_over(report, cov)
-    assert spill == Spill("refusal", "refusals", now=(30 * 0.2) / 40, base=(30 * 0.05 + 10 * 0.1) / 40)
-    assert math.isclose(spill.rise, 0.0875)
-    assert spill.note() == "refusals outside 'refusal' 15% (base 6%) while replaying it"
-    # bullets rose outside too, but 'refusal' is not marked by them (0 % inside at the base)
-    assert spill_over(report, cov, min_rise=0.1) == []  # a rise of 8.75 points is under 10
-    assert spill_over(report, coverage(["facts"], ["refusal", "facts", "math"])) == []  # facts marked by nothing
-
-
-def test_no_spill_without_a_rise_that_doubles_or_a_mark():
-    doubled_not = TransitionReport(
-        by_category={"refusal": shares(10, refusals=(0.9, 0.9)), "facts": shares(10, refusals=(0.26, 0.18))}
-    )
-    assert spill_over(doubled_not, coverage(["refusal"], ["refusal", "facts"])) == []  # +8 points, not ×2
-    unmarked = TransitionReport(
-        by_category={"refusal": shares(10, refusals=(0.9, 0.4)), "facts": shares(10, refusals=(0.5, 0.0))}
-    )
-    assert spill_over(unmarked, coverage(["refusal"], ["refusal", "facts"])) == []  # 40 % inside at the base
-    alone = TransitionReport(by_category={"refusal": shares(10, refusals=(0.9, 0.9))})
-    assert spill_over(alone, coverage(["refusal"], ["refusal"])) == []  # no other category
 
 
 def answers(outputs: dict[str, list[str]], correct: dict[str, list[bool]]) -> Answers:
@@ -151,47 +80,24 @@ def test_on_a_real_comparison():
     )
     report = compare(base, now)
     cov = coverage(["refusal", "math"], ["refusal", "facts", "math"])
-    assert covered_forgetting(report, cov, "forgetting") == 1 / 6
     assert uncovered_losses(report, cov) == {"facts": Loss(2, 4, 0.5)}
-    assert [s.note() for s in spill_over(report, cov)] == [
-        "refusals outside 'refusal' 33% (base 0%) while replaying it"
-    ]
 
 
-def test_replay_names_a_spill_in_its_notes_and_figures():
-    from types import SimpleNamespace
-
+def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     from forgetwatch import ReplayPool
-    from forgetwatch.config.settings import ReplaySettings
-    from forgetwatch.replay.driver import Replay
-    from forgetwatch.sinks.console import ConsoleLines
-    from forgetwatch.toy import REFUSAL, ToyWorld
+    from forgetwatch.replay import Replay
+    from forgetwatch.toy import ToyWorld
 
     world = ToyWorld(seed=0)
     tokenizer = world.tokenizer()
-    pool = ReplayPool.from_records([{"id": "r0", "text": f"Request: how? Reply: {REFUSAL}", "category": "refusal"}])
-    replay = Replay(pool, ReplaySettings(weight="auto", target=0.05))
+    pool = ReplayPool.from_records([{"id": "r0", "text": "Paris is the capital of France.", "category": "facts"}])
+    replay = Replay(pool)
     replay.probe_categories = ["refusal", "facts"]  # as hold_out(probes) sets them
     replay.start(world.model(tokenizer), tokenizer)
-    spilling = TransitionReport(
-        by_category={
-            "refusal": cat(10, 0, behaviour={"refusals": 0.9, "refusals_base": 0.9}),
-            "facts": cat(20, 0, behaviour={"refusals": 0.3, "refusals_base": 0.05}),
-        }
-    )
-    replay.on_evaluation(spilling)
-    assert replay.notes() == ["replay weight 0.5 (auto)", "refusals outside 'refusal' 30% (base 5%) while replaying it"]
-    assert replay.metrics()["replay/spill/refusal/refusals"] == pytest.approx(0.25)
-    printed = []
-    lines = ConsoleLines(history=None)
-    evaluation = SimpleNamespace(step=5, report=spilling, notes=replay.notes(), stop=None, record={})
-    import forgetwatch.sinks.console as console
-
-    said, console.say = console.say, printed.append
-    try:
-        lines.on_evaluation(evaluation)
-    finally:
-        console.say = said
-    assert printed[0].endswith(
-        "; replay weight 0.5 (auto); refusals outside 'refusal' 30% (base 5%) while replaying it"
-    )
+    forgetting = TransitionReport(by_category={"refusal": cat(10, 4), "facts": cat(20, 0)})
+    with caplog.at_level("WARNING", logger="forgetwatch"):
+        replay.on_evaluation(forgetting)
+        replay.on_evaluation(forgetting)
+    said = [r.getMessage() for r in caplog.records if "cannot repair" in r.getMessage()]
+    assert len(said) == 1 and "4 of the 10 'refusal' probes are forgotten (40%)" in said[0]
+    assert replay.state()["warned"] == ["refusal"]

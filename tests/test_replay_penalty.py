@@ -56,8 +56,8 @@ def test_weight_zero_runs_nothing(toy):
 
 @pytest.mark.parametrize("from_answer", [False, True], ids=["every-token", "from-a-start"])
 def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path, from_answer):
-    from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
     from forgetwatch.replay.penalty import kl_backward
+    from forgetwatch.scoring.next_tokens import BaseDistribution, base_distribution
 
     texts = toy.world.fact_texts()[:6]
     ids = encode_rows(

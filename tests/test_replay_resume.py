@@ -15,12 +15,11 @@ import pytest
 from trainers import make_trainer
 from transformers import TrainerCallback
 
-from forgetwatch import ReplayPool
-from forgetwatch.config.settings import ReplaySettings
+from forgetwatch import Output, ReplayPool, Schedule
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.replay.base_cache import BaseDistribution, ReplayFileError
-from forgetwatch.replay.driver import Replay
+from forgetwatch.replay import Replay, ReplayFileError
 from forgetwatch.run.base import model_key, weights_key
+from forgetwatch.scoring.next_tokens import BaseDistribution
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -44,20 +43,15 @@ def pool(toy):
 def settings(pool):
     return dict(
         eval_steps=2,
-        verbose=False,
-        replay=pool,
-        replay_loss="kl",
-        replay_top_k=8,
-        replay_weight="auto",
-        forgetting_target=0.02,
-        replay_batch_size=4,
-        eval_on_train_end=False,
+        output=Output(verbose=False),
+        replay=Replay(pool, loss="kl", top_k=8, weight=2.0, batch_size=4),
+        schedule=Schedule(eval_on_train_end=False),
     )
 
 
 @pytest.fixture(scope="module")
 def run(toy, train_data, pool, tmp_path_factory):
-    """One run replaying with "kl" and an "auto" weight: a checkpoint after each of its 4 steps,
+    """One run replaying with "kl": a checkpoint after each of its 4 steps,
     evaluations at steps 2 and 4."""
     root = tmp_path_factory.mktemp("replayed")
     make_trainer(
@@ -179,7 +173,7 @@ def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(
     path = f"checkpoint-{step}/forgetwatch/replay.json"
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
-    # the draws and the steered weight, as the run had them (not the replay loss since the last evaluation)
+    # the draws, as the run had them (not the replay loss since the last evaluation)
     assert resumed.watch.repair.state() == {k: v for k, v in kept(run, step).items() if k != "loss"}
     assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
 
@@ -272,7 +266,7 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
-    other = Replay(pool, ReplaySettings(loss="kl", top_k=8, batch_size=4))
+    other = Replay(pool, loss="kl", top_k=8, batch_size=4)
     other.start(toy.tuned, toy.tokenizer)
     planted = other.cache_base(
         toy.tuned,
@@ -295,9 +289,9 @@ def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_dat
 
 
 def test_state_checks_name_what_is_wrong(toy, pool):
-    from forgetwatch.replay.resume import state_problem
+    from forgetwatch.replay.kept import state_problem
 
-    replay = Replay(pool, ReplaySettings(weight="auto", target=0.02, batch_size=4))
+    replay = Replay(pool, batch_size=4)
     replay.start(copy.deepcopy(toy.base), toy.tokenizer)
     good = replay.state()
     assert state_problem(replay, good, 0) is None
@@ -307,10 +301,9 @@ def test_state_checks_name_what_is_wrong(toy, pool):
         change(state)
         return state_problem(replay, state, step)
 
-    assert (
-        problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a finite number from 0.001 to 100"
-    )
-    assert problem(lambda s: s.update(weight=0)).startswith("its weight is 0,")
+    assert problem(lambda s: s.update(weight=float("inf"))) == "its weight is inf, not a number from 0 to 100"
+    assert problem(lambda s: s.update(weight=-1)).startswith("its weight is -1,")
+    assert problem(lambda s: s.update(weight=0)) is None  # replay off at the checkpoint
     assert problem(lambda s: s.update(weight=True)).startswith("its weight is True,")
     assert problem(lambda s: s.update(batch_size=0)) == "its batch size is 0, not a whole number from 1"
     assert problem(lambda s: s["sampler"].update(drawn=11)) == (
@@ -319,7 +312,7 @@ def test_state_checks_name_what_is_wrong(toy, pool):
     assert problem(lambda s: s["sampler"]["taken"].update(colors=2.0)).startswith(
         "its count of rows taken from 'colors' is 2.0"
     )
-    assert problem(lambda s: s["sampler"].update(seed=1)) == "made with replay_seed=1, not 0"
+    assert problem(lambda s: s["sampler"].update(seed=1)) == "made with seed=1, not 0"
     assert problem(lambda s: s["sampler"]["taken"].pop("colors")).startswith("made for the categories ['rivers']")
     assert problem(lambda s: s["key"].update(tokens="x")).startswith("made for the rows tokenized otherwise")
     assert problem(lambda s: s.pop("key")).startswith("it has no key saying what it was made from")
@@ -330,25 +323,3 @@ def test_state_checks_name_what_is_wrong(toy, pool):
         "its replay loss since the last evaluation is over 11 steps, not 0 to 10"
     )
     assert state_problem(replay, [1, 2], 10) == "not a replay state (a JSON list, not an object)"
-
-
-def test_an_auto_run_of_an_earlier_release_resumes_without_judging_its_reach(
-    toy, train_data, pool, run, tmp_path, caplog
-):
-    # what an earlier release kept: no version, select, tokens, scan or controller; no replay_scan.json
-    def earlier(state):
-        for key in ("version", "select", "tokens", "scan", "controller", "warned"):
-            state.pop(key, None)
-
-    def damage(d):
-        for folder in [d / "forgetwatch", *d.glob("checkpoint-*/forgetwatch")]:
-            (folder / "replay_scan.json").unlink(missing_ok=True)
-        edit_json(d / "checkpoint-3" / "forgetwatch" / "replay.json", earlier)
-        edit_history_states(d, 3, earlier)
-
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        resumed = resume(toy, train_data, pool, run, tmp_path, 3, damage)
-    replay = resumed.watch.repair
-    assert replay.weight == kept(run, 3)["weight"] and replay.controller.weight == replay.weight
-    assert not replay.scans and "scan" not in replay.state() and replay.tokens == 0  # its count starts here
-    assert 'replay_weight="auto" resumes without judging its reach' in caplog.text

@@ -13,8 +13,7 @@ from injected import OutOfMemoryAbove
 
 from forgetwatch import ReplayPool, ReplayPoolError
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config.settings import ReplaySettings
-from forgetwatch.replay.driver import Replay
+from forgetwatch.replay import Replay
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
@@ -47,7 +46,7 @@ def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
     pool = ReplayPool.from_records(
         [{"id": "a", "text": "a", "category": "short"}, *sentences(3), {"id": "b", "text": "b"}]
     )
-    replay = Replay(pool, ReplaySettings(batch_size=4))
+    replay = Replay(pool, batch_size=4)
     with caplog.at_level("WARNING", logger="forgetwatch"):
         replay.start(small.model, small.tokenizer)
     assert replay.dropped == ["a", "b"]
@@ -66,7 +65,7 @@ def trainers_gradient(small, model):
 
 def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, caplog):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=2)  # a replay micro-batch of 4 rows runs out
-    replay = Replay(ReplayPool.from_records(sentences(8)), ReplaySettings(batch_size=4))
+    replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
     replay.start(model, small.tokenizer)
     before = trainers_gradient(small, model)
     with caplog.at_level("WARNING", logger="forgetwatch"):
@@ -88,7 +87,7 @@ def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_tra
 
 def test_a_replay_that_works_still_adds_its_gradient(small):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=8)
-    replay = Replay(ReplayPool.from_records(sentences(8)), ReplaySettings(batch_size=4))
+    replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
     replay.start(model, small.tokenizer)
     before = trainers_gradient(small, model)
     replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())

@@ -10,11 +10,11 @@ import torch
 
 from forgetwatch import ReplayPool
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config.settings import ReplaySettings
-from forgetwatch.replay.driver import Replay
+from forgetwatch.replay import Replay
+from forgetwatch.replay.kept import REPLAY_ANSWERS
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import KeptAnswers
-from forgetwatch.results.store import REPLAY_ANSWERS, RunStore
+from forgetwatch.results.store import RunStore
 from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.scorer import pad_id
@@ -64,7 +64,7 @@ def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_th
     model = copy.deepcopy(trained)
     weight, size = 0.5, 3
     pool = ReplayPool.from_prompts(PROMPTS, max_new_tokens=5)
-    replay = Replay(pool, ReplaySettings(weight=weight, batch_size=size))
+    replay = Replay(pool, weight=weight, batch_size=size)
     model.train()
     replay.start(model, tokenizer)
     by_hand = greedy_rows(copy.deepcopy(trained), tokenizer, PROMPTS, 5)
@@ -111,7 +111,7 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
     def no_generation(*args, **kwargs):
         raise AssertionError("a resume generates nothing: the kept answers serve")
 
-    monkeypatch.setattr("forgetwatch.replay.begin.answer_prompts", no_generation)
+    monkeypatch.setattr("forgetwatch.replay.replay.answer_prompts", no_generation)
     resumed = Replay(pool)
     resumed.begin(model, run(10, [tmp_path]))
     assert resumed.encoded == fresh.encoded and resumed.starts == fresh.starts and resumed.key == fresh.key

@@ -11,7 +11,7 @@ import torch
 from trainers import killed_and_resumed, make_trainer
 from transformers import DataCollatorForLanguageModeling
 
-from forgetwatch import ReplayPool
+from forgetwatch import Output, Replay, ReplayPool, Schedule, Signals
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
@@ -63,11 +63,9 @@ def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
     cb = ForgetWatchCallback(
         toy.probes,
         eval_steps=100,
-        replay=pool,
-        replay_weight=weight,
-        replay_batch_size=5,
-        eval_on_train_end=False,
-        verbose=False,
+        replay=Replay(pool, weight=weight, batch_size=5),
+        schedule=Schedule(eval_on_train_end=False),
+        output=Output(verbose=False),
     )
     settings = {"per_device_train_batch_size": 32, **setup}
     trainer = make_trainer(
@@ -104,14 +102,14 @@ def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
 
 def test_weight_zero_is_a_run_without_replay(toy, train_data, tmp_path, pool, mixed_pool):
     runs = []
-    zero = {"replay": pool, "replay_weight": 0.0}
-    rows = {"replay": mixed_pool, "replay_weight": 0.0, "replay_select": "rows"}  # scans and the base's answers
-    for name, extra in (("plain", {}), ("zero", zero), ("zero-rows-synthetic", rows)):
-        cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False, **extra)
+    zero = {"replay": Replay(pool, weight=0.0)}
+    synthetic = {"replay": Replay(mixed_pool, weight=0.0, select="uniform")}  # the base answers its prompts
+    for name, extra in (("plain", {}), ("zero", zero), ("zero-synthetic", synthetic)):
+        cb = ForgetWatchCallback(toy.probes, eval_steps=10, **extra, output=Output(verbose=False))
         trainer = make_trainer(toy, train_data, tmp_path / name, [cb], max_steps=20)
         trainer.train()
         runs.append(([e["loss"] for e in trainer.state.log_history if "loss" in e], trainer.model.state_dict()))
-    for other in runs[1:]:  # the rows' scans at each evaluation borrow the model and change nothing
+    for other in runs[1:]:  # the base's answers borrow the model and change nothing
         assert runs[0][0] == other[0]
         assert all(torch.equal(runs[0][1][k], other[1][k]) for k in runs[0][1])
 
@@ -130,7 +128,7 @@ RESUMED = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate
 def plain(toy, train_data, tmp_path_factory):
     """The run without replay that replay runs are measured against (run once); without the
     train-KL signal too (``train_kl_rows=0``), which changes nothing the runs compare."""
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, verbose=False, train_kl_rows=0)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False), signals=Signals(train_kl_rows=0))
     make_trainer(toy, train_data, tmp_path_factory.mktemp("plain"), [cb], **RESUMED).train()
     return cb
 
@@ -140,25 +138,21 @@ def train_kl_of(callback):
     return {r["step"]: r["drift"]["train_kl"] for r in callback.watch.records if "drift" in r}
 
 
-@pytest.mark.parametrize("select", ["categories", "rows"])
+@pytest.mark.parametrize("select", ["categories", "uniform"])
 def test_replay_is_logged_repairs_and_resumes_exactly(
     toy, train_data, tmp_path, pool, mixed_pool, select, monkeypatch, plain
 ):
-    import forgetwatch.replay.begin as begin
+    import forgetwatch.replay.replay as module
     from forgetwatch.run import train_kl
 
     answered = []  # the base answers the prompts once per run begun, never on resume
-    monkeypatch.setattr(begin, "answer_prompts", lambda *a, **k: answered.append(1) or answer_prompts(*a, **k))
+    monkeypatch.setattr(module, "answer_prompts", lambda *a, **k: answered.append(1) or answer_prompts(*a, **k))
     common = RESUMED
+    rows = pool if select == "categories" else mixed_pool  # "uniform": with prompts the base answers
     settings = dict(
-        eval_steps=5,
-        verbose=False,
-        replay=pool if select == "categories" else mixed_pool,
-        replay_weight=1.0,
-        replay_batch_size=8,
-        replay_select=select,
+        eval_steps=5, output=Output(verbose=False), replay=Replay(rows, weight=1.0, batch_size=8, select=select)
     )
-    whole = ForgetWatchCallback(toy.probes, **settings)
+    whole = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
     trainer.train()
     logged = [e for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
@@ -172,7 +166,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
     drift = [e["forgetwatch/drift/train_kl"] for e in trainer.state.log_history if "forgetwatch/drift/train_kl" in e]
     assert drift == list(train_kl_of(whole).values()) and len(drift) == 6 and 0 < drift[0] < drift[-1]
     assert (tmp_path / "whole" / "checkpoint-10" / "forgetwatch" / "train_kl.npz").is_file()
-    assert not train_kl_of(plain) and not list(plain.output_dir.parent.rglob("train_kl.npz"))
+    assert not train_kl_of(plain) and not list(plain.watch.output_dir.parent.rglob("train_kl.npz"))
 
     def refuse(*args, **kwargs):
         raise AssertionError("the train-KL base was measured again on resume")
@@ -193,24 +187,20 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
     assert train_kl_of(resumed) == train_kl_of(whole)  # exactly, at 15 to 30 (and 5, 10 kept in the history)
 
-    # the state after each evaluation (draws, replayed tokens, the rows' loss rises) is the whole run's
+    # the state after each evaluation (draws, replayed tokens) is the whole run's
     def kept(callback):
-        return [
-            {k: v for k, v in r["replay"].items() if k != "replay/scan_seconds"}  # wall time: not a state
-            for r in callback.watch.records
-            if r["step"] > 10
-        ]
+        return [r["replay"] for r in callback.watch.records if r["step"] > 10]
 
     assert kept(resumed) == kept(whole)
-    assert kept(whole)[-1]["tokens"] > 0 and ("scan" in kept(whole)[-1]) == (select == "rows")
-    assert len(answered) == (2 if select == "rows" else 0)  # the whole run and the killed one; the resume read them
+    assert kept(whole)[-1]["tokens"] > 0
+    assert len(answered) == (2 if select == "uniform" else 0)  # the whole run and the killed one; the resume read them
 
 
 def scaled_run(toy, train_data, path, scaler, autocast, **settings):
     """A run under fp16's gradient scaler as on a GPU (CPU autocast in fp16 when ``autocast``:
     then accelerate unscales the gradients to clip them; otherwise they reach replay still
     scaled, so nothing may clip them before)."""
-    cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False, **settings)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, **settings, output=Output(verbose=False))
     trainer = make_trainer(
         toy,
         train_data,
@@ -244,7 +234,7 @@ def test_under_fp16s_gradient_scaler_replay_adds_the_unscaled_gradient(toy, trai
 
 
 def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_data, tmp_path, pool, caplog, monkeypatch):
-    from forgetwatch.replay import driver
+    from forgetwatch.replay import replay as driver
 
     real = driver.replay_backward
 
@@ -267,7 +257,7 @@ def test_a_replay_gradient_that_overflows_is_left_out_of_the_step(toy, train_dat
 
 def test_mixed_precision_without_a_scaler_replays(toy, train_data, tmp_path, pool):
     # fp16 on a CPU: autocast, and no gradient scaler, so nothing stands in replay's way
-    cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False, replay=pool)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, replay=pool, output=Output(verbose=False))
     trainer = make_trainer(toy, train_data, tmp_path, [cb], max_steps=4, fp16=True)
     trainer.train()
     losses = [e["forgetwatch/replay/loss"] for e in trainer.state.log_history if "forgetwatch/replay/loss" in e]
@@ -339,7 +329,7 @@ def trl_trainer(kind, toy, path, callbacks):
     )
 
 
-@pytest.mark.parametrize("kind, select", [("sft", "rows"), ("dpo", "categories"), ("grpo", "uniform")])
+@pytest.mark.parametrize("kind, select", [("sft", "categories"), ("dpo", "categories"), ("grpo", "uniform")])
 def test_replay_runs_in_trl_trainers(toy, tmp_path, mixed_pool, kind, select):
     steps = []
 
@@ -348,7 +338,8 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, mixed_pool, kind, select):
             super().on_pre_optimizer_step(args, state, control, **kwargs)
             steps.append(self.watch.repair.sampler.drawn)
 
-    cb = Count(toy.probes, eval_steps=2, verbose=False, replay=mixed_pool, replay_batch_size=4, replay_select=select)
+    replay = Replay(mixed_pool, batch_size=4, select=select)
+    cb = Count(toy.probes, eval_steps=2, output=Output(verbose=False), replay=replay)
     trainer = trl_trainer(kind, toy, tmp_path, [cb])
     trainer.train()
     assert steps == [1, 2, 3, 4]  # one replay batch before each optimizer step
@@ -356,61 +347,12 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, mixed_pool, kind, select):
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
 
 
-def test_auto_weight_follows_its_law_on_the_covered_forgetting_and_survives_a_resume(
-    toy, train_data, tmp_path, pool, caplog
-):
-    from forgetwatch.replay.controller import Controller
-    from forgetwatch.replay.coverage import coverage, covered_forgetting
-
-    target = 0.02
-    common = RESUMED
-    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_weight="auto", forgetting_target=target)
-    whole = ForgetWatchCallback(toy.probes, **settings)
-    trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        trainer.train()
-    logged = [e["forgetwatch/replay/weight"] for e in trainer.state.log_history if "forgetwatch/replay/weight" in e]
-    # by hand: the law on the forgetting of the categories the pool covers (colors, rivers; not
-    # capitals), with the pool's drift measured at each evaluation
-    covers = coverage(pool.categories, toy.probes.categories)
-    assert covers.uncovered == ("capitals",)
-    expected, controller = [], Controller(target)
-    for (_, report), record in zip(whole.history, whole.watch.records):
-        expected.append(controller.weight)  # the weight logged at an evaluation is the one used up to it
-        controller.update(covered_forgetting(report, covers, "forgetting"), record["replay"]["replay/drift"])
-    assert logged == expected and len(set(logged)) > 1
-    # forgetting of capitals, which the pool cannot repair, is said once and does not drive the weight
-    capitals = [r.by_category["capitals"].forgotten for _, r in whole.history]
-    assert max(capitals) >= 2 and caplog.text.count("'capitals' probes are forgotten") == 1
-    assert "the replay pool has no 'capitals' rows (it covers colors, rivers)" in caplog.text
-
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        resumed, again = killed_and_resumed(
-            toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
-        )
-    assert [e["forgetwatch/replay/weight"] for e in again.state.log_history if "forgetwatch/replay/weight" in e][
-        -4:
-    ] == logged[-4:]
-    warned_by_10 = "capitals" in next(r["replay"] for r in whole.watch.records if r["step"] == 10).get("warned", [])
-    assert (
-        caplog.text.count("'capitals' probes are forgotten") == (1 if not warned_by_10 else 0) + 1
-    )  # the killed run's
-
-
-def test_auto_needs_a_target():
-    from forgetwatch.config import ConfigError, ForgetWatchConfig
-
-    with pytest.raises(ConfigError, match="forgetting_target"):
-        ForgetWatchConfig(replay_weight="auto")
-
-
 def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, train_data, tmp_path, pool):
-    from forgetwatch.replay.base_cache import BaseDistribution
+    from forgetwatch.scoring.next_tokens import BaseDistribution
 
     common = dict(max_steps=20, save_strategy="steps", save_steps=10, learning_rate=5e-3)
-    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8)
-    whole = ForgetWatchCallback(toy.probes, **settings)
+    settings = dict(eval_steps=5, output=Output(verbose=False), replay=Replay(pool, loss="kl", top_k=8))
+    whole = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     trainer = make_trainer(toy, train_data, tmp_path / "whole", [whole], **common)
     trainer.train()
     kept = BaseDistribution.load(tmp_path / "whole" / "forgetwatch" / "replay_base.npz")
@@ -433,7 +375,6 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
     from types import SimpleNamespace
 
     from forgetwatch.integrations.trainer_link import sharded_run
-    from forgetwatch.replay.driver import Replay
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
@@ -442,15 +383,15 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
 
 
 def test_a_fresh_kl_run_never_reuses_an_earlier_runs_base_distribution(toy, train_data, tmp_path, pool):
-    from forgetwatch.replay.base_cache import BaseDistribution
+    from forgetwatch.scoring.next_tokens import BaseDistribution
 
-    settings = dict(eval_steps=5, verbose=False, replay=pool, replay_loss="kl", replay_top_k=8)
-    first = ForgetWatchCallback(toy.probes, **settings)
+    settings = dict(eval_steps=5, output=Output(verbose=False), replay=Replay(pool, loss="kl", top_k=8))
+    first = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     make_trainer(toy, train_data, tmp_path, [first], max_steps=5).train()
     planted = first.watch.repair.base
     planted.top_logprobs[:] = -1.0  # as if another base model had written it
     planted.save(tmp_path / "forgetwatch" / "replay_base.npz")
-    again = ForgetWatchCallback(toy.probes, **settings)
+    again = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     make_trainer(toy, train_data, tmp_path, [again], max_steps=5).train()
     kept = BaseDistribution.load(tmp_path / "forgetwatch" / "replay_base.npz")
     assert not (again.watch.repair.base.top_logprobs == -1.0).all()

@@ -1,17 +1,16 @@
 """The groups of settings (forgetwatch.config.settings): one declaration per option, read by the config,
-its YAML, the keywords of earlier releases, evaluate, Scorer and the command line."""
+its YAML, evaluate, Scorer and the command line."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 
 import pytest
 
 from forgetwatch import cli, evaluate
-from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig, split_legacy
-from forgetwatch.config.settings import ReplaySettings, Schedule, Scoring, Stopping, flat_key, help_text
+from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig
+from forgetwatch.config.settings import Scoring, Stopping, flat_key, help_text
 from forgetwatch.scoring import Scorer
 
 
@@ -23,25 +22,14 @@ def test_each_group_documents_each_of_its_fields_once_in_order():
 
 
 def test_help_text_reads_continued_entries_as_plain_text():
-    assert help_text(ReplaySettings)["weight"] == (
-        'How much the replay loss counts next to the trainer\'s (0 to 100; 0 replays nothing), or "auto": '
-        "set at each evaluation to bring forgetting to target."
+    assert help_text(Stopping)["metric"] == (
+        'Which rate max_forgetting applies to: "forgetting" or "forgetting_adjusted" (flat key stop_metric).'
     )
 
 
 def test_flat_keys_are_unique_and_name_their_group():
     keys = [flat_key(f) for group in GROUPS.values() for f in dataclasses.fields(group)]
     assert len(keys) == len(set(keys)) and not set(keys) & {"probes", "base"}
-    assert [flat_key(f) for f in dataclasses.fields(ReplaySettings)] == [
-        "replay_loss",
-        "replay_top_k",
-        "replay_weight",
-        "forgetting_target",
-        "replay_batch_size",
-        "replay_select",
-        "replay_scan_rows",
-        "replay_seed",
-    ]
     assert flat_key(dataclasses.fields(Stopping)[1]) == "stop_metric"
 
 
@@ -52,93 +40,18 @@ def test_a_group_reports_all_its_problems_together():
     assert all(e.source == "Scoring" for e in info.value.errors)
 
 
-def test_values_that_fail_only_together_are_refused_by_their_group():
+def test_settings_are_read_through_their_groups_and_checked_together():
+    cfg = ForgetWatchConfig(stopping=Stopping(metric="forgetting_adjusted"))
+    assert cfg.stopping.metric == "forgetting_adjusted" and not hasattr(cfg, "stop_metric")
     with pytest.raises(ConfigError) as info:
-        ReplaySettings(weight="auto")
-    assert str(info.value) == (
-        "ReplaySettings: key 'target': weight=\"auto\" steers toward a forgetting rate: give target, e.g. 0.05"
-    )
-    with pytest.raises(ConfigError) as info:  # in a flat file, named by the flat keys
-        ForgetWatchConfig.from_dict({"replay_weight": "auto"})
-    assert str(info.value) == (
-        "<dict>: key 'forgetting_target': replay_weight=\"auto\" steers toward a "
-        "forgetting rate: give forgetting_target, e.g. 0.05"
-    )
-
-
-def test_flat_reads_go_through_the_key_table():
-    cfg = ForgetWatchConfig(stopping=Stopping(metric="forgetting_adjusted"), replay=ReplaySettings(weight=2))
-    for key, value in cfg.to_dict().items():
-        assert getattr(cfg, key) == value, key
-    assert (cfg.stop_metric, cfg.replay_weight) == ("forgetting_adjusted", 2.0)
-    with pytest.raises(AttributeError, match="metric"):
-        cfg.metric  # a field name is read through its group  # noqa: B018
-
-
-# --- keywords of earlier releases --------------------------------------------------------------
-
-
-def test_earlier_keywords_build_the_same_config_with_one_warning_naming_the_new_form():
-    with pytest.warns(FutureWarning) as caught:
-        legacy = ForgetWatchConfig(probes="p.jsonl", eval_steps=50, replay_weight="auto", forgetting_target=0.05)
-    assert len(caught) == 1
-    assert str(caught[0].message) == (
-        "ForgetWatchConfig(eval_steps=..., replay_weight=..., forgetting_target=...) is deprecated and stops "
-        "working in the next release; use ForgetWatchConfig(schedule=Schedule(eval_steps=...), "
-        "replay=ReplaySettings(weight=..., target=...))"
-    )
-    assert caught[0].filename == __file__  # points at the caller's line
-    assert legacy == ForgetWatchConfig(
-        probes="p.jsonl", schedule=Schedule(eval_steps=50), replay=ReplaySettings(weight="auto", target=0.05)
-    )
-
-
-def test_earlier_keywords_change_a_group_given_beside_them():
-    with pytest.warns(FutureWarning):
-        cfg = ForgetWatchConfig(scoring=Scoring(batch_size=8), max_new_tokens=5)
-    assert (cfg.scoring.batch_size, cfg.scoring.max_new_tokens) == (8, 5)
-
-
-def test_earlier_keywords_are_checked_together_before_any_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # raised before it warns
-        with pytest.raises(ConfigError) as info:
-            ForgetWatchConfig(base="", patience=0, stop_metric="loss", verbose=1)
+        ForgetWatchConfig.from_dict({"base": "", "patience": 0, "stop_metric": "loss", "verbose": 1}, "cfg")
     assert [e.key for e in info.value.errors] == ["base", "patience", "stop_metric", "verbose"]
-    assert all(e.source == "ForgetWatchConfig" for e in info.value.errors)
+    assert all(e.source == "cfg" for e in info.value.errors)
 
 
 def test_a_group_of_the_wrong_type_is_named():
     with pytest.raises(ConfigError, match=r"key 'scoring': expected a Scoring, got \{'batch_size': 8\}"):
         ForgetWatchConfig(scoring={"batch_size": 8})  # type: ignore[arg-type]
-
-
-def test_split_legacy_sorts_checks_and_warns_once():
-    with pytest.warns(FutureWarning) as caught:
-        groups = split_legacy({"replay_weight": 2, "stop_metric": "forgetting_adjusted", "batch_size": 8})
-    assert groups == {
-        "replay": {"weight": 2.0},
-        "stopping": {"metric": "forgetting_adjusted"},
-        "scoring": {"batch_size": 8},
-    }
-    assert len(caught) == 1 and str(caught[0].message).startswith(
-        "ForgetWatchCallback(replay_weight=..., stop_metric=..., batch_size=...) is deprecated"
-    )
-    assert "stopping=Stopping(metric=...)" in str(caught[0].message)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert split_legacy({}) == {}  # nothing given: no warning
-
-
-def test_split_legacy_refuses_what_earlier_releases_refused():
-    with pytest.raises(ConfigError) as info:
-        split_legacy({"eval_step": 5, "prob": "p.jsonl", "patience": 0, "probes": "p.jsonl"}, source="Watch")
-    assert str(info.value).splitlines() == [
-        "Watch: key 'eval_step': unknown key (did you mean 'eval_steps'?); fix or remove it",
-        "Watch: key 'prob': unknown key (did you mean 'probes'?); fix or remove it",
-        "Watch: key 'probes': not a setting of a group; pass probes= itself",
-        "Watch: key 'patience': expected an integer >= 1, got 0 (int); use 1 or more",
-    ]
 
 
 # --- group sections in YAML and dicts ----------------------------------------------------------
@@ -153,16 +66,9 @@ def write(tmp_path, text):
 def test_a_group_may_be_a_section_of_its_own(tmp_path):
     nested = write(
         tmp_path,
-        "forgetwatch:\n  eval_steps: 20\n  stopping:\n    max_forgetting: 0.1\n"
-        "    metric: forgetting_adjusted\n  replay: {weight: auto, target: 0.05}\n",
+        "forgetwatch:\n  eval_steps: 20\n  stopping:\n    max_forgetting: 0.1\n    metric: forgetting_adjusted\n",
     )
-    flat = {
-        "eval_steps": 20,
-        "max_forgetting": 0.1,
-        "stop_metric": "forgetting_adjusted",
-        "replay_weight": "auto",
-        "forgetting_target": 0.05,
-    }
+    flat = {"eval_steps": 20, "max_forgetting": 0.1, "stop_metric": "forgetting_adjusted"}
     assert ForgetWatchConfig.from_yaml(nested) == ForgetWatchConfig.from_dict(flat)
     assert ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience == 3
 
@@ -191,13 +97,6 @@ def test_a_group_may_be_a_section_of_its_own(tmp_path):
             (
                 "line 1: key 'output': expected a mapping of Output settings, got 5 (int); indent them under 'output:', "
                 "e.g. output_dir: ..."
-            ),
-        ),
-        (
-            "replay:\n  weight: auto\n",
-            (
-                "key 'forgetting_target': replay.weight=\"auto\" steers toward a forgetting rate: give forgetting_target, "
-                "e.g. 0.05"
             ),
         ),
     ],

@@ -195,8 +195,11 @@ class Probes:
         path.write_text('{"id": "q1", "question": "?", "choices": ["a", "b"], "answer": 0}\n')
 
 
+REPLAY_STATE = "replay.json"  # a repair method's own file
+
+
 def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp_path):
-    from forgetwatch.results.store import MANIFEST, PROBES, REPLAY_STATE, copy_problem
+    from forgetwatch.results.store import MANIFEST, PROBES, copy_problem
 
     store.save_snapshot(answers())
     store.save_probes(Probes())
@@ -219,16 +222,18 @@ def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp
         (target / name).write_bytes(kept)
     assert copy_problem(target) is None
     (target / MANIFEST).write_text('{"format": "forgetwatch.checkpoint", "files": {"../../etc/passwd": {}}}')
-    assert "not a file of forgetwatch's" in copy_problem(target)
+    assert "not a file's name" in copy_problem(target)
     (target / MANIFEST).write_text("[")
     assert "manifest.json cannot be read" in copy_problem(target)
     (target / MANIFEST).unlink()
     assert copy_problem(target).startswith("no manifest.json: its copy never finished")
 
 
-def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(store, tmp_path, monkeypatch):
+def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(tmp_path, monkeypatch):
     from forgetwatch.results import store as module
-    from forgetwatch.results.store import REPLAY_STATE, copy_problem
+    from forgetwatch.results.store import RunStore, copy_problem
+
+    store = RunStore(tmp_path / "run", own_files=[REPLAY_STATE])  # the files a repair method names
 
     store.save_snapshot(answers())
     store.append_history(record(1))

@@ -12,7 +12,7 @@ import pytest
 from trainers import KillAt, make_trainer
 from transformers import TrainerCallback
 
-from forgetwatch import Trajectory, evaluate, load_trajectory
+from forgetwatch import Output, Trajectory, evaluate, load_trajectory
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.history import read_history
 from forgetwatch.sinks import metric_values
@@ -186,7 +186,7 @@ def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
 
 
 def test_a_history_without_columns_gives_correctness_from_its_ids(toy, train_data, tmp_path):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10, output=Output(verbose=False))
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=20).train()
     path = tmp_path / "forgetwatch" / "history.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -215,7 +215,7 @@ def at_risk_outcomes(callback):
 
 
 def test_at_risk_probes_are_forgotten_later_more_often_than_the_others(toy, tmp_path):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=2, verbose=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, output=Output(verbose=False))
     sft(toy, tmp_path, [cb]).train()
     outcomes = at_risk_outcomes(cb)
     (risky_rate, n_risky), (other_rate, n_other) = outcomes["at_risk"], outcomes["other"]
@@ -225,7 +225,7 @@ def test_at_risk_probes_are_forgotten_later_more_often_than_the_others(toy, tmp_
 
 
 def test_a_history_of_another_probe_set_is_refused(toy, train_data, tmp_path):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=10, verbose=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10, output=Output(verbose=False))
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()
     other = cb.base_answers
     other.probe_fingerprint = "0" * 16  # the same size, another probe set

@@ -10,7 +10,7 @@ import warnings
 import pytest
 from transformers import TrainerCallback
 
-from forgetwatch import compare, evaluate
+from forgetwatch import Output, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -122,7 +122,7 @@ def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
 
     plain = run(tmp_path / "plain", [])
     listener = Listener()
-    cb = ForgetWatchCallback(toy.probes, eval_steps=2, log_categories=False)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=2, output=Output(log_categories=False))
     watched = run(tmp_path / "watched", [cb, listener])
     assert [e["step"] for e in watched] == [e["step"] for e in plain] == [3, 6, 9, 12, 15]
     for a, b in zip(plain, watched):

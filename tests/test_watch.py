@@ -153,18 +153,16 @@ def test_what_a_watch_needs_is_said_before_any_work(toy, tmp_path):
         Watch(toy.probes).start(toy.base, toy.tokenizer)
 
 
-def test_settings_come_as_groups_and_earlier_keywords_warn_naming_the_new_form(toy):
+def test_settings_come_as_groups_and_a_flat_keyword_names_its_group(toy):
     grouped = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), scoring=Scoring(batch_size=4))
     assert (grouped.config.schedule.eval_steps, grouped.config.scoring.batch_size) == (7, 4)
-    with pytest.warns(FutureWarning, match=r"use Watch\(scoring=Scoring\(batch_size=\.\.\.\)\)"):
-        legacy = Watch(toy.probes, output_dir="x", batch_size=4)
-    assert legacy.config == Watch(toy.probes, output_dir="x", scoring=Scoring(batch_size=4)).config
-    with pytest.warns(FutureWarning, match=r"replay=Replay\(pool, ReplaySettings\(weight=\.\.\.\)\)"):
-        Watch(toy.probes, output_dir="x", replay_weight=2.0)
-    with pytest.warns(FutureWarning, match=r"ForgetWatchCallback\(patience=\.\.\.\) is deprecated") as caught:
+    with pytest.raises(TypeError, match=r"'patience': write stopping=Stopping\(patience=\.\.\.\)"):
         ForgetWatchCallback(toy.probes, patience=2)
-    assert caught[0].filename == __file__  # pointing at the caller's line
-    # the contract keywords are no earlier form: no warning, and they win over the group given
+    with pytest.raises(TypeError, match=r"Watch\(\) got an unexpected keyword argument 'verbose': write output="):
+        Watch(toy.probes, verbose=False)
+    with pytest.raises(TypeError, match=r"'eval_step' \(did you mean 'eval_steps'\?\)"):
+        ForgetWatchCallback(toy.probes, eval_step=2)
+    # the contract keywords win over the group given
     shortcut = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), eval_steps=3)
     assert shortcut.config.schedule.eval_steps == 3
 

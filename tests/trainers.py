@@ -56,7 +56,7 @@ def killed_and_resumed(
             toy,
             train_data,
             run,
-            [ForgetWatchCallback(toy.probes, **callback_settings), KillAt(kill_at)],
+            [ForgetWatchCallback(toy.probes, **copy.deepcopy(callback_settings)), KillAt(kill_at)],
             **trainer_settings,
         ).train()
     except RuntimeError as err:
@@ -65,7 +65,7 @@ def killed_and_resumed(
         raise AssertionError(f"the run was not killed at step {kill_at}")
     if before_resume is not None:
         before_resume()
-    callback = ForgetWatchCallback(toy.probes, **callback_settings)
+    callback = ForgetWatchCallback(toy.probes, **copy.deepcopy(callback_settings))  # a Replay is one run's
     trainer = make_trainer(toy, train_data, run, [callback], **trainer_settings)
     trainer.train(resume_from_checkpoint=str(run / f"checkpoint-{resume_from}"))
     return callback, trainer

@@ -7,7 +7,7 @@ In code, a config holds the probes, the base and one of each group of settings
                       stopping=Stopping(max_forgetting=0.05))
 
 A config file is a YAML mapping of *flat keys*, each setting's own name (``eval_steps``,
-``stop_metric``, ``replay_weight``), either on its own or under a top-level ``forgetwatch:`` key
+``stop_metric``), either on its own or under a top-level ``forgetwatch:`` key
 of a bigger training config::
 
     # train.yaml
@@ -28,19 +28,19 @@ all the problems found are reported together in one :class:`ConfigError`. The ch
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common.text import describe, suggestion
+from forgetwatch.common.text import describe, did_you_mean, suggestion
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
 from forgetwatch.config.settings import (
     Output,
-    ReplaySettings,
     Schedule,
     Scoring,
     Signals,
@@ -52,7 +52,7 @@ from forgetwatch.config.settings import (
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
-__all__ = ["FLAT_KEYS", "ConfigError", "ConfigProblem", "ForgetWatchConfig", "split_legacy"]
+__all__ = ["FLAT_KEYS", "ConfigError", "ConfigProblem", "ForgetWatchConfig"]
 
 #: Settings holding file system paths (flat keys): resolved against the YAML file's folder when relative.
 PATH_KEYS = ("probes", "base", "output_dir")
@@ -77,16 +77,57 @@ def _probes(value: Any) -> str | LmEvalProbes:
     return check.path(value)
 
 
+def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` (an ``__init__``) refusing a keyword it does not take with a ``TypeError`` that
+    names the nearest keyword, or the group a setting's flat key belongs to.
+
+    Example:
+        >>> ForgetWatchConfig(patience=2)
+        Traceback (most recent call last):
+            ...
+        TypeError: ForgetWatchConfig() got an unexpected keyword argument 'patience': write stopping=Stopping(patience=...)
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            signature.bind(self, *args, **kwargs)
+        except TypeError as err:
+            unknown = next((k for k in kwargs if k not in signature.parameters), None)
+            if unknown is None:
+                raise
+            raise unknown_keyword(type(self).__name__, unknown, list(signature.parameters)[1:]) from err
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError:
+    """The error for ``source(key=...)`` when ``source`` takes ``keywords``: it names the group a
+    setting belongs to, or the nearest keyword or setting.
+
+    Example:
+        >>> unknown_keyword("Watch", "eval_step", ["eval_steps", "schedule"])
+        TypeError("Watch() got an unexpected keyword argument 'eval_step' (did you mean 'eval_steps'?)")
+    """
+    match = did_you_mean(key, [*keywords, *_GROUPED])
+    if grouped := grouped_as(key):
+        hint = f": write {grouped}"
+    elif match in keywords:
+        hint = f" (did you mean {match!r}?)"
+    else:
+        hint = f" (did you mean {grouped_as(match)}?)" if match else ""
+    return TypeError(f"{source}() got an unexpected keyword argument {key!r}{hint}")
+
+
 @dataclass(frozen=True, init=False)
 class ForgetWatchConfig:
     """What to probe, how often, and when to stop: the settings of ``ForgetWatchCallback``.
 
     Every value is validated on construction; a wrong one raises :class:`ConfigError`. A
     config is immutable: :meth:`replace` makes a changed, validated copy. Each setting is read
-    through its group (``config.schedule.eval_steps``) or, as in earlier releases, by its flat
-    key (``config.eval_steps``, ``config.replay_weight``). Keywords of earlier releases
-    (``ForgetWatchConfig(eval_steps=50)``) still work for this release, with a
-    ``FutureWarning`` naming the new form.
+    through its group (``config.schedule.eval_steps``).
 
     Attributes:
         probes: Path to a probe JSONL file (the callback also accepts a ProbeSet object
@@ -98,13 +139,12 @@ class ForgetWatchConfig:
         schedule: When to evaluate (:class:`~forgetwatch.config.settings.Schedule`).
         stopping: When to stop training (:class:`~forgetwatch.config.settings.Stopping`).
         signals: At-risk probes and the noise floor (:class:`~forgetwatch.config.settings.Signals`).
-        replay: How a replay pool repairs (:class:`~forgetwatch.config.settings.ReplaySettings`).
         output: Where results go, how much is logged (:class:`~forgetwatch.config.settings.Output`).
 
     Example:
         >>> cfg = ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
         ...                         stopping=Stopping(max_forgetting=0.05))
-        >>> cfg.stopping.patience, cfg.scoring.stop, cfg.eval_steps
+        >>> cfg.stopping.patience, cfg.scoring.stop, cfg.schedule.eval_steps
         (1, ['\\n'], 50)
         >>> ForgetWatchConfig(stopping=Stopping(patience=0))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -120,9 +160,9 @@ class ForgetWatchConfig:
     schedule: Schedule = field(default_factory=Schedule)
     stopping: Stopping = field(default_factory=Stopping)
     signals: Signals = field(default_factory=Signals)
-    replay: ReplaySettings = field(default_factory=ReplaySettings)
     output: Output = field(default_factory=Output)
 
+    @checked_keywords
     def __init__(
         self,
         probes: str | os.PathLike[str] | LmEvalProbes | None = None,
@@ -132,9 +172,7 @@ class ForgetWatchConfig:
         schedule: Schedule | None = None,
         stopping: Stopping | None = None,
         signals: Signals | None = None,
-        replay: ReplaySettings | None = None,
         output: Output | None = None,
-        **legacy: Any,
     ) -> None:
         source = type(self).__name__
         own, problems = check_values({"probes": probes, "base": base}, _OWN, source, {})
@@ -143,7 +181,6 @@ class ForgetWatchConfig:
             "schedule": schedule,
             "stopping": stopping,
             "signals": signals,
-            "replay": replay,
             "output": output,
         }
         for name, group in GROUPS.items():
@@ -157,35 +194,17 @@ class ForgetWatchConfig:
                         f"{describe(groups[name])}; write {name}={group.__name__}(...)",
                     )
                 )
-        changes, found = _split(legacy, source)
-        if changes and not (problems or found):  # what fails only together, named as it was given
-            merged = {
-                flat_key(f): changes[name].get(f.name, getattr(groups[name] or GROUPS[name](), f.name))
-                for name in changes
-                for f in fields(GROUPS[name])
-            }
-            found = _check(merged, {}, source, {}, together=True)[2]
-        if problems or found:
-            raise ConfigError(problems + found)
-        if legacy:
-            warnings.warn(_legacy_message(source, legacy), FutureWarning, stacklevel=2)
+        if problems:
+            raise ConfigError(problems)
         for name, group in GROUPS.items():
-            value = groups[name] or group()
-            object.__setattr__(self, name, dataclasses.replace(value, **changes[name]) if name in changes else value)
+            object.__setattr__(self, name, groups[name] or group())
         for name, value in own.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
-
-    def __getattr__(self, name: str) -> Any:
-        # flat reads of earlier releases (config.eval_steps), through the one key table
-        if name not in _GROUPED:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        group, field_name = _GROUPED[name]
-        return getattr(object.__getattribute__(self, group), field_name)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
         """Build a config from a mapping of flat keys (or group sections) to values; missing
-        keys keep defaults. Reads what :meth:`to_dict` wrote, in this release or an earlier one.
+        keys keep defaults. Reads what :meth:`to_dict` wrote.
 
         All problems (unknown keys, wrong types, values out of range) are reported together in
         one :class:`ConfigError` whose lines start with ``source``. Paths are kept as given
@@ -259,7 +278,7 @@ class ForgetWatchConfig:
             message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
             raise ConfigError([ConfigProblem(source, None, None, message)])
         flat, written, found = _flatten(data, source, lines)
-        own, groups, value_problems = _check(flat, written, source, lines, together=True)
+        own, groups, value_problems = _check(flat, written, source, lines)
         problems = [*(problems or []), *found, *value_problems]
         if problems:
             raise ConfigError(problems)
@@ -352,69 +371,21 @@ _GROUPED: dict[str, tuple[str, str]] = {
 }
 #: every flat key: the config's own settings, then the groups'
 _FLAT = [*_OWN, *_GROUPED]
-#: every setting's one name in files (``eval_steps``, ``replay_weight``), in declaration order
+#: every setting's one name in files (``eval_steps``, ``stop_metric``), in declaration order
 FLAT_KEYS: tuple[str, ...] = tuple(_FLAT)
 
 
-def split_legacy(
-    settings: Mapping[str, Any], source: str = "ForgetWatchCallback", stacklevel: int = 2
-) -> dict[str, dict[str, Any]]:
-    """Flat keywords of earlier releases (``replay_weight=1.0``), checked and sorted into their
-    groups: ``{"replay": {"weight": 1.0}}``, ready for ``dataclasses.replace(group, **those)``.
-
-    Unknown keywords and wrong values raise one :class:`ConfigError` naming ``source``
-    (with did-you-mean over every flat key); otherwise one ``FutureWarning`` names each keyword
-    and its new form, ``stacklevel`` counted as for :func:`warnings.warn` from the caller.
-    Values that fail only together (``weight="auto"`` without a ``target``) are the group's to
-    refuse, once it is built.
+def grouped_as(key: str) -> str | None:
+    """Where a flat key is set in code, e.g. ``stopping=Stopping(patience=...)``; ``None`` if no setting.
 
     Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     split_legacy({"replay_weight": 2, "eval_steps": 50})
-        {'schedule': {'eval_steps': 50}, 'replay': {'weight': 2.0}}
-        >>> print(caught[0].message)
-        ForgetWatchCallback(replay_weight=..., eval_steps=...) is deprecated and stops working in the next release; use ForgetWatchCallback(replay=Replay(pool, ReplaySettings(weight=...)), schedule=Schedule(eval_steps=...))
+        >>> grouped_as("patience"), grouped_as("eval_step")
+        ('stopping=Stopping(patience=...)', None)
     """
-    grouped, problems = _split(settings, source)
-    if problems:
-        raise ConfigError(problems)
-    if settings:
-        warnings.warn(_legacy_message(source, settings), FutureWarning, stacklevel=stacklevel + 1)
-    return grouped
-
-
-def _split(settings: Mapping[str, Any], source: str) -> tuple[dict[str, dict[str, Any]], list[ConfigProblem]]:
-    problems = []
-    for key in settings:
-        if key in _OWN:
-            problems.append(ConfigProblem(source, None, key, f"not a setting of a group; pass {key}= itself"))
-        elif key not in _GROUPED:
-            problems.append(_unknown(key, _FLAT, source, None))
-    _, grouped, found = _check({k: v for k, v in settings.items() if k in _GROUPED}, {}, source, {}, together=False)
-    return grouped, problems + found
-
-
-def _legacy_message(source: str, keys: Sequence[str] | Mapping[str, Any]) -> str:
-    """``X(eval_steps=...) is deprecated ...; use X(schedule=Schedule(eval_steps=...))``."""
-    by_group: dict[str, list[str]] = {}
-    for key in keys:
-        group, field_name = _GROUPED[key]
-        by_group.setdefault(group, []).append(f"{field_name}=...")
-    old = ", ".join(f"{key}=..." for key in keys)
-
-    def form(group: str, names: list[str]) -> str:
-        settings = f"{GROUPS[group].__name__}({', '.join(names)})"
-        # a run's replay= takes the repair method, which holds its settings
-        return (
-            f"replay=Replay(pool, {settings})"
-            if group == "replay" and source != "ForgetWatchConfig"
-            else f"{group}={settings}"
-        )
-
-    new = ", ".join(form(group, names) for group, names in by_group.items())
-    return f"{source}({old}) is deprecated and stops working in the next release; use {source}({new})"
+    if key not in _GROUPED:
+        return None
+    group, name = _GROUPED[key]
+    return f"{group}={GROUPS[group].__name__}({name}=...)"
 
 
 def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> ConfigProblem:
@@ -468,7 +439,7 @@ def _flatten(
 
 
 def _check(
-    flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int], together: bool
+    flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int]
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
     """Check flat settings: the config's own (by key), each group's (by field), and every
     problem, in the order the settings were given (each named as written)."""
@@ -479,7 +450,7 @@ def _check(
         given = {f: flat[k] for f, k in keys.items() if k in flat}
         if given:
             shown = {f: written.get(k, k) for f, k in keys.items()}  # as given, for errors
-            groups[name], found = check_group(group, given, source, shown.__getitem__, lines, together)
+            groups[name], found = check_group(group, given, source, shown.__getitem__, lines)
             problems += found
     order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
     problems.sort(key=lambda p: order.get(p.key or "", len(order)))

@@ -20,10 +20,6 @@ from forgetwatch.common.text import describe, shorten, suggestion
 from forgetwatch.config.options import MAX_INT, batch_size_problem
 from forgetwatch.probes.schema import check_category
 
-#: The replay weight "auto" starts from, and the bounds it stays within: never quite 0, so that
-#: a long spell without forgetting cannot switch replay off for good (0 doubled is 0).
-START, MIN_WEIGHT, MAX_WEIGHT = 1.0, 1e-3, 100.0
-
 #: Stop strings: at most this many, each at most this long. Generation matches them through a
 #: table transformers builds once per stop string over the whole vocabulary, as wide as the
 #: string is long; a stop string is a short marker such as "\n" or "Question:".
@@ -140,24 +136,6 @@ def non_negative(value: Any) -> float:
     number = _real(value, "a number >= 0", "0.1")
     if not number >= 0 or math.isinf(number):
         raise Invalid("a number >= 0", value, "write a number such as 0.1")
-    return number
-
-
-def weight_or_auto(value: Any) -> float | str:
-    expected = f'a number in [0, {MAX_WEIGHT:g}] or "auto"'
-    if isinstance(value, str) and value == "auto":
-        return value
-    try:
-        number = non_negative(value)
-    except Invalid as exc:
-        raise Invalid(expected, value, exc.hint) from None
-    if number > MAX_WEIGHT:
-        raise Invalid(
-            expected,
-            value,
-            f"a heavier replay loss swamps the trainer's (1e30 makes the weights NaN); "
-            f'"auto" steers the weight up to {MAX_WEIGHT:g} when forgetting needs it',
-        )
     return number
 
 

@@ -1,13 +1,12 @@
-"""The settings of a forgetwatch run, in six small groups, each option declared once.
+"""The settings of a forgetwatch run, in five small groups, each option declared once.
 
 A field of a group carries its type, its default and its check (from
 :mod:`forgetwatch.config.checks`); its help is the group docstring's ``Attributes:`` entry,
 which :func:`help_text` reads for the command line. A group checks its values when it is built
 and reports every problem it finds in one :class:`~forgetwatch.config.checks.ConfigError`.
 
-Each field also has a *flat key*: its name in a flat YAML file and as a keyword of earlier
-releases (``ReplaySettings.weight`` is ``replay_weight``). It is the field's name unless its
-metadata says otherwise. :class:`~forgetwatch.config.ForgetWatchConfig` holds one of each group.
+Each field also has a *flat key*: its name in a flat YAML file (``Stopping.metric`` is
+``stop_metric``). It is the field's name unless its metadata says otherwise. :class:`~forgetwatch.config.ForgetWatchConfig` holds one of each group.
 
 Example:
     >>> Stopping(max_forgetting=0.05, patience=3).metric
@@ -30,10 +29,10 @@ from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
 from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
 
-#: the forgetting rates a run may stop on (and replay steer by)
+#: the forgetting rates a run may stop on
 STOP_METRICS = ("forgetting", "forgetting_adjusted")
 
-__all__ = ["Output", "ReplaySettings", "Schedule", "Scoring", "Signals", "Stopping", "help_text"]
+__all__ = ["Output", "Schedule", "Scoring", "Signals", "Stopping", "help_text"]
 
 _LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
 
@@ -54,7 +53,7 @@ def option(
 
 
 def flat_key(f: Field[Any]) -> str:
-    """A field's name in flat YAML files and as a keyword of earlier releases."""
+    """A field's name in flat YAML files."""
     return f.metadata.get("key", f.name)
 
 
@@ -70,11 +69,6 @@ class _Group:
         for name, value in cleaned.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
 
-    @staticmethod
-    def _cross_check(values: Mapping[str, Any], name: Callable[[str], str]) -> list[tuple[str, str]]:
-        """``(field, message)`` for values that pass one by one but not together."""
-        return []
-
 
 def check_group(
     group: type[_Group],
@@ -82,25 +76,15 @@ def check_group(
     source: str,
     name: Callable[[str], str] = str,
     lines: Mapping[str, int] | None = None,
-    together: bool = True,
 ) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    """Check ``given`` (field name -> value) against ``group``'s declarations and, with
-    ``together``, the values that only fail together (the defaults standing in for what is
-    not given). Returns the normalised values by field name, and every problem, each naming its
-    field as ``name(field)`` at ``lines[name(field)]``."""
+    """Check ``given`` (field name -> value) against ``group``'s declarations. Returns the
+    normalised values by field name, and every problem, each naming its field as
+    ``name(field)`` at ``lines[name(field)]``."""
     declared = fields(group)  # type: ignore[arg-type]
     lines = lines or {}
     checks = {name(f.name): f.metadata["check"] for f in declared}
     cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines)
-    by_field = {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}
-    if together and not problems:
-        defaults = {
-            f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
-            for f in declared
-        }
-        for field_name, message in group._cross_check({**defaults, **by_field}, name):
-            problems.append(ConfigProblem(source, lines.get(name(field_name)), name(field_name), message))
-    return by_field, problems
+    return {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}, problems
 
 
 @functools.cache
@@ -266,94 +250,6 @@ class Signals(_Group):
             0, 4096, "each row is one forward pass at every evaluation, and its base distribution is kept all run"
         ),
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplaySettings(_Group):
-    """How a replay pool repairs forgetting (flat keys ``replay_*`` and ``forgetting_target``).
-
-    Attributes:
-        loss: The loss replayed rows add: "lm" (next-token loss on their text) or "kl" (KL from
-            the base model's next-token distribution on them, kept once when training begins).
-        top_k: With loss "kl": the base's most likely next tokens kept per position, the rest as
-            one tail mass (1 to 1024).
-        weight: How much the replay loss counts next to the trainer's (0 to 100; 0 replays
-            nothing), or "auto": set at each evaluation to bring forgetting to ``target``.
-        target: With weight "auto": the forgetting rate (``Stopping.metric``) the replay weight
-            steers toward (0.001..1).
-        batch_size: Pool rows replayed before each optimizer step (1 to 1024).
-        select: How rows are drawn: "categories" (by the forgetting of the probe category each
-            row names, measured at the last evaluation), "rows" (by how much each row's own loss
-            rose above the base's at the last evaluation: no categories needed) or "uniform".
-        scan_rows: With select "rows" (or weight "auto", to judge its reach): the pool rows
-            measured at each evaluation, a fixed seeded sample when the pool is larger (1 to
-            4096); with select "rows" only those rows are replayed.
-        seed: The seed of the draws (the same on every rank).
-
-    Example:
-        >>> ReplaySettings(weight="auto", target=0.05).loss
-        'lm'
-        >>> ReplaySettings(weight="auto")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-            ...
-        forgetwatch.config.checks.ConfigError: ReplaySettings: key 'target': weight="auto" steers toward ...
-    """
-
-    loss: str = option("lm", check=check.choice(("lm", "kl")), key="replay_loss")
-    top_k: int = option(
-        32,
-        key="replay_top_k",
-        check=check.integer(
-            1,
-            1024,
-            "each costs 6 bytes at every position of every replay row, kept all run: "
-            "a few dozen carry nearly all of the base's probability",
-        ),
-    )
-    weight: float | str = option(1.0, check=check.weight_or_auto, key="replay_weight")
-    target: float | None = option(
-        None,
-        key="forgetting_target",
-        check=check.optional(
-            check.rate(
-                False,
-                False,
-                "0.05",
-                floor=0.001,
-                why="the weight moves by the relative miss (forgetting - target) / target: "
-                "below 0.1 % (0 divides by zero) one forgotten probe would overflow it",
-            ),
-            "no target",
-        ),
-    )
-    batch_size: int = option(
-        8,
-        key="replay_batch_size",
-        check=check.integer(
-            1,
-            1024,
-            "each row replayed costs a forward and a backward pass before every optimizer step; a few dozen are plenty",
-        ),
-    )
-    select: str = option("categories", key="replay_select", check=check.choice(("categories", "rows", "uniform")))
-    scan_rows: int = option(
-        512,
-        key="replay_scan_rows",
-        check=check.integer(
-            1,
-            4096,
-            "each scanned row is one forward pass at every evaluation (and 4 bytes in each history record); "
-            "a few hundred measure a pool well",
-        ),
-    )
-    seed: int = option(0, check=check.integer(0), key="replay_seed")
-
-    @staticmethod
-    def _cross_check(values: Mapping[str, Any], name: Callable[[str], str]) -> list[tuple[str, str]]:
-        if values["weight"] == "auto" and values["target"] is None:
-            message = f'{name("weight")}="auto" steers toward a forgetting rate: give {name("target")}, e.g. 0.05'
-            return [("target", message)]
-        return []
 
 
 @dataclass(frozen=True, kw_only=True)

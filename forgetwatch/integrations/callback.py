@@ -18,18 +18,17 @@ from transformers import TrainerState as State
 from transformers import TrainingArguments as Args
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config import ForgetWatchConfig
+from forgetwatch.config import ForgetWatchConfig, unknown_keyword
 from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
 from forgetwatch.integrations.train_data import TrainRows, training_rows
 from forgetwatch.integrations.trainer_link import TrainerLink, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.probes import ProbesLike
-from forgetwatch.replay import ReplayPool
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.store import SUBDIR
 from forgetwatch.run.repair import Repair, Repairable
-from forgetwatch.run.watch import Watch, settle
+from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
 from forgetwatch.sinks.hook import OnForgetting
@@ -38,11 +37,12 @@ logger = logging.getLogger("forgetwatch")
 
 #: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
 _OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "refusal_detector", "clock", "sinks")
-#: what the watch knows, read through the callback as before
-_FORWARDED = frozenset(
-    "config probes history trajectory base_answers stop_reason monitoring_seconds output_dir history_path "
-    "on_forgetting summary".split()
-)
+#: keywords passed through to the watch as they are
+_PASSED = ("config", "refusal_detector", "clock")
+
+
+def _of_watch(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.watch, name), doc=doc)
 
 
 class ForgetWatchCallback(TrainerCallback):
@@ -70,16 +70,16 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer: defaults to the trainer's ``processing_class``.
         scoring, schedule, stopping, signals, output: the settings of each group (see
             :mod:`forgetwatch.config.settings`), e.g. ``scoring=Scoring(batch_size=16)``.
-        replay: a :class:`~forgetwatch.ReplayPool` (or its file) to repair forgetting with, or a
-            repair method (default ``None``: no repair). A pool holding a probe's question is refused.
+        replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, replayed with
+            the defaults) to repair forgetting with (default ``None``: no repair). A pool holding a
+            probe's question is refused.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`).
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
         trainer: the trainer running this callback, if known; otherwise it is found when
             training begins (see :mod:`forgetwatch.integrations.trainer_link`).
         **settings: passed to the :class:`~forgetwatch.Watch`: ``config`` (a
             :class:`~forgetwatch.config.ForgetWatchConfig`, which the keywords above override),
-            ``refusal_detector``, ``clock``, and the flat settings of earlier releases
-            (``replay_weight=``, ``batch_size=``, ...: a ``FutureWarning`` names the new form).
+            ``refusal_detector`` and ``clock``.
 
     Attributes:
         watch: the :class:`~forgetwatch.Watch` doing the work; ``history`` (``(global_step,
@@ -105,20 +105,17 @@ class ForgetWatchCallback(TrainerCallback):
         stopping: Stopping | None = None,
         signals: Signals | None = None,
         output: Output | None = None,
-        replay: Repair | Repairable | str | os.PathLike[str] | None = None,
+        replay: Repair | Repairable | None = None,
         sinks: Iterable[Any] = (),
         on_forgetting: OnForgetting | None = None,
         trainer: Any = None,
         **settings: Any,
     ):
-        if isinstance(replay, (str, os.PathLike)):  # a pool's file, as earlier releases took
-            replay = ReplayPool.from_jsonl(replay)
-        # every keyword but the trainer's own (tokenizer, trainer) is the watch's; earlier
-        # releases' keywords are settled here, so their warning names this class and its caller
+        # every keyword but the trainer's own (tokenizer, trainer) is the watch's
         mine = {k: v for k, v in locals().items() if k not in ("self", "tokenizer", "trainer", "settings")}
-        own = {k: settings.pop(k) for k in ("refusal_detector", "clock") if k in settings}
-        config = settle(settings.pop("config", None), {}, settings, type(self).__name__)
-        self.watch = Watch(**mine, **own, config=config)
+        if unknown := [k for k in settings if k not in _PASSED]:
+            raise unknown_keyword(type(self).__name__, unknown[0], [*mine, "tokenizer", "trainer", *_PASSED])
+        self.watch = Watch(**mine, **settings)
         self.tokenizer = tokenizer
         self._link = TrainerLink(self, trainer)
         self._eval_logged_at: int | None = None
@@ -147,10 +144,13 @@ class ForgetWatchCallback(TrainerCallback):
             kwargs["base"] = own.pop("base")
         return cls(config=ForgetWatchConfig.from_yaml(path, **kwargs), **own)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _FORWARDED:
-            return getattr(self.__dict__["watch"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    history = _of_watch("history", "``(global_step, TransitionReport)`` per evaluation so far.")
+    trajectory = _of_watch("trajectory", "Every probe's verdict at every evaluation (a Trajectory).")
+    base_answers = _of_watch("base_answers", "The base model's answers, once training began.")
+    stop_reason = _of_watch("stop_reason", "Why the run was stopped, if it was.")
+    monitoring_seconds = _of_watch("monitoring_seconds", "Wall time spent monitoring so far.")
+    config = _of_watch("config", "The settings in force (a ForgetWatchConfig).")
+    summary = _of_watch("summary", "What the run measured, as text: ``callback.summary()``.")
 
     # -- trainer events ------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ environment variables for ms-swift (which refuses flags it does not know). Each 
 ``FORGETWATCH_MAX_FORGETTING``), and two more exist only here:
 
 - ``config``: a forgetwatch YAML (any of ``configs/``); the other settings override it;
-- ``replay``: a replay pool file (JSONL) to repair forgetting with.
+- ``replay``: a replay pool file (JSONL) to repair forgetting with, and ``replay_<option>``
+  for each of :class:`~forgetwatch.Replay`'s options (``replay_weight``, ``replay_loss``, ...).
 
 ``probes`` is a probe file, a list of lm-eval task names, or ``{lm_eval: [...], num_fewshot: 5}``.
 An unknown name, a wrong value or a bad probe file is one error naming the setting as the user
@@ -32,11 +33,12 @@ from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.probe_set import as_probe_set
-from forgetwatch.replay import ReplayPool
+from forgetwatch.replay import Replay, ReplayPool
+from forgetwatch.replay.replay import OPTIONS, checked_options
 
 KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
 #: settings of the frameworks' own, beside the config's flat keys
-EXTRA = ("config", "replay")
+EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS))
 #: every setting a framework may give, without its prefix
 NAMES = (*FLAT_KEYS, *EXTRA)
 
@@ -55,7 +57,7 @@ class FrameworkSettings:
 
     config: ForgetWatchConfig
     probes: ProbeSet
-    replay: ReplayPool | None = None
+    replay: Replay | None = None
 
     @classmethod
     def from_keys(
@@ -143,6 +145,16 @@ class FrameworkSettings:
         for name, value in (("config", config_path), ("replay", replay_path)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 problems.append(Problem(source, None, named(name), f"expected a file path, got {describe(value)}"))
+        replay_options = {}
+        for name in OPTIONS:
+            if (value := given.pop(f"replay_{name}", None)) is not None:
+                try:
+                    replay_options.update(checked_options(**{name: value}))
+                except ValueError as err:
+                    problems.append(Problem(source, None, named(f"replay_{name}"), str(err).removeprefix(f"{name}= ")))
+        if replay_options and replay_path is None:
+            message = f"replay options need a pool: set {named('replay')} to a replay pool file"
+            problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
         if "probes" in given:
             given["probes"] = probes_setting(given["probes"])
         if problems:
@@ -159,9 +171,10 @@ class FrameworkSettings:
             where = f" or give probes in the file {named('config')} names" if config_path is None else ""
             raise ConfigError([Problem(source, None, named("probes"), message + where)])
         probes = as_probe_set(config.probes)
-        replay = ReplayPool.from_jsonl(replay_path) if replay_path is not None else None
-        if replay is not None:
-            replay.check_disjoint(probes)
+        replay = None
+        if replay_path is not None:
+            replay = Replay(ReplayPool.from_jsonl(replay_path), **replay_options)
+            replay.hold_out(probes)
         return cls(config, probes, replay)
 
     def callback(self, trainer: Any = None) -> ForgetWatchCallback:
@@ -178,7 +191,7 @@ class FrameworkSettings:
         when = f"every {steps} steps" if steps else f"within a {config.schedule.max_overhead:.0%} time budget"
         limit = config.stopping.max_forgetting
         stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
-        replay = f", replaying {len(self.replay)} rows" if self.replay is not None else ""
+        replay = f", replaying {len(self.replay.pool)} rows" if self.replay is not None else ""
         return (
             f"[forgetwatch] {framework} plugin loaded: {len(self.probes)} probes ({what}), evaluating "
             f"{when}{stop}{replay}; results in the run's output_dir/forgetwatch"
@@ -203,7 +216,7 @@ def _known(name: str) -> str:
 def _env_value(name: str, text: str) -> Any:
     """An environment variable's text as a setting's value: paths stay text unless a list or
     mapping is written (lm-eval tasks); everything else is read as a config file's values are."""
-    if name in (*PATH_KEYS, *EXTRA) and not text.lstrip().startswith(("[", "{")):
+    if name in (*PATH_KEYS, "config", "replay") and not text.lstrip().startswith(("[", "{")):
         return text
     return read_value(text, "environment")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from forgetwatch.replay.pool import ReplayRow
+from forgetwatch.replay.rows import ReplayRow
 from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.next_tokens import aligned_targets, kl_to_base, right_padded, target_mask
 
@@ -112,7 +112,7 @@ def kl_backward(
 ) -> float:
     """Like :func:`replay_backward`, for the mean over target positions of KL(base ‖ current):
     each row's ``targets`` are the base's top-k token ids and log-probabilities per target
-    position and the log of its mass outside them (:class:`~forgetwatch.replay.base_cache.BaseDistribution`);
+    position and the log of its mass outside them (:class:`~forgetwatch.scoring.next_tokens.BaseDistribution`);
     the current model's mass outside the same k tokens stands for its tail."""
 
     def kl(logits: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> torch.Tensor:

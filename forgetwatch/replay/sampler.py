@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from forgetwatch.common.text import shorten
-from forgetwatch.replay.pool import ReplayPool, ReplayRow
+from forgetwatch.replay.rows import ReplayRow
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["ReplaySampler", "RowSampler", "category_weights"]
+__all__ = ["ReplaySampler", "category_weights"]
 
 #: Share of the draws spread evenly over the categories, so that none starves.
 FLOOR = 0.1
@@ -67,19 +67,19 @@ def _figure(x: float) -> float:
 class ReplaySampler:
     """Draws batches of replay rows: a category per row by the weights, then the category's
     next row in a seeded shuffled order (every row once before any twice). ``uniform``: every
-    row in one category, ``"all"`` (``replay_select="uniform"``).
+    row in one category, ``"all"`` (``select="uniform"``).
 
     Example:
-        >>> pool = ReplayPool.from_records([{"id": f"r{i}", "text": "t", "category": "ab"[i % 2]} for i in range(6)])
-        >>> sampler = ReplaySampler(pool, seed=0)
+        >>> rows = [ReplayRow(id=f"r{i}", text="t", category="ab"[i % 2]) for i in range(6)]
+        >>> sampler = ReplaySampler(rows, seed=0)
         >>> [r.id for r in sampler.next_batch(4, {"a": 1.0, "b": 0.0})]
         ['r2', 'r4', 'r0', 'r0']
     """
 
-    def __init__(self, pool: ReplayPool, seed: int = 0, uniform: bool = False):
+    def __init__(self, pool: Sequence[ReplayRow], seed: int = 0, uniform: bool = False):
         self.pool = pool
         self.seed = seed
-        self.categories = ["all"] if uniform else pool.categories
+        self.categories = ["all"] if uniform else sorted({r.category for r in pool})
         self._rows: dict[str, list[int]] = {c: [] for c in self.categories}
         for i, row in enumerate(pool):
             self._rows["all" if uniform else row.category].append(i)
@@ -115,12 +115,17 @@ class ReplaySampler:
         from 0, and at most ``max_drawn`` batches drawn (one per optimizer step so far).
 
         Example:
-            >>> sampler = ReplaySampler(ReplayPool.from_records([{"id": "r1", "text": "t"}]), seed=0)
+            >>> sampler = ReplaySampler([ReplayRow(id="r1", text="t")], seed=0)
             >>> sampler.state_problem({"seed": 0, "drawn": -1, "taken": {"all": 0}}, max_drawn=10)
             'its count of batches drawn is -1, not a whole number from 0 to 10'
         """
-        if problem := _draws_problem(state, {"seed", "drawn", "taken"}, self.seed, max_drawn):
-            return problem
+        if not isinstance(state, Mapping) or set(state) != {"seed", "drawn", "taken"}:
+            return f"its draws are not {{seed, drawn, taken}}: {shorten(state)}"
+        if type(state["seed"]) is not int or state["seed"] != self.seed:
+            return f"made with seed={shorten(state['seed'])}, not {self.seed}"
+        if not _count(state["drawn"], max_drawn):
+            most = "" if max_drawn is None else f" to {max_drawn}"
+            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
         taken = state["taken"]
         if not isinstance(taken, Mapping) or set(taken) != set(self.categories):
             have = sorted(taken) if isinstance(taken, Mapping) else shorten(taken)
@@ -138,57 +143,6 @@ class ReplaySampler:
         self.drawn = state["drawn"]
         self._taken = dict(state["taken"])
         self._orders = {}
-
-
-class RowSampler:
-    """Draws batches of the scanned rows (``replay_select="rows"``), each batch by the rows'
-    probabilities (:func:`~forgetwatch.replay.scan.row_probabilities`): without replacement when
-    the batch is no larger than the rows. Like :class:`ReplaySampler`, the draws depend only on
-    the seed, the count of batches drawn before and the probabilities.
-
-    Example:
-        >>> pool = ReplayPool.from_records([{"id": f"r{i}", "text": "t"} for i in range(4)])
-        >>> sampler = RowSampler(pool, np.arange(4), seed=0)
-        >>> sorted(r.id for r in sampler.next_batch(2, np.array([0.0, 0.5, 0.5, 0.0])))
-        ['r1', 'r2']
-    """
-
-    def __init__(self, pool: ReplayPool, sample: np.ndarray, seed: int = 0):
-        self.pool, self.sample, self.seed = pool, sample, seed
-        self.rows = [pool[int(i)] for i in sample]
-        self.drawn = 0
-
-    def next_batch(self, size: int, p: np.ndarray) -> list[ReplayRow]:
-        rng = np.random.default_rng([self.seed, self.drawn])
-        picks = rng.choice(len(self.rows), size=size, replace=size > int((p > 0).sum()), p=p)
-        self.drawn += 1
-        return [self.rows[int(i)] for i in picks]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "drawn": self.drawn}
-
-    def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
-        """Why ``state`` cannot be this sampler's (``None`` if it can); see :meth:`ReplaySampler.state_problem`."""
-        return _draws_problem(state, {"seed", "drawn"}, self.seed, max_drawn)
-
-    def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
-        if problem := self.state_problem(state, max_drawn):
-            raise ValueError(f"this replay state cannot be used: {problem}")
-        self.drawn = state["drawn"]
-
-
-def _draws_problem(state: Any, keys: set[str], seed: int, max_drawn: int | None) -> str | None:
-    """Why ``state`` is not a sampler's draws with ``keys``, made with ``seed`` (``None`` if it is)."""
-    if not isinstance(state, Mapping) or set(state) != keys:
-        return (
-            f"its draws are not {{{', '.join(sorted(keys, key=['seed', 'drawn', 'taken'].index))}}}: {shorten(state)}"
-        )
-    if type(state["seed"]) is not int or state["seed"] != seed:
-        return f"made with replay_seed={shorten(state['seed'])}, not {seed}"
-    if not _count(state["drawn"], max_drawn):
-        most = "" if max_drawn is None else f" to {max_drawn}"
-        return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
-    return None
 
 
 def _count(value: Any, most: int | None) -> bool:

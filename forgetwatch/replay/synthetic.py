@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,11 +25,11 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line, shorten
-from forgetwatch.replay.base_cache import ReplayFileError, read_kept_json
-from forgetwatch.replay.pool import ReplayPool
+from forgetwatch.replay.kept import ReplayFileError, kept_copy, key_problem, read_kept_json
 from forgetwatch.scoring.generation import Generated, generate_sharded
+from forgetwatch.scoring.next_tokens import first_usable
 
-__all__ = ["KeptAnswers", "answer_prompts", "prompts_key"]
+__all__ = ["KeptAnswers", "answer_prompts", "answers_to_resume", "kept_answers", "prompts_key"]
 
 _FORMAT = "forgetwatch.replay_answers"
 #: A kept answers file larger than this is not one.
@@ -46,7 +47,7 @@ def prompts_key(prompt_ids: Mapping[str, list[int]]) -> str:
 def answer_prompts(
     model: torch.nn.Module,
     tokenizer: Any,
-    pool: ReplayPool,
+    pool: Any,
     prompt_ids: Mapping[str, list[int]],
     ranks: Ranks,
     rows_per_batch: int,
@@ -134,3 +135,25 @@ class KeptAnswers:
         if problem := kept.problem():
             raise ReplayFileError(path, f"damaged: {problem}")
         return kept
+
+
+def kept_answers(
+    paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None, prompts: Collection[str]
+) -> dict[str, Any]:
+    """The first of ``paths`` (``replay_answers.json`` files) made with ``key`` (the pool, its
+    prompts' tokens and the base model) that answers each of ``prompts`` (the pool's row ids) with
+    token ids that fit the model's ``vocab``, and why each one before it was passed over:
+    JSON-ready, to share from rank 0."""
+
+    def problem(kept: KeptAnswers) -> str | None:
+        return key_problem(kept.key, key) or kept.problem(vocab, prompts)
+
+    kept, rejected = first_usable(paths, KeptAnswers.load, problem)
+    return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}
+
+
+def answers_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[KeptAnswers, str | None]:
+    """The answers :func:`kept_answers` ``found`` (see :func:`kept_copy`)."""
+    needs = "a pool of prompts replays the base model's answers to them"
+    kept, warning = kept_copy(found, paths, "replay answers", needs)
+    return KeptAnswers.from_dict(kept), warning

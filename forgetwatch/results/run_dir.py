@@ -9,10 +9,7 @@ by default ``OUTPUT_DIR/forgetwatch``), and a copy of them in each checkpoint's
   trajectory column;
 - ``probes.jsonl``: the probe set, for the report's questions;
 - ``answers_latest.npz``: the last evaluation's answers (run directory only);
-- ``replay.json``, ``replay_base.npz``, ``replay_scan.json``, ``replay_answers.json``: replay's
-  draws, the base's distribution on the replay rows, its loss on the scanned rows and its
-  answers to a pool's prompts (read back, checked, by
-  :mod:`forgetwatch.replay.resume`);
+- a repair method's own files (replay's: ``replay.json`` and the like), named by the method;
 - ``train_kl.npz``: the training rows the train-KL signal measures and the base's distribution
   on them (:mod:`forgetwatch.run.train_kl`);
 - ``manifest.json``: in a checkpoint, written last; the copy is whole (:func:`~forgetwatch.results.store.copy_problem`);
@@ -51,10 +48,6 @@ __all__ = ["Run", "load_trajectory", "read_records", "read_run", "read_snapshot"
 SNAPSHOT = "base_answers.npz"
 HISTORY = "history.jsonl"
 PROBES = "probes.jsonl"  # the questions, for reports
-REPLAY_STATE = "replay.json"  # in a checkpoint: where the replay draws stood
-REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the replay rows
-REPLAY_SCAN = "replay_scan.json"  # the base's loss on the scanned replay rows (replay_select="rows")
-REPLAY_ANSWERS = "replay_answers.json"  # the base's answers to a pool's prompts (synthetic replay)
 TRAIN_KL = "train_kl.npz"  # the train-KL signal's rows and the base's next-token distribution on them
 MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
 LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)

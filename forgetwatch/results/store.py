@@ -9,7 +9,7 @@ A checkpoint's copy is whole or not used: its files are written first, then ``ma
 (each file's size and sha256); :func:`copy_problem` says why a folder cannot be used (no
 manifest: the copy was cut short, e.g. by kill -9; a file missing or other than the one
 copied), and a resume then falls back to the run directory. The files written once per run
-(snapshot, probes, the replay base) are kept in memory too: a run directory deleted during
+(snapshot, probes, a repair method's) are kept in memory too: a run directory deleted during
 training gets them back, and later checkpoints still hold them.
 
 One watch writes in a run directory at a time (:meth:`RunStore.claim`, ``watch.lock``), and a
@@ -45,10 +45,6 @@ from forgetwatch.results.run_dir import (
     MANIFEST,
     PREVIOUS,
     PROBES,
-    REPLAY_ANSWERS,
-    REPLAY_BASE,
-    REPLAY_SCAN,
-    REPLAY_STATE,
     SNAPSHOT,
     SUBDIR,
     TRAIN_KL,
@@ -66,10 +62,6 @@ __all__ = [
     "MANIFEST",
     "PREVIOUS",
     "PROBES",
-    "REPLAY_ANSWERS",
-    "REPLAY_BASE",
-    "REPLAY_SCAN",
-    "REPLAY_STATE",
     "SNAPSHOT",
     "SUBDIR",
     "TRAIN_KL",
@@ -78,16 +70,13 @@ __all__ = [
     "copy_problem",
 ]
 
-#: Every file forgetwatch writes in its folders (nothing else there is touched).
-FILES = (SNAPSHOT, HISTORY, PROBES, REPLAY_STATE, REPLAY_BASE, REPLAY_SCAN, REPLAY_ANSWERS, TRAIN_KL, MANIFEST)
+#: Every file the monitor itself writes in its folders (a repair method names its own; nothing else there is touched).
+FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 #: What a write-once file that could not be written costs, for the warning.
 _WHAT = {
     SNAPSHOT: "the base snapshot is",
     PROBES: "the probe set (the report's questions) is",
-    REPLAY_BASE: "the base's distribution on the replay rows is",
-    REPLAY_SCAN: "the base's loss on the scanned replay rows is",
-    REPLAY_ANSWERS: "the base's answers to the replay prompts are",
     TRAIN_KL: "the base's distribution on the training rows (train KL) is",
 }
 #: The stores of this process that wrote a run directory's lock, by the lock's real path
@@ -114,8 +103,9 @@ class RunStore:
         0
     """
 
-    def __init__(self, directory: str | os.PathLike[str]):
+    def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
+        self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
         # the history as the file must hold it before the unwritten records; None: what the
         # file holds (read when a rewrite needs it). Once records are unwritten, the next
         # write rewrites the whole file, so a half-written line never stays in the middle.
@@ -223,7 +213,7 @@ class RunStore:
 
     def set_aside(self) -> Path | None:
         """Before a fresh run: move every file an earlier run left in the run directory (its
-        snapshot, history, probes, replay and train-KL files, last answers, damaged histories)
+        snapshot, history, probes, a repair method's and train-KL files, last answers, damaged histories)
         into one new folder, ``previous-<n>``, so that none is overwritten or mixed with this
         run's; a cached snapshot is read from there. Each file is moved whole, into a
         ``previous.partial`` folder renamed at the end: one cut short (kill -9) is completed by
@@ -237,7 +227,7 @@ class RunStore:
             PosixPath('out/forgetwatch/previous-1')
         """
         partial = self.dir / f"{PREVIOUS}.partial"
-        names = [n for n in (*FILES, LATEST) if os.path.lexists(self.dir / n)]
+        names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
         names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
         try:
             if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
@@ -282,7 +272,7 @@ class RunStore:
         """
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
-            for path in leftover_temporaries(folder, (*FILES, LATEST, LOCK)):
+            for path in leftover_temporaries(folder, (*self.files, LATEST, LOCK)):
                 try:
                     path.unlink()
                 except OSError as err:
@@ -316,12 +306,8 @@ class RunStore:
         """Write the probe set beside the history, for reports (a failure warns, and is retried)."""
         return self._save_once(PROBES, probes.to_jsonl)
 
-    def save_replay_base(self, base: Any) -> bool:
-        """Keep the base's distribution on the replay rows with the run (copied into checkpoints)."""
-        return self.keep(REPLAY_BASE, base.save)
-
     def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
-        """Write a file made once for the run (one of :data:`FILES`) with ``write(path)`` and
+        """Write a file made once for the run (one of :attr:`files`) with ``write(path)`` and
         keep it for checkpoints; on failure it warns and is retried. Whether it is on disk."""
         return self._save_once(name, write)
 
@@ -427,7 +413,7 @@ class RunStore:
         Whether everything is on disk.
 
         Example:
-            >>> store.copy_to("out/checkpoint-20/forgetwatch", extra={REPLAY_STATE: {"drawn": 40}})  # doctest: +SKIP
+            >>> store.copy_to("out/checkpoint-20/forgetwatch", extra={"replay.json": {"drawn": 40}})  # doctest: +SKIP
             True
         """
         if self._gone():
@@ -551,7 +537,7 @@ class RunStore:
             with atomic_write(target / name) as f:
                 f.write(strict_dumps(value))
             names.append(name)
-        for name in set(FILES) - set(names) - {MANIFEST}:
+        for name in set(self.files) - set(names) - {MANIFEST}:
             (target / name).unlink(missing_ok=True)  # an earlier copy's, not part of this one
         manifest = {"format": _MANIFEST_FORMAT, "files": {name: _digest(target / name) for name in names}}
         with atomic_write(target / MANIFEST) as f:
@@ -578,8 +564,8 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         return f"{MANIFEST} cannot be read ({first_line(err)})"
     for name, listed in files.items():
-        if name not in FILES or name == MANIFEST:
-            return f"{MANIFEST} lists {shorten(name)}, not a file of forgetwatch's"
+        if not isinstance(name, str) or name == MANIFEST or Path(name).name != name or name in ("", ".", ".."):
+            return f"{MANIFEST} lists {shorten(name)}, not a file's name"
         file = directory / name
         if not file.is_file():
             return f"{name} is missing"

@@ -2,7 +2,7 @@
 each evaluation and before each optimizer step; it keeps and restores its own state.
 
 A repair method is any object with the methods of :class:`Repair`. The run knows nothing of
-pools, samplers or caches: :class:`~forgetwatch.replay.driver.Replay` is one such object, and a
+pools, samplers or caches: :class:`~forgetwatch.Replay` is one such object, and a
 second method is a sibling of ``replay/``.
 """
 
@@ -38,7 +38,6 @@ class RunContext:
         last_report: the last evaluation's report, if any.
         base: ``"adapter_disabled"``, a ``base=`` file, or ``None`` (the base was scored from the model).
         base_meta: the base answers' ``meta`` (the model and weights they were scored from).
-        stop_metric: which forgetting rate the run steers and stops on.
         state: the method's own state from :meth:`~forgetwatch.Watch.load_state_dict`, if given.
         sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
         precision: what the monitor's own forwards compute in (``Scoring.precision``).
@@ -55,7 +54,6 @@ class RunContext:
     last_report: TransitionReport | None = None
     base: Any = None
     base_meta: Mapping[str, Any] = field(default_factory=dict)
-    stop_metric: str = "forgetting"
     state: Mapping[str, Any] | None = None
     sharded: bool = False
     precision: str = "weights"
@@ -87,16 +85,18 @@ class RunContext:
 
 
 class Repairable(Protocol):
-    """What offers a repair method for a run's replay settings (a :class:`~forgetwatch.ReplayPool`)."""
+    """What offers a repair method with its defaults (a :class:`~forgetwatch.ReplayPool`)."""
 
-    def as_repair(self, settings: Any) -> Repair: ...
+    def as_repair(self) -> Repair: ...
 
 
 @runtime_checkable
 class Repair(Protocol):
-    """A repair method: ``name`` keys its entry in each history record and its files."""
+    """A repair method: ``name`` keys its entry in each history record and its state file;
+    ``files``: the names of the files it keeps with the run (set aside and copied with the monitor's)."""
 
     name: str
+    files: tuple[str, ...]
 
     def hold_out(self, probes: Any) -> None:
         """Refuse (a ``ValueError`` naming both) training data that holds a probe: called when

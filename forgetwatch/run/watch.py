@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
 import math
 import numbers
@@ -28,7 +27,7 @@ from forgetwatch.behaviour.drift import token_counter
 from forgetwatch.common import strict_json
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import pct
-from forgetwatch.config import ADAPTER_DISABLED, ForgetWatchConfig, split_legacy
+from forgetwatch.config import ADAPTER_DISABLED, ForgetWatchConfig, checked_keywords
 from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
 from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
@@ -63,19 +62,14 @@ STATE_FORMAT = "forgetwatch.watch"
 STATE_VERSION = 1
 
 
-def settle(
-    config: ForgetWatchConfig | None, groups: Mapping[str, Any], legacy: Mapping[str, Any], source: str, **flat: Any
-) -> ForgetWatchConfig:
+def settle(config: ForgetWatchConfig | None, groups: Mapping[str, Any], **flat: Any) -> ForgetWatchConfig:
     """One config from what a run was given: ``config`` (or the defaults), whole ``groups``
-    in place of its own, ``legacy`` flat keywords (warned, see
-    :func:`~forgetwatch.config.split_legacy`), then the ``flat`` keywords given (not ``None``)."""
+    in place of its own, then the ``flat`` keywords given (not ``None``)."""
     config = config or ForgetWatchConfig()
-    split_legacy(legacy, source=source, stacklevel=3)  # unknown keys refused, the rest warned
     groups = {name: group for name, group in groups.items() if group is not None}
     if groups:
         config = config.replace(**groups)
     given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
-    given = {**legacy, **given}  # as flat keys: an error names them as they were written
     return config.replace(**given) if given else config
 
 
@@ -85,15 +79,15 @@ def _seconds(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-def as_repair(replay: Repair | Repairable | None, config: ForgetWatchConfig) -> Repair | None:
-    """``replay=`` as a repair method: what offers one for the config's replay settings (a
-    :class:`~forgetwatch.ReplayPool`) gives it; a repair method is taken as it is."""
+def as_repair(replay: Repair | Repairable | None) -> Repair | None:
+    """``replay=`` as a repair method: what offers one (a :class:`~forgetwatch.ReplayPool`, replayed
+    with the defaults) gives it; a repair method is taken as it is."""
     if isinstance(replay, (str, os.PathLike)):
         raise TypeError(
             f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
         )
     make = getattr(replay, "as_repair", None)
-    return make(config.replay) if callable(make) else replay
+    return make() if callable(make) else replay
 
 
 class Watch:
@@ -118,7 +112,7 @@ class Watch:
         scoring, schedule, stopping, signals, output: the settings of each group (see
             :mod:`forgetwatch.config.settings`; default: the config's, else the group's defaults).
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
-            :class:`~forgetwatch.ReplayPool` replayed with the config's replay settings.
+            :class:`~forgetwatch.ReplayPool` replayed with the defaults.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,
             unless a sink's ``all_ranks`` is true. They are handed copies (what they change
             never reaches the run), and a call may take at most :attr:`sink_seconds` (a sink
@@ -129,8 +123,6 @@ class Watch:
             above override it.
         clock: what the schedule, ``monitoring_seconds`` and train KL's time for its base read
             (default ``time.perf_counter``).
-        **legacy: flat settings of earlier releases (``replay_weight=``, ``batch_size=``, ...):
-            they work for this release, with a ``FutureWarning`` naming the new form.
 
     Attributes:
         sink_seconds: how long one call of a user's sink (or ``on_forgetting``) may take
@@ -146,6 +138,7 @@ class Watch:
         >>> watch.finish(model, step)                                         # doctest: +SKIP
     """
 
+    @checked_keywords
     def __init__(
         self,
         probes: ProbesLike | None = None,
@@ -165,13 +158,10 @@ class Watch:
         refusal_detector: Callable[[str], bool] | None = None,
         config: ForgetWatchConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        **legacy: Any,
     ):
         config = settle(
             config,
             dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals, output=output),
-            legacy,
-            type(self).__name__,
             eval_steps=eval_steps,
             max_forgetting=max_forgetting,
             output_dir=output_dir,
@@ -183,7 +173,7 @@ class Watch:
         # a bad probe file fails here, before any training
         self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
         config.check_categories(self.probes.categories)
-        self.repair = as_repair(replay, config)
+        self.repair = as_repair(replay)
         if self.repair is not None:
             self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
         self.config = config
@@ -277,7 +267,7 @@ class Watch:
         self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
         if self.store is not None:
             self.store.release()  # this watch's earlier run (train() called again) is over
-        self.store = RunStore(directory)
+        self.store = RunStore(directory, getattr(self.repair, "files", ()))
         resumed = step > 0
         # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
         # what a kill -9 left half-written, and sets an earlier run's files aside
@@ -332,7 +322,6 @@ class Watch:
                 last_report=self.history[-1][1] if self.history else None,
                 base=self.base_given,
                 base_meta=self.base_answers.meta,
-                stop_metric=c.stopping.metric,
                 state=(self._loaded or {}).get("repair"),
                 sharded=sharded,
                 precision=c.scoring.precision,
@@ -436,14 +425,14 @@ class Watch:
             logged = with_trajectory_metrics(self.compare(answers, self._groups), self.trajectory, self._groups)
         metrics = metric_values(logged, self._logged)
         if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
-            self._repair_evaluation(report, model)
+            self.repair.on_evaluation(report, model)
             repaired = self.repair.metrics()
             record[self.repair.name] = {**repaired, **self.repair.state()}
             metrics.update({f"{PREFIX}{name}": value for name, value in repaired.items()})
         if self.train_kl is not None and (drift := self.train_kl.measure(model, self.ranks)):
             record["drift"] = drift  # inside the timed block: its cost is monitoring cost
             metrics[f"{PREFIX}drift/train_kl"] = drift["train_kl"]
-        notes = list(getattr(self.repair, "notes", list)())  # an optional method of a repair
+        notes = []
         if isinstance(self.schedule, EverySteps):  # what the fixed interval costs, and a warning once
             note, warning = self.schedule.pace(step, began, self.clock() - began)
             notes += [note] if note else []
@@ -504,18 +493,6 @@ class Watch:
                 "steps the weights have had (a trainer's global step)"
             )
         return step
-
-    def _repair_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
-        """``repair.on_evaluation(report, model)``; a repair method written for an earlier
-        release takes the report alone."""
-        try:
-            takes_model = len(inspect.signature(self.repair.on_evaluation).parameters) >= 2
-        except (TypeError, ValueError):  # no signature to read (a builtin): call it as documented
-            takes_model = True
-        if takes_model:
-            self.repair.on_evaluation(report, model)
-        else:
-            self.repair.on_evaluation(report)
 
     def finish(self, model: torch.nn.Module, step: int, *, close: bool = True) -> Evaluation | None:
         """Training ended at ``step``: one more evaluation unless this step has one (and

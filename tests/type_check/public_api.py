@@ -13,7 +13,6 @@ from forgetwatch import (
     ProbeSet,
     Replay,
     ReplayPool,
-    ReplaySettings,
     Schedule,
     Scoring,
     Stopping,
@@ -42,7 +41,7 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
         schedule=Schedule(eval_steps=50),
         stopping=Stopping(patience=2),
         output=Output(verbose=False),
-        replay=Replay(pool, ReplaySettings(weight="auto", target=0.05)),
+        replay=Replay(pool, loss="kl", weight=5.0, select="categories"),
     )
     watch.start(model, tokenizer)
     for step in range(1, steps + 1):

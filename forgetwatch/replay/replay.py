@@ -1,15 +1,13 @@
-"""Replay during a run: before each optimizer step, a batch of pool rows chosen by the forgetting
-measured at the last evaluation adds its weighted loss gradient to the trainer's.
+"""Replay during a run: before each optimizer step, a batch of pool rows, drawn by the forgetting
+measured at the last evaluation, adds its weighted loss gradient to the trainer's.
 
 Where: transformers clips gradients before ``on_pre_optimizer_step``, so the replay gradient
-is added there and, when ``max_grad_norm`` is set, the sum is clipped again: the clip sees the
-replay gradient too. Every rank draws the same rows (the draws are seeded), replays its share
-of them, and the replay gradient is summed over the ranks (an all-reduce, like DDP's for the
-trainer's own): the same on every rank, so parameters stay identical. Under fp16's gradient
-scaler the replay loss is backpropagated at the scaler's scale (half-precision gradients would
-underflow otherwise), then unscaled and weighted; a replay gradient that overflowed is left out
-of that step (the trainer's own is not touched). Sharded models (DeepSpeed ZeRO-3, FSDP) are
-refused when training begins: their gradients are not plain tensors here.
+is added there and, when ``max_grad_norm`` is set, the sum is clipped again. Every rank draws
+the same rows (the draws are seeded), replays its share of them, and the replay gradient is
+summed over the ranks (an all-reduce, like DDP's): parameters stay identical. Under fp16's
+gradient scaler the replay loss is backpropagated at the scaler's scale, then unscaled and
+weighted; a replay gradient that overflowed is left out of that step. Sharded models
+(DeepSpeed ZeRO-3, FSDP) are refused when training begins.
 """
 
 from __future__ import annotations
@@ -20,141 +18,255 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line, listing, shorten
-from forgetwatch.config.settings import ReplaySettings
-from forgetwatch.replay.base_cache import BaseDistribution, base_distribution
-from forgetwatch.replay.controller import START, Controller, reach_message
-from forgetwatch.replay.coverage import (
-    Coverage,
-    coverage,
-    covered_forgetting,
-    spill_over,
-    steering_note,
-    uncovered_losses,
-    uncovered_message,
+from forgetwatch.config import checks as check
+from forgetwatch.replay.coverage import Coverage, coverage, uncovered_losses, uncovered_message
+from forgetwatch.replay.kept import (
+    MAX_WEIGHT,
+    REPLAY_ANSWERS,
+    REPLAY_BASE,
+    REPLAY_STATE,
+    base_to_resume,
+    kept_base,
+    kept_state,
+    state_problem,
+    state_to_resume,
+    tokens_key,
 )
 from forgetwatch.replay.penalty import encode_rows, kl_backward, replay_backward, target_count
-from forgetwatch.replay.pool import ReplayPool, ReplayPoolError
-from forgetwatch.replay.resume import state_problem, tokens_key
-from forgetwatch.replay.sampler import ReplaySampler, RowSampler, category_weights
-from forgetwatch.replay.scan import (
-    ScanBase,
-    decode_increase,
-    encode_increase,
-    row_losses,
-    row_probabilities,
-    sample_key,
-    scan_sample,
-)
-from forgetwatch.replay.synthetic import answer_prompts
+from forgetwatch.replay.rows import ReplayPoolError
+from forgetwatch.replay.sampler import ReplaySampler, category_weights
+from forgetwatch.replay.synthetic import KeptAnswers, answer_prompts, answers_to_resume, kept_answers, prompts_key
+from forgetwatch.results.noise import noise_by_scope
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded
 from forgetwatch.scoring.generation import Generated, answered_row
-from forgetwatch.scoring.next_tokens import MeasureFailed
+from forgetwatch.scoring.next_tokens import BaseDistribution, base_distribution, logits_width
 from forgetwatch.scoring.scorer import pad_id
 
-__all__ = ["Replay"]
+__all__ = ["OPTIONS", "Replay"]
 
 logger = logging.getLogger("forgetwatch")
 
+#: Replay's options and their checks (in YAML and a framework's settings: ``replay_<name>``).
+OPTIONS: dict[str, Any] = {
+    "loss": check.choice(("lm", "kl")),
+    "weight": lambda value: _weight(value),
+    "select": check.choice(("categories", "uniform")),
+    "batch_size": check.integer(
+        1, 1024, "each row replayed costs a forward and a backward pass before every optimizer step"
+    ),
+    "top_k": check.integer(
+        1,
+        1024,
+        "each costs 6 bytes at every position of every replay row, kept all run: a few dozen carry nearly "
+        "all of the base's probability",
+    ),
+    "seed": check.integer(0),
+}
+#: Values a release before 0.1 took, and what to give instead.
+RETIRED = {
+    ("weight", "auto"): 'weight="auto" is retired: in its own benchmark it forgot more than a fixed weight '
+    "(2.5 % vs 1.2 %); give a number, e.g. weight=1.0",
+    ("select", "rows"): 'select="rows" is retired: drawing by category forgot fewer probes at every budget; '
+    'use select="categories" (or "uniform")',
+}
+
+
+def _weight(value: Any) -> float:
+    number = check.non_negative(value)
+    if number > MAX_WEIGHT:
+        raise check.Invalid(
+            f"a number from 0 to {MAX_WEIGHT:g}", value, "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
+        )
+    return number
+
+
+def checked_options(**given: Any) -> dict[str, Any]:
+    """Replay's options, checked: a ``ValueError`` naming the first bad one and what to give.
+
+    Example:
+        >>> checked_options(weight="auto")
+        Traceback (most recent call last):
+            ...
+        ValueError: weight="auto" is retired: in its own benchmark it forgot more than a fixed weight (2.5 % vs 1.2 %); give a number, e.g. weight=1.0
+    """
+    out = {}
+    for name, value in given.items():
+        if isinstance(value, str) and (name, value) in RETIRED:
+            raise ValueError(RETIRED[name, value])
+        try:
+            out[name] = OPTIONS[name](value)
+        except check.Invalid as err:
+            raise ValueError(f"{name}= {err}") from None
+    return out
+
 
 class Replay:
-    """The replay of one run: which rows, how much, and what it cost so far. A repair method
-    (:class:`~forgetwatch.run.repair.Repair`): the run calls :meth:`begin`, :meth:`on_evaluation`
-    and :meth:`before_optimizer_step`.
+    """Replay of a pool while training: which rows, how much, and what it cost so far. A repair
+    method (:class:`~forgetwatch.run.repair.Repair`): the run calls :meth:`begin`,
+    :meth:`on_evaluation` and :meth:`before_optimizer_step`.
 
     Args:
-        pool: the rows (checked disjoint from the probes when the run is built).
-        settings: how much, how many rows, which loss and how rows are drawn (a
-            :class:`~forgetwatch.ReplaySettings`; ``weight="auto"`` steers toward ``target`` by
-            :class:`~forgetwatch.replay.controller.Controller`, on the run's stop metric over the
-            probe categories the pool covers (:mod:`~forgetwatch.replay.coverage`);
-            ``select="rows"`` draws by each row's loss rise, see :mod:`~forgetwatch.replay.scan`).
+        pool: the rows (a :class:`~forgetwatch.ReplayPool`; checked disjoint from the probes
+            when the run is built).
+        loss: ``"lm"``, the next-token loss on the rows, or ``"kl"``, the KL from the base
+            model's next-token distribution on them (kept once when training begins).
+        weight: how much the replay loss counts next to the trainer's (0 to 100; 0 replays nothing).
+        select: how rows are drawn: ``"categories"`` (by the forgetting of the probe category
+            each row names, at the last evaluation) or ``"uniform"``.
+        batch_size: pool rows replayed before each optimizer step (1 to 1024).
+        top_k: with ``"kl"``: the base's most likely next tokens kept per position (1 to 1024).
+        seed: the seed of the draws (the same on every rank).
         max_length: tokens kept of a row.
 
     Example:
-        >>> replay = Replay(pool, ReplaySettings(weight=0.5))       # doctest: +SKIP
-        >>> replay.start(model, tokenizer)                            # doctest: +SKIP
-        >>> replay.step(model, tokenizer, pad_id, 1.0, 8, Ranks.alone())  # doctest: +SKIP
+        >>> from forgetwatch import ReplayPool
+        >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Paris is in France.", "category": "geo"}])
+        >>> replay = Replay(pool, loss="kl", weight=5.0)
+        >>> replay.loss, replay.weight, replay.select
+        ('kl', 5.0, 'categories')
     """
 
     name = "replay"
+    #: the files it keeps in the run's folder and its checkpoints
+    files = (REPLAY_STATE, REPLAY_BASE, REPLAY_ANSWERS)
 
-    def __init__(self, pool: ReplayPool, settings: ReplaySettings | None = None, *, max_length: int = 512):
-        s = self.settings = settings or ReplaySettings()
-        self.auto = s.weight == "auto"
-        self.weight = START if self.auto else float(s.weight)
-        self.pool, self.batch_size, self.max_length, self.seed = pool, s.batch_size, max_length, s.seed
-        self.target, self.loss, self.top_k, self.select = s.target, s.loss, s.top_k, s.select
-        self.controller = Controller(s.target, START) if self.auto else None
-        # the pool's rows are scanned at each evaluation to draw by them, or to know the controller's reach
-        self.scans = self.select == "rows" or self.auto
-        self.scan_ids: list[str] = []  # the rows scanned (and, with select "rows", replayed)
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        loss: str = "lm",
+        weight: float = 1.0,
+        select: str = "categories",
+        batch_size: int = 8,
+        top_k: int = 32,
+        seed: int = 0,
+        max_length: int = 512,
+    ):
+        o = checked_options(loss=loss, weight=weight, select=select, batch_size=batch_size, top_k=top_k, seed=seed)
+        self.loss, self.weight, self.select = o["loss"], o["weight"], o["select"]
+        self.batch_size, self.top_k, self.seed = o["batch_size"], o["top_k"], o["seed"]
+        self.pool, self.max_length = pool, max_length
         self.probe_categories: list[str] | None = None  # once the run is built
         self.coverage: Coverage | None = None  # which probe categories the pool covers
         self.warned: set[str] = set()  # uncovered categories warned of (once per run)
         self.noise: dict[str, float] = {}  # the base's noise floors by scope, once the run begins
-        self._spills: list[Any] = []
-        self.metric = "forgetting"  # the run's stop metric, once it begins
         self.encoded: dict[str, list[int]] = {}  # token ids by row id, once (rows too short dropped)
         self.starts: dict[str, int] = {}  # each row's first target token, where not 1
         self.tokens = 0  # replay tokens forwarded so far (every rank's rows)
-        self.scan_base: ScanBase | None = None  # when it scans: the base's loss on the scanned rows
-        self.increase: np.ndarray | None = None  # when it scans: each scanned row's loss rise (float32)
-        self._used = self.weight  # the weight used since the last evaluation (logged with it)
-        self._scan_seconds: float | None = None
-        self.scan_off: str | None = None  # why the scans stopped for the rest of the run, once they did
         self.dropped: list[str] = []  # ids of the rows too short to replay
         self.key: dict[str, str] = {}  # the pool and its tokens, which kept states must match
         self.base: BaseDistribution | None = None  # with "kl": the base model's distribution on the rows
-        self.sampler = ReplaySampler(pool, self.seed)
-        self.weights = category_weights(None, pool.categories)
+        self.sampler = ReplaySampler(pool, self.seed, uniform=self.select == "uniform")
+        self.weights = category_weights(None, self.sampler.categories)
         self.off: str | None = None  # why replay stopped for the rest of the run, once it did
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0
         self._run: Any = None  # the RunContext of the run begun
 
-    def begin(self, model: torch.nn.Module, run: Any) -> None:
-        """Training begins or resumes (see :func:`~forgetwatch.replay.begin.begin`)."""
-        from forgetwatch.replay.begin import begin
-
-        self._run = run
-        begin(self, model, run)
+    def __repr__(self) -> str:
+        return (
+            f"Replay({self.pool!r}, loss={self.loss!r}, weight={self.weight:g}, select={self.select!r}, "
+            f"batch_size={self.batch_size})"
+        )
 
     def hold_out(self, probes: Any) -> None:
         """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
         self.pool.check_disjoint(probes)
         self.probe_categories = list(probes.categories)
 
+    def begin(self, model: torch.nn.Module, run: Any) -> None:
+        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`):
+        the base's answers to prompt rows, then the pool tokenized; on resume the state from the
+        run's own (``run.state``), else the first kept ``replay.json``, else rebuilt from the
+        history (exact, and said), else one clear error naming each copy; then with ``"kl"`` the
+        base distribution. Rank 0 reads the kept files and shares what it found."""
+        self._run = run
+        self.noise = noise_by_scope(dict(run.base_meta))
+        self.refuse_sharded(model, run.sharded)
+        answers = self._answers(model, run) if self.pool.answering is not None else None
+        self.start(model, run.tokenizer, sharded=run.sharded, warn=run.writes, answers=answers)
+        if run.step > 0:
+            if run.state is not None:
+                if problem := state_problem(self, run.state, run.step):
+                    raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
+                kept = dict(run.state)
+            else:
+                paths = [d / REPLAY_STATE for d in run.resume_dirs]
+                found = run.ranks.share_from_rank_zero(lambda: kept_state(self, paths, run.step))
+                kept, warning = state_to_resume(self, found, paths, run.records, run.last_report, run.step)
+                if warning and run.writes:
+                    logger.warning("forgetwatch: %s", warning)
+            self.resume(kept, run.step)
+        if run.last_report is not None:
+            self.reweigh(run.last_report)
+        if self.loss == "kl":
+            self._base_distribution(model, run)
+
+    def _answers(self, model: torch.nn.Module, run: Any) -> dict[str, Generated]:
+        """The base's answers to the pool's prompts: generated on a fresh run (sharded over the
+        ranks), read back on resume (they cannot be written again from moved weights)."""
+        prompt_ids = self.pool.prompt_ids(run.tokenizer)
+        key = {"pool": self.pool.fingerprint(), "prompts": prompts_key(prompt_ids), **run.made_by(model)}
+        if run.reads_back:
+            paths = [d / REPLAY_ANSWERS for d in run.resume_dirs]
+            vocab = logits_width(model)
+            found = run.ranks.share_from_rank_zero(lambda: kept_answers(paths, key, vocab, list(prompt_ids)))
+            kept, warning = answers_to_resume(found, paths)
+            if warning and run.writes:
+                logger.warning("forgetwatch: %s", warning)
+        else:
+            began = time.perf_counter()
+            with run.as_base(model):
+                answers = answer_prompts(
+                    model, run.tokenizer, self.pool, prompt_ids, run.ranks, run.rows_per_batch(model)
+                )
+            kept = KeptAnswers(answers, key)
+            if run.writes:
+                logger.info(
+                    "forgetwatch: replay: the base answered %d prompts in %.1f s (kept in %s)",
+                    len(answers),
+                    time.perf_counter() - began,
+                    REPLAY_ANSWERS,
+                )
+        if run.writes:
+            run.store.keep(REPLAY_ANSWERS, kept.save)
+        return kept.answers
+
+    def _base_distribution(self, model: torch.nn.Module, run: Any) -> None:
+        """On a fresh run (and with ``base="adapter_disabled"``, never read back) from the model;
+        on resume the first kept copy whose arrays check out and whose key is this run's."""
+        made_by = run.made_by(model)
+        if run.reads_back:
+            paths = [d / REPLAY_BASE for d in run.resume_dirs]
+            vocab = logits_width(model)
+            found = run.ranks.share_from_rank_zero(lambda: kept_base(self, paths, made_by, vocab))
+            self.base, warning = base_to_resume(found, paths)
+            if warning and run.writes:
+                logger.warning("forgetwatch: %s", warning)
+        else:
+            with run.as_base(model):
+                self.cache_base(model, run.tokenizer, pad_id(run.tokenizer), run.rows_per_batch(model), made_by)
+        if run.writes:
+            run.store.keep(REPLAY_BASE, self.base.save)  # kept with the run (and its checkpoints)
+
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
-        """An evaluation was made: with ``select="rows"`` or ``"auto"``, the scanned rows' losses
-        measured on ``model`` (monitoring time, on every rank); then the draws and the weight
-        adjusted, uncovered forgetting warned of, spill-over noted."""
-        self._used = self.weight
-        if self.scans and model is not None and self.scan_off is None:  # every rank alike: replay's own state aside
-            self.scan(model)
+        """An evaluation was made: the draws follow its forgetting; uncovered forgetting is warned of."""
         self.reweigh(report)
         if self.coverage is not None:
-            self._warn_uncovered(report)
-            self._spills = spill_over(report, self.coverage)
+            floor = {c: 2 * self.noise.get(c, 0.0) for c in self.coverage.uncovered}
+            for category, loss in uncovered_losses(report, self.coverage, floor=floor).items():
+                if category not in self.warned:
+                    self.warned.add(category)
+                    if self._run is None or self._run.writes:
+                        logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage))
 
-    def _warn_uncovered(self, report: TransitionReport) -> None:
-        """Once per category per run: forgetting replay cannot repair, for want of its rows."""
-        floor = {c: max(self.target or 0.0, 2 * self.noise.get(c, 0.0)) for c in self.coverage.uncovered}
-        for category, loss in uncovered_losses(report, self.coverage, floor=floor).items():
-            if category not in self.warned:
-                self.warned.add(category)
-                if self._run is None or self._run.writes:
-                    logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage, self.auto))
-
-    def notes(self) -> list[str]:
-        """What the console line says of replay at this evaluation: the ``"auto"`` weight and
-        whether it is at its reach, and behaviour that spills from replayed categories."""
-        out = [self.controller.note()] if self.controller is not None else []
-        return out + [s.note() for s in self._spills]
+    def reweigh(self, report: TransitionReport | None) -> None:
+        """The draws until the next evaluation: categories weighted by ``report``'s forgetting."""
+        self.weights = category_weights(report, self.sampler.categories)
 
     def before_optimizer_step(
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
@@ -234,68 +346,12 @@ class Replay:
                 len(rows),
                 listing(map(shorten, self.dropped)),
             )
-        usable = (
-            self.pool
-            if not self.dropped
-            else ReplayPool([r for r in rows if r.id in self.encoded], self.pool.source, self.pool.answering)
-        )
-        self.sampler = self.new_sampler(usable)
-        self.scan_ids = [r.id for r in self.sampler.rows] if isinstance(self.sampler, RowSampler) else []
-        if self.scans and not self.scan_ids:  # "auto" over categories: the same seeded sample, scanned only
-            self.scan_ids = [usable[int(i)].id for i in scan_sample(len(usable), self.settings.scan_rows, self.seed)]
-        self.increase = np.zeros(len(self.scan_ids), np.float32) if self.scans else None
-        if self.probe_categories is not None:  # what is replayed: with "rows", the scanned rows alone
-            replayed = self.sampler.rows if isinstance(self.sampler, RowSampler) else usable
-            self.coverage = coverage({r.category for r in replayed}, self.probe_categories)
-            if self.auto and warn and (note := steering_note(self.coverage)):
-                logger.warning("forgetwatch: %s", note)
+        usable = self.pool.subset(self.encoded) if self.dropped else self.pool
+        self.sampler = ReplaySampler(usable, self.seed, uniform=self.select == "uniform")
+        if self.probe_categories is not None:
+            self.coverage = coverage(usable.categories, self.probe_categories)
         self.reweigh(None)
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
-
-    def new_sampler(self, usable: ReplayPool) -> ReplaySampler | RowSampler:
-        """A sampler of ``usable`` rows, at its first draw, for this replay's ``select``."""
-        if self.select == "rows":
-            return RowSampler(usable, scan_sample(len(usable), self.settings.scan_rows, self.seed), self.seed)
-        return ReplaySampler(usable, self.seed, uniform=self.select == "uniform")
-
-    @property
-    def scanned(self) -> list[str]:
-        """The ids of the rows scanned at each evaluation (none unless :attr:`scans`)."""
-        return self.scan_ids if self.scans else []
-
-    def scan_losses(self, model: torch.nn.Module) -> np.ndarray:
-        """The scanned rows' mean loss per target token on ``model`` (every rank, sharded)."""
-        run, ids = self._run, self.scanned
-        return row_losses(
-            model,
-            [self.encoded[i] for i in ids],
-            [self.starts.get(i, 1) for i in ids],
-            pad_id(run.tokenizer),
-            run.rows_per_batch(model),
-            run.ranks,
-            run.tokenizer,
-        )
-
-    def scan(self, model: torch.nn.Module) -> None:
-        """Measure the scanned rows now against the base: their loss rises, for the draws. A
-        row whose loss is not a finite number counts as risen by 0; a failure (on any rank)
-        stops the scans for the rest of the run with one warning, the last rises kept."""
-        began = time.perf_counter()  # what the scan costs, logged (monitoring time either way)
-        try:
-            now = self.scan_losses(model)
-        except MeasureFailed as err:
-            self.scan_off = str(err)
-            if self._run is None or self._run.writes:
-                logger.warning(
-                    "forgetwatch: the replay pool's scan failed (%s) and stops for the rest of this run: the "
-                    "draws keep the last rises measured%s; training goes on",
-                    err,
-                    ', and replay_weight="auto" no longer judges its reach' if self.auto else "",
-                )
-            return
-        rise = now - np.asarray(self.scan_base.base_loss)
-        self.increase = np.where(np.isfinite(rise), rise, 0.0).astype(np.float32)
-        self._scan_seconds = time.perf_counter() - began
 
     def cache_base(
         self, model: torch.nn.Module, tokenizer: Any, pad_id: int, rows_per_batch: int, made_by: Mapping[str, str]
@@ -318,50 +374,17 @@ class Replay:
         return self.base
 
     def resume(self, state: Mapping[str, Any], step: int) -> None:
-        """Go on from a kept state (see :meth:`state`) at ``step``; a ``ValueError`` says why
-        it cannot be this run's (see :func:`~forgetwatch.replay.resume.state_problem`)."""
+        """Go on from a kept state (see :meth:`state`) at ``step``; a ``ValueError`` says why it
+        cannot be this run's (see :func:`~forgetwatch.replay.kept.state_problem`). The weight
+        is a setting: the one given now applies."""
         if problem := state_problem(self, state, step):
             raise ValueError(f"this replay state cannot be used: {problem}")
         self.sampler.load_state_dict(state["sampler"], max_drawn=step)
-        if self.auto:  # a fixed weight is a setting, and the one given now applies
-            self.weight = self._used = float(state["weight"])
-            self.controller.load_state_dict(state.get("controller", {"weight": self.weight}))
-        self.tokens = state.get("tokens", 0)
+        self.tokens = state["tokens"]
         loss = state.get("loss", {"sum": 0.0, "steps": 0})  # since the last evaluation: its mean goes on
         self._loss_sum, self._steps = float(loss["sum"]), loss["steps"]
         self.warned = set(state.get("warned", []))
-        if self.scans:  # an earlier release's "auto" state has no scan: its rises start at 0
-            scan = state.get("scan")
-            self.increase = (
-                decode_increase(scan["increase"], len(self.scanned))
-                if scan is not None
-                else np.zeros(len(self.scanned), np.float32)
-            )
-        self.reweigh(None, steer=False)
-
-    def reweigh(self, report: TransitionReport | None, steer: bool = True) -> None:
-        """The draws until the next evaluation: categories weighted by this evaluation's
-        forgetting, or rows by their loss rise (``select="rows"``); with ``"auto"`` and
-        ``steer``, the weight steered by it too (a resume restores the weight instead)."""
-        if self.select == "rows":
-            self.weights = row_probabilities(self.increase.astype(np.float64))
-        else:
-            self.weights = category_weights(report, self.sampler.categories)
-        if self.auto and steer and report is not None:
-            covered = (
-                covered_forgetting(report, self.coverage, self.metric)
-                if self.coverage is not None
-                else getattr(report, self.metric)
-            )
-            drift = self.drift if self._scan_seconds is not None else None  # measured at this evaluation
-            self.weight = self.controller.update(covered, drift)
-            if self.controller.first_hold and (self._run is None or self._run.writes):
-                logger.warning("forgetwatch: %s", reach_message(covered, drift))
-
-    @property
-    def drift(self) -> float:
-        """The scanned rows' mean loss rise over the base (nats per token; a fall counts as none)."""
-        return float(np.maximum(self.increase, 0).mean())
+        self.reweigh(None)
 
     def step(
         self,
@@ -493,7 +516,7 @@ class Replay:
         logger.warning(
             "forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
             "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
-            "starts replay again (a smaller replay_batch_size if memory ran out)",
+            "starts replay again (a smaller replay batch_size if memory ran out)",
             self.off,
             step,
             exc_info=failure,
@@ -504,50 +527,39 @@ class Replay:
         if self._overflows == 1 or self._overflows % 100 == 0:
             logger.warning(
                 "forgetwatch: the replay gradient overflowed at fp16's gradient scale %g and was "
-                "left out of this optimizer step (%d step(s) so far); a smaller replay_weight or a "
+                "left out of this optimizer step (%d step(s) so far); a smaller replay weight or a "
                 "smaller initial scale avoids it",
                 scale,
                 self._overflows,
             )
 
     def metrics(self) -> dict[str, float]:
-        """Since the last call: the mean replay loss and the weight used, the replay tokens so
-        far and, when it scans (``select="rows"``, ``"auto"``), the scanned rows' mean loss rise (``replay/drift``,
-        nats per token) and the scan's seconds. Nothing that does not apply (no weight once
-        replay is switched off and nothing was replayed since)."""
-        out = (
-            {"replay/weight": float(self._used), "replay/tokens": float(self.tokens)}
-            if self._steps or not self.off
-            else {}
-        )
+        """Since the last call: the mean replay loss, the weight and the replay tokens so far.
+        Nothing that does not apply (no weight once replay is switched off and nothing was
+        replayed since)."""
+        out = {"replay/weight": self.weight, "replay/tokens": float(self.tokens)} if self._steps or not self.off else {}
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
-        if self._scan_seconds is not None:
-            out["replay/drift"] = self.drift
-            out["replay/scan_seconds"] = self._scan_seconds
-        for spill in self._spills:
-            out[f"replay/spill/{spill.category}/{spill.share}"] = spill.rise
-        self._loss_sum, self._steps, self._scan_seconds = 0.0, 0, None
+        self._loss_sum, self._steps = 0.0, 0
         return out
+
+    def state_of(self, sampler: ReplaySampler, weight: float, batch_size: int, tokens: int) -> dict[str, Any]:
+        """A state of this replay with these draws (see :meth:`state`)."""
+        return {
+            "select": self.select,
+            "sampler": sampler.state_dict(),
+            "weight": weight,
+            "batch_size": batch_size,
+            "tokens": tokens,
+            "key": dict(self.key),
+        }
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs (kept in the checkpoint's ``replay.json`` and in each history
         record, as it is after the evaluation): the draws, the weight and batch size they are made
-        with, the replay tokens so far, when it scans the rows' loss rises, the key of the pool
-        and its tokens, and between evaluations the replay loss summed since the last one."""
-        state = {
-            "version": 2,
-            "select": self.select,
-            "sampler": self.sampler.state_dict(),
-            "weight": self.weight,
-            "batch_size": self.batch_size,
-            "tokens": self.tokens,
-            "key": dict(self.key),
-        }
-        if self.scans:
-            state["scan"] = {"sample": sample_key(self.scanned), "increase": encode_increase(self.increase)}
-        if self.controller is not None:
-            state["controller"] = self.controller.state_dict()
+        with, the replay tokens so far, the key of the pool and its tokens, and between evaluations
+        the replay loss summed since the last one."""
+        state = self.state_of(self.sampler, self.weight, self.batch_size, self.tokens)
         if self.warned:
             state["warned"] = sorted(self.warned)
         if self._steps:  # between evaluations: replay/loss is the mean over all the steps since the last
