@@ -224,7 +224,7 @@ def _load_tasks(
     try:
         return dict(task_manager.load(names))
     except Exception as err:  # the task's data, templates or code
-        raise LmEvalTaskError(_load_failure(err)) from err
+        raise LmEvalTaskError(_load_failure(task_manager, names, err)) from err
 
 
 def _check_names(task_manager: Any, names: Iterable[str]) -> None:
@@ -317,29 +317,45 @@ def _cause(err: BaseException) -> str:
     return text if root is err else f"{text} ({type(root).__name__}: {first_line(root)})"
 
 
-def _load_failure(err: Exception) -> str:
-    """What went wrong building a task: the task being built when it failed (read from the
-    traceback: lm-eval does not say), and what is wrong with its local data file where that is
-    the cause."""
-    from lm_eval.api.task import Task
+def _load_failure(task_manager: Any, names: list[str], err: Exception) -> str:
+    """What went wrong loading ``names``: the task that fails to load alone (lm-eval does not say which), and what
+    is wrong with its local data file where that is the cause."""
+    found = _failing_task(task_manager, names)
+    if found is None:
+        return f"lm-eval's tasks could not be loaded: {_cause(err)}"
+    name, err = found
+    entry = task_manager.task_index.get(name)
+    path, cfg = (entry.yaml_path, entry.cfg) if entry is not None else (None, None)
+    if entry is None and os.path.isfile(name):  # a task named by its YAML file
+        from lm_eval.tasks._yaml_loader import load_yaml
 
-    task = entry = None
-    frame = err.__traceback__
-    while frame is not None:  # the innermost task object, or index entry, being built
-        local = frame.tb_frame.f_locals
-        task = local["self"] if isinstance(local.get("self"), Task) and hasattr(local["self"], "config") else task
-        entry = local["entry"] if hasattr(local.get("entry"), "yaml_path") else entry
-        frame = frame.tb_next
-    if task is None:
-        where = f"lm-eval task {entry.name!r} ({entry.yaml_path})" if entry is not None else "lm-eval's tasks"
-        return f"{where} could not be loaded: {_cause(err)}"
-    files = (task.config.dataset_kwargs or {}).get("data_files")
+        path, cfg = Path(name).resolve(), load_yaml(Path(name), resolve_func=False)
+        name = cfg.get("task", name)
+    where = f"lm-eval task {name!r}" + (f" ({path})" if path else "")
+    files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
     files = list(files.values()) if isinstance(files, Mapping) else [files]
     for path in (Path(f) for group in files for f in (group if isinstance(group, list) else [group]) if f):
         problem = _data_file_problem(path)
         if problem:
-            return f"{_named(task)} could not load its data: {problem}"
-    return f"{_named(task)} could not be loaded: {_cause(err)}"
+            return f"{where} could not load its data: {problem}"
+    return f"{where} could not be loaded: {_cause(err)}"
+
+
+def _failing_task(task_manager: Any, names: Iterable[str]) -> tuple[str, Exception] | None:
+    """The first of ``names`` that fails to load alone, or of a failing group's members; with its error."""
+    for name in names:
+        try:
+            task_manager.load([name])
+        except Exception as err:  # noqa: BLE001 - the task's data, templates or code
+            entry = task_manager.task_index.get(name)
+            members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" else None
+            inner = (
+                _failing_task(task_manager, [m for m in members if isinstance(m, str)])
+                if isinstance(members, list)
+                else None
+            )
+            return inner or (name, err)
+    return None
 
 
 def _data_file_problem(path: Path) -> str | None:
