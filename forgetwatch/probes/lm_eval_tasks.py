@@ -1,25 +1,5 @@
-"""Probes built by lm-eval-harness's own task objects: its prompts, few-shot blocks, filters and
-metrics, exactly as ``lm_eval.simple_evaluate`` builds and scores them (``pip install
-'forgetwatch[lm-eval]'``).
-
-Nothing lm-eval does is done again here. Its ``TaskManager`` loads the tasks (groups become
-their subtasks); each task is configured with the calls ``simple_evaluate`` makes (few-shot
-count, seed) and builds its requests with ``build_all_requests``. A request's context becomes a
-probe's question as it stands; a multiple-choice request's continuation is ``delimiter +
-choice``. At each evaluation a probe's :class:`LmEvalJudge` hands what the model did to the
-task: log-likelihoods to ``process_results``, generated text through the task's filter
-pipeline and then ``process_results``; lm-eval's metric value is the verdict.
-
-What cannot be scored per sample exactly as lm-eval does is refused when the tasks load, before
-any model work, naming the task and why; so is what lm-eval would fail on later or obscurely (a
-task file that is not YAML, groups that include each other, a data file that cannot be read, a
-document without choices or whose answer is not one of them), naming the file, line or
-document and field. Tasks all found in ``include_path`` are loaded from there alone.
-
-Building the tasks a user names runs their code, as lm-eval does: ``!function`` modules are
-imported and Jinja templates rendered unsandboxed. Nothing else here imports task code (an
-index of a folder reads its YAML without resolving functions).
-"""
+"""Probes built by lm-eval-harness's own task objects, as ``lm_eval.simple_evaluate`` builds and scores them; what
+cannot be scored per sample, or what lm-eval would fail on, is refused at load naming the task, file and field."""
 
 from __future__ import annotations
 
@@ -46,8 +26,7 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 class LmEvalTaskError(InputError):
-    """An lm-eval task that cannot be loaded or scored per sample: the message names it and why,
-    and its file, line or document and field where they are known (then also in ``errors``)."""
+    """An lm-eval task that cannot be loaded or scored per sample, and why."""
 
     noun = "field"
 
@@ -61,14 +40,8 @@ class LmEvalTaskError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class LmEvalJudge:
-    """One document's verdict, by its lm-eval task: ``process_results`` on the choices'
-    log-likelihoods, or the task's filter pipeline (``filter``) and then ``process_results`` on
-    generated text; ``metric``'s value is right (1) or wrong (0).
-
-    Example:
-        >>> probes[0].judge.choose(np.array([-4.3, -3.3, -21.6, -13.2]))  # doctest: +SKIP
-        (True, 1)
-    """
+    """One document's verdict by its lm-eval task: ``process_results`` on the choices' log-likelihoods, or on
+    generated text after the task's ``filter``; ``metric``'s value is right (1) or wrong (0)."""
 
     task: Any  # lm_eval.api.task.Task
     doc: Mapping[str, Any]
@@ -209,9 +182,8 @@ def _load_tasks(
     include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
     include_defaults: bool,
 ) -> dict[str, Any]:
-    """lm-eval's ``TaskManager.load`` of ``names``. When everything they need is in
-    ``include_path`` it is loaded from there alone: indexing lm-eval's own ~15,000 tasks takes
-    up to two minutes, and a failure there is a failure of the user's folder."""
+    """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
+    lm-eval's own tasks takes minutes)."""
     if task_manager is None:
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
@@ -241,9 +213,8 @@ def _check_names(task_manager: Any, names: Iterable[str]) -> None:
 
 
 def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str | None, str]]:
-    """``(group, name)`` for each name that ``names`` need, themselves (group ``None``) or
-    through their groups, that ``index`` (lm-eval's ``TaskManager.task_index``) lacks. Groups
-    that include each other are refused, naming the cycle: lm-eval would recurse until Python stops it."""
+    """``(group, name)`` for each name ``names`` need that the index lacks; groups that include each other are
+    refused (lm-eval would recurse until Python stops it)."""
     missing: list[tuple[str | None, str]] = []
     done: set[str] = set()
 
@@ -278,8 +249,7 @@ def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str |
 
 
 def _check_yaml_files(paths: Iterable[str]) -> None:
-    """Each task file in ``paths`` that lm-eval cannot read (YAML, an include), refused naming
-    its file and line. Functions are not resolved: nothing is imported."""
+    """Each task file in ``paths`` lm-eval cannot read, refused naming its file and line (nothing imported)."""
     import yaml
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -302,7 +272,6 @@ def _check_yaml_files(paths: Iterable[str]) -> None:
 
 
 def _named(task: Any, name: str | None = None) -> str:
-    """``lm-eval task 'name' (its YAML file)``."""
     source = (getattr(task.config, "metadata", None) or {}).get("config_source")
     name = name or task.config.task
     return f"lm-eval task {name!r}" + (f" ({source})" if source and source != "inline" else "")
@@ -406,8 +375,7 @@ def _chat_function(tokenizer: Any):
 
 
 def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None) -> None:
-    """The few-shot count ``simple_evaluate`` sets on each task (its seed is set right before
-    the task builds its requests): an explicit ``num_fewshot: 0`` in the task is never overridden."""
+    """The few-shot count ``simple_evaluate`` sets (a task's explicit 0 is kept)."""
     if num_fewshot is not None:
         if task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
@@ -460,9 +428,8 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
 
 
 def _check_documents(task: Any, name: str, limit: int | None) -> None:
-    """A multiple-choice document lm-eval would fail on (no choices, an answer index past them)
-    or score against no choice (an answer that is not one of them), refused naming the document
-    and the field; in the few-shot examples, what lm-eval would fail on."""
+    """A multiple-choice document lm-eval would fail on or score against no choice, refused naming the
+    document and field."""
     if task.OUTPUT_TYPE != "multiple_choice":
         return
     sets = [(_named(task, name), [doc for _, doc in task.doc_iterator(limit=limit)], True)]
@@ -556,10 +523,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
 
 @dataclass(frozen=True)
 class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``): what
-    :meth:`forgetwatch.ProbeSet.from_lm_eval` builds the probes from. Building them runs the
-    task folder's code (``!function`` modules, Jinja templates), as lm-eval does; reading a
-    config that names them does not.
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``).
 
     Example:
         >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()
@@ -612,7 +576,7 @@ class LmEvalProbes:
         return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
 
     def to_dict(self) -> dict[str, Any]:
-        """The config mapping (options left at their defaults left out)."""
+        """The config mapping, options at their defaults left out."""
         defaults = {f.name: f.default for f in fields(self)}
         return {"lm_eval": list(self.tasks), **{k: v for k, v in self.options().items() if v != defaults[k]}}
 
