@@ -37,7 +37,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    """``--batch-size`` as the batch size it names."""
     parsed: int | str = value
     if value != "auto":
         try:
@@ -461,7 +460,6 @@ def _score(
 
 
 def _check_device(device: str | None) -> None:
-    """Fail before anything is loaded on a device this machine does not have."""
     if device is None:
         return
     import torch

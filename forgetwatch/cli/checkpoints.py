@@ -170,7 +170,6 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
 
 
 def _json(ckpt: Checkpoint, name: str) -> dict[str, Any] | None:
-    """One JSON file of a checkpoint, or ``None`` when it has none."""
     if ckpt.local:
         path = Path(ckpt.path, name)
         if not path.is_file():
@@ -367,7 +366,6 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
 
 
 def _load_problem(err: BaseException) -> str:
-    """What went wrong loading a checkpoint, in one line."""
     if isinstance(err, pickle.UnpicklingError):
         return (
             "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
@@ -379,7 +377,6 @@ def _load_problem(err: BaseException) -> str:
 
 
 def _dtype_kwarg() -> str:
-    """``torch_dtype`` before transformers 4.56, ``dtype`` since."""
     import transformers
     from packaging.version import Version
 

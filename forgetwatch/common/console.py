@@ -10,8 +10,6 @@ from typing import IO
 from tqdm import tqdm as _std_tqdm
 from tqdm.auto import tqdm
 
-__all__ = ["ConsoleHandler", "progress_bar", "say"]
-
 
 def _is_terminal(stream: IO[str] | None) -> bool:
     isatty = getattr(stream, "isatty", None)

@@ -278,7 +278,6 @@ def _named(task: Any, name: str | None = None) -> str:
 
 
 def _cause(err: BaseException) -> str:
-    """The error and, where it wraps another, the first one."""
     root = err
     while root.__cause__ is not None:
         root = root.__cause__

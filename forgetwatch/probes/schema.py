@@ -196,7 +196,6 @@ def unkeepable(value: str, allow_layout: bool) -> str | None:
 
 
 def _misspelled(row: Mapping[str, Any], fld: str) -> str:
-    """A hint naming an unknown key of ``row`` that looks like a misspelling of ``fld``."""
     close = did_you_mean(fld, [k for k in row if k not in PROBE_FIELDS], cutoff=0.75)
     return f" (found key '{close}': did you mean '{fld}'?)" if close else ""
 

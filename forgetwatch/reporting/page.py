@@ -28,8 +28,6 @@ from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
-__all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported
-
 #: Probes listed in each table of the page.
 TOP = 25
 _CURVES = (
@@ -75,14 +73,12 @@ def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
 
 
 def _behaviour_curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    """A behaviour figure from the base on."""
     first = run.history[0][1].behaviour if run.history else {}
     at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
     return _from_base(run, [_num(report.behaviour.get(key)) for _, report in run.history], at_base)
 
 
 def _series(run: Run, key: str, category: str | None = None) -> list[float | None]:
-    """One figure of every evaluation (``None`` where it does not apply)."""
     reports = [r if category is None else r.by_category.get(category) for _, r in run.history]
     return [None if r is None else _num(getattr(r, key)) for r in reports]
 
@@ -249,7 +245,6 @@ def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
 
 
 def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[str, Any]:
-    """Forgetting of each of ``rows`` by step."""
     labels = list(rows)
     return {
         "data": [

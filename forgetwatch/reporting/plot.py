@@ -21,8 +21,6 @@ from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
 from forgetwatch.results.history import read_history as load_history  # the one reader of history files
 
-__all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]
-
 #: A history.jsonl path, or its records: ``{"step": int, "report": dict | TransitionReport}`` or
 #: ``(step, TransitionReport)`` pairs (``ForgetWatchCallback.history``).
 History = str | os.PathLike | Sequence[Any]
@@ -175,7 +173,6 @@ def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
 
 
 def _figure(history: History, title: str | None) -> Any:
-    """The ``Figure`` :func:`plot_history` saves."""
     return _runs_figure([(None, history)], title)
 
 
@@ -345,7 +342,6 @@ def _palette(n: int) -> list[Any]:
 
 
 def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
-    """Write the latest overall value beside its point."""
     for x, y in zip(reversed(steps), reversed(values)):
         if math.isfinite(y):
             ax.annotate(

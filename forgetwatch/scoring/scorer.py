@@ -47,8 +47,6 @@ from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_p
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, cache_argument, shared_prefix_lengths
 
-__all__ = ["NonFiniteScoresError", "Scorer", "evaluate"]
-
 logger = logging.getLogger(__name__)
 
 
@@ -324,7 +322,6 @@ class Scorer:
     # -- multiple choice -----------------------------------------------------------------------
 
     def _choice_plan(self, run: _Run) -> _Plan:
-        """This rank's log-likelihood batches for this model's shape (planned once)."""
         plans = run.facts.plans
         key = (run.max_length, run.packing, run.prefixes, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
         if key not in plans:  # one shape at a time
@@ -535,7 +532,6 @@ class Scorer:
     # -- generative ----------------------------------------------------------------------------
 
     def _generate(self, run: _Run, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
-        """Generated text by probe index; each rank generates its share and gets all."""
         if not prompts:
             return {}
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
@@ -641,7 +637,6 @@ def _max_id(encoded: Encoded) -> int:
 
 
 def _text_config(model):
-    """The language model's config (composite models nest it under ``text_config``)."""
     config = getattr(model, "config", None)
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config

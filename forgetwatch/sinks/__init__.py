@@ -89,7 +89,6 @@ class Sinks:
 
 
 def _run(method: Any, payload: Any, outcome: list[Exception | None]) -> None:
-    """``method(payload)``; what it raised (or ``None``) appended to ``outcome``."""
     try:
         method(payload)
     except Exception as err:  # noqa: BLE001 - a sink that fails must not end training
