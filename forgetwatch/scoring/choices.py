@@ -115,11 +115,8 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     pos = np.zeros((b, width), dtype=np.int64)
     row_index, keep_index = [], []
     for i, (r, off) in enumerate(zip(rows, offsets)):
-        ids[i, off : off + len(r)], seg[i, off : off + len(r)], pos[i, off : off + len(r)] = (
-            r.tokens,
-            r.segments,
-            r.positions,
-        )
+        at = slice(off, off + len(r))
+        ids[i, at], seg[i, at], pos[i, at] = r.tokens, r.segments, r.positions
         row_index.append(np.full(len(r.scored), i))
         keep_index.append(off + r.scored - (width - keep))
     return Batch(

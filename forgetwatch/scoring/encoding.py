@@ -63,16 +63,12 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     prefix_id = prefix_token_id(tokenizer)
     prefix = tokenizer.decode(prefix_id) if prefix_id is not None else None
     out: list[list[int] | None] = [None] * len(texts)
-    groups: dict[bool, list[int]] = {True: [], False: []}
-    for i, t in enumerate(texts):
-        groups[prefix is not None and t.startswith(prefix)].append(i)
-    for has_prefix, idx in groups.items():
-        if not idx:
-            continue
-        kwargs = {"add_special_tokens": False} if has_prefix else {}
-        ids = tokenizer([texts[i] for i in idx], **kwargs)["input_ids"]
-        for i, seq in zip(idx, ids):
-            out[i] = list(seq)
+    for has_prefix in (True, False):
+        idx = [i for i, t in enumerate(texts) if (prefix is not None and t.startswith(prefix)) == has_prefix]
+        if idx:
+            ids = tokenizer([texts[i] for i in idx], **({"add_special_tokens": False} if has_prefix else {}))
+            for i, seq in zip(idx, ids["input_ids"]):
+                out[i] = list(seq)
     return out  # type: ignore[return-value]
 
 
