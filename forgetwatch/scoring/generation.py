@@ -244,17 +244,10 @@ def generate_sharded(
 ) -> list[Generated]:
     """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank.
 
-    Each rank generates its share in batches of prompts generated alike, longest first, with as many ``generate``
-    calls as the others, then every rank gets every answer. The model is borrowed and decoded plain greedy.
-
-    Args:
-        prompts: plain ids get ``max_new_tokens`` and ``stop``, cut to what the context leaves (named by ``names``).
-        ranks: every rank calls together with the same prompts (default: this process alone).
-        rows_per_batch: rows per call, halved after an out-of-memory error; ``limits`` and ``on_out_of_memory``
-            replace that rule.
-        return_ids: each :class:`Generated` holds its token ids too.
-        prefix_cache: ``prefixes -> (argument, cache)`` for prompts' shared prefixes (without it, prompts are read whole).
-        progress: called with ``n`` as each batch of ``n`` prompts is done.
+    Each rank generates its share in batches, with as many ``generate`` calls as the others, then every rank gets
+    every answer. Plain ids get ``max_new_tokens`` and ``stop``, cut to what the context leaves (named by ``names``).
+    ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace that rule);
+    ``prefix_cache(prefixes)`` gives shared prefixes' caches; ``progress(n)`` is called per batch.
 
     Example:
         >>> ids = tokenizer(["The capital of Zeta is"])["input_ids"]      # doctest: +SKIP

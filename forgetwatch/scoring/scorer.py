@@ -679,15 +679,8 @@ def evaluate(
 
     Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``); generative probes are
     decoded greedily and their answer extracted; behaviour probes pass when every check holds. Tokenization
-    is cached across calls; the model and tokenizer are handed back exactly as found.
-
-    Args:
-        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes,
-        precision: as :class:`~forgetwatch.config.settings.Scoring` describes them.
-        extract, refusal_detector: as for :class:`Scorer`.
-        show_progress: a progress bar (default ``True``).
-        distributed: every rank of ``torch.distributed`` calls it together and scores a share of the probes
-            (plain, DDP, FSDP, DeepSpeed ZeRO-3); all get all the answers.
+    is cached across calls; the model and tokenizer are handed back exactly as found. The options are
+    :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
 
     Example:
         >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
