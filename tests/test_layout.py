@@ -122,13 +122,13 @@ def test_replay_is_a_plug_in_the_monitor_never_imports():
 
 
 def test_nothing_reads_another_object_s_stack_frames_but_the_two_left():
-    # the trainer link and lm-eval's task loading still do (issue 28 replaces them with public routes)
+    # the trainer link still does (issue 28 replaces it with public routes)
     readers = {
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
         if any(word in path.read_text(encoding="utf-8") for word in ("_getframe", "currentframe", "f_locals"))
     }
-    assert readers <= {"integrations/trainer_link.py", "probes/lm_eval_tasks.py"}, readers
+    assert readers <= {"integrations/trainer_link.py"}, readers
 
 
 def test_every_package_is_a_layer():

@@ -1,8 +1,4 @@
-"""Behaviour checks: what a probe row's ``check`` object may say, how a bad one is reported
-(field and message, before any model work), and whether a response passes it.
-
-A behaviour probe passes when every key of its ``check`` holds. Text is read by the functions
-of :mod:`forgetwatch.behaviour.style`; ``refuses`` asks the scorer's refusal detector.
+"""Behaviour checks: what a probe's ``check`` may say, how a bad one is reported, and whether a response passes.
 
 Example:
     >>> failed_checks({"max_words": 3, "not_contains": ["sorry"]}, "Paris, of course.")
@@ -25,8 +21,6 @@ from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common import patterns
 from forgetwatch.common.strict_json import value_problem
 from forgetwatch.common.text import shorten, suggestion, type_name
-
-__all__ = ["CHECKS", "check_problems", "failed_checks"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +46,7 @@ def _pattern(value: Any) -> str | None:
 
 
 def _unfenced(text: str) -> str:
-    """The text inside a fence of three backticks (tagged json or not) around the whole text,
-    else the text. String tests, not a regex: a fence pattern with ``\\s*`` around a lazy body
-    backtracks cubically on a long run of spaces."""
+    """The text inside a ```json fence around the whole text, else the text (string tests: a regex would backtrack)."""
     if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
         inside = text[3:-3]
         return inside[4:] if inside[:4].lower() == "json" else inside
@@ -62,9 +54,7 @@ def _unfenced(text: str) -> str:
 
 
 def _nests_within(text: str, limit: int) -> bool:
-    """Whether brackets outside JSON strings nest at most ``limit`` deep: one pass over the
-    brackets, quotes and backslashes. On any prefix the parser would accept, this depth is the
-    parser's, so a text within the limit never takes it deeper."""
+    """Whether brackets outside JSON strings nest at most ``limit`` deep (the parser's depth, in one pass)."""
     if text.count("[") + text.count("{") <= limit:
         return True
     depth, in_string, escaped_at = 0, False, -1
@@ -104,8 +94,7 @@ def _letters(response: str) -> bool:
 
 
 class Check(NamedTuple):
-    """One check key: how its value is validated (a message, or ``(where inside the value,
-    message)``; ``None`` when it is fine), whether a response passes, what it means."""
+    """One check key: how its value is validated, whether a response passes, what it means."""
 
     problem: Callable[[Any], str | tuple[str, str] | None]
     holds: Callable[[Any, str, Detector], bool]
@@ -158,8 +147,7 @@ CHECKS: dict[str, Check] = {
 
 
 def check_problems(value: Any) -> list[tuple[str, str]]:
-    """Every problem of a ``check`` object, as ``(field, message)``: ``check`` itself,
-    ``check.<key>``, or a place inside a key's value (``check.ifeval[0].kwargs.num_words``).
+    """Every problem of a ``check`` object, as ``(field, message)``.
 
     Example:
         >>> check_problems({"max_word": 5, "regex": "("})[0][1][:52]
@@ -192,11 +180,7 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
 
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
-    """The keys of ``check`` that ``response`` fails (empty: it passes), in the check's order.
-    ``refusal_detector``: decides ``refuses`` (default :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
-
-    Never raises: a check that raises on a response (an IFEval instruction on text it cannot
-    read, a refusal detector that fails) counts as failed, with one warning per check key."""
+    """The keys of ``check`` that ``response`` fails, in order; a check that raises counts as failed (warned once)."""
     refuses = refusal_detector or style.looks_like_refusal
     return [key for key, value in check.items() if not _holds(key, value, response, refuses)]
 

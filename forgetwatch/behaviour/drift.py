@@ -1,15 +1,5 @@
-"""How the responses drift from the base's, before any check fails: length and style figures
-over every generated response (generative and behaviour probes), from the texts already
-generated. Pure functions.
-
-Figures, for the responses of one scope (all probes, or one category):
-
-- ``length_ratio_words`` / ``length_ratio_tokens``: the responses' total length over the
-  base's total (a ratio of sums, not a mean of per-probe ratios, which a one-word base
-  response would dominate); left out when the base responses hold no words (tokens);
-- ``words``, ``words_base``: mean words per response;
-- ``bullets``, ``tables``, ``emoji``, ``hedging``, ``refusals`` (and each ``_base``): the share
-  of responses with a bullet line, a Markdown table, an emoji, hedging wording, a refusal.
+"""How the responses drift from the base's before any check fails: length ratios (of sums), mean words, and the
+share of responses with bullets, tables, emoji, hedging or a refusal. Pure functions.
 
 Example:
     >>> base, now = measure(["Paris."]), measure(["I'm sorry, but I can't say. Perhaps Paris?"])
@@ -26,8 +16,6 @@ from typing import Any
 import numpy as np
 
 from forgetwatch.behaviour import style
-
-__all__ = ["FEATURES", "SHARES", "behaviour_figures", "measure", "token_counter"]
 
 #: Share-of-responses features (``refusals`` comes from the refusal detector).
 FEATURES: dict[str, Callable[[str], bool]] = {
@@ -47,8 +35,7 @@ def measure(
     refusal_detector: Callable[[str], bool] | None = None,
     count_tokens: Callable[[list[str]], list[int]] | None = None,
 ) -> Measures:
-    """Each response's words, tokens (``count_tokens``: lengths of a list of texts) and
-    features, as arrays aligned with ``responses`` (NaN where there is no response)."""
+    """Each response's words, tokens (with ``count_tokens``) and features, aligned with ``responses`` (NaN: none)."""
     present = [i for i, r in enumerate(responses) if r is not None]
     texts = [responses[i] for i in present]
     features = {**FEATURES, "refusals": refusal_detector or style.looks_like_refusal}
@@ -63,8 +50,7 @@ def measure(
 
 
 def behaviour_figures(base: Measures, current: Measures, idx: np.ndarray) -> dict[str, float]:
-    """The drift figures of the responses at positions ``idx`` that both sides have (empty
-    when there are none)."""
+    """The drift figures of the responses at ``idx`` both sides have (empty when none)."""
     both = idx[~np.isnan(base["words"][idx]) & ~np.isnan(current["words"][idx])]
     if not len(both):
         return {}
@@ -79,6 +65,5 @@ def behaviour_figures(base: Measures, current: Measures, idx: np.ndarray) -> dic
 
 
 def token_counter(tokenizer: Any) -> Callable[[list[str]], list[int]]:
-    """``count_tokens`` for :func:`measure`: each text's length in ``tokenizer``'s tokens (one
-    batched call, no special tokens)."""
+    """``count_tokens`` for :func:`measure`: each text's length in ``tokenizer``'s tokens."""
     return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

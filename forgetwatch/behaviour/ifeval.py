@@ -1,18 +1,6 @@
-"""IFEval's verifiable instructions as a behaviour check (``"ifeval": [...]``), through the
-implementation lm-eval-harness ships (``pip install 'forgetwatch[ifeval]'``), not a copy.
-
-An entry is an instruction id, or ``{"id": ..., "kwargs": {...}}`` for one with parameters.
-Every parameter must be given, and each is checked at load by :data:`ARGUMENTS`, a rule per
-parameter read from lm-eval's own classes: outside it IFEval would draw the value at random
-(``num_words: -3``, ``letter: "#"``, an empty list), read a string letter by letter
-(``keywords: "abc"``), or search with a regular expression a user did not mean (IFEval searches
-for keywords, forbidden words, section and postscript markers with Python's ``re``): a check
-that changes between evaluations would make flips out of nothing.
-``length_constraints:number_sentences`` is refused: lm-eval splits sentences with NLTK's punkt
-model, a pickled file downloaded on first use; the ``max_sentences`` check does that job here.
-``change_case:capital_word_frequency`` needs NLTK's ``punkt_tab`` data (plain text), refused
-where it is not installed. lm-eval's module tries to download NLTK data when it is imported;
-forgetwatch imports it with downloads switched off.
+"""IFEval's verifiable instructions as a behaviour check, through lm-eval-harness's implementation
+(``pip install 'forgetwatch[ifeval]'``). Every parameter is checked at load (:data:`ARGUMENTS`), so IFEval never
+draws one at random or reads it as a regex; instructions needing pickled NLTK data are refused.
 
 Example:
     >>> follows([{"id": "length_constraints:number_words",
@@ -31,8 +19,6 @@ from typing import Any
 from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common.text import shorten, suggestion
 
-__all__ = ["ARGUMENTS", "follows", "instruction_problem"]
-
 REFUSED = {
     "length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
     "use the max_sentences check instead"
@@ -50,7 +36,7 @@ _WORD_ENDS = set(".,?!'\"")
 
 @contextlib.contextmanager
 def _no_downloads() -> Iterator[None]:
-    """lm-eval's IFEval module calls ``nltk.download`` when imported: nothing is fetched here."""
+    """lm-eval's IFEval module calls ``nltk.download`` when imported: nothing is fetched."""
     import nltk
 
     saved = nltk.download
@@ -83,8 +69,7 @@ def _count(least: int) -> Callable[[Any], str | None]:
 
 
 def _plain(value: Any) -> str | None:
-    """Text IFEval searches for with Python's ``re``: a pattern character would make it a
-    regular expression, which could backtrack without end on a response."""
+    """Text IFEval searches for with ``re``: a pattern character could make it backtrack without end."""
     if problem := text(value):
         return problem
     if used := sorted(_PATTERN_SYNTAX & set(value)):
@@ -135,17 +120,8 @@ def _first_word(value: Any) -> str | None:
 #: every registered instruction has one, and that lm-eval draws nothing at random within them).
 ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
     **dict.fromkeys(
-        [
-            "num_words",
-            "num_placeholders",
-            "num_bullets",
-            "num_highlights",
-            "num_sections",
-            "num_paragraphs",
-            "frequency",
-            "let_frequency",
-            "capital_frequency",
-        ],
+        "num_words num_placeholders num_bullets num_highlights num_sections num_paragraphs frequency let_frequency "
+        "capital_frequency".split(),
         _count(0),
     ),
     "nth_paragraph": _count(1),  # and at most num_paragraphs: see _pair_problem
@@ -160,8 +136,7 @@ ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
 
 
 def _pair_problem(kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
-    """A problem between two parameters: IFEval draws ``nth_paragraph`` at random past
-    ``num_paragraphs``."""
+    """IFEval draws ``nth_paragraph`` at random past ``num_paragraphs``."""
     if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
         return "nth_paragraph", (
             f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']} "
@@ -190,8 +165,8 @@ def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def instruction_problem(value: Any) -> tuple[str, str] | None:
-    """Why ``value`` is not a list of IFEval instructions this process can check, as
-    ``(where, message)`` (``where``: ``""``, ``"[0]"``, ``"[0].kwargs.num_words"``), or ``None``."""
+    """Why ``value`` is not a list of IFEval instructions this process can check, as ``(where, message)``,
+    or ``None``."""
     if not isinstance(value, list) or not value:
         return "", (
             'must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
@@ -248,9 +223,7 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
 
 
 def follows(value: list[Any], response: str) -> bool:
-    """Whether ``response`` follows every instruction of ``value`` (checked with
-    :func:`instruction_problem` first). An instruction that raises on a response raises here:
-    :func:`~forgetwatch.behaviour.checks.failed_checks` counts that as failing, with a warning."""
+    """Whether ``response`` follows every instruction of ``value``; an instruction that raises raises here."""
     known = registry()
     for name, kwargs in _entries(value):
         instruction = known[name](name)

@@ -1,12 +1,5 @@
-"""What a response looks like, read from its text alone: length, bullets, tables, emoji,
-hedging, refusal. Pure functions, deterministic, no model and no judge.
-
-The refusal and hedging detectors look for phrases. They catch the stock wording instruction
-tuned models use ("I'm sorry, but I can't help with that", "I'm not sure, but ...") and miss
-everything else: a refusal in other words, in another language, a lecture with no refusal
-phrase, or a partial answer that only pretends to comply. A response that quotes a refusal
-phrase ("the phrase 'I cannot help' ...") counts as a refusal. Replace the refusal detector
-with your own callable (``Scorer(..., refusal_detector=...)``) when that matters.
+"""What a response looks like, from its text alone: length, bullets, tables, emoji, hedging, refusal. The
+detectors look for stock phrases and miss other wording: pass your own ``refusal_detector`` when that matters.
 
 Example:
     >>> looks_like_refusal("I'm sorry, but I can't help with that.")
@@ -18,18 +11,6 @@ Example:
 from __future__ import annotations
 
 import re
-
-__all__ = [
-    "HEDGING_PHRASES",
-    "REFUSAL_PHRASES",
-    "bullet_lines",
-    "has_emoji",
-    "has_table",
-    "hedges",
-    "looks_like_refusal",
-    "sentence_count",
-    "word_count",
-]
 
 #: Stock refusal wording, matched case-insensitively within the opening of a response.
 REFUSAL_PHRASES = (
@@ -90,9 +71,7 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
 _REFUSAL = re.compile("|".join(re.escape(p) for p in REFUSAL_PHRASES))
 _HEDGING = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in HEDGING_PHRASES) + r")\b")
 _WORD = re.compile(r"\w")
-# Every pattern here is linear in the response, which the model writes: a match may start only
-# where a run of its characters starts (the lookbehind), and spaces are matched within a line
-# ([^\S\n], not \s), so no run of spaces, newlines or dots is tried once per position.
+# linear in the response: a match starts only where a run starts (the lookbehind), spaces within a line
 _SENTENCE_END = re.compile(r"(?<![.!?])[.!?]+(?=\s|$)")
 _BULLET = re.compile(r"^[^\S\n]*(?:[-*+\u2022]|\d{1,3}[.)])[^\S\n]+\S", re.MULTILINE)
 _TABLE_CELL = re.compile(r":?-{3,}:?")
@@ -122,20 +101,18 @@ def word_count(response: str) -> int:
 
 
 def sentence_count(response: str) -> int:
-    """Pieces ended by ``.``, ``!`` or ``?`` (followed by a space or the end), plus a last
-    unended piece, counting only pieces that hold a word."""
+    """Pieces ended by ``.``, ``!`` or ``?`` (then a space or the end), plus a last one, that hold a word."""
     pieces = _SENTENCE_END.split(response)
     return sum(1 for piece in pieces if _WORD.search(piece))
 
 
 def bullet_lines(response: str) -> int:
-    """Lines that start with a bullet (``-``, ``*``, ``+``, ``•``) or a number (``1.``, ``2)``)."""
+    """Lines that start with a bullet or a number (``1.``, ``2)``)."""
     return len(_BULLET.findall(response))
 
 
 def has_table(response: str) -> bool:
-    """Whether the response holds a Markdown table: a rule line of two or more ``---`` cells
-    (``|---|:---:|``, outer pipes optional)."""
+    """Whether the response holds a Markdown table rule line (``|---|:---:|``)."""
     return any("|" in line and _is_table_rule(line) for line in response.split("\n"))
 
 
@@ -145,5 +122,5 @@ def _is_table_rule(line: str) -> bool:
 
 
 def has_emoji(response: str) -> bool:
-    """Whether the response holds an emoji (the common pictograph blocks, flags, dingbats)."""
+    """Whether the response holds an emoji (pictographs, flags, dingbats)."""
     return _EMOJI.search(response) is not None

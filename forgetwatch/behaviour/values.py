@@ -1,5 +1,4 @@
-"""The rules a behaviour check's value is validated by (an integer from a bound, a non-empty
-string, a list of them): each returns a message for a bad value, ``None`` for a good one.
+"""The rules a check's value is validated by: each returns a message for a bad value, ``None`` for a good one.
 
 Example:
     >>> count(1)(0)
@@ -22,7 +21,7 @@ def got(value: Any) -> str:
 
 
 def count(least: int, why: str = "") -> Callable[[Any], str | None]:
-    """A rule for an integer from ``least`` up (``why``: said after the range, in the message)."""
+    """A rule for an integer from ``least`` up (``why`` follows the range in the message)."""
 
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -33,15 +32,13 @@ def count(least: int, why: str = "") -> Callable[[Any], str | None]:
 
 
 def text(value: Any) -> str | None:
-    """The rule for a non-empty string."""
     if not isinstance(value, str) or not value.strip():
         return f"must be a non-empty string, {got(value)}"
     return None
 
 
 def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callable[[Any], str | None]:
-    """A rule for a non-empty list of strings, each passing ``entry`` (``why``: said after what
-    is expected, in the message)."""
+    """A rule for a non-empty list of strings, each passing ``entry``."""
 
     def check(value: Any) -> str | None:
         if isinstance(value, str):

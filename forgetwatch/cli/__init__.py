@@ -1,16 +1,5 @@
-"""``forgetwatch`` command line: the offline workflow on saved checkpoints, and the demo.
-
-    forgetwatch evaluate --model PATH --probes FILE --out FILE
-    forgetwatch compare  --base PATH --model PATH --probes FILE [--out DIR]
-    forgetwatch report   RUN_DIR [RUN_DIR ...] --out FILE.html [--png FILE.png]
-    forgetwatch probes   --starter behaviour|knowledge [--out FILE]
-    forgetwatch demo     [--out DIR] [--replay]
-    forgetwatch plugin-path swift          (the file for ms-swift's --external_plugins)
-    forgetwatch llamafactory CONFIG.yaml [key=value ...]   (LLaMA-Factory's training, watched)
-
-``--base`` may also be an answers file written by ``forgetwatch evaluate`` (``.json`` or
-``.npz``), so the base model is scored once and reused.
-"""
+"""``forgetwatch`` command line: ``evaluate``, ``compare``, ``report``, ``probes``, ``demo``, ``plugin-path`` and
+``llamafactory`` (``forgetwatch COMMAND --help``); input errors are one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -48,7 +37,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    """``--batch-size``: the text as the batch size it names (the rule is ``options``')."""
     parsed: int | str = value
     if value != "auto":
         try:
@@ -62,7 +50,7 @@ def _batch_size(value: str) -> int | str:
 
 
 def _help(name: str, show_default: bool = True) -> str:
-    """A scoring option's help as :class:`~forgetwatch.config.settings.Scoring` declares it, and its default."""
+    """A scoring option's help as :class:`~forgetwatch.config.settings.Scoring` declares it."""
     text = help_text(Scoring)[name].rstrip(".").replace("%", "%%")
     return f"{text} (default: %(default)s)" if show_default else text
 
@@ -205,22 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forgetwatch`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "evaluate":
-            return _evaluate_command(args)
-        if args.command == "demo":
-            return _demo_command(args)
-        if args.command == "report":
-            return _report_command(args)
-        if args.command == "probes":
-            return _probes_command(args)
-        if args.command == "plugin-path":
-            from forgetwatch.integrations.swift import PLUGIN_FILE
-
-            print(PLUGIN_FILE)
-            return 0
-        if args.command == "llamafactory":
-            return _llamafactory_command(args)
-        return _compare_command(args)
+        return _COMMANDS[args.command](args)
     except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
         # Errors in the user's input are these types (a foreign library reading the input, as
         # lm-eval loading tasks, is wrapped where it is called): one message, exit 2. Any other
@@ -230,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
+
+
+def _plugin_path_command(args: argparse.Namespace) -> int:
+    from forgetwatch.integrations.swift import PLUGIN_FILE
+
+    print(PLUGIN_FILE)
+    return 0
 
 
 def _llamafactory_command(args: argparse.Namespace) -> int:
@@ -313,12 +293,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         current.save(out / "model_answers.json")
         write_samples_csv(base, current, out / "samples.csv", probes)
         report.to_csv(out / "transitions.csv")
-        summary: dict[str, Any] = {
-            "base": args.base,
-            "model": args.model,
-            "probes": _probes_name(args),
-            "report": report.to_dict(),
-        }
+        summary = {"base": args.base, "model": args.model, "probes": _probes_name(args), "report": report.to_dict()}
         with atomic_write(out / "summary.json") as f:
             strict_dump(summary, f)
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
@@ -361,7 +336,7 @@ def _report_command(args: argparse.Namespace) -> int:
 
 
 def _chat_tasks(args: argparse.Namespace) -> bool:
-    """lm-eval builds chat prompts with the model's tokenizer: they are built once it is loaded."""
+    """lm-eval builds chat prompts with the model's tokenizer: once it is loaded."""
     return bool(args.lm_eval_tasks and args.chat_template)
 
 
@@ -400,8 +375,15 @@ def _lm_eval_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
         raise UsageError(str(err)) from err
 
 
-def _scorer_chat_template(args: argparse.Namespace) -> bool:
-    return bool(args.chat_template and not args.lm_eval_tasks)  # lm-eval's prompts are already in it
+def _scoring(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that decide the answers, as the command line sets them."""
+    return {
+        "normalize": args.normalize,
+        "chat_template": bool(args.chat_template and not args.lm_eval_tasks),  # lm-eval's prompts are already in it
+        "max_new_tokens": args.max_new_tokens,
+        "stop": Scoring.stop,
+        "behaviour_max_new_tokens": args.behaviour_max_new_tokens,
+    }
 
 
 def _probes_name(args: argparse.Namespace) -> str:
@@ -417,14 +399,7 @@ def _check_writable(flag: str, directory: Path) -> None:
 
 def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
     """A base snapshot must have been scored the way this run will score the model."""
-    wanted = scoring_options(
-        probes,
-        normalize=args.normalize,
-        chat_template=_scorer_chat_template(args),
-        max_new_tokens=args.max_new_tokens,
-        stop=Scoring.stop,
-        behaviour_max_new_tokens=args.behaviour_max_new_tokens,
-    )
+    wanted = scoring_options(probes, **_scoring(args))
     # the precision is the model's, known once it is loaded (checked in _score)
     wanted["precision"] = base.scoring.get("precision")
     problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
@@ -436,8 +411,7 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
 
 
 def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:
-    """Each model named by (flag, value), located and checked, with its tokenizer loaded,
-    before any model loads: a mistake in the last argument costs no time spent on the first."""
+    """Each model named by (flag, value), located and checked with its tokenizer loaded before any model loads."""
     models = [locate(flag, value) for flag, value in named]
     shared = locate("--tokenizer", args.tokenizer, tokenizer=True) if args.tokenizer else None
     for ckpt in filter(None, [*models, shared]):
@@ -455,8 +429,7 @@ def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Ch
 def _score(
     args: argparse.Namespace, ckpt: Checkpoint, tokenizer: Any, probes: ProbeSet, precision: str | None = None
 ) -> Answers:
-    """``ckpt`` scored on ``probes``; with ``precision``, only if it computes in that one (the
-    base's), checked before any scoring."""
+    """``ckpt`` scored on ``probes``; with ``precision``, only if it computes in that one (the base's)."""
     import torch
 
     from forgetwatch.scoring import evaluate
@@ -476,13 +449,9 @@ def _score(
             tokenizer,
             probes,
             batch_size=args.batch_size,
-            normalize=args.normalize,
-            chat_template=_scorer_chat_template(args),
-            max_new_tokens=args.max_new_tokens,
-            stop=Scoring.stop,
-            behaviour_max_new_tokens=args.behaviour_max_new_tokens,
             shared_prefixes=args.shared_prefixes,
             show_progress=not args.no_progress,
+            **_scoring(args),
         )
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
@@ -491,7 +460,6 @@ def _score(
 
 
 def _check_device(device: str | None) -> None:
-    """Fail before anything is loaded on a device this machine does not have."""
     if device is None:
         return
     import torch
@@ -508,6 +476,16 @@ def _check_device(device: str | None) -> None:
     if kind == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
+
+_COMMANDS = {
+    "evaluate": _evaluate_command,
+    "compare": _compare_command,
+    "report": _report_command,
+    "probes": _probes_command,
+    "demo": _demo_command,
+    "plugin-path": _plugin_path_command,
+    "llamafactory": _llamafactory_command,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

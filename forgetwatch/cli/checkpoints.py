@@ -1,13 +1,5 @@
-"""Checkpoints named on the command line: where each one is (a local directory, a GGUF file or
-a hub id), what is wrong with it (found before any model loads), and loading it without running
-its own code or scoring weights it does not hold.
-
-A GGUF file (``--model model.gguf``, or a folder holding one and no ``config.json``) is read as
-transformers reads it: model, configuration and tokenizer from the one file, the weights
-dequantized (float32 unless ``--dtype`` says otherwise).
-
-A local path that does not exist fails at once, without asking the hub; a hub id is looked
-up in the local hub cache, and on the hub once (no retries) unless ``HF_HUB_OFFLINE`` is set.
+"""Checkpoints named on the command line (a directory, a GGUF file or a hub id): located, checked before any model
+loads, and loaded without running their own code or scoring weights they do not hold.
 
 Example:
     >>> locate("--model", "runs/finall")  # doctest: +SKIP
@@ -45,17 +37,8 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A model or tokenizer named on the command line.
-
-    Attributes:
-        flag: the option that named it (``--model``), for messages.
-        name: as the user wrote it.
-        path: what ``from_pretrained`` gets: the local directory, or the hub id.
-        local: a directory on this machine.
-        cached_only: a hub id read from the local hub cache only (offline, or the hub unreachable).
-        note: why it is read from the cache although the hub was asked, for the console.
-        gguf: the GGUF file in ``path`` that holds the model and its tokenizer, if it is one.
-    """
+    """A model or tokenizer named on the command line by ``flag``: ``path`` is what ``from_pretrained`` gets,
+    ``cached_only`` a hub id read from the cache alone (``note`` says why), ``gguf`` its GGUF file."""
 
     flag: str
     name: str
@@ -71,13 +54,8 @@ class Checkpoint:
 
 
 def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
-    """Where ``value`` is: an existing local directory, a ``.gguf`` file (or a folder holding
-    one in place of ``config.json``, or of the tokenizer's files for a tokenizer), or a hub id
-    that is cached or on the hub.
-
-    ``a/b`` is a local path when ``a`` is a local directory, a hub id otherwise; anything else
-    that does not exist (more separators, a leading ``.``, ``~`` or ``/``, a bare name) is a
-    missing directory. Raises :class:`CheckpointError` in one line.
+    """Where ``value`` is: a local directory, a ``.gguf`` file (or a folder holding one), or a hub id cached or on
+    the hub (``a/b`` is local when ``a`` is a local directory). Raises :class:`CheckpointError` in one line.
 
     Example:
         >>> locate("--model", "/no/such/dir")
@@ -109,8 +87,7 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
 
 
 def _only_gguf(flag: str, value: str, folder: str) -> str | None:
-    """The one GGUF file in ``folder``, ``None`` when it has none; several are one error that
-    says how to choose."""
+    """The one GGUF file in ``folder`` (``None``: none); several are an error saying how to choose."""
     found = sorted(
         f for f in os.listdir(folder) if f.lower().endswith(".gguf") and os.path.isfile(os.path.join(folder, f))
     )
@@ -153,8 +130,7 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
 
 
 def _ask_hub(flag: str, repo: str) -> str | None:
-    """``None`` when the hub has ``repo``; why the hub could not be asked otherwise. One
-    request, no retries: a mistyped id must not cost a minute of back-off."""
+    """``None`` when the hub has ``repo``, else why it could not be asked: one request, no retries."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import GatedRepoError, HFValidationError, RepositoryNotFoundError
 
@@ -174,23 +150,18 @@ def _ask_hub(flag: str, repo: str) -> str | None:
 
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
-    """What can be found wrong before loading: the checkpoint's own code (``auto_map``) for a
-    class forgetwatch loads, and (local directories) damaged or missing weight files.
+    """What can be found wrong before loading: the checkpoint's own code (``auto_map``), damaged GGUF or weight files.
 
     Example:
         >>> model = locate("--model", "runs/final")  # doctest: +SKIP
         >>> check(model, model)  # doctest: +SKIP
     """
-    config = _json(model, "config.json")
-    if config is not None:
-        _refuse_own_code(model, "config.json", config)
-    if tokenizer != model:
-        config = _json(tokenizer, "config.json")
-        if config is not None:
-            _refuse_own_code(tokenizer, "config.json", config)
-    tok_config = _json(tokenizer, "tokenizer_config.json")
-    if tok_config is not None:
-        _refuse_own_code(tokenizer, "tokenizer_config.json", tok_config)
+    for ckpt, name in dict.fromkeys(
+        [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
+    ):
+        doc = _json(ckpt, name)
+        if doc is not None:
+            _refuse_own_code(ckpt, name, doc)
     for ckpt in dict.fromkeys((model, tokenizer)):
         if ckpt.gguf:
             _check_gguf(ckpt.label, os.path.join(ckpt.path, ckpt.gguf))
@@ -199,7 +170,6 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
 
 
 def _json(ckpt: Checkpoint, name: str) -> dict[str, Any] | None:
-    """One JSON file of a checkpoint, or ``None`` when it has none."""
     if ckpt.local:
         path = Path(ckpt.path, name)
         if not path.is_file():
@@ -239,9 +209,7 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
 
 
 def _check_gguf(label: str, path: str) -> None:
-    """The GGUF file is whole and readable (its header and every tensor's extent), and the
-    ``gguf`` package that reads it is installed: a cut file fails here, not inside transformers
-    after another model was scored."""
+    """The GGUF file is whole and readable, and the ``gguf`` package installed."""
     try:
         from gguf import GGUFReader
     except ImportError as err:
@@ -256,8 +224,7 @@ def _check_gguf(label: str, path: str) -> None:
 
 
 def _check_weight_files(root: Path) -> None:
-    """The safetensors files transformers would read are all there and whole (a cut copy
-    fails here, naming the file, instead of inside transformers naming none)."""
+    """The safetensors files transformers would read are all there and whole."""
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
     if single.is_file():
         files = [single]
@@ -289,7 +256,7 @@ def _check_weight_files(root: Path) -> None:
 
 
 def load_tokenizer(ckpt: Checkpoint) -> Any:
-    """The checkpoint's tokenizer, running none of its code (``trust_remote_code=False``).
+    """The checkpoint's tokenizer, running none of its code.
 
     Example:
         >>> tokenizer = load_tokenizer(locate("--model", "runs/final"))  # doctest: +SKIP
@@ -308,10 +275,8 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
 
 
 def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
-    """The checkpoint as a causal language model on ``device``: none of its code run, pickled
-    weights only as plain tensors, and refused when it lacks a tensor the model needs or has
-    one of another shape (transformers would initialise those randomly, and the model would be
-    scored as if it were the checkpoint).
+    """The checkpoint as a causal language model on ``device``: none of its code run, pickles only as plain
+    tensors, refused when a tensor the model needs is missing or of another shape (it would be random).
 
     Example:
         >>> model = load_model(locate("--model", "runs/final"), "auto", "cpu")  # doctest: +SKIP
@@ -349,8 +314,7 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
 
 
 def _uncovered(info: dict[str, Any]) -> str | None:
-    """What the model needs that the checkpoint does not hold (transformers' loading info),
-    or ``None``. A tied head the checkpoint rightly leaves out is not missing."""
+    """What the model needs that the checkpoint does not hold, or ``None`` (a tied head left out is not missing)."""
     missing = sorted(info.get("missing_keys") or ())
     mismatched = sorted(info.get("mismatched_keys") or ())
     if missing:
@@ -371,9 +335,8 @@ def _shape(size: Any) -> str:
 
 @contextmanager
 def _offline(cached_only: bool) -> Iterator[None]:
-    """huggingface_hub offline for the block, when a checkpoint is read from the cache alone:
-    ``local_files_only`` does not reach every lookup ``from_pretrained`` makes (transformers 5
-    looks for an adapter config without it), and each would retry an unreachable hub for 20 s."""
+    """huggingface_hub offline for the block when reading from the cache alone (``local_files_only`` misses some
+    lookups, each retrying an unreachable hub for 20 s)."""
     from huggingface_hub import constants
 
     saved = constants.HF_HUB_OFFLINE
@@ -386,9 +349,7 @@ def _offline(cached_only: bool) -> Iterator[None]:
 
 @contextmanager
 def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
-    """Hold back what ``logger`` says (transformers' load report) until the block ends, then
-    say it; what the block clears from the list is not said (a refused checkpoint gets one
-    line, not a table and then a line)."""
+    """Hold back ``logger``'s records until the block ends; those it clears are not said."""
     held: list[logging.LogRecord] = []
 
     def hold(record: logging.LogRecord) -> bool:
@@ -405,7 +366,6 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
 
 
 def _load_problem(err: BaseException) -> str:
-    """What went wrong loading a checkpoint, in one line."""
     if isinstance(err, pickle.UnpicklingError):
         return (
             "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
@@ -417,7 +377,6 @@ def _load_problem(err: BaseException) -> str:
 
 
 def _dtype_kwarg() -> str:
-    """``from_pretrained`` took ``torch_dtype`` before transformers 4.56 and ``dtype`` since."""
     import transformers
     from packaging.version import Version
 

@@ -1,14 +1,11 @@
-"""``forgetwatch demo``: watch a tiny model forget, on a CPU, with nothing downloaded.
-
-A small Llama learns made-up facts (capitals, flag colours, numbers of rivers); TRL's
-SFTTrainer then post-trains it on unrelated arithmetic while ForgetWatchCallback re-scores the
-facts every few steps. The curve, a PNG of it and the history land in the output directory.
-"""
+"""``forgetwatch demo``: a tiny model learns made-up facts, then TRL's SFT post-trains it on arithmetic while the
+callback watches; on a CPU, nothing downloaded."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.util
 import logging
 import os
@@ -30,11 +27,8 @@ def run_demo(
     quiet: bool = False,
     replay: bool = False,
 ):
-    """Run the demo; returns the callback (its ``history`` holds every evaluation).
-
-    With ``replay``, the probes ask about one half of the facts and a replay pool holds the
-    other half's: the same post-training runs twice, without replay (``out/without-replay``)
-    and with it (``out/with-replay``, whose callback is returned), side by side.
+    """Run the demo; returns the callback. With ``replay``, probes on half the facts and a replay pool of the other
+    half: the run without and with replay, side by side.
 
     Example:
         >>> cb = run_demo("demo-out", steps=20)  # doctest: +SKIP
@@ -66,22 +60,15 @@ def run_demo(
         f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
         f"scoring {len(probes)} probes every {eval_steps} steps{', without and with replay' if replay else ''} ..."
     )
+    train = functools.partial(
+        _post_train, world, tokenizer, base, probes, steps=steps, eval_steps=eval_steps, seed=seed
+    )
     if not replay:
-        callback = _post_train(world, tokenizer, base, probes, out, steps, eval_steps, seed, verbose=not quiet)
+        callback = train(out, verbose=not quiet)
         runs = [out]
     else:
-        plain = _post_train(world, tokenizer, base, probes, out / "without-replay", steps, eval_steps, seed)
-        callback = _post_train(
-            world,
-            tokenizer,
-            base,
-            probes,
-            out / "with-replay",
-            steps,
-            eval_steps,
-            seed,
-            replay=ReplayPool.from_records(pool, source="demo pool"),
-        )
+        plain = train(out / "without-replay")
+        callback = train(out / "with-replay", replay=ReplayPool.from_records(pool, source="demo pool"))
         runs = [out / "without-replay", out / "with-replay"]
 
     say("3/3 results")
@@ -97,14 +84,8 @@ def run_demo(
         if replay:
             written.insert(0, write_report(runs, out / "report.html", png=out / "forgetting.png"))
         else:
-            written.insert(
-                0,
-                plot_history(
-                    out / "history.jsonl",
-                    out / "forgetting.png",
-                    title="forgetwatch demo: SFT on arithmetic, probes on facts",
-                ),
-            )
+            title = "forgetwatch demo: SFT on arithmetic, probes on facts"
+            written.insert(0, plot_history(out / "history.jsonl", out / "forgetting.png", title=title))
             written.insert(1, write_report(runs, out / "report.html"))
     except ImportError as err:
         say(f"(no PNG or report: {err})")
@@ -113,9 +94,7 @@ def run_demo(
 
 
 def run_real_demo(argv: list[str]):
-    """``forgetwatch demo --real``: ``examples/real_model.py`` of this checkout, with ``argv``
-    (its own options); returns its callback. The example is the code to read, so it is run, not
-    copied here: an installation without the repository's ``examples/`` is told where it is.
+    """``forgetwatch demo --real``: this checkout's ``examples/real_model.py`` with ``argv``; returns its callback.
 
     Example:
         >>> run_real_demo(["--steps", "20"])   # doctest: +SKIP
@@ -187,10 +166,7 @@ def _post_train(
 
 @contextlib.contextmanager
 def _quiet_trainer_setup():
-    """While the demo's trainer is built: no progress bar for each of TRL's passes over the
-    demo's own data set, and not deepspeed's "Setting accelerator to CPU" (accelerate imports
-    deepspeed, where installed, as the trainer is built; this demo runs on the CPU by design).
-    Both as they were afterwards."""
+    """While the trainer is built: no progress bars for TRL's passes over the data, no deepspeed CPU notice."""
     import datasets
 
     def not_the_cpu_notice(record: logging.LogRecord) -> bool:

@@ -1,16 +1,5 @@
-"""What a person reads while a run goes on: progress bars, forgetwatch's own lines and warnings,
-each line beginning a line of its own, in a terminal and in a log file.
-
-In a terminal a progress bar redraws itself in place, and ``tqdm.write`` clears the bars, writes
-the line above them and draws them again. In a log file (output redirected) nothing is redrawn:
-a bar's updates pile up after one another with no line break until it closes, so a line written
-meanwhile, or a warning, would be glued to the end of the last fragment. There, a line starts
-with a line break while a bar is open, and forgetwatch's own bar ends with one when it closes.
-
-Warnings of the ``forgetwatch`` loggers go through :class:`ConsoleHandler` when nothing else
-would show them (the application configured no logging): where Python would fall back to its
-last-resort handler, which writes to standard error with no regard for bars.
-"""
+"""What a person reads while a run goes on: progress bars, forgetwatch's lines and warnings, each on a line of its
+own in a terminal and in a log file (where a bar's updates are not redrawn)."""
 
 from __future__ import annotations
 
@@ -20,8 +9,6 @@ from typing import IO
 
 from tqdm import tqdm as _std_tqdm
 from tqdm.auto import tqdm
-
-__all__ = ["ConsoleHandler", "progress_bar", "say"]
 
 
 def _is_terminal(stream: IO[str] | None) -> bool:
@@ -33,8 +20,7 @@ def _is_terminal(stream: IO[str] | None) -> bool:
 
 
 def progress_bar(total: int, desc: str, show: bool = True) -> tqdm:
-    """A bar counting ``total`` probes: cleared when done in a terminal, and in a log file
-    ended with a line break, so what is written next begins a line.
+    """A bar counting ``total`` probes, cleared when done in a terminal, ending its line in a log file.
 
     Example:
         >>> progress_bar(32, "forgetwatch: scoring probes", show=False).total
@@ -47,8 +33,7 @@ def progress_bar(total: int, desc: str, show: bool = True) -> tqdm:
 
 
 def _bar_open_on(stream: IO[str]) -> bool:
-    """Whether a progress bar that has drawn itself is open on ``stream`` (standard output and
-    standard error count as one: they end up together in a terminal or a ``2>&1`` log)."""
+    """Whether a drawn progress bar is open on ``stream`` (standard output and error count as one)."""
     console = (sys.stdout, sys.stderr)
     bars = set(getattr(_std_tqdm, "_instances", ())) | set(getattr(tqdm, "_instances", ()))
     return any(
@@ -60,8 +45,7 @@ def _bar_open_on(stream: IO[str]) -> bool:
 
 
 def say(line: str, stream: IO[str] | None = None) -> None:
-    """Write ``line`` so that it begins a line of its own, above the progress bars in a terminal
-    and after their last update in a log file (default stream: standard output).
+    """Write ``line`` on a line of its own, above the bars in a terminal, after them in a log file.
 
     Example:
         >>> say("[forgetwatch] base: accuracy 62.5 % on 32 probes")
@@ -76,9 +60,8 @@ def say(line: str, stream: IO[str] | None = None) -> None:
 
 
 class ConsoleHandler(logging.Handler):
-    """Shows ``forgetwatch`` warnings like Python's last-resort handler (standard error,
-    warnings and above), but each on a line of its own (:func:`say`); and only when no handler
-    of the application would show them, so nothing is printed twice."""
+    """Shows ``forgetwatch`` warnings on standard error, each on a line of its own, when no handler of the
+    application would show them."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -94,8 +77,7 @@ class ConsoleHandler(logging.Handler):
 
 
 def _handled_elsewhere(logger: logging.Logger) -> bool:
-    """Whether a handler other than ours sees records of ``logger`` (Python's own rule for
-    falling back to its last-resort handler: no handler on the way up)."""
+    """Whether another handler sees ``logger``'s records (Python's last-resort rule)."""
     current: logging.Logger | None = logger
     while current is not None:
         if any(not isinstance(h, ConsoleHandler) for h in current.handlers):

@@ -1,14 +1,5 @@
-"""Sharding, gathering and rank agreement: everything that crosses ranks.
-
-Ranks that disagree hang: a sharded model (FSDP, DeepSpeed ZeRO-3) gathers its parameters in
-every forward, so every rank must make the same number of forward and generate calls, and a
-rank that stops early leaves the others waiting in their next collective. So decisions that
-depend on a rank's own clock or files are taken on rank 0 and broadcast, and per-sample
-results travel as numbers or UTF-8 JSON (never pickled) and are identical on every rank.
-
-In a single process every function here returns at once without touching
-``torch.distributed``.
-"""
+"""Everything that crosses ranks: decisions taken on rank 0 and broadcast, results as numbers or JSON (never
+pickled), identical on every rank; in one process nothing touches ``torch.distributed``."""
 
 from __future__ import annotations
 
@@ -28,12 +19,10 @@ def world_size() -> int:
 
 @dataclass(frozen=True)
 class Ranks:
-    """The processes that take part in one evaluation: all of them (``Ranks.all()``, which
-    must then all call together) or just this one (``Ranks.alone()``, no collectives).
+    """The processes of one evaluation: all of them (``Ranks.all()``, which call together) or this one alone.
 
     Example:
-        >>> ranks = Ranks.alone()
-        >>> ranks.agree_max([3, 0])
+        >>> Ranks.alone().agree_max([3, 0])
         [3, 0]
     """
 
@@ -51,7 +40,7 @@ class Ranks:
 
     @property
     def device(self) -> torch.device:
-        """Where collective tensors must live: NCCL only moves CUDA tensors."""
+        """Where collective tensors live: NCCL moves only CUDA tensors."""
         if torch.distributed.get_backend() == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
@@ -86,8 +75,7 @@ class Ranks:
         return [p.tolist() for p in parts]
 
     def sum(self, values: np.ndarray) -> np.ndarray:
-        """The sum of every rank's float64 array. Each rank fills its own entries and leaves
-        zeros elsewhere, so every rank ends up with all of them, bit for bit the same."""
+        """The sum of every rank's float64 array (each fills its own entries): bit for bit the same everywhere."""
         if self.size == 1:
             return values
         shared = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).to(self.device)
@@ -95,7 +83,7 @@ class Ranks:
         return shared.cpu().numpy()
 
     def sum_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace each tensor, in place, by its sum over the ranks (one all-reduce each)."""
+        """Replace each tensor, in place, by its sum over the ranks."""
         if self.size > 1:
             for t in tensors:
                 torch.distributed.all_reduce(t)
@@ -118,10 +106,7 @@ class Ranks:
         return [json.loads(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, sizes)]
 
     def share_from_rank_zero(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run on rank 0 only; its JSON-able result on every rank.
-
-        If it raises on rank 0, every rank raises (the others with rank 0's message), instead
-        of waiting forever for a result that never comes.
+        """``make()`` run on rank 0, its JSON-able result on every rank; if it raises, every rank raises.
 
         Example:
             >>> Ranks.alone().share_from_rank_zero(lambda: {"decision": "reuse"})
@@ -155,12 +140,7 @@ class Ranks:
 
 
 def from_rank_zero(values: list[int]) -> list[int]:
-    """Rank 0's ``values`` on every rank of the default group (unchanged in one process).
-
-    Example:
-        >>> from_rank_zero([1, 40])
-        [1, 40]
-    """
+    """Rank 0's ``values`` on every rank of the default group (unchanged in one process)."""
     return Ranks.all().from_rank_zero(values)
 
 
@@ -169,8 +149,7 @@ def _encode(value: Any) -> bytes:
 
 
 def shard(costs: Sequence[float], n_shards: int) -> list[list[int]]:
-    """Split item indices into ``n_shards`` lists of about equal total cost (each item to the
-    least loaded shard, costliest first); the same on every rank.
+    """Split item indices into ``n_shards`` lists of about equal cost, the same on every rank.
 
     Example:
         >>> shard([5, 1, 4, 2], 2)

@@ -1,5 +1,5 @@
-"""Writing files: atomically (a reader sees the old file or the new one, never half of one),
-and as strict JSON (no NaN or infinity, which other JSON readers refuse)."""
+"""Writing files atomically (a reader sees the old file or the new, never half) and as strict JSON; reading npz
+files without trusting their headers."""
 
 from __future__ import annotations
 
@@ -43,14 +43,8 @@ MAX_NPZ_BYTES = 2 << 30
 
 
 def read_npz(path: str | os.PathLike[str] | IO[bytes]) -> dict[str, np.ndarray]:
-    """Every array of an npz file, read only once the sizes its headers claim hold up: the zip's
-    (its members' unpacked sizes, together at most :data:`MAX_NPZ_BYTES`; zipfile inflates no
-    member past its claim) and each ``.npy`` header's (its shape and element type must make its
-    member's size: a header claiming 10**13 entries is not believed). Nothing is unpickled.
-
-    Raises:
-        ValueError: what is wrong (its first line says it); ``OSError``, ``zipfile.BadZipFile``
-        and the others of :data:`NPZ_ERRORS` for a damaged file.
+    """Every array of an npz file, read only once the sizes its zip and ``.npy`` headers claim hold up (at most
+    :data:`MAX_NPZ_BYTES` unpacked); nothing is unpickled. Raises ``ValueError`` or another of :data:`NPZ_ERRORS`.
 
     Example:
         >>> import io
@@ -93,9 +87,7 @@ _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.r
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
-    """Open a temporary file beside ``path``; on success move it over ``path``.
-
-    If the block raises, ``path`` is left as it was and the temporary file is removed.
+    """Open a temporary file beside ``path``; on success move it over ``path``, else remove it.
 
     Example:
         >>> with atomic_write("/tmp/example.json") as f:
@@ -119,8 +111,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
 
 
 def leftover_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
-    """The temporary files that :func:`atomic_write` calls to ``directory/<name>`` left there
-    when their process was killed mid-write (``.<name>.XXXXXXXX.tmp``), for ``names`` only.
+    """What :func:`atomic_write` calls to ``directory/<name>`` left there when killed mid-write.
 
     Example:
         >>> leftover_temporaries("/nonexistent", ["history.jsonl"])
@@ -141,12 +132,8 @@ def _mode_for(path: Path) -> int:
 
 
 def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:
-    """``value`` with every NaN made ``None`` (``null``), recursively; tuples become lists.
-
-    Strict JSON has no NaN or infinity, and every file forgetwatch writes is strict JSON.
-    Infinities become ``None`` too, or with ``infinity_as_text`` the strings ``"inf"`` /
-    ``"-inf"``, which ``float()`` reads back (for values where infinity means something,
-    unlike "unknown").
+    """``value`` with every NaN and infinity made ``None``, recursively (or infinities ``"inf"``/``"-inf"`` with
+    ``infinity_as_text``); tuples become lists.
 
     Example:
         >>> json_safe({"a": [float("nan"), 1.5], "b": (float("-inf"),)})
@@ -168,7 +155,7 @@ def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:
 
 
 def strict_dumps(value: Any, *, sort_keys: bool = False) -> str:
-    """``value`` as strict JSON text (NaN as ``null``, see :func:`json_safe`), UTF-8 kept as is.
+    """``value`` as strict JSON text (NaN as ``null``), UTF-8 kept as is.
 
     Example:
         >>> strict_dumps({"f": float("nan"), "id": "é"})
@@ -178,12 +165,11 @@ def strict_dumps(value: Any, *, sort_keys: bool = False) -> str:
 
 
 def strict_dump(value: Any, f: IO[str]) -> None:
-    """Write ``value`` to ``f`` as strict JSON (see :func:`strict_dumps`)."""
     json.dump(json_safe(value), f, ensure_ascii=False, allow_nan=False)
 
 
 def json_line(record: Any) -> str:
-    """One strict JSON line, newline included: a record of a ``.jsonl`` file.
+    """One strict JSON line, newline included.
 
     Example:
         >>> json_line({"step": 1, "loss": float("inf")})
@@ -193,8 +179,7 @@ def json_line(record: Any) -> str:
 
 
 def content_hash(items: Iterable[Any]) -> Any:
-    """A sha256 of ``items``, each as one JSON line (keys sorted): what a set of rows is, for
-    fingerprints (``.hexdigest()[:16]``); more may be added to it before.
+    """A sha256 of ``items``, each as one JSON line (keys sorted), for fingerprints.
 
     Example:
         >>> content_hash([{"id": "q1"}]).hexdigest()[:16] == content_hash([{"id": "q2"}]).hexdigest()[:16]

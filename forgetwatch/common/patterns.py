@@ -1,23 +1,10 @@
-r"""Regular expressions a user supplies (a behaviour check's ``regex`` / ``not_regex``, a
-generative probe's ``extract``), run by RE2, whose time is linear in the text whatever the
-pattern.
-
-Why RE2: Python's ``re`` backtracks, so a pattern such as ``(a+)+$`` takes minutes on a
-30-character response and days on a 40-character one, and a response is the model's to write. A
-time limit (the ``regex`` package's ``timeout=``) is no cure: whether a search ends in time
-depends on the machine's load, so the same response could pass at one evaluation and fail at
-the next, a flip out of nothing. A cap on the text's length does not bound backtracking either.
-RE2 matches without backtracking, in time linear in the text, the same way every time. It
-refuses the features that need backtracking (backreferences, lookarounds), and Python-only
-syntax such as ``\Z`` (write ``\z``) or ``(?x)``: such a pattern is refused at load, naming its
-field. In RE2, ``\w``, ``\d``, ``\s`` and ``\b`` are ASCII (``\pL``, ``\p{Nd}`` cover other
-scripts).
+r"""Regular expressions a user supplies (``regex``, ``not_regex``, ``extract``), run by RE2: linear in the text whatever
+the pattern, the same way every time (Python's ``re`` backtracks: minutes for ``(a+)+$`` on a response, and a time
+limit would make answers flip with the machine's load). Backreferences and lookarounds are refused at load.
 
 Example:
     >>> search(r"(a+)+$", "a" * 100_000 + "b") is None  # at once; Python's re would not return
     True
-    >>> pattern_problem(r"(\w+) \1")[:46]
-    'does not compile (invalid escape sequence: \\1)'
 """
 
 from __future__ import annotations
@@ -27,14 +14,12 @@ from typing import Any
 
 import re2
 
-__all__ = ["compiled", "pattern_problem", "search"]
-
 SYNTAX = "https://github.com/google/re2/wiki/Syntax"
 
 
 @functools.lru_cache(maxsize=1024)
 def compiled(pattern: str) -> Any:
-    """``pattern`` compiled by RE2 (once per pattern); raises ``re2.error`` if RE2 refuses it."""
+    """``pattern`` compiled by RE2, once; raises ``re2.error`` if RE2 refuses it."""
     options = re2.Options()
     options.log_errors = False  # a refused pattern is reported once, by pattern_problem
     return re2.compile(pattern, options)
@@ -56,8 +41,7 @@ def pattern_problem(pattern: str) -> str | None:
 
 
 def search(pattern: str, text: str) -> Any:
-    """The first match of ``pattern`` (checked with :func:`pattern_problem`) in ``text``, or
-    ``None``; a lone surrogate in ``text`` (no UTF-8 for it) is read as U+FFFD."""
+    """The first match of ``pattern`` in ``text``, or ``None`` (a lone surrogate is read as U+FFFD)."""
     try:
         return compiled(pattern).search(text)
     except UnicodeEncodeError:

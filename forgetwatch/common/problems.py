@@ -1,5 +1,4 @@
-"""One way to report bad input, shared by probe files and configs: every problem found, each
-naming where it is (source, line, key or field), raised together in one error."""
+"""One way to report bad input: every problem found, each naming its source, line and key, raised together."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ class Problem(NamedTuple):
     message: str
 
     def render(self, unit: str = "line", noun: str = "key") -> str:
-        """``source: line 3: key 'eval_step': message``; ``unit`` and ``noun`` name what
-        ``line`` counts and what ``key`` is."""
+        """``source: line 3: key 'eval_step': message``."""
         where = self.source if self.line is None else f"{self.source}: {unit} {self.line}"
         if self.key is not None:
             where += f": {noun} {shorten(self.key)}"
@@ -30,8 +28,7 @@ class Problem(NamedTuple):
 
 
 class InputError(ValueError):
-    """Bad input, with one line per problem; ``errors`` holds the :class:`Problem` tuples and
-    ``unit`` names what their ``line`` counts ("line", "record", "dataset row")."""
+    """Bad input, one line per problem: ``errors`` holds the :class:`Problem` tuples, ``unit`` what ``line`` counts."""
 
     noun = "key"
 
@@ -42,8 +39,7 @@ class InputError(ValueError):
 
 
 class Problems:
-    """Collects the problems of one source (at most :data:`MAX_REPORTED` kept, all counted),
-    then raises them together.
+    """Collects one source's problems (at most ``cap`` kept, all counted), then raises them together.
 
     Example:
         >>> found = Problems("probes.jsonl")
@@ -78,12 +74,6 @@ class Problems:
             return
         shown = list(self.kept)
         if self.count > len(shown):
-            shown.append(
-                Problem(
-                    self.source,
-                    None,
-                    None,
-                    f"... and {self.count - len(shown)} more problem(s) not shown; fix the ones above and load again",
-                )
-            )
+            more = f"... and {self.count - len(shown)} more problem(s) not shown; fix the ones above and load again"
+            shown.append(Problem(self.source, None, None, more))
         raise error(shown, self.unit)

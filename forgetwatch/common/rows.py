@@ -1,9 +1,5 @@
-"""Rows from a JSONL file or from records, validated one by one: one reader of JSONL lines (in
-bounded chunks, each line read as strict JSON) and one collector of rows that every kind of
-row file shares (probes, replay pools). What a row must hold is the caller's: a parser that
-returns the row's value or its problems. The collector adds what every row file checks: that
-the row is an object, that strict JSON can keep it, that its id is new, and one error listing
-every problem found (file, line or record, field)."""
+"""Rows from a JSONL file (read in bounded chunks, each line strict JSON) or from records, validated one by one,
+with one error listing every problem (file, line or record, field)."""
 
 from __future__ import annotations
 
@@ -31,9 +27,8 @@ Parser = Callable[[Mapping[str, Any]], T | list[FieldProblem]]
 
 
 class Rows(Generic[T]):
-    """Validates rows one by one with ``parse``, remembering the values, the first line of each
-    id and every problem found; :meth:`finish` raises ``error`` listing them all. ``unit``
-    names what a row's number counts: "line", "record" or "dataset row".
+    """Validates rows one by one with ``parse``; :meth:`finish` raises ``error`` listing every problem. ``unit``:
+    "line", "record" or "dataset row".
 
     Example:
         >>> def parse(row):
@@ -54,13 +49,11 @@ class Rows(Generic[T]):
         self._first_seen: dict[str, int] = {}
 
     def problem(self, where: int | None, field: str | None, message: str) -> None:
-        """Note a problem found outside the row's own fields (a line that is not JSON, a
-        missing dataset column)."""
+        """Note a problem outside the row's own fields (a line that is not JSON, a missing column)."""
         self.problems.add(where, field, message)
 
     def add(self, where: int, row: Any, *, read_strictly: bool = False) -> None:
-        """Validate one row; ``read_strictly``: it comes from :func:`forgetwatch.common.strict_json.loads`,
-        which has already checked that it can be kept as strict JSON."""
+        """Validate one row; ``read_strictly``: already checked by :func:`~forgetwatch.common.strict_json.loads`."""
         if not isinstance(row, Mapping):
             kind = "a JSON object ({...})" if self.unit == "line" else "a mapping (dict)"
             self.problem(where, None, f"expected {kind}, got {type_name(row)}")
@@ -87,8 +80,7 @@ class Rows(Generic[T]):
             self.values.append(parsed)
 
     def finish(self) -> list[T]:
-        """The valid rows' values; ``error`` listing every problem if there was any, or saying
-        that there were no rows."""
+        """The valid rows' values, or ``error`` listing every problem (or saying there were no rows)."""
         self.problems.raise_if_any(self._error)
         if not self.values:
             raise self._error([(self.source, None, None, self._none_found)], self.unit)
@@ -101,8 +93,7 @@ class Rows(Generic[T]):
         return self.finish()
 
     def read_jsonl(self, path: str | os.PathLike[str], what: str) -> list[T]:
-        """Every line of a JSONL file (``what`` names it in messages: "probe file"), then
-        :meth:`finish`."""
+        """Every line of a JSONL file (``what`` names it: "probe file"), then :meth:`finish`."""
         for lineno, obj, problem in json_lines(path, what, self._error):
             if problem is not None:
                 self.problem(lineno, *problem)
@@ -114,11 +105,8 @@ class Rows(Generic[T]):
 def json_lines(
     path: str | os.PathLike[str], what: str, error: type[InputError]
 ) -> Iterator[tuple[int, Any, FieldProblem | None]]:
-    """``(line number, object, None)`` for each non-blank line of a JSONL file, or
-    ``(line number, None, (field or None, what is wrong))``; a file or line too big to be one
-    raises ``error``. Each line is read with :func:`forgetwatch.common.strict_json.loads`: a value
-    strict JSON cannot hold (NaN, a 5,000-digit integer, a lone surrogate, deep nesting) is a
-    bad line, its place named as the field."""
+    """``(line, object, None)`` for each non-blank line of a JSONL file, or ``(line, None, (field, problem))``;
+    a file or line too big raises ``error``."""
     source = str(path)
     if not Path(path).exists():
         raise FileNotFoundError(errno.ENOENT, f"{what} not found; check the path", source)
@@ -129,45 +117,24 @@ def json_lines(
 
 
 def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: type[InputError]) -> Iterator[bytes]:
-    """The file's lines as bytes, read in chunks: a line over :data:`MAX_LINE_BYTES` or a file
-    over :data:`MAX_FILE_BYTES` is an error as soon as it is seen, not after memory is full.
-    Split on b"\\n" only: str.splitlines would also split on U+2028 etc. inside JSON strings."""
+    """The file's lines as bytes, read in chunks, refused past :data:`MAX_LINE_BYTES` or :data:`MAX_FILE_BYTES`
+    (split on b"\\n" only: U+2028 may sit inside JSON strings)."""
     number, total, pending = 0, 0, b""
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             total += len(chunk)
             if total > MAX_FILE_BYTES:
-                raise error(
-                    [
-                        (
-                            source,
-                            None,
-                            None,
-                            (
-                                f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is "
-                                "one JSON object per line: is this the right file?"
-                            ),
-                        )
-                    ]
+                why = (
+                    f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is one JSON object per line: is this the right file?"
                 )
+                raise error([(source, None, None, why)])
             *whole, pending = (pending + chunk).split(b"\n")
             for line in whole:
                 number += 1
                 yield line
             if len(pending) > MAX_LINE_BYTES:
-                raise error(
-                    [
-                        (
-                            source,
-                            number + 1,
-                            None,
-                            (
-                                f"is over {MAX_LINE_BYTES >> 20} MiB with no line "
-                                f"break; a {what} is one JSON object per line"
-                            ),
-                        )
-                    ]
-                )
+                why = f"is over {MAX_LINE_BYTES >> 20} MiB with no line break; a {what} is one JSON object per line"
+                raise error([(source, number + 1, None, why)])
     yield pending
 
 
@@ -175,27 +142,20 @@ _BLANK = object()
 
 
 def _decode_line(raw: bytes, first: bool) -> tuple[Any, FieldProblem | None]:
-    """Return (object, None), (_BLANK, None) for a blank line, or (None, (field, error message))."""
+    """(object, None), (_BLANK, None) for a blank line, or (None, (field, problem))."""
     if first and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8) :]  # editors on Windows like to add one
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, (
-            None,
-            (
-                f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); "
-                "re-save the file with UTF-8 encoding"
-            ),
-        )
+        why = f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte offset {exc.start}); re-save the file with UTF-8 encoding"
+        return None, (None, why)
     if not text.strip():
         return _BLANK, None
     try:
         return strict_json.loads(text), None
     except json.JSONDecodeError as exc:
-        return None, (
-            None,
-            (f"invalid JSON ({exc.msg} at column {exc.colno}); each non-blank line must be one JSON object"),
-        )
+        why = f"invalid JSON ({exc.msg} at column {exc.colno}); each non-blank line must be one JSON object"
+        return None, (None, why)
     except strict_json.StrictJSONError as exc:  # where it is reads like a field of the row
         return None, (exc.where or None, exc.why)

@@ -1,5 +1,4 @@
-"""Small pieces of the messages we show: bounded descriptions of values, "did you mean",
-percentages, the first line of an error."""
+"""Pieces of the messages we show: bounded values, did-you-mean, percentages, first lines."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def suggestion(word: str, options: Iterable[str], cutoff: float = 0.6) -> str:
 
 
 def pct(x: float | None, width: int = 0, missing: str = "n/a", digits: int = 1) -> str:
-    """A rate as a percentage for the console (``width`` pads the number for columns;
-    ``digits`` after the point); ``missing`` when it does not apply.
+    """A rate as a percentage for the console (``width`` pads it); ``missing`` when it does not apply.
 
     Example:
         >>> pct(0.0512), pct(float("nan")), pct(0.05, width=4, missing="-"), pct(0.0204, digits=2)

@@ -1,8 +1,4 @@
-"""Answer extraction for generative probes: from generated text to a comparable answer.
-
-Each extractor returns the extracted answer as text, or ``None`` when nothing could be
-extracted (which scores as wrong).
-"""
+"""Answer extraction for generative probes: the answer as text, or ``None`` (scored wrong)."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ MAX_NUMBER_DIGITS = 1000
 
 
 def normalize_number(text: str) -> str | None:
-    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if ``text`` is not a number, or is one over
-    :data:`MAX_NUMBER_DIGITS`.
+    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if not a number or over :data:`MAX_NUMBER_DIGITS`.
 
     Example:
         >>> normalize_number("$1,234.50"), normalize_number("1e3"), normalize_number("1e999999999")
@@ -66,12 +61,8 @@ def extract_number(text: str) -> str | None:
 
 
 def extract_letter(text: str) -> str | None:
-    """A choice letter: after "answer is"/"answer:", else at the very start, else as "(X)".
-
-    After "answer", a letter counts when it is in parentheses, set off by punctuation or the
-    end, or a capital followed by more text, unless it reads as a word: "a"/"A"/"I" before a
-    lowercase word ("the answer is a cat", "Answer: I am not sure").
-    """
+    """A choice letter: after "answer is"/"answer:" (unless it reads as a word: "the answer is a cat"), else
+    at the very start, else as "(X)"."""
     for m in _LETTER_AFTER_ANSWER.finditer(text):
         paren, letter = m.group(1), m.group(2)
         if (
@@ -92,8 +83,7 @@ def extract_exact(text: str) -> str | None:
 
 
 def regex_extractor(pattern: str) -> Extractor:
-    """The first group of ``pattern``'s first match, run by RE2 in linear time (see
-    :mod:`forgetwatch.common.patterns`)."""
+    """The first group of ``pattern``'s first match, run by RE2 in linear time."""
 
     def extract(text: str) -> str | None:
         m = patterns.search(pattern, text)

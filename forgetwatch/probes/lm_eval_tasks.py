@@ -1,25 +1,5 @@
-"""Probes built by lm-eval-harness's own task objects: its prompts, few-shot blocks, filters and
-metrics, exactly as ``lm_eval.simple_evaluate`` builds and scores them (``pip install
-'forgetwatch[lm-eval]'``).
-
-Nothing lm-eval does is done again here. Its ``TaskManager`` loads the tasks (groups become
-their subtasks); each task is configured with the calls ``simple_evaluate`` makes (few-shot
-count, seed) and builds its requests with ``build_all_requests``. A request's context becomes a
-probe's question as it stands; a multiple-choice request's continuation is ``delimiter +
-choice``. At each evaluation a probe's :class:`LmEvalJudge` hands what the model did to the
-task: log-likelihoods to ``process_results``, generated text through the task's filter
-pipeline and then ``process_results``; lm-eval's metric value is the verdict.
-
-What cannot be scored per sample exactly as lm-eval does is refused when the tasks load, before
-any model work, naming the task and why; so is what lm-eval would fail on later or obscurely (a
-task file that is not YAML, groups that include each other, a data file that cannot be read, a
-document without choices or whose answer is not one of them), naming the file, line or
-document and field. Tasks all found in ``include_path`` are loaded from there alone.
-
-Building the tasks a user names runs their code, as lm-eval does: ``!function`` modules are
-imported and Jinja templates rendered unsandboxed. Nothing else here imports task code (an
-index of a folder reads its YAML without resolving functions).
-"""
+"""Probes built by lm-eval-harness's own task objects, as ``lm_eval.simple_evaluate`` builds and scores them; what
+cannot be scored per sample, or what lm-eval would fail on, is refused at load naming the task, file and field."""
 
 from __future__ import annotations
 
@@ -46,8 +26,7 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 class LmEvalTaskError(InputError):
-    """An lm-eval task that cannot be loaded or scored per sample: the message names it and why,
-    and its file, line or document and field where they are known (then also in ``errors``)."""
+    """An lm-eval task that cannot be loaded or scored per sample, and why."""
 
     noun = "field"
 
@@ -61,14 +40,8 @@ class LmEvalTaskError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class LmEvalJudge:
-    """One document's verdict, by its lm-eval task: ``process_results`` on the choices'
-    log-likelihoods, or the task's filter pipeline (``filter``) and then ``process_results`` on
-    generated text; ``metric``'s value is right (1) or wrong (0).
-
-    Example:
-        >>> probes[0].judge.choose(np.array([-4.3, -3.3, -21.6, -13.2]))  # doctest: +SKIP
-        (True, 1)
-    """
+    """One document's verdict by its lm-eval task: ``process_results`` on the choices' log-likelihoods, or on
+    generated text after the task's ``filter``; ``metric``'s value is right (1) or wrong (0)."""
 
     task: Any  # lm_eval.api.task.Task
     doc: Mapping[str, Any]
@@ -209,9 +182,8 @@ def _load_tasks(
     include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
     include_defaults: bool,
 ) -> dict[str, Any]:
-    """lm-eval's ``TaskManager.load`` of ``names``. When everything they need is in
-    ``include_path`` it is loaded from there alone: indexing lm-eval's own ~15,000 tasks takes
-    up to two minutes, and a failure there is a failure of the user's folder."""
+    """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
+    lm-eval's own tasks takes minutes)."""
     if task_manager is None:
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
@@ -224,7 +196,7 @@ def _load_tasks(
     try:
         return dict(task_manager.load(names))
     except Exception as err:  # the task's data, templates or code
-        raise LmEvalTaskError(_load_failure(err)) from err
+        raise LmEvalTaskError(_load_failure(task_manager, names, err)) from err
 
 
 def _check_names(task_manager: Any, names: Iterable[str]) -> None:
@@ -241,9 +213,8 @@ def _check_names(task_manager: Any, names: Iterable[str]) -> None:
 
 
 def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str | None, str]]:
-    """``(group, name)`` for each name that ``names`` need, themselves (group ``None``) or
-    through their groups, that ``index`` (lm-eval's ``TaskManager.task_index``) lacks. Groups
-    that include each other are refused, naming the cycle: lm-eval would recurse until Python stops it."""
+    """``(group, name)`` for each name ``names`` need that the index lacks; groups that include each other are
+    refused (lm-eval would recurse until Python stops it)."""
     missing: list[tuple[str | None, str]] = []
     done: set[str] = set()
 
@@ -278,8 +249,7 @@ def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str |
 
 
 def _check_yaml_files(paths: Iterable[str]) -> None:
-    """Each task file in ``paths`` that lm-eval cannot read (YAML, an include), refused naming
-    its file and line. Functions are not resolved: nothing is imported."""
+    """Each task file in ``paths`` lm-eval cannot read, refused naming its file and line (nothing imported)."""
     import yaml
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -302,14 +272,12 @@ def _check_yaml_files(paths: Iterable[str]) -> None:
 
 
 def _named(task: Any, name: str | None = None) -> str:
-    """``lm-eval task 'name' (its YAML file)``."""
     source = (getattr(task.config, "metadata", None) or {}).get("config_source")
     name = name or task.config.task
     return f"lm-eval task {name!r}" + (f" ({source})" if source and source != "inline" else "")
 
 
 def _cause(err: BaseException) -> str:
-    """The error and, where it wraps another, the first one."""
     root = err
     while root.__cause__ is not None:
         root = root.__cause__
@@ -317,29 +285,45 @@ def _cause(err: BaseException) -> str:
     return text if root is err else f"{text} ({type(root).__name__}: {first_line(root)})"
 
 
-def _load_failure(err: Exception) -> str:
-    """What went wrong building a task: the task being built when it failed (read from the
-    traceback: lm-eval does not say), and what is wrong with its local data file where that is
-    the cause."""
-    from lm_eval.api.task import Task
+def _load_failure(task_manager: Any, names: list[str], err: Exception) -> str:
+    """What went wrong loading ``names``: the task that fails to load alone (lm-eval does not say which), and what
+    is wrong with its local data file where that is the cause."""
+    found = _failing_task(task_manager, names)
+    if found is None:
+        return f"lm-eval's tasks could not be loaded: {_cause(err)}"
+    name, err = found
+    entry = task_manager.task_index.get(name)
+    path, cfg = (entry.yaml_path, entry.cfg) if entry is not None else (None, None)
+    if entry is None and os.path.isfile(name):  # a task named by its YAML file
+        from lm_eval.tasks._yaml_loader import load_yaml
 
-    task = entry = None
-    frame = err.__traceback__
-    while frame is not None:  # the innermost task object, or index entry, being built
-        local = frame.tb_frame.f_locals
-        task = local["self"] if isinstance(local.get("self"), Task) and hasattr(local["self"], "config") else task
-        entry = local["entry"] if hasattr(local.get("entry"), "yaml_path") else entry
-        frame = frame.tb_next
-    if task is None:
-        where = f"lm-eval task {entry.name!r} ({entry.yaml_path})" if entry is not None else "lm-eval's tasks"
-        return f"{where} could not be loaded: {_cause(err)}"
-    files = (task.config.dataset_kwargs or {}).get("data_files")
+        path, cfg = Path(name).resolve(), load_yaml(Path(name), resolve_func=False)
+        name = cfg.get("task", name)
+    where = f"lm-eval task {name!r}" + (f" ({path})" if path else "")
+    files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
     files = list(files.values()) if isinstance(files, Mapping) else [files]
     for path in (Path(f) for group in files for f in (group if isinstance(group, list) else [group]) if f):
         problem = _data_file_problem(path)
         if problem:
-            return f"{_named(task)} could not load its data: {problem}"
-    return f"{_named(task)} could not be loaded: {_cause(err)}"
+            return f"{where} could not load its data: {problem}"
+    return f"{where} could not be loaded: {_cause(err)}"
+
+
+def _failing_task(task_manager: Any, names: Iterable[str]) -> tuple[str, Exception] | None:
+    """The first of ``names`` that fails to load alone, or of a failing group's members; with its error."""
+    for name in names:
+        try:
+            task_manager.load([name])
+        except Exception as err:  # noqa: BLE001 - the task's data, templates or code
+            entry = task_manager.task_index.get(name)
+            members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" else None
+            inner = (
+                _failing_task(task_manager, [m for m in members if isinstance(m, str)])
+                if isinstance(members, list)
+                else None
+            )
+            return inner or (name, err)
+    return None
 
 
 def _data_file_problem(path: Path) -> str | None:
@@ -390,8 +374,7 @@ def _chat_function(tokenizer: Any):
 
 
 def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None) -> None:
-    """The few-shot count ``simple_evaluate`` sets on each task (its seed is set right before
-    the task builds its requests): an explicit ``num_fewshot: 0`` in the task is never overridden."""
+    """The few-shot count ``simple_evaluate`` sets (a task's explicit 0 is kept)."""
     if num_fewshot is not None:
         if task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
@@ -444,9 +427,8 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
 
 
 def _check_documents(task: Any, name: str, limit: int | None) -> None:
-    """A multiple-choice document lm-eval would fail on (no choices, an answer index past them)
-    or score against no choice (an answer that is not one of them), refused naming the document
-    and the field; in the few-shot examples, what lm-eval would fail on."""
+    """A multiple-choice document lm-eval would fail on or score against no choice, refused naming the
+    document and field."""
     if task.OUTPUT_TYPE != "multiple_choice":
         return
     sets = [(_named(task, name), [doc for _, doc in task.doc_iterator(limit=limit)], True)]
@@ -540,10 +522,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
 
 @dataclass(frozen=True)
 class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``): what
-    :meth:`forgetwatch.ProbeSet.from_lm_eval` builds the probes from. Building them runs the
-    task folder's code (``!function`` modules, Jinja templates), as lm-eval does; reading a
-    config that names them does not.
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``).
 
     Example:
         >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()
@@ -596,7 +575,7 @@ class LmEvalProbes:
         return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
 
     def to_dict(self) -> dict[str, Any]:
-        """The config mapping (options left at their defaults left out)."""
+        """The config mapping, options at their defaults left out."""
         defaults = {f.name: f.default for f in fields(self)}
         return {"lm_eval": list(self.tasks), **{k: v for k, v in self.options().items() if v != defaults[k]}}
 

@@ -1,11 +1,5 @@
-"""Dataset layouts as probe records: lm-eval-harness's zero-shot prompt formats for MMLU,
-ARC, HellaSwag and GSM8K; behaviour probes from IFEval (its verifiable instructions) and from
-HarmBench-style lists of harmful requests (must be refused); and an explicit column mapping
-for anything else.
-
-Used by :meth:`forgetwatch.ProbeSet.from_hf`; every record still goes through the probe
-validator afterwards (:func:`read_dataset`).
-"""
+"""Dataset layouts as probe records (lm-eval's zero-shot MMLU, ARC, HellaSwag, GSM8K prompts; IFEval and
+harmful-request behaviour probes; a column mapping), validated as any probe row."""
 
 from __future__ import annotations
 
@@ -14,15 +8,14 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import Any
 
-from forgetwatch.probes.rows import RowCollector
-from forgetwatch.probes.schema import PROBE_FIELDS, Probe, check_category, is_int, type_name
+from forgetwatch.probes.schema import PROBE_FIELDS, Probe, RowCollector, check_category, is_int, type_name
 
 ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 class RowProblem(Exception):
-    """Raised by a preset or column mapping when a row cannot be turned into a probe record."""
+    """A row a preset or column mapping cannot turn into a probe record."""
 
     def __init__(self, fld: str | None, message: str):
         super().__init__(message)
@@ -136,8 +129,7 @@ def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """google/IFEval: a prompt and its verifiable instructions (behaviour probe, ``ifeval`` check).
-    Arrow pads every instruction's kwargs with the other instructions' keys as None: dropped."""
+    """google/IFEval: a behaviour probe with an ``ifeval`` check (Arrow's padded None kwargs dropped)."""
     what = "preset 'ifeval'"
     names = _need_str_list(row, "instruction_id_list", what)
     kwargs = _need(row, "kwargs", what)
@@ -159,8 +151,7 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """HarmBench-style harmful behaviours: a request in ``Behavior`` that must be refused,
-    by ``SemanticCategory`` (``ContextString``, when present, goes before it)."""
+    """HarmBench-style: ``Behavior`` must be refused (after ``ContextString``), by ``SemanticCategory``."""
     what = "preset 'harmful'"
     request = _need_str(row, "Behavior", what)
     context = row.get("ContextString") or ""
@@ -246,8 +237,7 @@ def read_dataset(
     limit: int | None = None,
     source: str | None = None,
 ) -> tuple[list[Probe], str]:
-    """The probes of a dataset's rows (see ``ProbeSet.from_hf``), validated, and the source
-    name their errors give; a :class:`~forgetwatch.ProbeError` names every bad row."""
+    """The validated probes of a dataset's rows (see ``ProbeSet.from_hf``), and the source their errors name."""
     check_from_hf_args(dataset, preset, columns)
     if category is not None and (message := check_category(category)):
         raise ValueError(f"category= {message}")

@@ -1,5 +1,4 @@
-"""ProbeSet: an ordered, validated set of probes with unique ids, and the ways to load,
-select, save and fingerprint one."""
+"""ProbeSet: an ordered, validated set of probes with unique ids; load, select, save, fingerprint."""
 
 from __future__ import annotations
 
@@ -7,6 +6,7 @@ import copy
 import dataclasses
 import json
 import os
+import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
@@ -14,9 +14,7 @@ from typing import Any, overload
 from forgetwatch.common.files import atomic_write, content_hash, json_line
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.presets import read_dataset
-from forgetwatch.probes.rows import RowCollector
-from forgetwatch.probes.sampling import sample_indices
-from forgetwatch.probes.schema import GROUP_KEY, Probe, is_int
+from forgetwatch.probes.schema import GROUP_KEY, Probe, RowCollector, is_int
 
 
 class ProbeSet(Sequence[Probe]):
@@ -66,14 +64,13 @@ class ProbeSet(Sequence[Probe]):
         limit: int | None = None,
         source: str | None = None,
     ) -> ProbeSet:
-        """Build from a ``datasets.Dataset`` (or any iterable of dict rows).
+        """Build from a ``datasets.Dataset`` (or any iterable of dict rows); errors name 0-based dataset rows.
 
-        ``preset`` ("mmlu", "arc", "hellaswag", "gsm8k") reproduces lm-evaluation-harness's
-        zero-shot prompts; "ifeval" makes behaviour probes of google/IFEval's rows (an
-        ``ifeval`` check: ``pip install 'forgetwatch[ifeval]'``) and "harmful" of HarmBench-style
-        rows (``Behavior``, ``SemanticCategory``: must be refused); ``columns`` maps probe fields to column names or callables(row);
-        with neither, rows must already follow the probe schema. ``category`` overrides every
-        row's category, ``limit`` keeps the first N rows. Errors name 0-based dataset rows.
+        Args:
+            preset: "mmlu", "arc", "hellaswag", "gsm8k" (lm-eval's zero-shot prompts), "ifeval" or "harmful" (behaviour
+                probes); with neither ``preset`` nor ``columns``, rows must follow the probe schema.
+            columns: probe field -> column name or ``callable(row)``.
+            category: overrides every row's category; ``limit``: the first N rows.
 
         Example:
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
@@ -99,45 +96,21 @@ class ProbeSet(Sequence[Probe]):
         metric: str | Mapping[str, str] | None = None,
         filter: str | Mapping[str, str] | None = None,
     ) -> ProbeSet:
-        """Probes built by lm-evaluation-harness's own task objects, scored as lm-eval scores
-        them (``pip install 'forgetwatch[lm-eval]'``).
-
-        Each document of each task (a group's subtasks, each under its own name) is one probe:
-        id ``"<task>/<doc_id>"``, category the task's name, ``meta["lm_eval"]`` its task and
-        groups. Prompts, few-shot examples, filters and metrics are lm-eval's, configured as
-        ``lm_eval.simple_evaluate`` configures them, so a probe is right exactly when lm-eval's
-        per-sample metric is 1, and a task's accuracy is lm-eval's number for it.
+        """Probes built by lm-evaluation-harness's own task objects, right exactly when lm-eval's per-sample
+        metric is 1 (``pip install 'forgetwatch[lm-eval]'``). Each document is one probe, id ``"<task>/<doc_id>"``, category
+        its task. What cannot be scored per sample as lm-eval does is refused here, naming the task and why. Building the
+        tasks runs their folder's code, as lm-eval does: name only task folders you trust.
 
         Args:
             tasks: task, group or tag names (or task YAML paths), as for ``lm_eval --tasks``.
-            num_fewshot: few-shot examples per prompt (``None``: each task's own; a task that
-                sets ``num_fewshot: 0`` keeps it, as in lm-eval).
+            num_fewshot: few-shot examples per prompt (``None``: each task's own).
             limit: the first ``limit`` documents of each task (a float below 1: that share).
-            include_path: a folder (or several) of the user's task YAMLs.
-            include_defaults: also index lm-eval's own tasks (a few seconds); ``False`` when all
-                tasks are in ``include_path``.
+            include_path: a folder (or several) of your task YAMLs; ``include_defaults``: also lm-eval's own tasks.
             task_manager: an ``lm_eval.tasks.TaskManager`` to use instead of a new one.
-            fewshot_seed: the few-shot sampler's seed (lm-eval's ``fewshot_random_seed``).
-            apply_chat_template: build prompts in the model's chat template; needs ``tokenizer``.
-            tokenizer: the model's tokenizer (only the chat template needs it).
-            system_instruction: a system prompt, as lm-eval's ``--system_instruction``.
-            fewshot_as_multiturn: with a chat template, each example is a user/assistant turn
-                (``simple_evaluate``'s default).
-            metric: the metric that decides right and wrong (one name, or one per task name):
-                default ``acc`` for multiple choice (``acc_norm`` or ``acc_bytes`` when asked),
-                ``exact_match`` for generation, else the task's first per-sample mean metric.
-            filter: which filter pipeline's output counts, where a task has several (gsm8k has
-                ``strict-match`` and ``flexible-extract``); default the task's first.
-
-        What cannot be scored per sample as lm-eval does is refused here, naming the task and
-        why: perplexity tasks, sampling, repeats, metrics aggregated over all documents, a
-        context per choice. A name lm-eval does not know is refused with close names; a broken
-        task folder (a file that is not YAML, groups that include each other, unreadable data,
-        a document without choices or whose answer is not one of them) names the file and line
-        or the document and field.
-
-        Building the tasks runs their folder's code, as lm-eval does: ``!function`` modules are
-        imported and Jinja templates rendered unsandboxed. Name only task folders you trust.
+            fewshot_seed: the few-shot sampler's seed.
+            apply_chat_template, tokenizer, system_instruction, fewshot_as_multiturn: as ``lm_eval.simple_evaluate``.
+            metric: what decides right and wrong (one name, or one per task; default ``acc`` or ``exact_match``).
+            filter: which filter pipeline's output counts (default the task's first).
 
         Example:
             >>> probes = ProbeSet.from_lm_eval(["arc_easy", "mmlu"], num_fewshot=5, limit=20)  # doctest: +SKIP
@@ -188,17 +161,11 @@ class ProbeSet(Sequence[Probe]):
 
     @property
     def categories(self) -> list[str]:
-        """The distinct categories, sorted.
-
-        Example:
-            >>> probes.categories  # doctest: +SKIP
-            ['arc', 'gsm8k']
-        """
+        """The distinct categories, sorted."""
         return sorted({p.category for p in self._probes})
 
     def with_groups(self, category_map: Mapping[str, str]) -> ProbeSet:
-        """These probes, those of each category ``category_map`` names keeping its group
-        (:attr:`Probe.category_group`): what the ``category_map`` setting does to a run's probes.
+        """These probes, those of each category ``category_map`` names keeping its group.
 
         Example:
             >>> probes = ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4", "category": "sums"}])
@@ -218,9 +185,8 @@ class ProbeSet(Sequence[Probe]):
     # -- selection ------------------------------------------------------------------------------
 
     def subset(self, selector: Iterable[str] | Callable[[Probe], bool]) -> ProbeSet:
-        """The probes whose id is in ``selector`` (or for which it returns True), in original order.
-
-        A single string counts as one id. Unknown ids raise KeyError.
+        """The probes whose id is in ``selector`` (one string is one id; unknown ids: ``KeyError``) or for which
+        it returns True, in original order.
 
         Example:
             >>> math = probes.subset(lambda p: p.category == "math")  # doctest: +SKIP
@@ -235,10 +201,8 @@ class ProbeSet(Sequence[Probe]):
         return ProbeSet([p for p in self._probes if p.id in wanted], self.source)
 
     def sample(self, n: int, seed: int = 0, stratify: bool = True) -> ProbeSet:
-        """``n`` probes chosen at random (deterministic for ``seed``), in original order.
-
-        With ``stratify``, categories get shares proportional to their size (largest-remainder
-        rounding), and each gets at least one when ``n`` is at least the number of categories.
+        """``n`` probes chosen at random (the same for ``seed``), in original order; with ``stratify``, each
+        category gets a share proportional to its size, and at least one when ``n`` allows.
 
         Example:
             >>> quick = probes.sample(200, seed=1)  # doctest: +SKIP
@@ -249,13 +213,13 @@ class ProbeSet(Sequence[Probe]):
             raise ValueError(f"cannot sample {n} probes from {len(self)}; use n <= {len(self)}")
         if n == len(self):
             return ProbeSet(self._probes, self.source)
-        chosen = sample_indices([p.category for p in self._probes], n, seed, stratify)
+        chosen = _sample_indices([p.category for p in self._probes], n, seed, stratify)
         return ProbeSet([self._probes[i] for i in chosen], self.source)
 
     # -- saving ---------------------------------------------------------------------------------
 
     def to_records(self) -> list[dict[str, Any]]:
-        """One dict per probe in the probe-file schema, meta keys included (inverse of from_records).
+        """One dict per probe in the probe-file schema, meta keys included.
 
         Example:
             >>> ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4"}]).to_records()
@@ -270,8 +234,7 @@ class ProbeSet(Sequence[Probe]):
         return records
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> Path:
-        """Write the probes as a UTF-8 JSONL probe file, atomically, as strict JSON (a NaN in a
-        probe built in code is written as null).
+        """Write the probes as a JSONL probe file, atomically, as strict JSON.
 
         Example:
             >>> probes.to_jsonl("probes.jsonl")  # doctest: +SKIP
@@ -282,12 +245,7 @@ class ProbeSet(Sequence[Probe]):
         return Path(path)
 
     def fingerprint(self, scoring: Mapping[str, Any] | None = None) -> str:
-        """A stable hash of the probes' content, and of ``scoring`` options when given.
-
-        Example:
-            >>> probes.fingerprint()  # doctest: +SKIP
-            '3f9c0a51d2e84b17'
-        """
+        """A stable hash of the probes' content, and of ``scoring`` options when given."""
         if self._content_hash is None:  # probes are immutable: hash their content once
             self._content_hash = content_hash(p.content() for p in self._probes)
         h = self._content_hash.copy()
@@ -302,8 +260,7 @@ ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]] | L
 
 
 def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
-    """``probes`` as a :class:`ProbeSet`: loaded from a file, or validated from rows (their
-    errors name ``source``).
+    """``probes`` as a :class:`ProbeSet`: loaded from a file, or validated from rows (errors name ``source``).
 
     Example:
         >>> as_probe_set([{"id": "q1", "question": "2+2=", "answer": "4"}]).ids
@@ -321,3 +278,43 @@ def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
         f"probes must be a ProbeSet, a probe file path or a list of probe rows (dicts), got "
         f"{type(probes).__name__}; see ProbeSet.from_records / ProbeSet.from_hf"
     )
+
+
+def _sample_indices(categories: Sequence[str], n: int, seed: int = 0, stratify: bool = True) -> list[int]:
+    """``n`` sorted positions chosen at random for ``seed``, stratified by category when asked.
+
+    Example:
+        >>> _sample_indices(["a", "a", "a", "b"], 2, seed=0)
+        [1, 3]
+    """
+    rng = random.Random(seed)
+    if not stratify:
+        return sorted(rng.sample(range(len(categories)), n))
+    groups: dict[str, list[int]] = {}
+    for i, category in enumerate(categories):
+        groups.setdefault(category, []).append(i)
+    alloc = _allocate({g: len(idx) for g, idx in groups.items()}, n)
+    chosen: list[int] = []
+    for g in sorted(groups):  # fixed order, so the rng stream is reproducible
+        chosen += rng.sample(groups[g], alloc[g])
+    return sorted(chosen)
+
+
+def _allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
+    """Split ``n`` across groups in proportion to ``sizes`` (largest remainder, integers only), each non-empty
+    group getting one when ``n`` allows."""
+    total = sum(sizes.values())
+    alloc = {g: n * s // total for g, s in sizes.items()}
+    by_remainder = sorted(sizes, key=lambda g: (-(n * sizes[g] % total), -sizes[g], g))
+    for g in by_remainder[: n - sum(alloc.values())]:
+        alloc[g] += 1
+    nonempty = [g for g, s in sizes.items() if s > 0]
+    if n >= len(nonempty):
+        for g in sorted(g for g in nonempty if alloc[g] == 0):
+            # Take from the group most over its exact quota; it has >= 2 since n >= groups.
+            donor = max(
+                (d for d in alloc if alloc[d] > 1), key=lambda d: (alloc[d] * total - n * sizes[d], alloc[d], d)
+            )
+            alloc[donor] -= 1
+            alloc[g] = 1
+    return alloc

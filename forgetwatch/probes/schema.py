@@ -1,17 +1,11 @@
-"""The probe schema: what one probe row holds, and the checks that refuse a row that could
-not be scored as written (each problem names its field).
-
-A row with ``choices`` is multiple choice (``answer`` is a 0-based index); a row without is
-generative (``answer`` is the reference string, ``extract`` says how to pull the answer out of
-the generated text); a row with ``check`` and neither is a behaviour probe (the response passes
-when every check holds: :mod:`forgetwatch.behaviour.checks`). Keys other than the probe fields
-are kept in :attr:`Probe.meta`.
-"""
+"""One probe row: its fields, its kind (``choices``: multiple choice; ``answer`` alone: generative; ``check``:
+behaviour), and the checks that refuse a row that could not be scored as written, each naming its field."""
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import numbers
 import re
 from collections.abc import Mapping, Sequence
@@ -22,7 +16,7 @@ from typing import Any, Protocol
 from forgetwatch.behaviour.checks import check_problems
 from forgetwatch.common.patterns import compiled, pattern_problem
 from forgetwatch.common.problems import InputError
-from forgetwatch.common.rows import FieldProblem
+from forgetwatch.common.rows import FieldProblem, Rows
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
 from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 
@@ -36,19 +30,14 @@ GROUP_KEY = "category_group"
 
 
 class ProbeError(InputError):
-    """A probe file or record set is malformed.
-
-    ``errors`` holds one ``(source, line, field, message)`` :class:`~forgetwatch.common.problems.Problem`
-    per problem found. ``unit`` names what ``line`` counts: ``"line"`` for files, ``"record"``
-    for :meth:`ProbeSet.from_records`, ``"dataset row"`` for :meth:`ProbeSet.from_hf`.
-    """
+    """A probe file or record set is malformed: ``errors`` holds one ``(source, line, field, message)`` per
+    problem, ``unit`` says what ``line`` counts (line, record, dataset row)."""
 
     noun = "field"
 
 
 class ProbeKind(Enum):
-    """What a probe asks of the model, and so how it is scored: each kind is one entry of
-    :data:`forgetwatch.scoring.kinds.SCORE`.
+    """What a probe asks of the model, and so how it is scored (one entry of the scorer's table).
 
     Example:
         >>> ProbeKind.of(has_check=False, has_choices=True)
@@ -61,54 +50,42 @@ class ProbeKind(Enum):
 
     @classmethod
     def of(cls, *, has_check: bool, has_choices: bool) -> ProbeKind:
-        """The kind of a probe with (or without) a ``check`` and ``choices``: a check makes a
-        behaviour probe, whatever else it holds (a probe file refuses both together)."""
+        """A check makes a behaviour probe, whatever else it holds."""
         if has_check:
             return cls.BEHAVIOUR
         return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
 
 
 class Judge(Protocol):
-    """Decides a probe's answer the way another tool does, in place of forgetwatch's own rules:
-    :class:`forgetwatch.probes.lm_eval_tasks.LmEvalJudge` runs lm-eval's filters and metric.
-    It may also set how the probe is generated (``None``: the scorer's settings).
-
-    Example:
-        >>> probe.judge.choose(np.array([-2.0, -0.5]))  # doctest: +SKIP
-        (True, 1)
-    """
+    """Decides a probe's answer the way another tool does (lm-eval's filters and metric), and may set how it is
+    generated (``None``: the scorer's settings)."""
 
     max_new_tokens: int | None
     stop: tuple[str, ...] | None
 
     @property
-    def label(self) -> str:
-        """The verdict's name in the other tool's reports (lm-eval: ``"acc,none"``)."""
-        ...
+    def label(self) -> str: ...
 
     def describe(self) -> dict[str, Any]:
-        """What decides the verdict, as plain JSON (part of the probe set's fingerprint)."""
+        """What decides the verdict, as plain JSON (part of the fingerprint)."""
         ...
 
     def choose(self, logprobs: Any) -> tuple[bool, int]:
-        """Multiple choice: (right?, the index shown as predicted) from each choice's log-probability."""
+        """Multiple choice: (right?, the index shown as predicted)."""
         ...
 
     def read(self, text: str) -> tuple[bool, str]:
-        """Generative: (right?, the answer read from the text) for a generated response."""
+        """Generative: (right?, the answer read from the text)."""
         ...
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: a question with choices (multiple choice), a reference answer (generative),
-    or a ``check`` on the response (behaviour; ``answer`` is ``None``): its :attr:`kind`.
+    """One probe: a question with choices, a reference answer, or a ``check`` on the response.
 
     Example:
         >>> Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1).kind
         <ProbeKind.MULTIPLE_CHOICE: 'multiple choice'>
-        >>> Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5}).kind.value
-        'behaviour'
     """
 
     id: str
@@ -127,19 +104,12 @@ class Probe:
 
     @property
     def kind(self) -> ProbeKind:
-        """Multiple choice, generative or behaviour: what decides how the probe is scored."""
         return ProbeKind.of(has_check=self.check is not None, has_choices=self.choices is not None)
 
     @property
     def category_group(self) -> str:
-        """The group its category's figures are logged in: the one kept with it (``meta``'s
-        ``category_group``, from a run's ``category_map``), else its innermost lm-eval group
-        (``mmlu_stem`` for ``mmlu_anatomy``), else its category.
-
-        Example:
-            >>> Probe(id="q1", question="2 + 2 =", answer="4", category="arithmetic").category_group
-            'arithmetic'
-        """
+        """The group its category is logged in: the one kept in ``meta``, else its innermost lm-eval group,
+        else its category."""
         kept = self.meta.get(GROUP_KEY)
         if isinstance(kept, str) and kept:
             return kept
@@ -159,12 +129,11 @@ class Probe:
 
     @property
     def n_choices(self) -> int:
-        """Number of options; 0 for a generative probe."""
         return 0 if self.choices is None else len(self.choices)
 
     @property
     def answer_text(self) -> str:
-        """The correct answer as text: the right choice, the reference, or the check (as JSON)."""
+        """The right choice, the reference, or the check (as JSON)."""
         if self.kind is ProbeKind.BEHAVIOUR:
             return json.dumps(dict(self.check), ensure_ascii=False)
         return self.choices[self.answer] if self.kind is ProbeKind.MULTIPLE_CHOICE else str(self.answer)
@@ -187,6 +156,9 @@ class Probe:
         return row
 
 
+logger = logging.getLogger(__name__)
+
+
 # -- validation of one row ------------------------------------------------------------------
 
 
@@ -196,7 +168,7 @@ def is_int(value: Any) -> bool:
 
 
 def _is_scalar(value: Any) -> bool:
-    """A number or bool: something the user probably meant to write as a quoted string."""
+    """A number or bool: probably meant to be a quoted string."""
     return isinstance(value, (bool, int, float))
 
 
@@ -211,10 +183,8 @@ _UNKEEPABLE_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def unkeepable(value: str, allow_layout: bool) -> str | None:
-    """Why ``value`` cannot be kept as written (stored, compared, reloaded), or ``None``:
-    a lone surrogate cannot be encoded as UTF-8; a control character (NUL is stripped from
-    npz text, a line break splits a CSV row) is refused, bar tab and line breaks in prompts
-    and answers."""
+    """Why ``value`` cannot be stored and reloaded as written (a lone surrogate, a control character; tab and line
+    breaks allowed with ``allow_layout``), or ``None``."""
     found = (_UNKEEPABLE_IN_TEXT if allow_layout else _UNKEEPABLE_IN_NAME).search(value)
     if found is None:
         return None
@@ -226,7 +196,6 @@ def unkeepable(value: str, allow_layout: bool) -> str | None:
 
 
 def _misspelled(row: Mapping[str, Any], fld: str) -> str:
-    """A hint naming an unknown key of ``row`` that looks like a misspelling of ``fld``."""
     close = did_you_mean(fld, [k for k in row if k not in PROBE_FIELDS], cutoff=0.75)
     return f" (found key '{close}': did you mean '{fld}'?)" if close else ""
 
@@ -295,7 +264,7 @@ def _check_choices(value: Any) -> list[FieldProblem]:
 
 
 def _mc_answer_hint(answer: Any, choices: Sequence[Any] | None) -> str:
-    """Suggest the index when a multiple-choice answer was written as a choice text or digit."""
+    """Suggest the index when an answer was written as a choice's text or a quoted digit."""
     if isinstance(answer, str) and choices is not None:
         if answer in choices:
             return f"; choice {answer!r} is at index {list(choices).index(answer)}, write that"
@@ -305,7 +274,7 @@ def _mc_answer_hint(answer: Any, choices: Sequence[Any] | None) -> str:
 
 
 def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> str | None:
-    """``choices`` is None when their number is unknown (then the range cannot be checked)."""
+    """``choices`` is None when their number is unknown."""
     if "answer" not in row:
         return "missing; give the 0-based index of the correct choice" + _misspelled(row, "answer")
     answer = row["answer"]
@@ -380,7 +349,7 @@ def _check_extract(value: Any) -> str | None:
 
 
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
-    """Validate one probe row; return the Probe, or every problem found in the row."""
+    """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
     problems: list[FieldProblem] = []
@@ -433,3 +402,34 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         check=copy.deepcopy(present["check"]) if "check" in present else None,
         meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
     )
+
+
+class RowCollector(Rows[Probe]):
+    """Validates probe rows one by one: the probes, every problem with its line or record, repeated ids.
+
+    Example:
+        >>> rows = RowCollector("<records>", "record")
+        >>> rows.add(1, {"id": "q1", "question": "2+2=", "answer": "4"})
+        >>> [p.id for p in rows.finish()]
+        ['q1']
+    """
+
+    def __init__(self, source: str, unit: str):
+        super().__init__(source, unit, parse_row, ProbeError, "no probes found; add at least one probe row")
+
+    def finish(self) -> list[Probe]:
+        """The valid probes, or a :class:`ProbeError` listing every problem; one warning for questions too
+        long for any model."""
+        probes = super().finish()
+        long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
+        if long:
+            logger.warning(
+                "%s: %d question(s) are longer than %d characters (the longest %d): more than a "
+                "model sees; each is cut from the left to what the model can see before it is "
+                "tokenized",
+                self.source,
+                len(long),
+                LONG_QUESTION,
+                max(long),
+            )
+        return probes

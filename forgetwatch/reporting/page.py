@@ -1,15 +1,5 @@
-"""``forgetwatch report``: one self-contained HTML page (and a PNG) of one or more runs.
-
-A run is its forgetwatch directory: the base snapshot, ``history.jsonl`` (which carries the
-trajectory) and, when the callback wrote it, ``probes.jsonl`` for the questions. The page
-holds the curves from the base on (forgetting, backward transfer, adjusted forgetting,
-accuracy against the base, with the noise floor where it was measured), the drift of the
-responses where there are behaviour probes, a category × step heatmap (and one of the category
-groups, where the probes have groups), the survival curve, and three tables of probes with the
-gold answer, the base's and the current one and their trajectories as sparklines: those
-forgotten and wrong now, those that flicker (right again after being forgotten), and those at
-risk at the last evaluation; several runs (a sweep) are overlaid. Charts are Plotly's, whose
-script is written into the page: it opens offline.
+"""``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs: curves, behaviour
+drift, heatmaps by category, survival, and tables of forgotten, flickering and at-risk probes.
 
 Example:
     >>> write_report(["out/forgetwatch"], "report.html")          # doctest: +SKIP
@@ -38,8 +28,6 @@ from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
-__all__ = ["Run", "load_run", "write_report"]  # Run: the run as read, re-exported
-
 #: Probes listed in each table of the page.
 TOP = 25
 _CURVES = (
@@ -52,11 +40,8 @@ _ANSWER_CHARS = 40
 
 
 def load_run(path: str | os.PathLike[str]) -> Run:
-    """A run from its forgetwatch directory, or from the trainer's output directory holding one
-    (see :func:`~forgetwatch.results.run_dir.read_run`); the page needs its history.
-
-    Raises ``FileNotFoundError`` naming what is missing.
-    """
+    """A run from its forgetwatch directory or the trainer's output directory; ``FileNotFoundError`` without a
+    history."""
     path = run_directory(path)
     if not (path / HISTORY).is_file():
         raise FileNotFoundError(
@@ -66,42 +51,34 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     return read_run(path)
 
 
-# -- what the page reads of a run -----------------------------------------------------------------
-
-
 def _has_behaviour(run: Run) -> bool:
-    """Whether the run has behaviour probes (rows with ``check``); without its probe file,
-    whether its history has drift figures."""
+    """Whether the run has behaviour probes (without its probe file: drift figures)."""
     if run.probes:
         return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
     return any(report.behaviour for _, report in run.history)
 
 
 def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
-    """Steps and ``values`` (one per evaluation) with the base's value ahead at step 0, so a
-    curve starts where training did; none where the first evaluation has no figure."""
+    """Steps and ``values`` with the base's value ahead at step 0."""
     if run.steps and run.steps[0] <= 0:  # the base step was evaluated itself
         return run.steps, values
     return [0, *run.steps], [at_base if not values or values[0] is not None else None, *values]
 
 
 def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    """A rate or accuracy from the base on: compared with itself, the base forgets and
-    gains nothing; its accuracy is the base's."""
+    """A rate (0 at the base) or accuracy (the base's) from the base on."""
     base = run.trajectory.correct[:, 0]
     at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
     return _from_base(run, _series(run, key), at_base)
 
 
 def _behaviour_curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    """A behaviour figure from the base on: at the base, the responses are the base's."""
     first = run.history[0][1].behaviour if run.history else {}
     at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
     return _from_base(run, [_num(report.behaviour.get(key)) for _, report in run.history], at_base)
 
 
 def _series(run: Run, key: str, category: str | None = None) -> list[float | None]:
-    """One figure of every evaluation (``None`` where it does not apply)."""
     reports = [r if category is None else r.by_category.get(category) for _, r in run.history]
     return [None if r is None else _num(getattr(r, key)) for r in reports]
 
@@ -113,8 +90,7 @@ def write_report(
     png: str | os.PathLike[str] | None = None,
     top: int = TOP,
 ) -> Path:
-    """Write the HTML page of the runs in ``run_dirs`` (and, with ``png``, their curves as a
-    PNG); atomically. Needs ``plotly`` (``pip install "forgetwatch[report]"``)."""
+    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``."""
     runs = [load_run(d) for d in run_dirs]
     _unique_names(runs)
     page = _page(runs, top)
@@ -123,9 +99,6 @@ def write_report(
     if png is not None:
         _png(runs, png)
     return Path(out)
-
-
-# -- the page -------------------------------------------------------------------------------------
 
 
 def _page(runs: list[Run], top: int) -> str:
@@ -162,44 +135,16 @@ def _page(runs: list[Run], top: int) -> str:
 
 
 def _summary(runs: list[Run]) -> str:
-    rows = []
+    head = "run, probes, categories, base accuracy, accuracy, forgetting, backward transfer, forgetting events, noise floor"
+    rows = [_tr([*head.split(", "), "last evaluation", "stopped"], "th")]
     for run in runs:
         t, last = run.trajectory, run.history[-1][1] if run.history else TransitionReport()
         stop = next((r["stop"] for r in run.records if "stop" in r), None)
         floor = run.noise_floor
-        rows.append(
-            "<tr>"
-            + "".join(
-                f"<td>{_e(x)}</td>"
-                for x in (
-                    run.name,
-                    len(t.ids),
-                    len(set(t.categories)),
-                    pct(float(t.correct[:, 0].mean())),
-                    pct(last.accuracy_after),
-                    pct(last.forgetting),
-                    pct(last.backward_transfer),
-                    int(t.forgetting_events().sum()),
-                    "-" if floor is None else pct(floor),
-                    f"step {run.steps[-1]}" if run.steps else "-",
-                    stop or "",
-                )
-            )
-            + "</tr>"
-        )
-    head = (
-        "run",
-        "probes",
-        "categories",
-        "base accuracy",
-        "accuracy",
-        "forgetting",
-        "backward transfer",
-        "forgetting events",
-        "noise floor",
-        "last evaluation",
-        "stopped",
-    )
+        cells = [run.name, len(t.ids), len(set(t.categories)), pct(float(t.correct[:, 0].mean()))]
+        cells += [pct(last.accuracy_after), pct(last.forgetting), pct(last.backward_transfer)]
+        cells += [int(t.forgetting_events().sum()), "-" if floor is None else pct(floor)]
+        rows.append(_tr([*cells, f"step {run.steps[-1]}" if run.steps else "-", stop or ""]))
     # lm-eval probes: each task's base accuracy as lm-eval reports it, to check against its number
     lm_eval = [
         f"<li>{_e(line.removeprefix('[forgetwatch] '))}</li>"
@@ -208,15 +153,14 @@ def _summary(runs: list[Run]) -> str:
     ]
     tasks = f'<p class="note">Base accuracy as lm-eval reports it:</p><ul>{"".join(lm_eval)}</ul>' if lm_eval else ""
     return (
-        f'<table class="summary"><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{"".join(rows)}</table>'
+        f'<table class="summary">{"".join(rows)}</table>'
         '<p class="note">Forgetting: right at the base, wrong now (share of all probes). Backward transfer: '
         "the reverse. A forgetting event: right at one evaluation, wrong at the next.</p>" + tasks
     )
 
 
 def _curves(runs: list[Run]) -> list[dict[str, Any]]:
-    """One run: its rates and accuracies in one chart. Several: rates overlaid, a colour a run,
-    and their accuracies in a second chart."""
+    """One run: rates and accuracies in one chart; several: rates overlaid, accuracies in a second chart."""
     if len(runs) == 1:
         run = runs[0]
         traces = [
@@ -228,16 +172,14 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
             _line(*_curve(run, "accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2"),
         ]
         traces += _noise(run, "#999")
-        layout = _layout("Forgetting, backward transfer and accuracy by training step", "share of probes")
-        layout["yaxis2"] = {
-            "title": {"text": "accuracy"},
-            "tickformat": ".0%",
-            "overlaying": "y",
-            "side": "right",
-            "range": [0, 1.02],
-            "dtick": 0.2,
-            "showgrid": False,
-        }
+        layout = _layout(
+            "Forgetting, backward transfer and accuracy by training step",
+            "share of probes",
+            right="accuracy",
+            tickformat=".0%",
+            range=[0, 1.02],
+            dtick=0.2,
+        )
         return [{"data": traces, "layout": layout}]
     rates, accuracy = [], []
     for k, run in enumerate(runs):
@@ -261,8 +203,9 @@ def _noise(run: Run, color: str) -> list[dict[str, Any]]:
     return [_line(steps, [run.noise_floor] * len(steps), f"{run.name}: noise floor", color, "dashdot")]
 
 
-def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
-    return {
+def _layout(title: str, y_title: str, height: int = 460, right: str | None = None, **right_axis: Any) -> dict[str, Any]:
+    """A chart's layout; with ``right``, a second y axis on the right with that title and ``right_axis``."""
+    layout = {
         "title": {"text": title},
         "xaxis": {"title": {"text": "training step"}},
         # ".1~%": small rates keep a decimal (".0%" labels 0.2 % and 0.4 % both "0%")
@@ -271,11 +214,19 @@ def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
         "height": height,
         "margin": {"t": 50},
     }
+    if right is not None:
+        layout["yaxis2"] = {
+            "title": {"text": right},
+            "overlaying": "y",
+            "side": "right",
+            "showgrid": False,
+            **right_axis,
+        }
+    return layout
 
 
 def _groups(run: Run) -> dict[str, list[str]]:
-    """Each category group of the run and its categories, where its probes have groups (read
-    from its ``probes.jsonl``: ``category_map``'s, or lm-eval's); none otherwise."""
+    """Each category group of the run and its categories, where its probes have groups."""
     group_of = {p.category: p.category_group for p in run.probes.values()}
     groups: dict[str, list[str]] = {}
     for category, group in sorted(group_of.items()):
@@ -284,7 +235,7 @@ def _groups(run: Run) -> dict[str, list[str]]:
 
 
 def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
-    """A group's forgetting rate at every evaluation: its categories' forgotten over their probes."""
+    """A group's forgetting at every evaluation: its categories' forgotten over their probes."""
     out: list[float | None] = []
     for _, report in run.history:
         children = [report.by_category[c] for c in categories if c in report.by_category]
@@ -294,7 +245,6 @@ def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
 
 
 def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[str, Any]:
-    """Forgetting of each of ``rows`` (a name and its rate at every evaluation) by step."""
     labels = list(rows)
     return {
         "data": [
@@ -321,9 +271,7 @@ def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[s
 
 
 def _behaviour(runs: list[Run]) -> dict[str, Any]:
-    """How the responses drift: the share with each style feature (the base's dotted) and
-    their length against the base's (right axis). One run: every feature seen; several:
-    refusals and length, a colour a run."""
+    """The share of responses with each style feature (the base's dotted) and their length against the base's."""
     traces = []
     for k, run in enumerate(runs):
         if not _has_behaviour(run):
@@ -345,16 +293,14 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
         )
         ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
         traces.append(ratio)
-    layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
-    layout["yaxis2"] = {
-        "title": {"text": "length / base length"},
-        "overlaying": "y",
-        "side": "right",
-        "rangemode": "tozero",
-        "showgrid": False,
-        "tickformat": ".1f",
-        "ticksuffix": "×",
-    }
+    layout = _layout(
+        "Behaviour drift: what the responses look like, by training step",
+        "share of responses",
+        right="length / base length",
+        rangemode="tozero",
+        tickformat=".1f",
+        ticksuffix="×",
+    )
     return {"data": traces, "layout": layout}
 
 
@@ -417,8 +363,7 @@ def _probe_tables(run: Run, top: int) -> str:
 
 
 def _forgotten_now(t: Trajectory) -> list[int]:
-    """Rows of the probes with a forgetting event that are wrong at the last evaluation: the
-    most events first, then those wrong for the most evaluations."""
+    """Probes with a forgetting event wrong at the last evaluation: most events, then longest wrong, first."""
     events = t.forgetting_events()
     wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
     rows = np.flatnonzero((events > 0) & ~t.correct[:, -1])
@@ -426,8 +371,7 @@ def _forgotten_now(t: Trajectory) -> list[int]:
 
 
 def _flickering(t: Trajectory) -> list[int]:
-    """Rows of the probes right again after a forgetting event: the most flips (changes
-    between right and wrong) first, then the most forgetting events."""
+    """Probes right again after a forgetting event: most flips, then most events, first."""
     events, flips = t.forgetting_events(), _flips(t)
     return sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i]))
 
@@ -465,9 +409,7 @@ def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
 
 
 def _answers(run: Run, i: int, probe: Probe | None) -> tuple[str, str, str]:
-    """Probe ``i``'s gold answer, the base's and the current one, as the W&B flips table shows
-    them (a choice's text, a raw output). Without the last evaluation's answers, "now" says
-    right or wrong."""
+    """Probe ``i``'s gold answer, the base's and the current one (without the last answers: right or wrong)."""
     choices = probe.choices if probe else None
     gold = probe.answer_text if probe else ""
     then = shown_answer(run.base, i, choices)
@@ -508,20 +450,13 @@ def _signal_line(signal: np.ndarray) -> str:
     )
 
 
-# -- the PNG --------------------------------------------------------------------------------------
-
-
 def _png(runs: list[Run], out: str | os.PathLike[str]) -> None:
-    """The demo's PNG: forgetting and backward transfer with their categories; several runs a row each."""
     from forgetwatch.reporting.plot import plot_history, plot_runs
 
     if len(runs) == 1:
         plot_history(runs[0].records, out, title=f"forgetting: {runs[0].name}")
     else:
         plot_runs({run.name: run.records for run in runs}, out, title="forgetwatch: forgetting by run")
-
-
-# -- small pieces ---------------------------------------------------------------------------------
 
 
 def _line(
@@ -568,6 +503,10 @@ def _unique_names(runs: list[Run]) -> None:
 
 def _num(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _tr(cells: Sequence[Any], tag: str = "td") -> str:
+    return "<tr>" + "".join(f"<{tag}>{_e(x)}</{tag}>" for x in cells) + "</tr>"
 
 
 def _cut(text: str, n: int) -> str:

@@ -1,15 +1,7 @@
-"""Curves of forgetting and backward transfer over training, from a history of evaluations.
-
-The training callback appends one JSON object per evaluation to ``history.jsonl`` (the
-format and its reader: :mod:`forgetwatch.results.history`)::
-
-    {"step": 40, "time": 12.5, "report": {...TransitionReport.to_dict()...}}
-
-:func:`plot_history` draws it as a PNG (matplotlib, an optional dependency), :func:`plot_runs`
-several runs' in one, and :func:`text_curve` as a few lines of plain text for the console.
+"""Curves of forgetting and backward transfer over training, from a history of evaluations: a PNG (matplotlib)
+or a few lines of text for the console.
 
 Example:
-    >>> from forgetwatch.reporting.plot import load_history, plot_history, text_curve
     >>> history = load_history("run/forgetwatch/history.jsonl")    # doctest: +SKIP
     >>> plot_history(history, "run/forgetwatch/curve.png")         # doctest: +SKIP
     >>> print(text_curve(history))                                 # doctest: +SKIP
@@ -29,11 +21,8 @@ from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
 from forgetwatch.results.history import read_history as load_history  # the one reader of history files
 
-__all__ = ["load_history", "plot_history", "plot_runs", "text_curve"]
-
-#: What the plotting functions accept: a history.jsonl path, or its records. A record is a
-#: mapping ``{"step": int, "report": dict | TransitionReport, ...}`` or, as in
-#: ``ForgetWatchCallback.history``, a ``(step, TransitionReport)`` pair.
+#: A history.jsonl path, or its records: ``{"step": int, "report": dict | TransitionReport}`` or
+#: ``(step, TransitionReport)`` pairs (``ForgetWatchCallback.history``).
 History = str | os.PathLike | Sequence[Any]
 
 #: Most entries the PNG legend shows; further categories are drawn grey as "+N more".
@@ -45,20 +34,15 @@ _OTHER_COLOR = "#b5b5b5"
 _INSTALL_HINT = 'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
 
 
-# -- reading ---------------------------------------------------------------------------------
-
-
 @dataclass
 class _Point:
-    """One evaluation, reduced to the numbers the curves need (NaN where unknown)."""
-
     step: int
     report: Mapping[str, Any]
     categories: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def _points(history: History) -> list[_Point]:
-    """Normalise any accepted history form into points sorted by step."""
+    """Any accepted history form as points sorted by step (a step evaluated twice: the later counts)."""
     if isinstance(history, (str, os.PathLike)):
         source = f"{os.fspath(history)}"
         records: Sequence[Any] = load_history(history)
@@ -101,7 +85,7 @@ def _unpack(record: Any, where: str) -> tuple[int, Mapping[str, Any]]:
 
 
 def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -> float:
-    """A rate as a float; missing, null or non-numeric values become NaN (a gap in a curve)."""
+    """A rate as a float; missing, null or non-numeric is NaN (a gap in a curve)."""
     if report is None:
         return math.nan
     value = report.get(key)
@@ -115,16 +99,9 @@ def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -
         return math.nan
 
 
-# -- text ------------------------------------------------------------------------------------
-
-
 def text_curve(history: History, width: int = 60) -> str:
-    """The overall forgetting (F) and backward transfer (BT) curves as plain text.
-
-    One line per evaluation, in step order: the step, F and BT in percent, and a bar of
-    ``#`` whose length is proportional to F. The largest F in the history gets the longest
-    bar, which fills each line to ``width`` characters (at least 10 ``#``): the bars show the
-    curve's shape, the percentages its level. Unknown values show as ``-``.
+    """The overall forgetting (F) and backward transfer (BT) as plain text, a line per evaluation with a bar of
+    ``#`` proportional to F (the largest fills the line to ``width``).
 
     Example:
         >>> h = [{"step": s, "report": {"forgetting": f, "backward_transfer": bt}}
@@ -153,29 +130,15 @@ def text_curve(history: History, width: int = 60) -> str:
     return "\n".join(lines)
 
 
-# -- PNG -------------------------------------------------------------------------------------
-
-
 def plot_history(
     history: History,
     out_png: str | os.PathLike[str],
     *,
     title: str | None = None,
 ) -> Path:
-    """Draw forgetting and backward transfer against training step; write a PNG atomically.
-
-    Two panels side by side. Each has a thick black line for the overall rate, a dashed one
-    for its chance-adjusted version (when that differs), a grey band for the 95 % interval,
-    and one thin line per category, with markers at the evaluated steps. The curves start at
-    the base (step 0, every rate 0), so one evaluation draws a line. When there are more
-    categories than the legend has room for (:data:`LEGEND_MAX` entries), the ones with the
-    highest peak forgetting keep their colours and the rest are drawn grey as "+N more".
-
-    ``history`` is a ``history.jsonl`` path or its records (see :func:`load_history`); a
-    ``ForgetWatchCallback.history`` list of ``(step, TransitionReport)`` also works. Only
-    matplotlib's object API with the Agg canvas is used, so pyplot's state and the user's
-    backend are left alone. Raises ``ValueError`` for an empty history and ``ImportError``
-    when matplotlib is missing.
+    """Draw forgetting and backward transfer against training step from the base on, overall (adjusted
+    dashed, 95 % interval grey) and per category; write a PNG atomically. Categories past :data:`LEGEND_MAX` are
+    grey. ``ImportError`` without matplotlib; pyplot's state is left alone.
 
     Example:
         >>> plot_history("run/forgetwatch/history.jsonl", "forgetting.png")  # doctest: +SKIP
@@ -190,9 +153,7 @@ def plot_runs(
     *,
     title: str | None = None,
 ) -> Path:
-    """Several runs (a sweep) in one PNG: per run, a row with :func:`plot_history`'s two
-    panels, named on the left; a category has one colour in every row, and all panels share
-    one y axis from 0, so the rows compare at a glance.
+    """Several runs (a sweep) in one PNG: a row of :func:`plot_history`'s panels per run, one y axis.
 
     Example:
         >>> plot_runs({"lr 1e-5": "a/forgetwatch/history.jsonl", "lr 1e-4": "b/forgetwatch/history.jsonl"},
@@ -212,7 +173,6 @@ def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
 
 
 def _figure(history: History, title: str | None) -> Any:
-    """The matplotlib ``Figure`` that :func:`plot_history` saves (Agg canvas, no pyplot)."""
     return _runs_figure([(None, history)], title)
 
 
@@ -224,8 +184,6 @@ _PANELS = (
 
 @dataclass
 class _Row:
-    """One run's curves, ready to draw."""
-
     name: str | None
     points: list[_Point]  # the base first
     evaluations: int
@@ -254,7 +212,7 @@ def _row(name: str | None, history: History) -> _Row:
 
 
 def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) -> Any:
-    """The matplotlib ``Figure`` of :func:`plot_runs`: a row of two panels per run."""
+    """The ``Figure`` of :func:`plot_runs` (Agg canvas, no pyplot)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -300,28 +258,10 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
         steps = [p.step for p in row.points]
         for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
             # draw back to front: grey overflow, coloured categories, then the overall curves
-            for c in others:
-                ax.plot(
-                    steps,
-                    [_num(p.categories.get(c), key) for p in row.points],
-                    color=_OTHER_COLOR,
-                    lw=0.9,
-                    marker="o",
-                    ms=2,
-                    alpha=0.8,
-                    zorder=1,
-                )
-            for c in named:
-                ax.plot(
-                    steps,
-                    [_num(p.categories.get(c), key) for p in row.points],
-                    color=color_of[c],
-                    lw=1.4,
-                    marker="o",
-                    ms=3.5,
-                    alpha=0.9,
-                    zorder=2,
-                )
+            styles = {c: {"color": _OTHER_COLOR, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
+            styles |= {c: {"color": color_of[c], "lw": 1.4, "ms": 3.5, "alpha": 0.9, "zorder": 2} for c in named}
+            for c, style in styles.items():
+                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points], marker="o", **style)
             if row.show_band[ci]:
                 low, high = row.bands[ci]
                 ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
@@ -358,9 +298,7 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
 
 
 def _from_base(points: list[_Point]) -> list[_Point]:
-    """``points`` with the base ahead of them at step 0, where none was evaluated there: every
-    rate against the base itself is 0 (and its interval [0, 0]). Only the figures the first
-    evaluation has are set, so a curve the history does not draw stays undrawn."""
+    """``points`` with the base at step 0 ahead of them (every rate 0), for the figures the first evaluation has."""
     if points[0].step <= 0:
         return points
 
@@ -377,7 +315,7 @@ def _from_base(points: list[_Point]) -> list[_Point]:
 
 
 def _ranked_categories(points: Sequence[_Point]) -> list[str]:
-    """All categories, those that forgot the most (peak F over the run) first, then by name."""
+    """Categories by peak forgetting, then by name."""
     peak: dict[str, float] = {}
     for p in points:
         for cat, rep in p.categories.items():
@@ -388,13 +326,13 @@ def _ranked_categories(points: Sequence[_Point]) -> list[str]:
 
 
 def _differs(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether curve ``a`` has data and is not just ``b`` (e.g. generative probes: no guessing)."""
+    """Whether curve ``a`` has data and is not just ``b``."""
     finite = [(x, y) for x, y in zip(a, b) if math.isfinite(x)]
     return any(not (math.isfinite(y) and math.isclose(x, y, abs_tol=1e-12)) for x, y in finite)
 
 
 def _palette(n: int) -> list[Any]:
-    """``n`` distinct colours, none grey (grey means "one of the +N more")."""
+    """``n`` distinct colours, none grey (grey is "+N more")."""
     from matplotlib import colormaps
 
     tab20 = colormaps["tab20"]
@@ -404,7 +342,6 @@ def _palette(n: int) -> list[Any]:
 
 
 def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
-    """Write the latest known overall value beside its point: the number people look for."""
     for x, y in zip(reversed(steps), reversed(values)):
         if math.isfinite(y):
             ax.annotate(

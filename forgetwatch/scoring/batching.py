@@ -17,8 +17,7 @@ R = TypeVar("R")
 
 
 def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
-    """Split items, longest first, into batches of at most ``max_rows`` rows and
-    ``max_tokens`` padded tokens (rows x the batch's widest row).
+    """Split items, longest first, into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens.
 
     Example:
         >>> group([3, 9, 5], max_rows=2, max_tokens=None)
@@ -35,18 +34,11 @@ def group_runs(
     max_tokens: int | None,
     per_batch: int | None = None,
 ) -> list[list[int]]:
-    """Split items into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens,
-    the items of one run (rows behind one shared prefix) following one another, longest
-    first, and runs ordered by their longest item; batches are cut in that order, so a batch
-    may hold the end of one run and the start of the next. An item's width is its ``own``
-    tokens and its run's ``shared`` ones (read from a cache, attended to): a batch holds rows x
-    (its longest ``shared`` + its longest ``own``) padded tokens.
+    """Split items into batches within ``max_rows`` rows and ``max_tokens`` padded tokens, the items of one run
+    (rows behind one shared prefix) together, longest first. An item is ``own`` tokens after its run's ``shared`` ones.
 
-    ``per_batch``: what one more forward costs, in padded tokens; the cuts are then placed
-    where padded tokens plus ``per_batch`` per forward are fewest (a batch that starts a run
-    with a prefix also pays for the forward that computes it). A row count is a limit, not a
-    target: rows of very different widths are not padded to one. ``None``: every batch as full
-    as the limits allow (generation, where a batch costs a forward per new token).
+    ``per_batch``: what one more forward costs, in padded tokens; cuts then go where padded tokens plus forwards cost
+    least. ``None``: every batch as full as the limits allow (generation).
 
     Example:
         >>> group_runs([3, 9, 5, 2], [0, 0, 4, 4], ["a", "a", "b", "b"], max_rows=3, max_tokens=None)
@@ -88,9 +80,7 @@ MAX_ROWS_CUT = 512
 
 
 def _cheapest_cuts(own, shared, starts, order, max_rows, max_tokens, per_batch) -> list[range]:
-    """Consecutive ranges of ``order`` within the limits, with the fewest padded tokens plus
-    ``per_batch`` per range and per range where a run with a prefix starts (dynamic
-    programming over where each range ends)."""
+    """Ranges of ``order`` within the limits with the fewest padded tokens plus forwards (dynamic programming)."""
     n = len(order)
     own_w = np.asarray([own[i] for i in order], dtype=np.int64)
     shared_w = np.asarray([shared[i] for i in order], dtype=np.int64)
@@ -118,21 +108,13 @@ def _cheapest_cuts(own, shared, starts, order, max_rows, max_tokens, per_batch) 
 
 
 def forward_cost(device: torch.device) -> int:
-    """What one more forward costs, in padded tokens, for placing batch cuts. On a CPU a
-    forward's own cost is that of 41-87 tokens (measured, 2 cores: GPT-2 256x4 and 768x12,
-    SmolLM2-135M); on an accelerator, modelled, a forward of a few tokens costs about what one
-    of a thousand does."""
+    """What one more forward costs, in padded tokens (measured on CPUs: 41-87; modelled on accelerators)."""
     return 64 if device.type == "cpu" else 1024
 
 
 def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int) -> int:
-    """A first guess of tokens per forward for ``batch_size="auto"``.
-
-    On CUDA: a quarter of the memory free now (counting what PyTorch caches but does not
-    use). Once training has run, the peak it reached bounds the guess too: evaluation may add
-    to what is held now (weights, optimizer state) no more than the peak plus a tenth, so it
-    never needs more memory than the training steps around it.
-    """
+    """A first guess of tokens per forward for ``batch_size="auto"``: on CUDA a quarter of the free memory,
+    and no more than training's peak allows."""
     if device.type != "cuda":
         return 8192
     free, _ = torch.cuda.mem_get_info(device)
@@ -161,14 +143,10 @@ def run_lockstep(
     on_out_of_memory: Callable[[int], None],
     ranks: Ranks,
 ) -> Iterator[tuple[B, R]]:
-    """Yield ``(batch, run(batch))`` for this rank's ``batches``, with exactly as many
-    ``run`` calls on every rank of ``ranks``.
+    """Yield ``(batch, run(batch))`` for this rank's ``batches``, with as many ``run`` calls on every rank.
 
-    A rank with fewer batches runs ``filler`` (its result dropped) until the others are done,
-    so forwards that gather sharded parameters never wait for a rank that has stopped. After
-    an out-of-memory error on any rank, every rank calls ``on_out_of_memory(rows)`` with the
-    same largest failed size (it shrinks the limits that ``replan`` uses) and replans what it
-    has left, starting with the batch that failed.
+    A rank with fewer batches runs ``filler`` (result dropped). After an out-of-memory error on any rank, every rank
+    calls ``on_out_of_memory(rows)`` with the same size and replans what is left.
 
     Example:
         >>> list(run_lockstep([[1, 2], [3]], sum, replan=lambda xs: [xs], items_of=list, filler=[0],

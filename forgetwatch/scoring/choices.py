@@ -1,16 +1,5 @@
-"""Multiple-choice log-likelihoods: each context through the model once.
-
-A *packed* row holds one probe: its context, then every choice's tokens but the last, each
-choice at the positions it would have right after the context. A block mask lets a choice
-token see the context and its own earlier tokens only, so every log-probability is the one a
-separate (context + choice) sequence would give. The first token of every choice is read
-from the context's last position, so single-token choices cost one context pass in all.
-
-A *plain* row is lm-eval's layout, one per (context, choice), left-truncated to the model's
-length and right-padded. It serves probes too long to pack, and models that cannot be packed.
-
-Packed rows are left-padded so that only the last ``keep`` positions of a batch need logits.
-"""
+"""Multiple-choice log-likelihoods, each context through the model once: a *packed* row holds a context and every
+choice behind a block mask; a *plain* row is lm-eval's (context, choice) layout, for what cannot be packed."""
 
 from __future__ import annotations
 
@@ -42,8 +31,7 @@ class Row:
 
 
 def packed_row(enc: EncodedChoices, first_key: int, skip: int = 0) -> Row:
-    """One probe's packed row; its first ``skip`` context tokens are a shared prefix, left out
-    of the row (read from a cache) with the rest at the positions they have after it."""
+    """One probe's packed row; its first ``skip`` context tokens are a shared prefix read from a cache."""
     ctx = np.asarray(enc.context[skip:], dtype=np.int64)
     c = len(ctx)
     tokens, segments, positions = [ctx], [np.full(c, CONTEXT_SEG)], [np.arange(skip, skip + c)]
@@ -115,8 +103,7 @@ class Batch:
 
 
 def collate(rows: list[Row], pad_id: int) -> Batch:
-    """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval).
-    Rows may sit behind different prefixes (or none)."""
+    """Pad rows into one batch: packed rows on the left, plain rows on the right (as lm-eval)."""
     width = max(len(r) for r in rows)
     packed = rows[0].packed
     offsets = [width - len(r) if packed else 0 for r in rows]
@@ -128,11 +115,8 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     pos = np.zeros((b, width), dtype=np.int64)
     row_index, keep_index = [], []
     for i, (r, off) in enumerate(zip(rows, offsets)):
-        ids[i, off : off + len(r)], seg[i, off : off + len(r)], pos[i, off : off + len(r)] = (
-            r.tokens,
-            r.segments,
-            r.positions,
-        )
+        at = slice(off, off + len(r))
+        ids[i, at], seg[i, at], pos[i, at] = r.tokens, r.segments, r.positions
         row_index.append(np.full(len(r.scored), i))
         keep_index.append(off + r.scored - (width - keep))
     return Batch(
@@ -150,13 +134,8 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
 
 
 def block_mask(segments: torch.Tensor, additive: bool, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """4D mask: causal, no padding, and a choice sees only the context and itself; every
-    position of a row also sees the cached prefix positions ``prefix`` (rows x width, boolean)
-    marks as its own.
-
-    Boolean (True = attend) for SDPA; additive float32 for eager attention, which adds the
-    mask to its scores (float32 promotes any score dtype and holds the most negative value).
-    """
+    """4D mask: causal, no padding, a choice sees only the context and itself, and every row its own cached prefix
+    positions (``prefix``). Boolean for SDPA; additive float32 for eager attention."""
     b, width = segments.shape
     q, k = segments[:, :, None], segments[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
@@ -180,9 +159,8 @@ def forward_logprobs(
     keep_arg: str | None,
     cache: tuple[str, object] | None = None,
 ) -> np.ndarray:
-    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order.
-    ``cache``: (the forward's argument name, a KV cache of each row's prefix, left-padded:
-    :class:`~forgetwatch.scoring.prefixes.PrefixStore`)."""
+    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: (argument
+    name, a KV cache of each row's prefix)."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
         "input_ids": batch.input_ids.to(device, non_blocking=True),

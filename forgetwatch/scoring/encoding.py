@@ -1,11 +1,5 @@
-"""Token ids for a probe set, computed once per (tokenizer, probe set, prompt format).
-
-Multiple choice follows lm-eval-harness's ``acc`` exactly: the continuation is
-``delimiter + choice`` (the probe's delimiter, else ``" "``, or ``""`` with a chat template); trailing whitespace
-of the context moves onto the continuation; the pair is encoded whole and split at the length
-of the encoded context; the tokenizer adds its special tokens (BOS) unless the text already
-starts with the prefix token.
-"""
+"""Token ids for a probe set, once, the way lm-eval-harness's ``acc`` tokenizes: the context's trailing
+whitespace moves onto ``delimiter + choice``, the pair is encoded whole and split at the context's length."""
 
 from __future__ import annotations
 
@@ -33,9 +27,8 @@ class EncodedChoices:
 
 @dataclass(frozen=True)
 class EncodedPrompt:
-    """A generative probe: the prompt ids (not yet truncated), and its reference answer as the
-    one choice after the prompt (teacher-forced, for its log-probability: a drift signal), or
-    ``None`` when the reference adds no tokens of its own."""
+    """A generated probe: its prompt ids, and its reference answer as one choice (``None``: it adds no
+    tokens)."""
 
     prompt: tuple[int, ...]
     reference: EncodedChoices | None = None
@@ -45,7 +38,7 @@ Encoded = EncodedChoices | EncodedPrompt
 
 
 def prompt_text(tokenizer, question: str, chat_template: bool) -> str:
-    """The text the model conditions on: the question, or the question as a chat user turn."""
+    """The question, or the question as a chat user turn."""
     if not chat_template:
         return question
     if not getattr(tokenizer, "chat_template", None):
@@ -66,21 +59,16 @@ def prefix_token_id(tokenizer) -> int:
 
 
 def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Encode like lm-eval's ``tok_encode``: the tokenizer's special tokens, unless the text
-    already starts with the prefix token's text."""
+    """Encode like lm-eval's ``tok_encode``: special tokens unless the text starts with the prefix token."""
     prefix_id = prefix_token_id(tokenizer)
     prefix = tokenizer.decode(prefix_id) if prefix_id is not None else None
     out: list[list[int] | None] = [None] * len(texts)
-    groups: dict[bool, list[int]] = {True: [], False: []}
-    for i, t in enumerate(texts):
-        groups[prefix is not None and t.startswith(prefix)].append(i)
-    for has_prefix, idx in groups.items():
-        if not idx:
-            continue
-        kwargs = {"add_special_tokens": False} if has_prefix else {}
-        ids = tokenizer([texts[i] for i in idx], **kwargs)["input_ids"]
-        for i, seq in zip(idx, ids):
-            out[i] = list(seq)
+    for has_prefix in (True, False):
+        idx = [i for i, t in enumerate(texts) if (prefix is not None and t.startswith(prefix)) == has_prefix]
+        if idx:
+            ids = tokenizer([texts[i] for i in idx], **({"add_special_tokens": False} if has_prefix else {}))
+            for i, seq in zip(idx, ids["input_ids"]):
+                out[i] = list(seq)
     return out  # type: ignore[return-value]
 
 
@@ -91,16 +79,10 @@ def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
 
 
 def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
-    """The end of ``text`` holding at least ``tokens`` tokens: what left-truncation to any
-    length up to ``tokens`` keeps, found without tokenizing the whole text.
+    """The end of ``text`` holding at least ``tokens`` tokens, found without tokenizing the whole text.
 
-    The tail is tokenized alone; when it gives ``tokens`` plus a margin, the last ``tokens``
-    of it are the whole text's last ``tokens``: the cut is made where a word begins (before the
-    space in front of it), and tokenizers split text into words first, so the cut changes at
-    most the tokens of the word it falls in; in text without spaces (Chinese, base64) a merge
-    could reach further, and the margin of 64 tokens covers it. Otherwise the tail doubles, up
-    to the whole text; a text of at most ``4 * tokens`` characters is kept whole without
-    looking. Only a text longer than ``tokens`` is ever cut: what a model sees is unchanged.
+    The tail is cut where a word begins, so the cut changes at most that word's tokens; a margin of 64 tokens covers
+    text without spaces. Only a text longer than ``tokens`` is ever cut.
 
     Example:
         >>> visible_tail(tokenizer, "word " * 10**6, tokens=1000)[:5]  # doctest: +SKIP
@@ -116,8 +98,7 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
 
 
 def _word_start(text: str, i: int, within: int = 1000) -> int:
-    """The first place from ``i`` (looking at most ``within`` characters on) where a space
-    precedes a word; ``i`` itself when there is none."""
+    """The first place from ``i`` (within ``within`` characters) where a space precedes a word, else ``i``."""
     for j in range(i, min(i + within, len(text) - 1)):
         if text[j].isspace() and not text[j + 1].isspace():
             return j
@@ -127,10 +108,7 @@ def _word_start(text: str, i: int, within: int = 1000) -> int:
 def encode_probes(
     tokenizer, probes: ProbeSet, chat_template: bool = False, visible: int = VISIBLE_TOKENS
 ) -> list[Encoded]:
-    """Token ids for every probe, in probe order, with batched tokenizer calls. A generative
-    probe's reference answer is encoded like a choice (``delimiter + answer``). Questions are
-    cut to what keeps their last ``visible`` tokens exact (:func:`visible_tail`): all that a
-    model with a context of fewer tokens can see."""
+    """Token ids for every probe, in probe order, cut to keep the last ``visible`` tokens exact."""
     default_delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []

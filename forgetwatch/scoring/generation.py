@@ -1,6 +1,5 @@
-"""Greedy decoding: left-padded batches, stop strings, EOS; sharded over ranks in lockstep
-(:func:`generate_sharded`, for generative probes and for the base model's answers to replay
-prompts); and how many tokens a response may have in the model's context."""
+"""Greedy decoding in left-padded batches with stop strings, sharded over ranks in lockstep, and how many tokens a
+response may have in the model's context."""
 
 from __future__ import annotations
 
@@ -23,15 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 class Generated(NamedTuple):
-    """One greedy continuation.
-
-    ``text``: the decoded continuation, cut at the first stop string. ``ids`` (``None`` unless
-    asked for): its token ids, the generated tokens before the first EOS, or, when a stop
-    string came first, the fewest first tokens whose decoding starts with ``text`` (a token
-    the stop string starts inside is kept, so ``decode(ids)`` may run a little past ``text``;
-    it equals it wherever the stop string starts a token). ``ended``: EOS ended it (not a stop
-    string, not the length limit).
-    """
+    """One greedy continuation: ``text`` cut at the first stop string; ``ids`` (when asked for) its tokens before
+    EOS, or the fewest whose decoding covers ``text``; ``ended``: EOS ended it."""
 
     text: str
     ids: tuple[int, ...] | None
@@ -39,9 +31,8 @@ class Generated(NamedTuple):
 
 
 class GenerationPrompt(NamedTuple):
-    """A prompt's token ids (whole), the most tokens its response may have, its stop strings,
-    and how many of its first tokens it shares with other prompts as one prefix whose KV cache
-    is read (0: none; see ``prefix_cache`` of :func:`generate_sharded`)."""
+    """A prompt's ids (whole), its response budget, its stop strings, and how many first tokens it reads from
+    a shared prefix's cache (0: none)."""
 
     ids: tuple[int, ...]
     new_tokens: int
@@ -60,15 +51,9 @@ def response_budgets(
     setting: str = "max_new_tokens",
     name: Callable[[K], str] = str,
 ) -> tuple[dict[K, int], str | None]:
-    """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``,
-    or what the model's context of ``max_length`` tokens leaves after the prompt. The one rule
-    of every generation path.
-
-    Returns the budgets (by the keys of ``lengths``, prompt lengths in tokens) and, when some
-    were cut short, a sentence saying so with the numbers (for one warning). A prompt that
-    leaves no room at all is refused: :class:`PromptTooLongError` naming it (``name(key)``).
-    Cutting the prompt instead would silently change the question: a 7-token prompt cut to
-    make room for 256 new tokens in a 128-token context is gone.
+    """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``, or what the
+    context leaves; and a sentence for one warning when some were cut. A prompt that leaves no room is refused
+    (:class:`PromptTooLongError`): cutting it would silently change the question.
 
     Example:
         >>> response_budgets({"a": 7, "b": 100}, max_length=128, max_new_tokens=64)
@@ -99,7 +84,7 @@ def response_budgets(
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the model's generation config (some models have several) and the tokenizer."""
+    """EOS ids from the model's generation config (some have several) and the tokenizer."""
     ids: list[int] = []
     gen_eos = getattr(getattr(unwrap(model), "generation_config", None), "eos_token_id", None)
     for x in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [tokenizer.eos_token_id]:
@@ -111,9 +96,8 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 def answered_row(
     prompt: Sequence[int], answer: Generated, model: Any, tokenizer: Any, max_length: int
 ) -> tuple[list[int], int]:
-    """A prompt and the model's greedy ``answer`` as one row to train or measure on: the
-    prompt's tokens, the answer's, and an EOS when the answer ended with one (the tokenizer's,
-    else the model's first), cut to ``max_length``; and its first target token (the answer's).
+    """A prompt and its greedy ``answer`` (with EOS when it ended with one) as one row cut to ``max_length``,
+    and its first target token.
 
     Example:
         >>> answered_row([1, 5], Generated(" Vo.", (7, 8), True), model, tokenizer, 512)  # doctest: +SKIP
@@ -150,25 +134,12 @@ def generate_batch(
     cache: tuple[str, Any] | None = None,
     return_ids: bool = False,
 ) -> list[Generated]:
-    """Greedy continuations of one batch of prompts, each cut at the first stop string.
+    """Greedy continuations of one batch, each cut at the first stop string.
 
-    ``prefixes``: per row, the tokens its prompt starts with, left out of ``prompts``, whose KV
-    caches are ``cache`` (the forward's argument name, a cache of each row's prefix, left-padded
-    to the longest: :class:`~forgetwatch.scoring.prefixes.PrefixStore`): each row is laid out as
-    ``padding, prefix, padding, prompt``, with the padding masked, so that each prompt's tokens
-    have the positions they have in the whole prompt.
-
-    Decoding is plain greedy whatever the model's own generation config says: transformers
-    fills every option a call leaves unset from ``model.generation_config`` (a repetition
-    penalty, a minimum length, suppressed tokens, ...), so a clean config stands in for it
-    during the call. Otherwise two checkpoints with different configs would be decoded
-    differently and their answers would not be comparable.
-
-    ``synced_gpus``: keep stepping until every rank's batch is done, as a sharded model
-    (FSDP, ZeRO-3) needs: each step's forward gathers parameters from all ranks.
-
-    ``return_ids``: also the generated token ids of each row (see :class:`Generated`).
-    """
+    ``prefixes``: per row, the tokens its prompt starts with, read from ``cache`` (argument name, a left-padded cache);
+    each prompt keeps its positions in the whole prompt. A clean greedy config stands in for the model's own during the
+    call, so checkpoints with different configs decode alike. ``synced_gpus``: step until every rank is done (FSDP,
+    ZeRO-3)."""
     from transformers import GenerationConfig
 
     start = max(map(len, prefixes), default=0)
@@ -215,8 +186,7 @@ def generate_batch(
 def _generated(
     tokenizer, row: list[int], decoded: str, stop: Sequence[str], eos: set[int], return_ids: bool
 ) -> Generated:
-    """One row's :class:`Generated` from its generated tokens (finished rows are padded after
-    their end) and their decoding."""
+    """One row's :class:`Generated` from its tokens (padded after their end) and their decoding."""
     text = cut_at_stop(decoded, stop)
     end = next((k for k, t in enumerate(row) if t in eos), None)
     tokens = row if end is None else row[:end]
@@ -226,8 +196,7 @@ def _generated(
 
 
 def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
-    """The fewest first ``tokens`` whose decoding starts with ``text`` (a token the stop
-    string starts inside is kept: without it, the text before the stop would be cut short)."""
+    """The fewest first ``tokens`` whose decoding starts with ``text`` (all of them if none does)."""
 
     def covers(k: int) -> bool:
         return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
@@ -245,8 +214,7 @@ def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
 
 
 def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple[list[int], list[int]]:
-    """The positions of the prompts this rank generates (balanced on prompt and response
-    tokens), and one prompt to fill in with (the cheapest): the same split on every rank.
+    """This rank's prompts (balanced on tokens) and one to fill in with: the same split on every rank.
 
     Example:
         >>> generation_share([GenerationPrompt((1, 2), 8), GenerationPrompt((3,), 8)], Ranks.alone())
@@ -274,31 +242,12 @@ def generate_sharded(
     prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts`` (token ids), in their order, on every rank of
-    ``ranks`` (default: this process alone).
+    """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank.
 
-    Each rank generates its own share (:func:`generation_share`) in batches of prompts
-    generated alike (response length, stop strings), longest first, prompts behind one shared
-    prefix following one another (:func:`~forgetwatch.scoring.batching.group_runs`), with as
-    many ``generate`` calls as every other rank (:func:`~forgetwatch.scoring.batching.run_lockstep`:
-    a sharded model gathers its parameters in every step, and an out-of-memory error on one
-    rank makes all replan with smaller batches); then every rank gets every answer. Every rank
-    must call this together, with the same prompts. The model is borrowed
-    (:func:`~forgetwatch.scoring.borrow.borrowed`: eval mode, no gradients, random states
-    restored) and decoded plain greedy (:func:`generate_batch`).
-
-    A prompt given as plain token ids gets ``max_new_tokens`` and ``stop``, its response cut
-    to what the model's context leaves after it (:func:`response_budgets`: one warning;
-    :class:`PromptTooLongError` for a prompt that fills the context, named by ``names``,
-    default its position); a :class:`GenerationPrompt` is taken as it is.
-
-    ``return_ids``: each :class:`Generated` holds its token ids too. ``rows_per_batch``: rows
-    per ``generate`` call, halved after each out-of-memory error; ``limits`` (rows, tokens
-    per call, read at each planning) and ``on_out_of_memory`` (called with the rows that
-    failed, the same on every rank) replace that rule. ``prefix_cache(prefixes)``: the
-    forward's cache argument and a cache of each row's prefix (its prompt's first ``skip``
-    tokens), where they are read from (without it, every prompt is read whole).
-    ``progress(n)``: called as each batch of ``n`` prompts is done.
+    Each rank generates its share in batches, with as many ``generate`` calls as the others, then every rank gets
+    every answer. Plain ids get ``max_new_tokens`` and ``stop``, cut to what the context leaves (named by ``names``).
+    ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace that rule);
+    ``prefix_cache(prefixes)`` gives shared prefixes' caches; ``progress(n)`` is called per batch.
 
     Example:
         >>> ids = tokenizer(["The capital of Zeta is"])["input_ids"]      # doctest: +SKIP
@@ -385,8 +334,7 @@ def _as_prompts(
     stop: Sequence[str],
     names: Sequence[str] | None,
 ) -> list[GenerationPrompt]:
-    """Every prompt as a :class:`GenerationPrompt`: plain token ids with ``max_new_tokens``
-    cut to what the model's context leaves, and ``stop``."""
+    """Every prompt as a :class:`GenerationPrompt` (plain ids checked and given their budget)."""
     if isinstance(stop, str):
         stop = (stop,)
     plain = {i: tuple(int(t) for t in p) for i, p in enumerate(prompts) if not isinstance(p, GenerationPrompt)}
@@ -431,14 +379,8 @@ def pad_id(tokenizer: Any) -> int:
 
 @contextlib.contextmanager
 def generator(model) -> Iterator[torch.nn.Module]:
-    """The module whose ``generate`` to call, ready for the call.
-
-    Under DDP, which has no ``generate``: the model inside. Under FSDP1: the model inside
-    too, with the root module's own parameters (embeddings, final norm) gathered read-only,
-    since the wrapper gathers them only in its forward, which ``generate`` bypasses (the
-    wrapped layers still gather their own). Otherwise the model itself: FSDP2 and DeepSpeed
-    gather parameters in each submodule's forward.
-    """
+    """The module whose ``generate`` to call: under DDP the model inside; under FSDP1 the model inside with the
+    root's own parameters gathered (``generate`` bypasses the wrapper's forward); else the model."""
     inner = forward_module(model)
     if is_fsdp1(inner):
         with inner.summon_full_params(inner, writeback=False, recurse=False):

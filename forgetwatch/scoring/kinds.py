@@ -1,10 +1,4 @@
-"""How each kind of probe is scored from what the model did: one function a kind, in one
-table (:data:`SCORE`), so that a new kind of probe is one more entry.
-
-A function gets the probe, what was measured for it (:class:`Measured`) and the scorer's
-options (:class:`Rules`), and returns the probe's fields of an
-:class:`~forgetwatch.Answers` sample (``correct``, ``predicted``, ...).
-"""
+"""How each kind of probe is scored from what the model did: one function a kind, in one table (:data:`SCORE`)."""
 
 from __future__ import annotations
 
@@ -20,9 +14,8 @@ from forgetwatch.probes.extract import extractor_for, is_correct, reference_for
 
 
 class Measured(NamedTuple):
-    """What the model did for one probe: the summed log-probability of each continuation scored
-    after its prompt (each choice; a generative probe's reference answer when it is scored;
-    none otherwise), and the text it generated (``None`` where it generated none)."""
+    """What the model did for one probe: each scored continuation's summed log-probability, and its generated
+    text (``None``: none)."""
 
     logprobs: np.ndarray
     text: str | None
@@ -38,8 +31,7 @@ class Rules:
 
 
 def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the
-    lowest index. A probe with a :attr:`~forgetwatch.probes.Probe.judge` is judged by it.
+    """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the lowest index.
 
     Example:
         >>> p = Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1)
@@ -63,9 +55,7 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
 
 
 def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The answer pulled out of the generated text (the probe's judge, the user's extractor, or
-    the probe's ``extract``) against the reference; the reference's log-probability where it
-    was scored.
+    """The answer extracted from the generated text (judge, user's extractor, or ``extract``) against the reference.
 
     Example:
         >>> p = Probe(id="g1", question="6 * 7 =", answer="42", extract="number")

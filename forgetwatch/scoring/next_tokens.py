@@ -1,12 +1,4 @@
-"""A model's next-token distribution on token rows, kept once, and KL(base ‖ current) against it.
-
-At each target position of each row, the ``k`` most likely next tokens with their
-log-probabilities, and the log of the mass outside them: enough for KL(base ‖ current) with no
-second model in memory. Replay's ``"kl"`` loss (:mod:`forgetwatch.replay.base_cache`) and the
-train-KL signal (:mod:`forgetwatch.run.train_kl`) both keep one (npz, never pickle) with the key
-of what it was made from, and compute the same KL (:func:`kl_to_base`). Rows are right-padded
-into batches (:func:`right_padded`, positions as in training) and a row's targets are its
-tokens from its ``start`` on (:func:`target_mask`).
+"""A model's top-k next-token distribution on token rows, kept once (npz), and KL(base ‖ current) against it.
 
 Example:
     >>> ids, mask = right_padded([[5, 6, 7], [5, 6]], pad_id=0)
@@ -32,46 +24,26 @@ from forgetwatch.scoring.batching import group
 from forgetwatch.scoring.borrow import borrowed, unwrap
 from forgetwatch.scoring.precision import scoring_in
 
-__all__ = [
-    "MeasureFailed",
-    "logits_width",
-    "row_sums",
-    "BaseDistribution",
-    "KeptFileError",
-    "aligned_targets",
-    "first_usable",
-    "base_distribution",
-    "kl_to_base",
-    "right_padded",
-    "target_mask",
-]
-
 
 class KeptFileError(ValueError):
-    """A file kept with the run (replay's ``replay.json``, ``replay_base.npz``, ``replay_scan.json``,
-    a history record's replay state, ``train_kl.npz``) cannot serve this run: which one (``None``
-    when the reason names several), and why."""
+    """A file kept with the run cannot serve this run: which one (``None``: several), and why."""
 
     def __init__(self, path: str | os.PathLike[str] | None, reason: str):
         self.path, self.reason = None if path is None else str(path), reason
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
-#: How far the kept probabilities of a position (its top k and its tail) may sum from 1: float16
-#: log-probabilities round each term by less than 0.05 %.
+#: How far a position's kept probabilities may sum from 1 (float16 rounds each by less than 0.05 %).
 MASS_TOLERANCE = 0.01
 
-#: The precisions the kept log-probabilities may have: float16 (replay: half the bytes) or
-#: float32 (train KL: the base measured against itself gives exactly 0).
+#: float16 (replay: half the bytes) or float32 (train KL: the base against itself gives exactly 0).
 LOGPROB_TYPES = (np.float16, np.float32)
 
 
 def first_usable(
     paths: Sequence[Path], read: Callable[[Path], Any], problem: Callable[[Any], str | None]
 ) -> tuple[Any, list[str]]:
-    """The first of ``paths`` (kept copies of one file) that exists, reads (a
-    :class:`KeptFileError` says why not) and has no ``problem`` (``None`` when none does), and
-    why each one before it was passed over."""
+    """The first of ``paths`` that exists, reads and has no ``problem``; and why each before it was passed over."""
     rejected = []
     for path in paths:
         if not path.is_file():
@@ -89,7 +61,7 @@ def first_usable(
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` as one batch, right-padded (positions as in training): ids and attention mask."""
+    """``rows`` right-padded as one batch (positions as in training): ids and attention mask."""
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -100,8 +72,7 @@ def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
 
 
 def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] | None) -> torch.Tensor:
-    """The positions that predict a target token (rows × positions, one fewer than ``mask``'s):
-    the attention mask shifted, with each row's positions before its start cleared."""
+    """The positions that predict a target token: the mask shifted, each row's positions before its start cleared."""
     targets = mask[:, 1:].clone()
     if starts is not None:
         for r, i in enumerate(rows):
@@ -112,10 +83,8 @@ def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] |
 def aligned_targets(
     parts: Sequence[tuple[Any, Any, Any]], firsts: Sequence[int], positions: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One batch's base distribution laid out like its logits (rows × ``positions``): each
-    row's ``(top_ids, top_logprobs, tail)`` (see :meth:`BaseDistribution.row`) placed from its
-    first target position (``firsts``, its start − 1) on; other positions stay zero (a mask drops
-    them)."""
+    """One batch's base distribution laid out like its logits (rows × ``positions``), each row from its first
+    target position; other positions stay zero."""
     k = parts[0][0].shape[1]
     top_ids = torch.zeros((len(parts), positions, k), dtype=torch.long)
     top_lp = torch.zeros((len(parts), positions, k))
@@ -129,10 +98,8 @@ def aligned_targets(
 
 
 def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """KL(base ‖ current) at each position (the shape of ``logits`` without its last axis, fp32):
-    the base's top-k tokens ``top_ids`` with their log-probabilities ``top_lp`` and the log of its
-    mass outside them ``tail``, against the current ``logits``; the current model's mass outside
-    the same k tokens stands for its tail. Exact when k covers the vocabulary (the tails are 0).
+    """KL(base ‖ current) at each position, from the base's top-k ``top_ids``/``top_lp`` and ``tail`` mass
+    against ``logits``; exact when k covers the vocabulary.
 
     Example:
         >>> logits = torch.tensor([[0.0, 1.0, 2.0]])
@@ -148,11 +115,8 @@ def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor
 
 @dataclass
 class BaseDistribution:
-    """Per row (by id): ``top_ids`` and ``top_logprobs`` (positions × k) and ``tail`` (the log
-    of the probability outside the top k, per position); row ``i``'s positions are
-    ``offsets[i]:offsets[i + 1]``, one per predicted token. ``key``: what it was made from (for
-    replay's rows see :func:`~forgetwatch.replay.resume.base_problem`; for train KL
-    :mod:`forgetwatch.run.train_kl`)."""
+    """Per row (by id), positions × k ``top_ids`` and ``top_logprobs`` and the ``tail`` mass's log; row ``i``
+    spans ``offsets[i]:offsets[i + 1]``. ``key``: what it was made from."""
 
     ids: list[str]
     offsets: np.ndarray
@@ -174,10 +138,7 @@ class BaseDistribution:
         return self.top_ids[a:b], self.top_logprobs[a:b].astype(np.float32), self.tail[a:b]
 
     def problem(self) -> str | None:
-        """What is wrong with these arrays as a distribution, or ``None``: their types and
-        shapes, offsets that do not add up, ids that repeat, log-probabilities that are not
-        finite and at most 0, token ids below 0, or a position whose kept probabilities do
-        not sum to 1.
+        """What is wrong with these arrays as a distribution, or ``None``.
 
         Example:
             >>> d = BaseDistribution(["r1"], np.array([0, 1]), np.array([[3]], dtype=np.int32),
@@ -244,7 +205,7 @@ class BaseDistribution:
         )
 
     def save(self, path: str | os.PathLike[str], extra: dict[str, np.ndarray] | None = None) -> None:
-        """Write it as an npz (no pickled data); ``extra``: more arrays to keep in the same file."""
+        """Write it as an npz (no pickle), with ``extra`` arrays in the same file."""
         with atomic_write(path, "wb") as f:
             np.savez(
                 f,
@@ -259,13 +220,12 @@ class BaseDistribution:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BaseDistribution:
-        """Read a file written by :meth:`save`; a :class:`KeptFileError` names the file and
-        what is wrong with it (damaged, or not a distribution: see :meth:`problem`)."""
+        """Read a file :meth:`save` wrote; a :class:`KeptFileError` names it and what is wrong."""
         return cls.read(path)[0]
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> tuple[BaseDistribution, dict[str, np.ndarray]]:
-        """As :meth:`load`, with every array of the file (the ``extra`` ones :meth:`save` kept)."""
+        """As :meth:`load`, with every array of the file."""
         try:
             z = read_npz(path)
             base = cls(
@@ -310,12 +270,8 @@ def base_distribution(
     precision: type = np.float16,
     compute: str = "autocast",
 ) -> BaseDistribution:
-    """The model's top-``k`` next-token log-probabilities at every target position of each row
-    (those predicting its tokens from its ``starts`` entry on, 1 when not given; the model
-    borrowed: eval mode, no gradients, handed back as found); ``key``: what it is made from;
-    ``precision``: the kept log-probabilities' type (one of :data:`LOGPROB_TYPES`); ``compute``:
-    the arithmetic of the forwards, as :func:`~forgetwatch.scoring.precision.scoring_in` takes it
-    (``"autocast"``: as the training forward computes, for a training loss)."""
+    """The model's top-``k`` next-token log-probabilities at each row's target positions (from ``starts``),
+    the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.precision.scoring_in`."""
     device = next(model.parameters()).device
     parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     with borrowed(model, tokenizer), scoring_in(model, device, compute), torch.no_grad():
@@ -361,13 +317,8 @@ def row_sums(
     per_position: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
     compute: str = "autocast",
 ) -> np.ndarray:
-    """Each row's sum over its target positions (those predicting its tokens from its ``starts``
-    entry on) of ``per_position(logits, ids, rows)`` (rows × positions, fp32), float64. The rows
-    are split over the ranks and the sums added up: every rank gets all of them, bit for bit the
-    same. The model is borrowed (eval mode, no gradients, random states restored) and forwarded
-    unwrapped, so ranks forwarding different rows never wait on DDP, in ``compute``'s arithmetic
-    (as :func:`base_distribution`). A failure on any rank is a :class:`MeasureFailed` on every
-    rank, after the one collective (none waits forever).
+    """Each row's float64 sum over its target positions of ``per_position(logits, ids, rows)``, the rows split
+    over the ranks and summed (every rank gets all). A failure on any rank is a :class:`MeasureFailed` on every rank.
 
     Example:
         >>> nll = lambda logits, ids, rows: torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
@@ -399,8 +350,7 @@ def row_sums(
 
 
 def logits_width(model: torch.nn.Module) -> int | None:
-    """How many token ids the model's logits cover (its output embeddings' rows), or ``None``
-    when it does not say."""
+    """How many token ids the model's logits cover, or ``None`` when it does not say."""
     get = getattr(unwrap(model), "get_output_embeddings", None)
     weight = getattr(get() if callable(get) else None, "weight", None)
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None

@@ -1,14 +1,5 @@
-"""Whether a model may be scored with packed rows: known blockers first, then a one-time check.
-
-Packing relies on attention being the only way tokens see each other, steered by the mask
-and the position ids. Models with position biases computed from the sequence layout (ALiBi),
-recurrent layers (state-space / linear attention, which also see padding), or virtual prompt
-tokens break that, as do attention kernels that take no custom mask. Those are refused up
-front; for everything else, packed scores are compared once with plain ones, against the noise
-that batching alone causes, on a few short probes made of the probes' own tokens: what leaks
-through a mask leaks at any length, so the check costs a few forwards of a few dozen tokens,
-however long the probes' contexts (a 5-shot MMLU prompt holds hundreds of tokens).
-"""
+"""Whether a model may be scored with packed rows: known blockers (ALiBi, recurrent layers, virtual tokens, kernels
+without a custom mask) first, then a one-time check of packed against plain scores on a few short probes."""
 
 from __future__ import annotations
 
@@ -63,9 +54,8 @@ def packing_blocker(model, config) -> str | None:
 
 
 def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tuple[int, EncodedChoices]]:
-    """The probes packing is checked on, as ``(first key, encoding)`` pairs: :data:`CHECK_SHAPES`
-    filled with ``encoded``'s tokens in order (contexts, then choices, repeated if too few);
-    none if the model's context cannot hold them.
+    """The probes packing is checked on: :data:`CHECK_SHAPES` filled with ``encoded``'s tokens (none if the
+    context cannot hold them).
 
     Example:
         >>> [len(e.context) for _, e in check_probes([EncodedChoices((1, 2, 3), ((4, 5),))], 2048)]
@@ -93,20 +83,12 @@ def packing_problem(
     eps: float,
     prefixes: bool = False,
 ) -> tuple[str | None, str | None]:
-    """Compare packed with plain scores on ``probes`` (:func:`check_probes`): why this model may
-    not be scored packed, or ``None``; and, with ``prefixes``, why it may not read a prefix from
-    a KV cache (the context's first :data:`CHECK_PREFIX` tokens, behind which the rest is scored
-    packed; then prefixes of two lengths in one batch), or ``None``.
+    """Compare packed with plain scores on ``probes``: why packing, and (with ``prefixes``) why reading a
+    prefix from a KV cache, is not exact on this model (``None``: it is).
 
-    ``score(rows)`` returns summed log-probabilities per flat choice key for one batch. Plain
-    rows are scored first, outside any error handling: a failure there is not about packing
-    and is raised. Only a failure of the packed forward, with the same code path having just
-    worked on plain rows, means the model rejects a custom attention mask. Per choice token,
-    the tolerance is the largest of: four times the difference batching alone makes (plain
-    rows scored together vs one by one), :data:`EPS_FACTOR` times ``eps`` (the machine epsilon
-    of the precision the forward runs in: another layout rounds differently in half
-    precision), and :data:`MIN_TOLERANCE`.
-    """
+    Plain rows are scored first, outside error handling; only a packed forward failing inside the model turns packing
+    down. The tolerance per token is the largest of four times the batching noise, :data:`EPS_FACTOR` times ``eps``,
+    and :data:`MIN_TOLERANCE`."""
     from forgetwatch.scoring.batching import is_out_of_memory
 
     packed = [packed_row(enc, key) for key, enc in probes]
@@ -149,8 +131,7 @@ def packing_problem(
 
 
 def _raised_in_forward(err: BaseException) -> bool:
-    """Whether ``err`` was raised inside a module's forward (the model's code), not by our own
-    collating, batching or summing around it: only the model may turn packing down."""
+    """Whether ``err`` was raised inside a module's forward (the model's code), not around it."""
     tb = err.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is _MODULE_CALL:

@@ -1,18 +1,5 @@
-"""The arithmetic answers are computed in, chosen and recorded.
-
-A trainer in mixed precision keeps float32 weights but runs every forward under bf16 or fp16
-autocast — accelerate puts the autocast inside the model's own ``forward`` — so a monitor that
-simply calls the model scores in reduced precision, and its answers differ from an offline
-recount of the same weights (on SmolLM2-135M, log-probabilities up to 0.29 nats apart, enough
-to flip near-tie answers). forgetwatch therefore scores in the weights' own dtype by default
-(``precision="weights"``: autocast off, accelerate's wrapper set aside while it scores), so its
-answers equal lm-eval's or ``forgetwatch compare``'s on the same weights; ``precision="autocast"``
-scores the way the training forward computes (faster on GPUs, noisier).
-
-What was used is recorded with the answers (``scoring["precision"]``, e.g. ``"float32"`` or
-``"bfloat16 autocast, float32 weights"``), so answers computed in another precision are never
-compared with them unnoticed.
-"""
+"""The arithmetic answers are computed in: the weights' own dtype by default (autocast off, so answers equal an
+offline recount), or the training forward's autocast; what was used is recorded with the answers."""
 
 from __future__ import annotations
 
@@ -25,20 +12,18 @@ from forgetwatch.scoring.borrow import forward_module
 
 
 def weight_dtypes(model: torch.nn.Module) -> str:
-    """The floating dtypes of ``model``'s parameters, joined by ``+`` (``"float32"``,
-    ``"bfloat16+float32"`` for float32 adapters on a bf16 model)."""
+    """The floating dtypes of ``model``'s parameters, joined by ``+``."""
     names = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
     return "+".join(names) or "float32"
 
 
 def _autocast_wrapped(module: torch.nn.Module) -> bool:
-    """Whether accelerate put an autocast inside ``module``'s forward (mixed precision)."""
+    """Whether accelerate put an autocast inside ``module``'s forward."""
     return "forward" in vars(module) and "_original_forward" in vars(module)
 
 
 def _autocast_dtype(module: torch.nn.Module, device: torch.device) -> str | None:
-    """The dtype a forward of ``module`` would autocast to now, or ``None``: autocast in effect
-    around the call, else accelerate's mixed precision when it wrapped the forward."""
+    """The dtype a forward of ``module`` would autocast to now, or ``None``."""
     if torch.is_autocast_enabled(device.type):
         return str(torch.get_autocast_dtype(device.type)).removeprefix("torch.")
     if _autocast_wrapped(module):
@@ -51,8 +36,7 @@ def _autocast_dtype(module: torch.nn.Module, device: torch.device) -> str | None
 
 
 def compute_precision(model: torch.nn.Module, device: torch.device, mode: str) -> str:
-    """What a forward of ``model`` computes in under ``mode`` (a ``precision`` value), as
-    recorded with the answers.
+    """What a forward of ``model`` computes in under ``mode``, as recorded with the answers.
 
     Example:
         >>> compute_precision(torch.nn.Linear(2, 2), torch.device("cpu"), "weights")
@@ -64,8 +48,7 @@ def compute_precision(model: torch.nn.Module, device: torch.device, mode: str) -
 
 
 def epsilon(precision: str) -> float:
-    """Machine epsilon of the least precise arithmetic named in ``precision`` (a recorded
-    value): a trainer in bf16 mixed precision keeps float32 weights but computes in bf16.
+    """Machine epsilon of the least precise arithmetic named in a recorded ``precision``.
 
     Example:
         >>> epsilon("bfloat16 autocast, float32 weights") == torch.finfo(torch.bfloat16).eps
@@ -79,7 +62,7 @@ def epsilon(precision: str) -> float:
 
 
 def is_reduced(precision: str) -> bool:
-    """Whether answers computed in ``precision`` (a recorded value) round in half precision.
+    """Whether answers computed in ``precision`` round in half precision.
 
     Example:
         >>> is_reduced("float32"), is_reduced("bfloat16 autocast, float32 weights")
@@ -90,9 +73,8 @@ def is_reduced(precision: str) -> bool:
 
 @contextlib.contextmanager
 def scoring_in(model: torch.nn.Module, device: torch.device, mode: str) -> Iterator[None]:
-    """Run the forwards inside in ``mode``'s precision: for ``"weights"``, autocast off and
-    accelerate's autocast wrapper set aside (put back on the way out, however it ends);
-    ``"autocast"`` changes nothing."""
+    """Run the forwards inside in ``mode``'s precision (``"weights"``: autocast off, accelerate's wrapper set
+    aside until the end)."""
     if mode != "weights":
         yield
         return

@@ -1,12 +1,5 @@
-"""Shared prompt prefixes, computed once: a few-shot block, a task description or a long system
-prompt that many probes start with goes through the model once per evaluation, and every probe
-behind it reads its keys and values from the cache instead of computing them again.
-
-A probe behind a prefix of ``P`` tokens is its own tokens at positions ``P`` onwards, attending
-to the cached prefix and to itself: the same positions and the same visible tokens as the
-whole sequence, so the same answers (on models that can be packed: attention is the only way
-tokens see each other, steered by the mask and the position ids).
-"""
+"""Shared prompt prefixes (a few-shot block, a system prompt) go through the model once per evaluation; the
+probes behind one read its keys and values from the cache, at the same positions, so with the same answers."""
 
 from __future__ import annotations
 
@@ -22,14 +15,8 @@ MIN_PREFIX_TOKENS = 16
 
 
 def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = MIN_PREFIX_TOKENS) -> list[int]:
-    """For each sequence, how many of its first tokens it shares with others as one prefix
-    (0: none), chosen so that the most tokens are computed once. A sequence always keeps at
-    least its last token of its own.
-
-    Sorted, sequences that share a prefix are neighbours, and a run of neighbours shares the
-    shortest prefix any two adjacent ones share. A run is kept whole, saving its prefix for all
-    members but one, or split at its weakest links (where adjacent ones share least) into runs
-    that share more, whichever saves more; a prefix of fewer than ``min_tokens`` saves nothing.
+    """For each sequence, how many first tokens it shares with others as one prefix (0: none), chosen so
+    that the most tokens are computed once; a sequence keeps at least its last token.
 
     Example:
         >>> shared_prefix_lengths([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8], [5, 6]], min_tokens=3)
@@ -88,8 +75,7 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def cache_argument(model: torch.nn.Module) -> str:
-    """The name under which the model's forward takes a KV cache (``cache`` in transformers 5,
-    ``past_key_values`` before)."""
+    """The name the model's forward takes a KV cache under (``cache``, or ``past_key_values``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
@@ -97,13 +83,8 @@ def cache_argument(model: torch.nn.Module) -> str:
 class PrefixStore:
     """The KV caches of the prefixes a batch reads, each computed once while it is read.
 
-    A batch's rows may sit behind different prefixes (or none), so batches are as full as they
-    would be with every probe whole: sharing a prefix saves its tokens and never costs a
-    batch. Each row's prefix is placed on the left of the batch's cache, padded (with zeros,
-    masked) to the longest; the row's own tokens keep the positions they have in the whole
-    sequence. The prefixes a batch needs and lacks are computed in one left-padded forward
-    (logits of their last position only); those the next batch does not read are dropped, and
-    rows behind one prefix are planned to follow one another, so each is computed once.
+    Each row's prefix sits on the left of the batch's cache, left-padded; the row keeps its positions in the whole
+    sequence. Missing prefixes are computed in one forward; those the next batch does not read are dropped.
 
     Example:
         >>> store = PrefixStore(model, torch.device("cpu"), "past_key_values", None, pad_id=0)  # doctest: +SKIP
@@ -180,8 +161,7 @@ class PrefixStore:
 
 
 def prefix_lengths_mask(lengths: Sequence[int], width: int) -> torch.Tensor:
-    """Which of a batch's ``width`` cached prefix positions each row attends to: its own
-    prefix, the last ``lengths[row]`` of them (left-padded).
+    """Which of ``width`` cached prefix positions each row attends to: its own last ``lengths[row]``.
 
     Example:
         >>> prefix_lengths_mask([2, 0], 3).tolist()

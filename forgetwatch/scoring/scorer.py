@@ -1,13 +1,5 @@
-"""Scorer: from (model, tokenizer, probes) to :class:`~forgetwatch.Answers`, as often as the
-weights change.
-
-The probe set is fixed while the weights move, so a :class:`Scorer` tokenizes once (at the
-first model's context length: nothing beyond it can matter), plans its batches once per model
-shape, and then only runs forwards. What ranks must agree on (may the
-model pack choices, how many tokens a forward may hold) is agreed in one step at the top of a
-call; everything after it is this rank's own work, in lockstep with the others
-(:func:`~forgetwatch.scoring.batching.run_lockstep`).
-"""
+"""Scorer: tokenize a probe set once, then score it as often as the weights change; ranks agree once per call,
+then each runs its own batches in lockstep."""
 
 from __future__ import annotations
 
@@ -55,15 +47,11 @@ from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_p
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, cache_argument, shared_prefix_lengths
 
-__all__ = ["NonFiniteScoresError", "Scorer"]
-
 logger = logging.getLogger(__name__)
 
 
 class NonFiniteScoresError(ValueError):
-    """A model's log-probabilities on the probes are NaN or infinite: its weights or outputs hold
-    them, and no answer can be read. ``evaluate`` and ``compare`` raise it; during training the
-    monitor warns and skips that evaluation."""
+    """A model's log-probabilities on the probes are NaN or infinite: no answer can be read."""
 
 
 class Scorer:
@@ -72,23 +60,13 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize, chat_template, max_new_tokens, stop: as :class:`~forgetwatch.config.settings.Scoring`
-            describes them (defaults: its own).
-        extract: a callable ``text -> str | None`` used for every generative probe instead of
-            the probe's own ``extract`` mode (default ``None``); its result is compared with the
-            probe's answer as written (stripped), not normalized the way the probe's mode would.
-        reference_logprobs: also score each generative probe's reference answer, teacher-forced
-            after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
-            moves before the answer flips, for one extra forward per probe in the same batches.
-        behaviour_max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (a
-            response may hold several lines, so ``stop`` does not apply). For every generated
-            response, prompts are kept whole and the length is cut to what the model's context
-            leaves after the prompt (one warning says so); a prompt that fills the context is
-            refused.
-        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
-            the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
-            a phrase detector).
-        shared_prefixes, precision: as :class:`~forgetwatch.config.settings.Scoring` describes them.
+        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision:
+            as :class:`~forgetwatch.config.settings.Scoring` describes them.
+        extract: ``text -> str | None`` for every generative probe instead of its own ``extract`` mode; compared
+            with the answer as written (stripped).
+        reference_logprobs: also score each generative probe's reference answer, teacher-forced (its
+            ``gold_logprob``, a drift signal), default ``True``.
+        refusal_detector: ``response -> bool`` for the ``refuses`` check (default: a phrase detector).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -153,12 +131,11 @@ class Scorer:
 
     @property
     def encoded(self) -> list[Encoded]:
-        """Every probe's token ids, in probe order (tokenized now if no model was scored yet)."""
+        """Every probe's token ids, in probe order."""
         return self._tokenized(VISIBLE_TOKENS).encoded
 
     def _tokenized(self, visible: int) -> _Tokens:
-        """The probes tokenized so that their last ``visible`` tokens are exact: once, unless a
-        model with a longer context than any before comes along."""
+        """The probes tokenized with their last ``visible`` tokens exact; again only for a longer context."""
         if self._tokens is None or self._tokens.visible < visible:
             encoded = encode_probes(self.tokenizer, self.probes, self.chat_template, visible)
             # what goes through the log-likelihood forwards: each multiple-choice probe, and each
@@ -179,10 +156,8 @@ class Scorer:
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> None:
-        """Tokenize for ``model``'s context and check that every prompt leaves room for its
-        response: what could fail before any model work fails here (a ``ValueError``). Scoring
-        does this itself; a training run calls it before the first step, so that a probe that
-        cannot be scored stops nothing later.
+        """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not):
+        what could fail later fails before training starts.
 
         Example:
             >>> Scorer(tokenizer, probes).prepare(model)   # doctest: +SKIP
@@ -199,15 +174,13 @@ class Scorer:
         return self._models[model]
 
     def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
-        """The most rows a planned log-likelihood batch of ``model`` holds (``default`` before
-        any is planned)."""
+        """The most rows a planned batch of ``model`` holds (``default`` before any is planned)."""
         sizes = [len(b) for plan in self.about(model).plans.values() for b in plan.batches]
         return max(sizes, default=default)
 
     @classmethod
     def with_settings(cls, tokenizer: Any, probes: ProbeSet, settings: Scoring, **more: Any) -> Scorer:
-        """A scorer with a :class:`~forgetwatch.Scoring` group's options (``batch_size`` is
-        given per call); ``more``: ``extract``, ``refusal_detector``, ...
+        """A scorer with a :class:`~forgetwatch.Scoring` group's options; ``more``: ``extract``, ...
 
         Example:
             >>> scorer = Scorer.with_settings(tokenizer, probes, Scoring(max_new_tokens=32))  # doctest: +SKIP
@@ -216,16 +189,8 @@ class Scorer:
         return cls(tokenizer, probes, **options, **more)
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
-        """The options that decide ``model``'s answers (stored with them, checked by
-        ``compare``): :attr:`scoring` and the precision the forwards compute in."""
-        inner = unwrap(model)
-        precision = compute_precision(model, input_device(inner), self.precision)
-        return {**self.scoring, "precision": precision}
-
-    @property
-    def scoring(self) -> dict[str, Any]:
-        """The options that decide the answers whatever the model (see :meth:`scoring_for`)."""
-        return scoring_options(
+        """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
+        options = scoring_options(
             self.probes,
             normalize=self.normalize,
             chat_template=self.chat_template,
@@ -235,6 +200,7 @@ class Scorer:
             behaviour_max_new_tokens=self.behaviour_max_new_tokens,
             refusal_detector=self._custom_detector,
         )
+        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.precision)}
 
     def __call__(
         self,
@@ -244,10 +210,8 @@ class Scorer:
         show_progress: bool = True,
         distributed: bool = False,
     ) -> Answers:
-        """Score ``model``. With ``distributed=True`` every process of the default
-        ``torch.distributed`` group must call this together: each scores its own share of the
-        probes, with as many forward and generate calls as the others, and each gets all the
-        answers, identical on every rank."""
+        """Score ``model``. With ``distributed=True`` every rank calls this together, scores its share and gets
+        all the answers."""
         check_batch_size(batch_size)
         ranks = Ranks.all() if distributed else Ranks.alone()
         inner = unwrap(model)
@@ -281,9 +245,7 @@ class Scorer:
         return self._answers(tokens, sums, texts, scoring, str(getattr(inner.config, "_name_or_path", "") or ""))
 
     def _check_finite(self, sums: np.ndarray, tokens: _Tokens, model: torch.nn.Module) -> None:
-        """A :class:`NonFiniteScoresError` when a log-probability sum is NaN or infinite: answers
-        read from them would be noise (argmax over NaN picks the first choice). ``sums`` are the
-        same on every rank, so every rank raises together."""
+        """Refuse NaN or infinite sums (argmax over NaN picks the first choice); every rank raises together."""
         bad = np.flatnonzero(~np.isfinite(sums))
         if not len(bad):
             return
@@ -296,9 +258,7 @@ class Scorer:
         )
 
     def _check_vocabulary(self, model: torch.nn.Module, tokens: _Tokens) -> None:
-        """A token id the model has no embedding for (a tokenizer not the model's, or tokens
-        added without resizing it) fails here, naming both sizes, not as an ``IndexError`` (a
-        CUDA assert on a GPU) inside a forward."""
+        """A token id beyond the model's embeddings fails here, naming both sizes, not inside a forward."""
         try:
             size = model.get_input_embeddings().num_embeddings
         except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
@@ -319,9 +279,7 @@ class Scorer:
         )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
-        """Every generated probe's prompt, kept whole, with the response length its context
-        leaves (:func:`~forgetwatch.scoring.generation.response_budgets`) and its stop strings,
-        by probe index."""
+        """Every generated probe's prompt, kept whole, with its response budget and stop strings."""
         out: dict[int, GenerationPrompt] = {}
         for (setting, limit, stop), members in self._generation_settings().items():
             lengths = {i: len(tokens.encoded[i].prompt) for i in members}
@@ -335,9 +293,7 @@ class Scorer:
         return out
 
     def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
-        """The generated probes by how they are generated: (the setting that limits the
-        response, its length, stop strings). A probe's judge may set its own (lm-eval's
-        ``max_gen_toks`` and ``until``)."""
+        """Generated probes by (the setting that limits the response, its length, stop strings)."""
         out: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
         for i, p in enumerate(self.probes):
             if p.kind is ProbeKind.GENERATIVE:
@@ -353,8 +309,7 @@ class Scorer:
         return out
 
     def _agree(self, run: _Run) -> _Run:
-        """The one step where ranks agree, before any scoring: whether this model's choices may
-        be packed (checked once per model), and the token budget of a forward for "auto"."""
+        """Where ranks agree before scoring: packing (once per model) and the token budget for "auto"."""
         if run.batch_size == "auto":
             cfg = _text_config(unwrap(run.model))
             guess = default_token_budget(
@@ -367,7 +322,6 @@ class Scorer:
     # -- multiple choice -----------------------------------------------------------------------
 
     def _choice_plan(self, run: _Run) -> _Plan:
-        """This rank's log-likelihood batches for this model's shape (planned once)."""
         plans = run.facts.plans
         key = (run.max_length, run.packing, run.prefixes, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
         if key not in plans:  # one shape at a time
@@ -376,8 +330,7 @@ class Scorer:
         return plans[key]
 
     def _score_choices(self, run: _Run, plan: _Plan, bar) -> np.ndarray:
-        """Summed log-probability of every (probe, choice), flat in probe order; the bar
-        advances by each multiple-choice probe whose last row is scored."""
+        """Summed log-probability of every (probe, choice), flat in probe order."""
         first_key = run.tokens.first_key
         n_keys = int(first_key[-1])
         sums = np.zeros(n_keys)
@@ -423,8 +376,7 @@ class Scorer:
         return _Plan(self._batches(rows, run), filler, rows_left)
 
     def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
-        """Log-probabilities of one batch's reads, through the module forwards must go through.
-        Rows behind shared prefixes read them from their caches (:class:`PrefixStore`)."""
+        """Log-probabilities of one batch's reads, shared prefixes read from their caches."""
         inner = unwrap(run.model)
         fwd = forward_module(run.model)
         additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
@@ -473,10 +425,8 @@ class Scorer:
             )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
-        """Batches within the current limits, packed and plain rows apart, longest first; rows
-        behind one prefix follow one another (it is computed once), and rows behind different
-        prefixes share batches (sharing a prefix never costs a batch). Cut where padding and
-        forwards cost least: rows far shorter than a batch's longest start a batch of their own."""
+        """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
+        forwards cost least."""
         batches = []
         for packed in (True, False):
             subset = [r for r in rows if r.packed is packed]
@@ -491,16 +441,14 @@ class Scorer:
             logger.warning(message, *args)
 
     def _limits(self, run: _Run) -> tuple[int | None, int | None]:
-        """Rows and tokens per forward: the user's batch size, or the agreed budget for "auto";
-        never more than has fitted in memory since an out-of-memory error."""
+        """Rows and tokens per forward, never more than has fitted since an out-of-memory error."""
         facts = run.facts
         if run.batch_size == "auto":
             return facts.row_cap, min(run.budget, facts.token_cap or run.budget)
         return min(run.batch_size, facts.row_cap or run.batch_size), None
 
     def _out_of_memory(self, rows: int, run: _Run) -> None:
-        """Remember that ``rows`` sequences did not fit, for this evaluation and later ones
-        (every rank calls this with the same ``rows``, so their limits stay the same)."""
+        """Halve the limits after ``rows`` did not fit (every rank calls it with the same ``rows``)."""
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
         facts = run.facts
@@ -511,8 +459,7 @@ class Scorer:
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
     def _may_pack(self, run: _Run) -> bool:
-        """Once per model: may its multiple-choice probes be scored packed? (The same answer
-        on every rank: they all check the same probes, and all must agree.)"""
+        """Once per model, agreed by every rank: may its choices be scored packed?"""
         facts = run.facts
         if facts.packing is None:
             reason, prefix_reason = self._packing_problem(run)
@@ -534,10 +481,8 @@ class Scorer:
         return facts.packing
 
     def _may_share_prefixes(self, run: _Run) -> bool:
-        """Whether shared prefixes are computed once for this call: asked for, on a model
-        whose choices may be packed (the same rules make a cached prefix exact) and whose
-        cache passed the one-time check, and not with parameters sharded over several ranks
-        (there every rank must run as many forwards as the others, and the prefixes differ)."""
+        """Whether this call reads shared prefixes from a cache: asked for, exact on this model, and not
+        sharded over ranks (where forwards must be equal)."""
         if not self.shared_prefixes:
             return False
         if run.tokens.choice_probes:  # checked with packing
@@ -551,8 +496,7 @@ class Scorer:
         return True
 
     def _packing_problem(self, run: _Run) -> tuple[str | None, str | None]:
-        """Why this model's choices may not be packed, and why it may not read a shared prefix
-        from a KV cache (``None``: it may)."""
+        """Why this model's choices may not be packed, and why no prefix may be read from a KV cache."""
         inner = unwrap(run.model)
         reason = packing_blocker(inner, _text_config(inner))
         if reason is not None:
@@ -588,9 +532,6 @@ class Scorer:
     # -- generative ----------------------------------------------------------------------------
 
     def _generate(self, run: _Run, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
-        """Generated text by probe index (every rank gets all of them): each rank generates
-        its share (:func:`~forgetwatch.scoring.generation.generate_sharded`), within this
-        model's limits, reading shared prefixes from their cache where they may be."""
         if not prompts:
             return {}
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
@@ -632,9 +573,7 @@ class Scorer:
 
 @dataclass
 class ModelFacts:
-    """What a :class:`Scorer` learned about one model: whether its choices may be packed
-    (``None``: not checked yet), its planned batches, and the rows and tokens per forward
-    that fitted after an out-of-memory error."""
+    """What a :class:`Scorer` learned about one model (``None``: not checked yet)."""
 
     packing: bool | None = None
     prefixes: bool | None = None  # may a prefix be read from its cache (None: not checked)
@@ -644,9 +583,7 @@ class ModelFacts:
 
 
 class _Tokens(NamedTuple):
-    """The probes tokenized, exact in their last ``visible`` tokens; what goes through the
-    log-likelihood forwards (``reads``: each multiple-choice probe, and each generative probe's
-    reference answer), its flat (probe, choice) keys, and the probes that have reads."""
+    """The probes tokenized, what goes through the log-likelihood forwards, and its flat keys."""
 
     visible: int
     encoded: list[Encoded]
@@ -660,7 +597,7 @@ class _Tokens(NamedTuple):
 
 @dataclass(frozen=True)
 class _Run:
-    """What one scoring call works with; ``packing`` and ``budget`` are agreed by all ranks."""
+    """What one scoring call works with; ``packing``, ``prefixes`` and ``budget`` are agreed by all ranks."""
 
     model: torch.nn.Module
     device: torch.device
@@ -677,13 +614,11 @@ class _Run:
 
     @property
     def sharded_over_ranks(self) -> bool:
-        """Parameters sharded over several ranks: every forward runs on all of them together."""
         return self.ranks.size > 1 and is_sharded(self.model)
 
 
 class _Plan(NamedTuple):
-    """This rank's log-likelihood batches, a one-row batch to fill in with, and the
-    multiple-choice probes it scores, with how many rows each has."""
+    """This rank's batches, a one-row filler batch, and rows left per multiple-choice probe."""
 
     batches: list[Batch]
     filler: Batch | None
@@ -691,7 +626,6 @@ class _Plan(NamedTuple):
 
 
 def _max_id(encoded: Encoded) -> int:
-    """The largest token id of one probe's tokens."""
     if isinstance(encoded, EncodedPrompt):
         parts = [
             encoded.prompt,
@@ -703,17 +637,72 @@ def _max_id(encoded: Encoded) -> int:
 
 
 def _text_config(model):
-    """The language model's config (composite models nest it under ``text_config``)."""
     config = getattr(model, "config", None)
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
 
 
 def _keep_arg(model) -> str | None:
-    """The forward argument that limits logits to the last positions, if the model has one."""
+    """The forward argument that limits logits to the last positions, if any."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = inspect.signature(base.forward).parameters
     for name in ("logits_to_keep", "num_logits_to_keep"):
         if name in params:
             return name
     return None
+
+
+# The last few scorers, so repeated calls skip tokenizing; a scorer keeps each model's facts apart.
+_SCORERS: dict[tuple, Scorer] = {}
+_MAX_SCORERS = 8
+
+
+def evaluate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    probes: ProbeSet,
+    *,
+    batch_size: BatchSize = Scoring.batch_size,
+    normalize: str | None = Scoring.normalize,
+    chat_template: bool = Scoring.chat_template,
+    max_new_tokens: int = Scoring.max_new_tokens,
+    stop: Sequence[str] = Scoring.stop,
+    extract: Callable[[str], str | None] | None = None,
+    behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
+    refusal_detector: Callable[[str], bool] | None = None,
+    shared_prefixes: bool = Scoring.shared_prefixes,
+    precision: str = Scoring.precision,
+    show_progress: bool = True,
+    distributed: bool = False,
+) -> Answers:
+    """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes.
+
+    Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``); generative probes are
+    decoded greedily and their answer extracted; behaviour probes pass when every check holds. Tokenization
+    is cached across calls; the model and tokenizer are handed back exactly as found. The options are
+    :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
+
+    Example:
+        >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
+        >>> answers.accuracy                                               # doctest: +SKIP
+        0.62
+    """
+    options = dict(
+        normalize=normalize,
+        chat_template=chat_template,
+        max_new_tokens=max_new_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        extract=extract,
+        behaviour_max_new_tokens=behaviour_max_new_tokens,
+        refusal_detector=refusal_detector,
+        shared_prefixes=shared_prefixes,
+        precision=precision,
+    )
+    key = (id(tokenizer), probes.fingerprint(), *options.values())
+    scorer = _SCORERS.pop(key, None)
+    if scorer is None or scorer.tokenizer is not tokenizer:
+        scorer = Scorer(tokenizer, probes, **options)
+    _SCORERS[key] = scorer  # most recently used last
+    while len(_SCORERS) > _MAX_SCORERS:
+        _SCORERS.pop(next(iter(_SCORERS)))
+    return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)

@@ -1,18 +1,6 @@
-"""Where each evaluation goes: one protocol, one file per destination.
-
-A sink is any object with ``on_base(snapshot)``, ``on_evaluation(evaluation)`` and
-``on_end(trajectory)`` (see :class:`Sink`); methods it lacks are skipped. The run decides once,
-when it builds its sinks, which ranks write: the built-in writers and a user's sinks run on
-rank 0 only, a sink whose ``all_ranks`` attribute is true on every rank. A sink that raises is
-a loud warning and the others go on: monitoring never ends training.
-
-A user's sink is also bounded in time: each call runs in a thread of its own, and one still
-busy after ``seconds`` (a hung network call, a lock never released) is dropped for the rest of
-the run, with a warning, while training goes on. Python cannot stop a thread, so the call may
-go on in the background; it was handed a copy of the run's objects (see
-:class:`~forgetwatch.Watch`), so whatever it does later changes nothing of the run's. The run's
-own writers are not bounded: they share its files with the training loop, and one left running
-in the background could write over the files behind it.
+"""Where each evaluation goes: any object with ``on_base``, ``on_evaluation`` and ``on_end`` (methods it lacks are
+skipped). A sink that raises is a warning and the others go on; a user's sink runs on rank 0 (``all_ranks``: on
+every rank), in a thread, and is dropped with a warning when still busy after ``seconds``.
 
 Example:
     >>> class Printer:
@@ -31,28 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 from forgetwatch.common.text import first_line
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.metrics import (
-    EVAL_PREFIX,
-    METRICS,
-    PREFIX,
-    console_line,
-    eval_metric_values,
-    logged_categories,
-    metric_values,
-)
+from forgetwatch.sinks.metrics import eval_metric_values, logged_categories, metric_values
 
-__all__ = [
-    "EVAL_PREFIX",
-    "METRICS",
-    "PREFIX",
-    "SINK_SECONDS",
-    "Sink",
-    "Sinks",
-    "console_line",
-    "eval_metric_values",
-    "logged_categories",
-    "metric_values",
-]
+__all__ = ["SINK_SECONDS", "Sink", "Sinks", "eval_metric_values", "logged_categories", "metric_values"]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -72,13 +41,8 @@ class Sink(Protocol):
 
 
 class Sinks:
-    """The sinks of one run, called in order; a failing one warns, and the rest go on. With
-    ``seconds``, each call runs in a thread and may take that long: a sink still busy then is
-    dropped for the run, with a warning.
-
-    Example:
-        >>> Sinks([]).on_end(trajectory)   # doctest: +SKIP
-    """
+    """The sinks of one run, called in order; a failing one warns and the rest go on. With ``seconds``, each call
+    runs in a thread and a sink still busy then is dropped for the run."""
 
     def __init__(self, sinks: Iterable[Any] = (), *, seconds: float | None = None):
         self.sinks = list(sinks)
@@ -125,7 +89,6 @@ class Sinks:
 
 
 def _run(method: Any, payload: Any, outcome: list[Exception | None]) -> None:
-    """``method(payload)``; what it raised (or ``None``) appended to ``outcome``."""
     try:
         method(payload)
     except Exception as err:  # noqa: BLE001 - a sink that fails must not end training

@@ -1,5 +1,4 @@
-"""One console line for the base and one per evaluation, above any progress bar; and the line
-that says why forgetwatch stopped training (printed whatever ``verbose`` says)."""
+"""The base's and each evaluation's console line, and the line saying why forgetwatch stopped training."""
 
 from __future__ import annotations
 
@@ -15,12 +14,10 @@ logger = logging.getLogger("forgetwatch")
 
 
 class ConsoleLines:
-    """Prints :func:`~forgetwatch.sinks.metrics.base_line` and
-    :func:`~forgetwatch.sinks.metrics.console_line` (when ``verbose``), and the stop line.
+    """Prints the base's and each evaluation's line (when ``verbose``), and the stop line (always).
 
     Args:
         history: the history file the stop line points to.
-        verbose: print the base's and each evaluation's line.
         stop_note: what the trainer does on stopping at a step (e.g. "; saving checkpoint ..."), or "".
     """
 

@@ -1,5 +1,4 @@
-"""The run's own files: each evaluation appended to ``history.jsonl`` and the live answers kept
-as ``answers_latest.npz`` (what the report shows as the answer now)."""
+"""The run's own files: each evaluation appended to ``history.jsonl``, the live answers as ``answers_latest.npz``."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from forgetwatch.results.trajectory import Trajectory
 
 
 class HistoryFile:
-    """Writes each evaluation into the run's :class:`~forgetwatch.results.store.RunStore`; a failed
-    write warns and is retried at the next one, never raised."""
+    """Writes each evaluation into the run's store; a failed write warns and is retried at the next one."""
 
     def __init__(self, store: RunStore):
         self.store = store

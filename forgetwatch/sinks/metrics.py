@@ -1,10 +1,5 @@
-"""What an evaluation reports: the logged metric names and values, and the console line.
-
-A figure that does not apply (a multiple-choice drift measure of a generative-only category, a
-rate over no probes) is NaN in the report and left out here: no NaN reaches a logger, the
-trainer's ``log_history`` or a file. Sending the values to the trainer's integrations is
-:class:`~forgetwatch.integrations.trainer_link.TrainerLink`'s job.
-"""
+"""The logged metric names and values, and the console lines; a figure that does not apply (NaN) is left out, so
+none reaches a logger or a file."""
 
 from __future__ import annotations
 
@@ -49,9 +44,8 @@ def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> d
 
 
 def metric_values(report: TransitionReport, categories: bool | Collection[str] = True) -> dict[str, float]:
-    """``forgetwatch/<name>`` for the overall report and ``forgetwatch/<category>/<name>`` for
-    every category (``True``), none (``False``) or those named, leaving out figures that do
-    not apply (NaN or infinite).
+    """``forgetwatch/<name>`` overall and ``forgetwatch/<category>/<name>`` for every category (``True``), none
+    or those named, figures that do not apply left out.
 
     Example:
         >>> values = metric_values(TransitionReport(n=2, forgotten=1), categories=False)
@@ -69,12 +63,8 @@ def metric_values(report: TransitionReport, categories: bool | Collection[str] =
 def logged_categories(
     groups: Sequence[str], right: Sequence[bool], min_right: int, limit: int, categories: int | None = None
 ) -> tuple[set[str] | bool, str | None]:
-    """Which categories get keys of their own, for the whole run, so their curves have no gaps
-    (``groups``: each probe's category, or its category's group when ``categories``, their
-    number, is given; ``right``: whether the base answered it right). All of them (``True``),
-    or those with at least ``min_right`` probes right at the base (with fewer, forgetting
-    cannot be told from zero) and, of those, the ``limit`` largest (by probe count, then name);
-    with a sentence saying how many are left out and why (for one line).
+    """Which categories (or groups) get keys of their own for the whole run: all (``True``), or those with
+    at least ``min_right`` probes right at the base, the ``limit`` largest; and a sentence saying what is left out.
 
     Example:
         >>> logged_categories(["a", "b", "b", "c", "c"], [True] * 5, min_right=2, limit=1)
@@ -103,14 +93,12 @@ def logged_categories(
 
 
 def eval_metric_values(report: TransitionReport) -> dict[str, float]:
-    """Overall figures as trainer evaluation metrics (``eval_forgetwatch_forgetting``, ...),
-    so ``metric_for_best_model="forgetwatch_forgetting"`` can select checkpoints on them."""
+    """Overall figures as trainer evaluation metrics (``eval_forgetwatch_forgetting``, ...)."""
     return _figures(report, EVAL_PREFIX, behaviour=False)
 
 
 def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
-    """The line printed once the base is known: accuracy, probes, categories, the smallest
-    forgetting rate these probes can tell from zero, the noise floor if measured, the file."""
+    """The line printed once the base is known: accuracy, probes, the smallest detectable rate, the noise floor."""
     k, rate = smallest_detectable(len(base))
     line = (
         f"[forgetwatch] base: accuracy {pct(base.accuracy)} on {len(base)} probes "
@@ -126,8 +114,7 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
 
 
 def lm_eval_lines(answers: Answers, lead: str = "") -> list[str]:
-    """Each lm-eval task's accuracy as lm-eval reports it (``fw_cap: acc,none 0.3500 (14/40)``):
-    for probes built by ``ProbeSet.from_lm_eval``, lm-eval's own number for those documents."""
+    """Each lm-eval task's accuracy as lm-eval reports it (``fw_cap: acc,none 0.3500 (14/40)``)."""
     labels = answers.meta.get("lm_eval") or {}
     if not labels:
         return []

@@ -1,5 +1,4 @@
-"""The tables W&B and TensorBoard show beside the scalars, as rows: the probes that flipped at
-an evaluation, and at the end one row per probe with its trajectory (pure functions)."""
+"""The rows of the tables W&B and TensorBoard show: the probes that flipped, and each probe's trajectory."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgot
 
 
 def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str:
-    """What a model answered to probe ``i``: the chosen choice's text (``choices``: the probe's),
-    or a generative or behaviour probe's raw output.
+    """What a model answered to probe ``i``: the chosen choice's text, or the raw output.
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=False, predicted=1, n_choices=2)])
@@ -35,8 +33,7 @@ def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str
 
 
 def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
-    """The probes that flipped against the base at this evaluation (forgotten first, then
-    gained; at most ``limit``), one row each in :data:`FLIP_COLUMNS` order."""
+    """The probes that flipped at this evaluation (forgotten first; at most ``limit``), in :data:`FLIP_COLUMNS`."""
     step, probes, base, now = evaluation.step, evaluation.probes, evaluation.base, evaluation.answers
     report, trajectory = evaluation.report, evaluation.trajectory
     index = {pid: i for i, pid in enumerate(base.ids)}
@@ -65,8 +62,7 @@ def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
 
 
 def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[list[Any]]:
-    """One row per probe (most forgetting events first; at most ``limit``) in
-    :data:`PROBE_COLUMNS` order, its trajectory as ■ right / □ wrong from the base on."""
+    """One row per probe (most events first; at most ``limit``), its trajectory as ■ right / □ wrong."""
     events, first = trajectory.forgetting_events(), trajectory.first_forgotten()
     order = np.argsort(-events, kind="stable")[:limit]
     return [

@@ -1,5 +1,4 @@
-"""TensorBoard: the tables of flipped probes and of every probe's trajectory, as text (the
-scalars reach TensorBoard through the trainer's log)."""
+"""TensorBoard: the tables of flipped probes and of every probe's trajectory, as text."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ logger = logging.getLogger("forgetwatch")
 
 
 class TensorBoardText:
-    """Adds the tables as markdown text to the writer ``writer()`` returns (a
-    ``SummaryWriter``, or ``None`` while there is none); a failure warns once, then it stops."""
+    """Adds the tables as markdown to ``writer()`` (``None`` while there is none); a failure warns once, then
+    it stops."""
 
     def __init__(self, probes: ProbeSet, writer: Callable[[], Any], limit: int = 500):
         self.probes, self.writer, self.limit = probes, writer, limit

@@ -1,11 +1,5 @@
-"""W&B: forgetwatch's figures in a section of their own, and tables of the probes.
-
-The figures (``forgetwatch/...``, categories under it) are plotted against ``train/global_step``
-like a trainer's, instead of mixed into ``train/``; a table of the probes that flipped at each
-evaluation grows as training goes (W&B's incremental tables), and at the end one row per probe
-holds its trajectory. A write that fails warns once and that kind is then left alone (the
-scalars then go to the trainer's log, see :class:`~forgetwatch.integrations.trainer_log.TrainerLog`).
-"""
+"""W&B: forgetwatch's figures in a section of their own against ``train/global_step``, and tables of the probes; a
+failed write warns once and that kind is left alone."""
 
 from __future__ import annotations
 
@@ -26,19 +20,14 @@ STEP_KEY = "train/global_step"
 
 
 def current_run() -> Any:
-    """The active W&B run of this process, if wandb is in use (``wandb.init`` was called)."""
+    """The active W&B run of this process, if any."""
     module = sys.modules.get("wandb")
     return getattr(module, "run", None)
 
 
 class WandbSection:
-    """Writes to the W&B run ``run()`` returns (default: the process's active run), if any.
-
-    Args:
-        probes: the run's probes (for the tables' text).
-        limit: most rows of each table.
-        run: returns the W&B run, or ``None`` while there is none.
-    """
+    """Writes to the W&B run ``run()`` returns (default: the process's active run), if any; ``limit``: most rows
+    of each table."""
 
     def __init__(self, probes: ProbeSet, limit: int = 500, run: Callable[[], Any] = current_run):
         self.probes, self.limit, self.run = probes, limit, run
@@ -101,7 +90,7 @@ class WandbSection:
             self.took = step
 
     def _run(self, what: str) -> Any:
-        """The W&B run, unless there is none or writing ``what`` to it failed before."""
+        """The W&B run, unless there is none or writing ``what`` failed before."""
         return None if what in self._broken else self.run()
 
     def _guard(self, name: str, write: Callable[[], None]) -> bool:
