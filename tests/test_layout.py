@@ -114,14 +114,14 @@ def test_no_modules_import_each_other_but_replay_s():
     assert [group for group in circles(module_imports()) if group != replay] == []
 
 
-def test_nothing_reads_another_object_s_stack_frames_but_the_two_left():
-    # the trainer link and lm-eval's task loading still do (issue 28 replaces them with public routes)
+def test_nothing_reads_another_object_s_stack_frames_but_the_one_left():
+    # lm-eval's task loading still does (issue 28 replaces it with a public route)
     readers = {
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
         if any(word in path.read_text(encoding="utf-8") for word in ("_getframe", "currentframe", "f_locals"))
     }
-    assert readers <= {"integrations/trainer_link.py", "probes/lm_eval_tasks.py"}, readers
+    assert readers <= {"probes/lm_eval_tasks.py"}, readers
 
 
 def test_every_package_is_a_layer():
