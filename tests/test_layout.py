@@ -121,14 +121,13 @@ def test_replay_is_a_plug_in_the_monitor_never_imports():
     assert importers == set()
 
 
-def test_nothing_reads_another_object_s_stack_frames_but_the_two_left():
-    # the trainer link still does (issue 28 replaces it with public routes)
+def test_nothing_reads_another_object_s_stack_frames():
     readers = {
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
         if any(word in path.read_text(encoding="utf-8") for word in ("_getframe", "currentframe", "f_locals"))
     }
-    assert readers <= {"integrations/trainer_link.py"}, readers
+    assert readers == set(), readers
 
 
 def test_every_package_is_a_layer():

@@ -9,7 +9,6 @@ import pytest
 import torch
 from injected import BatchShapeNoise
 from trainers import make_trainer
-from transformers import TrainerCallback
 
 from forgetwatch import Answers, Scorer, Scoring, Signals, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
@@ -78,20 +77,12 @@ def test_noise_check_is_on_by_default_for_reduced_precision_only(toy):
     assert wants_noise_check(half, is_reduced(compute_precision(half, cpu, "weights")))
 
 
-class LogsAtZero(TrainerCallback):
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append((state.global_step, dict(logs)))
-
-
 @pytest.mark.slow
 def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, train_data, tmp_path, capsys):
     model = copy.deepcopy(toy.base).to(torch.bfloat16)  # half precision: other batches round otherwise
-    listener = LogsAtZero()
     cb = ForgetWatchCallback(toy.probes, eval_steps=10, scoring=Scoring(batch_size=16))
-    make_trainer(toy, train_data, tmp_path, [cb, listener], model=model, max_steps=10).train()
+    trainer = make_trainer(toy, train_data, tmp_path, [cb], model=model, max_steps=10)
+    trainer.train()
     meta = cb.base_answers.meta
 
     # independently: the same weights scored with both batch sizes
@@ -102,20 +93,20 @@ def test_the_base_is_scored_twice_and_its_flips_are_kept_logged_and_told(toy, tr
     lost = sum(x and not y for x, y in zip(a.correct, b.correct))
     assert meta["noise_flips"] == flips and meta["noise_floor"] == lost / len(a)
     assert Answers.load(tmp_path / "forgetwatch" / "base_answers.npz").meta["noise_floor"] == meta["noise_floor"]
-    assert (0, {"forgetwatch/noise_floor": meta["noise_floor"]}) in [
-        (s, {k: v for k, v in log.items() if k == "forgetwatch/noise_floor"}) for s, log in listener.logs
+    assert {"forgetwatch/noise_floor": meta["noise_floor"], "step": 0} in [
+        {k: v for k, v in log.items() if k in ("forgetwatch/noise_floor", "step")} for log in trainer.state.log_history
     ]
     out = capsys.readouterr().out
     k, rate = smallest_detectable(len(toy.probes))
     assert "cannot be told from zero" in out and f"({k} probes)" in out and "noise floor" in out
-    assert "noise floor" in cb.watch.summary()
+    assert "noise floor" in cb.summary()
 
 
 @pytest.mark.slow
 def test_no_noise_check_in_full_precision_unless_asked(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=10)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()
-    assert "noise_floor" not in cb.base_answers.meta and "noise floor" not in cb.watch.summary()
+    assert "noise_floor" not in cb.base_answers.meta and "noise floor" not in cb.summary()
     forced = ForgetWatchCallback(toy.probes, eval_steps=10, signals=Signals(noise_check=True))
     make_trainer(toy, train_data, tmp_path / "forced", [forced], max_steps=10).train()
     assert forced.base_answers.meta["noise_flips"] == 0  # fp32 on a CPU: the same answers in any batch

@@ -1,4 +1,4 @@
-"""training_rows: the rows and target positions read from real trainers' datasets, built and not trained."""
+"""training_rows: the rows and target positions read from real trainers' data loaders, built and not trained."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def world():
 
 def plain(world, path, data) -> Trainer:
     _, tok, model = world
-    return Trainer(model=model, args=TrainingArguments(str(path), **COMMON), train_dataset=data, processing_class=tok)
+    args = TrainingArguments(str(path), remove_unused_columns=False, **COMMON)  # every column, as TRL's trainers keep
+    return Trainer(model=model, args=args, train_dataset=data, processing_class=tok)
 
 
 def sft(world, path, data, **settings):
@@ -53,6 +54,12 @@ def grpo(world, path, prompts, tok=None):
     )
 
 
+def rows_of(trainer, tokenizer, n: int, seed: int):
+    """training_rows on what the callback reads: the trainer's data loader's dataset and its arguments."""
+    dataset = None if trainer.train_dataset is None else trainer.get_train_dataloader().dataset
+    return training_rows(dataset, n, seed, args=trainer.args, tokenizer=tokenizer or trainer.processing_class)
+
+
 def sample(size: int, n: int, seed: int) -> list[int]:
     return sorted(np.random.default_rng([seed, size]).choice(size, min(n, size), replace=False).tolist())
 
@@ -62,7 +69,7 @@ def test_a_trainer_on_input_ids_and_labels_measures_the_labelled_tokens(world, t
     rows = [tok(t)["input_ids"] for t in world[0].distraction_texts(n=20)]
     labels = [[-100] * 4 + ids[4:] for ids in rows]
     trainer = plain(world, tmp_path, datasets.Dataset.from_dict({"input_ids": rows, "labels": labels}))
-    got, reason = training_rows(trainer, tok, n=8, seed=3)
+    got, reason = rows_of(trainer, tok, n=8, seed=3)
     assert reason == "" and got.source == "trainer" and got.complete
     assert got.rows == [(rows[i], 4) for i in sample(20, 8, 3)]
 
@@ -72,14 +79,14 @@ def test_without_labels_every_token_but_the_first_is_a_target_and_padding_is_dro
     texts = world[0].distraction_texts(n=6)
     padded = tok(texts, padding="max_length", max_length=24)  # right padding, kept in the rows
     trainer = plain(world, tmp_path, datasets.Dataset.from_dict(dict(padded)))
-    got, _ = training_rows(trainer, tok, n=10, seed=0)
+    got, _ = rows_of(trainer, tok, n=10, seed=0)
     assert got.rows == [(tok(t)["input_ids"], 1) for t in texts]  # n above the size: every row, in order
 
 
 def test_sft_on_text_measures_every_token_but_the_first(world, tmp_path):
     _, tok, _ = world
     texts = world[0].distraction_texts(n=12)
-    got, _ = training_rows(sft(world, tmp_path, datasets.Dataset.from_dict({"text": texts})), None, n=4, seed=0)
+    got, _ = rows_of(sft(world, tmp_path, datasets.Dataset.from_dict({"text": texts})), None, n=4, seed=0)
     assert got.source == "sft"
     assert got.rows == [(tok(texts[i] + tok.eos_token)["input_ids"], 1) for i in sample(12, 4, 0)]
 
@@ -88,7 +95,7 @@ def test_sft_on_prompt_and_completion_measures_the_completion_only(world, tmp_pa
     _, tok, _ = world
     pairs = [(f"Compute {a} plus {b}.", f" The sum is {a + b}.") for a, b in [(1, 2), (17, 5), (30, 12), (8, 8)]]
     data = datasets.Dataset.from_list([{"prompt": p, "completion": c} for p, c in pairs])
-    got, _ = training_rows(sft(world, tmp_path, data), tok, n=4, seed=0)
+    got, _ = rows_of(sft(world, tmp_path, data), tok, n=4, seed=0)
     for (ids, start), (prompt, completion) in zip(got.rows, pairs):
         assert start == len(tok(prompt)["input_ids"]) > 1
         assert ids == tok(prompt + completion + tok.eos_token)["input_ids"]
@@ -99,7 +106,7 @@ def test_a_packed_sft_row_keeps_its_first_sequence(world, tmp_path):
     texts = world[0].distraction_texts(n=16)
     trainer = sft(world, tmp_path, datasets.Dataset.from_dict({"text": texts}), packing=True)
     first = trainer.train_dataset[sample(len(trainer.train_dataset), 1, 0)[0]]
-    got, _ = training_rows(trainer, tok, n=1, seed=0)
+    got, _ = rows_of(trainer, tok, n=1, seed=0)
     (ids, start), length = got.rows[0], first["seq_lengths"][0]
     assert len(first["input_ids"]) > length and ids == first["input_ids"][:length] and start == 1
 
@@ -115,7 +122,7 @@ def test_dpo_measures_the_chosen_answer_after_the_prompt(world, tmp_path):
         processing_class=tok,
         train_dataset=datasets.Dataset.from_list(rows),
     )
-    got, _ = training_rows(trainer, tok, n=8, seed=0)
+    got, _ = rows_of(trainer, tok, n=8, seed=0)
     assert got.source == "dpo" and len(got.rows) == 4
     for (ids, start), row in zip(got.rows, rows):
         prompt = tok(row["prompt"])["input_ids"]
@@ -127,7 +134,7 @@ def test_older_trl_column_names_are_read(world, tmp_path):
     _, tok, _ = world
     prompt, chosen = [1, 40, 41], [50, 51, 2]
     old = {"prompt_input_ids": [prompt], "chosen_input_ids": [chosen], "rejected_input_ids": [[60, 2]]}
-    got, _ = training_rows(plain(world, tmp_path, datasets.Dataset.from_dict(old)), tok, n=4, seed=0)
+    got, _ = rows_of(plain(world, tmp_path, datasets.Dataset.from_dict(old)), tok, n=4, seed=0)
     assert (got.source, got.rows) == ("dpo", [(prompt + chosen, 3)])
     # before TRL 0.12: chosen_input_ids held the prompt, and chosen_labels masked it
     oldest = {
@@ -136,12 +143,12 @@ def test_older_trl_column_names_are_read(world, tmp_path):
         "chosen_labels": [[-100] * 3 + chosen],
         "chosen_attention_mask": [[1] * 6],
     }
-    got, _ = training_rows(plain(world, tmp_path, datasets.Dataset.from_dict(oldest)), tok, n=4, seed=0)
+    got, _ = rows_of(plain(world, tmp_path, datasets.Dataset.from_dict(oldest)), tok, n=4, seed=0)
     assert (got.source, got.rows) == ("dpo", [(prompt + chosen, 3)])
     # older SFT: completion_mask and assistant_masks kept as columns, the labels built by the collator
     ids = list(range(1, 13))
     masks = {"input_ids": [ids], "completion_mask": [[0] * 5 + [1] * 7], "assistant_masks": [[1] * 12]}
-    got, _ = training_rows(plain(world, tmp_path, datasets.Dataset.from_dict(masks)), tok, n=4, seed=0)
+    got, _ = rows_of(plain(world, tmp_path, datasets.Dataset.from_dict(masks)), tok, n=4, seed=0)
     assert got.rows == [(ids, 5)]
 
 
@@ -151,7 +158,7 @@ def test_targets_that_are_not_one_tail_are_measured_on_their_last_run(world, tmp
     # two assistant turns (tokens 3-5 and 9-11), then a template's closing tokens that are not targets
     turns = [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0]
     data = datasets.Dataset.from_dict({"input_ids": [ids], "assistant_masks": [turns]})
-    got, _ = training_rows(plain(world, tmp_path, data), tok, n=1, seed=0)
+    got, _ = rows_of(plain(world, tmp_path, data), tok, n=1, seed=0)
     assert got.rows == [(ids[:12], 9)]  # the first turn is context, the tokens after the last target are dropped
 
 
@@ -162,17 +169,17 @@ def test_rows_are_cut_to_their_first_512_tokens(world, tmp_path):
         "input_ids": [long, long],
         "labels": [[-100] * 10 + long[10:], [-100] * (MAX_TOKENS + 5) + long[MAX_TOKENS + 5 :]],
     }
-    got, _ = training_rows(plain(world, tmp_path, datasets.Dataset.from_dict(data)), tok, n=2, seed=0)
+    got, _ = rows_of(plain(world, tmp_path, datasets.Dataset.from_dict(data)), tok, n=2, seed=0)
     assert got.rows == [(long[:MAX_TOKENS], 10)]  # the second row's targets all lie past the cut: left out
     data["labels"] = data["labels"][1:] * 2
-    got, reason = training_rows(plain(world, tmp_path, datasets.Dataset.from_dict(data)), tok, n=2, seed=0)
+    got, reason = rows_of(plain(world, tmp_path, datasets.Dataset.from_dict(data)), tok, n=2, seed=0)
     assert got is None and "has a target token in its first 512" in reason and DIRECT in reason
 
 
 def test_grpo_gives_the_prompts_and_leaves_the_completion_to_the_caller(world, tmp_path):
     _, tok, _ = world
     prompts = [t.split(" plus")[0] + " plus" for t in world[0].distraction_texts(n=10)]
-    got, _ = training_rows(grpo(world, tmp_path, prompts), None, n=6, seed=1)
+    got, _ = rows_of(grpo(world, tmp_path, prompts), None, n=6, seed=1)
     assert got.source == "grpo" and got.max_new_tokens == 6 and not got.complete
     expected = [tok(prompts[i])["input_ids"] for i in sample(10, 6, 1)]
     assert got.rows == [(ids, len(ids)) for ids in expected]
@@ -186,7 +193,7 @@ def test_grpo_renders_a_conversational_prompt_with_the_generation_prompt(world, 
         "{% if add_generation_prompt %}assistant:{% endif %}"
     )
     prompts = [[{"role": "user", "content": f"Compute {a} plus 1."}] for a in range(5)]
-    got, _ = training_rows(grpo(world, tmp_path, prompts, tok=tok), tok, n=5, seed=0)
+    got, _ = rows_of(grpo(world, tmp_path, prompts, tok=tok), tok, n=5, seed=0)
     for (ids, start), prompt in zip(got.rows, prompts):
         assert start == len(ids) and tok.decode(ids).endswith("assistant:")
         assert (
@@ -199,10 +206,10 @@ def test_the_sample_is_seeded_capped_and_the_same_on_a_second_call(world, tmp_pa
     _, tok, _ = world
     rows = [tok(t)["input_ids"] for t in world[0].distraction_texts(n=40)]
     trainer = plain(world, tmp_path, datasets.Dataset.from_dict({"input_ids": rows}))
-    first, again, other = (training_rows(trainer, tok, n=7, seed=s)[0] for s in (0, 0, 1))
+    first, again, other = (rows_of(trainer, tok, n=7, seed=s)[0] for s in (0, 0, 1))
     assert first == again and first.rows != other.rows and len(first.rows) == 7
     assert first.rows == [(rows[i], 1) for i in sample(40, 7, 0)]
-    assert len(training_rows(trainer, tok, n=100, seed=0)[0].rows) == 40
+    assert len(rows_of(trainer, tok, n=100, seed=0)[0].rows) == 40
 
 
 @pytest.mark.parametrize("case", ["iterable", "none", "raw text", "unreadable", "zero"])
@@ -219,7 +226,7 @@ def test_what_cannot_be_read_gives_no_rows_and_one_line_saying_why(world, tmp_pa
         "zero": datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}),
     }[case]
     trainer = plain(world, tmp_path, data)
-    got, reason = training_rows(trainer, tok, n=0 if case == "zero" else 8, seed=0)
+    got, reason = rows_of(trainer, tok, n=0 if case == "zero" else 8, seed=0)
     assert got is None and reason and "\n" not in reason
     expected = {
         "iterable": "IterableDataset) cannot be sampled by index",
@@ -250,7 +257,7 @@ def test_kto_measures_the_completion_after_the_prompt(world, tmp_path):
         processing_class=tok,
         train_dataset=datasets.Dataset.from_list(rows),
     )
-    got, _ = training_rows(trainer, tok, n=8, seed=0)
+    got, _ = rows_of(trainer, tok, n=8, seed=0)
     assert got.source == "kto" and len(got.rows) == 4
     for (ids, start), row in zip(got.rows, rows):
         assert ids[:start] == tok(row["prompt"])["input_ids"] and tok.decode(ids[start:]).startswith(" one.")

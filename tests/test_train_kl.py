@@ -195,12 +195,12 @@ def test_the_callback_says_in_one_line_why_it_cannot_read_the_training_rows(toy,
 
     from forgetwatch.integrations.callback import ForgetWatchCallback
 
-    streamed = ForgetWatchCallback(toy.probes)
-    streamed._link.trainer = SimpleNamespace(train_dataset=(row for row in [{"input_ids": [1, 2]}]))
+    streamed = SimpleNamespace(dataset=(row for row in [{"input_ids": [1, 2]}]))  # the trainer's data loader
+    kept = SimpleNamespace(dataset=[{"input_ids": [1, 2, 3]}])
     off = ForgetWatchCallback(toy.probes, signals=Signals(train_kl_rows=0))
-    off._link.trainer = SimpleNamespace(train_dataset=[{"input_ids": [1, 2, 3]}])
     with caplog.at_level(logging.INFO, logger="forgetwatch"):
-        assert streamed._train_rows() is None and off._train_rows() is None
+        assert ForgetWatchCallback(toy.probes)._train_rows(None, streamed, toy.tokenizer) is None
+        assert off._train_rows(None, kept, toy.tokenizer) is None
     said = [r.getMessage() for r in caplog.records]
     assert said == [
         "forgetwatch: train KL (forgetwatch/drift/train_kl) is off: the training dataset (a generator) cannot be "

@@ -111,19 +111,24 @@ def test_sft_losses_and_metrics_are_untouched_by_the_callback(toy, tmp_path):
     (averaged and cleared inside TRL's log()) on every logging line; our keys reach
     every on_log listener at the step they were measured."""
 
-    def run(path, callbacks):
+    def run(path, callbacks, watch=None):
         model = copy.deepcopy(toy.base)
         for module in model.modules():  # training draws random numbers: the RNG must be restored
             if hasattr(module, "attention_dropout"):
                 module.attention_dropout = 0.2
         trainer = sft(toy, path, callbacks, model=model, logging_steps=3, max_steps=15)  # 8 steps/epoch
+        if watch is not None:  # given the trainer, forgetwatch reaches every callback's on_log
+            watch.append(
+                ForgetWatchCallback(toy.probes, eval_steps=2, output=Output(log_categories=False), trainer=trainer)
+            )
+            trainer.add_callback(watch[0])
         trainer.train()
         return [e for e in trainer.state.log_history if "loss" in e]
 
     plain = run(tmp_path / "plain", [])
-    listener = Listener()
-    cb = ForgetWatchCallback(toy.probes, eval_steps=2, output=Output(log_categories=False))
-    watched = run(tmp_path / "watched", [cb, listener])
+    listener, watch = Listener(), []
+    watched = run(tmp_path / "watched", [listener], watch)
+    cb = watch[0]
     assert [e["step"] for e in watched] == [e["step"] for e in plain] == [3, 6, 9, 12, 15]
     for a, b in zip(plain, watched):
         for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens"):
@@ -218,7 +223,8 @@ def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monke
     last = flips[-1].tensor_proto.string_val[0].decode()
     assert all(f"| {pid} |" in last for pid in cb.history[-1][1].forgotten_ids)
     assert texts["forgetwatch/probes/text_summary"][0].step == 8
-    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1  # never reopened after the end
+    # the trainer's file and forgetwatch's own (no trainer given), neither reopened after the end
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
 
 
 def test_dpo_history_and_final_counts(toy, tmp_path):

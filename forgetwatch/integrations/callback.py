@@ -21,7 +21,7 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ForgetWatchConfig, unknown_keyword
 from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
 from forgetwatch.integrations.train_data import TrainRows, training_rows
-from forgetwatch.integrations.trainer_link import TrainerLink, sharded_run
+from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
@@ -51,9 +51,11 @@ class ForgetWatchCallback(TrainerCallback):
     A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the
     trainer's events to it: the base is scored when training begins (or loaded), the live model
     every ``eval_steps`` steps (or within the ``max_overhead`` budget), at trainer evaluations
-    and at the end. Each evaluation reaches every reporting integration (W&B, TensorBoard, ...)
-    as ``forgetwatch/*`` metrics, ``history.jsonl``, the console, ``on_forgetting`` and the
-    ``sinks``. A failure of forgetwatch during training is a loud warning, never an exception.
+    and at the end. Each evaluation reaches ``state.log_history``, W&B and TensorBoard (every
+    reporting integration with ``trainer=``) as ``forgetwatch/*`` metrics, ``history.jsonl``, the
+    console, ``on_forgetting`` and the ``sinks``. A failure of forgetwatch during training is a
+    loud warning, never an exception. List it before transformers' ``EarlyStoppingCallback``,
+    which reads the ``eval_forgetwatch_*`` metrics in the callbacks' order.
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, the path of a probe JSONL file, or a list of
@@ -75,8 +77,9 @@ class ForgetWatchCallback(TrainerCallback):
             probe's question is refused.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`).
         on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
-        trainer: the trainer running this callback, if known; otherwise it is found when
-            training begins (see :mod:`forgetwatch.integrations.trainer_link`).
+        trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the
+            metrics reach every reporting integration, and a ``GRPOTrainer``'s tools and chat
+            template render the train-KL prompts (see :mod:`forgetwatch.integrations.trainer_link`).
         **settings: passed to the :class:`~forgetwatch.Watch`: ``config`` (a
             :class:`~forgetwatch.config.ForgetWatchConfig`, which the keywords above override),
             ``refusal_detector`` and ``clock``.
@@ -156,7 +159,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     def on_train_begin(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         link = self._link
-        link.attach(args, state, control)
+        link.attach(args, state, control, model=model, **kw)
         processing_class = kw.get("processing_class")
         tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
@@ -172,10 +175,10 @@ class ForgetWatchCallback(TrainerCallback):
             max_steps=state.max_steps,
             sharded=sharded_run(args),
             stop_note=self._stop_note,
-            train_rows=self._train_rows(),
+            train_rows=self._train_rows(args, kw.get("train_dataloader"), processing_class or tokenizer),
         )
 
-    def _train_rows(self) -> TrainRows | None:
+    def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the trainer's training rows for the train-KL signal, read on rank 0
         and shared (every rank measures the same rows); ``None``, said in one line, when
         ``train_kl_rows=0`` or the training data cannot be read."""
@@ -184,7 +187,8 @@ class ForgetWatchCallback(TrainerCallback):
             return None
 
         def read() -> dict[str, Any]:  # on rank 0; a GRPO prompt is tokenized as its trainer does
-            rows, reason = training_rows(self._link.trainer, None, n, seed=0)
+            dataset = getattr(loader, "dataset", None)
+            rows, reason = training_rows(dataset, n, 0, args=args, tokenizer=tokenizer, trainer=self._link.trainer)
             if rows is None:
                 return {"rows": None, "reason": reason}
             return {"rows": rows.rows, "source": rows.source, "max_new_tokens": rows.max_new_tokens}
@@ -247,7 +251,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     def on_train_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # a fallback: integrations may be closed now, so the result goes to the history only
-        self._link.open = False
+        self._link.close()
         self.watch.finish(model, state.global_step)  # closes: a last try for any write owed, the directory freed
 
     def on_log(self, args: Args, state: State, control: Control, logs: dict[str, float], **kw: Any) -> None:
@@ -258,7 +262,7 @@ class ForgetWatchCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # after the trainer's backward (and its clipping): the repair's gradient joins it
         if self.watch.repair is not None:
-            scaler = self._link.grad_scaler()
+            scaler = grad_scaler(kw.get("optimizer"))
             self.watch.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
 
     def on_save(self, args: Args, state: State, control: Control, **kw: Any) -> None:

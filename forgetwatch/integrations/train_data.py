@@ -1,8 +1,8 @@
 """A seeded sample of the rows a trainer trains on, as token ids and the index of their first
 target token: what the train-KL signal measures KL(base ‖ current) on.
 
-Which rows and which targets are read from the training dataset's columns (not the trainer's
-class), as transformers and TRL leave them after the trainer is built:
+Which rows and which targets are read from the columns of the dataset the trainer's data loader
+holds (what every callback event is handed), as transformers and TRL leave them:
 
 - ``input_ids`` (a ``Trainer`` on a tokenized dataset, TRL's ``SFTTrainer``): the targets are the
   positions whose ``labels`` are not -100; without ``labels``, those that ``completion_mask`` and
@@ -47,31 +47,33 @@ MAX_COMPLETION = 128
 _DIRECT = "Watch.start(train_rows=...) takes rows directly"
 
 
-def training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[TrainRows | None, str]:
-    """At most ``n`` rows of ``trainer.train_dataset``, a seeded sample (the same on every call
-    for the same dataset size and ``seed``), as ``(TrainRows, "")``; or ``(None, reason)``, the
-    reason one line, when the dataset cannot give rows. ``tokenizer`` tokenizes raw prompts
-    (GRPO); ``None`` takes the trainer's ``processing_class``. Never raises.
+def training_rows(
+    dataset: Any, n: int, seed: int, *, args: Any = None, tokenizer: Any = None, trainer: Any = None
+) -> tuple[TrainRows | None, str]:
+    """At most ``n`` rows of ``dataset`` (the trainer's, as its ``train_dataloader.dataset`` holds
+    it), a seeded sample (the same on every call for the same dataset size and ``seed``), as
+    ``(TrainRows, "")``; or ``(None, reason)``, the reason one line, when the dataset cannot give
+    rows. ``args`` (the training arguments) say how TRL trains on the rows; ``tokenizer`` tokenizes
+    raw prompts (GRPO), rendered with ``trainer``'s tools and chat template when it is given (a
+    ``GRPOTrainer`` keeps them, not its arguments). Never raises.
 
-    >>> from types import SimpleNamespace
     >>> data = [{"input_ids": [1, 5, 6, 7], "labels": [-100, -100, 6, 7]}]
-    >>> rows, reason = training_rows(SimpleNamespace(train_dataset=data), None, n=128, seed=0)
+    >>> rows, reason = training_rows(data, n=128, seed=0)
     >>> rows.rows, rows.source, reason
     ([([1, 5, 6, 7], 2)], 'trainer', '')
-    >>> training_rows(SimpleNamespace(train_dataset=iter(data)), None, n=128, seed=0)
+    >>> training_rows(iter(data), n=128, seed=0)
     (None, 'the training dataset (a list_iterator) cannot be sampled by index: Watch.start(train_rows=...) takes rows directly')
     """
     try:
-        return _training_rows(trainer, tokenizer, n, seed)
+        return _training_rows(dataset, n, seed, args, tokenizer, trainer)
     except Exception as err:  # monitoring, not training: an odd dataset turns the signal off, never the run
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
         return None, f"the training data could not be read ({reason}): {_DIRECT}"
 
 
-def _training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[TrainRows | None, str]:
+def _training_rows(dataset: Any, n: int, seed: int, args: Any, tokenizer: Any, trainer: Any):
     if n <= 0:
         return None, "no rows asked for (n = 0)"
-    dataset = getattr(trainer, "train_dataset", None)
     if dataset is None:
         return None, f"the trainer has no training dataset: {_DIRECT}"
     try:
@@ -84,28 +86,21 @@ def _training_rows(trainer: Any, tokenizer: Any, n: int, seed: int) -> tuple[Tra
     columns = _columns(dataset)
     if columns is None:
         return None, f"the training dataset's rows are not dicts of columns: {_DIRECT}"
-    layout = _layout(columns, trainer)
+    layout = _layout(columns, args, tokenizer, trainer)
     if layout is None:
         shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
         return None, f"the training dataset has no token ids this can read (columns: {shown}): {_DIRECT}"
     source, needed, read = layout
-    if source == "grpo":
-        if tokenizer is None:
-            tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
-        if tokenizer is None:
-            return None, f"the training prompts are text and no tokenizer was given: {_DIRECT}"
+    if source == "grpo" and tokenizer is None:
+        return None, f"the training prompts are text and no tokenizer was given: {_DIRECT}"
     indices = np.sort(np.random.default_rng([seed, size]).choice(size, min(n, size), replace=False))
     if hasattr(dataset, "select_columns"):  # a datasets.Dataset: read only the columns used (no images)
         dataset = dataset.select_columns(needed)
-    rows = []
-    for index in indices:
-        row = read(dataset[int(index)], trainer, tokenizer)
-        if row is not None:
-            rows.append(row)
+    rows = [row for row in (read(dataset[int(i)]) for i in indices) if row is not None]
     if not rows:
         return None, f"none of the {len(indices)} sampled rows has a target token in its first {MAX_TOKENS}: {_DIRECT}"
     if source == "grpo":
-        limit = getattr(getattr(trainer, "args", None), "max_completion_length", None)
+        limit = getattr(args, "max_completion_length", None)
         return TrainRows(rows, source, min(limit, MAX_COMPLETION) if limit else MAX_COMPLETION), ""
     return TrainRows(rows, source), ""
 
@@ -118,13 +113,19 @@ def _columns(dataset: Any) -> list[str] | None:
     return [str(k) for k in first] if isinstance(first, Mapping) else None
 
 
-def _layout(columns: list[str], trainer: Any):
-    """``(source, columns read, reader)`` for the dataset's columns, or ``None``."""
+def _layout(columns: list[str], args: Any, tokenizer: Any, trainer: Any):
+    """``(source, columns read, reader of a row)`` for the dataset's columns, or ``None``."""
     have = set(columns)
     if "input_ids" in have:
-        source = "sft" if any(c.__name__ == "SFTTrainer" for c in type(trainer).__mro__) else "trainer"
+        source = "sft" if any(c.__name__ == "SFTConfig" for c in type(args).__mro__) else "trainer"
         extra = ("labels", "completion_mask", "assistant_masks", "attention_mask", "seq_lengths", "position_ids")
-        return source, ["input_ids", *(c for c in extra if c in have)], _sequence_reader("input_ids", "labels")
+        # TRL folds completion_mask into the labels only with completion_only_loss on (None: on)
+        completion_only = getattr(args, "completion_only_loss", None) is not False
+        return (
+            source,
+            ["input_ids", *(c for c in extra if c in have)],
+            _sequence_reader("input_ids", "labels", completion_only=completion_only),
+        )
     if {"chosen_input_ids", "chosen_labels"} <= have:  # TRL before 0.12: the prompt inside chosen_input_ids
         needed = [
             "chosen_input_ids",
@@ -140,7 +141,7 @@ def _layout(columns: list[str], trainer: Any):
         if {prompt, answer} <= have:
             return source, [prompt, answer], _pair_reader(prompt, answer)
     if "prompt" in have and not any(c.endswith("_ids") for c in have):
-        return "grpo", ["prompt"], _read_prompt
+        return "grpo", ["prompt"], _prompt_reader(args, tokenizer, trainer)
     return None
 
 
@@ -149,15 +150,16 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in values]
 
 
-def _sequence_reader(ids_key: str, labels_key: str, attention_key: str = "attention_mask"):
-    def read(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
+def _sequence_reader(
+    ids_key: str, labels_key: str, attention_key: str = "attention_mask", completion_only: bool = True
+):
+    def read(example: Mapping) -> tuple[list[int], int] | None:
         ids = _ints(example[ids_key])
         if example.get(labels_key) is not None:
             targets = [label != -100 for label in _ints(example[labels_key])]
         else:
             masks = []
-            # TRL folds completion_mask into the labels only with completion_only_loss on (None: on)
-            if example.get("completion_mask") is not None and _completion_only(trainer):
+            if example.get("completion_mask") is not None and completion_only:
                 masks.append(_ints(example["completion_mask"]))
             if example.get("assistant_masks") is not None:
                 masks.append(_ints(example["assistant_masks"]))
@@ -175,10 +177,6 @@ def _sequence_reader(ids_key: str, labels_key: str, attention_key: str = "attent
     return read
 
 
-def _completion_only(trainer: Any) -> bool:
-    return getattr(getattr(trainer, "args", None), "completion_only_loss", None) is not False
-
-
 def _first_sequence_end(example: Mapping, end: int) -> int:
     """Where a packed row's first sequence ends (``end`` when the row is not packed)."""
     lengths = example.get("seq_lengths")
@@ -193,7 +191,7 @@ def _first_sequence_end(example: Mapping, end: int) -> int:
 
 
 def _pair_reader(prompt_key: str, answer_key: str):
-    def read(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
+    def read(example: Mapping) -> tuple[list[int], int] | None:
         prompt, answer = _ints(example[prompt_key]), _ints(example[answer_key])
         return _row(prompt + answer, [False] * len(prompt) + [True] * len(answer))
 
@@ -214,26 +212,31 @@ def _row(ids: list[int], targets: Sequence[bool]) -> tuple[list[int], int] | Non
     return ids[:end], start
 
 
-def _read_prompt(example: Mapping, trainer: Any, tokenizer: Any) -> tuple[list[int], int] | None:
-    prompt = example["prompt"]
-    if isinstance(prompt, str):
-        ids = _first(tokenizer(text=prompt)["input_ids"])  # as GRPOTrainer tokenizes a text prompt
-    else:  # a conversation: as GRPOTrainer renders it, ending on the generation prompt
-        encoded = tokenizer.apply_chat_template(
-            list(prompt),
-            tools=getattr(trainer, "tools", None) or None,
-            chat_template=getattr(trainer, "chat_template", None),
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **(getattr(trainer, "chat_template_kwargs", None) or {}),
-        )
-        ids = _first(encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded)
-    keep = getattr(getattr(trainer, "args", None), "max_prompt_length", None)
-    if isinstance(keep, int) and keep > 0:  # older TRL kept a prompt's last max_prompt_length tokens
-        ids = ids[-keep:]
-    ids = ids[: MAX_TOKENS - 1]  # room for at least one completion token
-    return (ids, len(ids)) if ids else None
+def _prompt_reader(args: Any, tokenizer: Any, trainer: Any):
+    """A GRPO prompt's tokens, as its trainer tokenizes them."""
+    template = getattr(trainer, "chat_template_kwargs", None) or getattr(args, "chat_template_kwargs", None)
+    rendering = {
+        "tools": getattr(trainer, "tools", None) or None,
+        "chat_template": getattr(trainer, "chat_template", None),
+        **(template if isinstance(template, Mapping) else {}),
+    }
+    keep = getattr(args, "max_prompt_length", None)
+
+    def read(example: Mapping) -> tuple[list[int], int] | None:
+        prompt = example["prompt"]
+        if isinstance(prompt, str):
+            ids = _first(tokenizer(text=prompt)["input_ids"])
+        else:  # a conversation, ending on the generation prompt
+            encoded = tokenizer.apply_chat_template(
+                list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True, **rendering
+            )
+            ids = _first(encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded)
+        if isinstance(keep, int) and keep > 0:  # older TRL kept a prompt's last max_prompt_length tokens
+            ids = ids[-keep:]
+        ids = ids[: MAX_TOKENS - 1]  # room for at least one completion token
+        return (ids, len(ids)) if ids else None
+
+    return read
 
 
 def _first(ids: Any) -> list[int]:

@@ -1,11 +1,10 @@
-"""The trainer's log: forgetwatch's figures to every reporting integration of a transformers
-``Trainer`` (TensorBoard, MLflow, Comet, ...; W&B too when :class:`~forgetwatch.sinks.wandb.WandbSection`
-did not take them) and to ``state.log_history``, at the step they were measured."""
+"""The trainer's log: forgetwatch's figures to ``state.log_history`` and to the reporting
+integrations a :class:`~forgetwatch.integrations.trainer_link.TrainerLink` reaches (W&B only when
+:class:`~forgetwatch.sinks.wandb.WandbSection` did not take them), at the step they were measured."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from forgetwatch.integrations.trainer_link import TrainerLink
@@ -67,19 +66,10 @@ class WhileTraining(Sinks):
 
 
 def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
-    """A trainer's integrations as sinks: W&B's section and tables and TensorBoard's text while
-    they are open, then the log every integration reads."""
-
-    def attribute(callback: Any, *path: str) -> Callable[[], Any]:
-        def get() -> Any:
-            value = callback
-            for name in path:
-                value = getattr(value, name, None)
-            return value
-
-        return get
-
-    wandb_cb, tensorboard_cb = link.integration("WandbCallback"), link.integration("TensorBoardCallback")
-    wandb = WandbSection(probes, rows, run=attribute(wandb_cb, "_wandb", "run")) if wandb_cb else None
-    tensorboard = TensorBoardText(probes, attribute(tensorboard_cb, "tb_writer"), rows) if tensorboard_cb else None
+    """A trainer's integrations as sinks: W&B's section and tables (its active run, when
+    ``args.report_to`` names it) and TensorBoard's text while they are open, then the log every
+    integration reads."""
+    wandb = WandbSection(probes, rows) if "wandb" in (link.args.report_to or []) else None
+    board = link.integration("TensorBoardCallback")  # its writer is the trainer's (or forgetwatch's own)
+    tensorboard = TensorBoardText(probes, lambda: board.tb_writer, rows) if board else None
     return [WhileTraining(link, *(s for s in (wandb, tensorboard) if s)), TrainerLog(link, wandb)]
