@@ -54,12 +54,21 @@ def evaluate(
     them get all the answers.
 
     Args:
-        model, tokenizer, probes: what to score, with what, on what.
-        batch_size, normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes,
-        precision:
-            as :class:`~forgetwatch.config.settings.Scoring` describes them (defaults: its own).
-        extract, refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default
-            ``None``: each probe's own ``extract`` mode; the phrase detector).
+        model: what to score.
+        tokenizer: the model's tokenizer.
+        probes: the probe set.
+        batch_size: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        normalize: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        chat_template: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        stop: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        extract: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default ``None``: each
+            probe's own ``extract`` mode).
+        behaviour_max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        refusal_detector: as for :class:`~forgetwatch.scoring.scorer.Scorer` (default ``None``:
+            the phrase detector).
+        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        precision: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
         show_progress: a progress bar (default ``True``).
         distributed: share the probes out over the ranks of ``torch.distributed`` (default
             ``False``: this process scores them all).

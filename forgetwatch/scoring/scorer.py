@@ -72,8 +72,10 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize, chat_template, max_new_tokens, stop: as :class:`~forgetwatch.config.settings.Scoring`
-            describes them (defaults: its own).
+        normalize: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        chat_template: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        stop: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
         extract: a callable ``text -> str | None`` used for every generative probe instead of
             the probe's own ``extract`` mode (default ``None``); its result is compared with the
             probe's answer as written (stripped), not normalized the way the probe's mode would.
@@ -88,7 +90,8 @@ class Scorer:
         refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
             the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
             a phrase detector).
-        shared_prefixes, precision: as :class:`~forgetwatch.config.settings.Scoring` describes them.
+        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        precision: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
