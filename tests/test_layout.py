@@ -130,6 +130,19 @@ def test_nothing_reads_another_object_s_stack_frames():
     assert readers == set(), readers
 
 
+def test_forgetwatch_warns_of_no_deprecation():
+    # unreleased: an old name is simply gone (a TypeError that names the new form), never a shim
+    warned = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        for call in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "attr", getattr(call.func, "id", None)) == "warn"
+        and any(getattr(a, "id", None) in ("FutureWarning", "DeprecationWarning") for a in ast.walk(call))
+    }
+    assert warned == set(), warned
+
+
 def test_every_package_is_a_layer():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert packages == set(LAYERS)

@@ -1,22 +1,25 @@
-"""Every code block of README.md (and of the docs' pages) works on a fresh clone.
+"""Every code block of README.md and of the docs' pages works on a fresh clone.
 
-The ```python blocks run in order, in one namespace, offline (a block right after an
-``<!-- not run: ... -->`` comment is skipped: it needs a download). Every ```bash line names
-commands, flags, files and extras that exist. The ```json block is a valid probe file.
+The README's ```python blocks run in order, in one namespace, offline; each docs page's run
+in order after them, in a copy of that namespace (the quick start's names: ``world``,
+``probes``, ``trainer``, ...). A block right after an ``<!-- not run: ... -->`` comment is
+skipped: it needs a download. Every ```bash line names commands, flags, files and extras that
+exist. The ```json blocks are valid probe files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
 import tomllib
-import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
+import forgetwatch
 from forgetwatch import ProbeSet
 from forgetwatch.cli import main
 from forgetwatch.integrations.framework_settings import FrameworkSettings
@@ -26,6 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 NOT_RUN = "<!-- not run:"
+README_LINES = 250  # the README says what forgetwatch is and how to start; the docs site the rest
+
+
+def page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
 
 
 def blocks(language: str, text: str | None = None) -> list[tuple[str, bool]]:
@@ -45,67 +53,125 @@ def test_block_extraction_sees_the_skip_marker():
 
 
 def test_only_dataset_downloads_are_skipped():
-    python = blocks("python")
+    python = [block for path in [README, *DOCS] for block in blocks("python", path.read_text(encoding="utf-8"))]
     skipped = [code for code, skip in python if skip]
-    assert len(python) >= 4 and len(skipped) == 2  # MMLU-style presets; IFEval and HarmBench
+    assert len(python) >= 10 and skipped  # MMLU-style presets; IFEval and HarmBench
     assert all("load_dataset(" in code for code in skipped)
     assert not any("load_dataset(" in code for code, skip in python if not skip)
+    assert not any(skip for _, skip in blocks("python"))  # the README's all run
+
+
+def test_the_quick_start_shows_the_readme_example():
+    readme = [code for code, _ in blocks("python")]
+    assert blocks("python", page("quickstart.md"))[0][0] == readme[0]
+
+
+def run_blocks(text: str, name: str, namespace: dict, done: set[str] = frozenset()) -> None:
+    """Run ``text``'s python blocks in order in ``namespace``; a block already run (``done``) is
+    not run again."""
+    for i, (code, skipped) in enumerate(blocks("python", text)):
+        if not skipped and code not in done:
+            exec(compile(code, f"{name} python block {i + 1}", "exec"), namespace)
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory):
+    """The README's blocks, run once in a folder of their own: (its namespace, the folder)."""
+    pytest.importorskip("trl")
+    folder = tmp_path_factory.mktemp("readme")
+    (folder / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
+    namespace: dict = {"__name__": "__readme__"}
+    with contextlib.chdir(folder):
+        run_blocks(README.read_text(encoding="utf-8"), "README.md", namespace)
+    return namespace, folder
 
 
 @pytest.mark.slow
-def test_python_blocks_run_in_order(tmp_path, monkeypatch):
-    pytest.importorskip("trl")
-    (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__readme__"}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", FutureWarning)
-        for i, (code, skipped) in enumerate(blocks("python")):
-            if not skipped:
-                exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
-    # what a new user copies uses today's forms: none of forgetwatch's deprecation warnings
-    assert not [w for w in caught if "stops working in the next release" in str(w.message)]
-    report = namespace["report"]
-    assert report.n == len(namespace["probes"]) and report.forgotten > 0  # the run forgot something
-    assert (tmp_path / "transitions.csv").is_file() and (tmp_path / "base_answers.json").is_file()
-    assert (tmp_path / "out" / "forgetwatch" / "history.jsonl").is_file()
-    assert namespace["callback"].config.schedule.eval_steps == 10
+def test_readme_python_blocks_run_in_order(readme_run):
+    namespace, folder = readme_run
+    assert (folder / "out" / "forgetwatch" / "history.jsonl").is_file()
+    assert namespace["trainer"].state.global_step == 20
+
+
+# what each page's blocks leave behind, beyond running: (the namespace, the folder) -> checked
+PAGE_CHECKS = {
+    "quickstart.md": lambda ns, folder: (
+        ns["report"].n == len(ns["probes"])
+        and ns["report"].forgotten > 0  # the run forgot something
+        and (folder / "transitions.csv").is_file()
+        and (folder / "base_answers.json").is_file()
+    ),
+    "measures.md": lambda ns, folder: ns["trajectory"].steps[0] == 0 and len(ns["trajectory"].steps) > 1,
+    "trainer.md": lambda ns, folder: ns["callback"].config.schedule.eval_steps == 10,
+    "watch.md": lambda ns, folder: (folder / "out" / "loop" / "forgetwatch" / "history.jsonl").is_file(),
+    "lm-eval.md": lambda ns, folder: len(ns["tasks"]) > 0,
+    "replay.md": lambda ns, folder: len(ns["pool"]) > 0,
+}
+WITH_PYTHON = [path.name for path in DOCS if any(not skip for _, skip in blocks("python", path.read_text("utf-8")))]
+
+
+def test_every_page_with_python_is_checked_beyond_running():
+    assert set(PAGE_CHECKS) <= set(WITH_PYTHON)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WITH_PYTHON)
+def test_docs_python_blocks_run_in_order(name, readme_run):
+    namespace, folder = readme_run
+    namespace = dict(namespace)  # a page's names do not reach the next page
+    done = {code for code, _ in blocks("python")}
+    with contextlib.chdir(folder):
+        run_blocks(page(name), name, namespace, done)
+    assert PAGE_CHECKS.get(name, lambda ns, folder: True)(namespace, folder)
+
+
+def probe_blocks(text: str) -> list[ProbeSet]:
+    return [ProbeSet.from_records([json.loads(line) for line in code.splitlines()]) for code, _ in blocks("json", text)]
 
 
 def test_json_blocks_are_valid_probe_files():
-    behaviour, knowledge = [
-        ProbeSet.from_records([json.loads(line) for line in code.splitlines()]) for code, _ in blocks("json")
-    ]  # in the order the README shows them
+    for path in [README, *DOCS]:
+        probe_blocks(path.read_text(encoding="utf-8"))  # every one loads
+    [knowledge] = probe_blocks(page("probes.md"))
     assert len(knowledge) == 2 and not any(p.is_behaviour for p in knowledge)
+    [behaviour] = probe_blocks(page("behaviour.md"))
     assert len(behaviour) == 3 and all(p.is_behaviour for p in behaviour)
 
 
-def test_no_count_of_tests_that_would_go_stale():
-    """The suite grows with every change: the README says how long it takes, not how many tests."""
-    assert not re.search(r"\b\d[\d,]* tests\b", README.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda path: path.name)
+def test_no_count_of_tests_that_would_go_stale(path):
+    """The suite grows with every change: the pages say how long it takes, not how many tests."""
+    assert not re.search(r"\b\d[\d,]* tests\b", path.read_text(encoding="utf-8"))
 
 
-# the README's counts of shipped probe files: (the words stating one, the file, what each probe is)
+# the docs' counts of shipped probe files: (the page, the words stating one, the file, what each probe is)
 SHIPPED_COUNTS = [
     (
-        r"\((\d+) multiple-choice questions\s+on common facts",
+        "probes.md",
+        r"(\d+) multiple-choice questions\s+on common facts",
         "configs/probes/general_knowledge.jsonl",
         "multiple choice",
     ),
-    (r"(\d+) arithmetic word problems", "configs/probes/arithmetic.jsonl", "generative"),
+    ("probes.md", r"(\d+) arithmetic word problems", "configs/probes/arithmetic.jsonl", "generative"),
     (
+        "probes.md",
         r"--starter behaviour --out behaviour\.jsonl` writes (\d+)\s+behaviour probes",
         "forgetwatch/starters/behaviour.jsonl",
         "behaviour",
     ),
-    (r"`--starter knowledge` writes (\d+) multiple-choice", "forgetwatch/starters/knowledge.jsonl", "multiple choice"),
+    (
+        "probes.md",
+        r"`--starter knowledge` writes (\d+) multiple-choice",
+        "forgetwatch/starters/knowledge.jsonl",
+        "multiple choice",
+    ),
 ]
 
 
-@pytest.mark.parametrize("words, path, kind", SHIPPED_COUNTS, ids=[path for _, path, _ in SHIPPED_COUNTS])
-def test_counts_of_shipped_probes_are_true(words, path, kind):
-    stated = re.search(words, README.read_text(encoding="utf-8"))
-    assert stated, f"the README no longer states how many probes {path} holds: update SHIPPED_COUNTS"
+@pytest.mark.parametrize("name, words, path, kind", SHIPPED_COUNTS, ids=[path for _, _, path, _ in SHIPPED_COUNTS])
+def test_counts_of_shipped_probes_are_true(name, words, path, kind):
+    stated = re.search(words, page(name))
+    assert stated, f"docs/{name} no longer states how many probes {path} holds: update SHIPPED_COUNTS"
     probes = ProbeSet.from_jsonl(ROOT / path)
     assert int(stated.group(1)) == len(probes), f"{path} holds {len(probes)} probes"
     kinds = {
@@ -157,14 +223,14 @@ def test_bash_lines_name_real_commands_flags_files_and_extras(capsys, monkeypatc
 
 def test_framework_yaml_blocks_are_checked_as_the_plugins_check_them(monkeypatch):
     monkeypatch.chdir(ROOT)  # the blocks name shipped files by relative path
-    found = [yaml.safe_load(code) for code, _ in blocks("yaml")]
+    found = [yaml.safe_load(code) for code, _ in blocks("yaml", page("frameworks.md"))]
     assert len(found) == 3
     for config in found:
         if "ENV" in config:  # ms-swift
             FrameworkSettings.from_environ({k: str(v) for k, v in config["ENV"].items()})
             assert Path(config["external_plugins"]).name == PLUGIN_FILE.name and config["callbacks"] == ["forgetwatch"]
             continue
-        FrameworkSettings.from_keys(config, "README.md")  # Axolotl, LLaMA-Factory
+        FrameworkSettings.from_keys(config, "docs/frameworks.md")  # Axolotl, LLaMA-Factory
         for plugin in config.get("plugins", []):
             module, _, name = plugin.rpartition(".")
             source = ROOT / (module.replace(".", "/") + ".py")  # imported by Axolotl, which is not here
@@ -172,7 +238,7 @@ def test_framework_yaml_blocks_are_checked_as_the_plugins_check_them(monkeypatch
 
 
 def test_layout_tree_names_every_module():
-    tree = next(code for code, _ in blocks("text") if code.startswith("forgetwatch/"))
+    tree = next(code for code, _ in blocks("text", page("development.md")) if code.startswith("forgetwatch/"))
     named, folders = set(), []
     for line in tree.splitlines():
         name = line.split()[0]
@@ -184,10 +250,23 @@ def test_layout_tree_names_every_module():
     assert named == modules
 
 
+def test_the_readme_is_short_and_links_pages_that_exist():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_LINES, "the README grew: move the detail to a docs page"
+    links = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert len(set(links)) >= 8
+    assert all((ROOT / link).is_file() for link in links), links
+
+
 def test_the_docs_site_names_every_page():
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
     pages = {page for entry in nav for page in entry.values()}
-    assert pages == {path.name for path in DOCS}
+    assert pages == {path.name for path in DOCS} and len(pages) >= 8
     for path in DOCS:  # pictures a page shows are in the repository
         for picture in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text(encoding="utf-8")):
             assert (path.parent / picture).is_file(), f"{path.name} shows {picture}, which is not there"
+
+
+def test_the_api_reference_shows_every_public_name():
+    shown = set(re.findall(r"^::: forgetwatch\.(?:[\w.]+\.)?(\w+)$", page("api.md"), flags=re.M))
+    assert shown == set(forgetwatch.__all__) - {"__version__"}

@@ -70,8 +70,12 @@ class ForgetWatchCallback(TrainerCallback):
             instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
             (LoRA) model with its adapters disabled, when training begins and on every resume.
         tokenizer: defaults to the trainer's ``processing_class``.
-        scoring, schedule, stopping, signals, output: the settings of each group (see
-            :mod:`forgetwatch.config.settings`), e.g. ``scoring=Scoring(batch_size=16)``.
+        scoring: the settings of that group (see :mod:`forgetwatch.config.settings`), e.g.
+            ``scoring=Scoring(batch_size=16)``.
+        schedule: the settings of that group (see :mod:`forgetwatch.config.settings`).
+        stopping: the settings of that group (see :mod:`forgetwatch.config.settings`).
+        signals: the settings of that group (see :mod:`forgetwatch.config.settings`).
+        output: the settings of that group (see :mod:`forgetwatch.config.settings`).
         replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, replayed with
             the defaults) to repair forgetting with (default ``None``: no repair). A pool holding a
             probe's question is refused.

@@ -109,8 +109,11 @@ class Watch:
         output_dir: where the snapshot and ``history.jsonl`` live (required here or at :meth:`start`).
         base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the
             model at the start, or ``"adapter_disabled"`` for a PEFT model's adapters off.
-        scoring, schedule, stopping, signals, output: the settings of each group (see
-            :mod:`forgetwatch.config.settings`; default: the config's, else the group's defaults).
+        scoring: the settings of that group (see :mod:`forgetwatch.config.settings`); default: the config's, else the group's defaults.
+        schedule: as ``scoring``, for its group.
+        stopping: as ``scoring``, for its group.
+        signals: as ``scoring``, for its group.
+        output: as ``scoring``, for its group.
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
             :class:`~forgetwatch.ReplayPool` replayed with the defaults.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,

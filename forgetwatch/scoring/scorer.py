@@ -60,13 +60,26 @@ class Scorer:
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
-        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision:
-            as :class:`~forgetwatch.config.settings.Scoring` describes them.
-        extract: ``text -> str | None`` for every generative probe instead of its own ``extract`` mode; compared
-            with the answer as written (stripped).
-        reference_logprobs: also score each generative probe's reference answer, teacher-forced (its
-            ``gold_logprob``, a drift signal), default ``True``.
-        refusal_detector: ``response -> bool`` for the ``refuses`` check (default: a phrase detector).
+        normalize: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        chat_template: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        stop: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        extract: a callable ``text -> str | None`` used for every generative probe instead of
+            the probe's own ``extract`` mode (default ``None``); its result is compared with the
+            probe's answer as written (stripped), not normalized the way the probe's mode would.
+        reference_logprobs: also score each generative probe's reference answer, teacher-forced
+            after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
+            moves before the answer flips, for one extra forward per probe in the same batches.
+        behaviour_max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (a
+            response may hold several lines, so ``stop`` does not apply). For every generated
+            response, prompts are kept whole and the length is cut to what the model's context
+            leaves after the prompt (one warning says so); a prompt that fills the context is
+            refused.
+        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
+            the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
+            a phrase detector).
+        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        precision: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
