@@ -98,7 +98,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 from skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
-from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Replay, ReplayPool, Scoring, Signals  # noqa: E402
+from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Replay, ReplayPool, Scoring  # noqa: E402
 
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 
@@ -204,8 +204,8 @@ def run_job(cfg: dict, job: dict) -> dict:
         replay=repair,
         output_dir=os.path.join(run_dir, "forgetwatch"),
         scoring=Scoring(batch_size=64, max_new_tokens=8, behaviour_max_new_tokens=16),
-        signals=Signals(noise_check=False),
         output=Output(verbose=False),
+        monitor=Monitor(noise_check=False),
     )
     common = dict(
         max_steps=steps,

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from forgetwatch import ForgetWatchCallback, Output, Scoring, Signals, real
+    from forgetwatch import ForgetWatchCallback, Monitor, Output, Scoring, real
     from forgetwatch.reporting.page import write_report
     from forgetwatch.reporting.plot import plot_history
 
@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None):
         probes,
         eval_steps=eval_steps,
         output_dir=str(out / "forgetwatch"),
-        scoring=Scoring(max_new_tokens=16),  # a capital's name; longer answers are wrong anyway
+        scoring=Scoring(max_new_tokens=16),
         output=Output(category_map=groups),
-        signals=Signals(noise_check=True),
+        monitor=Monitor(noise_check=True),
     )
     config = SFTConfig(
         str(out / "sft"),

@@ -14,7 +14,7 @@ The script fine-tunes the same base model twice on unrelated arithmetic with TRL
 gradient of a few pool rows, drawn by category in proportion to the forgetting measured at the
 last evaluation. It prints both runs' forgetting side by side.
 
-``on_forgetting=callable(report, step)`` remains for a policy of your own: here
+A function in ``sinks=`` (``f(report, step)``, after each evaluation) is room for a policy of your own: here
 :class:`AtRiskLog` keeps, at each evaluation, the probes still right but slipping
 (``report.at_risk_ids``), which is where forgetting comes next.
 """
@@ -64,7 +64,7 @@ def split_world(world: ToyWorld) -> tuple[ProbeSet, ReplayPool]:
 
 
 class AtRiskLog:
-    """An ``on_forgetting`` hook: at each evaluation, the probes at risk (still right, slipping).
+    """A function in ``sinks=``: at each evaluation, the probes at risk (still right, slipping).
 
     Example:
         >>> log = AtRiskLog()
@@ -114,7 +114,7 @@ def build_trainer(
     settings.update(extra)
     replay = None if pool is None else Replay(pool, weight=replay_weight)
     callback = ForgetWatchCallback(
-        probes, eval_steps=eval_steps, output=Output(verbose=False), on_forgetting=AtRiskLog(), replay=replay
+        probes, eval_steps=eval_steps, output=Output(verbose=False), sinks=[AtRiskLog()], replay=replay
     )
     trainer = SFTTrainer(
         model=model,

@@ -10,7 +10,7 @@ Example:
 import logging as _logging
 
 from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
-from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
 from forgetwatch.replay import Replay, ReplayPool, ReplayPoolError
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -50,6 +50,7 @@ __all__ = [
     "Evaluation",
     "ForgetWatchCallback",
     "ForgetWatchConfig",
+    "Monitor",
     "Output",
     "Probe",
     "ProbeError",
@@ -58,12 +59,9 @@ __all__ = [
     "Replay",
     "ReplayPool",
     "ReplayPoolError",
-    "Schedule",
     "Scorer",
     "Scoring",
-    "Signals",
     "Sink",
-    "Stopping",
     "Trajectory",
     "TransitionReport",
     "Watch",

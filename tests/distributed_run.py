@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
-from forgetwatch import Output, ProbeSet, Replay, Schedule, Scorer, Scoring, Signals  # noqa: E402
+from forgetwatch import Monitor, Output, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
@@ -105,17 +105,13 @@ def sft(out: str, zero3: bool = False) -> dict:
         {"eval_steps": 10}
         if zero3
         else {
-            "schedule": Schedule(max_overhead=0.5),
+            "monitor": Monitor(max_overhead=0.5),
             "max_forgetting": 0.45,
             "clock": ForwardClock(base, rate=1.0 + 0.5 * rank),
         }
     )
     cb = ForgetWatchCallback(
-        probes,
-        on_forgetting=after_evaluation,
-        **settings,
-        output=Output(verbose=False),
-        scoring=Scoring(max_new_tokens=6),
+        probes, sinks=[after_evaluation], **settings, output=Output(verbose=False), scoring=Scoring(max_new_tokens=6)
     )
     args = trl.SFTConfig(
         out,
@@ -277,7 +273,7 @@ def replay(out: str, fail_at: int | None = None) -> dict:
         replay=Replay(pool, batch_size=5, select="categories" if fail_at else "uniform"),
         output=Output(verbose=False),
         scoring=Scoring(max_new_tokens=6),
-        signals=Signals(noise_check=False),
+        monitor=Monitor(noise_check=False),
     )
     args = trl.SFTConfig(
         out,

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Scoring, Signals, load_trajectory
+from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Scoring, load_trajectory
 from forgetwatch.reporting.page import write_report
 from forgetwatch.results.history import read_history
 from forgetwatch.toy import ToyWorld
@@ -95,7 +95,7 @@ def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_pa
         eval_steps=4,
         scoring=Scoring(behaviour_max_new_tokens=NEW_TOKENS),
         output=Output(verbose=False),
-        signals=Signals(noise_check=False),
+        monitor=Monitor(noise_check=False),
     )
     recount = Recount(tokenizer, probes, every=4)
     args = trl.SFTConfig(

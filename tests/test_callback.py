@@ -24,7 +24,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from forgetwatch import Answers, Output, ProbeSet, Schedule, Stopping, compare, evaluate
+from forgetwatch import Answers, Monitor, Output, ProbeSet, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 
@@ -45,7 +45,7 @@ CONTRACT = (
 
 def test_history_steps_and_counts_equal_an_independent_recomputation(toy, train_data, tmp_path):
     seen = []
-    cb = ForgetWatchCallback(toy.probes, eval_steps=10, on_forgetting=lambda r, s: seen.append((s, r.forgotten)))
+    cb = ForgetWatchCallback(toy.probes, eval_steps=10, sinks=[lambda r, s: seen.append((s, r.forgotten))])
     trainer = make_trainer(toy, train_data, tmp_path, [cb])
     trainer.train()
     assert [step for step, _ in cb.history] == [10, 20, 30]
@@ -135,7 +135,7 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
 
 @pytest.mark.parametrize("patience", [1, 2])
 def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, patience, capsys):
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, stopping=Stopping(patience=patience))
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, max_forgetting=0.02, monitor=Monitor(patience=patience))
     trainer = make_trainer(toy, train_data, tmp_path, [cb], disable_tqdm=False)
     trainer.train()
     stop_step = 5 * patience
@@ -185,7 +185,7 @@ def test_train_end_is_evaluated_once(toy, train_data, tmp_path):
     assert [step for step, _ in cb.history] == [7, 14, 21, 28, 30]
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=14).train()  # the same callback, a new run
     assert [step for step, _ in cb.history] == [7, 14]
-    cb = ForgetWatchCallback(toy.probes, eval_steps=7, schedule=Schedule(eval_on_train_end=False))
+    cb = ForgetWatchCallback(toy.probes, eval_steps=7, monitor=Monitor(eval_on_train_end=False))
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=30).train()
     assert [step for step, _ in cb.history] == [7, 14, 21, 28]
 
@@ -208,7 +208,7 @@ class ForwardClock:
 def test_default_budget_schedule_evaluates_within_its_share(toy, train_data, tmp_path):
     model = copy.deepcopy(toy.base)
     clock = ForwardClock(model)
-    cb = ForgetWatchCallback(toy.probes, clock=clock, schedule=Schedule(max_overhead=0.5))
+    cb = ForgetWatchCallback(toy.probes, clock=clock, monitor=Monitor(max_overhead=0.5))
     make_trainer(toy, train_data, tmp_path, [cb], model=model, max_steps=400).train()
     steps = [step for step, _ in cb.history]
     assert steps[-1] == 400 and len(steps) >= 3  # scheduled evaluations, then the end
@@ -378,7 +378,7 @@ def test_construction_errors_come_before_any_training(toy, tmp_path):
     with pytest.raises(ValueError, match="needs probes"):
         ForgetWatchCallback()
     with pytest.raises(ConfigError, match="'colours'.*they have 'capitals', 'colors', 'rivers'"):
-        ForgetWatchCallback(toy.probes, stopping=Stopping(category_max_forgetting={"colours": 0.1}))
+        ForgetWatchCallback(toy.probes, monitor=Monitor(category_max_forgetting={"colours": 0.1}))
     with pytest.raises(ConfigError, match="key 'base'"):
         ForgetWatchCallback(toy.probes, base="")
     with pytest.raises(TypeError, match="ProbeSet.from_records"):
@@ -388,21 +388,16 @@ def test_construction_errors_come_before_any_training(toy, tmp_path):
 def test_probe_rows_keywords_over_a_config_and_yaml_overrides(toy, tmp_path):
     cb = ForgetWatchCallback(toy.probes.to_records(), eval_steps=10)
     assert cb.watch.probes.ids == toy.probes.ids
-    cb = ForgetWatchCallback(
-        toy.probes,
-        config=ForgetWatchConfig(stopping=Stopping(patience=3), schedule=Schedule(eval_steps=10)),
-        eval_steps=20,
+    cb = ForgetWatchCallback.from_config(
+        ForgetWatchConfig(eval_steps=10, monitor=Monitor(patience=3)), probes=toy.probes, eval_steps=20
     )
-    assert (cb.config.schedule.eval_steps, cb.config.stopping.patience) == (20, 3)
+    assert (cb.config.eval_steps, cb.config.monitor.patience) == (20, 3)
     path = tmp_path / "probes.jsonl"
     toy.probes.to_jsonl(path)
     (tmp_path / "fw.yaml").write_text(f"probes: {path.name}\neval_steps: 15\nmax_forgetting: 0.5\n")
-    cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml", eval_steps=10, on_forgetting=print)
-    assert (cb.config.schedule.eval_steps, cb.config.stopping.max_forgetting, cb.watch.on_forgetting) == (
-        10,
-        0.5,
-        print,
-    )
+    cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml", eval_steps=10, sinks=[print])
+    assert (cb.config.eval_steps, cb.config.max_forgetting) == (10, 0.5)
+    assert [hook.hook for hook in cb.watch.user_sinks] == [print]  # a function is a sink of its own
 
 
 def test_from_config_and_yaml(toy, train_data, tmp_path):
@@ -410,11 +405,11 @@ def test_from_config_and_yaml(toy, train_data, tmp_path):
     toy.probes.to_jsonl(path)
     (tmp_path / "fw.yaml").write_text(f"forgetwatch:\n  probes: {path.name}\n  eval_steps: 15\n  max_forgetting: 0.9\n")
     cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml")
-    assert cb.watch.probes.ids == toy.probes.ids and cb.config.schedule.eval_steps == 15
+    assert cb.watch.probes.ids == toy.probes.ids and cb.config.eval_steps == 15
     make_trainer(toy, train_data, tmp_path, [cb]).train()
     assert [s for s, _ in cb.history] == [15, 30]
-    cb = ForgetWatchCallback.from_config(ForgetWatchConfig(schedule=Schedule(eval_steps=10)), probes=toy.probes)
-    assert cb.config.schedule.eval_steps == 10
+    cb = ForgetWatchCallback.from_config(ForgetWatchConfig(eval_steps=10), probes=toy.probes)
+    assert cb.config.eval_steps == 10
 
 
 @pytest.mark.parametrize("name", ["multiple_choice_every_50_steps", "early_stop_adjusted_5pct", "gsm8k_generative"])
@@ -422,7 +417,7 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     cb = ForgetWatchCallback.from_yaml(path, probes=toy.probes)  # probes given: the file's path is not read
     config = ForgetWatchConfig.from_yaml(path)
-    assert cb.config.schedule.eval_steps == config.schedule.eval_steps and cb.config.scoring.stop == config.scoring.stop
+    assert cb.config.eval_steps == config.eval_steps and cb.config.scoring.stop == config.scoring.stop
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=4).train()
     assert cb.history and cb.history[-1][0] == 4
 
@@ -494,14 +489,14 @@ def test_the_trainer_can_be_given_and_what_its_absence_misses_is_said_once(toy, 
     # driven by hand, no trainer given: the figures reach the log history, and what they miss is said
     from transformers import TrainerControl, TrainerState
 
-    bare = ForgetWatchCallback(toy.probes, eval_steps=1, tokenizer=toy.tokenizer)
+    bare = ForgetWatchCallback(toy.probes, eval_steps=1)
     args, state, control = (
         TrainingArguments(str(tmp_path / "bare"), use_cpu=True, report_to=["mlflow"]),
         TrainerState(),
         TrainerControl(),
     )
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        bare.on_train_begin(args, state, control, model=toy.base)
+        bare.on_train_begin(args, state, control, model=toy.base, processing_class=toy.tokenizer)
         state.global_step = 1
         bare.on_step_end(args, state, control, model=toy.base)
     assert caplog.text.count("but not mlflow: for every reporting integration give the trainer") == 1
@@ -649,7 +644,7 @@ def test_a_config_edited_in_place_is_checked_again_before_training(toy, train_da
     if edit == "stop":
         cb.config.scoring.stop.append("")  # a frozen config's list can still be changed in place
     else:
-        cb.config.stopping.category_max_forgetting["capitls"] = 0.1
+        cb.config.monitor.category_max_forgetting["capitls"] = 0.1
     trainer = make_trainer(toy, train_data, tmp_path, [cb])
     with pytest.raises(ConfigError, match="stop" if edit == "stop" else "capitls"):
         trainer.train()
@@ -761,7 +756,7 @@ def saved_run(toy, train_data, tmp_path_factory):
 def resume_at_10(toy, train_data, run):
     """Resumed from checkpoint-10 for a step, not evaluated again: what the resume restored."""
     resumed = ForgetWatchCallback(
-        toy.probes, eval_steps=5, output=Output(verbose=False), schedule=Schedule(eval_on_train_end=False)
+        toy.probes, eval_steps=5, output=Output(verbose=False), monitor=Monitor(eval_on_train_end=False)
     )
     make_trainer(toy, train_data, run, [resumed], max_steps=10).train(resume_from_checkpoint=str(run / "checkpoint-10"))
     return resumed
@@ -832,7 +827,7 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
     assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
     resumed = ForgetWatchCallback(
-        toy.probes, eval_steps=5, output=Output(verbose=False), schedule=Schedule(eval_on_train_end=False)
+        toy.probes, eval_steps=5, output=Output(verbose=False), monitor=Monitor(eval_on_train_end=False)
     )
     make_trainer(toy, train_data, tmp_path, [resumed], max_steps=20).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-20")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from forgetwatch.config import ConfigError, ForgetWatchConfig
-from forgetwatch.config.settings import Output, Schedule, Scoring, Stopping
+from forgetwatch.config.settings import Monitor, Output, Scoring
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -34,6 +34,9 @@ def error_of(data: dict, source: str = "src") -> ConfigError:
 KEYS = [
     "probes",
     "base",
+    "eval_steps",
+    "max_forgetting",
+    "output_dir",
     "batch_size",
     "normalize",
     "chat_template",
@@ -42,11 +45,9 @@ KEYS = [
     "behaviour_max_new_tokens",
     "shared_prefixes",
     "precision",
-    "eval_steps",
     "max_overhead",
     "eval_on_evaluate",
     "eval_on_train_end",
-    "max_forgetting",
     "stop_metric",
     "patience",
     "significance",
@@ -56,7 +57,6 @@ KEYS = [
     "at_risk_floor",
     "noise_check",
     "train_kl_rows",
-    "output_dir",
     "table_rows",
     "log_categories",
     "category_map",
@@ -73,14 +73,14 @@ def test_every_setting_has_one_flat_key():
 def test_no_settings_is_the_default_groups():
     cfg = ForgetWatchConfig()
     assert cfg.probes is None and cfg.base is None
-    assert ForgetWatchConfig.from_dict({}) == cfg == ForgetWatchConfig(scoring=Scoring(), stopping=Stopping())
+    assert ForgetWatchConfig.from_dict({}) == cfg == ForgetWatchConfig(scoring=Scoring(), monitor=Monitor())
 
 
 def test_mutable_defaults_are_not_shared():
     a, b = ForgetWatchConfig(), ForgetWatchConfig()
     a.scoring.stop.append("Question:")
-    a.stopping.category_max_forgetting["math"] = 0.1
-    assert b.scoring.stop == ["\n"] and b.stopping.category_max_forgetting == {}
+    a.monitor.category_max_forgetting["math"] = 0.1
+    assert b.scoring.stop == ["\n"] and b.monitor.category_max_forgetting == {}
     assert Scoring().stop == ["\n"]
 
 
@@ -88,27 +88,29 @@ def test_values_are_normalised_and_copied():
     stop = ("a", "b")
     categories = {"math": 0}
     scoring = Scoring(stop=stop)
-    stopping = Stopping(max_forgetting=0, category_max_forgetting=categories)
-    cfg = ForgetWatchConfig(probes=Path("p.jsonl"), base=Path("b.npz"), scoring=scoring, stopping=stopping)
+    monitor = Monitor(category_max_forgetting=categories)
+    cfg = ForgetWatchConfig(
+        probes=Path("p.jsonl"), base=Path("b.npz"), max_forgetting=0, scoring=scoring, monitor=monitor
+    )
     assert cfg.scoring.stop == ["a", "b"] and isinstance(cfg.scoring.stop, list)
-    assert cfg.stopping.max_forgetting == 0.0 and isinstance(cfg.stopping.max_forgetting, float)
-    assert cfg.stopping.category_max_forgetting == {"math": 0.0}
-    assert isinstance(cfg.stopping.category_max_forgetting["math"], float)
-    assert cfg.stopping.category_max_forgetting is not categories
+    assert cfg.max_forgetting == 0.0 and isinstance(cfg.max_forgetting, float)
+    assert cfg.monitor.category_max_forgetting == {"math": 0.0}
+    assert isinstance(cfg.monitor.category_max_forgetting["math"], float)
+    assert cfg.monitor.category_max_forgetting is not categories
     assert (cfg.probes, cfg.base) == ("p.jsonl", "b.npz")
 
 
 def test_ints_accepted_for_float_fields():
-    stopping = Stopping(max_forgetting=1)
-    assert stopping.max_forgetting == 1.0 and isinstance(stopping.max_forgetting, float)
+    cfg = ForgetWatchConfig(max_forgetting=1)
+    assert cfg.max_forgetting == 1.0 and isinstance(cfg.max_forgetting, float)
 
 
 def test_programmatic_construction_is_validated():
     with pytest.raises(ConfigError) as info:
-        Stopping(patience=0, metric="loss")
+        Monitor(patience=0, metric="loss")
     message = str(info.value)
-    assert "Stopping: key 'patience'" in message
-    assert "Stopping: key 'metric'" in message
+    assert "Monitor: key 'patience'" in message
+    assert "Monitor: key 'metric'" in message
     assert len(info.value.errors) == 2
 
 
@@ -117,8 +119,10 @@ def test_config_error_is_a_value_error():
 
 
 def test_thresholds_without_a_way_to_stop_are_fine():
-    stopping = Stopping(max_forgetting=0.1, category_max_forgetting={"math": 0.2}, save_on_stop=False)
-    assert stopping.max_forgetting == 0.1
+    cfg = ForgetWatchConfig(
+        max_forgetting=0.1, monitor=Monitor(category_max_forgetting={"math": 0.2}, save_on_stop=False)
+    )
+    assert cfg.max_forgetting == 0.1
 
 
 # --- from_dict: unknown keys and types ---------------------------------------------------------
@@ -306,8 +310,8 @@ def test_range_edges_accepted():
             "stop_metric": "forgetting_adjusted",
         }
     )
-    assert cfg.stopping.max_forgetting == 0.0 and cfg.scoring.batch_size == 1
-    assert Stopping(max_forgetting=1.0).max_forgetting == 1.0
+    assert cfg.max_forgetting == 0.0 and cfg.scoring.batch_size == 1
+    assert ForgetWatchConfig(max_forgetting=1.0).max_forgetting == 1.0
 
 
 def test_percentage_hint():
@@ -325,21 +329,21 @@ def test_example_multiple_choice_every_50_steps():
     path = CONFIGS / "multiple_choice_every_50_steps.yaml"
     cfg = ForgetWatchConfig.from_yaml(path)
     assert cfg.probes == str(CONFIGS / "probes" / "general_knowledge.jsonl")
-    assert cfg.schedule.eval_steps == 50
-    assert cfg.stopping.max_forgetting is None
+    assert cfg.eval_steps == 50
+    assert cfg.max_forgetting is None
     assert cfg.scoring.normalize is None
 
 
 def test_example_early_stop_adjusted_5pct():
     cfg = ForgetWatchConfig.from_yaml(CONFIGS / "early_stop_adjusted_5pct.yaml")
     assert cfg.probes == str(CONFIGS / "probes" / "general_knowledge.jsonl")
-    assert cfg.schedule.eval_steps is None  # the cost-budget schedule
-    assert cfg.schedule.max_overhead == 0.05
-    assert cfg.stopping.max_forgetting == 0.05
-    assert cfg.stopping.metric == "forgetting_adjusted"
-    assert cfg.stopping.patience == 2
-    assert cfg.stopping.significance is True
-    assert cfg.stopping.save_on_stop is True
+    assert cfg.eval_steps is None  # the cost-budget schedule
+    assert cfg.monitor.max_overhead == 0.05
+    assert cfg.max_forgetting == 0.05
+    assert cfg.monitor.metric == "forgetting_adjusted"
+    assert cfg.monitor.patience == 2
+    assert cfg.monitor.significance is True
+    assert cfg.monitor.save_on_stop is True
 
 
 def test_example_gsm8k_generative():
@@ -347,7 +351,7 @@ def test_example_gsm8k_generative():
     assert "forgetwatch" in yaml.safe_load(path.read_text())  # shows the nested layout
     cfg = ForgetWatchConfig.from_yaml(path)
     assert cfg.probes == str(CONFIGS / "probes" / "arithmetic.jsonl")
-    assert cfg.schedule.eval_steps == 100
+    assert cfg.eval_steps == 100
     assert cfg.scoring.max_new_tokens == 256
     assert cfg.scoring.stop == ["Question:", "</s>", "<|im_end|>"]
 
@@ -363,13 +367,13 @@ def test_yaml_flat_layout(tmp_path):
     # Double quotes: YAML reads "\n" as a newline, '\n' as backslash + n.
     path = write(tmp_path, "eval_steps: 20\nmax_forgetting: 0.1\nstop: [\"\\n\", 'Q:']\n")
     cfg = ForgetWatchConfig.from_yaml(path)
-    assert (cfg.schedule.eval_steps, cfg.stopping.max_forgetting, cfg.scoring.stop) == (20, 0.1, ["\n", "Q:"])
+    assert (cfg.eval_steps, cfg.max_forgetting, cfg.scoring.stop) == (20, 0.1, ["\n", "Q:"])
 
 
 def test_yaml_forgetwatch_root_key(tmp_path):
     path = write(tmp_path, "learning_rate: 1.0e-5\nmodel: gpt2\nforgetwatch:\n  eval_steps: 20\n  patience: 3\n")
     cfg = ForgetWatchConfig.from_yaml(path)
-    assert (cfg.schedule.eval_steps, cfg.stopping.patience) == (20, 3)
+    assert (cfg.eval_steps, cfg.monitor.patience) == (20, 3)
 
 
 def test_yaml_forgetwatch_root_key_errors_name_the_line(tmp_path):
@@ -419,7 +423,7 @@ def test_yaml_relative_paths_resolve_against_the_file(tmp_path, monkeypatch):
     cfg = ForgetWatchConfig.from_yaml(path)
     assert cfg.probes == str(sub / "probes" / "p.jsonl")
     assert Path(cfg.base).resolve() == (tmp_path / "snap" / "base.npz").resolve()
-    assert cfg.output.output_dir == str(sub / "out")
+    assert cfg.output_dir == str(sub / "out")
 
 
 def test_yaml_relative_path_of_the_file_itself(tmp_path, monkeypatch):
@@ -510,17 +514,11 @@ def test_yaml_not_utf8(tmp_path):
 
 def full_config(tmp_path: Path) -> ForgetWatchConfig:
     return ForgetWatchConfig(
+        eval_steps=25,
+        max_forgetting=0.2,
+        output_dir=str(tmp_path / "out"),
         probes=str(tmp_path / "p.jsonl"),
         base=str(tmp_path / "base.npz"),
-        schedule=Schedule(eval_steps=25, max_overhead=0.1, eval_on_evaluate=False, eval_on_train_end=False),
-        stopping=Stopping(
-            max_forgetting=0.2,
-            metric="forgetting_adjusted",
-            patience=3,
-            significance=True,
-            category_max_forgetting={"math": 0.1, "näive: 'quotes'": 0.3},
-            save_on_stop=False,
-        ),
         scoring=Scoring(
             batch_size=16,
             normalize="chars",
@@ -528,7 +526,17 @@ def full_config(tmp_path: Path) -> ForgetWatchConfig:
             max_new_tokens=200,
             stop=["\n", "Question:", "</s>", "  ", "# not a comment", "a: b"],
         ),
-        output=Output(output_dir=str(tmp_path / "out"), log_categories=False, verbose=False),
+        output=Output(log_categories=False, verbose=False),
+        monitor=Monitor(
+            max_overhead=0.1,
+            eval_on_evaluate=False,
+            eval_on_train_end=False,
+            metric="forgetting_adjusted",
+            patience=3,
+            significance=True,
+            category_max_forgetting={"math": 0.1, "näive: 'quotes'": 0.3},
+            save_on_stop=False,
+        ),
     )
 
 
@@ -540,7 +548,7 @@ def test_to_dict_is_plain_and_complete(tmp_path):
     assert data["stop_metric"] == "forgetting_adjusted"
     data["stop"].append("x")
     data["category_max_forgetting"]["x"] = 0.5
-    assert "x" not in cfg.scoring.stop and "x" not in cfg.stopping.category_max_forgetting  # copies
+    assert "x" not in cfg.scoring.stop and "x" not in cfg.monitor.category_max_forgetting  # copies
     assert ForgetWatchConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -555,19 +563,19 @@ def test_yaml_round_trip(tmp_path, make):
 
 def test_to_yaml_overwrites(tmp_path):
     path = tmp_path / "saved.yaml"
-    ForgetWatchConfig(schedule=Schedule(eval_steps=1)).to_yaml(path)
-    ForgetWatchConfig(schedule=Schedule(eval_steps=2)).to_yaml(path)
-    assert ForgetWatchConfig.from_yaml(path).schedule.eval_steps == 2
+    ForgetWatchConfig(eval_steps=1).to_yaml(path)
+    ForgetWatchConfig(eval_steps=2).to_yaml(path)
+    assert ForgetWatchConfig.from_yaml(path).eval_steps == 2
 
 
 def test_to_yaml_keeps_the_meaning_of_relative_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = ForgetWatchConfig(probes="probes/p.jsonl", output=Output(output_dir="out"))
+    cfg = ForgetWatchConfig(output_dir="out", probes="probes/p.jsonl")
     path = tmp_path / "elsewhere" / "saved.yaml"
     cfg.to_yaml(path)
     loaded = ForgetWatchConfig.from_yaml(path)
     assert loaded.probes == str(tmp_path / "probes" / "p.jsonl")
-    assert loaded.output.output_dir == str(tmp_path / "out")
+    assert loaded.output_dir == str(tmp_path / "out")
 
 
 def test_example_configs_round_trip(tmp_path):
@@ -581,20 +589,20 @@ def test_example_configs_round_trip(tmp_path):
 
 
 def test_a_config_cannot_be_edited_only_replaced_with_a_checked_copy():
-    cfg = ForgetWatchConfig(schedule=Schedule(eval_steps=50))
+    cfg = ForgetWatchConfig(eval_steps=50)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.schedule.eval_steps = 0  # used to mean the budget schedule, silently
+        cfg.eval_steps = 0  # used to mean the budget schedule, silently
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.schedule = Schedule()
+        cfg.monitor = Monitor()
     changed = cfg.replace(max_forgetting=0.1)
-    assert changed.stopping.max_forgetting == 0.1 and cfg.stopping.max_forgetting is None
-    assert changed.schedule == cfg.schedule
+    assert changed.max_forgetting == 0.1 and cfg.max_forgetting is None
+    assert changed.monitor == cfg.monitor
     with pytest.raises(ConfigError, match="key 'max_forgetting'"):
         cfg.replace(max_forgetting=-1)  # used to stop at the first evaluation
 
 
 def test_unknown_keywords_and_empty_paths_are_config_errors():
-    with pytest.raises(TypeError, match=r"'eval_step' \(did you mean schedule=Schedule\(eval_steps=\.\.\.\)\?\)"):
+    with pytest.raises(TypeError, match=r"'eval_step' \(did you mean 'eval_steps'\?\)"):
         ForgetWatchConfig(eval_step=10)
     with pytest.raises(ConfigError, match="key 'base'"):
         ForgetWatchConfig(base="")
@@ -604,7 +612,7 @@ def test_yaml_keywords_override_the_file(tmp_path):
     path = tmp_path / "fw.yaml"
     path.write_text("eval_steps: 50\npatience: 2\n")
     cfg = ForgetWatchConfig.from_yaml(path, eval_steps=10)
-    assert (cfg.schedule.eval_steps, cfg.stopping.patience) == (10, 2)
+    assert (cfg.eval_steps, cfg.monitor.patience) == (10, 2)
     with pytest.raises(ConfigError, match="key 'patience'"):
         ForgetWatchConfig.from_yaml(path, patience=0)
 
@@ -631,7 +639,7 @@ def test_error_messages_never_print_a_huge_value():
         Scoring(stop="x" * 10_000_000)
     assert len(str(info.value)) < 400
     with pytest.raises(ConfigError) as info:
-        Stopping(category_max_forgetting=list(range(10_000_000)))
+        Monitor(category_max_forgetting=list(range(10_000_000)))
     assert len(str(info.value)) < 400
 
 
@@ -669,7 +677,8 @@ def test_settings_that_cannot_work_are_refused_when_built(data, key, words):
 
 
 def test_the_bounds_keep_what_works():
-    Schedule(max_overhead=0.001, eval_steps=2**63 - 1)
+    Monitor(max_overhead=0.001)
+    ForgetWatchConfig(eval_steps=2**63 - 1)
     Scoring(max_new_tokens=1 << 20, stop=["x" * 200] * 64, batch_size=2**63 - 1)
 
 
@@ -695,7 +704,7 @@ def test_yaml_values_that_would_fail_later_name_file_line_and_key(tmp_path, text
 
 def test_yaml_numbers_are_read_by_yaml_1_2(tmp_path):
     config = ForgetWatchConfig.from_yaml(write(tmp_path, "eval_steps: 010\nmax_overhead: 5e-2\n"))
-    assert (config.schedule.eval_steps, config.schedule.max_overhead) == (10, 0.05)  # not octal 8, not text
+    assert (config.eval_steps, config.monitor.max_overhead) == (10, 0.05)  # not octal 8, not text
 
 
 def test_a_number_too_large_for_a_float_gets_no_quotes_hint():

@@ -36,7 +36,7 @@ def test_config_loads_and_its_probe_file_is_shipped(path):
     assert len({p.category for p in probes}) >= 3
     callback = ForgetWatchCallback.from_yaml(path)
     assert callback.config == cfg
-    assert ForgetWatchCallback.from_yaml(path, eval_steps=7).config.schedule.eval_steps == 7
+    assert ForgetWatchCallback.from_yaml(path, eval_steps=7).config.eval_steps == 7
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)

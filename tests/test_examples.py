@@ -311,7 +311,7 @@ def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_pa
     )
     assert isinstance(trainer, trl.SFTTrainer)
     assert trainer.args.report_to == []  # "none" by default
-    assert trainer.forgetwatch.config.stopping.max_forgetting == 0.9
+    assert trainer.forgetwatch.config.max_forgetting == 0.9
     trainer.train()
     check_run(sft, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
     assert any("loss" in e for e in trainer.state.log_history)
@@ -554,6 +554,6 @@ def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     logged = [e for e in repaired.state.log_history if "forgetwatch/replay/loss" in e]
     assert [e["step"] for e in logged] == [5, 10]
     assert not any("forgetwatch/replay/loss" in e for e in plain.state.log_history)
-    hook = repaired.forgetwatch.watch.on_forgetting
+    (hook,) = [s.hook for s in repaired.forgetwatch.watch.user_sinks]
     assert sorted(hook.by_step) == [5, 10]
     assert hook.by_step[10] == repaired.forgetwatch.history[-1][1].at_risk_ids

@@ -35,17 +35,18 @@ def test_keys_become_the_config_and_the_probes_are_loaded():
         "train.yaml",
     )
     config = settings.config
-    assert (config.schedule.eval_steps, config.stopping.max_forgetting, config.scoring.batch_size) == (7, 0.1, 4)
+    assert (config.eval_steps, config.max_forgetting, config.scoring.batch_size) == (7, 0.1, 4)
     assert settings.probes.ids == ProbeSet.from_jsonl(PROBES).ids
     callback = settings.callback()
     assert isinstance(callback, ForgetWatchCallback)
-    assert callback.config == config and callback.watch.probes is settings.probes
+    # the probes as loaded, the rest of the settings as the keys gave them
+    assert callback.config == config.replace(probes=None) and callback.watch.probes is settings.probes
 
 
 def test_a_forgetwatch_yaml_is_overridden_by_the_keys_beside_it():
     settings = FrameworkSettings.from_keys({"forgetwatch_config": CONFIG, "forgetwatch_patience": 5}, "train.yaml")
-    stopping = settings.config.stopping
-    assert (stopping.max_forgetting, stopping.metric, stopping.patience) == (0.05, "forgetting_adjusted", 5)
+    config = settings.config
+    assert (config.max_forgetting, config.monitor.metric, config.monitor.patience) == (0.05, "forgetting_adjusted", 5)
     assert settings.probes.ids == ProbeSet.from_jsonl(ROOT / "configs" / "probes" / "general_knowledge.jsonl").ids
 
 
@@ -127,7 +128,7 @@ def test_environment_variables_are_read_as_yaml_values_and_named_as_set():
             "FORGETWATCH_LOG_CATEGORIES": "false",
         }
     )
-    assert settings.config.schedule.eval_steps == 2 and settings.config.stopping.max_forgetting == 0.25
+    assert settings.config.eval_steps == 2 and settings.config.max_forgetting == 0.25
     assert settings.config.output.log_categories is False
     with pytest.raises(ConfigError) as caught:
         FrameworkSettings.from_environ(
@@ -148,9 +149,9 @@ def test_environment_values_are_read_by_yaml_1_2_and_checked_by_the_settings_typ
     def read(**env: str) -> ForgetWatchConfig:
         return FrameworkSettings.from_environ({"FORGETWATCH_PROBES": PROBES, **env}).config
 
-    assert read(FORGETWATCH_EVAL_STEPS="010").schedule.eval_steps == 10  # decimal, not octal 8
-    assert read(FORGETWATCH_MAX_OVERHEAD="5e-2").schedule.max_overhead == 0.05
-    assert read(FORGETWATCH_MAX_FORGETTING="null").stopping.max_forgetting is None
+    assert read(FORGETWATCH_EVAL_STEPS="010").eval_steps == 10  # decimal, not octal 8
+    assert read(FORGETWATCH_MAX_OVERHEAD="5e-2").monitor.max_overhead == 0.05
+    assert read(FORGETWATCH_MAX_FORGETTING="null").max_forgetting is None
     for env, expected in [
         ({"FORGETWATCH_EVAL_STEPS": "1:30"}, "'FORGETWATCH_EVAL_STEPS': expected an integer >= 1 or null"),
         ({"FORGETWATCH_LOG_CATEGORIES": "yes"}, "'FORGETWATCH_LOG_CATEGORIES': expected true or false, got 'yes'"),
@@ -198,7 +199,7 @@ def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tm
     # a value overridden since (LLaMA-Factory's key=value) is not the file's
     values.update(forgetwatch_eval_steps=5, forgetwatch_patience=3, forgetwatch_verbose=True)
     config = FrameworkSettings.from_keys(values, str(train), yaml_file=train).config
-    assert (config.schedule.eval_steps, config.stopping.patience) == (5, 3)
+    assert (config.eval_steps, config.monitor.patience) == (5, 3)
 
 
 def test_the_first_console_line_says_what_the_plugin_will_do():

@@ -10,7 +10,7 @@ import torch
 from injected import BatchShapeNoise
 from trainers import make_trainer
 
-from forgetwatch import Answers, Scorer, Scoring, Signals, evaluate
+from forgetwatch import Answers, Monitor, Scorer, Scoring, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import (
     measure_noise,
@@ -107,7 +107,7 @@ def test_no_noise_check_in_full_precision_unless_asked(toy, train_data, tmp_path
     cb = ForgetWatchCallback(toy.probes, eval_steps=10)
     make_trainer(toy, train_data, tmp_path, [cb], max_steps=10).train()
     assert "noise_floor" not in cb.base_answers.meta and "noise floor" not in cb.summary()
-    forced = ForgetWatchCallback(toy.probes, eval_steps=10, signals=Signals(noise_check=True))
+    forced = ForgetWatchCallback(toy.probes, eval_steps=10, monitor=Monitor(noise_check=True))
     make_trainer(toy, train_data, tmp_path / "forced", [forced], max_steps=10).train()
     assert forced.base_answers.meta["noise_flips"] == 0  # fp32 on a CPU: the same answers in any batch
     assert not math.isnan(forced.base_answers.meta["noise_floor"])

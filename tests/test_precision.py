@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainers import make_trainer
 
-from forgetwatch import Answers, Scoring, Signals, compare, evaluate
+from forgetwatch import Answers, Monitor, Scoring, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.answers import AnswersMismatchError
 from forgetwatch.scoring.precision import compute_precision, epsilon, is_reduced, scoring_in
@@ -99,7 +99,7 @@ def test_a_bf16_mixed_precision_run_is_watched_in_the_weights_precision(toy, tra
 @pytest.mark.slow
 def test_autocast_precision_is_recorded_and_measures_the_noise_floor(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(
-        toy.probes, eval_steps=10, scoring=Scoring(precision="autocast", batch_size=16), signals=Signals()
+        toy.probes, eval_steps=10, scoring=Scoring(precision="autocast", batch_size=16), monitor=Monitor()
     )
     trainer = make_trainer(toy, train_data, tmp_path, [cb], bf16=True, max_steps=10)
     trainer.train()

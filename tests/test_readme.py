@@ -102,7 +102,7 @@ PAGE_CHECKS = {
         and (folder / "base_answers.json").is_file()
     ),
     "measures.md": lambda ns, folder: ns["trajectory"].steps[0] == 0 and len(ns["trajectory"].steps) > 1,
-    "trainer.md": lambda ns, folder: ns["callback"].config.schedule.eval_steps == 10,
+    "trainer.md": lambda ns, folder: ns["callback"].config.eval_steps == 10,
     "watch.md": lambda ns, folder: (folder / "out" / "loop" / "forgetwatch" / "history.jsonl").is_file(),
     "lm-eval.md": lambda ns, folder: len(ns["tasks"]) > 0,
     "replay.md": lambda ns, folder: len(ns["pool"]) > 0,

@@ -15,7 +15,7 @@ import pytest
 from trainers import make_trainer
 from transformers import TrainerCallback
 
-from forgetwatch import Output, ReplayPool, Schedule
+from forgetwatch import Monitor, Output, ReplayPool
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
 from forgetwatch.run.base import model_key, weights_key
@@ -45,7 +45,7 @@ def settings(pool):
         eval_steps=2,
         output=Output(verbose=False),
         replay=Replay(pool, loss="kl", top_k=8, weight=2.0, batch_size=4),
-        schedule=Schedule(eval_on_train_end=False),
+        monitor=Monitor(eval_on_train_end=False),
     )
 
 

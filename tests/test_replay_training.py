@@ -11,7 +11,7 @@ import torch
 from trainers import killed_and_resumed, make_trainer
 from transformers import DataCollatorForLanguageModeling
 
-from forgetwatch import Output, Replay, ReplayPool, Schedule, Signals
+from forgetwatch import Monitor, Output, Replay, ReplayPool
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
@@ -64,8 +64,8 @@ def test_one_step_equals_the_combined_loss_by_hand(toy, pool, tmp_path, setup):
         toy.probes,
         eval_steps=100,
         replay=Replay(pool, weight=weight, batch_size=5),
-        schedule=Schedule(eval_on_train_end=False),
         output=Output(verbose=False),
+        monitor=Monitor(eval_on_train_end=False),
     )
     settings = {"per_device_train_batch_size": 32, **setup}
     trainer = make_trainer(
@@ -128,7 +128,7 @@ RESUMED = dict(max_steps=30, save_strategy="steps", save_steps=10, learning_rate
 def plain(toy, train_data, tmp_path_factory):
     """The run without replay that replay runs are measured against (run once); without the
     train-KL signal too (``train_kl_rows=0``), which changes nothing the runs compare."""
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False), signals=Signals(train_kl_rows=0))
+    cb = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False), monitor=Monitor(train_kl_rows=0))
     make_trainer(toy, train_data, tmp_path_factory.mktemp("plain"), [cb], **RESUMED).train()
     return cb
 

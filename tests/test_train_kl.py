@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Output, Signals, Watch
+from forgetwatch import Monitor, Output, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.store import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
@@ -132,8 +132,8 @@ def test_a_watch_logs_it_at_each_evaluation_and_resumes_from_the_kept_copy(toy, 
 
 
 def test_off_with_train_kl_rows_0_or_no_rows(toy, rows, tmp_path):
-    for name, settings, given in (("zero", Signals(train_kl_rows=0), rows), ("none", None, None)):
-        watch = Watch(toy.probes, output_dir=tmp_path / name, eval_steps=2, output=QUIET, signals=settings)
+    for name, settings, given in (("zero", Monitor(train_kl_rows=0), rows), ("none", None, None)):
+        watch = Watch(toy.probes, output_dir=tmp_path / name, eval_steps=2, output=QUIET, monitor=settings)
         watch.start(toy.base, toy.tokenizer, train_rows=given)
         evaluation = watch.evaluate(toy.tuned, 2)
         assert KEY not in evaluation.metrics and "drift" not in evaluation.record
@@ -197,7 +197,7 @@ def test_the_callback_says_in_one_line_why_it_cannot_read_the_training_rows(toy,
 
     streamed = SimpleNamespace(dataset=(row for row in [{"input_ids": [1, 2]}]))  # the trainer's data loader
     kept = SimpleNamespace(dataset=[{"input_ids": [1, 2, 3]}])
-    off = ForgetWatchCallback(toy.probes, signals=Signals(train_kl_rows=0))
+    off = ForgetWatchCallback(toy.probes, monitor=Monitor(train_kl_rows=0))
     with caplog.at_level(logging.INFO, logger="forgetwatch"):
         assert ForgetWatchCallback(toy.probes)._train_rows(None, streamed, toy.tokenizer) is None
         assert off._train_rows(None, kept, toy.tokenizer) is None

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Answers, Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch import Answers, Evaluation, Output, ProbeSet, Scoring, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.history import read_history
@@ -154,26 +154,26 @@ def test_what_a_watch_needs_is_said_before_any_work(toy, tmp_path):
 
 
 def test_settings_come_as_groups_and_a_flat_keyword_names_its_group(toy):
-    grouped = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), scoring=Scoring(batch_size=4))
-    assert (grouped.config.schedule.eval_steps, grouped.config.scoring.batch_size) == (7, 4)
-    with pytest.raises(TypeError, match=r"'patience': write stopping=Stopping\(patience=\.\.\.\)"):
+    grouped = Watch(toy.probes, eval_steps=7, output_dir="x", scoring=Scoring(batch_size=4))
+    assert (grouped.config.eval_steps, grouped.config.scoring.batch_size) == (7, 4)
+    with pytest.raises(TypeError, match=r"'patience': write monitor=Monitor\(patience=\.\.\.\)"):
         ForgetWatchCallback(toy.probes, patience=2)
     with pytest.raises(TypeError, match=r"Watch\(\) got an unexpected keyword argument 'verbose': write output="):
         Watch(toy.probes, verbose=False)
     with pytest.raises(TypeError, match=r"'eval_step' \(did you mean 'eval_steps'\?\)"):
         ForgetWatchCallback(toy.probes, eval_step=2)
-    # the contract keywords win over the group given
-    shortcut = Watch(toy.probes, output_dir="x", schedule=Schedule(eval_steps=7), eval_steps=3)
-    assert shortcut.config.schedule.eval_steps == 3
 
 
-def test_the_callbacks_signature_is_short_typed_and_not_rewritten():
-    parameters = inspect.signature(ForgetWatchCallback.__init__).parameters
-    named = [p for p in parameters.values() if p.name != "self" and p.kind is not p.VAR_KEYWORD]
-    assert len(named) <= 15
+@pytest.mark.parametrize("cls", [Watch, ForgetWatchCallback, ForgetWatchConfig], ids=lambda c: c.__name__)
+def test_a_signature_is_short_typed_documented_and_takes_no_more(cls):
+    parameters = inspect.signature(cls.__init__).parameters  # wraps=: the signature as written
+    named = [p for p in parameters.values() if p.name != "self"]
+    assert len(named) <= 12 and not [p for p in named if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     assert all(p.annotation is not inspect.Parameter.empty for p in named)
-    documented = ForgetWatchCallback.__doc__
-    assert all(p.name in documented for p in named)
+    args = cls.__doc__.split("Args:")[-1] if "Args:" in cls.__doc__ else cls.__doc__.split("Attributes:")[-1]
+    assert all(f"{p.name}:" in args for p in named), cls
+    start = [p.name for p in inspect.signature(Watch.start).parameters.values()]
+    assert start == ["self", "model", "tokenizer", "step", "output_dir", "max_steps", "train_rows"]
 
 
 # -- which categories are logged -----------------------------------------------------------------
@@ -346,9 +346,7 @@ def test_a_sink_that_changes_what_it_is_handed_changes_nothing_of_the_run(toy, t
     def vandal_hook(report, step):
         report.forgotten_ids.append("not a probe")
 
-    watch = Watch(
-        toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[Vandal()], on_forgetting=vandal_hook, output=QUIET
-    )
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[Vandal(), vandal_hook], output=QUIET)
     watch.start(toy.base, toy.tokenizer)
     watch.evaluate(toy.tuned, 2)
     watch.evaluate(toy.base, 4)

@@ -1,14 +1,10 @@
-"""Settings for :class:`~forgetwatch.integrations.callback.ForgetWatchCallback`, from code or a YAML file.
-
-In code, a config holds the probes, the base and one of each group of settings
-(:mod:`forgetwatch.config.settings`)::
-
-    ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
-                      stopping=Stopping(max_forgetting=0.05))
+"""Settings for :class:`~forgetwatch.Watch` and :class:`~forgetwatch.ForgetWatchCallback`, from a
+YAML file or a dict: the probes, the base, ``eval_steps``, ``max_forgetting``, ``output_dir`` and
+one of each group of settings (:mod:`forgetwatch.config.settings`).
 
 A config file is a YAML mapping of *flat keys*, each setting's own name (``eval_steps``,
-``stop_metric``), either on its own or under a top-level ``forgetwatch:`` key
-of a bigger training config::
+``stop_metric``), either on its own or under a top-level ``forgetwatch:`` key of a bigger
+training config::
 
     # train.yaml
     learning_rate: 2.0e-5          # not ours: ignored
@@ -17,12 +13,8 @@ of a bigger training config::
       eval_steps: 50
       max_forgetting: 0.05
 
-Flat keys are the preferred form in files: there each setting has one name, the one
-:meth:`ForgetWatchConfig.to_yaml` writes and errors name. A group may also be written as a
-section of its own, with its field names inside (``stopping: {max_forgetting: 0.05,
-patience: 3}``), as it reads in Python. Every value is checked when the config is built, and
-all the problems found are reported together in one :class:`ConfigError`. The checks live in
-:mod:`forgetwatch.config.checks`, reading and writing YAML in :mod:`forgetwatch.config.yaml_files`.
+Every value is checked when the config is built, and all the problems found are reported
+together in one :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -39,16 +31,7 @@ from typing import Any
 from forgetwatch.common.text import describe, did_you_mean, suggestion
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
-from forgetwatch.config.settings import (
-    Output,
-    Schedule,
-    Scoring,
-    Signals,
-    Stopping,
-    check_group,
-    flat_key,
-    option,
-)
+from forgetwatch.config.settings import Monitor, Output, Scoring, check_group, flat_key, option
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
@@ -85,7 +68,7 @@ def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
         >>> ForgetWatchConfig(patience=2)
         Traceback (most recent call last):
             ...
-        TypeError: ForgetWatchConfig() got an unexpected keyword argument 'patience': write stopping=Stopping(patience=...)
+        TypeError: ForgetWatchConfig() got an unexpected keyword argument 'patience': write monitor=Monitor(patience=...)
     """
     signature = inspect.signature(init)
 
@@ -123,43 +106,50 @@ def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError
 
 @dataclass(frozen=True, init=False)
 class ForgetWatchConfig:
-    """What to probe, how often, and when to stop: the settings of ``ForgetWatchCallback``.
+    """A run's settings as a file holds them: what :meth:`from_yaml` and :meth:`from_dict` read
+    and :meth:`to_yaml` writes. ``Watch.from_config(config)`` and
+    ``ForgetWatchCallback.from_yaml(path)`` build a run from one.
 
     Every value is validated on construction; a wrong one raises :class:`ConfigError`. A
-    config is immutable: :meth:`replace` makes a changed, validated copy. Each setting is read
-    through its group (``config.schedule.eval_steps``).
+    config is immutable: :meth:`replace` makes a changed, validated copy.
 
     Attributes:
-        probes: Path to a probe JSONL file (the callback also accepts a ProbeSet object
-            directly).
+        probes: Path to a probe JSONL file, or lm-eval tasks (``{lm_eval: [...], ...}``).
         base: A saved base answers snapshot (.json/.npz) to use instead of computing one; or
             "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever
             training begins or resumes, instead of keeping a snapshot.
+        eval_steps: Evaluate every N optimizer steps; None: as often as ``max_overhead`` of
+            wall time allows.
+        max_forgetting: Stop training once the forgetting rate exceeds this (0..1); None:
+            never stop.
+        output_dir: Where the base snapshot and history live; None:
+            ``<trainer output_dir>/forgetwatch``.
         scoring: How probes are scored (:class:`~forgetwatch.config.settings.Scoring`).
-        schedule: When to evaluate (:class:`~forgetwatch.config.settings.Schedule`).
-        stopping: When to stop training (:class:`~forgetwatch.config.settings.Stopping`).
-        signals: At-risk probes and the noise floor (:class:`~forgetwatch.config.settings.Signals`).
+        monitor: When else to evaluate, what else to measure, when to stop
+            (:class:`~forgetwatch.config.settings.Monitor`).
         output: Where results go, how much is logged (:class:`~forgetwatch.config.settings.Output`).
 
     Example:
-        >>> cfg = ForgetWatchConfig(probes="probes.jsonl", schedule=Schedule(eval_steps=50),
-        ...                         stopping=Stopping(max_forgetting=0.05))
-        >>> cfg.stopping.patience, cfg.scoring.stop, cfg.schedule.eval_steps
-        (1, ['\\n'], 50)
-        >>> ForgetWatchConfig(stopping=Stopping(patience=0))  # doctest: +ELLIPSIS
+        >>> cfg = ForgetWatchConfig.from_dict({"eval_steps": 50, "max_forgetting": 0.05, "patience": 2})
+        >>> cfg.eval_steps, cfg.max_forgetting, cfg.monitor.patience, cfg.scoring.stop
+        (50, 0.05, 2, ['\\n'])
+        >>> ForgetWatchConfig(monitor=Monitor(patience=0))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
-        forgetwatch.config.checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
+        forgetwatch.config.checks.ConfigError: Monitor: key 'patience': expected an integer >= 1, got 0 (int); ...
     """
 
     probes: str | LmEvalProbes | None = option(
         None, check=check.optional(_probes, "passing probes to the callback directly")
     )
     base: str | None = option(None, check=check.optional(_base, "computing the base snapshot"))
+    eval_steps: int | None = option(None, check=check.optional(check.integer(1), "the cost-budget schedule"))
+    max_forgetting: float | None = option(
+        None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
+    )
+    output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
     scoring: Scoring = field(default_factory=Scoring)
-    schedule: Schedule = field(default_factory=Schedule)
-    stopping: Stopping = field(default_factory=Stopping)
-    signals: Signals = field(default_factory=Signals)
+    monitor: Monitor = field(default_factory=Monitor)
     output: Output = field(default_factory=Output)
 
     @checked_keywords
@@ -168,32 +158,23 @@ class ForgetWatchConfig:
         probes: str | os.PathLike[str] | LmEvalProbes | None = None,
         *,
         base: str | os.PathLike[str] | None = None,
+        eval_steps: int | None = None,
+        max_forgetting: float | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
         scoring: Scoring | None = None,
-        schedule: Schedule | None = None,
-        stopping: Stopping | None = None,
-        signals: Signals | None = None,
+        monitor: Monitor | None = None,
         output: Output | None = None,
     ) -> None:
         source = type(self).__name__
-        own, problems = check_values({"probes": probes, "base": base}, _OWN, source, {})
-        groups: dict[str, Any] = {
-            "scoring": scoring,
-            "schedule": schedule,
-            "stopping": stopping,
-            "signals": signals,
-            "output": output,
-        }
+        given = {"probes": probes, "base": base, "eval_steps": eval_steps, "max_forgetting": max_forgetting}
+        own, problems = check_values({**given, "output_dir": output_dir}, _OWN, source, {})
+        groups: dict[str, Any] = {"scoring": scoring, "monitor": monitor, "output": output}
         for name, group in GROUPS.items():
             if groups[name] is not None and not isinstance(groups[name], group):
-                problems.append(
-                    ConfigProblem(
-                        source,
-                        None,
-                        name,
-                        f"expected a {group.__name__}, got "
-                        f"{describe(groups[name])}; write {name}={group.__name__}(...)",
-                    )
+                message = (
+                    f"expected a {group.__name__}, got {describe(groups[name])}; write {name}={group.__name__}(...)"
                 )
+                problems.append(ConfigProblem(source, None, name, message))
         if problems:
             raise ConfigError(problems)
         for name, group in GROUPS.items():
@@ -203,17 +184,15 @@ class ForgetWatchConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
-        """Build a config from a mapping of flat keys (or group sections) to values; missing
-        keys keep defaults. Reads what :meth:`to_dict` wrote.
+        """Build a config from a mapping of flat keys to values; missing keys keep defaults.
+        Reads what :meth:`to_dict` wrote.
 
         All problems (unknown keys, wrong types, values out of range) are reported together in
         one :class:`ConfigError` whose lines start with ``source``. Paths are kept as given
         (relative ones stay relative to the current directory).
 
         Example:
-            >>> ForgetWatchConfig.from_dict({"eval_steps": 50}).schedule.eval_steps
-            50
-            >>> ForgetWatchConfig.from_dict({"stopping": {"patience": 3}}).stopping.patience
+            >>> ForgetWatchConfig.from_dict({"eval_steps": 50, "patience": 3}).monitor.patience
             3
             >>> ForgetWatchConfig.from_dict({"eval_step": 50}, source="cfg")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
@@ -224,14 +203,14 @@ class ForgetWatchConfig:
 
     def replace(self, **changes: Any) -> ForgetWatchConfig:
         """A copy with ``changes``, checked like a new config (errors name the keyword): a flat
-        key changes one setting, a group (an object, or a mapping of its fields) replaces it.
+        key changes one setting, a group object replaces the whole group.
 
         Example:
-            >>> cfg = ForgetWatchConfig(schedule=Schedule(eval_steps=50))
-            >>> cfg.replace(patience=2).stopping.patience, cfg.replace(patience=2).schedule.eval_steps
+            >>> cfg = ForgetWatchConfig(eval_steps=50)
+            >>> cfg.replace(patience=2).monitor.patience, cfg.replace(patience=2).eval_steps
             (2, 50)
-            >>> cfg.replace(schedule=Schedule(max_overhead=0.1)).schedule.eval_steps is None
-            True
+            >>> cfg.replace(monitor=Monitor(max_overhead=0.1)).monitor.max_overhead
+            0.1
         """
         data = self.to_dict()
         for name in changes.keys() & GROUPS.keys():
@@ -256,12 +235,12 @@ class ForgetWatchConfig:
 
         Example:
             >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")
-            >>> cfg.stopping.max_forgetting, cfg.stopping.metric
+            >>> cfg.max_forgetting, cfg.monitor.metric
             (0.05, 'forgetting_adjusted')
-            >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).stopping.patience
+            >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).monitor.patience
             5
         """
-        data, lines, problems = read_section(path, [*_FLAT, *GROUPS], sections=GROUPS)
+        data, lines, problems = read_section(path, _FLAT)
         cfg = cls._from_mapping(data, str(path), lines, Path(path).absolute().parent, problems)
         return cfg.replace(**overrides) if overrides else cfg
 
@@ -283,18 +262,28 @@ class ForgetWatchConfig:
         if problems:
             raise ConfigError(problems)
         if relative_to is not None:
-            for values in (own, groups.get("output", {})):
-                for key in PATH_KEYS:
-                    if key in values:
-                        values[key] = _resolved(values[key], relative_to)
+            for key in PATH_KEYS:
+                if key in own:
+                    own[key] = _resolved(own[key], relative_to)
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
+
+    def keywords(self) -> dict[str, Any]:
+        """The settings as keywords of :class:`~forgetwatch.Watch` and the callback (``probes`` too,
+        when the config names them).
+
+        Example:
+            >>> sorted(ForgetWatchConfig(eval_steps=5).keywords())
+            ['base', 'eval_steps', 'max_forgetting', 'monitor', 'output', 'output_dir', 'scoring']
+        """
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "probes"}
+        return own if self.probes is None else {"probes": self.probes, **own}
 
     def check_categories(self, categories: Sequence[str]) -> None:
         """Refuse per-category thresholds and groups for categories the probes do not have: a
         misspelled one would leave its guard off all run long, or its category ungrouped.
 
         Example:
-            >>> cfg = ForgetWatchConfig(stopping=Stopping(category_max_forgetting={"mth": 0.1}))
+            >>> cfg = ForgetWatchConfig(monitor=Monitor(category_max_forgetting={"mth": 0.1}))
             >>> cfg.check_categories(["math"])  # doctest: +ELLIPSIS
             Traceback (most recent call last):
                 ...
@@ -302,7 +291,7 @@ class ForgetWatchConfig:
         """
         problems = []
         for key, named in (
-            ("category_max_forgetting", self.stopping.category_max_forgetting),
+            ("category_max_forgetting", self.monitor.category_max_forgetting),
             ("category_map", self.output.category_map),
         ):
             if unknown := sorted(set(named) - set(categories)):
@@ -319,7 +308,7 @@ class ForgetWatchConfig:
         dict): YAML/JSON-ready, and what :meth:`from_dict` reads back.
 
         Example:
-            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_dict()["eval_steps"]
+            >>> ForgetWatchConfig(eval_steps=50).to_dict()["eval_steps"]
             50
         """
         data: dict[str, Any] = {}
@@ -343,8 +332,8 @@ class ForgetWatchConfig:
         because :meth:`from_yaml` would otherwise read them relative to the file's folder.
 
         Example:
-            >>> ForgetWatchConfig(schedule=Schedule(eval_steps=50)).to_yaml("/tmp/forgetwatch.yaml")
-            >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").schedule.eval_steps
+            >>> ForgetWatchConfig(eval_steps=50).to_yaml("/tmp/forgetwatch.yaml")
+            >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
             50
         """
         data = self.to_dict()
@@ -355,7 +344,7 @@ class ForgetWatchConfig:
         write_settings(data, path)
 
 
-#: the groups, by their field of ForgetWatchConfig (and their section in YAML)
+#: the groups, by their field of ForgetWatchConfig
 GROUPS: dict[str, type[Any]] = {
     f.name: f.default_factory
     for f in fields(ForgetWatchConfig)  # type: ignore[misc]
@@ -376,11 +365,11 @@ FLAT_KEYS: tuple[str, ...] = tuple(_FLAT)
 
 
 def grouped_as(key: str) -> str | None:
-    """Where a flat key is set in code, e.g. ``stopping=Stopping(patience=...)``; ``None`` if no setting.
+    """Where a flat key is set in code, e.g. ``monitor=Monitor(patience=...)``; ``None`` if no setting.
 
     Example:
         >>> grouped_as("patience"), grouped_as("eval_step")
-        ('stopping=Stopping(patience=...)', None)
+        ('monitor=Monitor(patience=...)', None)
     """
     if key not in _GROUPED:
         return None
@@ -396,10 +385,9 @@ def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> C
 def _flatten(
     data: Mapping[Any, Any], source: str, lines: Mapping[str, int]
 ) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
-    """``data``'s settings by flat key, with its group sections (``scoring: {batch_size: 8}``)
-    and group objects taken apart; how each was written (``scoring.batch_size``), for errors;
-    and the problems: keys that are no setting, a setting given twice, a section that is no
-    mapping."""
+    """``data``'s settings by flat key, group objects (from :meth:`ForgetWatchConfig.replace`)
+    taken apart; how each was written, for errors; and the problems: keys that are no setting,
+    a setting given twice."""
     flat: dict[str, Any] = {}
     written: dict[str, str] = {}
     problems: list[ConfigProblem] = []
@@ -414,27 +402,16 @@ def _flatten(
         if not isinstance(key, str):
             message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
             problems.append(ConfigProblem(source, None, None, message))
-        elif key in GROUPS:
-            group = GROUPS[key]
-            names = {f.name: flat_key(f) for f in fields(group)}
-            if isinstance(value, group):
-                value = {name: getattr(value, name) for name in names}
-            if not isinstance(value, Mapping):
-                message = (
-                    f"expected a mapping of {group.__name__} settings, got {describe(value)}; "
-                    f"indent them under '{key}:', e.g. {next(iter(names))}: ..."
-                )
-                problems.append(ConfigProblem(source, lines.get(key), key, message))
-                continue
-            for name, item in value.items():
-                if name in names:
-                    add(names[name], f"{key}.{name}", item)
-                else:
-                    problems.append(_unknown(f"{key}.{name}", list(names), source, lines.get(f"{key}.{name}")))
+        elif key in GROUPS and isinstance(value, GROUPS[key]):
+            for f in fields(value):
+                add(flat_key(f), f"{key}.{f.name}", getattr(value, f.name))
         elif key in _OWN or key in _GROUPED:
             add(key, key, value)
+        elif key in GROUPS:
+            message = f"write each of its settings as a key of its own (e.g. {flat_key(fields(GROUPS[key])[0])}: ...)"
+            problems.append(ConfigProblem(source, lines.get(key), key, message))
         else:
-            problems.append(_unknown(key, [*_FLAT, *GROUPS], source, lines.get(key)))
+            problems.append(_unknown(key, _FLAT, source, lines.get(key)))
     return flat, written, problems
 
 

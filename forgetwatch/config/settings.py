@@ -1,20 +1,20 @@
-"""The settings of a forgetwatch run, in five small groups, each option declared once.
+"""The settings of a forgetwatch run beside its keywords, in three small groups, each option declared once.
 
 A field of a group carries its type, its default and its check (from
 :mod:`forgetwatch.config.checks`); its help is the group docstring's ``Attributes:`` entry,
 which :func:`help_text` reads for the command line. A group checks its values when it is built
 and reports every problem it finds in one :class:`~forgetwatch.config.checks.ConfigError`.
 
-Each field also has a *flat key*: its name in a flat YAML file (``Stopping.metric`` is
+Each field also has a *flat key*: its name in a flat YAML file (``Monitor.metric`` is
 ``stop_metric``). It is the field's name unless its metadata says otherwise. :class:`~forgetwatch.config.ForgetWatchConfig` holds one of each group.
 
 Example:
-    >>> Stopping(max_forgetting=0.05, patience=3).metric
+    >>> Monitor(patience=3).metric
     'forgetting'
-    >>> Stopping(patience=0)  # doctest: +ELLIPSIS
+    >>> Monitor(patience=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
         ...
-    forgetwatch.config.checks.ConfigError: Stopping: key 'patience': expected an integer >= 1, got 0 (int); ...
+    forgetwatch.config.checks.ConfigError: Monitor: key 'patience': expected an integer >= 1, got 0 (int); ...
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIO
 #: the forgetting rates a run may stop on
 STOP_METRICS = ("forgetting", "forgetting_adjusted")
 
-__all__ = ["Output", "Schedule", "Scoring", "Signals", "Stopping", "help_text"]
+__all__ = ["Monitor", "Output", "Scoring", "help_text"]
 
 _LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
 
@@ -152,47 +152,17 @@ class Scoring(_Group):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule(_Group):
-    """When to evaluate.
+class Monitor(_Group):
+    """How a run is watched, beside ``eval_steps`` and ``max_forgetting``: when else to evaluate,
+    the signals measured beside the counts, and when to stop.
 
     Attributes:
-        eval_steps: Evaluate every N optimizer steps; None: the cost-budget schedule (see
-            ``max_overhead``).
-        max_overhead: With the budget schedule, the share of wall time monitoring may take,
-            the start-up included (0.001 <= x < 1); with ``eval_steps``, a warning says when
-            the interval spends more.
+        max_overhead: Without ``eval_steps``, the share of wall time monitoring may take, the
+            start-up included (0.001 <= x < 1); with ``eval_steps``, a warning says when the
+            interval spends more.
         eval_on_evaluate: Also evaluate at every trainer evaluation (adds
             ``eval_forgetwatch_*`` metrics).
         eval_on_train_end: Evaluate once more when training ends.
-
-    Example:
-        >>> Schedule(eval_steps=50).eval_on_train_end
-        True
-    """
-
-    eval_steps: int | None = option(None, check=check.optional(check.integer(1), "the cost-budget schedule"))
-    max_overhead: float = option(
-        0.05,
-        check=check.rate(
-            True,
-            True,
-            "0.05 for 5 % of wall time",
-            floor=0.001,
-            why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
-            "for rare evaluations set eval_steps",
-        ),
-    )
-    eval_on_evaluate: bool = option(True, check=check.boolean)
-    eval_on_train_end: bool = option(True, check=check.boolean)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Stopping(_Group):
-    """When to stop a run that forgets too much.
-
-    Attributes:
-        max_forgetting: Stop training once the forgetting rate exceeds this (0..1); None:
-            never stop.
         metric: Which rate ``max_forgetting`` applies to: "forgetting" or
             "forgetting_adjusted" (flat key ``stop_metric``).
         patience: Consecutive evaluations over the threshold before stopping (>= 1).
@@ -201,27 +171,6 @@ class Stopping(_Group):
         category_max_forgetting: Per-category thresholds, category -> rate (0..1); none by
             default.
         save_on_stop: Ask the trainer for a checkpoint before stopping.
-
-    Example:
-        >>> Stopping(max_forgetting=0.05, metric="forgetting_adjusted").patience
-        1
-    """
-
-    max_forgetting: float | None = option(
-        None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
-    )
-    metric: str = option("forgetting", check=check.choice(STOP_METRICS), key="stop_metric")
-    patience: int = option(1, check=check.integer(1))
-    significance: bool = option(False, check=check.boolean)
-    category_max_forgetting: dict[str, float] = option(check=check.category_rates, factory=dict)
-    save_on_stop: bool = option(True, check=check.boolean)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Signals(_Group):
-    """Early warnings beside the counts: probes at risk, and the noise floor.
-
-    Attributes:
         at_risk_share: A still-right probe is at risk once its margin (multiple choice) or its
             reference answer's probability (generative) falls below this share of the base's
             (0 < x < 1).
@@ -237,10 +186,28 @@ class Signals(_Group):
             all of them would take longer than scoring the probes.
 
     Example:
-        >>> Signals(noise_check=True).at_risk_share
-        0.5
+        >>> Monitor(patience=3, metric="forgetting_adjusted").max_overhead
+        0.05
     """
 
+    max_overhead: float = option(
+        0.05,
+        check=check.rate(
+            True,
+            True,
+            "0.05 for 5 % of wall time",
+            floor=0.001,
+            why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
+            "for rare evaluations set eval_steps",
+        ),
+    )
+    eval_on_evaluate: bool = option(True, check=check.boolean)
+    eval_on_train_end: bool = option(True, check=check.boolean)
+    metric: str = option("forgetting", check=check.choice(STOP_METRICS), key="stop_metric")
+    patience: int = option(1, check=check.integer(1))
+    significance: bool = option(False, check=check.boolean)
+    category_max_forgetting: dict[str, float] = option(check=check.category_rates, factory=dict)
+    save_on_stop: bool = option(True, check=check.boolean)
     at_risk_share: float = option(0.5, check=check.rate(True, True, "0.5"))
     at_risk_floor: float = option(0.1, check=check.non_negative)
     noise_check: bool | None = option(None, check=check.optional(check.boolean, "on for GPUs and reduced precision"))
@@ -257,8 +224,6 @@ class Output(_Group):
     """Where results go and how much is logged.
 
     Attributes:
-        output_dir: Where the base snapshot and history live; None:
-            ``<trainer output_dir>/forgetwatch``.
         table_rows: W&B and TensorBoard tables: at most this many rows for each evaluation's
             flips, and in the final table of probes (>= 1).
         log_categories: Also log ``forgetwatch/<category>/<metric>`` keys: per group where the
@@ -276,11 +241,10 @@ class Output(_Group):
         verbose: Print one console line per evaluation.
 
     Example:
-        >>> Output(output_dir="runs/a/forgetwatch", verbose=False).table_rows
+        >>> Output(verbose=False).table_rows
         500
     """
 
-    output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
     table_rows: int = option(500, check=check.integer(1))
     log_categories: bool = option(True, check=check.boolean)
     category_map: dict[str, str] = option(check=check.category_map, factory=dict)

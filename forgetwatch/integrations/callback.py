@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch.nn import Module
@@ -18,8 +19,8 @@ from transformers import TrainerState as State
 from transformers import TrainingArguments as Args
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config import ForgetWatchConfig, unknown_keyword
-from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.config import ForgetWatchConfig, checked_keywords
+from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.integrations.train_data import TrainRows, training_rows
 from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
@@ -31,14 +32,8 @@ from forgetwatch.run.repair import Repair, Repairable
 from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
-from forgetwatch.sinks.hook import OnForgetting
 
 logger = logging.getLogger("forgetwatch")
-
-#: keywords of the callback itself; every other keyword is a ForgetWatchConfig setting
-_OWN = ("probes", "base", "tokenizer", "on_forgetting", "trainer", "replay", "refusal_detector", "clock", "sinks")
-#: keywords passed through to the watch as they are
-_PASSED = ("config", "refusal_detector", "clock")
 
 
 def _of_watch(name: str, doc: str) -> property:
@@ -50,43 +45,40 @@ class ForgetWatchCallback(TrainerCallback):
 
     A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the
     trainer's events to it: the base is scored when training begins (or loaded), the live model
-    every ``eval_steps`` steps (or within the ``max_overhead`` budget), at trainer evaluations
+    every ``eval_steps`` steps (or within ``Monitor.max_overhead`` of wall time), at trainer evaluations
     and at the end. Each evaluation reaches ``state.log_history``, W&B and TensorBoard (every
     reporting integration with ``trainer=``) as ``forgetwatch/*`` metrics, ``history.jsonl``, the
-    console, ``on_forgetting`` and the ``sinks``. A failure of forgetwatch during training is a
+    console and the ``sinks``. A failure of forgetwatch during training is a
     loud warning, never an exception. List it before transformers' ``EarlyStoppingCallback``,
     which reads the ``eval_forgetwatch_*`` metrics in the callbacks' order.
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, the path of a probe JSONL file, or a list of
             probe rows (dicts in the probe-file schema).
-        eval_steps: evaluate every N optimizer steps (default ``None``: the ``max_overhead`` budget).
+        eval_steps: evaluate every N optimizer steps (default ``None``: as often as
+            ``Monitor.max_overhead`` of wall time allows).
         max_forgetting: stop training once the forgetting rate exceeds this (default ``None``:
             never stop).
         output_dir: where snapshot and history live (default ``None``:
-            ``<trainer output_dir>/forgetwatch``, or the trial's ``run-*`` folder in a
-            hyperparameter search).
+            ``<trainer output_dir>/forgetwatch``, or the trial's folder in a hyperparameter search).
         base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
             instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
             (LoRA) model with its adapters disabled, when training begins and on every resume.
-        tokenizer: defaults to the trainer's ``processing_class``.
-        scoring: the settings of that group (see :mod:`forgetwatch.config.settings`), e.g.
+        scoring: how probes are scored (a :class:`~forgetwatch.Scoring`), e.g.
             ``scoring=Scoring(batch_size=16)``.
-        schedule: the settings of that group (see :mod:`forgetwatch.config.settings`).
-        stopping: the settings of that group (see :mod:`forgetwatch.config.settings`).
-        signals: the settings of that group (see :mod:`forgetwatch.config.settings`).
-        output: the settings of that group (see :mod:`forgetwatch.config.settings`).
+        monitor: when else to evaluate, what else to measure, when to stop (a
+            :class:`~forgetwatch.Monitor`), e.g. ``monitor=Monitor(patience=3)``.
+        output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
         replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, replayed with
             the defaults) to repair forgetting with (default ``None``: no repair). A pool holding a
             probe's question is refused.
-        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`).
-        on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
+            ``f(report, step)`` called after each evaluation on every rank.
+        clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
         trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the
             metrics reach every reporting integration, and a ``GRPOTrainer``'s tools and chat
             template render the train-KL prompts (see :mod:`forgetwatch.integrations.trainer_link`).
-        **settings: passed to the :class:`~forgetwatch.Watch`: ``config`` (a
-            :class:`~forgetwatch.config.ForgetWatchConfig`, which the keywords above override),
-            ``refusal_detector`` and ``clock``.
+            The tokenizer is always the trainer's ``processing_class``.
 
     Attributes:
         watch: the :class:`~forgetwatch.Watch` doing the work; ``history`` (``(global_step,
@@ -98,6 +90,7 @@ class ForgetWatchCallback(TrainerCallback):
         ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
     """
 
+    @checked_keywords
     def __init__(
         self,
         probes: ProbesLike | None = None,
@@ -106,50 +99,41 @@ class ForgetWatchCallback(TrainerCallback):
         max_forgetting: float | None = None,
         output_dir: str | os.PathLike[str] | None = None,
         base: Answers | str | os.PathLike[str] | None = None,
-        tokenizer: Any = None,
         scoring: Scoring | None = None,
-        schedule: Schedule | None = None,
-        stopping: Stopping | None = None,
-        signals: Signals | None = None,
+        monitor: Monitor | None = None,
         output: Output | None = None,
         replay: Repair | Repairable | None = None,
         sinks: Iterable[Any] = (),
-        on_forgetting: OnForgetting | None = None,
+        clock: Callable[[], float] = time.perf_counter,
         trainer: Any = None,
-        **settings: Any,
     ):
-        # every keyword but the trainer's own (tokenizer, trainer) is the watch's
-        mine = {k: v for k, v in locals().items() if k not in ("self", "tokenizer", "trainer", "settings")}
-        if unknown := [k for k in settings if k not in _PASSED]:
-            raise unknown_keyword(type(self).__name__, unknown[0], [*mine, "tokenizer", "trainer", *_PASSED])
-        self.watch = Watch(**mine, **settings)
-        self.tokenizer = tokenizer
+        # every keyword but the trainer is the watch's
+        mine = {k: v for k, v in locals().items() if k not in ("self", "trainer", "__class__")}
+        self.watch = Watch(**mine)
         self._link = TrainerLink(self, trainer)
         self._eval_logged_at: int | None = None
 
     @classmethod
-    def from_config(cls, config: ForgetWatchConfig, **kwargs: Any) -> ForgetWatchCallback:
-        """Build from a :class:`~forgetwatch.config.ForgetWatchConfig` (its ``probes`` path
-        is loaded unless ``probes=`` is passed); other keywords override its settings.
+    def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> ForgetWatchCallback:
+        """A callback with ``config``'s settings (its ``probes`` loaded unless ``probes=`` is
+        given); ``keywords`` (as for the constructor) win over them.
 
         Example:
             >>> cb = ForgetWatchCallback.from_config(ForgetWatchConfig(probes="p.jsonl"))  # doctest: +SKIP
         """
-        return cls(kwargs.pop("probes", None), config=config, **kwargs)
+        return cls(**{**config.keywords(), **keywords})
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> ForgetWatchCallback:
-        """Build from a YAML file (see ``configs/``); keywords override the file's settings.
+    def from_yaml(cls, path: str | os.PathLike[str], **keywords: Any) -> ForgetWatchCallback:
+        """A callback with a YAML file's settings (see ``configs/``); ``keywords`` (as for the
+        constructor) win over them.
 
         Example:
             >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
-            >>> cb.config.schedule.eval_steps, cb.config.stopping.max_forgetting
+            >>> cb.config.eval_steps, cb.config.max_forgetting
             (10, 0.05)
         """
-        own = {k: kwargs.pop(k) for k in _OWN if k in kwargs}
-        if isinstance(own.get("base"), (str, os.PathLike)):
-            kwargs["base"] = own.pop("base")
-        return cls(config=ForgetWatchConfig.from_yaml(path, **kwargs), **own)
+        return cls.from_config(ForgetWatchConfig.from_yaml(path), **keywords)
 
     history = _of_watch("history", "``(global_step, TransitionReport)`` per evaluation so far.")
     trajectory = _of_watch("trajectory", "Every probe's verdict at every evaluation (a Trajectory).")
@@ -165,10 +149,10 @@ class ForgetWatchCallback(TrainerCallback):
         link = self._link
         link.attach(args, state, control, model=model, **kw)
         processing_class = kw.get("processing_class")
-        tokenizer = self.tokenizer or getattr(processing_class, "tokenizer", processing_class)
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
-            raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class, or tokenizer=")
-        self.watch.start(
+            raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class=")
+        self.watch._start(
             model,
             tokenizer,
             step=state.global_step,
@@ -186,7 +170,7 @@ class ForgetWatchCallback(TrainerCallback):
         """A seeded sample of the trainer's training rows for the train-KL signal, read on rank 0
         and shared (every rank measures the same rows); ``None``, said in one line, when
         ``train_kl_rows=0`` or the training data cannot be read."""
-        n = self.watch.config.signals.train_kl_rows
+        n = self.watch.config.monitor.train_kl_rows
         if n <= 0:
             return None
 
@@ -207,7 +191,7 @@ class ForgetWatchCallback(TrainerCallback):
         return TrainRows(rows, found["source"], found["max_new_tokens"])
 
     def _stop_note(self, step: int) -> str:
-        saving = self.watch.config.stopping.save_on_stop
+        saving = self.watch.config.monitor.save_on_stop
         return f"; saving checkpoint {self._link.checkpoint_dir(step)}" if saving else ""
 
     def on_step_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
@@ -223,12 +207,12 @@ class ForgetWatchCallback(TrainerCallback):
         step, watch = state.global_step, self.watch
         self._evaluated(watch.finish(model, step, close=False), control)  # the trainer may save after this
         saved = self._link.checkpoint_dir(step).is_dir()
-        if watch.stop_step == step and watch.config.stopping.save_on_stop and not saved:
+        if watch.stop_step == step and watch.config.monitor.save_on_stop and not saved:
             control.should_save = True  # e.g. save_strategy="best" overrode the request
 
     def on_evaluate(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         watch, step, metrics = self.watch, state.global_step, kw.get("metrics")
-        if not watch.config.schedule.eval_on_evaluate or watch.base_answers is None:
+        if not watch.config.monitor.eval_on_evaluate or watch.base_answers is None:
             return
         if not self._link.open:  # after train(): the weights may have changed (best model loaded)
             try:
@@ -285,4 +269,4 @@ class ForgetWatchCallback(TrainerCallback):
         """Every rank stops together (the watch's rule is rank 0's); the trainer saves first if asked."""
         if evaluation is not None and evaluation.stop:
             control.should_training_stop = True
-            control.should_save = control.should_save or self.watch.config.stopping.save_on_stop
+            control.should_save = control.should_save or self.watch.config.monitor.save_on_stop

@@ -51,7 +51,7 @@ class FrameworkSettings:
     Example:
         >>> settings = FrameworkSettings.from_keys({"forgetwatch_probes": "configs/probes/general_knowledge.jsonl",
         ...                                         "forgetwatch_eval_steps": 50}, "train.yaml")
-        >>> settings.config.schedule.eval_steps, len(settings.probes) > 0
+        >>> settings.config.eval_steps, len(settings.probes) > 0
         (50, True)
     """
 
@@ -103,7 +103,7 @@ class FrameworkSettings:
 
         Example:
             >>> FrameworkSettings.from_environ({"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl",
-            ...                                 "FORGETWATCH_MAX_FORGETTING": "0.1"}).config.stopping.max_forgetting
+            ...                                 "FORGETWATCH_MAX_FORGETTING": "0.1"}).config.max_forgetting
             0.1
         """
         environ = os.environ if environ is None else environ
@@ -187,9 +187,9 @@ class FrameworkSettings:
         what = (
             f"lm-eval: {', '.join(config.probes.tasks)}" if isinstance(config.probes, LmEvalProbes) else config.probes
         )
-        steps = config.schedule.eval_steps
-        when = f"every {steps} steps" if steps else f"within a {config.schedule.max_overhead:.0%} time budget"
-        limit = config.stopping.max_forgetting
+        steps = config.eval_steps
+        when = f"every {steps} steps" if steps else f"within a {config.monitor.max_overhead:.0%} time budget"
+        limit = config.max_forgetting
         stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
         replay = f", replaying {len(self.replay.pool)} rows" if self.replay is not None else ""
         return (

@@ -28,8 +28,9 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import pct
 from forgetwatch.config import ADAPTER_DISABLED, ForgetWatchConfig, checked_keywords
-from forgetwatch.config.settings import Output, Schedule, Scoring, Signals, Stopping
+from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.history import history_record, recover_history
@@ -50,7 +51,7 @@ from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
 from forgetwatch.sinks.console import ConsoleLines
 from forgetwatch.sinks.history_file import HistoryFile
-from forgetwatch.sinks.hook import ForgettingHook, OnForgetting
+from forgetwatch.sinks.hook import as_sink
 from forgetwatch.sinks.metrics import PREFIX
 
 __all__ = ["Watch"]
@@ -60,17 +61,6 @@ logger = logging.getLogger("forgetwatch")
 #: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back
 STATE_FORMAT = "forgetwatch.watch"
 STATE_VERSION = 1
-
-
-def settle(config: ForgetWatchConfig | None, groups: Mapping[str, Any], **flat: Any) -> ForgetWatchConfig:
-    """One config from what a run was given: ``config`` (or the defaults), whole ``groups``
-    in place of its own, then the ``flat`` keywords given (not ``None``)."""
-    config = config or ForgetWatchConfig()
-    groups = {name: group for name, group in groups.items() if group is not None}
-    if groups:
-        config = config.replace(**groups)
-    given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in flat.items() if v is not None}
-    return config.replace(**given) if given else config
 
 
 def _seconds(value: Any) -> float | None:
@@ -97,39 +87,36 @@ class Watch:
     snapshot in ``output_dir``, or the run's own on resume); then :meth:`evaluate` re-scores
     the live model and compares, whenever :meth:`due` says so (every ``eval_steps`` steps, or
     as often as ``max_overhead`` of wall time allows). Each evaluation goes to the history
-    file, the console, the ``on_forgetting`` hook and every sink; it says whether to stop
+    file, the console and every sink; it says whether to stop
     (``max_forgetting``). In a distributed run every rank calls every method at the same steps.
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file, or a list of probe rows.
-        eval_steps: evaluate every N steps (default ``None``: the ``max_overhead`` budget); the
-            same as ``schedule=Schedule(eval_steps=...)``.
-        max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never);
-            the same as ``stopping=Stopping(max_forgetting=...)``.
+        eval_steps: evaluate every N steps (default ``None``: as often as ``Monitor.max_overhead``
+            of wall time allows).
+        max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never).
         output_dir: where the snapshot and ``history.jsonl`` live (required here or at :meth:`start`).
         base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the
             model at the start, or ``"adapter_disabled"`` for a PEFT model's adapters off.
-        scoring: the settings of that group (see :mod:`forgetwatch.config.settings`); default: the config's, else the group's defaults.
-        schedule: as ``scoring``, for its group.
-        stopping: as ``scoring``, for its group.
-        signals: as ``scoring``, for its group.
-        output: as ``scoring``, for its group.
+        scoring: how probes are scored (a :class:`~forgetwatch.Scoring`; default its defaults).
+        monitor: when else to evaluate, what else to measure, when to stop (a
+            :class:`~forgetwatch.Monitor`).
+        output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
             :class:`~forgetwatch.ReplayPool` replayed with the defaults.
-        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`); rank 0 only,
-            unless a sink's ``all_ranks`` is true. They are handed copies (what they change
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
+            ``f(report, step)`` called after each evaluation on every rank; a sink runs on rank 0
+            only, unless its ``all_ranks`` is true. They are handed copies (what they change
             never reaches the run), and a call may take at most :attr:`sink_seconds` (a sink
             still busy then is dropped for the run, with a warning).
-        on_forgetting: ``callable(report, step)`` run after each evaluation, on every rank.
-        refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``.
-        config: a :class:`~forgetwatch.config.ForgetWatchConfig` (e.g. from YAML); the keywords
-            above override it.
         clock: what the schedule, ``monitoring_seconds`` and train KL's time for its base read
             (default ``time.perf_counter``).
 
     Attributes:
-        sink_seconds: how long one call of a user's sink (or ``on_forgetting``) may take
-            before training goes on without that sink (default 300).
+        sink_seconds: how long one call of a user's sink may take before training goes on
+            without it (default 300).
+        refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``
+            (default ``None``: a phrase detector); set it before :meth:`start`.
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -151,26 +138,22 @@ class Watch:
         output_dir: str | os.PathLike[str] | None = None,
         base: Answers | str | os.PathLike[str] | None = None,
         scoring: Scoring | None = None,
-        schedule: Schedule | None = None,
-        stopping: Stopping | None = None,
-        signals: Signals | None = None,
+        monitor: Monitor | None = None,
         output: Output | None = None,
         replay: Repair | Repairable | None = None,
         sinks: Iterable[Any] = (),
-        on_forgetting: OnForgetting | None = None,
-        refusal_detector: Callable[[str], bool] | None = None,
-        config: ForgetWatchConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        config = settle(
-            config,
-            dict(scoring=scoring, schedule=schedule, stopping=stopping, signals=signals, output=output),
+        config = ForgetWatchConfig(
+            probes if isinstance(probes, (str, os.PathLike, LmEvalProbes)) else None,  # a file's: kept in the config
+            base=None if isinstance(base, Answers) else base,
             eval_steps=eval_steps,
             max_forgetting=max_forgetting,
             output_dir=output_dir,
-            base=None if isinstance(base, Answers) else base,
+            scoring=scoring,
+            monitor=monitor,
+            output=output,
         )
-        probes = probes if probes is not None else config.probes
         if probes is None:
             raise ValueError("forgetwatch needs probes: a ProbeSet, a probe file path or a list of probe rows")
         # a bad probe file fails here, before any training
@@ -180,9 +163,8 @@ class Watch:
         if self.repair is not None:
             self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
         self.config = config
-        self.refusal_detector = refusal_detector
-        self.on_forgetting = on_forgetting
-        self.user_sinks = list(sinks)
+        self.refusal_detector: Callable[[str], bool] | None = None
+        self.user_sinks = [as_sink(s) for s in sinks]
         self.base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
         self.clock = clock
         self.base_answers: Answers | None = None
@@ -222,12 +204,7 @@ class Watch:
         *,
         step: int | None = None,
         output_dir: str | os.PathLike[str] | None = None,
-        resume_from: Sequence[Path] = (),
-        leftovers_in: Sequence[Path] = (),
-        sinks: Iterable[Any] = (),
         max_steps: int | None = None,
-        sharded: bool = False,
-        stop_note: Callable[[int], str] = lambda step: "",
         train_rows: RowsLike | None = None,
     ) -> BaseSnapshot:
         """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came
@@ -237,20 +214,38 @@ class Watch:
 
         Args:
             step: the step training begins at (default: the loaded state's, else 0).
-            output_dir: where the run's files go, when not configured.
-            resume_from: folders holding a kept copy of the run's files (a checkpoint's), tried
-                before ``output_dir`` on resume.
-            leftovers_in: more folders to clean of what an interrupted write left.
-            sinks: sinks of the caller (a trainer's integrations), before the user's.
+            output_dir: where the run's files go, when not given to the constructor.
             max_steps: the run's length, if known (to warn when the budget allows no evaluation).
-            sharded: whether the model is sharded (DeepSpeed ZeRO, FSDP).
-            stop_note: what the caller does on stopping at a step, for the stop line.
             train_rows: rows of the training data to measure KL(base ‖ current) on at each
                 evaluation (``forgetwatch/drift/train_kl``, at most ``train_kl_rows`` of them;
                 see :mod:`forgetwatch.run.train_kl`): a :class:`~forgetwatch.run.train_kl.TrainRows`,
                 token-id lists, or ``(token_ids, start)`` pairs whose tokens from ``start`` on are
                 measured. Give the same rows on resume.
         """
+        return self._start(
+            model, tokenizer, step=step, output_dir=output_dir, max_steps=max_steps, train_rows=train_rows
+        )
+
+    def _start(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        step: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        max_steps: int | None = None,
+        train_rows: RowsLike | None = None,
+        resume_from: Sequence[Path] = (),
+        leftovers_in: Sequence[Path] = (),
+        sinks: Iterable[Any] = (),
+        sharded: bool = False,
+        stop_note: Callable[[int], str] = lambda step: "",
+    ) -> BaseSnapshot:
+        """:meth:`start`, with what a trainer's adapter knows besides: ``resume_from`` (folders
+        holding a kept copy of the run's files, tried before ``output_dir``), ``leftovers_in``
+        (more folders to clean of interrupted writes), ``sinks`` (the trainer's integrations,
+        before the user's), ``sharded`` (DeepSpeed ZeRO, FSDP) and ``stop_note`` (what the
+        trainer does on stopping at a step, for the stop line)."""
         began = self.clock()
         if step is None:
             step = int(self._loaded["step"]) if self._loaded else 0
@@ -263,7 +258,7 @@ class Watch:
         self.probes = self.probes.with_groups(c.output.category_map)  # kept in probes.jsonl, for the report
         groups = [p.category_group for p in self.probes]
         self._groups = groups if groups != [p.category for p in self.probes] else None
-        directory = c.output.output_dir or output_dir
+        directory = c.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
         self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
@@ -294,9 +289,9 @@ class Watch:
                     c.output.max_logged_categories,
                     categories=len(self.probes.categories) if self._groups else None,
                 )
-            t = c.stopping
+            t = c.monitor
             self._stop_rule = StopRule(
-                t.max_forgetting,
+                c.max_forgetting,
                 t.metric,
                 t.patience,
                 t.significance,
@@ -333,10 +328,10 @@ class Watch:
                 self.repair.begin(model, context)
             self.train_kl, train_kl_cost = None, 0.0
             scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
-            if train_rows is not None and c.signals.train_kl_rows > 0:  # measured on the base once, or read back
+            if train_rows is not None and c.monitor.train_kl_rows > 0:  # measured on the base once, or read back
                 # its base may take a share of what scoring the probes took (see forgetwatch.run.train_kl)
                 limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)
-                self.train_kl = TrainKL(c.signals.train_kl_rows, max_seconds=limit, clock=self.clock)
+                self.train_kl = TrainKL(c.monitor.train_kl_rows, max_seconds=limit, clock=self.clock)
                 kl_began = self.clock()
                 self.train_kl.begin(model, context, train_rows)
                 train_kl_cost = self.clock() - kl_began if self.train_kl.on else 0.0
@@ -503,7 +498,7 @@ class Watch:
         :meth:`close` (``close=False``: a caller that still saves after this closes it itself)."""
         evaluation = None
         if not self.finished and self.base_answers is not None:
-            if self.config.schedule.eval_on_train_end and not self.evaluated(step):
+            if self.config.monitor.eval_on_train_end and not self.evaluated(step):
                 evaluation = self.evaluate(model, step, "train_end")
             self.finished = True
             self._sinks.on_end(self.trajectory)
@@ -544,8 +539,8 @@ class Watch:
         return compare(
             self.base_answers,
             answers,
-            at_risk_share=c.signals.at_risk_share,
-            at_risk_floor=c.signals.at_risk_floor,
+            at_risk_share=c.monitor.at_risk_share,
+            at_risk_floor=c.monitor.at_risk_floor,
             refusal_detector=self.scorer.refusal_detector,
             count_tokens=token_counter(self.scorer.tokenizer),
             categories=categories,
@@ -615,7 +610,7 @@ class Watch:
         """Where snapshot and history go (known once training began, or when configured)."""
         if self.store is not None:
             return self.store.dir
-        return Path(self.config.output.output_dir) if self.config.output.output_dir else None
+        return Path(self.config.output_dir) if self.config.output_dir else None
 
     @property
     def history_path(self) -> Path | None:
@@ -649,12 +644,22 @@ class Watch:
         """The step forgetwatch stopped training at, if it did."""
         return self.history[-1][0] if self.stop_reason and self.history else None
 
+    @classmethod
+    def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> Watch:
+        """A watch with ``config``'s settings (e.g. from a YAML file); ``keywords`` (as for the
+        constructor) win over them.
+
+        Example:
+            >>> watch = Watch.from_config(ForgetWatchConfig.from_yaml("fw.yaml"), probes=probes)  # doctest: +SKIP
+        """
+        return cls(**{**config.keywords(), **keywords})
+
     # -- inside ---------------------------------------------------------------------------------
 
     def _new_schedule(self) -> EverySteps | Budget:
-        c = self.config.schedule
-        if c.eval_steps:
-            return EverySteps(c.eval_steps, c.max_overhead, clock=self.clock)
+        c = self.config.monitor
+        if self.config.eval_steps:
+            return EverySteps(self.config.eval_steps, c.max_overhead, clock=self.clock)
         # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
         return Budget(
             c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
@@ -669,7 +674,7 @@ class Watch:
 
         mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
         self._user_sinks = Sinks(
-            here([*([ForgettingHook(self.on_forgetting)] if self.on_forgetting else []), *self.user_sinks]),
+            here(self.user_sinks),
             seconds=self.sink_seconds,
         )
         return Sinks(here([*mine, *callers]))
@@ -714,7 +719,7 @@ class Watch:
                 "evaluation before the end (the first would come at about step %d), so only the "
                 "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
                 self._max_steps,
-                self.config.schedule.max_overhead,
+                self.config.monitor.max_overhead,
                 projected,
             )
 
@@ -771,7 +776,7 @@ class Watch:
         found = self.ranks.share_from_rank_zero(from_files)
         if found is not None:
             return Answers.from_dict(found), None
-        check = self.config.signals.noise_check
+        check = self.config.monitor.noise_check
         if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
             reduced = is_reduced(expected.scoring["precision"])
             check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model, reduced))])[0])

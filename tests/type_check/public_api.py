@@ -9,13 +9,12 @@ from forgetwatch import (
     Answers,
     Evaluation,
     ForgetWatchCallback,
+    Monitor,
     Output,
     ProbeSet,
     Replay,
     ReplayPool,
-    Schedule,
     Scoring,
-    Stopping,
     TransitionReport,
     Watch,
     compare,
@@ -35,13 +34,13 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     assert answered.answering is not None and answered.answering.max_new_tokens == 32
     watch = Watch(
         probes,
+        eval_steps=50,
         output_dir="run/forgetwatch",
         max_forgetting=0.1,
         scoring=Scoring(batch_size=8),
-        schedule=Schedule(eval_steps=50),
-        stopping=Stopping(patience=2),
         output=Output(verbose=False),
         replay=Replay(pool, loss="kl", weight=5.0, select="categories"),
+        monitor=Monitor(patience=2),
     )
     watch.start(model, tokenizer)
     for step in range(1, steps + 1):
