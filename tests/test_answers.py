@@ -510,7 +510,7 @@ def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write, w
 
 
 def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
-    from forgetwatch.results.run_dir import SNAPSHOT, read_snapshot
+    from forgetwatch.results.run_files import SNAPSHOT, read_snapshot
 
     assert read_snapshot(tmp_path) is None  # none: not an error
     data = make().save(tmp_path / SNAPSHOT).read_bytes()
