@@ -21,8 +21,6 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.text import describe
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["HistoryError", "decode_column", "encode_column", "history_record", "parse_record", "report_from_record"]
-
 #: The id lists of a report: kept once, at the top level of a record.
 _ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
 #: A report's counts: whole numbers, the last four adding up to ``n``.

@@ -2,11 +2,6 @@
 
 A run keeps them in its forgetwatch directory and a whole copy in each checkpoint's ``forgetwatch/`` folder
 (``manifest.json`` written last), so a resumed run finds its original base; writes made during training never raise.
-
-Example:
-    >>> run = read_run("out")                                            # doctest: +SKIP
-    >>> run.steps, run.history[-1][1].forgetting, run.trajectory         # doctest: +SKIP
-    ([10, 20], 0.031, Trajectory(120 probes, steps [0, 10, 20]))
 """
 
 from __future__ import annotations
@@ -37,31 +32,6 @@ from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "FILES",
-    "HISTORY",
-    "LATEST",
-    "LOCK",
-    "MANIFEST",
-    "PREVIOUS",
-    "PROBES",
-    "SNAPSHOT",
-    "SUBDIR",
-    "TRAIN_KL",
-    "Expected",
-    "NotWritableError",
-    "Run",
-    "RunStore",
-    "copy_problem",
-    "load_trajectory",
-    "read_history",
-    "read_run",
-    "read_snapshot",
-    "recover_history",
-    "run_directory",
-    "stored_base",
-]
 
 SNAPSHOT = "base_answers.npz"  # the base model's answers
 HISTORY = "history.jsonl"  # one record per evaluation (forgetwatch.results.history), each with its trajectory column
@@ -184,11 +154,6 @@ def read_history(
     that is not a record (:func:`~forgetwatch.results.history.parse_record`; steps must increase; its column of
     ``probes`` probes of the probe set ``fingerprint``, when given) raises a :class:`HistoryError` naming the file,
     line and field.
-
-    Example:
-        >>> records = read_history("run/forgetwatch/history.jsonl")   # doctest: +SKIP
-        >>> records[-1]["step"], records[-1]["report"]["forgetting"]  # doctest: +SKIP
-        (40, 0.031)
     """
     scan = scan_history(path, probes=probes, fingerprint=fingerprint)
     if scan.problem is not None:
@@ -213,9 +178,6 @@ def recover_history(
     the first whole copy, cut at ``step``; when every copy has an unreadable line, the longest valid stretch up to
     ``step`` of a copy that agrees with the first one's records (another run's history never stands in for this
     run's). Every unreadable line is named in a warning; no copy at all is a loud warning too.
-
-    Example:
-        >>> recover_history(["ckpt/forgetwatch/history.jsonl", "run/forgetwatch/history.jsonl"], 20).records  # doctest: +SKIP
     """
     scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
     if not scans:
@@ -430,9 +392,6 @@ def stored_base(
     Raises:
         AnswersMismatchError: ``base=`` answers that cannot serve.
         FileNotFoundError: no snapshot to resume from (the message says where it looked and what to pass).
-
-    Example:
-        >>> stored_base(None, expected, run_dir=Path("out/forgetwatch"))   # doctest: +SKIP
     """
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
@@ -506,13 +465,6 @@ class RunStore:
     :meth:`flush`; :attr:`pending` counts what is still owed. The files written once per run are kept in memory
     too: a run directory deleted during training gets them back. :meth:`check_writable`, :meth:`claim` and
     :meth:`set_aside` are the checks that fail fast, before training.
-
-    Example:
-        >>> store = RunStore("out/forgetwatch")            # doctest: +SKIP
-        >>> store.check_writable()                         # doctest: +SKIP
-        >>> store.append_history({"step": 10, "report": {...}})  # doctest: +SKIP
-        >>> store.pending                                  # doctest: +SKIP
-        0
     """
 
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
@@ -547,11 +499,6 @@ class RunStore:
     def check_writable(self) -> None:
         """Raise :class:`NotWritableError` unless files can be written here: call it when training begins, the one
         time monitoring may stop a run.
-
-        Example:
-            >>> RunStore("/proc/forgetwatch").check_writable()  # doctest: +SKIP
-            Traceback (most recent call last):
-            NotWritableError: forgetwatch cannot write its files in /proc/forgetwatch ...
         """
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -575,10 +522,6 @@ class RunStore:
         process a later store takes the directory over, with a warning: the earlier one writes nothing more there,
         or, when this run sets its files aside, goes on among them. :meth:`release`, this store's collection and
         the end of the process free the directory.
-
-        Example:
-            >>> store.claim()      # doctest: +SKIP
-            >>> store.release()    # doctest: +SKIP
         """
         if self._lock is not None and self._lock.alive:
             return
@@ -617,10 +560,6 @@ class RunStore:
         damaged histories included) into one new ``previous-<n>`` folder, none overwritten or mixed with this
         run's. Files go into ``previous.partial``, renamed at the end: one cut short (kill -9) is completed by the
         next fresh run. The folder, if there was anything to move; :class:`NotWritableError` if they cannot move.
-
-        Example:
-            >>> store.set_aside()       # doctest: +SKIP
-            PosixPath('out/forgetwatch/previous-1')
         """
         partial = self.dir / f"{PREVIOUS}.partial"
         names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
@@ -648,10 +587,6 @@ class RunStore:
     def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
         """Remove the temporary files that writes cut short (kill -9) left here and in ``folders`` (checkpoints'
         forgetwatch folders), only forgetwatch's own, by name; the paths removed. Call it when training begins.
-
-        Example:
-            >>> store.remove_leftovers(Path("out").glob("checkpoint-*/forgetwatch"))  # doctest: +SKIP
-            []
         """
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
@@ -778,10 +713,6 @@ class RunStore:
         included, with ``extra`` (file name → JSON value, a repair method's state at this step); then the manifest
         that makes the copy whole (see :func:`copy_problem`). A failure is retried at the next write. Whether
         everything is on disk.
-
-        Example:
-            >>> store.copy_to("out/checkpoint-20/forgetwatch", extra={"replay.json": {"drawn": 40}})  # doctest: +SKIP
-            True
         """
         if self._gone():
             return False
@@ -793,11 +724,7 @@ class RunStore:
         return self.pending == 0
 
     def flush(self) -> bool:
-        """Retry every write still owed (one warning per failure). Whether everything is on disk.
-
-        Example:
-            >>> if not store.flush(): print(store.pending, "writes still owed")  # doctest: +SKIP
-        """
+        """Retry every write still owed (one warning per failure). Whether everything is on disk."""
         if self._gone():
             return False
         self._find_lost()

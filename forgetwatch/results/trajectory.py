@@ -35,8 +35,6 @@ from forgetwatch.results.history import HistoryError, decode_column, encode_colu
 from forgetwatch.results.metrics import margins
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["Trajectory", "with_trajectory_metrics"]
-
 
 class Trajectory:
     """Whether each probe was right, and its drift signal, at the base and each evaluation.
