@@ -18,10 +18,8 @@ from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_n
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
-#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets
-#: (version 1 stored fixed-width unicode arrays, 4 bytes per character of the longest text).
+#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets.
 VERSION = 2
-READABLE_VERSIONS = (1, 2)
 #: The npz columns of text, each stored as ``<name>_utf8`` (bytes) and ``<name>_offsets``.
 TEXT_COLUMNS = ("ids", "categories", "pred_text", "outputs")
 ANOTHER_PROBE_SET = "another probe set"
@@ -243,8 +241,7 @@ class Answers:
         return answers._checked(doc)
 
     def _checked(self, header: dict[str, Any]) -> Answers:
-        # files written before version 2 have no checksum; from version 2 on, one is required
-        if header["version"] >= 2 and header.get("checksum") != _checksum(self._content()):
+        if header.get("checksum") != _checksum(self._content()):
             raise AnswersFileError(
                 "edited or damaged since it was written (its content does not match the checksum in its header)"
             )
@@ -325,10 +322,7 @@ class Answers:
     def _from_arrays(cls, z: dict[str, np.ndarray]) -> Answers:
         header = json.loads(str(z["header"]))
         _check_header(header)
-        if header["version"] == 1:  # fixed-width unicode arrays
-            text = {name: [str(x) for x in z[name]] for name in TEXT_COLUMNS}
-        else:
-            text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
+        text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
         counts = z["choice_counts"].astype(int)
         splits = np.cumsum(counts)[:-1] if len(counts) else []
         predicted: list[int | str | None] = []
@@ -370,10 +364,9 @@ def _check_header(doc: dict[str, Any]) -> None:
         raise AnswersFileError(
             f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, expected {FORMAT!r})"
         )
-    if doc.get("version") not in READABLE_VERSIONS:
+    if doc.get("version") != VERSION:
         raise AnswersFileError(
-            f"file version {shorten(doc.get('version'))} is not one this forgetwatch "
-            f"reads ({', '.join(map(str, READABLE_VERSIONS))})"
+            f"file version {shorten(doc.get('version'))} is not the one this forgetwatch reads ({VERSION})"
         )
 
 
