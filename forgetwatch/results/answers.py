@@ -85,16 +85,8 @@ class Answers:
         self.n_choices = np.asarray(self.n_choices, dtype=np.int64)
         self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
         n = len(self.ids)
-        lengths = {
-            "correct": len(self.correct),
-            "predicted": len(self.predicted),
-            "choice_logprobs": len(self.choice_logprobs),
-            "gold_logprob": len(self.gold_logprob),
-            "n_choices": len(self.n_choices),
-            "categories": len(self.categories),
-            "outputs": len(self.outputs),
-        }
-        bad = {k: v for k, v in lengths.items() if v != n}
+        columns = ("correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs")
+        bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
 
