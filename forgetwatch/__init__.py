@@ -17,7 +17,7 @@ from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_dir import load_trajectory
+from forgetwatch.results.run_files import load_trajectory
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import Scorer, evaluate

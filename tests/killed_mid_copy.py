@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forgetwatch import Output, ProbeSet
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.results import store
+from forgetwatch.results import run_files as store
 
 
 def pause_in_the_checkpoints_history(out: Path) -> None:

@@ -418,42 +418,6 @@ def test_edited_npz_is_refused(tmp_path):
         Answers.load(path)
 
 
-def _version_1_arrays(a: Answers) -> dict:
-    """What forgetwatch wrote before version 2: fixed-width unicode text, no checksum."""
-    header = {
-        "format": "forgetwatch.answers",
-        "version": 1,
-        "probe_fingerprint": a.probe_fingerprint,
-        "scoring": a.scoring,
-        "model": a.model,
-        "meta": a.meta,
-    }
-    return {
-        "header": np.array(json.dumps(header)),
-        "ids": np.array(a.ids, dtype=str),
-        "categories": np.array(a.categories, dtype=str),
-        "correct": a.correct,
-        "n_choices": a.n_choices,
-        "gold_logprob": a.gold_logprob,
-        "choice_logprobs": np.concatenate(a.choice_logprobs),
-        "choice_counts": np.array([len(x) for x in a.choice_logprobs]),
-        "pred_index": np.array([p if isinstance(p, int) else -1 for p in a.predicted]),
-        "pred_text": np.array([p if isinstance(p, str) else "" for p in a.predicted], dtype=str),
-        "pred_none": np.array([p is None for p in a.predicted]),
-        "outputs": np.array([o or "" for o in a.outputs], dtype=str),
-        "outputs_none": np.array([o is None for o in a.outputs]),
-    }
-
-
-def test_version_1_files_still_load(tmp_path):
-    a = make()
-    np.savez_compressed(tmp_path / "v1.npz", **_version_1_arrays(a))
-    assert_same(a, Answers.load(tmp_path / "v1.npz"))
-    doc = {k: v for k, v in a.to_dict().items() if k != "checksum"}
-    (tmp_path / "v1.json").write_text(json.dumps({**doc, "version": 1}), encoding="utf-8")
-    assert_same(a, Answers.load(tmp_path / "v1.json"))
-
-
 # -- npz text as UTF-8 ---------------------------------------------------------------------------
 
 
@@ -510,7 +474,7 @@ def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write, w
 
 
 def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
-    from forgetwatch.results.run_dir import SNAPSHOT, read_snapshot
+    from forgetwatch.results.run_files import SNAPSHOT, read_snapshot
 
     assert read_snapshot(tmp_path) is None  # none: not an error
     data = make().save(tmp_path / SNAPSHOT).read_bytes()

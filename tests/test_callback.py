@@ -423,8 +423,7 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
 
 
 def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path):
-    from forgetwatch.results.run_dir import read_records
-    from forgetwatch.results.store import RunStore
+    from forgetwatch.results.run_files import RunStore, read_history
     from forgetwatch.run.base import model_key, weights_key
 
     with torch.device("meta"):  # offloaded / not yet materialised weights
@@ -440,7 +439,7 @@ def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path
     store.append_history({"step": 2, "report": empty})
     with open(store.history_path, "a") as f:
         f.write('{"step": 3, "rep')  # a crash in the middle of a write
-    assert [r["step"] for r in read_records(tmp_path)] == [1, 2]
+    assert [r["step"] for r in read_history(store.history_path)] == [1, 2]
 
 
 def strict_json(text: str):
@@ -822,7 +821,7 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
         assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
         assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
         assert (folder / "probes.jsonl").is_file()
-    from forgetwatch.results.store import copy_problem
+    from forgetwatch.results.run_files import copy_problem
 
     assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
     shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from forgetwatch.reporting.plot import load_history
-from forgetwatch.results.history import HistoryError, history_record, read_history, report_from_record
+from forgetwatch.results.history import HistoryError, history_record, report_from_record
 from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.run_files import read_history
 
 CATEGORY_OF = {"q1": "math", "q2": "math", "q3": "law", "q4": "law"}
 COUNTS = {"n": 0, "forgotten": 0, "gained": 0, "kept": 0, "never": 0}  # the least a report holds
@@ -167,7 +168,7 @@ DAMAGED_COLUMNS = [
 @pytest.mark.parametrize("damage, field, why", DAMAGED_COLUMNS)
 def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path, capsys, damage, field, why):
     from forgetwatch.cli import main
-    from forgetwatch.results.run_dir import load_trajectory, read_run
+    from forgetwatch.results.run_files import load_trajectory, read_run
 
     run = tmp_path / "forgetwatch"
     run.mkdir()
@@ -187,7 +188,7 @@ def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path
 
 
 def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
-    from forgetwatch.results.run_dir import read_run
+    from forgetwatch.results.run_files import read_run
     from forgetwatch.results.trajectory import Trajectory
 
     run = tmp_path / "forgetwatch"
@@ -249,7 +250,7 @@ def test_step_zero_is_a_record_too(tmp_path):  # eval_on_start evaluates at step
 
 
 def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, caplog):
-    from forgetwatch.results.history import recover_history
+    from forgetwatch.results.run_files import recover_history
 
     checkpoint, run = tmp_path / "checkpoint.jsonl", tmp_path / "run.jsonl"
     # one unreadable line in both copies: the records before it are kept, not none
@@ -273,7 +274,7 @@ def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, cap
 
 
 def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):
-    from forgetwatch.results.history import recover_history
+    from forgetwatch.results.run_files import recover_history
 
     checkpoint, run = tmp_path / "checkpoint.jsonl", tmp_path / "run.jsonl"
     # a later, fresh run's history in the run directory: longer, but the checkpoint's copy is whole
@@ -291,7 +292,7 @@ def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):
 
 
 def test_a_resume_without_any_history_says_so_loudly(tmp_path, caplog):
-    from forgetwatch.results.history import recover_history
+    from forgetwatch.results.run_files import recover_history
 
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         assert recover_history([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], 30).records == []

@@ -28,7 +28,7 @@ from forgetwatch.reporting.page import (
     write_report,
 )
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.history import read_history
+from forgetwatch.results.run_files import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -19,9 +19,17 @@ import sys
 import pytest
 
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.history import read_history
-from forgetwatch.results.run_dir import read_snapshot
-from forgetwatch.results.store import FILES, HISTORY, LATEST, LOCK, SNAPSHOT, NotWritableError, RunStore
+from forgetwatch.results.run_files import (
+    FILES,
+    HISTORY,
+    LATEST,
+    LOCK,
+    SNAPSHOT,
+    NotWritableError,
+    RunStore,
+    read_history,
+    read_snapshot,
+)
 
 
 def record(step: int) -> dict:
@@ -199,7 +207,7 @@ REPLAY_STATE = "replay.json"  # a repair method's own file
 
 
 def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp_path):
-    from forgetwatch.results.store import MANIFEST, PROBES, copy_problem
+    from forgetwatch.results.run_files import MANIFEST, PROBES, copy_problem
 
     store.save_snapshot(answers())
     store.save_probes(Probes())
@@ -230,8 +238,8 @@ def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp
 
 
 def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(tmp_path, monkeypatch):
-    from forgetwatch.results import store as module
-    from forgetwatch.results.store import RunStore, copy_problem
+    from forgetwatch.results import run_files as module
+    from forgetwatch.results.run_files import RunStore, copy_problem
 
     store = RunStore(tmp_path / "run", own_files=[REPLAY_STATE])  # the files a repair method names
 
@@ -286,7 +294,7 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
 def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, tmp_path, caplog):
     import shutil
 
-    from forgetwatch.results.store import PROBES, copy_problem
+    from forgetwatch.results.run_files import PROBES, copy_problem
 
     store.save_snapshot(answers())
     store.save_probes(Probes())

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from forgetwatch import Output, Trajectory, evaluate, load_trajectory
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.results.history import read_history
+from forgetwatch.results.run_files import read_history
 from forgetwatch.sinks import metric_values
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out

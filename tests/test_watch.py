@@ -20,10 +20,8 @@ import torch
 from forgetwatch import Answers, Evaluation, Output, ProbeSet, Scoring, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.results.history import read_history
 from forgetwatch.results.noise import smallest_detectable
-from forgetwatch.results.run_dir import load_trajectory
-from forgetwatch.results.store import LOCK, NotWritableError
+from forgetwatch.results.run_files import LOCK, NotWritableError, load_trajectory, read_history
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import logged_categories, metric_values
 

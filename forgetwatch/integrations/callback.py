@@ -27,7 +27,7 @@ from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
-from forgetwatch.results.store import SUBDIR
+from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.repair import Repair, Repairable
 from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import NonFiniteScoresError

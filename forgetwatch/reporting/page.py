@@ -23,7 +23,7 @@ from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
 from forgetwatch.probes import Probe, ProbeKind
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_dir import HISTORY, SUBDIR, Run, read_run, run_directory
+from forgetwatch.results.run_files import HISTORY, SUBDIR, Run, read_run, run_directory
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer

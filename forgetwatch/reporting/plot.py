@@ -19,7 +19,7 @@ from typing import Any
 
 from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
-from forgetwatch.results.history import read_history as load_history  # the one reader of history files
+from forgetwatch.results.run_files import read_history as load_history  # the one reader of history files
 
 #: A history.jsonl path, or its records: ``{"step": int, "report": dict | TransitionReport}`` or
 #: ``(step, TransitionReport)`` pairs (``ForgetWatchCallback.history``).

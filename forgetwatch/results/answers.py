@@ -18,10 +18,8 @@ from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_n
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
-#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets
-#: (version 1 stored fixed-width unicode arrays, 4 bytes per character of the longest text).
+#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets.
 VERSION = 2
-READABLE_VERSIONS = (1, 2)
 #: The npz columns of text, each stored as ``<name>_utf8`` (bytes) and ``<name>_offsets``.
 TEXT_COLUMNS = ("ids", "categories", "pred_text", "outputs")
 ANOTHER_PROBE_SET = "another probe set"
@@ -33,13 +31,8 @@ class AnswersMismatchError(ValueError):
 
 
 class AnswersFileError(ValueError):
-    """An answers file that cannot be used: damaged, edited since it was written, or not
-    written by forgetwatch.
-
-    Attributes:
-        reason: what is wrong, without the path or the advice.
-        path: the file, when known.
-    """
+    """An answers file that cannot be used: damaged, edited since it was written, or not written by forgetwatch;
+    ``reason`` says what is wrong (without the ``path`` or the advice)."""
 
     def __init__(self, reason: str, path: str | os.PathLike[str] | None = None, advice: str = _REDO):
         self.reason, self.path = reason, path
@@ -53,13 +46,11 @@ class Answers:
     Attributes:
         ids: probe ids, in probe-set order.
         correct: bool per sample.
-        predicted: chosen choice index (multiple choice), extracted text (generative;
-            ``None`` when extraction failed), or the raw response (behaviour probes, so a
-            failed check can be read).
-        choice_logprobs: per sample, the summed log-probability of each choice
-            (empty for generative probes).
-        gold_logprob: log-probability of the correct choice; for a generative probe, of its reference
-            answer after the prompt, teacher-forced (NaN where it was not scored).
+        predicted: chosen choice index (multiple choice), extracted text (generative; ``None`` when extraction
+            failed), or the raw response (behaviour probes).
+        choice_logprobs: per sample, the summed log-probability of each choice (empty for generative probes).
+        gold_logprob: log-probability of the correct choice, or of a generative probe's reference answer,
+            teacher-forced (NaN where not scored).
         n_choices: number of choices per sample (0 for generative probes).
         categories: category per sample.
         outputs: raw generated text for generative and behaviour probes (``None`` for multiple choice).
@@ -94,16 +85,8 @@ class Answers:
         self.n_choices = np.asarray(self.n_choices, dtype=np.int64)
         self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
         n = len(self.ids)
-        lengths = {
-            "correct": len(self.correct),
-            "predicted": len(self.predicted),
-            "choice_logprobs": len(self.choice_logprobs),
-            "gold_logprob": len(self.gold_logprob),
-            "n_choices": len(self.n_choices),
-            "categories": len(self.categories),
-            "outputs": len(self.outputs),
-        }
-        bad = {k: v for k, v in lengths.items() if v != n}
+        columns = ("correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs")
+        bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
 
@@ -166,15 +149,9 @@ class Answers:
         ids: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Why these answers cannot serve as the base for the given probes, scoring and model
-        (a short reason), or ``None`` when they can.
-
-        Args:
-            fingerprint: the probe set's fingerprint (``ProbeSet.fingerprint()``).
-            scoring: the scoring options to match (speed-only ones, batch size and device, aside);
-                ``None``: not compared.
-            ids: the probe ids, in order; ``None``: not compared.
-            meta: entries of :attr:`meta` that must match, e.g. ``{"model_key": ...}``.
+        """Why these answers cannot serve as the base for the probe set ``fingerprint`` (with these ``ids`` in
+        order, scored with ``scoring`` but for batch size and device, with these ``meta`` entries, each when given),
+        or ``None`` when they can.
 
         Example:
             >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True)])
@@ -187,8 +164,8 @@ class Answers:
             problem = _ids_differ(self.ids, ids)
             if problem:
                 return f"other probe ids ({problem})"
-        if scoring is not None and not self.scored_like(scoring):
-            mine, theirs = _comparable_scoring(self.scoring), _comparable_scoring(scoring)
+        mine, theirs = _comparable_scoring(self.scoring), _comparable_scoring(scoring or {})
+        if scoring is not None and mine != theirs:
             if mine.pop("precision", None) != theirs.pop("precision", None) and mine == theirs:
                 return (
                     f"another precision ({self.scoring.get('precision', 'not recorded')} vs "
@@ -201,11 +178,7 @@ class Answers:
         return None
 
     def check_compatible(self, other: Answers, what: str = "answers") -> None:
-        """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way.
-
-        Example:
-            >>> base.check_compatible(current)  # doctest: +SKIP
-        """
+        """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way."""
         problem = other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids)
         if problem:
             raise AnswersMismatchError(
@@ -213,17 +186,9 @@ class Answers:
                 "on the same probe file with the same options"
             )
 
-    def scored_like(self, scoring: Mapping[str, Any]) -> bool:
-        """Whether these answers were scored with options that give the same answers."""
-        return _comparable_scoring(self.scoring) == _comparable_scoring(scoring)
-
     def check_probes(self, probes: Any) -> None:
-        """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a
-        ProbeSet): the same fingerprint and the same ids in the same order.
-
-        Example:
-            >>> base.check_probes(ProbeSet.from_jsonl("probes.jsonl"))  # doctest: +SKIP
-        """
+        """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet): the same
+        fingerprint, the same ids in the same order."""
         problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
         if problem:
             detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
@@ -232,7 +197,7 @@ class Answers:
                 f"{probes.source}{detail}; evaluate the model again on these probes"
             )
 
-    # -- persistence -------------------------------------------------------------------------
+    # -- files -------------------------------------------------------------------------------
 
     def _content(self) -> dict[str, Any]:
         """What the checksum covers: everything but format, version and the checksum itself."""
@@ -256,12 +221,7 @@ class Answers:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Answers:
-        """The inverse of :meth:`to_dict`; raises :class:`AnswersFileError` when the content
-        does not match its checksum (edited or damaged since it was written).
-
-        Example:
-            >>> again = Answers.from_dict(answers.to_dict())  # doctest: +SKIP
-        """
+        """The inverse of :meth:`to_dict`; :class:`AnswersFileError` when the content does not match its checksum."""
         _check_header(doc)
         answers = cls.from_samples(
             doc["probe_fingerprint"],
@@ -273,8 +233,7 @@ class Answers:
         return answers._checked(doc)
 
     def _checked(self, header: dict[str, Any]) -> Answers:
-        # files written before version 2 have no checksum; from version 2 on, one is required
-        if header["version"] >= 2 and header.get("checksum") != _checksum(self._content()):
+        if header.get("checksum") != _checksum(self._content()):
             raise AnswersFileError(
                 "edited or damaged since it was written (its content does not match the checksum in its header)"
             )
@@ -300,11 +259,8 @@ class Answers:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], probes: Any = None) -> Answers:
-        """Read answers saved by :meth:`save`; if ``probes`` is given, check they belong to it
-        (fingerprint and ids, see :meth:`check_probes`).
-
-        Raises :class:`AnswersFileError` (a ``ValueError``) for a damaged or edited file, or one
-        not written by forgetwatch, and :class:`AnswersMismatchError` for other probes.
+        """Read answers saved by :meth:`save`, checked to belong to ``probes`` when given (:meth:`check_probes`).
+        Raises :class:`AnswersFileError` (a ``ValueError``) for a damaged, edited or foreign file.
 
         Example:
             >>> base = Answers.load("base_answers.json")  # doctest: +SKIP
@@ -320,9 +276,7 @@ class Answers:
                     answers = cls.from_dict(json.load(f))
         except AnswersFileError as e:
             raise AnswersFileError(e.reason, path) from None
-        # corrupt/truncated npz files fail inside zipfile/zlib with their own exception types
-        except NPZ_ERRORS as e:
-            # not chained: the reason says what matters, and numpy's text may advise loading pickles
+        except NPZ_ERRORS as e:  # not chained: numpy's text may advise loading pickles
             raise AnswersFileError(_unreadable(e), path) from None
         if probes is not None:
             answers.check_probes(probes)
@@ -360,10 +314,7 @@ class Answers:
     def _from_arrays(cls, z: dict[str, np.ndarray]) -> Answers:
         header = json.loads(str(z["header"]))
         _check_header(header)
-        if header["version"] == 1:  # fixed-width unicode arrays
-            text = {name: [str(x) for x in z[name]] for name in TEXT_COLUMNS}
-        else:
-            text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
+        text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
         counts = z["choice_counts"].astype(int)
         splits = np.cumsum(counts)[:-1] if len(counts) else []
         predicted: list[int | str | None] = []
@@ -387,8 +338,7 @@ class Answers:
 
 
 def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
-    """The text of the choice a multiple-choice prediction names; ``None`` when it names none
-    (no choices known, or not an index into them).
+    """The text of the choice a multiple-choice prediction names; ``None`` when it names none.
 
     Example:
         >>> chosen_text(1, ["Paris", "Rome"]), chosen_text(None, ["Paris", "Rome"])
@@ -406,16 +356,14 @@ def _check_header(doc: dict[str, Any]) -> None:
         raise AnswersFileError(
             f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, expected {FORMAT!r})"
         )
-    if doc.get("version") not in READABLE_VERSIONS:
+    if doc.get("version") != VERSION:
         raise AnswersFileError(
-            f"file version {shorten(doc.get('version'))} is not one this forgetwatch "
-            f"reads ({', '.join(map(str, READABLE_VERSIONS))})"
+            f"file version {shorten(doc.get('version'))} is not the one this forgetwatch reads ({VERSION})"
         )
 
 
 def _unreadable(err: BaseException) -> str:
-    """What a failure while reading says about the file, for the user (never numpy's advice
-    to load pickled data: a forgetwatch file holds none, and loading it could run code)."""
+    """What a failure while reading says about the file (never numpy's advice to load pickled data)."""
     if "pickle" in str(err).lower():
         return (
             "damaged or not written by forgetwatch: it holds pickled (object) data, and "
@@ -453,7 +401,7 @@ def _unpack_text(data: np.ndarray, offsets: np.ndarray, name: str) -> list[str]:
 
 
 def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
-    """How the ids ``have`` differ from the ``want``-ed ones, or ``None`` when they are the same."""
+    """How the ids ``have`` differ from the ``want``-ed ones, or ``None``."""
     if list(have) == list(want):
         return None
     have_set, want_set = set(have), set(want)

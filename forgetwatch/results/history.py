@@ -1,24 +1,7 @@
-"""The history file of a monitored run: its record format and its one reader.
+"""One evaluation as a line of ``history.jsonl``: the record, its trajectory column, its checks (pure functions).
 
-``history.jsonl`` holds one JSON object per evaluation, one per line, each line written whole
-and ended by a newline::
-
-    {"step": 40, "time": 1718000000.123, "seconds": 1.25, "trigger": "schedule",
-     "report": {...TransitionReport.to_dict(), ids once at the top level...}, "stop": "...",
-     "columns": {"probes": "<fingerprint>", "correct": "<base64>", "signal": "<base64>"}}
-
-``stop`` is there only when forgetwatch stopped training at that evaluation; ``columns`` is the
-evaluation's trajectory column (:func:`encode_column`). Steps increase from line to line.
-
-Every reader of a run's files reads records through :func:`scan_history` (the report and
-:func:`~forgetwatch.load_trajectory` by :func:`forgetwatch.results.run_dir.read_run`, the plots, the
-store and a resume), so a damaged line is the same :class:`HistoryError`, naming the file,
-line and field, wherever it is read.
-
-Example:
-    >>> from forgetwatch.results.history import read_history, report_from_record
-    >>> records = read_history("run/forgetwatch/history.jsonl")               # doctest: +SKIP
-    >>> report = report_from_record(records[-1], {p.id: p.category for p in probes})  # doctest: +SKIP
+A record is ``{"step", "time", "seconds", "trigger", "report", "stop"?, "columns"?}``; the report's id lists are
+kept once, at the top level. The file is read and written by :mod:`forgetwatch.results.run_files`.
 """
 
 from __future__ import annotations
@@ -26,13 +9,10 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import logging
 import math
 import os
 import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,39 +21,22 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.text import describe
 from forgetwatch.results.report import TransitionReport
 
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "HistoryError",
-    "HistoryScan",
-    "decode_column",
-    "encode_column",
-    "history_record",
-    "read_history",
-    "recover_history",
-    "report_from_record",
-    "scan_history",
-]
-
 #: The id lists of a report: kept once, at the top level of a record.
 _ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
 #: A report's counts: whole numbers, the last four adding up to ``n``.
 _COUNTS = ("n", "forgotten", "gained", "kept", "never")
-#: Most bytes a column may inflate to when the probe count is not known (32 million probes):
-#: a few bytes of zlib must not become gigabytes.
+#: Most bytes a column may inflate to when the probe count is not known: a few bytes of zlib must not become gigabytes.
 _MAX_COLUMN_BYTES = 1 << 26
 _FIX = "fix or delete that line (each line is one evaluation)"
 
 
 class HistoryError(ValueError):
-    """A line of a history file that is not an evaluation record.
-
-    The message names the file, the line and the field (``history.jsonl, line 4, field
-    'columns.correct': not base64 text; ...``) when they are known.
+    """A line of a history file that is not an evaluation record; the message names the file, line and field
+    (``history.jsonl, line 4, field 'columns.correct': not base64 text; ...``) where known.
 
     Attributes:
         reason: what is wrong, without where.
-        field: the field (``"report.n"``, ``"columns.signal"``), or ``None`` for the line as a whole.
+        field: the field (``"report.n"``), or ``None`` for the line as a whole.
         path, line: the file and its line number, or ``None``.
     """
 
@@ -101,11 +64,8 @@ def history_record(
     stop: str | None = None,
     columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One evaluation as ``history.jsonl`` stores it.
-
-    The forgotten and gained ids are kept once, at the top level of the report: repeating
-    them per category would double the file. :func:`report_from_record` gives each category
-    its ids back.
+    """One evaluation as ``history.jsonl`` stores it; the report's id lists are kept once, at the top level
+    (per category they would double the file: :func:`report_from_record` gives each category its ids back).
 
     Args:
         step: the trainer's global step.
@@ -141,8 +101,8 @@ def history_record(
 
 
 def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]) -> TransitionReport:
-    """The :class:`~forgetwatch.results.report.TransitionReport` of a history record, each category's
-    forgotten and gained ids rebuilt from ``category_of`` (probe id → category).
+    """The :class:`~forgetwatch.results.report.TransitionReport` of a record, each category's ids rebuilt from
+    ``category_of`` (probe id → category).
 
     Example:
         >>> r = history_record(10, TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"],
@@ -165,8 +125,8 @@ def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]
 
 
 def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> dict[str, str]:
-    """One evaluation's trajectory column as a record stores it: correctness bit-packed, the
-    signal as float16, each zlib-compressed and base64-encoded.
+    """One evaluation's trajectory column as a record stores it: correctness bit-packed, the signal as float16,
+    each zlib-compressed and base64-encoded.
 
     Example:
         >>> column = encode_column("fp", np.array([True, False]), np.array([0.5, np.nan]))
@@ -183,9 +143,8 @@ def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> 
 def decode_column(
     column: Any, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A record's column back as ``(correct, signal)`` arrays (bool, float32), checked: the
-    column of exactly ``probes`` probes (when given) of the probe set ``fingerprint`` (when
-    given). Raises :class:`HistoryError` naming the field (``columns.correct``, ...).
+    """A record's column back as ``(correct, signal)`` arrays (bool, float32), checked to hold ``probes`` probes
+    of the probe set ``fingerprint`` (each when given); a :class:`HistoryError` naming the field if not.
 
     Example:
         >>> decode_column({"probes": "fp", "correct": "bad", "signal": ""}, 2)
@@ -251,140 +210,9 @@ def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
     return out
 
 
-# -- reading ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class HistoryScan:
-    """One history file as far as it could be read: ``records``, the valid ones before the
-    first line that is not a record; ``problem``, that line's error (``None``: all were read);
-    ``cut``, whether its last line was cut short (and dropped)."""
-
-    path: Path
-    records: list[dict[str, Any]]
-    problem: HistoryError | None = None
-    cut: bool = False
-
-
-def scan_history(
-    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
-) -> HistoryScan:
-    """Read a ``history.jsonl`` up to its first line that is not a record (see
-    :func:`read_history` for what makes one). A last line without its final newline was
-    cut short (a crash in the middle of a write): it is dropped with a warning.
-
-    Example:
-        >>> scan = scan_history("run/forgetwatch/history.jsonl")   # doctest: +SKIP
-        >>> len(scan.records), scan.problem                       # doctest: +SKIP
-        (3, None)
-    """
-    path = Path(path)
-    lines = path.read_bytes().split(b"\n")
-    cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
-    if cut:
-        logger.warning(
-            "%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)", path, len(lines)
-        )
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            record = _record(line, probes, fingerprint)
-            if records and record["step"] <= records[-1]["step"]:
-                # never written so: a resume cuts the history at its checkpoint and rewrites it
-                raise HistoryError(
-                    f"{record['step']} after step {records[-1]['step']}: steps must increase "
-                    "(lines repeated, or two runs writing one history?)",
-                    "step",
-                )
-        except HistoryError as err:
-            return HistoryScan(path, records, err.at(path, number), cut)
-        records.append(record)
-    return HistoryScan(path, records, cut=cut)
-
-
-def read_history(
-    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
-) -> list[dict[str, Any]]:
-    """The records of a ``history.jsonl``, in file order; blank lines are skipped.
-
-    A last line without its final newline was cut short (a crash in the middle of a write):
-    it is dropped with a warning. Any other line that is not a record raises
-    :class:`HistoryError` naming the file, line and field: not JSON, not an object, no
-    ``step`` (an integer ≥ 0, greater than the line before's), no ``report`` (an object with
-    the counts of a :class:`~forgetwatch.results.report.TransitionReport`, figures as numbers or
-    ``null``), or a ``columns`` that does not decode (to ``probes`` probes of the probe set
-    ``fingerprint``, when given).
-
-    Example:
-        >>> records = read_history("run/forgetwatch/history.jsonl")   # doctest: +SKIP
-        >>> records[-1]["step"], records[-1]["report"]["forgetting"]  # doctest: +SKIP
-        (40, 0.031)
-    """
-    scan = scan_history(path, probes=probes, fingerprint=fingerprint)
-    if scan.problem is not None:
-        raise scan.problem
-    return scan.records
-
-
-@dataclass
-class Recovered:
-    """What a resume keeps of a run's history: ``records`` (from ``source``, ``None`` when no
-    copy exists) and every copy as read (``scans``)."""
-
-    records: list[dict[str, Any]]
-    source: Path | None
-    scans: list[HistoryScan]
-
-
-def recover_history(
-    paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
-) -> Recovered:
-    """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the
-    checkpoint's first): the first whole copy, cut at ``step``; when every copy has an
-    unreadable line, the longest valid stretch up to ``step``, from any copy that agrees with
-    the first one's valid records (another run's history, left in the run directory, never
-    stands in for this run's). Every unreadable line is named in a warning; no copy at all is
-    a loud warning too.
-
-    Example:
-        >>> recover_history(["ckpt/forgetwatch/history.jsonl", "run/forgetwatch/history.jsonl"], 20).records  # doctest: +SKIP
-    """
-    scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
-    if not scans:
-        logger.warning(
-            "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
-            "step %d are lost (the trajectory, the patience count and the report start again here; the "
-            "base snapshot is intact, so the figures stay right)",
-            step,
-            " or ".join(str(p) for p in paths),
-            step,
-        )
-        return Recovered([], None, [])
-    kept = [[r for r in s.records if r["step"] <= step] for s in scans]
-    # copies of this run agree with the first where both hold records: the same steps, made at the same times
-    ours = [
-        i
-        for i in range(len(scans))
-        if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
-    ]
-    whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
-    best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
-    for scan in scans:
-        if scan.problem is not None:
-            logger.warning(
-                "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
-                scan.problem,
-                len(kept[best]),
-                step,
-                scans[best].path,
-            )
-    return Recovered(kept[best], scans[best].path, scans)
-
-
-def _record(line: bytes, probes: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
-    """The record on one line, or :class:`HistoryError` saying what is wrong with it."""
+def parse_record(line: bytes, probes: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
+    """The record on one line of a history file, or :class:`HistoryError` (without the file and line) saying what
+    is wrong with it: see :func:`~forgetwatch.results.run_files.read_history`."""
     try:
         record = strict_json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -423,8 +251,7 @@ _FIELDS = TransitionReport.__dataclass_fields__
 
 
 def _check_report(report: Mapping[str, Any], where: str) -> None:
-    """The counts and figures of a report (a TransitionReport's dict) are what they must be:
-    an evaluation without them would read as one of no probes and break every figure after it."""
+    """A report's counts and figures are what they must be (without them it reads as one of no probes)."""
     for name in _COUNTS:
         value = report.get(name)
         if name not in report:
@@ -460,5 +287,5 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    """A JSON number; not NaN or infinity, which strict JSON (what forgetwatch writes) has not."""
+    """A JSON number: not NaN or infinity, which strict JSON has not."""
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))

@@ -1,13 +1,7 @@
-"""Forgetting metrics: per-sample transitions between a base model and the current model.
+"""Forgetting metrics, pure functions: per-sample transitions between a base model and the current one.
 
-Following Harmon et al. (ICLR 2026), "Mapping Post-Training Forgetting in Language Models at
-Scale": each probe is correct (1) or wrong (0) before and after, giving four transitions,
-1→0 forgotten, 0→1 gained (backward transfer), 1→1 kept and 0→0 never. With N probes,
-forgetting F = n10/N and backward transfer BT = n01/N, so that
-acc_after − acc_before = BT − F. For multiple choice the rates are also corrected for lucky
-guesses (:func:`chance_adjusted`).
-
-All functions are pure and use numpy and the standard library only.
+After Harmon et al. (ICLR 2026): with N probes, forgetting F = n(1→0)/N and backward transfer BT = n(0→1)/N, so
+acc_after − acc_before = BT − F; for multiple choice also corrected for lucky guesses (:func:`chance_adjusted`).
 """
 
 from __future__ import annotations
@@ -54,7 +48,7 @@ def _pair(before: ArrayLike, after: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ratio(x: float, n: float) -> float:
-    """``x / n`` as a float, NaN when ``n == 0`` (no division warning)."""
+    """``x / n``, NaN when ``n == 0``."""
     return float(x) / float(n) if n else math.nan
 
 
@@ -98,13 +92,11 @@ def _group_chance_adjusted(b: np.ndarray, a: np.ndarray, k: int) -> ChanceAdjust
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
     """Forgetting and backward transfer corrected for lucky guesses, with their ceilings.
 
-    ``k`` is each sample's number of choices (0 for generative; a single int applies to all).
-    Samples are grouped by ``k``; within a group with accuracies a_pre and a_post,
-    F_adj = max(F − (1 − a_pre)/(k − 1)·(1 − a_post), 0),
-    BT_adj = max(BT − (1 − a_pre)·(1 − a_post)/(k − 1), 0),
-    F_max = max((k·a_pre − 1)/(k − 1), 0) and BT_max = max((k·a_post − 1)/(k − 1), 0).
-    Generative groups have no chance term (F_adj = F, F_max = a_pre, and so on). The groups
-    are then averaged weighted by their size. All NaN when there are no samples.
+    ``k`` is each sample's number of choices (0 for generative; one int applies to all). Within a group of equal
+    ``k`` with accuracies a_pre and a_post: F_adj = max(F − (1 − a_pre)/(k − 1)·(1 − a_post), 0),
+    BT_adj = max(BT − (1 − a_pre)·(1 − a_post)/(k − 1), 0), F_max = max((k·a_pre − 1)/(k − 1), 0),
+    BT_max = max((k·a_post − 1)/(k − 1), 0); generative groups have no chance term. The groups are averaged
+    weighted by size; all NaN without samples.
 
     Example:
         >>> chance_adjusted([1, 1, 1, 1], [1, 0, 0, 1], k=2)  # a_pre = 1: no lucky guesses
@@ -148,10 +140,8 @@ def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mcnemar_exact(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0).
-
-    p = min(1, 2·P(X ≤ min(b, c))) with X ~ Binomial(b + c, 1/2); 1 when b + c = 0.
-    Computed in log space, so it stays accurate for tens of thousands of pairs.
+    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0):
+    min(1, 2·P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2); 1 when b + c = 0. In log space, for large counts.
 
     Example:
         >>> mcnemar_exact(0, 5)  # 2 / 2**5
@@ -182,11 +172,8 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
-    """Mean fall of the gold answer's log-probability over base-correct samples where it was
-    scored (a choice, or a generative probe's teacher-forced reference; NaN where not).
-
-    Positive means the current model is less sure of answers the base model got right, which
-    shows before those answers flip. NaN when there is no such sample.
+    """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN
+    without any): positive when the model grows less sure of what the base got right, before answers flip.
 
     Example:
         >>> logprob_drop([-0.1, -0.2, -3.0, float("nan")], [-0.6, -0.2, -0.1, -1.0], [True, True, False, True])
@@ -201,11 +188,9 @@ def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: 
 
 
 def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], normalized: bool = False) -> np.ndarray:
-    """Each sample's drift signal: for multiple choice its margin, the gold choice's
-    log-probability minus the best other choice's (below zero: answered wrong); for a
-    generative probe (no choices) the reference answer's log-probability. NaN where not scored,
-    and for multiple choice when answers were decided on ``normalized`` (per-character)
-    scores, which raw log-probabilities do not order.
+    """Each sample's drift signal: for multiple choice the gold choice's log-probability minus the best other's
+    (below zero: answered wrong), for a generative probe its reference's log-probability. NaN where not scored,
+    and for multiple choice decided on ``normalized`` (per-character) scores, which raw ones do not order.
 
     Example:
         >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
@@ -232,12 +217,9 @@ def at_risk(
     share: float = 0.5,
     floor: float = 0.1,
 ) -> np.ndarray:
-    """Which samples are still right but slipping, before they flip (see :func:`margins`).
-
-    A sample right before and now is at risk when, for multiple choice, its margin fell below
-    ``share`` of its base margin or below ``floor`` nats; for a generative probe, when its
-    reference answer's probability fell below ``share`` of the base's (log-probability down by
-    more than ``-log(share)``).
+    """Which samples are still right but slipping (see :func:`margins`): for multiple choice, a margin below
+    ``share`` of the base's or below ``floor`` nats; for a generative probe, its reference's probability below
+    ``share`` of the base's.
 
     Example:
         >>> at_risk([1, 1, 1, 0], [1, 1, 0, 0], [2.0, 2.0, 2.0, -1.0], [0.5, 1.5, -1.0, -2.0], [4, 4, 4, 4]).tolist()
@@ -253,15 +235,14 @@ def at_risk(
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax, shifted by the row maximum so exp never overflows."""
+    """Row-wise log-softmax, shifted by the row maximum."""
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
 def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]) -> float:
-    """Mean KL(p_base ‖ p_current) over samples with choices, p = softmax of the choice logprobs.
-
-    Samples with no choice log-probabilities (generative) are skipped; NaN when none remain.
+    """Mean KL(p_base ‖ p_current) over samples with choices (p: softmax of the choice log-probabilities);
+    NaN without any.
 
     Example:
         >>> round(choice_kl([[0.0, 0.0], []], [[0.0, -math.log(3)], []]), 4)  # p=(.5,.5), q=(.75,.25)
@@ -304,8 +285,7 @@ def _report(
     by_category: dict[str, TransitionReport] | None = None,
     behaviour: Callable[[np.ndarray], dict[str, float]] | None = None,
 ) -> TransitionReport:
-    """The report for the samples at positions ``idx`` (in probe order); ``risky`` marks the
-    samples at risk (all of them, in probe order)."""
+    """The report for the samples at positions ``idx``; ``risky``: which samples (all) are at risk."""
     before, after = base.correct[idx], current.correct[idx]
     k = base.n_choices[idx]
     t = transition_counts(before, after)
@@ -355,14 +335,12 @@ def compare(
 ) -> TransitionReport:
     """Compare the current model's answers with the base model's on the same probes.
 
-    Raises :class:`~forgetwatch.results.answers.AnswersMismatchError` if the two answer sets are
-    for different probes or scoring options. The report covers all samples, with one child
-    report per category in ``by_category`` (categories sorted; ``categories``: each probe's
-    in place of the answers', such as its category's group). ``at_risk_share`` (default
-    0.5) and ``at_risk_floor`` (default 0.1 nats) decide which still-right samples are at
-    risk (see :func:`at_risk`). Where probes generate, ``behaviour`` holds how the responses
-    drift from the base's (:func:`~forgetwatch.behaviour.drift.behaviour_figures`, with
-    ``refusal_detector``, and ``count_tokens``, the token lengths of a list of texts, when given).
+    The report covers all samples, with a child report per category in ``by_category`` (sorted; ``categories``:
+    each probe's in place of the answers', such as its group). ``at_risk_share`` and ``at_risk_floor`` decide
+    which still-right samples are at risk (:func:`at_risk`). Where probes generate, ``behaviour`` holds how
+    responses drift from the base's (with ``refusal_detector`` and ``count_tokens``, a list of texts' token
+    lengths, when given). Raises :class:`~forgetwatch.results.answers.AnswersMismatchError` for answers of other
+    probes or scoring options.
 
     Example:
         >>> report = compare(base_answers, current_answers)  # doctest: +SKIP

@@ -1,10 +1,5 @@
-"""How much forgetting is noise: answers that flip with no weight change at all.
-
-Greedy answers can change when only the arithmetic does: bf16 and fp16 round differently in
-another batch, near-tie probes flip. Scoring the base twice, in batches of another size (so
-each probe keeps other company), counts those flips: forgetting below that share is noise.
-And at any N, too few flips one way cannot be told from zero at all (:func:`smallest_detectable`).
-"""
+"""How much forgetting is noise: answers that flip with no weight change, when the base is scored again in
+batches of another size (reduced precision rounds differently); and the smallest rate N probes can tell from zero."""
 
 from __future__ import annotations
 
@@ -23,16 +18,14 @@ OVERALL = "overall"
 
 
 def wants_noise_check(model: torch.nn.Module, reduced: bool) -> bool:
-    """Whether the base should be scored twice by default: on a GPU, or where the answers are
-    computed in reduced precision (``reduced``: half-precision weights or autocast), where
-    batch composition changes the last bits."""
+    """Whether the base is scored twice by default: on a GPU, or in ``reduced`` precision (batches change the
+    last bits)."""
     params = list(model.parameters())
     return reduced or (params[0].device.type if params else "cpu") == "cuda"
 
 
 def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
-    """A batch size that gives each probe other neighbours than ``batch_size`` did (the first
-    pass put about ``rows_per_batch`` rows in a batch).
+    """A batch size that gives each probe other neighbours than ``batch_size`` did (about ``rows_per_batch`` rows).
 
     Example:
         >>> other_batch_size(32, 32), other_batch_size("auto", 90), other_batch_size(1, 1)
@@ -46,8 +39,7 @@ def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
 def measure_noise(
     scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize, distributed: bool = False
 ) -> dict[str, object]:
-    """Score ``model`` again with ``scorer`` in batches of another size than ``first`` was
-    scored in, and count the flips (:func:`noise_figures`)."""
+    """Score ``model`` again in batches of another size than ``first`` was scored in: :func:`noise_figures`."""
     again = scorer(
         model,
         batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
@@ -58,9 +50,8 @@ def measure_noise(
 
 
 def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
-    """Two scorings of the same weights: ``noise_flips``, how many probes changed either way,
-    and ``noise_floor`` (overall and ``noise_floor_by_category``), the share that went from
-    right to wrong: the forgetting rate that noise alone produces.
+    """Two scorings of the same weights: ``noise_flips`` (changed either way) and ``noise_floor`` (overall and
+    ``noise_floor_by_category``), the share that went from right to wrong.
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 1), ("c", 0))])
@@ -80,17 +71,15 @@ def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
 
 
 def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:
-    """The noise floors kept in a snapshot's ``meta``, by stop-rule scope (``"overall"`` and
-    each category); empty when none was measured."""
+    """The noise floors in a snapshot's ``meta``, by stop-rule scope (``"overall"``, each category); or none."""
     if "noise_floor" not in meta:
         return {}
     return {OVERALL: meta["noise_floor"], **meta.get("noise_floor_by_category", {})}
 
 
 def smallest_detectable(n: int, alpha: float = 0.05) -> tuple[int, float]:
-    """The fewest forgotten probes (none gained) whose exact McNemar test tells them from
-    chance at ``alpha``, and that count as a share of ``n``: smaller forgetting rates cannot
-    be told from zero on these probes.
+    """The fewest forgotten probes (none gained) an exact McNemar test tells from chance at ``alpha``, and that as
+    a share of ``n``: smaller rates cannot be told from zero.
 
     Example:
         >>> smallest_detectable(200)

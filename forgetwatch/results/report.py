@@ -9,33 +9,32 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from forgetwatch.behaviour.drift import SHARES
 from forgetwatch.common.files import atomic_write, json_safe
 from forgetwatch.common.text import pct
+from forgetwatch.results.answers import Answers, chosen_text
 
-if TYPE_CHECKING:  # only for annotations; avoids importing numpy-heavy modules at runtime
-    from forgetwatch.results.answers import Answers
-
-#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
-ROW_COLUMNS = (
-    "category",
-    "n",
-    "acc_before",
-    "acc_after",
-    "0->0",
-    "0->1",
-    "1->0",
-    "1->1",
-    "forgetting",
-    "backward_transfer",
-    "forgetting_adjusted",
-    "backward_transfer_adjusted",
-    "forgetting_max",
-    "backward_transfer_max",
-    "mcnemar_p",
-)
+#: A row's columns (:meth:`TransitionReport.rows`, after ``category``), each as the report's field, in the paper's order.
+_ROW = {
+    "n": "n",
+    "acc_before": "accuracy_before",
+    "acc_after": "accuracy_after",
+    "0->0": "never",
+    "0->1": "gained",
+    "1->0": "forgotten",
+    "1->1": "kept",
+    "forgetting": "forgetting",
+    "backward_transfer": "backward_transfer",
+    "forgetting_adjusted": "forgetting_adjusted",
+    "backward_transfer_adjusted": "backward_transfer_adjusted",
+    "forgetting_max": "forgetting_max",
+    "backward_transfer_max": "backward_transfer_max",
+    "mcnemar_p": "mcnemar_p",
+}
+#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`.
+ROW_COLUMNS = ("category", *_ROW)
 
 #: Columns of :func:`write_samples_csv`.
 SAMPLE_COLUMNS = (
@@ -65,13 +64,11 @@ _NAN = math.nan
 class TransitionReport:
     """How answers changed between a base model (before) and the current model (after).
 
-    Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0.
-    Rates are shares of ``n`` (NaN when ``n == 0``); see :mod:`forgetwatch.results.metrics` for the
-    definitions. Build one with :func:`forgetwatch.results.metrics.compare`. ``at_risk_ids`` are the
-    still-right probes whose margin is slipping (:func:`forgetwatch.results.metrics.at_risk`);
-    ``forgetting_events`` and ``forgetting_persistent`` come from the run's trajectory
-    (:mod:`forgetwatch.results.trajectory`), NaN outside a run. ``behaviour`` holds how generated
-    responses drift from the base's (:mod:`forgetwatch.behaviour.drift`; empty without any).
+    Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0; rates are shares of
+    ``n`` (NaN when ``n == 0``), defined in :mod:`forgetwatch.results.metrics`, whose ``compare`` builds one.
+    ``at_risk_ids``: still-right probes whose margin is slipping; ``forgetting_events`` and
+    ``forgetting_persistent``: from the run's trajectory (NaN outside a run); ``behaviour``: how generated
+    responses drift from the base's (empty without any).
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -154,23 +151,7 @@ class TransitionReport:
         return cls(**values)
 
     def _row(self, category: str) -> dict[str, Any]:
-        return {
-            "category": category,
-            "n": self.n,
-            "acc_before": self.accuracy_before,
-            "acc_after": self.accuracy_after,
-            "0->0": self.never,
-            "0->1": self.gained,
-            "1->0": self.forgotten,
-            "1->1": self.kept,
-            "forgetting": self.forgetting,
-            "backward_transfer": self.backward_transfer,
-            "forgetting_adjusted": self.forgetting_adjusted,
-            "backward_transfer_adjusted": self.backward_transfer_adjusted,
-            "forgetting_max": self.forgetting_max,
-            "backward_transfer_max": self.backward_transfer_max,
-            "mcnemar_p": self.mcnemar_p,
-        }
+        return {"category": category, **{column: getattr(self, name) for column, name in _ROW.items()}}
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per row: ``"overall"`` first, then each category (keys :data:`ROW_COLUMNS`).
@@ -182,8 +163,7 @@ class TransitionReport:
         return [self._row("overall")] + [child._row(cat) for cat, child in self.by_category.items()]
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted, and
-        defused for spreadsheets by :func:`spreadsheet_safe`).
+        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted and :func:`spreadsheet_safe`).
 
         Example:
             >>> report.to_csv("transitions.csv")  # doctest: +SKIP
@@ -265,13 +245,9 @@ class TransitionReport:
 def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
     """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
 
-    Correctness is written as 0/1, the transition as ``"1->0"`` and so on; the question and
-    the correct answer come from ``probes`` (a ProbeSet; empty without), the raw generated
-    outputs from the answers. A prediction is text: the chosen choice's (its index in
-    ``choice_index_*``; the text needs ``probes``), the extracted answer, or a behaviour
-    probe's response. Missing predictions and NaN log-probabilities are empty cells, numbers have
-    :data:`CSV_DIGITS` significant digits. Text is quoted, and defused for spreadsheets by
-    :func:`spreadsheet_safe` (ids and outputs come from data and models).
+    Correctness as 0/1, the transition as ``"1->0"``; question and answer from ``probes`` (a ProbeSet; empty
+    without). A prediction is text: the chosen choice's (its index in ``choice_index_*``), the extracted answer,
+    or a behaviour probe's response. Missing values are empty cells; text is quoted and :func:`spreadsheet_safe`.
 
     Example:
         >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
@@ -306,8 +282,6 @@ def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[s
 
 def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
     """``predicted_<when>`` as text and, for multiple choice, ``choice_index_<when>``."""
-    from forgetwatch.results.answers import chosen_text
-
     predicted = answers.predicted[i]
     if not answers.n_choices[i]:
         return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
@@ -323,8 +297,7 @@ def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
 
 
 def _csv_value(v: Any) -> Any:
-    """A cell: empty for missing values, floats to :data:`CSV_DIGITS` significant digits, text
-    defused for spreadsheets."""
+    """A cell: empty for missing values, floats to :data:`CSV_DIGITS` digits, text spreadsheet-safe."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
@@ -338,14 +311,9 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def spreadsheet_safe(text: str) -> str:
-    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a
-    formula (it starts with ``= + - @``, tab or CR), unless it is just a number.
-
-    Ids, categories and model outputs come from users' data or a model, and a cell like
-    ``=cmd|' /C calc'!A0`` runs when the CSV is opened in a spreadsheet. To read a cell back
-    exactly, drop one leading ``'`` when the rest, after any further ``'``, starts with one of
-    :data:`FORMULA_START` (text already starting with ``'`` before such a character gets one
-    more, so this undoes every case).
+    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (it starts with
+    one of :data:`FORMULA_START`), unless it is a number. To read it back, drop one leading ``'`` when the rest,
+    after any further ``'``, starts with one of them.
 
     Example:
         >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")

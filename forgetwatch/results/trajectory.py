@@ -1,19 +1,8 @@
-"""Per-probe correctness over a whole run: forgetting events, persistence, survival.
+"""Per-probe correctness over a whole run (the base at step 0, then each evaluation) and its drift signal.
 
-A :class:`Trajectory` holds, for every probe, whether it was right at the base (step 0) and at
-each evaluation, in order, and its drift signal at each (the margin of a multiple-choice
-probe, the reference answer's log-probability of a generative one; see
-:func:`forgetwatch.results.metrics.margins`). The figures are pure functions of those arrays.
-
-A *forgetting event* is a probe going from right at one evaluation to wrong at the next (the
-base to the first evaluation included), as Toneva et al. (2019) count them in training; a
-probe is *persistently forgotten* when it was right at the base and is wrong at the last two
-evaluations.
-
-In the run directory the trajectory is not a file of its own: each ``history.jsonl`` record
-carries its evaluation's column (correctness bit-packed, the signal as float16), so it is
-appended, copied into checkpoints and cut back on resume with the history; the base column
-comes from the base snapshot. :func:`forgetwatch.load_trajectory` reads it back.
+A *forgetting event* is a probe going from right at one evaluation to wrong at the next (Toneva et al., 2019); a
+probe is *persistently forgotten* when right at the base and wrong at the last two evaluations. Each history record
+carries its evaluation's column; :func:`forgetwatch.load_trajectory` reads them back.
 
 Example:
     >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
@@ -34,8 +23,6 @@ from forgetwatch.results.answers import Answers
 from forgetwatch.results.history import HistoryError, decode_column, encode_column
 from forgetwatch.results.metrics import margins
 from forgetwatch.results.report import TransitionReport
-
-__all__ = ["Trajectory", "with_trajectory_metrics"]
 
 
 class Trajectory:
@@ -121,8 +108,8 @@ class Trajectory:
     # -- over the run ------------------------------------------------------------------------
 
     def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
-        """At each step, the share of base-correct probes (of ``rows``, default all) with no
-        forgetting event up to it; NaN where no probe was right at the base."""
+        """At each step, the share of base-correct probes (of ``rows``, default all) with no forgetting event up
+        to it; NaN where none was right at the base."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         correct = self.correct[rows]
         right = correct[:, 0]
@@ -133,9 +120,8 @@ class Trajectory:
         return unbroken[right].mean(axis=0)
 
     def metrics(self, rows: ArrayLike | None = None) -> dict[str, float]:
-        """The latest evaluation's trajectory figures for ``rows`` (default all probes):
-        ``forgetting_events`` (events so far, all probes together) and, from the second
-        evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
+        """The latest evaluation's figures for ``rows`` (default all): ``forgetting_events`` (so far, summed) and,
+        from the second evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         out = {"forgetting_events": float(self.forgetting_events()[rows].sum())}
         n = len(self.correct[rows])
@@ -146,8 +132,7 @@ class Trajectory:
     # -- a column as a history record stores it ----------------------------------------------
 
     def column(self, position: int = -1) -> dict[str, str]:
-        """One evaluation's column as text for a history record: correctness bit-packed, the
-        signal as float16, each compressed and base64-encoded."""
+        """One evaluation's column as a history record stores it (:func:`~forgetwatch.results.history.encode_column`)."""
         return encode_column(self.fingerprint, self.correct[:, position], self.signal[:, position])
 
     def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
@@ -159,9 +144,8 @@ class Trajectory:
 
     @classmethod
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
-        """The trajectory of a run from its base answers and history records. A record without
-        a column (written before columns existed) gives its correctness from its forgotten and
-        gained ids, and no signal. A column of another probe set or size raises
+        """The trajectory of a run from its base answers and history records (one without a column: correctness from
+        its ids, no signal); a column of another probe set or size raises a
         :class:`~forgetwatch.results.history.HistoryError` naming the record's step and the field."""
         trajectory = cls.start(base)
         n = len(base)
@@ -183,9 +167,8 @@ class Trajectory:
 def with_trajectory_metrics(
     report: TransitionReport, trajectory: Trajectory, categories: Sequence[str] | None = None
 ) -> TransitionReport:
-    """``report`` with the trajectory's figures, overall and per category (``categories``: each
-    probe's as the report was made with, default the trajectory's; see :meth:`Trajectory.metrics`);
-    figures that do not apply stay NaN."""
+    """``report`` with the trajectory's figures (:meth:`Trajectory.metrics`), overall and per category
+    (``categories``: each probe's as the report was made with, default the trajectory's)."""
     rows: dict[str, list[int]] = {}
     for i, category in enumerate(trajectory.categories if categories is None else categories):
         rows.setdefault(category, []).append(i)

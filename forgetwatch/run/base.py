@@ -1,35 +1,14 @@
-"""Where a run's base answers come from: given, cached, resumed, or scored with adapters off.
-
-The base is what every evaluation is compared with, so a wrong one makes every number wrong.
-The rules, as functions over the run's files and what the answers must match:
-
-- ``base=`` answers (an object or a file) serve if they cover these probes, scored alike;
-- on resume, the original run's snapshot is required (the weights resumed with have moved and
-  must never stand in for the base), from the checkpoint or the run's own folder;
-- otherwise a cached snapshot in the run's folder serves only for the same model configuration
-  and weights; anything else is recomputed;
-- ``base="adapter_disabled"`` is never read back: it is scored afresh with the adapters off.
-"""
+"""What a model is, for a base snapshot to be reused only for it: its configuration's key and its weights' key
+(where the snapshot is found: :func:`forgetwatch.results.run_files.stored_base`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config import ADAPTER_DISABLED
-from forgetwatch.results.answers import Answers, AnswersMismatchError
-from forgetwatch.results.run_dir import SNAPSHOT, read_snapshot
-
-logger = logging.getLogger(__name__)
 
 # config fields that change without the model changing: where it was loaded from (a GGUF's
 # general.name included), how its weights were stored (a GGUF file's quantization_config: its
@@ -102,126 +81,3 @@ def weights_key(model: torch.nn.Module, ranks: Ranks | None = None) -> str:
     if sharded and ranks.size > 1:  # each rank saw only its shards
         digest = hashlib.sha256("".join(ranks.gather_json(digest)).encode()).hexdigest()
     return digest[:16]
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What answers must match to serve as this run's base.
-
-    ``keys``: the model's ``model_key`` and ``weights_key``, compared with a cached snapshot's
-    ``meta`` (a given or resumed base need only cover the probes, scored alike).
-    """
-
-    fingerprint: str
-    scoring: Mapping[str, Any]
-    ids: Sequence[str]
-    keys: Mapping[str, str]
-
-    def problem(self, answers: Answers, keys: Mapping[str, str] | None = None) -> str | None:
-        """Why ``answers`` cannot be the base (``None`` if they can), checking ``keys`` too."""
-        return answers.mismatch(fingerprint=self.fingerprint, scoring=self.scoring, ids=self.ids, meta=keys)
-
-
-def given_base(given: Answers | str | os.PathLike[str], expected: Expected) -> Answers:
-    """``base=`` answers, if they can serve: any model's answers may, if they cover these
-    probes (ids included, so a file with rows deleted is refused before training), scored alike.
-
-    Raises:
-        AnswersMismatchError: they cannot; the message says why and names the file.
-        FileNotFoundError, ValueError: the file is missing or damaged.
-    """
-    answers = given if isinstance(given, Answers) else Answers.load(given)
-    problem = expected.problem(answers)
-    if problem:
-        raise AnswersMismatchError(
-            f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
-            f"{problem}; it cannot be this run's "
-            "base: score the base model on these probes (forgetwatch evaluate) "
-            "or leave base unset"
-        )
-    return answers
-
-
-def cached_base(run_dir: Path, expected: Expected) -> Answers | None:
-    """A snapshot left in the run's folder by an earlier run of the same model and weights."""
-    try:
-        cached = read_snapshot(run_dir)
-    except ValueError as err:  # damaged: say so, and compute a new one
-        logger.warning("forgetwatch: ignoring %s", err)
-        return None
-    if cached is None:
-        return None
-    problem = expected.problem(cached, expected.keys)
-    path = run_dir / SNAPSHOT
-    if problem is None:
-        logger.info("forgetwatch: reusing the base snapshot in %s", path)
-        return cached
-    logger.warning("forgetwatch: the cached base snapshot %s is for %s; computing a new one", path, problem)
-    return None
-
-
-def resumed_base(dirs: Sequence[Path], expected: Expected, step: int) -> Answers:
-    """The original run's snapshot, for a run resumed at ``step``: the first of ``dirs`` (the
-    checkpoint's folder first) holding one for these probes and options. The model's
-    configuration is only preferred, since loading a model again may change it harmlessly.
-
-    Raises:
-        FileNotFoundError: none was found (the message says where it looked and what to pass).
-    """
-    found: list[tuple[Path, Answers]] = []
-    rejected = []
-    for directory in dirs:
-        try:
-            answers = read_snapshot(directory)
-        except ValueError as err:  # damaged: say so, and look further
-            rejected.append(str(err))
-            continue
-        if answers is None:
-            continue
-        problem = expected.problem(answers)
-        if problem:
-            rejected.append(f"{directory}: for {problem}")
-        else:
-            found.append((directory, answers))
-    if not found:
-        why = f" ({'; '.join(rejected)})" if rejected else ""
-        raise FileNotFoundError(
-            f"resuming at step {step}, but no base snapshot for these probes and scoring options was found in "
-            f"{', '.join(map(str, dirs))}{why}; the resumed weights have moved, so they cannot stand in for the "
-            "base: pass base=PATH with the original run's base_answers.npz"
-        )
-    model = {"model_key": expected.keys["model_key"]}
-    for _, answers in found:
-        if expected.problem(answers, model) is None:
-            return answers
-    directory, answers = found[0]
-    logger.warning(
-        "forgetwatch: resuming with the base snapshot in %s, made for a model of another configuration than this one",
-        directory,
-    )
-    return answers
-
-
-def stored_base(
-    given: Answers | str | os.PathLike[str] | None,
-    expected: Expected,
-    *,
-    run_dir: Path,
-    resume_dirs: Sequence[Path] = (),
-    step: int = 0,
-) -> Answers | None:
-    """The base answers a run finds on disk (or was given), or ``None`` when they must be
-    scored now: ``base=`` answers if they can serve; on resume (``resume_dirs`` given) the
-    original run's snapshot, which must exist; else a snapshot cached in ``run_dir`` for this
-    very model. ``base="adapter_disabled"`` is never read back.
-
-    Example:
-        >>> stored_base(None, expected, run_dir=Path("out/forgetwatch"))   # doctest: +SKIP
-    """
-    if given == ADAPTER_DISABLED:
-        return None
-    if given is not None:
-        return given_base(given, expected)
-    if resume_dirs:
-        return resumed_base(resume_dirs, expected, step)
-    return cached_base(run_dir, expected)

@@ -19,7 +19,7 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ADAPTER_DISABLED
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.store import RunStore
+from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.adapters import adapters_disabled
 from forgetwatch.run.base import model_key, weights_key
 

@@ -46,7 +46,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
-from forgetwatch.results.store import TRAIN_KL
+from forgetwatch.results.run_files import TRAIN_KL
 from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length

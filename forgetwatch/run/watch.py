@@ -1,11 +1,10 @@
 """Watch: the monitor without a trainer. Any training loop can drive it.
 
-It only orchestrates: when to evaluate (:mod:`forgetwatch.run.schedule`), where the base comes
-from (:mod:`forgetwatch.run.base`), scoring (:mod:`forgetwatch.scoring`), comparison
-(:mod:`forgetwatch.results.metrics`), stopping (:mod:`forgetwatch.run.stopping`), files
-(:mod:`forgetwatch.results.store`), where each evaluation goes (:mod:`forgetwatch.sinks`) and
-repair (:mod:`forgetwatch.run.repair`) each live in their own module. Collectives are visible
-here: every cross-rank step goes through the one ``Ranks`` the watch holds.
+It only orchestrates: when to evaluate (:mod:`forgetwatch.run.schedule`), the base and the run's files
+(:mod:`forgetwatch.results.run_files`), scoring (:mod:`forgetwatch.scoring`), comparison
+(:mod:`forgetwatch.results.metrics`), stopping (:mod:`forgetwatch.run.stopping`), where each evaluation goes
+(:mod:`forgetwatch.sinks`) and repair (:mod:`forgetwatch.run.repair`) each live in their own module. Collectives are
+visible here: every cross-rank step goes through the one ``Ranks`` the watch holds.
 """
 
 from __future__ import annotations
@@ -33,15 +32,23 @@ from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.results.history import history_record, recover_history
+from forgetwatch.results.history import history_record
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_dir import Run
-from forgetwatch.results.store import HISTORY, SNAPSHOT, RunStore, copy_problem
+from forgetwatch.results.run_files import (
+    HISTORY,
+    SNAPSHOT,
+    Expected,
+    Run,
+    RunStore,
+    copy_problem,
+    recover_history,
+    stored_base,
+)
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.adapters import adapters_disabled
-from forgetwatch.run.base import Expected, model_key, stored_base, weights_key
+from forgetwatch.run.base import model_key, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
@@ -725,7 +732,7 @@ class Watch:
 
     def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
         """Where a resumed run looks for its base snapshot, history and repair files, in order:
-        each of ``candidates`` that is a whole copy (see :func:`~forgetwatch.results.store.copy_problem`;
+        each of ``candidates`` that is a whole copy (see :func:`~forgetwatch.results.run_files.copy_problem`;
         one that is not is left out, with a warning), then the run's own directory. The first
         candidate must exist. Rank 0 decides (it alone reads them)."""
         dirs = []
@@ -766,7 +773,9 @@ class Watch:
             keys["weights_key"] = weights_key(model, self.ranks)
         expected = Expected(self.scorer.fingerprint, self.scorer.scoring_for(model), self.probes.ids, keys)
 
-        def from_files() -> dict[str, Any] | None:  # on rank 0
+        def from_files() -> dict[str, Any] | None:  # on rank 0; the base with adapters off is never read back
+            if given == ADAPTER_DISABLED:
+                return None
             answers = stored_base(given, expected, run_dir=aside or self.store.dir, resume_dirs=dirs, step=step)
             if answers is not None:  # kept with the run and its checkpoints (a cached one: that very file)
                 cached = given is None and not resumed
@@ -797,7 +806,7 @@ class Watch:
 
     def _restore_history(self, dirs: list[Path], step: int) -> None:
         """Keep the history up to ``step``, every record that can be read (see
-        :func:`~forgetwatch.results.history.recover_history`); replay it through the stop rule. The
+        :func:`~forgetwatch.results.run_files.recover_history`); replay it through the stop rule. The
         run's own file, if it holds records that could not be read, is moved aside, never
         overwritten."""
         paths = [d / HISTORY for d in dirs]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from forgetwatch.results.events import Evaluation
-from forgetwatch.results.store import RunStore
+from forgetwatch.results.run_files import RunStore
 from forgetwatch.results.trajectory import Trajectory
 
 

@@ -1,0 +1,905 @@
+"""A run's files, in one place: their names, every write (:class:`RunStore`) and every read (:func:`read_run`).
+
+A run keeps them in its forgetwatch directory and a whole copy in each checkpoint's ``forgetwatch/`` folder
+(``manifest.json`` written last), so a resumed run finds its original base; writes made during training never raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.common import strict_json
+from forgetwatch.common.files import atomic_write, json_line, leftover_temporaries, strict_dumps
+from forgetwatch.common.text import first_line, shorten
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.results.answers import Answers, AnswersFileError, AnswersMismatchError
+from forgetwatch.results.history import HistoryError, parse_record, report_from_record
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT = "base_answers.npz"  # the base model's answers
+HISTORY = "history.jsonl"  # one record per evaluation (forgetwatch.results.history), each with its trajectory column
+PROBES = "probes.jsonl"  # the questions, for reports
+TRAIN_KL = "train_kl.npz"  # the train-KL signal's rows and the base's next-token distribution on them
+MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
+LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
+SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory
+LOCK = "watch.lock"  # while a watch writes in the run directory: its pid and host
+PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run
+#: Every file the monitor itself writes in its folders (a repair method names its own; nothing else there is touched).
+FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
+_MANIFEST_FORMAT = "forgetwatch.checkpoint"
+#: What a write-once file that could not be written costs, for the warning.
+_WHAT = {
+    SNAPSHOT: "the base snapshot is",
+    PROBES: "the probe set (the report's questions) is",
+    TRAIN_KL: "the base's distribution on the training rows (train KL) is",
+}
+#: The stores of this process that wrote a run directory's lock, by the lock's real path
+_HOLDERS: weakref.WeakValueDictionary[str, RunStore] = weakref.WeakValueDictionary()
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def run_directory(path: str | os.PathLike[str]) -> Path:
+    """``path``, or its ``forgetwatch/`` folder when ``path`` is a trainer's output directory.
+
+    Example:
+        >>> run_directory("/nonexistent/out")
+        PosixPath('/nonexistent/out')
+    """
+    path = Path(path)
+    if (path / SNAPSHOT).is_file() or not (path / SUBDIR / SNAPSHOT).is_file():
+        return path
+    return _inside(path, SUBDIR)
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused (``ValueError``) when it is a symbolic link out of ``directory``."""
+    path = directory / name
+    if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(
+            f"{path}: a symbolic link to {os.readlink(path)}, outside the run directory; forgetwatch does not "
+            "follow it: copy the file into the run directory, or remove the link"
+        )
+    return path
+
+
+def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
+    """The base snapshot in a forgetwatch folder; ``None`` when there is none, an
+    :class:`~forgetwatch.results.answers.AnswersFileError` saying what to do when it is damaged.
+
+    Example:
+        >>> read_snapshot("/nonexistent") is None
+        True
+    """
+    path = Path(directory) / SNAPSHOT
+    if not path.is_file():
+        return None
+    try:
+        return Answers.load(path)
+    except AnswersFileError as err:
+        raise AnswersFileError(
+            err.reason,
+            path,
+            advice="this base snapshot cannot be used: delete it to score the base model again, or "
+            f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
+        ) from None
+
+
+@dataclass
+class HistoryScan:
+    """A history file as far as it could be read: the ``records`` before its first unreadable line, that line's
+    error (``problem``), and whether its last line was cut short (``cut``, dropped)."""
+
+    path: Path
+    records: list[dict[str, Any]]
+    problem: HistoryError | None = None
+    cut: bool = False
+
+
+def scan_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> HistoryScan:
+    """Read a ``history.jsonl`` up to its first line that is not a record (:func:`read_history`)."""
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
+    if cut:
+        logger.warning(
+            "%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)", path, len(lines)
+        )
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse_record(line, probes, fingerprint)
+            if records and record["step"] <= records[-1]["step"]:
+                # never written so: a resume cuts the history at its checkpoint and rewrites it
+                raise HistoryError(
+                    f"{record['step']} after step {records[-1]['step']}: steps must increase "
+                    "(lines repeated, or two runs writing one history?)",
+                    "step",
+                )
+        except HistoryError as err:
+            return HistoryScan(path, records, err.at(path, number), cut)
+        records.append(record)
+    return HistoryScan(path, records, cut=cut)
+
+
+def read_history(
+    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
+) -> list[dict[str, Any]]:
+    """The records of a ``history.jsonl``, in file order (blank lines skipped).
+
+    A last line without its final newline was cut short by a crash: it is dropped with a warning. Any other line
+    that is not a record (:func:`~forgetwatch.results.history.parse_record`; steps must increase; its column of
+    ``probes`` probes of the probe set ``fingerprint``, when given) raises a :class:`HistoryError` naming the file,
+    line and field.
+    """
+    scan = scan_history(path, probes=probes, fingerprint=fingerprint)
+    if scan.problem is not None:
+        raise scan.problem
+    return scan.records
+
+
+@dataclass
+class Recovered:
+    """What a resume keeps of a run's history: ``records`` (from ``source``; ``None``: no copy) and every copy
+    as read (``scans``)."""
+
+    records: list[dict[str, Any]]
+    source: Path | None
+    scans: list[HistoryScan]
+
+
+def recover_history(
+    paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
+) -> Recovered:
+    """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the checkpoint's first):
+    the first whole copy, cut at ``step``; when every copy has an unreadable line, the longest valid stretch up to
+    ``step`` of a copy that agrees with the first one's records (another run's history never stands in for this
+    run's). Every unreadable line is named in a warning; no copy at all is a loud warning too.
+    """
+    scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
+    if not scans:
+        logger.warning(
+            "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
+            "step %d are lost (the trajectory, the patience count and the report start again here; the "
+            "base snapshot is intact, so the figures stay right)",
+            step,
+            " or ".join(str(p) for p in paths),
+            step,
+        )
+        return Recovered([], None, [])
+    kept = [[r for r in s.records if r["step"] <= step] for s in scans]
+    # copies of this run agree with the first where both hold records: the same steps, made at the same times
+    ours = [
+        i
+        for i in range(len(scans))
+        if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
+    ]
+    whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
+    best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
+    for scan in scans:
+        if scan.problem is not None:
+            logger.warning(
+                "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
+                scan.problem,
+                len(kept[best]),
+                step,
+                scans[best].path,
+            )
+    return Recovered(kept[best], scans[best].path, scans)
+
+
+@dataclass
+class Run:
+    """A monitored run as its forgetwatch directory holds it (see :func:`read_run`): ``history`` and
+    ``trajectory`` are made from ``base`` and ``records`` once; ``probes`` and ``latest`` are read when asked for.
+
+    Attributes:
+        dir: the forgetwatch directory.
+        base: the base snapshot.
+        records: the history records, as the file holds them.
+        name: the folder holding ``forgetwatch/``, or the folder itself.
+        history: ``(step, TransitionReport)`` per record, per category with its ids.
+        trajectory: the base's column, then each record's.
+
+    Example:
+        >>> base = Answers(ids=["q1"], correct=[True], predicted=[0], choice_logprobs=[[0.0, -1.0]],
+        ...                gold_logprob=[0.0], n_choices=[2], categories=["math"], outputs=[None],
+        ...                probe_fingerprint="fp")
+        >>> record = {"step": 10, "report": {"n": 1, "forgotten": 1, "gained": 0, "kept": 0, "never": 0,
+        ...                                  "forgotten_ids": ["q1"]}}
+        >>> run = Run(Path("out/forgetwatch"), base, [record])
+        >>> run.name, run.steps, run.history[0][1].forgotten_ids, run.trajectory.correct.tolist()
+        ('out', [10], ['q1'], [[True, False]])
+    """
+
+    dir: Path
+    base: Answers
+    records: list[dict[str, Any]]
+    name: str = ""
+    history: list[tuple[int, TransitionReport]] = field(init=False, repr=False)
+    trajectory: Trajectory = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or (self.dir.parent.name if self.dir.name == SUBDIR else self.dir.name)
+        category_of = dict(zip(self.base.ids, self.base.categories))
+        self.history = [(r["step"], report_from_record(r, category_of)) for r in self.records]
+        self.trajectory = Trajectory.from_history(self.base, self.records)
+
+    @property
+    def steps(self) -> list[int]:
+        """The evaluations' steps."""
+        return [r["step"] for r in self.records]
+
+    @property
+    def noise_floor(self) -> float | None:
+        """The share of probes that flipped when the base was scored again, where it was measured."""
+        return self.base.meta.get("noise_floor")
+
+    @cached_property
+    def probes(self) -> dict[str, Probe]:
+        """The run's probes by id, from its ``probes.jsonl``; none where it kept no copy."""
+        path = self.dir / PROBES
+        return {p.id: p for p in ProbeSet.from_jsonl(path)} if path.is_file() else {}
+
+    @cached_property
+    def latest(self) -> Answers | None:
+        """The last evaluation's answers, when the run kept them for its last record's step (a damaged file: a
+        warning, and none)."""
+        path = self.dir / LATEST
+        try:
+            latest = Answers.load(path) if path.is_file() else None
+        except AnswersFileError as err:
+            logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
+            return None
+        if (
+            latest is None
+            or not self.records
+            or latest.meta.get("step") != self.steps[-1]
+            or latest.ids != self.base.ids
+        ):
+            return None
+        return latest
+
+
+def read_run(run_dir: str | os.PathLike[str]) -> Run:
+    """A monitored run, from its forgetwatch directory (the callback's ``output_dir``, or a checkpoint's
+    ``forgetwatch/`` copy) or the trainer's output directory holding one.
+
+    Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` (file, line, field) for a damaged
+    record or a column of another probe set, and ``ValueError`` for a file linked out of the directory.
+
+    Example:
+        >>> run = read_run("out")                                        # doctest: +SKIP
+        >>> run.dir, run.steps, run.trajectory                           # doctest: +SKIP
+        (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
+    """
+    path = run_directory(run_dir)
+    for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
+        _inside(path, name)
+    if not (path / SNAPSHOT).is_file():
+        raise FileNotFoundError(
+            f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
+            f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
+            "directory"
+        )
+    base = Answers.load(path / SNAPSHOT)
+    history = path / HISTORY
+    records = read_history(history, probes=len(base), fingerprint=base.probe_fingerprint) if history.is_file() else []
+    return Run(path, base, records)
+
+
+def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
+    """The trajectory of a monitored run, from its forgetwatch directory (see :func:`read_run`).
+
+    Example:
+        >>> t = load_trajectory("out/forgetwatch")                 # doctest: +SKIP
+        >>> t.steps[:3], t.forgetting_events().max()                # doctest: +SKIP
+    """
+    return read_run(run_dir).trajectory
+
+
+def copy_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why a checkpoint's forgetwatch folder is not a whole copy, or ``None`` when it is: its manifest is there
+    and every file it names has the size and sha256 it lists.
+
+    Example:
+        >>> copy_problem("/nonexistent/forgetwatch")
+        'no manifest.json: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it'
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        return f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it"
+    try:
+        manifest = strict_json.loads(path.read_bytes().decode("utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("not a forgetwatch manifest")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        return f"{MANIFEST} cannot be read ({first_line(err)})"
+    for name, listed in files.items():
+        if not isinstance(name, str) or name == MANIFEST or Path(name).name != name or name in ("", ".", ".."):
+            return f"{MANIFEST} lists {shorten(name)}, not a file's name"
+        file = directory / name
+        if not file.is_file():
+            return f"{name} is missing"
+        try:
+            found = _digest(file)
+        except OSError as err:
+            return f"{name} cannot be read ({first_line(err)})"
+        if listed != found:
+            return (
+                f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; "
+                f"{MANIFEST} lists {shorten(listed)})"
+            )
+    return None
+
+
+# -- the base a run finds on disk ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What answers must match to serve as this run's base; ``keys`` (``model_key``, ``weights_key``) are
+    compared with a cached snapshot's ``meta`` (a given or resumed base need only cover the probes, scored alike)."""
+
+    fingerprint: str
+    scoring: Mapping[str, Any]
+    ids: Sequence[str]
+    keys: Mapping[str, str]
+
+    def problem(self, answers: Answers, keys: Mapping[str, str] | None = None) -> str | None:
+        """Why ``answers`` cannot be the base (``None`` if they can), checking ``keys`` too."""
+        return answers.mismatch(fingerprint=self.fingerprint, scoring=self.scoring, ids=self.ids, meta=keys)
+
+
+def stored_base(
+    given: Answers | str | os.PathLike[str] | None,
+    expected: Expected,
+    *,
+    run_dir: Path,
+    resume_dirs: Sequence[Path] = (),
+    step: int = 0,
+) -> Answers | None:
+    """The base answers a run finds on disk or was given, or ``None`` when they must be scored now: ``base=``
+    answers if they cover these probes, scored alike; on resume (``resume_dirs``, the checkpoint's first) the
+    original run's snapshot, which must exist (the resumed weights have moved); else a snapshot cached in
+    ``run_dir`` for this very model and weights.
+
+    Raises:
+        AnswersMismatchError: ``base=`` answers that cannot serve.
+        FileNotFoundError: no snapshot to resume from (the message says where it looked and what to pass).
+    """
+    if given is not None:
+        answers = given if isinstance(given, Answers) else Answers.load(given)
+        problem = expected.problem(answers)
+        if problem:
+            raise AnswersMismatchError(
+                f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
+                f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch "
+                "evaluate) or leave base unset"
+            )
+        return answers
+    if not resume_dirs:
+        try:
+            cached = read_snapshot(run_dir)
+        except ValueError as err:  # damaged: say so, and compute a new one
+            logger.warning("forgetwatch: ignoring %s", err)
+            return None
+        problem = None if cached is None else expected.problem(cached, expected.keys)
+        if cached is not None and problem is None:
+            logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
+            return cached
+        if cached is not None:
+            logger.warning(
+                "forgetwatch: the cached base snapshot %s is for %s; computing a new one", run_dir / SNAPSHOT, problem
+            )
+        return None
+    found: list[tuple[Path, Answers]] = []
+    rejected = []
+    for directory in resume_dirs:
+        try:
+            answers = read_snapshot(directory)
+        except ValueError as err:  # damaged: say so, and look further
+            rejected.append(str(err))
+            continue
+        problem = None if answers is None else expected.problem(answers)
+        if problem:
+            rejected.append(f"{directory}: for {problem}")
+        elif answers is not None:
+            found.append((directory, answers))
+    if not found:
+        why = f" ({'; '.join(rejected)})" if rejected else ""
+        raise FileNotFoundError(
+            f"resuming at step {step}, but no base snapshot for these probes and scoring options was found in "
+            f"{', '.join(map(str, resume_dirs))}{why}; the resumed weights have moved, so they cannot stand in for "
+            "the base: pass base=PATH with the original run's base_answers.npz"
+        )
+    # the model's configuration is only preferred: loading a model again may change it harmlessly
+    model = {"model_key": expected.keys["model_key"]}
+    for _, answers in found:
+        if expected.problem(answers, model) is None:
+            return answers
+    logger.warning(
+        "forgetwatch: resuming with the base snapshot in %s, made for a model of another configuration than this one",
+        found[0][0],
+    )
+    return found[0][1]
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+class NotWritableError(OSError):
+    """forgetwatch cannot write its files where it was told to (raised when training begins)."""
+
+
+class RunStore:
+    """The run's files in one directory, and their copies into checkpoints.
+
+    Writes made during training never raise: a failed write (disk full, permissions, a directory where a file
+    should be) logs one warning, keeps what was not written in memory, and is retried at the next write or
+    :meth:`flush`; :attr:`pending` counts what is still owed. The files written once per run are kept in memory
+    too: a run directory deleted during training gets them back. :meth:`check_writable`, :meth:`claim` and
+    :meth:`set_aside` are the checks that fail fast, before training.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
+        self.dir = Path(directory)
+        self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
+        # the history as the file holds it before the unwritten records (None: read when a rewrite needs it).
+        # Once records are unwritten, the next write rewrites the whole file: no half-written line stays inside.
+        self._written: list[dict[str, Any]] | None = None
+        self._unwritten: list[dict[str, Any]] = []
+        self._kept: dict[str, Callable[[Path], Any]] = {}  # the files written once, each as the function writing it
+        self._owed: set[str] = set()  # of those, the ones not on disk
+        self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
+        self._lost_said = False
+        self._lock: weakref.finalize | None = None  # removes the lock: at release(), collection or exit
+        self._earlier: RunStore | None = None  # the store of this process this one took the directory from
+        self._superseded = False  # another store of this process took the directory: nothing more is written
+        self._superseded_said = False
+
+    @property
+    def snapshot_path(self) -> Path:
+        return self.dir / SNAPSHOT
+
+    @property
+    def history_path(self) -> Path:
+        return self.dir / HISTORY
+
+    @property
+    def pending(self) -> int:
+        """Writes still owed to the disk (history records, files written once, checkpoint copies); ``0``: none."""
+        return len(self._unwritten) + len(self._owed) + len(self._copies)
+
+    def check_writable(self) -> None:
+        """Raise :class:`NotWritableError` unless files can be written here: call it when training begins, the one
+        time monitoring may stop a run.
+        """
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for path in (self.snapshot_path, self.history_path):
+                if path.exists() and not path.is_file():
+                    raise IsADirectoryError(errno.EISDIR, "not a file", str(path))
+            with tempfile.TemporaryFile(dir=self.dir) as probe:
+                probe.write(b"forgetwatch")
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot write its files in {self.dir} ({err}); it writes the base snapshot and "
+                "history there during training: free space or fix the permissions, or choose another "
+                "folder with output_dir="
+            ) from err
+
+    def claim(self) -> None:
+        """Take the run directory for this run alone (``watch.lock`` names this process): a live watch of another
+        process keeps it (:class:`NotWritableError`); an ended one's lock is taken over with a warning. In this
+        process a later store takes the directory over, with a warning: the earlier one writes nothing more there,
+        or, when this run sets its files aside, goes on among them. :meth:`release`, this store's collection and
+        the end of the process free the directory.
+        """
+        if self._lock is not None and self._lock.alive:
+            return
+        path = self.dir / LOCK
+        key = os.path.realpath(path)
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        try:
+            with open(path, "x", encoding="utf-8") as f:  # exclusive: of two starters, one wins
+                f.write(text)
+        except FileExistsError:
+            left_by = _left_by(path)  # raises when a live watch of another process holds it
+            if left_by is not None:
+                logger.warning("forgetwatch: taking over %s, left by %s", path, left_by)
+            with atomic_write(path) as f:
+                f.write(text)
+        earlier = _HOLDERS.get(key)
+        if earlier is not None and earlier._lock is not None and earlier._lock.alive:
+            earlier._lock.detach()  # the lock is this store's now
+            earlier._superseded, self._earlier = True, earlier
+            logger.warning(
+                "forgetwatch: another watch of this process wrote in %s and has not finished (its loop raised, "
+                "or goes on): this one takes the folder over; that one writes nothing more there, or, if this "
+                "run is a fresh one, goes on in the folder its files are moved to",
+                self.dir,
+            )
+        _HOLDERS[key] = self
+        self._lock = weakref.finalize(self, _unlock, path, text)
+
+    def release(self) -> None:
+        """The run is over: another watch may use the directory (the lock this store wrote is removed)."""
+        if self._lock is not None:
+            self._lock()
+
+    def set_aside(self) -> Path | None:
+        """Before a fresh run: move every file an earlier run left here (a repair method's, its last answers and
+        damaged histories included) into one new ``previous-<n>`` folder, none overwritten or mixed with this
+        run's. Files go into ``previous.partial``, renamed at the end: one cut short (kill -9) is completed by the
+        next fresh run. The folder, if there was anything to move; :class:`NotWritableError` if they cannot move.
+        """
+        partial = self.dir / f"{PREVIOUS}.partial"
+        names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
+        names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
+        try:
+            if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
+                os.replace(partial, self._free_name(PREVIOUS))  # two runs' files: kept apart
+            if not names and not partial.is_dir():
+                return None
+            partial.mkdir(exist_ok=True)
+            for name in names:
+                os.replace(self.dir / name, partial / name)
+            aside = self._free_name(PREVIOUS)
+            os.replace(partial, aside)
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move an earlier run's files in {self.dir} out of the way ({err}); it will "
+                "not overwrite them: move them yourself, or choose another folder with output_dir="
+            ) from err
+        logger.info("forgetwatch: %s held an earlier run's files; moved them, all of them, to %s", self.dir, aside)
+        if self._earlier is not None:  # the watch that wrote them goes on writing there
+            self._earlier.dir, self._earlier._superseded = aside, False
+        return aside
+
+    def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
+        """Remove the temporary files that writes cut short (kill -9) left here and in ``folders`` (checkpoints'
+        forgetwatch folders), only forgetwatch's own, by name; the paths removed. Call it when training begins.
+        """
+        removed = []
+        for folder in dict.fromkeys([self.dir, *folders]):
+            for path in leftover_temporaries(folder, (*self.files, LATEST, LOCK)):
+                try:
+                    path.unlink()
+                except OSError as err:
+                    logger.warning(
+                        "forgetwatch could not remove %s, left by a write cut short (%s)", path, first_line(err)
+                    )
+                else:
+                    removed.append(path)
+        if removed:
+            logger.info(
+                "forgetwatch: removed %d temporary file(s) left by writes cut short: %s",
+                len(removed),
+                ", ".join(map(str, removed)),
+            )
+        return removed
+
+    # -- the files written once ----------------------------------------------------------------
+
+    def save_snapshot(self, answers: Answers, *, copy_of: Path | None = None) -> bool:
+        """Write the base answers (``copy_of``: a snapshot file holding them, linked here) and keep them for
+        checkpoints. Whether they are on disk."""
+        if copy_of is not None:
+            self._kept[SNAPSHOT] = answers.save
+            with contextlib.suppress(OSError):  # else written below
+                os.link(copy_of, self.snapshot_path)  # the same bytes: nothing to copy
+                return True
+        return self.keep(SNAPSHOT, answers.save)
+
+    def save_probes(self, probes: Any) -> bool:
+        """Write the probe set beside the history, for reports."""
+        return self.keep(PROBES, probes.to_jsonl)
+
+    def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
+        """Write a file made once for the run (one of :attr:`files`) with ``write(path)`` and keep it for
+        checkpoints; a failure warns and is retried. Whether it is on disk."""
+        if self._gone():
+            return False
+        self._kept[name] = write
+        self._owed.add(name)
+        return self._try_once(name)
+
+    def save_latest(self, answers: Answers) -> bool:
+        """The last evaluation's answers, replaced at each evaluation and not copied into checkpoints. A failure
+        warns; the report then says only right or wrong."""
+        if self._gone():
+            return False
+        try:
+            answers.save(self.dir / LATEST)
+        except OSError as err:
+            logger.warning(
+                "forgetwatch could not write %s (%s): the report will say right or wrong for the answer "
+                "now until an evaluation writes it; training goes on",
+                self.dir / LATEST,
+                first_line(err),
+            )
+            return False
+        return True
+
+    # -- the history ---------------------------------------------------------------------------
+
+    def save_history(self, records: list[dict[str, Any]]) -> bool:
+        """Replace the whole history (at the start of a run, or after a resume). Whether it is on disk."""
+        if self._gone():
+            return False
+        self._written, self._unwritten = [], list(records)
+        return self._try_history()
+
+    def append_history(self, record: dict[str, Any]) -> bool:
+        """Add one record: one write of one whole line, flushed to disk (a crash can cut only this line short,
+        and reading drops such a line). Whether everything is on disk (see :attr:`pending`)."""
+        if self._gone():
+            return False
+        self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
+        if self._unwritten:  # the file is behind: retried below by one rewrite, this record included
+            self._unwritten.append(record)
+        else:
+            try:
+                self.history_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.history_path, "a", encoding="utf-8") as f:
+                    f.write(json_line(record))
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as err:
+                self._unwritten.append(record)
+                _warn(self.history_path, err, "this history record is")
+                return False
+            if self._written is not None:
+                self._written.append(record)
+        return self.flush()
+
+    def set_aside_damaged(self, records: int) -> Path | None:
+        """Before a resume rewrites the history with the ``records`` it could read: move the history file, which
+        holds unreadable records, to ``history.jsonl.damaged-<n>`` (never overwritten). Its new path, if there was
+        a file; :class:`NotWritableError` if it cannot be moved."""
+        if not self.history_path.is_file():
+            return None
+        aside = self._free_name(f"{HISTORY}.damaged")
+        try:
+            os.replace(self.history_path, aside)
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
+                f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
+                "then resume"
+            ) from err
+        logger.warning(
+            "forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
+            "there; the run's history goes on with the %d record(s) resumed",
+            self.history_path,
+            aside,
+            records,
+        )
+        self._written = []
+        return aside
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def copy_to(self, directory: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> bool:
+        """Copy every file of the run into ``directory`` (a checkpoint's forgetwatch folder), unwritten records
+        included, with ``extra`` (file name → JSON value, a repair method's state at this step); then the manifest
+        that makes the copy whole (see :func:`copy_problem`). A failure is retried at the next write. Whether
+        everything is on disk.
+        """
+        if self._gone():
+            return False
+        target = Path(directory)
+        self._copies.pop(target, None)
+        self.flush()  # earlier failures first: the copy then finds the history on disk
+        if not self._try_copy(target, extra or {}):
+            self._copies[target] = extra or {}
+        return self.pending == 0
+
+    def flush(self) -> bool:
+        """Retry every write still owed (one warning per failure). Whether everything is on disk."""
+        if self._gone():
+            return False
+        self._find_lost()
+        for name in sorted(self._owed):
+            self._try_once(name)
+        if self._unwritten:
+            self._try_history()
+        for target, extra in list(self._copies.items()):
+            # a checkpoint deleted since (rotation) is not made again, without its weights
+            if not target.parent.is_dir() or self._try_copy(target, extra):
+                del self._copies[target]
+        return self.pending == 0
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _gone(self) -> bool:
+        """Whether another watch of this process took the directory over (said once): nothing more is written."""
+        if self._superseded and not self._superseded_said:
+            self._superseded_said = True
+            logger.warning(
+                "forgetwatch: another watch of this process took %s over; this watch writes nothing more "
+                "there (its evaluations stay in its history)",
+                self.dir,
+            )
+        return self._superseded
+
+    def _free_name(self, stem: str) -> Path:
+        """``stem-1`` in the run directory, or ``stem-2``, ``stem-3``, ... if taken."""
+        n = 1
+        while (self.dir / f"{stem}-{n}").exists():
+            n += 1
+        return self.dir / f"{stem}-{n}"
+
+    def _find_lost(self) -> None:
+        """Files written here that are gone (the run directory deleted during training): owed again, said once."""
+        lost = [name for name in self._kept if name not in self._owed and not (self.dir / name).exists()]
+        if self._written and not self.history_path.exists():
+            self._written, self._unwritten = [], self._written + self._unwritten
+            lost.append(HISTORY)
+        if not lost:
+            return
+        self._owed.update(name for name in lost if name != HISTORY)
+        if not self._lost_said:
+            self._lost_said = True
+            logger.warning(
+                "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
+                "what it lost again from memory, here and into every later checkpoint; training goes on",
+                ", ".join(lost),
+                self.dir,
+            )
+
+    def _try_once(self, name: str) -> bool:
+        def write() -> None:
+            self._kept[name](self.dir / name)
+            self._owed.discard(name)
+
+        return _try(write, self.dir / name, _WHAT.get(name, f"{name} is"))
+
+    def _try_history(self) -> bool:
+        def rewrite() -> None:
+            records = self._records()
+            with atomic_write(self.history_path) as f:
+                f.writelines(json_line(r) for r in records)
+            self._written, self._unwritten = records, []
+
+        return _try(rewrite, self.history_path, f"{len(self._unwritten)} history record(s) are")
+
+    def _try_copy(self, target: Path, extra: dict[str, Any]) -> bool:
+        return _try(lambda: self._copy(target, extra), target, "this checkpoint's forgetwatch files are")
+
+    def _records(self) -> list[dict[str, Any]]:
+        """The whole history: what is on disk, then what is not yet."""
+        if self._written is None:
+            self._written = read_history(self.history_path) if self.history_path.is_file() else []
+        return self._written + self._unwritten
+
+    def _copy(self, target: Path, extra: dict[str, Any]) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        (target / MANIFEST).unlink(missing_ok=True)  # not whole again until the new manifest is written
+        names = []
+        for name, write in self._kept.items():
+            source = self.dir / name
+            if name in self._owed or not source.is_file():
+                write(target / name)  # from memory: the run directory lost it, or never had it
+            else:
+                _copy_file(source, target / name)
+            names.append(name)
+        if self._unwritten or not self.history_path.is_file():
+            with atomic_write(target / HISTORY) as f:
+                f.writelines(json_line(r) for r in self._records())
+        else:  # the file holds every record: copying bytes is cheaper than writing JSON again
+            _copy_file(self.history_path, target / HISTORY)
+        names.append(HISTORY)
+        for name, value in extra.items():
+            with atomic_write(target / name) as f:
+                f.write(strict_dumps(value))
+            names.append(name)
+        for name in set(self.files) - set(names) - {MANIFEST}:
+            (target / name).unlink(missing_ok=True)  # an earlier copy's, not part of this one
+        manifest = {"format": _MANIFEST_FORMAT, "files": {name: _digest(target / name) for name in names}}
+        with atomic_write(target / MANIFEST) as f:
+            f.write(strict_dumps(manifest))
+
+
+def _try(write: Callable[[], None], path: Path, what: str) -> bool:
+    """Whether ``write`` succeeded; a failure is logged, not raised."""
+    try:
+        write()
+    except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
+        _warn(path, err, what)
+        return False
+    return True
+
+
+def _warn(path: Path, err: BaseException, what: str) -> None:
+    logger.warning(
+        "forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
+        "next evaluation or checkpoint; training goes on",
+        path,
+        first_line(err),
+        what,
+    )
+
+
+def _left_by(path: Path) -> str | None:
+    """Who left the lock at ``path``, a process that has ended; ``None``: this process. A live watch of another
+    process holding it: :class:`NotWritableError`."""
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise NotWritableError(
+            f"forgetwatch: {path} cannot be read ({first_line(err)}): another watch may be starting in "
+            f"{path.parent} right now; if no run uses that folder, delete {path}"
+        ) from None
+    if host == socket.gethostname() and pid == os.getpid():
+        return None
+    if host == socket.gethostname() and not _alive(pid):
+        return f"process {pid}, which has ended"
+    raise NotWritableError(
+        f"forgetwatch: a watch of process {pid} on {host} writes in {path.parent}; two watches in one folder "
+        f"would mix their files: give this run another output_dir, or, if that run has ended, delete {path}"
+    ) from None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (where that cannot be asked, it is taken to)."""
+    if os.name != "posix":  # os.kill would end it there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's
+        return True
+    return True
+
+
+def _unlock(path: Path, text: str) -> None:
+    """Remove the lock at ``path`` if it is still the one written (``text``), not a taker-over's."""
+    with contextlib.suppress(OSError):  # gone already, or its folder with it
+        if path.read_text(encoding="utf-8") == text:
+            path.unlink()
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """A file's size and sha256, as a manifest lists them."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    with open(source, "rb") as src, atomic_write(target, "wb") as dst:
+        shutil.copyfileobj(src, dst)
