@@ -78,9 +78,11 @@ class Trajectory:
             base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None], base.probe_fingerprint
         )
 
-    def append(self, step: int, answers: Answers) -> None:
-        """Add an evaluation's column (answers aligned with :attr:`ids`)."""
-        self._add(step, answers.correct, _signal(answers))
+    def plus(self, step: int, answers: Answers) -> Trajectory:
+        """This trajectory and an evaluation's column (answers aligned with :attr:`ids`), as a new one."""
+        grown = Trajectory(self.ids, self.categories, self.steps, self.correct, self.signal, self.fingerprint)
+        grown._add(step, answers.correct, _signal(answers))
+        return grown
 
     def up_to(self, step: int) -> Trajectory:
         """The base and the evaluations at or before ``step`` (what a resume keeps)."""
