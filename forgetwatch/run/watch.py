@@ -1,12 +1,6 @@
-"""Watch: the monitor without a trainer. Any training loop can drive it.
-
-It only orchestrates: when to evaluate (:mod:`forgetwatch.run.schedule`), where the base comes
-from (:mod:`forgetwatch.run.base`), scoring (:mod:`forgetwatch.scoring`), comparison
-(:mod:`forgetwatch.results.metrics`), stopping (:mod:`forgetwatch.run.stopping`), files
-(:mod:`forgetwatch.results.store`), where each evaluation goes (:mod:`forgetwatch.sinks`) and
-repair (:mod:`forgetwatch.run.repair`) each live in their own module. Collectives are visible
-here: every cross-rank step goes through the one ``Ranks`` the watch holds.
-"""
+"""Watch: the monitor without a trainer; any training loop drives it. It only orchestrates (scoring,
+comparison, the stop rule, files, sinks and repair live in their own modules), and every cross-rank
+step goes through the one ``Ranks`` it holds."""
 
 from __future__ import annotations
 
@@ -364,27 +358,18 @@ class Watch:
         return False
 
     def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
-        """Score the live model, compare it with the base, and hand the result to every sink; on
-        every rank. ``Evaluation.stop`` says why to stop training, or is ``None``. A model whose
-        log-probabilities are NaN or infinite is a warning and no evaluation (``None``): nothing
-        is recorded or logged for it.
+        """Score the live model, compare it with the base and hand the :class:`~forgetwatch.Evaluation` to
+        every sink; on every rank. Its ``stop`` says why to stop training, or is ``None``. NaN or infinite
+        log-probabilities are a warning and no evaluation (``None``).
 
-        ``step`` is the number of optimizer steps the weights have had: a whole number, from the
-        step the run began at on, never below the last evaluation's. A step that goes backwards,
-        a negative, fractional, boolean or non-integer one is refused (``ValueError``,
-        ``TypeError``) before any scoring: the history must read back in step order.
-
-        One evaluation per step: at the step of the last evaluation, that evaluation is returned
-        again, and nothing is scored or written. The step names the weights, so a loop that asks
-        twice (on its schedule, then at its end) gets the same answers for free, and the
-        history keeps one record per step, as a resume needs. To score weights changed without a
-        step, call :meth:`measure` (it writes nothing).
+        ``step`` is the optimizer steps the weights have had: a whole number, never before the run's start
+        or the last evaluation (else ``ValueError`` / ``TypeError``, before any scoring). At the last
+        evaluation's step that evaluation is returned again, nothing scored or written (the step names the
+        weights); :meth:`measure` scores weights changed without a step.
 
         Example:
             >>> watch.evaluate(model, 100).report.forgetting   # doctest: +SKIP
             0.04
-            >>> watch.evaluate(model, 100) is watch.evaluate(model, 100)   # doctest: +SKIP
-            True
         """
         if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
             raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")

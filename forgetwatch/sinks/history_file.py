@@ -11,30 +11,30 @@ from forgetwatch.results.trajectory import Trajectory
 
 
 class HistoryFile:
-    """Writes each evaluation into the run's store, serialized here and nowhere else; a failed write warns and is
+    """Writes each evaluation into the run's store (the one place it is serialized); a failed write warns and is
     retried at the next one."""
 
     def __init__(self, store: RunStore):
         self.store = store
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        ev = evaluation
+        e = evaluation
         record = history_record(
-            ev.step,
-            ev.report,
+            e.step,
+            e.report,
             time=time.time(),
-            seconds=ev.seconds,
-            trigger=ev.trigger,
-            stop=ev.stop,
-            columns=ev.trajectory.column(),
+            seconds=e.seconds,
+            trigger=e.trigger,
+            stop=e.stop,
+            columns=e.trajectory.column(),
         )
-        if ev.repair is not None:
-            record[ev.repair] = {**ev.repaired, **ev.repair_state}
-        if ev.drift:
-            record["drift"] = ev.drift
+        if e.repair is not None:
+            record[e.repair] = {**e.repaired, **e.repair_state}
+        if e.drift:
+            record["drift"] = e.drift
         self.store.append_history(record)
-        ev.answers.meta["step"] = ev.step
-        self.store.save_latest(ev.answers)
+        e.answers.meta["step"] = e.step
+        self.store.save_latest(e.answers)
 
     def on_end(self, trajectory: Trajectory) -> None:
         self.store.flush()  # a last try for anything a failed write left in memory
