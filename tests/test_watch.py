@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Answers, Evaluation, Output, ProbeSet, Schedule, Scoring, Watch, compare, evaluate
+from forgetwatch import Answers, Evaluation, Output, ProbeSet, Schedule, Scoring, Stopping, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.history import read_history
@@ -128,6 +128,64 @@ def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
     assert [r.forgotten_ids for _, r in again.history] == [r.forgotten_ids for _, r in first.history]
     first.evaluate(toy.base, 6)  # the killed loop's watch: the resumed one took the folder over
     assert [r["step"] for r in read_history(tmp_path / "history.jsonl")] == [2, 4]
+
+
+def test_patience_counts_the_evaluations_made_before_a_resume(toy, tmp_path):
+    base = evaluate(toy.base, toy.tokenizer, toy.probes)
+    reports = compare(base, evaluate(toy.tuned, toy.tokenizer, toy.probes)).by_category
+    category = next(c for c, r in reports.items() if r.forgotten)
+    stopping = Stopping(max_forgetting=0.0, category_max_forgetting={category: 0.0}, patience=2)
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, stopping=stopping, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    assert first.evaluate(toy.tuned, 2).stop is None  # over once: patience waits
+    first.due(3)
+    again = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, stopping=stopping, output=QUIET)
+    again.load_state_dict(first.state_dict())
+    again.start(toy.tuned, toy.tokenizer)
+    stop = again.evaluate(toy.tuned, 4).stop  # the second time over, counting the history read back
+    assert stop.count("for 2 consecutive evaluations") == 2 and f"in category {category!r}" in stop
+    assert again.stop_step == 4 and read_history(tmp_path / "history.jsonl")[-1]["stop"] == stop
+
+
+class FailsOnce:
+    """A repair method whose first ``on_evaluation`` raises."""
+
+    name, files = "fails_once", ()
+
+    def __init__(self):
+        self.failed = False
+
+    def hold_out(self, probes):
+        pass
+
+    def begin(self, model, run):
+        pass
+
+    def on_evaluation(self, report, model):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("injected")
+
+    def metrics(self):
+        return {"fails_once/calls": 1.0}
+
+    def state(self):
+        return {"failed": self.failed}
+
+
+def test_an_evaluation_that_fails_part_way_keeps_nothing_and_its_step_can_be_evaluated_again(toy, tmp_path):
+    sink = Recorder()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, replay=FailsOnce(), sinks=[sink], output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    with pytest.raises(RuntimeError, match="injected"):
+        watch.evaluate(toy.tuned, 2)
+    assert watch.history == [] and watch.trajectory.steps.tolist() == [0] and not sink.evaluations
+    assert read_history(tmp_path / "history.jsonl") == []
+    evaluation = watch.evaluate(toy.tuned, 2)
+    assert watch.trajectory.steps.tolist() == [0, 2] and [s for s, _ in watch.history] == [2]
+    # the repair's figures and state: logged, and kept in the history under its name
+    assert logged_values(evaluation)["forgetwatch/fails_once/calls"] == 1.0
+    assert read_history(tmp_path / "history.jsonl")[-1]["fails_once"] == {"fails_once/calls": 1.0, "failed": True}
 
 
 @pytest.mark.parametrize(
