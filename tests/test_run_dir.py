@@ -71,7 +71,7 @@ def run(tmp_path):
     trajectory, reports = Trajectory.start(base), []
     for column, step in ((1, 10), (2, 20)):
         now = answers(probes, column, step)
-        trajectory = trajectory.plus(step, now)
+        trajectory.append(step, now)
         reports.append(with_trajectory_metrics(compare(base, now), trajectory))
         store.append_history(
             history_record(

@@ -78,10 +78,14 @@ class Trajectory:
             base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None], base.probe_fingerprint
         )
 
+    def append(self, step: int, answers: Answers) -> None:
+        """Add an evaluation's column (answers aligned with :attr:`ids`)."""
+        self._add(step, answers.correct, _signal(answers))
+
     def plus(self, step: int, answers: Answers) -> Trajectory:
-        """This trajectory and an evaluation's column (answers aligned with :attr:`ids`), as a new one."""
+        """A new trajectory: this one and an evaluation's column (this one is left as it is)."""
         grown = Trajectory(self.ids, self.categories, self.steps, self.correct, self.signal, self.fingerprint)
-        grown._add(step, answers.correct, _signal(answers))
+        grown.append(step, answers)
         return grown
 
     def up_to(self, step: int) -> Trajectory:
