@@ -39,8 +39,7 @@ class Evaluation:
 
     Attributes:
         step: the training step it was made at.
-        report: the :class:`~forgetwatch.results.report.TransitionReport` against the base, the
-            trajectory's figures (``forgetting_events``, ...) in it.
+        report: the :class:`~forgetwatch.results.report.TransitionReport` against the base, trajectory figures included.
         answers: the live model's :class:`~forgetwatch.Answers`.
         seconds: how long scoring and comparing took.
         stop: why training should stop here (a sentence), or ``None``.
@@ -49,9 +48,8 @@ class Evaluation:
         logged: the report whose figures are logged: by category group where the run maps categories
             into groups, holding only the categories (or groups) that get keys of their own.
         drift: train KL to the base (``train_kl``, over ``rows`` and ``tokens``, in ``seconds``); empty when not measured.
-        repair: the repair method's name, or ``None``.
-        repaired: its figures since the last evaluation (``replay/loss``, ...).
-        repair_state: its state after this evaluation (what a resume reads from the history).
+        repair, repaired, repair_state: the repair method's name (or ``None``), its figures since the last
+            evaluation (``replay/loss``, ...) and its state after this one (what a resume reads back).
         notes: what the schedule says at this evaluation, for the console line.
 
     Example:

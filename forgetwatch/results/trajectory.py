@@ -10,10 +10,8 @@ base to the first evaluation included), as Toneva et al. (2019) count them in tr
 probe is *persistently forgotten* when it was right at the base and is wrong at the last two
 evaluations.
 
-In the run directory the trajectory is not a file of its own: each ``history.jsonl`` record
-carries its evaluation's column (correctness bit-packed, the signal as float16), so it is
-appended, copied into checkpoints and cut back on resume with the history; the base column
-comes from the base snapshot. :func:`forgetwatch.load_trajectory` reads it back.
+It is no file of its own: each ``history.jsonl`` record carries its evaluation's column, the base
+snapshot the base's; :func:`forgetwatch.load_trajectory` reads it back.
 
 Example:
     >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
