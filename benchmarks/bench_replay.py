@@ -99,6 +99,7 @@ import torch  # noqa: E402
 from skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
 from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Replay, ReplayPool, Scoring  # noqa: E402
+from forgetwatch.results.run_files import read_history  # noqa: E402
 
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 
@@ -236,7 +237,7 @@ def run_job(cfg: dict, job: dict) -> dict:
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    records = cb.watch.records
+    records = read_history(cb.watch.history_path)
     final = cb.history[-1][1]
     tokens = float(records[-1]["replay"]["tokens"]) if repair is not None else 0.0
     curve = []

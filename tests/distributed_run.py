@@ -39,6 +39,7 @@ from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's fold
 
 from forgetwatch import Monitor, Output, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.results.run_files import read_history  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -310,7 +311,7 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     drift = [e["forgetwatch/drift/train_kl"] for e in trainer.state.log_history if "forgetwatch/drift/train_kl" in e]
     return {
         "train_kl": drift,
-        "train_kl_kept": [r["drift"]["train_kl"] for r in cb.watch.records if "drift" in r],
+        "train_kl_kept": [r["drift"]["train_kl"] for r in read_history(cb.watch.history_path) if "drift" in r],
         "train_kl_rows": len(cb.watch.train_kl.tokens),
         "checksum": float(params.sum()),
         "first": params[:50].tolist(),

@@ -19,6 +19,7 @@ from forgetwatch.results.noise import (
     smallest_detectable,
     wants_noise_check,
 )
+from forgetwatch.results.report import TransitionReport
 from forgetwatch.run.stopping import OVERALL, StopRule
 from forgetwatch.scoring.precision import compute_precision, is_reduced
 
@@ -47,7 +48,7 @@ def test_other_batch_size_differs_from_the_first():
 
 
 def test_the_wilson_guard_takes_the_noise_floor_off_the_lower_bound():
-    report = {"forgetting": 0.09, "forgetting_adjusted": 0.09, "forgetting_ci": [0.06, 0.12]}
+    report = TransitionReport(forgetting=0.09, forgetting_adjusted=0.09, forgetting_ci=(0.06, 0.12))
     assert StopRule(0.05, significance=True).update(report)  # lower bound 6 % > 5 %
     quiet = StopRule(0.05, significance=True, noise_floor={OVERALL: 0.02})
     assert quiet.update(report) is None  # 6 % less 2 % of noise is not over 5 %

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from forgetwatch import Monitor, Output, ReplayPool
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
+from forgetwatch.results.run_files import read_history
 from forgetwatch.run.base import model_key, weights_key
 from forgetwatch.scoring.next_tokens import BaseDistribution
 
@@ -144,7 +145,7 @@ def test_a_run_resumed_between_evaluations_logs_the_replay_loss_of_every_step_si
         resume_from_checkpoint=str(copied / "checkpoint-3")
     )
     whole = [json.loads(line) for line in (run / "forgetwatch" / "history.jsonl").read_text().splitlines()]
-    resumed = callback.watch.records[-1]
+    resumed = read_history(callback.watch.history_path)[-1]
     assert resumed["step"] == whole[-1]["step"] == 4
     # the mean over steps 3 and 4, as the uninterrupted run logged it (not step 4's alone)
     assert resumed["replay"]["replay/loss"] == pytest.approx(whole[-1]["replay"]["replay/loss"], rel=1e-6)

@@ -16,6 +16,7 @@ from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import answer_prompts
+from forgetwatch.results.run_files import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -135,7 +136,7 @@ def plain(toy, train_data, tmp_path_factory):
 
 def train_kl_of(callback):
     """The train-KL signal of each evaluation in the run's history, by step."""
-    return {r["step"]: r["drift"]["train_kl"] for r in callback.watch.records if "drift" in r}
+    return {r["step"]: r["drift"]["train_kl"] for r in read_history(callback.watch.history_path) if "drift" in r}
 
 
 @pytest.mark.parametrize("select", ["categories", "uniform"])
@@ -189,7 +190,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
 
     # the state after each evaluation (draws, replayed tokens) is the whole run's
     def kept(callback):
-        return [r["replay"] for r in callback.watch.records if r["step"] > 10]
+        return [r["replay"] for r in read_history(callback.watch.history_path) if r["step"] > 10]
 
     assert kept(resumed) == kept(whole)
     assert kept(whole)[-1]["tokens"] > 0

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from forgetwatch.results.report import TransitionReport
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 
@@ -188,13 +189,11 @@ def test_budget_rejects_bad_shares():
             Budget(bad)
 
 
-def report(f, f_adj=None, ci=(None, None), categories=None):
-    return {
-        "forgetting": f,
-        "forgetting_adjusted": f if f_adj is None else f_adj,
-        "forgetting_ci": list(ci),
-        "by_category": categories or {},
-    }
+def report(f, f_adj=None, ci=(math.nan, math.nan), categories=None):
+    f = math.nan if f is None else f
+    return TransitionReport(
+        forgetting=f, forgetting_adjusted=f if f_adj is None else f_adj, forgetting_ci=ci, by_category=categories or {}
+    )
 
 
 def test_stop_rule_threshold_and_patience():

@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 
 from forgetwatch import Output, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.results.run_files import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def assert_train_kl_at_each_evaluation(trainer, callback, source):
         for e in trainer.state.log_history
         if "forgetwatch/drift/train_kl" in e
     }
-    kept = {r["step"]: r["drift"]["train_kl"] for r in callback.watch.records}
+    kept = {r["step"]: r["drift"]["train_kl"] for r in read_history(callback.watch.history_path)}
     assert list(logged) == [step for step, _ in callback.history] and logged == kept
     assert all(x >= 0 for x in logged.values()) and max(logged.values()) > 0
     signal = callback.watch.train_kl

@@ -6,6 +6,7 @@ earlier releases."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import json
 import logging
@@ -17,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Answers, Evaluation, Output, ProbeSet, Scoring, Watch, compare, evaluate
+from forgetwatch import Answers, Evaluation, Monitor, Output, ProbeSet, Scoring, Watch, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.results.run_files import LOCK, NotWritableError, load_trajectory, read_history
 from forgetwatch.scoring import NonFiniteScoresError
-from forgetwatch.sinks import logged_categories, metric_values
+from forgetwatch.sinks import logged_categories, logged_values, metric_values
 
 QUIET = Output(verbose=False)
 
@@ -67,7 +68,7 @@ def test_a_users_sink_hears_the_base_every_evaluation_and_the_end(toy, tmp_path)
     first = sink.evaluations[0]
     assert isinstance(first, Evaluation) and first.stop is None and first.trigger == "schedule"
     assert (first.report.forgotten_ids, first.report.gained_ids) == (expected.forgotten_ids, expected.gained_ids)
-    assert first.metrics["forgetwatch/forgotten"] == expected.forgotten > 0
+    assert logged_values(first)["forgetwatch/forgotten"] == expected.forgotten > 0
     assert sink.evaluations[1].report.forgotten == 0  # the base against itself
     assert watch.finish(toy.tuned, 6) is None  # once per run
 
@@ -125,6 +126,64 @@ def test_a_loop_resumes_exactly_from_its_state_dict(toy, tmp_path):
     assert [r.forgotten_ids for _, r in again.history] == [r.forgotten_ids for _, r in first.history]
     first.evaluate(toy.base, 6)  # the killed loop's watch: the resumed one took the folder over
     assert [r["step"] for r in read_history(tmp_path / "history.jsonl")] == [2, 4]
+
+
+def test_patience_counts_the_evaluations_made_before_a_resume(toy, tmp_path):
+    base = evaluate(toy.base, toy.tokenizer, toy.probes)
+    reports = compare(base, evaluate(toy.tuned, toy.tokenizer, toy.probes)).by_category
+    category = next(c for c, r in reports.items() if r.forgotten)
+    stopping = dict(max_forgetting=0.0, monitor=Monitor(category_max_forgetting={category: 0.0}, patience=2))
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, **stopping, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    assert first.evaluate(toy.tuned, 2).stop is None  # over once: patience waits
+    first.due(3)
+    again = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, **stopping, output=QUIET)
+    again.load_state_dict(first.state_dict())
+    again.start(toy.tuned, toy.tokenizer)
+    stop = again.evaluate(toy.tuned, 4).stop  # the second time over, counting the history read back
+    assert stop.count("for 2 consecutive evaluations") == 2 and f"in category {category!r}" in stop
+    assert again.stop_step == 4 and read_history(tmp_path / "history.jsonl")[-1]["stop"] == stop
+
+
+class FailsOnce:
+    """A repair method whose first ``on_evaluation`` raises."""
+
+    name, files = "fails_once", ()
+
+    def __init__(self):
+        self.failed = False
+
+    def hold_out(self, probes):
+        pass
+
+    def begin(self, model, run):
+        pass
+
+    def on_evaluation(self, report, model):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("injected")
+
+    def metrics(self):
+        return {"fails_once/calls": 1.0}
+
+    def state(self):
+        return {"failed": self.failed}
+
+
+def test_an_evaluation_that_fails_part_way_keeps_nothing_and_its_step_can_be_evaluated_again(toy, tmp_path):
+    sink = Recorder()
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, replay=FailsOnce(), sinks=[sink], output=QUIET)
+    watch.start(toy.base, toy.tokenizer)
+    with pytest.raises(RuntimeError, match="injected"):
+        watch.evaluate(toy.tuned, 2)
+    assert watch.history == [] and watch.trajectory.steps.tolist() == [0] and not sink.evaluations
+    assert read_history(tmp_path / "history.jsonl") == []
+    evaluation = watch.evaluate(toy.tuned, 2)
+    assert watch.trajectory.steps.tolist() == [0, 2] and [s for s, _ in watch.history] == [2]
+    # the repair's figures and state: logged, and kept in the history under its name
+    assert logged_values(evaluation)["forgetwatch/fails_once/calls"] == 1.0
+    assert read_history(tmp_path / "history.jsonl")[-1]["fails_once"] == {"fails_once/calls": 1.0, "failed": True}
 
 
 @pytest.mark.parametrize(
@@ -203,8 +262,8 @@ def test_categories_too_small_to_tell_forgetting_from_zero_are_not_logged(toy, t
     watch.start(toy.base, toy.tokenizer)
     evaluation = watch.evaluate(toy.tuned, 1)
     # no subject has 6 probes right at the base: per-subject figures would be noise
-    assert evaluation.report.forgotten > 0 and logged_names(evaluation.metrics) == set()
-    assert evaluation.metrics == metric_values(evaluation.report, categories=False)
+    assert evaluation.report.forgotten > 0 and logged_names(logged_values(evaluation)) == set()
+    assert logged_values(evaluation) == metric_values(dataclasses.replace(evaluation.report, by_category={}))
     said = [line for line in capsys.readouterr().out.splitlines() if "not logged" in line]
     assert said == [
         "[forgetwatch] per-category figures are logged for none of 46 categories; not logged: 46 with fewer "
@@ -222,9 +281,10 @@ def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
     watch.start(toy.base, toy.tokenizer)
     evaluation = watch.evaluate(toy.tuned, 1)
     groups = {f"mmlu_{g}" for g in GROUPS}
-    assert logged_names(evaluation.metrics) == groups
+    values = logged_values(evaluation)
+    assert logged_names(values) == groups
     # what TensorBoard gets: the overall figures and each group's, not 46 subjects' (498 tags before)
-    assert len(evaluation.metrics) <= 5 * len(metric_values(evaluation.report, categories=False))
+    assert len(values) <= 5 * len(metric_values(dataclasses.replace(evaluation.report, by_category={})))
     # a group's figures are its probes', counted here by a plain loop
     group_of = {p.id: p.category_group for p in watch.probes}
     for group in groups:
@@ -232,7 +292,7 @@ def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
             b and not a and group_of[i] == group
             for i, b, a in zip(evaluation.answers.ids, watch.base_answers.correct, evaluation.answers.correct)
         )
-        assert evaluation.metrics[f"forgetwatch/{group}/forgotten"] == forgotten
+        assert values[f"forgetwatch/{group}/forgotten"] == forgotten
     # the history keeps every subject, and probes.jsonl each probe's group, for the report
     record = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
     assert len(record["report"]["by_category"]) == SUBJECTS
@@ -241,7 +301,7 @@ def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
     again = Watch(probes, output_dir=tmp_path, eval_steps=1, output=output)
     again.load_state_dict(watch.state_dict())
     again.start(toy.tuned, toy.tokenizer)
-    assert logged_names(again.evaluate(toy.tuned, 2).metrics) == groups
+    assert logged_names(logged_values(again.evaluate(toy.tuned, 2))) == groups
 
 
 def test_lm_eval_probes_are_grouped_by_their_innermost_group(toy):
@@ -326,9 +386,8 @@ class Vandal:
     def on_evaluation(self, evaluation):
         evaluation.report.forgotten_ids.clear()
         evaluation.report.by_category.clear()
-        evaluation.record["step"] = -1
-        evaluation.record["report"].clear()
-        evaluation.metrics.clear()
+        evaluation.logged.by_category.clear()
+        evaluation.drift["train_kl"] = -1.0
         evaluation.trajectory.correct[:] = False
         evaluation.trajectory.steps[:] = 0
         evaluation.base.correct[:] = False
@@ -356,8 +415,8 @@ def test_a_sink_that_changes_what_it_is_handed_changes_nothing_of_the_run(toy, t
     assert Answers.load(tmp_path / "base_answers.npz").correct.tolist() == base.correct.tolist()
     assert watch.history[0][1].forgotten_ids == expected.forgotten_ids and watch.history[0][1].by_category
     records = read_history(tmp_path / "history.jsonl")
-    assert [r["step"] for r in records] == [2, 4] == [r["step"] for r in watch.records]
-    assert records[0]["report"]["forgotten"] == expected.forgotten == watch.records[0]["report"]["forgotten"]
+    assert [r["step"] for r in records] == [2, 4] and "drift" not in records[0]
+    assert records[0]["report"]["forgotten"] == expected.forgotten
     columns = [base.correct.tolist(), tuned.correct.tolist(), base.correct.tolist()]
     for trajectory in (watch.trajectory, load_trajectory(tmp_path)):
         assert trajectory.ids == base.ids and trajectory.steps.tolist() == [0, 2, 4]

@@ -10,7 +10,7 @@ from typing import Any
 from forgetwatch.integrations.trainer_link import TrainerLink
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.sinks import Sinks
+from forgetwatch.sinks import Sinks, logged_values
 from forgetwatch.sinks.tensorboard import TensorBoardText
 from forgetwatch.sinks.wandb import WandbSection
 
@@ -34,7 +34,7 @@ class TrainerLog:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.link.open:
-            self.send(evaluation.metrics, own_section=True)
+            self.send(logged_values(evaluation), own_section=True)
 
     def send(self, metrics: dict[str, float], own_section: bool = False) -> None:
         """To every integration; ``own_section``: figures the W&B section took already skip W&B."""

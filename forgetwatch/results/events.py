@@ -1,4 +1,4 @@
-"""What a run hands to its sinks: the base once, then each evaluation (plain records)."""
+"""What a run hands to its sinks: the base once, then each evaluation."""
 
 from __future__ import annotations
 
@@ -35,19 +35,22 @@ class BaseSnapshot:
 
 @dataclass
 class Evaluation:
-    """One evaluation of the live model against the base.
+    """One evaluation of the live model against the base: what every sink and the stop rule read.
 
     Attributes:
         step: the training step it was made at.
-        report: the :class:`~forgetwatch.results.report.TransitionReport` against the base.
+        report: the :class:`~forgetwatch.results.report.TransitionReport` against the base, trajectory figures included.
         answers: the live model's :class:`~forgetwatch.Answers`.
         seconds: how long scoring and comparing took.
         stop: why training should stop here (a sentence), or ``None``.
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``, or a caller's word).
-        metrics: the figures to log, ``forgetwatch/<name>`` (no NaN: a figure that does not apply is left out).
-        record: the ``history.jsonl`` record of it.
         probes, base, trajectory: the run's probes, the base answers, every probe's correctness so far.
-        notes: what the repair method and the schedule say at this evaluation, for the console line.
+        logged: the report whose figures are logged: by category group where the run maps categories
+            into groups, holding only the categories (or groups) that get keys of their own.
+        drift: train KL to the base (``train_kl``, over ``rows`` and ``tokens``, in ``seconds``); empty when not measured.
+        repair, repaired, repair_state: the repair method's name (or ``None``), its figures since the last
+            evaluation (``replay/loss``, ...) and its state after this one (what a resume reads back).
+        notes: what the schedule says at this evaluation, for the console line.
 
     Example:
         >>> ev = watch.evaluate(model, step=100)      # doctest: +SKIP
@@ -61,9 +64,12 @@ class Evaluation:
     seconds: float
     stop: str | None
     trigger: str
-    metrics: dict[str, float]
-    record: dict[str, Any]
     probes: ProbeSet
     base: Answers
     trajectory: Trajectory
+    logged: TransitionReport
+    drift: dict[str, float] = field(default_factory=dict)
+    repair: str | None = None
+    repaired: dict[str, float] = field(default_factory=dict)
+    repair_state: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

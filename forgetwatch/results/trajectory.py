@@ -69,6 +69,12 @@ class Trajectory:
         """Add an evaluation's column (answers aligned with :attr:`ids`)."""
         self._add(step, answers.correct, _signal(answers))
 
+    def plus(self, step: int, answers: Answers) -> Trajectory:
+        """A new trajectory: this one and an evaluation's column (this one is left as it is)."""
+        grown = Trajectory(self.ids, self.categories, self.steps, self.correct, self.signal, self.fingerprint)
+        grown.append(step, answers)
+        return grown
+
     def up_to(self, step: int) -> Trajectory:
         """The base and the evaluations at or before ``step`` (what a resume keeps)."""
         keep = self.steps <= step

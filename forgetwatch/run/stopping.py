@@ -1,18 +1,15 @@
 """When to stop a run that forgets too much: thresholds, patience, an optional significance guard.
-
-The rule reads plain report dicts (:meth:`TransitionReport.to_dict`), the same records the
-history file holds, so after a resume it is rebuilt by replaying the history.
-"""
+A resumed run rebuilds it by replaying its history's reports."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from forgetwatch.common.text import pct
 from forgetwatch.config.settings import STOP_METRICS
 from forgetwatch.results.noise import OVERALL
+from forgetwatch.results.report import TransitionReport
 
 
 class StopRule:
@@ -31,8 +28,8 @@ class StopRule:
 
     Example:
         >>> rule = StopRule(max_forgetting=0.05, patience=2)
-        >>> rule.update({"forgetting": 0.08, "forgetting_adjusted": 0.07, "forgetting_ci": [0.06, 0.1]})
-        >>> rule.update({"forgetting": 0.09, "forgetting_adjusted": 0.08, "forgetting_ci": [0.07, 0.11]})
+        >>> rule.update(TransitionReport(forgetting=0.08))
+        >>> rule.update(TransitionReport(forgetting=0.09))
         'forgetting 9.00% > 5.00% for 2 consecutive evaluations'
     """
 
@@ -62,26 +59,25 @@ class StopRule:
     def active(self) -> bool:
         return bool(self.thresholds)
 
-    def update(self, report: Mapping[str, Any]) -> str | None:
+    def update(self, report: TransitionReport) -> str | None:
         """Count one evaluation; return why to stop, or ``None`` to go on."""
         reasons = []
         for scope, threshold in self.thresholds.items():
-            figures = report if scope == OVERALL else (report.get("by_category") or {}).get(scope)
-            value = self.value(figures, self.noise_floor.get(scope, 0.0)) if figures else math.nan
+            figures = report if scope == OVERALL else report.by_category.get(scope)
+            value = math.nan if figures is None else self.value(figures, self.noise_floor.get(scope, 0.0))
             self.streaks[scope] = self.streaks.get(scope, 0) + 1 if value > threshold else 0
             if self.streaks[scope] >= self.patience:
                 reasons.append(self._reason(scope, value, threshold))
         return "; ".join(reasons) or None
 
-    def value(self, figures: Mapping[str, Any], noise: float = 0.0) -> float:
+    def value(self, report: TransitionReport, noise: float = 0.0) -> float:
         """The number compared with the threshold (NaN compares as never over it); with
         ``significance``, less ``noise`` (the share that flips by itself)."""
-        estimate = _number(figures.get(self.metric))
+        estimate = float(getattr(report, self.metric))
         if not self.significance:
             return estimate
-        low = _number((figures.get("forgetting_ci") or [None])[0])
         # shift the raw rate's lower bound by the chance correction the estimate received
-        return low - (_number(figures.get("forgetting")) - estimate) - noise
+        return report.forgetting_ci[0] - (report.forgetting - estimate) - noise
 
     def _reason(self, scope: str, value: float, threshold: float) -> str:
         what = self.metric
@@ -90,7 +86,3 @@ class StopRule:
         where = "" if scope == OVERALL else f" in category {scope!r}"
         times = f" for {self.patience} consecutive evaluations" if self.patience > 1 else ""
         return f"{what}{where} {pct(value, digits=2)} > {pct(threshold, digits=2)}{times}"
-
-
-def _number(x: Any) -> float:
-    return math.nan if x is None else float(x)

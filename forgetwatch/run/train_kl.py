@@ -1,26 +1,12 @@
-"""``forgetwatch/drift/train_kl``: a forgetting signal that needs no probes.
+"""``forgetwatch/drift/train_kl``: a forgetting signal that needs no probes (see the docs' "Train KL").
 
-At each evaluation, the mean over target tokens of KL(base ‖ current) on a fixed seeded sample
-of the training data (at most ``train_kl_rows`` rows, each cut to its first :data:`MAX_TOKENS`
-tokens): how far training has moved the model's next-token distribution on the very data it
-trains on, in nats per token. The base's distribution on those rows (its :data:`TOP_K` most
-likely tokens per target position and the mass outside them, in float32, so that the base
-measured against itself gives exactly 0) is computed once when training begins, with a PEFT
-model's adapters disabled for ``base="adapter_disabled"``, and kept with the run
-(``train_kl.npz``, the rows' tokens in it too, so a resume does not depend on the dataset);
-on resume it is read back, never measured again from moved weights. It is a signal, not a
-training input: when no kept copy can serve, or a measurement fails, it is off for the run
-with one warning, and training goes on.
-
-What it costs is bounded by what the probes cost: a :class:`~forgetwatch.Watch` lets the base's
-distribution take :data:`SHARE` of what scoring the probes took (at least :data:`MIN_SECONDS`). The
-time per row is measured on a first seeded sample of an eighth of the rows (at most
-:data:`MIN_ROWS`, GRPO's completions included); when all of them would take longer, a seeded
-sample of as many as fit is measured instead (at least :data:`MIN_ROWS`), said in one line. Each evaluation's forward over
-the rows then costs about what the base's did, so train KL adds at most about a quarter to an
-evaluation, and as much to the start-up, whose every second counts against ``max_overhead``
-(a quarter: a second signal beside the probes, not a second evaluation). Fewer rows make the signal noisier, not biased: the
-mean is over a random sample either way, and each record says over how many rows and tokens.
+At each evaluation, the mean KL(base ‖ current) per target token on a fixed seeded sample of the
+training data (at most ``train_kl_rows`` rows of at most :data:`MAX_TOKENS` tokens). The base's
+distribution on them (its :data:`TOP_K` most likely tokens and the mass outside them) is measured once
+when training begins, within :data:`SHARE` of what scoring the probes took (fewer rows, a seeded
+sample, when all would take longer), and kept as ``train_kl.npz``: a resume reads it back, never
+measures it from moved weights. A signal, not a training input: when it cannot be measured it is off
+for the run, with one warning.
 
 Example:
     >>> signal = TrainKL(max_rows=128)

@@ -1,16 +1,12 @@
-"""Watch: the monitor without a trainer. Any training loop can drive it.
-
-It only orchestrates: when to evaluate (:mod:`forgetwatch.run.schedule`), the base and the run's files
-(:mod:`forgetwatch.results.run_files`), scoring (:mod:`forgetwatch.scoring`), comparison
-(:mod:`forgetwatch.results.metrics`), stopping (:mod:`forgetwatch.run.stopping`), where each evaluation goes
-(:mod:`forgetwatch.sinks`) and repair (:mod:`forgetwatch.run.repair`) each live in their own module. Collectives are
-visible here: every cross-rank step goes through the one ``Ranks`` the watch holds.
-"""
+"""Watch: the monitor without a trainer; any training loop drives it. It only orchestrates (scoring,
+comparison, the stop rule, files, sinks and repair live in their own modules), and every cross-rank
+step goes through the one ``Ranks`` it holds."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import numbers
@@ -32,7 +28,6 @@ from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import BaseSnapshot, Evaluation
-from forgetwatch.results.history import history_record
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
@@ -55,7 +50,7 @@ from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
-from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories, metric_values
+from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories
 from forgetwatch.sinks.console import ConsoleLines
 from forgetwatch.sinks.history_file import HistoryFile
 from forgetwatch.sinks.hook import as_sink
@@ -180,7 +175,6 @@ class Watch:
         self.stop_reason: str | None = None
         self.train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
         self.monitoring_seconds = 0.0
-        self.records: list[dict[str, Any]] = []
         self.scorer: Scorer | None = None
         self._skipped: int | None = None  # the step whose evaluation gave NaN log-probabilities
         self.store: RunStore | None = None
@@ -280,7 +274,7 @@ class Watch:
         aside = Path(aside) if aside else None
         try:
             # a watch may serve several runs (train() calls): each starts from its own state
-            self.history, self.records, self.stop_reason, self.finished = [], [], None, False
+            self.history, self.stop_reason, self.finished = [], None, False
             self.schedule = self._new_schedule()
             self._step, self._max_steps, self._began_at, self._last = step, max_steps, step, None
             self._length_checked = not isinstance(self.schedule, Budget)  # a fixed interval is never too long
@@ -313,8 +307,7 @@ class Watch:
                 snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
             self._sinks.on_base(snapshot)
             self._user_sinks.on_base(self._theirs(snapshot))
-            if resumed:
-                self._restore_history(dirs, step)
+            records = self._restore_history(dirs, step) if resumed else []
             context = RunContext(
                 ranks=self.ranks,
                 writes=self.writes,
@@ -323,7 +316,7 @@ class Watch:
                 rows_per_batch=self.scorer.rows_per_batch,
                 step=step,
                 resume_dirs=dirs,
-                records=self.records,
+                records=records,
                 last_report=self.history[-1][1] if self.history else None,
                 base=self.base_given,
                 base_meta=self.base_answers.meta,
@@ -367,27 +360,18 @@ class Watch:
         return False
 
     def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
-        """Score the live model, compare it with the base, and hand the result to every sink; on
-        every rank. ``Evaluation.stop`` says why to stop training, or is ``None``. A model whose
-        log-probabilities are NaN or infinite is a warning and no evaluation (``None``): nothing
-        is recorded or logged for it.
+        """Score the live model, compare it with the base and hand the :class:`~forgetwatch.Evaluation` to
+        every sink; on every rank. Its ``stop`` says why to stop training, or is ``None``. NaN or infinite
+        log-probabilities are a warning and no evaluation (``None``).
 
-        ``step`` is the number of optimizer steps the weights have had: a whole number, from the
-        step the run began at on, never below the last evaluation's. A step that goes backwards,
-        a negative, fractional, boolean or non-integer one is refused (``ValueError``,
-        ``TypeError``) before any scoring: the history must read back in step order.
-
-        One evaluation per step: at the step of the last evaluation, that evaluation is returned
-        again, and nothing is scored or written. The step names the weights, so a loop that asks
-        twice (on its schedule, then at its end) gets the same answers for free, and the
-        history keeps one record per step, as a resume needs. To score weights changed without a
-        step, call :meth:`measure` (it writes nothing).
+        ``step`` is the optimizer steps the weights have had: a whole number, never before the run's start
+        or the last evaluation (else ``ValueError`` / ``TypeError``, before any scoring). At the last
+        evaluation's step that evaluation is returned again, nothing scored or written (the step names the
+        weights); :meth:`measure` scores weights changed without a step.
 
         Example:
             >>> watch.evaluate(model, 100).report.forgetting   # doctest: +SKIP
             0.04
-            >>> watch.evaluate(model, 100) is watch.evaluate(model, 100)   # doctest: +SKIP
-            True
         """
         if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
             raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")
@@ -413,60 +397,41 @@ class Watch:
             if self.writes:
                 logger.warning("forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, err)
             return None
-        self.trajectory.append(step, answers)
-        report = with_trajectory_metrics(self.compare(answers), self.trajectory)
-        self.history.append((step, report))
+        trajectory = self.trajectory.plus(step, answers)  # the run's once the evaluation is whole
+        report = with_trajectory_metrics(self.compare(answers), trajectory)
         seconds = self.clock() - began
-        record = history_record(
-            step,
-            report,
-            time=round(time.time(), 3),
-            trigger=trigger,
-            seconds=round(seconds, 4),
-            columns=self.trajectory.column(),
-        )
-        logged = report
-        if self._groups is not None and self._logged:  # the logged figures are the groups'
-            logged = with_trajectory_metrics(self.compare(answers, self._groups), self.trajectory, self._groups)
-        metrics = metric_values(logged, self._logged)
+        logged = self._logged_report(answers, report, trajectory)
+        repair, repaired, repair_state = None, {}, {}
         if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
             self.repair.on_evaluation(report, model)
-            repaired = self.repair.metrics()
-            record[self.repair.name] = {**repaired, **self.repair.state()}
-            metrics.update({f"{PREFIX}{name}": value for name, value in repaired.items()})
-        if self.train_kl is not None and (drift := self.train_kl.measure(model, self.ranks)):
-            record["drift"] = drift  # inside the timed block: its cost is monitoring cost
-            metrics[f"{PREFIX}drift/train_kl"] = drift["train_kl"]
+            repair, repaired, repair_state = self.repair.name, self.repair.metrics(), self.repair.state()
+        drift = self.train_kl.measure(model, self.ranks) if self.train_kl is not None else {}
         notes = []
         if isinstance(self.schedule, EverySteps):  # what the fixed interval costs, and a warning once
             note, warning = self.schedule.pace(step, began, self.clock() - began)
             notes += [note] if note else []
             if warning and self.writes:
                 logger.warning("forgetwatch: %s", warning)
-        reason = None
-        if self._stop_rule.active:
-            reason = self._stop_rule.update(record["report"])
-            # every rank must stop together: rank 0 decides
-            if self.ranks.from_rank_zero([int(reason is not None)])[0]:
-                reason = reason or "rank 0's forgetting rule fired"
-            else:
-                reason = None
-        if reason:
-            record["stop"] = reason
-            self.stop_reason = f"step {step}: {reason}"
-        self.records.append(record)
+        stop = self._stop(report)
+        self.trajectory = trajectory
+        self.history.append((step, report))
+        if stop:
+            self.stop_reason = f"step {step}: {stop}"
         evaluation = Evaluation(
             step=step,
             report=report,
             answers=answers,
             seconds=seconds,
-            stop=reason,
+            stop=stop,
             trigger=trigger,
-            metrics=metrics,
-            record=record,
             probes=self.probes,
             base=self.base_answers,
-            trajectory=self.trajectory,
+            trajectory=trajectory,
+            logged=logged,
+            drift=drift,
+            repair=repair,
+            repaired=repaired,
+            repair_state=repair_state,
             notes=notes,
         )
         self._sinks.on_evaluation(evaluation)
@@ -477,6 +442,26 @@ class Watch:
         self.monitoring_seconds += spent
         self._user_sinks.on_evaluation(self._theirs(evaluation))
         return evaluation
+
+    def _stop(self, report: TransitionReport) -> str | None:
+        """Why to stop after this evaluation, or ``None``: rank 0 decides for every rank."""
+        if not self._stop_rule.active:
+            return None
+        reason = self._stop_rule.update(report)
+        if self.ranks.from_rank_zero([int(reason is not None)])[0]:
+            return reason or "rank 0's forgetting rule fired"
+        return None
+
+    def _logged_report(self, answers: Answers, report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
+        """``report`` as logged: by category group where the run has groups, with the logged categories only."""
+        if not self._logged:
+            return dataclasses.replace(report, by_category={})
+        if self._groups is not None:
+            report = with_trajectory_metrics(self.compare(answers, self._groups), trajectory, self._groups)
+        if self._logged is True:
+            return report
+        kept = {cat: child for cat, child in report.by_category.items() if cat in self._logged}
+        return dataclasses.replace(report, by_category=kept)
 
     def _checked_step(self, step: Any) -> int:
         """``step`` as an ``int``, when it is a whole number not before this run's start or its last evaluation."""
@@ -804,11 +789,11 @@ class Watch:
             self.store.save_snapshot(answers)
         return answers, cost
 
-    def _restore_history(self, dirs: list[Path], step: int) -> None:
+    def _restore_history(self, dirs: list[Path], step: int) -> list[dict[str, Any]]:
         """Keep the history up to ``step``, every record that can be read (see
-        :func:`~forgetwatch.results.run_files.recover_history`); replay it through the stop rule. The
-        run's own file, if it holds records that could not be read, is moved aside, never
-        overwritten."""
+        :func:`~forgetwatch.results.run_files.recover_history`), and replay its reports through the stop
+        rule; the records kept. The run's own file, if it holds records that could not be read, is
+        moved aside, never overwritten."""
         paths = [d / HISTORY for d in dirs]
 
         def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
@@ -819,10 +804,11 @@ class Watch:
                 self.store.set_aside_damaged(len(found.records))
             return found.records
 
-        self.records = self.ranks.share_from_rank_zero(recover)
-        run = Run(self.store.dir, self.base_answers, self.records)  # each record's report, made once
+        records = self.ranks.share_from_rank_zero(recover)
+        run = Run(self.store.dir, self.base_answers, records)  # each record's report, made once
         self.history, self.trajectory = run.history, run.trajectory
-        for r in self.records:
-            self._stop_rule.update(r["report"])
+        for _, report in self.history:
+            self._stop_rule.update(report)
         if self.writes:
-            self.store.save_history(self.records)
+            self.store.save_history(records)
+        return records

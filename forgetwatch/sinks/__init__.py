@@ -19,9 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 from forgetwatch.common.text import first_line
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.metrics import eval_metric_values, logged_categories, metric_values
+from forgetwatch.sinks.metrics import eval_metric_values, logged_categories, logged_values, metric_values
 
-__all__ = ["SINK_SECONDS", "Sink", "Sinks", "eval_metric_values", "logged_categories", "metric_values"]
+__all__ = ["SINK_SECONDS", "Sink", "Sinks", "eval_metric_values", "logged_categories", "logged_values", "metric_values"]
 
 logger = logging.getLogger("forgetwatch")
 

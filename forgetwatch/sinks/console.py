@@ -32,8 +32,8 @@ class ConsoleLines:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.verbose:
-            train_kl = (evaluation.record.get("drift") or {}).get("train_kl")
-            say("; ".join([console_line(evaluation.step, evaluation.report, train_kl), *evaluation.notes]))
+            line = console_line(evaluation.step, evaluation.report, evaluation.drift.get("train_kl"))
+            say("; ".join([line, *evaluation.notes]))
         if evaluation.stop:
             # on its own line above any progress bar, where a person sees it; and to the logs
             message = (

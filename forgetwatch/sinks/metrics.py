@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers
+from forgetwatch.results.events import Evaluation
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.results.report import TransitionReport
 
@@ -43,20 +44,33 @@ def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> d
     return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
-def metric_values(report: TransitionReport, categories: bool | Collection[str] = True) -> dict[str, float]:
-    """``forgetwatch/<name>`` overall and ``forgetwatch/<category>/<name>`` for every category (``True``), none
-    or those named, figures that do not apply left out.
+def metric_values(report: TransitionReport) -> dict[str, float]:
+    """``forgetwatch/<name>`` overall and ``forgetwatch/<category>/<name>`` for each category, figures that do not
+    apply left out.
 
     Example:
-        >>> values = metric_values(TransitionReport(n=2, forgotten=1), categories=False)
+        >>> values = metric_values(TransitionReport(n=2, forgotten=1))
         >>> values["forgetwatch/forgotten"], "forgetwatch/choice_kl" in values
         (1.0, False)
     """
     out = _figures(report, PREFIX)
-    if categories:
-        for cat, child in report.by_category.items():
-            if categories is True or cat in categories:
-                out.update(_figures(child, f"{PREFIX}{cat}/"))
+    for cat, child in report.by_category.items():
+        out.update(_figures(child, f"{PREFIX}{cat}/"))
+    return out
+
+
+def logged_values(evaluation: Evaluation) -> dict[str, float]:
+    """What an evaluation logs: the figures of its :attr:`~forgetwatch.results.events.Evaluation.logged` report,
+    the repair's and train KL's.
+
+    Example:
+        >>> logged_values(watch.evaluate(model, 100))["forgetwatch/forgetting"]   # doctest: +SKIP
+        0.04
+    """
+    out = metric_values(evaluation.logged)
+    out.update((f"{PREFIX}{name}", value) for name, value in evaluation.repaired.items())
+    if "train_kl" in evaluation.drift:
+        out[f"{PREFIX}drift/train_kl"] = evaluation.drift["train_kl"]
     return out
 
 

@@ -12,6 +12,7 @@ from forgetwatch.common.text import first_line
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.trajectory import Trajectory
+from forgetwatch.sinks.metrics import logged_values
 from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, probe_rows
 
 logger = logging.getLogger("forgetwatch")
@@ -40,7 +41,7 @@ class WandbSection:
         self._scalars(snapshot.metrics, snapshot.step)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        self._scalars(evaluation.metrics, evaluation.step)
+        self._scalars(logged_values(evaluation), evaluation.step)
         run = self._run("wandb tables")
         if run is None:
             return
