@@ -42,10 +42,20 @@ from forgetwatch.scoring.scorer import pad_id
 
 logger = logging.getLogger("forgetwatch")
 
+
+def _weight(value: Any) -> float:
+    number = check.non_negative(value)
+    if number > MAX_WEIGHT:
+        raise check.Invalid(
+            f"a number from 0 to {MAX_WEIGHT:g}", value, "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
+        )
+    return number
+
+
 #: Replay's options and their checks (in YAML and a framework's settings: ``replay_<name>``).
 OPTIONS: dict[str, Any] = {
     "loss": check.choice(("lm", "kl")),
-    "weight": lambda value: _weight(value),
+    "weight": _weight,
     "select": check.choice(("categories", "uniform")),
     "batch_size": check.integer(
         1, 1024, "each row replayed costs a forward and a backward pass before every optimizer step"
@@ -65,15 +75,6 @@ RETIRED = {
     ("select", "rows"): 'select="rows" is retired: drawing by category forgot fewer probes at every budget; '
     'use select="categories" (or "uniform")',
 }
-
-
-def _weight(value: Any) -> float:
-    number = check.non_negative(value)
-    if number > MAX_WEIGHT:
-        raise check.Invalid(
-            f"a number from 0 to {MAX_WEIGHT:g}", value, "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
-        )
-    return number
 
 
 def checked_options(**given: Any) -> dict[str, Any]:
@@ -264,8 +265,7 @@ class Replay:
         self.base = measured_once(run, model, REPLAY_BASE, BaseDistribution, problem, needs, measure)
 
     def _resume(self, run: Any) -> None:
-        """The draws at ``run.step``: the state given to ``load_state_dict()``, else the first kept
-        ``replay.json`` that serves, else rebuilt from the history (said), else one error naming each copy."""
+        """The draws at ``run.step``: given to ``load_state_dict()``, kept in ``replay.json``, or rebuilt (said)."""
         if run.state is not None:
             if problem := state_problem(self, run.state, run.step):
                 raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
@@ -293,25 +293,20 @@ class Replay:
             )
 
     def _rebuild(self, run: Any, afresh: bool) -> str:
-        """The draws at ``run.step`` rebuilt from the history, exactly (every step draws one batch, replayed
-        or not), and how; a ``ValueError`` says why the history cannot give them."""
-        records, step = run.records, run.step
-        self._load(
-            {"sampler": self.sampler.state_dict(), "tokens": 0}, step
-        )  # from the start, unless the history has more
-        if records and "replay" not in records[-1]:
+        """The draws at ``run.step`` rebuilt from the history, exactly, and how; else a ``ValueError`` saying why."""
+        step, last = run.step, run.records[-1] if run.records else None
+        self._load({"sampler": self.sampler.state_dict(), "tokens": 0}, step)  # from the start, unless the history says
+        if last is not None and "replay" not in last:
             if not afresh:
-                raise ValueError(
-                    f"the history holds no replay state at its last evaluation (step {records[-1]['step']})"
-                )
-            return f"replay was not on at the last evaluation (step {records[-1]['step']}): its draws start afresh"
+                raise ValueError(f"the history holds no replay state at its last evaluation (step {last['step']})")
+            return f"replay was not on at the last evaluation (step {last['step']}): its draws start afresh"
         since, weight, batch_size, report = 0, self.weight, self.batch_size, None
         how = (
             f"from the start of the run (no evaluation before step {step}), with this run's replay settings, "
             f"then the draws of its {step} step(s)"
         )
-        if records:
-            since, kept = records[-1]["step"], records[-1]["replay"]
+        if last is not None:
+            since, kept = last["step"], last["replay"]
             if problem := state_problem(self, kept, since):
                 raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
             self._load({**kept, "loss": {"sum": 0.0, "steps": 0}}, since)
@@ -393,8 +388,7 @@ class Replay:
             self._switch_off(failure, partial=kept is None)
 
     def _backward(self, model: torch.nn.Module, drawn: list[str], multiplier: float, run: Any) -> tuple[float, int]:
-        """This rank's share of the drawn rows backpropagated at ``multiplier``: its mean loss, and the
-        tokens of every rank's rows (what the mean is over)."""
+        """This rank's share of the rows backpropagated at ``multiplier``: its mean loss, every rank's tokens."""
         ids, starts = [self.encoded[i] for i in drawn], [self.starts.get(i, 1) for i in drawn]
         total = target_count(ids, starts)
         mine = slice(run.ranks.index, None, run.ranks.size)
