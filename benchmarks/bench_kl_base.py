@@ -35,8 +35,8 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from forgetwatch.replay.penalty import kl_backward, right_padded  # noqa: E402
-from forgetwatch.scoring.next_tokens import base_distribution  # noqa: E402
+from forgetwatch.replay.penalty import replay_backward  # noqa: E402
+from forgetwatch.scoring.next_tokens import base_distribution, right_padded  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 SIZES = ((64, 2), (256, 4), (512, 6))  # hidden width, layers
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
             for way in ("kept", "live"):
                 start = time.perf_counter()
                 targets = stored if way == "kept" else live_targets(model, token_ids, pad, args.k)
-                kl_backward(model, token_ids, targets, pad, 1.0, rows_per_batch=args.rows)
+                replay_backward(model, token_ids, pad, 1.0, rows_per_batch=args.rows, targets=targets)
                 times[way].append(time.perf_counter() - start)
                 model.zero_grad(set_to_none=True)
         med = {w: 1000 * statistics.median(t[1:]) for w, t in times.items()}

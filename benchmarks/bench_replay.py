@@ -6,29 +6,30 @@ one half of its items; the replay pool holds the other half. A base pre-trained 
 (once per seed, cached under ``--out``) is post-trained with TRL's SFTTrainer on ``max a b = m``
 (the larger digit) plus a share of ``rev x y z = z y x`` (an operator on the uppercase skill's
 letters), and with DPOTrainer on the same as preference pairs: arithmetic forgets hard,
-uppercase mildly, facts not at all. Arms, each at 1, 2, 4 and 8 replay
-rows per step (``loss="lm"``, weight ``rows × --weight-per-row``: forgetwatch's replay loss
-is a mean over the replayed tokens, so at one fixed weight a single row per step would pull as
-hard as eight; scaled, every replayed token pulls alike and "equal tokens" means equal replay):
+uppercase mildly, facts not at all. The arms (``--arms``):
 
 - ``none``: no replay;
 - ``uniform``: the curated pool, drawn evenly (``select="uniform"``);
-- ``category``: drawn by the forgetting of each category (``select="categories"``);
-- ``synthetic``: the pool's prompts answered by the base (``ReplayPool.from_prompts``);
-- SFT only, at 4 rows: ``kl`` (``loss="kl"``, categories).
+- ``category``: the curated pool, drawn by the forgetting of each category (``select="categories"``);
+- ``synthetic``: the pool's prompts answered by the base (``ReplayPool.from_prompts``), by category;
+- ``kl``: the curated pool by category with ``loss="kl"``, SFT only, at 4 rows.
+
+``uniform``, ``category`` and ``synthetic`` run at 1, 2, 4 and 8 replay rows per step (``--rows``),
+``loss="lm"``, weight ``rows × --weight-per-row``: forgetwatch's replay loss is a mean over the
+replayed tokens, so at one fixed weight a single row per step would pull as hard as eight; scaled,
+every replayed token pulls alike and "equal tokens" means equal replay.
 
 The x axis of every comparison is the tokens replayed over the run (``replay/tokens`` of the last
 history record, as forgetwatch counts them). The target loss is the mean next-token loss on the
 answer tokens (after ``=``) of target lines on pairs never trained on; the base's is printed beside
 it, so that how far post-training lowers it shows the task is learned, not guessed. Printed per
 trainer: median [per seed] probes forgotten (1->0) at the end, forgetting, tokens, held-out target
-loss and wall time; then the
-void check (exit status 2 when the post-training forgets every skill alike), the goal of
-forgetting-driven replay (uniform@k's forgetting with at most half its tokens, target loss no more
-than 2 % above uniform@k's),
-synthetic against curated, and how the probe-free train-KL signal tracks forgetting.
+loss and wall time; then the void check (exit status 2 when the post-training forgets every skill
+alike), the goal of forgetting-driven replay (uniform@k's forgetting with at most half its tokens,
+target loss no more than 2 % above uniform@k's), synthetic against curated, and how the probe-free
+train-KL signal tracks forgetting (6 more SFT runs without replay; ``--no-train-kl`` leaves them out).
 
-    python benchmarks/bench_replay.py [--seeds 5] [--jobs 2] [--png replay_pareto.png] [--json replay.json]
+    python benchmarks/bench_replay.py --seeds 5 --jobs 2 --json benchmarks/results/replay.json --png docs/img/replay_pareto.png
     python benchmarks/bench_replay.py --quick   # 2 seeds, SFT, rows 2 and 8
 """
 
@@ -593,10 +594,11 @@ def draw(results: list[dict], args, goals: dict, path: str) -> None:
     through its medians, seeds as faint dots, no replay as a dashed line, the goal's point marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(6 * len(args.trainers), 4.5))
     FigureCanvasAgg(fig)
-    colors = dict(zip(ARMS[1:], ("#888888", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")))
+    colors = dict(zip(ARMS[1:], ("#888888", "#1f77b4", "#d62728", "#2ca02c")))
     for i, trainer in enumerate(args.trainers):
         ax = fig.add_subplot(1, len(args.trainers), i + 1)
         none = summary(runs_of(results, trainer, "none"))
@@ -633,6 +635,9 @@ def draw(results: list[dict], args, goals: dict, path: str) -> None:
                 label=f"goal: uniform@{g['headline']} at half its tokens",
             )
         ax.set_xscale("log")
+        ticks = FuncFormatter(lambda x, _: f"{x:.0f}" if f"{x:.0f}"[0] in "1235" else "")  # 3×10²4×10² runs together
+        ax.xaxis.set_major_formatter(ticks)
+        ax.xaxis.set_minor_formatter(ticks)
         ax.set_xlabel("replay tokens over the run (log)")
         ax.set_ylabel("forgetting (%)")
         ax.set_title(f"TRL {trainer.upper()}: replay tokens against forgetting")

@@ -85,7 +85,9 @@ def test_on_a_real_comparison():
 
 def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     from forgetwatch import ReplayPool
+    from forgetwatch.common.distributed import Ranks
     from forgetwatch.replay import Replay
+    from forgetwatch.run.repair import RunContext
     from forgetwatch.toy import ToyWorld
 
     world = ToyWorld(seed=0)
@@ -93,7 +95,7 @@ def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     pool = ReplayPool.from_records([{"id": "r0", "text": "Paris is the capital of France.", "category": "facts"}])
     replay = Replay(pool)
     replay.probe_categories = ["refusal", "facts"]  # as hold_out(probes) sets them
-    replay.start(world.model(tokenizer), tokenizer)
+    replay.begin(world.model(tokenizer), RunContext(Ranks.alone(), True, None, tokenizer, lambda m: 8))
     forgetting = TransitionReport(by_category={"refusal": cat(10, 4), "facts": cat(20, 0)})
     with caplog.at_level("WARNING", logger="forgetwatch"):
         replay.on_evaluation(forgetting)

@@ -56,7 +56,6 @@ def test_weight_zero_runs_nothing(toy):
 
 @pytest.mark.parametrize("from_answer", [False, True], ids=["every-token", "from-a-start"])
 def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path, from_answer):
-    from forgetwatch.replay.penalty import kl_backward
     from forgetwatch.scoring.next_tokens import BaseDistribution, base_distribution
 
     texts = toy.world.fact_texts()[:6]
@@ -78,7 +77,7 @@ def test_kl_gradient_equals_the_exact_kl_by_hand(toy, tmp_path, from_answer):
         cache = BaseDistribution.load(tmp_path / "cache.npz")
         ours = copy.deepcopy(current)
         targets = [cache.row(f"r{i}") for i in range(len(ids))]
-        mean = kl_backward(ours, ids, targets, pad, 0.3, rows_per_batch=4, starts=starts)
+        mean = replay_backward(ours, ids, pad, 0.3, rows_per_batch=4, starts=starts, targets=targets)
 
         ref = copy.deepcopy(current)
         terms = []

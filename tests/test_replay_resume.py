@@ -16,10 +16,11 @@ from trainers import make_trainer
 from transformers import TrainerCallback
 
 from forgetwatch import Monitor, Output, ReplayPool
+from forgetwatch.common.distributed import Ranks
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
 from forgetwatch.results.run_files import read_history
-from forgetwatch.run.base import model_key, weights_key
+from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.next_tokens import BaseDistribution
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -65,6 +66,11 @@ def run(toy, train_data, pool, tmp_path_factory):
         save_steps=1,
     ).train()
     return root
+
+
+def began(tokenizer):
+    """A fresh run in one process, as replay sees it when training begins (it keeps no files)."""
+    return RunContext(Ranks.alone(), False, None, tokenizer, lambda m: 8)
 
 
 def kept(run, step, name="replay.json"):
@@ -268,14 +274,8 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
     other = Replay(pool, loss="kl", top_k=8, batch_size=4)
-    other.start(toy.tuned, toy.tokenizer)
-    planted = other.cache_base(
-        toy.tuned,
-        toy.tokenizer,
-        toy.tokenizer.pad_token_id,
-        8,
-        {"model": model_key(toy.tuned), "weights": weights_key(toy.tuned)},
-    )
+    other.begin(toy.tuned, began(toy.tokenizer))
+    planted = other.base  # the tuned model's, keyed by its weights
 
     def plant(d):
         for path in (d / "checkpoint-3/forgetwatch/replay_base.npz", d / "forgetwatch/replay_base.npz"):
@@ -293,7 +293,7 @@ def test_state_checks_name_what_is_wrong(toy, pool):
     from forgetwatch.replay.kept import state_problem
 
     replay = Replay(pool, batch_size=4)
-    replay.start(copy.deepcopy(toy.base), toy.tokenizer)
+    replay.begin(copy.deepcopy(toy.base), began(toy.tokenizer))
     good = replay.state()
     assert state_problem(replay, good, 0) is None
 

@@ -15,7 +15,7 @@ from forgetwatch import ReplayPool, ReplayPoolError
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.replay import Replay
 from forgetwatch.replay.sampler import ReplaySampler
-from forgetwatch.scoring.scorer import pad_id
+from forgetwatch.run.repair import RunContext
 from forgetwatch.toy import ToyWorld
 
 
@@ -26,6 +26,14 @@ def small():
     world = ToyWorld(seed=0)
     tokenizer = world.tokenizer(add_bos=False)
     return SimpleNamespace(world=world, tokenizer=tokenizer, model=world.model(tokenizer))
+
+
+def begun(replay, model, tokenizer):
+    """``replay`` as training begins in one process, 4 rows a forward pass."""
+    replay.begin(
+        model, RunContext(ranks=Ranks.alone(), writes=True, store=None, tokenizer=tokenizer, rows_per_batch=lambda m: 4)
+    )
+    return replay
 
 
 def sentences(n):
@@ -39,7 +47,7 @@ def test_a_pool_of_one_token_rows_is_refused_before_training(small):
         match=r"no row is longer than one token once tokenized \(7 row\(s\): "
         r"'r0', 'r1', 'r2', 'r3', 'r4' and 2 more\)",
     ):
-        Replay(pool).start(small.model, small.tokenizer)
+        begun(Replay(pool), small.model, small.tokenizer)
 
 
 def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
@@ -48,7 +56,7 @@ def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
     )
     replay = Replay(pool, batch_size=4)
     with caplog.at_level("WARNING", logger="forgetwatch"):
-        replay.start(small.model, small.tokenizer)
+        begun(replay, small.model, small.tokenizer)
     assert replay.dropped == ["a", "b"]
     assert caplog.text.count("2 of the 5 replay rows are shorter than two tokens") == 1
     drawn = {r.id for _ in range(10) for r in replay.sampler.next_batch(4, replay.weights)}
@@ -66,11 +74,11 @@ def trainers_gradient(small, model):
 def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, caplog):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=2)  # a replay micro-batch of 4 rows runs out
     replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
-    replay.start(model, small.tokenizer)
+    begun(replay, model, small.tokenizer)
     before = trainers_gradient(small, model)
     with caplog.at_level("WARNING", logger="forgetwatch"):
         for _ in range(3):  # the trainer's optimizer steps go on; replay is tried once, then off
-            replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
+            replay.before_optimizer_step(model)
     for name, p in model.named_parameters():  # the failed step left the trainer's gradient as it was
         torch.testing.assert_close(p.grad, before[name], rtol=0, atol=0, msg=name)
     assert model.sizes == [4]
@@ -88,9 +96,9 @@ def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_tra
 def test_a_replay_that_works_still_adds_its_gradient(small):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=8)
     replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
-    replay.start(model, small.tokenizer)
+    begun(replay, model, small.tokenizer)
     before = trainers_gradient(small, model)
-    replay.step(model, small.tokenizer, pad_id(small.tokenizer), 0.0, 4, Ranks.alone())
+    replay.before_optimizer_step(model)
     drawn = ReplaySampler(replay.sampler.pool, 0).next_batch(4, replay.weights)  # the same draw, again
     figures = replay.metrics()
     assert not replay.off and set(figures) == {"replay/weight", "replay/loss", "replay/tokens"}
@@ -98,9 +106,9 @@ def test_a_replay_that_works_still_adds_its_gradient(small):
     assert any(not torch.equal(p.grad, before[n]) for n, p in model.named_parameters())
 
 
-def test_stepping_before_start_is_a_programming_error(small):
-    with pytest.raises(RuntimeError, match=r"Replay.step\(\) before Replay.start\(\)"):
-        Replay(ReplayPool.from_records(sentences(2))).step(small.model, small.tokenizer, 0, 0.0, 4, Ranks.alone())
+def test_stepping_before_the_run_began_is_a_programming_error(small):
+    with pytest.raises(RuntimeError, match=r"Replay.before_optimizer_step\(\) before the run began"):
+        Replay(ReplayPool.from_records(sentences(2))).before_optimizer_step(small.model)
 
 
 @pytest.mark.slow

@@ -59,21 +59,30 @@ def greedy_rows(model, tokenizer, prompts, max_new_tokens):
     return rows
 
 
-def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_the_answer_only(small):
+def begin(replay, model, tokenizer, folder, step=0, dirs=()):
+    """``replay`` as training begins (or resumes at ``step`` from ``dirs``) in one process, its files in ``folder``."""
+    store = RunStore(folder)
+    replay.begin(
+        model, RunContext(Ranks.alone(), True, store, tokenizer, lambda m: 2, step=step, resume_dirs=list(dirs))
+    )
+    return replay
+
+
+def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_the_answer_only(small, tmp_path):
     world, tokenizer, trained = small
     model = copy.deepcopy(trained)
     weight, size = 0.5, 3
     pool = ReplayPool.from_prompts(PROMPTS, max_new_tokens=5)
     replay = Replay(pool, weight=weight, batch_size=size)
     model.train()
-    replay.start(model, tokenizer)
+    begin(replay, model, tokenizer, tmp_path)
     by_hand = greedy_rows(copy.deepcopy(trained), tokenizer, PROMPTS, 5)
     assert [(replay.encoded[f"p{i}"], replay.starts[f"p{i}"]) for i in range(4)] == by_hand
     assert model.training  # the model handed back as found, in train mode
 
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    replay.step(model, tokenizer, pad_id(tokenizer), 0.0, 2, Ranks.alone())
+    replay.before_optimizer_step(model)
     drawn = ReplaySampler(pool, 0).next_batch(size, {"all": 1.0})
     hand = copy.deepcopy(trained).train()
     losses = []
@@ -91,20 +100,7 @@ def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_th
 def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypatch, caplog):
     world, tokenizer, model = small
     pool = ReplayPool.from_prompts(PROMPTS, max_new_tokens=4, category="facts")
-
-    def run(step, dirs=()):
-        return RunContext(
-            ranks=Ranks.alone(),
-            writes=True,
-            store=RunStore(tmp_path),
-            tokenizer=tokenizer,
-            rows_per_batch=lambda m: 2,
-            step=step,
-            resume_dirs=list(dirs),
-        )
-
-    fresh = Replay(pool)
-    fresh.begin(model, run(0))
+    fresh = begin(Replay(pool), model, tokenizer, tmp_path)
     kept = KeptAnswers.load(tmp_path / REPLAY_ANSWERS)
     assert sorted(kept.answers) == ["p0", "p1", "p2", "p3"] and kept.key["pool"] == pool.fingerprint()
 
@@ -112,8 +108,7 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
         raise AssertionError("a resume generates nothing: the kept answers serve")
 
     monkeypatch.setattr("forgetwatch.replay.replay.answer_prompts", no_generation)
-    resumed = Replay(pool)
-    resumed.begin(model, run(10, [tmp_path]))
+    resumed = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path])
     assert resumed.encoded == fresh.encoded and resumed.starts == fresh.starts and resumed.key == fresh.key
 
     # a damaged copy is passed over for the next, and with none left one error says why
@@ -121,23 +116,21 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
     second.mkdir()
     (second / REPLAY_ANSWERS).write_text((tmp_path / REPLAY_ANSWERS).read_text())
     (tmp_path / REPLAY_ANSWERS).write_text("{")
-    again = Replay(pool)
-    again.begin(model, run(10, [tmp_path, second]))
+    again = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
     assert again.encoded == fresh.encoded and (tmp_path / REPLAY_ANSWERS).read_text().startswith(
         '{"format"'
     )  # kept again
     (tmp_path / REPLAY_ANSWERS).write_text("{")
     KeptAnswers({"p0": Generated("x", (1,), True)}, {"pool": "other"}).save(second / REPLAY_ANSWERS)
     with pytest.raises(ValueError, match=r"replay_answers.json: damaged.*made for another replay pool"):
-        Replay(pool).begin(model, run(10, [tmp_path, second]))
+        begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
 
     # a copy of this run's that lacks one prompt's answer is passed over too, and alone it is one error
     short = KeptAnswers({i: a for i, a in kept.answers.items() if i != "p3"}, kept.key)
     short.save(tmp_path / REPLAY_ANSWERS)
     kept.save(second / REPLAY_ANSWERS)
     with caplog.at_level("WARNING", logger="forgetwatch"):
-        again = Replay(pool)
-        again.begin(model, run(10, [tmp_path, second]))
+        again = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
     assert (
         again.encoded == fresh.encoded
         and "damaged: it has no answer to prompt 'p3'); using another copy" in caplog.text
@@ -145,4 +138,4 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
     for folder in (tmp_path, second):
         short.save(folder / REPLAY_ANSWERS)
     with pytest.raises(ValueError, match=r"no copy can serve \(.*replay_answers.json: damaged: it has no answer to "):
-        Replay(pool).begin(model, run(10, [tmp_path, second]))
+        begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])

@@ -375,11 +375,14 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
 def test_sharded_training_is_refused_before_it_starts(toy, pool):
     from types import SimpleNamespace
 
+    from forgetwatch.common.distributed import Ranks
     from forgetwatch.integrations.trainer_link import sharded_run
+    from forgetwatch.run.repair import RunContext
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
-            Replay(pool).start(toy.base, toy.tokenizer, sharded=sharded_run(args))
+            run = RunContext(Ranks.alone(), True, None, toy.tokenizer, lambda m: 8, sharded=sharded_run(args))
+            Replay(pool).begin(toy.base, run)
     assert not sharded_run(SimpleNamespace(deepspeed=None, fsdp=""))
 
 

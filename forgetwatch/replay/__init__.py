@@ -1,17 +1,9 @@
-"""Repair while training: the replay pool (text the model may be trained on, kept apart from the
-probes, :mod:`.pool`) and :class:`~forgetwatch.replay.replay.Replay`, which trains on it."""
+"""Repair while training: :class:`~forgetwatch.ReplayPool` (text kept apart from the probes) and
+:class:`~forgetwatch.Replay`, which trains on it (docs/replay.md)."""
 
 from forgetwatch.replay.kept import ReplayFileError
-from forgetwatch.replay.pool import ReplayPool, ReplayPoolError, ReplayRow
+from forgetwatch.replay.pool import ReplayPool
 from forgetwatch.replay.replay import Replay
-from forgetwatch.replay.sampler import ReplaySampler, category_weights
+from forgetwatch.replay.rows import ReplayPoolError
 
-__all__ = [
-    "Replay",
-    "ReplayFileError",
-    "ReplayPool",
-    "ReplayPoolError",
-    "ReplayRow",
-    "ReplaySampler",
-    "category_weights",
-]
+__all__ = ["Replay", "ReplayFileError", "ReplayPool", "ReplayPoolError"]

@@ -1,19 +1,6 @@
-"""The leak check: which replay rows hold a probe's question, in whatever form it was written.
-
-Both sides are compared as word sequences after the same folding (:func:`normalized`):
-compatibility normal form (NFKC: full-width and mathematical letters, ligatures, composed
-accents), case folding, format characters removed (Unicode category Cf: zero-width spaces and
-joiners, soft hyphens, bidirectional marks, tags), look-alike letters mapped to one member of
-their class (Unicode's confusables data, UTS #39, as the ``confusable_homoglyphs`` package ships
-it: Cyrillic "а" reads as Latin "a", the digit "1" as "l"), and punctuation read as a space, so
-"Q:The capital" and "Q: The capital" are the same words. Folding only decides what counts as
-the same question; nothing trained on is changed.
-
-What it does not catch: capitals whose small letters differ ("Т", "Н", "М" in Cyrillic: case is
-folded first, so that a question in any script matches itself in any case), look-alikes that
-are sequences ("rn" for "m": only single characters are mapped), default-ignorable characters
-outside Cf (variation selectors, the Hangul filler), and the same question reworded.
-"""
+"""The leak check: which replay rows hold a probe's question, compared as words after one folding
+(NFKC, case folded, format characters dropped, look-alike letters read as one by Unicode's confusables
+data, punctuation read as a space); what it does not catch: docs/replay.md."""
 
 from __future__ import annotations
 
@@ -23,8 +10,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["normalized", "overlaps"]
-
 #: Words of a probe's question that index it (shorter questions: all).
 INDEX_WORDS = 8
 _BIDI_MARKS = "\u200e\u200f"  # the data file writes right-to-left characters between these
@@ -32,8 +17,7 @@ _BIDI_MARKS = "\u200e\u200f"  # the data file writes right-to-left characters be
 
 @functools.lru_cache(maxsize=1)
 def _look_alikes() -> dict[str, str]:
-    """Each single character of Unicode's confusables data mapped to one member of its class
-    (the class's prototype where it is a single character: the member most others map to)."""
+    """Each single character of Unicode's confusables data mapped to one member of its class (the most linked one)."""
     # imported here: its data (900 kB of JSON) loads on import, and only this check needs it
     from confusable_homoglyphs.confusables import confusables_data
 
@@ -65,8 +49,7 @@ def _look_alikes() -> dict[str, str]:
 
 
 def _fold_char(c: str) -> str | None:
-    """One character of case-folded NFKC text as the check reads it: ``None`` (dropped) for a
-    format character, a space for punctuation, else its look-alike class's member."""
+    """One character of case-folded NFKC text as the check reads it (``None``: dropped)."""
     if unicodedata.category(c) == "Cf":
         return None
     folded = _look_alikes().get(c, c).casefold()
@@ -76,8 +59,7 @@ def _fold_char(c: str) -> str | None:
 
 
 class _Folding(dict):
-    """A ``str.translate`` table filled on first sight of each character (the check reads
-    few of Unicode's million code points, so none is computed ahead)."""
+    """A ``str.translate`` table filled on first sight of each character."""
 
     def __missing__(self, code: int) -> str | None:
         self[code] = value = _fold_char(chr(code))
@@ -89,8 +71,7 @@ _FOLDING = _Folding()
 
 @functools.lru_cache(maxsize=1)
 def _ascii_table() -> bytes | None:
-    """The same folding for ASCII text already lowercased, as a bytes table (the common case,
-    many times faster); ``None`` if some ASCII character folds outside ASCII."""
+    """The same folding for lowercased ASCII as a bytes table (many times faster); ``None`` if it leaves ASCII."""
     folded = [_fold_char(chr(b)) for b in range(128)]
     if any(f is None or len(f) != 1 or not f.isascii() for f in folded):
         return None
@@ -98,12 +79,7 @@ def _ascii_table() -> bytes | None:
 
 
 def normalized(text: str) -> list[str]:
-    """The words of ``text`` as the leak check compares them (see the module's docstring).
-
-    Example:
-        >>> normalized("Q:The ｃａｐｉｔａｌ of Zet\\u0430\\u00ad is: Vo")
-        ['q', 'the', 'capital', 'of', 'zeta', 'is', 'vo']
-    """
+    """The words of ``text`` as the leak check compares them."""
     table = _ascii_table()
     if text.isascii() and table is not None:
         return text.lower().encode("ascii").translate(table).decode("ascii").split()
@@ -111,13 +87,8 @@ def normalized(text: str) -> list[str]:
 
 
 def overlaps(rows: Iterable[Any], probes: Iterable[Any]) -> list[tuple[str, str]]:
-    """``(row id, probe id)`` for every row (``.id``, ``.plain_text``) whose text holds a
-    probe's question (``.id``, ``.question``) as a sequence of :func:`normalized` words.
-
-    Questions are indexed by their first :data:`INDEX_WORDS` words, and the index's first words
-    are kept apart: a row is read once, and only where a word begins some question is a
-    window of words looked up.
-    """
+    """``(row id, probe id)`` for every row (``.id``, ``.plain_text``) whose :func:`normalized` words hold a
+    probe's question (``.id``, ``.question``); a row is read once, looked up only where a question may begin."""
     index: dict[tuple[str, ...], list[tuple[str, str]]] = {}
     lengths: dict[str, set[int]] = {}  # by a question's first word: its index lengths
     for probe in probes:

@@ -1,5 +1,5 @@
 """ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes
-(the file format: :mod:`~forgetwatch.replay.rows`)."""
+(its rows: :mod:`~forgetwatch.replay.rows`)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,15 @@ from typing import Any
 
 from forgetwatch.common.files import content_hash
 from forgetwatch.common.text import listing, shorten, type_name
+from forgetwatch.probes.schema import check_category
 from forgetwatch.replay.overlap import overlaps
-from forgetwatch.replay.rows import Answering, ReplayPoolError, ReplayRow, check_category, pool_rows
+from forgetwatch.replay.rows import Answering, ReplayRow, pool_rows
 from forgetwatch.scoring.encoding import encode_many
-
-__all__ = ["Answering", "ReplayPool", "ReplayPoolError", "ReplayRow"]
 
 
 class ReplayPool(Sequence[ReplayRow]):
-    """Validated replay rows with unique ids.
-
-    ``answering``: how the base model answers the prompt rows (default :class:`Answering`'s);
-    a pool without prompt rows has none (:attr:`answering` is ``None``).
+    """Validated replay rows with unique ids; ``answering``: how the base answers its prompt rows
+    (:class:`Answering`; ``None`` for a pool without any).
 
     Example:
         >>> pool = ReplayPool.from_records([{"id": "r1", "text": "Paris is in France.", "category": "geo"}])
@@ -32,8 +29,7 @@ class ReplayPool(Sequence[ReplayRow]):
     def __init__(self, rows: Iterable[ReplayRow], source: str = "<records>", answering: Answering | None = None):
         self._rows = tuple(rows)
         self.source = source
-        has_prompts = any(r.prompt is not None for r in self._rows)
-        self._answering = (answering or Answering()) if has_prompts else None
+        self.answering = (answering or Answering()) if any(r.prompt is not None for r in self._rows) else None
         self._fingerprint: str | None = None
 
     @classmethod
@@ -64,8 +60,7 @@ class ReplayPool(Sequence[ReplayRow]):
         chat_template: bool = False,
         stop: Sequence[str] = (),
     ) -> ReplayPool:
-        """Build from dicts in the pool-file schema; errors name 1-based record numbers.
-        ``max_new_tokens``, ``chat_template``, ``stop``: how prompt rows are answered (:class:`Answering`).
+        """Build from dicts in the pool-file schema (errors name 1-based record numbers).
 
         Example:
             >>> pool = ReplayPool.from_records([{"id": "q", "prompt": "Name a river."}], max_new_tokens=16)
@@ -85,25 +80,14 @@ class ReplayPool(Sequence[ReplayRow]):
         stop: Sequence[str] = (),
         category: str | None = None,
     ) -> ReplayPool:
-        """A pool of prompt rows, answered by the base model when training begins (synthetic
-        replay: the model's own answers are what it is kept close to, no curated text needed).
-
-        ``prompts``: strings (ids ``p0``, ``p1``, ... in order), dicts ``{id?, prompt,
-        category?}`` (a missing id is ``p`` and the position), or a mapping of category to
-        strings (ids numbered on across categories). ``category``: the category of rows that
-        name none (default ``"all"``; not with a mapping). ``max_new_tokens`` (1 to 4096),
-        ``chat_template``, ``stop``: how they are answered (:class:`Answering`). Every bad
-        prompt is named (``prompt N``: its position) in one :class:`ReplayPoolError`.
+        """A pool of prompt rows, answered by the base model when training begins (synthetic replay):
+        strings (ids ``p0``, ``p1``, ...), dicts ``{id?, prompt, category?}``, or a mapping of category
+        to strings. ``category``: of rows that name none (default ``"all"``; not with a mapping).
 
         Example:
             >>> pool = ReplayPool.from_prompts(["Name a river of Europe.", "What is 2 + 3?"], max_new_tokens=32)
             >>> [(r.id, r.category) for r in pool], pool.answering.max_new_tokens
             ([('p0', 'all'), ('p1', 'all')], 32)
-            >>> pool = ReplayPool.from_prompts({"geo": ["Name a river."], "math": ["What is 2 + 3?"]})
-            >>> [(r.id, r.category, r.prompt) for r in pool]
-            [('p0', 'geo', 'Name a river.'), ('p1', 'math', 'What is 2 + 3?')]
-            >>> ReplayPool.from_prompts([{"id": "sum", "prompt": "What is 2 + 3?"}], category="math")[0]
-            ReplayRow(id='sum', text=None, messages=None, category='math', prompt='What is 2 + 3?')
         """
         answering = Answering(max_new_tokens, chat_template, stop)
         if category is not None and (message := check_category(category)):
@@ -151,12 +135,9 @@ class ReplayPool(Sequence[ReplayRow]):
         chat_template: bool = False,
         stop: Sequence[str] = (),
     ) -> ReplayPool:
-        """Build from a ``datasets.Dataset`` (or any iterable of dict rows): ``text`` or
-        ``messages`` names the column to train on, or ``prompt`` a column of prompts the base
-        model answers (answered as ``max_new_tokens``, ``chat_template``, ``stop`` say:
-        :class:`Answering`); ``id`` the id column (default: the row number), ``category`` a
-        category for every row; ``limit`` keeps the first N rows. Errors name 0-based dataset
-        rows.
+        """Build from a ``datasets.Dataset`` (or any iterable of dict rows): the column to train on
+        (``text`` or ``messages``) or of prompts the base answers (``prompt``); ``id`` the id column
+        (default: the row number), ``category`` one for every row, ``limit`` the first N rows.
 
         Example:
             >>> pool = ReplayPool.from_hf(load_dataset("wikitext", split="train"), text="text")  # doctest: +SKIP
@@ -191,7 +172,7 @@ class ReplayPool(Sequence[ReplayRow]):
         return len(self._rows)
 
     def __getitem__(self, i):  # type: ignore[override]
-        return ReplayPool(self._rows[i], self.source, self._answering) if isinstance(i, slice) else self._rows[i]
+        return ReplayPool(self._rows[i], self.source, self.answering) if isinstance(i, slice) else self._rows[i]
 
     def __iter__(self) -> Iterator[ReplayRow]:
         return iter(self._rows)
@@ -203,70 +184,51 @@ class ReplayPool(Sequence[ReplayRow]):
     def categories(self) -> list[str]:
         return sorted({r.category for r in self._rows})
 
-    @property
-    def answering(self) -> Answering | None:
-        """How the base model answers the prompt rows; ``None`` for a pool without any (all
-        its rows are trained on as written).
-
-        Example:
-            >>> ReplayPool.from_prompts(["Name a river."], stop=["\\n"]).answering
-            Answering(max_new_tokens=64, chat_template=False, stop=('\\n',))
-        """
-        return self._answering
-
     def prompt_ids(self, tokenizer: Any) -> dict[str, list[int]]:
-        """Every prompt row's model input as token ids, by row id, rendered as
-        :attr:`answering` says (as :meth:`ReplayRow.prompt_ids` renders one row, here in one
-        batch); a ``ValueError`` naming the rows if they are answered as chats and the tokenizer
-        has no chat template.
-
-        Example:
-            >>> pool = ReplayPool.from_prompts(["Name a river.", "What is 2 + 3?"])
-            >>> ids = pool.prompt_ids(tokenizer)  # doctest: +SKIP
-            >>> list(ids)  # doctest: +SKIP
-            ['p0', 'p1']
-        """
+        """Every prompt row's model input as token ids, by row id (as a chat user turn, with the
+        generation prompt, when ``answering.chat_template``)."""
         rows = [r for r in self._rows if r.prompt is not None]
         if not rows:
             return {}
-        chat = self._answering is not None and self._answering.chat_template
+        chat = self.answering.chat_template
         if chat and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"replay pool {self.source}: its prompt rows ({listing(shorten(r.id) for r in rows)}) are answered "
                 "as chats (chat_template=True) but the tokenizer has no chat template; answer them as plain text "
                 "(chat_template=False), or use a tokenizer with a chat template"
             )
-        texts = [r.prompt_text(tokenizer, chat) for r in rows]
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": r.prompt}], tokenize=False, add_generation_prompt=True
+            )
+            if chat
+            else r.prompt
+            for r in rows
+        ]
         return {r.id: ids for r, ids in zip(rows, encode_many(tokenizer, texts))}
 
     def fingerprint(self) -> str:
-        """A hash of the rows' content (ids, categories, texts, chats or prompts, in order) and,
-        with prompt rows, of how they are answered: which pool a kept replay state, base
-        distribution or set of answers was made for.
+        """A hash of the rows (and of how prompt rows are answered): which pool a kept file was made for.
 
         Example:
             >>> ReplayPool.from_records([{"id": "r1", "text": "t"}]).fingerprint()
             '1a77ffe96941ceb7'
         """
         if self._fingerprint is None:  # the rows never change: hashed once
-            self._fingerprint = content_hash(self._hashed()).hexdigest()[:16]
+            rows = [
+                [r.id, r.category, r.text, r.messages, *([] if r.prompt is None else [r.prompt])] for r in self._rows
+            ]
+            answering = [] if self.answering is None else [{"answering": self.answering.as_dict()}]
+            self._fingerprint = content_hash(rows + answering).hexdigest()[:16]
         return self._fingerprint
-
-    def _hashed(self) -> Iterator[Any]:
-        for r in self._rows:
-            row = [r.id, r.category, r.text, r.messages]
-            yield row if r.prompt is None else [*row, r.prompt]
-        if self._answering is not None:
-            yield {"answering": self._answering.as_dict()}
 
     def subset(self, ids: Iterable[str]) -> ReplayPool:
         """The rows of ``ids`` (in the pool's order), from the same source, answered alike."""
         keep = set(ids)
-        return ReplayPool([r for r in self._rows if r.id in keep], self.source, self._answering)
+        return ReplayPool([r for r in self._rows if r.id in keep], self.source, self.answering)
 
     def as_repair(self) -> Any:
-        """This pool replayed with the defaults (a :class:`~forgetwatch.Replay`): what a run
-        takes ``replay=pool`` for.
+        """This pool replayed with the defaults (a :class:`~forgetwatch.Replay`): what ``replay=pool`` means.
 
         Example:
             >>> ReplayPool.from_records([{"id": "r1", "text": "t"}]).as_repair().weight
@@ -277,10 +239,8 @@ class ReplayPool(Sequence[ReplayRow]):
         return Replay(self)
 
     def check_disjoint(self, probes: Iterable[Any]) -> None:
-        """Refuse rows (a prompt row: its prompt) that contain a probe's question, in whatever form it is written (case,
-        spacing, punctuation, Unicode forms, invisible characters and look-alike letters aside:
-        :mod:`~forgetwatch.replay.overlap`): a ``ValueError`` naming each such row and probe (up
-        to 20 pairs).
+        """Refuse rows that hold a probe's question, however it is written (:mod:`~forgetwatch.replay.overlap`):
+        a ``ValueError`` naming each such row and probe (up to 20 pairs).
 
         Example:
             >>> from forgetwatch import Probe

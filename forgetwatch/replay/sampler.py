@@ -1,10 +1,5 @@
-"""Which replay rows to train on next: categories weighted by the forgetting measured at the
-last evaluation, rows taken in a seeded shuffled order within each category.
-
-The weights are a pure function of the last report; the draws depend only on the seed and how
-many batches were drawn before, so every rank draws the same rows and a resumed run goes on
-where it stopped (:meth:`ReplaySampler.state_dict`).
-"""
+"""Which replay rows come next: categories weighted by the forgetting at the last evaluation, rows
+in a seeded shuffled order within each; the draws depend only on the seed and the batches drawn before."""
 
 from __future__ import annotations
 
@@ -19,45 +14,24 @@ from forgetwatch.common.text import shorten
 from forgetwatch.replay.rows import ReplayRow
 from forgetwatch.results.report import TransitionReport
 
-__all__ = ["ReplaySampler", "category_weights"]
-
 #: Share of the draws spread evenly over the categories, so that none starves.
 FLOOR = 0.1
 #: How much a category's at-risk share counts next to its (chance-adjusted) forgetting.
 AT_RISK_WEIGHT = 0.5
 
 
-def category_weights(
-    report: TransitionReport | None,
-    categories: Sequence[str],
-    floor: float = FLOOR,
-    at_risk_weight: float = AT_RISK_WEIGHT,
-) -> dict[str, float]:
-    """Shares of the next draws, summing to 1 over ``categories`` (the pool's).
-
-    Before any evaluation (``report`` is ``None``) they are even. After one, a category weighs
-    its chance-adjusted forgetting plus ``at_risk_weight`` times its at-risk share (a pool
-    category the probes do not have, such as ``"all"``, weighs the overall figures); the
-    weights are normalised and mixed with even shares by ``floor``. Figures that do not apply
-    count as 0; when every weight is 0, the shares are even.
-
-    Example:
-        >>> r = TransitionReport(by_category={"a": TransitionReport(forgetting_adjusted=0.3, at_risk=0.0),
-        ...                                   "b": TransitionReport(forgetting_adjusted=0.0, at_risk=0.2)})
-        >>> {k: round(v, 3) for k, v in category_weights(r, ["a", "b"]).items()}
-        {'a': 0.725, 'b': 0.275}
-    """
-    k = len(categories)
-    if report is None:
-        return {c: 1 / k for c in categories}
-    raw = {}
-    for c in categories:
+def category_weights(report: TransitionReport | None, categories: Sequence[str]) -> dict[str, float]:
+    """Shares of the next draws over ``categories``: even before any evaluation; after one, each weighs its
+    chance-adjusted forgetting plus :data:`AT_RISK_WEIGHT` × its at-risk share (a category the probes lack,
+    such as ``"all"``, the overall figures), mixed with even shares by :data:`FLOOR`."""
+    raw = dict.fromkeys(categories, 0.0)
+    for c in categories if report is not None else ():
         figures = report.by_category.get(c, report)
-        raw[c] = _figure(figures.forgetting_adjusted) + at_risk_weight * _figure(figures.at_risk)
-    total = sum(raw.values())
+        raw[c] = _figure(figures.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(figures.at_risk)
+    k, total = len(categories), sum(raw.values())
     if total <= 0:
         return {c: 1 / k for c in categories}
-    return {c: (1 - floor) * w / total + floor / k for c, w in raw.items()}
+    return {c: (1 - FLOOR) * w / total + FLOOR / k for c, w in raw.items()}
 
 
 def _figure(x: float) -> float:
@@ -65,16 +39,8 @@ def _figure(x: float) -> float:
 
 
 class ReplaySampler:
-    """Draws batches of replay rows: a category per row by the weights, then the category's
-    next row in a seeded shuffled order (every row once before any twice). ``uniform``: every
-    row in one category, ``"all"`` (``select="uniform"``).
-
-    Example:
-        >>> rows = [ReplayRow(id=f"r{i}", text="t", category="ab"[i % 2]) for i in range(6)]
-        >>> sampler = ReplaySampler(rows, seed=0)
-        >>> [r.id for r in sampler.next_batch(4, {"a": 1.0, "b": 0.0})]
-        ['r2', 'r4', 'r0', 'r0']
-    """
+    """Draws batches of rows: a category per row by the weights, then its next row in a seeded shuffled
+    order (every row once before any twice). ``uniform``: every row in one category, ``"all"``."""
 
     def __init__(self, pool: Sequence[ReplayRow], seed: int = 0, uniform: bool = False):
         self.pool = pool
@@ -110,15 +76,7 @@ class ReplaySampler:
         return {"seed": self.seed, "drawn": self.drawn, "taken": dict(self._taken)}
 
     def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
-        """Why ``state`` cannot be this sampler's (``None`` if it can): it must come from a
-        sampler over the same categories with the same seed, with counts that are whole numbers
-        from 0, and at most ``max_drawn`` batches drawn (one per optimizer step so far).
-
-        Example:
-            >>> sampler = ReplaySampler([ReplayRow(id="r1", text="t")], seed=0)
-            >>> sampler.state_problem({"seed": 0, "drawn": -1, "taken": {"all": 0}}, max_drawn=10)
-            'its count of batches drawn is -1, not a whole number from 0 to 10'
-        """
+        """Why ``state`` cannot be this sampler's: other categories or seed, counts not whole, over ``max_drawn`` drawn."""
         if not isinstance(state, Mapping) or set(state) != {"seed", "drawn", "taken"}:
             return f"its draws are not {{seed, drawn, taken}}: {shorten(state)}"
         if type(state["seed"]) is not int or state["seed"] != self.seed:
@@ -136,8 +94,7 @@ class ReplaySampler:
         return None
 
     def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
-        """Go on from :meth:`state_dict` (of a sampler over the same pool); a ``ValueError``
-        says why a state cannot be (see :meth:`state_problem`)."""
+        """Go on from :meth:`state_dict`; a ``ValueError`` says why a state cannot be (:meth:`state_problem`)."""
         if problem := self.state_problem(state, max_drawn):
             raise ValueError(f"this replay state cannot be used: {problem}")
         self.drawn = state["drawn"]
@@ -146,5 +103,4 @@ class ReplaySampler:
 
 
 def _count(value: Any, most: int | None) -> bool:
-    """Whether ``value`` is a whole number from 0 (to ``most``): an ``int``, never a bool or float."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (most is None or value <= most)

@@ -1,23 +1,13 @@
-"""Synthetic replay: a pool of prompts (:meth:`~forgetwatch.ReplayPool.from_prompts`) whose
-targets the base model writes. When training begins the base answers every prompt once
-(greedy, batched, sharded over the ranks like probe generation); each row trained on is then the
-prompt and that answer, its loss on the answer's tokens only. The answers are kept with the run
-(``replay_answers.json``) and read back on resume: they cannot be written again from moved
-weights.
-
-Example:
-    >>> pool = ReplayPool.from_prompts(["Name a river.", "Say hello."], max_new_tokens=16)  # doctest: +SKIP
-    >>> ForgetWatchCallback(probes, replay=pool)                                          # doctest: +SKIP
-"""
+"""Synthetic replay: the base answers a pool's prompts once when training begins (greedy, sharded
+over the ranks); the answers are kept with the run and read back on resume."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,11 +15,8 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line, shorten
-from forgetwatch.replay.kept import ReplayFileError, kept_copy, key_problem, read_kept_json
+from forgetwatch.replay.kept import ReplayFileError, read_kept_json
 from forgetwatch.scoring.generation import Generated, generate_sharded
-from forgetwatch.scoring.next_tokens import first_usable
-
-__all__ = ["KeptAnswers", "answer_prompts", "answers_to_resume", "kept_answers", "prompts_key"]
 
 _FORMAT = "forgetwatch.replay_answers"
 #: A kept answers file larger than this is not one.
@@ -52,8 +39,7 @@ def answer_prompts(
     ranks: Ranks,
     rows_per_batch: int,
 ) -> dict[str, Generated]:
-    """The model's greedy answers to the pool's prompts (as :attr:`ReplayPool.answering`
-    says), by row id; every rank must call it together and gets every answer."""
+    """The model's greedy answers to the pool's prompts, by row id; every rank calls it and gets every answer."""
     answering = pool.answering
     ids = list(prompt_ids)
     out = generate_sharded(
@@ -72,15 +58,13 @@ def answer_prompts(
 
 @dataclass
 class KeptAnswers:
-    """The answers of a run, and ``key``: what they were made from (the pool and its answering
-    settings, the prompts' tokens, the base model and its weights)."""
+    """The answers of a run, and ``key``: what they were made from (pool, prompts' tokens, base model)."""
 
     answers: dict[str, Generated]
     key: dict[str, Any]
 
     def problem(self, vocab: int | None = None, prompts: Collection[str] | None = None) -> str | None:
-        """What is wrong with them, or ``None``: ids whole numbers inside the vocabulary, text a
-        string, and (given ``prompts``, the pool's row ids) one answer to each prompt.
+        """What is wrong with them, or ``None`` (given ``prompts``: one answer to each).
 
         Example:
             >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
@@ -124,7 +108,7 @@ class KeptAnswers:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeptAnswers:
-        """Read a file written by :meth:`save`; a :class:`ReplayFileError` names it and what is wrong."""
+        """Read a file :meth:`save` wrote; a :class:`ReplayFileError` names it and what is wrong."""
         d = read_kept_json(path, MAX_ANSWERS_BYTES, _FORMAT)
         try:
             kept = cls.from_dict(d)
@@ -135,25 +119,3 @@ class KeptAnswers:
         if problem := kept.problem():
             raise ReplayFileError(path, f"damaged: {problem}")
         return kept
-
-
-def kept_answers(
-    paths: Sequence[Path], key: Mapping[str, Any], vocab: int | None, prompts: Collection[str]
-) -> dict[str, Any]:
-    """The first of ``paths`` (``replay_answers.json`` files) made with ``key`` (the pool, its
-    prompts' tokens and the base model) that answers each of ``prompts`` (the pool's row ids) with
-    token ids that fit the model's ``vocab``, and why each one before it was passed over:
-    JSON-ready, to share from rank 0."""
-
-    def problem(kept: KeptAnswers) -> str | None:
-        return key_problem(kept.key, key) or kept.problem(vocab, prompts)
-
-    kept, rejected = first_usable(paths, KeptAnswers.load, problem)
-    return {"kept": None if kept is None else kept.to_dict(), "rejected": rejected}
-
-
-def answers_to_resume(found: Mapping[str, Any], paths: Sequence[Path]) -> tuple[KeptAnswers, str | None]:
-    """The answers :func:`kept_answers` ``found`` (see :func:`kept_copy`)."""
-    needs = "a pool of prompts replays the base model's answers to them"
-    kept, warning = kept_copy(found, paths, "replay answers", needs)
-    return KeptAnswers.from_dict(kept), warning
