@@ -1,21 +1,5 @@
-"""Settings for :class:`~forgetwatch.Watch` and :class:`~forgetwatch.ForgetWatchCallback`, from a
-YAML file or a dict: the probes, the base, ``eval_steps``, ``max_forgetting``, ``output_dir`` and
-one of each group of settings (:mod:`forgetwatch.config.settings`).
-
-A config file is a YAML mapping of *flat keys*, each setting's own name (``eval_steps``,
-``stop_metric``), either on its own or under a top-level ``forgetwatch:`` key of a bigger
-training config::
-
-    # train.yaml
-    learning_rate: 2.0e-5          # not ours: ignored
-    forgetwatch:
-      probes: probes/general_knowledge.jsonl   # relative paths are relative to this file
-      eval_steps: 50
-      max_forgetting: 0.05
-
-Every value is checked when the config is built, and all the problems found are reported
-together in one :class:`ConfigError`.
-"""
+"""Settings for :class:`~forgetwatch.Watch` and :class:`~forgetwatch.ForgetWatchCallback` from a YAML file or a
+dict: flat keys (``eval_steps``, ``stop_metric``), at the top level or under a ``forgetwatch:`` key."""
 
 from __future__ import annotations
 
@@ -28,14 +12,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean, suggestion
 from forgetwatch.config import checks as check
-from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
+from forgetwatch.config.checks import ConfigError, check_values
 from forgetwatch.config.settings import Monitor, Output, Scoring, check_group, flat_key, option
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
-__all__ = ["FLAT_KEYS", "ConfigError", "ConfigProblem", "ForgetWatchConfig"]
+__all__ = ["FLAT_KEYS", "ConfigError", "ForgetWatchConfig"]
 
 #: Settings holding file system paths (flat keys): resolved against the YAML file's folder when relative.
 PATH_KEYS = ("probes", "base", "output_dir")
@@ -61,15 +46,7 @@ def _probes(value: Any) -> str | LmEvalProbes:
 
 
 def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """``init`` (an ``__init__``) refusing a keyword it does not take with a ``TypeError`` that
-    names the nearest keyword, or the group a setting's flat key belongs to.
-
-    Example:
-        >>> ForgetWatchConfig(patience=2)
-        Traceback (most recent call last):
-            ...
-        TypeError: ForgetWatchConfig() got an unexpected keyword argument 'patience': write monitor=Monitor(patience=...)
-    """
+    """``init`` refusing a keyword it does not take with :func:`unknown_keyword`'s ``TypeError``."""
     signature = inspect.signature(init)
 
     @functools.wraps(init)
@@ -87,56 +64,42 @@ def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
 
 
 def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError:
-    """The error for ``source(key=...)`` when ``source`` takes ``keywords``: it names the group a
-    setting belongs to, or the nearest keyword or setting.
+    """The error for ``source(key=...)``: it names the group a setting belongs to, or the nearest keyword.
 
     Example:
-        >>> unknown_keyword("Watch", "eval_step", ["eval_steps", "schedule"])
-        TypeError("Watch() got an unexpected keyword argument 'eval_step' (did you mean 'eval_steps'?)")
+        >>> unknown_keyword("Watch", "patience", ["eval_steps"])
+        TypeError("Watch() got an unexpected keyword argument 'patience': write monitor=Monitor(patience=...)")
     """
     match = did_you_mean(key, [*keywords, *_GROUPED])
-    if grouped := grouped_as(key):
+    if grouped := _grouped_as(key):
         hint = f": write {grouped}"
     elif match in keywords:
         hint = f" (did you mean {match!r}?)"
     else:
-        hint = f" (did you mean {grouped_as(match)}?)" if match else ""
+        hint = f" (did you mean {_grouped_as(match)}?)" if match else ""
     return TypeError(f"{source}() got an unexpected keyword argument {key!r}{hint}")
 
 
 @dataclass(frozen=True, init=False)
 class ForgetWatchConfig:
-    """A run's settings as a file holds them: what :meth:`from_yaml` and :meth:`from_dict` read
-    and :meth:`to_yaml` writes. ``Watch.from_config(config)`` and
-    ``ForgetWatchCallback.from_yaml(path)`` build a run from one.
-
-    Every value is validated on construction; a wrong one raises :class:`ConfigError`. A
-    config is immutable: :meth:`replace` makes a changed, validated copy.
+    """A run's settings as a file holds them, checked on construction (:class:`ConfigError`) and immutable
+    (:meth:`replace` makes a checked copy). ``ForgetWatchCallback.from_config(config)`` builds a run from one.
 
     Attributes:
         probes: Path to a probe JSONL file, or lm-eval tasks (``{lm_eval: [...], ...}``).
-        base: A saved base answers snapshot (.json/.npz) to use instead of computing one; or
-            "adapter_disabled": score the PEFT model with its adapters disabled (LoRA) whenever
-            training begins or resumes, instead of keeping a snapshot.
-        eval_steps: Evaluate every N optimizer steps; None: as often as ``max_overhead`` of
-            wall time allows.
-        max_forgetting: Stop training once the forgetting rate exceeds this (0..1); None:
-            never stop.
-        output_dir: Where the base snapshot and history live; None:
-            ``<trainer output_dir>/forgetwatch``.
-        scoring: How probes are scored (:class:`~forgetwatch.config.settings.Scoring`).
-        monitor: When else to evaluate, what else to measure, when to stop
-            (:class:`~forgetwatch.config.settings.Monitor`).
-        output: Where results go, how much is logged (:class:`~forgetwatch.config.settings.Output`).
+        base: A saved base answers snapshot (.json/.npz), or "adapter_disabled": score the PEFT model with
+            its adapters disabled whenever training begins or resumes.
+        eval_steps: Evaluate every N optimizer steps; None: as often as ``max_overhead`` allows.
+        max_forgetting: Stop training once the forgetting rate exceeds this (0..1); None: never stop.
+        output_dir: Where the base snapshot and history live; None: ``<trainer output_dir>/forgetwatch``.
+        scoring: How probes are scored (:class:`~forgetwatch.Scoring`).
+        monitor: When else to evaluate, what else to measure, when to stop (:class:`~forgetwatch.Monitor`).
+        output: Where results go, how much is logged (:class:`~forgetwatch.Output`).
 
     Example:
         >>> cfg = ForgetWatchConfig.from_dict({"eval_steps": 50, "max_forgetting": 0.05, "patience": 2})
         >>> cfg.eval_steps, cfg.max_forgetting, cfg.monitor.patience, cfg.scoring.stop
         (50, 0.05, 2, ['\\n'])
-        >>> ForgetWatchConfig(monitor=Monitor(patience=0))  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-            ...
-        forgetwatch.config.checks.ConfigError: Monitor: key 'patience': expected an integer >= 1, got 0 (int); ...
     """
 
     probes: str | LmEvalProbes | None = option(
@@ -174,7 +137,7 @@ class ForgetWatchConfig:
                 message = (
                     f"expected a {group.__name__}, got {describe(groups[name])}; write {name}={group.__name__}(...)"
                 )
-                problems.append(ConfigProblem(source, None, name, message))
+                problems.append(Problem(source, None, name, message))
         if problems:
             raise ConfigError(problems)
         for name, group in GROUPS.items():
@@ -184,33 +147,21 @@ class ForgetWatchConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
-        """Build a config from a mapping of flat keys to values; missing keys keep defaults.
-        Reads what :meth:`to_dict` wrote.
-
-        All problems (unknown keys, wrong types, values out of range) are reported together in
-        one :class:`ConfigError` whose lines start with ``source``. Paths are kept as given
-        (relative ones stay relative to the current directory).
+        """Build a config from flat keys (what :meth:`to_dict` writes); every problem is reported in one
+        :class:`ConfigError` whose lines start with ``source``. Paths are kept as given.
 
         Example:
             >>> ForgetWatchConfig.from_dict({"eval_steps": 50, "patience": 3}).monitor.patience
             3
-            >>> ForgetWatchConfig.from_dict({"eval_step": 50}, source="cfg")  # doctest: +ELLIPSIS
-            Traceback (most recent call last):
-                ...
-            forgetwatch.config.checks.ConfigError: cfg: key 'eval_step': unknown key (did you mean 'eval_steps'?); ...
         """
         return cls._from_mapping(data, source, lines={}, relative_to=None)
 
     def replace(self, **changes: Any) -> ForgetWatchConfig:
-        """A copy with ``changes``, checked like a new config (errors name the keyword): a flat
-        key changes one setting, a group object replaces the whole group.
+        """A checked copy with ``changes``: a flat key changes one setting, a group object the whole group.
 
         Example:
-            >>> cfg = ForgetWatchConfig(eval_steps=50)
-            >>> cfg.replace(patience=2).monitor.patience, cfg.replace(patience=2).eval_steps
-            (2, 50)
-            >>> cfg.replace(monitor=Monitor(max_overhead=0.1)).monitor.max_overhead
-            0.1
+            >>> ForgetWatchConfig(eval_steps=50).replace(patience=2).monitor.patience
+            2
         """
         data = self.to_dict()
         for name in changes.keys() & GROUPS.keys():
@@ -220,23 +171,14 @@ class ForgetWatchConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **overrides: Any) -> ForgetWatchConfig:
-        """Load a config from a YAML file; keyword ``overrides`` (as for :meth:`replace`) win
-        over the file's settings.
-
-        The document is either the config mapping itself or a bigger mapping holding it under a
-        top-level ``forgetwatch:`` key (other top-level keys are then ignored). Relative
-        ``probes``, ``base`` and ``output_dir`` paths are taken relative to the YAML file's
-        folder, so a config and its probe files can move together; ``~`` is expanded.
+        """Load a config from a YAML file (its top level, or its ``forgetwatch:`` key); ``overrides`` (as for
+        :meth:`replace`) win. Relative paths are taken from the file's folder; ``~`` is expanded.
 
         Raises:
             FileNotFoundError: the file does not exist.
-            ConfigError: the YAML is malformed (names the file and line), uses anchors or aliases,
-                is over 1 MiB, or a value is invalid.
+            ConfigError: malformed YAML (naming the line), anchors or aliases, over 1 MiB, or an invalid value.
 
         Example:
-            >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")
-            >>> cfg.max_forgetting, cfg.monitor.metric
-            (0.05, 'forgetting_adjusted')
             >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).monitor.patience
             5
         """
@@ -251,15 +193,14 @@ class ForgetWatchConfig:
         source: str,
         lines: Mapping[str, int],
         relative_to: Path | None,
-        problems: list[ConfigProblem] | None = None,
+        problems: Sequence[Problem] = (),
     ) -> ForgetWatchConfig:
         if not isinstance(data, Mapping):
             message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
-            raise ConfigError([ConfigProblem(source, None, None, message)])
+            raise ConfigError([Problem(source, None, None, message)])
         flat, written, found = _flatten(data, source, lines)
         own, groups, value_problems = _check(flat, written, source, lines)
-        problems = [*(problems or []), *found, *value_problems]
-        if problems:
+        if problems := [*problems, *found, *value_problems]:
             raise ConfigError(problems)
         if relative_to is not None:
             for key in PATH_KEYS:
@@ -268,19 +209,12 @@ class ForgetWatchConfig:
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def keywords(self) -> dict[str, Any]:
-        """The settings as keywords of :class:`~forgetwatch.Watch` and the callback (``probes`` too,
-        when the config names them).
-
-        Example:
-            >>> sorted(ForgetWatchConfig(eval_steps=5).keywords())
-            ['base', 'eval_steps', 'max_forgetting', 'monitor', 'output', 'output_dir', 'scoring']
-        """
+        """The settings as keywords of :class:`~forgetwatch.Watch` and the callback (``probes`` when named)."""
         own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "probes"}
         return own if self.probes is None else {"probes": self.probes, **own}
 
     def check_categories(self, categories: Sequence[str]) -> None:
-        """Refuse per-category thresholds and groups for categories the probes do not have: a
-        misspelled one would leave its guard off all run long, or its category ungrouped.
+        """Refuse per-category thresholds and groups for categories the probes lack (a typo would leave its guard off).
 
         Example:
             >>> cfg = ForgetWatchConfig(monitor=Monitor(category_max_forgetting={"mth": 0.1}))
@@ -299,13 +233,12 @@ class ForgetWatchConfig:
                     f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
                     f"they have {', '.join(map(repr, categories))}"
                 )
-                problems.append(ConfigProblem("ForgetWatchCallback", None, key, message))
+                problems.append(Problem("ForgetWatchCallback", None, key, message))
         if problems:
             raise ConfigError(problems)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting by its flat key, as a plain dict (only str, int, float, bool, None, list,
-        dict): YAML/JSON-ready, and what :meth:`from_dict` reads back.
+        """Every setting by its flat key, as plain values (YAML/JSON-ready): what :meth:`from_dict` reads.
 
         Example:
             >>> ForgetWatchConfig(eval_steps=50).to_dict()["eval_steps"]
@@ -326,10 +259,7 @@ class ForgetWatchConfig:
         return data
 
     def to_yaml(self, path: str | os.PathLike[str]) -> None:
-        """Write the config as a flat YAML file (atomically) that :meth:`from_yaml` reads back.
-
-        Relative paths are written as absolute ones (resolved against the current directory),
-        because :meth:`from_yaml` would otherwise read them relative to the file's folder.
+        """Write the config as a flat YAML file (atomically), relative paths made absolute, for :meth:`from_yaml`.
 
         Example:
             >>> ForgetWatchConfig(eval_steps=50).to_yaml("/tmp/forgetwatch.yaml")
@@ -338,8 +268,7 @@ class ForgetWatchConfig:
         """
         data = self.to_dict()
         for key in PATH_KEYS:
-            group, name = _GROUPED.get(key, (None, key))
-            value = _resolved(getattr(getattr(self, group) if group else self, name), Path.cwd())
+            value = _resolved(getattr(self, key), Path.cwd())
             data[key] = value.to_dict() if isinstance(value, LmEvalProbes) else value
         write_settings(data, path)
 
@@ -364,44 +293,32 @@ _FLAT = [*_OWN, *_GROUPED]
 FLAT_KEYS: tuple[str, ...] = tuple(_FLAT)
 
 
-def grouped_as(key: str) -> str | None:
-    """Where a flat key is set in code, e.g. ``monitor=Monitor(patience=...)``; ``None`` if no setting.
-
-    Example:
-        >>> grouped_as("patience"), grouped_as("eval_step")
-        ('monitor=Monitor(patience=...)', None)
-    """
+def _grouped_as(key: str) -> str | None:
+    """Where a flat key is set in code, e.g. ``monitor=Monitor(patience=...)``."""
     if key not in _GROUPED:
         return None
     group, name = _GROUPED[key]
     return f"{group}={GROUPS[group].__name__}({name}=...)"
 
 
-def _unknown(key: str, known: Sequence[str], source: str, line: int | None) -> ConfigProblem:
-    hint = suggestion(key.rpartition(".")[2], known) or f" (known keys: {', '.join(known)})"
-    return ConfigProblem(source, line, key, f"unknown key{hint}; fix or remove it")
-
-
 def _flatten(
     data: Mapping[Any, Any], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
-    """``data``'s settings by flat key, group objects (from :meth:`ForgetWatchConfig.replace`)
-    taken apart; how each was written, for errors; and the problems: keys that are no setting,
-    a setting given twice."""
+) -> tuple[dict[str, Any], dict[str, str], list[Problem]]:
+    """Settings by flat key (group objects taken apart), how each was written, and the problems found."""
     flat: dict[str, Any] = {}
     written: dict[str, str] = {}
-    problems: list[ConfigProblem] = []
+    problems: list[Problem] = []
 
     def add(key: str, as_written: str, value: Any) -> None:
         if key in flat:
             message = f"given twice, as {written[key]!r} and as {as_written!r}; keep one"
-            problems.append(ConfigProblem(source, lines.get(as_written), as_written, message))
+            problems.append(Problem(source, lines.get(as_written), as_written, message))
         flat[key], written[key] = value, as_written
 
     for key, value in data.items():
         if not isinstance(key, str):
             message = f"key {describe(key)} is not a string; write setting names such as 'eval_steps'"
-            problems.append(ConfigProblem(source, None, None, message))
+            problems.append(Problem(source, None, None, message))
         elif key in GROUPS and isinstance(value, GROUPS[key]):
             for f in fields(value):
                 add(flat_key(f), f"{key}.{f.name}", getattr(value, f.name))
@@ -409,17 +326,17 @@ def _flatten(
             add(key, key, value)
         elif key in GROUPS:
             message = f"write each of its settings as a key of its own (e.g. {flat_key(fields(GROUPS[key])[0])}: ...)"
-            problems.append(ConfigProblem(source, lines.get(key), key, message))
+            problems.append(Problem(source, lines.get(key), key, message))
         else:
-            problems.append(_unknown(key, _FLAT, source, lines.get(key)))
+            hint = suggestion(key.rpartition(".")[2], _FLAT) or f" (known keys: {', '.join(_FLAT)})"
+            problems.append(Problem(source, lines.get(key), key, f"unknown key{hint}; fix or remove it"))
     return flat, written, problems
 
 
 def _check(
     flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[ConfigProblem]]:
-    """Check flat settings: the config's own (by key), each group's (by field), and every
-    problem, in the order the settings were given (each named as written)."""
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[Problem]]:
+    """The config's own values, each group's by field, and every problem in the order the settings were given."""
     own, problems = check_values({k: v for k, v in flat.items() if k in _OWN}, _OWN, source, lines)
     groups: dict[str, dict[str, Any]] = {}
     for name, group in GROUPS.items():
@@ -435,16 +352,12 @@ def _check(
 
 
 def _resolved(value: Any, folder: Path) -> Any:
-    """A path setting's value with a relative path taken from ``folder``: the path itself, or
-    the task folder of lm-eval tasks."""
+    """A path setting with a relative path taken from ``folder`` (for lm-eval tasks, their task folder)."""
     if isinstance(value, LmEvalProbes):
-        if value.include_path is None:
-            return value
-        return replace(value, include_path=_resolve(value.include_path, folder))
-    return value if value in (None, ADAPTER_DISABLED) else _resolve(value, folder)
-
-
-def _resolve(path: str, folder: Path) -> str:
-    # No normpath: collapsing ".." past a symlink would point somewhere else.
-    expanded = Path(os.path.expanduser(path))
+        return (
+            value if value.include_path is None else replace(value, include_path=_resolved(value.include_path, folder))
+        )
+    if value in (None, ADAPTER_DISABLED):
+        return value
+    expanded = Path(os.path.expanduser(value))  # no normpath: ".." past a symlink would point elsewhere
     return str(expanded if expanded.is_absolute() else folder / expanded)

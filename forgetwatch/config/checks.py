@@ -1,10 +1,5 @@
-"""The checks behind each forgetwatch setting, and the error that reports what they find.
-
-Each check takes a value as given (in code or from YAML) and returns it normalised, or raises
-:class:`Invalid` saying what was expected, what was given, and what to write instead: the
-usual slips (a quoted number, ``5e-2`` that YAML reads as text, a percentage for a rate) get a
-hint of their own.
-"""
+"""The checks behind each setting: a value as given, normalised, or :class:`Invalid` saying what was expected and
+what to write instead (with hints for the usual slips: a quoted number, ``5e-2`` read as text, a percentage)."""
 
 from __future__ import annotations
 
@@ -20,29 +15,17 @@ from forgetwatch.common.text import describe, shorten, suggestion
 from forgetwatch.config.options import MAX_INT, batch_size_problem
 from forgetwatch.probes.schema import check_category
 
-#: Stop strings: at most this many, each at most this long. Generation matches them through a
-#: table transformers builds once per stop string over the whole vocabulary, as wide as the
-#: string is long; a stop string is a short marker such as "\n" or "Question:".
+#: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 200
-
-#: One problem of a config: ``(source, line, key, message)``.
-ConfigProblem = Problem
 
 
 class ConfigError(InputError):
-    """A forgetwatch config is invalid.
-
-    The message has one line per problem, e.g.
-    ``train.yaml: line 3: key 'eval_step': unknown key (did you mean 'eval_steps'?)``;
-    ``errors`` holds the same problems as :class:`ConfigProblem` tuples
-    ``(source, line, key, message)``.
-    """
-
-    noun = "key"
+    """A forgetwatch config is invalid: one line per problem (``train.yaml: line 3: key 'eval_step': ...``), and
+    ``errors``, the :class:`~forgetwatch.common.problems.Problem` tuples."""
 
 
 class Invalid(Exception):
-    """Raised by a field check: what was expected, the value given, and what to do."""
+    """A check's verdict: what was expected, the value given, and what to do."""
 
     def __init__(self, expected: str, value: Any, hint: str = "", prefix: str = ""):
         self.expected, self.value, self.hint, self.prefix = expected, value, hint, prefix
@@ -227,10 +210,7 @@ def category_rates(value: Any) -> dict[str, float]:
     fraction = rate(False, False, "0.05")
     cleaned: dict[str, float] = {}
     for category, threshold in value.items():
-        if not isinstance(category, str) or not category:
-            raise Invalid("category names as non-empty strings", category, "quote the name in YAML, e.g. '2024': 0.05")
-        if message := check_category(category):  # the probes' own rule: no name they could have
-            raise Invalid("a category name", category, message)
+        _name(category, "category", "0.05")
         try:
             cleaned[category] = fraction(threshold)
         except Invalid as exc:
@@ -243,23 +223,27 @@ def category_map(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise Invalid(expected, value, "remove the key to log each category as it is")
     for category, group in value.items():
-        for what, name in (("category", category), ("group", group)):
-            if not isinstance(name, str) or not name:
-                raise Invalid(f"{what} names as non-empty strings", name, "quote the name in YAML, e.g. '2024': recent")
-            if message := check_category(name):  # the probes' own rule for a category's name
-                raise Invalid(f"a {what} name", name, message)
+        _name(category, "category", "recent")
+        _name(group, "group", "recent")
     return dict(value)
+
+
+def _name(name: Any, what: str, example: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise Invalid(f"{what} names as non-empty strings", name, f"quote the name in YAML, e.g. '2024': {example}")
+    if message := check_category(name):  # the probes' own rule for a category's name
+        raise Invalid(f"a {what} name", name, message)
 
 
 def check_values(
     values: Mapping[str, Any], checks: Mapping[str, Callable[[Any], Any]], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], list[ConfigProblem]]:
+) -> tuple[dict[str, Any], list[Problem]]:
     """Run each value's check; the normalised values, and every problem found."""
     cleaned: dict[str, Any] = {}
-    problems: list[ConfigProblem] = []
+    problems: list[Problem] = []
     for name, value in values.items():
         try:
             cleaned[name] = checks[name](value)
         except Invalid as exc:
-            problems.append(ConfigProblem(source, lines.get(name), name, str(exc)))
+            problems.append(Problem(source, lines.get(name), name, str(exc)))
     return cleaned, problems

@@ -15,11 +15,9 @@ PRECISIONS = ("weights", "autocast")
 
 BatchSize = int | str  # a positive int, or "auto"
 
-#: The largest count or size any setting may be: what a 64-bit integer holds, as numpy, torch
-#: and the files keep them (a Python int could be 10**5000).
+#: The largest count or size any setting may be: what a 64-bit integer (numpy, torch, the files) holds.
 MAX_INT = 2**63 - 1
-#: Most tokens a generation may ask for: more than any model's context, which is all a
-#: generation can use (a model with no fixed limit would generate on for days).
+#: Most tokens a generation may ask for: more than any model's context.
 MAX_NEW_TOKENS = 1 << 20
 
 
@@ -48,8 +46,8 @@ def scoring_options(
     extract: Callable[[str], str | None] | None = None,
     refusal_detector: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
-    """The options that decide the answers of ``probes``, as stored with them: generation's
-    options count only when some probe is generative, behaviour's when some has a ``check``.
+    """The options that decide the answers of ``probes``, as stored with them (generation's only for generative
+    probes, behaviour's only for behaviour probes).
 
     Example:
         >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."],
@@ -70,7 +68,6 @@ def scoring_options(
 
 
 def check_batch_size(value: Any) -> BatchSize:
-    """``value`` if it is a batch size, else a ``ValueError`` saying what is expected."""
     problem = batch_size_problem(value)
     if problem:
         raise ValueError(f"batch_size: {problem}")

@@ -1,21 +1,5 @@
-"""The settings of a forgetwatch run beside its keywords, in three small groups, each option declared once.
-
-A field of a group carries its type, its default and its check (from
-:mod:`forgetwatch.config.checks`); its help is the group docstring's ``Attributes:`` entry,
-which :func:`help_text` reads for the command line. A group checks its values when it is built
-and reports every problem it finds in one :class:`~forgetwatch.config.checks.ConfigError`.
-
-Each field also has a *flat key*: its name in a flat YAML file (``Monitor.metric`` is
-``stop_metric``). It is the field's name unless its metadata says otherwise. :class:`~forgetwatch.config.ForgetWatchConfig` holds one of each group.
-
-Example:
-    >>> Monitor(patience=3).metric
-    'forgetting'
-    >>> Monitor(patience=0)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-        ...
-    forgetwatch.config.checks.ConfigError: Monitor: key 'patience': expected an integer >= 1, got 0 (int); ...
-"""
+"""The three groups of settings (:class:`Scoring`, :class:`Monitor`, :class:`Output`): each field declares its
+default, its check and its flat YAML key once; its help is the ``Attributes:`` entry of its group's docstring."""
 
 from __future__ import annotations
 
@@ -25,8 +9,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
+from forgetwatch.common.problems import Problem
 from forgetwatch.config import checks as check
-from forgetwatch.config.checks import ConfigError, ConfigProblem, check_values
+from forgetwatch.config.checks import ConfigError, check_values
 from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
 
 #: the forgetting rates a run may stop on
@@ -44,21 +29,17 @@ def option(
     key: str | None = None,
     factory: Callable[[], Any] | None = None,
 ) -> Any:
-    """A setting: its default (or ``factory``), the check its value must pass, and its flat
-    key where that is not the field's name."""
+    """A setting: its default (or ``factory``), its check, and its flat key where that is not its name."""
     metadata = {"check": check, **({"key": key} if key else {})}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+    return field(default=default, default_factory=factory or MISSING, metadata=metadata)
 
 
 def flat_key(f: Field[Any]) -> str:
-    """A field's name in flat YAML files."""
     return f.metadata.get("key", f.name)
 
 
 class _Group:
-    """What every group does: check itself when built (see :func:`check_group`)."""
+    """A group checks itself when built."""
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
@@ -76,21 +57,17 @@ def check_group(
     source: str,
     name: Callable[[str], str] = str,
     lines: Mapping[str, int] | None = None,
-) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    """Check ``given`` (field name -> value) against ``group``'s declarations. Returns the
-    normalised values by field name, and every problem, each naming its field as
-    ``name(field)`` at ``lines[name(field)]``."""
+) -> tuple[dict[str, Any], list[Problem]]:
+    """``given`` (field -> value) checked: the normalised values, and problems naming each field as ``name(field)``."""
     declared = fields(group)  # type: ignore[arg-type]
-    lines = lines or {}
     checks = {name(f.name): f.metadata["check"] for f in declared}
-    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines)
+    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines or {})
     return {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}, problems
 
 
 @functools.cache
 def help_text(group: type) -> dict[str, str]:
-    """Each field's help, as plain text: the entries of the ``Attributes:`` section of
-    ``group``'s docstring, the one place it is written.
+    """Each field's help: the ``Attributes:`` entries of ``group``'s docstring, as plain text.
 
     Example:
         >>> help_text(Scoring)["max_new_tokens"]
@@ -115,26 +92,19 @@ class Scoring(_Group):
     """How probes are scored: by the callback, ``evaluate``, ``Scorer`` and the command line.
 
     Attributes:
-        batch_size: Probes per forward pass: a positive integer, or "auto" for the largest
-            batch that fits.
-        normalize: Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars"
-            (``acc_norm``: log-probability divided by the choice's length in characters).
-        chat_template: Wrap each question in the tokenizer's chat template (a user turn with the
-            generation prompt).
+        batch_size: Probes per forward pass: a positive integer, or "auto" for the largest batch that fits.
+        normalize: Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``:
+            log-probability divided by the choice's length in characters).
+        chat_template: Wrap each question in the tokenizer's chat template (a user turn, generation prompt).
         max_new_tokens: Generative probes: most tokens to generate (>= 1).
-        stop: Generative probes: generation stops at the first of these strings (EOS always
-            stops).
-        behaviour_max_new_tokens: Behaviour probes (rows with ``check``): most tokens of a
-            response (>= 1); they run to EOS, ``stop`` does not apply.
-        shared_prefixes: Compute a prompt prefix that many probes share (a few-shot block, a
-            long system prompt) once per evaluation and read it from the KV cache for each of
-            them: the same answers, at the cost of the probes' own tokens. Off, or where the
-            model cannot be packed, every probe is scored whole.
-        precision: What the forwards compute in: "weights" (the weights' own dtype, autocast
-            off, so answers equal an offline recount of the same weights, e.g. lm-eval's) or
-            "autocast" (as the trainer's mixed-precision forward computes: faster on GPUs with
-            float32 weights, but answers flip with rounding alone; the noise floor is measured).
-            Recorded with the answers; answers of another precision are not compared.
+        stop: Generative probes: generation stops at the first of these strings (EOS always stops).
+        behaviour_max_new_tokens: Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they
+            run to EOS, ``stop`` does not apply.
+        shared_prefixes: Compute a prompt prefix many probes share (a few-shot block, a system prompt) once per
+            evaluation and read it from the KV cache: the same answers, faster. Off: every probe is scored whole.
+        precision: What the forwards compute in: "weights" (the weights' own dtype, autocast off: answers equal an
+            offline recount such as lm-eval's) or "autocast" (as the trainer's mixed-precision forward: faster,
+            but answers flip with rounding alone). Answers of another precision are not compared.
 
     Example:
         >>> Scoring(batch_size=8, normalize="chars").batch_size
@@ -153,37 +123,27 @@ class Scoring(_Group):
 
 @dataclass(frozen=True, kw_only=True)
 class Monitor(_Group):
-    """How a run is watched, beside ``eval_steps`` and ``max_forgetting``: when else to evaluate,
-    the signals measured beside the counts, and when to stop.
+    """How a run is watched, beside ``eval_steps`` and ``max_forgetting``: when else to evaluate, what else to
+    measure, when to stop.
 
     Attributes:
-        max_overhead: Without ``eval_steps``, the share of wall time monitoring may take, the
-            start-up included (0.001 <= x < 1); with ``eval_steps``, a warning says when the
-            interval spends more.
-        eval_on_evaluate: Also evaluate at every trainer evaluation (adds
-            ``eval_forgetwatch_*`` metrics).
+        max_overhead: Without ``eval_steps``, the share of wall time monitoring may take, start-up included
+            (0.001 <= x < 1); with ``eval_steps``, a warning says when the interval spends more.
+        eval_on_evaluate: Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics).
         eval_on_train_end: Evaluate once more when training ends.
-        metric: Which rate ``max_forgetting`` applies to: "forgetting" or
-            "forgetting_adjusted" (flat key ``stop_metric``).
+        metric: Which rate max_forgetting applies to: "forgetting" or "forgetting_adjusted" (flat key stop_metric).
         patience: Consecutive evaluations over the threshold before stopping (>= 1).
-        significance: Stop only when the Wilson 95 % lower bound of the rate is over the
-            threshold.
-        category_max_forgetting: Per-category thresholds, category -> rate (0..1); none by
-            default.
+        significance: Stop only when the Wilson 95 % lower bound of the rate is over the threshold.
+        category_max_forgetting: Per-category thresholds, category -> rate (0..1); none by default.
         save_on_stop: Ask the trainer for a checkpoint before stopping.
-        at_risk_share: A still-right probe is at risk once its margin (multiple choice) or its
-            reference answer's probability (generative) falls below this share of the base's
-            (0 < x < 1).
-        at_risk_floor: A still-right multiple-choice probe is also at risk once its margin
-            falls below this many nats (>= 0).
-        noise_check: Score the base twice, in batches of another size, and report how many
-            probes flip with no weight change: the noise floor of forgetting; None: on for GPUs
-            and wherever answers are computed in reduced precision (half-precision weights, or
-            precision="autocast" under mixed precision).
-        train_kl_rows: Rows of the training data on which KL(base || current) is measured at
-            each evaluation (``forgetwatch/drift/train_kl``), a fixed seeded sample, the base's
-            distribution kept once (0 to 4096; 0: off); fewer when the base's distribution on
-            all of them would take longer than scoring the probes.
+        at_risk_share: A still-right probe is at risk once its margin (multiple choice) or its reference's
+            probability (generative) falls below this share of the base's (0 < x < 1).
+        at_risk_floor: A still-right multiple-choice probe is also at risk below this margin in nats (>= 0).
+        noise_check: Score the base twice, in batches of another size, and report how many probes flip with no
+            weight change (the noise floor); None: on for GPUs and reduced precision.
+        train_kl_rows: Training rows on which KL(base || current) is measured at each evaluation
+            (``forgetwatch/drift/train_kl``), a fixed seeded sample (0 to 4096; 0: off; fewer when the base's
+            distribution on all of them would take longer than scoring the probes).
 
     Example:
         >>> Monitor(patience=3, metric="forgetting_adjusted").max_overhead
@@ -224,20 +184,15 @@ class Output(_Group):
     """Where results go and how much is logged.
 
     Attributes:
-        table_rows: W&B and TensorBoard tables: at most this many rows for each evaluation's
-            flips, and in the final table of probes (>= 1).
-        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys: per group where the
-            categories have groups (``category_map``, or lm-eval's own, e.g. ``mmlu_stem``).
-        category_map: Category -> group, for probe files: the logged per-category figures are
-            the groups' (a category left out is a group of its own); history.jsonl keeps every
-            category, and the report shows both.
-        min_logged_right: With log_categories: log a category (or group) only when at least this
-            many of its probes are right at the base (>= 1): with fewer, even all of them
-            forgotten cannot be told from zero (6 is the fewest an exact McNemar test calls
-            significant at 5 %), so its figures would be noise.
-        max_logged_categories: With log_categories: per-category keys for at most this many
-            categories, the largest by probe count (each adds about a dozen values per
-            evaluation); every category stays in history.jsonl and the report (>= 1).
+        table_rows: W&B and TensorBoard tables: at most this many rows per evaluation's flips and in the final
+            table of probes (>= 1).
+        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups
+            (``category_map``, or lm-eval's own, e.g. ``mmlu_stem``).
+        category_map: Category -> group, for probe files: the logged per-category figures are the groups' (a
+            category left out is a group of its own); history.jsonl and the report keep every category.
+        min_logged_right: Log a category (or group) only with at least this many probes right at the base (>= 1;
+            6 is the fewest an exact McNemar test calls significant at 5 %).
+        max_logged_categories: Per-category keys for at most this many categories, the largest (>= 1).
         verbose: Print one console line per evaluation.
 
     Example:

@@ -1,33 +1,22 @@
-"""Reading and writing forgetwatch settings as YAML, keeping line numbers for errors.
-
-Plain scalars are read by YAML 1.2's core schema, not PyYAML's YAML 1.1: ``010`` is 10 (not
-octal 8), ``1:30`` is text (not 90 in base 60), ``yes``/``on`` are text (not true), ``5e-2`` is
-0.05. A setting then checks the value's type, so ``eval_steps: 1:30`` is an error, not 90.
-Training frameworks read their own configs by YAML 1.1: :func:`yaml11_misreadings` finds the
-values they read otherwise.
-
-Only plain values are read: no ``!!`` tags, and no anchors or aliases (``&a`` / ``*a``): a few
-nested aliases expand to billions of values ("billion laughs"), and a settings file has no
-use for them. Files over :data:`MAX_BYTES` are refused before they are read, and so are
-values nested deeper than :data:`~forgetwatch.common.strict_json.MAX_DEPTH` or integers longer than
-:data:`~forgetwatch.common.strict_json.MAX_INT_DIGITS` digits, before they are built.
-"""
+"""Settings from and to YAML, with each key's line: plain values only, read by YAML 1.2's core schema (``010`` is 10,
+``1:30`` and ``yes`` are text); no tags, anchors or aliases, nothing over 1 MiB, too deep or too long a number."""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from forgetwatch.common.files import atomic_write
+from forgetwatch.common.problems import Problem
 from forgetwatch.common.strict_json import MAX_DEPTH, MAX_INT_DIGITS
 from forgetwatch.common.text import describe, did_you_mean, shorten
-from forgetwatch.config.checks import ConfigError, ConfigProblem
+from forgetwatch.config.checks import ConfigError
 
 MAX_BYTES = 1 << 20  # 1 MiB
 #: Top-level key under which a bigger YAML file may hold the forgetwatch section.
@@ -35,39 +24,31 @@ ROOT_KEY = "forgetwatch"
 
 
 def read_section(
-    path: str | os.PathLike[str], known: Iterable[str], sections: Iterable[str] = ()
-) -> tuple[Mapping[str, Any], dict[str, int], list[ConfigProblem]]:
-    """The forgetwatch settings of a YAML file (its top level, or its ``forgetwatch:``
-    section), each key's line (a key inside one of the ``sections`` as ``section.key``), and the
-    problems found so far (unknown keys come later).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ConfigError: not UTF-8, too big, not YAML, aliases, or not a mapping of settings.
-    """
-    known = list(known)
+    path: str | os.PathLike[str], known: Sequence[str]
+) -> tuple[Mapping[str, Any], dict[str, int], list[Problem]]:
+    """The settings of a YAML file (its top level, or its ``forgetwatch:`` section), each key's line, and the
+    problems found so far (unknown keys come later); ``FileNotFoundError`` or :class:`ConfigError` otherwise."""
     source = str(path)
     try:
         size = Path(path).stat().st_size
         if size > MAX_BYTES:  # a settings file is small; anything else is a mistake or a bomb
             message = f"is {size} bytes; a forgetwatch config is a few settings (at most {MAX_BYTES} bytes)"
-            raise ConfigError([ConfigProblem(source, None, None, message)])
+            raise ConfigError([Problem(source, None, None, message)])
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "forgetwatch config file not found; check the path", source) from None
     except UnicodeDecodeError as exc:
         message = f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
-        raise ConfigError([ConfigProblem(source, None, None, message)]) from None
+        raise ConfigError([Problem(source, None, None, message)]) from None
 
     node, data = _parse_yaml(text, source)
     if not isinstance(data, Mapping):
         got = "an empty document" if data is None else f"a {_yaml_kind(data)}"
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
-        raise ConfigError([ConfigProblem(source, None, None, message)])
+        raise ConfigError([Problem(source, None, None, message)])
 
-    settings_node = node
     lines = _key_lines(node)
-    problems: list[ConfigProblem] = []
+    problems: list[Problem] = []
     if ROOT_KEY in data:
         # The section lives inside a bigger config: only its own keys are ours.
         root_line = lines.get(ROOT_KEY, (None,))[0]
@@ -75,28 +56,23 @@ def read_section(
         if not isinstance(section, Mapping):
             got = "nothing" if section is None else describe(section)
             message = f"expected a mapping of forgetwatch settings, got {got}; indent the settings under '{ROOT_KEY}:'"
-            raise ConfigError([ConfigProblem(source, root_line, ROOT_KEY, message)])
+            raise ConfigError([Problem(source, root_line, ROOT_KEY, message)])
         data = section
-        settings_node = _value_node(node, ROOT_KEY)
-        lines = _key_lines(settings_node)
+        lines = _key_lines(_value_node(node, ROOT_KEY))
     elif data and not any(k in known or did_you_mean(str(k), known) for k in data):
         # Nothing we know or nearly know: likely a training config without a forgetwatch section.
         message = (
             "no forgetwatch settings found; if this is a bigger training config, "
             f"put the forgetwatch settings under a top-level '{ROOT_KEY}:' key"
         )
-        problems.append(ConfigProblem(source, None, None, message))
+        problems.append(Problem(source, None, None, message))
 
-    for name in sections:  # a group written as a section of its own: its keys' lines too
-        if isinstance(data.get(name), Mapping):
-            inner = _key_lines(_value_node(settings_node, name))
-            lines.update({f"{name}.{key}": found for key, found in inner.items()})
     for key, key_lines in lines.items():
         if len(key_lines) > 1:
             # PyYAML silently keeps the last one; a repeated key is almost always a mistake.
             shown = ", ".join(str(n) for n in key_lines)
             message = f"appears {len(key_lines)} times (lines {shown}); keep one"
-            problems.append(ConfigProblem(source, key_lines[-1], key, message))
+            problems.append(Problem(source, key_lines[-1], key, message))
     return data, {k: v[0] for k, v in lines.items()}, problems
 
 
@@ -106,18 +82,13 @@ def read_value(text: str, source: str) -> Any:
     Example:
         >>> read_value("010", "env"), read_value("[arc_easy, hellaswag]", "env"), read_value("1:30", "env")
         (10, ['arc_easy', 'hellaswag'], '1:30')
-
-    Raises:
-        ConfigError: not YAML, too deep, or an integer too long to be a setting.
     """
     return _parse_yaml(text, source)[1]
 
 
 def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str, Any]]:
-    """The top-level keys of a YAML file whose plain scalar value YAML 1.1, as training frameworks
-    read their configs, reads as a number or true/false otherwise than YAML 1.2 does (``010`` as 8,
-    ``1:30`` as 90, ``yes`` as true): key -> (line, the text written, YAML 1.1's value). Empty
-    when the file cannot be read: its framework has read it already and says why.
+    """Top-level keys whose plain value YAML 1.1 (the frameworks') reads as another number or true/false than
+    YAML 1.2 does (``010`` as 8, ``1:30`` as 90, ``yes`` as true): key -> (line, text, YAML 1.1's value).
 
     Example:
         >>> import pathlib, tempfile
@@ -166,10 +137,7 @@ def _yaml_kind(value: Any) -> str:
 
 
 def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
-    """Raise on the first node that is reached twice (an alias of an anchor), nested deeper
-    than :data:`MAX_DEPTH`, or an integer of more than :data:`MAX_INT_DIGITS` digits, before
-    the document is built: a settings file has no use for them, and each goes off when built
-    (nested aliases explode; Python refuses to read a 5,000-digit integer)."""
+    """Refuse, before building, an alias (nested ones explode), deep nesting, or an integer too long for Python."""
     seen: set[int] = set()
     todo: list[tuple[yaml.Node, int, str | None]] = [(node, 1, None)] if node is not None else []
     while todo:
@@ -179,12 +147,12 @@ def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
             message = (
                 "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
             )
-            raise ConfigError([ConfigProblem(source, line, key, message)])
+            raise ConfigError([Problem(source, line, key, message)])
         if depth > MAX_DEPTH:
-            raise ConfigError([ConfigProblem(source, line, key, _TOO_DEEP)])
+            raise ConfigError([Problem(source, line, key, _TOO_DEEP)])
         if current.tag == _INT_TAG and len(current.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
             message = f"an integer of {len(current.value)} characters; no forgetwatch setting takes one this long"
-            raise ConfigError([ConfigProblem(source, line, key, message)])
+            raise ConfigError([Problem(source, line, key, message)])
         seen.add(id(current))
         if isinstance(current, yaml.MappingNode):
             for key_node, value_node in current.value:
@@ -199,9 +167,7 @@ _TOO_DEEP = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch se
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader reading plain scalars by YAML 1.2's core schema (null, true/false, decimal
-    integers, floats; the rest is text), remembering the node it is building: a value it cannot
-    build is then reported at its line."""
+    """SafeLoader by YAML 1.2's core schema, remembering the node it builds (to name a bad value's line)."""
 
     building: yaml.Node | None = None
     yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
@@ -227,11 +193,7 @@ _Loader.add_constructor(_INT_TAG, lambda loader, node: int(loader.construct_scal
 
 
 class _Dumper(yaml.SafeDumper):
-    """SafeDumper writing strings with newlines or other control characters double-quoted.
-
-    The default would write ``"\\n"`` as a quoted scalar broken over two lines: valid, but
-    hard to read and easy to break by hand.
-    """
+    """SafeDumper double-quoting strings with control characters (``"\\n"``, not a scalar broken over lines)."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -243,7 +205,6 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
-    """Parse once, keeping the node tree (for line numbers) and the plain data."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -262,24 +223,23 @@ def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
                 f"YAML syntax error: {what}{column}; fix the YAML at that spot "
                 "(indentation, a missing ':' or an unclosed bracket or quote)"
             )
-        raise ConfigError([ConfigProblem(source, line, None, message)]) from None
+        raise ConfigError([Problem(source, line, None, message)]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem(source, None, None, f"YAML error: {exc}")]) from None
+        raise ConfigError([Problem(source, None, None, f"YAML error: {exc}")]) from None
     except RecursionError:  # the composer nests on the stack: thousands of "[" exhaust it
-        raise ConfigError([ConfigProblem(source, loader.get_mark().line + 1, None, _TOO_DEEP)]) from None
+        raise ConfigError([Problem(source, loader.get_mark().line + 1, None, _TOO_DEEP)]) from None
     except ConfigError:
         raise
     except (ValueError, OverflowError) as exc:  # a scalar YAML reads as a type it cannot build
         line = loader.building.start_mark.line + 1 if loader.building is not None else None
         message = f"YAML cannot build this value ({exc}); quote it to keep it as text"
-        raise ConfigError([ConfigProblem(source, line, None, message)]) from None
+        raise ConfigError([Problem(source, line, None, message)]) from None
     finally:
         loader.dispose()
     return node, data
 
 
 def _key_lines(node: yaml.Node | None) -> dict[str, list[int]]:
-    """1-based line numbers of each string key of a mapping node (several if repeated)."""
     lines: dict[str, list[int]] = {}
     if isinstance(node, yaml.MappingNode):
         for key_node, _ in node.value:
@@ -289,10 +249,5 @@ def _key_lines(node: yaml.Node | None) -> dict[str, list[int]]:
 
 
 def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
-    """The node of ``key``'s value in a mapping node (the last one if the key repeats)."""
-    found = None
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                found = value_node
-    return found
+    pairs = node.value if isinstance(node, yaml.MappingNode) else []
+    return next((v for k, v in reversed(pairs) if isinstance(k, yaml.ScalarNode) and k.value == key), None)

@@ -1,20 +1,5 @@
-"""Axolotl plugin: forgetwatch in an Axolotl run with no code of the user's.
-
-In the Axolotl YAML::
-
-    plugins:
-      - forgetwatch.integrations.axolotl.ForgetWatchPlugin
-    forgetwatch_probes: probes.jsonl         # or lm-eval task names: [arc_easy, hellaswag]
-    forgetwatch_eval_steps: 50
-    forgetwatch_max_forgetting: 0.1
-    forgetwatch_config: forgetwatch.yaml     # optional: any forgetwatch YAML; the keys above override it
-
-Every forgetwatch setting has a ``forgetwatch_<key>`` name (see
-:mod:`forgetwatch.integrations.framework_settings`). Results go to ``<output_dir>/forgetwatch``.
-
-Axolotl logs a plugin it cannot import and trains on without it; forgetwatch's first console
-line (``[forgetwatch] Axolotl plugin loaded: ...``) says it loaded.
-"""
+"""Axolotl plugin: ``plugins: [forgetwatch.integrations.axolotl.ForgetWatchPlugin]`` and ``forgetwatch_<key>``
+settings in the Axolotl YAML (docs/frameworks.md)."""
 
 from __future__ import annotations
 

@@ -43,47 +43,31 @@ def _of_watch(name: str, doc: str) -> property:
 class ForgetWatchCallback(TrainerCallback):
     """Measure per-sample forgetting on a probe set while a transformers / TRL trainer trains.
 
-    A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the
-    trainer's events to it: the base is scored when training begins (or loaded), the live model
-    every ``eval_steps`` steps (or within ``Monitor.max_overhead`` of wall time), at trainer evaluations
-    and at the end. Each evaluation reaches ``state.log_history``, W&B and TensorBoard (every
-    reporting integration with ``trainer=``) as ``forgetwatch/*`` metrics, ``history.jsonl``, the
-    console and the ``sinks``. A failure of forgetwatch during training is a
-    loud warning, never an exception. List it before transformers' ``EarlyStoppingCallback``,
-    which reads the ``eval_forgetwatch_*`` metrics in the callbacks' order.
+    A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the trainer's events to it
+    (docs/trainer.md). A failure of forgetwatch during training is a loud warning, never an exception. List it
+    before transformers' ``EarlyStoppingCallback``, which reads the ``eval_forgetwatch_*`` metrics.
 
     Args:
-        probes: a :class:`~forgetwatch.ProbeSet`, the path of a probe JSONL file, or a list of
-            probe rows (dicts in the probe-file schema).
-        eval_steps: evaluate every N optimizer steps (default ``None``: as often as
-            ``Monitor.max_overhead`` of wall time allows).
-        max_forgetting: stop training once the forgetting rate exceeds this (default ``None``:
-            never stop).
-        output_dir: where snapshot and history live (default ``None``:
-            ``<trainer output_dir>/forgetwatch``, or the trial's folder in a hyperparameter search).
-        base: base answers to compare against (an :class:`~forgetwatch.Answers` or its file)
-            instead of scoring the model at the start; or ``"adapter_disabled"`` to score a PEFT
-            (LoRA) model with its adapters disabled, when training begins and on every resume.
-        scoring: how probes are scored (a :class:`~forgetwatch.Scoring`), e.g.
-            ``scoring=Scoring(batch_size=16)``.
-        monitor: when else to evaluate, what else to measure, when to stop (a
-            :class:`~forgetwatch.Monitor`), e.g. ``monitor=Monitor(patience=3)``.
+        probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file's path, or a list of probe rows.
+        eval_steps: evaluate every N optimizer steps (``None``: as often as ``Monitor.max_overhead`` allows).
+        max_forgetting: stop training once the forgetting rate exceeds this (``None``: never stop).
+        output_dir: where snapshot and history live (``None``: ``<trainer output_dir>/forgetwatch``, or the
+            trial's folder in a hyperparameter search).
+        base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the model at the
+            start; or ``"adapter_disabled"``: score a PEFT model with its adapters disabled, at every (re)start.
+        scoring: how probes are scored, e.g. ``scoring=Scoring(batch_size=16)``.
+        monitor: when else to evaluate, what else to measure, when to stop, e.g. ``monitor=Monitor(patience=3)``.
         output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
-        replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, replayed with
-            the defaults) to repair forgetting with (default ``None``: no repair). A pool holding a
-            probe's question is refused.
-        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
-            ``f(report, step)`` called after each evaluation on every rank.
+        replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, with the defaults) to
+            repair forgetting with; a pool holding a probe's question is refused.
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions ``f(report, step)``.
         clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
-        trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the
-            metrics reach every reporting integration, and a ``GRPOTrainer``'s tools and chat
-            template render the train-KL prompts (see :mod:`forgetwatch.integrations.trainer_link`).
-            The tokenizer is always the trainer's ``processing_class``.
+        trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the metrics reach
+            every reporting integration, and a ``GRPOTrainer``'s tools and chat template render train-KL prompts.
 
     Attributes:
-        watch: the :class:`~forgetwatch.Watch` doing the work; ``history`` (``(global_step,
-            TransitionReport)`` per evaluation), ``trajectory``, ``base_answers``, ``stop_reason``,
-            ``monitoring_seconds``, ``output_dir``, ``history_path`` and ``config`` are its own.
+        watch: the :class:`~forgetwatch.Watch` doing the work; ``history``, ``trajectory``, ``base_answers``,
+            ``stop_reason``, ``monitoring_seconds`` and ``config`` are its own.
 
     Example:
         >>> trainer = SFTTrainer(model=model, train_dataset=ds,
@@ -115,18 +99,12 @@ class ForgetWatchCallback(TrainerCallback):
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> ForgetWatchCallback:
-        """A callback with ``config``'s settings (its ``probes`` loaded unless ``probes=`` is
-        given); ``keywords`` (as for the constructor) win over them.
-
-        Example:
-            >>> cb = ForgetWatchCallback.from_config(ForgetWatchConfig(probes="p.jsonl"))  # doctest: +SKIP
-        """
+        """A callback with ``config``'s settings; ``keywords`` (as for the constructor) win over them."""
         return cls(**{**config.keywords(), **keywords})
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **keywords: Any) -> ForgetWatchCallback:
-        """A callback with a YAML file's settings (see ``configs/``); ``keywords`` (as for the
-        constructor) win over them.
+        """A callback with a YAML file's settings (see ``configs/``); ``keywords`` win over them.
 
         Example:
             >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
@@ -167,9 +145,7 @@ class ForgetWatchCallback(TrainerCallback):
         )
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
-        """A seeded sample of the trainer's training rows for the train-KL signal, read on rank 0
-        and shared (every rank measures the same rows); ``None``, said in one line, when
-        ``train_kl_rows=0`` or the training data cannot be read."""
+        """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""
         n = self.watch.config.monitor.train_kl_rows
         if n <= 0:
             return None

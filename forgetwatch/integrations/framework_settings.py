@@ -1,19 +1,5 @@
-"""forgetwatch's settings as a training framework carries them, checked before any model work.
-
-Frameworks that build the trainer themselves take settings in their own places:
-``forgetwatch_<key>`` entries of an Axolotl or LLaMA-Factory YAML, ``FORGETWATCH_<KEY>``
-environment variables for ms-swift (which refuses flags it does not know). Each flat key of
-:class:`~forgetwatch.config.ForgetWatchConfig` has such a name (``forgetwatch_eval_steps``,
-``FORGETWATCH_MAX_FORGETTING``), and two more exist only here:
-
-- ``config``: a forgetwatch YAML (any of ``configs/``); the other settings override it;
-- ``replay``: a replay pool file (JSONL) to repair forgetting with, and ``replay_<option>``
-  for each of :class:`~forgetwatch.Replay`'s options (``replay_weight``, ``replay_loss``, ...).
-
-``probes`` is a probe file, a list of lm-eval task names, or ``{lm_eval: [...], num_fewshot: 5}``.
-An unknown name, a wrong value or a bad probe file is one error naming the setting as the user
-wrote it, raised before the framework loads a model.
-"""
+"""forgetwatch's settings as a training framework carries them (``forgetwatch_<key>`` in its YAML,
+``FORGETWATCH_<KEY>`` in the environment; see docs/frameworks.md), checked before any model work."""
 
 from __future__ import annotations
 
@@ -45,8 +31,7 @@ NAMES = (*FLAT_KEYS, *EXTRA)
 
 @dataclass(frozen=True)
 class FrameworkSettings:
-    """A checked config, its loaded probes and replay pool: what a framework's plugin needs to
-    add a :class:`~forgetwatch.ForgetWatchCallback` to the trainer it builds.
+    """A checked config, its loaded probes and replay pool: what a framework's plugin adds a callback with.
 
     Example:
         >>> settings = FrameworkSettings.from_keys({"forgetwatch_probes": "configs/probes/general_knowledge.jsonl",
@@ -63,11 +48,8 @@ class FrameworkSettings:
     def from_keys(
         cls, values: Mapping[str, Any], source: str, yaml_file: str | os.PathLike[str] | None = None
     ) -> FrameworkSettings:
-        """From the ``forgetwatch_*`` keys of a framework's config (other keys are ignored).
-
-        ``yaml_file``: the YAML file the framework read ``values`` from. Frameworks read YAML
-        1.1, forgetwatch YAML 1.2 (see :mod:`forgetwatch.config.yaml_files`): a value they read
-        otherwise (``010`` as octal 8, ``1:30`` as 90, ``yes`` as true) is an error naming its line.
+        """From the ``forgetwatch_*`` keys of a framework's config; ``yaml_file``, the YAML it read them from: a
+        value its YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line.
 
         Example:
             >>> FrameworkSettings.from_keys({"forgetwatch_eval_step": 5}, "train.yaml")  # doctest: +ELLIPSIS
@@ -97,9 +79,7 @@ class FrameworkSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
-        """From ``FORGETWATCH_*`` environment variables; values are read as a forgetwatch YAML
-        file's (``50``, ``0.1``, ``true``, ``[arc_easy, hellaswag]``), paths as text. A variable
-        set but empty, or spelled in lower case, is an error naming it.
+        """From ``FORGETWATCH_*`` environment variables, read as YAML values (paths as text).
 
         Example:
             >>> FrameworkSettings.from_environ({"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl",
@@ -155,8 +135,8 @@ class FrameworkSettings:
         if replay_options and replay_path is None:
             message = f"replay options need a pool: set {named('replay')} to a replay pool file"
             problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
-        if "probes" in given:
-            given["probes"] = probes_setting(given["probes"])
+        if isinstance(given.get("probes"), list):  # lm-eval task names
+            given["probes"] = {"lm_eval": given["probes"]}
         if problems:
             raise ConfigError(problems)
         base = ForgetWatchConfig.from_yaml(config_path) if config_path is not None else ForgetWatchConfig()
@@ -198,30 +178,17 @@ class FrameworkSettings:
         )
 
 
-def probes_setting(value: Any) -> Any:
-    """The ``probes`` setting as the config reads it: a list names lm-eval tasks.
-
-    Example:
-        >>> probes_setting(["arc_easy", "hellaswag"]), probes_setting("probes.jsonl")
-        ({'lm_eval': ['arc_easy', 'hellaswag']}, 'probes.jsonl')
-    """
-    return {"lm_eval": value} if isinstance(value, list) else value
-
-
 def _known(name: str) -> str:
-    """``name`` if it is a setting's, else the nearest setting's name (or ``name``)."""
     return name if name in NAMES else did_you_mean(name, NAMES) or name
 
 
 def _env_value(name: str, text: str) -> Any:
-    """An environment variable's text as a setting's value: paths stay text unless a list or
-    mapping is written (lm-eval tasks); everything else is read as a config file's values are."""
+    """Paths stay text unless a list or mapping is written (lm-eval tasks); the rest is read as YAML."""
     if name in (*PATH_KEYS, "config", "replay") and not text.lstrip().startswith(("[", "{")):
         return text
     return read_value(text, "environment")
 
 
 def main_process() -> bool:
-    """Whether this is the launch's first process, not a data loader's worker: the one that
-    prints (plugins load on every rank, before torch.distributed starts)."""
+    """Whether this is the launch's first process, not a data loader's worker (plugins load before torch.distributed)."""
     return os.environ.get("RANK", "0") == "0" and get_worker_info() is None

@@ -1,19 +1,5 @@
-"""LLaMA-Factory launcher: its training, with forgetwatch's callback added.
-
-LLaMA-Factory takes callbacks only from Python (``run_exp(callbacks=...)``), so forgetwatch
-runs its training in place of ``llamafactory-cli train``::
-
-    forgetwatch llamafactory train.yaml [key=value ...]
-    torchrun --nproc_per_node 8 -m forgetwatch llamafactory train.yaml   # several GPUs
-
-The YAML is LLaMA-Factory's own, with ``forgetwatch_<key>`` settings beside its keys
-(``forgetwatch_probes: probes.jsonl``, ``forgetwatch_eval_steps: 50``; see
-:mod:`forgetwatch.integrations.framework_settings`); ``key=value`` overrides either kind, as
-``llamafactory-cli`` reads them. forgetwatch takes its keys out before LLaMA-Factory, which
-refuses keys it does not know, reads the rest. Results go to ``<output_dir>/forgetwatch``.
-Several processes need this module as the ``torchrun`` target: ``llamafactory-cli`` starts its
-own workers, without the callback.
-"""
+"""LLaMA-Factory launcher: ``forgetwatch llamafactory train.yaml [key=value ...]`` runs its training with
+forgetwatch's callback added (it takes callbacks only from Python; docs/frameworks.md)."""
 
 from __future__ import annotations
 

@@ -1,34 +1,5 @@
-"""A seeded sample of the rows a trainer trains on, as token ids and the index of their first
-target token: what the train-KL signal measures KL(base ‖ current) on.
-
-Which rows and which targets are read from the columns of the dataset the trainer's data loader
-holds (what every callback event is handed), as transformers and TRL leave them:
-
-- ``input_ids`` (a ``Trainer`` on a tokenized dataset, TRL's ``SFTTrainer``): the targets are the
-  positions whose ``labels`` are not -100; without ``labels``, those that ``completion_mask`` and
-  ``assistant_masks`` mark (older TRL kept these columns, and ``completion_mask`` only when
-  ``completion_only_loss`` is not off); without either, every token but the first. Padding that
-  ``attention_mask`` marks at either end is dropped; a packed row (``seq_lengths`` or
-  ``position_ids``) keeps its first sequence only.
-- ``prompt_ids`` + ``chosen_ids`` (``DPOTrainer``; older TRL: ``prompt_input_ids`` +
-  ``chosen_input_ids``, and before that ``chosen_input_ids`` holding the prompt too, with
-  ``chosen_labels``): the prompt, then the chosen answer; the targets are the chosen tokens.
-- ``prompt_ids`` + ``completion_ids`` (``KTOTrainer``): the prompt, then the completion (desirable or not).
-- a raw ``prompt`` column and no token ids (``GRPOTrainer``, ``RLOOTrainer``): the prompt's tokens
-  (through the chat template, with the generation prompt, when the prompt is a list of messages),
-  ``start = len(prompt)`` and no completion yet: ``TrainRows.max_new_tokens > 0`` says that the
-  caller appends the base model's greedy completion (at most that many tokens) and measures on it.
-
-Rows whose targets are not one run at the end (several assistant turns, a masked token inside an
-answer) are measured on their *last* run of targets: the tokens after the last target are dropped
-(no earlier position depends on them) and ``start`` is where that last run begins, so earlier
-targets become context and no non-target token is ever measured. Rows are cut to their first
-:data:`MAX_TOKENS` tokens before targets are looked for; a row left with no target is left out.
-
-Anything else (no training dataset, an ``IterableDataset``, columns of raw text that a collator
-tokenizes on the fly) gives no rows and a one-line reason; so does a dataset that cannot be read:
-this is monitoring, and it never stops the training.
-"""
+"""A seeded sample of the trainer's training rows as token ids and the index of their first target token, for
+train KL (which columns are read: docs/trainer.md, "Which training rows train KL reads")."""
 
 from __future__ import annotations
 
@@ -50,12 +21,8 @@ _DIRECT = "Watch.start(train_rows=...) takes rows directly"
 def training_rows(
     dataset: Any, n: int, seed: int, *, args: Any = None, tokenizer: Any = None, trainer: Any = None
 ) -> tuple[TrainRows | None, str]:
-    """At most ``n`` rows of ``dataset`` (the trainer's, as its ``train_dataloader.dataset`` holds
-    it), a seeded sample (the same on every call for the same dataset size and ``seed``), as
-    ``(TrainRows, "")``; or ``(None, reason)``, the reason one line, when the dataset cannot give
-    rows. ``args`` (the training arguments) say how TRL trains on the rows; ``tokenizer`` tokenizes
-    raw prompts (GRPO), rendered with ``trainer``'s tools and chat template when it is given (a
-    ``GRPOTrainer`` keeps them, not its arguments). Never raises.
+    """At most ``n`` rows of ``dataset``, a seeded sample, as ``(TrainRows, "")``, or ``(None, reason)``: never raises.
+    ``args`` say how TRL trains on the rows; ``tokenizer`` and ``trainer`` (tools, chat template) render GRPO prompts.
 
     >>> data = [{"input_ids": [1, 5, 6, 7], "labels": [-100, -100, 6, 7]}]
     >>> rows, reason = training_rows(data, n=128, seed=0)
@@ -199,8 +166,7 @@ def _pair_reader(prompt_key: str, answer_key: str):
 
 
 def _row(ids: list[int], targets: Sequence[bool]) -> tuple[list[int], int] | None:
-    """``(ids, start)`` measured on the last run of targets within the first MAX_TOKENS tokens
-    (the first token predicts nothing), or ``None`` when there is no target there."""
+    """``(ids, start)`` of the last run of targets in the first MAX_TOKENS tokens, or ``None``."""
     ids, targets = ids[:MAX_TOKENS], list(targets[:MAX_TOKENS])
     marked = [i for i in range(1, len(ids)) if targets[i]]
     if not marked:
@@ -240,6 +206,6 @@ def _prompt_reader(args: Any, tokenizer: Any, trainer: Any):
 
 
 def _first(ids: Any) -> list[int]:
-    """Token ids as a flat list (a processor may answer one text with a batch of one)."""
+    # a processor may answer one text with a batch of one
     ids = ids.tolist() if hasattr(ids, "tolist") else ids
     return _ints(ids[0] if len(ids) and isinstance(ids[0], list) else ids)

@@ -1,24 +1,5 @@
-"""The transformers ``Trainer`` as a callback sees it, through public routes only: what every
-event hands it (``args``, ``state``, ``control``, the model, the optimizer, the training data
-loader) and, when the user gives it (``trainer=``), the trainer's ``callback_handler``.
-
-Logging: ``Trainer.log`` hands its dict to the callbacks in list order, and the reporting
-integrations come before the user's callbacks, so keys added in a callback's ``on_log`` come
-too late for them; calling ``Trainer.log`` from a callback would take TRL trainers' averaged
-metrics (loss, rewards, ...) away from their next log line. So :meth:`TrainerLink.emit` appends
-forgetwatch's metrics to ``state.log_history`` at the step they were measured and hands them to
-each integration's ``on_log``: with ``trainer=``, to every callback of its handler; without, to
-those forgetwatch reaches alone (W&B's active run, see :mod:`forgetwatch.sinks.wandb`, and a
-TensorBoard writer of its own). transformers gives a callback no public way to the trainer
-running it, so other integrations (MLflow, Comet, ...) need ``trainer=``.
-
-Checkpoints: a resumed run (``state.global_step > 0`` when training begins) reads its kept files
-from ``args.resume_from_checkpoint``, else from ``<run dir>/checkpoint-<global_step>`` (what
-``train(resume_from_checkpoint=True)`` resumes). A checkpoint in another folder given to
-``train()`` alone is out of a callback's sight: set ``args.resume_from_checkpoint`` to it too.
-In a hyperparameter search a trial's folder is ``<output_dir>/<state.trial_name>``, which is the
-folder's name only when ``hyperparameter_search(hp_name=...)`` is given: give it.
-"""
+"""The transformers ``Trainer`` as a callback sees it, through public routes only: the objects every event hands it,
+and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" and "Resume")."""
 
 from __future__ import annotations
 
@@ -41,25 +22,12 @@ REACHED_ALONE = frozenset({"wandb", "tensorboard"})
 
 
 def sharded_run(args: Any) -> bool:
-    """Whether the training arguments shard the model (DeepSpeed ZeRO, FSDP).
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> sharded_run(SimpleNamespace(fsdp="full_shard"))
-        True
-    """
+    """Whether the training arguments shard the model (DeepSpeed ZeRO, FSDP)."""
     return bool(getattr(args, "deepspeed", None) or getattr(args, "fsdp", None))
 
 
 def grad_scaler(optimizer: Any) -> tuple[Any, Any] | None:
-    """The enabled gradient scaler of accelerate's ``optimizer`` (the one every trainer event is
-    handed; fp16 mixed precision on a GPU) and the optimizer it steps (accelerate's wrapper taken
-    off, as the scaler keeps its state by it), or ``None``.
-
-    Example:
-        >>> grad_scaler(None) is None
-        True
-    """
+    """The enabled gradient scaler of accelerate's ``optimizer`` (fp16) and the optimizer it steps, or ``None``."""
     scaler = getattr(optimizer, "scaler", None)
     if scaler is None or not scaler.is_enabled():
         return None
@@ -71,7 +39,6 @@ def grad_scaler(optimizer: Any) -> tuple[Any, Any] | None:
 
 
 def _saved_at(checkpoint: Path) -> int | None:
-    """The global step of the checkpoint's ``trainer_state.json``, or ``None``."""
     try:
         return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -79,14 +46,7 @@ def _saved_at(checkpoint: Path) -> int | None:
 
 
 class TrainerLink:
-    """The trainer as forgetwatch sees it during one ``train()`` call.
-
-    Example:
-        >>> link = TrainerLink(callback, trainer=None)                # doctest: +SKIP
-        >>> link.attach(args, state, control, model=model)  # in on_train_begin   # doctest: +SKIP
-        >>> link.checkpoint_dir(20)                                    # doctest: +SKIP
-        PosixPath('out/checkpoint-20')
-    """
+    """The trainer as forgetwatch sees it during one ``train()`` call."""
 
     def __init__(self, callback: Any, trainer: Any = None):
         self.callback, self.trainer = callback, trainer
@@ -100,8 +60,7 @@ class TrainerLink:
         self._said: set[str] = set()
 
     def attach(self, args: Any, state: Any, control: Any, **objects: Any) -> None:
-        """Take the trainer's arguments, state and event objects, and find the checkpoint being
-        resumed (call it from ``on_train_begin``)."""
+        """Take the trainer's arguments, state and event objects, and find the checkpoint resumed (on_train_begin)."""
         self.args, self.state, self.control, self.objects, self.open = args, state, control, objects, True
         reported = set(args.report_to or [])
         if self.trainer is None:
@@ -143,15 +102,14 @@ class TrainerLink:
         return None
 
     def close(self) -> None:
-        """The integrations take no more logs (call it from ``on_train_end``); forgetwatch's own close."""
+        """The integrations take no more logs; forgetwatch's own close."""
         self.open = False
         for integration in self.own:
             integration.on_train_end(self.args, self.state, self.control)
         self.own = []
 
     def resume_folders(self, subdir: str) -> list[Path]:
-        """Where a resumed run finds its kept files first: ``subdir`` of the checkpoint it resumes
-        from, then of this run's checkpoint at the same step (none on a fresh run)."""
+        """Where a resumed run finds its files: the checkpoint it resumes from, then this run's at that step."""
         if self.resuming is None:
             return []
         return [self.resuming / subdir, self.checkpoint_dir(self.state.global_step) / subdir]
@@ -182,10 +140,8 @@ class TrainerLink:
         return next((cb for cb in self.integrations if any(c.__name__ == name for c in type(cb).__mro__)), None)
 
     def emit(self, metrics: Mapping[str, float], skip: tuple[str, ...] = ()) -> None:
-        """Log ``metrics`` at ``state.global_step``: into ``state.log_history``, as ``Trainer.log``
-        writes it, and to the ``on_log`` of every integration but console printers, the classes
-        named in ``skip`` and this callback. ``control.should_log`` is left alone (resetting it,
-        as ``CallbackHandler.on_log`` does, would cancel the trainer's own log line at this step)."""
+        """Log ``metrics`` at ``state.global_step`` into ``state.log_history`` and to the ``on_log`` of every
+        integration but console printers, ``skip`` and this callback (``control.should_log`` left alone)."""
         state = self.state
         epoch = {} if state.epoch is None else {"epoch": state.epoch}
         state.log_history.append({**metrics, **epoch, "step": state.global_step})

@@ -41,8 +41,7 @@ class Sink(Protocol):
 
 
 class Sinks:
-    """The sinks of one run, called in order; a failing one warns and the rest go on. With ``seconds``, each call
-    runs in a thread and a sink still busy then is dropped for the run."""
+    """The sinks of one run, called in order (see the module); ``seconds``: each call in a thread, within that time."""
 
     def __init__(self, sinks: Iterable[Any] = (), *, seconds: float | None = None):
         self.sinks = list(sinks)

@@ -14,12 +14,8 @@ logger = logging.getLogger("forgetwatch")
 
 
 class ConsoleLines:
-    """Prints the base's and each evaluation's line (when ``verbose``), and the stop line (always).
-
-    Args:
-        history: the history file the stop line points to.
-        stop_note: what the trainer does on stopping at a step (e.g. "; saving checkpoint ..."), or "".
-    """
+    """Prints the base's and each evaluation's line (when ``verbose``), and the stop line (always), naming
+    ``history`` and ``stop_note(step)`` (what the trainer does on stopping, e.g. "; saving checkpoint ...")."""
 
     def __init__(self, history: Path, verbose: bool = True, stop_note: Callable[[int], str] = lambda step: ""):
         self.history, self.verbose, self.stop_note = history, verbose, stop_note

@@ -60,13 +60,7 @@ def metric_values(report: TransitionReport) -> dict[str, float]:
 
 
 def logged_values(evaluation: Evaluation) -> dict[str, float]:
-    """What an evaluation logs: the figures of its :attr:`~forgetwatch.results.events.Evaluation.logged` report,
-    the repair's and train KL's.
-
-    Example:
-        >>> logged_values(watch.evaluate(model, 100))["forgetwatch/forgetting"]   # doctest: +SKIP
-        0.04
-    """
+    """What an evaluation logs: the figures of its ``logged`` report, the repair's and train KL's."""
     out = metric_values(evaluation.logged)
     out.update((f"{PREFIX}{name}", value) for name, value in evaluation.repaired.items())
     if "train_kl" in evaluation.drift:

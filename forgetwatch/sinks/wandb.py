@@ -3,6 +3,7 @@ failed write warns once and that kind is left alone."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Callable
@@ -21,7 +22,6 @@ STEP_KEY = "train/global_step"
 
 
 def current_run() -> Any:
-    """The active W&B run of this process, if any."""
     module = sys.modules.get("wandb")
     return getattr(module, "run", None)
 
@@ -42,39 +42,26 @@ class WandbSection:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         self._scalars(logged_values(evaluation), evaluation.step)
-        run = self._run("wandb tables")
-        if run is None:
-            return
-        rows = flip_rows(evaluation, self.limit)
 
-        def log() -> None:
-            import wandb
-
+        def flips(wandb: Any) -> Any:  # one incremental table, grown at each evaluation
             if self._flips is None:
                 self._flips = wandb.Table(columns=list(FLIP_COLUMNS), log_mode="INCREMENTAL")
-            for row in rows:
+            for row in flip_rows(evaluation, self.limit):
                 self._flips.add_data(*row)
-            run.log({"forgetwatch/flips": self._flips, STEP_KEY: evaluation.step})
+            return self._flips
 
-        self._guard("wandb tables", log)
+        self._table("forgetwatch/flips", flips, evaluation.step)
 
     def on_end(self, trajectory: Trajectory) -> None:
+        def probes(wandb: Any) -> Any:
+            return wandb.Table(columns=list(PROBE_COLUMNS), data=probe_rows(self.probes, trajectory, self.limit))
+
+        self._table("forgetwatch/probes", probes, int(trajectory.steps[-1]))
+
+    def _table(self, key: str, make: Callable[[Any], Any], step: int) -> None:
         run = self._run("wandb tables")
-        if run is None:
-            return
-        rows = probe_rows(self.probes, trajectory, self.limit)
-
-        def log() -> None:
-            import wandb
-
-            run.log(
-                {
-                    "forgetwatch/probes": wandb.Table(columns=list(PROBE_COLUMNS), data=rows),
-                    STEP_KEY: int(trajectory.steps[-1]),
-                }
-            )
-
-        self._guard("wandb tables", log)
+        if run is not None:
+            self._guard("wandb tables", lambda: run.log({key: make(importlib.import_module("wandb")), STEP_KEY: step}))
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
         run = self._run("wandb scalars")
@@ -91,7 +78,6 @@ class WandbSection:
             self.took = step
 
     def _run(self, what: str) -> Any:
-        """The W&B run, unless there is none or writing ``what`` failed before."""
         return None if what in self._broken else self.run()
 
     def _guard(self, name: str, write: Callable[[], None]) -> bool:
