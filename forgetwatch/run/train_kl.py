@@ -200,7 +200,8 @@ class TrainKL:
             if run.writes:
                 logger.info("forgetwatch: %s is off: none of the training rows has a token to measure", _NAME)
             return
-        self._set(base, [ids for ids, _ in pairs], [s for _, s in pairs], given.source)
+        self.base, self.tokens, self.starts = base, [ids for ids, _ in pairs], [s for _, s in pairs]
+        self.source = given.source
 
     def _affordable(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> int:
         """How many rows the base can be measured on within ``max_seconds``, timed on a seeded eighth (at most
@@ -267,9 +268,6 @@ class TrainKL:
         rows = [answered_row(p, a, model, run.tokenizer, MAX_TOKENS) for p, a in zip(prompts, answers)]
         return [(ids, start) for ids, start in rows if len(ids) > start]
 
-    def _set(self, base: BaseDistribution, tokens: list[list[int]], starts: list[int], source: str) -> None:
-        self.base, self.tokens, self.starts, self.source = base, tokens, starts, source
-
     # -- the kept file -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
@@ -318,7 +316,8 @@ class TrainKL:
         if found["rejected"] and run.writes:
             why = "; ".join(found["rejected"])
             logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
-        self._set(BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"], kept["source"])
+        self.base, self.tokens, self.starts = BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"]
+        self.source = kept["source"]
 
     @staticmethod
     def _kept(paths: Sequence[Path], expected: dict[str, Any], vocab: int | None) -> dict[str, Any]:

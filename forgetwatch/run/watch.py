@@ -262,22 +262,16 @@ class Watch:
             self.base_answers, cost = self._base(model, dirs, step, aside)
             self.trajectory = Trajectory.start(self.base_answers)
             self._logged, note = False, None
-            if c.output.log_categories:  # decided on the base's answers: a resume decides the same
+            o, t, base = c.output, c.monitor, self.base_answers
+            if o.log_categories:  # decided on the base's answers: a resume decides the same
+                n = len(self.probes.categories) if self._groups else None
+                grouped = self._groups or base.categories
                 self._logged, note = logged_categories(
-                    self._groups or self.base_answers.categories,
-                    self.base_answers.correct,
-                    c.output.min_logged_right,
-                    c.output.max_logged_categories,
-                    categories=len(self.probes.categories) if self._groups else None,
+                    grouped, base.correct, o.min_logged_right, o.max_logged_categories, categories=n
                 )
-            t = c.monitor
+            noise = noise_by_scope(base.meta)
             self._stop_rule = StopRule(
-                c.max_forgetting,
-                t.metric,
-                t.patience,
-                t.significance,
-                t.category_max_forgetting,
-                noise_floor=noise_by_scope(self.base_answers.meta),
+                c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
             )
             self._sinks = self._build_sinks(sinks, stop_note)
             snapshot = BaseSnapshot(
