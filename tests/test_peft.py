@@ -124,7 +124,7 @@ def test_adapter_disabled_needs_a_peft_model(toy, tmp_path):
 def test_adapter_disabled_warns_when_base_weights_train(toy, tmp_path, caplog):
     model = peft.get_peft_model(copy.deepcopy(toy.base), lora_config())
     model.base_model.model.lm_head.weight.requires_grad_(True)
-    from forgetwatch.run.adapters import adapters_disabled
+    from forgetwatch.run.base import adapters_disabled
 
     with caplog.at_level(logging.WARNING, logger="forgetwatch"), adapters_disabled(model):
         pass

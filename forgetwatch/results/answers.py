@@ -31,8 +31,7 @@ class AnswersMismatchError(ValueError):
 
 
 class AnswersFileError(ValueError):
-    """An answers file that cannot be used: damaged, edited since it was written, or not written by forgetwatch;
-    ``reason`` says what is wrong (without the ``path`` or the advice)."""
+    """An answers file that is damaged, edited since written, or not forgetwatch's; ``reason``: what is wrong."""
 
     def __init__(self, reason: str, path: str | os.PathLike[str] | None = None, advice: str = _REDO):
         self.reason, self.path = reason, path
@@ -46,18 +45,12 @@ class Answers:
     Attributes:
         ids: probe ids, in probe-set order.
         correct: bool per sample.
-        predicted: chosen choice index (multiple choice), extracted text (generative; ``None`` when extraction
-            failed), or the raw response (behaviour probes).
+        predicted: chosen choice index, extracted text (``None``: extraction failed), or a behaviour probe's response.
         choice_logprobs: per sample, the summed log-probability of each choice (empty for generative probes).
-        gold_logprob: log-probability of the correct choice, or of a generative probe's reference answer,
-            teacher-forced (NaN where not scored).
+        gold_logprob: the correct choice's or reference answer's log-probability (NaN where not scored).
         n_choices: number of choices per sample (0 for generative probes).
-        categories: category per sample.
-        outputs: raw generated text for generative and behaviour probes (``None`` for multiple choice).
-        probe_fingerprint: fingerprint of the probe set's content.
-        scoring: the scoring options the answers were computed with.
-        model: a name for the model (path or hub id), informational.
-        meta: free-form extra information (version, time, step, ...).
+        outputs: raw generated text (``None`` for multiple choice).
+        meta: free-form extra information (step, keys of the model scored, noise floor, ...).
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
@@ -149,9 +142,8 @@ class Answers:
         ids: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Why these answers cannot serve as the base for the probe set ``fingerprint`` (with these ``ids`` in
-        order, scored with ``scoring`` but for batch size and device, with these ``meta`` entries, each when given),
-        or ``None`` when they can.
+        """Why these answers cannot serve as the base for the probe set ``fingerprint`` (with these ``ids``, scored
+        with ``scoring`` but for batch size and device, with these ``meta`` entries, each when given), or ``None``.
 
         Example:
             >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True)])
@@ -187,8 +179,7 @@ class Answers:
             )
 
     def check_probes(self, probes: Any) -> None:
-        """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet): the same
-        fingerprint, the same ids in the same order."""
+        """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet)."""
         problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
         if problem:
             detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
@@ -200,7 +191,6 @@ class Answers:
     # -- files -------------------------------------------------------------------------------
 
     def _content(self) -> dict[str, Any]:
-        """What the checksum covers: everything but format, version and the checksum itself."""
         return {
             "probe_fingerprint": self.probe_fingerprint,
             "scoring": json_safe(self.scoring),
@@ -210,12 +200,7 @@ class Answers:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything, as JSON-able values: the content of a ``.json`` answers file.
-
-        Example:
-            >>> Answers.from_samples("fp", {}, []).to_dict()["format"]
-            'forgetwatch.answers'
-        """
+        """Everything, as JSON-able values: the content of a ``.json`` answers file."""
         content = self._content()
         return {"format": FORMAT, "version": VERSION, "checksum": _checksum(content), **content}
 
@@ -259,8 +244,8 @@ class Answers:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], probes: Any = None) -> Answers:
-        """Read answers saved by :meth:`save`, checked to belong to ``probes`` when given (:meth:`check_probes`).
-        Raises :class:`AnswersFileError` (a ``ValueError``) for a damaged, edited or foreign file.
+        """Read answers saved by :meth:`save`, checked to belong to ``probes`` when given; an
+        :class:`AnswersFileError` (a ``ValueError``) for a damaged, edited or foreign file.
 
         Example:
             >>> base = Answers.load("base_answers.json")  # doctest: +SKIP
@@ -363,7 +348,7 @@ def _check_header(doc: dict[str, Any]) -> None:
 
 
 def _unreadable(err: BaseException) -> str:
-    """What a failure while reading says about the file (never numpy's advice to load pickled data)."""
+    # never numpy's advice to load pickled data
     if "pickle" in str(err).lower():
         return (
             "damaged or not written by forgetwatch: it holds pickled (object) data, and "
@@ -379,7 +364,6 @@ def _checksum(content: dict[str, Any]) -> str:
 
 
 def _pack_text(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """One UTF-8 byte buffer and ``len(texts) + 1`` offsets: each text costs its own length."""
     encoded = [t.encode("utf-8") for t in texts]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
@@ -401,7 +385,6 @@ def _unpack_text(data: np.ndarray, offsets: np.ndarray, name: str) -> list[str]:
 
 
 def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
-    """How the ids ``have`` differ from the ``want``-ed ones, or ``None``."""
     if list(have) == list(want):
         return None
     have_set, want_set = set(have), set(want)
@@ -429,5 +412,4 @@ def _float(x: Any) -> float:
 
 
 def _plain(x: Any) -> Any:
-    """A numpy scalar as the Python value JSON writes (a predicted index may be numpy's int)."""
     return x.item() if isinstance(x, np.generic) else x

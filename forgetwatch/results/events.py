@@ -14,16 +14,8 @@ from forgetwatch.results.trajectory import Trajectory
 
 @dataclass
 class BaseSnapshot:
-    """The base model's answers as a run starts.
-
-    Attributes:
-        answers: the base :class:`~forgetwatch.Answers`.
-        path: the snapshot file the run keeps (``None`` if it keeps none).
-        computed: whether they were scored now (``False``: loaded from a file).
-        step: the training step the run starts (or resumes) at.
-        metrics: figures to log once (``forgetwatch/noise_floor`` when it was measured now).
-        notes: what the run says once as it starts, for the console (which categories are not logged).
-    """
+    """The base model's answers as a run starts at ``step``: ``computed`` now or loaded, kept at ``path``, with
+    ``metrics`` to log once (``forgetwatch/noise_floor``) and ``notes`` for the console."""
 
     answers: Answers
     path: Path | None
@@ -38,19 +30,12 @@ class Evaluation:
     """One evaluation of the live model against the base: what every sink and the stop rule read.
 
     Attributes:
-        step: the training step it was made at.
-        report: the :class:`~forgetwatch.results.report.TransitionReport` against the base, trajectory figures included.
-        answers: the live model's :class:`~forgetwatch.Answers`.
-        seconds: how long scoring and comparing took.
+        report: the :class:`~forgetwatch.TransitionReport` against the base, trajectory figures included.
         stop: why training should stop here (a sentence), or ``None``.
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``, or a caller's word).
-        probes, base, trajectory: the run's probes, the base answers, every probe's correctness so far.
-        logged: the report whose figures are logged: by category group where the run maps categories
-            into groups, holding only the categories (or groups) that get keys of their own.
-        drift: train KL to the base (``train_kl``, over ``rows`` and ``tokens``, in ``seconds``); empty when not measured.
-        repair, repaired, repair_state: the repair method's name (or ``None``), its figures since the last
-            evaluation (``replay/loss``, ...) and its state after this one (what a resume reads back).
-        notes: what the schedule says at this evaluation, for the console line.
+        logged: the report as logged: by category group where there are groups, the logged categories only.
+        drift: train KL to the base (``train_kl``, ``rows``, ``tokens``, ``seconds``); empty when not measured.
+        repair, repaired, repair_state: the repair method's name, its figures since the last evaluation, its state.
 
     Example:
         >>> ev = watch.evaluate(model, step=100)      # doctest: +SKIP

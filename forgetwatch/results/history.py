@@ -1,8 +1,5 @@
-"""One evaluation as a line of ``history.jsonl``: the record, its trajectory column, its checks (pure functions).
-
-A record is ``{"step", "time", "seconds", "trigger", "report", "stop"?, "columns"?}``; the report's id lists are
-kept once, at the top level. The file is read and written by :mod:`forgetwatch.results.run_files`.
-"""
+"""One evaluation as a line of ``history.jsonl`` (``{"step", "time", "seconds", "trigger", "report", "stop"?,
+"columns"?}``): the record, its trajectory column, its checks. The file itself: :mod:`~forgetwatch.results.run_files`."""
 
 from __future__ import annotations
 
@@ -21,24 +18,15 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.text import describe
 from forgetwatch.results.report import TransitionReport
 
-#: The id lists of a report: kept once, at the top level of a record.
 _ID_LISTS = ("forgotten_ids", "gained_ids", "at_risk_ids")
-#: A report's counts: whole numbers, the last four adding up to ``n``.
 _COUNTS = ("n", "forgotten", "gained", "kept", "never")
-#: Most bytes a column may inflate to when the probe count is not known: a few bytes of zlib must not become gigabytes.
+#: Most bytes a column may inflate to when the probe count is not known (no zlib bomb).
 _MAX_COLUMN_BYTES = 1 << 26
 _FIX = "fix or delete that line (each line is one evaluation)"
 
 
 class HistoryError(ValueError):
-    """A line of a history file that is not an evaluation record; the message names the file, line and field
-    (``history.jsonl, line 4, field 'columns.correct': not base64 text; ...``) where known.
-
-    Attributes:
-        reason: what is wrong, without where.
-        field: the field (``"report.n"``), or ``None`` for the line as a whole.
-        path, line: the file and its line number, or ``None``.
-    """
+    """A line of a history file that is not an evaluation record; the message names the file, line and field."""
 
     def __init__(
         self, reason: str, field: str | None = None, path: str | os.PathLike[str] | None = None, line: int | None = None
@@ -50,7 +38,6 @@ class HistoryError(ValueError):
         super().__init__(f"{where}{reason}" + (f"; {_FIX}" if path is not None else ""))
 
     def at(self, path: str | os.PathLike[str], line: int) -> HistoryError:
-        """The same problem, placed at ``line`` of ``path``."""
         return HistoryError(self.reason, self.field, path, line)
 
 
@@ -64,17 +51,8 @@ def history_record(
     stop: str | None = None,
     columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One evaluation as ``history.jsonl`` stores it; the report's id lists are kept once, at the top level
-    (per category they would double the file: :func:`report_from_record` gives each category its ids back).
-
-    Args:
-        step: the trainer's global step.
-        report: the evaluation's :class:`~forgetwatch.results.report.TransitionReport`.
-        time: when it was made (seconds since the epoch, ``time.time()``).
-        seconds: how long the evaluation took.
-        trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``).
-        stop: why forgetwatch stopped training here, if it did.
-        columns: the evaluation's trajectory column (:meth:`~forgetwatch.results.trajectory.Trajectory.column`).
+    """One evaluation as ``history.jsonl`` stores it: the report's id lists once, at the top level (per category
+    they would double the file); ``time`` since the epoch, ``columns`` the trajectory's.
 
     Example:
         >>> r = history_record(10, TransitionReport(n=1, kept=1), time=0.0, seconds=0.5, trigger="schedule")
@@ -101,8 +79,7 @@ def history_record(
 
 
 def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]) -> TransitionReport:
-    """The :class:`~forgetwatch.results.report.TransitionReport` of a record, each category's ids rebuilt from
-    ``category_of`` (probe id → category).
+    """The report of a record, each category's ids rebuilt from ``category_of`` (probe id → category).
 
     Example:
         >>> r = history_record(10, TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"],
@@ -125,8 +102,7 @@ def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]
 
 
 def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> dict[str, str]:
-    """One evaluation's trajectory column as a record stores it: correctness bit-packed, the signal as float16,
-    each zlib-compressed and base64-encoded.
+    """A trajectory column as a record stores it: correctness bit-packed, the signal float16, zlib and base64.
 
     Example:
         >>> column = encode_column("fp", np.array([True, False]), np.array([0.5, np.nan]))
@@ -143,8 +119,7 @@ def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> 
 def decode_column(
     column: Any, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A record's column back as ``(correct, signal)`` arrays (bool, float32), checked to hold ``probes`` probes
-    of the probe set ``fingerprint`` (each when given); a :class:`HistoryError` naming the field if not.
+    """A record's column back as ``(correct, signal)``, checked to hold ``probes`` probes of ``fingerprint``.
 
     Example:
         >>> decode_column({"probes": "fp", "correct": "bad", "signal": ""}, 2)
@@ -188,7 +163,6 @@ def _pack(data: bytes) -> str:
 
 
 def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
-    """base64, then zlib, with at most ``limit`` bytes out (what ``probes`` probes take)."""
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -211,8 +185,7 @@ def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
 
 
 def parse_record(line: bytes, probes: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
-    """The record on one line of a history file, or :class:`HistoryError` (without the file and line) saying what
-    is wrong with it: see :func:`~forgetwatch.results.run_files.read_history`."""
+    """The record on one line of a history file, or a :class:`HistoryError` (without the file and line)."""
     try:
         record = strict_json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -251,7 +224,6 @@ _FIELDS = TransitionReport.__dataclass_fields__
 
 
 def _check_report(report: Mapping[str, Any], where: str) -> None:
-    """A report's counts and figures are what they must be (without them it reads as one of no probes)."""
     for name in _COUNTS:
         value = report.get(name)
         if name not in report:
@@ -287,5 +259,4 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    """A JSON number: not NaN or infinity, which strict JSON has not."""
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))

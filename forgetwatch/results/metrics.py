@@ -1,8 +1,5 @@
-"""Forgetting metrics, pure functions: per-sample transitions between a base model and the current one.
-
-After Harmon et al. (ICLR 2026): with N probes, forgetting F = n(1→0)/N and backward transfer BT = n(0→1)/N, so
-acc_after − acc_before = BT − F; for multiple choice also corrected for lucky guesses (:func:`chance_adjusted`).
-"""
+"""Forgetting metrics, pure functions over per-sample transitions between a base model and the current one
+(after Harmon et al., ICLR 2026: F = n(1→0)/N, BT = n(0→1)/N; see docs/measures.md)."""
 
 from __future__ import annotations
 
@@ -22,8 +19,6 @@ Z95 = 1.959963984540054
 
 
 class Transitions(NamedTuple):
-    """Counts of the four per-sample transitions (before→after)."""
-
     n00: int
     n01: int
     n10: int
@@ -31,8 +26,6 @@ class Transitions(NamedTuple):
 
 
 class ChanceAdjusted(NamedTuple):
-    """Guess-corrected forgetting and backward transfer, with their ceilings."""
-
     forgetting_adjusted: float
     backward_transfer_adjusted: float
     forgetting_max: float
@@ -48,7 +41,6 @@ def _pair(before: ArrayLike, after: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ratio(x: float, n: float) -> float:
-    """``x / n``, NaN when ``n == 0``."""
     return float(x) / float(n) if n else math.nan
 
 
@@ -69,7 +61,6 @@ def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
 
 
 def _group_chance_adjusted(b: np.ndarray, a: np.ndarray, k: int) -> ChanceAdjusted:
-    """Chance-adjusted rates for one non-empty group whose samples all have ``k`` choices."""
     n = len(b)
     a_pre, a_post = np.count_nonzero(b) / n, np.count_nonzero(a) / n
     f = np.count_nonzero(b & ~a) / n
@@ -90,13 +81,8 @@ def _group_chance_adjusted(b: np.ndarray, a: np.ndarray, k: int) -> ChanceAdjust
 
 
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
-    """Forgetting and backward transfer corrected for lucky guesses, with their ceilings.
-
-    ``k`` is each sample's number of choices (0 for generative; one int applies to all). Within a group of equal
-    ``k`` with accuracies a_pre and a_post: F_adj = max(F − (1 − a_pre)/(k − 1)·(1 − a_post), 0),
-    BT_adj = max(BT − (1 − a_pre)·(1 − a_post)/(k − 1), 0), F_max = max((k·a_pre − 1)/(k − 1), 0),
-    BT_max = max((k·a_post − 1)/(k − 1), 0); generative groups have no chance term. The groups are averaged
-    weighted by size; all NaN without samples.
+    """Forgetting and backward transfer corrected for lucky guesses, with their ceilings, per group of equal ``k``
+    (each sample's number of choices, 0 for generative: no chance term), averaged weighted by size.
 
     Example:
         >>> chance_adjusted([1, 1, 1, 1], [1, 0, 0, 1], k=2)  # a_pre = 1: no lucky guesses
@@ -140,8 +126,7 @@ def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mcnemar_exact(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0):
-    min(1, 2·P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2); 1 when b + c = 0. In log space, for large counts.
+    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0), in log space.
 
     Example:
         >>> mcnemar_exact(0, 5)  # 2 / 2**5
@@ -172,8 +157,7 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
-    """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN
-    without any): positive when the model grows less sure of what the base got right, before answers flip.
+    """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN: none).
 
     Example:
         >>> logprob_drop([-0.1, -0.2, -3.0, float("nan")], [-0.6, -0.2, -0.1, -1.0], [True, True, False, True])
@@ -188,9 +172,8 @@ def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: 
 
 
 def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], normalized: bool = False) -> np.ndarray:
-    """Each sample's drift signal: for multiple choice the gold choice's log-probability minus the best other's
-    (below zero: answered wrong), for a generative probe its reference's log-probability. NaN where not scored,
-    and for multiple choice decided on ``normalized`` (per-character) scores, which raw ones do not order.
+    """Each sample's drift signal: the gold choice's log-probability minus the best other's (NaN when
+    ``normalized``: raw scores do not order those), or a generative probe's reference's log-probability.
 
     Example:
         >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
@@ -217,9 +200,8 @@ def at_risk(
     share: float = 0.5,
     floor: float = 0.1,
 ) -> np.ndarray:
-    """Which samples are still right but slipping (see :func:`margins`): for multiple choice, a margin below
-    ``share`` of the base's or below ``floor`` nats; for a generative probe, its reference's probability below
-    ``share`` of the base's.
+    """Which samples are still right but slipping: a margin (:func:`margins`) below ``share`` of the base's or
+    below ``floor`` nats; for a generative probe, its reference's probability below ``share`` of the base's.
 
     Example:
         >>> at_risk([1, 1, 1, 0], [1, 1, 0, 0], [2.0, 2.0, 2.0, -1.0], [0.5, 1.5, -1.0, -2.0], [4, 4, 4, 4]).tolist()
@@ -235,14 +217,12 @@ def at_risk(
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax, shifted by the row maximum."""
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
 def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]) -> float:
-    """Mean KL(p_base ‖ p_current) over samples with choices (p: softmax of the choice log-probabilities);
-    NaN without any.
+    """Mean KL(p_base ‖ p_current) over samples with choices (p: softmax of their log-probabilities); NaN: none.
 
     Example:
         >>> round(choice_kl([[0.0, 0.0], []], [[0.0, -math.log(3)], []]), 4)  # p=(.5,.5), q=(.75,.25)
@@ -285,7 +265,6 @@ def _report(
     by_category: dict[str, TransitionReport] | None = None,
     behaviour: Callable[[np.ndarray], dict[str, float]] | None = None,
 ) -> TransitionReport:
-    """The report for the samples at positions ``idx``; ``risky``: which samples (all) are at risk."""
     before, after = base.correct[idx], current.correct[idx]
     k = base.n_choices[idx]
     t = transition_counts(before, after)
@@ -333,14 +312,13 @@ def compare(
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     categories: Sequence[str] | None = None,
 ) -> TransitionReport:
-    """Compare the current model's answers with the base model's on the same probes.
+    """Compare the current model's answers with the base model's on the same probes: a report over all samples,
+    with one per category in ``by_category``. Raises :class:`~forgetwatch.AnswersMismatchError` for other probes.
 
-    The report covers all samples, with a child report per category in ``by_category`` (sorted; ``categories``:
-    each probe's in place of the answers', such as its group). ``at_risk_share`` and ``at_risk_floor`` decide
-    which still-right samples are at risk (:func:`at_risk`). Where probes generate, ``behaviour`` holds how
-    responses drift from the base's (with ``refusal_detector`` and ``count_tokens``, a list of texts' token
-    lengths, when given). Raises :class:`~forgetwatch.results.answers.AnswersMismatchError` for answers of other
-    probes or scoring options.
+    Args:
+        at_risk_share, at_risk_floor: which still-right samples are at risk (:func:`at_risk`).
+        refusal_detector, count_tokens: for behaviour figures (``count_tokens``: texts' token lengths).
+        categories: each probe's category in place of the answers' (such as its group).
 
     Example:
         >>> report = compare(base_answers, current_answers)  # doctest: +SKIP

@@ -18,8 +18,7 @@ OVERALL = "overall"
 
 
 def wants_noise_check(model: torch.nn.Module, reduced: bool) -> bool:
-    """Whether the base is scored twice by default: on a GPU, or in ``reduced`` precision (batches change the
-    last bits)."""
+    """Whether the base is scored twice by default: on a GPU, or in ``reduced`` precision."""
     params = list(model.parameters())
     return reduced or (params[0].device.type if params else "cpu") == "cuda"
 
@@ -39,7 +38,7 @@ def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
 def measure_noise(
     scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize, distributed: bool = False
 ) -> dict[str, object]:
-    """Score ``model`` again in batches of another size than ``first`` was scored in: :func:`noise_figures`."""
+    """Score ``model`` again in batches of another size than ``first``: :func:`noise_figures`."""
     again = scorer(
         model,
         batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
@@ -71,7 +70,7 @@ def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
 
 
 def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:
-    """The noise floors in a snapshot's ``meta``, by stop-rule scope (``"overall"``, each category); or none."""
+    """The noise floors in a snapshot's ``meta``, by stop-rule scope."""
     if "noise_floor" not in meta:
         return {}
     return {OVERALL: meta["noise_floor"], **meta.get("noise_floor_by_category", {})}

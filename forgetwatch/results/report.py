@@ -16,7 +16,7 @@ from forgetwatch.common.files import atomic_write, json_safe
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers, chosen_text
 
-#: A row's columns (:meth:`TransitionReport.rows`, after ``category``), each as the report's field, in the paper's order.
+#: A row's columns after ``category``, each as the report's field, in the paper's order.
 _ROW = {
     "n": "n",
     "acc_before": "accuracy_before",
@@ -62,13 +62,9 @@ _NAN = math.nan
 
 @dataclass(frozen=True)
 class TransitionReport:
-    """How answers changed between a base model (before) and the current model (after).
-
-    Counts are per sample: ``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0; rates are shares of
-    ``n`` (NaN when ``n == 0``), defined in :mod:`forgetwatch.results.metrics`, whose ``compare`` builds one.
-    ``at_risk_ids``: still-right probes whose margin is slipping; ``forgetting_events`` and
-    ``forgetting_persistent``: from the run's trajectory (NaN outside a run); ``behaviour``: how generated
-    responses drift from the base's (empty without any).
+    """How answers changed between a base model (before) and the current model (after): per-sample counts
+    (``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0) and rates of ``n`` (NaN when ``n == 0``),
+    as :func:`~forgetwatch.compare` makes them; the trajectory's figures are NaN outside a run.
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -108,12 +104,7 @@ class TransitionReport:
     # -- plain data ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested.
-
-        Example:
-            >>> TransitionReport().to_dict()["forgetting"] is None
-            True
-        """
+        """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested."""
         out: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
@@ -163,7 +154,7 @@ class TransitionReport:
         return [self._row("overall")] + [child._row(cat) for cat, child in self.by_category.items()]
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell; text quoted and :func:`spreadsheet_safe`).
+        """Write :meth:`rows` as CSV, atomically (NaN as an empty cell, text :func:`spreadsheet_safe`).
 
         Example:
             >>> report.to_csv("transitions.csv")  # doctest: +SKIP
@@ -185,33 +176,11 @@ class TransitionReport:
             >>> print(TransitionReport().summary().splitlines()[0].split()[:3])
             ['category', 'n', 'acc_before']
         """
-        header = [
-            "category",
-            "n",
-            "acc_before",
-            "acc_after",
-            "F",
-            "BT",
-            "F_adj",
-            "BT_adj",
-            "forgotten",
-            "gained",
-            "McNemar p",
-        ]
+        header = [*"category n acc_before acc_after F BT F_adj BT_adj forgotten gained".split(), "McNemar p"]
+        keys = "acc_before acc_after forgetting backward_transfer forgetting_adjusted backward_transfer_adjusted"
         table = [header] + [
-            [
-                str(r["category"]),
-                str(r["n"]),
-                _fmt(r["acc_before"]),
-                _fmt(r["acc_after"]),
-                _fmt(r["forgetting"]),
-                _fmt(r["backward_transfer"]),
-                _fmt(r["forgetting_adjusted"]),
-                _fmt(r["backward_transfer_adjusted"]),
-                str(r["1->0"]),
-                str(r["0->1"]),
-                _fmt_p(r["mcnemar_p"]),
-            ]
+            [str(r["category"]), str(r["n"]), *(_fmt(r[k]) for k in keys.split())]
+            + [str(r["1->0"]), str(r["0->1"]), "-" if math.isnan(r["mcnemar_p"]) else f"{r['mcnemar_p']:.3g}"]
             for r in self.rows()
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -243,11 +212,7 @@ class TransitionReport:
 
 
 def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
-    """Write one CSV row per sample (columns :data:`SAMPLE_COLUMNS`), atomically.
-
-    Correctness as 0/1, the transition as ``"1->0"``; question and answer from ``probes`` (a ProbeSet; empty
-    without). A prediction is text: the chosen choice's (its index in ``choice_index_*``), the extracted answer,
-    or a behaviour probe's response. Missing values are empty cells; text is quoted and :func:`spreadsheet_safe`.
+    """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``.
 
     Example:
         >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
@@ -281,7 +246,6 @@ def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[s
 
 
 def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
-    """``predicted_<when>`` as text and, for multiple choice, ``choice_index_<when>``."""
     predicted = answers.predicted[i]
     if not answers.n_choices[i]:
         return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
@@ -297,7 +261,6 @@ def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
 
 
 def _csv_value(v: Any) -> Any:
-    """A cell: empty for missing values, floats to :data:`CSV_DIGITS` digits, text spreadsheet-safe."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
@@ -311,9 +274,8 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def spreadsheet_safe(text: str) -> str:
-    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (it starts with
-    one of :data:`FORMULA_START`), unless it is a number. To read it back, drop one leading ``'`` when the rest,
-    after any further ``'``, starts with one of them.
+    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (unless it is a
+    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so.
 
     Example:
         >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")
@@ -326,7 +288,3 @@ def spreadsheet_safe(text: str) -> str:
 
 def _fmt(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.4f}"
-
-
-def _fmt_p(p: float) -> str:
-    return "-" if math.isnan(p) else f"{p:.3g}"

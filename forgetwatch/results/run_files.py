@@ -1,8 +1,5 @@
 """A run's files, in one place: their names, every write (:class:`RunStore`) and every read (:func:`read_run`).
-
-A run keeps them in its forgetwatch directory and a whole copy in each checkpoint's ``forgetwatch/`` folder
-(``manifest.json`` written last), so a resumed run finds its original base; writes made during training never raise.
-"""
+Each checkpoint gets a whole copy (``manifest.json`` last); writes made during training never raise."""
 
 from __future__ import annotations
 
@@ -33,25 +30,24 @@ from forgetwatch.results.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT = "base_answers.npz"  # the base model's answers
-HISTORY = "history.jsonl"  # one record per evaluation (forgetwatch.results.history), each with its trajectory column
+SNAPSHOT = "base_answers.npz"
+HISTORY = "history.jsonl"  # one record per evaluation, each with its trajectory column
 PROBES = "probes.jsonl"  # the questions, for reports
-TRAIN_KL = "train_kl.npz"  # the train-KL signal's rows and the base's next-token distribution on them
+TRAIN_KL = "train_kl.npz"
 MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
 LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
 SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory
 LOCK = "watch.lock"  # while a watch writes in the run directory: its pid and host
 PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run
-#: Every file the monitor itself writes in its folders (a repair method names its own; nothing else there is touched).
+#: Every file the monitor itself writes (a repair method names its own; nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
-#: What a write-once file that could not be written costs, for the warning.
 _WHAT = {
     SNAPSHOT: "the base snapshot is",
     PROBES: "the probe set (the report's questions) is",
     TRAIN_KL: "the base's distribution on the training rows (train KL) is",
 }
-#: The stores of this process that wrote a run directory's lock, by the lock's real path
+#: this process's stores that wrote a run directory's lock, by the lock's real path
 _HOLDERS: weakref.WeakValueDictionary[str, RunStore] = weakref.WeakValueDictionary()
 
 
@@ -59,12 +55,7 @@ _HOLDERS: weakref.WeakValueDictionary[str, RunStore] = weakref.WeakValueDictiona
 
 
 def run_directory(path: str | os.PathLike[str]) -> Path:
-    """``path``, or its ``forgetwatch/`` folder when ``path`` is a trainer's output directory.
-
-    Example:
-        >>> run_directory("/nonexistent/out")
-        PosixPath('/nonexistent/out')
-    """
+    """``path``, or its ``forgetwatch/`` folder when ``path`` is a trainer's output directory."""
     path = Path(path)
     if (path / SNAPSHOT).is_file() or not (path / SUBDIR / SNAPSHOT).is_file():
         return path
@@ -72,7 +63,7 @@ def run_directory(path: str | os.PathLike[str]) -> Path:
 
 
 def _inside(directory: Path, name: str) -> Path:
-    """``directory / name``, refused (``ValueError``) when it is a symbolic link out of ``directory``."""
+    """``directory / name``, refused when it is a symbolic link out of ``directory``."""
     path = directory / name
     if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
         raise ValueError(
@@ -83,13 +74,7 @@ def _inside(directory: Path, name: str) -> Path:
 
 
 def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
-    """The base snapshot in a forgetwatch folder; ``None`` when there is none, an
-    :class:`~forgetwatch.results.answers.AnswersFileError` saying what to do when it is damaged.
-
-    Example:
-        >>> read_snapshot("/nonexistent") is None
-        True
-    """
+    """The base snapshot in a forgetwatch folder (``None``: none); an ``AnswersFileError`` when damaged."""
     path = Path(directory) / SNAPSHOT
     if not path.is_file():
         return None
@@ -106,8 +91,7 @@ def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
 
 @dataclass
 class HistoryScan:
-    """A history file as far as it could be read: the ``records`` before its first unreadable line, that line's
-    error (``problem``), and whether its last line was cut short (``cut``, dropped)."""
+    """A history file read up to its first unreadable line (``problem``); ``cut``: its last line was cut short."""
 
     path: Path
     records: list[dict[str, Any]]
@@ -118,7 +102,6 @@ class HistoryScan:
 def scan_history(
     path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
 ) -> HistoryScan:
-    """Read a ``history.jsonl`` up to its first line that is not a record (:func:`read_history`)."""
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
     cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
@@ -148,13 +131,8 @@ def scan_history(
 def read_history(
     path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
 ) -> list[dict[str, Any]]:
-    """The records of a ``history.jsonl``, in file order (blank lines skipped).
-
-    A last line without its final newline was cut short by a crash: it is dropped with a warning. Any other line
-    that is not a record (:func:`~forgetwatch.results.history.parse_record`; steps must increase; its column of
-    ``probes`` probes of the probe set ``fingerprint``, when given) raises a :class:`HistoryError` naming the file,
-    line and field.
-    """
+    """The records of a ``history.jsonl``: a last line cut short by a crash is dropped with a warning, any other
+    line that is not a record raises a :class:`HistoryError` naming the file, line and field."""
     scan = scan_history(path, probes=probes, fingerprint=fingerprint)
     if scan.problem is not None:
         raise scan.problem
@@ -163,8 +141,7 @@ def read_history(
 
 @dataclass
 class Recovered:
-    """What a resume keeps of a run's history: ``records`` (from ``source``; ``None``: no copy) and every copy
-    as read (``scans``)."""
+    """What a resume keeps of a run's history: ``records`` from ``source``, and every copy as read."""
 
     records: list[dict[str, Any]]
     source: Path | None
@@ -174,11 +151,8 @@ class Recovered:
 def recover_history(
     paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
 ) -> Recovered:
-    """The history a run resumed at ``step`` goes on with, from the copies at ``paths`` (the checkpoint's first):
-    the first whole copy, cut at ``step``; when every copy has an unreadable line, the longest valid stretch up to
-    ``step`` of a copy that agrees with the first one's records (another run's history never stands in for this
-    run's). Every unreadable line is named in a warning; no copy at all is a loud warning too.
-    """
+    """The history a run resumed at ``step`` goes on with: the first whole copy of ``paths``, cut at ``step``; else
+    the longest valid stretch of a copy that agrees with the first (never another run's). Each problem warns."""
     scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
     if not scans:
         logger.warning(
@@ -213,16 +187,8 @@ def recover_history(
 
 @dataclass
 class Run:
-    """A monitored run as its forgetwatch directory holds it (see :func:`read_run`): ``history`` and
-    ``trajectory`` are made from ``base`` and ``records`` once; ``probes`` and ``latest`` are read when asked for.
-
-    Attributes:
-        dir: the forgetwatch directory.
-        base: the base snapshot.
-        records: the history records, as the file holds them.
-        name: the folder holding ``forgetwatch/``, or the folder itself.
-        history: ``(step, TransitionReport)`` per record, per category with its ids.
-        trajectory: the base's column, then each record's.
+    """A monitored run as its forgetwatch directory ``dir`` holds it (see :func:`read_run`): ``history``
+    (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked.
 
     Example:
         >>> base = Answers(ids=["q1"], correct=[True], predicted=[0], choice_logprobs=[[0.0, -1.0]],
@@ -250,24 +216,20 @@ class Run:
 
     @property
     def steps(self) -> list[int]:
-        """The evaluations' steps."""
         return [r["step"] for r in self.records]
 
     @property
     def noise_floor(self) -> float | None:
-        """The share of probes that flipped when the base was scored again, where it was measured."""
         return self.base.meta.get("noise_floor")
 
     @cached_property
     def probes(self) -> dict[str, Probe]:
-        """The run's probes by id, from its ``probes.jsonl``; none where it kept no copy."""
         path = self.dir / PROBES
         return {p.id: p for p in ProbeSet.from_jsonl(path)} if path.is_file() else {}
 
     @cached_property
     def latest(self) -> Answers | None:
-        """The last evaluation's answers, when the run kept them for its last record's step (a damaged file: a
-        warning, and none)."""
+        """The last evaluation's answers, when kept for the last record's step (damaged: a warning, none)."""
         path = self.dir / LATEST
         try:
             latest = Answers.load(path) if path.is_file() else None
@@ -285,11 +247,8 @@ class Run:
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
-    """A monitored run, from its forgetwatch directory (the callback's ``output_dir``, or a checkpoint's
-    ``forgetwatch/`` copy) or the trainer's output directory holding one.
-
-    Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` (file, line, field) for a damaged
-    record or a column of another probe set, and ``ValueError`` for a file linked out of the directory.
+    """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory.
+    Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record.
 
     Example:
         >>> run = read_run("out")                                        # doctest: +SKIP
@@ -322,8 +281,7 @@ def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
 
 
 def copy_problem(directory: str | os.PathLike[str]) -> str | None:
-    """Why a checkpoint's forgetwatch folder is not a whole copy, or ``None`` when it is: its manifest is there
-    and every file it names has the size and sha256 it lists.
+    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``.
 
     Example:
         >>> copy_problem("/nonexistent/forgetwatch")
@@ -363,8 +321,7 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
 
 @dataclass(frozen=True)
 class Expected:
-    """What answers must match to serve as this run's base; ``keys`` (``model_key``, ``weights_key``) are
-    compared with a cached snapshot's ``meta`` (a given or resumed base need only cover the probes, scored alike)."""
+    """What answers must match to serve as this run's base; ``keys`` are checked on a cached snapshot only."""
 
     fingerprint: str
     scoring: Mapping[str, Any]
@@ -372,7 +329,6 @@ class Expected:
     keys: Mapping[str, str]
 
     def problem(self, answers: Answers, keys: Mapping[str, str] | None = None) -> str | None:
-        """Why ``answers`` cannot be the base (``None`` if they can), checking ``keys`` too."""
         return answers.mismatch(fingerprint=self.fingerprint, scoring=self.scoring, ids=self.ids, meta=keys)
 
 
@@ -384,15 +340,7 @@ def stored_base(
     resume_dirs: Sequence[Path] = (),
     step: int = 0,
 ) -> Answers | None:
-    """The base answers a run finds on disk or was given, or ``None`` when they must be scored now: ``base=``
-    answers if they cover these probes, scored alike; on resume (``resume_dirs``, the checkpoint's first) the
-    original run's snapshot, which must exist (the resumed weights have moved); else a snapshot cached in
-    ``run_dir`` for this very model and weights.
-
-    Raises:
-        AnswersMismatchError: ``base=`` answers that cannot serve.
-        FileNotFoundError: no snapshot to resume from (the message says where it looked and what to pass).
-    """
+    """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
         problem = expected.problem(answers)
@@ -454,24 +402,18 @@ def stored_base(
 
 
 class NotWritableError(OSError):
-    """forgetwatch cannot write its files where it was told to (raised when training begins)."""
+    """forgetwatch cannot write its files where it was told to (raised before training)."""
 
 
 class RunStore:
-    """The run's files in one directory, and their copies into checkpoints.
-
-    Writes made during training never raise: a failed write (disk full, permissions, a directory where a file
-    should be) logs one warning, keeps what was not written in memory, and is retried at the next write or
-    :meth:`flush`; :attr:`pending` counts what is still owed. The files written once per run are kept in memory
-    too: a run directory deleted during training gets them back. :meth:`check_writable`, :meth:`claim` and
-    :meth:`set_aside` are the checks that fail fast, before training.
-    """
+    """The run's files in one directory, and their copies into checkpoints. A failed write during training warns
+    once, is kept in memory and retried (:attr:`pending`); only the checks before training raise."""
 
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
         self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
-        # the history as the file holds it before the unwritten records (None: read when a rewrite needs it).
-        # Once records are unwritten, the next write rewrites the whole file: no half-written line stays inside.
+        # the history on disk before the unwritten records (None: read when needed); once records are
+        # unwritten, the next write rewrites the whole file: no half-written line stays inside
         self._written: list[dict[str, Any]] | None = None
         self._unwritten: list[dict[str, Any]] = []
         self._kept: dict[str, Callable[[Path], Any]] = {}  # the files written once, each as the function writing it
@@ -493,13 +435,10 @@ class RunStore:
 
     @property
     def pending(self) -> int:
-        """Writes still owed to the disk (history records, files written once, checkpoint copies); ``0``: none."""
         return len(self._unwritten) + len(self._owed) + len(self._copies)
 
     def check_writable(self) -> None:
-        """Raise :class:`NotWritableError` unless files can be written here: call it when training begins, the one
-        time monitoring may stop a run.
-        """
+        """Raise :class:`NotWritableError` unless files can be written here."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             for path in (self.snapshot_path, self.history_path):
@@ -517,12 +456,8 @@ class RunStore:
             ) from err
 
     def claim(self) -> None:
-        """Take the run directory for this run alone (``watch.lock`` names this process): a live watch of another
-        process keeps it (:class:`NotWritableError`); an ended one's lock is taken over with a warning. In this
-        process a later store takes the directory over, with a warning: the earlier one writes nothing more there,
-        or, when this run sets its files aside, goes on among them. :meth:`release`, this store's collection and
-        the end of the process free the directory.
-        """
+        """Take the run directory for this run alone (``watch.lock``): a live watch of another process keeps it
+        (:class:`NotWritableError`), an ended one's is taken over; in this process a later store takes it over."""
         if self._lock is not None and self._lock.alive:
             return
         path = self.dir / LOCK
@@ -551,16 +486,12 @@ class RunStore:
         self._lock = weakref.finalize(self, _unlock, path, text)
 
     def release(self) -> None:
-        """The run is over: another watch may use the directory (the lock this store wrote is removed)."""
         if self._lock is not None:
             self._lock()
 
     def set_aside(self) -> Path | None:
-        """Before a fresh run: move every file an earlier run left here (a repair method's, its last answers and
-        damaged histories included) into one new ``previous-<n>`` folder, none overwritten or mixed with this
-        run's. Files go into ``previous.partial``, renamed at the end: one cut short (kill -9) is completed by the
-        next fresh run. The folder, if there was anything to move; :class:`NotWritableError` if they cannot move.
-        """
+        """Before a fresh run: move an earlier run's files into a new ``previous-<n>`` (via ``previous.partial``,
+        which the next run completes if this is cut short); the folder, if anything moved."""
         partial = self.dir / f"{PREVIOUS}.partial"
         names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
         names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
@@ -585,9 +516,7 @@ class RunStore:
         return aside
 
     def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
-        """Remove the temporary files that writes cut short (kill -9) left here and in ``folders`` (checkpoints'
-        forgetwatch folders), only forgetwatch's own, by name; the paths removed. Call it when training begins.
-        """
+        """Remove forgetwatch's own temporary files left by writes cut short, here and in ``folders``."""
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
             for path in leftover_temporaries(folder, (*self.files, LATEST, LOCK)):
@@ -610,8 +539,7 @@ class RunStore:
     # -- the files written once ----------------------------------------------------------------
 
     def save_snapshot(self, answers: Answers, *, copy_of: Path | None = None) -> bool:
-        """Write the base answers (``copy_of``: a snapshot file holding them, linked here) and keep them for
-        checkpoints. Whether they are on disk."""
+        """Write the base answers (``copy_of``: a file holding them, linked here); whether they are on disk."""
         if copy_of is not None:
             self._kept[SNAPSHOT] = answers.save
             with contextlib.suppress(OSError):  # else written below
@@ -620,12 +548,10 @@ class RunStore:
         return self.keep(SNAPSHOT, answers.save)
 
     def save_probes(self, probes: Any) -> bool:
-        """Write the probe set beside the history, for reports."""
         return self.keep(PROBES, probes.to_jsonl)
 
     def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
-        """Write a file made once for the run (one of :attr:`files`) with ``write(path)`` and keep it for
-        checkpoints; a failure warns and is retried. Whether it is on disk."""
+        """Write a file made once for the run with ``write(path)``, kept for checkpoints; whether it is on disk."""
         if self._gone():
             return False
         self._kept[name] = write
@@ -633,8 +559,7 @@ class RunStore:
         return self._try_once(name)
 
     def save_latest(self, answers: Answers) -> bool:
-        """The last evaluation's answers, replaced at each evaluation and not copied into checkpoints. A failure
-        warns; the report then says only right or wrong."""
+        """The last evaluation's answers (not copied into checkpoints); a failure warns."""
         if self._gone():
             return False
         try:
@@ -652,15 +577,14 @@ class RunStore:
     # -- the history ---------------------------------------------------------------------------
 
     def save_history(self, records: list[dict[str, Any]]) -> bool:
-        """Replace the whole history (at the start of a run, or after a resume). Whether it is on disk."""
+        """Replace the whole history; whether it is on disk."""
         if self._gone():
             return False
         self._written, self._unwritten = [], list(records)
         return self._try_history()
 
     def append_history(self, record: dict[str, Any]) -> bool:
-        """Add one record: one write of one whole line, flushed to disk (a crash can cut only this line short,
-        and reading drops such a line). Whether everything is on disk (see :attr:`pending`)."""
+        """Add one record in one write of one line, flushed (a crash can cut only it short); whether all is on disk."""
         if self._gone():
             return False
         self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
@@ -682,9 +606,8 @@ class RunStore:
         return self.flush()
 
     def set_aside_damaged(self, records: int) -> Path | None:
-        """Before a resume rewrites the history with the ``records`` it could read: move the history file, which
-        holds unreadable records, to ``history.jsonl.damaged-<n>`` (never overwritten). Its new path, if there was
-        a file; :class:`NotWritableError` if it cannot be moved."""
+        """Move a history file holding unreadable records to ``history.jsonl.damaged-<n>``, before a resume rewrites
+        it with the ``records`` it could read."""
         if not self.history_path.is_file():
             return None
         aside = self._free_name(f"{HISTORY}.damaged")
@@ -709,11 +632,8 @@ class RunStore:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def copy_to(self, directory: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> bool:
-        """Copy every file of the run into ``directory`` (a checkpoint's forgetwatch folder), unwritten records
-        included, with ``extra`` (file name → JSON value, a repair method's state at this step); then the manifest
-        that makes the copy whole (see :func:`copy_problem`). A failure is retried at the next write. Whether
-        everything is on disk.
-        """
+        """Copy every file of the run, with ``extra`` (name → JSON value), into ``directory``, then the manifest that
+        makes the copy whole; a failure is retried at the next write. Whether everything is on disk."""
         if self._gone():
             return False
         target = Path(directory)
@@ -724,7 +644,7 @@ class RunStore:
         return self.pending == 0
 
     def flush(self) -> bool:
-        """Retry every write still owed (one warning per failure). Whether everything is on disk."""
+        """Retry every write still owed; whether everything is on disk."""
         if self._gone():
             return False
         self._find_lost()
@@ -741,7 +661,6 @@ class RunStore:
     # -- inside --------------------------------------------------------------------------------
 
     def _gone(self) -> bool:
-        """Whether another watch of this process took the directory over (said once): nothing more is written."""
         if self._superseded and not self._superseded_said:
             self._superseded_said = True
             logger.warning(
@@ -752,14 +671,13 @@ class RunStore:
         return self._superseded
 
     def _free_name(self, stem: str) -> Path:
-        """``stem-1`` in the run directory, or ``stem-2``, ``stem-3``, ... if taken."""
         n = 1
         while (self.dir / f"{stem}-{n}").exists():
             n += 1
         return self.dir / f"{stem}-{n}"
 
     def _find_lost(self) -> None:
-        """Files written here that are gone (the run directory deleted during training): owed again, said once."""
+        # files written here that are gone (the run directory deleted during training): owed again, said once
         lost = [name for name in self._kept if name not in self._owed and not (self.dir / name).exists()]
         if self._written and not self.history_path.exists():
             self._written, self._unwritten = [], self._written + self._unwritten
@@ -796,7 +714,6 @@ class RunStore:
         return _try(lambda: self._copy(target, extra), target, "this checkpoint's forgetwatch files are")
 
     def _records(self) -> list[dict[str, Any]]:
-        """The whole history: what is on disk, then what is not yet."""
         if self._written is None:
             self._written = read_history(self.history_path) if self.history_path.is_file() else []
         return self._written + self._unwritten
@@ -830,7 +747,6 @@ class RunStore:
 
 
 def _try(write: Callable[[], None], path: Path, what: str) -> bool:
-    """Whether ``write`` succeeded; a failure is logged, not raised."""
     try:
         write()
     except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
@@ -850,8 +766,7 @@ def _warn(path: Path, err: BaseException, what: str) -> None:
 
 
 def _left_by(path: Path) -> str | None:
-    """Who left the lock at ``path``, a process that has ended; ``None``: this process. A live watch of another
-    process holding it: :class:`NotWritableError`."""
+    """Who left the lock at ``path``, an ended process (``None``: this one); a live one raises."""
     try:
         holder = json.loads(path.read_text(encoding="utf-8"))
         pid, host = int(holder["pid"]), str(holder["host"])
@@ -871,7 +786,6 @@ def _left_by(path: Path) -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (where that cannot be asked, it is taken to)."""
     if os.name != "posix":  # os.kill would end it there
         return True
     try:
@@ -884,14 +798,12 @@ def _alive(pid: int) -> bool:
 
 
 def _unlock(path: Path, text: str) -> None:
-    """Remove the lock at ``path`` if it is still the one written (``text``), not a taker-over's."""
     with contextlib.suppress(OSError):  # gone already, or its folder with it
         if path.read_text(encoding="utf-8") == text:
             path.unlink()
 
 
 def _digest(path: Path) -> dict[str, Any]:
-    """A file's size and sha256, as a manifest lists them."""
     h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

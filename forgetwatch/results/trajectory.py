@@ -1,14 +1,4 @@
-"""Per-probe correctness over a whole run (the base at step 0, then each evaluation) and its drift signal.
-
-A *forgetting event* is a probe going from right at one evaluation to wrong at the next (Toneva et al., 2019); a
-probe is *persistently forgotten* when right at the base and wrong at the last two evaluations. Each history record
-carries its evaluation's column; :func:`forgetwatch.load_trajectory` reads them back.
-
-Example:
-    >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
-    >>> t.forgetting_events().tolist(), t.persistent().tolist(), t.survival().tolist()
-    ([1, 1], [False, False], [1.0, 0.5, 0.0])
-"""
+"""Per-probe correctness over a whole run (the base at step 0, then each evaluation) and its drift signal."""
 
 from __future__ import annotations
 
@@ -26,15 +16,14 @@ from forgetwatch.results.report import TransitionReport
 
 
 class Trajectory:
-    """Whether each probe was right, and its drift signal, at the base and each evaluation.
+    """Whether each probe was right, and its drift signal, at the base (step ``0``) and each evaluation
+    (``correct`` and ``signal``: probes × steps). A *forgetting event* is a probe going from right at one
+    evaluation to wrong at the next (Toneva et al., 2019).
 
-    Args:
-        ids: probe ids, in probe order.
-        categories: each probe's category.
-        steps: ``0`` for the base, then each evaluation's global step.
-        correct: probes × steps.
-        signal: probes × steps (NaN where not scored); default all NaN.
-        fingerprint: the probe set's fingerprint (its columns in a history carry it).
+    Example:
+        >>> t = Trajectory(["a", "b"], ["x", "x"], [0, 10, 20], [[1, 0, 1], [1, 1, 0]])
+        >>> t.forgetting_events().tolist(), t.persistent().tolist(), t.survival().tolist()
+        ([1, 1], [False, False], [1.0, 0.5, 0.0])
     """
 
     def __init__(
@@ -60,7 +49,6 @@ class Trajectory:
 
     @classmethod
     def start(cls, base: Answers) -> Trajectory:
-        """The trajectory of a run before its first evaluation: the base column alone."""
         return cls(
             base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None], base.probe_fingerprint
         )
@@ -114,8 +102,7 @@ class Trajectory:
     # -- over the run ------------------------------------------------------------------------
 
     def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
-        """At each step, the share of base-correct probes (of ``rows``, default all) with no forgetting event up
-        to it; NaN where none was right at the base."""
+        """At each step, the share of base-correct probes (of ``rows``) with no forgetting event up to it."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         correct = self.correct[rows]
         right = correct[:, 0]
@@ -126,8 +113,8 @@ class Trajectory:
         return unbroken[right].mean(axis=0)
 
     def metrics(self, rows: ArrayLike | None = None) -> dict[str, float]:
-        """The latest evaluation's figures for ``rows`` (default all): ``forgetting_events`` (so far, summed) and,
-        from the second evaluation on, ``forgetting_persistent`` (the share persistently forgotten)."""
+        """The latest evaluation's figures for ``rows``: ``forgetting_events`` (summed) and, from the second
+        evaluation on, ``forgetting_persistent``."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
         out = {"forgetting_events": float(self.forgetting_events()[rows].sum())}
         n = len(self.correct[rows])
@@ -138,7 +125,7 @@ class Trajectory:
     # -- a column as a history record stores it ----------------------------------------------
 
     def column(self, position: int = -1) -> dict[str, str]:
-        """One evaluation's column as a history record stores it (:func:`~forgetwatch.results.history.encode_column`)."""
+        """One evaluation's column as a history record stores it."""
         return encode_column(self.fingerprint, self.correct[:, position], self.signal[:, position])
 
     def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
@@ -150,9 +137,8 @@ class Trajectory:
 
     @classmethod
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
-        """The trajectory of a run from its base answers and history records (one without a column: correctness from
-        its ids, no signal); a column of another probe set or size raises a
-        :class:`~forgetwatch.results.history.HistoryError` naming the record's step and the field."""
+        """The trajectory of a run from its base answers and history records (a record without a column: from its
+        ids, no signal); a column of another probe set raises a ``HistoryError`` naming the step and field."""
         trajectory = cls.start(base)
         n = len(base)
         for record in records:
@@ -173,8 +159,7 @@ class Trajectory:
 def with_trajectory_metrics(
     report: TransitionReport, trajectory: Trajectory, categories: Sequence[str] | None = None
 ) -> TransitionReport:
-    """``report`` with the trajectory's figures (:meth:`Trajectory.metrics`), overall and per category
-    (``categories``: each probe's as the report was made with, default the trajectory's)."""
+    """``report`` with the trajectory's figures, overall and per category (``categories``: as the report's)."""
     rows: dict[str, list[int]] = {}
     for i, category in enumerate(trajectory.categories if categories is None else categories):
         rows.setdefault(category, []).append(i)

@@ -1,14 +1,20 @@
-"""What a model is, for a base snapshot to be reused only for it: its configuration's key and its weights' key
-(where the snapshot is found: :func:`forgetwatch.results.run_files.stored_base`)."""
+"""The base model: keys that say which model a snapshot is of (reused only for it), and a PEFT model's
+base as the same network with its adapters off."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+from collections.abc import Iterator
 
 import torch
 
 from forgetwatch.common.distributed import Ranks
+from forgetwatch.scoring.borrow import unwrap
+
+logger = logging.getLogger(__name__)
 
 # config fields that change without the model changing: where it was loaded from (a GGUF's
 # general.name included), how its weights were stored (a GGUF file's quantization_config: its
@@ -29,8 +35,6 @@ VOLATILE_CONFIG = (
 
 def model_key(model: torch.nn.Module) -> str:
     """What the model is: its architecture and configuration (the same after training steps)."""
-    from forgetwatch.scoring.borrow import unwrap
-
     config = getattr(unwrap(model), "config", None)
     described = config.to_dict() if hasattr(config, "to_dict") else {}
     for volatile in VOLATILE_CONFIG:
@@ -39,26 +43,9 @@ def model_key(model: torch.nn.Module) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _held_here(p: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The values of ``p`` this process holds, and whether they are only its shard: DeepSpeed
-    ZeRO-3 keeps a partition in ``ds_tensor`` (the parameter itself is an empty placeholder),
-    FSDP a ``DTensor`` shard."""
-    if hasattr(p, "ds_tensor"):
-        return p.ds_tensor, True
-    if hasattr(p, "to_local"):
-        return p.to_local(), True
-    return p, False
-
-
 def weights_key(model: torch.nn.Module, ranks: Ranks | None = None) -> str:
-    """A cheap signature of the weights: a few strided values of every parameter.
-
-    Catches a snapshot cached for other weights under the same name and configuration (a
-    re-trained base saved to the same path) without reading every parameter. When parameters
-    are sharded (ZeRO-3, FSDP), each rank hashes its own shards and the key joins every rank's
-    part, so it stands for the whole model (and for the same number of ranks: a cache made on
-    another world size is recomputed, never wrongly reused). All ranks of ``ranks`` must call
-    it together. Meta tensors count by name only.
+    """A cheap signature of the weights: a few strided values of every parameter. Sharded parameters (ZeRO-3's
+    ``ds_tensor``, FSDP's ``DTensor``) are hashed per rank and joined (all ranks call it together).
 
     Example:
         >>> weights_key(torch.nn.Linear(2, 2)) != weights_key(torch.nn.Linear(2, 2))
@@ -69,8 +56,8 @@ def weights_key(model: torch.nn.Module, ranks: Ranks | None = None) -> str:
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             h.update(name.encode())
-            local, is_shard = _held_here(p)
-            sharded |= is_shard
+            local = p.ds_tensor if hasattr(p, "ds_tensor") else p.to_local() if hasattr(p, "to_local") else p
+            sharded |= local is not p
             if local.is_meta or not local.numel():
                 continue
             flat = local.detach().reshape(-1)
@@ -81,3 +68,33 @@ def weights_key(model: torch.nn.Module, ranks: Ranks | None = None) -> str:
     if sharded and ranks.size > 1:  # each rank saw only its shards
         digest = hashlib.sha256("".join(ranks.gather_json(digest)).encode()).hexdigest()
     return digest[:16]
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Run the block with the model's PEFT adapters disabled: with additive adapters such as LoRA the model
+    before training, exactly, at any step."""
+    peft = unwrap(model)
+    if not (hasattr(peft, "disable_adapter") and hasattr(peft, "peft_config")):
+        raise ValueError(
+            f"base='adapter_disabled' needs a PEFT model (peft.get_peft_model, or peft_config= "
+            f"in a TRL trainer), but the model is a {type(peft).__name__} without "
+            "adapters; leave base unset to snapshot the model before training instead"
+        )
+    if getattr(peft, "is_prompt_learning", False):
+        raise ValueError(
+            "base='adapter_disabled' needs additive adapters such as LoRA; prompt-learning "
+            "adapters (prefix or prompt tuning) cannot be disabled in place"
+        )
+    adapters = tuple(f".{name}." for name in peft.peft_config)
+    training = [n for n, p in peft.named_parameters() if p.requires_grad and not any(a in n for a in adapters)]
+    if training:  # disabled adapters give the original model only if nothing else trains
+        logger.warning(
+            "forgetwatch: base='adapter_disabled', but %d parameter(s) outside the adapters are "
+            "trained (e.g. %s): with the adapters disabled the model is no longer the one "
+            "before training",
+            len(training),
+            training[0],
+        )
+    with peft.disable_adapter():
+        yield

@@ -1,9 +1,5 @@
-"""When to re-evaluate during training: every N steps, or within a share of wall time.
-
-Both answer ``due(step)`` on every optimizer step, so that must cost next to nothing: a
-modulo for the fixed interval, one integer comparison for the budget (the clock is read only
-at the steps it planned to look at).
-"""
+"""When to re-evaluate during training: every N steps, or within a share of wall time. ``due(step)`` runs on
+every optimizer step, so it costs a modulo or one integer comparison (the clock is read only at planned steps)."""
 
 from __future__ import annotations
 
@@ -17,10 +13,7 @@ Agree = Callable[[list[int]], list[int]]
 
 
 class EverySteps:
-    """Evaluate every ``n`` optimizer steps.
-
-    It also says what that costs (:meth:`pace`): the training time per step is read from the
-    clock at each evaluation's end and the next one's start, never on the steps between.
+    """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`).
 
     Example:
         >>> s = EverySteps(50)
@@ -42,17 +35,14 @@ class EverySteps:
         return step % self.n == 0
 
     def spent(self, seconds: float) -> None:
-        """Monitoring outside an evaluation (a checkpoint's copy): not training time."""
         self._other += seconds
 
     def evaluated(self, step: int, seconds: float) -> None:
         self._since, self._other = (self.clock(), step), 0.0
 
     def pace(self, step: int, began: float, cost: float) -> tuple[str | None, str | None]:
-        """For an evaluation at ``step`` that began at ``began`` and took ``cost`` seconds: what
-        it cost in training steps (for the console line), and, the first time the interval
-        spends more than ``max_overhead`` of wall time, a warning saying how often the budget
-        would evaluate; ``None`` for what cannot be measured (no training step since the last).
+        """For an evaluation at ``step`` that began at ``began`` and took ``cost`` seconds: its cost in
+        training steps, and, once, a warning when the interval spends more than ``max_overhead``.
 
         Example:
             >>> s = EverySteps(8, clock=lambda: 100.0)
@@ -87,25 +77,12 @@ def duration(x: float) -> str:
 
 
 class Budget:
-    """Evaluate as often as keeps monitoring within ``max_overhead`` of wall time.
+    """Evaluate as often as keeps monitoring (start-up, evaluations, copies) within ``max_overhead`` of wall time.
 
-    Monitoring time counts everything the run spent before training (``spent`` at start: the
-    base snapshot, its noise check, train KL's base, files), every evaluation, and any other
-    monitoring (:meth:`spent`); the rest of the wall time is training. An evaluation is due
-    once training has run long enough that one more, costing what the last one did, keeps the
-    share within budget: ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) /
-    max_overhead``, where ``reserve`` holds back the cost of evaluations the schedule does not
-    pace (the one at the end of training), so the whole run stays within budget; and once the
-    training since the last evaluation alone pays for one (``cost * (1 - max_overhead) /
-    max_overhead``), so a long pause (a checkpoint, a trainer evaluation) does not release a
-    burst of them. Before the first evaluation, ``cost`` is what the run expects one to cost
-    (given at start); if that is not known, the first evaluation comes at once and measures
-    it. Between checks the next one is planned in steps, from the measured step time, at most
-    doubling the steps seen so far while that estimate is young.
-
-    In a distributed run every rank must evaluate at the same steps, but their clocks differ:
-    ``agree`` makes each check's outcome rank 0's (see :mod:`forgetwatch.common.distributed`).
-    Checks fall on the same steps everywhere, so it is called in step on every rank.
+    Due once ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: the
+    evaluations it does not pace, such as the one at the end) and the training since the last evaluation alone
+    pays for one (no burst after a long pause). An unknown ``cost`` makes the first evaluation come at once.
+    ``agree`` makes each check's outcome rank 0's: ranks' clocks differ.
 
     Example:
         >>> clock = iter([100.0, 110.0]).__next__
@@ -131,8 +108,7 @@ class Budget:
         self._t0: float | None = None
 
     def start(self, step: int, spent: float = 0.0, cost: float | None = None) -> None:
-        """Training starts (or resumes) at ``step``; ``spent`` seconds went to monitoring
-        before it, and an evaluation will cost about ``cost`` seconds (``None``: unknown)."""
+        """Training starts at ``step`` after ``spent`` seconds of monitoring; an evaluation costs about ``cost``."""
         self._t0 = self.clock()
         self._step0 = step
         self._spent = spent  # all monitoring time, for the budget
@@ -141,7 +117,6 @@ class Budget:
         self._cost = cost
         self._next = step + 1
         #: at the last check that found none due, the step the next evaluation would come at
-        #: if steps keep their pace (``None`` before such a check)
         self.projected: int | None = None
 
     def due(self, step: int) -> bool:
@@ -153,7 +128,7 @@ class Budget:
         return bool(due)
 
     def _decide(self, step: int) -> list[int]:
-        """``[due, next check step]`` by this rank's clock."""
+        # [due, next check step] by this rank's clock
         if self._cost is None:
             return [1, step + 1]
         train = self._trained()
@@ -180,14 +155,8 @@ class Budget:
         self._spent_since_start += seconds
 
     def evaluated(self, step: int, seconds: float) -> None:
-        """An evaluation at ``step`` took ``seconds`` (any evaluation: scheduled or not)."""
         self._spent += seconds
         self._spent_since_start += seconds
         self._cost = seconds
         self._trained_at_last = self._trained()
         self._next = step + 1
-
-    @property
-    def next_check(self) -> int:
-        """The step at which ``due`` next looks at the clock."""
-        return self._next

@@ -1,5 +1,4 @@
-"""When to stop a run that forgets too much: thresholds, patience, an optional significance guard.
-A resumed run rebuilds it by replaying its history's reports."""
+"""When to stop a run that forgets too much: thresholds, patience, an optional significance guard."""
 
 from __future__ import annotations
 
@@ -19,12 +18,9 @@ class StopRule:
         max_forgetting: threshold on the overall rate (``None``: no overall threshold).
         metric: ``"forgetting"`` (raw F) or ``"forgetting_adjusted"`` (chance-adjusted).
         patience: consecutive evaluations over a threshold before stopping.
-        significance: compare the Wilson 95 % lower bound instead of the estimate, so a
-            small probe set's noise alone does not stop a run. For the adjusted rate the
-            bound is shifted by the same chance correction as the estimate.
+        significance: compare the Wilson 95 % lower bound (shifted by any chance correction) instead.
         category_max_forgetting: thresholds for single categories, each counted separately.
-        noise_floor: with ``significance``, the share of probes that flip with no weight change
-            (overall under ``"overall"``, and per category): taken off the lower bound first.
+        noise_floor: with ``significance``, the share that flips with no weight change, by scope.
 
     Example:
         >>> rule = StopRule(max_forgetting=0.05, patience=2)
@@ -71,8 +67,7 @@ class StopRule:
         return "; ".join(reasons) or None
 
     def value(self, report: TransitionReport, noise: float = 0.0) -> float:
-        """The number compared with the threshold (NaN compares as never over it); with
-        ``significance``, less ``noise`` (the share that flips by itself)."""
+        """The number compared with the threshold (NaN is never over it)."""
         estimate = float(getattr(report, self.metric))
         if not self.significance:
             return estimate

@@ -1,19 +1,5 @@
-"""``forgetwatch/drift/train_kl``: a forgetting signal that needs no probes (see the docs' "Train KL").
-
-At each evaluation, the mean KL(base ‖ current) per target token on a fixed seeded sample of the
-training data (at most ``train_kl_rows`` rows of at most :data:`MAX_TOKENS` tokens). The base's
-distribution on them (its :data:`TOP_K` most likely tokens and the mass outside them) is measured once
-when training begins, within :data:`SHARE` of what scoring the probes took (fewer rows, a seeded
-sample, when all would take longer), and kept as ``train_kl.npz``: a resume reads it back, never
-measures it from moved weights. A signal, not a training input: when it cannot be measured it is off
-for the run, with one warning.
-
-Example:
-    >>> signal = TrainKL(max_rows=128)
-    >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
-    >>> signal.measure(model, Ranks.alone())                        # doctest: +SKIP
-    {'train_kl': 0.0, 'rows': 2, 'tokens': 4, 'seconds': 0.003}
-"""
+"""``forgetwatch/drift/train_kl``: the mean KL(base ‖ current) per target token on a seeded sample of the
+training rows, a forgetting signal that needs no probes (see docs/measures.md, "Train KL")."""
 
 from __future__ import annotations
 
@@ -57,27 +43,17 @@ logger = logging.getLogger("forgetwatch")
 MAX_TOKENS = 512
 #: the base's most likely tokens kept per target position (with the mass outside them)
 TOP_K = 32
-#: in a Watch the base may take this long even when the probes were scored faster (or their
-#: cost is not known): a start-up of seconds is paid for by a few minutes of training
-MIN_SECONDS = 5.0
-#: The share of a scoring of the probes train KL's base may take (and each evaluation's forward over its rows).
-SHARE = 0.25
-#: The fewest rows it is measured on when time is short.
-MIN_ROWS = 8
+#: the base may take SHARE of what scoring the probes took, at least MIN_SECONDS, on at least MIN_ROWS rows
+SHARE, MIN_SECONDS, MIN_ROWS = 0.25, 5.0, 8
 _FORMAT = "forgetwatch.train_kl"
 _NAME = "train KL (forgetwatch/drift/train_kl)"
 
 
 @dataclass(frozen=True)
 class TrainRows:
-    """Token rows of the training data, each ``(token_ids, start)``: the measured positions
-    predict the tokens ``start .. len(token_ids) - 1`` (``start >= 1``).
-
-    ``source`` says where they come from ("trainer", "sft", "dpo", "kto", "grpo", or "given").
-    For "grpo" each row is a prompt alone (``start == len(token_ids)``) and ``max_new_tokens > 0``:
-    the base's greedy completion of at most that many tokens is appended when training begins
-    (the row cut to :data:`MAX_TOKENS`), and its tokens are measured. Otherwise
-    ``max_new_tokens`` is 0 and the rows are complete.
+    """Token rows of the training data, each ``(token_ids, start)``, measured from ``start`` on; ``source``:
+    "trainer", "sft", "dpo", "kto", "grpo" or "given". For GRPO each row is a prompt, completed by the base
+    (at most ``max_new_tokens``) when training begins.
 
     >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
     True
@@ -89,19 +65,15 @@ class TrainRows:
 
     @property
     def complete(self) -> bool:
-        """Whether the rows hold their targets already (``False``: a completion is still to be generated)."""
         return self.max_new_tokens == 0
 
 
-#: what ``Watch.start(train_rows=...)`` takes: :class:`TrainRows`, or token-id lists (every token
-#: but the first a target), or ``(token_ids, start)`` pairs
+#: what ``Watch.start(train_rows=...)`` takes
 RowsLike = TrainRows | Sequence[Sequence[int] | tuple[Sequence[int], int]]
 
 
 def as_train_rows(rows: RowsLike, max_rows: int, seed: int = 0) -> TrainRows:
-    """``rows`` as :class:`TrainRows`: at most ``max_rows`` of them (a seeded sample, in their
-    order, when there are more), complete rows cut to :data:`MAX_TOKENS` tokens and those left
-    with no target dropped. A ``ValueError`` says what is wrong with rows that are not token ids.
+    """``rows`` as :class:`TrainRows`: at most ``max_rows`` (a seeded sample, in order), cut to :data:`MAX_TOKENS`.
 
     Example:
         >>> as_train_rows([[1, 5, 6], ([1, 8, 9], 2), [4]], max_rows=128)
@@ -139,12 +111,7 @@ def _whole(value: Any) -> bool:
 
 
 def rows_key(tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> str:
-    """A hash of the rows' tokens and starts, in order.
-
-    Example:
-        >>> rows_key([[1, 2, 3]], [1]) == rows_key([[1, 2, 3]], [2])
-        False
-    """
+    """A hash of the rows' tokens and starts, in order."""
     h = hashlib.sha256()
     for ids, start in zip(tokens, starts):
         h.update(np.asarray(ids, dtype=np.int64).tobytes())
@@ -153,15 +120,15 @@ def rows_key(tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> str:
 
 
 class TrainKL:
-    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training
-    begins (the base measured once, or read back on resume), :meth:`measure` at each evaluation.
+    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training begins (the base
+    measured once, or read back on resume), :meth:`measure` at each evaluation. ``max_seconds``: about how long
+    measuring the base may take (fewer rows, a seeded sample, when all would take longer).
 
-    Args:
-        max_rows: at most this many rows (``train_kl_rows``).
-        top_k: the base's most likely tokens kept per position (the rest as one tail).
-        seed: which rows, when more are given.
-        max_seconds: about how long measuring the base may take, by ``clock`` (``None``: no
-            limit): fewer rows, a seeded sample, when all of them would take longer.
+    Example:
+        >>> signal = TrainKL(max_rows=128)
+        >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
+        >>> signal.measure(model, Ranks.alone())                        # doctest: +SKIP
+        {'train_kl': 0.0, 'rows': 2, 'tokens': 4, 'seconds': 0.003}
     """
 
     def __init__(
@@ -183,20 +150,15 @@ class TrainKL:
 
     @property
     def on(self) -> bool:
-        """Whether it is measured at each evaluation."""
         return self.base is not None
 
     @property
     def targets(self) -> int:
-        """How many tokens it is measured on."""
         return sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
 
     def begin(self, model: torch.nn.Module, run: RunContext, rows: RowsLike | None) -> None:
-        """Training begins (or resumes): on a fresh run (and with ``base="adapter_disabled"``) the
-        base's distribution on ``rows`` is measured (a GRPO prompt's completion generated first)
-        and kept as ``train_kl.npz``; on resume the first kept copy that checks out is read back.
-        Off (``rows`` is ``None``, a sharded model, no usable copy, a failure) leaves it off, said
-        in one line; malformed ``rows`` raise a ``ValueError`` here, before any training."""
+        """Training begins: the base's distribution on ``rows`` measured and kept as ``train_kl.npz``, or on
+        resume read back. What cannot be done leaves it off, said in one line; malformed rows raise here."""
         self.base, self._run = None, run
         if rows is None:
             return
@@ -238,14 +200,12 @@ class TrainKL:
             if run.writes:
                 logger.info("forgetwatch: %s is off: none of the training rows has a token to measure", _NAME)
             return
-        self._set(base, [ids for ids, _ in pairs], [s for _, s in pairs], given.source)
+        self.base, self.tokens, self.starts = base, [ids for ids, _ in pairs], [s for _, s in pairs]
+        self.source = given.source
 
     def _affordable(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> int:
-        """How many of the rows the base can be measured on within ``max_seconds``: all of
-        them when there is no limit or they are :data:`MIN_ROWS` at most; else timed on a
-        seeded sample of an eighth of them (:data:`MIN_ROWS` at most; GRPO's completions
-        included), at least :data:`MIN_ROWS` (not a batch: the scorer's batches hold dozens of
-        long rows, which cost more than the limit on a CPU)."""
+        """How many rows the base can be measured on within ``max_seconds``, timed on a seeded eighth (at most
+        :data:`MIN_ROWS`: the scorer's batches of long rows would cost more than the limit on a CPU)."""
         rows = len(given.rows)
         if self.max_seconds is None or rows <= MIN_ROWS:
             return rows
@@ -261,9 +221,7 @@ class TrainKL:
     def _measured(
         self, model: torch.nn.Module, run: RunContext, given: TrainRows, given_key: str
     ) -> tuple[list[tuple[list[int], int]], BaseDistribution | None]:
-        """The rows (GRPO's completed) and the base's distribution on them (``None``: no row
-        has a token to measure), keyed by ``given_key``, the rows the run was given (a sample
-        of which ``given`` may be)."""
+        """The rows (GRPO's completed) and the base's distribution on them (``None``: no token to measure)."""
         with run.as_base(model):
             pairs = given.rows if given.complete else self._completed(model, run, given)
             # a row no longer than the model's context (a trainer's rows are, unless given otherwise)
@@ -297,8 +255,6 @@ class TrainKL:
             return pairs, base
 
     def _completed(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> list[tuple[list[int], int]]:
-        """GRPO's prompts with the base's greedy completion appended (and its EOS, if it ended),
-        cut to :data:`MAX_TOKENS`: the completion's tokens are the targets."""
         prompts = [ids for ids, _ in given.rows]
         answers = generate_sharded(
             model,
@@ -312,13 +268,9 @@ class TrainKL:
         rows = [answered_row(p, a, model, run.tokenizer, MAX_TOKENS) for p, a in zip(prompts, answers)]
         return [(ids, start) for ids, start in rows if len(ids) > start]
 
-    def _set(self, base: BaseDistribution, tokens: list[list[int]], starts: list[int], source: str) -> None:
-        self.base, self.tokens, self.starts, self.source = base, tokens, starts, source
-
     # -- the kept file -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        """Write ``train_kl.npz``: the base distribution and the rows it was measured on."""
         lengths = [len(ids) for ids in self.tokens]
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -328,8 +280,7 @@ class TrainKL:
 
     @staticmethod
     def load(path: str | Path) -> tuple[BaseDistribution, list[list[int]], list[int]]:
-        """A ``train_kl.npz`` back: ``(base distribution, rows' tokens, starts)``; a
-        :class:`~forgetwatch.scoring.next_tokens.KeptFileError` says what is wrong with it."""
+        """A ``train_kl.npz`` back: ``(base distribution, rows' tokens, starts)``, or a ``KeptFileError``."""
         base, z = BaseDistribution.read(path)
         if missing := [name for name in ("tokens", "token_offsets", "starts") if name not in z]:
             raise KeptFileError(path, f"damaged or not a train-KL file (no {missing[0]} in it)")
@@ -365,13 +316,12 @@ class TrainKL:
         if found["rejected"] and run.writes:
             why = "; ".join(found["rejected"])
             logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
-        self._set(BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"], kept["source"])
+        self.base, self.tokens, self.starts = BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"]
+        self.source = kept["source"]
 
     @staticmethod
     def _kept(paths: Sequence[Path], expected: dict[str, Any], vocab: int | None) -> dict[str, Any]:
-        """The first of ``paths`` that reads, checks out and carries the ``expected`` key, and why
-        each one before it was passed over: JSON-ready, to share from rank 0 (nodes need not
-        share storage)."""
+        """The first of ``paths`` that checks out, and why each before it did not: JSON-ready, for rank 0 to share."""
 
         def problem(loaded: tuple[BaseDistribution, list[list[int]], list[int]]) -> str | None:
             base, tokens, _ = loaded
@@ -392,13 +342,9 @@ class TrainKL:
     # -- at each evaluation ----------------------------------------------------------------------
 
     def measure(self, model: torch.nn.Module, ranks: Ranks) -> dict[str, float]:
-        """The mean KL(base ‖ ``model``) per target token over the rows (``train_kl``), with how
-        many rows and tokens it is over and the seconds it took; ``{}`` when off. The rows are
-        split over the ranks and the sums added up: every rank gets the same value, bit for bit.
-        The model is borrowed (eval mode, no gradients, random states restored) and forwarded
-        unwrapped, so ranks forwarding different rows never wait on DDP. A failure (on any
-        rank) turns the signal off for the run, with one warning; so does a value that is not a
-        finite number."""
+        """The mean KL(base ‖ ``model``) per target token (``train_kl``), its rows, tokens and seconds; ``{}``
+        when off. Rows are split over the ranks (forwarded unwrapped: no DDP wait), sums added: every rank gets
+        the same value. A failure or a non-finite value turns it off for the run, with one warning."""
         if self.base is None or self._run is None:
             return {}
         began = time.perf_counter()
@@ -418,7 +364,7 @@ class TrainKL:
                 self._run.tokenizer,
                 self.tokens,
                 self.starts,
-                self._pad,
+                pad_id(self._run.tokenizer),
                 self._run.rows_per_batch(model),
                 ranks,
                 kl,
@@ -438,10 +384,6 @@ class TrainKL:
             return {}
         return {"train_kl": value, "rows": n, "tokens": self.targets, "seconds": round(time.perf_counter() - began, 4)}
 
-    @property
-    def _pad(self) -> int:
-        return pad_id(self._run.tokenizer)
-
 
 #: what each entry of a kept file's key stands for, in the message that refuses it
 _KEYS = {
@@ -455,14 +397,12 @@ _KEYS = {
 
 
 def _given_key(given: TrainRows) -> str:
-    """The key of the training rows a run was given (before any completion): another run's
-    kept file, made on other rows of the same base, is refused on resume."""
+    # another run's kept file, made on other rows of the same base, is refused on resume
     return rows_key([ids for ids, _ in given.rows], [start for _, start in given.rows])
 
 
 def _everywhere(run: RunContext, work: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``work()`` on every rank: its result here, and why it failed (``None`` when it failed on
-    no rank; every rank learns of a failure on any, in one collective)."""
+    """``work()`` on every rank: its result, and why it failed on any rank (``None``: on none)."""
     failure: BaseException | None = None
     result = None
     try:
@@ -475,7 +415,6 @@ def _everywhere(run: RunContext, work: Callable[[], Any]) -> tuple[Any, str | No
 
 
 def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarray, starts: np.ndarray) -> str | None:
-    """What is wrong with a kept file's rows against its distribution, or ``None``."""
     for name, a in (("tokens", tokens), ("token offsets", offsets), ("starts", starts)):
         if a.dtype != np.int64 or a.ndim != 1:
             return f"its {name} are not a 1-d int64 array"

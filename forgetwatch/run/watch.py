@@ -1,6 +1,5 @@
-"""Watch: the monitor without a trainer; any training loop drives it. It only orchestrates (scoring,
-comparison, the stop rule, files, sinks and repair live in their own modules), and every cross-rank
-step goes through the one ``Ranks`` it holds."""
+"""Watch: the monitor without a trainer; any training loop drives it. It only orchestrates: scoring,
+comparison, the stop rule, files, sinks and repair live in their own modules."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ from forgetwatch.results.run_files import (
     stored_base,
 )
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
-from forgetwatch.run.adapters import adapters_disabled
-from forgetwatch.run.base import model_key, weights_key
+from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 from forgetwatch.run.repair import Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
@@ -66,14 +64,12 @@ STATE_VERSION = 1
 
 
 def _seconds(value: Any) -> float | None:
-    """A duration read from a file: a number of seconds, else ``None``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     return float(value) if ok else None
 
 
 def as_repair(replay: Repair | Repairable | None) -> Repair | None:
-    """``replay=`` as a repair method: what offers one (a :class:`~forgetwatch.ReplayPool`, replayed
-    with the defaults) gives it; a repair method is taken as it is."""
+    """``replay=`` as a repair method (a :class:`~forgetwatch.ReplayPool` gives one with the defaults)."""
     if isinstance(replay, (str, os.PathLike)):
         raise TypeError(
             f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
@@ -85,12 +81,9 @@ def as_repair(replay: Repair | Repairable | None) -> Repair | None:
 class Watch:
     """Measure per-sample forgetting on a probe set while any training loop runs.
 
-    The base model's answers are scored once at :meth:`start` (or loaded: ``base=``, a cached
-    snapshot in ``output_dir``, or the run's own on resume); then :meth:`evaluate` re-scores
-    the live model and compares, whenever :meth:`due` says so (every ``eval_steps`` steps, or
-    as often as ``max_overhead`` of wall time allows). Each evaluation goes to the history
-    file, the console and every sink; it says whether to stop
-    (``max_forgetting``). In a distributed run every rank calls every method at the same steps.
+    The base's answers are scored (or loaded) once at :meth:`start`; :meth:`evaluate` re-scores the live
+    model whenever :meth:`due` says so, hands the result to every sink and says whether to stop. In a
+    distributed run every rank calls every method at the same steps.
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file, or a list of probe rows.
@@ -107,18 +100,13 @@ class Watch:
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
             :class:`~forgetwatch.ReplayPool` replayed with the defaults.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
-            ``f(report, step)`` called after each evaluation on every rank; a sink runs on rank 0
-            only, unless its ``all_ranks`` is true. They are handed copies (what they change
-            never reaches the run), and a call may take at most :attr:`sink_seconds` (a sink
-            still busy then is dropped for the run, with a warning).
-        clock: what the schedule, ``monitoring_seconds`` and train KL's time for its base read
-            (default ``time.perf_counter``).
+            ``f(report, step)``; on rank 0 unless a sink's ``all_ranks`` is true. They get copies,
+            and a call busy past :attr:`sink_seconds` (default 300) drops the sink, with a warning.
+        clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
 
     Attributes:
-        sink_seconds: how long one call of a user's sink may take before training goes on
-            without it (default 300).
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``
-            (default ``None``: a phrase detector); set it before :meth:`start`.
+            (default: a phrase detector); set it before :meth:`start`.
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -208,20 +196,15 @@ class Watch:
         max_steps: int | None = None,
         train_rows: RowsLike | None = None,
     ) -> BaseSnapshot:
-        """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came
-        first): the base snapshot, scored or loaded; on resume the history up to ``step``; repair
-        begins. Call it on every rank. A bad probe for this model, an unwritable ``output_dir``
-        or a missing snapshot to resume from raise here, before any training.
+        """Training begins (or resumes, when ``step`` > 0 or a :meth:`load_state_dict` came first): the
+        base snapshot, scored or loaded; on resume the history up to ``step``. Call it on every rank; what
+        cannot work (a probe this model cannot score, an unwritable folder) raises here, before training.
 
         Args:
             step: the step training begins at (default: the loaded state's, else 0).
-            output_dir: where the run's files go, when not given to the constructor.
             max_steps: the run's length, if known (to warn when the budget allows no evaluation).
-            train_rows: rows of the training data to measure KL(base ‖ current) on at each
-                evaluation (``forgetwatch/drift/train_kl``, at most ``train_kl_rows`` of them;
-                see :mod:`forgetwatch.run.train_kl`): a :class:`~forgetwatch.run.train_kl.TrainRows`,
-                token-id lists, or ``(token_ids, start)`` pairs whose tokens from ``start`` on are
-                measured. Give the same rows on resume.
+            train_rows: training rows to measure ``forgetwatch/drift/train_kl`` on: token-id lists, or
+                ``(token_ids, start)`` pairs measured from ``start`` on. Give the same rows on resume.
         """
         return self._start(
             model, tokenizer, step=step, output_dir=output_dir, max_steps=max_steps, train_rows=train_rows
@@ -242,11 +225,8 @@ class Watch:
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
     ) -> BaseSnapshot:
-        """:meth:`start`, with what a trainer's adapter knows besides: ``resume_from`` (folders
-        holding a kept copy of the run's files, tried before ``output_dir``), ``leftovers_in``
-        (more folders to clean of interrupted writes), ``sinks`` (the trainer's integrations,
-        before the user's), ``sharded`` (DeepSpeed ZeRO, FSDP) and ``stop_note`` (what the
-        trainer does on stopping at a step, for the stop line)."""
+        """:meth:`start`, with what a trainer's adapter knows besides: checkpoint copies to resume from,
+        folders to clean of cut writes, its own sinks, sharding, and what it does on a stop."""
         began = self.clock()
         if step is None:
             step = int(self._loaded["step"]) if self._loaded else 0
@@ -282,22 +262,16 @@ class Watch:
             self.base_answers, cost = self._base(model, dirs, step, aside)
             self.trajectory = Trajectory.start(self.base_answers)
             self._logged, note = False, None
-            if c.output.log_categories:  # decided on the base's answers: a resume decides the same
+            o, t, base = c.output, c.monitor, self.base_answers
+            if o.log_categories:  # decided on the base's answers: a resume decides the same
+                n = len(self.probes.categories) if self._groups else None
+                grouped = self._groups or base.categories
                 self._logged, note = logged_categories(
-                    self._groups or self.base_answers.categories,
-                    self.base_answers.correct,
-                    c.output.min_logged_right,
-                    c.output.max_logged_categories,
-                    categories=len(self.probes.categories) if self._groups else None,
+                    grouped, base.correct, o.min_logged_right, o.max_logged_categories, categories=n
                 )
-            t = c.monitor
+            noise = noise_by_scope(base.meta)
             self._stop_rule = StopRule(
-                c.max_forgetting,
-                t.metric,
-                t.patience,
-                t.significance,
-                t.category_max_forgetting,
-                noise_floor=noise_by_scope(self.base_answers.meta),
+                c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
             )
             self._sinks = self._build_sinks(sinks, stop_note)
             snapshot = BaseSnapshot(
@@ -361,13 +335,10 @@ class Watch:
 
     def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
         """Score the live model, compare it with the base and hand the :class:`~forgetwatch.Evaluation` to
-        every sink; on every rank. Its ``stop`` says why to stop training, or is ``None``. NaN or infinite
-        log-probabilities are a warning and no evaluation (``None``).
+        every sink; on every rank. NaN log-probabilities are a warning and no evaluation (``None``).
 
-        ``step`` is the optimizer steps the weights have had: a whole number, never before the run's start
-        or the last evaluation (else ``ValueError`` / ``TypeError``, before any scoring). At the last
-        evaluation's step that evaluation is returned again, nothing scored or written (the step names the
-        weights); :meth:`measure` scores weights changed without a step.
+        ``step`` is the optimizer steps the weights have had, never before the run's start or the last
+        evaluation; at the last evaluation's step that evaluation is returned again, nothing scored.
 
         Example:
             >>> watch.evaluate(model, 100).report.forgetting   # doctest: +SKIP
@@ -444,7 +415,7 @@ class Watch:
         return evaluation
 
     def _stop(self, report: TransitionReport) -> str | None:
-        """Why to stop after this evaluation, or ``None``: rank 0 decides for every rank."""
+        # rank 0 decides for every rank
         if not self._stop_rule.active:
             return None
         reason = self._stop_rule.update(report)
@@ -453,7 +424,7 @@ class Watch:
         return None
 
     def _logged_report(self, answers: Answers, report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
-        """``report`` as logged: by category group where the run has groups, with the logged categories only."""
+        """``report`` as logged: by category group where the run has groups, the logged categories only."""
         if not self._logged:
             return dataclasses.replace(report, by_category={})
         if self._groups is not None:
@@ -464,7 +435,6 @@ class Watch:
         return dataclasses.replace(report, by_category=kept)
 
     def _checked_step(self, step: Any) -> int:
-        """``step`` as an ``int``, when it is a whole number not before this run's start or its last evaluation."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise TypeError(
                 f"Watch.evaluate(step={step!r}): a step is a whole number (int), the optimizer steps the "
@@ -485,9 +455,8 @@ class Watch:
         return step
 
     def finish(self, model: torch.nn.Module, step: int, *, close: bool = True) -> Evaluation | None:
-        """Training ended at ``step``: one more evaluation unless this step has one (and
-        ``eval_on_train_end`` is on), then every sink's ``on_end``, once per run; then
-        :meth:`close` (``close=False``: a caller that still saves after this closes it itself)."""
+        """Training ended at ``step``: a last evaluation (``eval_on_train_end``), every sink's ``on_end``,
+        then :meth:`close` unless ``close=False``."""
         evaluation = None
         if not self.finished and self.base_answers is not None:
             if self.config.monitor.eval_on_train_end and not self.evaluated(step):
@@ -500,23 +469,22 @@ class Watch:
         return evaluation
 
     def close(self) -> None:
-        """The run is over: a last try for any write owed (:meth:`flush`), then the run directory
-        is free for another watch. :meth:`finish` calls it; call it yourself for a run that ended
-        without (its loop raised), to start another watch on the directory in this process."""
+        """A last try for any write owed, then the run directory is free for another watch (:meth:`finish`
+        calls it; call it yourself when the loop raised)."""
         self.flush()
         if self.store is not None:
             self.store.release()
 
     def flush(self) -> None:
-        """A last try for any write that failed (it warned): the history, the snapshot, checkpoint copies."""
+        """A last try for any write that failed (it warned)."""
         if self.writes and self.store is not None:
             self.store.flush()
 
     def before_optimizer_step(
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
     ) -> None:
-        """With repair (``replay=``): add its gradient, after the backward pass and any clipping,
-        before ``optimizer.step()``; on every rank. Nothing without repair."""
+        """With ``replay=``: add its gradient after the backward pass and any clipping, before
+        ``optimizer.step()``; on every rank."""
         if self.repair is not None:
             self.repair.before_optimizer_step(model, max_grad_norm=max_grad_norm, grad_scaler=grad_scaler)
 
@@ -525,8 +493,7 @@ class Watch:
         return self.compare(self._score(model))
 
     def compare(self, answers: Answers, categories: Sequence[str] | None = None) -> TransitionReport:
-        """``answers`` against the base answers, with the run's settings (``categories``: each
-        probe's, in place of its own; see :func:`~forgetwatch.compare`)."""
+        """``answers`` against the base answers, with the run's settings (see :func:`~forgetwatch.compare`)."""
         c = self.config
         return compare(
             self.base_answers,
@@ -543,8 +510,8 @@ class Watch:
         return bool(self.history) and self.history[-1][0] == step
 
     def save_to(self, folder: str | os.PathLike[str]) -> None:
-        """Copy the run's files (and the repair's state now) into ``folder``, a checkpoint's
-        ``forgetwatch`` folder, as one whole copy; a failure warns and is retried, never raised."""
+        """Copy the run's files (and the repair's state) into a checkpoint's ``forgetwatch`` folder; a
+        failure warns and is retried, never raised."""
         if self.writes and self.store is not None:
             began = self.clock()
             extra = {f"{self.repair.name}.json": self.repair.state()} if self.repair is not None else None
@@ -556,8 +523,7 @@ class Watch:
     # -- resuming a loop ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a loop keeps in its checkpoint to resume exactly (JSON-ready): the last step it
-        told the watch of, and the repair's state. The history and snapshot are in ``output_dir``.
+        """What a loop keeps in its checkpoint to resume exactly (JSON-ready); the files are in ``output_dir``.
 
         Example:
             >>> json.dump(watch.state_dict(), open("ckpt/forgetwatch.json", "w"))  # doctest: +SKIP
@@ -609,8 +575,7 @@ class Watch:
         return self.output_dir / HISTORY if self.output_dir else None
 
     def summary(self) -> str:
-        """The last evaluation's table, why training stopped (if forgetwatch stopped it), and
-        where the history is: what to print when training ends.
+        """What to print when training ends: the last evaluation's table, why it stopped, where the history is.
 
         Example:
             >>> print(watch.summary())  # doctest: +SKIP
@@ -638,8 +603,7 @@ class Watch:
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> Watch:
-        """A watch with ``config``'s settings (e.g. from a YAML file); ``keywords`` (as for the
-        constructor) win over them.
+        """A watch with ``config``'s settings (e.g. from YAML); ``keywords`` win over them.
 
         Example:
             >>> watch = Watch.from_config(ForgetWatchConfig.from_yaml("fw.yaml"), probes=probes)  # doctest: +SKIP
@@ -658,8 +622,7 @@ class Watch:
         )
 
     def _build_sinks(self, callers: Iterable[Any], stop_note: Callable[[int], str]) -> Sinks:
-        """Which ranks write is decided here, once: the run's own writers on rank 0, the hook
-        and sinks marked ``all_ranks`` everywhere."""
+        # the run's own writers on rank 0, the hook and sinks marked all_ranks everywhere
 
         def here(sinks: Iterable[Any]) -> list[Any]:
             return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
@@ -672,9 +635,7 @@ class Watch:
         return Sinks(here([*mine, *callers]))
 
     def _theirs(self, payload: Any) -> Any:
-        """What the user's sinks and hook are handed: a copy of ``payload``, so that nothing they
-        do to it reaches what the run keeps or writes. The probes are copied once per watch
-        (the lm-eval tasks behind them are shared, not copied)."""
+        """A copy of ``payload`` for the user's sinks: nothing they change reaches the run (the probes copied once)."""
         if not self._user_sinks.sinks:
             return payload
         if self._their_probes is None:
@@ -683,9 +644,6 @@ class Watch:
         return copy.deepcopy(payload, {id(self.probes): self._their_probes})
 
     def _claim(self, leftovers_in: Sequence[Path], fresh: bool) -> str | None:
-        """On rank 0, before any work: the run directory writable and this watch's alone, cleaned
-        of what a kill -9 left half-written (here and in ``leftovers_in``), and, for a ``fresh``
-        run, an earlier run's files set aside together (where they went)."""
         self.store.check_writable()  # the one time a file problem stops training: before it starts
         self.store.claim()
         self.store.remove_leftovers(leftovers_in)
@@ -693,14 +651,12 @@ class Watch:
         return str(aside) if aside else None
 
     def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
-        """Every rank scores its share of the probes; each gets all the answers."""
         return self.scorer(
             model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
         )
 
     def _warn_if_too_short(self) -> None:
-        """At the budget's first look at the clock (the first step it can measure), say if it
-        would evaluate only at the end of this run."""
+        """At the budget's first look at the clock, say if it would evaluate only at the end of this run."""
         projected = self.schedule.projected
         if projected is None and not self.history:
             return
@@ -716,10 +672,7 @@ class Watch:
             )
 
     def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
-        """Where a resumed run looks for its base snapshot, history and repair files, in order:
-        each of ``candidates`` that is a whole copy (see :func:`~forgetwatch.results.run_files.copy_problem`;
-        one that is not is left out, with a warning), then the run's own directory. The first
-        candidate must exist. Rank 0 decides (it alone reads them)."""
+        """Where a resume reads its files: each whole copy among ``candidates``, then the run directory."""
         dirs = []
         for i, folder in enumerate(dict.fromkeys(Path(c) for c in candidates)):
             if not self.writes or folder == self.store.dir:
@@ -745,13 +698,7 @@ class Watch:
     def _base(
         self, model: torch.nn.Module, dirs: list[Path], step: int, aside: Path | None
     ) -> tuple[Answers, float | None]:
-        """The base answers, and the seconds one scoring of them took (what an evaluation will
-        cost; ``None`` when they were loaded). A fresh run may reuse a snapshot among the earlier
-        run's files set ``aside``.
-
-        Rank 0 decides from its files whether one is found, and shares it, so every rank
-        either loads the same answers or joins in computing them; an error there (a damaged
-        ``base=`` file, no snapshot to resume from) is raised on every rank."""
+        """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all."""
         given, resumed = self.base_given, step > 0
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
@@ -790,10 +737,7 @@ class Watch:
         return answers, cost
 
     def _restore_history(self, dirs: list[Path], step: int) -> list[dict[str, Any]]:
-        """Keep the history up to ``step``, every record that can be read (see
-        :func:`~forgetwatch.results.run_files.recover_history`), and replay its reports through the stop
-        rule; the records kept. The run's own file, if it holds records that could not be read, is
-        moved aside, never overwritten."""
+        """The history records up to ``step``, replayed through the stop rule; a damaged file is set aside."""
         paths = [d / HISTORY for d in dirs]
 
         def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
