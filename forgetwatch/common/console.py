@@ -1,5 +1,4 @@
-"""What a person reads while a run goes on: progress bars, forgetwatch's lines and warnings, each on a line of its
-own in a terminal and in a log file (where a bar's updates are not redrawn)."""
+"""Progress bars, forgetwatch's lines and warnings, each on a line of its own in a terminal and in a log file."""
 
 from __future__ import annotations
 
@@ -20,12 +19,7 @@ def _is_terminal(stream: IO[str] | None) -> bool:
 
 
 def progress_bar(total: int, desc: str, show: bool = True) -> tqdm:
-    """A bar counting ``total`` probes, cleared when done in a terminal, ending its line in a log file.
-
-    Example:
-        >>> progress_bar(32, "forgetwatch: scoring probes", show=False).total
-        32
-    """
+    """A bar counting ``total`` probes, cleared when done in a terminal, ending its line in a log file."""
     terminal = _is_terminal(sys.stderr)
     if show and not terminal and _bar_open_on(sys.stderr):
         sys.stderr.write("\n")  # not after another bar's last update, in a log file
@@ -33,7 +27,7 @@ def progress_bar(total: int, desc: str, show: bool = True) -> tqdm:
 
 
 def _bar_open_on(stream: IO[str]) -> bool:
-    """Whether a drawn progress bar is open on ``stream`` (standard output and error count as one)."""
+    # standard output and error count as one
     console = (sys.stdout, sys.stderr)
     bars = set(getattr(_std_tqdm, "_instances", ())) | set(getattr(tqdm, "_instances", ()))
     return any(
@@ -45,12 +39,7 @@ def _bar_open_on(stream: IO[str]) -> bool:
 
 
 def say(line: str, stream: IO[str] | None = None) -> None:
-    """Write ``line`` on a line of its own, above the bars in a terminal, after them in a log file.
-
-    Example:
-        >>> say("[forgetwatch] base: accuracy 62.5 % on 32 probes")
-        [forgetwatch] base: accuracy 62.5 % on 32 probes
-    """
+    """Write ``line`` on a line of its own, above the bars in a terminal, after them in a log file."""
     stream = sys.stdout if stream is None else stream
     if _is_terminal(stream):
         tqdm.write(line, file=stream)
@@ -60,8 +49,7 @@ def say(line: str, stream: IO[str] | None = None) -> None:
 
 
 class ConsoleHandler(logging.Handler):
-    """Shows ``forgetwatch`` warnings on standard error, each on a line of its own, when no handler of the
-    application would show them."""
+    """Shows ``forgetwatch`` warnings on standard error when no handler of the application would."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -77,7 +65,7 @@ class ConsoleHandler(logging.Handler):
 
 
 def _handled_elsewhere(logger: logging.Logger) -> bool:
-    """Whether another handler sees ``logger``'s records (Python's last-resort rule)."""
+    # Python's last-resort rule
     current: logging.Logger | None = logger
     while current is not None:
         if any(not isinstance(h, ConsoleHandler) for h in current.handlers):

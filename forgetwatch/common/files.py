@@ -1,5 +1,5 @@
-"""Writing files atomically (a reader sees the old file or the new, never half) and as strict JSON; reading npz
-files without trusting their headers."""
+"""Files written atomically (a reader sees the old file or the new, never half) and as strict JSON; npz files read
+without trusting their headers."""
 
 from __future__ import annotations
 
@@ -18,41 +18,18 @@ from typing import IO, Any
 
 import numpy as np
 
-#: What reading a damaged or hostile ``.npz`` raises: zipfile, zlib and numpy each fail with
-#: their own types (numpy's NotImplementedError: pickled object arrays, which are never loaded;
-#: zipfile's RuntimeError: an encrypted member).
-NPZ_ERRORS: tuple[type[BaseException], ...] = (
-    RuntimeError,
-    KeyError,
-    ValueError,
-    TypeError,
-    OSError,
-    EOFError,
-    RecursionError,
-    zipfile.BadZipFile,
-    zlib.error,
-    NotImplementedError,
-)
+#: What reading a damaged or hostile ``.npz`` raises (zipfile, zlib and numpy each have their own types).
+NPZ_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, OSError, EOFError, RecursionError)
+NPZ_ERRORS += (zipfile.BadZipFile, zlib.error, NotImplementedError)
 
 _TMP = ".tmp"  # the ending of atomic_write's temporary files
 
-#: The most bytes an npz forgetwatch reads may hold, unpacked: far more than any file it writes
-#: (a run's answers, a base distribution on its rows). What a file claims is checked against it
-#: before anything is inflated: a small zip can unpack to gigabytes.
+#: The most bytes an npz read here may unpack to, checked before inflating (a small zip can unpack to gigabytes).
 MAX_NPZ_BYTES = 2 << 30
 
 
 def read_npz(path: str | os.PathLike[str] | IO[bytes]) -> dict[str, np.ndarray]:
-    """Every array of an npz file, read only once the sizes its zip and ``.npy`` headers claim hold up (at most
-    :data:`MAX_NPZ_BYTES` unpacked); nothing is unpickled. Raises ``ValueError`` or another of :data:`NPZ_ERRORS`.
-
-    Example:
-        >>> import io
-        >>> buffer = io.BytesIO()
-        >>> np.savez(buffer, a=np.arange(3))
-        >>> read_npz(buffer)["a"].tolist()
-        [0, 1, 2]
-    """
+    """Every array of an npz file, read once the sizes its headers claim hold up; raises one of :data:`NPZ_ERRORS`."""
     limit = MAX_NPZ_BYTES
     with zipfile.ZipFile(path) as z:
         members = z.infolist()
@@ -87,12 +64,7 @@ _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.r
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
-    """Open a temporary file beside ``path``; on success move it over ``path``, else remove it.
-
-    Example:
-        >>> with atomic_write("/tmp/example.json") as f:
-        ...     _ = f.write("{}")
-    """
+    """Open a temporary file beside ``path``; on success move it over ``path``, else remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent)
@@ -111,18 +83,12 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
 
 
 def leftover_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
-    """What :func:`atomic_write` calls to ``directory/<name>`` left there when killed mid-write.
-
-    Example:
-        >>> leftover_temporaries("/nonexistent", ["history.jsonl"])
-        []
-    """
+    """What :func:`atomic_write` calls to ``directory/<name>`` left there when killed mid-write."""
     directory = Path(directory)
     return sorted(p for name in names for p in directory.glob(f".{glob.escape(name)}.*{_TMP}") if p.is_file())
 
 
-def _mode_for(path: Path) -> int:
-    """The existing file's permissions, else what a plain ``open`` would give (mkstemp: 0600)."""
+def _mode_for(path: Path) -> int:  # the existing file's permissions, else what open() gives (mkstemp: 0600)
     try:
         return path.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -132,15 +98,8 @@ def _mode_for(path: Path) -> int:
 
 
 def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:
-    """``value`` with every NaN and infinity made ``None``, recursively (or infinities ``"inf"``/``"-inf"`` with
-    ``infinity_as_text``); tuples become lists.
-
-    Example:
-        >>> json_safe({"a": [float("nan"), 1.5], "b": (float("-inf"),)})
-        {'a': [None, 1.5], 'b': [None]}
-        >>> json_safe([float("-inf")], infinity_as_text=True)
-        ['-inf']
-    """
+    """``value`` with every NaN and infinity made ``None`` (infinities ``"inf"``/``"-inf"`` with
+    ``infinity_as_text``), recursively; tuples become lists."""
     if isinstance(value, float):  # numpy's float64 too
         if math.isfinite(value):
             return float(value)
@@ -155,12 +114,7 @@ def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:
 
 
 def strict_dumps(value: Any, *, sort_keys: bool = False) -> str:
-    """``value`` as strict JSON text (NaN as ``null``), UTF-8 kept as is.
-
-    Example:
-        >>> strict_dumps({"f": float("nan"), "id": "é"})
-        '{"f": null, "id": "é"}'
-    """
+    """``value`` as strict JSON text (NaN as ``null``), UTF-8 kept as is."""
     return json.dumps(json_safe(value), ensure_ascii=False, allow_nan=False, sort_keys=sort_keys)
 
 
@@ -169,22 +123,11 @@ def strict_dump(value: Any, f: IO[str]) -> None:
 
 
 def json_line(record: Any) -> str:
-    """One strict JSON line, newline included.
-
-    Example:
-        >>> json_line({"step": 1, "loss": float("inf")})
-        '{"step": 1, "loss": null}\\n'
-    """
     return strict_dumps(record) + "\n"
 
 
 def content_hash(items: Iterable[Any]) -> Any:
-    """A sha256 of ``items``, each as one JSON line (keys sorted), for fingerprints.
-
-    Example:
-        >>> content_hash([{"id": "q1"}]).hexdigest()[:16] == content_hash([{"id": "q2"}]).hexdigest()[:16]
-        False
-    """
+    """A sha256 of ``items``, each as one JSON line (keys sorted), for fingerprints."""
     h = hashlib.sha256()
     for item in items:
         h.update(json.dumps(item, sort_keys=True, ensure_ascii=False).encode())

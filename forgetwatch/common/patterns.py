@@ -1,11 +1,5 @@
-r"""Regular expressions a user supplies (``regex``, ``not_regex``, ``extract``), run by RE2: linear in the text whatever
-the pattern, the same way every time (Python's ``re`` backtracks: minutes for ``(a+)+$`` on a response, and a time
-limit would make answers flip with the machine's load). Backreferences and lookarounds are refused at load.
-
-Example:
-    >>> search(r"(a+)+$", "a" * 100_000 + "b") is None  # at once; Python's re would not return
-    True
-"""
+"""A user's regular expressions (``regex``, ``not_regex``, ``extract``) run by RE2, in time linear in the text
+(Python's ``re`` may backtrack for minutes); backreferences and lookarounds are refused at load."""
 
 from __future__ import annotations
 
@@ -19,14 +13,13 @@ SYNTAX = "https://github.com/google/re2/wiki/Syntax"
 
 @functools.lru_cache(maxsize=1024)
 def compiled(pattern: str) -> Any:
-    """``pattern`` compiled by RE2, once; raises ``re2.error`` if RE2 refuses it."""
     options = re2.Options()
     options.log_errors = False  # a refused pattern is reported once, by pattern_problem
     return re2.compile(pattern, options)
 
 
 def pattern_problem(pattern: str) -> str | None:
-    """Why RE2 cannot run ``pattern``, as the end of an error message, or ``None``."""
+    """Why RE2 cannot run ``pattern`` (the end of an error message), or ``None``."""
     try:
         compiled(pattern)
     except re2.error as exc:
@@ -41,7 +34,7 @@ def pattern_problem(pattern: str) -> str | None:
 
 
 def search(pattern: str, text: str) -> Any:
-    """The first match of ``pattern`` in ``text``, or ``None`` (a lone surrogate is read as U+FFFD)."""
+    """The first match of ``pattern`` in ``text``, or ``None``; a lone surrogate reads as U+FFFD."""
     try:
         return compiled(pattern).search(text)
     except UnicodeEncodeError:

@@ -1,4 +1,4 @@
-"""One way to report bad input: every problem found, each naming its source, line and key, raised together."""
+"""Bad input reported one way: every problem found, each naming its source, line and key, raised together."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import NamedTuple
 
 from forgetwatch.common.text import shorten
 
-#: Most problems one error lists; the rest are counted in a last line.
-MAX_REPORTED = 20
+MAX_REPORTED = 20  # most problems one error lists; the rest are counted in a last line
 
 
 class Problem(NamedTuple):
@@ -19,8 +18,7 @@ class Problem(NamedTuple):
     key: str | None
     message: str
 
-    def render(self, unit: str = "line", noun: str = "key") -> str:
-        """``source: line 3: key 'eval_step': message``."""
+    def render(self, unit: str, noun: str) -> str:
         where = self.source if self.line is None else f"{self.source}: {unit} {self.line}"
         if self.key is not None:
             where += f": {noun} {shorten(self.key)}"
@@ -50,20 +48,18 @@ class Problems:
         forgetwatch.common.problems.InputError: probes.jsonl: line 3: key 'answer': missing
     """
 
-    def __init__(self, source: str, unit: str = "line", cap: int = MAX_REPORTED):
-        self.source, self.unit, self.cap = source, unit, cap
+    def __init__(self, source: str, unit: str = "line"):
+        self.source, self.unit = source, unit
         self.kept: list[Problem] = []
         self.count = 0
 
     def add(self, line: int | None, key: str | None, message: str) -> None:
-        self.count += 1
-        if len(self.kept) < self.cap:
-            self.kept.append(Problem(self.source, line, key, message))
+        self.extend([Problem(self.source, line, key, message)])
 
     def extend(self, problems: Sequence[Problem]) -> None:
         for p in problems:
             self.count += 1
-            if len(self.kept) < self.cap:
+            if len(self.kept) < MAX_REPORTED:
                 self.kept.append(p)
 
     def __bool__(self) -> bool:

@@ -11,10 +11,8 @@ from typing import Any
 
 from forgetwatch.common.text import describe, shorten
 
-#: Deepest nesting of lists and objects accepted.
-MAX_DEPTH = 100
-#: Most digits of an integer accepted: the least limit Python may be set to for converting
-#: integers to and from text (``sys.set_int_max_str_digits``), so any setting reads them.
+MAX_DEPTH = 100  # deepest nesting of lists and objects accepted
+#: Most digits of an integer accepted: the least ``sys.set_int_max_str_digits`` allows, so any setting reads them.
 MAX_INT_DIGITS = 640
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -28,24 +26,13 @@ class StrictJSONError(ValueError):
         super().__init__(f"{shorten(where)}: {why}" if where else why)
 
 
-class _Refused:
-    """Stands where the parser met a number it must refuse, so that its place can be named."""
-
+class _Refused:  # stands where the parser met a number it must refuse, so that its place can be named
     def __init__(self, why: str):
         self.why = why
 
 
 def loads(text: str) -> Any:
-    """``json.loads``, refusing what :func:`value_problem` refuses, naming where.
-
-    Example:
-        >>> loads('{"n": 1.5, "tags": ["a"]}')
-        {'n': 1.5, 'tags': ['a']}
-        >>> loads('{"tags": [NaN]}')
-        Traceback (most recent call last):
-            ...
-        forgetwatch.common.strict_json.StrictJSONError: 'tags[0]': NaN is not JSON (strict JSON has no NaN or Infinity); write null, or the value as a string
-    """
+    """``json.loads``, refusing what :func:`value_problem` refuses, naming where."""
     try:
         value = _DECODER.decode(text)
     except RecursionError:  # json nests on the stack: a few thousand "[" exhaust it
@@ -75,7 +62,6 @@ def _parse_constant(name: str) -> _Refused:
     return _Refused(f"{name} is not JSON (strict JSON has no NaN or Infinity); write null, or the value as a string")
 
 
-#: the parser's refusals stand in place (a _Refused), for value_problem to find and name
 _DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
 
 
@@ -87,99 +73,57 @@ def value_problem(value: Any) -> tuple[str, str] | None:
         >>> value_problem({"id": "q1", "tags": ["a", float("nan")]})
         ('tags[1]', 'is nan, which strict JSON cannot hold; write None (null), or the value as a string')
     """
-    # paths are built only when something is wrong: most values are fine, and this runs on every row
-    return _locate(value) if _has_problem(value) else None
-
-
-def _has_problem(value: Any) -> bool:
-    """A fast pass over the common types: ``False`` when :func:`_locate` would find nothing."""
-    if type(value) is not dict and type(value) is not list:
-        return not _plain_scalar(value)
-    todo = [(value, 0)]  # containers only: scalars are looked at where they stand
+    # where: (the parent's where, key or index), spelled out only for a problem (this runs on every row)
+    todo: list[tuple[Any, Any, int]] = [(value, None, 0)]
     while todo:
-        item, depth = todo.pop()
-        if depth >= MAX_DEPTH:
-            return True
-        if type(item) is dict:
-            if not all(type(key) is str and (key.isascii() or not _SURROGATE.search(key)) for key in item):
-                return True
-            item = item.values()
-        for child in item:
-            kind = type(child)
-            if kind is dict or kind is list:
-                todo.append((child, depth + 1))
-            elif not _plain_scalar(child):
-                return True
-    return False
-
-
-def _plain_scalar(item: Any) -> bool:
-    kind = type(item)
-    if kind is str:
-        return item.isascii() or not _SURROGATE.search(item)  # isascii: a flag, no scan
-    return (
-        item is None
-        or kind is bool
-        or (kind is int and -_INT_LIMIT < item < _INT_LIMIT)
-        or (kind is float and math.isfinite(item))
-    )  # anything else takes _locate's careful look
-
-
-def _locate(value: Any) -> tuple[str, str] | None:
-    todo: list[tuple[Any, str, int]] = [(value, "", 0)]
-    while todo:
-        item, path, depth = todo.pop()
-        if isinstance(item, _Refused):
-            return path, item.why
+        item, where, depth = todo.pop()
         if isinstance(item, str):
-            if message := _surrogate(item):
-                return path, message
+            if not item.isascii() and (message := _surrogate(item)):  # isascii: a flag, no scan
+                return _path(where), message
         elif item is None or isinstance(item, bool):
             continue
         elif isinstance(item, int):
             if not -_INT_LIMIT < item < _INT_LIMIT:  # compared, not counted: str() of it is what fails
-                return path, _long_int(f"more than {MAX_INT_DIGITS} digits")
+                return _path(where), _long_int(f"more than {MAX_INT_DIGITS} digits")
         elif isinstance(item, float):
             if not math.isfinite(item):
-                return path, f"is {item!r}, which strict JSON cannot hold; write None (null), or the value as a string"
+                why = f"is {item!r}, which strict JSON cannot hold; write None (null), or the value as a string"
+                return _path(where), why
         elif isinstance(item, (list, tuple, dict)) or (depth == 0 and isinstance(item, Mapping)):
             if depth >= MAX_DEPTH:
-                return path, _too_deep()
-            children = _children(item, path)
-            if isinstance(children, tuple):
-                return children
-            todo.extend((child, where, depth + 1) for where, child in reversed(children))
+                return _path(where), _too_deep()
+            if not isinstance(item, Mapping):
+                todo.extend((child, (where, i), depth + 1) for i, child in reversed(list(enumerate(item))))
+                continue
+            for key in item:
+                if not isinstance(key, str):
+                    return _path(where), f"has key {describe(key)}: JSON keys are strings; write it as one"
+                if message := _surrogate(key):
+                    return _path((where, key)), f"the name {message}"
+            todo.extend((child, (where, key), depth + 1) for key, child in reversed(list(item.items())))
+        elif isinstance(item, _Refused):
+            return _path(where), item.why
         else:
-            return path, (
+            return _path(where), (
                 f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or "
                 "dict); convert it, e.g. with int(), float() or str(), or leave it out"
             )
     return None
 
 
-def _children(item: Any, path: str) -> list[tuple[str, Any]] | tuple[str, str]:
-    """``(path, value)`` of each element, or the problem of a key that cannot be kept."""
-    if not isinstance(item, Mapping):
-        return [(f"{path}[{i}]", child) for i, child in enumerate(item)]
-    children = []
-    for key, child in item.items():
-        if not isinstance(key, str):
-            return path, f"has key {describe(key)}: JSON keys are strings; write it as one"
-        where = f"{path}.{key}" if path else key
-        if message := _surrogate(key):
-            return where, f"the name {message}"
-        children.append((where, child))
-    return children
+def _path(where: Any) -> str:
+    parts = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).removeprefix(".")
 
 
 def _surrogate(text: str) -> str | None:
-    found = _SURROGATE.search(text)
-    if found is None:
-        return None
-    return (
-        f"has a lone surrogate (U+{ord(found.group()):04X}) at character {found.start()}, "
-        "which is not valid Unicode text"
-    )
+    if found := _SURROGATE.search(text):
+        where = f"(U+{ord(found.group()):04X}) at character {found.start()}"
+        return f"has a lone surrogate {where}, which is not valid Unicode text"
+    return None
 
 
 def _long_int(size: str) -> str:

@@ -17,12 +17,7 @@ R = TypeVar("R")
 
 
 def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
-    """Split items, longest first, into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens.
-
-    Example:
-        >>> group([3, 9, 5], max_rows=2, max_tokens=None)
-        [[1, 2], [0]]
-    """
+    """Split items, longest first, into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens."""
     return group_runs(widths, [0] * len(widths), range(len(widths)), max_rows, max_tokens)  # each item a run
 
 
@@ -38,14 +33,7 @@ def group_runs(
     (rows behind one shared prefix) together, longest first. An item is ``own`` tokens after its run's ``shared`` ones.
 
     ``per_batch``: what one more forward costs, in padded tokens; cuts then go where padded tokens plus forwards cost
-    least. ``None``: every batch as full as the limits allow (generation).
-
-    Example:
-        >>> group_runs([3, 9, 5, 2], [0, 0, 4, 4], ["a", "a", "b", "b"], max_rows=3, max_tokens=None)
-        [[1, 0, 2], [3]]
-        >>> group_runs([3, 9, 5, 2], [0, 0, 4, 4], ["a", "a", "b", "b"], max_rows=3, max_tokens=None, per_batch=4)
-        [[1], [0], [2, 3]]
-    """
+    least. ``None``: every batch as full as the limits allow (generation)."""
     members: dict[Hashable, list[int]] = {}
     for i, run in enumerate(runs):
         members.setdefault(run, []).append(i)
@@ -146,13 +134,7 @@ def run_lockstep(
     """Yield ``(batch, run(batch))`` for this rank's ``batches``, with as many ``run`` calls on every rank.
 
     A rank with fewer batches runs ``filler`` (result dropped). After an out-of-memory error on any rank, every rank
-    calls ``on_out_of_memory(rows)`` with the same size and replans what is left.
-
-    Example:
-        >>> list(run_lockstep([[1, 2], [3]], sum, replan=lambda xs: [xs], items_of=list, filler=[0],
-        ...                   on_out_of_memory=print, ranks=Ranks.alone()))
-        [([1, 2], 3), ([3], 3)]
-    """
+    calls ``on_out_of_memory(rows)`` with the same size and replans what is left."""
     pending = list(batches)
     while True:
         total = ranks.agree_max([len(pending)])[0]

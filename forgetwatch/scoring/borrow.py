@@ -49,12 +49,7 @@ def _fsdp_types(*names: str) -> tuple[type, ...]:
 @contextlib.contextmanager
 def borrowed(model: torch.nn.Module, tokenizer: Any = None) -> Iterator[torch.nn.Module]:
     """Put ``model`` in eval mode without gradients; restore the training flags, ``use_cache``, the padding
-    side and the random states afterwards (``no_grad``, not ``inference_mode``: buffers must stay usable by autograd).
-
-    Example:
-        >>> with borrowed(model, tokenizer):  # doctest: +SKIP
-        ...     logits = model(input_ids).logits
-    """
+    side and the random states afterwards (``no_grad``, not ``inference_mode``: buffers must stay usable by autograd)."""
     flags = [(m, m.training) for m in model.modules()]
     config = getattr(unwrap(model), "config", None)
     use_cache = getattr(config, "use_cache", None)

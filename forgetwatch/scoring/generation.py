@@ -3,6 +3,7 @@ response may have in the model's context."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -51,14 +52,8 @@ def response_budgets(
     setting: str = "max_new_tokens",
     name: Callable[[K], str] = str,
 ) -> tuple[dict[K, int], str | None]:
-    """How many tokens each prompt's response may have, the prompt kept whole: ``max_new_tokens``, or what the
-    context leaves; and a sentence for one warning when some were cut. A prompt that leaves no room is refused
-    (:class:`PromptTooLongError`): cutting it would silently change the question.
-
-    Example:
-        >>> response_budgets({"a": 7, "b": 100}, max_length=128, max_new_tokens=64)
-        ({'a': 64, 'b': 28}, "the model's context is 128 tokens: 1 of 2 prompt(s) leave less than max_new_tokens=64 for the response, which is cut at what the context leaves (28 tokens)")
-    """
+    """Each prompt's response length, the prompt kept whole (``max_new_tokens`` or what the context leaves), and a
+    warning's sentence when some were cut; a prompt that leaves no room is a :class:`PromptTooLongError`."""
     budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
     full = [k for k, b in budgets.items() if b < 1]
     if full:
@@ -84,7 +79,7 @@ def response_budgets(
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the model's generation config (some have several) and the tokenizer."""
+    # EOS ids from the model's generation config (some have several) and the tokenizer
     ids: list[int] = []
     gen_eos = getattr(getattr(unwrap(model), "generation_config", None), "eos_token_id", None)
     for x in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [tokenizer.eos_token_id]:
@@ -96,13 +91,8 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 def answered_row(
     prompt: Sequence[int], answer: Generated, model: Any, tokenizer: Any, max_length: int
 ) -> tuple[list[int], int]:
-    """A prompt and its greedy ``answer`` (with EOS when it ended with one) as one row cut to ``max_length``,
-    and its first target token.
-
-    Example:
-        >>> answered_row([1, 5], Generated(" Vo.", (7, 8), True), model, tokenizer, 512)  # doctest: +SKIP
-        ([1, 5, 7, 8, 2], 2)
-    """
+    """A prompt and its ``answer`` (with EOS when it ended with one) as one row cut to ``max_length``, and its first
+    target token."""
     eos = tokenizer.eos_token_id
     if eos is None:
         eos = (stop_token_ids(model, tokenizer) or [None])[0]
@@ -111,13 +101,7 @@ def answered_row(
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """The text before the first occurrence of any stop string."""
-    cut = len(text)
-    for s in stop:
-        i = text.find(s)
-        if i != -1:
-            cut = min(cut, i)
-    return text[:cut]
+    return text[: min((i for s in stop if (i := text.find(s)) != -1), default=len(text))]
 
 
 def generate_batch(
@@ -134,12 +118,8 @@ def generate_batch(
     cache: tuple[str, Any] | None = None,
     return_ids: bool = False,
 ) -> list[Generated]:
-    """Greedy continuations of one batch, each cut at the first stop string.
-
-    ``prefixes``: per row, the tokens its prompt starts with, read from ``cache`` (argument name, a left-padded cache);
-    each prompt keeps its positions in the whole prompt. A clean greedy config stands in for the model's own during the
-    call, so checkpoints with different configs decode alike. ``synced_gpus``: step until every rank is done (FSDP,
-    ZeRO-3)."""
+    """Greedy continuations of one batch, each cut at the first stop string; ``prefixes``: per row, the tokens its
+    prompt starts with, read from ``cache``. A clean greedy config stands in for the model's own during the call."""
     from transformers import GenerationConfig
 
     start = max(map(len, prefixes), default=0)
@@ -163,7 +143,8 @@ def generate_batch(
         eos_token_id=eos,
         stop_strings=list(stop) or None,
     )
-    owner = _generation_config_owner(model)
+    owner = unwrap(model)
+    owner = owner.get_base_model() if hasattr(owner, "get_base_model") else owner  # what generate() reads
     saved = owner.generation_config
     owner.generation_config = greedy
     try:
@@ -186,7 +167,6 @@ def generate_batch(
 def _generated(
     tokenizer, row: list[int], decoded: str, stop: Sequence[str], eos: set[int], return_ids: bool
 ) -> Generated:
-    """One row's :class:`Generated` from its tokens (padded after their end) and their decoding."""
     text = cut_at_stop(decoded, stop)
     end = next((k for k, t in enumerate(row) if t in eos), None)
     tokens = row if end is None else row[:end]
@@ -203,23 +183,11 @@ def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
 
     if not covers(len(tokens)):  # the decoding of a part differs from the whole's: keep it all
         return tokens
-    low, high = 0, len(tokens)  # covers(high) holds throughout
-    while low < high:
-        mid = (low + high) // 2
-        if covers(mid):
-            high = mid
-        else:
-            low = mid + 1
-    return tokens[:high]
+    return tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
 
 
 def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple[list[int], list[int]]:
-    """This rank's prompts (balanced on tokens) and one to fill in with: the same split on every rank.
-
-    Example:
-        >>> generation_share([GenerationPrompt((1, 2), 8), GenerationPrompt((3,), 8)], Ranks.alone())
-        ([0, 1], [1])
-    """
+    """This rank's prompts (balanced on tokens) and one to fill in with: the same split on every rank."""
     if not prompts:
         return [], []
     costs = [len(p.ids) + p.new_tokens for p in prompts]
@@ -242,19 +210,10 @@ def generate_sharded(
     prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank.
-
-    Each rank generates its share in batches, with as many ``generate`` calls as the others, then every rank gets
-    every answer. Plain ids get ``max_new_tokens`` and ``stop``, cut to what the context leaves (named by ``names``).
-    ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace that rule);
-    ``prefix_cache(prefixes)`` gives shared prefixes' caches; ``progress(n)`` is called per batch.
-
-    Example:
-        >>> ids = tokenizer(["The capital of Zeta is"])["input_ids"]      # doctest: +SKIP
-        >>> [answer] = generate_sharded(model, tokenizer, ids, max_new_tokens=8, return_ids=True)  # doctest: +SKIP
-        >>> answer.text, answer.ids, answer.ended                         # doctest: +SKIP
-        (' Vo.', (272, 274, 261), True)
-    """
+    """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank; each
+    rank generates its share in lockstep with the others. Plain ids get ``max_new_tokens`` and ``stop``, cut to what
+    the context leaves (named by ``names``); ``rows_per_batch`` halves after an out-of-memory error (``limits`` and
+    ``on_out_of_memory`` replace that rule)."""
     ranks = ranks or Ranks.alone()
     whole = _as_prompts(model, tokenizer, prompts, max_new_tokens, stop, names)
     if not whole:
@@ -334,7 +293,6 @@ def _as_prompts(
     stop: Sequence[str],
     names: Sequence[str] | None,
 ) -> list[GenerationPrompt]:
-    """Every prompt as a :class:`GenerationPrompt` (plain ids checked and given their budget)."""
     if isinstance(stop, str):
         stop = (stop,)
     plain = {i: tuple(int(t) for t in p) for i, p in enumerate(prompts) if not isinstance(p, GenerationPrompt)}
@@ -362,7 +320,6 @@ def _as_prompts(
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
-    """Where a model's input ids go: its input embeddings' device."""
     try:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
@@ -371,25 +328,16 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 def pad_id(tokenizer: Any) -> int:
     """The id batches are padded with: the tokenizer's pad token, else EOS, else 0."""
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if candidate is not None:
-            return int(candidate)
-    return 0
+    return next((int(c) for c in (tokenizer.pad_token_id, tokenizer.eos_token_id) if c is not None), 0)
 
 
 @contextlib.contextmanager
 def generator(model) -> Iterator[torch.nn.Module]:
-    """The module whose ``generate`` to call: under DDP the model inside; under FSDP1 the model inside with the
-    root's own parameters gathered (``generate`` bypasses the wrapper's forward); else the model."""
+    """The module whose ``generate`` to call; under FSDP1 the model inside with the root's own parameters gathered
+    (``generate`` bypasses the wrapper's forward)."""
     inner = forward_module(model)
     if is_fsdp1(inner):
         with inner.summon_full_params(inner, writeback=False, recurse=False):
             yield inner.module
     else:
         yield inner if hasattr(inner, "generate") else unwrap(model)
-
-
-def _generation_config_owner(model):
-    """The model whose ``generation_config`` ``generate`` reads (under PEFT: the base model)."""
-    inner = unwrap(model)
-    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner

@@ -1,10 +1,4 @@
-"""A model's top-k next-token distribution on token rows, kept once (npz), and KL(base ‖ current) against it.
-
-Example:
-    >>> ids, mask = right_padded([[5, 6, 7], [5, 6]], pad_id=0)
-    >>> ids.tolist(), target_mask(mask, [0, 1], [2, 1]).tolist()
-    ([[5, 6, 7], [5, 6, 0]], [[0, 1], [1, 0]])
-"""
+"""A model's top-k next-token distribution on token rows, kept once (npz), and KL(base ‖ current) against it."""
 
 from __future__ import annotations
 
@@ -33,11 +27,16 @@ class KeptFileError(ValueError):
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
-#: How far a position's kept probabilities may sum from 1 (float16 rounds each by less than 0.05 %).
-MASS_TOLERANCE = 0.01
-
+MASS_TOLERANCE = 0.01  # how far a position's kept probabilities may sum from 1 (float16 rounds by < 0.05 %)
 #: float16 (replay: half the bytes) or float32 (train KL: the base against itself gives exactly 0).
 LOGPROB_TYPES = (np.float16, np.float32)
+#: The arrays of a BaseDistribution, in order: their dtypes and dimensions.
+_ARRAYS = {
+    "offsets": ((np.int64,), 1),
+    "top_ids": ((np.int32,), 2),
+    "top_logprobs": (LOGPROB_TYPES, 2),
+    "tail": ((np.float32,), 1),
+}
 
 
 def first_usable(
@@ -83,8 +82,7 @@ def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] |
 def aligned_targets(
     parts: Sequence[tuple[Any, Any, Any]], firsts: Sequence[int], positions: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One batch's base distribution laid out like its logits (rows × ``positions``), each row from its first
-    target position; other positions stay zero."""
+    """One batch's base distribution laid out like its logits (rows × ``positions``), from each row's first target."""
     k = parts[0][0].shape[1]
     top_ids = torch.zeros((len(parts), positions, k), dtype=torch.long)
     top_lp = torch.zeros((len(parts), positions, k))
@@ -99,14 +97,7 @@ def aligned_targets(
 
 def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
     """KL(base ‖ current) at each position, from the base's top-k ``top_ids``/``top_lp`` and ``tail`` mass
-    against ``logits``; exact when k covers the vocabulary.
-
-    Example:
-        >>> logits = torch.tensor([[0.0, 1.0, 2.0]])
-        >>> lp = torch.log_softmax(logits, -1)
-        >>> kl_to_base(logits, torch.tensor([[2, 1, 0]]), lp[:, [2, 1, 0]], torch.tensor([-30.0])).abs().item() < 1e-6
-        True
-    """
+    against ``logits``; exact when k covers the vocabulary."""
     logq = torch.log_softmax(logits, -1)
     q_top = logq.gather(-1, top_ids)
     q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
@@ -138,21 +129,9 @@ class BaseDistribution:
         return self.top_ids[a:b], self.top_logprobs[a:b].astype(np.float32), self.tail[a:b]
 
     def problem(self) -> str | None:
-        """What is wrong with these arrays as a distribution, or ``None``.
-
-        Example:
-            >>> d = BaseDistribution(["r1"], np.array([0, 1]), np.array([[3]], dtype=np.int32),
-            ...                      np.array([[0.5]], dtype=np.float16), np.array([-1.0], dtype=np.float32))
-            >>> d.problem()
-            'a log-probability is above 0 (0.5)'
-        """
-        arrays = {
-            "offsets": (self.offsets, (np.int64,), 1),
-            "top_ids": (self.top_ids, (np.int32,), 2),
-            "top_logprobs": (self.top_logprobs, LOGPROB_TYPES, 2),
-            "tail": (self.tail, (np.float32,), 1),
-        }
-        for name, (a, dtypes, ndim) in arrays.items():
+        """What is wrong with these arrays as a distribution, or ``None``."""
+        for name, (dtypes, ndim) in _ARRAYS.items():
+            a = getattr(self, name)
             if not isinstance(a, np.ndarray) or a.dtype not in dtypes or a.ndim != ndim:
                 return f"its {name} are not a {ndim}-d {' or '.join(np.dtype(t).name for t in dtypes)} array"
         if not isinstance(self.ids, list) or not all(isinstance(i, str) for i in self.ids):
@@ -181,42 +160,21 @@ class BaseDistribution:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain lists (to share between ranks as JSON)."""
-        return {
-            "ids": self.ids,
-            "offsets": self.offsets.tolist(),
-            "top_ids": self.top_ids.tolist(),
-            "top_logprobs": self.top_logprobs.astype(np.float32).tolist(),
-            "logprob_type": self.top_logprobs.dtype.name,
-            "tail": self.tail.tolist(),
-            "key": self.key,
-        }
+        """Plain lists, to share between ranks as JSON."""
+        arrays = {name: getattr(self, name).tolist() for name in _ARRAYS}
+        return {"ids": self.ids, **arrays, "logprob_type": self.top_logprobs.dtype.name, "key": self.key}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BaseDistribution:
         precision = np.float32 if d.get("logprob_type") == "float32" else np.float16
-        return cls(
-            list(d["ids"]),
-            np.asarray(d["offsets"], dtype=np.int64),
-            np.asarray(d["top_ids"], dtype=np.int32),
-            np.asarray(d["top_logprobs"], dtype=precision),
-            np.asarray(d["tail"], dtype=np.float32),
-            dict(d.get("key", {})),
-        )
+        dtypes = {"offsets": np.int64, "top_ids": np.int32, "top_logprobs": precision, "tail": np.float32}
+        return cls(list(d["ids"]), *(np.asarray(d[n], dtype=t) for n, t in dtypes.items()), dict(d.get("key", {})))
 
     def save(self, path: str | os.PathLike[str], extra: dict[str, np.ndarray] | None = None) -> None:
         """Write it as an npz (no pickle), with ``extra`` arrays in the same file."""
         with atomic_write(path, "wb") as f:
-            np.savez(
-                f,
-                ids=_text(self.ids),
-                key=_text(self.key),
-                offsets=self.offsets,
-                top_ids=self.top_ids,
-                top_logprobs=self.top_logprobs,
-                tail=self.tail,
-                **(extra or {}),
-            )
+            arrays = {name: getattr(self, name) for name in _ARRAYS}
+            np.savez(f, ids=_text(self.ids), key=_text(self.key), **arrays, **(extra or {}))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BaseDistribution:
@@ -228,14 +186,7 @@ class BaseDistribution:
         """As :meth:`load`, with every array of the file."""
         try:
             z = read_npz(path)
-            base = cls(
-                _json(z["ids"]),
-                z["offsets"],
-                z["top_ids"],
-                z["top_logprobs"],
-                z["tail"],
-                _json(z["key"]) if "key" in z else {},
-            )
+            base = cls(_json(z["ids"]), *(z[name] for name in _ARRAYS), _json(z["key"]) if "key" in z else {})
         # a damaged npz fails inside zipfile, zlib or numpy with their own exception types
         except NPZ_ERRORS as err:
             raise KeptFileError(path, f"damaged or not a base distribution ({first_line(err)})") from None
@@ -247,7 +198,7 @@ class BaseDistribution:
 
 
 def _text(value: Any) -> np.ndarray:
-    """A JSON value as UTF-8 bytes in a uint8 array (npz holds no text without pickling)."""
+    # npz holds no text without pickling
     return np.frombuffer(strict_dumps(value).encode("utf-8"), dtype=np.uint8)
 
 
@@ -317,14 +268,8 @@ def row_sums(
     per_position: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
     compute: str = "autocast",
 ) -> np.ndarray:
-    """Each row's float64 sum over its target positions of ``per_position(logits, ids, rows)``, the rows split
-    over the ranks and summed (every rank gets all). A failure on any rank is a :class:`MeasureFailed` on every rank.
-
-    Example:
-        >>> nll = lambda logits, ids, rows: torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        >>> row_sums(model, tokenizer, [[1, 5, 6]], [1], 0, 8, Ranks.alone(), nll)  # doctest: +SKIP
-        array([4.62...])
-    """
+    """Each row's float64 sum over its target positions of ``per_position(logits, ids, rows)``, the rows split over
+    the ranks, every rank getting all; a failure on any rank is a :class:`MeasureFailed` on every rank."""
     n = len(rows)
     sums = np.zeros(n + 1, dtype=np.float64)  # each row's sum; then a failure flag
     failure: BaseException | None = None
@@ -350,7 +295,6 @@ def row_sums(
 
 
 def logits_width(model: torch.nn.Module) -> int | None:
-    """How many token ids the model's logits cover, or ``None`` when it does not say."""
     get = getattr(unwrap(model), "get_output_embeddings", None)
     weight = getattr(get() if callable(get) else None, "weight", None)
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None

@@ -55,12 +55,7 @@ def packing_blocker(model, config) -> str | None:
 
 def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tuple[int, EncodedChoices]]:
     """The probes packing is checked on: :data:`CHECK_SHAPES` filled with ``encoded``'s tokens (none if the
-    context cannot hold them).
-
-    Example:
-        >>> [len(e.context) for _, e in check_probes([EncodedChoices((1, 2, 3), ((4, 5),))], 2048)]
-        [28, 36]
-    """
+    context cannot hold them)."""
     pool = itertools.chain.from_iterable(itertools.chain(e.context, *e.continuations) for e in encoded)
     need = CHECK_PREFIX + sum(n + sum(lengths) for n, lengths in CHECK_SHAPES)
     tokens = itertools.islice(itertools.cycle(pool), need)

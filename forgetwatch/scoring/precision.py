@@ -36,24 +36,14 @@ def _autocast_dtype(module: torch.nn.Module, device: torch.device) -> str | None
 
 
 def compute_precision(model: torch.nn.Module, device: torch.device, mode: str) -> str:
-    """What a forward of ``model`` computes in under ``mode``, as recorded with the answers.
-
-    Example:
-        >>> compute_precision(torch.nn.Linear(2, 2), torch.device("cpu"), "weights")
-        'float32'
-    """
+    """What a forward of ``model`` computes in under ``mode``, as recorded with the answers."""
     weights = weight_dtypes(model)
     autocast = None if mode == "weights" else _autocast_dtype(forward_module(model), device)
     return weights if autocast is None else f"{autocast} autocast, {weights} weights"
 
 
 def epsilon(precision: str) -> float:
-    """Machine epsilon of the least precise arithmetic named in a recorded ``precision``.
-
-    Example:
-        >>> epsilon("bfloat16 autocast, float32 weights") == torch.finfo(torch.bfloat16).eps
-        True
-    """
+    """Machine epsilon of the least precise arithmetic named in a recorded ``precision``."""
     named = [getattr(torch, word, None) for word in precision.replace(",", " ").replace("+", " ").split()]
     dtypes = [d for d in named if isinstance(d, torch.dtype) and d.is_floating_point]
     if "unknown" in precision:  # an autocast whose dtype could not be read: assume the coarsest
@@ -62,12 +52,7 @@ def epsilon(precision: str) -> float:
 
 
 def is_reduced(precision: str) -> bool:
-    """Whether answers computed in ``precision`` round in half precision.
-
-    Example:
-        >>> is_reduced("float32"), is_reduced("bfloat16 autocast, float32 weights")
-        (False, True)
-    """
+    """Whether answers computed in ``precision`` round in half precision."""
     return epsilon(precision) > torch.finfo(torch.float32).eps
 
 

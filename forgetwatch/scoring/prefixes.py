@@ -16,12 +16,7 @@ MIN_PREFIX_TOKENS = 16
 
 def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = MIN_PREFIX_TOKENS) -> list[int]:
     """For each sequence, how many first tokens it shares with others as one prefix (0: none), chosen so
-    that the most tokens are computed once; a sequence keeps at least its last token.
-
-    Example:
-        >>> shared_prefix_lengths([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8], [5, 6]], min_tokens=3)
-        [4, 4, 0]
-    """
+    that the most tokens are computed once; a sequence keeps at least its last token."""
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     seqs = [sequences[i] for i in order]
     # what adjacent sequences could share: their common prefix, each keeping its last token
@@ -74,22 +69,19 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def cache_argument(model: torch.nn.Module) -> str:
-    """The name the model's forward takes a KV cache under (``cache``, or ``past_key_values``)."""
+def forward_arguments(model: torch.nn.Module) -> tuple[str, str | None]:
+    """The names the model's forward takes a KV cache under, and the count of last positions to keep logits of."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    params = inspect.signature(base.forward).parameters
+    keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
+    return "cache" if "cache" in params else "past_key_values", keep
 
 
 class PrefixStore:
     """The KV caches of the prefixes a batch reads, each computed once while it is read.
 
     Each row's prefix sits on the left of the batch's cache, left-padded; the row keeps its positions in the whole
-    sequence. Missing prefixes are computed in one forward; those the next batch does not read are dropped.
-
-    Example:
-        >>> store = PrefixStore(model, torch.device("cpu"), "past_key_values", None, pad_id=0)  # doctest: +SKIP
-        >>> argument, cache = store.for_rows([(5, 6, 7), (5, 6, 7), ()])                      # doctest: +SKIP
-    """
+    sequence. Missing prefixes are computed in one forward; those the next batch does not read are dropped."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, argument: str, keep_arg: str | None, pad_id: int):
         self.module, self.device, self.argument, self.keep_arg, self.pad_id = module, device, argument, keep_arg, pad_id
@@ -161,10 +153,5 @@ class PrefixStore:
 
 
 def prefix_lengths_mask(lengths: Sequence[int], width: int) -> torch.Tensor:
-    """Which of ``width`` cached prefix positions each row attends to: its own last ``lengths[row]``.
-
-    Example:
-        >>> prefix_lengths_mask([2, 0], 3).tolist()
-        [[False, True, True], [False, False, False]]
-    """
+    """Which of ``width`` cached prefix positions each row attends to: its own last ``lengths[row]``."""
     return torch.arange(width)[None, :] >= width - torch.tensor(list(lengths))[:, None]

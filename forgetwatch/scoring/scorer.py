@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import inspect
 import logging
 import weakref
 from collections import Counter
@@ -45,7 +44,7 @@ from forgetwatch.scoring.generation import (
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
-from forgetwatch.scoring.prefixes import PrefixStore, cache_argument, shared_prefix_lengths
+from forgetwatch.scoring.prefixes import PrefixStore, forward_arguments, shared_prefix_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -59,27 +58,14 @@ class Scorer:
 
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
-        probes: the probe set.
-        normalize: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
-        chat_template: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
-        max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
-        stop: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
-        extract: a callable ``text -> str | None`` used for every generative probe instead of
-            the probe's own ``extract`` mode (default ``None``); its result is compared with the
-            probe's answer as written (stripped), not normalized the way the probe's mode would.
-        reference_logprobs: also score each generative probe's reference answer, teacher-forced
-            after its prompt (default ``True``): its ``gold_logprob``, a drift signal that
-            moves before the answer flips, for one extra forward per probe in the same batches.
-        behaviour_max_new_tokens: as :class:`~forgetwatch.config.settings.Scoring` describes it (a
-            response may hold several lines, so ``stop`` does not apply). For every generated
-            response, prompts are kept whole and the length is cut to what the model's context
-            leaves after the prompt (one warning says so); a prompt that fills the context is
-            refused.
-        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and
-            the refusal rate (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`,
-            a phrase detector).
-        shared_prefixes: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
-        precision: as :class:`~forgetwatch.config.settings.Scoring` describes it (default: its own).
+        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision: as
+            :class:`~forgetwatch.config.settings.Scoring` describes them.
+        extract: a callable ``text -> str | None`` used for every generative probe instead of its ``extract`` mode;
+            its result is compared with the probe's answer as written (stripped).
+        reference_logprobs: also score each generative probe's reference answer, teacher-forced after its prompt
+            (its ``gold_logprob``, a drift signal), for one extra forward per probe in the same batches.
+        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and the refusal rate
+            (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
@@ -102,14 +88,12 @@ class Scorer:
         shared_prefixes: bool = Scoring.shared_prefixes,
         precision: str = Scoring.precision,
     ):
-        if isinstance(stop, str):
-            stop = (stop,)
         # checked where the settings are: a ConfigError (a ValueError) naming what to write
-        Scoring(
+        self.settings = Scoring(
             normalize=normalize,
             chat_template=chat_template,
             max_new_tokens=max_new_tokens,
-            stop=stop,
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
             behaviour_max_new_tokens=behaviour_max_new_tokens,
             shared_prefixes=shared_prefixes,
             precision=precision,
@@ -120,27 +104,16 @@ class Scorer:
                 "ask lm-eval for the chat template instead: ProbeSet.from_lm_eval(..., apply_chat_template=True, "
                 "tokenizer=tokenizer), with chat_template=False here"
             )
-        self.tokenizer = tokenizer
-        self.probes = probes
-        self.normalize = normalize
-        self.chat_template = chat_template
-        self.max_new_tokens = max_new_tokens
-        self.stop = tuple(stop)
-        self.extract = extract
-        self.behaviour_max_new_tokens = behaviour_max_new_tokens
+        self.tokenizer, self.probes, self.extract = tokenizer, probes, extract
         self.refusal_detector = refusal_detector or looks_like_refusal
         self._custom_detector = refusal_detector
         self.reference_logprobs = reference_logprobs
-        self.shared_prefixes = shared_prefixes
-        self.precision = precision
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
         # what one model taught (packing, plans, out-of-memory caps) never applies to another
         self._models: weakref.WeakKeyDictionary[torch.nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
         self._warned: set[str] = set()  # warnings given once per scorer
-        #: how many probes this process scored itself in the last call (all of them, unless
-        #: ``distributed=True`` shared them out)
-        self.scored_here = 0
+        self.scored_here = 0  # probes this process scored itself in the last call
 
     @property
     def encoded(self) -> list[Encoded]:
@@ -150,7 +123,7 @@ class Scorer:
     def _tokenized(self, visible: int) -> _Tokens:
         """The probes tokenized with their last ``visible`` tokens exact; again only for a longer context."""
         if self._tokens is None or self._tokens.visible < visible:
-            encoded = encode_probes(self.tokenizer, self.probes, self.chat_template, visible)
+            encoded = encode_probes(self.tokenizer, self.probes, self.settings.chat_template, visible)
             # what goes through the log-likelihood forwards: each multiple-choice probe, and each
             # generative probe's reference answer (teacher-forced, for its log-probability)
             reads = [
@@ -169,12 +142,7 @@ class Scorer:
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> None:
-        """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not):
-        what could fail later fails before training starts.
-
-        Example:
-            >>> Scorer(tokenizer, probes).prepare(model)   # doctest: +SKIP
-        """
+        """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not)."""
         max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
         tokens = self._tokenized(max_length + 1)
         self._check_vocabulary(unwrap(model), tokens)
@@ -182,9 +150,7 @@ class Scorer:
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
-        if model not in self._models:
-            self._models[model] = ModelFacts()
-        return self._models[model]
+        return self._models.setdefault(model, ModelFacts())
 
     def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
         """The most rows a planned batch of ``model`` holds (``default`` before any is planned)."""
@@ -193,27 +159,24 @@ class Scorer:
 
     @classmethod
     def with_settings(cls, tokenizer: Any, probes: ProbeSet, settings: Scoring, **more: Any) -> Scorer:
-        """A scorer with a :class:`~forgetwatch.Scoring` group's options; ``more``: ``extract``, ...
-
-        Example:
-            >>> scorer = Scorer.with_settings(tokenizer, probes, Scoring(max_new_tokens=32))  # doctest: +SKIP
-        """
+        """A scorer with a :class:`~forgetwatch.Scoring` group's options; ``more``: ``extract``, ..."""
         options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "batch_size"}
         return cls(tokenizer, probes, **options, **more)
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
+        s = self.settings
         options = scoring_options(
             self.probes,
-            normalize=self.normalize,
-            chat_template=self.chat_template,
-            max_new_tokens=self.max_new_tokens,
-            stop=self.stop,
+            normalize=s.normalize,
+            chat_template=s.chat_template,
+            max_new_tokens=s.max_new_tokens,
+            stop=s.stop,
             extract=self.extract,
-            behaviour_max_new_tokens=self.behaviour_max_new_tokens,
+            behaviour_max_new_tokens=s.behaviour_max_new_tokens,
             refusal_detector=self._custom_detector,
         )
-        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.precision)}
+        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), s.precision)}
 
     def __call__(
         self,
@@ -238,7 +201,7 @@ class Scorer:
         self._check_vocabulary(inner, tokens)
         prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
         scoring = self.scoring_for(model)
-        with borrowed(model, self.tokenizer), scoring_in(model, device, self.precision):
+        with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
             run = _Run(
                 model, device, pad, max_length, batch_size, ranks, self.about(model), tokens, scoring["precision"]
             )
@@ -308,14 +271,15 @@ class Scorer:
     def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
         """Generated probes by (the setting that limits the response, its length, stop strings)."""
         out: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
+        s, stop = self.settings, tuple(self.settings.stop)
         for i, p in enumerate(self.probes):
             if p.kind is ProbeKind.GENERATIVE:
-                how = ("max_new_tokens", self.max_new_tokens, self.stop)
+                how = ("max_new_tokens", s.max_new_tokens, stop)
                 if p.judge is not None:
-                    limit = self.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
-                    how = ("max_gen_toks", limit, self.stop if p.judge.stop is None else p.judge.stop)
+                    limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
+                    how = ("max_gen_toks", limit, stop if p.judge.stop is None else p.judge.stop)
             elif p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
-                how = ("behaviour_max_new_tokens", self.behaviour_max_new_tokens, ())
+                how = ("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ())
             else:
                 continue
             out.setdefault(how, []).append(i)
@@ -422,8 +386,7 @@ class Scorer:
 
     @staticmethod
     def _prefix_store(run: _Run) -> PrefixStore:
-        inner = unwrap(run.model)
-        return PrefixStore(forward_module(run.model), run.device, cache_argument(inner), _keep_arg(inner), run.pad_id)
+        return PrefixStore(forward_module(run.model), run.device, *forward_arguments(unwrap(run.model)), run.pad_id)
 
     def _warn_truncated(self, run: _Run) -> None:
         truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
@@ -485,7 +448,7 @@ class Scorer:
                     "scoring each choice as its own sequence, which is slower: %s",
                     reason or "another rank found packing inexact",
                 )
-            elif not facts.prefixes and self.shared_prefixes:
+            elif not facts.prefixes and self.settings.shared_prefixes:
                 self._warn_once(
                     "prefixes",
                     "computing shared prompt prefixes again for every probe, which is slower: %s",
@@ -496,7 +459,7 @@ class Scorer:
     def _may_share_prefixes(self, run: _Run) -> bool:
         """Whether this call reads shared prefixes from a cache: asked for, exact on this model, and not
         sharded over ranks (where forwards must be equal)."""
-        if not self.shared_prefixes:
+        if not self.settings.shared_prefixes:
             return False
         if run.tokens.choice_probes:  # checked with packing
             if not (run.packing and run.facts.prefixes):
@@ -540,7 +503,9 @@ class Scorer:
                 sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
             return sums
 
-        return packing_problem(probes, score, run.max_length, epsilon(run.precision), prefixes=self.shared_prefixes)
+        return packing_problem(
+            probes, score, run.max_length, epsilon(run.precision), prefixes=self.settings.shared_prefixes
+        )
 
     # -- generative ----------------------------------------------------------------------------
 
@@ -572,7 +537,7 @@ class Scorer:
         self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], scoring: dict[str, Any], model_name: str
     ) -> Answers:
         first_key = tokens.first_key
-        rules = Rules(self.normalize, self.extract, self.refusal_detector)
+        rules = Rules(self.settings.normalize, self.extract, self.refusal_detector)
         samples = []
         for i, probe in enumerate(self.probes):
             measured = Measured(sums[first_key[i] : first_key[i + 1]], texts.get(i))
@@ -639,13 +604,8 @@ class _Plan(NamedTuple):
 
 
 def _max_id(encoded: Encoded) -> int:
-    if isinstance(encoded, EncodedPrompt):
-        parts = [
-            encoded.prompt,
-            *([encoded.reference.context, *encoded.reference.continuations] if encoded.reference else []),
-        ]
-    else:
-        parts = [encoded.context, *encoded.continuations]
+    reads = [encoded.reference] if isinstance(encoded, EncodedPrompt) else [encoded]
+    parts = [getattr(encoded, "prompt", ()), *(part for r in reads if r for part in (r.context, *r.continuations))]
     return max((max(part) for part in parts if part), default=0)
 
 
@@ -653,16 +613,6 @@ def _text_config(model):
     config = getattr(model, "config", None)
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
-
-
-def _keep_arg(model) -> str | None:
-    """The forward argument that limits logits to the last positions, if any."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    for name in ("logits_to_keep", "num_logits_to_keep"):
-        if name in params:
-            return name
-    return None
 
 
 # The last few scorers, so repeated calls skip tokenizing; a scorer keeps each model's facts apart.
@@ -688,12 +638,9 @@ def evaluate(
     show_progress: bool = True,
     distributed: bool = False,
 ) -> Answers:
-    """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes.
-
-    Multiple choice is lm-eval-harness ``acc`` (``normalize="chars"``: ``acc_norm``); generative probes are
-    decoded greedily and their answer extracted; behaviour probes pass when every check holds. Tokenization
-    is cached across calls; the model and tokenizer are handed back exactly as found. The options are
-    :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
+    """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes (multiple choice as
+    lm-eval-harness ``acc``, generative probes decoded greedily). Tokenization is cached across calls; the options
+    are :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
 
     Example:
         >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
