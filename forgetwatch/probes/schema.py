@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from forgetwatch.behaviour.checks import check_problems
 from forgetwatch.common.patterns import compiled, pattern_problem
@@ -19,9 +19,6 @@ from forgetwatch.common.problems import InputError
 from forgetwatch.common.rows import FieldProblem, Rows
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
 from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
-
-if TYPE_CHECKING:
-    from forgetwatch.probes.lm_eval_tasks import LmEvalJudge
 
 EXTRACT_MODES = ("number", "letter", "exact")
 #: A question longer than this (characters) is more than any model sees: it loads, with one
@@ -79,8 +76,8 @@ class Probe:
     #: the text between the question and each choice (or the reference answer); ``None``: a
     #: space, or nothing after a chat template's assistant turn (lm-eval's default)
     delimiter: str | None = None
-    #: decides the answer instead of forgetwatch's rules (lm-eval probes); ``None``: ours
-    judge: LmEvalJudge | None = field(default=None, compare=False, hash=False, repr=False)
+    #: an ``LmEvalJudge``, which decides the answer by lm-eval's rules instead of ours (``None``)
+    judge: Any = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def kind(self) -> ProbeKind:
