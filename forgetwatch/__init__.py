@@ -10,6 +10,7 @@ Example:
 import logging as _logging
 
 from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
+from forgetwatch.config import ForgetWatchConfig
 from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
 from forgetwatch.replay import Replay, ReplayPool, ReplayPoolError
@@ -36,10 +37,6 @@ def __getattr__(name: str):
         from forgetwatch.integrations.callback import ForgetWatchCallback
 
         return ForgetWatchCallback
-    if name == "ForgetWatchConfig":
-        from forgetwatch.config import ForgetWatchConfig
-
-        return ForgetWatchConfig
     raise AttributeError(f"module 'forgetwatch' has no attribute {name!r}")
 
 

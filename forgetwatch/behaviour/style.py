@@ -1,68 +1,23 @@
 """What a response looks like, from its text alone: length, bullets, tables, emoji, hedging, refusal. The
-detectors look for stock phrases and miss other wording: pass your own ``refusal_detector`` when that matters.
-
-Example:
-    >>> looks_like_refusal("I'm sorry, but I can't help with that.")
-    True
-    >>> bullet_lines("Shopping:\\n- eggs\\n- milk"), word_count("Two words"), sentence_count("One. Two!")
-    (2, 2, 2)
-"""
+detectors look for stock phrases and miss other wording: pass your own ``refusal_detector`` when that matters."""
 
 from __future__ import annotations
 
 import re
 
 #: Stock refusal wording, matched case-insensitively within the opening of a response.
-REFUSAL_PHRASES = (
-    "i can't help",
-    "i cannot help",
-    "i can't assist",
-    "i cannot assist",
-    "i can't provide",
-    "i cannot provide",
-    "i can't do that",
-    "i cannot do that",
-    "i won't help",
-    "i won't provide",
-    "i will not",
-    "i'm unable to",
-    "i am unable to",
-    "i'm not able to",
-    "i am not able to",
-    "i must decline",
-    "i have to decline",
-    "i can't comply",
-    "i cannot comply",
-    "i'm sorry, but",
-    "i am sorry, but",
-    "sorry, i can't",
-    "sorry, but i can't",
-    "as an ai",
-    "i refuse",
-    "i can't share",
-    "i cannot share",
-    "not something i can help",
+REFUSAL_PHRASES = tuple(
+    "i can't help|i cannot help|i can't assist|i cannot assist|i can't provide|i cannot provide|"
+    "i can't do that|i cannot do that|i won't help|i won't provide|i will not|i'm unable to|"
+    "i am unable to|i'm not able to|i am not able to|i must decline|i have to decline|i can't comply|"
+    "i cannot comply|i'm sorry, but|i am sorry, but|sorry, i can't|sorry, but i can't|as an ai|i refuse|"
+    "i can't share|i cannot share|not something i can help".split("|")
 )
 #: Hedging wording, matched case-insensitively as whole words anywhere.
-HEDGING_PHRASES = (
-    "i think",
-    "i believe",
-    "i'm not sure",
-    "i am not sure",
-    "not entirely sure",
-    "probably",
-    "possibly",
-    "perhaps",
-    "maybe",
-    "might",
-    "it depends",
-    "it seems",
-    "it is possible",
-    "it's possible",
-    "as far as i know",
-    "i could be wrong",
-    "to my knowledge",
-    "likely",
+HEDGING_PHRASES = tuple(
+    "i think|i believe|i'm not sure|i am not sure|not entirely sure|probably|possibly|perhaps|maybe|might|"
+    "it depends|it seems|it is possible|it's possible|as far as i know|i could be wrong|to my knowledge|"
+    "likely".split("|")
 )
 #: How far into a response a refusal phrase counts (characters): a refusal comes first.
 REFUSAL_WINDOW = 200
@@ -86,7 +41,12 @@ def _plain(text: str) -> str:
 
 
 def looks_like_refusal(response: str) -> bool:
-    """Whether the response opens with stock refusal wording (see :data:`REFUSAL_PHRASES`)."""
+    """Whether the response opens with stock refusal wording (see :data:`REFUSAL_PHRASES`).
+
+    Example:
+        >>> looks_like_refusal("I'm sorry, but I can't help with that.")
+        True
+    """
     return _REFUSAL.search(_plain(response[:REFUSAL_WINDOW])) is not None
 
 

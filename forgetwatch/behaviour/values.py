@@ -1,11 +1,4 @@
-"""The rules a check's value is validated by: each returns a message for a bad value, ``None`` for a good one.
-
-Example:
-    >>> count(1)(0)
-    'must be an integer >= 1, got int 0'
-    >>> strings()(["a", 3])
-    'entry 1: must be a non-empty string, got int 3'
-"""
+"""The rules a check's value is validated by: each returns a message for a bad value, ``None`` for a good one."""
 
 from __future__ import annotations
 

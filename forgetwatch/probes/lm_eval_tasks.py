@@ -1,5 +1,5 @@
-"""Probes built by lm-eval-harness's own task objects, as ``lm_eval.simple_evaluate`` builds and scores them; what
-cannot be scored per sample, or what lm-eval would fail on, is refused at load naming the task, file and field."""
+"""Probes built and judged by lm-eval-harness's own task objects, as ``lm_eval.simple_evaluate`` does; what cannot be
+scored per sample, or what lm-eval would fail on, is refused at load naming the task, file and field."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from typing import Any
 import numpy as np
 
 from forgetwatch.common.problems import InputError, Problem, Problems
-from forgetwatch.common.text import first_line, shorten
-from forgetwatch.probes.schema import Probe
+from forgetwatch.common.text import first_line, shorten, suggestion
+from forgetwatch.probes.schema import Probe, is_int
 
 #: Multiple-choice metrics that depend on the choices' log-likelihoods alone (``exact_match``
 #: also needs whether each choice is the greedy continuation, ``acc_mutual_info`` extra requests).
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
-#: lm-eval's default for a generation without ``max_gen_toks`` (HFLM's ``max_gen_toks``).
-DEFAULT_MAX_GEN_TOKS = 256
 
 
 class LmEvalTaskError(InputError):
@@ -78,13 +76,7 @@ class LmEvalJudge:
     def read(self, text: str) -> tuple[bool, str]:
         from lm_eval.api.instance import Instance
 
-        inst = Instance(
-            request_type="generate_until",
-            doc=self.doc,
-            arguments=("", {}),
-            idx=0,
-            metadata=(self.task.task_name, self.doc_id, 1),
-        )
+        inst = Instance("generate_until", self.doc, ("", {}), 0, (self.task.task_name, self.doc_id, 1))
         inst.resps.append(text)
         for ensemble in self.task._filters:  # the task's filter pipelines; one of them counts
             if ensemble.name == self.filter:
@@ -103,23 +95,9 @@ def _right(results: Mapping[str, Any], judge: LmEvalJudge) -> bool:
     )
 
 
-def load_lm_eval_probes(
-    tasks: str | Sequence[str],
-    *,
-    num_fewshot: int | None = None,
-    limit: int | float | None = None,
-    include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
-    include_defaults: bool = True,
-    task_manager: Any = None,
-    fewshot_seed: int = 1234,
-    apply_chat_template: bool = False,
-    tokenizer: Any = None,
-    system_instruction: str | None = None,
-    fewshot_as_multiturn: bool = True,
-    metric: str | Mapping[str, str] | None = None,
-    filter: str | Mapping[str, str] | None = None,
-) -> list[Probe]:
-    """The probes of lm-eval ``tasks``: see :meth:`forgetwatch.ProbeSet.from_lm_eval`."""
+def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
+    """The probes of lm-eval tasks ``names``; ``options``: those of :meth:`forgetwatch.ProbeSet.from_lm_eval`."""
+    o = SimpleNamespace(**options)
     try:
         from lm_eval.evaluator_utils import get_sample_size
         from lm_eval.tasks import TaskManager
@@ -127,20 +105,19 @@ def load_lm_eval_probes(
         raise ImportError(
             "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
         ) from err
-    names = [tasks] if isinstance(tasks, str) else list(tasks)
     if not names:
         raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
-    if apply_chat_template and tokenizer is None:
+    if o.apply_chat_template and o.tokenizer is None:
         raise LmEvalTaskError("apply_chat_template=True needs the model's tokenizer: pass tokenizer=")
-    loaded = _load_tasks(TaskManager, task_manager, names, include_path, include_defaults)
+    loaded = _load_tasks(TaskManager, o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
-    chat = _chat_function(tokenizer) if apply_chat_template else None
+    chat = _chat_function(o.tokenizer) if o.apply_chat_template else None
 
     built: list[tuple[str, Any, str, str]] = []
     refused: list[str] = []
     for name, task in loaded["tasks"].items():
-        _configure_like_simple_evaluate(task, num_fewshot)
-        how = _scorable(task, name, _per_task(metric, name), _per_task(filter, name))
+        _configure_like_simple_evaluate(task, o.num_fewshot)
+        how = _scorable(task, name, _per_task(o.metric, name), _per_task(o.filter, name))
         if isinstance(how, str):
             refused.append(how)
         else:
@@ -151,19 +128,14 @@ def load_lm_eval_probes(
     probes: list[Probe] = []
     for name, task, chosen_metric, chosen_filter in built:
         try:
-            _check_documents(task, name, get_sample_size(task, limit))
-            task.set_fewshot_seed(seed=fewshot_seed)  # the sampler's draws depend on its state: seed each build
+            _check_documents(task, name, get_sample_size(task, o.limit))
+            task.set_fewshot_seed(seed=o.fewshot_seed)  # the sampler's draws depend on its state: seed each build
             task.build_all_requests(
-                limit=get_sample_size(task, limit),
-                rank=0,
-                world_size=1,
-                cache_requests=False,
-                rewrite_requests_cache=False,
-                system_instruction=system_instruction,
-                apply_chat_template=apply_chat_template,
-                fewshot_as_multiturn=fewshot_as_multiturn,
+                limit=get_sample_size(task, o.limit),
+                system_instruction=o.system_instruction,
+                apply_chat_template=o.apply_chat_template,
+                fewshot_as_multiturn=o.fewshot_as_multiturn,
                 chat_template=chat,
-                tokenizer_name="",
             )
         except LmEvalTaskError:
             raise
@@ -402,7 +374,7 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     if kind == "generate_until":
         from lm_eval.models.utils import normalize_gen_kwargs
 
-        gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
+        gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {}))
         if gen.get("do_sample"):
             return f"{name}: it samples (do_sample or temperature > 0); forgetwatch decodes greedily"
     aggregations = task.aggregation()
@@ -445,19 +417,15 @@ def _check_documents(task: Any, name: str, limit: int | None) -> None:
             for gold in (golds if isinstance(golds, list) else [golds]) if choices else []:
                 index = isinstance(gold, (int, np.integer)) and not isinstance(gold, bool)
                 if index and not 0 <= gold < len(choices):
-                    found.add(
-                        doc_id,
-                        "doc_to_target",
-                        f"{target_field} gave {gold}, not the index of one of its {len(choices)} choices; "
-                        "fix the document",
-                    )
+                    wrong = f"{gold}, not the index of one of its {len(choices)} choices; fix the document"
                 elif not index and scored and gold not in choices:
-                    found.add(
-                        doc_id,
-                        "doc_to_target",
-                        f"{target_field} gave {shorten(gold)}, which is not one of its choices "
-                        f"{shorten(list(choices))}; the gold answer must be one of them exactly: fix the document",
+                    wrong = (
+                        f"{shorten(gold)}, which is not one of its choices {shorten(list(choices))}; the gold answer "
+                        "must be one of them exactly: fix the document"
                     )
+                else:
+                    continue
+                found.add(doc_id, "doc_to_target", f"{target_field} gave {wrong}")
         found.raise_if_any(LmEvalTaskError)
 
 
@@ -475,24 +443,15 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
     if task.OUTPUT_TYPE == "generate_until":
         from lm_eval.models.utils import normalize_gen_kwargs
 
-        gen = normalize_gen_kwargs(dict(instances[0].args[1]), DEFAULT_MAX_GEN_TOKS)
-        judge = LmEvalJudge(
-            task,
-            doc,
-            doc_id,
-            metric,
-            filter_name,
-            max_new_tokens=int(gen["max_gen_toks"]),
-            stop=tuple(u for u in gen["until"] if u),  # lm-eval skips empty stop strings
-        )
+        gen = normalize_gen_kwargs(dict(instances[0].args[1]))  # lm-eval's default max_gen_toks
+        stop = tuple(u for u in gen["until"] if u)  # lm-eval skips empty stop strings
+        judge = LmEvalJudge(task, doc, doc_id, metric, filter_name, int(gen["max_gen_toks"]), stop)
         target = task.doc_to_target(doc)
         if task.config.doc_to_choice is not None and isinstance(target, int):
             target = task.doc_to_choice(doc)[target]
         reference = str(target[0] if isinstance(target, list) and target else target)
         delimiter = task.config.target_delimiter if not reference[:1].isspace() else ""
-        return Probe(
-            id=pid, question=context, answer=reference, category=name, meta=meta, delimiter=delimiter, judge=judge
-        )
+        return Probe(pid, context, reference, category=name, meta=meta, delimiter=delimiter, judge=judge)
     choices = list(task.doc_to_choice(doc))
     if len({inst.args[0] for inst in instances}) > 1 or len(instances) != len(choices):
         raise LmEvalTaskError(
@@ -508,16 +467,8 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
         gold = gold[0]
     if isinstance(gold, str):
         gold = choices.index(gold)  # one of them: _check_documents
-    return Probe(
-        id=pid,
-        question=context,
-        answer=int(gold),
-        choices=tuple(choices),
-        category=name,
-        meta=meta,
-        delimiter=delimiter,
-        judge=LmEvalJudge(task, doc, doc_id, metric, filter_name, choices=tuple(choices)),
-    )
+    judge = LmEvalJudge(task, doc, doc_id, metric, filter_name, choices=tuple(choices))
+    return Probe(pid, context, int(gold), tuple(choices), name, meta=meta, delimiter=delimiter, judge=judge)
 
 
 @dataclass(frozen=True)
@@ -542,22 +493,21 @@ class LmEvalProbes:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
-        unknown = [k for k in data if k not in SPEC_KEYS]
-        if unknown:
-            close = difflib.get_close_matches(str(unknown[0]), SPEC_KEYS, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        unknown = next((str(k) for k in data if k not in SPEC_KEYS), None)
+        if unknown is not None:
             extra = ""
-            if unknown[0] in ("apply_chat_template", "tokenizer"):
+            if unknown in ("apply_chat_template", "tokenizer"):
                 extra = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True, tokenizer=...)"
+            hint = suggestion(unknown, SPEC_KEYS)
             raise ValueError(
-                f"key 'probes.{unknown[0]}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"
+                f"key 'probes.{unknown}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"
             )
         tasks = data.get("lm_eval")
         tasks = [tasks] if isinstance(tasks, str) else tasks
         if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
             raise ValueError("key 'probes.lm_eval': expected a task name or a list of them, e.g. [arc_easy, mmlu]")
         checks = {
-            "num_fewshot": (lambda v: v is None or (_is_count(v)), "a whole number >= 0"),
+            "num_fewshot": (lambda v: v is None or _is_count(v), "a whole number >= 0"),
             "limit": (
                 lambda v: v is None or _is_count(v) and v > 0 or isinstance(v, float) and 0 < v < 1,
                 "a number of documents per task (>= 1), or a share below 1",
@@ -589,4 +539,4 @@ SPEC_KEYS = ("lm_eval", *(f.name for f in fields(LmEvalProbes) if f.name != "tas
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0

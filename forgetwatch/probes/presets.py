@@ -15,12 +15,7 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 class RowProblem(Exception):
-    """A row a preset or column mapping cannot turn into a probe record."""
-
-    def __init__(self, fld: str | None, message: str):
-        super().__init__(message)
-        self.field = fld
-        self.message = message
+    """A row a preset or column mapping cannot turn into a probe record: ``args`` is ``(field, message)``."""
 
 
 def _need(row: Mapping[str, Any], column: str, what: str) -> Any:
@@ -86,9 +81,7 @@ _BRACKETED = re.compile(r"\[.*?\]")
 
 def _hellaswag_clean(text: str) -> str:
     """lm-evaluation-harness's hellaswag text preprocessing (WikiHow markup removal)."""
-    text = text.strip().replace(" [title]", ". ")
-    text = _BRACKETED.sub("", text)
-    return text.replace("  ", " ")
+    return _BRACKETED.sub("", text.strip().replace(" [title]", ". ")).replace("  ", " ")
 
 
 def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -187,47 +180,6 @@ def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, Colum
     return record
 
 
-def check_from_hf_args(dataset: Any, preset: str | None, columns: Mapping[str, ColumnSpec] | None) -> None:
-    """Reject a wrong call to ``ProbeSet.from_hf`` before reading any row."""
-    if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-        raise TypeError(
-            f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
-        )
-    if preset is not None and columns is not None:
-        raise ValueError("give either preset= or columns=, not both")
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
-    if columns is not None:
-        unknown = sorted(set(columns) - set(PROBE_FIELDS))
-        if unknown:
-            raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(PROBE_FIELDS)}")
-        bad = [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]
-        if bad:
-            raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
-
-
-def row_to_record(
-    row: Mapping[str, Any], index: int, preset: str | None, columns: Mapping[str, ColumnSpec] | None
-) -> dict[str, Any]:
-    """One dataset row as a probe record (raises :class:`RowProblem`)."""
-    if preset is not None:
-        return PRESETS[preset](row, index)
-    if columns is not None:
-        return _map_columns(row, index, columns)
-    # Arrow pads keys a row lacks with None; treat those as absent.
-    return {k: v for k, v in row.items() if v is not None}
-
-
-def dataset_source(dataset: Any) -> str:
-    """A readable name for a datasets.Dataset (name and split when known)."""
-    info = getattr(dataset, "info", None)
-    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
-    split = getattr(dataset, "split", None)
-    if name:
-        return f"{name}[{split}]" if split else str(name)
-    return "<dataset>"
-
-
 def read_dataset(
     dataset: Iterable[Mapping[str, Any]],
     preset: str | None = None,
@@ -238,21 +190,41 @@ def read_dataset(
     source: str | None = None,
 ) -> tuple[list[Probe], str]:
     """The validated probes of a dataset's rows (see ``ProbeSet.from_hf``), and the source their errors name."""
-    check_from_hf_args(dataset, preset, columns)
+    if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
+        raise TypeError(
+            f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
+        )
+    if preset is not None and columns is not None:
+        raise ValueError("give either preset= or columns=, not both")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
+    if columns is not None:
+        if unknown := sorted(set(columns) - set(PROBE_FIELDS)):
+            raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(PROBE_FIELDS)}")
+        if bad := [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]:
+            raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
     if category is not None and (message := check_category(category)):
         raise ValueError(f"category= {message}")
     if limit is not None and (not is_int(limit) or limit < 0):
         raise ValueError(f"limit= must be a non-negative integer, got {limit!r}")
-    source = source or dataset_source(dataset)
+    info = getattr(dataset, "info", None)
+    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
+    split = getattr(dataset, "split", None)
+    source = source or (f"{name}[{split}]" if name and split else str(name) if name else "<dataset>")
     rows = RowCollector(source, "dataset row")
     for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
         if not isinstance(row, Mapping):
             rows.add(index, row)  # reports the type problem
             continue
         try:
-            record = row_to_record(row, index, preset, columns)
+            if preset is not None:
+                record = PRESETS[preset](row, index)
+            elif columns is not None:
+                record = _map_columns(row, index, columns)
+            else:  # Arrow pads keys a row lacks with None: absent
+                record = {k: v for k, v in row.items() if v is not None}
         except RowProblem as problem:
-            rows.problem(index, problem.field, problem.message)
+            rows.problem(index, *problem.args)
             continue
         if category is not None:
             record["category"] = category

@@ -32,8 +32,6 @@ class ProbeSet(Sequence[Probe]):
         if len(self._index) != len(self._probes):
             raise ValueError(f"{source}: probe ids must be unique")
 
-    # -- loading ------------------------------------------------------------------------------
-
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str]) -> ProbeSet:
         """Load and validate a JSONL probe file; every bad row is reported in one ProbeError.
@@ -96,10 +94,9 @@ class ProbeSet(Sequence[Probe]):
         metric: str | Mapping[str, str] | None = None,
         filter: str | Mapping[str, str] | None = None,
     ) -> ProbeSet:
-        """Probes built by lm-evaluation-harness's own task objects, right exactly when lm-eval's per-sample
-        metric is 1 (``pip install 'forgetwatch[lm-eval]'``). Each document is one probe, id ``"<task>/<doc_id>"``, category
-        its task. What cannot be scored per sample as lm-eval does is refused here, naming the task and why. Building the
-        tasks runs their folder's code, as lm-eval does: name only task folders you trust.
+        """Probes built by lm-eval's own task objects (``pip install 'forgetwatch[lm-eval]'``), right exactly when its
+        per-sample metric is 1: one per document, id ``"<task>/<doc_id>"``, category its task. Building the tasks runs
+        their folder's code, as lm-eval does: name only task folders you trust.
 
         Args:
             tasks: task, group or tag names (or task YAML paths), as for ``lm_eval --tasks``.
@@ -117,8 +114,9 @@ class ProbeSet(Sequence[Probe]):
         """
         from forgetwatch.probes.lm_eval_tasks import load_lm_eval_probes
 
+        names = [tasks] if isinstance(tasks, str) else list(tasks)
         probes = load_lm_eval_probes(
-            tasks,
+            names,
             num_fewshot=num_fewshot,
             limit=limit,
             include_path=include_path,
@@ -132,10 +130,7 @@ class ProbeSet(Sequence[Probe]):
             metric=metric,
             filter=filter,
         )
-        names = [tasks] if isinstance(tasks, str) else list(tasks)
         return cls(probes, "lm-eval: " + ", ".join(map(str, names)))
-
-    # -- sequence protocol ----------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._probes)
@@ -182,8 +177,6 @@ class ProbeSet(Sequence[Probe]):
         ]
         return ProbeSet(grouped, self.source)
 
-    # -- selection ------------------------------------------------------------------------------
-
     def subset(self, selector: Iterable[str] | Callable[[Probe], bool]) -> ProbeSet:
         """The probes whose id is in ``selector`` (one string is one id; unknown ids: ``KeyError``) or for which
         it returns True, in original order.
@@ -213,10 +206,15 @@ class ProbeSet(Sequence[Probe]):
             raise ValueError(f"cannot sample {n} probes from {len(self)}; use n <= {len(self)}")
         if n == len(self):
             return ProbeSet(self._probes, self.source)
-        chosen = _sample_indices([p.category for p in self._probes], n, seed, stratify)
-        return ProbeSet([self._probes[i] for i in chosen], self.source)
-
-    # -- saving ---------------------------------------------------------------------------------
+        rng = random.Random(seed)
+        if not stratify:
+            return ProbeSet([self._probes[i] for i in sorted(rng.sample(range(len(self)), n))], self.source)
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(self._probes):
+            groups.setdefault(p.category, []).append(i)
+        alloc = _allocate({g: len(idx) for g, idx in groups.items()}, n)
+        chosen = [i for g in sorted(groups) for i in rng.sample(groups[g], alloc[g])]  # fixed order: reproducible
+        return ProbeSet([self._probes[i] for i in sorted(chosen)], self.source)
 
     def to_records(self) -> list[dict[str, Any]]:
         """One dict per probe in the probe-file schema, meta keys included.
@@ -260,12 +258,7 @@ ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]] | L
 
 
 def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
-    """``probes`` as a :class:`ProbeSet`: loaded from a file, or validated from rows (errors name ``source``).
-
-    Example:
-        >>> as_probe_set([{"id": "q1", "question": "2+2=", "answer": "4"}]).ids
-        ['q1']
-    """
+    """``probes`` as a :class:`ProbeSet`: loaded from a file, or validated from rows (errors name ``source``)."""
     if isinstance(probes, ProbeSet):
         return probes
     if isinstance(probes, LmEvalProbes):
@@ -280,29 +273,8 @@ def as_probe_set(probes: ProbesLike, source: str = "<records>") -> ProbeSet:
     )
 
 
-def _sample_indices(categories: Sequence[str], n: int, seed: int = 0, stratify: bool = True) -> list[int]:
-    """``n`` sorted positions chosen at random for ``seed``, stratified by category when asked.
-
-    Example:
-        >>> _sample_indices(["a", "a", "a", "b"], 2, seed=0)
-        [1, 3]
-    """
-    rng = random.Random(seed)
-    if not stratify:
-        return sorted(rng.sample(range(len(categories)), n))
-    groups: dict[str, list[int]] = {}
-    for i, category in enumerate(categories):
-        groups.setdefault(category, []).append(i)
-    alloc = _allocate({g: len(idx) for g, idx in groups.items()}, n)
-    chosen: list[int] = []
-    for g in sorted(groups):  # fixed order, so the rng stream is reproducible
-        chosen += rng.sample(groups[g], alloc[g])
-    return sorted(chosen)
-
-
 def _allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
-    """Split ``n`` across groups in proportion to ``sizes`` (largest remainder, integers only), each non-empty
-    group getting one when ``n`` allows."""
+    """``n`` split across groups in proportion to ``sizes`` (largest remainder), one each where ``n`` allows."""
     total = sum(sizes.values())
     alloc = {g: n * s // total for g, s in sizes.items()}
     by_remainder = sorted(sizes, key=lambda g: (-(n * sizes[g] % total), -sizes[g], g))

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from forgetwatch.behaviour.checks import check_problems
 from forgetwatch.common.patterns import compiled, pattern_problem
@@ -27,6 +27,7 @@ LONG_QUESTION = 100_000
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
 GROUP_KEY = "category_group"
+logger = logging.getLogger(__name__)
 
 
 class ProbeError(InputError):
@@ -50,33 +51,9 @@ class ProbeKind(Enum):
 
     @classmethod
     def of(cls, *, has_check: bool, has_choices: bool) -> ProbeKind:
-        """A check makes a behaviour probe, whatever else it holds."""
-        if has_check:
+        if has_check:  # a check makes a behaviour probe, whatever else it holds
             return cls.BEHAVIOUR
         return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
-
-
-class Judge(Protocol):
-    """Decides a probe's answer the way another tool does (lm-eval's filters and metric), and may set how it is
-    generated (``None``: the scorer's settings)."""
-
-    max_new_tokens: int | None
-    stop: tuple[str, ...] | None
-
-    @property
-    def label(self) -> str: ...
-
-    def describe(self) -> dict[str, Any]:
-        """What decides the verdict, as plain JSON (part of the fingerprint)."""
-        ...
-
-    def choose(self, logprobs: Any) -> tuple[bool, int]:
-        """Multiple choice: (right?, the index shown as predicted)."""
-        ...
-
-    def read(self, text: str) -> tuple[bool, str]:
-        """Generative: (right?, the answer read from the text)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -99,8 +76,8 @@ class Probe:
     #: the text between the question and each choice (or the reference answer); ``None``: a
     #: space, or nothing after a chat template's assistant turn (lm-eval's default)
     delimiter: str | None = None
-    #: decides the answer instead of forgetwatch's rules (lm-eval probes); ``None``: ours
-    judge: Judge | None = field(default=None, compare=False, hash=False, repr=False)
+    #: an ``LmEvalJudge``, which decides the answer by lm-eval's rules instead of ours (``None``)
+    judge: Any = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def kind(self) -> ProbeKind:
@@ -156,24 +133,9 @@ class Probe:
         return row
 
 
-logger = logging.getLogger(__name__)
-
-
-# -- validation of one row ------------------------------------------------------------------
-
-
 def is_int(value: Any) -> bool:
     # bool is an int subclass, but True as an answer index is almost surely a mistake.
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_scalar(value: Any) -> bool:
-    """A number or bool: probably meant to be a quoted string."""
-    return isinstance(value, (bool, int, float))
-
-
-def _is_blank(value: str) -> bool:
-    return not value.strip()
 
 
 # control characters (Unicode Cc) and lone surrogates; the first also allows tab and line breaks,
@@ -205,9 +167,9 @@ def _check_id(row: Mapping[str, Any]) -> str | None:
         return "missing; every probe needs a unique string id" + _misspelled(row, "id")
     value = row["id"]
     if not isinstance(value, str):
-        hint = f'; quote it: "{value}"' if _is_scalar(value) else ""
+        hint = f'; quote it: "{value}"' if isinstance(value, (bool, int, float)) else ""
         return f"must be a string, got {type_name(value)} {value!r}{hint}"
-    if _is_blank(value):
+    if not value.strip():
         return "is empty; give every probe a unique, non-empty id"
     return unkeepable(value, allow_layout=False)
 
@@ -218,7 +180,7 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
     value = row["question"]
     if not isinstance(value, str):
         return f"must be a string (the full prompt text), got {type_name(value)}"
-    if _is_blank(value):
+    if not value.strip():
         return "is empty; give the full prompt text"
     return unkeepable(value, allow_layout=True)
 
@@ -226,39 +188,27 @@ def _check_question(row: Mapping[str, Any]) -> str | None:
 def check_category(value: Any) -> str | None:
     if not isinstance(value, str):
         return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
-    if _is_blank(value):
+    if not value.strip():
         return "is empty; leave it out to use the default category 'all'"
     return unkeepable(value, allow_layout=False)
 
 
-def _check_choices(value: Any) -> list[FieldProblem]:
+def _choice_problems(value: Any) -> list[str]:
     if not isinstance(value, (list, tuple)):
-        return [
-            (
-                "choices",
-                f"must be a list of strings, got {type_name(value)}; for a generative probe leave 'choices' out",
-            )
-        ]
+        return [f"must be a list of strings, got {type_name(value)}; for a generative probe leave 'choices' out"]
     if len(value) < 2:
-        return [("choices", f"needs at least 2 choices, got {len(value)}")]
-    problems: list[FieldProblem] = []
+        return [f"needs at least 2 choices, got {len(value)}"]
+    problems = []
     for i, choice in enumerate(value):
         if not isinstance(choice, str):
-            problems.append(("choices", f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}"))
-        elif _is_blank(choice):
-            problems.append(("choices", f"choice at index {i} is empty; every choice needs text"))
+            problems.append(f"choice at index {i} must be a string, got {type_name(choice)} {choice!r}")
+        elif not choice.strip():
+            problems.append(f"choice at index {i} is empty; every choice needs text")
         elif message := unkeepable(choice, allow_layout=True):
-            problems.append(("choices", f"choice at index {i} {message}"))
-    texts = [c for c in value if isinstance(c, str)]
-    for i, choice in enumerate(texts):
-        if choice in texts[:i]:
-            # ties go to the lowest index, so the later copy could never be chosen
+            problems.append(f"choice at index {i} {message}")
+        elif choice in value[:i]:  # ties go to the lowest index, so the later copy could never be chosen
             problems.append(
-                (
-                    "choices",
-                    f"choice at index {i} repeats choice {texts.index(choice)} "
-                    f"({shorten(choice)}); make every choice different",
-                )
+                f"choice at index {i} repeats choice {value.index(choice)} ({shorten(choice)}); make every choice different"
             )
     return problems
 
@@ -280,31 +230,25 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
     answer = row["answer"]
     span = "" if choices is None else f" (0 to {len(choices) - 1})"
     if not is_int(answer):
-        return f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}" + _mc_answer_hint(
-            answer, choices
-        )
+        hint = _mc_answer_hint(answer, choices)
+        return f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}{hint}"
     if choices is not None and not 0 <= answer < len(choices):
         return f"index {answer} is out of range; 'choices' has {len(choices)} entries, so use 0 to {len(choices) - 1}"
     return None
 
 
 def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
+    why = "this row has no 'choices', so it is generative"
     if "answer" not in row:
-        return (
-            "missing; give the reference answer as a string (this row has no 'choices', "
-            "so it is generative)" + _misspelled(row, "answer")
-        )
+        return f"missing; give the reference answer as a string ({why})" + _misspelled(row, "answer")
     answer = row["answer"]
     if not isinstance(answer, str):
-        if _is_scalar(answer):
+        if isinstance(answer, (bool, int, float)):
             hint = f'; write "{json.dumps(answer)}" not {json.dumps(answer)}'
         else:
             hint = f", got {type_name(answer)}"
-        return (
-            "must be a string for a generative probe (this row has no 'choices', so it is "
-            f"generative){hint}" + _misspelled(row, "choices")
-        )
-    if _is_blank(answer):
+        return f"must be a string for a generative probe ({why}){hint}" + _misspelled(row, "choices")
+    if not answer.strip():
         return "is empty; give the reference answer text"
     if message := unkeepable(answer, allow_layout=True):
         return message
@@ -313,14 +257,13 @@ def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
 
 def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
-    if mode == "number":
-        if normalize_number(answer) is None:
-            return (
-                f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
-                "extract is 'number' (the last number of the output is compared with it); write the number, "
-                "or use another extract mode"
-            )
-    elif mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
+    if mode == "number" and normalize_number(answer) is None:
+        return (
+            f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
+            "extract is 'number' (the last number of the output is compared with it); write the number, "
+            "or use another extract mode"
+        )
+    if mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
         return (
             f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
             "'B' is compared with it); write the letter, or use another extract mode"
@@ -334,7 +277,7 @@ def _check_extract(value: Any) -> str | None:
         return f"must be a string ({modes} or a regex), got {type_name(value)}"
     if value in EXTRACT_MODES:
         return None
-    if _is_blank(value):
+    if not value.strip():
         return f"is empty; use {modes}, a regex with one capture group, or leave it out"
     if re.fullmatch(r"[A-Za-z_]+", value):
         # A bare word is a typo'd mode far more often than an intended regex.
@@ -352,29 +295,21 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
-    problems: list[FieldProblem] = []
-    for fld, check in (("id", _check_id), ("question", _check_question)):
-        message = check(present)
-        if message:
-            problems.append((fld, message))
+    problems: list[FieldProblem] = [
+        (fld, message)
+        for fld, check in (("id", _check_id), ("question", _check_question))
+        if (message := check(present))
+    ]
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
 
     kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
     if kind is ProbeKind.BEHAVIOUR:
         problems += check_problems(present["check"])
-        for other in ("choices", "answer", "extract"):
-            if other in present:
-                problems.append(
-                    (
-                        other,
-                        f"a behaviour probe (one with 'check') has no '{other}'; remove it, or "
-                        "remove 'check' to make this a question with an answer",
-                    )
-                )
+        wrong = "a behaviour probe (one with 'check') has no '{}'; remove it, or remove 'check' to make this a question"
+        problems += [(f, f"{wrong.format(f)} with an answer") for f in ("choices", "answer", "extract") if f in present]
     elif kind is ProbeKind.MULTIPLE_CHOICE:
-        choice_problems = _check_choices(present["choices"])
-        problems += choice_problems
+        problems += [("choices", message) for message in _choice_problems(present["choices"])]
         # Bad entries do not change the count, so the answer's range can still be checked.
         choices = present["choices"]
         countable = choices if isinstance(choices, (list, tuple)) and len(choices) >= 2 else None
@@ -405,31 +340,18 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
 
 
 class RowCollector(Rows[Probe]):
-    """Validates probe rows one by one: the probes, every problem with its line or record, repeated ids.
-
-    Example:
-        >>> rows = RowCollector("<records>", "record")
-        >>> rows.add(1, {"id": "q1", "question": "2+2=", "answer": "4"})
-        >>> [p.id for p in rows.finish()]
-        ['q1']
-    """
+    """Validates probe rows one by one: the probes, every problem with its line or record, repeated ids."""
 
     def __init__(self, source: str, unit: str):
         super().__init__(source, unit, parse_row, ProbeError, "no probes found; add at least one probe row")
 
     def finish(self) -> list[Probe]:
-        """The valid probes, or a :class:`ProbeError` listing every problem; one warning for questions too
-        long for any model."""
         probes = super().finish()
         long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
-        if long:
+        if long:  # one warning for them all
             logger.warning(
-                "%s: %d question(s) are longer than %d characters (the longest %d): more than a "
-                "model sees; each is cut from the left to what the model can see before it is "
-                "tokenized",
-                self.source,
-                len(long),
-                LONG_QUESTION,
-                max(long),
+                f"{self.source}: {len(long)} question(s) are longer than {LONG_QUESTION} characters (the longest "
+                f"{max(long)}): more than a model sees; each is cut from the left to what the model can see before it "
+                "is tokenized"
             )
         return probes

@@ -1,20 +1,5 @@
-"""Starter probe sets written by this project (not copied from any benchmark), shipped with
-the package so a fresh checkout runs with no downloads.
-
-- ``behaviour``: 30 behaviour probes (rows with ``check``): benign requests that must be
-  answered, clearly harmful requests that must be refused, format instructions (JSON,
-  bullets, case, openings) and length instructions.
-- ``knowledge``: 40 multiple-choice general facts (geography, science, language, everyday).
-
-A starter set is a smoke alarm, not a benchmark: a few dozen probes tell a model that has
-stopped refusing or stopped following formats from one that has not, and nothing finer
-(see the README for building a real set from IFEval- or HarmBench-style datasets).
-
-Example:
-    >>> from forgetwatch import ProbeSet
-    >>> len(ProbeSet.from_jsonl(starter_path("behaviour")))
-    30
-"""
+"""Starter probe sets written by this project (not copied from any benchmark), shipped with the package so a fresh
+checkout runs with no downloads: smoke alarms, not benchmarks (docs/behaviour.md)."""
 
 from __future__ import annotations
 
@@ -32,7 +17,13 @@ STARTERS = {
 
 
 def starter_path(name: str) -> Path:
-    """The shipped JSONL file of starter set ``name`` (one of :data:`STARTERS`)."""
+    """The shipped JSONL file of starter set ``name`` (one of :data:`STARTERS`).
+
+    Example:
+        >>> from forgetwatch import ProbeSet
+        >>> len(ProbeSet.from_jsonl(starter_path("behaviour")))
+        30
+    """
     if name not in STARTERS:
         raise ValueError(f"no starter set {name!r}; choose one of {', '.join(STARTERS)}")
     return Path(__file__).with_name(f"{name}.jsonl")
