@@ -26,11 +26,10 @@ from forgetwatch.sinks.tables import shown_answer
 
 #: Probes listed in each table of the page.
 TOP = 25
-#: Characters of an answer a table cell shows (the whole one is its tooltip).
-_ANSWER_CHARS = 40
+PathLike = str | os.PathLike[str]
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
+def load_run(path: PathLike) -> Run:
     """A run from its forgetwatch directory or the trainer's output directory."""
     path = run_directory(path)
     if not (path / HISTORY).is_file():
@@ -71,13 +70,7 @@ def _series(run: Run, key: str, category: str | None = None) -> list[float | Non
     return [None if r is None else _num(getattr(r, key)) for r in reports]
 
 
-def write_report(
-    run_dirs: Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    *,
-    png: str | os.PathLike[str] | None = None,
-    top: int = TOP,
-) -> Path:
+def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike | None = None, top: int = TOP) -> Path:
     """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``.
 
     Example:
@@ -110,25 +103,18 @@ def _page(runs: list[Run], top: int) -> str:
             'forgetwatch report draws its charts with plotly: pip install "forgetwatch[report]"'
         ) from None
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
-    parts = [
-        f"<h1>{_e(title)}</h1>",
-        _summary(runs),
-        "<h2>Over training</h2>",
-        *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))),
-        _figure(_survival(runs), "survival"),
-    ]
-    if any(_has_behaviour(r) for r in runs):
-        parts.append(_figure(_behaviour(runs), "behaviour"))
-    for k, run in enumerate(runs):
+    parts: list[str | dict[str, Any]] = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>"]
+    parts += [*_curves(runs), _survival(runs), *([_behaviour(runs)] if any(map(_has_behaviour, runs)) else [])]
+    for run in runs:
         groups = {g: _group_forgetting(run, cs) for g, cs in _groups(run).items()}
         categories = {c: _series(run, "forgetting", c) for c in sorted(set(run.trajectory.categories))}
         parts += [
             f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
-            *([_figure(_heatmap(run, groups, "group"), f"groups-{k}")] if groups else []),
-            _figure(_heatmap(run, categories, "category"), f"heatmap-{k}"),
+            *([_heatmap(run, groups, "group")] if groups else []),
+            _heatmap(run, categories, "category"),
             _probe_tables(run, top),
         ]
-    body = "\n".join(parts)
+    body = "\n".join(p if isinstance(p, str) else _figure(p, f"fig-{k}") for k, p in enumerate(parts))
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n"
@@ -214,13 +200,7 @@ def _layout(title: str, y_title: str, height: int = 460, right: str | None = Non
         "margin": {"t": 50},
     }
     if right is not None:
-        layout["yaxis2"] = {
-            "title": {"text": right},
-            "overlaying": "y",
-            "side": "right",
-            "showgrid": False,
-            **right_axis,
-        }
+        layout["yaxis2"] = dict(title={"text": right}, overlaying="y", side="right", showgrid=False, **right_axis)
     return layout
 
 
@@ -385,9 +365,8 @@ def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
     return f'<h3>{_e(title)}</h3>{note}<table class="probes">{head}{"".join(lines)}</table>'
 
 
-def _cell(text: str, kind: str = "") -> str:
-    css = f"a {kind}".strip()
-    return f'<td class="{css}" title="{_e(text)}">{_e(_cut(text, _ANSWER_CHARS))}</td>'
+def _cell(text: str, kind: str = "") -> str:  # an answer: 40 characters shown, the whole one its tooltip
+    return f'<td class="a {kind}" title="{_e(text)}">{_e(_cut(text, 40))}</td>'
 
 
 def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
@@ -400,18 +379,14 @@ def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
 
 
 def _signal_line(signal: np.ndarray) -> str:
-    finite = np.isfinite(signal)
-    if finite.sum() < 2:
+    finite = signal[np.isfinite(signal)].astype(float)
+    if len(finite) < 2:
         return ""
-    lo, hi = float(signal[finite].min()), float(signal[finite].max())
-    span = hi - lo or 1.0
-    points = " ".join(
-        f"{5 * k + 2},{11 - 10 * (float(v) - lo) / span:.1f}" for k, v in enumerate(signal) if math.isfinite(v)
-    )
+    lo, span = finite.min(), (finite.max() - finite.min()) or 1.0
+    points = " ".join(f"{5 * k + 2},{11 - 10 * (v - lo) / span:.1f}" for k, v in enumerate(signal) if math.isfinite(v))
     return (
         f'<svg class="spark" width="{5 * len(signal)}" height="12"><polyline points="{points}">'
-        f"<title>from {float(signal[finite][0]):.2f} to {float(signal[finite][-1]):.2f} nats</title>"
-        "</polyline></svg>"
+        f"<title>from {finite[0]:.2f} to {finite[-1]:.2f} nats</title></polyline></svg>"
     )
 
 
@@ -428,8 +403,7 @@ def _line(x: list[int], y: list[float | None], name: str, color: str, dash: str,
     }
 
 
-def _figure(spec: dict[str, Any], key: str) -> str:
-    div = "fig-" + "".join(c if c.isalnum() else "-" for c in key)
+def _figure(spec: dict[str, Any], div: str) -> str:
     # no markup inside the script: "</script>" or "<!--" in a name would end or derail it
     data = json.dumps(spec, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (
