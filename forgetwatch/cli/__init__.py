@@ -37,14 +37,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    parsed: int | str = value
-    if value != "auto":
-        try:
-            parsed = int(value)
-        except ValueError:
-            pass
-    problem = batch_size_problem(parsed)
-    if problem:
+    parsed = int(value) if value.lstrip("-").isdigit() else value
+    if problem := batch_size_problem(parsed):
         raise argparse.ArgumentTypeError(problem)
     return parsed
 
@@ -361,8 +355,7 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
     wanted = scoring_options(probes, **_scoring(args))
     # the precision is the model's, known once it is loaded (checked in _score)
     wanted["precision"] = base.scoring.get("precision")
-    problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
-    if problem:
+    if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
         raise UsageError(
             f"--base {args.base} was scored for {problem}; "
             "pass the same --normalize / --chat-template / --max-new-tokens"
@@ -399,16 +392,9 @@ def _score(
             f"the base was scored in {precision} and {ckpt.name} computes in {mine}: rounding alone "
             f"would flip answers; pass --dtype {precision.split('+')[0].split()[0]} to score it alike"
         )
+    batches = {"batch_size": args.batch_size, "shared_prefixes": args.shared_prefixes}
     try:
-        answers = evaluate(
-            model,
-            tokenizer,
-            probes,
-            batch_size=args.batch_size,
-            shared_prefixes=args.shared_prefixes,
-            show_progress=not args.no_progress,
-            **_scoring(args),
-        )
+        answers = evaluate(model, tokenizer, probes, show_progress=not args.no_progress, **batches, **_scoring(args))
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = ckpt.name
