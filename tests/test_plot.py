@@ -17,7 +17,6 @@ import pytest
 
 from forgetwatch.reporting.plot import (
     LEGEND_MAX,
-    _figure,
     _runs_figure,
     load_history,
     plot_history,
@@ -120,7 +119,7 @@ def test_overwrites_existing_file(tmp_path):
 
 @needs_mpl
 def test_figure_content():
-    fig = _figure(make_history(), "my title")
+    fig = _runs_figure([(None, make_history())], "my title")
     texts = legend_texts(fig)
     assert texts[:3] == ["overall", "overall, chance-adjusted", "overall, 95% interval"]
     # categories ordered by peak forgetting: topic_02 forgets fastest
@@ -146,7 +145,7 @@ def test_figure_content():
 @needs_mpl
 def test_many_categories_cap_the_legend(tmp_path):
     history = make_history(n_categories=30, n=600)
-    fig = _figure(history, None)
+    fig = _runs_figure([(None, history)], None)
     texts = legend_texts(fig)
     assert len(texts) <= LEGEND_MAX
     assert texts[-1] == f"+{30 - (len(texts) - 4)} more categories"
@@ -202,7 +201,7 @@ def test_single_evaluation(tmp_path):
     assert history[0]["report"]["backward_transfer"] > 0.05
     out = plot_history(history, tmp_path / "one.png")
     assert_not_blank(read_png(out))
-    fig = _figure(history, None)
+    fig = _runs_figure([(None, history)], None)
     assert "1 evaluation," in fig._suptitle.get_text()
     assert_all_data_visible(fig)
     assert len(text_curve(history).splitlines()) == 1
@@ -216,7 +215,7 @@ def test_curves_start_at_the_base(n_evaluations):
     history = make_history()[1 : 1 + n_evaluations]
     steps = [r["step"] for r in history]
     assert steps[0] > 0 and history[-1]["report"]["forgetting"] > 0
-    fig = _figure(history, None)
+    fig = _runs_figure([(None, history)], None)
     for ax in fig.axes[:2]:
         assert len(ax.lines) == 5  # 3 categories, overall and adjusted
         for line in ax.lines:
@@ -257,7 +256,7 @@ def test_several_runs_one_row_each_with_categories_and_one_y_axis_from_zero(tmp_
 
 @needs_mpl
 def test_single_category_is_not_drawn_twice():
-    fig = _figure(make_history(n_categories=1), None)
+    fig = _runs_figure([(None, make_history(n_categories=1))], None)
     assert legend_texts(fig)[3:] == []
     assert len(fig.axes[0].lines) == 2  # overall and adjusted
 

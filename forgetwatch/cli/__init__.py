@@ -37,22 +37,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    parsed: int | str = value
-    if value != "auto":
-        try:
-            parsed = int(value)
-        except ValueError:
-            pass
-    problem = batch_size_problem(parsed)
-    if problem:
+    parsed = int(value) if value.lstrip("-").isdigit() else value
+    if problem := batch_size_problem(parsed):
         raise argparse.ArgumentTypeError(problem)
     return parsed
 
 
-def _help(name: str, show_default: bool = True) -> str:
-    """A scoring option's help as :class:`~forgetwatch.config.settings.Scoring` declares it."""
+def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """A scoring option with the default and help :class:`~forgetwatch.config.settings.Scoring` declares."""
     text = help_text(Scoring)[name].rstrip(".").replace("%", "%%")
-    return f"{text} (default: %(default)s)" if show_default else text
+    text += "" if kwargs.get("action") else " (default: %(default)s)"
+    parser.add_argument("--" + name.replace("_", "-"), default=getattr(Scoring, name), help=text, **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,54 +66,32 @@ def _parser() -> argparse.ArgumentParser:
         help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
     )
     scoring.add_argument(
-        "--num-fewshot", type=int, default=None, metavar="N", help="with --lm-eval-tasks: few-shot examples per prompt"
+        "--num-fewshot", type=int, metavar="N", help="with --lm-eval-tasks: few-shot examples per prompt"
     )
     scoring.add_argument(
-        "--limit", type=int, default=None, metavar="N", help="with --lm-eval-tasks: the first N documents of each task"
+        "--limit", type=int, metavar="N", help="with --lm-eval-tasks: the first N documents of each task"
     )
-    scoring.add_argument(
-        "--include-path", default=None, metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs"
-    )
-    scoring.add_argument(
-        "--batch-size", type=_batch_size, default=Scoring.batch_size, metavar="N", help=_help("batch_size")
-    )
-    scoring.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    scoring.add_argument("--include-path", metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs")
+    _option(scoring, "batch_size", type=_batch_size, metavar="N")
+    scoring.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     scoring.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights' dtype (default: as saved; float32 for a GGUF file)",
     )
-    scoring.add_argument(
-        "--chat-template",
-        action="store_true",
-        default=Scoring.chat_template,
-        help=_help("chat_template", show_default=False),
-    )
-    scoring.add_argument(
-        "--normalize", choices=[m for m in NORMALIZE_MODES if m], default=Scoring.normalize, help=_help("normalize")
-    )
-    scoring.add_argument(
-        "--max-new-tokens", type=int, default=Scoring.max_new_tokens, metavar="N", help=_help("max_new_tokens")
-    )
-    scoring.add_argument(
-        "--behaviour-max-new-tokens",
-        type=int,
-        default=Scoring.behaviour_max_new_tokens,
-        metavar="N",
-        help=_help("behaviour_max_new_tokens"),
-    )
+    _option(scoring, "chat_template", action="store_true")
+    _option(scoring, "normalize", choices=[m for m in NORMALIZE_MODES if m])
+    _option(scoring, "max_new_tokens", type=int, metavar="N")
+    _option(scoring, "behaviour_max_new_tokens", type=int, metavar="N")
     scoring.add_argument(
         "--no-shared-prefixes",
         dest="shared_prefixes",
         action="store_false",
-        default=Scoring.shared_prefixes,
         help="score every probe whole (default: a prompt prefix many probes share, such as a few-shot block, "
         "is computed once per evaluation and read from the KV cache)",
     )
-    scoring.add_argument(
-        "--tokenizer", default=None, metavar="PATH", help="tokenizer to use (default: the one saved with each model)"
-    )
+    scoring.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own)")
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
@@ -126,47 +99,27 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
 
     cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
-    cmp.add_argument(
-        "--base",
-        required=True,
-        metavar="PATH",
-        help="base model directory, .gguf file, hub id, or answers file from 'forgetwatch evaluate'",
-    )
-    cmp.add_argument(
-        "--model", required=True, metavar="PATH", help="post-trained model directory, .gguf file or hub id"
-    )
-    cmp.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="write both answers, per-sample and per-category CSVs and a JSON summary here",
-    )
+    what = "model directory, .gguf file or hub id"
+    cmp.add_argument("--base", required=True, metavar="PATH", help=f"base {what}, or answers of 'forgetwatch evaluate'")
+    cmp.add_argument("--model", required=True, metavar="PATH", help=f"post-trained {what}")
+    cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
+
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
-    rep.add_argument(
-        "runs",
-        nargs="+",
-        metavar="RUN_DIR",
-        help="a run's forgetwatch directory (OUTPUT_DIR/forgetwatch) or the trainer's output directory",
-    )
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
-    rep.add_argument("--png", default=None, metavar="FILE.png", help="also draw the curves as a PNG")
+    rep.add_argument("--png", metavar="FILE.png", help="also draw the curves as a PNG")
     rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
+
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
-    probes.add_argument(
-        "--starter", required=True, choices=list(STARTERS), help="; ".join(f"{k}: {v}" for k, v in STARTERS.items())
-    )
-    probes.add_argument(
-        "--out", default=None, metavar="FILE", help="the JSONL probe file to write (default: standard output)"
-    )
+    starters = "; ".join(f"{k}: {v}" for k, v in STARTERS.items())
+    probes.add_argument("--starter", required=True, choices=list(STARTERS), help=starters)
+    probes.add_argument("--out", metavar="FILE", help="the JSONL probe file to write (default: standard output)")
+
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
-    demo.add_argument(
-        "--out",
-        metavar="DIR",
-        help=f"where the curve (PNG), history and probes go (default: {DEMO_OUT}, with --real forgetwatch-real)",
-    )
+    demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
     demo.add_argument("--steps", type=int, metavar="N", help="post-training steps (default 60; --real: 40)")
     demo.add_argument(
-        "--eval-steps", type=int, metavar="N", help="re-score the probes every N steps (default 5; --real: 10)"
+        "--eval-steps", type=int, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
     )
     demo.add_argument(
         "--real",
@@ -179,11 +132,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
     )
+
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
     path.add_argument("framework", choices=["swift"], help="swift: for ms-swift's --external_plugins")
-    lmf = sub.add_parser(
-        "llamafactory", help="run LLaMA-Factory's training (as llamafactory-cli train) with forgetwatch watching"
-    )
+    lmf = sub.add_parser("llamafactory", help="run LLaMA-Factory's training (llamafactory-cli train) with forgetwatch")
     lmf.add_argument("config", metavar="CONFIG", help="LLaMA-Factory's YAML/JSON, with forgetwatch_<key> settings")
     lmf.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="overrides, as llamafactory-cli")
     return parser
@@ -193,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forgetwatch`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        # each command runs as _<command>_command
+        return globals()[f"_{args.command.replace('-', '_')}_command"](args)
     except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
         # Errors in the user's input are these types (a foreign library reading the input, as
         # lm-eval loading tasks, is wrapped where it is called): one message, exit 2. Any other
@@ -402,8 +355,7 @@ def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSe
     wanted = scoring_options(probes, **_scoring(args))
     # the precision is the model's, known once it is loaded (checked in _score)
     wanted["precision"] = base.scoring.get("precision")
-    problem = base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted)
-    if problem:
+    if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
         raise UsageError(
             f"--base {args.base} was scored for {problem}; "
             "pass the same --normalize / --chat-template / --max-new-tokens"
@@ -419,10 +371,7 @@ def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Ch
             print(f"forgetwatch: {ckpt.note}", file=sys.stderr)
     for model in models:
         check(model, shared or model)
-    tokenizers: dict[Checkpoint, Any] = {}
-    for model in models:
-        if (shared or model) not in tokenizers:
-            tokenizers[shared or model] = load_tokenizer(shared or model)
+    tokenizers = {ckpt: load_tokenizer(ckpt) for ckpt in dict.fromkeys(shared or model for model in models)}
     return [(model, tokenizers[shared or model]) for model in models]
 
 
@@ -443,16 +392,9 @@ def _score(
             f"the base was scored in {precision} and {ckpt.name} computes in {mine}: rounding alone "
             f"would flip answers; pass --dtype {precision.split('+')[0].split()[0]} to score it alike"
         )
+    batches = {"batch_size": args.batch_size, "shared_prefixes": args.shared_prefixes}
     try:
-        answers = evaluate(
-            model,
-            tokenizer,
-            probes,
-            batch_size=args.batch_size,
-            shared_prefixes=args.shared_prefixes,
-            show_progress=not args.no_progress,
-            **_scoring(args),
-        )
+        answers = evaluate(model, tokenizer, probes, show_progress=not args.no_progress, **batches, **_scoring(args))
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = ckpt.name
@@ -476,16 +418,6 @@ def _check_device(device: str | None) -> None:
     if kind == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
-
-_COMMANDS = {
-    "evaluate": _evaluate_command,
-    "compare": _compare_command,
-    "report": _report_command,
-    "probes": _probes_command,
-    "demo": _demo_command,
-    "plugin-path": _plugin_path_command,
-    "llamafactory": _llamafactory_command,
-}
 
 if __name__ == "__main__":
     sys.exit(main())

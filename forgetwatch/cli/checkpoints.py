@@ -1,12 +1,5 @@
 """Checkpoints named on the command line (a directory, a GGUF file or a hub id): located, checked before any model
-loads, and loaded without running their own code or scoring weights they do not hold.
-
-Example:
-    >>> locate("--model", "runs/finall")  # doctest: +SKIP
-    Traceback (most recent call last):
-        ...
-    forgetwatch.cli.checkpoints.CheckpointError: --model: no such directory: runs/finall
-"""
+loads, and loaded without running their own code or scoring weights they do not hold."""
 
 from __future__ import annotations
 
@@ -23,10 +16,8 @@ from typing import Any
 
 from forgetwatch.common.text import first_line, listing
 
-#: ``namespace/name``, as the hub spells repository ids.
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-#: The classes forgetwatch loads: an ``auto_map`` entry for one of them is the checkpoint's own code.
-LOADED_CLASSES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
+_LOADED = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")  # an auto_map entry for one: the checkpoint's code
 _MODEL_FILES = ("config.json",)
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
@@ -55,14 +46,7 @@ class Checkpoint:
 
 def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
     """Where ``value`` is: a local directory, a ``.gguf`` file (or a folder holding one), or a hub id cached or on
-    the hub (``a/b`` is local when ``a`` is a local directory). Raises :class:`CheckpointError` in one line.
-
-    Example:
-        >>> locate("--model", "/no/such/dir")
-        Traceback (most recent call last):
-            ...
-        forgetwatch.cli.checkpoints.CheckpointError: --model: no such directory: /no/such/dir
-    """
+    the hub (``a/b`` is local when ``a`` is a local directory). Raises :class:`CheckpointError` in one line."""
     path = os.path.expanduser(value)
     if os.path.exists(path):
         what = "tokenizer" if tokenizer else "model"
@@ -81,7 +65,7 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
             if not tokenizer:
                 raise CheckpointError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
         return Checkpoint(flag, value, path, local=True)
-    if not HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
+    if not _HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
         raise CheckpointError(f"{flag}: no such {'file' if value.lower().endswith('.gguf') else 'directory'}: {value}")
     return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
 
@@ -114,15 +98,9 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
     unreachable = _ask_hub(flag, repo)
     if unreachable is None:
         return Checkpoint(flag, repo, repo, local=False)
+    note = f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy"
     if cached:
-        return Checkpoint(
-            flag,
-            repo,
-            repo,
-            local=False,
-            cached_only=True,
-            note=f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy",
-        )
+        return Checkpoint(flag, repo, repo, local=False, cached_only=True, note=note)
     raise CheckpointError(
         f"{flag} {repo}: no such directory, and the hub cannot be reached to look it up "
         f"({unreachable}); it is not in the local hub cache either"
@@ -150,12 +128,7 @@ def _ask_hub(flag: str, repo: str) -> str | None:
 
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
-    """What can be found wrong before loading: the checkpoint's own code (``auto_map``), damaged GGUF or weight files.
-
-    Example:
-        >>> model = locate("--model", "runs/final")  # doctest: +SKIP
-        >>> check(model, model)  # doctest: +SKIP
-    """
+    """What can be found wrong before loading: the checkpoint's own code (``auto_map``), damaged GGUF or weight files."""
     for ckpt, name in dict.fromkeys(
         [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
     ):
@@ -199,7 +172,7 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
         auto_map = {"AutoTokenizer": auto_map}
     if not isinstance(auto_map, dict):
         return
-    own = [f"{k} -> {auto_map[k]}" for k in LOADED_CLASSES if k in auto_map]
+    own = [f"{k} -> {auto_map[k]}" for k in _LOADED if k in auto_map]
     if own:
         known = f" (model_type {doc['model_type']!r})" if isinstance(doc.get("model_type"), str) else ""
         raise CheckpointError(
@@ -256,11 +229,7 @@ def _check_weight_files(root: Path) -> None:
 
 
 def load_tokenizer(ckpt: Checkpoint) -> Any:
-    """The checkpoint's tokenizer, running none of its code.
-
-    Example:
-        >>> tokenizer = load_tokenizer(locate("--model", "runs/final"))  # doctest: +SKIP
-    """
+    """The checkpoint's tokenizer, running none of its code."""
     from transformers import AutoTokenizer
 
     try:
@@ -276,11 +245,7 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
 
 def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     """The checkpoint as a causal language model on ``device``: none of its code run, pickles only as plain
-    tensors, refused when a tensor the model needs is missing or of another shape (it would be random).
-
-    Example:
-        >>> model = load_model(locate("--model", "runs/final"), "auto", "cpu")  # doctest: +SKIP
-    """
+    tensors, refused when a tensor the model needs is missing or of another shape (it would be random)."""
     import torch
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM

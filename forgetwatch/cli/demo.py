@@ -28,17 +28,12 @@ def run_demo(
     replay: bool = False,
 ):
     """Run the demo; returns the callback. With ``replay``, probes on half the facts and a replay pool of the other
-    half: the run without and with replay, side by side.
-
-    Example:
-        >>> cb = run_demo("demo-out", steps=20)  # doctest: +SKIP
-        >>> cb.history[-1][1].forgetting          # doctest: +SKIP
-        0.19
-    """
+    half: the run without and with replay, side by side."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if importlib.util.find_spec("trl") is None:
         raise ImportError('forgetwatch demo needs TRL: pip install "forgetwatch[demo]"')
 
+    from forgetwatch.config.settings import Output
     from forgetwatch.probes import ProbeSet
     from forgetwatch.replay import ReplayPool
     from forgetwatch.reporting.page import write_report
@@ -60,16 +55,15 @@ def run_demo(
         f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
         f"scoring {len(probes)} probes every {eval_steps} steps{', without and with replay' if replay else ''} ..."
     )
-    train = functools.partial(
-        _post_train, world, tokenizer, base, probes, steps=steps, eval_steps=eval_steps, seed=seed
-    )
-    if not replay:
-        callback = train(out, verbose=not quiet)
-        runs = [out]
-    else:
-        plain = train(out / "without-replay")
-        callback = train(out / "with-replay", replay=ReplayPool.from_records(pool, source="demo pool"))
+    output = Output(verbose=not (quiet or replay))
+    train = functools.partial(_post_train, world, tokenizer, base, probes, steps, eval_steps, seed, output=output)
+    if replay:
         runs = [out / "without-replay", out / "with-replay"]
+        plain = train(runs[0])
+        callback = train(runs[1], replay=ReplayPool.from_records(pool, source="demo pool"))
+    else:
+        runs = [out]
+        callback = train(out)
 
     say("3/3 results")
     if replay:
@@ -94,13 +88,7 @@ def run_demo(
 
 
 def run_real_demo(argv: list[str]):
-    """``forgetwatch demo --real``: this checkout's ``examples/real_model.py`` with ``argv``; returns its callback.
-
-    Example:
-        >>> run_real_demo(["--steps", "20"])   # doctest: +SKIP
-    """
-    import importlib.util
-
+    """``forgetwatch demo --real``: this checkout's ``examples/real_model.py`` with ``argv``; returns its callback."""
     path = Path(__file__).resolve().parents[2] / "examples" / "real_model.py"
     if not path.is_file():
         raise ImportError(
@@ -113,29 +101,15 @@ def run_real_demo(argv: list[str]):
     return module.main(argv)
 
 
-def _post_train(
-    world,
-    tokenizer,
-    base,
-    probes,
-    out: Path,
-    steps: int,
-    eval_steps: int,
-    seed: int,
-    verbose: bool = False,
-    **callback_settings,
-):
+def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, seed: int, out: Path, **settings):
     """TRL SFT of a copy of ``base`` on the world's arithmetic, watched; the callback."""
     import trl
     from datasets import Dataset
     from transformers import PrinterCallback
 
-    from forgetwatch.config.settings import Output
     from forgetwatch.integrations.callback import ForgetWatchCallback
 
-    callback = ForgetWatchCallback(
-        probes, eval_steps=eval_steps, output_dir=str(out), output=Output(verbose=verbose), **callback_settings
-    )
+    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, output_dir=str(out), **settings)
     args = trl.SFTConfig(
         str(out / "sft"),
         max_steps=steps,

@@ -1,10 +1,5 @@
 """``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs: curves, behaviour
-drift, heatmaps by category, survival, and tables of forgotten, flickering and at-risk probes.
-
-Example:
-    >>> write_report(["out/forgetwatch"], "report.html")          # doctest: +SKIP
-    PosixPath('report.html')
-"""
+drift, heatmaps by category, survival, and tables of forgotten, flickering and at-risk probes."""
 
 from __future__ import annotations
 
@@ -13,6 +8,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +17,7 @@ import numpy as np
 from forgetwatch.behaviour.drift import SHARES
 from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
-from forgetwatch.probes import Probe, ProbeKind
+from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import HISTORY, SUBDIR, Run, read_run, run_directory
 from forgetwatch.results.trajectory import Trajectory
@@ -30,18 +26,11 @@ from forgetwatch.sinks.tables import shown_answer
 
 #: Probes listed in each table of the page.
 TOP = 25
-_CURVES = (
-    ("forgetting", "forgetting"),
-    ("backward_transfer", "backward transfer"),
-    ("forgetting_adjusted", "forgetting (chance-adjusted)"),
-)
-#: Characters of an answer a table cell shows (the whole one is its tooltip).
-_ANSWER_CHARS = 40
+PathLike = str | os.PathLike[str]
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
-    """A run from its forgetwatch directory or the trainer's output directory; ``FileNotFoundError`` without a
-    history."""
+def load_run(path: PathLike) -> Run:
+    """A run from its forgetwatch directory or the trainer's output directory."""
     path = run_directory(path)
     if not (path / HISTORY).is_file():
         raise FileNotFoundError(
@@ -52,21 +41,19 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
 
 def _has_behaviour(run: Run) -> bool:
-    """Whether the run has behaviour probes (without its probe file: drift figures)."""
+    # without its probe file: whether its history has drift figures
     if run.probes:
         return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
     return any(report.behaviour for _, report in run.history)
 
 
 def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
-    """Steps and ``values`` with the base's value ahead at step 0."""
     if run.steps and run.steps[0] <= 0:  # the base step was evaluated itself
         return run.steps, values
     return [0, *run.steps], [at_base if not values or values[0] is not None else None, *values]
 
 
 def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    """A rate (0 at the base) or accuracy (the base's) from the base on."""
     base = run.trajectory.correct[:, 0]
     at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
     return _from_base(run, _series(run, key), at_base)
@@ -83,21 +70,28 @@ def _series(run: Run, key: str, category: str | None = None) -> list[float | Non
     return [None if r is None else _num(getattr(r, key)) for r in reports]
 
 
-def write_report(
-    run_dirs: Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    *,
-    png: str | os.PathLike[str] | None = None,
-    top: int = TOP,
-) -> Path:
-    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``."""
+def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike | None = None, top: int = TOP) -> Path:
+    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``.
+
+    Example:
+        >>> write_report(["out/forgetwatch"], "report.html")  # doctest: +SKIP
+        PosixPath('report.html')
+    """
+    from forgetwatch.reporting.plot import plot_history, plot_runs
+
     runs = [load_run(d) for d in run_dirs]
-    _unique_names(runs)
+    seen: dict[str, int] = {}
+    for run in runs:  # two runs of one name: the second is "name (2)"
+        seen[run.name] = seen.get(run.name, 0) + 1
+        if seen[run.name] > 1:
+            run.name = f"{run.name} ({seen[run.name]})"
     page = _page(runs, top)
     with atomic_write(out) as f:
         f.write(page)
-    if png is not None:
-        _png(runs, png)
+    if png is not None and len(runs) == 1:
+        plot_history(runs[0].records, png, title=f"forgetting: {runs[0].name}")
+    elif png is not None:
+        plot_runs({run.name: run.records for run in runs}, png, title="forgetwatch: forgetting by run")
     return Path(out)
 
 
@@ -109,25 +103,18 @@ def _page(runs: list[Run], top: int) -> str:
             'forgetwatch report draws its charts with plotly: pip install "forgetwatch[report]"'
         ) from None
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
-    parts = [
-        f"<h1>{_e(title)}</h1>",
-        _summary(runs),
-        "<h2>Over training</h2>",
-        *(_figure(spec, f"curves-{k}") for k, spec in enumerate(_curves(runs))),
-        _figure(_survival(runs), "survival"),
-    ]
-    if any(_has_behaviour(r) for r in runs):
-        parts.append(_figure(_behaviour(runs), "behaviour"))
-    for k, run in enumerate(runs):
+    parts: list[str | dict[str, Any]] = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>"]
+    parts += [*_curves(runs), _survival(runs), *([_behaviour(runs)] if any(map(_has_behaviour, runs)) else [])]
+    for run in runs:
         groups = {g: _group_forgetting(run, cs) for g, cs in _groups(run).items()}
         categories = {c: _series(run, "forgetting", c) for c in sorted(set(run.trajectory.categories))}
         parts += [
             f"<h2>{_e(run.name) if len(runs) > 1 else 'By category and by probe'}</h2>",
-            *([_figure(_heatmap(run, groups, "group"), f"groups-{k}")] if groups else []),
-            _figure(_heatmap(run, categories, "category"), f"heatmap-{k}"),
+            *([_heatmap(run, groups, "group")] if groups else []),
+            _heatmap(run, categories, "category"),
             _probe_tables(run, top),
         ]
-    body = "\n".join(parts)
+    body = "\n".join(p if isinstance(p, str) else _figure(p, f"fig-{k}") for k, p in enumerate(parts))
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n"
@@ -164,14 +151,13 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     if len(runs) == 1:
         run = runs[0]
         traces = [
-            _line(*_curve(run, key), name, color, dash)
-            for (key, name), color, dash in zip(_CURVES, ("#d62728", "#2ca02c", "#d62728"), ("solid", "solid", "dash"))
-        ]
-        traces += [
+            _line(*_curve(run, "forgetting"), "forgetting", "#d62728", "solid"),
+            _line(*_curve(run, "backward_transfer"), "backward transfer", "#2ca02c", "solid"),
+            _line(*_curve(run, "forgetting_adjusted"), "forgetting (chance-adjusted)", "#d62728", "dash"),
             _line(*_curve(run, "accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
             _line(*_curve(run, "accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2"),
+            *_noise(run, "#999"),
         ]
-        traces += _noise(run, "#999")
         layout = _layout(
             "Forgetting, backward transfer and accuracy by training step",
             "share of probes",
@@ -182,8 +168,7 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
         )
         return [{"data": traces, "layout": layout}]
     rates, accuracy = [], []
-    for k, run in enumerate(runs):
-        color = _COLORS[k % len(_COLORS)]
+    for run, color in zip(runs, cycle(_COLORS)):
         rates += [
             _line(*_curve(run, "forgetting"), f"{run.name}: forgetting", color, "solid"),
             _line(*_curve(run, "backward_transfer"), f"{run.name}: backward transfer", color, "dot"),
@@ -215,18 +200,11 @@ def _layout(title: str, y_title: str, height: int = 460, right: str | None = Non
         "margin": {"t": 50},
     }
     if right is not None:
-        layout["yaxis2"] = {
-            "title": {"text": right},
-            "overlaying": "y",
-            "side": "right",
-            "showgrid": False,
-            **right_axis,
-        }
+        layout["yaxis2"] = dict(title={"text": right}, overlaying="y", side="right", showgrid=False, **right_axis)
     return layout
 
 
 def _groups(run: Run) -> dict[str, list[str]]:
-    """Each category group of the run and its categories, where its probes have groups."""
     group_of = {p.category: p.category_group for p in run.probes.values()}
     groups: dict[str, list[str]] = {}
     for category, group in sorted(group_of.items()):
@@ -235,7 +213,6 @@ def _groups(run: Run) -> dict[str, list[str]]:
 
 
 def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
-    """A group's forgetting at every evaluation: its categories' forgotten over their probes."""
     out: list[float | None] = []
     for _, report in run.history:
         children = [report.by_category[c] for c in categories if c in report.by_category]
@@ -271,12 +248,11 @@ def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[s
 
 
 def _behaviour(runs: list[Run]) -> dict[str, Any]:
-    """The share of responses with each style feature (the base's dotted) and their length against the base's."""
+    # the share of responses with each style feature (the base's dotted), and their length against the base's
     traces = []
-    for k, run in enumerate(runs):
+    for run, color in zip(runs, cycle(_COLORS)):
         if not _has_behaviour(run):
             continue
-        color = _COLORS[k % len(_COLORS)]
         prefix = f"{run.name}: " if len(runs) > 1 else ""
         features = SHARES if len(runs) == 1 else SHARES[:1]
         for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
@@ -305,17 +281,11 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
 
 
 def _survival(runs: list[Run]) -> dict[str, Any]:
-    traces = [
-        _line(
-            [int(s) for s in run.trajectory.steps],
-            [_num(v) for v in run.trajectory.survival()],
-            run.name,
-            _COLORS[k % len(_COLORS)],
-            "solid",
-            shape="hv",
-        )
-        for k, run in enumerate(runs)
-    ]
+    traces = []
+    for run, color in zip(runs, cycle(_COLORS)):
+        t = run.trajectory
+        traces.append(_line(t.steps.tolist(), [_num(v) for v in t.survival()], run.name, color, "solid"))
+        traces[-1]["line"]["shape"] = "hv"
     layout = _layout("Survival: share of the base's right answers not yet forgotten once", "survival", height=380)
     layout["yaxis"]["range"] = [0, 1.02]
     return {"data": traces, "layout": layout}
@@ -327,43 +297,30 @@ def _probe_tables(run: Run, top: int) -> str:
     risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
     risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
     unknown = (
-        ""
-        if run.latest is not None
-        else '<p class="note">The run directory holds no answers of its last '
-        'evaluation (written by an older forgetwatch, or resumed and not evaluated since): "answer now" '
-        "says right or wrong.</p>"
+        '<p class="note">The run directory holds no answers of its last evaluation (written by an older forgetwatch, '
+        'or resumed and not evaluated since): "answer now" says right or wrong.</p>'
     )
-    return unknown + "".join(
-        [
-            _table(
-                run,
-                _forgotten_now(t)[:top],
-                "Forgotten most often, and wrong now",
-                "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the "
-                "last evaluation; most events first, then those wrong the longest",
-                "no probe is forgotten now",
-            ),
-            _table(
-                run,
-                _flickering(t)[:top],
-                "Flickering: forgotten, then right again",
-                "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
-                "first. One wrong again at the last evaluation is in both tables",
-                "no probe came back after a forgetting event",
-            ),
-            _table(
-                run,
-                risky,
-                "At risk at the last evaluation: still right, margin slipping",
-                "",
-                "no probe is at risk at the last evaluation",
-            ),
-        ]
-    )
+    tables = [
+        (
+            _forgotten_now(t)[:top],
+            "Forgotten most often, and wrong now",
+            "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the last "
+            "evaluation; most events first, then those wrong the longest",
+            "no probe is forgotten now",
+        ),
+        (
+            _flickering(t)[:top],
+            "Flickering: forgotten, then right again",
+            "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
+            "first. One wrong again at the last evaluation is in both tables",
+            "no probe came back after a forgetting event",
+        ),
+        (risky, "At risk at the last evaluation: still right, margin slipping", "", "no probe is at risk now"),
+    ]
+    return ("" if run.latest else unknown) + "".join(_table(run, *table) for table in tables)
 
 
 def _forgotten_now(t: Trajectory) -> list[int]:
-    """Probes with a forgetting event wrong at the last evaluation: most events, then longest wrong, first."""
     events = t.forgetting_events()
     wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
     rows = np.flatnonzero((events > 0) & ~t.correct[:, -1])
@@ -371,7 +328,6 @@ def _forgotten_now(t: Trajectory) -> list[int]:
 
 
 def _flickering(t: Trajectory) -> list[int]:
-    """Probes right again after a forgetting event: most flips, then most events, first."""
     events, flips = t.forgetting_events(), _flips(t)
     return sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i]))
 
@@ -388,41 +344,29 @@ def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
     lines = []
     for i in rows:
         probe = run.probes.get(t.ids[i])
-        question = probe.question if probe else ""
-        gold, then, now = _answers(run, i, probe)
+        question, gold = (probe.question, probe.answer_text) if probe else ("", "")
+        then = shown_answer(run.base, i, probe and probe.choices)
+        if run.latest is not None:
+            now = shown_answer(run.latest, i, probe and probe.choices)
+        else:
+            now = "right" if t.correct[i, -1] else "wrong"
         lines.append(
             f'<tr><td class="id">{_e(t.ids[i])}</td><td>{_e(t.categories[i])}</td>'
             f'<td class="q" title="{_e(question)}">{_e(_cut(question, 120))}</td>{_cell(gold)}{_cell(then)}'
             f"{_cell(now, 'r' if t.correct[i, -1] else 'w')}<td>{int(events[i])}</td><td>{int(flips[i])}</td>"
             f"<td>{_sparkline(t.correct[i], t.steps)}</td><td>{_signal_line(t.signal[i])}</td></tr>"
         )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("id", "category", "question", "gold answer", "base's answer", "answer now", "events", "flips")
-    )
-    head += (
+    head = _tr(["id", "category", "question", "gold answer", "base's answer", "answer now", "events", "flips"], "th")
+    head = head.removesuffix("</tr>") + (
         '<th title="right (■) or wrong (□) at the base and at each evaluation">trajectory</th>'
-        '<th title="the drift signal at each evaluation">margin</th>'
+        '<th title="the drift signal at each evaluation">margin</th></tr>'
     )
     note = f'<p class="note">{_e(note)}.</p>' if note else ""
-    return f'<h3>{_e(title)}</h3>{note}<table class="probes"><tr>{head}</tr>{"".join(lines)}</table>'
+    return f'<h3>{_e(title)}</h3>{note}<table class="probes">{head}{"".join(lines)}</table>'
 
 
-def _answers(run: Run, i: int, probe: Probe | None) -> tuple[str, str, str]:
-    """Probe ``i``'s gold answer, the base's and the current one (without the last answers: right or wrong)."""
-    choices = probe.choices if probe else None
-    gold = probe.answer_text if probe else ""
-    then = shown_answer(run.base, i, choices)
-    if run.latest is not None:
-        now = shown_answer(run.latest, i, choices)
-    else:
-        now = "right" if run.trajectory.correct[i, -1] else "wrong"
-    return gold, then, now
-
-
-def _cell(text: str, kind: str = "") -> str:
-    css = f"a {kind}".strip()
-    return f'<td class="{css}" title="{_e(text)}">{_e(_cut(text, _ANSWER_CHARS))}</td>'
+def _cell(text: str, kind: str = "") -> str:  # an answer: 40 characters shown, the whole one its tooltip
+    return f'<td class="a {kind}" title="{_e(text)}">{_e(_cut(text, 40))}</td>'
 
 
 def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
@@ -435,70 +379,37 @@ def _sparkline(correct: np.ndarray, steps: np.ndarray) -> str:
 
 
 def _signal_line(signal: np.ndarray) -> str:
-    finite = np.isfinite(signal)
-    if finite.sum() < 2:
+    finite = signal[np.isfinite(signal)].astype(float)
+    if len(finite) < 2:
         return ""
-    lo, hi = float(signal[finite].min()), float(signal[finite].max())
-    span = hi - lo or 1.0
-    points = " ".join(
-        f"{5 * k + 2},{11 - 10 * (float(v) - lo) / span:.1f}" for k, v in enumerate(signal) if math.isfinite(v)
-    )
+    lo, span = finite.min(), (finite.max() - finite.min()) or 1.0
+    points = " ".join(f"{5 * k + 2},{11 - 10 * (v - lo) / span:.1f}" for k, v in enumerate(signal) if math.isfinite(v))
     return (
         f'<svg class="spark" width="{5 * len(signal)}" height="12"><polyline points="{points}">'
-        f"<title>from {float(signal[finite][0]):.2f} to {float(signal[finite][-1]):.2f} nats</title>"
-        "</polyline></svg>"
+        f"<title>from {finite[0]:.2f} to {finite[-1]:.2f} nats</title></polyline></svg>"
     )
 
 
-def _png(runs: list[Run], out: str | os.PathLike[str]) -> None:
-    from forgetwatch.reporting.plot import plot_history, plot_runs
-
-    if len(runs) == 1:
-        plot_history(runs[0].records, out, title=f"forgetting: {runs[0].name}")
-    else:
-        plot_runs({run.name: run.records for run in runs}, out, title="forgetwatch: forgetting by run")
-
-
-def _line(
-    x: Sequence[int],
-    y: Sequence[float | None],
-    name: str,
-    color: str | None,
-    dash: str,
-    yaxis: str = "y",
-    shape: str = "linear",
-) -> dict[str, Any]:
-    line: dict[str, Any] = {"dash": dash, "shape": shape}
-    if color:
-        line["color"] = color
+def _line(x: list[int], y: list[float | None], name: str, color: str, dash: str, yaxis: str = "y") -> dict[str, Any]:
     return {
         "type": "scatter",
         "mode": "lines+markers",
-        "x": list(x),
-        "y": list(y),
+        "x": x,
+        "y": y,
         "name": name,
-        "line": line,
+        "line": {"dash": dash, "color": color},
         "yaxis": yaxis,
         "hovertemplate": "step %{x}: %{y:.1%}<extra>" + _e(name) + "</extra>",
     }
 
 
-def _figure(spec: dict[str, Any], key: str) -> str:
-    div = "fig-" + "".join(c if c.isalnum() else "-" for c in key)
+def _figure(spec: dict[str, Any], div: str) -> str:
     # no markup inside the script: "</script>" or "<!--" in a name would end or derail it
     data = json.dumps(spec, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (
         f'<div id="{div}" class="fig"></div><script>(function(){{var s={data};'
         f"Plotly.newPlot({json.dumps(div)},s.data,s.layout,{{responsive:true,displaylogo:false}});}})();</script>"
     )
-
-
-def _unique_names(runs: list[Run]) -> None:
-    seen: dict[str, int] = {}
-    for run in runs:
-        seen[run.name] = seen.get(run.name, 0) + 1
-        if seen[run.name] > 1:
-            run.name = f"{run.name} ({seen[run.name]})"
 
 
 def _num(v: float | None) -> float | None:

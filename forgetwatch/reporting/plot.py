@@ -1,11 +1,5 @@
 """Curves of forgetting and backward transfer over training, from a history of evaluations: a PNG (matplotlib)
-or a few lines of text for the console.
-
-Example:
-    >>> history = load_history("run/forgetwatch/history.jsonl")    # doctest: +SKIP
-    >>> plot_history(history, "run/forgetwatch/curve.png")         # doctest: +SKIP
-    >>> print(text_curve(history))                                 # doctest: +SKIP
-"""
+or a few lines of text for the console."""
 
 from __future__ import annotations
 
@@ -28,10 +22,12 @@ History = str | os.PathLike | Sequence[Any]
 #: Most entries the PNG legend shows; further categories are drawn grey as "+N more".
 LEGEND_MAX = 12
 
-_DPI = 120
-_OVERALL_COLOR = "black"
-_OTHER_COLOR = "#b5b5b5"
-_INSTALL_HINT = 'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
+_BLACK = "black"  # the overall curves
+_GREY = "#b5b5b5"  # the categories past the legend's room
+_PANELS = (
+    ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
+    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted", "backward_transfer_ci"),
+)
 
 
 @dataclass
@@ -43,18 +39,28 @@ class _Point:
 
 def _points(history: History) -> list[_Point]:
     """Any accepted history form as points sorted by step (a step evaluated twice: the later counts)."""
-    if isinstance(history, (str, os.PathLike)):
-        source = f"{os.fspath(history)}"
-        records: Sequence[Any] = load_history(history)
-    else:
-        source = "history"
-        records = history
+    path = isinstance(history, (str, os.PathLike))
+    source = os.fspath(history) if path else "history"
     by_step: dict[int, _Point] = {}
-    for i, record in enumerate(records):
-        step, report = _unpack(record, f"{source}: record {i}")
+    for i, record in enumerate(load_history(history) if path else history):
+        where = f"{source}: record {i}"
+        if isinstance(record, Mapping):
+            if "step" not in record or "report" not in record:
+                raise ValueError(f"{where}: needs 'step' and 'report' keys")
+            record = (record["step"], record["report"])
+        if not isinstance(record, (tuple, list)) or len(record) != 2:
+            raise ValueError(f"{where}: expected a mapping or a (step, report) pair")
+        step, report = record  # ForgetWatchCallback.history holds (step, TransitionReport)
+        report = report.to_dict() if hasattr(report, "to_dict") else report
+        if not isinstance(report, Mapping):
+            raise ValueError(f"{where}: 'report' must be a mapping or a TransitionReport")
         cats = report.get("by_category") or {}
         if not isinstance(cats, Mapping):
-            raise ValueError(f"{source}: record {i}: 'by_category' must be a mapping")
+            raise ValueError(f"{where}: 'by_category' must be a mapping")
+        try:
+            step = int(step)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: step {step!r} is not an integer") from None
         # a resumed run can evaluate a step twice; the later evaluation is the current truth
         by_step[step] = _Point(step, report, {str(k): v for k, v in cats.items()})
     if not by_step:
@@ -64,37 +70,13 @@ def _points(history: History) -> list[_Point]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _unpack(record: Any, where: str) -> tuple[int, Mapping[str, Any]]:
-    if isinstance(record, Mapping):
-        if "step" not in record or "report" not in record:
-            raise ValueError(f"{where}: needs 'step' and 'report' keys")
-        step, report = record["step"], record["report"]
-    elif isinstance(record, (tuple, list)) and len(record) == 2:
-        step, report = record  # ForgetWatchCallback.history holds (step, TransitionReport)
-    else:
-        raise ValueError(f"{where}: expected a mapping or a (step, report) pair")
-    if hasattr(report, "to_dict"):
-        report = report.to_dict()
-    if not isinstance(report, Mapping):
-        raise ValueError(f"{where}: 'report' must be a mapping or a TransitionReport")
-    try:
-        step_int = int(step)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: step {step!r} is not an integer") from None
-    return step_int, report
-
-
 def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -> float:
     """A rate as a float; missing, null or non-numeric is NaN (a gap in a curve)."""
-    if report is None:
-        return math.nan
-    value = report.get(key)
+    value = (report or {}).get(key)
     if index is not None:
         value = value[index] if isinstance(value, (list, tuple)) and len(value) > index else None
-    if value is None or isinstance(value, bool):
-        return math.nan
     try:
-        return float(value)
+        return math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         return math.nan
 
@@ -130,34 +112,22 @@ def text_curve(history: History, width: int = 60) -> str:
     return "\n".join(lines)
 
 
-def plot_history(
-    history: History,
-    out_png: str | os.PathLike[str],
-    *,
-    title: str | None = None,
-) -> Path:
-    """Draw forgetting and backward transfer against training step from the base on, overall (adjusted
-    dashed, 95 % interval grey) and per category; write a PNG atomically. Categories past :data:`LEGEND_MAX` are
-    grey. ``ImportError`` without matplotlib; pyplot's state is left alone.
+def plot_history(history: History, out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Draw forgetting and backward transfer against training step from the base on, overall (adjusted dashed,
+    95 % interval grey) and per category; write a PNG atomically. ``ImportError`` without matplotlib.
 
     Example:
         >>> plot_history("run/forgetwatch/history.jsonl", "forgetting.png")  # doctest: +SKIP
         PosixPath('forgetting.png')
     """
-    return _save(_figure(history, title), out_png)
+    return _save(_runs_figure([(None, history)], title), out_png)
 
 
-def plot_runs(
-    runs: Mapping[str, History],
-    out_png: str | os.PathLike[str],
-    *,
-    title: str | None = None,
-) -> Path:
+def plot_runs(runs: Mapping[str, History], out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Several runs (a sweep) in one PNG: a row of :func:`plot_history`'s panels per run, one y axis.
 
     Example:
-        >>> plot_runs({"lr 1e-5": "a/forgetwatch/history.jsonl", "lr 1e-4": "b/forgetwatch/history.jsonl"},
-        ...           "sweep.png")  # doctest: +SKIP
+        >>> plot_runs({"a": "a/history.jsonl", "b": "b/history.jsonl"}, "sweep.png")  # doctest: +SKIP
         PosixPath('sweep.png')
     """
     return _save(_runs_figure(list(runs.items()), title), out_png)
@@ -165,50 +135,10 @@ def plot_runs(
 
 def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
-    out = Path(out_png)
-    with atomic_write(out, "wb") as f:
+    fig.savefig(buf, format="png", dpi=120)
+    with atomic_write(out_png, "wb") as f:
         f.write(buf.getvalue())
-    return out
-
-
-def _figure(history: History, title: str | None) -> Any:
-    return _runs_figure([(None, history)], title)
-
-
-_PANELS = (
-    ("Forgetting (correct → wrong)", "forgetting", "forgetting_adjusted", "forgetting_ci"),
-    ("Backward transfer (wrong → correct)", "backward_transfer", "backward_transfer_adjusted", "backward_transfer_ci"),
-)
-
-
-@dataclass
-class _Row:
-    name: str | None
-    points: list[_Point]  # the base first
-    evaluations: int
-    overall: dict[str, list[float]]
-    bands: dict[str, tuple[list[float], list[float]]]
-    show_adjusted: dict[str, bool]
-    show_band: dict[str, bool]
-
-
-def _row(name: str | None, history: History) -> _Row:
-    evaluated = _points(history)
-    points = _from_base(evaluated)
-    overall = {k: [_num(p.report, k) for p in points] for _, rate, adjusted, _ci in _PANELS for k in (rate, adjusted)}
-    bands = {
-        ci: ([_num(p.report, ci, 0) for p in points], [_num(p.report, ci, 1) for p in points]) for *_, ci in _PANELS
-    }
-    return _Row(
-        name,
-        points,
-        len(evaluated),
-        overall,
-        bands,
-        {adj: _differs(overall[adj], overall[key]) for _, key, adj, _ci in _PANELS},
-        {ci: any(math.isfinite(v) for v in bands[ci][0] + bands[ci][1]) for *_, ci in _PANELS},
-    )
+    return Path(out_png)
 
 
 def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) -> Any:
@@ -220,58 +150,62 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
         from matplotlib.patches import Patch
         from matplotlib.ticker import MaxNLocator, PercentFormatter
     except ImportError as e:
-        raise ImportError(_INSTALL_HINT) from e
+        raise ImportError(
+            'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
+        ) from e
 
-    rows = [_row(name, history) for name, history in runs]
-    categories = _ranked_categories([p for row in rows for p in row.points])
-    # one category (e.g. the default "all") is the overall curve again: don't draw it twice
-    if len(categories) == 1:
+    evaluated = [_points(history) for _, history in runs]
+    rows = [_from_base(points) for points in evaluated]
+    keys = [k for _, key, adj, ci in _PANELS for k in ((key,), (adj,), (ci, 0), (ci, 1))]  # (ci, i): an interval's end
+    curves = [{k: [_num(p.report, *k) for p in points] for k in keys} for points in rows]
+    adjusted = [{adj: _differs(c[(adj,)], c[(key,)]) for _, key, adj, _ in _PANELS} for c in curves]
+    bands = [{ci: any(map(math.isfinite, c[(ci, 0)] + c[(ci, 1)])) for *_, ci in _PANELS} for c in curves]
+    categories = _ranked_categories([p for points in rows for p in points])
+    if len(categories) == 1:  # one category (e.g. the default "all") is the overall curve again
         categories = []
-    any_adjusted = any(v for row in rows for v in row.show_adjusted.values())
-    any_band = any(v for row in rows for v in row.show_band.values())
 
     # legend budget: fixed entries first, then categories; overflow becomes "+N more"
-    fixed: list[Any] = [Line2D([], [], color=_OVERALL_COLOR, lw=2.6, marker="o", label="overall")]
-    if any_adjusted:
-        fixed.append(Line2D([], [], color=_OVERALL_COLOR, lw=1.8, ls="--", label="overall, chance-adjusted"))
-    if any_band:
-        fixed.append(Patch(color=_OVERALL_COLOR, alpha=0.12, label="overall, 95% interval"))
+    fixed: list[Any] = [Line2D([], [], color=_BLACK, lw=2.6, marker="o", label="overall")]
+    if any(v for a in adjusted for v in a.values()):
+        fixed.append(Line2D([], [], color=_BLACK, lw=1.8, ls="--", label="overall, chance-adjusted"))
+    if any(v for b in bands for v in b.values()):
+        fixed.append(Patch(color=_BLACK, alpha=0.12, label="overall, 95% interval"))
     room = LEGEND_MAX - len(fixed)
     named = categories if len(categories) <= room else categories[: room - 1]
     others = categories[len(named) :]
     color_of = dict(zip(named, _palette(len(named))))
-
-    handles = list(fixed) + [Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
+    handles = fixed + [Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
     if others:
-        handles.append(Line2D([], [], color=_OTHER_COLOR, lw=1.0, label=f"+{len(others)} more categories"))
+        handles.append(Line2D([], [], color=_GREY, lw=1.0, label=f"+{len(others)} more categories"))
 
     ncol = min(len(handles), 4)
-    legend_rows = math.ceil(len(handles) / ncol)
     height = 4.6 if len(rows) == 1 else 0.6 + 3.4 * len(rows)
-    fig = Figure(figsize=(12.0, height + 0.28 * legend_rows), layout="constrained")
+    fig = Figure(figsize=(12.0, height + 0.28 * math.ceil(len(handles) / ncol)), layout="constrained")
     FigureCanvasAgg(fig)  # attaches the Agg canvas to fig; no global backend change
     # one y scale for all panels, so a small BT is not read as large as the F beside it, and
     # one run's rates not as large as another's
     grid = fig.subplots(len(rows), 2, sharex=True, sharey=True, squeeze=False)
-
-    for r, (row, axes) in enumerate(zip(rows, grid)):
-        steps = [p.step for p in row.points]
+    for r, (points, axes) in enumerate(zip(rows, grid)):
+        steps = [p.step for p in points]
         for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
             # draw back to front: grey overflow, coloured categories, then the overall curves
-            styles = {c: {"color": _OTHER_COLOR, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
+            styles = {c: {"color": _GREY, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
             styles |= {c: {"color": color_of[c], "lw": 1.4, "ms": 3.5, "alpha": 0.9, "zorder": 2} for c in named}
             for c, style in styles.items():
-                ax.plot(steps, [_num(p.categories.get(c), key) for p in row.points], marker="o", **style)
-            if row.show_band[ci]:
-                low, high = row.bands[ci]
-                ax.fill_between(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=0, zorder=3)
+                ax.plot(steps, [_num(p.categories.get(c), key) for p in points], marker="o", **style)
+            if bands[r][ci]:
+                low, high = curves[r][(ci, 0)], curves[r][(ci, 1)]
+                ax.fill_between(steps, low, high, color=_BLACK, alpha=0.12, lw=0, zorder=3)
                 if len(steps) == 1:  # a band over one step has no width: draw it as a bar
-                    ax.vlines(steps, low, high, color=_OVERALL_COLOR, alpha=0.12, lw=8, zorder=3)
-            if row.show_adjusted[adj]:
-                ax.plot(steps, row.overall[adj], color=_OVERALL_COLOR, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
-            ax.plot(steps, row.overall[key], color=_OVERALL_COLOR, lw=2.6, marker="o", ms=5, zorder=5)
-            _label_last(ax, steps, row.overall[key])
-
+                    ax.vlines(steps, low, high, color=_BLACK, alpha=0.12, lw=8, zorder=3)
+            if adjusted[r][adj]:
+                ax.plot(steps, curves[r][(adj,)], color=_BLACK, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
+            ax.plot(steps, curves[r][(key,)], color=_BLACK, lw=2.6, marker="o", ms=5, zorder=5)
+            last = [(x, y) for x, y in zip(steps, curves[r][(key,)]) if math.isfinite(y)][-1:]
+            for x, y in last:
+                ax.annotate(
+                    pct(y), (x, y), xytext=(6, 4), textcoords="offset points", size="small", weight="bold", zorder=6
+                )
             if r == 0:
                 ax.set_title(panel_title)
             if r == len(rows) - 1:
@@ -280,20 +214,18 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(True, alpha=0.3)
             ax.margins(x=0.08)  # room for the last-value label
-        axes[0].set_ylabel("share of probes" if row.name is None else f"{row.name}\nshare of probes")
-    # only once every panel holds data: fixing the shared limits earlier would cut off the others
-    _floor_at_zero(grid[0][0])
+        name = runs[r][0]
+        axes[0].set_ylabel("share of probes" if name is None else f"{name}\nshare of probes")
+    # rates are never below 0; fixed only once every panel holds data (earlier would cut off the others), and a
+    # visible range kept when all are 0 or NaN
+    top = grid[0][0].get_ylim()[1]
+    grid[0][0].set_ylim(0.0, top if top > 0 and math.isfinite(top) else 0.01)
 
-    n = _num(rows[0].points[-1].report, "n")
-    if len(rows) == 1:
-        subtitle = f"{rows[0].evaluations} evaluation{'s' if rows[0].evaluations != 1 else ''}"
-    else:
-        subtitle = f"{len(rows)} runs"
-    if math.isfinite(n):
-        subtitle += f", {int(n)} probes"
-    fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({subtitle})")
+    n = _num(rows[0][-1].report, "n")
+    what = f"{len(evaluated[0])} evaluation{'s' * (len(evaluated[0]) != 1)}" if len(rows) == 1 else f"{len(rows)} runs"
+    what += f", {int(n)} probes" if math.isfinite(n) else ""
+    fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({what})")
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
-
     return fig
 
 
@@ -320,8 +252,7 @@ def _ranked_categories(points: Sequence[_Point]) -> list[str]:
     for p in points:
         for cat, rep in p.categories.items():
             f = _num(rep, "forgetting")
-            best = peak.get(cat, -math.inf)
-            peak[cat] = max(best, f) if math.isfinite(f) else best
+            peak[cat] = max(peak.get(cat, -math.inf), f if math.isfinite(f) else -math.inf)
     return sorted(peak, key=lambda c: (-peak[c], c))
 
 
@@ -339,25 +270,3 @@ def _palette(n: int) -> list[Any]:
     # strong shades first, then their light partners; tab20's 14/15 are the greys
     order = [i for i in range(0, 20, 2) if i != 14] + [i for i in range(1, 20, 2) if i != 15]
     return [tab20(order[i % len(order)]) for i in range(n)]
-
-
-def _label_last(ax: Any, steps: Sequence[int], values: Sequence[float]) -> None:
-    for x, y in zip(reversed(steps), reversed(values)):
-        if math.isfinite(y):
-            ax.annotate(
-                pct(y),
-                (x, y),
-                xytext=(6, 4),
-                textcoords="offset points",
-                fontsize="small",
-                fontweight="bold",
-                color=_OVERALL_COLOR,
-                zorder=6,
-            )
-            return
-
-
-def _floor_at_zero(ax: Any) -> None:
-    # rates are shares of probes, never below 0; keep a visible range when all are 0 or NaN
-    _, top = ax.get_ylim()
-    ax.set_ylim(0.0, top if top > 0 and math.isfinite(top) else 0.01)
