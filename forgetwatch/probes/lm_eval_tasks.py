@@ -4,6 +4,7 @@ scored per sample, or what lm-eval would fail on, is refused at load naming the 
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,25 +114,22 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     groups = _groups_of(loaded.get("group_map", {}))
     chat = _chat_function(o.tokenizer) if o.apply_chat_template else None
 
-    built: list[tuple[str, Any, str, str]] = []
-    refused: list[str] = []
+    scored = {}
     for name, task in loaded["tasks"].items():
         _configure_like_simple_evaluate(task, o.num_fewshot)
-        how = _scorable(task, name, _per_task(o.metric, name), _per_task(o.filter, name))
-        if isinstance(how, str):
-            refused.append(how)
-        else:
-            built.append((name, task, *how))
-    if refused:
+        scored[name] = _scorable(task, name, _per_task(o.metric, name), _per_task(o.filter, name))
+    if refused := [how for how in scored.values() if isinstance(how, str)]:
         raise LmEvalTaskError("cannot score these lm-eval tasks per sample:\n  " + "\n  ".join(refused))
 
     probes: list[Probe] = []
-    for name, task, chosen_metric, chosen_filter in built:
+    for name, task in loaded["tasks"].items():
+        where = _named(name, (task.config.metadata or {}).get("config_source"))
         try:
-            _check_documents(task, name, get_sample_size(task, o.limit))
+            limit = get_sample_size(task, o.limit)
+            _check_documents(task, where, limit)
             task.set_fewshot_seed(seed=o.fewshot_seed)  # the sampler's draws depend on its state: seed each build
             task.build_all_requests(
-                limit=get_sample_size(task, o.limit),
+                limit=limit,
                 system_instruction=o.system_instruction,
                 apply_chat_template=o.apply_chat_template,
                 fewshot_as_multiturn=o.fewshot_as_multiturn,
@@ -140,10 +138,11 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         except LmEvalTaskError:
             raise
         except Exception as err:  # the task's templates or code on its documents
-            raise LmEvalTaskError(f"{_named(task, name)} could not build its prompts: {_cause(err)}") from err
+            raise LmEvalTaskError(f"{where} could not build its prompts: {_cause(err)}") from err
         meta = {"lm_eval": {"task": name, "groups": groups.get(name, [])}}
-        for doc_id, instances in _by_document(task.instances):
-            probes.append(_probe(task, name, doc_id, instances, chosen_metric, chosen_filter, meta))
+        requests = sorted(task.instances, key=lambda i: (i.doc_id, i.idx))
+        for doc_id, instances in itertools.groupby(requests, key=lambda i: i.doc_id):
+            probes.append(_probe(task, name, doc_id, list(instances), *scored[name], meta))
     return probes
 
 
@@ -179,9 +178,10 @@ def _check_names(task_manager: Any, names: Iterable[str]) -> None:
             continue
         close = difflib.get_close_matches(str(name), known, n=5)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        if group is None:
-            raise LmEvalTaskError(f"no lm-eval task, group or tag is named {name!r}{where}{hint}")
-        raise LmEvalTaskError(f"lm-eval group {group!r} includes {name!r}, which is no task, group or tag{where}{hint}")
+        what = f"no lm-eval task, group or tag is named {name!r}"
+        if group is not None:
+            what = f"lm-eval group {group!r} includes {name!r}, which is no task, group or tag"
+        raise LmEvalTaskError(f"{what}{where}{hint}")
 
 
 def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str | None, str]]:
@@ -222,7 +222,6 @@ def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str |
 
 def _check_yaml_files(paths: Iterable[str]) -> None:
     """Each task file in ``paths`` lm-eval cannot read, refused naming its file and line (nothing imported)."""
-    import yaml
     from lm_eval.tasks._yaml_loader import load_yaml
 
     found = Problems("lm-eval task folder")
@@ -232,20 +231,15 @@ def _check_yaml_files(paths: Iterable[str]) -> None:
                 continue
             try:
                 load_yaml(path, resolve_func=False)
-            except yaml.MarkedYAMLError as err:
-                mark = err.problem_mark or err.context_mark
-                what = " ".join(filter(None, [err.problem, err.context and f"({err.context})"]))
-                line = None if mark is None else mark.line + 1
-                source = str(path) if mark is None else mark.name
-                found.extend([Problem(source, line, None, f"not YAML: {what}; lm-eval skips this file: fix it")])
-            except Exception as err:  # an include that is missing or circular, not a mapping
-                found.extend([Problem(str(path), None, None, f"{first_line(err)}; lm-eval skips this file: fix it")])
+            except Exception as err:  # not YAML (a yaml.MarkedYAMLError); an include missing or circular; not a mapping
+                mark = getattr(err, "problem_mark", None)
+                why = f"not YAML: {err.problem}" if mark else first_line(err)
+                where = (mark.name, mark.line + 1) if mark else (str(path), None)
+                found.extend([Problem(*where, None, f"{why}; lm-eval skips this file: fix it")])
     found.raise_if_any(LmEvalTaskError)
 
 
-def _named(task: Any, name: str | None = None) -> str:
-    source = (getattr(task.config, "metadata", None) or {}).get("config_source")
-    name = name or task.config.task
+def _named(name: str, source: Any) -> str:
     return f"lm-eval task {name!r}" + (f" ({source})" if source and source != "inline" else "")
 
 
@@ -257,13 +251,22 @@ def _cause(err: BaseException) -> str:
     return text if root is err else f"{text} ({type(root).__name__}: {first_line(root)})"
 
 
-def _load_failure(task_manager: Any, names: list[str], err: Exception) -> str:
-    """What went wrong loading ``names``: the task that fails to load alone (lm-eval does not say which), and what
-    is wrong with its local data file where that is the cause."""
-    found = _failing_task(task_manager, names)
-    if found is None:
-        return f"lm-eval's tasks could not be loaded: {_cause(err)}"
-    name, err = found
+def _load_failure(task_manager: Any, names: Iterable[str], err: Exception, group: str | None = None) -> str:
+    """Why ``names`` failed to load: the first that fails alone (in a group, its member that does; lm-eval does not
+    say which), and what is wrong with its local data file where that is the cause."""
+    for name in names:
+        try:
+            task_manager.load([name])
+        except Exception as alone:  # noqa: BLE001 - the task's data, templates or code
+            entry = task_manager.task_index.get(name)
+            members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" else None
+            if isinstance(members, list):
+                return _load_failure(task_manager, [m for m in members if isinstance(m, str)], alone, name)
+            return _task_failure(task_manager, name, alone)
+    return _task_failure(task_manager, group, err) if group else f"lm-eval's tasks could not be loaded: {_cause(err)}"
+
+
+def _task_failure(task_manager: Any, name: str, err: Exception) -> str:
     entry = task_manager.task_index.get(name)
     path, cfg = (entry.yaml_path, entry.cfg) if entry is not None else (None, None)
     if entry is None and os.path.isfile(name):  # a task named by its YAML file
@@ -271,51 +274,28 @@ def _load_failure(task_manager: Any, names: list[str], err: Exception) -> str:
 
         path, cfg = Path(name).resolve(), load_yaml(Path(name), resolve_func=False)
         name = cfg.get("task", name)
-    where = f"lm-eval task {name!r}" + (f" ({path})" if path else "")
     files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
-    files = list(files.values()) if isinstance(files, Mapping) else [files]
-    for path in (Path(f) for group in files for f in (group if isinstance(group, list) else [group]) if f):
-        problem = _data_file_problem(path)
-        if problem:
-            return f"{where} could not load its data: {problem}"
-    return f"{where} could not be loaded: {_cause(err)}"
-
-
-def _failing_task(task_manager: Any, names: Iterable[str]) -> tuple[str, Exception] | None:
-    """The first of ``names`` that fails to load alone, or of a failing group's members; with its error."""
-    for name in names:
-        try:
-            task_manager.load([name])
-        except Exception as err:  # noqa: BLE001 - the task's data, templates or code
-            entry = task_manager.task_index.get(name)
-            members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" else None
-            inner = (
-                _failing_task(task_manager, [m for m in members if isinstance(m, str)])
-                if isinstance(members, list)
-                else None
-            )
-            return inner or (name, err)
-    return None
+    for group in files.values() if isinstance(files, Mapping) else [files]:
+        for file in group if isinstance(group, list) else [group]:
+            if file and (problem := _data_file_problem(Path(file))):
+                return f"{_named(name, path)} could not load its data: {problem}"
+    return f"{_named(name, path)} could not be loaded: {_cause(err)}"
 
 
 def _data_file_problem(path: Path) -> str | None:
-    """Why a local data file cannot be read (no documents, a JSON line that is not JSON), or None."""
-    if not path.is_file():
+    """Why a local data file holds no documents, or which of its JSON lines is not JSON; ``None``: neither."""
+    if not path.is_file() or path.suffix != ".jsonl" and path.stat().st_size:
         return None
-    if path.stat().st_size == 0:
-        return f"{path}: no documents: the file is empty"
-    if path.suffix != ".jsonl":
-        return None
+    empty = True
     with path.open(encoding="utf-8", errors="replace") as lines:
-        seen = False
         for number, line in enumerate(lines, 1):
             if line.strip():
-                seen = True
+                empty = False
                 try:
                     json.loads(line)
                 except json.JSONDecodeError as err:
                     return f"{path}: line {number}: not JSON ({err.msg} at column {err.colno}); fix or remove the line"
-    return None if seen else f"{path}: no documents: only blank lines"
+    return f"{path}: no documents: the file is empty" if empty else None
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -380,33 +360,28 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     aggregations = task.aggregation()
     allowed = CHOICE_METRICS if kind == "multiple_choice" else tuple(aggregations)
     per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
+    preferred = "acc" if kind == "multiple_choice" else "exact_match"
+    metric = metric or (preferred if preferred in per_sample else next(iter(per_sample), None))
     if metric is None:
-        preferred = "acc" if kind == "multiple_choice" else "exact_match"
-        metric = preferred if preferred in per_sample else (per_sample[0] if per_sample else None)
-        if metric is None:
-            return f"{name}: none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"
-    elif metric not in per_sample:
-        why = "not one of its metrics" if metric not in aggregations else "not a per-sample mean of right/wrong"
-        if kind == "multiple_choice" and metric in aggregations and metric not in CHOICE_METRICS:
-            why = f"not one of {', '.join(CHOICE_METRICS)}"
-        return f"{name}: metric {metric!r} is {why}; it has {', '.join(per_sample) or 'none usable'}"
+        return f"{name}: none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"
+    if metric not in per_sample:
+        usable = ", ".join(per_sample) or "none"
+        return f"{name}: metric {metric!r} is not one of its metrics forgetwatch scores per sample ({usable})"
     filters = [ensemble.name for ensemble in task._filters]
-    if filter_name is None:
-        filter_name = filters[0]
-    elif filter_name not in filters:
+    if filter_name not in (None, *filters):
         return f"{name}: no filter named {filter_name!r}; it has {', '.join(filters)}"
-    return metric, filter_name
+    return metric, filter_name or filters[0]
 
 
-def _check_documents(task: Any, name: str, limit: int | None) -> None:
+def _check_documents(task: Any, where: str, limit: int | None) -> None:
     """A multiple-choice document lm-eval would fail on or score against no choice, refused naming the
     document and field."""
     if task.OUTPUT_TYPE != "multiple_choice":
         return
-    sets = [(_named(task, name), [doc for _, doc in task.doc_iterator(limit=limit)], True)]
+    sets = [(where, [doc for _, doc in task.doc_iterator(limit=limit)], True)]
     sampler = getattr(task, "sampler", None)
     if (task.get_config("num_fewshot") or 0) > 0 and sampler is not None:
-        sets.append((f"{_named(task, name)}, few-shot examples", sampler.fewshot_docs(), False))
+        sets.append((f"{where}, few-shot examples", sampler.fewshot_docs(), False))
     choice_field, target_field = shorten(task.config.doc_to_choice), shorten(task.config.doc_to_target)
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
@@ -429,13 +404,6 @@ def _check_documents(task: Any, name: str, limit: int | None) -> None:
         found.raise_if_any(LmEvalTaskError)
 
 
-def _by_document(instances: Iterable[Any]) -> list[tuple[int, list[Any]]]:
-    docs: dict[int, list[Any]] = {}
-    for inst in instances:
-        docs.setdefault(inst.doc_id, []).append(inst)
-    return [(doc_id, sorted(group, key=lambda i: i.idx)) for doc_id, group in docs.items()]
-
-
 def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str, filter_name: str, meta: dict) -> Probe:
     doc = instances[0].doc
     context = instances[0].args[0]
@@ -453,15 +421,13 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
         delimiter = task.config.target_delimiter if not reference[:1].isspace() else ""
         return Probe(pid, context, reference, category=name, meta=meta, delimiter=delimiter, judge=judge)
     choices = list(task.doc_to_choice(doc))
-    if len({inst.args[0] for inst in instances}) > 1 or len(instances) != len(choices):
-        raise LmEvalTaskError(
-            f"{name}: each choice has its own context (multiple_input, as winogrande); forgetwatch scores one "
-            "context per document"
-        )
     continuations = [inst.args[1] for inst in instances]
     delimiter = continuations[0][: len(continuations[0]) - len(choices[0])]
-    if any(cont != delimiter + choice for cont, choice in zip(continuations, choices)):
-        raise LmEvalTaskError(f"{name}, document {doc_id}: a continuation is not its choice after one delimiter")
+    if len({inst.args[0] for inst in instances}) > 1 or continuations != [delimiter + c for c in choices]:
+        raise LmEvalTaskError(
+            f"{name}, document {doc_id}: its requests are not one context, then each choice after one delimiter "
+            "(as multiple_input tasks such as winogrande): forgetwatch scores one context per document"
+        )
     gold = task.doc_to_target(doc)
     if isinstance(gold, list):
         gold = gold[0]

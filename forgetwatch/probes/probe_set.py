@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from forgetwatch.common.files import atomic_write, content_hash, json_line
-from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
+from forgetwatch.probes.lm_eval_tasks import LmEvalProbes, load_lm_eval_probes
 from forgetwatch.probes.presets import read_dataset
 from forgetwatch.probes.schema import GROUP_KEY, Probe, RowCollector, is_int
 
@@ -112,25 +112,9 @@ class ProbeSet(Sequence[Probe]):
         Example:
             >>> probes = ProbeSet.from_lm_eval(["arc_easy", "mmlu"], num_fewshot=5, limit=20)  # doctest: +SKIP
         """
-        from forgetwatch.probes.lm_eval_tasks import load_lm_eval_probes
-
+        options = {k: v for k, v in locals().items() if k not in ("cls", "tasks")}  # the keywords above, as given
         names = [tasks] if isinstance(tasks, str) else list(tasks)
-        probes = load_lm_eval_probes(
-            names,
-            num_fewshot=num_fewshot,
-            limit=limit,
-            include_path=include_path,
-            include_defaults=include_defaults,
-            task_manager=task_manager,
-            fewshot_seed=fewshot_seed,
-            apply_chat_template=apply_chat_template,
-            tokenizer=tokenizer,
-            system_instruction=system_instruction,
-            fewshot_as_multiturn=fewshot_as_multiturn,
-            metric=metric,
-            filter=filter,
-        )
-        return cls(probes, "lm-eval: " + ", ".join(map(str, names)))
+        return cls(load_lm_eval_probes(names, **options), "lm-eval: " + ", ".join(map(str, names)))
 
     def __len__(self) -> int:
         return len(self._probes)
@@ -204,8 +188,6 @@ class ProbeSet(Sequence[Probe]):
             raise ValueError(f"n must be a non-negative integer, got {n!r}")
         if n > len(self):
             raise ValueError(f"cannot sample {n} probes from {len(self)}; use n <= {len(self)}")
-        if n == len(self):
-            return ProbeSet(self._probes, self.source)
         rng = random.Random(seed)
         if not stratify:
             return ProbeSet([self._probes[i] for i in sorted(rng.sample(range(len(self)), n))], self.source)

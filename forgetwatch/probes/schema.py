@@ -124,13 +124,8 @@ class Probe:
             row["check"] = dict(self.check)
         else:
             row["answer"] = self.answer
-        if self.extract is not None:
-            row["extract"] = self.extract
-        if self.delimiter is not None:
-            row["delimiter"] = self.delimiter
-        if self.judge is not None:
-            row["judge"] = self.judge.describe()
-        return row
+        optional = {"extract": self.extract, "delimiter": self.delimiter, "judge": self.judge and self.judge.describe()}
+        return row | {k: v for k, v in optional.items() if v is not None}
 
 
 def is_int(value: Any) -> bool:
@@ -162,35 +157,19 @@ def _misspelled(row: Mapping[str, Any], fld: str) -> str:
     return f" (found key '{close}': did you mean '{fld}'?)" if close else ""
 
 
-def _check_id(row: Mapping[str, Any]) -> str | None:
-    if "id" not in row:
-        return "missing; every probe needs a unique string id" + _misspelled(row, "id")
-    value = row["id"]
-    if not isinstance(value, str):
-        hint = f'; quote it: "{value}"' if isinstance(value, (bool, int, float)) else ""
-        return f"must be a string, got {type_name(value)} {value!r}{hint}"
-    if not value.strip():
-        return "is empty; give every probe a unique, non-empty id"
-    return unkeepable(value, allow_layout=False)
+#: The text fields every probe has, and what to write in them.
+_NEEDED = {"id": "give every probe a unique string id", "question": "give the full prompt text"}
 
 
-def _check_question(row: Mapping[str, Any]) -> str | None:
-    if "question" not in row:
-        return "missing; give the full prompt text" + _misspelled(row, "question")
-    value = row["question"]
+def _text_problem(value: Any, need: str, allow_layout: bool = False) -> str | None:
     if not isinstance(value, str):
-        return f"must be a string (the full prompt text), got {type_name(value)}"
-    if not value.strip():
-        return "is empty; give the full prompt text"
-    return unkeepable(value, allow_layout=True)
+        hint = f'quote it: "{value}"; ' if isinstance(value, (bool, int, float)) else ""
+        return f"must be a string, got {type_name(value)} {shorten(value)}; {hint}{need}"
+    return f"is empty; {need}" if not value.strip() else unkeepable(value, allow_layout)
 
 
 def check_category(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return f"must be a string, got {type_name(value)} {value!r}; quote it or leave it out (default 'all')"
-    if not value.strip():
-        return "is empty; leave it out to use the default category 'all'"
-    return unkeepable(value, allow_layout=False)
+    return _text_problem(value, "leave it out to use the default category 'all'")
 
 
 def _choice_problems(value: Any) -> list[str]:
@@ -213,16 +192,6 @@ def _choice_problems(value: Any) -> list[str]:
     return problems
 
 
-def _mc_answer_hint(answer: Any, choices: Sequence[Any] | None) -> str:
-    """Suggest the index when an answer was written as a choice's text or a quoted digit."""
-    if isinstance(answer, str) and choices is not None:
-        if answer in choices:
-            return f"; choice {answer!r} is at index {list(choices).index(answer)}, write that"
-        if answer.strip().isdigit():
-            return f'; write {answer.strip()} not "{answer}"'
-    return ""
-
-
 def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> str | None:
     """``choices`` is None when their number is unknown."""
     if "answer" not in row:
@@ -230,7 +199,11 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
     answer = row["answer"]
     span = "" if choices is None else f" (0 to {len(choices) - 1})"
     if not is_int(answer):
-        hint = _mc_answer_hint(answer, choices)
+        hint = ""  # the index, when the answer was written as a choice's text or a quoted digit
+        if isinstance(answer, str) and choices is not None and answer in choices:
+            hint = f"; choice {answer!r} is at index {list(choices).index(answer)}, write that"
+        elif isinstance(answer, str) and answer.strip().isdigit():
+            hint = f'; write {answer.strip()} not "{answer}"'
         return f"must be an integer index into 'choices'{span}, got {type_name(answer)} {answer!r}{hint}"
     if choices is not None and not 0 <= answer < len(choices):
         return f"index {answer} is out of range; 'choices' has {len(choices)} entries, so use 0 to {len(choices) - 1}"
@@ -295,11 +268,11 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
-    problems: list[FieldProblem] = [
-        (fld, message)
-        for fld, check in (("id", _check_id), ("question", _check_question))
-        if (message := check(present))
-    ]
+    problems: list[FieldProblem] = []
+    for fld, need in _NEEDED.items():
+        missing = f"missing; {need}" + _misspelled(present, fld)
+        if message := _text_problem(present[fld], need, fld == "question") if fld in present else missing:
+            problems.append((fld, message))
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
 
