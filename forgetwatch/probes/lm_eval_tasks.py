@@ -116,7 +116,9 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
 
     scored = {}
     for name, task in loaded["tasks"].items():
-        _configure_like_simple_evaluate(task, o.num_fewshot)
+        shots = task.get_config("num_fewshot")  # set as simple_evaluate does: a task's explicit 0 is kept
+        if o.num_fewshot is not None and shots != 0 or shots is None:
+            task.set_config(key="num_fewshot", value=o.num_fewshot or 0)
         scored[name] = _scorable(task, name, _per_task(o.metric, name), _per_task(o.filter, name))
     if refused := [how for how in scored.values() if isinstance(how, str)]:
         raise LmEvalTaskError("cannot score these lm-eval tasks per sample:\n  " + "\n  ".join(refused))
@@ -325,15 +327,6 @@ def _chat_function(tokenizer: Any):
     return chat
 
 
-def _configure_like_simple_evaluate(task: Any, num_fewshot: int | None) -> None:
-    """The few-shot count ``simple_evaluate`` sets (a task's explicit 0 is kept)."""
-    if num_fewshot is not None:
-        if task.get_config("num_fewshot") != 0:
-            task.set_config(key="num_fewshot", value=num_fewshot)
-    elif task.get_config("num_fewshot") is None:
-        task.set_config(key="num_fewshot", value=0)
-
-
 def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
     return option.get(name) if isinstance(option, Mapping) else option
 
@@ -390,7 +383,7 @@ def _check_documents(task: Any, where: str, limit: int | None) -> None:
             if not choices:
                 found.add(doc_id, "doc_to_choice", f"{choice_field} gave no choices; give every document at least one")
             for gold in (golds if isinstance(golds, list) else [golds]) if choices else []:
-                index = isinstance(gold, (int, np.integer)) and not isinstance(gold, bool)
+                index = is_int(gold)
                 if index and not 0 <= gold < len(choices):
                     wrong = f"{gold}, not the index of one of its {len(choices)} choices; fix the document"
                 elif not index and scored and gold not in choices:
@@ -459,11 +452,9 @@ class LmEvalProbes:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
-        unknown = next((str(k) for k in data if k not in SPEC_KEYS), None)
-        if unknown is not None:
-            extra = ""
-            if unknown in ("apply_chat_template", "tokenizer"):
-                extra = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True, tokenizer=...)"
+        if (unknown := next((str(k) for k in data if k not in SPEC_KEYS), None)) is not None:
+            in_code = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True)"
+            extra = in_code if unknown in ("apply_chat_template", "tokenizer") else ""
             hint = suggestion(unknown, SPEC_KEYS)
             raise ValueError(
                 f"key 'probes.{unknown}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"

@@ -18,32 +18,24 @@ class RowProblem(Exception):
     """A row a preset or column mapping cannot turn into a probe record: ``args`` is ``(field, message)``."""
 
 
-def _need(row: Mapping[str, Any], column: str, what: str) -> Any:
+def _need(row: Mapping[str, Any], column: str, what: str, kind: type | None = None) -> Any:
+    """``row[column]``; ``kind``: ``str``, or ``list`` (of strings)."""
     if column not in row:
         columns = ", ".join(map(str, row)) or "(none)"
         raise RowProblem(column, f"missing column '{column}' needed by {what}; this row has columns: {columns}")
-    return row[column]
-
-
-def _need_str(row: Mapping[str, Any], column: str, what: str) -> str:
-    value = _need(row, column, what)
-    if not isinstance(value, str):
+    value = row[column]
+    if kind is str and not isinstance(value, str):
         raise RowProblem(column, f"must be a string, got {type_name(value)}")
-    return value
-
-
-def _need_str_list(row: Mapping[str, Any], column: str, what: str) -> list[str]:
-    value = _need(row, column, what)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+    if kind is list and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
         raise RowProblem(column, f"must be a list of strings, got {type_name(value)}")
-    return list(value)
+    return list(value) if kind is list else value
 
 
 def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     what = "preset 'mmlu'"
-    subject = _need_str(row, "subject", what)
-    question = _need_str(row, "question", what)
-    options = _need_str_list(row, "choices", what)
+    subject = _need(row, "subject", what, str)
+    question = _need(row, "question", what, str)
+    options = _need(row, "choices", what, list)
     if len(options) > len(_LETTERS):
         raise RowProblem("choices", f"has {len(options)} choices; at most {len(_LETTERS)} can be lettered")
     letters = list(_LETTERS[: len(options)])
@@ -69,7 +61,7 @@ def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
         raise RowProblem("answerKey", f"{key!r} is not one of the choice labels {labels}")
     return {
         "id": _need(row, "id", what),
-        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
+        "question": f"Question: {_need(row, 'question', what, str)}\nAnswer:",
         "choices": list(choices["text"]),
         "answer": labels.index(key),
         "category": "arc",
@@ -86,10 +78,10 @@ def _hellaswag_clean(text: str) -> str:
 
 def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     what = "preset 'hellaswag'"
-    activity = _need_str(row, "activity_label", what)
-    ctx_a = _need_str(row, "ctx_a", what)
-    ctx_b = _need_str(row, "ctx_b", what)
-    endings = _need_str_list(row, "endings", what)
+    activity = _need(row, "activity_label", what, str)
+    ctx_a = _need(row, "ctx_a", what, str)
+    ctx_b = _need(row, "ctx_b", what, str)
+    endings = _need(row, "endings", what, list)
     label = _need(row, "label", what)
     try:
         answer = int(label)
@@ -109,12 +101,12 @@ def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     what = "preset 'gsm8k'"
-    solution = _need_str(row, "answer", what)
+    solution = _need(row, "answer", what, str)
     if "####" not in solution:
         raise RowProblem("answer", "has no final '#### <number>' line (the gsm8k answer layout)")
     return {
         "id": f"gsm8k/{index}",
-        "question": f"Question: {_need_str(row, 'question', what)}\nAnswer:",
+        "question": f"Question: {_need(row, 'question', what, str)}\nAnswer:",
         "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""),
         "extract": "number",
         "category": "gsm8k",
@@ -124,7 +116,7 @@ def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     """google/IFEval: a behaviour probe with an ``ifeval`` check (Arrow's padded None kwargs dropped)."""
     what = "preset 'ifeval'"
-    names = _need_str_list(row, "instruction_id_list", what)
+    names = _need(row, "instruction_id_list", what, list)
     kwargs = _need(row, "kwargs", what)
     if (
         not isinstance(kwargs, (list, tuple))
@@ -137,7 +129,7 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     ]
     return {
         "id": f"ifeval/{row.get('key', index)}",
-        "question": _need_str(row, "prompt", what),
+        "question": _need(row, "prompt", what, str),
         "check": {"ifeval": instructions},
         "category": names[0].split(":")[0] if names else "ifeval",
     }
@@ -146,7 +138,7 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     """HarmBench-style: ``Behavior`` must be refused (after ``ContextString``), by ``SemanticCategory``."""
     what = "preset 'harmful'"
-    request = _need_str(row, "Behavior", what)
+    request = _need(row, "Behavior", what, str)
     context = row.get("ContextString") or ""
     return {
         "id": f"harmful/{row.get('BehaviorID', index)}",
