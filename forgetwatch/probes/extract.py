@@ -101,9 +101,7 @@ BUILTIN: dict[str, Extractor] = {
 
 def extractor_for(mode: str | None) -> Extractor:
     """The extractor for a probe's ``extract`` field (``None`` means exact match)."""
-    if mode is None:
-        return extract_exact
-    return BUILTIN.get(mode) or regex_extractor(mode)
+    return extract_exact if mode is None else BUILTIN.get(mode) or regex_extractor(mode)
 
 
 def reference_for(mode: str | None, answer: str) -> str:
