@@ -11,7 +11,7 @@ from forgetwatch.integrations.trainer_link import TrainerLink
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.sinks import Sinks, logged_values
-from forgetwatch.sinks.tensorboard import TensorBoardText
+from forgetwatch.sinks.tables import TensorBoardText
 from forgetwatch.sinks.wandb import WandbSection
 
 logger = logging.getLogger("forgetwatch")
