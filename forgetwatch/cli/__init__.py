@@ -15,7 +15,8 @@ from forgetwatch.cli.demo import TAKES
 from forgetwatch.common.files import atomic_write, strict_dump
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
-from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scoring_options
+from forgetwatch.config.checks import Invalid, batch_size
+from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -37,10 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    parsed = int(value) if value.lstrip("-").isdigit() else value
-    if problem := batch_size_problem(parsed):
-        raise argparse.ArgumentTypeError(problem)
-    return parsed
+    try:
+        return batch_size(int(value) if value.lstrip("-").isdigit() else value)
+    except Invalid as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
