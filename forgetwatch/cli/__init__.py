@@ -12,7 +12,7 @@ from typing import Any
 from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
-from forgetwatch.common.files import atomic_write, strict_dump
+from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
 from forgetwatch.config.checks import Invalid, batch_size
@@ -249,7 +249,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         report.to_csv(out / "transitions.csv")
         summary = {"base": args.base, "model": args.model, "probes": _probes_name(args), "report": report.to_dict()}
         with atomic_write(out / "summary.json") as f:
-            strict_dump(summary, f)
+            f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
     return 0
 

@@ -3,7 +3,6 @@ dict: flat keys (``eval_steps``, ``stop_metric``), at the top level or under a `
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import os
@@ -45,12 +44,12 @@ def _probes(value: Any) -> str | LmEvalProbes:
     return check.path(value)
 
 
-def _group(name: str, group: type) -> Callable[[Any], Any]:
+def _group(group: type) -> Callable[[Any], Any]:
     def check_group(value: Any) -> Any:
         if value is None:
             return group()
         if not isinstance(value, group):
-            raise check.Invalid(f"a {group.__name__}", value, f"write {name}={group.__name__}(...)")
+            raise check.Invalid(f"a {group.__name__}", value, f"write {group.__name__.lower()}={group.__name__}(...)")
         return value
 
     return check_group
@@ -122,9 +121,9 @@ class ForgetWatchConfig:
         None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
     )
     output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
-    scoring: Scoring = option(check=_group("scoring", Scoring), factory=Scoring)
-    monitor: Monitor = option(check=_group("monitor", Monitor), factory=Monitor)
-    output: Output = option(check=_group("output", Output), factory=Output)
+    scoring: Scoring = option(check=_group(Scoring), factory=Scoring)
+    monitor: Monitor = option(check=_group(Monitor), factory=Monitor)
+    output: Output = option(check=_group(Output), factory=Output)
 
     @checked_keywords
     def __init__(
@@ -201,9 +200,13 @@ class ForgetWatchConfig:
             message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
             raise ConfigError([Problem(source, None, None, message)])
         flat, found = _flatten(data, source, lines)
-        own, groups, value_problems = _check(flat, source, lines)
+        own, value_problems = check_values(flat, _CHECKS, source, lines)  # in the order the settings were given
         if problems := [*problems, *found, *value_problems]:
             raise ConfigError(problems)
+        groups: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+        for key in own.keys() & _GROUPED.keys():
+            group, name = _GROUPED[key]
+            groups[group][name] = own.pop(key)
         if relative_to is not None:
             for key in PATH_KEYS:
                 if key in own:
@@ -276,11 +279,7 @@ class ForgetWatchConfig:
 
 
 #: the groups, by their field of ForgetWatchConfig
-GROUPS: dict[str, type[Any]] = {
-    f.name: f.default_factory
-    for f in fields(ForgetWatchConfig)  # type: ignore[misc]
-    if f.default_factory is not dataclasses.MISSING
-}
+GROUPS: dict[str, type[Any]] = {"scoring": Scoring, "monitor": Monitor, "output": Output}
 #: the config's own settings (probes, base): their checks
 _OWN: dict[str, Callable[[Any], Any]] = {
     f.name: f.metadata["check"] for f in fields(ForgetWatchConfig) if f.name not in GROUPS
@@ -331,18 +330,6 @@ def _flatten(data: Mapping[Any, Any], source: str, lines: Mapping[str, int]) -> 
             hint = suggestion(key.rpartition(".")[2], FLAT_KEYS) or f" (known keys: {', '.join(FLAT_KEYS)})"
             problems.append(Problem(source, lines.get(key), key, f"unknown key{hint}; fix or remove it"))
     return flat, problems
-
-
-def _check(
-    flat: Mapping[str, Any], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[Problem]]:
-    """The config's own values, each group's by field, and every problem in the order the settings were given."""
-    cleaned, problems = check_values(flat, _CHECKS, source, lines)
-    groups: dict[str, dict[str, Any]] = {}
-    for key in cleaned.keys() & _GROUPED.keys():
-        group, name = _GROUPED[key]
-        groups.setdefault(group, {})[name] = cleaned.pop(key)
-    return cleaned, groups, problems
 
 
 def _resolved(value: Any, folder: Path) -> Any:
