@@ -182,11 +182,10 @@ def test_failed_save_keeps_old_file_and_leaves_no_temp_files(tmp_path, monkeypat
     path = make(fingerprint="old").save(tmp_path / "a.json")
     before = path.read_bytes()
 
-    def half_then_fail(obj, f, **kwargs):
-        f.write('{"format": "forgetwatch.ans')
+    def disk_full(fd):  # the new file written into the temporary one, but not onto the disk
         raise OSError("disk full")
 
-    monkeypatch.setattr(json, "dump", half_then_fail)
+    monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError, match="disk full"):
         make(fingerprint="new").save(path)
     assert path.read_bytes() == before

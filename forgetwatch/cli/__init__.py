@@ -12,10 +12,11 @@ from typing import Any
 from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
-from forgetwatch.common.files import atomic_write, strict_dump
+from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
-from forgetwatch.config.options import NORMALIZE_MODES, batch_size_problem, scoring_options
+from forgetwatch.config.checks import Invalid, batch_size
+from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -37,10 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _batch_size(value: str) -> int | str:
-    parsed = int(value) if value.lstrip("-").isdigit() else value
-    if problem := batch_size_problem(parsed):
-        raise argparse.ArgumentTypeError(problem)
-    return parsed
+    try:
+        return batch_size(int(value) if value.lstrip("-").isdigit() else value)
+    except Invalid as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
@@ -248,7 +249,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         report.to_csv(out / "transitions.csv")
         summary = {"base": args.base, "model": args.model, "probes": _probes_name(args), "report": report.to_dict()}
         with atomic_write(out / "summary.json") as f:
-            strict_dump(summary, f)
+            f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
     return 0
 

@@ -118,10 +118,6 @@ def strict_dumps(value: Any, *, sort_keys: bool = False) -> str:
     return json.dumps(json_safe(value), ensure_ascii=False, allow_nan=False, sort_keys=sort_keys)
 
 
-def strict_dump(value: Any, f: IO[str]) -> None:
-    json.dump(json_safe(value), f, ensure_ascii=False, allow_nan=False)
-
-
 def json_line(record: Any) -> str:
     return strict_dumps(record) + "\n"
 

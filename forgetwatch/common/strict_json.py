@@ -16,6 +16,7 @@ MAX_DEPTH = 100  # deepest nesting of lists and objects accepted
 MAX_INT_DIGITS = 640
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_TOO_DEEP = f"is nested more than {MAX_DEPTH} levels deep (lists or objects within each other); flatten it"
 
 
 class StrictJSONError(ValueError):
@@ -36,7 +37,7 @@ def loads(text: str) -> Any:
     try:
         value = _DECODER.decode(text)
     except RecursionError:  # json nests on the stack: a few thousand "[" exhaust it
-        raise StrictJSONError("", _too_deep()) from None
+        raise StrictJSONError("", _TOO_DEEP) from None
     found = value_problem(value)
     if found is not None:
         raise StrictJSONError(*found)
@@ -50,12 +51,9 @@ def _parse_int(digits: str) -> int | _Refused:
 
 
 def _parse_float(number: str) -> float | _Refused:
-    value = float(number)
-    return (
-        value
-        if math.isfinite(value)
-        else _Refused(f"{shorten(number)} is too large for a number; write it as a string")
-    )
+    if math.isfinite(value := float(number)):
+        return value
+    return _Refused(f"{shorten(number)} is too large for a number; write it as a string")
 
 
 def _parse_constant(name: str) -> _Refused:
@@ -91,7 +89,7 @@ def value_problem(value: Any) -> tuple[str, str] | None:
                 return _path(where), why
         elif isinstance(item, (list, tuple, dict)) or (depth == 0 and isinstance(item, Mapping)):
             if depth >= MAX_DEPTH:
-                return _path(where), _too_deep()
+                return _path(where), _TOO_DEEP
             if not isinstance(item, Mapping):
                 todo.extend((child, (where, i), depth + 1) for i, child in reversed(list(enumerate(item))))
                 continue
@@ -128,7 +126,3 @@ def _surrogate(text: str) -> str | None:
 
 def _long_int(size: str) -> str:
     return f"is an integer of {size}; write it as a string"
-
-
-def _too_deep() -> str:
-    return f"is nested more than {MAX_DEPTH} levels deep (lists or objects within each other); flatten it"

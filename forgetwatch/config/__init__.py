@@ -3,12 +3,11 @@ dict: flat keys (``eval_steps``, ``stop_metric``), at the top level or under a `
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean, suggestion
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, check_values
-from forgetwatch.config.settings import Monitor, Output, Scoring, check_group, flat_key, option
+from forgetwatch.config.settings import Monitor, Output, Scoring, flat_key, option
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
@@ -43,6 +42,17 @@ def _probes(value: Any) -> str | LmEvalProbes:
                 "a probe file path, or lm-eval tasks as {lm_eval: [...], ...}", value, str(err)
             ) from None
     return check.path(value)
+
+
+def _group(group: type) -> Callable[[Any], Any]:
+    def check_group(value: Any) -> Any:
+        if value is None:
+            return group()
+        if not isinstance(value, group):
+            raise check.Invalid(f"a {group.__name__}", value, f"write {group.__name__.lower()}={group.__name__}(...)")
+        return value
+
+    return check_group
 
 
 def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
@@ -111,9 +121,9 @@ class ForgetWatchConfig:
         None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
     )
     output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
-    scoring: Scoring = field(default_factory=Scoring)
-    monitor: Monitor = field(default_factory=Monitor)
-    output: Output = field(default_factory=Output)
+    scoring: Scoring = option(check=_group(Scoring), factory=Scoring)
+    monitor: Monitor = option(check=_group(Monitor), factory=Monitor)
+    output: Output = option(check=_group(Output), factory=Output)
 
     @checked_keywords
     def __init__(
@@ -128,21 +138,12 @@ class ForgetWatchConfig:
         monitor: Monitor | None = None,
         output: Output | None = None,
     ) -> None:
-        source = type(self).__name__
-        given = {"probes": probes, "base": base, "eval_steps": eval_steps, "max_forgetting": max_forgetting}
-        own, problems = check_values({**given, "output_dir": output_dir}, _OWN, source, {})
-        groups: dict[str, Any] = {"scoring": scoring, "monitor": monitor, "output": output}
-        for name, group in GROUPS.items():
-            if groups[name] is not None and not isinstance(groups[name], group):
-                message = (
-                    f"expected a {group.__name__}, got {describe(groups[name])}; write {name}={group.__name__}(...)"
-                )
-                problems.append(Problem(source, None, name, message))
+        given = {k: v for k, v in locals().items() if k != "self"}
+        checks = {f.name: f.metadata["check"] for f in fields(self)}
+        values, problems = check_values(given, checks, type(self).__name__, {})
         if problems:
             raise ConfigError(problems)
-        for name, group in GROUPS.items():
-            object.__setattr__(self, name, groups[name] or group())
-        for name, value in own.items():
+        for name, value in values.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
 
     @classmethod
@@ -182,7 +183,7 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml", patience=5).monitor.patience
             5
         """
-        data, lines, problems = read_section(path, _FLAT)
+        data, lines, problems = read_section(path, FLAT_KEYS)
         cfg = cls._from_mapping(data, str(path), lines, Path(path).absolute().parent, problems)
         return cfg.replace(**overrides) if overrides else cfg
 
@@ -198,10 +199,14 @@ class ForgetWatchConfig:
         if not isinstance(data, Mapping):
             message = f"expected a mapping of forgetwatch settings, got {describe(data)}"
             raise ConfigError([Problem(source, None, None, message)])
-        flat, written, found = _flatten(data, source, lines)
-        own, groups, value_problems = _check(flat, written, source, lines)
+        flat, found = _flatten(data, source, lines)
+        own, value_problems = check_values(flat, _CHECKS, source, lines)  # in the order the settings were given
         if problems := [*problems, *found, *value_problems]:
             raise ConfigError(problems)
+        groups: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+        for key in own.keys() & _GROUPED.keys():
+            group, name = _GROUPED[key]
+            groups[group][name] = own.pop(key)
         if relative_to is not None:
             for key in PATH_KEYS:
                 if key in own:
@@ -274,23 +279,19 @@ class ForgetWatchConfig:
 
 
 #: the groups, by their field of ForgetWatchConfig
-GROUPS: dict[str, type[Any]] = {
-    f.name: f.default_factory
-    for f in fields(ForgetWatchConfig)  # type: ignore[misc]
-    if f.default_factory is not dataclasses.MISSING
-}
+GROUPS: dict[str, type[Any]] = {"scoring": Scoring, "monitor": Monitor, "output": Output}
 #: the config's own settings (probes, base): their checks
 _OWN: dict[str, Callable[[Any], Any]] = {
-    f.name: f.metadata["check"] for f in fields(ForgetWatchConfig) if "check" in f.metadata
+    f.name: f.metadata["check"] for f in fields(ForgetWatchConfig) if f.name not in GROUPS
 }
 #: every group setting's flat key -> (group, field): the one key table
 _GROUPED: dict[str, tuple[str, str]] = {
     flat_key(f): (name, f.name) for name, group in GROUPS.items() for f in fields(group)
 }
-#: every flat key: the config's own settings, then the groups'
-_FLAT = [*_OWN, *_GROUPED]
+#: every flat key's check: the config's own settings, then the groups'
+_CHECKS = {**_OWN, **{flat_key(f): f.metadata["check"] for group in GROUPS.values() for f in fields(group)}}
 #: every setting's one name in files (``eval_steps``, ``stop_metric``), in declaration order
-FLAT_KEYS: tuple[str, ...] = tuple(_FLAT)
+FLAT_KEYS: tuple[str, ...] = tuple(_CHECKS)
 
 
 def _grouped_as(key: str) -> str | None:
@@ -301,10 +302,8 @@ def _grouped_as(key: str) -> str | None:
     return f"{group}={GROUPS[group].__name__}({name}=...)"
 
 
-def _flatten(
-    data: Mapping[Any, Any], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], dict[str, str], list[Problem]]:
-    """Settings by flat key (group objects taken apart), how each was written, and the problems found."""
+def _flatten(data: Mapping[Any, Any], source: str, lines: Mapping[str, int]) -> tuple[dict[str, Any], list[Problem]]:
+    """Settings by flat key (group objects taken apart), and the problems found."""
     flat: dict[str, Any] = {}
     written: dict[str, str] = {}
     problems: list[Problem] = []
@@ -328,27 +327,9 @@ def _flatten(
             message = f"write each of its settings as a key of its own (e.g. {flat_key(fields(GROUPS[key])[0])}: ...)"
             problems.append(Problem(source, lines.get(key), key, message))
         else:
-            hint = suggestion(key.rpartition(".")[2], _FLAT) or f" (known keys: {', '.join(_FLAT)})"
+            hint = suggestion(key.rpartition(".")[2], FLAT_KEYS) or f" (known keys: {', '.join(FLAT_KEYS)})"
             problems.append(Problem(source, lines.get(key), key, f"unknown key{hint}; fix or remove it"))
-    return flat, written, problems
-
-
-def _check(
-    flat: Mapping[str, Any], written: Mapping[str, str], source: str, lines: Mapping[str, int]
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[Problem]]:
-    """The config's own values, each group's by field, and every problem in the order the settings were given."""
-    own, problems = check_values({k: v for k, v in flat.items() if k in _OWN}, _OWN, source, lines)
-    groups: dict[str, dict[str, Any]] = {}
-    for name, group in GROUPS.items():
-        keys = {f.name: flat_key(f) for f in fields(group)}
-        given = {f: flat[k] for f, k in keys.items() if k in flat}
-        if given:
-            shown = {f: written.get(k, k) for f, k in keys.items()}  # as given, for errors
-            groups[name], found = check_group(group, given, source, shown.__getitem__, lines)
-            problems += found
-    order = {as_written: i for i, as_written in enumerate(written.get(k, k) for k in flat)}
-    problems.sort(key=lambda p: order.get(p.key or "", len(order)))
-    return own, groups, problems
+    return flat, problems
 
 
 def _resolved(value: Any, folder: Path) -> Any:

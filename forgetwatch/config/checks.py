@@ -12,7 +12,7 @@ from typing import Any
 from forgetwatch.common.problems import InputError, Problem
 from forgetwatch.common.strict_json import value_problem
 from forgetwatch.common.text import describe, shorten, suggestion
-from forgetwatch.config.options import MAX_INT, batch_size_problem
+from forgetwatch.config.options import MAX_INT
 from forgetwatch.probes.schema import check_category
 
 #: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).
@@ -164,10 +164,12 @@ def choice(options: tuple[str, ...], allow_none: bool = False) -> Callable[[Any]
 
 
 def batch_size(value: Any) -> int | str:
-    if batch_size_problem(value):
-        raise Invalid(
-            "a positive integer or 'auto'", value, "write e.g. 32, or 'auto' to find the largest batch that fits"
-        )
+    """A positive integer or "auto": the one rule of the settings, the scorer and the command line."""
+    if value == "auto" and isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+        hint = "write e.g. 32, or 'auto' to find the largest batch that fits"
+        raise Invalid("a positive integer or 'auto'", value, hint)
     return value
 
 

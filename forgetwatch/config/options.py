@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from forgetwatch.common.text import shorten
 from forgetwatch.probes import ProbeKind
 
 #: ``normalize`` values: ``None`` is lm-eval ``acc``, ``"chars"`` is ``acc_norm``.
@@ -19,20 +18,6 @@ BatchSize = int | str  # a positive int, or "auto"
 MAX_INT = 2**63 - 1
 #: Most tokens a generation may ask for: more than any model's context.
 MAX_NEW_TOKENS = 1 << 20
-
-
-def batch_size_problem(value: Any) -> str | None:
-    """Why ``value`` is not a batch size (a positive integer or ``"auto"``), or ``None``.
-
-    Example:
-        >>> batch_size_problem(0)
-        "expected a positive integer or 'auto', got 0"
-    """
-    if value == "auto" and isinstance(value, str):
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
-        return f"expected a positive integer or 'auto', got {shorten(value, 40)}"
-    return None
 
 
 def scoring_options(
@@ -65,10 +50,3 @@ def scoring_options(
         if refusal_detector is not None:
             options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))
     return options
-
-
-def check_batch_size(value: Any) -> BatchSize:
-    problem = batch_size_problem(value)
-    if problem:
-        raise ValueError(f"batch_size: {problem}")
-    return value

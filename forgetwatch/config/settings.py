@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from forgetwatch.common.problems import Problem
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, check_values
 from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
@@ -42,27 +41,14 @@ class _Group:
     """A group checks itself when built."""
 
     def __post_init__(self) -> None:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-        cleaned, problems = check_group(type(self), values, type(self).__name__)
+        checks = {f.name: f.metadata["check"] for f in fields(self)}  # type: ignore[arg-type]
+        values = {name: getattr(self, name) for name in checks}
+        cleaned, problems = check_values(values, checks, type(self).__name__, {})
         if problems:
             raise ConfigError(problems)
         # normalised copies (list/dict copies, ints as floats): the caller's objects are not shared
         for name, value in cleaned.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
-
-
-def check_group(
-    group: type[_Group],
-    given: Mapping[str, Any],
-    source: str,
-    name: Callable[[str], str] = str,
-    lines: Mapping[str, int] | None = None,
-) -> tuple[dict[str, Any], list[Problem]]:
-    """``given`` (field -> value) checked: the normalised values, and problems naming each field as ``name(field)``."""
-    declared = fields(group)  # type: ignore[arg-type]
-    checks = {name(f.name): f.metadata["check"] for f in declared}
-    cleaned, problems = check_values({name(k): v for k, v in given.items()}, checks, source, lines or {})
-    return {f.name: cleaned[name(f.name)] for f in declared if name(f.name) in cleaned}, problems
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from forgetwatch.integrations.trainer_link import TrainerLink
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.sinks import Sinks, logged_values
-from forgetwatch.sinks.tensorboard import TensorBoardText
+from forgetwatch.sinks.tables import TensorBoardText
 from forgetwatch.sinks.wandb import WandbSection
 
 logger = logging.getLogger("forgetwatch")
@@ -30,16 +30,16 @@ class TrainerLog:
 
     def on_base(self, snapshot: BaseSnapshot) -> None:
         if snapshot.metrics and self.link.open:
-            self.send(snapshot.metrics, own_section=True)
+            self.send(snapshot.metrics)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.link.open:
-            self.send(logged_values(evaluation), own_section=True)
+            self.send(logged_values(evaluation))
 
-    def send(self, metrics: dict[str, float], own_section: bool = False) -> None:
-        """To every integration; ``own_section``: figures the W&B section took already skip W&B."""
+    def send(self, metrics: dict[str, float]) -> None:
+        """To every integration; figures the W&B section took already skip W&B."""
         step = self.link.state.global_step
-        taken = own_section and self.wandb is not None and self.wandb.took == step
+        taken = self.wandb is not None and self.wandb.took == step
         try:
             self.link.emit(metrics, skip=("WandbCallback",) if taken else ())
         except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_npz, strict_dump, strict_dumps
+from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_npz, strict_dumps
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
@@ -237,7 +237,7 @@ class Answers:
                 np.savez_compressed(f, **arrays)
         elif path.suffix == ".json":
             with atomic_write(path) as f:
-                strict_dump(self.to_dict(), f)
+                f.write(strict_dumps(self.to_dict()))
         else:
             raise ValueError(f"{path}: answers are saved as .json or .npz; choose one of those endings")
         return path

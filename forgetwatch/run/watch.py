@@ -48,11 +48,8 @@ from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
-from forgetwatch.sinks import SINK_SECONDS, Sinks, logged_categories
-from forgetwatch.sinks.console import ConsoleLines
-from forgetwatch.sinks.history_file import HistoryFile
-from forgetwatch.sinks.hook import as_sink
-from forgetwatch.sinks.metrics import PREFIX
+from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink, logged_categories
+from forgetwatch.sinks.metrics import PREFIX, ConsoleLines
 
 __all__ = ["Watch"]
 

@@ -18,7 +18,7 @@ import torch
 from forgetwatch.behaviour.style import looks_like_refusal
 from forgetwatch.common.console import progress_bar
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config.options import BatchSize, check_batch_size, scoring_options
+from forgetwatch.config.options import BatchSize, scoring_options
 from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
@@ -188,7 +188,7 @@ class Scorer:
     ) -> Answers:
         """Score ``model``. With ``distributed=True`` every rank calls this together, scores its share and gets
         all the answers."""
-        check_batch_size(batch_size)
+        Scoring(batch_size=batch_size)  # checked before any model work
         ranks = Ranks.all() if distributed else Ranks.alone()
         inner = unwrap(model)
         config = _text_config(inner)

@@ -13,15 +13,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from forgetwatch.common.text import first_line
 from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.history import history_record
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.run_files import RunStore
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import eval_metric_values, logged_categories, logged_values, metric_values
 
-__all__ = ["SINK_SECONDS", "Sink", "Sinks", "eval_metric_values", "logged_categories", "logged_values", "metric_values"]
+__all__ = [
+    "SINK_SECONDS",
+    "HistoryFile",
+    "Sink",
+    "Sinks",
+    "as_sink",
+    "eval_metric_values",
+    "logged_categories",
+    "logged_values",
+    "metric_values",
+]
 
 logger = logging.getLogger("forgetwatch")
 
@@ -94,3 +108,49 @@ def _run(method: Any, payload: Any, outcome: list[Exception | None]) -> None:
         outcome.append(err)
     else:
         outcome.append(None)
+
+
+class ForgettingHook:
+    """A user's function in ``sinks=``: called as ``hook(report, step)`` after each evaluation, on every rank."""
+
+    all_ranks = True
+
+    def __init__(self, hook: Callable[[TransitionReport, int], Any]):
+        self.hook = hook
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        self.hook(evaluation.report, evaluation.step)
+
+
+def as_sink(sink: Any) -> Any:
+    """``sink`` as a sink: one (it has ``on_evaluation``) as it is, a function as a :class:`ForgettingHook`."""
+    if hasattr(sink, "on_evaluation"):
+        return sink
+    if callable(sink):
+        return ForgettingHook(sink)
+    raise TypeError(f"sinks=[...] takes sinks (objects with on_evaluation) or functions f(report, step), not {sink!r}")
+
+
+class HistoryFile:
+    """Writes each evaluation into the run's store (``history.jsonl``, ``answers_latest.npz``: the one place it is
+    serialized); a failed write warns and is retried at the next one."""
+
+    def __init__(self, store: RunStore):
+        self.store = store
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        e = evaluation
+        columns = e.trajectory.column()
+        record = history_record(
+            e.step, e.report, time=time.time(), seconds=e.seconds, trigger=e.trigger, stop=e.stop, columns=columns
+        )
+        if e.repair is not None:
+            record[e.repair] = {**e.repaired, **e.repair_state}
+        if e.drift:
+            record["drift"] = e.drift
+        self.store.append_history(record)
+        e.answers.meta["step"] = e.step
+        self.store.save_latest(e.answers)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        self.store.flush()  # a last try for anything a failed write left in memory

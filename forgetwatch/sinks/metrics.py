@@ -1,20 +1,24 @@
-"""The logged metric names and values, and the console lines; a figure that does not apply (NaN) is left out, so
+"""The logged metric names and values, and the console lines (:class:`ConsoleLines` prints them); a figure that does not apply (NaN) is left out, so
 none reaches a logger or a file."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from forgetwatch.common.console import say
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.events import Evaluation
+from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.results.report import TransitionReport
+
+logger = logging.getLogger("forgetwatch")
 
 PREFIX = "forgetwatch/"
 EVAL_PREFIX = "eval_forgetwatch_"
@@ -147,3 +151,30 @@ def console_line(step: int, report: TransitionReport, train_kl: float | None = N
         f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk"
         + (f"; train KL {train_kl:.3g}" if train_kl is not None else "")
     )
+
+
+class ConsoleLines:
+    """Prints the base's and each evaluation's line (when ``verbose``), and the stop line (always), naming
+    ``history`` and ``stop_note(step)`` (what the trainer does on stopping, e.g. "; saving checkpoint ...")."""
+
+    def __init__(self, history: Path, verbose: bool = True, stop_note: Callable[[int], str] = lambda _: ""):
+        self.history, self.verbose, self.stop_note = history, verbose, stop_note
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        if self.verbose:
+            say(base_line(snapshot.answers, snapshot.path, snapshot.computed))
+            for line in [*lm_eval_lines(snapshot.answers, "base, "), *(f"[forgetwatch] {n}" for n in snapshot.notes)]:
+                say(line)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        if self.verbose:
+            line = console_line(evaluation.step, evaluation.report, evaluation.drift.get("train_kl"))
+            say("; ".join([line, *evaluation.notes]))
+        if evaluation.stop:
+            # on its own line above any progress bar, where a person sees it; and to the logs
+            message = (
+                f"stopping training at step {evaluation.step}: {evaluation.stop}"
+                f"{self.stop_note(evaluation.step)}; history {self.history}"
+            )
+            say(f"[forgetwatch] {message}")
+            logger.info("forgetwatch: %s", message)

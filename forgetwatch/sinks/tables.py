@@ -1,16 +1,21 @@
-"""The rows of the tables W&B and TensorBoard show: the probes that flipped, and each probe's trajectory."""
+"""The tables W&B and TensorBoard show (the probes that flipped, and each probe's trajectory), TensorBoard's as
+text; a dashboard's write that fails warns once, and that kind of write stops."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from forgetwatch.common.text import first_line
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, chosen_text
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.trajectory import Trajectory
+
+logger = logging.getLogger("forgetwatch")
 
 FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin", "events so far")
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
@@ -95,3 +100,52 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+class Guard:
+    """Runs a dashboard's writes: the first failure of each ``kind`` warns (``after``: what happens then), and that
+    kind is left alone from then on."""
+
+    def __init__(self, after: str = ""):
+        self.after = after
+        self.broken: set[str] = set()
+
+    def __call__(self, kind: str, write: Callable[[], Any]) -> Any:
+        """What ``write()`` returned, or ``None`` when it failed or ``kind`` failed before."""
+        if kind in self.broken:
+            return None
+        try:
+            return write()
+        except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
+            self.broken.add(kind)
+            logger.warning(
+                "forgetwatch: writing %s failed (%s: %s); no more of it this run%s, training goes on",
+                kind,
+                type(err).__name__,
+                first_line(err),
+                self.after,
+            )
+            return None
+
+
+class TensorBoardText:
+    """Adds the tables as markdown to ``writer()`` (``None`` while there is none)."""
+
+    def __init__(self, probes: ProbeSet, writer: Callable[[], Any], limit: int = 500):
+        self.probes, self.writer, self.limit = probes, writer, limit
+        self._guard = Guard()
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        rows = flip_rows(evaluation, self.limit)
+        self._text("forgetwatch/flips", markdown(FLIP_COLUMNS, rows) if rows else "no probe flipped", evaluation.step)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        rows = probe_rows(self.probes, trajectory, self.limit)
+        self._text("forgetwatch/probes", markdown(PROBE_COLUMNS, rows), int(trajectory.steps[-1]))
+
+    def _text(self, tag: str, text: str, step: int) -> None:
+        def add() -> None:
+            if (writer := self.writer()) is not None:
+                writer.add_text(tag, text, step)
+
+        self._guard("tensorboard", add)

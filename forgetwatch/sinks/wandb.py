@@ -1,29 +1,23 @@
-"""W&B: forgetwatch's figures in a section of their own against ``train/global_step``, and tables of the probes; a
-failed write warns once and that kind is left alone."""
+"""W&B: forgetwatch's figures in a section of their own against ``train/global_step``, and tables of the probes."""
 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from forgetwatch.common.text import first_line
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import logged_values
-from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, flip_rows, probe_rows
-
-logger = logging.getLogger("forgetwatch")
+from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, Guard, flip_rows, probe_rows
 
 STEP_KEY = "train/global_step"
 
 
 def current_run() -> Any:
-    module = sys.modules.get("wandb")
-    return getattr(module, "run", None)
+    return getattr(sys.modules.get("wandb"), "run", None)
 
 
 class WandbSection:
@@ -35,7 +29,7 @@ class WandbSection:
         self.took: int | None = None  # the last step whose scalars went here
         self._flips: Any = None  # the incremental table
         self._defined = False
-        self._broken: set[str] = set()
+        self._guard = Guard(" (scalars then go the trainer's way)")
 
     def on_base(self, snapshot: BaseSnapshot) -> None:
         self._scalars(snapshot.metrics, snapshot.step)
@@ -59,39 +53,22 @@ class WandbSection:
         self._table("forgetwatch/probes", probes, int(trajectory.steps[-1]))
 
     def _table(self, key: str, make: Callable[[Any], Any], step: int) -> None:
-        run = self._run("wandb tables")
-        if run is not None:
-            self._guard("wandb tables", lambda: run.log({key: make(importlib.import_module("wandb")), STEP_KEY: step}))
+        def log() -> None:
+            if (run := self.run()) is not None:
+                run.log({key: make(importlib.import_module("wandb")), STEP_KEY: step})
+
+        self._guard("wandb tables", log)
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
-        run = self._run("wandb scalars")
-        if run is None or not values:
-            return
-
-        def log() -> None:
+        def log() -> bool:
+            run = self.run()
+            if run is None or not values:
+                return False
             if not self._defined:
                 run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
                 self._defined = True
             run.log({**values, STEP_KEY: step})
+            return True
 
         if self._guard("wandb scalars", log):
             self.took = step
-
-    def _run(self, what: str) -> Any:
-        return None if what in self._broken else self.run()
-
-    def _guard(self, name: str, write: Callable[[], None]) -> bool:
-        """Whether ``write`` went; a failure warns once and ``name`` is left alone from then on."""
-        try:
-            write()
-        except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
-            self._broken.add(name)
-            logger.warning(
-                "forgetwatch: writing %s failed (%s: %s); no more of it this run (scalars then go the "
-                "trainer's way), training goes on",
-                name,
-                type(err).__name__,
-                first_line(err),
-            )
-            return False
-        return True
