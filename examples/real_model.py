@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None):
 
     from forgetwatch import ForgetWatchCallback, Monitor, Output, Scoring, real
     from forgetwatch.reporting.page import write_report
-    from forgetwatch.reporting.plot import plot_history
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,8 +146,7 @@ def main(argv: list[str] | None = None):
     print(report.summary())
     share = callback.monitoring_seconds / run_seconds
     print(f"monitoring: {callback.monitoring_seconds:.0f} s of the run's {run_seconds:.0f} s ({share:.1%})")
-    plot_history(out / "forgetwatch" / "history.jsonl", out / "forgetting.png", title="SmolLM2-135M: SFT on code")
-    write_report([out / "forgetwatch"], out / "report.html")
+    write_report([out / "forgetwatch"], out / "report.html", png=out / "forgetting.png")
     print(f"wrote {out / 'report.html'} and {out / 'forgetting.png'} in {time.perf_counter() - began:.0f} s")
     return callback
 

@@ -1,4 +1,4 @@
-"""history.jsonl: the record format and its one reader (the callback's and the plots')."""
+"""history.jsonl: the record format and its one reader (the callback's, the report's and the plots')."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-from forgetwatch.reporting.plot import load_history
 from forgetwatch.results.history import HistoryError, history_record, report_from_record
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import read_history
@@ -68,10 +67,8 @@ def test_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
     path = write(tmp_path / "history.jsonl", line(10), line(20), '{"step": 30, "rep', end="")
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         assert [r["step"] for r in read_history(path)] == [10, 20]
-        # the plots read with the same rule (they used to raise here)
-        assert [r["step"] for r in load_history(path)] == [10, 20]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 2 and "history.jsonl, line 3: dropping an incomplete last line" in warnings[0].message
+    assert len(warnings) == 1 and "history.jsonl, line 3: dropping an incomplete last line" in warnings[0].message
 
 
 def test_blank_lines_and_an_empty_file(tmp_path):
@@ -104,9 +101,8 @@ def test_damaged_lines_raise_history_error_naming_file_and_line(tmp_path, bad, w
         + line(30).encode()
         + b"\n"
     )
-    for reader in (read_history, load_history):
-        with pytest.raises(HistoryError, match=rf"history\.jsonl, line 3: {why}.*fix or delete that line"):
-            reader(path)
+    with pytest.raises(HistoryError, match=rf"history\.jsonl, line 3: {why}.*fix or delete that line"):
+        read_history(path)
     assert issubclass(HistoryError, ValueError)
 
 

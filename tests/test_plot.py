@@ -15,18 +15,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from forgetwatch.reporting.plot import (
-    LEGEND_MAX,
-    _runs_figure,
-    load_history,
-    plot_history,
-    plot_runs,
-    text_curve,
-)
+from forgetwatch.reporting.plot import LEGEND_MAX, _runs_figure, plot_history, plot_runs, text_curve
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
+from forgetwatch.results.run_files import read_history
 
-# the PNG tests need the optional matplotlib; the console curve and the loader do not
+# the PNG tests need the optional matplotlib; the console curve does not
 needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason='needs "forgetwatch[plot]"')
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -263,20 +257,14 @@ def test_single_category_is_not_drawn_twice():
 
 @needs_mpl
 @pytest.mark.slow
-def test_history_as_path_records_and_callback_pairs(tmp_path):
+def test_a_history_file_draws_as_its_records(tmp_path):
     records = make_history()
     path = write_jsonl(tmp_path / "history.jsonl", records)
-    a = plot_history(path, tmp_path / "a.png")
-    b = plot_history(str(path), tmp_path / "b.png")
+    a = plot_history(read_history(path), tmp_path / "a.png")
     c = plot_history(records, tmp_path / "c.png")
-    # ForgetWatchCallback.history form: (step, TransitionReport)
-    base = answers([True, True, False, False], ["x", "x", "y", "y"])
-    cur = answers([True, False, True, False], ["x", "x", "y", "y"])
-    d = plot_history([(0, compare(base, base)), (10, compare(base, cur))], tmp_path / "d.png")
-    for out in (a, b, c, d):
-        assert_not_blank(read_png(out))
+    assert_not_blank(read_png(a))
     assert a.read_bytes() == c.read_bytes()  # same records, same picture
-    assert text_curve(path) == text_curve(records)
+    assert text_curve(read_history(path)) == text_curve(records)
 
 
 @needs_mpl
@@ -303,7 +291,8 @@ def test_pyplot_never_imported(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from forgetwatch.reporting.plot import plot_history
-        plot_history({str(path)!r}, {str(tmp_path / "x.png")!r})
+        from forgetwatch.results.run_files import read_history
+        plot_history(read_history({str(path)!r}), {str(tmp_path / "x.png")!r})
         assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
     """)
     env = dict(os.environ, MPLBACKEND="")
@@ -320,57 +309,19 @@ def test_missing_matplotlib_message(tmp_path, monkeypatch):
     assert text_curve(make_history())  # the console curve needs no matplotlib
 
 
-# -- reading and errors --------------------------------------------------------------------------
-
-
-def test_load_history_skips_blank_lines(tmp_path):
-    records = make_history(steps=(0, 10))
-    path = tmp_path / "history.jsonl"
-    path.write_text("\n" + json.dumps(records[0]) + "\n  \n" + json.dumps(records[1]) + "\n\n")
-    loaded = load_history(path)
-    assert [r["step"] for r in loaded] == [0, 10]
-    assert loaded[1]["report"]["forgetting"] == records[1]["report"]["forgetting"]
-
-
-@needs_mpl
-@pytest.mark.parametrize(
-    "bad, why",
-    [
-        ('{"step": 20, "report": {', "not valid JSON"),
-        ("[1, 2]", "expected a JSON object"),
-        ('{"step": 20}', "record has no 'report'"),
-        ('{"report": {}}', "record has no 'step'"),
-    ],
-)
-def test_load_history_error_names_file_and_line(tmp_path, bad, why):
-    records = make_history(steps=(0,))
-    path = tmp_path / "history.jsonl"
-    path.write_text(json.dumps(records[0]) + "\n\n" + bad + "\n")
-    with pytest.raises(ValueError, match=rf"history\.jsonl, line 3: {why}"):
-        load_history(path)
-    with pytest.raises(ValueError, match="line 3"):
-        plot_history(path, tmp_path / "x.png")
+# -- errors -------------------------------------------------------------------------------------
 
 
 @needs_mpl
 def test_empty_history_errors(tmp_path):
     empty_file = tmp_path / "history.jsonl"
     empty_file.write_text("\n\n")
-    for history in ([], empty_file):
+    for history in ([], read_history(empty_file)):
         with pytest.raises(ValueError, match="no evaluations"):
             plot_history(history, tmp_path / "x.png")
         with pytest.raises(ValueError, match="no evaluations"):
             text_curve(history)
     assert not (tmp_path / "x.png").exists()
-
-
-def test_bad_records_rejected(tmp_path):
-    with pytest.raises(ValueError, match="record 1"):
-        text_curve([{"step": 0, "report": {}}, {"step": 1}])
-    with pytest.raises(ValueError, match="not an integer"):
-        text_curve([{"step": "late", "report": {}}])
-    with pytest.raises(ValueError, match="report"):
-        text_curve([{"step": 0, "report": 3}])
 
 
 # -- console curve -------------------------------------------------------------------------------

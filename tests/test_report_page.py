@@ -47,14 +47,14 @@ needs_browser = pytest.mark.skipif(
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     for name, steps in (("lr-a", 20), ("lr-b", 30), ("lr-c", 10)):
-        run_demo(root / name, steps=steps, eval_steps=5, quiet=True)
+        run_demo(root / name, steps=steps, eval_steps=5)
     return [root / "lr-a", root / "lr-b", root / "lr-c"]
 
 
 @pytest.fixture(scope="module")
 def one_evaluation(tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "run"
-    run_demo(out, steps=5, eval_steps=5, quiet=True)
+    run_demo(out, steps=5, eval_steps=5)
     assert [r["step"] for r in read_history(out / "history.jsonl")] == [5]
     return out
 

@@ -98,23 +98,27 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
     ev.add_argument("--model", required=True, metavar="PATH", help="model directory, .gguf file or hub id")
     ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
+    ev.set_defaults(run=_evaluate)
 
     cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
     what = "model directory, .gguf file or hub id"
     cmp.add_argument("--base", required=True, metavar="PATH", help=f"base {what}, or answers of 'forgetwatch evaluate'")
     cmp.add_argument("--model", required=True, metavar="PATH", help=f"post-trained {what}")
     cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
+    cmp.set_defaults(run=_compare)
 
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
     rep.add_argument("--png", metavar="FILE.png", help="also draw the curves as a PNG")
     rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
+    rep.set_defaults(run=_report)
 
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
     starters = "; ".join(f"{k}: {v}" for k, v in STARTERS.items())
     probes.add_argument("--starter", required=True, choices=list(STARTERS), help=starters)
     probes.add_argument("--out", metavar="FILE", help="the JSONL probe file to write (default: standard output)")
+    probes.set_defaults(run=_probes)
 
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
@@ -133,12 +137,15 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
     )
+    demo.set_defaults(run=_demo)
 
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
     path.add_argument("framework", choices=["swift"], help="swift: for ms-swift's --external_plugins")
+    path.set_defaults(run=_plugin_path)
     lmf = sub.add_parser("llamafactory", help="run LLaMA-Factory's training (llamafactory-cli train) with forgetwatch")
     lmf.add_argument("config", metavar="CONFIG", help="LLaMA-Factory's YAML/JSON, with forgetwatch_<key> settings")
     lmf.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="overrides, as llamafactory-cli")
+    lmf.set_defaults(run=_llamafactory)
     return parser
 
 
@@ -146,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forgetwatch`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        # each command runs as _<command>_command
-        return globals()[f"_{args.command.replace('-', '_')}_command"](args)
+        return args.run(args)
     except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
         # Errors in the user's input are these types (a foreign library reading the input, as
         # lm-eval loading tasks, is wrapped where it is called): one message, exit 2. Any other
@@ -159,14 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _plugin_path_command(args: argparse.Namespace) -> int:
+def _plugin_path(args: argparse.Namespace) -> int:
     from forgetwatch.integrations.swift import PLUGIN_FILE
 
     print(PLUGIN_FILE)
     return 0
 
 
-def _llamafactory_command(args: argparse.Namespace) -> int:
+def _llamafactory(args: argparse.Namespace) -> int:
     from importlib.util import find_spec
 
     from forgetwatch.integrations.llamafactory import run
@@ -177,7 +183,7 @@ def _llamafactory_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probes_command(args: argparse.Namespace) -> int:
+def _probes(args: argparse.Namespace) -> int:
     note = (
         "A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
         "with ProbeSet.from_hf (see the README)."
@@ -194,7 +200,7 @@ def _probes_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_command(args: argparse.Namespace) -> int:
+def _evaluate(args: argparse.Namespace) -> int:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
     _check_device(args.device)
@@ -210,7 +216,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_command(args: argparse.Namespace) -> int:
+def _compare(args: argparse.Namespace) -> int:
     from forgetwatch.results.metrics import compare
     from forgetwatch.results.report import write_samples_csv
 
@@ -254,7 +260,7 @@ def _compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_command(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
     if any(n is not None and n < 1 for n in (args.steps, args.eval_steps)):
@@ -272,7 +278,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_command(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> int:
     from forgetwatch.reporting.page import write_report
     from forgetwatch.results.history import HistoryError
 

@@ -3,11 +3,9 @@ callback watches; on a CPU, nothing downloaded."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib.util
-import logging
 import os
 import time
 import warnings
@@ -19,17 +17,11 @@ DEFAULT_OUT = "forgetwatch-demo"
 TAKES = "under a minute on two CPU cores"
 
 
-def run_demo(
-    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
-    steps: int = 60,
-    eval_steps: int = 5,
-    seed: int = 0,
-    quiet: bool = False,
-    replay: bool = False,
-):
+def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eval_steps: int = 5, replay: bool = False):
     """Run the demo; returns the callback. With ``replay``, probes on half the facts and a replay pool of the other
     half: the run without and with replay, side by side."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it trains on the CPU: no deepspeed notice that it found no GPU
     if importlib.util.find_spec("trl") is None:
         raise ImportError('forgetwatch demo needs TRL: pip install "forgetwatch[demo]"')
 
@@ -37,53 +29,45 @@ def run_demo(
     from forgetwatch.probes import ProbeSet
     from forgetwatch.replay import ReplayPool
     from forgetwatch.reporting.page import write_report
-    from forgetwatch.reporting.plot import plot_history, text_curve
+    from forgetwatch.reporting.plot import text_curve
+    from forgetwatch.results.run_files import read_history
     from forgetwatch.toy import ToyWorld
 
     out = Path(out_dir)
-    say = (lambda *a: None) if quiet else print
     start = time.perf_counter()
-    world = ToyWorld(seed=seed)
-    say("1/3 teaching a tiny model some made-up facts ...")
+    world = ToyWorld()
+    print("1/3 teaching a tiny model some made-up facts ...")
     tokenizer = world.tokenizer()
     base = world.model(tokenizer)
-    world.train(base, tokenizer, world.fact_texts(), steps=200, seed=seed)
+    world.train(base, tokenizer, world.fact_texts(), steps=200)
     records, pool = world.replay_split() if replay else (world.probe_records(), None)
     probes = ProbeSet.from_records(records, source="demo facts")
 
-    say(
+    print(
         f"2/3 post-training it on arithmetic with TRL SFT for {steps} steps, "
         f"scoring {len(probes)} probes every {eval_steps} steps{', without and with replay' if replay else ''} ..."
     )
-    output = Output(verbose=not (quiet or replay))
-    train = functools.partial(_post_train, world, tokenizer, base, probes, steps, eval_steps, seed, output=output)
-    if replay:
-        runs = [out / "without-replay", out / "with-replay"]
-        plain = train(runs[0])
-        callback = train(runs[1], replay=ReplayPool.from_records(pool, source="demo pool"))
-    else:
-        runs = [out]
-        callback = train(out)
+    train = functools.partial(
+        _post_train, world, tokenizer, base, probes, steps, eval_steps, output=Output(verbose=not replay)
+    )
+    runs = [out / "without-replay", out / "with-replay"] if replay else [out]
+    plain = train(runs[0])
+    callback = train(runs[1], replay=ReplayPool.from_records(pool, source="demo pool")) if replay else plain
 
-    say("3/3 results")
+    print("3/3 results")
     if replay:
-        say(_side_by_side({"without replay": plain, "with replay": callback}))
+        print(_side_by_side({"without replay": plain, "with replay": callback}))
     else:
-        say("\nforgetting (F) and backward transfer (BT) against the base model:")
-        say(text_curve(callback.history))
-    say("\nat the last step:")
-    say(callback.history[-1][1].summary())
+        print("\nforgetting (F) and backward transfer (BT) against the base model:")
+        print(text_curve(read_history(out / "history.jsonl")))
+    print("\nat the last step:")
+    print(callback.history[-1][1].summary())
     written = [r / "history.jsonl" for r in runs]
     try:
-        if replay:
-            written.insert(0, write_report(runs, out / "report.html", png=out / "forgetting.png"))
-        else:
-            title = "forgetwatch demo: SFT on arithmetic, probes on facts"
-            written.insert(0, plot_history(out / "history.jsonl", out / "forgetting.png", title=title))
-            written.insert(1, write_report(runs, out / "report.html"))
+        written[:0] = [write_report(runs, out / "report.html", png=out / "forgetting.png"), out / "forgetting.png"]
     except ImportError as err:
-        say(f"(no PNG or report: {err})")
-    say(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.0f} s")
+        print(f"(no PNG or report: {err})")
+    print(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.0f} s")
     return callback
 
 
@@ -101,10 +85,10 @@ def run_real_demo(argv: list[str]):
     return module.main(argv)
 
 
-def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, seed: int, out: Path, **settings):
+def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, out: Path, **settings):
     """TRL SFT of a copy of ``base`` on the world's arithmetic, watched; the callback."""
+    import datasets
     import trl
-    from datasets import Dataset
     from transformers import PrinterCallback
 
     from forgetwatch.integrations.callback import ForgetWatchCallback
@@ -117,18 +101,19 @@ def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, see
         learning_rate=3e-3,
         max_length=64,
         packing=False,
-        logging_steps=max(steps, 1),
+        logging_steps=steps,
         save_strategy="no",
         report_to=[],
         use_cpu=True,
         bf16=False,
         activation_checkpointing=False,
-        seed=seed,
+        seed=0,
         disable_tqdm=True,
         dataloader_pin_memory=False,
     )
-    data = Dataset.from_dict({"text": world.distraction_texts(seed=seed + 1)})
-    with warnings.catch_warnings(), _quiet_trainer_setup():
+    data = datasets.Dataset.from_dict({"text": world.distraction_texts()})
+    datasets.disable_progress_bars()  # a bar per pass of TRL over the data says nothing here
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         trainer = trl.SFTTrainer(
             model=copy.deepcopy(base), args=args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
@@ -136,26 +121,6 @@ def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, see
         trainer.remove_callback(PrinterCallback)  # the one-line summaries say enough
         trainer.train()
     return callback
-
-
-@contextlib.contextmanager
-def _quiet_trainer_setup():
-    """While the trainer is built: no progress bars for TRL's passes over the data, no deepspeed CPU notice."""
-    import datasets
-
-    def not_the_cpu_notice(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Setting accelerator to CPU")
-
-    bars = not datasets.are_progress_bars_disabled()
-    deepspeed = logging.getLogger("DeepSpeed")  # its logger's name; created on import, filters kept
-    datasets.disable_progress_bars()
-    deepspeed.addFilter(not_the_cpu_notice)
-    try:
-        yield
-    finally:
-        deepspeed.removeFilter(not_the_cpu_notice)
-        if bars:
-            datasets.enable_progress_bars()
 
 
 def _side_by_side(callbacks) -> str:

@@ -41,10 +41,7 @@ def load_run(path: PathLike) -> Run:
 
 
 def _has_behaviour(run: Run) -> bool:
-    # without its probe file: whether its history has drift figures
-    if run.probes:
-        return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
-    return any(report.behaviour for _, report in run.history)
+    return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
 
 
 def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
@@ -77,7 +74,7 @@ def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike |
         >>> write_report(["out/forgetwatch"], "report.html")  # doctest: +SKIP
         PosixPath('report.html')
     """
-    from forgetwatch.reporting.plot import plot_history, plot_runs
+    from forgetwatch.reporting.plot import plot_runs
 
     runs = [load_run(d) for d in run_dirs]
     seen: dict[str, int] = {}
@@ -88,10 +85,9 @@ def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike |
     page = _page(runs, top)
     with atomic_write(out) as f:
         f.write(page)
-    if png is not None and len(runs) == 1:
-        plot_history(runs[0].records, png, title=f"forgetting: {runs[0].name}")
-    elif png is not None:
-        plot_runs({run.name: run.records for run in runs}, png, title="forgetwatch: forgetting by run")
+    if png is not None:
+        title = f"forgetting: {runs[0].name}" if len(runs) == 1 else "forgetwatch: forgetting by run"
+        plot_runs({run.name: run.records for run in runs}, png, title=title)
     return Path(out)
 
 
@@ -147,33 +143,14 @@ def _summary(runs: list[Run]) -> str:
 
 
 def _curves(runs: list[Run]) -> list[dict[str, Any]]:
-    """One run: rates and accuracies in one chart; several: rates overlaid, accuracies in a second chart."""
-    if len(runs) == 1:
-        run = runs[0]
-        traces = [
-            _line(*_curve(run, "forgetting"), "forgetting", "#d62728", "solid"),
-            _line(*_curve(run, "backward_transfer"), "backward transfer", "#2ca02c", "solid"),
-            _line(*_curve(run, "forgetting_adjusted"), "forgetting (chance-adjusted)", "#d62728", "dash"),
-            _line(*_curve(run, "accuracy_after"), "accuracy", "#1f77b4", "solid", "y2"),
-            _line(*_curve(run, "accuracy_before"), "accuracy of the base", "#1f77b4", "dot", "y2"),
-            *_noise(run, "#999"),
-        ]
-        layout = _layout(
-            "Forgetting, backward transfer and accuracy by training step",
-            "share of probes",
-            right="accuracy",
-            tickformat=".0%",
-            range=[0, 1.02],
-            dtick=0.2,
-        )
-        return [{"data": traces, "layout": layout}]
     rates, accuracy = [], []
     for run, color in zip(runs, cycle(_COLORS)):
         rates += [
             _line(*_curve(run, "forgetting"), f"{run.name}: forgetting", color, "solid"),
+            _line(*_curve(run, "forgetting_adjusted"), f"{run.name}: forgetting (chance-adjusted)", color, "dash"),
             _line(*_curve(run, "backward_transfer"), f"{run.name}: backward transfer", color, "dot"),
+            *_noise(run, color),
         ]
-        rates += _noise(run, color)
         accuracy.append(_line(*_curve(run, "accuracy_after"), run.name, color, "solid"))
     return [
         {"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},

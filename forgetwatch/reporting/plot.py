@@ -7,17 +7,16 @@ import io
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
-from forgetwatch.results.run_files import read_history as load_history  # the one reader of history files
 
-#: A history.jsonl path, or its records: ``{"step": int, "report": dict | TransitionReport}`` or
-#: ``(step, TransitionReport)`` pairs (``ForgetWatchCallback.history``).
-History = str | os.PathLike | Sequence[Any]
+#: A history's records, as :func:`~forgetwatch.results.run_files.read_history` reads them from its
+#: ``history.jsonl``: ``{"step": int, "report": dict}``.
+History = Sequence[Mapping[str, Any]]
+Point = tuple[int, Mapping[str, Any]]  # (step, report)
 
 #: Most entries the PNG legend shows; further categories are drawn grey as "+N more".
 LEGEND_MAX = 12
@@ -30,55 +29,24 @@ _PANELS = (
 )
 
 
-@dataclass
-class _Point:
-    step: int
-    report: Mapping[str, Any]
-    categories: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-
-
-def _points(history: History) -> list[_Point]:
-    """Any accepted history form as points sorted by step (a step evaluated twice: the later counts)."""
-    path = isinstance(history, (str, os.PathLike))
-    source = os.fspath(history) if path else "history"
-    by_step: dict[int, _Point] = {}
-    for i, record in enumerate(load_history(history) if path else history):
-        where = f"{source}: record {i}"
-        if isinstance(record, Mapping):
-            if "step" not in record or "report" not in record:
-                raise ValueError(f"{where}: needs 'step' and 'report' keys")
-            record = (record["step"], record["report"])
-        if not isinstance(record, (tuple, list)) or len(record) != 2:
-            raise ValueError(f"{where}: expected a mapping or a (step, report) pair")
-        step, report = record  # ForgetWatchCallback.history holds (step, TransitionReport)
-        report = report.to_dict() if hasattr(report, "to_dict") else report
-        if not isinstance(report, Mapping):
-            raise ValueError(f"{where}: 'report' must be a mapping or a TransitionReport")
-        cats = report.get("by_category") or {}
-        if not isinstance(cats, Mapping):
-            raise ValueError(f"{where}: 'by_category' must be a mapping")
-        try:
-            step = int(step)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: step {step!r} is not an integer") from None
-        # a resumed run can evaluate a step twice; the later evaluation is the current truth
-        by_step[step] = _Point(step, report, {str(k): v for k, v in cats.items()})
+def _points(history: History) -> list[Point]:
+    # a resumed run can evaluate a step twice; the later evaluation is the current truth
+    by_step = {int(r["step"]): r["report"] for r in history}
     if not by_step:
-        raise ValueError(
-            f"{source} has no evaluations to plot (is it the history.jsonl of a run that reached its first evaluation?)"
-        )
-    return [by_step[s] for s in sorted(by_step)]
+        raise ValueError("the history has no evaluations to plot (has the run reached its first evaluation?)")
+    return sorted(by_step.items())
+
+
+def _categories(report: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+    return report.get("by_category") or {}
 
 
 def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -> float:
-    """A rate as a float; missing, null or non-numeric is NaN (a gap in a curve)."""
+    """A rate as a float; missing or null is NaN (a gap in a curve)."""
     value = (report or {}).get(key)
     if index is not None:
-        value = value[index] if isinstance(value, (list, tuple)) and len(value) > index else None
-    try:
-        return math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        return math.nan
+        value = value[index] if value else None
+    return math.nan if value is None else float(value)
 
 
 def text_curve(history: History, width: int = 60) -> str:
@@ -94,13 +62,13 @@ def text_curve(history: History, width: int = 60) -> str:
         step 40  F  3.1%  BT  0.8%  ####################
     """
     points = _points(history)
-    step_w = max(len(str(p.step)) for p in points)
+    step_w = max(len(str(step)) for step, _ in points)
     heads = [
-        f"step {p.step:>{step_w}}  F {pct(_num(p.report, 'forgetting'), 4, '-')}"
-        f"  BT {pct(_num(p.report, 'backward_transfer'), 4, '-')}"
-        for p in points
+        f"step {step:>{step_w}}  F {pct(_num(report, 'forgetting'), 4, '-')}"
+        f"  BT {pct(_num(report, 'backward_transfer'), 4, '-')}"
+        for step, report in points
     ]
-    f_values = [_num(p.report, "forgetting") for p in points]
+    f_values = [_num(report, "forgetting") for _, report in points]
     finite = [f for f in f_values if math.isfinite(f)]
     top = max(finite, default=0.0)
     bar_max = max(width - max(len(h) for h in heads) - 2, 10)
@@ -117,7 +85,7 @@ def plot_history(history: History, out_png: str | os.PathLike[str], *, title: st
     95 % interval grey) and per category; write a PNG atomically. ``ImportError`` without matplotlib.
 
     Example:
-        >>> plot_history("run/forgetwatch/history.jsonl", "forgetting.png")  # doctest: +SKIP
+        >>> plot_history(read_history("run/forgetwatch/history.jsonl"), "forgetting.png")  # doctest: +SKIP
         PosixPath('forgetting.png')
     """
     return _save(_runs_figure([(None, history)], title), out_png)
@@ -127,7 +95,7 @@ def plot_runs(runs: Mapping[str, History], out_png: str | os.PathLike[str], *, t
     """Several runs (a sweep) in one PNG: a row of :func:`plot_history`'s panels per run, one y axis.
 
     Example:
-        >>> plot_runs({"a": "a/history.jsonl", "b": "b/history.jsonl"}, "sweep.png")  # doctest: +SKIP
+        >>> plot_runs({r: read_history(f"{r}/history.jsonl") for r in ("a", "b")}, "sweep.png")  # doctest: +SKIP
         PosixPath('sweep.png')
     """
     return _save(_runs_figure(list(runs.items()), title), out_png)
@@ -157,7 +125,7 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     evaluated = [_points(history) for _, history in runs]
     rows = [_from_base(points) for points in evaluated]
     keys = [k for _, key, adj, ci in _PANELS for k in ((key,), (adj,), (ci, 0), (ci, 1))]  # (ci, i): an interval's end
-    curves = [{k: [_num(p.report, *k) for p in points] for k in keys} for points in rows]
+    curves = [{k: [_num(report, *k) for _, report in points] for k in keys} for points in rows]
     adjusted = [{adj: _differs(c[(adj,)], c[(key,)]) for _, key, adj, _ in _PANELS} for c in curves]
     bands = [{ci: any(map(math.isfinite, c[(ci, 0)] + c[(ci, 1)])) for *_, ci in _PANELS} for c in curves]
     categories = _ranked_categories([p for points in rows for p in points])
@@ -186,13 +154,13 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     # one run's rates not as large as another's
     grid = fig.subplots(len(rows), 2, sharex=True, sharey=True, squeeze=False)
     for r, (points, axes) in enumerate(zip(rows, grid)):
-        steps = [p.step for p in points]
+        steps = [step for step, _ in points]
         for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
             # draw back to front: grey overflow, coloured categories, then the overall curves
             styles = {c: {"color": _GREY, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
             styles |= {c: {"color": color_of[c], "lw": 1.4, "ms": 3.5, "alpha": 0.9, "zorder": 2} for c in named}
             for c, style in styles.items():
-                ax.plot(steps, [_num(p.categories.get(c), key) for p in points], marker="o", **style)
+                ax.plot(steps, [_num(_categories(r).get(c), key) for _, r in points], marker="o", **style)
             if bands[r][ci]:
                 low, high = curves[r][(ci, 0)], curves[r][(ci, 1)]
                 ax.fill_between(steps, low, high, color=_BLACK, alpha=0.12, lw=0, zorder=3)
@@ -221,7 +189,7 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     top = grid[0][0].get_ylim()[1]
     grid[0][0].set_ylim(0.0, top if top > 0 and math.isfinite(top) else 0.01)
 
-    n = _num(rows[0][-1].report, "n")
+    n = _num(rows[0][-1][1], "n")
     what = f"{len(evaluated[0])} evaluation{'s' * (len(evaluated[0]) != 1)}" if len(rows) == 1 else f"{len(rows)} runs"
     what += f", {int(n)} probes" if math.isfinite(n) else ""
     fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({what})")
@@ -229,9 +197,9 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     return fig
 
 
-def _from_base(points: list[_Point]) -> list[_Point]:
+def _from_base(points: list[Point]) -> list[Point]:
     """``points`` with the base at step 0 ahead of them (every rate 0), for the figures the first evaluation has."""
-    if points[0].step <= 0:
+    if points[0][0] <= 0:
         return points
 
     def at_base(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -242,15 +210,16 @@ def _from_base(points: list[_Point]) -> list[_Point]:
                 out[ci] = [0.0, 0.0]
         return out
 
-    first = points[0]
-    return [_Point(0, at_base(first.report), {c: at_base(r) for c, r in first.categories.items()}), *points]
+    first = points[0][1]
+    base = at_base(first) | {"by_category": {c: at_base(r) for c, r in _categories(first).items()}}
+    return [(0, base), *points]
 
 
-def _ranked_categories(points: Sequence[_Point]) -> list[str]:
+def _ranked_categories(points: Sequence[Point]) -> list[str]:
     """Categories by peak forgetting, then by name."""
     peak: dict[str, float] = {}
-    for p in points:
-        for cat, rep in p.categories.items():
+    for _, report in points:
+        for cat, rep in _categories(report).items():
             f = _num(rep, "forgetting")
             peak[cat] = max(peak.get(cat, -math.inf), f if math.isfinite(f) else -math.inf)
     return sorted(peak, key=lambda c: (-peak[c], c))
