@@ -22,8 +22,6 @@ class EverySteps:
     """
 
     def __init__(self, n: int, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter):
-        if n < 1:
-            raise ValueError(f"eval_steps must be at least 1, got {n}")
         self.n, self.max_overhead, self.clock = n, max_overhead, clock
         self._since: tuple[float, int] | None = None  # when and at which step monitoring last ended
         self._other, self._warned = 0.0, False
@@ -99,28 +97,20 @@ class Budget:
         reserve: int = 0,
         agree: Agree = list,
     ):
-        if not 0 < max_overhead < 1:
-            raise ValueError(f"max_overhead must be between 0 and 1, got {max_overhead}")
-        self.max_overhead = max_overhead
-        self.reserve = reserve
-        self.clock = clock
-        self.agree = agree
-        self._t0: float | None = None
+        self.max_overhead, self.reserve, self.clock, self.agree = max_overhead, reserve, clock, agree
+        self._zero: float | None = None  # the clock's reading, less the monitoring time, when training began
 
     def start(self, step: int, spent: float = 0.0, cost: float | None = None) -> None:
         """Training starts at ``step`` after ``spent`` seconds of monitoring; an evaluation costs about ``cost``."""
-        self._t0 = self.clock()
-        self._step0 = step
-        self._spent = spent  # all monitoring time, for the budget
-        self._spent_since_start = 0.0  # monitoring after t0, not training time
+        self._spent = spent  # all monitoring time, for the budget; training time is the clock less both
+        self._zero = self.clock() - spent
+        self._step0, self._cost, self._next = step, cost, step + 1
         self._trained_at_last = 0.0  # training time when the last evaluation ended
-        self._cost = cost
-        self._next = step + 1
         #: at the last check that found none due, the step the next evaluation would come at
         self.projected: int | None = None
 
     def due(self, step: int) -> bool:
-        if self._t0 is None:  # used without start(): training began before this step
+        if self._zero is None:  # used without start(): training began before this step
             self.start(step - 1)
         if step < self._next:
             return False
@@ -145,18 +135,15 @@ class Budget:
         return [0, step + max(1, min(wait, steps))]
 
     def _trained(self) -> float:
-        return self.clock() - self._t0 - self._spent_since_start
+        return self.clock() - self._zero - self._spent
 
     def spent(self, seconds: float) -> None:
         """``seconds`` of monitoring outside an evaluation (a checkpoint's copy of the files)."""
-        if self._t0 is None:  # not started: nothing to pay for yet
-            return
-        self._spent += seconds
-        self._spent_since_start += seconds
+        if self._zero is not None:  # not started: nothing to pay for yet
+            self._spent += seconds
 
     def evaluated(self, step: int, seconds: float) -> None:
         self._spent += seconds
-        self._spent_since_start += seconds
         self._cost = seconds
         self._trained_at_last = self._trained()
         self._next = step + 1

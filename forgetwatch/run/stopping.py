@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping
 
 from forgetwatch.common.text import pct
-from forgetwatch.config.settings import STOP_METRICS
 from forgetwatch.results.noise import OVERALL
 from forgetwatch.results.report import TransitionReport
 
@@ -38,16 +37,10 @@ class StopRule:
         category_max_forgetting: Mapping[str, float] | None = None,
         noise_floor: Mapping[str, float] | None = None,
     ):
-        if metric not in STOP_METRICS:
-            raise ValueError(f"metric must be one of {STOP_METRICS}, got {metric!r}")
-        if patience < 1:
-            raise ValueError(f"patience must be at least 1, got {patience}")
         self.thresholds: dict[str, float] = dict(category_max_forgetting or {})
         if max_forgetting is not None:
             self.thresholds[OVERALL] = max_forgetting
-        self.metric = metric
-        self.patience = patience
-        self.significance = significance
+        self.metric, self.patience, self.significance = metric, patience, significance
         self.streaks: dict[str, int] = {}
         self.noise_floor = dict(noise_floor or {})
 
