@@ -13,13 +13,7 @@ Agree = Callable[[list[int]], list[int]]
 
 
 class EverySteps:
-    """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`).
-
-    Example:
-        >>> s = EverySteps(50)
-        >>> s.due(100), s.due(101)
-        (True, False)
-    """
+    """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`)."""
 
     def __init__(self, n: int, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter):
         self.n, self.max_overhead, self.clock = n, max_overhead, clock
@@ -39,15 +33,8 @@ class EverySteps:
         self._since, self._other = (self.clock(), step), 0.0
 
     def pace(self, step: int, began: float, cost: float) -> tuple[str | None, str | None]:
-        """For an evaluation at ``step`` that began at ``began`` and took ``cost`` seconds: its cost in
-        training steps, and, once, a warning when the interval spends more than ``max_overhead``.
-
-        Example:
-            >>> s = EverySteps(8, clock=lambda: 100.0)
-            >>> s.start(0)                              # training begins at t=100 s
-            >>> s.pace(8, 116.0, 12.0)[0]               # 8 steps took 16 s
-            'evaluation 12.0 s = 6.0 training steps'
-        """
+        """An evaluation's cost in training steps, and, once, a warning when the interval spends more than
+        ``max_overhead``."""
         if self._since is None or step <= self._since[1] or began - self._since[0] - self._other <= 0:
             return None, None
         per_step = (began - self._since[0] - self._other) / (step - self._since[1])
@@ -65,30 +52,13 @@ class EverySteps:
 
 
 def duration(x: float) -> str:
-    """A duration for a console line.
-
-    Example:
-        >>> duration(12.34), duration(0.0452)
-        ('12.3 s', '45 ms')
-    """
     return f"{x:.1f} s" if x >= 1 else f"{x * 1000:.0f} ms"
 
 
 class Budget:
-    """Evaluate as often as keeps monitoring (start-up, evaluations, copies) within ``max_overhead`` of wall time.
-
-    Due once ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: the
-    evaluations it does not pace, such as the one at the end) and the training since the last evaluation alone
-    pays for one (no burst after a long pause). An unknown ``cost`` makes the first evaluation come at once.
-    ``agree`` makes each check's outcome rank 0's: ranks' clocks differ.
-
-    Example:
-        >>> clock = iter([100.0, 110.0]).__next__
-        >>> b = Budget(0.5, clock=clock)
-        >>> b.start(step=0, spent=5.0, cost=4.0)   # at t=100 s, after 5 s of start-up
-        >>> b.due(1)                               # at t=110 s: 10 s of training >= (5 + 4) * 1
-        True
-    """
+    """Evaluate as often as keeps monitoring within ``max_overhead`` of wall time: once ``train >= (spent + cost *
+    (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: evaluations it does not pace, such as the
+    final one) and the training since the last evaluation alone pays for one. ``agree``: rank 0's outcome."""
 
     def __init__(
         self,

@@ -11,22 +11,8 @@ from forgetwatch.results.report import TransitionReport
 
 
 class StopRule:
-    """Stop once a forgetting rate stays over its threshold for ``patience`` evaluations.
-
-    Args:
-        max_forgetting: threshold on the overall rate (``None``: no overall threshold).
-        metric: ``"forgetting"`` (raw F) or ``"forgetting_adjusted"`` (chance-adjusted).
-        patience: consecutive evaluations over a threshold before stopping.
-        significance: compare the Wilson 95 % lower bound (shifted by any chance correction) instead.
-        category_max_forgetting: thresholds for single categories, each counted separately.
-        noise_floor: with ``significance``, the share that flips with no weight change, by scope.
-
-    Example:
-        >>> rule = StopRule(max_forgetting=0.05, patience=2)
-        >>> rule.update(TransitionReport(forgetting=0.08))
-        >>> rule.update(TransitionReport(forgetting=0.09))
-        'forgetting 9.00% > 5.00% for 2 consecutive evaluations'
-    """
+    """Stop once a forgetting rate (``metric``; with ``significance`` its Wilson 95 % lower bound less the
+    ``noise_floor``) stays over its threshold, overall or per category, for ``patience`` evaluations."""
 
     def __init__(
         self,

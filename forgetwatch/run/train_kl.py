@@ -52,12 +52,7 @@ _NAME = "train KL (forgetwatch/drift/train_kl)"
 @dataclass(frozen=True)
 class TrainRows:
     """Token rows of the training data, each ``(token_ids, start)``, measured from ``start`` on; ``source``:
-    "trainer", "sft", "dpo", "kto", "grpo" or "given". For GRPO each row is a prompt, completed by the base
-    (at most ``max_new_tokens``) when training begins.
-
-    >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
-    True
-    """
+    "trainer", "sft", "dpo", "kto", "grpo" or "given". GRPO's rows are prompts, completed by the base."""
 
     rows: list[tuple[list[int], int]]
     source: str
@@ -73,12 +68,7 @@ RowsLike = TrainRows | Sequence[Sequence[int] | tuple[Sequence[int], int]]
 
 
 def as_train_rows(rows: RowsLike, max_rows: int, seed: int = 0) -> TrainRows:
-    """``rows`` as :class:`TrainRows`: at most ``max_rows`` (a seeded sample, in order), cut to :data:`MAX_TOKENS`.
-
-    Example:
-        >>> as_train_rows([[1, 5, 6], ([1, 8, 9], 2), [4]], max_rows=128)
-        TrainRows(rows=[([1, 5, 6], 1), ([1, 8, 9], 2)], source='given', max_new_tokens=0)
-    """
+    """``rows`` as :class:`TrainRows`: at most ``max_rows`` (a seeded sample, in order), cut to :data:`MAX_TOKENS`."""
     given = rows if isinstance(rows, TrainRows) else TrainRows(_pairs(rows), "given")
     pairs = given.rows
     if len(pairs) > max_rows:  # as training_rows samples a dataset: seeded by the count, kept in order
@@ -120,16 +110,8 @@ def rows_key(rows: Iterable[tuple[Sequence[int], int]]) -> str:
 
 
 class TrainKL:
-    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training begins (the base
-    measured once, or read back on resume), :meth:`measure` at each evaluation. ``max_seconds``: about how long
-    measuring the base may take (fewer rows, a seeded sample, when all would take longer).
-
-    Example:
-        >>> signal = TrainKL(max_rows=128)
-        >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
-        >>> signal.measure(model, Ranks.alone())                        # doctest: +SKIP
-        {'train_kl': 0.0, 'rows': 2, 'tokens': 4, 'seconds': 0.003}
-    """
+    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training begins, :meth:`measure`
+    at each evaluation. ``max_seconds``: about how long measuring the base may take (fewer rows when longer)."""
 
     def __init__(
         self,
