@@ -40,8 +40,6 @@ def simulate(budget: Budget, clock: Clock, steps: int, step_time, eval_time: flo
 def test_every_steps():
     s = EverySteps(25)
     assert [n for n in range(1, 101) if s.due(n)] == [25, 50, 75, 100]
-    with pytest.raises(ValueError):
-        EverySteps(0)
 
 
 @pytest.mark.parametrize("overhead", [0.05, 0.2])
@@ -183,12 +181,6 @@ def test_budget_evaluates_early_when_the_cost_is_unknown():
     assert not budget.due(2)  # now 3 s per evaluation must be paid for by ~57 s of training
 
 
-def test_budget_rejects_bad_shares():
-    for bad in (0, 1, -0.1, 1.5):
-        with pytest.raises(ValueError):
-            Budget(bad)
-
-
 def report(f, f_adj=None, ci=(math.nan, math.nan), categories=None):
     f = math.nan if f is None else f
     return TransitionReport(
@@ -229,12 +221,8 @@ def test_stop_rule_per_category():
     assert rule.update(report(0.0)) is None  # category absent: not over
 
 
-def test_stop_rule_ignores_nan_and_validates():
+def test_stop_rule_ignores_nan():
     rule = StopRule(max_forgetting=0.0)
     assert rule.update(report(None)) is None
     assert rule.update(report(math.nan)) is None
     assert not StopRule().active
-    with pytest.raises(ValueError):
-        StopRule(0.1, metric="loss")
-    with pytest.raises(ValueError):
-        StopRule(0.1, patience=0)

@@ -13,17 +13,9 @@ Agree = Callable[[list[int]], list[int]]
 
 
 class EverySteps:
-    """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`).
-
-    Example:
-        >>> s = EverySteps(50)
-        >>> s.due(100), s.due(101)
-        (True, False)
-    """
+    """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`)."""
 
     def __init__(self, n: int, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter):
-        if n < 1:
-            raise ValueError(f"eval_steps must be at least 1, got {n}")
         self.n, self.max_overhead, self.clock = n, max_overhead, clock
         self._since: tuple[float, int] | None = None  # when and at which step monitoring last ended
         self._other, self._warned = 0.0, False
@@ -41,15 +33,8 @@ class EverySteps:
         self._since, self._other = (self.clock(), step), 0.0
 
     def pace(self, step: int, began: float, cost: float) -> tuple[str | None, str | None]:
-        """For an evaluation at ``step`` that began at ``began`` and took ``cost`` seconds: its cost in
-        training steps, and, once, a warning when the interval spends more than ``max_overhead``.
-
-        Example:
-            >>> s = EverySteps(8, clock=lambda: 100.0)
-            >>> s.start(0)                              # training begins at t=100 s
-            >>> s.pace(8, 116.0, 12.0)[0]               # 8 steps took 16 s
-            'evaluation 12.0 s = 6.0 training steps'
-        """
+        """An evaluation's cost in training steps, and, once, a warning when the interval spends more than
+        ``max_overhead``."""
         if self._since is None or step <= self._since[1] or began - self._since[0] - self._other <= 0:
             return None, None
         per_step = (began - self._since[0] - self._other) / (step - self._since[1])
@@ -67,30 +52,13 @@ class EverySteps:
 
 
 def duration(x: float) -> str:
-    """A duration for a console line.
-
-    Example:
-        >>> duration(12.34), duration(0.0452)
-        ('12.3 s', '45 ms')
-    """
     return f"{x:.1f} s" if x >= 1 else f"{x * 1000:.0f} ms"
 
 
 class Budget:
-    """Evaluate as often as keeps monitoring (start-up, evaluations, copies) within ``max_overhead`` of wall time.
-
-    Due once ``train >= (spent + cost * (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: the
-    evaluations it does not pace, such as the one at the end) and the training since the last evaluation alone
-    pays for one (no burst after a long pause). An unknown ``cost`` makes the first evaluation come at once.
-    ``agree`` makes each check's outcome rank 0's: ranks' clocks differ.
-
-    Example:
-        >>> clock = iter([100.0, 110.0]).__next__
-        >>> b = Budget(0.5, clock=clock)
-        >>> b.start(step=0, spent=5.0, cost=4.0)   # at t=100 s, after 5 s of start-up
-        >>> b.due(1)                               # at t=110 s: 10 s of training >= (5 + 4) * 1
-        True
-    """
+    """Evaluate as often as keeps monitoring within ``max_overhead`` of wall time: once ``train >= (spent + cost *
+    (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: evaluations it does not pace, such as the
+    final one) and the training since the last evaluation alone pays for one. ``agree``: rank 0's outcome."""
 
     def __init__(
         self,
@@ -99,28 +67,20 @@ class Budget:
         reserve: int = 0,
         agree: Agree = list,
     ):
-        if not 0 < max_overhead < 1:
-            raise ValueError(f"max_overhead must be between 0 and 1, got {max_overhead}")
-        self.max_overhead = max_overhead
-        self.reserve = reserve
-        self.clock = clock
-        self.agree = agree
-        self._t0: float | None = None
+        self.max_overhead, self.reserve, self.clock, self.agree = max_overhead, reserve, clock, agree
+        self._zero: float | None = None  # the clock's reading, less the monitoring time, when training began
 
     def start(self, step: int, spent: float = 0.0, cost: float | None = None) -> None:
         """Training starts at ``step`` after ``spent`` seconds of monitoring; an evaluation costs about ``cost``."""
-        self._t0 = self.clock()
-        self._step0 = step
-        self._spent = spent  # all monitoring time, for the budget
-        self._spent_since_start = 0.0  # monitoring after t0, not training time
+        self._spent = spent  # all monitoring time, for the budget; training time is the clock less both
+        self._zero = self.clock() - spent
+        self._step0, self._cost, self._next = step, cost, step + 1
         self._trained_at_last = 0.0  # training time when the last evaluation ended
-        self._cost = cost
-        self._next = step + 1
         #: at the last check that found none due, the step the next evaluation would come at
         self.projected: int | None = None
 
     def due(self, step: int) -> bool:
-        if self._t0 is None:  # used without start(): training began before this step
+        if self._zero is None:  # used without start(): training began before this step
             self.start(step - 1)
         if step < self._next:
             return False
@@ -145,18 +105,15 @@ class Budget:
         return [0, step + max(1, min(wait, steps))]
 
     def _trained(self) -> float:
-        return self.clock() - self._t0 - self._spent_since_start
+        return self.clock() - self._zero - self._spent
 
     def spent(self, seconds: float) -> None:
         """``seconds`` of monitoring outside an evaluation (a checkpoint's copy of the files)."""
-        if self._t0 is None:  # not started: nothing to pay for yet
-            return
-        self._spent += seconds
-        self._spent_since_start += seconds
+        if self._zero is not None:  # not started: nothing to pay for yet
+            self._spent += seconds
 
     def evaluated(self, step: int, seconds: float) -> None:
         self._spent += seconds
-        self._spent_since_start += seconds
         self._cost = seconds
         self._trained_at_last = self._trained()
         self._next = step + 1

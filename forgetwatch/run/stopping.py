@@ -6,28 +6,13 @@ import math
 from collections.abc import Mapping
 
 from forgetwatch.common.text import pct
-from forgetwatch.config.settings import STOP_METRICS
 from forgetwatch.results.noise import OVERALL
 from forgetwatch.results.report import TransitionReport
 
 
 class StopRule:
-    """Stop once a forgetting rate stays over its threshold for ``patience`` evaluations.
-
-    Args:
-        max_forgetting: threshold on the overall rate (``None``: no overall threshold).
-        metric: ``"forgetting"`` (raw F) or ``"forgetting_adjusted"`` (chance-adjusted).
-        patience: consecutive evaluations over a threshold before stopping.
-        significance: compare the Wilson 95 % lower bound (shifted by any chance correction) instead.
-        category_max_forgetting: thresholds for single categories, each counted separately.
-        noise_floor: with ``significance``, the share that flips with no weight change, by scope.
-
-    Example:
-        >>> rule = StopRule(max_forgetting=0.05, patience=2)
-        >>> rule.update(TransitionReport(forgetting=0.08))
-        >>> rule.update(TransitionReport(forgetting=0.09))
-        'forgetting 9.00% > 5.00% for 2 consecutive evaluations'
-    """
+    """Stop once a forgetting rate (``metric``; with ``significance`` its Wilson 95 % lower bound less the
+    ``noise_floor``) stays over its threshold, overall or per category, for ``patience`` evaluations."""
 
     def __init__(
         self,
@@ -38,16 +23,10 @@ class StopRule:
         category_max_forgetting: Mapping[str, float] | None = None,
         noise_floor: Mapping[str, float] | None = None,
     ):
-        if metric not in STOP_METRICS:
-            raise ValueError(f"metric must be one of {STOP_METRICS}, got {metric!r}")
-        if patience < 1:
-            raise ValueError(f"patience must be at least 1, got {patience}")
         self.thresholds: dict[str, float] = dict(category_max_forgetting or {})
         if max_forgetting is not None:
             self.thresholds[OVERALL] = max_forgetting
-        self.metric = metric
-        self.patience = patience
-        self.significance = significance
+        self.metric, self.patience, self.significance = metric, patience, significance
         self.streaks: dict[str, int] = {}
         self.noise_floor = dict(noise_floor or {})
 

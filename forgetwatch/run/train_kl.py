@@ -8,7 +8,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +52,7 @@ _NAME = "train KL (forgetwatch/drift/train_kl)"
 @dataclass(frozen=True)
 class TrainRows:
     """Token rows of the training data, each ``(token_ids, start)``, measured from ``start`` on; ``source``:
-    "trainer", "sft", "dpo", "kto", "grpo" or "given". For GRPO each row is a prompt, completed by the base
-    (at most ``max_new_tokens``) when training begins.
-
-    >>> TrainRows([([1, 5, 6], 1)], "trainer").complete
-    True
-    """
+    "trainer", "sft", "dpo", "kto", "grpo" or "given". GRPO's rows are prompts, completed by the base."""
 
     rows: list[tuple[list[int], int]]
     source: str
@@ -73,12 +68,7 @@ RowsLike = TrainRows | Sequence[Sequence[int] | tuple[Sequence[int], int]]
 
 
 def as_train_rows(rows: RowsLike, max_rows: int, seed: int = 0) -> TrainRows:
-    """``rows`` as :class:`TrainRows`: at most ``max_rows`` (a seeded sample, in order), cut to :data:`MAX_TOKENS`.
-
-    Example:
-        >>> as_train_rows([[1, 5, 6], ([1, 8, 9], 2), [4]], max_rows=128)
-        TrainRows(rows=[([1, 5, 6], 1), ([1, 8, 9], 2)], source='given', max_new_tokens=0)
-    """
+    """``rows`` as :class:`TrainRows`: at most ``max_rows`` (a seeded sample, in order), cut to :data:`MAX_TOKENS`."""
     given = rows if isinstance(rows, TrainRows) else TrainRows(_pairs(rows), "given")
     pairs = given.rows
     if len(pairs) > max_rows:  # as training_rows samples a dataset: seeded by the count, kept in order
@@ -110,26 +100,18 @@ def _whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def rows_key(tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> str:
-    """A hash of the rows' tokens and starts, in order."""
+def rows_key(rows: Iterable[tuple[Sequence[int], int]]) -> str:
+    """A hash of the ``(token_ids, start)`` rows, in order."""
     h = hashlib.sha256()
-    for ids, start in zip(tokens, starts):
+    for ids, start in rows:
         h.update(np.asarray(ids, dtype=np.int64).tobytes())
         h.update(f"@{start};".encode())
     return h.hexdigest()[:16]
 
 
 class TrainKL:
-    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training begins (the base
-    measured once, or read back on resume), :meth:`measure` at each evaluation. ``max_seconds``: about how long
-    measuring the base may take (fewer rows, a seeded sample, when all would take longer).
-
-    Example:
-        >>> signal = TrainKL(max_rows=128)
-        >>> signal.begin(model, run, [[1, 5, 6, 7], ([1, 8, 9], 2)])   # doctest: +SKIP
-        >>> signal.measure(model, Ranks.alone())                        # doctest: +SKIP
-        {'train_kl': 0.0, 'rows': 2, 'tokens': 4, 'seconds': 0.003}
-    """
+    """The train-KL signal a :class:`~forgetwatch.Watch` drives: :meth:`begin` when training begins, :meth:`measure`
+    at each evaluation. ``max_seconds``: about how long measuring the base may take (fewer rows when longer)."""
 
     def __init__(
         self,
@@ -190,7 +172,7 @@ class TrainKL:
                     self.max_seconds,
                 )
             rows = as_train_rows(given, n, self.seed)
-            measured, why = _everywhere(run, lambda: self._measured(model, run, rows, _given_key(given)))
+            measured, why = _everywhere(run, lambda: self._measured(model, run, rows, self._key(model, run, given)))
         if why is not None:
             if run.writes:
                 logger.warning("forgetwatch: %s is off for this run: the base could not be measured (%s)", _NAME, why)
@@ -213,13 +195,24 @@ class TrainKL:
         with run.as_base(model):  # the weights' key, read once: not part of the time per row
             run.made_by(model)
         began = self.clock()
-        self._measured(model, run, as_train_rows(given, pilot, self.seed), "pilot")
+        self._measured(model, run, as_train_rows(given, pilot, self.seed), self._key(model, run, None))
         per_row = (self.clock() - began) / pilot
         left = self.max_seconds - per_row * pilot
         return rows if per_row <= 0 else int(min(rows, max(MIN_ROWS, left // per_row)))
 
+    def _key(self, model: torch.nn.Module, run: RunContext, given: TrainRows | None) -> dict[str, Any]:
+        given_key = "pilot" if given is None else rows_key(given.rows)
+        # another run's kept file, made on other rows of the same base, is refused on resume
+        return {
+            "format": _FORMAT,
+            "given": given_key,
+            "rows_asked": self.max_rows,
+            "top_k": self.top_k,
+            **run.made_by(model),
+        }
+
     def _measured(
-        self, model: torch.nn.Module, run: RunContext, given: TrainRows, given_key: str
+        self, model: torch.nn.Module, run: RunContext, given: TrainRows, key: dict[str, Any]
     ) -> tuple[list[tuple[list[int], int]], BaseDistribution | None]:
         """The rows (GRPO's completed) and the base's distribution on them (``None``: no token to measure)."""
         with run.as_base(model):
@@ -230,15 +223,7 @@ class TrainKL:
             if not pairs:
                 return pairs, None
             tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
-            key = {
-                "format": _FORMAT,
-                "source": given.source,
-                "rows": rows_key(tokens, starts),
-                "given": given_key,
-                "rows_asked": self.max_rows,
-                "top_k": self.top_k,
-                **run.made_by(model),
-            }
+            key = {**key, "source": given.source, "rows": rows_key(pairs)}
             base = base_distribution(
                 unwrap(model),
                 run.tokenizer,
@@ -271,12 +256,8 @@ class TrainKL:
     # -- the kept file -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        lengths = [len(ids) for ids in self.tokens]
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        tokens = np.asarray([t for ids in self.tokens for t in ids], dtype=np.int64)
-        extra = {"tokens": tokens, "token_offsets": offsets, "starts": np.asarray(self.starts, dtype=np.int64)}
-        self.base.save(path, extra)
+        arrays = {"tokens": np.concatenate(self.tokens), "token_offsets": np.cumsum([0, *map(len, self.tokens)])}
+        self.base.save(path, {k: np.asarray(v, dtype=np.int64) for k, v in {**arrays, "starts": self.starts}.items()})
 
     @staticmethod
     def load(path: str | Path) -> tuple[BaseDistribution, list[list[int]], list[int]]:
@@ -285,59 +266,53 @@ class TrainKL:
         if missing := [name for name in ("tokens", "token_offsets", "starts") if name not in z]:
             raise KeptFileError(path, f"damaged or not a train-KL file (no {missing[0]} in it)")
         tokens, offsets, starts = z["tokens"], z["token_offsets"], z["starts"]
-        if problem := _rows_problem(base, tokens, offsets, starts):
-            raise KeptFileError(path, f"damaged: {problem}")
-        rows = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(starts))]
-        return base, rows, starts.tolist()
+        n, lengths = len(starts), np.diff(offsets)
+        # the rows' hash in the key vouches for their tokens and starts; these checks make them readable
+        if any(a.dtype != np.int64 or a.ndim != 1 for a in (tokens, offsets, starts)):
+            problem = "its rows are not 1-d int64 arrays"
+        elif len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or (lengths < 1).any():
+            problem = f"its token offsets do not add up to {n} rows of {len(tokens)} tokens"
+        elif base.key.get("rows") != rows_key(zip(rows := np.split(tokens, offsets[1:-1]), starts.tolist())):
+            problem = "its rows are not those its key was made from"
+        elif base.ids != [str(i) for i in range(n)] or (np.diff(base.offsets) != lengths - starts).any():
+            problem = "its distribution's positions are not its rows' targets"
+        else:
+            return base, [r.tolist() for r in rows], starts.tolist()
+        raise KeptFileError(path, f"damaged: {problem}")
 
     def _read_back(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
         paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
-        expected = {
-            "format": _FORMAT,
-            "given": _given_key(given),
-            "rows_asked": self.max_rows,
-            "top_k": self.top_k,
-            **run.made_by(model),
-        }
-        vocab = logits_width(model)
-        found = run.ranks.share_from_rank_zero(lambda: self._kept(paths, expected, vocab))
-        if found["kept"] is None:
-            if run.writes:
-                why = "; ".join(found["rejected"]) or f"none in {', '.join(str(p.parent) for p in paths)}"
-                logger.warning(
-                    "forgetwatch: %s is off for this resumed run: it needs the base model's distribution on the "
-                    "training rows, kept when the run began, and no copy can serve (%s); it is never measured "
-                    "again from the moved weights",
-                    _NAME,
-                    why,
-                )
-            return
-        kept = found["kept"]
-        if found["rejected"] and run.writes:
-            why = "; ".join(found["rejected"])
-            logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
-        self.base, self.tokens, self.starts = BaseDistribution.from_dict(kept["base"]), kept["tokens"], kept["starts"]
-        self.source = kept["source"]
-
-    @staticmethod
-    def _kept(paths: Sequence[Path], expected: dict[str, Any], vocab: int | None) -> dict[str, Any]:
-        """The first of ``paths`` that checks out, and why each before it did not: JSON-ready, for rank 0 to share."""
+        expected, vocab = self._key(model, run, given), logits_width(model)
 
         def problem(loaded: tuple[BaseDistribution, list[list[int]], list[int]]) -> str | None:
             base, tokens, _ = loaded
-            wrong = [name for name, want in expected.items() if want is not None and base.key.get(name) != want]
-            if wrong:
+            if wrong := [name for name, want in expected.items() if want is not None and base.key.get(name) != want]:
                 return f"made for other {', '.join(_KEYS.get(n, n) for n in wrong)} than this run's"
             if vocab is not None and max([int(base.top_ids.max(initial=0)), *map(max, tokens)]) >= vocab:
                 return f"damaged: a token id is outside the model's vocabulary of {vocab}"
             return None
 
-        loaded, rejected = first_usable(paths, TrainKL.load, problem)
-        if loaded is None:
-            return {"kept": None, "rejected": rejected}
-        base, tokens, starts = loaded
-        kept = {"base": base.to_dict(), "tokens": tokens, "starts": starts, "source": base.key.get("source")}
-        return {"kept": kept, "rejected": rejected}
+        def find() -> dict[str, Any]:  # on rank 0, shared with every rank as JSON
+            kept, rejected = first_usable(paths, TrainKL.load, problem)
+            return {"kept": kept and [kept[0].to_dict(), *kept[1:]], "rejected": rejected}
+
+        found = run.ranks.share_from_rank_zero(find)
+        why = "; ".join(found["rejected"])
+        if found["kept"] is None:
+            if run.writes:
+                logger.warning(
+                    "forgetwatch: %s is off for this resumed run: it needs the base model's distribution on the "
+                    "training rows, kept when the run began, and no copy can serve (%s); it is never measured "
+                    "again from the moved weights",
+                    _NAME,
+                    why or f"none in {', '.join(str(p.parent) for p in paths)}",
+                )
+            return
+        if why and run.writes:
+            logger.warning("forgetwatch: passed over a kept %s file (%s); using another copy", _NAME, why)
+        base, self.tokens, self.starts = found["kept"]
+        self.base = BaseDistribution.from_dict(base)
+        self.source = self.base.key.get("source")
 
     # -- at each evaluation ----------------------------------------------------------------------
 
@@ -347,15 +322,11 @@ class TrainKL:
         the same value. A failure or a non-finite value turns it off for the run, with one warning."""
         if self.base is None or self._run is None:
             return {}
-        began = time.perf_counter()
-        n = len(self.tokens)
-        base = self.base
+        began, base = time.perf_counter(), self.base
 
-        def kl(logits: torch.Tensor, ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
-            parts = [base.row(str(i)) for i in idx]
-            return kl_to_base(
-                logits, *aligned_targets(parts, [self.starts[i] - 1 for i in idx], logits.shape[1], logits.device)
-            )
+        def kl(logits: torch.Tensor, _ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
+            parts, firsts = [base.row(str(i)) for i in idx], [self.starts[i] - 1 for i in idx]
+            return kl_to_base(logits, *aligned_targets(parts, firsts, logits.shape[1], logits.device))
 
         why = None
         try:
@@ -382,7 +353,12 @@ class TrainKL:
                     "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
                 )
             return {}
-        return {"train_kl": value, "rows": n, "tokens": self.targets, "seconds": round(time.perf_counter() - began, 4)}
+        return {
+            "train_kl": value,
+            "rows": len(self.tokens),
+            "tokens": self.targets,
+            "seconds": round(time.perf_counter() - began, 4),
+        }
 
 
 #: what each entry of a kept file's key stands for, in the message that refuses it
@@ -396,37 +372,12 @@ _KEYS = {
 }
 
 
-def _given_key(given: TrainRows) -> str:
-    # another run's kept file, made on other rows of the same base, is refused on resume
-    return rows_key([ids for ids, _ in given.rows], [start for _, start in given.rows])
-
-
 def _everywhere(run: RunContext, work: Callable[[], Any]) -> tuple[Any, str | None]:
     """``work()`` on every rank: its result, and why it failed on any rank (``None``: on none)."""
-    failure: BaseException | None = None
-    result = None
     try:
-        result = work()
+        result, why = work(), None
     except Exception as err:  # noqa: BLE001 - a signal, not a training input: the run goes on
-        failure = err
-    if run.ranks.sum(np.array([float(failure is not None)]))[0] == 0:
+        result, why = None, f"{type(err).__name__}: {first_line(err)}"
+    if run.ranks.sum(np.array([float(why is not None)]))[0] == 0:
         return result, None
-    return None, f"{type(failure).__name__}: {first_line(failure)}" if failure else "it failed on another rank"
-
-
-def _rows_problem(base: BaseDistribution, tokens: np.ndarray, offsets: np.ndarray, starts: np.ndarray) -> str | None:
-    for name, a in (("tokens", tokens), ("token offsets", offsets), ("starts", starts)):
-        if a.dtype != np.int64 or a.ndim != 1:
-            return f"its {name} are not a 1-d int64 array"
-    n = len(starts)
-    if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) < 1).any():
-        return f"its token offsets do not add up to {n} rows of {len(tokens)} tokens"
-    lengths = np.diff(offsets)
-    if (starts < 1).any() or (starts >= lengths).any() or (tokens < 0).any():
-        return "a row's start or a token id is out of range"
-    if base.ids != [str(i) for i in range(n)] or (np.diff(base.offsets) != lengths - starts).any():
-        return "its distribution's positions are not its rows' targets"
-    rows = [tokens[offsets[i] : offsets[i + 1]] for i in range(n)]
-    if base.key.get("rows") != rows_key(rows, starts.tolist()):
-        return "its rows are not those its key was made from"
-    return None
+    return None, why or "it failed on another rank"

@@ -161,7 +161,6 @@ class Watch:
         self.train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
         self.monitoring_seconds = 0.0
         self.scorer: Scorer | None = None
-        self._skipped: int | None = None  # the step whose evaluation gave NaN log-probabilities
         self.store: RunStore | None = None
         self.ranks = Ranks.alone()
         self.writes = True  # whether this rank writes the run's files
@@ -170,15 +169,10 @@ class Watch:
         self._sinks = Sinks()  # the run's own writers and the caller's
         self._user_sinks = Sinks()  # the user's sinks and hook: not monitoring cost
         self._stop_rule: StopRule | None = None
-        self._logged: set[str] | bool = True  # per-category keys: all, none, or these
-        self._groups: list[str] | None = None  # each probe's category group, where they have groups
         self._step = 0  # the last step the loop told us of
         self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
-        self._max_steps: int | None = None
-        self._length_checked = True
+        self._max_steps: int | None = None  # the run's length, until the budget's first projection is checked
         self.sink_seconds = SINK_SECONDS
-        self._began_at = 0  # the step this run began (or resumed) at
-        self._last: Evaluation | None = None  # this run's last evaluation, as the watch made it
         self._their_probes: ProbeSet | None = None  # the user's sinks' copy of the probes
 
     # -- what a loop calls ----------------------------------------------------------------------
@@ -222,8 +216,7 @@ class Watch:
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
     ) -> BaseSnapshot:
-        """:meth:`start`, with what a trainer's adapter knows besides: checkpoint copies to resume from,
-        folders to clean of cut writes, its own sinks, sharding, and what it does on a stop."""
+        """:meth:`start`, with what a trainer's adapter knows besides (copies to resume from, folders to clean)."""
         began = self.clock()
         if step is None:
             step = int(self._loaded["step"]) if self._loaded else 0
@@ -234,7 +227,7 @@ class Watch:
         c = self.config = self.config.replace()
         c.check_categories(self.probes.categories)
         self.probes = self.probes.with_groups(c.output.category_map)  # kept in probes.jsonl, for the report
-        groups = [p.category_group for p in self.probes]
+        groups = [p.category_group for p in self.probes]  # each probe's category group, where they have groups
         self._groups = groups if groups != [p.category for p in self.probes] else None
         directory = c.output_dir or output_dir
         if directory is None:
@@ -253,12 +246,12 @@ class Watch:
             # a watch may serve several runs (train() calls): each starts from its own state
             self.history, self.stop_reason, self.finished = [], None, False
             self.schedule = self._new_schedule()
-            self._step, self._max_steps, self._began_at, self._last = step, max_steps, step, None
-            self._length_checked = not isinstance(self.schedule, Budget)  # a fixed interval is never too long
+            # the step the run began at, this run's last evaluation, a step whose weights gave NaN
+            self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
             dirs = self._resume_dirs(resume_from) if resumed else []
             self.base_answers, cost = self._base(model, dirs, step, aside)
             self.trajectory = Trajectory.start(self.base_answers)
-            self._logged, note = False, None
+            self._logged, note = False, None  # per-category keys: all (True), none, or these
             o, t, base = c.output, c.monitor, self.base_answers
             if o.log_categories:  # decided on the base's answers: a resume decides the same
                 n = len(self.probes.categories) if self._groups else None
@@ -270,7 +263,10 @@ class Watch:
             self._stop_rule = StopRule(
                 c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
             )
-            self._sinks = self._build_sinks(sinks, stop_note)
+            ours = [HistoryFile(self.store), ConsoleLines(self.store.history_path, o.verbose, stop_note), *sinks]
+            # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
+            self._sinks = Sinks(self._here(ours))
+            self._user_sinks = Sinks(self._here(self.user_sinks), seconds=self.sink_seconds)
             snapshot = BaseSnapshot(
                 self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
             )
@@ -326,8 +322,18 @@ class Watch:
         self._step = step
         if self.schedule.due(step):
             return True
-        if not self._length_checked:
-            self._warn_if_too_short()
+        projected = getattr(self.schedule, "projected", None) if self._max_steps else None
+        if self._max_steps and (projected is not None or self.history):  # once: would only the final one run?
+            if self.writes and not self.history and projected > self._max_steps:
+                logger.warning(
+                    "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
+                    "evaluation before the end (the first would come at about step %d), so only the "
+                    "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
+                    self._max_steps,
+                    self.config.monitor.max_overhead,
+                    projected,
+                )
+            self._max_steps = None
         return False
 
     def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
@@ -335,12 +341,7 @@ class Watch:
         every sink; on every rank. NaN log-probabilities are a warning and no evaluation (``None``).
 
         ``step`` is the optimizer steps the weights have had, never before the run's start or the last
-        evaluation; at the last evaluation's step that evaluation is returned again, nothing scored.
-
-        Example:
-            >>> watch.evaluate(model, 100).report.forgetting   # doctest: +SKIP
-            0.04
-        """
+        evaluation; at the last evaluation's step that evaluation is returned again, nothing scored."""
         if self.base_answers is None or self.trajectory is None or self._stop_rule is None:
             raise RuntimeError("Watch.evaluate() before Watch.start(): start() takes the base snapshot")
         step = self._checked_step(step)
@@ -380,7 +381,9 @@ class Watch:
             notes += [note] if note else []
             if warning and self.writes:
                 logger.warning("forgetwatch: %s", warning)
-        stop = self._stop(report)
+        stop = self._stop_rule.update(report) if self._stop_rule.active else None
+        agreed = self._stop_rule.active and self.ranks.from_rank_zero([int(stop is not None)])[0]  # rank 0's
+        stop = (stop or "rank 0's forgetting rule fired") if agreed else None
         self.trajectory = trajectory
         self.history.append((step, report))
         if stop:
@@ -410,15 +413,6 @@ class Watch:
         self.monitoring_seconds += spent
         self._user_sinks.on_evaluation(self._theirs(evaluation))
         return evaluation
-
-    def _stop(self, report: TransitionReport) -> str | None:
-        # rank 0 decides for every rank
-        if not self._stop_rule.active:
-            return None
-        reason = self._stop_rule.update(report)
-        if self.ranks.from_rank_zero([int(reason is not None)])[0]:
-            return reason or "rank 0's forgetting rule fired"
-        return None
 
     def _logged_report(self, answers: Answers, report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
         """``report`` as logged: by category group where the run has groups, the logged categories only."""
@@ -520,11 +514,7 @@ class Watch:
     # -- resuming a loop ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a loop keeps in its checkpoint to resume exactly (JSON-ready); the files are in ``output_dir``.
-
-        Example:
-            >>> json.dump(watch.state_dict(), open("ckpt/forgetwatch.json", "w"))  # doctest: +SKIP
-        """
+        """What a loop keeps in its checkpoint to resume exactly (JSON-ready); the files are in ``output_dir``."""
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -572,11 +562,7 @@ class Watch:
         return self.output_dir / HISTORY if self.output_dir else None
 
     def summary(self) -> str:
-        """What to print when training ends: the last evaluation's table, why it stopped, where the history is.
-
-        Example:
-            >>> print(watch.summary())  # doctest: +SKIP
-        """
+        """What to print when training ends: the last evaluation's table, why it stopped, where the history is."""
         if self.history:
             step, report = self.history[-1]
             lines = [f"forgetting at step {step} (against the model before training):", report.summary()]
@@ -600,11 +586,7 @@ class Watch:
 
     @classmethod
     def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> Watch:
-        """A watch with ``config``'s settings (e.g. from YAML); ``keywords`` win over them.
-
-        Example:
-            >>> watch = Watch.from_config(ForgetWatchConfig.from_yaml("fw.yaml"), probes=probes)  # doctest: +SKIP
-        """
+        """A watch with ``config``'s settings (e.g. from YAML); ``keywords`` win over them."""
         return cls(**{**config.keywords(), **keywords})
 
     # -- inside ---------------------------------------------------------------------------------
@@ -618,18 +600,8 @@ class Watch:
             c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
         )
 
-    def _build_sinks(self, callers: Iterable[Any], stop_note: Callable[[int], str]) -> Sinks:
-        # the run's own writers on rank 0, the hook and sinks marked all_ranks everywhere
-
-        def here(sinks: Iterable[Any]) -> list[Any]:
-            return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
-
-        mine = [HistoryFile(self.store), ConsoleLines(self.store.history_path, self.config.output.verbose, stop_note)]
-        self._user_sinks = Sinks(
-            here(self.user_sinks),
-            seconds=self.sink_seconds,
-        )
-        return Sinks(here([*mine, *callers]))
+    def _here(self, sinks: Iterable[Any]) -> list[Any]:
+        return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
 
     def _theirs(self, payload: Any) -> Any:
         """A copy of ``payload`` for the user's sinks: nothing they change reaches the run (the probes copied once)."""
@@ -652,35 +624,18 @@ class Watch:
             model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
         )
 
-    def _warn_if_too_short(self) -> None:
-        """At the budget's first look at the clock, say if it would evaluate only at the end of this run."""
-        projected = self.schedule.projected
-        if projected is None and not self.history:
-            return
-        self._length_checked = True
-        if self.writes and not self.history and self._max_steps and projected > self._max_steps:
-            logger.warning(
-                "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
-                "evaluation before the end (the first would come at about step %d), so only the "
-                "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
-                self._max_steps,
-                self.config.monitor.max_overhead,
-                projected,
-            )
-
     def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
         """Where a resume reads its files: each whole copy among ``candidates``, then the run directory."""
         dirs = []
-        for i, folder in enumerate(dict.fromkeys(Path(c) for c in candidates)):
-            if not self.writes or folder == self.store.dir:
-                dirs.append(folder)
-                continue
-            if folder.is_dir():
-                problem = copy_problem(folder)
-            elif i == 0:
-                problem = "no such folder (the checkpoint was saved without forgetwatch)"
-            else:
-                continue
+        for i, folder in enumerate(dict.fromkeys(map(Path, candidates))):
+            problem = None
+            if self.writes and folder != self.store.dir:
+                if folder.is_dir():
+                    problem = copy_problem(folder)
+                elif i == 0:
+                    problem = "no such folder (the checkpoint was saved without forgetwatch)"
+                else:
+                    continue
             if problem:
                 logger.warning(
                     "forgetwatch: not resuming from %s: %s; using the files of the run directory %s instead",
