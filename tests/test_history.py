@@ -195,8 +195,7 @@ def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
     run.mkdir()
     base = base_answers()
     base.save(run / "base_answers.npz")
-    t = Trajectory.start(base)
-    t.append(10, base)
+    t = Trajectory.start(base).plus(10, base)
     write(run / "history.jsonl", line(10, columns=t.column()))
     again = read_run(run).trajectory
     assert again.correct.tolist() == t.correct.tolist() and again.steps.tolist() == [0, 10]
