@@ -16,43 +16,22 @@ from forgetwatch.common.files import atomic_write, json_safe
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers, chosen_text
 
-#: A row's columns after ``category``, each as the report's field, in the paper's order.
-_ROW = {
-    "n": "n",
-    "acc_before": "accuracy_before",
-    "acc_after": "accuracy_after",
-    "0->0": "never",
-    "0->1": "gained",
-    "1->0": "forgotten",
-    "1->1": "kept",
-    "forgetting": "forgetting",
-    "backward_transfer": "backward_transfer",
-    "forgetting_adjusted": "forgetting_adjusted",
-    "backward_transfer_adjusted": "backward_transfer_adjusted",
-    "forgetting_max": "forgetting_max",
-    "backward_transfer_max": "backward_transfer_max",
-    "mcnemar_p": "mcnemar_p",
-}
-#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`.
-ROW_COLUMNS = ("category", *_ROW)
-
+#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
+ROW_COLUMNS = tuple(
+    "category n acc_before acc_after 0->0 0->1 1->0 1->1 forgetting backward_transfer forgetting_adjusted "
+    "backward_transfer_adjusted forgetting_max backward_transfer_max mcnemar_p".split()
+)
+#: The report's field of each column named otherwise.
+_FIELD = dict(
+    zip(
+        "acc_before acc_after 0->0 0->1 1->0 1->1".split(),
+        "accuracy_before accuracy_after never gained forgotten kept".split(),
+    )
+)
 #: Columns of :func:`write_samples_csv`.
-SAMPLE_COLUMNS = (
-    "id",
-    "category",
-    "question",
-    "answer",
-    "correct_before",
-    "correct_after",
-    "transition",
-    "predicted_before",
-    "predicted_after",
-    "choice_index_before",
-    "choice_index_after",
-    "output_before",
-    "output_after",
-    "gold_logprob_before",
-    "gold_logprob_after",
+SAMPLE_COLUMNS = tuple(
+    "id category question answer correct_before correct_after transition predicted_before predicted_after "
+    "choice_index_before choice_index_after output_before output_after gold_logprob_before gold_logprob_after".split()
 )
 #: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
 CSV_DIGITS = 6
@@ -105,14 +84,9 @@ class TransitionReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested."""
-        out: dict[str, Any] = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if name == "by_category":
-                out[name] = {cat: child.to_dict() for cat, child in value.items()}
-            else:  # an infinite choice KL is possible: null, like NaN
-                out[name] = json_safe(value)
-        return out
+        # an infinite choice KL is possible: null, like NaN
+        out = {name: json_safe(getattr(self, name)) for name in self.__dataclass_fields__ if name != "by_category"}
+        return {**out, "by_category": {cat: child.to_dict() for cat, child in self.by_category.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransitionReport:
@@ -142,7 +116,10 @@ class TransitionReport:
         return cls(**values)
 
     def _row(self, category: str) -> dict[str, Any]:
-        return {"category": category, **{column: getattr(self, name) for column, name in _ROW.items()}}
+        return {
+            "category": category,
+            **{column: getattr(self, _FIELD.get(column, column)) for column in ROW_COLUMNS[1:]},
+        }
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per row: ``"overall"`` first, then each category (keys :data:`ROW_COLUMNS`).
