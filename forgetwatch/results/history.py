@@ -37,9 +37,6 @@ class HistoryError(ValueError):
             where = f"{path}, line {line}" + (f", field {field!r}" if field else "") + ": "
         super().__init__(f"{where}{reason}" + (f"; {_FIX}" if path is not None else ""))
 
-    def at(self, path: str | os.PathLike[str], line: int) -> HistoryError:
-        return HistoryError(self.reason, self.field, path, line)
-
 
 def history_record(
     step: int,
@@ -61,9 +58,8 @@ def history_record(
     """
     data = report.to_dict()
     for child in data["by_category"].values():
-        for name in _ID_LISTS:
-            child.pop(name, None)
-        child.pop("by_category", None)
+        for name in (*_ID_LISTS, "by_category"):
+            del child[name]
     record: dict[str, Any] = {
         "step": step,
         "time": round(time, 3),
@@ -71,10 +67,7 @@ def history_record(
         "trigger": trigger,
         "report": data,
     }
-    if stop is not None:
-        record["stop"] = stop
-    if columns is not None:
-        record["columns"] = columns
+    record.update((key, value) for key, value in (("stop", stop), ("columns", columns)) if value is not None)
     return record
 
 

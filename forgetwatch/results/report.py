@@ -160,14 +160,10 @@ class TransitionReport:
             + [str(r["1->0"]), str(r["0->1"]), "-" if math.isnan(r["mcnemar_p"]) else f"{r['mcnemar_p']:.3g}"]
             for r in self.rows()
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        lines = []
-        for j, row in enumerate(table):
-            # category left-aligned, numbers right-aligned so digits line up
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-            lines.append("  ".join(cells).rstrip())
-            if j == 0:
-                lines.append("-" * len(lines[0]))
+        widths = [max(map(len, column)) for column in zip(*table)]
+        # category left-aligned, numbers right-aligned so digits line up
+        lines = ["  ".join([r[0].ljust(widths[0]), *map(str.rjust, r[1:], widths[1:])]).rstrip() for r in table]
+        lines.insert(1, "-" * len(lines[0]))
         # the drift measures warn before answers flip, so show them when there are any
         if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
             lines.append(

@@ -114,7 +114,7 @@ def scan_history(
                     "step",
                 )
         except HistoryError as err:
-            return records, err.at(path, number), cut
+            return records, HistoryError(err.reason, err.field, path, number), cut
         records.append(record)
     return records, None, cut
 
@@ -220,14 +220,8 @@ class Run:
         except AnswersFileError as err:
             logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
             return None
-        if (
-            latest is None
-            or not self.records
-            or latest.meta.get("step") != self.steps[-1]
-            or latest.ids != self.base.ids
-        ):
-            return None
-        return latest
+        fits = latest is not None and latest.meta.get("step") in self.steps[-1:] and latest.ids == self.base.ids
+        return latest if fits else None
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
