@@ -45,12 +45,7 @@ def _ratio(x: float, n: float) -> float:
 
 
 def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
-    """Count the transitions between per-sample correctness before and after.
-
-    Example:
-        >>> transition_counts([1, 1, 0, 0], [1, 0, 1, 0])
-        Transitions(n00=1, n01=1, n10=1, n11=1)
-    """
+    """Count the transitions between per-sample correctness before and after."""
     b, a = _pair(before, after)
     return Transitions(
         n00=int(np.count_nonzero(~b & ~a)),
@@ -94,12 +89,7 @@ def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> Chance
 
 
 def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for the proportion ``x / n``; ``(nan, nan)`` when ``n == 0``.
-
-    Example:
-        >>> tuple(round(v, 4) for v in wilson_interval(3, 10))
-        (0.1078, 0.6032)
-    """
+    """Wilson score interval for the proportion ``x / n``; ``(nan, nan)`` when ``n == 0``."""
     if n < 0 or not 0 <= x <= max(n, 0):
         raise ValueError(f"need 0 <= x <= n; got x={x}, n={n}")
     if n == 0:
@@ -116,12 +106,7 @@ def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mcnemar_exact(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0), in log space.
-
-    Example:
-        >>> mcnemar_exact(0, 5)  # 2 / 2**5
-        0.0625
-    """
+    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0), in log space."""
     if b < 0 or c < 0:
         raise ValueError(f"counts must be non-negative; got b={b}, c={c}")
     m, k = int(b) + int(c), min(int(b), int(c))

@@ -185,11 +185,7 @@ class TransitionReport:
 
 
 def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
-    """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``.
-
-    Example:
-        >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
-    """
+    """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``."""
     base.check_compatible(current)
     path = Path(path)
     with atomic_write(path) as f:

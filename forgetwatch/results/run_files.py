@@ -173,16 +173,6 @@ def recover_history(
 class Run:
     """A monitored run as its forgetwatch directory ``dir`` holds it (see :func:`read_run`): ``history``
     (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked.
-
-    Example:
-        >>> base = Answers(ids=["q1"], correct=[True], predicted=[0], choice_logprobs=[[0.0, -1.0]],
-        ...                gold_logprob=[0.0], n_choices=[2], categories=["math"], outputs=[None],
-        ...                probe_fingerprint="fp")
-        >>> record = {"step": 10, "report": {"n": 1, "forgotten": 1, "gained": 0, "kept": 0, "never": 0,
-        ...                                  "forgotten_ids": ["q1"]}}
-        >>> run = Run(Path("out/forgetwatch"), base, [record])
-        >>> run.name, run.steps, run.history[0][1].forgotten_ids, run.trajectory.correct.tolist()
-        ('out', [10], ['q1'], [[True, False]])
     """
 
     dir: Path
@@ -227,11 +217,6 @@ class Run:
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
     """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory.
     Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record.
-
-    Example:
-        >>> run = read_run("out")                                        # doctest: +SKIP
-        >>> run.dir, run.steps, run.trajectory                           # doctest: +SKIP
-        (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
     """
     path = run_directory(run_dir)
     for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
@@ -259,12 +244,7 @@ def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
 
 
 def copy_problem(directory: str | os.PathLike[str]) -> str | None:
-    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``.
-
-    Example:
-        >>> copy_problem("/nonexistent/forgetwatch")
-        'no manifest.json: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it'
-    """
+    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
