@@ -167,13 +167,18 @@ def test_load_corrupt_or_foreign(tmp_path, name, content):
     assert not isinstance(info.value, AnswersMismatchError)
 
 
+def edit_npz(path, edit):
+    """Rewrite the JSON document an npz answers file holds with ``edit(doc)``."""
+    with np.load(path, allow_pickle=False) as z:
+        doc = json.loads(z["answers"].tobytes())
+    edit(doc)
+    np.savez(path, answers=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8))
+
+
 @pytest.mark.parametrize("field, value", [("format", "other"), ("version", 99)])
 def test_load_npz_with_foreign_header(tmp_path, field, value):
     path = make().save(tmp_path / "a.npz")
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    arrays["header"] = np.array(json.dumps({**json.loads(str(arrays["header"])), field: value}))
-    np.savez(path, **arrays)
+    edit_npz(path, lambda doc: doc.update({field: value}))
     with pytest.raises(ValueError, match=f"a.npz.*{field}"):
         Answers.load(path)
 
@@ -409,10 +414,7 @@ def test_reformatted_json_still_loads(tmp_path):
 
 def test_edited_npz_is_refused(tmp_path):
     path = make().save(tmp_path / "a.npz")
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    arrays["correct"] = ~arrays["correct"]
-    np.savez(path, **arrays)
+    edit_npz(path, lambda doc: doc["samples"][0].update(correct=False))
     with pytest.raises(AnswersFileError, match="a.npz: edited or damaged since it was written"):
         Answers.load(path)
 

@@ -191,8 +191,7 @@ def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
     run.mkdir()
     base = base_answers()
     base.save(run / "base_answers.npz")
-    t = Trajectory.start(base)
-    t.append(10, base)
+    t = Trajectory.start(base).plus(10, base)
     write(run / "history.jsonl", line(10, columns=t.column()))
     again = read_run(run).trajectory
     assert again.correct.tolist() == t.correct.tolist() and again.steps.tolist() == [0, 10]
@@ -253,20 +252,17 @@ def test_a_resume_keeps_the_longest_readable_prefix_of_both_copies(tmp_path, cap
     write(checkpoint, line(5), "{garbage", line(15), line(20))
     write(run, line(5), "{garbage", line(15), line(20), line(25))
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        found = recover_history([checkpoint, run], 20, probes=None)
-    assert [r["step"] for r in found.records] == [5] and found.source == checkpoint
-    assert [s.problem.line for s in found.scans] == [2, 2]
+        records, source, damaged = recover_history([checkpoint, run], 20, probes=None)
+    assert [r["step"] for r in records] == [5] and source == checkpoint and damaged == [checkpoint, run]
     assert "checkpoint.jsonl, line 2: not valid JSON" in caplog.text and "run.jsonl, line 2" in caplog.text
 
     # the checkpoint's copy cut short: the run's intact copy serves, up to the checkpoint's step
     write(checkpoint, line(5), line(10), '{"step": 15', end="")
     write(run, line(5), line(10), line(15), line(20), line(25))
-    found = recover_history([checkpoint, run], 20)
-    assert [r["step"] for r in found.records] == [5, 10, 15, 20] and found.source == run
+    records, source, damaged = recover_history([checkpoint, run], 20)
+    assert [r["step"] for r in records] == [5, 10, 15, 20] and source == run and damaged == []
     # equally long: the checkpoint's (the run's may be ahead of it, and is cut back)
-    assert (
-        recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))], 20).source == run
-    )
+    assert recover_history([run, write(tmp_path / "same.jsonl", line(5), line(10), line(15), line(20))], 20)[1] == run
 
 
 def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):
@@ -276,20 +272,20 @@ def test_another_runs_history_never_stands_in_for_this_ones(tmp_path):
     # a later, fresh run's history in the run directory: longer, but the checkpoint's copy is whole
     write(checkpoint, line(10, time=1.0), line(20, time=2.0))
     write(run, line(5, time=7.0), line(10, time=8.0), line(15, time=9.0))
-    found = recover_history([checkpoint, run], 20)
-    assert [r["time"] for r in found.records] == [1.0, 2.0] and found.source == checkpoint
+    records, source, _ = recover_history([checkpoint, run], 20)
+    assert [r["time"] for r in records] == [1.0, 2.0] and source == checkpoint
     # the checkpoint's copy damaged too: still not the other run's records
     write(checkpoint, line(10, time=1.0), "{garbage", line(20, time=2.0))
-    found = recover_history([checkpoint, run], 20)
-    assert [r["time"] for r in found.records] == [1.0] and found.source == checkpoint
+    records, source, _ = recover_history([checkpoint, run], 20)
+    assert [r["time"] for r in records] == [1.0] and source == checkpoint
     # this run's own copy, longer where the checkpoint's is damaged: its records serve
     write(run, line(10, time=1.0), line(20, time=2.0))
-    assert [r["time"] for r in recover_history([checkpoint, run], 20).records] == [1.0, 2.0]
+    assert [r["time"] for r in recover_history([checkpoint, run], 20)[0]] == [1.0, 2.0]
 
 
 def test_a_resume_without_any_history_says_so_loudly(tmp_path, caplog):
     from forgetwatch.results.run_files import recover_history
 
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        assert recover_history([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], 30).records == []
+        assert recover_history([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], 30) == ([], None, [])
     assert "resuming at step 30, but there is no history in" in caplog.text and "a.jsonl or" in caplog.text

@@ -70,7 +70,7 @@ def run(tmp_path):
     trajectory, reports = Trajectory.start(base), []
     for column, step in ((1, 10), (2, 20)):
         now = answers(probes, column, step)
-        trajectory.append(step, now)
+        trajectory = trajectory.plus(step, now)
         reports.append(with_trajectory_metrics(compare(base, now), trajectory))
         store.append_history(
             history_record(
@@ -113,7 +113,7 @@ def test_a_run_made_from_records_is_the_run_read(run):
     read = read_run(directory)
     again = Run(directory, read.base, read.records[:1])
     assert [r.to_dict() for _, r in again.history] == [r.to_dict() for _, r in read.history[:1]]
-    assert again.trajectory.correct.tolist() == read.trajectory.up_to(10).correct.tolist()
+    assert again.trajectory.correct.tolist() == read.trajectory.correct[:, :2].tolist()
 
 
 def test_the_latest_answers_serve_only_the_last_evaluation(run, caplog):

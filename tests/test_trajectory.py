@@ -87,12 +87,6 @@ def test_figures_equal_plain_loops_on_random_trajectories(n_steps):
     assert_matches_plain_loops(trajectory, rows, steps, categories)
 
 
-def test_up_to_keeps_the_base_and_earlier_steps():
-    t = Trajectory(["a", "b"], ["x", "x"], [0, 5, 10, 15], [[1, 0, 1, 0], [1, 1, 1, 0]])
-    cut = t.up_to(10)
-    assert cut.steps.tolist() == [0, 5, 10] and cut.correct.tolist() == [[1, 0, 1], [1, 1, 1]]
-
-
 # -- inside a real TRL SFT run, and after a resume ------------------------------------------------
 
 

@@ -18,10 +18,8 @@ from forgetwatch.common.files import NPZ_ERRORS, atomic_write, json_safe, read_n
 from forgetwatch.common.text import first_line, shorten
 
 FORMAT = "forgetwatch.answers"
-#: 2: a checksum of the content in the header; npz text columns as UTF-8 bytes + offsets.
-VERSION = 2
-#: The npz columns of text, each stored as ``<name>_utf8`` (bytes) and ``<name>_offsets``.
-TEXT_COLUMNS = ("ids", "categories", "pred_text", "outputs")
+#: 3: an npz holds the JSON document as one UTF-8 array (``answers``), compressed.
+VERSION = 3
 ANOTHER_PROBE_SET = "another probe set"
 _REDO = "evaluate the model again to re-create it"
 
@@ -215,26 +213,23 @@ class Answers:
             model=doc.get("model", ""),
             meta=doc.get("meta", {}),
         )
-        return answers._checked(doc)
-
-    def _checked(self, header: dict[str, Any]) -> Answers:
-        if header.get("checksum") != _checksum(self._content()):
+        if doc.get("checksum") != _checksum(answers._content()):
             raise AnswersFileError(
                 "edited or damaged since it was written (its content does not match the checksum in its header)"
             )
-        return self
+        return answers
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write atomically as JSON (``.json``) or numpy archive (``.npz``, no pickle).
+        """Write atomically as JSON (``.json``) or compressed JSON in a numpy archive (``.npz``, no pickle).
 
         Example:
             >>> answers.save("base_answers.json")  # doctest: +SKIP
         """
         path = Path(path)
         if path.suffix == ".npz":
-            arrays = self._to_arrays()
+            data = np.frombuffer(strict_dumps(self.to_dict()).encode("utf-8"), dtype=np.uint8)
             with atomic_write(path, "wb") as f:
-                np.savez_compressed(f, **arrays)
+                np.savez_compressed(f, answers=data)
         elif path.suffix == ".json":
             with atomic_write(path) as f:
                 f.write(strict_dumps(self.to_dict()))
@@ -254,11 +249,8 @@ class Answers:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such answers file")
         try:
-            if path.suffix == ".npz":
-                answers = cls._from_arrays(read_npz(path))
-            else:
-                with open(path, encoding="utf-8") as f:
-                    answers = cls.from_dict(json.load(f))
+            data = read_npz(path)["answers"].tobytes() if path.suffix == ".npz" else path.read_bytes()
+            answers = cls.from_dict(json.loads(data))
         except AnswersFileError as e:
             raise AnswersFileError(e.reason, path) from None
         except NPZ_ERRORS as e:  # not chained: numpy's text may advise loading pickles
@@ -266,60 +258,6 @@ class Answers:
         if probes is not None:
             answers.check_probes(probes)
         return answers
-
-    def _to_arrays(self) -> dict[str, np.ndarray]:
-        doc = self.to_dict()
-        header = {k: v for k, v in doc.items() if k != "samples"}
-        pred_index = np.array(
-            [int(p) if isinstance(p, numbers.Integral) else -1 for p in self.predicted], dtype=np.int64
-        )
-        flat = (np.concatenate(self.choice_logprobs) if self.choice_logprobs else np.zeros(0)).astype(np.float64)
-        texts = {
-            "ids": self.ids,
-            "categories": self.categories,
-            "pred_text": [p if isinstance(p, str) else "" for p in self.predicted],
-            "outputs": [o or "" for o in self.outputs],
-        }
-        arrays = {
-            "header": np.array(strict_dumps(header)),
-            "correct": self.correct,
-            "n_choices": self.n_choices,
-            "gold_logprob": self.gold_logprob,
-            "choice_logprobs": flat,
-            "choice_counts": np.array([len(x) for x in self.choice_logprobs], dtype=np.int64),
-            "pred_index": pred_index,
-            "pred_none": np.array([p is None for p in self.predicted], dtype=bool),
-            "outputs_none": np.array([o is None for o in self.outputs], dtype=bool),
-        }
-        for name, column in texts.items():
-            arrays[f"{name}_utf8"], arrays[f"{name}_offsets"] = _pack_text(column)
-        return arrays
-
-    @classmethod
-    def _from_arrays(cls, z: dict[str, np.ndarray]) -> Answers:
-        header = json.loads(str(z["header"]))
-        _check_header(header)
-        text = {name: _unpack_text(z[f"{name}_utf8"], z[f"{name}_offsets"], name) for name in TEXT_COLUMNS}
-        counts = z["choice_counts"].astype(int)
-        splits = np.cumsum(counts)[:-1] if len(counts) else []
-        predicted: list[int | str | None] = []
-        for idx, pred, none in zip(z["pred_index"], text["pred_text"], z["pred_none"]):
-            predicted.append(None if none else int(idx) if idx >= 0 else pred)
-        answers = cls(
-            ids=text["ids"],
-            correct=z["correct"],
-            predicted=predicted,
-            choice_logprobs=list(np.split(z["choice_logprobs"], splits)) if len(counts) else [],
-            gold_logprob=z["gold_logprob"],
-            n_choices=z["n_choices"],
-            categories=text["categories"],
-            outputs=[None if none else o for o, none in zip(text["outputs"], z["outputs_none"])],
-            probe_fingerprint=header["probe_fingerprint"],
-            scoring=header.get("scoring", {}),
-            model=header.get("model", ""),
-            meta=header.get("meta", {}),
-        )
-        return answers._checked(header)
 
 
 def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
@@ -361,27 +299,6 @@ def _unreadable(err: BaseException) -> str:
 
 def _checksum(content: dict[str, Any]) -> str:
     return hashlib.sha256(strict_dumps(content, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-
-
-def _pack_text(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [t.encode("utf-8") for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
-
-
-def _unpack_text(data: np.ndarray, offsets: np.ndarray, name: str) -> list[str]:
-    bounds = offsets.tolist()
-    if (
-        data.dtype != np.uint8
-        or not bounds
-        or bounds[0] != 0
-        or bounds[-1] != len(data)
-        or any(a > b for a, b in zip(bounds, bounds[1:]))
-    ):
-        raise AnswersFileError(f"damaged: its {name!r} text column does not add up")
-    raw = data.tobytes()
-    return [raw[a:b].decode("utf-8") for a, b in zip(bounds, bounds[1:])]
 
 
 def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:

@@ -37,9 +37,6 @@ class HistoryError(ValueError):
             where = f"{path}, line {line}" + (f", field {field!r}" if field else "") + ": "
         super().__init__(f"{where}{reason}" + (f"; {_FIX}" if path is not None else ""))
 
-    def at(self, path: str | os.PathLike[str], line: int) -> HistoryError:
-        return HistoryError(self.reason, self.field, path, line)
-
 
 def history_record(
     step: int,
@@ -53,17 +50,11 @@ def history_record(
 ) -> dict[str, Any]:
     """One evaluation as ``history.jsonl`` stores it: the report's id lists once, at the top level (per category
     they would double the file); ``time`` since the epoch, ``columns`` the trajectory's.
-
-    Example:
-        >>> r = history_record(10, TransitionReport(n=1, kept=1), time=0.0, seconds=0.5, trigger="schedule")
-        >>> r["step"], r["report"]["kept"]
-        (10, 1)
     """
     data = report.to_dict()
     for child in data["by_category"].values():
-        for name in _ID_LISTS:
-            child.pop(name, None)
-        child.pop("by_category", None)
+        for name in (*_ID_LISTS, "by_category"):
+            del child[name]
     record: dict[str, Any] = {
         "step": step,
         "time": round(time, 3),
@@ -71,23 +62,12 @@ def history_record(
         "trigger": trigger,
         "report": data,
     }
-    if stop is not None:
-        record["stop"] = stop
-    if columns is not None:
-        record["columns"] = columns
+    record.update((key, value) for key, value in (("stop", stop), ("columns", columns)) if value is not None)
     return record
 
 
 def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]) -> TransitionReport:
-    """The report of a record, each category's ids rebuilt from ``category_of`` (probe id → category).
-
-    Example:
-        >>> r = history_record(10, TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"],
-        ...     by_category={"math": TransitionReport(n=1, forgotten=1, forgotten_ids=["q1"])}),
-        ...     time=0.0, seconds=0.5, trigger="schedule")
-        >>> report_from_record(r, {"q1": "math"}).by_category["math"].forgotten_ids
-        ['q1']
-    """
+    """The report of a record, each category's ids rebuilt from ``category_of`` (probe id → category)."""
     report = TransitionReport.from_dict(record["report"])
     children = {
         cat: dataclasses.replace(
@@ -102,13 +82,7 @@ def report_from_record(record: Mapping[str, Any], category_of: Mapping[str, str]
 
 
 def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> dict[str, str]:
-    """A trajectory column as a record stores it: correctness bit-packed, the signal float16, zlib and base64.
-
-    Example:
-        >>> column = encode_column("fp", np.array([True, False]), np.array([0.5, np.nan]))
-        >>> decode_column(column, 2)[0].tolist()
-        [True, False]
-    """
+    """A trajectory column as a record stores it: correctness bit-packed, the signal float16, zlib and base64."""
     return {
         "probes": fingerprint,
         "correct": _pack(np.packbits(np.asarray(correct, dtype=bool)).tobytes()),
@@ -119,14 +93,7 @@ def encode_column(fingerprint: str, correct: np.ndarray, signal: np.ndarray) -> 
 def decode_column(
     column: Any, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A record's column back as ``(correct, signal)``, checked to hold ``probes`` probes of ``fingerprint``.
-
-    Example:
-        >>> decode_column({"probes": "fp", "correct": "bad", "signal": ""}, 2)
-        Traceback (most recent call last):
-            ...
-        forgetwatch.results.history.HistoryError: field 'columns.correct': not base64 text
-    """
+    """A record's column back as ``(correct, signal)``, checked to hold ``probes`` probes of ``fingerprint``."""
     if not isinstance(column, Mapping):
         raise HistoryError(f"must be a JSON object, got {describe(column)}", "columns")
     for key in ("probes", "correct", "signal"):

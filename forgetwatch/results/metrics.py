@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -45,38 +45,13 @@ def _ratio(x: float, n: float) -> float:
 
 
 def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
-    """Count the transitions between per-sample correctness before and after.
-
-    Example:
-        >>> transition_counts([1, 1, 0, 0], [1, 0, 1, 0])
-        Transitions(n00=1, n01=1, n10=1, n11=1)
-    """
+    """Count the transitions between per-sample correctness before and after."""
     b, a = _pair(before, after)
     return Transitions(
         n00=int(np.count_nonzero(~b & ~a)),
         n01=int(np.count_nonzero(~b & a)),
         n10=int(np.count_nonzero(b & ~a)),
         n11=int(np.count_nonzero(b & a)),
-    )
-
-
-def _group_chance_adjusted(b: np.ndarray, a: np.ndarray, k: int) -> ChanceAdjusted:
-    n = len(b)
-    a_pre, a_post = np.count_nonzero(b) / n, np.count_nonzero(a) / n
-    f = np.count_nonzero(b & ~a) / n
-    bt = np.count_nonzero(~b & a) / n
-    if k == 0:
-        # generative: nobody guesses right by luck (the k → ∞ limit)
-        return ChanceAdjusted(f, bt, a_pre, a_post)
-    # "knows, or guesses uniformly; before and after independent": a lucky guess before
-    # then a miss after looks like forgetting (and the reverse like backward transfer)
-    f_chance = (1 - a_pre) / (k - 1) * (1 - a_post)
-    bt_chance = (1 - a_pre) * (1 - a_post) / (k - 1)
-    return ChanceAdjusted(
-        forgetting_adjusted=max(f - f_chance, 0.0),
-        backward_transfer_adjusted=max(bt - bt_chance, 0.0),
-        forgetting_max=max((k * a_pre - 1) / (k - 1), 0.0),
-        backward_transfer_max=max((k * a_post - 1) / (k - 1), 0.0),
     )
 
 
@@ -97,19 +72,24 @@ def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> Chance
     if bad:
         raise ValueError(f"number of choices must be 0 (generative) or at least 2; got {bad}")
     total = np.zeros(4)
-    for kg in np.unique(ks):
-        mask = ks == kg
-        total += np.count_nonzero(mask) / n * np.array(_group_chance_adjusted(b[mask], a[mask], int(kg)))
-    return ChanceAdjusted(*(float(x) for x in total))
+    for k in np.unique(ks).tolist():
+        mask = ks == k
+        a_pre, a_post = b[mask].mean(), a[mask].mean()
+        f, bt = (b & ~a)[mask].mean(), (~b & a)[mask].mean()
+        if k == 0:  # generative: nobody guesses right by luck (the k → ∞ limit)
+            group = (f, bt, a_pre, a_post)
+        else:
+            # "knows, or guesses uniformly; before and after independent": a lucky guess before then a miss after
+            # looks like forgetting (and the reverse like backward transfer)
+            chance = (1 - a_pre) * (1 - a_post) / (k - 1)
+            ceilings = [max((k * x - 1) / (k - 1), 0.0) for x in (a_pre, a_post)]
+            group = (max(f - chance, 0.0), max(bt - chance, 0.0), *ceilings)
+        total += mask.mean() * np.array(group)
+    return ChanceAdjusted(*total.tolist())
 
 
 def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for the proportion ``x / n``; ``(nan, nan)`` when ``n == 0``.
-
-    Example:
-        >>> tuple(round(v, 4) for v in wilson_interval(3, 10))
-        (0.1078, 0.6032)
-    """
+    """Wilson score interval for the proportion ``x / n``; ``(nan, nan)`` when ``n == 0``."""
     if n < 0 or not 0 <= x <= max(n, 0):
         raise ValueError(f"need 0 <= x <= n; got x={x}, n={n}")
     if n == 0:
@@ -126,34 +106,25 @@ def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mcnemar_exact(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0), in log space.
-
-    Example:
-        >>> mcnemar_exact(0, 5)  # 2 / 2**5
-        0.0625
-    """
+    """Exact two-sided McNemar p-value for discordant counts ``b`` (0→1) and ``c`` (1→0), in log space."""
     if b < 0 or c < 0:
         raise ValueError(f"counts must be non-negative; got b={b}, c={c}")
     m, k = int(b) + int(c), min(int(b), int(c))
     if m == 0:
         return 1.0
-    log_half_m = m * math.log(2.0)
-    lg_m = math.lgamma(m + 1)
 
     def log_pmf(i: int) -> float:
-        return lg_m - math.lgamma(i + 1) - math.lgamma(m - i + 1) - log_half_m
+        return math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) - m * math.log(2.0)
 
     # k <= m/2, so the pmf falls as i goes down from k: sum relative to the largest term and
     # stop once terms are below e^-60 of it (the rest decays geometrically and cannot matter)
     top = log_pmf(k)
     scaled_sum = 0.0
     for i in range(k, -1, -1):
-        rel = log_pmf(i) - top
-        if rel < -60.0:
+        if (rel := log_pmf(i) - top) < -60.0:
             break
         scaled_sum += math.exp(rel)
-    log_p = math.log(2.0) + top + math.log(scaled_sum)
-    return math.exp(min(log_p, 0.0))
+    return math.exp(min(math.log(2.0) + top + math.log(scaled_sum), 0.0))
 
 
 def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
@@ -262,16 +233,12 @@ def _report(
     current: Answers,
     idx: np.ndarray,
     risky: np.ndarray,
+    measured: Sequence[Any],
     by_category: dict[str, TransitionReport] | None = None,
-    behaviour: Callable[[np.ndarray], dict[str, float]] | None = None,
 ) -> TransitionReport:
     before, after = base.correct[idx], current.correct[idx]
-    k = base.n_choices[idx]
     t = transition_counts(before, after)
     n = len(idx)
-    adjusted = chance_adjusted(before, after, k)
-    forgotten_mask = before & ~after
-    gained_mask = ~before & after
     return TransitionReport(
         n=n,
         forgotten=t.n10,
@@ -282,10 +249,7 @@ def _report(
         accuracy_after=_ratio(t.n01 + t.n11, n),
         forgetting=_ratio(t.n10, n),
         backward_transfer=_ratio(t.n01, n),
-        forgetting_adjusted=adjusted.forgetting_adjusted,
-        backward_transfer_adjusted=adjusted.backward_transfer_adjusted,
-        forgetting_max=adjusted.forgetting_max,
-        backward_transfer_max=adjusted.backward_transfer_max,
+        **chance_adjusted(before, after, base.n_choices[idx])._asdict(),
         forgetting_relative=_ratio(t.n10, t.n10 + t.n11),
         backward_transfer_relative=_ratio(t.n01, t.n00 + t.n01),
         forgetting_ci=wilson_interval(t.n10, n),
@@ -293,11 +257,11 @@ def _report(
         mcnemar_p=mcnemar_exact(t.n01, t.n10),
         logprob_drop=logprob_drop(base.gold_logprob[idx], current.gold_logprob[idx], before),
         choice_kl=choice_kl([base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]),
-        forgotten_ids=[base.ids[i] for i in idx[forgotten_mask]],
-        gained_ids=[base.ids[i] for i in idx[gained_mask]],
+        forgotten_ids=[base.ids[i] for i in idx[before & ~after]],
+        gained_ids=[base.ids[i] for i in idx[~before & after]],
         at_risk=_ratio(int(risky[idx].sum()), n),
         at_risk_ids=[base.ids[i] for i in idx[risky[idx]]],
-        behaviour=behaviour(idx) if behaviour else {},
+        behaviour=behaviour_figures(*measured, idx),
         by_category=by_category or {},
     )
 
@@ -339,12 +303,8 @@ def compare(
         at_risk_floor,
     )
     measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
-
-    def behaviour(idx: np.ndarray) -> dict[str, float]:
-        return behaviour_figures(*measured, idx)
-
     by_category = {
-        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, behaviour=behaviour)
+        cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, measured)
         for cat in sorted(positions)
     }
-    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, by_category, behaviour)
+    return _report(base, current, np.arange(len(base), dtype=np.int64), risky, measured, by_category)

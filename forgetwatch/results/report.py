@@ -16,43 +16,22 @@ from forgetwatch.common.files import atomic_write, json_safe
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers, chosen_text
 
-#: A row's columns after ``category``, each as the report's field, in the paper's order.
-_ROW = {
-    "n": "n",
-    "acc_before": "accuracy_before",
-    "acc_after": "accuracy_after",
-    "0->0": "never",
-    "0->1": "gained",
-    "1->0": "forgotten",
-    "1->1": "kept",
-    "forgetting": "forgetting",
-    "backward_transfer": "backward_transfer",
-    "forgetting_adjusted": "forgetting_adjusted",
-    "backward_transfer_adjusted": "backward_transfer_adjusted",
-    "forgetting_max": "forgetting_max",
-    "backward_transfer_max": "backward_transfer_max",
-    "mcnemar_p": "mcnemar_p",
-}
-#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`.
-ROW_COLUMNS = ("category", *_ROW)
-
+#: Columns of :meth:`TransitionReport.rows` and :meth:`TransitionReport.to_csv`, in the paper's order.
+ROW_COLUMNS = tuple(
+    "category n acc_before acc_after 0->0 0->1 1->0 1->1 forgetting backward_transfer forgetting_adjusted "
+    "backward_transfer_adjusted forgetting_max backward_transfer_max mcnemar_p".split()
+)
+#: The report's field of each column named otherwise.
+_FIELD = dict(
+    zip(
+        "acc_before acc_after 0->0 0->1 1->0 1->1".split(),
+        "accuracy_before accuracy_after never gained forgotten kept".split(),
+    )
+)
 #: Columns of :func:`write_samples_csv`.
-SAMPLE_COLUMNS = (
-    "id",
-    "category",
-    "question",
-    "answer",
-    "correct_before",
-    "correct_after",
-    "transition",
-    "predicted_before",
-    "predicted_after",
-    "choice_index_before",
-    "choice_index_after",
-    "output_before",
-    "output_after",
-    "gold_logprob_before",
-    "gold_logprob_after",
+SAMPLE_COLUMNS = tuple(
+    "id category question answer correct_before correct_after transition predicted_before predicted_after "
+    "choice_index_before choice_index_after output_before output_after gold_logprob_before gold_logprob_after".split()
 )
 #: Significant digits of the numbers CSV files hold (no 0.24000000000000002).
 CSV_DIGITS = 6
@@ -105,14 +84,9 @@ class TransitionReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested."""
-        out: dict[str, Any] = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if name == "by_category":
-                out[name] = {cat: child.to_dict() for cat, child in value.items()}
-            else:  # an infinite choice KL is possible: null, like NaN
-                out[name] = json_safe(value)
-        return out
+        # an infinite choice KL is possible: null, like NaN
+        out = {name: json_safe(getattr(self, name)) for name in self.__dataclass_fields__ if name != "by_category"}
+        return {**out, "by_category": {cat: child.to_dict() for cat, child in self.by_category.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransitionReport:
@@ -142,7 +116,10 @@ class TransitionReport:
         return cls(**values)
 
     def _row(self, category: str) -> dict[str, Any]:
-        return {"category": category, **{column: getattr(self, name) for column, name in _ROW.items()}}
+        return {
+            "category": category,
+            **{column: getattr(self, _FIELD.get(column, column)) for column in ROW_COLUMNS[1:]},
+        }
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per row: ``"overall"`` first, then each category (keys :data:`ROW_COLUMNS`).
@@ -183,14 +160,10 @@ class TransitionReport:
             + [str(r["1->0"]), str(r["0->1"]), "-" if math.isnan(r["mcnemar_p"]) else f"{r['mcnemar_p']:.3g}"]
             for r in self.rows()
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        lines = []
-        for j, row in enumerate(table):
-            # category left-aligned, numbers right-aligned so digits line up
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-            lines.append("  ".join(cells).rstrip())
-            if j == 0:
-                lines.append("-" * len(lines[0]))
+        widths = [max(map(len, column)) for column in zip(*table)]
+        # category left-aligned, numbers right-aligned so digits line up
+        lines = ["  ".join([r[0].ljust(widths[0]), *map(str.rjust, r[1:], widths[1:])]).rstrip() for r in table]
+        lines.insert(1, "-" * len(lines[0]))
         # the drift measures warn before answers flip, so show them when there are any
         if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
             lines.append(
@@ -212,11 +185,7 @@ class TransitionReport:
 
 
 def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
-    """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``.
-
-    Example:
-        >>> write_samples_csv(base, current, "samples.csv")  # doctest: +SKIP
-    """
+    """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``."""
     base.check_compatible(current)
     path = Path(path)
     with atomic_write(path) as f:

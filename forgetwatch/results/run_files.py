@@ -89,20 +89,11 @@ def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
         ) from None
 
 
-@dataclass
-class HistoryScan:
-    """A history file read up to its first unreadable line (``problem``); ``cut``: its last line was cut short."""
-
-    path: Path
-    records: list[dict[str, Any]]
-    problem: HistoryError | None = None
-    cut: bool = False
-
-
 def scan_history(
-    path: str | os.PathLike[str], *, probes: int | None = None, fingerprint: str | None = None
-) -> HistoryScan:
-    path = Path(path)
+    path: Path, probes: int | None = None, fingerprint: str | None = None
+) -> tuple[list[dict[str, Any]], HistoryError | None, bool]:
+    """A history file's records up to its first unreadable line, that line's error, and whether the last line
+    was cut short (dropped with a warning)."""
     lines = path.read_bytes().split(b"\n")
     cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
     if cut:
@@ -123,9 +114,9 @@ def scan_history(
                     "step",
                 )
         except HistoryError as err:
-            return HistoryScan(path, records, err.at(path, number), cut)
+            return records, HistoryError(err.reason, err.field, path, number), cut
         records.append(record)
-    return HistoryScan(path, records, cut=cut)
+    return records, None, cut
 
 
 def read_history(
@@ -133,27 +124,19 @@ def read_history(
 ) -> list[dict[str, Any]]:
     """The records of a ``history.jsonl``: a last line cut short by a crash is dropped with a warning, any other
     line that is not a record raises a :class:`HistoryError` naming the file, line and field."""
-    scan = scan_history(path, probes=probes, fingerprint=fingerprint)
-    if scan.problem is not None:
-        raise scan.problem
-    return scan.records
-
-
-@dataclass
-class Recovered:
-    """What a resume keeps of a run's history: ``records`` from ``source``, and every copy as read."""
-
-    records: list[dict[str, Any]]
-    source: Path | None
-    scans: list[HistoryScan]
+    records, problem, _ = scan_history(Path(path), probes, fingerprint)
+    if problem is not None:
+        raise problem
+    return records
 
 
 def recover_history(
-    paths: Sequence[str | os.PathLike[str]], step: int, *, probes: int | None = None, fingerprint: str | None = None
-) -> Recovered:
+    paths: Sequence[Path], step: int, *, probes: int | None = None, fingerprint: str | None = None
+) -> tuple[list[dict[str, Any]], Path | None, list[Path]]:
     """The history a run resumed at ``step`` goes on with: the first whole copy of ``paths``, cut at ``step``; else
-    the longest valid stretch of a copy that agrees with the first (never another run's). Each problem warns."""
-    scans = [scan_history(p, probes=probes, fingerprint=fingerprint) for p in map(Path, paths) if p.is_file()]
+    the longest valid stretch of a copy that agrees with the first (never another run's). Each problem warns.
+    Returns the records, the copy they come from, and the copies holding an unreadable line."""
+    scans = [(path, *scan_history(path, probes, fingerprint)) for path in paths if path.is_file()]
     if not scans:
         logger.warning(
             "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
@@ -163,42 +146,33 @@ def recover_history(
             " or ".join(str(p) for p in paths),
             step,
         )
-        return Recovered([], None, [])
-    kept = [[r for r in s.records if r["step"] <= step] for s in scans]
+        return [], None, []
+    kept = [[r for r in records if r["step"] <= step] for _, records, _, _ in scans]
     # copies of this run agree with the first where both hold records: the same steps, made at the same times
     ours = [
         i
         for i in range(len(scans))
         if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
     ]
-    whole = [i for i in ours if scans[i].problem is None and not scans[i].cut]
+    whole = [i for i, (_, _, problem, cut) in enumerate(scans) if i in ours and problem is None and not cut]
     best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
-    for scan in scans:
-        if scan.problem is not None:
-            logger.warning(
-                "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
-                scan.problem,
-                len(kept[best]),
-                step,
-                scans[best].path,
-            )
-    return Recovered(kept[best], scans[best].path, scans)
+    source = scans[best][0]
+    damaged = [(path, problem) for path, _, problem, _ in scans if problem is not None]
+    for _, problem in damaged:
+        logger.warning(
+            "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
+            problem,
+            len(kept[best]),
+            step,
+            source,
+        )
+    return kept[best], source, [path for path, _ in damaged]
 
 
 @dataclass
 class Run:
     """A monitored run as its forgetwatch directory ``dir`` holds it (see :func:`read_run`): ``history``
     (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked.
-
-    Example:
-        >>> base = Answers(ids=["q1"], correct=[True], predicted=[0], choice_logprobs=[[0.0, -1.0]],
-        ...                gold_logprob=[0.0], n_choices=[2], categories=["math"], outputs=[None],
-        ...                probe_fingerprint="fp")
-        >>> record = {"step": 10, "report": {"n": 1, "forgotten": 1, "gained": 0, "kept": 0, "never": 0,
-        ...                                  "forgotten_ids": ["q1"]}}
-        >>> run = Run(Path("out/forgetwatch"), base, [record])
-        >>> run.name, run.steps, run.history[0][1].forgotten_ids, run.trajectory.correct.tolist()
-        ('out', [10], ['q1'], [[True, False]])
     """
 
     dir: Path
@@ -236,24 +210,13 @@ class Run:
         except AnswersFileError as err:
             logger.warning("forgetwatch: %s; the report says right or wrong for the answer now", first_line(err))
             return None
-        if (
-            latest is None
-            or not self.records
-            or latest.meta.get("step") != self.steps[-1]
-            or latest.ids != self.base.ids
-        ):
-            return None
-        return latest
+        fits = latest is not None and latest.meta.get("step") in self.steps[-1:] and latest.ids == self.base.ids
+        return latest if fits else None
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
     """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory.
     Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record.
-
-    Example:
-        >>> run = read_run("out")                                        # doctest: +SKIP
-        >>> run.dir, run.steps, run.trajectory                           # doctest: +SKIP
-        (PosixPath('out/forgetwatch'), [10, 20], Trajectory(120 probes, steps [0, 10, 20]))
     """
     path = run_directory(run_dir)
     for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
@@ -281,12 +244,7 @@ def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
 
 
 def copy_problem(directory: str | os.PathLike[str]) -> str | None:
-    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``.
-
-    Example:
-        >>> copy_problem("/nonexistent/forgetwatch")
-        'no manifest.json: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it'
-    """
+    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -319,32 +277,21 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
 # -- the base a run finds on disk ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What answers must match to serve as this run's base; ``keys`` are checked on a cached snapshot only."""
-
-    fingerprint: str
-    scoring: Mapping[str, Any]
-    ids: Sequence[str]
-    keys: Mapping[str, str]
-
-    def problem(self, answers: Answers, keys: Mapping[str, str] | None = None) -> str | None:
-        return answers.mismatch(fingerprint=self.fingerprint, scoring=self.scoring, ids=self.ids, meta=keys)
-
-
 def stored_base(
     given: Answers | str | os.PathLike[str] | None,
-    expected: Expected,
+    expected: Mapping[str, Any],
+    keys: Mapping[str, str],
     *,
     run_dir: Path,
     resume_dirs: Sequence[Path] = (),
     step: int = 0,
 ) -> Answers | None:
-    """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now."""
+    """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now.
+    ``expected``: what they must match (:meth:`Answers.mismatch`'s arguments); ``keys``: the model's, checked on
+    a cached snapshot only."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
-        problem = expected.problem(answers)
-        if problem:
+        if problem := answers.mismatch(**expected):
             raise AnswersMismatchError(
                 f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
                 f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch "
@@ -357,15 +304,15 @@ def stored_base(
         except ValueError as err:  # damaged: say so, and compute a new one
             logger.warning("forgetwatch: ignoring %s", err)
             return None
-        problem = None if cached is None else expected.problem(cached, expected.keys)
-        if cached is not None and problem is None:
-            logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
-            return cached
-        if cached is not None:
+        if cached is None:
+            return None
+        if problem := cached.mismatch(**expected, meta=keys):
             logger.warning(
                 "forgetwatch: the cached base snapshot %s is for %s; computing a new one", run_dir / SNAPSHOT, problem
             )
-        return None
+            return None
+        logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
+        return cached
     found: list[tuple[Path, Answers]] = []
     rejected = []
     for directory in resume_dirs:
@@ -374,7 +321,7 @@ def stored_base(
         except ValueError as err:  # damaged: say so, and look further
             rejected.append(str(err))
             continue
-        problem = None if answers is None else expected.problem(answers)
+        problem = None if answers is None else answers.mismatch(**expected)
         if problem:
             rejected.append(f"{directory}: for {problem}")
         elif answers is not None:
@@ -387,9 +334,8 @@ def stored_base(
             "the base: pass base=PATH with the original run's base_answers.npz"
         )
     # the model's configuration is only preferred: loading a model again may change it harmlessly
-    model = {"model_key": expected.keys["model_key"]}
     for _, answers in found:
-        if expected.problem(answers, model) is None:
+        if answers.meta.get("model_key") == keys["model_key"]:
             return answers
     logger.warning(
         "forgetwatch: resuming with the base snapshot in %s, made for a model of another configuration than this one",
@@ -804,12 +750,8 @@ def _unlock(path: Path, text: str) -> None:
 
 
 def _digest(path: Path) -> dict[str, Any]:
-    h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return {"bytes": size, "sha256": h.hexdigest()}
+        return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 
 
 def _copy_file(source: Path, target: Path) -> None:

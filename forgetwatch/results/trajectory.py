@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.history import HistoryError, decode_column, encode_column
+from forgetwatch.results.history import decode_column, encode_column
 from forgetwatch.results.metrics import margins
 from forgetwatch.results.report import TransitionReport
 
@@ -49,27 +49,14 @@ class Trajectory:
 
     @classmethod
     def start(cls, base: Answers) -> Trajectory:
-        return cls(
-            base.ids, base.categories, [0], base.correct[:, None], _signal(base)[:, None], base.probe_fingerprint
-        )
-
-    def append(self, step: int, answers: Answers) -> None:
-        """Add an evaluation's column (answers aligned with :attr:`ids`)."""
-        self._add(step, answers.correct, _signal(answers))
+        return cls.from_history(base, [])
 
     def plus(self, step: int, answers: Answers) -> Trajectory:
-        """A new trajectory: this one and an evaluation's column (this one is left as it is)."""
-        grown = Trajectory(self.ids, self.categories, self.steps, self.correct, self.signal, self.fingerprint)
-        grown.append(step, answers)
-        return grown
-
-    def up_to(self, step: int) -> Trajectory:
-        """The base and the evaluations at or before ``step`` (what a resume keeps)."""
-        keep = self.steps <= step
-        keep[0] = True
-        return Trajectory(
-            self.ids, self.categories, self.steps[keep], self.correct[:, keep], self.signal[:, keep], self.fingerprint
-        )
+        """A new trajectory: this one and an evaluation's column (answers aligned with :attr:`ids`)."""
+        # the signal at float16's precision, as the history stores it: a resumed run shows the same numbers
+        signal = _signal(answers).astype(np.float16)
+        correct, signal = np.column_stack([self.correct, answers.correct]), np.column_stack([self.signal, signal])
+        return Trajectory(self.ids, self.categories, [*self.steps, step], correct, signal, self.fingerprint)
 
     def __repr__(self) -> str:
         return f"Trajectory({len(self.ids)} probes, steps {self.steps.tolist()})"
@@ -128,32 +115,25 @@ class Trajectory:
         """One evaluation's column as a history record stores it."""
         return encode_column(self.fingerprint, self.correct[:, position], self.signal[:, position])
 
-    def _add(self, step: int, correct: np.ndarray, signal: np.ndarray) -> None:
-        self.steps = np.append(self.steps, np.int64(step))
-        self.correct = np.concatenate([self.correct, np.asarray(correct, dtype=bool)[:, None]], axis=1)
-        # at float16's precision, as the history stores it: a resumed run shows the same numbers
-        signal = np.asarray(signal, dtype=np.float16).astype(np.float32)
-        self.signal = np.concatenate([self.signal, signal[:, None]], axis=1)
-
     @classmethod
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
         """The trajectory of a run from its base answers and history records (a record without a column: from its
-        ids, no signal); a column of another probe set raises a ``HistoryError`` naming the step and field."""
-        trajectory = cls.start(base)
-        n = len(base)
+        ids, no signal); a column of another probe set raises a ``HistoryError`` naming the field."""
+        steps, correct, signal = [0], [base.correct], [_signal(base)]
         for record in records:
             column = record.get("columns")
             if column is not None:
-                try:
-                    correct, signal = decode_column(column, n, base.probe_fingerprint)
-                except HistoryError as err:
-                    raise HistoryError(f"history record of step {record['step']}: {err.reason}", err.field) from None
+                right, margin = decode_column(column, len(base), base.probe_fingerprint)
             else:
                 flipped = set(record["report"].get("forgotten_ids", [])) | set(record["report"].get("gained_ids", []))
-                correct = np.array([c != (i in flipped) for i, c in zip(base.ids, base.correct)], dtype=bool)
-                signal = np.full(n, np.nan, dtype=np.float32)
-            trajectory._add(record["step"], correct, signal)
-        return trajectory
+                right = np.array([c != (i in flipped) for i, c in zip(base.ids, base.correct)], dtype=bool)
+                margin = np.full(len(base), np.nan)
+            steps.append(record["step"])
+            correct.append(right)
+            signal.append(margin)
+        return cls(
+            base.ids, base.categories, steps, np.column_stack(correct), np.column_stack(signal), base.probe_fingerprint
+        )
 
 
 def with_trajectory_metrics(

@@ -33,7 +33,6 @@ from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import (
     HISTORY,
     SNAPSHOT,
-    Expected,
     Run,
     RunStore,
     copy_problem,
@@ -655,12 +654,13 @@ class Watch:
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
             keys["weights_key"] = weights_key(model, self.ranks)
-        expected = Expected(self.scorer.fingerprint, self.scorer.scoring_for(model), self.probes.ids, keys)
+        scoring = self.scorer.scoring_for(model)
+        expected = {"fingerprint": self.scorer.fingerprint, "scoring": scoring, "ids": self.probes.ids}
 
         def from_files() -> dict[str, Any] | None:  # on rank 0; the base with adapters off is never read back
             if given == ADAPTER_DISABLED:
                 return None
-            answers = stored_base(given, expected, run_dir=aside or self.store.dir, resume_dirs=dirs, step=step)
+            answers = stored_base(given, expected, keys, run_dir=aside or self.store.dir, resume_dirs=dirs, step=step)
             if answers is not None:  # kept with the run and its checkpoints (a cached one: that very file)
                 cached = given is None and not resumed
                 self.store.save_snapshot(answers, copy_of=aside / SNAPSHOT if cached else None)
@@ -671,7 +671,7 @@ class Watch:
             return Answers.from_dict(found), None
         check = self.config.monitor.noise_check
         if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
-            reduced = is_reduced(expected.scoring["precision"])
+            reduced = is_reduced(scoring["precision"])
             check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model, reduced))])[0])
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
             began = self.clock()
@@ -693,12 +693,12 @@ class Watch:
         paths = [d / HISTORY for d in dirs]
 
         def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
-            found = recover_history(
+            records, _, damaged = recover_history(
                 paths, step, probes=len(self.base_answers), fingerprint=self.base_answers.probe_fingerprint
             )
-            if any(s.problem is not None and s.path == self.store.history_path for s in found.scans):
-                self.store.set_aside_damaged(len(found.records))
-            return found.records
+            if self.store.history_path in damaged:
+                self.store.set_aside_damaged(len(records))
+            return records
 
         records = self.ranks.share_from_rank_zero(recover)
         run = Run(self.store.dir, self.base_answers, records)  # each record's report, made once
