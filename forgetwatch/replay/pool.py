@@ -106,18 +106,12 @@ class ReplayPool(Sequence[ReplayRow]):
             items = [(category, m) for m in prompts]
         rows = pool_rows("<prompts>", "prompt", kinds=("prompt",))
         for n, (cat, item) in enumerate(items):
-            if isinstance(item, str):
-                record = {"id": f"p{n}", "prompt": item}
-            elif isinstance(item, Mapping):
-                record = {"id": f"p{n}", **item}
-            else:
-                rows.problem(
-                    n, None, f"expected a prompt (a string) or a dict {{id?, prompt, category?}}, got {type_name(item)}"
-                )
+            if not isinstance(item, (str, Mapping)):
+                expected = "a prompt (a string) or a dict {id?, prompt, category?}"
+                rows.problem(n, None, f"expected {expected}, got {type_name(item)}")
                 continue
-            if cat is not None and "category" not in record:
-                record["category"] = cat
-            rows.add(n, record)
+            record = {"id": f"p{n}", **({"prompt": item} if isinstance(item, str) else item)}
+            rows.add(n, record if cat is None else {"category": cat, **record})
         return cls(rows.finish(), rows.source, answering)
 
     @classmethod
@@ -155,17 +149,13 @@ class ReplayPool(Sequence[ReplayRow]):
             raise ValueError(f"category= {message}")
         rows = pool_rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
         for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
-            if not isinstance(row, Mapping):
-                rows.add(index, row)
-                continue
-            record: dict[str, Any] = {"id": str(row[id]) if id is not None and id in row else str(index)}
-            if column not in row:
+            if isinstance(row, Mapping) and column not in row:
                 rows.problem(index, column, f"missing column {column!r}; this row has {', '.join(map(str, row))}")
-                continue
-            record[kind] = row[column]
-            if category is not None:
-                record["category"] = category
-            rows.add(index, record)
+            elif isinstance(row, Mapping):
+                record = {"id": str(row[id]) if id is not None and id in row else str(index), kind: row[column]}
+                rows.add(index, record if category is None else {**record, "category": category})
+            else:
+                rows.add(index, row)
         return cls(rows.finish(), rows.source, answering)
 
     def __len__(self) -> int:
@@ -221,11 +211,6 @@ class ReplayPool(Sequence[ReplayRow]):
             answering = [] if self.answering is None else [{"answering": self.answering.as_dict()}]
             self._fingerprint = content_hash(rows + answering).hexdigest()[:16]
         return self._fingerprint
-
-    def subset(self, ids: Iterable[str]) -> ReplayPool:
-        """The rows of ``ids`` (in the pool's order), from the same source, answered alike."""
-        keep = set(ids)
-        return ReplayPool([r for r in self._rows if r.id in keep], self.source, self.answering)
 
     def as_repair(self) -> Any:
         """This pool replayed with the defaults (a :class:`~forgetwatch.Replay`): what ``replay=pool`` means.

@@ -27,15 +27,6 @@ class ReplayPoolError(InputError):
     noun = "field"
 
 
-_ANSWERING_RULES = {
-    "max_new_tokens": check.integer(
-        1, MAX_ANSWER_TOKENS, f"use at most {MAX_ANSWER_TOKENS}: a replayed answer is a reply, not a document"
-    ),
-    "chat_template": check.boolean,
-    "stop": check.stop_strings,
-}
-
-
 @dataclass(frozen=True)
 class Answering:
     """How the base answers a pool's prompt rows: greedily, in at most ``max_new_tokens`` tokens (1 to 4096),
@@ -51,14 +42,19 @@ class Answering:
     stop: Sequence[str] = ()  # kept as a tuple
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):  # one stop string, as Scorer takes it
-            object.__setattr__(self, "stop", (self.stop,))
-        for name, rule in _ANSWERING_RULES.items():
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one stop string, as Scorer takes it
+        longest = f"use at most {MAX_ANSWER_TOKENS}: a replayed answer is a reply, not a document"
+        rules = [
+            ("max_new_tokens", check.integer(1, MAX_ANSWER_TOKENS, longest), self.max_new_tokens),
+            ("chat_template", check.boolean, self.chat_template),
+            ("stop", check.stop_strings, stop),
+        ]
+        for name, rule, value in rules:
             try:
-                rule(getattr(self, name))
+                rule(value)
             except check.Invalid as err:
                 raise ValueError(f"{name}= {err}") from None
-        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", tuple(stop))
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as JSON values (what kept answers are keyed by)."""
