@@ -125,7 +125,7 @@ class Replay:
         self.probe_categories: list[str] | None = None  # once the run is built
         self.covers: set[str] = set()  # the categories of the rows replayed
         self.warned: set[str] = set()  # uncovered categories warned of (once per run)
-        self.noise: dict[str, float] = {}  # the base's noise floors by scope
+        self.floor: dict[str, float] = {}  # twice the base's noise floors, by scope: forgetting below is noise
         self.encoded: dict[str, list[int]] = {}  # token ids by row id (rows with nothing to learn left out)
         self.starts: dict[str, int] = {}  # each row's first target token, where not 1
         self.dropped: list[str] = []  # ids of the rows with nothing to learn
@@ -157,7 +157,7 @@ class Replay:
             raise ValueError(
                 "replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without replay=, or under DDP"
             )
-        self.noise = noise_by_scope(dict(run.base_meta))
+        self.floor = {scope: 2 * noise for scope, noise in noise_by_scope(dict(run.base_meta)).items()}
         self._tokenize(model, run)
         if run.step > 0:
             self._resume(run)
@@ -190,11 +190,9 @@ class Replay:
             raise ReplayPoolError([(self.pool.source, None, None, message)])
         if self.dropped and run.writes:
             logger.warning(
-                "forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized, or "
-                "prompts the base answered with nothing, and teach nothing; they are left out of the draws (%s)",
-                len(self.dropped),
-                len(rows),
-                listing(map(shorten, self.dropped)),
+                f"forgetwatch: {len(self.dropped)} of the {len(rows)} replay rows are shorter than two tokens once "
+                "tokenized, or prompts the base answered with nothing, and teach nothing; they are left out of the "
+                f"draws ({listing(map(shorten, self.dropped))})"
             )
         usable = [r for r in rows if r.id in self.encoded]
         self.sampler = ReplaySampler(usable, self.seed, uniform=self.select == "uniform")
@@ -245,12 +243,12 @@ class Replay:
         if run.state is not None:
             if problem := state_problem(self, run.state, run.step):
                 raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
-            return self._load(run.state, run.step)
+            return self._load(run.state)
         state, rejected, why = kept.first_kept(
             run, REPLAY_STATE, kept.read_kept_json, lambda s: state_problem(self, s, run.step)
         )
         if state is not None:
-            return self._load(state, run.step)
+            return self._load(state)
         try:  # a copy passed over means replay was on at the checkpoint: its draws cannot start afresh
             how = self._rebuild(run, afresh=not rejected)
         except ValueError as err:
@@ -261,17 +259,15 @@ class Replay:
             ) from None
         if run.writes:
             logger.warning(
-                "forgetwatch: no usable replay state for step %d (%s); rebuilt it %s (the replay loss of the steps "
-                "before the resume is not kept in the history: the next replay/loss is over the steps from here)",
-                run.step,
-                why,
-                how,
+                f"forgetwatch: no usable replay state for step {run.step} ({why}); rebuilt it {how} (the replay loss "
+                "of the steps before the resume is not kept in the history: the next replay/loss is over the steps "
+                "from here)"
             )
 
     def _rebuild(self, run: Any, afresh: bool) -> str:
         """The draws at ``run.step`` rebuilt from the history, exactly, and how; else a ``ValueError`` saying why."""
         step, last = run.step, run.records[-1] if run.records else None
-        self._load({"sampler": self.sampler.state_dict(), "tokens": 0}, step)  # from the start, unless the history says
+        self._load({"sampler": self.sampler.state_dict(), "tokens": 0})  # from the start, unless the history says
         if last is not None and "replay" not in last:
             if not afresh:
                 raise ValueError(f"the history holds no replay state at its last evaluation (step {last['step']})")
@@ -285,7 +281,7 @@ class Replay:
             since, saved = last["step"], last["replay"]
             if problem := state_problem(self, saved, since):
                 raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
-            self._load({**saved, "loss": {"sum": 0.0, "steps": 0}}, since)
+            self._load({**saved, "loss": {"sum": 0.0, "steps": 0}})
             weight, batch_size, report = saved["weight"], saved["batch_size"], run.last_report
             how = f"from the history's state at step {since}, then the draws of the {step - since} step(s) since"
         weights = category_weights(report, self.sampler.categories)
@@ -293,9 +289,9 @@ class Replay:
             self.tokens += sum(len(self.encoded[r.id]) for r in self.sampler.next_batch(batch_size, weights))
         return how
 
-    def _load(self, state: dict[str, Any], step: int) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         """Go on from a checked state (the weight is a setting: the one given now applies)."""
-        self.sampler.load_state_dict(state["sampler"], max_drawn=step)
+        self.sampler.load_state_dict(state["sampler"])
         self.tokens = state["tokens"]
         loss = state.get("loss", {"sum": 0.0, "steps": 0})  # since the last evaluation: its mean goes on
         self._loss_sum, self._steps = float(loss["sum"]), loss["steps"]
@@ -304,8 +300,7 @@ class Replay:
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
         """An evaluation was made: the draws follow its forgetting; uncovered forgetting is warned of."""
         self.weights = category_weights(report, self.sampler.categories)
-        floor = {c: 2 * noise for c, noise in self.noise.items()}
-        for category, message in uncovered(report, self.covers, self.probe_categories or (), floor).items():
+        for category, message in uncovered(report, self.covers, self.probe_categories or (), self.floor).items():
             if category not in self.warned:
                 self.warned.add(category)
                 if self._run is None or self._run.writes:
@@ -400,11 +395,9 @@ class Replay:
             else "this step went on with the trainer's gradient alone"
         )
         logger.warning(
-            "forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
-            "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
-            "starts replay again (a smaller replay batch_size if memory ran out)",
-            self.off,
-            step,
+            f"forgetwatch: replay failed ({self.off}) and is switched off for the rest of this run; training goes on "
+            f"without it ({step}), and replay/weight is no longer logged. Resuming from a checkpoint starts "
+            "replay again (a smaller replay batch_size if memory ran out)",
             exc_info=failure,
         )
 
@@ -412,11 +405,9 @@ class Replay:
         self._overflows += 1
         if self._overflows == 1 or self._overflows % 100 == 0:
             logger.warning(
-                "forgetwatch: the replay gradient overflowed at fp16's gradient scale %g and was "
-                "left out of this optimizer step (%d step(s) so far); a smaller replay weight or a "
-                "smaller initial scale avoids it",
-                scale,
-                self._overflows,
+                f"forgetwatch: the replay gradient overflowed at fp16's gradient scale {scale:g} and was left out of "
+                f"this optimizer step ({self._overflows} step(s) so far); a smaller replay weight or a smaller initial "
+                "scale avoids it"
             )
 
     def metrics(self) -> dict[str, float]:

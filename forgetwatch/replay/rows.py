@@ -101,14 +101,8 @@ def pool_rows(source: str, unit: str, kinds: tuple[str, ...] = KINDS) -> Rows[Re
     def parse(row: Mapping[str, Any]) -> ReplayRow | list[FieldProblem]:
         if problems := list(_check(row, kinds)):
             return problems
-        messages = row.get("messages")
-        return ReplayRow(
-            id=row["id"],
-            text=row.get("text"),
-            category=row.get("category", "all"),
-            messages=None if messages is None else tuple(dict(m) for m in messages),
-            prompt=row.get("prompt"),
-        )
+        messages = row.get("messages") and tuple(map(dict, row["messages"]))
+        return ReplayRow(row["id"], row.get("text"), messages, row.get("category", "all"), row.get("prompt"))
 
     return Rows(source, unit, parse, ReplayPoolError, "no rows found; add at least one row")
 

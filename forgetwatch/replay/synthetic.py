@@ -58,7 +58,7 @@ class KeptAnswers:
 
         Example:
             >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
-            "the answer to 'p0' has a token id below 0"
+            "the answer to 'p0' has token ids that are not whole numbers from 0"
             >>> KeptAnswers({"p0": Generated("x", (1,), True)}, {}).problem(prompts=["p0", "p1"])
             "damaged: it has no answer to prompt 'p1'"
         """
@@ -68,12 +68,9 @@ class KeptAnswers:
         if prompts is not None and len(self.answers) != len(prompts):
             return "damaged: it has answers to prompts that are not the pool's"
         for pid, a in self.answers.items():
-            if not isinstance(a.ids, tuple) or not all(type(t) is int for t in a.ids):
-                return f"the answer to {shorten(pid)} has token ids that are not whole numbers"
-            if any(t < 0 for t in a.ids):
-                return f"the answer to {shorten(pid)} has a token id below 0"
-            if vocab is not None and any(t >= vocab for t in a.ids):
-                return f"the answer to {shorten(pid)} has a token id outside the model's vocabulary of {vocab}"
+            if not all(type(t) is int and 0 <= t and (vocab is None or t < vocab) for t in a.ids):
+                below = "" if vocab is None else f" below the model's vocabulary of {vocab}"
+                return f"the answer to {shorten(pid)} has token ids that are not whole numbers from 0{below}"
             if not isinstance(a.text, str) or not isinstance(a.ended, bool):
                 return f"the answer to {shorten(pid)} has no text or no ended flag"
         return None
