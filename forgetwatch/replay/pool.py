@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -164,9 +164,6 @@ class ReplayPool(Sequence[ReplayRow]):
     def __getitem__(self, i):  # type: ignore[override]
         return ReplayPool(self._rows[i], self.source, self.answering) if isinstance(i, slice) else self._rows[i]
 
-    def __iter__(self) -> Iterator[ReplayRow]:
-        return iter(self._rows)
-
     def __repr__(self) -> str:
         return f"ReplayPool({len(self)} rows from {self.source!r})"
 
@@ -178,23 +175,16 @@ class ReplayPool(Sequence[ReplayRow]):
         """Every prompt row's model input as token ids, by row id (as a chat user turn, with the
         generation prompt, when ``answering.chat_template``)."""
         rows = [r for r in self._rows if r.prompt is not None]
-        if not rows:
-            return {}
-        chat = self.answering.chat_template
-        if chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"replay pool {self.source}: its prompt rows ({listing(shorten(r.id) for r in rows)}) are answered "
-                "as chats (chat_template=True) but the tokenizer has no chat template; answer them as plain text "
-                "(chat_template=False), or use a tokenizer with a chat template"
-            )
-        texts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": r.prompt}], tokenize=False, add_generation_prompt=True
-            )
-            if chat
-            else r.prompt
-            for r in rows
-        ]
+        texts = [r.prompt for r in rows]
+        if rows and self.answering.chat_template:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"replay pool {self.source}: its prompt rows ({listing(shorten(r.id) for r in rows)}) are answered "
+                    "as chats (chat_template=True) but the tokenizer has no chat template; answer them as plain text "
+                    "(chat_template=False), or use a tokenizer with a chat template"
+                )
+            turns = [[{"role": "user", "content": text}] for text in texts]
+            texts = [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns]
         return {r.id: ids for r, ids in zip(rows, encode_many(tokenizer, texts))}
 
     def fingerprint(self) -> str:

@@ -150,9 +150,8 @@ class Replay:
         self.probe_categories = list(probes.categories)
 
     def begin(self, model: torch.nn.Module, run: Any) -> None:
-        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`): the
-        pool tokenized (prompt rows answered by the base), the draws restored on resume, and with
-        ``"kl"`` the base's distribution on the rows. What cannot serve is refused before any step."""
+        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`): the pool tokenized,
+        the draws restored on resume, the base's distribution kept with ``"kl"``; what cannot serve is refused now."""
         if run.sharded or is_sharded(model):
             raise ValueError(
                 "replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without replay=, or under DDP"
@@ -329,8 +328,12 @@ class Replay:
         aside, failure = None, RuntimeError(self.off) if self.off else None
         if failure is None:
             try:
-                if scaled is not None:
-                    _unscale(*scaled)  # the trainer's gradient as the optimizer will take it, if not already
+                if scaled is not None:  # the trainer's gradient as the optimizer will take it, if not already
+                    try:
+                        scaled[0].unscale_(scaled[1])
+                    except RuntimeError as err:  # transformers unscales when it clips
+                        if "already been called" not in str(err):
+                            raise
                 if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
                     aside = [p.grad for p in params]
                     for p in params:
@@ -411,8 +414,7 @@ class Replay:
             )
 
     def metrics(self) -> dict[str, float]:
-        """Since the last call: the mean replay loss, the weight and the replay tokens so far (no
-        weight once replay is switched off and nothing was replayed since)."""
+        """Since the last call: the mean replay loss, the weight and the tokens so far (none once switched off and idle)."""
         out = {"replay/weight": self.weight, "replay/tokens": float(self.tokens)} if self._steps or not self.off else {}
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
@@ -434,12 +436,3 @@ class Replay:
         if self._steps:  # between evaluations: replay/loss is the mean over all the steps since the last
             state["loss"] = {"sum": self._loss_sum, "steps": self._steps}
         return state
-
-
-def _unscale(scaler: Any, optimizer: Any) -> None:
-    """Unscale the optimizer's gradients unless already done this step (transformers does when it clips)."""
-    try:
-        scaler.unscale_(optimizer)
-    except RuntimeError as err:
-        if "already been called" not in str(err):
-            raise

@@ -127,31 +127,25 @@ def _check(row: Mapping[str, Any], kinds: tuple[str, ...]) -> Iterator[FieldProb
         wanted = parts[0] if len(parts) == 1 else f"exactly one of {', '.join(parts[:-1])} or {parts[-1]}"
         has = "none" if not given else " and ".join(repr(k) for k in given)
         yield None, f"give {wanted}; this row has {has}"
-    elif given[0] in ("text", "prompt"):
-        field = given[0]
+    elif (field := given[0]) in ("text", "prompt"):
         if not isinstance(row[field], str) or not row[field].strip():
             yield field, f"must be non-empty text, got {type_name(row[field])}"
         elif message := unkeepable(row[field], allow_layout=True):
             yield field, message
+    elif not isinstance(messages := row["messages"], list) or not messages:
+        yield "messages", f"must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
     else:
-        yield from _check_messages(row["messages"])
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                yield (
+                    "messages",
+                    f'turn {i} must be {{"role": one of {", ".join(ROLES)}, "content": text}}, got {shorten(m)}',
+                )
+            elif message := unkeepable(m["content"], allow_layout=True):
+                yield "messages", f"turn {i}: content {message}"
     if "category" in row and (message := check_category(row["category"])):
         yield "category", message
     unknown = sorted(set(row) - {"id", "category", *kinds})
     if unknown:
         holds = "id, text, messages or prompt, category" if kinds == KINDS else f"id, {', '.join(kinds)}, category"
         yield None, f"unknown field(s) {', '.join(shorten(k) for k in unknown)}; a row holds {holds}"
-
-
-def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        yield "messages", f"must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
-        return
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            yield (
-                "messages",
-                f'turn {i} must be {{"role": one of {", ".join(ROLES)}, "content": text}}, got {shorten(m)}',
-            )
-        elif message := unkeepable(m["content"], allow_layout=True):
-            yield "messages", f"turn {i}: content {message}"

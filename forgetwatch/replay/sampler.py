@@ -24,10 +24,8 @@ def category_weights(report: TransitionReport | None, categories: Sequence[str])
     """Shares of the next draws over ``categories``: even before any evaluation; after one, each weighs its
     chance-adjusted forgetting plus :data:`AT_RISK_WEIGHT` × its at-risk share (a category the probes lack,
     such as ``"all"``, the overall figures), mixed with even shares by :data:`FLOOR`."""
-    raw = dict.fromkeys(categories, 0.0)
-    for c in categories if report is not None else ():
-        figures = report.by_category.get(c, report)
-        raw[c] = _figure(figures.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(figures.at_risk)
+    figures = {c: report.by_category.get(c, report) for c in categories} if report is not None else {}
+    raw = {c: _figure(f.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(f.at_risk) for c, f in figures.items()}
     k, total = len(categories), sum(raw.values())
     if total <= 0:
         return {c: 1 / k for c in categories}
