@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from forgetwatch.replay.coverage import Loss, coverage, uncovered_losses, uncovered_message
+from forgetwatch.replay.coverage import uncovered
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
@@ -29,34 +29,29 @@ REPORT = TransitionReport(
 )
 
 
-def test_coverage_sorts_the_categories_three_ways():
-    cov = coverage(["facts", "all", "arithmetic", "facts"], ["refusal", "facts", "arithmetic"])
-    assert (cov.covered, cov.uncovered, cov.general) == (("arithmetic", "facts"), ("refusal",), ("all",))
-    assert cov.tells_apart
-    assert not coverage(["all"], ["a", "b"]).tells_apart  # general rows only: nothing told apart
-    assert not coverage(["a", "b"], ["a", "b"]).tells_apart  # every category covered
-    assert coverage(["all"], ["all"]).covered == ("all",)  # no categories on either side
+def test_only_a_pool_that_tells_categories_apart_warns():
+    report = TransitionReport(by_category={"a": cat(10, 5), "b": cat(10, 5)})
+    assert list(uncovered(report, ["a", "all"], ["a", "b"], {})) == ["b"]  # general rows cover nothing
+    assert uncovered(report, ["all"], ["a", "b"], {}) == {}  # general rows only: nothing told apart
+    assert uncovered(report, ["a", "b"], ["a", "b"], {}) == {}  # every category covered
 
 
 def test_uncovered_losses_need_two_probes_and_a_rate_over_the_floor():
     report = TransitionReport(
         by_category={"a": cat(10, 5), "one": cat(5, 1), "b": cat(100, 4), "c": cat(50, 3), "empty": TransitionReport()}
     )
-    cov = coverage(["a"], ["a", "one", "b", "c", "empty"])
-    assert uncovered_losses(report, cov) == {"b": Loss(4, 100, 0.04), "c": Loss(3, 50, 0.06)}  # 1 is too few
-    assert uncovered_losses(report, cov, floor=0.05) == {"c": Loss(3, 50, 0.06)}
-    assert uncovered_losses(report, cov, floor={"c": 0.06}) == {"b": Loss(4, 100, 0.04)}  # above, not at
-    assert uncovered_losses(report, cov, least=4) == {"b": Loss(4, 100, 0.04)}
-    assert uncovered_losses(report, coverage(["all"], ["a", "b", "c"])) == {}  # general rows only
+    probes = ["a", "one", "b", "c", "empty"]
+    assert list(uncovered(report, ["a"], probes, {})) == ["b", "c"]  # 1 is too few
+    assert list(uncovered(report, ["a"], probes, {"b": 0.05, "c": 0.05})) == ["c"]
+    assert list(uncovered(report, ["a"], probes, {"c": 0.06})) == ["b"]  # above, not at
 
 
 def test_the_uncovered_warning_says_what_and_what_to_do():
-    cov = coverage(["facts", "arithmetic"], ["arithmetic", "facts", "refusal"])
-    ((category, loss),) = uncovered_losses(REPORT, cov, floor=0.05).items()
-    assert uncovered_message(category, loss, cov) == (
-        "9 of the 40 'refusal' probes are forgotten (22%), and the replay pool has no 'refusal' rows "
+    warnings = uncovered(REPORT, ["facts", "arithmetic"], ["arithmetic", "facts", "refusal"], {})
+    assert warnings == {
+        "refusal": "9 of the 40 'refusal' probes are forgotten (22%), and the replay pool has no 'refusal' rows "
         "(it covers arithmetic, facts): replay cannot repair them; add rows of category 'refusal' to the pool"
-    )
+    }
 
 
 def answers(outputs: dict[str, list[str]], correct: dict[str, list[bool]]) -> Answers:
@@ -79,8 +74,10 @@ def test_on_a_real_comparison():
         {"refusal": [True] * 4, "facts": [False, False, True, True], "math": [True, False]},
     )
     report = compare(base, now)
-    cov = coverage(["refusal", "math"], ["refusal", "facts", "math"])
-    assert uncovered_losses(report, cov) == {"facts": Loss(2, 4, 0.5)}
+    assert list(uncovered(report, ["refusal", "math"], ["refusal", "facts", "math"], {})) == ["facts"]
+    assert (
+        "2 of the 4 'facts' probes are forgotten (50%)" in uncovered(report, ["math"], ["facts", "math"], {})["facts"]
+    )
 
 
 def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):

@@ -1,67 +1,30 @@
-"""What a replay pool can repair: the probe categories some row has (*covered*), those none has
-(*uncovered*), and pool categories that name no probe category (*general*, such as ``"all"``)."""
+"""What a replay pool cannot repair: forgetting in probe categories that none of its rows names."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from forgetwatch.common.text import listing, pct, shorten
 from forgetwatch.results.report import TransitionReport
 
 
-@dataclass(frozen=True)
-class Coverage:
-    """Which probe categories a pool covers (sorted tuples)."""
-
-    covered: tuple[str, ...]
-    uncovered: tuple[str, ...]
-    general: tuple[str, ...]
-
-    @property
-    def tells_apart(self) -> bool:
-        """Whether some probe categories are covered and others not: only then is any forgetting out of reach."""
-        return bool(self.covered) and bool(self.uncovered)
-
-
-class Loss(NamedTuple):
-    """Forgetting in an uncovered category: ``forgotten`` of ``n`` probes, ``rate`` their share."""
-
-    forgotten: int
-    n: int
-    rate: float
-
-
-def coverage(pool_categories: Iterable[str], probe_categories: Iterable[str]) -> Coverage:
-    """Which of ``probe_categories`` the pool's rows (of ``pool_categories``) cover."""
+def uncovered(
+    report: TransitionReport,
+    pool_categories: Iterable[str],
+    probe_categories: Iterable[str],
+    floor: Mapping[str, float],
+) -> dict[str, str]:
+    """A warning for each probe category no pool row names that forgot 2 probes or more, at a rate above its ``floor``
+    (missing: 0); none unless some categories are covered and others not (general rows alone cover none)."""
     pool, probes = set(pool_categories), set(probe_categories)
-    return Coverage(tuple(sorted(pool & probes)), tuple(sorted(probes - pool)), tuple(sorted(pool - probes)))
-
-
-def uncovered_losses(
-    report: TransitionReport, coverage: Coverage, least: int = 2, floor: float | Mapping[str, float] = 0.0
-) -> dict[str, Loss]:
-    """The uncovered categories that forgot at least ``least`` probes at a rate above ``floor`` (one
-    number, or one per category, missing: 0); empty when the pool does not tell categories apart."""
-    if not coverage.tells_apart:
-        return {}
+    covered = sorted(pool & probes)
     out = {}
-    for c in coverage.uncovered:
-        r = report.by_category.get(c)
-        if r is None or r.n <= 0 or r.forgotten < least:
-            continue
-        rate = r.forgotten / r.n
-        if rate > (floor.get(c, 0.0) if isinstance(floor, Mapping) else floor):
-            out[c] = Loss(r.forgotten, r.n, rate)
+    for c in sorted(probes - pool) if covered else ():
+        r, name = report.by_category.get(c), shorten(c)
+        if r is not None and r.n > 0 and r.forgotten >= 2 and (rate := r.forgotten / r.n) > floor.get(c, 0.0):
+            out[c] = (
+                f"{r.forgotten} of the {r.n} {name} probes are forgotten ({pct(rate, digits=0)}), and the replay pool "
+                f"has no {name} rows (it covers {listing(covered)}): replay cannot repair them; add rows of category "
+                f"{name} to the pool"
+            )
     return out
-
-
-def uncovered_message(category: str, loss: Loss, coverage: Coverage) -> str:
-    """The warning, once per category per run, that replay cannot repair ``category``'s losses."""
-    name = shorten(category)
-    return (
-        f"{loss.forgotten} of the {loss.n} {name} probes are forgotten ({pct(loss.rate, digits=0)}), "
-        f"and the replay pool has no {name} rows (it covers {listing(coverage.covered)}): replay cannot "
-        f"repair them; add rows of category {name} to the pool"
-    )

@@ -1,6 +1,5 @@
-"""What a resumed run reads back for replay, each copy checked (its values, and its key: what made
-it) before any of it is used; a copy that fails is passed over, and when none serves, training does
-not begin."""
+"""What a resumed run reads back for replay, each copy checked (its values, and its key: what made it) before any
+of it is used; a copy that fails is passed over, and when none serves, training does not begin."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from forgetwatch.common import strict_json
 from forgetwatch.common.text import first_line, shorten
-from forgetwatch.scoring.next_tokens import KeptFileError, first_usable
+from forgetwatch.scoring.next_tokens import KeptFileError, first_usable, logits_width
 
 logger = logging.getLogger("forgetwatch")
 
@@ -33,7 +32,7 @@ MAX_WEIGHT = 100.0
 MAX_STATE_BYTES = 16 << 20
 
 
-def read_kept_json(path: str | os.PathLike[str], limit: int, form: str | None = None) -> Any:
+def read_kept_json(path: str | os.PathLike[str], limit: int = MAX_STATE_BYTES, form: str | None = None) -> Any:
     """The JSON in a kept replay file (of ``"format": form`` if given); else a :class:`ReplayFileError` saying why."""
     try:
         with open(path, "rb") as f:
@@ -48,14 +47,14 @@ def read_kept_json(path: str | os.PathLike[str], limit: int, form: str | None = 
     return value
 
 
-def tokens_key(encoded: Mapping[str, Sequence[int]], starts: Mapping[str, int]) -> str:
-    """A hash of the rows' token ids and first target tokens: the pool tokenized otherwise has another."""
+def tokens_key(encoded: Mapping[str, Sequence[int]], starts: Mapping[str, int] | None = None) -> str:
+    """A hash of the rows' token ids (and first target tokens, where not 1): the rows tokenized otherwise have another."""
     h = hashlib.sha256()
     for pid, ids in encoded.items():
         h.update(json.dumps(pid).encode("utf-8"))
         h.update(np.asarray(ids, dtype=np.int64).tobytes())
-        if starts.get(pid, 1) != 1:
-            h.update(f"@{starts[pid]}".encode())
+        if (start := (starts or {}).get(pid, 1)) != 1:
+            h.update(f"@{start}".encode())
     return h.hexdigest()[:16]
 
 
@@ -73,10 +72,7 @@ def key_problem(key: Any, expected: Mapping[str, Any]) -> str | None:
     """Why a kept ``key`` is not ``expected`` (``None`` if it is; a ``None`` expected value is not checked)."""
     if not isinstance(key, Mapping) or not key:
         return "it has no key saying what it was made from, so it cannot be told apart from another run's"
-    for name, want in expected.items():
-        if want is not None and key.get(name) != want:
-            return f"made for {_MADE_FOR[name]}"
-    return None
+    return next((f"made for {_MADE_FOR[k]}" for k, v in expected.items() if v is not None and key.get(k) != v), None)
 
 
 def _number(value: Any) -> bool:
@@ -91,11 +87,9 @@ def state_problem(replay: Any, state: Any, step: int) -> str | None:
         return problem
     if not _number(weight := state.get("weight")) or not 0 <= weight <= MAX_WEIGHT:
         return f"its weight is {shorten(weight)}, not a number from 0 to {MAX_WEIGHT:g}"
-    size = state.get("batch_size")
-    if type(size) is not int or size < 1:
+    if type(size := state.get("batch_size")) is not int or size < 1:
         return f"its batch size is {shorten(size)}, not a whole number from 1"
-    tokens = state.get("tokens")
-    if type(tokens) is not int or tokens < 0:
+    if type(tokens := state.get("tokens")) is not int or tokens < 0:
         return f"its count of replay tokens is {shorten(tokens)}, not a whole number from 0"
     loss = state.get("loss", {"sum": 0.0, "steps": 0})
     if not isinstance(loss, Mapping) or not _number(loss.get("sum")) or type(loss.get("steps")) is not int:
@@ -115,10 +109,10 @@ def first_kept(
     name: str,
     load: Callable[[Path], Any],
     problem: Callable[[Any], str | None],
-    share: Callable[[Any], Any] = lambda x: x,
+    share: Callable = lambda x: x,
 ) -> tuple[Any, list[str], str]:
-    """The first copy of ``name`` in the run's resume folders that loads and has no ``problem``
-    (found on rank 0, shared as ``share`` makes it), why each before it was passed over, and all that in one line."""
+    """The first copy of ``name`` in the run's resume folders that loads and has no ``problem`` (found on rank 0,
+    shared as ``share`` makes it), why each before it was passed over, and all that in one line."""
     paths = [Path(d) / name for d in run.resume_dirs]
 
     def find() -> dict[str, Any]:
@@ -135,21 +129,21 @@ def measured_once(
     model: Any,
     name: str,
     kind: Any,
-    problem: Callable[[Any], str | None],
+    key: Mapping[str, Any],
+    problem: Callable[[Any, int], str | None],
     needs: str,
     measure: Callable[[], Any],
 ) -> Any:
-    """What is measured on the base once (a ``kind`` with ``load``, ``save``, ``to_dict``, ``from_dict``): by
-    ``measure()`` on a fresh run, the model as the base; on resume the first kept copy that serves (one passed
-    over is warned of; with none, one error naming each). Kept with the run."""
+    """What is measured on the base once (a ``kind`` with ``load``, ``save``, ``to_dict``, ``from_dict``, ``key``):
+    by ``measure()`` on a fresh run; on resume the first kept copy made for ``key`` with no ``problem`` (given the
+    model's vocabulary size): one passed over is warned of, with none, one error naming each. Kept with the run."""
     if run.reads_back:
-        kept, rejected, why = first_kept(run, name, kind.load, problem, kind.to_dict)
+        vocab = logits_width(model)
+        check = (kind.load, lambda v: key_problem(v.key, key) or problem(v, vocab), kind.to_dict)
+        kept, rejected, why = first_kept(run, name, *check)
         if kept is None:
-            raise ReplayFileError(
-                None,
-                f"{needs}, kept when the run began, and no copy can serve ({why}); resume from a checkpoint that has "
-                "a good one",
-            )
+            why = f"{needs}, kept when the run began, and no copy can serve ({why}); resume from a checkpoint that has a good one"
+            raise ReplayFileError(None, why)
         if rejected and run.writes:
             logger.warning("forgetwatch: passed over kept %s (%s); using another copy", name, why)
         value = kind.from_dict(kept)

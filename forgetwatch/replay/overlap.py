@@ -34,8 +34,7 @@ def _look_alikes() -> dict[str, str]:
         a = source.strip(_BIDI_MARKS)
         for target in targets:
             b = target["c"].strip(_BIDI_MARKS)
-            degree[a] += 1
-            degree[b] += 1
+            degree.update((a, b))
             parent[root(a)] = root(b)
     classes: dict[str, list[str]] = {}
     for member in list(parent):

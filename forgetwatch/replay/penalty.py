@@ -15,17 +15,17 @@ from forgetwatch.scoring.next_tokens import aligned_targets, kl_to_base, right_p
 
 def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int) -> list[list[int]]:
     """Token ids of each row's text (chats through the chat template), cut to ``max_length``."""
-    texts = [row.render(tokenizer) for row in rows]
-    if not texts:  # a tokenizer refuses an empty batch
+    if not rows:  # a tokenizer refuses an empty batch
         return []
-    return [
-        list(x) for x in tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
-    ]
+    texts = [row.render(tokenizer) for row in rows]
+    return list(
+        map(list, tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"])
+    )
 
 
 def target_count(token_ids: Sequence[Sequence[int]], starts: Sequence[int] | None = None) -> int:
     """How many tokens ``token_ids`` predict: each row from its ``starts`` entry on (1 when not given)."""
-    return sum(len(x) - (1 if starts is None else s) for x, s in zip(token_ids, starts or [1] * len(token_ids)))
+    return sum(len(x) - s for x, s in zip(token_ids, starts or [1] * len(token_ids)))
 
 
 def replay_backward(
@@ -38,13 +38,9 @@ def replay_backward(
     starts: Sequence[int] | None = None,
     targets: Sequence[tuple[Any, Any, Any]] | None = None,
 ) -> float:
-    """Add ``weight`` × the gradient of the mean loss over the rows' target tokens to ``.grad``; the mean
-    (``nan`` when nothing ran: with weight 0 nothing runs at all, random numbers included).
-
-    The loss is the next-token loss, or with ``targets`` (per row the base's top-k ids, log-probabilities
-    and tail: :class:`~forgetwatch.scoring.next_tokens.BaseDistribution`) KL(base ‖ current). ``total``:
-    the tokens the mean is over, when these rows are one rank's share; ``starts``: each row's first
-    target token (default 1). The model is used as found (in train mode: dropout as in training)."""
+    """Add ``weight`` × the gradient of the mean loss (next-token, or with ``targets``, rows of a
+    :class:`~forgetwatch.scoring.next_tokens.BaseDistribution`, KL(base ‖ current)) over the rows' target tokens
+    (from ``starts``, default 1; ``total`` of them over every rank) to ``.grad``; the mean, ``nan`` if nothing ran."""
     if weight == 0 or not token_ids:
         return float("nan")
     device = next(model.parameters()).device

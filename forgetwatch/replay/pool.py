@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -106,18 +106,12 @@ class ReplayPool(Sequence[ReplayRow]):
             items = [(category, m) for m in prompts]
         rows = pool_rows("<prompts>", "prompt", kinds=("prompt",))
         for n, (cat, item) in enumerate(items):
-            if isinstance(item, str):
-                record = {"id": f"p{n}", "prompt": item}
-            elif isinstance(item, Mapping):
-                record = {"id": f"p{n}", **item}
-            else:
-                rows.problem(
-                    n, None, f"expected a prompt (a string) or a dict {{id?, prompt, category?}}, got {type_name(item)}"
-                )
+            if not isinstance(item, (str, Mapping)):
+                expected = "a prompt (a string) or a dict {id?, prompt, category?}"
+                rows.problem(n, None, f"expected {expected}, got {type_name(item)}")
                 continue
-            if cat is not None and "category" not in record:
-                record["category"] = cat
-            rows.add(n, record)
+            record = {"id": f"p{n}", **({"prompt": item} if isinstance(item, str) else item)}
+            rows.add(n, record if cat is None else {"category": cat, **record})
         return cls(rows.finish(), rows.source, answering)
 
     @classmethod
@@ -155,17 +149,13 @@ class ReplayPool(Sequence[ReplayRow]):
             raise ValueError(f"category= {message}")
         rows = pool_rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
         for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
-            if not isinstance(row, Mapping):
-                rows.add(index, row)
-                continue
-            record: dict[str, Any] = {"id": str(row[id]) if id is not None and id in row else str(index)}
-            if column not in row:
+            if isinstance(row, Mapping) and column not in row:
                 rows.problem(index, column, f"missing column {column!r}; this row has {', '.join(map(str, row))}")
-                continue
-            record[kind] = row[column]
-            if category is not None:
-                record["category"] = category
-            rows.add(index, record)
+            elif isinstance(row, Mapping):
+                record = {"id": str(row[id]) if id is not None and id in row else str(index), kind: row[column]}
+                rows.add(index, record if category is None else {**record, "category": category})
+            else:
+                rows.add(index, row)
         return cls(rows.finish(), rows.source, answering)
 
     def __len__(self) -> int:
@@ -173,9 +163,6 @@ class ReplayPool(Sequence[ReplayRow]):
 
     def __getitem__(self, i):  # type: ignore[override]
         return ReplayPool(self._rows[i], self.source, self.answering) if isinstance(i, slice) else self._rows[i]
-
-    def __iter__(self) -> Iterator[ReplayRow]:
-        return iter(self._rows)
 
     def __repr__(self) -> str:
         return f"ReplayPool({len(self)} rows from {self.source!r})"
@@ -188,23 +175,16 @@ class ReplayPool(Sequence[ReplayRow]):
         """Every prompt row's model input as token ids, by row id (as a chat user turn, with the
         generation prompt, when ``answering.chat_template``)."""
         rows = [r for r in self._rows if r.prompt is not None]
-        if not rows:
-            return {}
-        chat = self.answering.chat_template
-        if chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"replay pool {self.source}: its prompt rows ({listing(shorten(r.id) for r in rows)}) are answered "
-                "as chats (chat_template=True) but the tokenizer has no chat template; answer them as plain text "
-                "(chat_template=False), or use a tokenizer with a chat template"
-            )
-        texts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": r.prompt}], tokenize=False, add_generation_prompt=True
-            )
-            if chat
-            else r.prompt
-            for r in rows
-        ]
+        texts = [r.prompt for r in rows]
+        if rows and self.answering.chat_template:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"replay pool {self.source}: its prompt rows ({listing(shorten(r.id) for r in rows)}) are answered "
+                    "as chats (chat_template=True) but the tokenizer has no chat template; answer them as plain text "
+                    "(chat_template=False), or use a tokenizer with a chat template"
+                )
+            turns = [[{"role": "user", "content": text}] for text in texts]
+            texts = [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns]
         return {r.id: ids for r, ids in zip(rows, encode_many(tokenizer, texts))}
 
     def fingerprint(self) -> str:
@@ -221,11 +201,6 @@ class ReplayPool(Sequence[ReplayRow]):
             answering = [] if self.answering is None else [{"answering": self.answering.as_dict()}]
             self._fingerprint = content_hash(rows + answering).hexdigest()[:16]
         return self._fingerprint
-
-    def subset(self, ids: Iterable[str]) -> ReplayPool:
-        """The rows of ``ids`` (in the pool's order), from the same source, answered alike."""
-        keep = set(ids)
-        return ReplayPool([r for r in self._rows if r.id in keep], self.source, self.answering)
 
     def as_repair(self) -> Any:
         """This pool replayed with the defaults (a :class:`~forgetwatch.Replay`): what ``replay=pool`` means.

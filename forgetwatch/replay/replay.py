@@ -11,33 +11,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line, listing, shorten
 from forgetwatch.config import checks as check
-from forgetwatch.replay.coverage import Coverage, coverage, uncovered_losses, uncovered_message
-from forgetwatch.replay.kept import (
-    MAX_STATE_BYTES,
-    MAX_WEIGHT,
-    REPLAY_ANSWERS,
-    REPLAY_BASE,
-    REPLAY_STATE,
-    ReplayFileError,
-    first_kept,
-    key_problem,
-    measured_once,
-    read_kept_json,
-    state_problem,
-    tokens_key,
-)
+from forgetwatch.replay import kept
+from forgetwatch.replay.coverage import uncovered
+from forgetwatch.replay.kept import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_STATE, state_problem, tokens_key
 from forgetwatch.replay.penalty import encode_rows, replay_backward, target_count
 from forgetwatch.replay.rows import ReplayPoolError
 from forgetwatch.replay.sampler import ReplaySampler, category_weights
-from forgetwatch.replay.synthetic import KeptAnswers, answer_prompts, prompts_key
+from forgetwatch.replay.synthetic import KeptAnswers, answer_prompts
 from forgetwatch.results.noise import noise_by_scope
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.scoring.borrow import is_sharded
 from forgetwatch.scoring.generation import Generated, answered_row
-from forgetwatch.scoring.next_tokens import BaseDistribution, base_distribution, logits_width
+from forgetwatch.scoring.next_tokens import BaseDistribution, base_distribution
 from forgetwatch.scoring.scorer import pad_id
 
 logger = logging.getLogger("forgetwatch")
@@ -45,10 +32,9 @@ logger = logging.getLogger("forgetwatch")
 
 def _weight(value: Any) -> float:
     number = check.non_negative(value)
-    if number > MAX_WEIGHT:
-        raise check.Invalid(
-            f"a number from 0 to {MAX_WEIGHT:g}", value, "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
-        )
+    if number > kept.MAX_WEIGHT:
+        why = "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
+        raise check.Invalid(f"a number from 0 to {kept.MAX_WEIGHT:g}", value, why)
     return number
 
 
@@ -137,9 +123,9 @@ class Replay:
         self.batch_size, self.top_k, self.seed = o["batch_size"], o["top_k"], o["seed"]
         self.pool, self.max_length = pool, max_length
         self.probe_categories: list[str] | None = None  # once the run is built
-        self.coverage: Coverage | None = None  # which probe categories the pool covers
+        self.covers: set[str] = set()  # the categories of the rows replayed
         self.warned: set[str] = set()  # uncovered categories warned of (once per run)
-        self.noise: dict[str, float] = {}  # the base's noise floors by scope
+        self.floor: dict[str, float] = {}  # twice the base's noise floors, by scope: forgetting below is noise
         self.encoded: dict[str, list[int]] = {}  # token ids by row id (rows with nothing to learn left out)
         self.starts: dict[str, int] = {}  # each row's first target token, where not 1
         self.dropped: list[str] = []  # ids of the rows with nothing to learn
@@ -164,14 +150,13 @@ class Replay:
         self.probe_categories = list(probes.categories)
 
     def begin(self, model: torch.nn.Module, run: Any) -> None:
-        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`): the
-        pool tokenized (prompt rows answered by the base), the draws restored on resume, and with
-        ``"kl"`` the base's distribution on the rows. What cannot serve is refused before any step."""
+        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`): the pool tokenized,
+        the draws restored on resume, the base's distribution kept with ``"kl"``; what cannot serve is refused now."""
         if run.sharded or is_sharded(model):
             raise ValueError(
                 "replay does not run on sharded models (DeepSpeed ZeRO, FSDP) yet: train without replay=, or under DDP"
             )
-        self.noise = noise_by_scope(dict(run.base_meta))
+        self.floor = {scope: 2 * noise for scope, noise in noise_by_scope(dict(run.base_meta)).items()}
         self._tokenize(model, run)
         if run.step > 0:
             self._resume(run)
@@ -181,7 +166,7 @@ class Replay:
         self._run = run
 
     def _tokenize(self, model: torch.nn.Module, run: Any) -> None:
-        """Token ids of every row; rows with nothing to learn are left out (said once), a pool of nothing else refused."""
+        """Token ids of every row; rows with nothing to learn are left out (said once); a pool of only those, refused."""
         rows = list(self.pool)
         texts = [r for r in rows if r.prompt is None]
         tokens = dict(zip([r.id for r in texts], encode_rows(run.tokenizer, texts, self.max_length)))
@@ -191,9 +176,8 @@ class Replay:
             answers = self._answers(model, run, prompt_ids)
             for pid, ids in prompt_ids.items():
                 tokens[pid], starts[pid] = answered_row(ids, answers[pid], model, run.tokenizer, self.max_length)
-        usable = {pid: len(ids) > starts.get(pid, 1) for pid, ids in tokens.items()}  # some token to learn
-        self.encoded = {r.id: tokens[r.id] for r in rows if usable[r.id]}
-        self.dropped = [r.id for r in rows if not usable[r.id]]
+        self.encoded = {r.id: tokens[r.id] for r in rows if len(tokens[r.id]) > starts.get(r.id, 1)}  # a token to learn
+        self.dropped = [r.id for r in rows if r.id not in self.encoded]
         self.starts = {pid: s for pid, s in starts.items() if pid in self.encoded}
         if not self.encoded:
             message = (
@@ -205,55 +189,44 @@ class Replay:
             raise ReplayPoolError([(self.pool.source, None, None, message)])
         if self.dropped and run.writes:
             logger.warning(
-                "forgetwatch: %d of the %d replay rows are shorter than two tokens once tokenized, or "
-                "prompts the base answered with nothing, and teach nothing; they are left out of the draws (%s)",
-                len(self.dropped),
-                len(rows),
-                listing(map(shorten, self.dropped)),
+                f"forgetwatch: {len(self.dropped)} of the {len(rows)} replay rows are shorter than two tokens once "
+                "tokenized, or prompts the base answered with nothing, and teach nothing; they are left out of the "
+                f"draws ({listing(map(shorten, self.dropped))})"
             )
-        usable_pool = self.pool.subset(self.encoded) if self.dropped else self.pool
-        self.sampler = ReplaySampler(usable_pool, self.seed, uniform=self.select == "uniform")
-        if self.probe_categories is not None:
-            self.coverage = coverage(usable_pool.categories, self.probe_categories)
+        usable = [r for r in rows if r.id in self.encoded]
+        self.sampler = ReplaySampler(usable, self.seed, uniform=self.select == "uniform")
+        self.covers = {r.category for r in usable}
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
 
     def _answers(self, model: torch.nn.Module, run: Any, prompt_ids: dict[str, list[int]]) -> dict[str, Generated]:
         """The base's answers to the prompts: generated on a fresh run, read back on resume."""
-        key = {"pool": self.pool.fingerprint(), "prompts": prompts_key(prompt_ids), **run.made_by(model)}
-        vocab = logits_width(model) if run.reads_back else None
-
-        def problem(kept: KeptAnswers) -> str | None:
-            return key_problem(kept.key, key) or kept.problem(vocab, list(prompt_ids))
+        key = {"pool": self.pool.fingerprint(), "prompts": tokens_key(prompt_ids), **run.made_by(model)}
 
         def measure() -> KeptAnswers:
             began = time.perf_counter()
             answers = answer_prompts(model, run.tokenizer, self.pool, prompt_ids, run.ranks, run.rows_per_batch(model))
             if run.writes:
                 seconds = time.perf_counter() - began
-                logger.info(
-                    "forgetwatch: replay: the base answered %d prompts in %.1f s (kept in %s)",
-                    len(answers),
-                    seconds,
-                    REPLAY_ANSWERS,
-                )
+                said = f"the base answered {len(answers)} prompts in {seconds:.1f} s (kept in {REPLAY_ANSWERS})"
+                logger.info("forgetwatch: replay: %s", said)
             return KeptAnswers(answers, key)
 
+        def problem(answers: KeptAnswers, vocab: int) -> str | None:
+            return answers.problem(vocab, list(prompt_ids))
+
         needs = "a pool of prompts replays the base model's answers to them"
-        return measured_once(run, model, REPLAY_ANSWERS, KeptAnswers, problem, needs, measure).answers
+        return kept.measured_once(run, model, REPLAY_ANSWERS, KeptAnswers, key, problem, needs, measure).answers
 
     def _keep_base(self, model: torch.nn.Module, run: Any) -> None:
         """With ``"kl"``: the base's distribution on the rows, measured on a fresh run, read back on resume."""
         key = {**self.key, "top_k": self.top_k, **run.made_by(model)}
         ids = list(self.encoded)
         rows, starts = [self.encoded[i] for i in ids], [self.starts.get(i, 1) for i in ids]
-        vocab = logits_width(model) if run.reads_back else None
 
-        def problem(base: BaseDistribution) -> str | None:
-            if problem := key_problem(base.key, key):
-                return problem
+        def problem(base: BaseDistribution, vocab: int) -> str | None:
             if base.ids != ids or np.diff(base.offsets).tolist() != [len(r) - s for r, s in zip(rows, starts)]:
                 return "damaged: its rows or their lengths are not those of the tokenized pool"
-            if vocab is not None and len(base.top_ids) and (top := int(base.top_ids.max())) >= vocab:
+            if len(base.top_ids) and (top := int(base.top_ids.max())) >= vocab:
                 return f"damaged: a token id ({top}) is outside the model's vocabulary of {vocab}"
             return None
 
@@ -262,40 +235,38 @@ class Replay:
             return base_distribution(model, run.tokenizer, ids, rows, pad, self.top_k, batch, key, starts)
 
         needs = 'loss="kl" needs the base model\'s distribution on the replay rows (or use loss="lm")'
-        self.base = measured_once(run, model, REPLAY_BASE, BaseDistribution, problem, needs, measure)
+        self.base = kept.measured_once(run, model, REPLAY_BASE, BaseDistribution, key, problem, needs, measure)
 
     def _resume(self, run: Any) -> None:
         """The draws at ``run.step``: given to ``load_state_dict()``, kept in ``replay.json``, or rebuilt (said)."""
         if run.state is not None:
             if problem := state_problem(self, run.state, run.step):
                 raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
-            return self._load(run.state, run.step)
-        state, rejected, why = first_kept(
-            run, REPLAY_STATE, lambda p: read_kept_json(p, MAX_STATE_BYTES), lambda s: state_problem(self, s, run.step)
+            return self._load(run.state)
+        state, rejected, why = kept.first_kept(
+            run, REPLAY_STATE, kept.read_kept_json, lambda s: state_problem(self, s, run.step)
         )
         if state is not None:
-            return self._load(state, run.step)
+            return self._load(state)
         try:  # a copy passed over means replay was on at the checkpoint: its draws cannot start afresh
             how = self._rebuild(run, afresh=not rejected)
         except ValueError as err:
-            raise ReplayFileError(
+            raise kept.ReplayFileError(
                 None,
                 f"no replay state to resume step {run.step} with ({why}); {err}. Resume from a "
                 "checkpoint whose forgetwatch folder is whole, or train without replay=",
             ) from None
         if run.writes:
             logger.warning(
-                "forgetwatch: no usable replay state for step %d (%s); rebuilt it %s (the replay loss of the steps "
-                "before the resume is not kept in the history: the next replay/loss is over the steps from here)",
-                run.step,
-                why,
-                how,
+                f"forgetwatch: no usable replay state for step {run.step} ({why}); rebuilt it {how} (the replay loss "
+                "of the steps before the resume is not kept in the history: the next replay/loss is over the steps "
+                "from here)"
             )
 
     def _rebuild(self, run: Any, afresh: bool) -> str:
         """The draws at ``run.step`` rebuilt from the history, exactly, and how; else a ``ValueError`` saying why."""
         step, last = run.step, run.records[-1] if run.records else None
-        self._load({"sampler": self.sampler.state_dict(), "tokens": 0}, step)  # from the start, unless the history says
+        self._load({"sampler": self.sampler.state_dict(), "tokens": 0})  # from the start, unless the history says
         if last is not None and "replay" not in last:
             if not afresh:
                 raise ValueError(f"the history holds no replay state at its last evaluation (step {last['step']})")
@@ -306,20 +277,20 @@ class Replay:
             f"then the draws of its {step} step(s)"
         )
         if last is not None:
-            since, kept = last["step"], last["replay"]
-            if problem := state_problem(self, kept, since):
+            since, saved = last["step"], last["replay"]
+            if problem := state_problem(self, saved, since):
                 raise ValueError(f"the history's replay state at step {since} cannot be used either: {problem}")
-            self._load({**kept, "loss": {"sum": 0.0, "steps": 0}}, since)
-            weight, batch_size, report = kept["weight"], kept["batch_size"], run.last_report
+            self._load({**saved, "loss": {"sum": 0.0, "steps": 0}})
+            weight, batch_size, report = saved["weight"], saved["batch_size"], run.last_report
             how = f"from the history's state at step {since}, then the draws of the {step - since} step(s) since"
         weights = category_weights(report, self.sampler.categories)
         for _ in range(step - since) if weight != 0 else ():
             self.tokens += sum(len(self.encoded[r.id]) for r in self.sampler.next_batch(batch_size, weights))
         return how
 
-    def _load(self, state: dict[str, Any], step: int) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         """Go on from a checked state (the weight is a setting: the one given now applies)."""
-        self.sampler.load_state_dict(state["sampler"], max_drawn=step)
+        self.sampler.load_state_dict(state["sampler"])
         self.tokens = state["tokens"]
         loss = state.get("loss", {"sum": 0.0, "steps": 0})  # since the last evaluation: its mean goes on
         self._loss_sum, self._steps = float(loss["sum"]), loss["steps"]
@@ -328,13 +299,11 @@ class Replay:
     def on_evaluation(self, report: TransitionReport, model: torch.nn.Module | None = None) -> None:
         """An evaluation was made: the draws follow its forgetting; uncovered forgetting is warned of."""
         self.weights = category_weights(report, self.sampler.categories)
-        if self.coverage is not None:
-            floor = {c: 2 * self.noise.get(c, 0.0) for c in self.coverage.uncovered}
-            for category, loss in uncovered_losses(report, self.coverage, floor=floor).items():
-                if category not in self.warned:
-                    self.warned.add(category)
-                    if self._run is None or self._run.writes:
-                        logger.warning("forgetwatch: %s", uncovered_message(category, loss, self.coverage))
+        for category, message in uncovered(report, self.covers, self.probe_categories or (), self.floor).items():
+            if category not in self.warned:
+                self.warned.add(category)
+                if self._run is None or self._run.writes:
+                    logger.warning("forgetwatch: %s", message)
 
     def before_optimizer_step(
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
@@ -356,13 +325,17 @@ class Replay:
         if not self.off:
             self.tokens += sum(len(self.encoded[i]) for i in drawn)
         params = [p for p in model.parameters() if p.requires_grad]
-        kept, failure = None, RuntimeError(self.off) if self.off else None
+        aside, failure = None, RuntimeError(self.off) if self.off else None
         if failure is None:
             try:
-                if scaled is not None:
-                    _unscale(*scaled)  # the trainer's gradient as the optimizer will take it, if not already
+                if scaled is not None:  # the trainer's gradient as the optimizer will take it, if not already
+                    try:
+                        scaled[0].unscale_(scaled[1])
+                    except RuntimeError as err:  # transformers unscales when it clips
+                        if "already been called" not in str(err):
+                            raise
                 if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
-                    kept = [p.grad for p in params]
+                    aside = [p.grad for p in params]
                     for p in params:
                         p.grad = torch.zeros_like(p)
                 multiplier = float(scaled[0].get_scale()) if scaled is not None else self.weight
@@ -374,18 +347,38 @@ class Replay:
         if ranks.size > 1 and ranks.agree_max([int(failure is not None)])[0] and failure is None:
             failure = RuntimeError("replay failed on another rank")
         if failure is None:
-            try:
-                self._finish(params, kept, loss, total, multiplier, max_grad_norm, ranks, scaled)
+            try:  # the replay gradient summed over the ranks (like DDP's), unscaled, the trainer's added back, clipped
+                if ranks.size > 1:
+                    summed = torch.tensor(
+                        [0.0 if math.isnan(loss) else loss * total], dtype=torch.float64, device=ranks.device
+                    )
+                    ranks.sum_tensors([p.grad for p in params] + [summed])
+                    loss = float(summed) / total
+                if scaled is not None:
+                    for p in params:
+                        p.grad.mul_(self.weight / multiplier)
+                    if not bool(torch.stack([torch.isfinite(p.grad).all() for p in params]).all()):
+                        for p, g in zip(params, aside):  # this step goes on with the trainer's gradient alone
+                            p.grad = g
+                        return self._overflow(multiplier)
+                for p, g in zip(params, aside or ()):
+                    if g is not None:
+                        p.grad.add_(g)
+                if max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
+                if math.isfinite(loss):
+                    self._loss_sum += loss
+                    self._steps += 1
                 return
             except Exception as err:  # noqa: BLE001 - as above; the next step's agreement stops every rank
                 failure = err
-        if kept is not None:  # this step goes on with the trainer's gradient alone
-            for p, g in zip(params, kept):
+        if aside is not None:  # this step goes on with the trainer's gradient alone
+            for p, g in zip(params, aside):
                 p.grad = g
         elif max_grad_norm > 0 and not self.off:  # part of the replay gradient may be in
             torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
         if not self.off:
-            self._switch_off(failure, partial=kept is None)
+            self._switch_off(failure, partial=aside is None)
 
     def _backward(self, model: torch.nn.Module, drawn: list[str], multiplier: float, run: Any) -> tuple[float, int]:
         """This rank's share of the rows backpropagated at ``multiplier``: its mean loss, every rank's tokens."""
@@ -396,41 +389,6 @@ class Replay:
         pad, rows = pad_id(run.tokenizer), run.rows_per_batch(model)
         return replay_backward(model, ids[mine], pad, multiplier, rows, total, starts[mine], targets), total
 
-    def _finish(
-        self,
-        params: list[torch.nn.Parameter],
-        kept: list[Any] | None,
-        loss: float,
-        total: int,
-        multiplier: float,
-        max_grad_norm: float,
-        ranks: Ranks,
-        scaled: tuple[Any, Any] | None,
-    ) -> None:
-        """Sum the replay gradient over the ranks, unscale it, add the trainer's back, clip."""
-        if ranks.size > 1:  # summed over the ranks, like DDP's for the trainer's own
-            summed = torch.tensor([0.0 if math.isnan(loss) else loss * total], dtype=torch.float64, device=ranks.device)
-            ranks.sum_tensors([p.grad for p in params] + [summed])
-            loss = float(summed) / total
-        if scaled is not None:
-            replayed = [p.grad for p in params]
-            for g in replayed:
-                g.mul_(self.weight / multiplier)
-            if not bool(torch.stack([torch.isfinite(g).all() for g in replayed]).all()):
-                for p, g in zip(params, kept):  # this step goes on with the trainer's gradient alone
-                    p.grad = g
-                self._overflow(multiplier)
-                return
-        if kept is not None:
-            for p, g in zip(params, kept):
-                if g is not None:
-                    p.grad.add_(g)
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
-        if math.isfinite(loss):
-            self._loss_sum += loss
-            self._steps += 1
-
     def _switch_off(self, failure: BaseException, partial: bool) -> None:
         """Replay stops for the rest of the run, said once (not retried: it would most likely fail again)."""
         self.off = f"{type(failure).__name__}: {first_line(failure)}"
@@ -440,11 +398,9 @@ class Replay:
             else "this step went on with the trainer's gradient alone"
         )
         logger.warning(
-            "forgetwatch: replay failed (%s) and is switched off for the rest of this run; training "
-            "goes on without it (%s), and replay/weight is no longer logged. Resuming from a checkpoint "
-            "starts replay again (a smaller replay batch_size if memory ran out)",
-            self.off,
-            step,
+            f"forgetwatch: replay failed ({self.off}) and is switched off for the rest of this run; training goes on "
+            f"without it ({step}), and replay/weight is no longer logged. Resuming from a checkpoint starts "
+            "replay again (a smaller replay batch_size if memory ran out)",
             exc_info=failure,
         )
 
@@ -452,16 +408,13 @@ class Replay:
         self._overflows += 1
         if self._overflows == 1 or self._overflows % 100 == 0:
             logger.warning(
-                "forgetwatch: the replay gradient overflowed at fp16's gradient scale %g and was "
-                "left out of this optimizer step (%d step(s) so far); a smaller replay weight or a "
-                "smaller initial scale avoids it",
-                scale,
-                self._overflows,
+                f"forgetwatch: the replay gradient overflowed at fp16's gradient scale {scale:g} and was left out of "
+                f"this optimizer step ({self._overflows} step(s) so far); a smaller replay weight or a smaller initial "
+                "scale avoids it"
             )
 
     def metrics(self) -> dict[str, float]:
-        """Since the last call: the mean replay loss, the weight and the replay tokens so far (no
-        weight once replay is switched off and nothing was replayed since)."""
+        """Since the last call: the mean replay loss, the weight and the tokens so far (none once switched off and idle)."""
         out = {"replay/weight": self.weight, "replay/tokens": float(self.tokens)} if self._steps or not self.off else {}
         if self._steps:
             out["replay/loss"] = self._loss_sum / self._steps
@@ -483,12 +436,3 @@ class Replay:
         if self._steps:  # between evaluations: replay/loss is the mean over all the steps since the last
             state["loss"] = {"sum": self._loss_sum, "steps": self._steps}
         return state
-
-
-def _unscale(scaler: Any, optimizer: Any) -> None:
-    """Unscale the optimizer's gradients unless already done this step (transformers does when it clips)."""
-    try:
-        scaler.unscale_(optimizer)
-    except RuntimeError as err:
-        if "already been called" not in str(err):
-            raise

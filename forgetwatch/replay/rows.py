@@ -27,15 +27,6 @@ class ReplayPoolError(InputError):
     noun = "field"
 
 
-_ANSWERING_RULES = {
-    "max_new_tokens": check.integer(
-        1, MAX_ANSWER_TOKENS, f"use at most {MAX_ANSWER_TOKENS}: a replayed answer is a reply, not a document"
-    ),
-    "chat_template": check.boolean,
-    "stop": check.stop_strings,
-}
-
-
 @dataclass(frozen=True)
 class Answering:
     """How the base answers a pool's prompt rows: greedily, in at most ``max_new_tokens`` tokens (1 to 4096),
@@ -51,14 +42,19 @@ class Answering:
     stop: Sequence[str] = ()  # kept as a tuple
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):  # one stop string, as Scorer takes it
-            object.__setattr__(self, "stop", (self.stop,))
-        for name, rule in _ANSWERING_RULES.items():
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one stop string, as Scorer takes it
+        longest = f"use at most {MAX_ANSWER_TOKENS}: a replayed answer is a reply, not a document"
+        rules = [
+            ("max_new_tokens", check.integer(1, MAX_ANSWER_TOKENS, longest), self.max_new_tokens),
+            ("chat_template", check.boolean, self.chat_template),
+            ("stop", check.stop_strings, stop),
+        ]
+        for name, rule, value in rules:
             try:
-                rule(getattr(self, name))
+                rule(value)
             except check.Invalid as err:
                 raise ValueError(f"{name}= {err}") from None
-        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", tuple(stop))
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as JSON values (what kept answers are keyed by)."""
@@ -105,14 +101,8 @@ def pool_rows(source: str, unit: str, kinds: tuple[str, ...] = KINDS) -> Rows[Re
     def parse(row: Mapping[str, Any]) -> ReplayRow | list[FieldProblem]:
         if problems := list(_check(row, kinds)):
             return problems
-        messages = row.get("messages")
-        return ReplayRow(
-            id=row["id"],
-            text=row.get("text"),
-            category=row.get("category", "all"),
-            messages=None if messages is None else tuple(dict(m) for m in messages),
-            prompt=row.get("prompt"),
-        )
+        messages = row.get("messages") and tuple(map(dict, row["messages"]))
+        return ReplayRow(row["id"], row.get("text"), messages, row.get("category", "all"), row.get("prompt"))
 
     return Rows(source, unit, parse, ReplayPoolError, "no rows found; add at least one row")
 
@@ -137,31 +127,25 @@ def _check(row: Mapping[str, Any], kinds: tuple[str, ...]) -> Iterator[FieldProb
         wanted = parts[0] if len(parts) == 1 else f"exactly one of {', '.join(parts[:-1])} or {parts[-1]}"
         has = "none" if not given else " and ".join(repr(k) for k in given)
         yield None, f"give {wanted}; this row has {has}"
-    elif given[0] in ("text", "prompt"):
-        field = given[0]
+    elif (field := given[0]) in ("text", "prompt"):
         if not isinstance(row[field], str) or not row[field].strip():
             yield field, f"must be non-empty text, got {type_name(row[field])}"
         elif message := unkeepable(row[field], allow_layout=True):
             yield field, message
+    elif not isinstance(messages := row["messages"], list) or not messages:
+        yield "messages", f"must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
     else:
-        yield from _check_messages(row["messages"])
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                yield (
+                    "messages",
+                    f'turn {i} must be {{"role": one of {", ".join(ROLES)}, "content": text}}, got {shorten(m)}',
+                )
+            elif message := unkeepable(m["content"], allow_layout=True):
+                yield "messages", f"turn {i}: content {message}"
     if "category" in row and (message := check_category(row["category"])):
         yield "category", message
     unknown = sorted(set(row) - {"id", "category", *kinds})
     if unknown:
         holds = "id, text, messages or prompt, category" if kinds == KINDS else f"id, {', '.join(kinds)}, category"
         yield None, f"unknown field(s) {', '.join(shorten(k) for k in unknown)}; a row holds {holds}"
-
-
-def _check_messages(messages: Any) -> Iterator[tuple[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        yield "messages", f"must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
-        return
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            yield (
-                "messages",
-                f'turn {i} must be {{"role": one of {", ".join(ROLES)}, "content": text}}, got {shorten(m)}',
-            )
-        elif message := unkeepable(m["content"], allow_layout=True):
-            yield "messages", f"turn {i}: content {message}"

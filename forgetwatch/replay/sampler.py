@@ -24,10 +24,8 @@ def category_weights(report: TransitionReport | None, categories: Sequence[str])
     """Shares of the next draws over ``categories``: even before any evaluation; after one, each weighs its
     chance-adjusted forgetting plus :data:`AT_RISK_WEIGHT` × its at-risk share (a category the probes lack,
     such as ``"all"``, the overall figures), mixed with even shares by :data:`FLOOR`."""
-    raw = dict.fromkeys(categories, 0.0)
-    for c in categories if report is not None else ():
-        figures = report.by_category.get(c, report)
-        raw[c] = _figure(figures.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(figures.at_risk)
+    figures = {c: report.by_category.get(c, report) for c in categories} if report is not None else {}
+    raw = {c: _figure(f.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(f.at_risk) for c, f in figures.items()}
     k, total = len(categories), sum(raw.values())
     if total <= 0:
         return {c: 1 / k for c in categories}
@@ -75,32 +73,24 @@ class ReplaySampler:
         """What a resumed run needs to draw the same rows next (JSON-ready)."""
         return {"seed": self.seed, "drawn": self.drawn, "taken": dict(self._taken)}
 
-    def state_problem(self, state: Any, max_drawn: int | None = None) -> str | None:
+    def state_problem(self, state: Any, max_drawn: int) -> str | None:
         """Why ``state`` cannot be this sampler's: other categories or seed, counts not whole, over ``max_drawn`` drawn."""
         if not isinstance(state, Mapping) or set(state) != {"seed", "drawn", "taken"}:
             return f"its draws are not {{seed, drawn, taken}}: {shorten(state)}"
         if type(state["seed"]) is not int or state["seed"] != self.seed:
             return f"made with seed={shorten(state['seed'])}, not {self.seed}"
-        if not _count(state["drawn"], max_drawn):
-            most = "" if max_drawn is None else f" to {max_drawn}"
-            return f"its count of batches drawn is {shorten(state['drawn'])}, not a whole number from 0{most}"
+        if type(drawn := state["drawn"]) is not int or not 0 <= drawn <= max_drawn:
+            return f"its count of batches drawn is {shorten(drawn)}, not a whole number from 0 to {max_drawn}"
         taken = state["taken"]
         if not isinstance(taken, Mapping) or set(taken) != set(self.categories):
             have = sorted(taken) if isinstance(taken, Mapping) else shorten(taken)
             return f"made for the categories {shorten(have)}, not this pool's {shorten(self.categories)}"
-        bad = next((c for c, n in taken.items() if not _count(n, None)), None)
-        if bad is not None:
+        if (bad := next((c for c, n in taken.items() if type(n) is not int or n < 0), None)) is not None:
             return f"its count of rows taken from {shorten(bad)} is {shorten(taken[bad])}, not a whole number from 0"
         return None
 
-    def load_state_dict(self, state: Mapping[str, Any], max_drawn: int | None = None) -> None:
-        """Go on from :meth:`state_dict`; a ``ValueError`` says why a state cannot be (:meth:`state_problem`)."""
-        if problem := self.state_problem(state, max_drawn):
-            raise ValueError(f"this replay state cannot be used: {problem}")
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from :meth:`state_dict` (a state :meth:`state_problem` found nothing wrong with)."""
         self.drawn = state["drawn"]
         self._taken = dict(state["taken"])
         self._orders = {}
-
-
-def _count(value: Any, most: int | None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (most is None or value <= most)

@@ -3,8 +3,6 @@ over the ranks); the answers are kept with the run and read back on resume."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -21,14 +19,6 @@ from forgetwatch.scoring.generation import Generated, generate_sharded
 _FORMAT = "forgetwatch.replay_answers"
 #: A kept answers file larger than this is not one.
 MAX_ANSWERS_BYTES = 64 << 20
-
-
-def prompts_key(prompt_ids: Mapping[str, list[int]]) -> str:
-    """A hash of the prompts' token ids, in order."""
-    h = hashlib.sha256()
-    for pid, ids in prompt_ids.items():
-        h.update(json.dumps([pid, list(ids)]).encode("utf-8"))
-    return h.hexdigest()[:16]
 
 
 def answer_prompts(
@@ -68,23 +58,19 @@ class KeptAnswers:
 
         Example:
             >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
-            "the answer to 'p0' has a token id below 0"
+            "the answer to 'p0' has token ids that are not whole numbers from 0"
             >>> KeptAnswers({"p0": Generated("x", (1,), True)}, {}).problem(prompts=["p0", "p1"])
             "damaged: it has no answer to prompt 'p1'"
         """
         if prompts is not None and (missing := [p for p in prompts if p not in self.answers]):
-            return f"damaged: it has no answer to prompt {shorten(missing[0])}" + (
-                f" (nor to {len(missing) - 1} more)" if len(missing) > 1 else ""
-            )
+            more = f" (nor to {len(missing) - 1} more)" if len(missing) > 1 else ""
+            return f"damaged: it has no answer to prompt {shorten(missing[0])}{more}"
         if prompts is not None and len(self.answers) != len(prompts):
             return "damaged: it has answers to prompts that are not the pool's"
         for pid, a in self.answers.items():
-            if not isinstance(a.ids, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in a.ids):
-                return f"the answer to {shorten(pid)} has token ids that are not whole numbers"
-            if any(t < 0 for t in a.ids):
-                return f"the answer to {shorten(pid)} has a token id below 0"
-            if vocab is not None and any(t >= vocab for t in a.ids):
-                return f"the answer to {shorten(pid)} has a token id outside the model's vocabulary of {vocab}"
+            if not all(type(t) is int and 0 <= t and (vocab is None or t < vocab) for t in a.ids):
+                below = "" if vocab is None else f" below the model's vocabulary of {vocab}"
+                return f"the answer to {shorten(pid)} has token ids that are not whole numbers from 0{below}"
             if not isinstance(a.text, str) or not isinstance(a.ended, bool):
                 return f"the answer to {shorten(pid)} has no text or no ended flag"
         return None
@@ -114,8 +100,6 @@ class KeptAnswers:
             kept = cls.from_dict(d)
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ReplayFileError(path, f"damaged: {first_line(err)}") from None
-        if not isinstance(kept.key, dict):
-            raise ReplayFileError(path, "damaged: its key is not a JSON object")
         if problem := kept.problem():
             raise ReplayFileError(path, f"damaged: {problem}")
         return kept
