@@ -9,7 +9,7 @@ import logging
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,7 +42,7 @@ from forgetwatch.scoring.generation import (
     response_budgets,
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
-from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
+from forgetwatch.scoring.packing import decide
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, forward_arguments, shared_prefix_lengths
 
@@ -201,11 +201,16 @@ class Scorer:
         self._check_vocabulary(inner, tokens)
         prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
         scoring = self.scoring_for(model)
-        with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
-            run = _Run(
-                model, device, pad, max_length, batch_size, ranks, self.about(model), tokens, scoring["precision"]
+        budget = None
+        if batch_size == "auto":
+            guess = default_token_budget(
+                device, getattr(config, "hidden_size", 1024), getattr(config, "vocab_size", 32000)
             )
-            run = self._agree(run)
+            budget = ranks.agree_min([guess])[0]
+        with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
+            facts = self.about(model)
+            run = _Run(model, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget)
+            self._decide(run)
             plan = self._choice_plan(run)
             generated, _ = generation_share(list(prompts.values()), run.ranks)
             self.scored_here = len(plan.rows_left) + len(generated)
@@ -285,17 +290,6 @@ class Scorer:
             out.setdefault(how, []).append(i)
         return out
 
-    def _agree(self, run: _Run) -> _Run:
-        """Where ranks agree before scoring: packing (once per model) and the token budget for "auto"."""
-        if run.batch_size == "auto":
-            cfg = _text_config(unwrap(run.model))
-            guess = default_token_budget(
-                run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000)
-            )
-            run = replace(run, budget=run.ranks.agree_min([guess])[0])
-        run = replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
-        return replace(run, prefixes=self._may_share_prefixes(run))
-
     # -- multiple choice -----------------------------------------------------------------------
 
     def _choice_plan(self, run: _Run) -> _Plan:
@@ -314,16 +308,7 @@ class Scorer:
         if not n_keys:
             return sums
         left = dict(plan.rows_left)
-        forward = self._forward(run)
-        for batch, logprobs in run_lockstep(
-            plan.batches,
-            forward,
-            replan=lambda rows: self._batches(rows, run),
-            items_of=lambda b: b.rows,
-            filler=plan.filler,
-            on_out_of_memory=lambda n: self._out_of_memory(n, run),
-            ranks=run.ranks,
-        ):
+        for batch, logprobs in self._lockstep(run, plan.batches, lambda rows: self._batches(rows, run), plan.filler):
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
             owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
             done = 0
@@ -434,77 +419,41 @@ class Scorer:
         facts.plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
-    def _may_pack(self, run: _Run) -> bool:
-        """Once per model, agreed by every rank: may its choices be scored packed?"""
+    def _decide(self, run: _Run) -> None:
+        """Once per model, agreed by every rank: may its choices be packed, its prefixes read from a cache?"""
         facts = run.facts
         if facts.packing is None:
-            reason, prefix_reason = self._packing_problem(run)
-            facts.packing, facts.prefixes = map(
-                bool, run.ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)])
+
+            def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
+                size = facts.row_cap or len(rows)
+                return [collate(rows[i : i + size], run.pad_id) for i in range(0, len(rows), size)]
+
+            def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
+                return np.concatenate([lp for _, lp in self._lockstep(run, chunks(rows), chunks, chunks(rows[:1])[0])])
+
+            inner = unwrap(run.model)
+            facts.packing, facts.prefixes = decide(
+                inner,
+                _text_config(inner),
+                [run.tokens.reads[i] for i in run.tokens.choice_probes],
+                run.max_length,
+                score,
+                epsilon(run.precision),
+                run.ranks,
+                prefixes=self.settings.shared_prefixes,
+                sharded=run.ranks.size > 1 and is_sharded(run.model),
             )
-            if not facts.packing:
-                self._warn_once(
-                    "packing",
-                    "scoring each choice as its own sequence, which is slower: %s",
-                    reason or "another rank found packing inexact",
-                )
-            elif not facts.prefixes and self.settings.shared_prefixes:
-                self._warn_once(
-                    "prefixes",
-                    "computing shared prompt prefixes again for every probe, which is slower: %s",
-                    prefix_reason or "another rank found a cached prefix inexact",
-                )
-        return facts.packing
+        run.packing, run.prefixes = facts.packing, bool(facts.prefixes)
 
-    def _may_share_prefixes(self, run: _Run) -> bool:
-        """Whether this call reads shared prefixes from a cache: asked for, exact on this model, and not
-        sharded over ranks (where forwards must be equal)."""
-        if not self.settings.shared_prefixes:
-            return False
-        if run.tokens.choice_probes:  # checked with packing
-            if not (run.packing and run.facts.prefixes):
-                return False
-        elif packing_blocker(unwrap(run.model), _text_config(unwrap(run.model))) is not None:
-            return False
-        if run.sharded_over_ranks:
-            self._warn_once("prefixes", "scoring each probe whole: parameters sharded over ranks need equal forwards")
-            return False
-        return True
-
-    def _packing_problem(self, run: _Run) -> tuple[str | None, str | None]:
-        """Why this model's choices may not be packed, and why no prefix may be read from a KV cache."""
-        inner = unwrap(run.model)
-        reason = packing_blocker(inner, _text_config(inner))
-        if reason is not None:
-            return reason, reason
-        tokens = run.tokens
-        probes = check_probes((tokens.reads[i] for i in tokens.choice_probes), run.max_length)
-        if not probes:
-            reason = f"its context of {run.max_length} tokens is too short to check packing on"
-            return reason, reason
-        forward = self._forward(run)
-        n_keys = sum(len(enc.continuations) for _, enc in probes)
-
-        def chunks(rows: list[Row]) -> list[list[Row]]:  # together, as scoring batches them
-            size = run.facts.row_cap or max(1, len(rows))
-            return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-        def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
-            sums = np.zeros(n_keys)
-            for part, lp in run_lockstep(
-                chunks(rows),
-                lambda rs: forward(collate(rs, run.pad_id)),
-                replan=chunks,
-                items_of=list,
-                filler=rows[:1],
-                on_out_of_memory=lambda n: self._out_of_memory(n, run),
-                ranks=run.ranks,
-            ):
-                sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
-            return sums
-
-        return packing_problem(
-            probes, score, run.max_length, epsilon(run.precision), prefixes=self.settings.shared_prefixes
+    def _lockstep(self, run: _Run, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch):
+        return run_lockstep(
+            batches,
+            self._forward(run),
+            replan=replan,
+            items_of=lambda b: b.rows,
+            filler=filler,
+            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+            ranks=run.ranks,
         )
 
     # -- generative ----------------------------------------------------------------------------
@@ -573,9 +522,9 @@ class _Tokens(NamedTuple):
     max_id: int  # the largest token id of any probe
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Run:
-    """What one scoring call works with; ``packing``, ``prefixes`` and ``budget`` are agreed by all ranks."""
+    """What one scoring call works with; ``budget``, ``packing`` and ``prefixes`` are agreed by all ranks."""
 
     model: torch.nn.Module
     device: torch.device
@@ -586,13 +535,9 @@ class _Run:
     facts: ModelFacts
     tokens: _Tokens
     precision: str  # what the forwards compute in (see forgetwatch.scoring.precision)
+    budget: int | None  # tokens per forward, for batch_size="auto"
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
-    budget: int | None = None  # tokens per forward, for batch_size="auto"
-
-    @property
-    def sharded_over_ranks(self) -> bool:
-        return self.ranks.size > 1 and is_sharded(self.model)
 
 
 class _Plan(NamedTuple):
