@@ -186,6 +186,22 @@ def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
     return tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
 
 
+def fit_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Mapping[str, Sequence[int]],
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+) -> list[GenerationPrompt]:
+    """``prompts`` (token ids by name) as :class:`GenerationPrompt`, each response cut to what the model's context
+    leaves (a warning says so); one that leaves none is a :class:`PromptTooLongError` naming it."""
+    max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
+    budgets, note = response_budgets({k: len(ids) for k, ids in prompts.items()}, max_length, max_new_tokens)
+    if note:
+        logger.warning("forgetwatch: %s", note)
+    return [GenerationPrompt(tuple(ids), budgets[k], tuple(stop)) for k, ids in prompts.items()]
+
+
 def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple[list[int], list[int]]:
     """This rank's prompts (balanced on tokens) and one to fill in with: the same split on every rank."""
     if not prompts:
@@ -197,25 +213,21 @@ def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple
 def generate_sharded(
     model: torch.nn.Module,
     tokenizer: Any,
-    prompts: Sequence[GenerationPrompt | Sequence[int]],
+    prompts: Sequence[GenerationPrompt],
     *,
-    max_new_tokens: int = 64,
-    stop: Sequence[str] = (),
     ranks: Ranks | None = None,
     rows_per_batch: int = 8,
     return_ids: bool = False,
-    names: Sequence[str] | None = None,
     limits: Callable[[], tuple[int | None, int | None]] | None = None,
     on_out_of_memory: Callable[[int], None] | None = None,
     prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank; each
-    rank generates its share in lockstep with the others. Plain ids get ``max_new_tokens`` and ``stop``, cut to what
-    the context leaves (named by ``names``); ``rows_per_batch`` halves after an out-of-memory error (``limits`` and
-    ``on_out_of_memory`` replace that rule)."""
+    """Greedy continuations of ``prompts``, in order, on every rank; each rank generates its share in lockstep with
+    the others. ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace
+    that rule)."""
     ranks = ranks or Ranks.alone()
-    whole = _as_prompts(model, tokenizer, prompts, max_new_tokens, stop, names)
+    whole = list(prompts)
     if not whole:
         return []
     device = input_device(unwrap(model))
@@ -283,40 +295,6 @@ def generate_sharded(
         for i, (text, ids, ended) in shard.items()
     }
     return [gathered[i] for i in range(len(whole))]
-
-
-def _as_prompts(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[GenerationPrompt | Sequence[int]],
-    max_new_tokens: int,
-    stop: Sequence[str],
-    names: Sequence[str] | None,
-) -> list[GenerationPrompt]:
-    if isinstance(stop, str):
-        stop = (stop,)
-    plain = {i: tuple(int(t) for t in p) for i, p in enumerate(prompts) if not isinstance(p, GenerationPrompt)}
-
-    def name(i: int) -> str:
-        return str(names[i]) if names is not None else f"prompt {i}"
-
-    budgets: dict[int, int] = {}
-    if plain:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
-        empty = [name(i) for i, ids in plain.items() if not ids]
-        if empty:
-            raise ValueError(f"{len(empty)} prompt(s) hold no tokens: {listing(map(repr, empty))}")
-        max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
-        budgets, note = response_budgets(
-            {i: len(ids) for i, ids in plain.items()}, max_length, max_new_tokens, name=name
-        )
-        if note:
-            logger.warning("forgetwatch: %s", note)
-    return [
-        p if isinstance(p, GenerationPrompt) else GenerationPrompt(plain[i], budgets[i], tuple(stop))
-        for i, p in enumerate(prompts)
-    ]
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
