@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from forgetwatch.behaviour.style import looks_like_refusal
 from forgetwatch.common.console import progress_bar
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config.options import BatchSize, check_batch_size, scoring_options
@@ -104,9 +104,7 @@ class Scorer:
                 "ask lm-eval for the chat template instead: ProbeSet.from_lm_eval(..., apply_chat_template=True, "
                 "tokenizer=tokenizer), with chat_template=False here"
             )
-        self.tokenizer, self.probes, self.extract = tokenizer, probes, extract
-        self.refusal_detector = refusal_detector or looks_like_refusal
-        self._custom_detector = refusal_detector
+        self.tokenizer, self.probes, self.extract, self.refusal_detector = tokenizer, probes, extract, refusal_detector
         self.reference_logprobs = reference_logprobs
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
@@ -137,16 +135,16 @@ class Scorer:
             skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
             prompt_skips = np.zeros(len(encoded), dtype=np.int64)
             prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
-            max_id = max(map(_max_id, encoded), default=0)
-            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_id)
+            max_ids = np.array([max(_ids(e, r), default=0) for e, r in zip(encoded, reads)])
+            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_ids)
         return self._tokens
 
-    def prepare(self, model: torch.nn.Module) -> None:
+    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], int]:
         """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not)."""
         max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
-        tokens = self._tokenized(max_length + 1)
+        tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
         self._check_vocabulary(unwrap(model), tokens)
-        self._prompts(tokens, max_length)
+        return tokens, self._prompts(tokens, max_length), max_length
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -165,18 +163,10 @@ class Scorer:
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
-        s = self.settings
-        options = scoring_options(
-            self.probes,
-            normalize=s.normalize,
-            chat_template=s.chat_template,
-            max_new_tokens=s.max_new_tokens,
-            stop=s.stop,
-            extract=self.extract,
-            behaviour_max_new_tokens=s.behaviour_max_new_tokens,
-            refusal_detector=self._custom_detector,
-        )
-        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), s.precision)}
+        names = ("normalize", "chat_template", "max_new_tokens", "stop", "behaviour_max_new_tokens")
+        options = {name: getattr(self.settings, name) for name in names}
+        options = scoring_options(self.probes, extract=self.extract, refusal_detector=self.refusal_detector, **options)
+        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.settings.precision)}
 
     def __call__(
         self,
@@ -196,10 +186,7 @@ class Scorer:
             raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         device = input_device(inner)
         pad = pad_id(self.tokenizer)
-        max_length = model_max_length(config, self.tokenizer)
-        tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
-        self._check_vocabulary(inner, tokens)
-        prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
+        tokens, prompts, max_length = self.prepare(model)
         scoring = self.scoring_for(model)
         budget = None
         if batch_size == "auto":
@@ -244,14 +231,13 @@ class Scorer:
             size = model.get_input_embeddings().num_embeddings
         except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
             return
-        pad = pad_id(self.tokenizer)
-        if max(tokens.max_id, pad) < size:
+        pad, top = pad_id(self.tokenizer), int(tokens.max_ids.max(initial=0))
+        if max(top, pad) < size:
             return
-        if tokens.max_id >= size:
-            probe = next(p for p, e in zip(self.probes, tokens.encoded) if _max_id(e) >= size)
-            what = f"token ids up to {tokens.max_id} (probe {probe.id!r} of {self.probes.source} has one)"
-        else:
-            what = f"padding token id {pad}"
+        what = f"padding token id {pad}"
+        if top >= size:
+            probe = self.probes[int(np.argmax(tokens.max_ids >= size))]
+            what = f"token ids up to {top} (probe {probe.id!r} of {self.probes.source} has one)"
         raise ValueError(
             f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
             f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
@@ -260,9 +246,21 @@ class Scorer:
         )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
-        """Every generated probe's prompt, kept whole, with its response budget and stop strings."""
+        """Every generated probe's prompt, kept whole, with its response budget and stop strings; grouped by (the
+        setting that limits the response, its length, stop strings) for the warnings."""
+        groups: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
+        s = self.settings
+        for i, p in enumerate(self.probes):
+            if p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
+                groups.setdefault(("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ()), []).append(i)
+            elif p.kind is ProbeKind.GENERATIVE and p.judge is not None:
+                limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
+                stop = tuple(s.stop) if p.judge.stop is None else p.judge.stop
+                groups.setdefault(("max_gen_toks", limit, stop), []).append(i)
+            elif p.kind is ProbeKind.GENERATIVE:
+                groups.setdefault(("max_new_tokens", s.max_new_tokens, tuple(s.stop)), []).append(i)
         out: dict[int, GenerationPrompt] = {}
-        for (setting, limit, stop), members in self._generation_settings().items():
+        for (setting, limit, stop), members in groups.items():
             lengths = {i: len(tokens.encoded[i].prompt) for i in members}
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
@@ -271,23 +269,6 @@ class Scorer:
                 (i, GenerationPrompt(tokens.encoded[i].prompt, n, stop, int(tokens.prompt_skips[i])))
                 for i, n in budgets.items()
             )
-        return out
-
-    def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
-        """Generated probes by (the setting that limits the response, its length, stop strings)."""
-        out: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
-        s, stop = self.settings, tuple(self.settings.stop)
-        for i, p in enumerate(self.probes):
-            if p.kind is ProbeKind.GENERATIVE:
-                how = ("max_new_tokens", s.max_new_tokens, stop)
-                if p.judge is not None:
-                    limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
-                    how = ("max_gen_toks", limit, stop if p.judge.stop is None else p.judge.stop)
-            elif p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
-                how = ("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ())
-            else:
-                continue
-            out.setdefault(how, []).append(i)
         return out
 
     # -- multiple choice -----------------------------------------------------------------------
@@ -322,7 +303,14 @@ class Scorer:
     def _plan(self, run: _Run) -> _Plan:
         tokens = run.tokens
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
-        self._warn_truncated(run)
+        if truncated := sum(needs_truncation(tokens.reads[i], run.max_length) for i in tokens.choice_probes):
+            self._warn_once(
+                "choices",
+                "%d probe(s) are longer than the model's maximum length (%d tokens); their questions are truncated "
+                "from the left, as lm-eval-harness does",
+                truncated,
+                run.max_length,
+            )
         if not tokens.choice_probes:
             return _Plan([], None, {})
         mine = [
@@ -372,18 +360,6 @@ class Scorer:
     @staticmethod
     def _prefix_store(run: _Run) -> PrefixStore:
         return PrefixStore(forward_module(run.model), run.device, *forward_arguments(unwrap(run.model)), run.pad_id)
-
-    def _warn_truncated(self, run: _Run) -> None:
-        truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
-        if truncated:
-            self._warn_once(
-                "choices",
-                "%d probe(s) are longer than the model's maximum length (%d "
-                "tokens); their questions are truncated from the left, as lm-eval-harness "
-                "does",
-                truncated,
-                run.max_length,
-            )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
         """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
@@ -519,7 +495,7 @@ class _Tokens(NamedTuple):
     choice_probes: list[int]
     skips: np.ndarray  # per probe: tokens of its context shared as a prefix (0: none)
     prompt_skips: np.ndarray  # per probe: the same for its generation prompt
-    max_id: int  # the largest token id of any probe
+    max_ids: np.ndarray  # per probe: its largest token id
 
 
 @dataclass
@@ -548,10 +524,10 @@ class _Plan(NamedTuple):
     rows_left: dict[int, int]
 
 
-def _max_id(encoded: Encoded) -> int:
-    reads = [encoded.reference] if isinstance(encoded, EncodedPrompt) else [encoded]
-    parts = [getattr(encoded, "prompt", ()), *(part for r in reads if r for part in (r.context, *r.continuations))]
-    return max((max(part) for part in parts if part), default=0)
+def _ids(encoded: Encoded, read: EncodedChoices | None) -> Iterator[int]:
+    yield from getattr(encoded, "prompt", ())
+    if read is not None:
+        yield from itertools.chain(read.context, *read.continuations)
 
 
 def _text_config(model):
@@ -592,21 +568,23 @@ def evaluate(
         >>> answers.accuracy                                               # doctest: +SKIP
         0.62
     """
-    options = dict(
+    fresh = Scorer(
+        tokenizer,
+        probes,
         normalize=normalize,
         chat_template=chat_template,
         max_new_tokens=max_new_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop=stop,
         extract=extract,
         behaviour_max_new_tokens=behaviour_max_new_tokens,
         refusal_detector=refusal_detector,
         shared_prefixes=shared_prefixes,
         precision=precision,
     )
-    key = (id(tokenizer), probes.fingerprint(), *options.values())
+    key = (id(tokenizer), fresh.fingerprint, repr(fresh.settings), extract, refusal_detector)
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
-        scorer = Scorer(tokenizer, probes, **options)
+        scorer = fresh
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
