@@ -313,11 +313,12 @@ class Scorer:
             )
         if not tokens.choice_probes:
             return _Plan([], None, {})
-        mine = [
-            tokens.choice_probes[j]
-            for j in run.ranks.my_share([self._cost(tokens.reads[i]) for i in tokens.choice_probes])
+        # tokens a probe puts through the model, roughly: what shards are balanced on
+        costs = [
+            len(tokens.reads[i].context) + sum(map(len, tokens.reads[i].continuations)) for i in tokens.choice_probes
         ]
-        cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
+        mine = [tokens.choice_probes[j] for j in run.ranks.my_share(costs)]
+        cheapest = tokens.choice_probes[int(np.argmin(costs))]
         filler = collate(self._rows(tokens, [cheapest], run, window, prefixes=False)[:1], run.pad_id)
         rows = self._rows(tokens, mine, run, window, prefixes=run.prefixes)
         # the bar counts multiple-choice probes (a generative one is counted with generation)
@@ -337,11 +338,6 @@ class Scorer:
             return forward_logprobs(fwd, batch, run.device, additive, store.keep_arg, cache)
 
         return forward
-
-    @staticmethod
-    def _cost(enc: EncodedChoices) -> int:
-        """Tokens a probe puts through the model, roughly: what shards are balanced on."""
-        return len(enc.context) + sum(map(len, enc.continuations))
 
     @staticmethod
     def _rows(tokens: _Tokens, indices: list[int], run: _Run, sliding_window: int | None, prefixes: bool) -> list[Row]:
