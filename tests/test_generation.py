@@ -11,11 +11,16 @@ import torch
 from forgetwatch import Scorer
 from forgetwatch.scoring.generation import (
     Generated,
-    GenerationPrompt,
     PromptTooLongError,
     cut_at_stop,
+    fit_prompts,
     generate_sharded,
 )
+
+
+def answer(model, tokenizer, ids, max_new_tokens=64, stop=(), **kwargs):
+    prompts = fit_prompts(model, tokenizer, {f"r{i + 1}": p for i, p in enumerate(ids)}, max_new_tokens, stop)
+    return generate_sharded(model, tokenizer, prompts, **kwargs)
 
 
 def prompts_of(toy) -> list[str]:
@@ -48,7 +53,7 @@ def one_at_a_time(model, tokenizer, ids: list[int], max_new_tokens: int) -> tupl
 def test_ids_equal_a_greedy_loop_one_prompt_at_a_time(toy):
     tokenizer, model = toy.tokenizer, toy.base
     ids = tokenizer(prompts_of(toy))["input_ids"]
-    got = generate_sharded(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=5, return_ids=True)
+    got = answer(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=5, return_ids=True)
     assert all(isinstance(g, Generated) for g in got) and len(got) == len(ids)
     for prompt, g in zip(ids, got):
         expected, ended = one_at_a_time(model, tokenizer, prompt, 6)
@@ -57,7 +62,7 @@ def test_ids_equal_a_greedy_loop_one_prompt_at_a_time(toy):
     # some answers end with EOS, some run out of tokens first
     assert {g.ended for g in got} == {True, False}
     # without return_ids: the same texts, no ids
-    plain = generate_sharded(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=3)
+    plain = answer(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=3)
     assert [(g.text, g.ids, g.ended) for g in plain] == [(g.text, None, g.ended) for g in got]
 
 
@@ -65,7 +70,7 @@ def test_a_stop_string_cuts_the_text_and_the_ids_that_hold_it(toy):
     tokenizer, model = toy.tokenizer, toy.base
     ids = tokenizer(prompts_of(toy))["input_ids"]
     stop = ("i", " r")
-    got = generate_sharded(model, tokenizer, ids, max_new_tokens=10, stop=stop, rows_per_batch=4, return_ids=True)
+    got = answer(model, tokenizer, ids, max_new_tokens=10, stop=stop, rows_per_batch=4, return_ids=True)
     straddled = exact = 0
     for prompt, g in zip(ids, got):
         tokens, ended = one_at_a_time(model, tokenizer, prompt, 10)
@@ -90,7 +95,7 @@ def test_texts_equal_the_scorers(toy):
     scorer = Scorer(toy.tokenizer, probes, max_new_tokens=8)
     answers = scorer(toy.base, batch_size=7, show_progress=False)
     prompts = [e.prompt for e in scorer.encoded]
-    got = generate_sharded(toy.base, toy.tokenizer, prompts, max_new_tokens=8, stop=("\n",), rows_per_batch=5)
+    got = answer(toy.base, toy.tokenizer, prompts, max_new_tokens=8, stop=("\n",), rows_per_batch=5)
     assert [g.text for g in got] == answers.outputs
 
 
@@ -100,16 +105,11 @@ def test_responses_are_cut_to_the_context_and_a_full_prompt_is_refused(toy, capl
     short = tokenizer("Vouzapu has")["input_ids"]
     long = (short * context)[: context - 3]
     with caplog.at_level(logging.WARNING):
-        got = generate_sharded(model, tokenizer, [short, long], max_new_tokens=8, return_ids=True)
+        got = answer(model, tokenizer, [short, long], max_new_tokens=8, return_ids=True)
     assert "1 of 2 prompt(s) leave less than max_new_tokens=8" in caplog.text
     assert len(got[1].ids) <= 3
     with pytest.raises(PromptTooLongError, match="'r2'"):
-        generate_sharded(model, tokenizer, [short, short * context], names=["r1", "r2"])
-    with pytest.raises(ValueError, match="hold no tokens: 'r1'"):
-        generate_sharded(model, tokenizer, [[], short], names=["r1", "r2"])
-    # a prompt given whole is taken as it is: its own response length and stop strings
-    [mixed] = generate_sharded(model, tokenizer, [GenerationPrompt(tuple(short), 2, ())], max_new_tokens=50)
-    assert mixed.text == generate_sharded(model, tokenizer, [short], max_new_tokens=2)[0].text
+        answer(model, tokenizer, [short, short * context])
 
 
 def test_the_model_is_handed_back_as_found(toy):
@@ -119,7 +119,7 @@ def test_the_model_is_handed_back_as_found(toy):
     torch.manual_seed(3)
     rng = torch.get_rng_state()
     ids = toy.tokenizer(prompts_of(toy)[:4])["input_ids"]
-    generate_sharded(model, toy.tokenizer, ids, max_new_tokens=4)
+    answer(model, toy.tokenizer, ids, max_new_tokens=4)
     assert model.training and not model.model.layers[0].training
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())
@@ -128,7 +128,7 @@ def test_the_model_is_handed_back_as_found(toy):
 def test_out_of_memory_halves_the_batch_with_the_same_answers(toy, caplog):
     tokenizer = toy.tokenizer
     ids = tokenizer(prompts_of(toy))["input_ids"]
-    reference = generate_sharded(toy.base, tokenizer, ids, max_new_tokens=6, rows_per_batch=8, return_ids=True)
+    reference = answer(toy.base, tokenizer, ids, max_new_tokens=6, rows_per_batch=8, return_ids=True)
     model = copy.deepcopy(toy.base)
     real, sizes = model.generate, []
 
@@ -140,7 +140,7 @@ def test_out_of_memory_halves_the_batch_with_the_same_answers(toy, caplog):
 
     model.generate = generate
     with caplog.at_level(logging.WARNING):
-        got = generate_sharded(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=8, return_ids=True)
+        got = answer(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=8, return_ids=True)
     assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) == 2
     assert got == reference
     assert "out of memory generating 8 sequences at once; retrying with 4" in caplog.text

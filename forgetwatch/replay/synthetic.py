@@ -14,7 +14,7 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.replay.kept import ReplayFileError, read_kept_json
-from forgetwatch.scoring.generation import Generated, generate_sharded
+from forgetwatch.scoring.generation import Generated, fit_prompts, generate_sharded
 
 _FORMAT = "forgetwatch.replay_answers"
 #: A kept answers file larger than this is not one.
@@ -31,19 +31,9 @@ def answer_prompts(
 ) -> dict[str, Generated]:
     """The model's greedy answers to the pool's prompts, by row id; every rank calls it and gets every answer."""
     answering = pool.answering
-    ids = list(prompt_ids)
-    out = generate_sharded(
-        model,
-        tokenizer,
-        [prompt_ids[i] for i in ids],
-        max_new_tokens=answering.max_new_tokens,
-        stop=answering.stop,
-        ranks=ranks,
-        rows_per_batch=rows_per_batch,
-        return_ids=True,
-        names=ids,
-    )
-    return dict(zip(ids, out))
+    prompts = fit_prompts(model, tokenizer, prompt_ids, answering.max_new_tokens, answering.stop)
+    out = generate_sharded(model, tokenizer, prompts, ranks=ranks, rows_per_batch=rows_per_batch, return_ids=True)
+    return dict(zip(prompt_ids, out))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from forgetwatch.results.run_files import TRAIN_KL
 from forgetwatch.run.repair import RunContext
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
-from forgetwatch.scoring.generation import answered_row, generate_sharded, pad_id
+from forgetwatch.scoring.generation import answered_row, fit_prompts, generate_sharded, pad_id
 from forgetwatch.scoring.next_tokens import (
     BaseDistribution,
     KeptFileError,
@@ -244,8 +244,7 @@ class TrainKL:
         answers = generate_sharded(
             model,
             run.tokenizer,
-            prompts,
-            max_new_tokens=given.max_new_tokens,
+            fit_prompts(model, run.tokenizer, {f"prompt {i}": p for i, p in enumerate(prompts)}, given.max_new_tokens),
             ranks=run.ranks,
             rows_per_batch=run.rows_per_batch(model),
             return_ids=True,

@@ -3,6 +3,7 @@ whitespace moves onto ``delimiter + choice``, the pair is encoded whole and spli
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from forgetwatch.probes import ProbeKind, ProbeSet
@@ -15,6 +16,7 @@ DEFAULT_MAX_LENGTH = 2048
 #: second, not a minute and gigabytes. Once it is known, the cut is at the context length.
 VISIBLE_TOKENS = 1 << 17
 _MARGIN = 64  # tokens between the cut and the part any model sees
+_WORD = re.compile(r"\s\S")
 
 
 @dataclass(frozen=True)
@@ -51,16 +53,9 @@ def prompt_text(tokenizer, question: str, chat_template: bool) -> str:
     )
 
 
-def prefix_token_id(tokenizer) -> int:
-    """The token lm-eval treats as the sequence prefix: BOS, else EOS."""
-    if tokenizer.bos_token_id is not None:
-        return tokenizer.bos_token_id
-    return tokenizer.eos_token_id
-
-
 def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     """Encode like lm-eval's ``tok_encode``: special tokens unless the text starts with the prefix token."""
-    prefix_id = prefix_token_id(tokenizer)
+    prefix_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id  # lm-eval's
     prefix = tokenizer.decode(prefix_id) if prefix_id is not None else None
     out: list[list[int] | None] = [None] * len(texts)
     for has_prefix in (True, False):
@@ -72,12 +67,6 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     return out  # type: ignore[return-value]
 
 
-def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    """Move the context's trailing whitespace onto the continuation (as lm-eval does)."""
-    stripped = context.rstrip()
-    return stripped, context[len(stripped) :] + continuation
-
-
 def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     """The end of ``text`` holding at least ``tokens`` tokens, found without tokenizing the whole text.
 
@@ -85,19 +74,12 @@ def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
     text without spaces. Only a text longer than ``tokens`` is ever cut."""
     n = 4 * tokens
     while n < len(text):
-        tail = text[_word_start(text, len(text) - n) :]
+        word = _WORD.search(text, len(text) - n, len(text) - n + 1001)  # a space before a word
+        tail = text[word.start() if word else len(text) - n :]
         if len(tokenizer(tail, add_special_tokens=False)["input_ids"]) >= tokens + _MARGIN:
             return tail
         n *= 2
     return text
-
-
-def _word_start(text: str, i: int, within: int = 1000) -> int:
-    """The first place from ``i`` (within ``within`` characters) where a space precedes a word, else ``i``."""
-    for j in range(i, min(i + within, len(text) - 1)):
-        if text[j].isspace() and not text[j + 1].isspace():
-            return j
-    return i
 
 
 def encode_probes(
@@ -115,9 +97,8 @@ def encode_probes(
         if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score
             continue
         delimiter = default_delimiter if p.delimiter is None else p.delimiter
-        for choice in p.choices or (p.answer,):
-            context, continuation = split_trailing_space(text, delimiter + choice)
-            wholes.append(context + continuation)
+        context = text.rstrip()  # its trailing whitespace goes onto each continuation, as lm-eval's
+        wholes += [text + delimiter + choice for choice in p.choices or (p.answer,)]
         contexts.append(context)
     context_ids = iter(encode_many(tokenizer, contexts))
     whole_ids = iter(encode_many(tokenizer, wholes))

@@ -104,66 +104,6 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[: min((i for s in stop if (i := text.find(s)) != -1), default=len(text))]
 
 
-def generate_batch(
-    model,
-    tokenizer,
-    prompts: Sequence[Sequence[int]],
-    *,
-    device: torch.device,
-    pad_id: int,
-    max_new_tokens: int,
-    stop: Sequence[str],
-    synced_gpus: bool = False,
-    prefixes: Sequence[Sequence[int]] = (),
-    cache: tuple[str, Any] | None = None,
-    return_ids: bool = False,
-) -> list[Generated]:
-    """Greedy continuations of one batch, each cut at the first stop string; ``prefixes``: per row, the tokens its
-    prompt starts with, read from ``cache``. A clean greedy config stands in for the model's own during the call."""
-    from transformers import GenerationConfig
-
-    start = max(map(len, prefixes), default=0)
-    width = start + max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prefix in enumerate(prefixes):
-        if prefix:
-            ids[i, start - len(prefix) : start] = torch.tensor(list(prefix), dtype=torch.long)
-            mask[i, start - len(prefix) : start] = 1
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p) :] = 1
-    extra = {cache[0]: cache[1]} if cache is not None else {}
-    eos = stop_token_ids(model, tokenizer)
-    greedy = GenerationConfig(
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad_id,
-        eos_token_id=eos,
-        stop_strings=list(stop) or None,
-    )
-    owner = unwrap(model)
-    owner = owner.get_base_model() if hasattr(owner, "get_base_model") else owner  # what generate() reads
-    saved = owner.generation_config
-    owner.generation_config = greedy
-    try:
-        with generator(model) as module:
-            out = module.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                generation_config=greedy,
-                tokenizer=tokenizer,
-                synced_gpus=synced_gpus,
-                **extra,
-            )
-    finally:
-        owner.generation_config = saved
-    new = out[:, width:].tolist()
-    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-    return [_generated(tokenizer, row, text, stop, set(eos), return_ids) for row, text in zip(new, texts)]
-
-
 def _generated(
     tokenizer, row: list[int], decoded: str, stop: Sequence[str], eos: set[int], return_ids: bool
 ) -> Generated:
@@ -186,6 +126,22 @@ def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
     return tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
 
 
+def fit_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Mapping[str, Sequence[int]],
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+) -> list[GenerationPrompt]:
+    """``prompts`` (token ids by name) as :class:`GenerationPrompt`, each response cut to what the model's context
+    leaves (a warning says so); one that leaves none is a :class:`PromptTooLongError` naming it."""
+    max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
+    budgets, note = response_budgets({k: len(ids) for k, ids in prompts.items()}, max_length, max_new_tokens)
+    if note:
+        logger.warning("forgetwatch: %s", note)
+    return [GenerationPrompt(tuple(ids), budgets[k], tuple(stop)) for k, ids in prompts.items()]
+
+
 def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple[list[int], list[int]]:
     """This rank's prompts (balanced on tokens) and one to fill in with: the same split on every rank."""
     if not prompts:
@@ -197,30 +153,32 @@ def generation_share(prompts: Sequence[GenerationPrompt], ranks: Ranks) -> tuple
 def generate_sharded(
     model: torch.nn.Module,
     tokenizer: Any,
-    prompts: Sequence[GenerationPrompt | Sequence[int]],
+    prompts: Sequence[GenerationPrompt],
     *,
-    max_new_tokens: int = 64,
-    stop: Sequence[str] = (),
     ranks: Ranks | None = None,
     rows_per_batch: int = 8,
     return_ids: bool = False,
-    names: Sequence[str] | None = None,
     limits: Callable[[], tuple[int | None, int | None]] | None = None,
     on_out_of_memory: Callable[[int], None] | None = None,
     prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts`` (token ids or :class:`GenerationPrompt`), in order, on every rank; each
-    rank generates its share in lockstep with the others. Plain ids get ``max_new_tokens`` and ``stop``, cut to what
-    the context leaves (named by ``names``); ``rows_per_batch`` halves after an out-of-memory error (``limits`` and
-    ``on_out_of_memory`` replace that rule)."""
+    """Greedy continuations of ``prompts``, in order, on every rank, each cut at its first stop string; each rank
+    generates its share in lockstep with the others (``prefix_cache``: the cache of the prompts' first ``skip``
+    tokens). ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace
+    that rule)."""
+    from transformers import GenerationConfig
+
     ranks = ranks or Ranks.alone()
-    whole = _as_prompts(model, tokenizer, prompts, max_new_tokens, stop, names)
+    whole = list(prompts)
     if not whole:
         return []
     device = input_device(unwrap(model))
     pad = pad_id(tokenizer)
     synced = ranks.size > 1 and is_sharded(model)
+    eos = stop_token_ids(model, tokenizer)
+    owner = unwrap(model)
+    owner = owner.get_base_model() if hasattr(owner, "get_base_model") else owner  # what generate() reads
     cap = [rows_per_batch]
 
     def halve(rows: int) -> None:
@@ -228,9 +186,6 @@ def generate_sharded(
             torch.cuda.empty_cache()
         cap[0] = max(1, min(rows, cap[0]) // 2)
         logger.warning("forgetwatch: out of memory generating %d sequences at once; retrying with %d", rows, cap[0])
-
-    def skip(i: int) -> int:
-        return whole[i].skip if prefix_cache is not None else 0
 
     def plan(indices: list[int]) -> list[list[int]]:
         alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
@@ -240,27 +195,50 @@ def generate_sharded(
         batches = []
         for (new_tokens, _), part in alike.items():
             # the response's tokens count toward a token budget
-            own = [len(whole[i].ids) - skip(i) + new_tokens for i in part]
-            runs = [whole[i].ids[: skip(i)] for i in part]
+            own = [len(whole[i].ids) - whole[i].skip + new_tokens for i in part]
+            runs = [whole[i].ids[: whole[i].skip] for i in part]
             batches += [[part[j] for j in idx] for idx in group_runs(own, list(map(len, runs)), runs, rows, tokens)]
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        how = whole[chunk[0]]
-        prefixes = [whole[i].ids[: skip(i)] for i in chunk]
-        return generate_batch(
-            model,
-            tokenizer,
-            [whole[i].ids[skip(i) :] for i in chunk],
-            device=device,
-            pad_id=pad,
-            max_new_tokens=how.new_tokens,
-            stop=how.stop,
-            synced_gpus=synced,
-            prefixes=prefixes,
-            cache=prefix_cache(prefixes) if any(prefixes) and prefix_cache is not None else None,
-            return_ids=return_ids,
+        """One batch, left-padded: each row's prefix (read from the cache) ends at ``start``, the rest of its prompt
+        at ``width``. A clean greedy config stands in for the model's own during the call."""
+        rows = [whole[i] for i in chunk]
+        prefixes = [p.ids[: p.skip] for p in rows]
+        start = max(map(len, prefixes))
+        width = start + max(len(p.ids) - p.skip for p in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(rows):
+            for end, part in ((start, p.ids[: p.skip]), (width, p.ids[p.skip :])):
+                ids[r, end - len(part) : end] = torch.tensor(part, dtype=torch.long)
+                mask[r, end - len(part) : end] = 1
+        extra = dict([prefix_cache(prefixes)]) if any(prefixes) else {}
+        greedy = GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=rows[0].new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            stop_strings=list(rows[0].stop) or None,
         )
+        saved = owner.generation_config
+        owner.generation_config = greedy
+        try:
+            with generator(model) as module:
+                out = module.generate(
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    generation_config=greedy,
+                    tokenizer=tokenizer,
+                    synced_gpus=synced,
+                    **extra,
+                )
+        finally:
+            owner.generation_config = saved
+        new = out[:, width:].tolist()
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        return [_generated(tokenizer, row, text, rows[0].stop, set(eos), return_ids) for row, text in zip(new, texts)]
 
     mine, filler = generation_share(whole, ranks)
     done: dict[str, list[Any]] = {}
@@ -283,40 +261,6 @@ def generate_sharded(
         for i, (text, ids, ended) in shard.items()
     }
     return [gathered[i] for i in range(len(whole))]
-
-
-def _as_prompts(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[GenerationPrompt | Sequence[int]],
-    max_new_tokens: int,
-    stop: Sequence[str],
-    names: Sequence[str] | None,
-) -> list[GenerationPrompt]:
-    if isinstance(stop, str):
-        stop = (stop,)
-    plain = {i: tuple(int(t) for t in p) for i, p in enumerate(prompts) if not isinstance(p, GenerationPrompt)}
-
-    def name(i: int) -> str:
-        return str(names[i]) if names is not None else f"prompt {i}"
-
-    budgets: dict[int, int] = {}
-    if plain:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
-        empty = [name(i) for i, ids in plain.items() if not ids]
-        if empty:
-            raise ValueError(f"{len(empty)} prompt(s) hold no tokens: {listing(map(repr, empty))}")
-        max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
-        budgets, note = response_budgets(
-            {i: len(ids) for i, ids in plain.items()}, max_length, max_new_tokens, name=name
-        )
-        if note:
-            logger.warning("forgetwatch: %s", note)
-    return [
-        p if isinstance(p, GenerationPrompt) else GenerationPrompt(plain[i], budgets[i], tuple(stop))
-        for i, p in enumerate(prompts)
-    ]
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

@@ -27,7 +27,7 @@ class Rules:
 
     normalize: str | None  # "chars": a choice's log-probability per character (lm-eval acc_norm)
     extract: Callable[[str], str | None] | None  # the user's extractor for every generative probe
-    refusal_detector: Callable[[str], bool]  # decides the behaviour checks' "refuses"
+    refusal_detector: Callable[[str], bool] | None  # decides the behaviour checks' "refuses" (None: the default)
 
 
 def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:

@@ -223,34 +223,34 @@ def base_distribution(
 ) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at each row's target positions (from ``starts``),
     the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.precision.scoring_in`."""
-    device = next(model.parameters()).device
     parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    with borrowed(model, tokenizer), scoring_in(model, device, compute), torch.no_grad():
-        for idx in group([len(x) for x in token_ids], rows_per_batch, None):
-            ids, mask = right_padded([token_ids[i] for i in idx], pad_id)
-            logp = torch.log_softmax(
-                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1].float(), -1
+    for idx, _, _, logits in _forwards(
+        model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute
+    ):
+        logp = torch.log_softmax(logits, -1)
+        top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
+        for r, i in enumerate(idx):
+            at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
+            parts[i] = (
+                top_ids[r, at].cpu().numpy().astype(np.int32),
+                top_lp[r, at].cpu().numpy().astype(precision),
+                tail[r, at].cpu().numpy(),
             )
-            top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
-            tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
-            for r, i in enumerate(idx):
-                at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
-                parts[i] = (
-                    top_ids[r, at].cpu().numpy().astype(np.int32),
-                    top_lp[r, at].cpu().numpy().astype(precision),
-                    tail[r, at].cpu().numpy(),
-                )
-    order = range(len(token_ids))
-    offsets = np.zeros(len(token_ids) + 1, dtype=np.int64)
-    np.cumsum([len(parts[i][0]) for i in order], out=offsets[1:])
-    return BaseDistribution(
-        list(row_ids),
-        offsets,
-        np.concatenate([parts[i][0] for i in order]),
-        np.concatenate([parts[i][1] for i in order]),
-        np.concatenate([parts[i][2] for i in order]),
-        dict(key or {}),
-    )
+    rows = [parts[i] for i in range(len(token_ids))]
+    offsets = np.cumsum([0] + [len(row[0]) for row in rows], dtype=np.int64)
+    return BaseDistribution(list(row_ids), offsets, *(np.concatenate(a) for a in zip(*rows)), dict(key or {}))
+
+
+def _forwards(module, model, tokenizer, rows, indices, pad_id, rows_per_batch, compute):
+    """Each batch of ``rows[indices]``, longest first, right-padded: its indices, ids, mask and the float logits
+    predicting each next token, ``module`` forwarded with ``model`` borrowed."""
+    device = next(module.parameters()).device
+    with borrowed(model, tokenizer), scoring_in(model, device, compute):
+        for batch in group([len(rows[i]) for i in indices], rows_per_batch, None):
+            idx = [indices[j] for j in batch]
+            ids, mask = (t.to(device) for t in right_padded([rows[i] for i in idx], pad_id))
+            yield idx, ids, mask, module(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
 
 
 class MeasureFailed(RuntimeError):
@@ -275,16 +275,12 @@ def row_sums(
     failure: BaseException | None = None
     try:
         mine = ranks.my_share([len(x) for x in rows])
-        inner = unwrap(model)
-        device = next(inner.parameters()).device
-        with borrowed(model, tokenizer), scoring_in(model, device, compute):
-            for batch in group([len(rows[i]) for i in mine], rows_per_batch, None):
-                idx = [mine[j] for j in batch]
-                ids, mask = (t.to(device) for t in right_padded([rows[i] for i in idx], pad_id))
-                logits = inner(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-                values = per_position(logits, ids, idx) * target_mask(mask, idx, starts)
-                sums[idx] = values.sum(1).double().cpu().numpy()
-                del logits, values
+        for idx, ids, mask, logits in _forwards(
+            unwrap(model), model, tokenizer, rows, mine, pad_id, rows_per_batch, compute
+        ):
+            values = per_position(logits, ids, idx) * target_mask(mask, idx, starts)
+            sums[idx] = values.sum(1).double().cpu().numpy()
+            del logits, values
     except Exception as err:  # noqa: BLE001 - said below, on every rank alike
         failure, sums[n] = err, 1.0
     sums = ranks.sum(sums)

@@ -4,15 +4,19 @@ without a custom mask) first, then a one-time check of packed against plain scor
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
+from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
+from forgetwatch.scoring.batching import is_out_of_memory
 from forgetwatch.scoring.choices import Row, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import EncodedChoices
 
+logger = logging.getLogger(__name__)
 _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it
 
 ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "baichuan", "jais"})
@@ -71,50 +75,77 @@ def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tup
     return [] if any(needs_truncation(enc, max_length) for _, enc in probes) else probes
 
 
-def packing_problem(
+def decide(
+    model,
+    config,
+    reads: Sequence[EncodedChoices],
+    max_length: int,
+    score: Callable[[list[Row]], np.ndarray],
+    eps: float,
+    ranks: Ranks,
+    *,
+    prefixes: bool,
+    sharded: bool,
+) -> tuple[bool, bool]:
+    """Whether ``model``'s choices may be scored packed, and (``prefixes``: asked for) shared prefixes read from a KV
+    cache; every rank agrees, and a slower way is a warning. ``score``: every rank's reads of the same rows, in
+    lockstep; ``sharded``: parameters sharded over ranks, which need equal forwards (no prefixes)."""
+    reason = prefix_reason = packing_blocker(model, config)
+    if reason is None and reads:
+        probes = check_probes(reads, max_length)
+        if probes:
+            reason, prefix_reason = _problem(probes, score, max_length, eps, prefixes and not sharded)
+        else:
+            reason = prefix_reason = f"its context of {max_length} tokens is too short to check packing on"
+    packing, cached = map(bool, ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)]))
+    if reads and not packing:
+        why = reason or "another rank found packing inexact"
+        logger.warning("scoring each choice as its own sequence, which is slower: %s", why)
+    elif prefixes and sharded:
+        logger.warning("scoring each probe whole: parameters sharded over ranks need equal forwards")
+    elif prefixes and not cached:
+        why = prefix_reason or "another rank found a cached prefix inexact"
+        logger.warning("computing shared prompt prefixes again for every probe, which is slower: %s", why)
+    return packing, prefixes and cached and not sharded
+
+
+def _problem(
     probes: Sequence[tuple[int, EncodedChoices]],
     score: Callable[[list[Row]], np.ndarray],
     max_length: int,
     eps: float,
-    prefixes: bool = False,
+    prefixes: bool,
 ) -> tuple[str | None, str | None]:
-    """Compare packed with plain scores on ``probes``: why packing, and (with ``prefixes``) why reading a
-    prefix from a KV cache, is not exact on this model (``None``: it is).
+    """Compare packed with plain scores on ``probes``: why packing, and (with ``prefixes``) why reading a prefix from
+    a KV cache, is not exact on this model (``None``: it is).
 
     Plain rows are scored first, outside error handling; only a packed forward failing inside the model turns packing
     down. The tolerance per token is the largest of four times the batching noise, :data:`EPS_FACTOR` times ``eps``,
     and :data:`MIN_TOLERANCE`."""
-    from forgetwatch.scoring.batching import is_out_of_memory
+    tokens = np.array([len(c) for _, enc in probes for c in enc.continuations])  # the keys, in order
 
-    packed = [packed_row(enc, key) for key, enc in probes]
+    def sums(rows: list[Row]) -> np.ndarray:
+        return np.bincount(np.concatenate([r.keys for r in rows]), weights=score(rows), minlength=len(tokens))
+
     plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]
-    together = score(plain)
-    tokens = np.zeros_like(together)
-    for key, enc in probes:
-        for j, cont in enumerate(enc.continuations):
-            tokens[key + j] = len(cont)
-    used = tokens > 0
-    if not np.isfinite(together[used]).all():  # NaN says nothing of packing; the scorer refuses the model
+    together = sums(plain)
+    if not np.isfinite(together).all():  # NaN says nothing of packing; the scorer refuses the model
         return None, None
-    alone = sum(score([r]) for r in plain)
-    noise = float(np.max(np.abs(together - alone)[used] / tokens[used]))
+    noise = float(np.max(np.abs(together - sum(sums([r]) for r in plain)) / tokens))
     tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
 
     def differs(rows: list[Row], scored: str, what: str) -> str | None:
         try:
-            scores = score(rows)
+            error = float(np.max(np.abs(sums(rows) - together) / tokens))
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
             if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
                 raise
             return f"its forward rejects {what} ({first_line(err)})"
-        read = np.zeros_like(used)
-        read[np.concatenate([r.keys for r in rows])] = True
-        error = float(np.max(np.abs(scores - together)[read] / tokens[read]))
         if error <= tolerance:
             return None
         return f"{scored} scores differ from plain ones by {error:.3g} nats per token (tolerance {tolerance:.3g})"
 
-    packing = differs(packed, "packed", "a custom attention mask")
+    packing = differs([packed_row(enc, key) for key, enc in probes], "packed", "a custom attention mask")
     if packing is not None or not prefixes:
         return packing, None
     # both behind one prefix (its cache's views), then behind prefixes of two lengths in one

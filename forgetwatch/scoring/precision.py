@@ -11,12 +11,6 @@ import torch
 from forgetwatch.scoring.borrow import forward_module
 
 
-def weight_dtypes(model: torch.nn.Module) -> str:
-    """The floating dtypes of ``model``'s parameters, joined by ``+``."""
-    names = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
-    return "+".join(names) or "float32"
-
-
 def _autocast_wrapped(module: torch.nn.Module) -> bool:
     """Whether accelerate put an autocast inside ``module``'s forward."""
     return "forward" in vars(module) and "_original_forward" in vars(module)
@@ -37,7 +31,8 @@ def _autocast_dtype(module: torch.nn.Module, device: torch.device) -> str | None
 
 def compute_precision(model: torch.nn.Module, device: torch.device, mode: str) -> str:
     """What a forward of ``model`` computes in under ``mode``, as recorded with the answers."""
-    weights = weight_dtypes(model)
+    names = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    weights = "+".join(names) or "float32"
     autocast = None if mode == "weights" else _autocast_dtype(forward_module(model), device)
     return weights if autocast is None else f"{autocast} autocast, {weights} weights"
 

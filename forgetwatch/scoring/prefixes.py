@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     seqs = [sequences[i] for i in order]
     # what adjacent sequences could share: their common prefix, each keeping its last token
-    links = [min(_common_length(a, b), len(a) - 1, len(b) - 1) for a, b in zip(seqs, seqs[1:])]
+    links = [min(len(os.path.commonprefix([a, b])), len(a) - 1, len(b) - 1) for a, b in zip(seqs, seqs[1:])]
     lengths = [0] * len(seqs)
     # each run [a, b) is either kept whole or split at its weakest links: decided bottom up
     stack: list[tuple[int, int, bool]] = [(0, len(seqs), False)]
@@ -59,14 +60,6 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
     for pos, i in enumerate(order):
         out[i] = lengths[pos]
     return out
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for k in range(n):
-        if a[k] != b[k]:
-            return k
-    return n
 
 
 def forward_arguments(model: torch.nn.Module) -> tuple[str, str | None]:

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from forgetwatch.behaviour.style import looks_like_refusal
 from forgetwatch.common.console import progress_bar
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config.options import BatchSize, scoring_options
@@ -42,7 +42,7 @@ from forgetwatch.scoring.generation import (
     response_budgets,
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
-from forgetwatch.scoring.packing import check_probes, packing_blocker, packing_problem
+from forgetwatch.scoring.packing import decide
 from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, forward_arguments, shared_prefix_lengths
 
@@ -104,9 +104,7 @@ class Scorer:
                 "ask lm-eval for the chat template instead: ProbeSet.from_lm_eval(..., apply_chat_template=True, "
                 "tokenizer=tokenizer), with chat_template=False here"
             )
-        self.tokenizer, self.probes, self.extract = tokenizer, probes, extract
-        self.refusal_detector = refusal_detector or looks_like_refusal
-        self._custom_detector = refusal_detector
+        self.tokenizer, self.probes, self.extract, self.refusal_detector = tokenizer, probes, extract, refusal_detector
         self.reference_logprobs = reference_logprobs
         self.fingerprint = probes.fingerprint()
         self._tokens: _Tokens | None = None  # tokenized once the first model's context is known
@@ -137,16 +135,16 @@ class Scorer:
             skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
             prompt_skips = np.zeros(len(encoded), dtype=np.int64)
             prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
-            max_id = max(map(_max_id, encoded), default=0)
-            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_id)
+            max_ids = np.array([max(_ids(e, r), default=0) for e, r in zip(encoded, reads)])
+            self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_ids)
         return self._tokens
 
-    def prepare(self, model: torch.nn.Module) -> None:
+    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], int]:
         """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not)."""
         max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
-        tokens = self._tokenized(max_length + 1)
+        tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
         self._check_vocabulary(unwrap(model), tokens)
-        self._prompts(tokens, max_length)
+        return tokens, self._prompts(tokens, max_length), max_length
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -165,18 +163,10 @@ class Scorer:
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
-        s = self.settings
-        options = scoring_options(
-            self.probes,
-            normalize=s.normalize,
-            chat_template=s.chat_template,
-            max_new_tokens=s.max_new_tokens,
-            stop=s.stop,
-            extract=self.extract,
-            behaviour_max_new_tokens=s.behaviour_max_new_tokens,
-            refusal_detector=self._custom_detector,
-        )
-        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), s.precision)}
+        names = ("normalize", "chat_template", "max_new_tokens", "stop", "behaviour_max_new_tokens")
+        options = {name: getattr(self.settings, name) for name in names}
+        options = scoring_options(self.probes, extract=self.extract, refusal_detector=self.refusal_detector, **options)
+        return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.settings.precision)}
 
     def __call__(
         self,
@@ -196,16 +186,18 @@ class Scorer:
             raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         device = input_device(inner)
         pad = pad_id(self.tokenizer)
-        max_length = model_max_length(config, self.tokenizer)
-        tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
-        self._check_vocabulary(inner, tokens)
-        prompts = self._prompts(tokens, max_length)  # a prompt with no room for its response fails here
+        tokens, prompts, max_length = self.prepare(model)
         scoring = self.scoring_for(model)
-        with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
-            run = _Run(
-                model, device, pad, max_length, batch_size, ranks, self.about(model), tokens, scoring["precision"]
+        budget = None
+        if batch_size == "auto":
+            guess = default_token_budget(
+                device, getattr(config, "hidden_size", 1024), getattr(config, "vocab_size", 32000)
             )
-            run = self._agree(run)
+            budget = ranks.agree_min([guess])[0]
+        with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
+            facts = self.about(model)
+            run = _Run(model, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget)
+            self._decide(run)
             plan = self._choice_plan(run)
             generated, _ = generation_share(list(prompts.values()), run.ranks)
             self.scored_here = len(plan.rows_left) + len(generated)
@@ -239,14 +231,13 @@ class Scorer:
             size = model.get_input_embeddings().num_embeddings
         except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
             return
-        pad = pad_id(self.tokenizer)
-        if max(tokens.max_id, pad) < size:
+        pad, top = pad_id(self.tokenizer), int(tokens.max_ids.max(initial=0))
+        if max(top, pad) < size:
             return
-        if tokens.max_id >= size:
-            probe = next(p for p, e in zip(self.probes, tokens.encoded) if _max_id(e) >= size)
-            what = f"token ids up to {tokens.max_id} (probe {probe.id!r} of {self.probes.source} has one)"
-        else:
-            what = f"padding token id {pad}"
+        what = f"padding token id {pad}"
+        if top >= size:
+            probe = self.probes[int(np.argmax(tokens.max_ids >= size))]
+            what = f"token ids up to {top} (probe {probe.id!r} of {self.probes.source} has one)"
         raise ValueError(
             f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
             f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
@@ -255,9 +246,21 @@ class Scorer:
         )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
-        """Every generated probe's prompt, kept whole, with its response budget and stop strings."""
+        """Every generated probe's prompt, kept whole, with its response budget and stop strings; grouped by (the
+        setting that limits the response, its length, stop strings) for the warnings."""
+        groups: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
+        s = self.settings
+        for i, p in enumerate(self.probes):
+            if p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
+                groups.setdefault(("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ()), []).append(i)
+            elif p.kind is ProbeKind.GENERATIVE and p.judge is not None:
+                limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
+                stop = tuple(s.stop) if p.judge.stop is None else p.judge.stop
+                groups.setdefault(("max_gen_toks", limit, stop), []).append(i)
+            elif p.kind is ProbeKind.GENERATIVE:
+                groups.setdefault(("max_new_tokens", s.max_new_tokens, tuple(s.stop)), []).append(i)
         out: dict[int, GenerationPrompt] = {}
-        for (setting, limit, stop), members in self._generation_settings().items():
+        for (setting, limit, stop), members in groups.items():
             lengths = {i: len(tokens.encoded[i].prompt) for i in members}
             budgets, note = response_budgets(lengths, max_length, limit, setting, name=lambda i: self.probes[i].id)
             if note:
@@ -267,34 +270,6 @@ class Scorer:
                 for i, n in budgets.items()
             )
         return out
-
-    def _generation_settings(self) -> dict[tuple[str, int, tuple[str, ...]], list[int]]:
-        """Generated probes by (the setting that limits the response, its length, stop strings)."""
-        out: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
-        s, stop = self.settings, tuple(self.settings.stop)
-        for i, p in enumerate(self.probes):
-            if p.kind is ProbeKind.GENERATIVE:
-                how = ("max_new_tokens", s.max_new_tokens, stop)
-                if p.judge is not None:
-                    limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
-                    how = ("max_gen_toks", limit, stop if p.judge.stop is None else p.judge.stop)
-            elif p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
-                how = ("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ())
-            else:
-                continue
-            out.setdefault(how, []).append(i)
-        return out
-
-    def _agree(self, run: _Run) -> _Run:
-        """Where ranks agree before scoring: packing (once per model) and the token budget for "auto"."""
-        if run.batch_size == "auto":
-            cfg = _text_config(unwrap(run.model))
-            guess = default_token_budget(
-                run.device, getattr(cfg, "hidden_size", 1024), getattr(cfg, "vocab_size", 32000)
-            )
-            run = replace(run, budget=run.ranks.agree_min([guess])[0])
-        run = replace(run, packing=bool(run.tokens.choice_probes) and self._may_pack(run))
-        return replace(run, prefixes=self._may_share_prefixes(run))
 
     # -- multiple choice -----------------------------------------------------------------------
 
@@ -314,16 +289,7 @@ class Scorer:
         if not n_keys:
             return sums
         left = dict(plan.rows_left)
-        forward = self._forward(run)
-        for batch, logprobs in run_lockstep(
-            plan.batches,
-            forward,
-            replan=lambda rows: self._batches(rows, run),
-            items_of=lambda b: b.rows,
-            filler=plan.filler,
-            on_out_of_memory=lambda n: self._out_of_memory(n, run),
-            ranks=run.ranks,
-        ):
+        for batch, logprobs in self._lockstep(run, plan.batches, lambda rows: self._batches(rows, run), plan.filler):
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
             owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
             done = 0
@@ -337,14 +303,22 @@ class Scorer:
     def _plan(self, run: _Run) -> _Plan:
         tokens = run.tokens
         window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
-        self._warn_truncated(run)
+        if truncated := sum(needs_truncation(tokens.reads[i], run.max_length) for i in tokens.choice_probes):
+            self._warn_once(
+                "choices",
+                "%d probe(s) are longer than the model's maximum length (%d tokens); their questions are truncated "
+                "from the left, as lm-eval-harness does",
+                truncated,
+                run.max_length,
+            )
         if not tokens.choice_probes:
             return _Plan([], None, {})
-        mine = [
-            tokens.choice_probes[j]
-            for j in run.ranks.my_share([self._cost(tokens.reads[i]) for i in tokens.choice_probes])
+        # tokens a probe puts through the model, roughly: what shards are balanced on
+        costs = [
+            len(tokens.reads[i].context) + sum(map(len, tokens.reads[i].continuations)) for i in tokens.choice_probes
         ]
-        cheapest = min(tokens.choice_probes, key=lambda i: self._cost(tokens.reads[i]))
+        mine = [tokens.choice_probes[j] for j in run.ranks.my_share(costs)]
+        cheapest = tokens.choice_probes[int(np.argmin(costs))]
         filler = collate(self._rows(tokens, [cheapest], run, window, prefixes=False)[:1], run.pad_id)
         rows = self._rows(tokens, mine, run, window, prefixes=run.prefixes)
         # the bar counts multiple-choice probes (a generative one is counted with generation)
@@ -366,11 +340,6 @@ class Scorer:
         return forward
 
     @staticmethod
-    def _cost(enc: EncodedChoices) -> int:
-        """Tokens a probe puts through the model, roughly: what shards are balanced on."""
-        return len(enc.context) + sum(map(len, enc.continuations))
-
-    @staticmethod
     def _rows(tokens: _Tokens, indices: list[int], run: _Run, sliding_window: int | None, prefixes: bool) -> list[Row]:
         rows: list[Row] = []
         for i in indices:
@@ -387,18 +356,6 @@ class Scorer:
     @staticmethod
     def _prefix_store(run: _Run) -> PrefixStore:
         return PrefixStore(forward_module(run.model), run.device, *forward_arguments(unwrap(run.model)), run.pad_id)
-
-    def _warn_truncated(self, run: _Run) -> None:
-        truncated = sum(needs_truncation(run.tokens.reads[i], run.max_length) for i in run.tokens.choice_probes)
-        if truncated:
-            self._warn_once(
-                "choices",
-                "%d probe(s) are longer than the model's maximum length (%d "
-                "tokens); their questions are truncated from the left, as lm-eval-harness "
-                "does",
-                truncated,
-                run.max_length,
-            )
 
     def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
         """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
@@ -434,77 +391,41 @@ class Scorer:
         facts.plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
-    def _may_pack(self, run: _Run) -> bool:
-        """Once per model, agreed by every rank: may its choices be scored packed?"""
+    def _decide(self, run: _Run) -> None:
+        """Once per model, agreed by every rank: may its choices be packed, its prefixes read from a cache?"""
         facts = run.facts
         if facts.packing is None:
-            reason, prefix_reason = self._packing_problem(run)
-            facts.packing, facts.prefixes = map(
-                bool, run.ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)])
+
+            def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
+                size = facts.row_cap or len(rows)
+                return [collate(rows[i : i + size], run.pad_id) for i in range(0, len(rows), size)]
+
+            def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
+                return np.concatenate([lp for _, lp in self._lockstep(run, chunks(rows), chunks, chunks(rows[:1])[0])])
+
+            inner = unwrap(run.model)
+            facts.packing, facts.prefixes = decide(
+                inner,
+                _text_config(inner),
+                [run.tokens.reads[i] for i in run.tokens.choice_probes],
+                run.max_length,
+                score,
+                epsilon(run.precision),
+                run.ranks,
+                prefixes=self.settings.shared_prefixes,
+                sharded=run.ranks.size > 1 and is_sharded(run.model),
             )
-            if not facts.packing:
-                self._warn_once(
-                    "packing",
-                    "scoring each choice as its own sequence, which is slower: %s",
-                    reason or "another rank found packing inexact",
-                )
-            elif not facts.prefixes and self.settings.shared_prefixes:
-                self._warn_once(
-                    "prefixes",
-                    "computing shared prompt prefixes again for every probe, which is slower: %s",
-                    prefix_reason or "another rank found a cached prefix inexact",
-                )
-        return facts.packing
+        run.packing, run.prefixes = facts.packing, bool(facts.prefixes)
 
-    def _may_share_prefixes(self, run: _Run) -> bool:
-        """Whether this call reads shared prefixes from a cache: asked for, exact on this model, and not
-        sharded over ranks (where forwards must be equal)."""
-        if not self.settings.shared_prefixes:
-            return False
-        if run.tokens.choice_probes:  # checked with packing
-            if not (run.packing and run.facts.prefixes):
-                return False
-        elif packing_blocker(unwrap(run.model), _text_config(unwrap(run.model))) is not None:
-            return False
-        if run.sharded_over_ranks:
-            self._warn_once("prefixes", "scoring each probe whole: parameters sharded over ranks need equal forwards")
-            return False
-        return True
-
-    def _packing_problem(self, run: _Run) -> tuple[str | None, str | None]:
-        """Why this model's choices may not be packed, and why no prefix may be read from a KV cache."""
-        inner = unwrap(run.model)
-        reason = packing_blocker(inner, _text_config(inner))
-        if reason is not None:
-            return reason, reason
-        tokens = run.tokens
-        probes = check_probes((tokens.reads[i] for i in tokens.choice_probes), run.max_length)
-        if not probes:
-            reason = f"its context of {run.max_length} tokens is too short to check packing on"
-            return reason, reason
-        forward = self._forward(run)
-        n_keys = sum(len(enc.continuations) for _, enc in probes)
-
-        def chunks(rows: list[Row]) -> list[list[Row]]:  # together, as scoring batches them
-            size = run.facts.row_cap or max(1, len(rows))
-            return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-        def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
-            sums = np.zeros(n_keys)
-            for part, lp in run_lockstep(
-                chunks(rows),
-                lambda rs: forward(collate(rs, run.pad_id)),
-                replan=chunks,
-                items_of=list,
-                filler=rows[:1],
-                on_out_of_memory=lambda n: self._out_of_memory(n, run),
-                ranks=run.ranks,
-            ):
-                sums += np.bincount(np.concatenate([r.keys for r in part]), weights=lp, minlength=n_keys)
-            return sums
-
-        return packing_problem(
-            probes, score, run.max_length, epsilon(run.precision), prefixes=self.settings.shared_prefixes
+    def _lockstep(self, run: _Run, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch):
+        return run_lockstep(
+            batches,
+            self._forward(run),
+            replan=replan,
+            items_of=lambda b: b.rows,
+            filler=filler,
+            on_out_of_memory=lambda n: self._out_of_memory(n, run),
+            ranks=run.ranks,
         )
 
     # -- generative ----------------------------------------------------------------------------
@@ -570,12 +491,12 @@ class _Tokens(NamedTuple):
     choice_probes: list[int]
     skips: np.ndarray  # per probe: tokens of its context shared as a prefix (0: none)
     prompt_skips: np.ndarray  # per probe: the same for its generation prompt
-    max_id: int  # the largest token id of any probe
+    max_ids: np.ndarray  # per probe: its largest token id
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Run:
-    """What one scoring call works with; ``packing``, ``prefixes`` and ``budget`` are agreed by all ranks."""
+    """What one scoring call works with; ``budget``, ``packing`` and ``prefixes`` are agreed by all ranks."""
 
     model: torch.nn.Module
     device: torch.device
@@ -586,13 +507,9 @@ class _Run:
     facts: ModelFacts
     tokens: _Tokens
     precision: str  # what the forwards compute in (see forgetwatch.scoring.precision)
+    budget: int | None  # tokens per forward, for batch_size="auto"
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
-    budget: int | None = None  # tokens per forward, for batch_size="auto"
-
-    @property
-    def sharded_over_ranks(self) -> bool:
-        return self.ranks.size > 1 and is_sharded(self.model)
 
 
 class _Plan(NamedTuple):
@@ -603,10 +520,10 @@ class _Plan(NamedTuple):
     rows_left: dict[int, int]
 
 
-def _max_id(encoded: Encoded) -> int:
-    reads = [encoded.reference] if isinstance(encoded, EncodedPrompt) else [encoded]
-    parts = [getattr(encoded, "prompt", ()), *(part for r in reads if r for part in (r.context, *r.continuations))]
-    return max((max(part) for part in parts if part), default=0)
+def _ids(encoded: Encoded, read: EncodedChoices | None) -> Iterator[int]:
+    yield from getattr(encoded, "prompt", ())
+    if read is not None:
+        yield from itertools.chain(read.context, *read.continuations)
 
 
 def _text_config(model):
@@ -647,21 +564,23 @@ def evaluate(
         >>> answers.accuracy                                               # doctest: +SKIP
         0.62
     """
-    options = dict(
+    fresh = Scorer(
+        tokenizer,
+        probes,
         normalize=normalize,
         chat_template=chat_template,
         max_new_tokens=max_new_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop=stop,
         extract=extract,
         behaviour_max_new_tokens=behaviour_max_new_tokens,
         refusal_detector=refusal_detector,
         shared_prefixes=shared_prefixes,
         precision=precision,
     )
-    key = (id(tokenizer), probes.fingerprint(), *options.values())
+    key = (id(tokenizer), fresh.fingerprint, repr(fresh.settings), extract, refusal_detector)
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
-        scorer = Scorer(tokenizer, probes, **options)
+        scorer = fresh
     _SCORERS[key] = scorer  # most recently used last
     while len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
