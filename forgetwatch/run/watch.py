@@ -192,6 +192,7 @@ class Watch:
 
         Args:
             step: the step training begins at (default: the loaded state's, else 0).
+            output_dir: where the run's files go, when not given to the constructor.
             max_steps: the run's length, if known (to warn when the budget allows no evaluation).
             train_rows: training rows to measure ``forgetwatch/drift/train_kl`` on: token-id lists, or
                 ``(token_ids, start)`` pairs measured from ``start`` on. Give the same rows on resume.
