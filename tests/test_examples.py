@@ -179,13 +179,13 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
 
 # -- every script's command line -----------------------------------------------------------------
 
-# every script under examples/ and benchmarks/, found anew so that a new one is covered; common.py
-# (the examples') and skill_world.py (the replay benchmark's world) are shared modules, not scripts
+# every script under examples/ and benchmarks/, found anew so that a new one is covered; common.py and
+# real_world.py (the examples') and skill_world.py (the replay benchmark's world) are shared modules, not scripts
 SCRIPTS = sorted(
     p
     for folder in ("examples", "benchmarks")
     for p in (ROOT / folder).glob("*.py")
-    if p.name not in ("common.py", "skill_world.py")
+    if p.name not in ("common.py", "real_world.py", "skill_world.py")
 )
 # run as `python SCRIPT ARGS...`, but with these modules made unimportable: a script that loads
 # them before reading its arguments fails, instead of answering --help seconds later

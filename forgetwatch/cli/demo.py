@@ -7,6 +7,7 @@ import copy
 import functools
 import importlib.util
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -79,6 +80,7 @@ def run_real_demo(argv: list[str]):
             "forgetwatch demo --real runs examples/real_model.py from a clone of the repository "
             '(git clone ...; pip install -e ".[real]"); it is not in this installation'
         )
+    sys.path.insert(0, str(path.parent))  # the example imports real_world.py beside it
     spec = importlib.util.spec_from_file_location("forgetwatch_real_model_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
