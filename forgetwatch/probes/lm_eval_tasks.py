@@ -4,6 +4,7 @@ scored per sample, or what lm-eval would fail on, is refused at load naming the 
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import json
 import os
@@ -108,11 +109,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         ) from err
     if not names:
         raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
-    if o.apply_chat_template and o.tokenizer is None:
-        raise LmEvalTaskError("apply_chat_template=True needs the model's tokenizer: pass tokenizer=")
+    if o.apply_chat_template and not getattr(o.tokenizer, "chat_template", None):
+        raise LmEvalTaskError(
+            "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
+        )
     loaded = _load_tasks(TaskManager, o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
-    chat = _chat_function(o.tokenizer) if o.apply_chat_template else None
+    chat = None
+    if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
+        from lm_eval.models.huggingface import HFLM
+
+        chat = functools.partial(
+            HFLM.apply_chat_template, SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
+        )
 
     scored = {}
     for name, task in loaded["tasks"].items():
@@ -298,20 +307,6 @@ def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
             chain.append(node)
         out[child] = chain
     return out
-
-
-def _chat_function(tokenizer: Any):
-    """lm-eval's own chat formatting (``HFLM.apply_chat_template``) on this tokenizer."""
-    from lm_eval.models.huggingface import HFLM
-
-    if not getattr(tokenizer, "chat_template", None):
-        raise LmEvalTaskError("apply_chat_template=True but this tokenizer has no chat template")
-    lm = SimpleNamespace(tokenizer=tokenizer, chat_template_args={})
-
-    def chat(history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return HFLM.apply_chat_template(lm, history, add_generation_prompt)  # type: ignore[arg-type]
-
-    return chat
 
 
 def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
