@@ -69,7 +69,7 @@ BAD_ROWS = [
     pytest.param(
         row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", "out of range", id="mc-answer-negative"
     ),
-    pytest.param(row(id="x", question="q", answer=72), "answer", 'write "72" not 72', id="gen-answer-not-str"),
+    pytest.param(row(id="x", question="q", answer=72), "answer", 'quote it: "72"', id="gen-answer-not-str"),
     pytest.param(
         row(id="x", question="q", choices=["a", "b"], answer=0, extract="number"),
         "extract",

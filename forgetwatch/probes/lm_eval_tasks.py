@@ -4,6 +4,7 @@ scored per sample, or what lm-eval would fail on, is refused at load naming the 
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import json
 import os
@@ -108,11 +109,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         ) from err
     if not names:
         raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
-    if o.apply_chat_template and o.tokenizer is None:
-        raise LmEvalTaskError("apply_chat_template=True needs the model's tokenizer: pass tokenizer=")
+    if o.apply_chat_template and not getattr(o.tokenizer, "chat_template", None):
+        raise LmEvalTaskError(
+            "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
+        )
     loaded = _load_tasks(TaskManager, o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
-    chat = _chat_function(o.tokenizer) if o.apply_chat_template else None
+    chat = None
+    if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
+        from lm_eval.models.huggingface import HFLM
+
+        chat = functools.partial(
+            HFLM.apply_chat_template, SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
+        )
 
     scored = {}
     for name, task in loaded["tasks"].items():
@@ -161,48 +170,55 @@ def _load_tasks(
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
         task_manager = manager_class(include_path=paths, include_defaults=include_defaults and not paths)
-        if paths and _missing(task_manager.task_index, names):
+        if paths and _walk(task_manager.task_index, names)[0]:
             _check_yaml_files(paths)  # lm-eval's index skips a file it cannot read without a word
             if include_defaults:  # e.g. a local group of lm-eval's own tasks
                 task_manager = manager_class(include_path=paths, include_defaults=True)
-    _check_names(task_manager, names)
+    missing, tasks = _walk(task_manager.task_index, names)
+    for group, name in missing:
+        close = difflib.get_close_matches(name, sorted(task_manager.task_index), n=5)
+        what = f"lm-eval group {group!r} includes {name!r}, which is no task, group or tag" if group else ""
+        raise LmEvalTaskError(
+            (what or f"no lm-eval task, group or tag is named {name!r}")
+            + ("" if getattr(task_manager, "include_path", None) is None else ", include_path searched too")
+            + (f"; close names: {', '.join(close)}" if close else "")
+        )
     try:
         return dict(task_manager.load(names))
     except Exception as err:  # the task's data, templates or code
-        raise LmEvalTaskError(_load_failure(task_manager, names, err)) from err
+        raise LmEvalTaskError(_load_failure(task_manager, tasks, err)) from err
 
 
-def _check_names(task_manager: Any, names: Iterable[str]) -> None:
-    known = sorted(task_manager.task_index)
-    where = "" if getattr(task_manager, "include_path", None) is None else ", include_path searched too"
-    for group, name in _missing(task_manager.task_index, names):
-        if group is None and str(name).endswith((".yaml", ".yml")) and os.path.isfile(name):
-            continue
-        close = difflib.get_close_matches(str(name), known, n=5)
-        hint = f"; close names: {', '.join(close)}" if close else ""
-        what = f"no lm-eval task, group or tag is named {name!r}"
-        if group is not None:
-            what = f"lm-eval group {group!r} includes {name!r}, which is no task, group or tag"
-        raise LmEvalTaskError(f"{what}{where}{hint}")
+def _walk(index: Mapping[str, Any], names: Iterable[str]) -> tuple[list[tuple[str | None, str]], dict[str, tuple]]:
+    """``(group, name)`` for each name ``names`` need that the index lacks, and ``name: (yaml_path, cfg)`` of each
+    task they load; groups that include each other are refused (lm-eval would recurse until Python stops it)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
 
-
-def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str | None, str]]:
-    """``(group, name)`` for each name ``names`` need that the index lacks; groups that include each other are
-    refused (lm-eval would recurse until Python stops it)."""
     missing: list[tuple[str | None, str]] = []
+    tasks: dict[str, tuple] = {}
     done: set[str] = set()
 
     def visit(name: str, group: str | None, path: list[str]) -> None:
         entry = index.get(name)
-        if entry is None:
+        if entry is None and group is None and str(name).endswith((".yaml", ".yml")) and os.path.isfile(name):
+            try:
+                tasks[name] = (None, load_yaml(Path(name), resolve_func=False))
+            except Exception:  # noqa: BLE001 - lm-eval's own load says why
+                tasks[name] = (None, None)
+        elif entry is None:
             missing.append((group, name))
-        elif entry.kind.name == "GROUP" and name not in done:
-            if name in path:
-                shown = [f"{n} ({index[n].yaml_path})" if n in index else n for n in path[path.index(name) :]]
-                raise LmEvalTaskError(
-                    f"lm-eval groups include each other: {' -> '.join(shown)} -> {name}; a group cannot "
-                    "contain itself: remove one of these from the other's task list"
-                )
+        elif entry.kind.name == "TAG":
+            for task in [n for n, e in index.items() if name in e.tags]:
+                visit(task, group, path)
+        elif entry.kind.name != "GROUP":
+            tasks[name] = (entry.yaml_path, entry.cfg)
+        elif name in path:
+            shown = [f"{n} ({index[n].yaml_path})" if n in index else n for n in path[path.index(name) :]]
+            raise LmEvalTaskError(
+                f"lm-eval groups include each other: {' -> '.join(shown)} -> {name}; a group cannot "
+                "contain itself: remove one of these from the other's task list"
+            )
+        elif name not in done:
             members((entry.cfg or {}).get("task"), name, [*path, name])
             done.add(name)
 
@@ -219,7 +235,7 @@ def _missing(index: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str |
 
     for name in names:
         visit(name, None, [])
-    return missing
+    return missing, tasks
 
 
 def _check_yaml_files(paths: Iterable[str]) -> None:
@@ -227,17 +243,16 @@ def _check_yaml_files(paths: Iterable[str]) -> None:
     from lm_eval.tasks._yaml_loader import load_yaml
 
     found = Problems("lm-eval task folder")
-    for root in paths:
-        for path in sorted(Path(root).glob("**/*.yaml")):
-            if path.parent.name in ("__pycache__", ".ipynb_checkpoints"):
-                continue
-            try:
-                load_yaml(path, resolve_func=False)
-            except Exception as err:  # not YAML (a yaml.MarkedYAMLError); an include missing or circular; not a mapping
-                mark = getattr(err, "problem_mark", None)
-                why = f"not YAML: {err.problem}" if mark else first_line(err)
-                where = (mark.name, mark.line + 1) if mark else (str(path), None)
-                found.extend([Problem(*where, None, f"{why}; lm-eval skips this file: fix it")])
+    for path in sorted(p for root in paths for p in Path(root).glob("**/*.yaml")):
+        if {"__pycache__", ".ipynb_checkpoints"} & set(path.parts):  # as lm-eval's index
+            continue
+        try:
+            load_yaml(path, resolve_func=False)
+        except Exception as err:  # not YAML (a yaml.MarkedYAMLError); an include missing or circular; not a mapping
+            mark = getattr(err, "problem_mark", None)
+            why = f"not YAML: {err.problem}" if mark else first_line(err)
+            where = (mark.name, mark.line + 1) if mark else (str(path), None)
+            found.extend([Problem(*where, None, f"{why}; lm-eval skips this file: fix it")])
     found.raise_if_any(LmEvalTaskError)
 
 
@@ -253,51 +268,32 @@ def _cause(err: BaseException) -> str:
     return text if root is err else f"{text} ({type(root).__name__}: {first_line(root)})"
 
 
-def _load_failure(task_manager: Any, names: Iterable[str], err: Exception, group: str | None = None) -> str:
-    """Why ``names`` failed to load: the first that fails alone (in a group, its member that does; lm-eval does not
-    say which), and what is wrong with its local data file where that is the cause."""
-    for name in names:
+def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception) -> str:
+    """Why the tasks failed to load (lm-eval does not say which): a local data file of theirs with no documents or a
+    line that is not JSON, else the first task that fails alone."""
+    for name, (path, cfg) in tasks.items():
+        files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
+        for group in files.values() if isinstance(files, Mapping) else [files]:
+            for file in map(Path, group if isinstance(group, list) else [group] if group else []):
+                if not file.is_file() or file.suffix != ".jsonl" and file.stat().st_size:
+                    continue
+                with file.open(encoding="utf-8", errors="replace") as lines:
+                    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+                problem = "no documents: the file is empty" if not numbered else None
+                for number, line in numbered:
+                    try:
+                        json.loads(line)
+                    except json.JSONDecodeError as bad:
+                        problem = f"line {number}: not JSON ({bad.msg} at column {bad.colno}); fix or remove the line"
+                        break
+                if problem:
+                    return f"{_named(name, path)} could not load its data: {file}: {problem}"
+    for name, (path, _) in tasks.items():
         try:
             task_manager.load([name])
         except Exception as alone:  # noqa: BLE001 - the task's data, templates or code
-            entry = task_manager.task_index.get(name)
-            members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" else None
-            if isinstance(members, list):
-                return _load_failure(task_manager, [m for m in members if isinstance(m, str)], alone, name)
-            return _task_failure(task_manager, name, alone)
-    return _task_failure(task_manager, group, err) if group else f"lm-eval's tasks could not be loaded: {_cause(err)}"
-
-
-def _task_failure(task_manager: Any, name: str, err: Exception) -> str:
-    entry = task_manager.task_index.get(name)
-    path, cfg = (entry.yaml_path, entry.cfg) if entry is not None else (None, None)
-    if entry is None and os.path.isfile(name):  # a task named by its YAML file
-        from lm_eval.tasks._yaml_loader import load_yaml
-
-        path, cfg = Path(name).resolve(), load_yaml(Path(name), resolve_func=False)
-        name = cfg.get("task", name)
-    files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
-    for group in files.values() if isinstance(files, Mapping) else [files]:
-        for file in group if isinstance(group, list) else [group]:
-            if file and (problem := _data_file_problem(Path(file))):
-                return f"{_named(name, path)} could not load its data: {problem}"
-    return f"{_named(name, path)} could not be loaded: {_cause(err)}"
-
-
-def _data_file_problem(path: Path) -> str | None:
-    """Why a local data file holds no documents, or which of its JSON lines is not JSON; ``None``: neither."""
-    if not path.is_file() or path.suffix != ".jsonl" and path.stat().st_size:
-        return None
-    empty = True
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                empty = False
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError as err:
-                    return f"{path}: line {number}: not JSON ({err.msg} at column {err.colno}); fix or remove the line"
-    return f"{path}: no documents: the file is empty" if empty else None
+            return f"{_named(name, path)} could not be loaded: {_cause(alone)}"
+    return f"lm-eval's tasks could not be loaded: {_cause(err)}"
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -311,20 +307,6 @@ def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
             chain.append(node)
         out[child] = chain
     return out
-
-
-def _chat_function(tokenizer: Any):
-    """lm-eval's own chat formatting (``HFLM.apply_chat_template``) on this tokenizer."""
-    from lm_eval.models.huggingface import HFLM
-
-    if not getattr(tokenizer, "chat_template", None):
-        raise LmEvalTaskError("apply_chat_template=True but this tokenizer has no chat template")
-    lm = SimpleNamespace(tokenizer=tokenizer, chat_template_args={})
-
-    def chat(history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return HFLM.apply_chat_template(lm, history, add_generation_prompt)  # type: ignore[arg-type]
-
-    return chat
 
 
 def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:

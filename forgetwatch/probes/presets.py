@@ -68,12 +68,9 @@ def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-_BRACKETED = re.compile(r"\[.*?\]")
-
-
 def _hellaswag_clean(text: str) -> str:
     """lm-evaluation-harness's hellaswag text preprocessing (WikiHow markup removal)."""
-    return _BRACKETED.sub("", text.strip().replace(" [title]", ". ")).replace("  ", " ")
+    return re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
 
 
 def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:

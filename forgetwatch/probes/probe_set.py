@@ -205,13 +205,9 @@ class ProbeSet(Sequence[Probe]):
             >>> ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4"}]).to_records()
             [{'id': 'q1', 'question': '2+2=', 'category': 'all', 'answer': '4'}]
         """
-        records = []
-        for p in self._probes:
-            record = p.content()
-            for key, value in p.meta.items():
-                record.setdefault(key, copy.deepcopy(value))
-            records.append(record)
-        return records
+        return [
+            (c := p.content()) | {k: copy.deepcopy(v) for k, v in p.meta.items() if k not in c} for p in self._probes
+        ]
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write the probes as a JSONL probe file, atomically, as strict JSON.

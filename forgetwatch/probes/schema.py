@@ -157,10 +157,6 @@ def _misspelled(row: Mapping[str, Any], fld: str) -> str:
     return f" (found key '{close}': did you mean '{fld}'?)" if close else ""
 
 
-#: The text fields every probe has, and what to write in them.
-_NEEDED = {"id": "give every probe a unique string id", "question": "give the full prompt text"}
-
-
 def _text_problem(value: Any, need: str, allow_layout: bool = False) -> str | None:
     if not isinstance(value, str):
         hint = f'quote it: "{value}"; ' if isinstance(value, (bool, int, float)) else ""
@@ -210,24 +206,6 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
     return None
 
 
-def _check_generative_answer(row: Mapping[str, Any]) -> str | None:
-    why = "this row has no 'choices', so it is generative"
-    if "answer" not in row:
-        return f"missing; give the reference answer as a string ({why})" + _misspelled(row, "answer")
-    answer = row["answer"]
-    if not isinstance(answer, str):
-        if isinstance(answer, (bool, int, float)):
-            hint = f'; write "{json.dumps(answer)}" not {json.dumps(answer)}'
-        else:
-            hint = f", got {type_name(answer)}"
-        return f"must be a string for a generative probe ({why}){hint}" + _misspelled(row, "choices")
-    if not answer.strip():
-        return "is empty; give the reference answer text"
-    if message := unkeepable(answer, allow_layout=True):
-        return message
-    return _never_extracted(answer, row.get("extract"))
-
-
 def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
     if mode == "number" and normalize_number(answer) is None:
@@ -264,23 +242,41 @@ def _check_extract(value: Any) -> str | None:
     return None
 
 
+#: Fields a kind of probe cannot have, and why.
+_NOT_FOR = {
+    ProbeKind.BEHAVIOUR: {
+        f: f"a behaviour probe (one with 'check') has no '{f}'; remove it, or remove 'check' to make this a question "
+        "with an answer"
+        for f in ("choices", "answer", "extract")
+    },
+    ProbeKind.MULTIPLE_CHOICE: {
+        "extract": "extract applies only to generative probes; remove it from this multiple-choice row"
+    },
+    ProbeKind.GENERATIVE: {},
+}
+
+
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
+    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
+    texts = {"id": "give every probe a unique string id", "question": "give the full prompt text"}
+    if kind is ProbeKind.GENERATIVE:
+        why = "this row has no 'choices', so it is generative"
+        texts["answer"] = f"give the reference answer as a string ({why})" + _misspelled(present, "choices")
     problems: list[FieldProblem] = []
-    for fld, need in _NEEDED.items():
-        missing = f"missing; {need}" + _misspelled(present, fld)
-        if message := _text_problem(present[fld], need, fld == "question") if fld in present else missing:
+    for fld, need in texts.items():
+        if fld not in present:
+            message = f"missing; {need}" + _misspelled(present, fld)
+        elif not (message := _text_problem(present[fld], need, allow_layout=fld != "id")) and fld == "answer":
+            message = _never_extracted(present[fld], present.get("extract"))
+        if message:
             problems.append((fld, message))
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
-
-    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
     if kind is ProbeKind.BEHAVIOUR:
         problems += check_problems(present["check"])
-        wrong = "a behaviour probe (one with 'check') has no '{}'; remove it, or remove 'check' to make this a question"
-        problems += [(f, f"{wrong.format(f)} with an answer") for f in ("choices", "answer", "extract") if f in present]
     elif kind is ProbeKind.MULTIPLE_CHOICE:
         problems += [("choices", message) for message in _choice_problems(present["choices"])]
         # Bad entries do not change the count, so the answer's range can still be checked.
@@ -288,15 +284,9 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         countable = choices if isinstance(choices, (list, tuple)) and len(choices) >= 2 else None
         if message := _check_mc_answer(present, countable):
             problems.append(("answer", message))
-        if "extract" in present:
-            problems.append(
-                ("extract", "extract applies only to generative probes; remove it from this multiple-choice row")
-            )
-    else:
-        if message := _check_generative_answer(present):
-            problems.append(("answer", message))
-        if "extract" in present and (message := _check_extract(present["extract"])):
-            problems.append(("extract", message))
+    elif "extract" in present and (message := _check_extract(present["extract"])):
+        problems.append(("extract", message))
+    problems += [(f, message) for f, message in _NOT_FOR[kind].items() if f in present]
     if problems:
         return problems
 
