@@ -255,10 +255,10 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
         files = manifest["files"]
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError("not a forgetwatch manifest")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+    except (OSError, ValueError, TypeError, KeyError) as err:
         return f"{MANIFEST} cannot be read ({first_line(err)})"
     for name, listed in files.items():
-        if not isinstance(name, str) or name == MANIFEST or Path(name).name != name or name in ("", ".", ".."):
+        if name in (MANIFEST, "", "..") or Path(name).name != name:  # JSON keys: always text
             return f"{MANIFEST} lists {shorten(name)}, not a file's name"
         file = directory / name
         if not file.is_file():
