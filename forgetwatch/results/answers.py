@@ -188,36 +188,35 @@ class Answers:
 
     # -- files -------------------------------------------------------------------------------
 
-    def _content(self) -> dict[str, Any]:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-able values: the content of a ``.json`` answers file."""
+        content = {
             "probe_fingerprint": self.probe_fingerprint,
             "scoring": json_safe(self.scoring),
             "model": self.model,
             "meta": json_safe(self.meta),
             "samples": self.samples(),
         }
-
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, as JSON-able values: the content of a ``.json`` answers file."""
-        content = self._content()
         return {"format": FORMAT, "version": VERSION, "checksum": _checksum(content), **content}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Answers:
         """The inverse of :meth:`to_dict`; :class:`AnswersFileError` when the content does not match its checksum."""
-        _check_header(doc)
-        answers = cls.from_samples(
-            doc["probe_fingerprint"],
-            doc.get("scoring", {}),
-            doc["samples"],
-            model=doc.get("model", ""),
-            meta=doc.get("meta", {}),
-        )
-        if doc.get("checksum") != _checksum(answers._content()):
+        if not isinstance(doc, dict):
+            raise AnswersFileError(f"not a forgetwatch answers file (a JSON {type(doc).__name__}, not an object)")
+        for key, want in (("format", FORMAT), ("version", VERSION)):
+            if doc.get(key) != want:
+                raise AnswersFileError(
+                    f"not an answers file this forgetwatch reads ({key} is {shorten(doc.get(key))}, expected {want!r})"
+                )
+        content = {key: doc.get(key) for key in ("probe_fingerprint", "scoring", "model", "meta", "samples")}
+        if doc.get("checksum") != _checksum(content):
             raise AnswersFileError(
                 "edited or damaged since it was written (its content does not match the checksum in its header)"
             )
-        return answers
+        return cls.from_samples(
+            doc["probe_fingerprint"], doc["scoring"], doc["samples"], model=doc["model"], meta=doc["meta"]
+        )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically as JSON (``.json``) or compressed JSON in a numpy archive (``.npz``, no pickle).
@@ -226,15 +225,14 @@ class Answers:
             >>> answers.save("base_answers.json")  # doctest: +SKIP
         """
         path = Path(path)
-        if path.suffix == ".npz":
-            data = np.frombuffer(strict_dumps(self.to_dict()).encode("utf-8"), dtype=np.uint8)
-            with atomic_write(path, "wb") as f:
-                np.savez_compressed(f, answers=data)
-        elif path.suffix == ".json":
-            with atomic_write(path) as f:
-                f.write(strict_dumps(self.to_dict()))
-        else:
+        if path.suffix not in (".json", ".npz"):
             raise ValueError(f"{path}: answers are saved as .json or .npz; choose one of those endings")
+        text = strict_dumps(self.to_dict())
+        with atomic_write(path, "wb") as f:
+            if path.suffix == ".npz":
+                np.savez_compressed(f, answers=np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+            else:
+                f.write(text.encode("utf-8"))
         return path
 
     @classmethod
@@ -272,19 +270,6 @@ def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
     return choices[int(predicted)] if 0 <= predicted < len(choices) else None
 
 
-def _check_header(doc: dict[str, Any]) -> None:
-    if not isinstance(doc, dict):
-        raise AnswersFileError(f"not a forgetwatch answers file (a JSON {type(doc).__name__}, not an object)")
-    if doc.get("format") != FORMAT:
-        raise AnswersFileError(
-            f"not a forgetwatch answers file (format is {shorten(doc.get('format'))}, expected {FORMAT!r})"
-        )
-    if doc.get("version") != VERSION:
-        raise AnswersFileError(
-            f"file version {shorten(doc.get('version'))} is not the one this forgetwatch reads ({VERSION})"
-        )
-
-
 def _unreadable(err: BaseException) -> str:
     # never numpy's advice to load pickled data
     if "pickle" in str(err).lower():
@@ -305,18 +290,13 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
     if list(have) == list(want):
         return None
     have_set, want_set = set(have), set(want)
-    missing = [i for i in want if i not in have_set]
-    extra = [i for i in have if i not in want_set]
-    parts = [f"{len(missing)} missing, e.g. {shorten(missing[0])}"] if missing else []
-    if extra:
-        parts.append(f"{len(extra)} extra, e.g. {shorten(extra[0])}")
-    if not parts:
-        parts.append(
-            "the same ids in another order"
-            if len(have) == len(want)
-            else f"{len(have)} ids for {len(want)} probes, some repeated"
-        )
-    return "; ".join(parts)
+    missing, extra = [i for i in want if i not in have_set], [i for i in have if i not in want_set]
+    parts = [
+        f"{len(ids)} {what}, e.g. {shorten(ids[0])}" for ids, what in ((missing, "missing"), (extra, "extra")) if ids
+    ]
+    if len(have) != len(want) and not parts:
+        parts.append(f"{len(have)} ids for {len(want)} probes, some repeated")
+    return "; ".join(parts) or "the same ids in another order"
 
 
 def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:

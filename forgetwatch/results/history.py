@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -94,13 +94,9 @@ def decode_column(
     column: Any, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """A record's column back as ``(correct, signal)``, checked to hold ``probes`` probes of ``fingerprint``."""
-    if not isinstance(column, Mapping):
-        raise HistoryError(f"must be a JSON object, got {describe(column)}", "columns")
+    _need(column, isinstance(column, Mapping), "a JSON object", "columns")
     for key in ("probes", "correct", "signal"):
-        if not isinstance(column.get(key), str):
-            raise HistoryError(
-                f"must be text, got {describe(column.get(key))}" if key in column else "missing", f"columns.{key}"
-            )
+        _field(column, key, lambda v: isinstance(v, str), "text", "columns.")
     if fingerprint is not None and column["probes"] != fingerprint:
         raise HistoryError(
             f"written for another probe set (fingerprint {column['probes']!r}, these probes "
@@ -161,69 +157,63 @@ def parse_record(line: bytes, probes: int | None = None, fingerprint: str | None
         raise HistoryError(err.why, err.where or None) from None
     except ValueError as err:  # JSONDecodeError
         raise HistoryError(f"not valid JSON ({getattr(err, 'msg', err)})") from None
-    if not isinstance(record, dict):
-        raise HistoryError(f"expected a JSON object, got {describe(record)}")
-    for key in ("step", "report"):
-        if key not in record:
-            raise HistoryError(f"record has no {key!r}")
-    step, report = record["step"], record["report"]
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise HistoryError(f"'step' must be an integer, got {describe(step)}")
-    if step < 0:
-        raise HistoryError(f"must be 0 or more, got {step}", "step")
-    if not isinstance(report, dict):
-        raise HistoryError(f"'report' must be a JSON object, got {describe(report)}")
-    categories = report.get("by_category", {})
-    if not isinstance(categories, dict) or not all(isinstance(c, dict) for c in categories.values()):
-        raise HistoryError(f"'report.by_category' must map categories to JSON objects, got {describe(categories)}")
-    _check_report(report, "report")
-    for cat, child in categories.items():
-        _check_report(child, f"report.by_category.{cat}")
+    _need(record, isinstance(record, dict), "a JSON object")
+    _field(record, "step", lambda v: _is_int(v) and v >= 0, "a whole number 0 or more")
+    report = _field(record, "report", lambda v: isinstance(v, dict), "a JSON object")
+    _check_report(report, "report.")
+    for cat, child in report.get("by_category", {}).items():
+        _check_report(child, f"report.by_category.{cat}.")
     for key in ("stop", "trigger"):
-        if key in record and not isinstance(record[key], str):
-            raise HistoryError(f"must be text, got {describe(record[key])}", key)
+        if key in record:
+            _field(record, key, lambda v: isinstance(v, str), "text")
     if "columns" in record:
         decode_column(record["columns"], probes, fingerprint)
     return record
-
-
-_FIELDS = TransitionReport.__dataclass_fields__
-
-
-def _check_report(report: Mapping[str, Any], where: str) -> None:
-    for name in _COUNTS:
-        value = report.get(name)
-        if name not in report:
-            raise HistoryError(
-                "missing (a report holds the counts n, forgotten, gained, kept and never)", f"{where}.{name}"
-            )
-        if not _is_int(value) or value < 0:
-            raise HistoryError(f"must be a whole number 0 or more, got {describe(value)}", f"{where}.{name}")
-    if sum(report[name] for name in _COUNTS[1:]) != report["n"]:
-        raise HistoryError(
-            f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, not n = {report['n']}",
-            f"{where}.n",
-        )
-    for name, value in report.items():
-        if name not in _FIELDS or name in _COUNTS or name == "by_category" or value is None:
-            continue
-        field = f"{where}.{name}"
-        if name.endswith("_ids"):
-            if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
-                raise HistoryError(f"must be a list of probe ids, got {describe(value)}", field)
-        elif name.endswith("_ci"):
-            if not isinstance(value, list) or len(value) != 2 or not all(v is None or _is_number(v) for v in value):
-                raise HistoryError(f"must be [low, high] (numbers or null), got {describe(value)}", field)
-        elif name == "behaviour":
-            if not isinstance(value, dict) or not all(v is None or _is_number(v) for v in value.values()):
-                raise HistoryError(f"must map figures to numbers or null, got {describe(value)}", field)
-        elif not _is_number(value):
-            raise HistoryError(f"must be a number or null, got {describe(value)}", field)
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+def _is_figure(value: Any) -> bool:
+    return value is None or _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+_FIELDS = TransitionReport.__dataclass_fields__
+#: What a report's field other than a count holds, by the end of its name.
+_SHAPES = {
+    "by_category": (
+        lambda v: isinstance(v, dict) and all(isinstance(c, dict) for c in v.values()),
+        "a JSON object by category",
+    ),
+    "_ids": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of probe ids"),
+    "_ci": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_figure, v)), "[low, high] (numbers or null)"),
+    "behaviour": (lambda v: isinstance(v, dict) and all(map(_is_figure, v.values())), "figures' numbers or null"),
+    "": (_is_figure, "a number or null"),
+}
+
+
+def _check_report(report: Mapping[str, Any], where: str) -> None:
+    for name in sorted(report.keys() & _FIELDS.keys() - set(_COUNTS)):
+        if report[name] is not None:
+            _field(report, name, *next(shape for end, shape in _SHAPES.items() if name.endswith(end)), where)
+    for name in _COUNTS:
+        _field(report, name, lambda v: _is_int(v) and v >= 0, "a whole number 0 or more", where)
+    if sum(report[name] for name in _COUNTS[1:]) != report["n"]:
+        raise HistoryError(
+            f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, not n = {report['n']}",
+            f"{where}n",
+        )
+
+
+def _field(data: Mapping[str, Any], key: str, ok: Callable[[Any], bool], want: str, where: str = "") -> Any:
+    """``data[key]``, or a :class:`HistoryError` naming the field ``where + key``: missing, or not ``want``."""
+    if key not in data:
+        raise HistoryError("missing", where + key)
+    _need(data[key], ok(data[key]), want, where + key)
+    return data[key]
+
+
+def _need(value: Any, ok: bool, want: str, field: str | None = None) -> None:
+    if not ok:
+        raise HistoryError(f"must be {want}, got {describe(value)}", field)

@@ -106,8 +106,6 @@ class TransitionReport:
                 value = {cat: cls.from_dict(child) for cat, child in (value or {}).items()}
             elif name.endswith("_ci"):
                 value = tuple(_NAN if v is None else float(v) for v in (value or (None, None)))
-            elif name.endswith("_ids"):
-                value = list(value)
             elif name == "behaviour":
                 value = {k: float(v) for k, v in (value or {}).items() if v is not None}
             elif f.type in ("float", float):

@@ -42,6 +42,7 @@ PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a f
 #: Every file the monitor itself writes (a repair method names its own; nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
+_COPY = "this checkpoint's forgetwatch files are"
 _WHAT = {
     SNAPSHOT: "the base snapshot is",
     PROBES: "the probe set (the report's questions) is",
@@ -254,10 +255,10 @@ def copy_problem(directory: str | os.PathLike[str]) -> str | None:
         files = manifest["files"]
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError("not a forgetwatch manifest")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+    except (OSError, ValueError, TypeError, KeyError) as err:
         return f"{MANIFEST} cannot be read ({first_line(err)})"
     for name, listed in files.items():
-        if not isinstance(name, str) or name == MANIFEST or Path(name).name != name or name in ("", ".", ".."):
+        if name in (MANIFEST, "", "..") or Path(name).name != name:  # JSON keys: always text
             return f"{MANIFEST} lists {shorten(name)}, not a file's name"
         file = directory / name
         if not file.is_file():
@@ -298,34 +299,27 @@ def stored_base(
                 "evaluate) or leave base unset"
             )
         return answers
-    if not resume_dirs:
-        try:
-            cached = read_snapshot(run_dir)
-        except ValueError as err:  # damaged: say so, and compute a new one
-            logger.warning("forgetwatch: ignoring %s", err)
-            return None
-        if cached is None:
-            return None
-        if problem := cached.mismatch(**expected, meta=keys):
-            logger.warning(
-                "forgetwatch: the cached base snapshot %s is for %s; computing a new one", run_dir / SNAPSHOT, problem
-            )
-            return None
-        logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
-        return cached
     found: list[tuple[Path, Answers]] = []
     rejected = []
-    for directory in resume_dirs:
+    for directory in resume_dirs or [run_dir]:
         try:
             answers = read_snapshot(directory)
         except ValueError as err:  # damaged: say so, and look further
             rejected.append(str(err))
             continue
-        problem = None if answers is None else answers.mismatch(**expected)
+        # a cached snapshot must be of this very model; on resume, loading a model again may change its configuration
+        # harmlessly: it is only preferred
+        problem = None if answers is None else answers.mismatch(**expected, meta=None if resume_dirs else keys)
         if problem:
-            rejected.append(f"{directory}: for {problem}")
+            rejected.append(f"{directory / SNAPSHOT}: for {problem}")
         elif answers is not None:
             found.append((directory, answers))
+    if not resume_dirs:  # a cached snapshot that does not fit: compute a new one
+        if rejected:
+            logger.warning("forgetwatch: ignoring %s; computing a new base snapshot", rejected[0])
+        elif found:
+            logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
+        return found[0][1] if found else None
     if not found:
         why = f" ({'; '.join(rejected)})" if rejected else ""
         raise FileNotFoundError(
@@ -333,7 +327,6 @@ def stored_base(
             f"{', '.join(map(str, resume_dirs))}{why}; the resumed weights have moved, so they cannot stand in for "
             "the base: pass base=PATH with the original run's base_answers.npz"
         )
-    # the model's configuration is only preferred: loading a model again may change it harmlessly
     for _, answers in found:
         if answers.meta.get("model_key") == keys["model_key"]:
             return answers
@@ -358,11 +351,11 @@ class RunStore:
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
         self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
-        # the history on disk before the unwritten records (None: read when needed); once records are
-        # unwritten, the next write rewrites the whole file: no half-written line stays inside
+        # the history's records on disk (None: read when needed) and those not: once some are unwritten, the history
+        # is owed and rewritten whole, so no half-written line stays inside
         self._written: list[dict[str, Any]] | None = None
         self._unwritten: list[dict[str, Any]] = []
-        self._kept: dict[str, Callable[[Path], Any]] = {}  # the files written once, each as the function writing it
+        self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
         self._owed: set[str] = set()  # of those, the ones not on disk
         self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
         self._lost_said = False
@@ -381,7 +374,7 @@ class RunStore:
 
     @property
     def pending(self) -> int:
-        return len(self._unwritten) + len(self._owed) + len(self._copies)
+        return len(self._unwritten) + len(self._owed - {HISTORY}) + len(self._copies)
 
     def check_writable(self) -> None:
         """Raise :class:`NotWritableError` unless files can be written here."""
@@ -502,7 +495,7 @@ class RunStore:
             return False
         self._kept[name] = write
         self._owed.add(name)
-        return self._try_once(name)
+        return self._try(self.dir / name, self._what(name), self._write, name)
 
     def save_latest(self, answers: Answers) -> bool:
         """The last evaluation's answers (not copied into checkpoints); a failure warns."""
@@ -524,31 +517,21 @@ class RunStore:
 
     def save_history(self, records: list[dict[str, Any]]) -> bool:
         """Replace the whole history; whether it is on disk."""
-        if self._gone():
-            return False
         self._written, self._unwritten = [], list(records)
-        return self._try_history()
+        return self.keep(HISTORY, self._write_history)
 
     def append_history(self, record: dict[str, Any]) -> bool:
         """Add one record in one write of one line, flushed (a crash can cut only it short); whether all is on disk."""
         if self._gone():
             return False
         self._find_lost()  # a history file deleted meanwhile is written again whole, not begun anew
-        if self._unwritten:  # the file is behind: retried below by one rewrite, this record included
+        self._kept.setdefault(HISTORY, self._write_history)
+        if HISTORY in self._owed:  # the file is behind: rewritten whole below, this record included
             self._unwritten.append(record)
-        else:
-            try:
-                self.history_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.history_path, "a", encoding="utf-8") as f:
-                    f.write(json_line(record))
-                    f.flush()
-                    os.fsync(f.fileno())
-            except OSError as err:
-                self._unwritten.append(record)
-                _warn(self.history_path, err, "this history record is")
-                return False
-            if self._written is not None:
-                self._written.append(record)
+        elif not self._try(self.history_path, "this history record is", self._append, record):
+            self._unwritten.append(record)
+            self._owed.add(HISTORY)
+            return False
         return self.flush()
 
     def set_aside_damaged(self, records: int) -> Path | None:
@@ -585,7 +568,7 @@ class RunStore:
         target = Path(directory)
         self._copies.pop(target, None)
         self.flush()  # earlier failures first: the copy then finds the history on disk
-        if not self._try_copy(target, extra or {}):
+        if not self._try(target, _COPY, self._copy, target, extra or {}):
             self._copies[target] = extra or {}
         return self.pending == 0
 
@@ -595,12 +578,10 @@ class RunStore:
             return False
         self._find_lost()
         for name in sorted(self._owed):
-            self._try_once(name)
-        if self._unwritten:
-            self._try_history()
+            self._try(self.dir / name, self._what(name), self._write, name)
         for target, extra in list(self._copies.items()):
             # a checkpoint deleted since (rotation) is not made again, without its weights
-            if not target.parent.is_dir() or self._try_copy(target, extra):
+            if not target.parent.is_dir() or self._try(target, _COPY, self._copy, target, extra):
                 del self._copies[target]
         return self.pending == 0
 
@@ -625,12 +606,11 @@ class RunStore:
     def _find_lost(self) -> None:
         # files written here that are gone (the run directory deleted during training): owed again, said once
         lost = [name for name in self._kept if name not in self._owed and not (self.dir / name).exists()]
-        if self._written and not self.history_path.exists():
-            self._written, self._unwritten = [], self._written + self._unwritten
-            lost.append(HISTORY)
         if not lost:
             return
-        self._owed.update(name for name in lost if name != HISTORY)
+        self._owed.update(lost)
+        if HISTORY in lost:
+            self._written, self._unwritten = [], (self._written or []) + self._unwritten
         if not self._lost_said:
             self._lost_said = True
             logger.warning(
@@ -640,24 +620,41 @@ class RunStore:
                 self.dir,
             )
 
-    def _try_once(self, name: str) -> bool:
-        def write() -> None:
-            self._kept[name](self.dir / name)
-            self._owed.discard(name)
+    def _what(self, name: str) -> str:
+        return f"{len(self._unwritten)} history record(s) are" if name == HISTORY else _WHAT.get(name, f"{name} is")
 
-        return _try(write, self.dir / name, _WHAT.get(name, f"{name} is"))
+    def _write(self, name: str) -> None:
+        self._kept[name](self.dir / name)
+        self._owed.discard(name)
+        if name == HISTORY:
+            self._written, self._unwritten = self._records(), []
 
-    def _try_history(self) -> bool:
-        def rewrite() -> None:
-            records = self._records()
-            with atomic_write(self.history_path) as f:
-                f.writelines(json_line(r) for r in records)
-            self._written, self._unwritten = records, []
+    def _try(self, path: Path, what: str, write: Callable[..., None], *args: Any) -> bool:
+        try:
+            write(*args)
+        except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
+            logger.warning(
+                "forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
+                "next evaluation or checkpoint; training goes on",
+                path,
+                first_line(err),
+                what,
+            )
+            return False
+        return True
 
-        return _try(rewrite, self.history_path, f"{len(self._unwritten)} history record(s) are")
+    def _append(self, record: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.history_path, "a", encoding="utf-8") as f:
+            f.write(json_line(record))
+            f.flush()
+            os.fsync(f.fileno())
+        if self._written is not None:
+            self._written.append(record)
 
-    def _try_copy(self, target: Path, extra: dict[str, Any]) -> bool:
-        return _try(lambda: self._copy(target, extra), target, "this checkpoint's forgetwatch files are")
+    def _write_history(self, path: Path) -> None:
+        with atomic_write(path) as f:
+            f.writelines(json_line(r) for r in self._records())
 
     def _records(self) -> list[dict[str, Any]]:
         if self._written is None:
@@ -667,48 +664,21 @@ class RunStore:
     def _copy(self, target: Path, extra: dict[str, Any]) -> None:
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).unlink(missing_ok=True)  # not whole again until the new manifest is written
-        names = []
         for name, write in self._kept.items():
             source = self.dir / name
             if name in self._owed or not source.is_file():
                 write(target / name)  # from memory: the run directory lost it, or never had it
-            else:
+            else:  # copying bytes is cheaper than writing them again
                 _copy_file(source, target / name)
-            names.append(name)
-        if self._unwritten or not self.history_path.is_file():
-            with atomic_write(target / HISTORY) as f:
-                f.writelines(json_line(r) for r in self._records())
-        else:  # the file holds every record: copying bytes is cheaper than writing JSON again
-            _copy_file(self.history_path, target / HISTORY)
-        names.append(HISTORY)
         for name, value in extra.items():
             with atomic_write(target / name) as f:
                 f.write(strict_dumps(value))
-            names.append(name)
+        names = [*self._kept, *extra]
         for name in set(self.files) - set(names) - {MANIFEST}:
             (target / name).unlink(missing_ok=True)  # an earlier copy's, not part of this one
         manifest = {"format": _MANIFEST_FORMAT, "files": {name: _digest(target / name) for name in names}}
         with atomic_write(target / MANIFEST) as f:
             f.write(strict_dumps(manifest))
-
-
-def _try(write: Callable[[], None], path: Path, what: str) -> bool:
-    try:
-        write()
-    except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
-        _warn(path, err, what)
-        return False
-    return True
-
-
-def _warn(path: Path, err: BaseException, what: str) -> None:
-    logger.warning(
-        "forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
-        "next evaluation or checkpoint; training goes on",
-        path,
-        first_line(err),
-        what,
-    )
 
 
 def _left_by(path: Path) -> str | None:
