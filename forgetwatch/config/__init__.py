@@ -74,12 +74,7 @@ def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
 
 
 def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError:
-    """The error for ``source(key=...)``: it names the group a setting belongs to, or the nearest keyword.
-
-    Example:
-        >>> unknown_keyword("Watch", "patience", ["eval_steps"])
-        TypeError("Watch() got an unexpected keyword argument 'patience': write monitor=Monitor(patience=...)")
-    """
+    """The error for ``source(key=...)``: it names the group a setting belongs to, or the nearest keyword."""
     match = did_you_mean(key, [*keywords, *_GROUPED])
     if grouped := _grouped_as(key):
         hint = f": write {grouped}"

@@ -32,13 +32,7 @@ def scoring_options(
     refusal_detector: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """The options that decide the answers of ``probes``, as stored with them (generation's only for generative
-    probes, behaviour's only for behaviour probes).
-
-    Example:
-        >>> scoring_options([], normalize=None, chat_template=False, max_new_tokens=64, stop=["."],
-        ...                 behaviour_max_new_tokens=256)
-        {'normalize': None, 'chat_template': False}
-    """
+    probes, behaviour's only for behaviour probes)."""
     kinds = {p.kind for p in probes}
     options: dict[str, Any] = {"normalize": normalize, "chat_template": chat_template}
     if ProbeKind.GENERATIVE in kinds:

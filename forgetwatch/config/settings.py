@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
@@ -53,24 +54,10 @@ class _Group:
 
 @functools.cache
 def help_text(group: type) -> dict[str, str]:
-    """Each field's help: the ``Attributes:`` entries of ``group``'s docstring, as plain text.
-
-    Example:
-        >>> help_text(Scoring)["max_new_tokens"]
-        'Generative probes: most tokens to generate (>= 1).'
-    """
-    lines = inspect.cleandoc(group.__doc__ or "").splitlines()
-    helps: dict[str, str] = {}
-    name = ""
-    for line in lines[lines.index("Attributes:") + 1 :]:
-        if not line.startswith("    "):  # a blank line or the next section ends it
-            break
-        if line.startswith("        "):  # an entry's continuation
-            helps[name] += " " + line.strip()
-        else:
-            name, _, text = line.strip().partition(": ")
-            helps[name] = text
-    return {k: v.replace("``", "") for k, v in helps.items()}
+    """Each field's help: the ``Attributes:`` entries of ``group``'s docstring, as plain text."""
+    section = inspect.cleandoc(group.__doc__ or "").partition("Attributes:\n")[2].partition("\n\n")[0]
+    entries = re.findall(r"^    (\w+): (.*(?:\n        .*)*)", section, re.MULTILINE)
+    return {name: " ".join(text.split()).replace("``", "") for name, text in entries}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -77,46 +78,27 @@ def read_section(
 
 
 def read_value(text: str, source: str) -> Any:
-    """One value written as YAML text (an environment variable's), read as a config file's are.
-
-    Example:
-        >>> read_value("010", "env"), read_value("[arc_easy, hellaswag]", "env"), read_value("1:30", "env")
-        (10, ['arc_easy', 'hellaswag'], '1:30')
-    """
+    """One value written as YAML text (an environment variable's), read as a config file's are."""
     return _parse_yaml(text, source)[1]
 
 
 def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str, Any]]:
     """Top-level keys whose plain value YAML 1.1 (the frameworks') reads as another number or true/false than
-    YAML 1.2 does (``010`` as 8, ``1:30`` as 90, ``yes`` as true): key -> (line, text, YAML 1.1's value).
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "train.yaml"
-        >>> _ = path.write_text("lr: 1.0e-5\\nforgetwatch_eval_steps: 010\\n")
-        >>> yaml11_misreadings(path)
-        {'forgetwatch_eval_steps': (2, '010', 8)}
-    """
+    YAML 1.2 does (``010`` as 8, ``1:30`` as 90, ``yes`` as true): key -> (line, text, YAML 1.1's value)."""
     try:
         if Path(path).stat().st_size > MAX_BYTES:
             return {}
-        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        text = Path(path).read_text(encoding="utf-8")
+        node, data = yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     found: dict[str, tuple[int, str, Any]] = {}
-    for key_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
-        if not (isinstance(key_node, yaml.ScalarNode) and isinstance(value_node, yaml.ScalarNode)):
-            continue
-        if value_node.style is not None or len(value_node.value) > 100:  # quoted is text in both
-            continue
-        text = value_node.value
-        try:
-            old, new = yaml.safe_load(text), read_value(text, str(path))
-        except (yaml.YAMLError, ConfigError, ValueError):
-            continue
+    for key_node, value_node in node.value if isinstance(data, dict) else ():
+        old = data.get(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
         # a number or true/false where YAML 1.2 reads another (a date, say, fails the settings' own checks)
-        if isinstance(old, (bool, int, float)) and (type(old), repr(old)) != (type(new), repr(new)):
-            found[str(key_node.value)] = (value_node.start_mark.line + 1, text, old)
+        with contextlib.suppress(ConfigError):
+            if isinstance(old, (bool, int, float)) and repr(old) != repr(read_value(value_node.value, "")):
+                found[key_node.value] = (value_node.start_mark.line + 1, value_node.value, old)
     return found
 
 

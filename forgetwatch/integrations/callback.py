@@ -29,7 +29,7 @@ from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.repair import Repair, Repairable
-from forgetwatch.run.watch import Watch
+from forgetwatch.run.watch import Start, Watch
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
 
@@ -130,19 +130,18 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class=")
-        self.watch._start(
-            model,
-            tokenizer,
+        how = Start(
             step=state.global_step,
             output_dir=link.run_dir() / SUBDIR,
-            sinks=trainer_sinks(link, self.watch.probes, self.watch.config.output.table_rows),
+            max_steps=state.max_steps,
+            train_rows=self._train_rows(args, kw.get("train_dataloader"), processing_class or tokenizer),
             resume_from=link.resume_folders(SUBDIR),
             leftovers_in=link.checkpoint_folders(SUBDIR),
-            max_steps=state.max_steps,
+            sinks=trainer_sinks(link, self.watch.probes, self.watch.config.output.table_rows),
             sharded=sharded_run(args),
             stop_note=self._stop_note,
-            train_rows=self._train_rows(args, kw.get("train_dataloader"), processing_class or tokenizer),
         )
+        self.watch._start(model, tokenizer, how)
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""

@@ -327,7 +327,6 @@ class TrainKL:
             parts, firsts = [base.row(str(i)) for i in idx], [self.starts[i] - 1 for i in idx]
             return kl_to_base(logits, *aligned_targets(parts, firsts, logits.shape[1], logits.device))
 
-        why = None
         try:
             sums = row_sums(
                 model,
@@ -341,8 +340,7 @@ class TrainKL:
                 compute=self._run.precision,
             )
             value = float(sums.sum() / max(self.targets, 1))
-            if not math.isfinite(value):
-                why = f"it came out as {value}"
+            why = None if math.isfinite(value) else f"it came out as {value}"
         except MeasureFailed as err:  # a signal, not a training input: the run goes on
             why = str(err)
         if why is not None:
