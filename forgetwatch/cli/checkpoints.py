@@ -19,6 +19,12 @@ from forgetwatch.common.text import first_line, listing
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
 _LOADED = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")  # an auto_map entry for one: the checkpoint's code
 _MODEL_FILES = ("config.json",)
+#: what a loading error of these types means, said instead of its own words
+_LOAD_PROBLEMS = {
+    pickle.UnpicklingError: "its pickled weights hold more than plain tensors, and forgetwatch loads nothing else "
+    "from a pickle; re-save the model as safetensors with save_pretrained",
+    EOFError: "a weight file ends early; it may have been cut short while saving or copying",
+}
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -59,28 +65,20 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
             )
         saved = _TOKENIZER_FILES if tokenizer else _MODEL_FILES
         if not any(os.path.isfile(os.path.join(path, f)) for f in saved):
-            gguf = _only_gguf(flag, value, path)
-            if gguf:
-                return Checkpoint(flag, value, path, local=True, gguf=gguf)
+            found = sorted(f.name for f in os.scandir(path) if f.name.lower().endswith(".gguf") and f.is_file())
+            if len(found) > 1:
+                raise CheckpointError(
+                    f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
+                    f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
+                )
+            if found:
+                return Checkpoint(flag, value, path, local=True, gguf=found[0])
             if not tokenizer:
                 raise CheckpointError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
         return Checkpoint(flag, value, path, local=True)
     if not _HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
         raise CheckpointError(f"{flag}: no such {'file' if value.lower().endswith('.gguf') else 'directory'}: {value}")
     return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
-
-
-def _only_gguf(flag: str, value: str, folder: str) -> str | None:
-    """The one GGUF file in ``folder`` (``None``: none); several are an error saying how to choose."""
-    found = sorted(
-        f for f in os.listdir(folder) if f.lower().endswith(".gguf") and os.path.isfile(os.path.join(folder, f))
-    )
-    if len(found) > 1:
-        raise CheckpointError(
-            f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
-            f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
-        )
-    return found[0] if found else None
 
 
 def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
@@ -118,9 +116,20 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
         doc = _json(ckpt, name)
         if doc is not None:
             _refuse_own_code(ckpt, name, doc)
-    for ckpt in dict.fromkeys((model, tokenizer)):
-        if ckpt.gguf:
-            _check_gguf(ckpt.label, os.path.join(ckpt.path, ckpt.gguf))
+    for ckpt in [c for c in dict.fromkeys((model, tokenizer)) if c.gguf]:
+        try:
+            from gguf import GGUFReader
+        except ImportError as err:
+            raise CheckpointError(
+                f"{ckpt.label}: reading a GGUF file needs the gguf package: pip install gguf"
+            ) from err
+        try:
+            GGUFReader(os.path.join(ckpt.path, ckpt.gguf))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(
+                f"{ckpt.label}: not a readable GGUF file ({first_line(err)}); "
+                "it may have been cut short while downloading or copying"
+            ) from err
     if model.local and not model.gguf:
         _check_weight_files(model)
 
@@ -162,21 +171,6 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
             f"{ckpt.label}: it needs its own Python code (auto_map in {name}: {listing(own, 2)}), which forgetwatch "
             f"does not run; if transformers has this architecture{known}, use a copy without auto_map"
         )
-
-
-def _check_gguf(label: str, path: str) -> None:
-    """The GGUF file is whole and readable, and the ``gguf`` package installed."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as err:
-        raise CheckpointError(f"{label}: reading a GGUF file needs the gguf package: pip install gguf") from err
-    try:
-        GGUFReader(path)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{label}: not a readable GGUF file ({first_line(err)}); "
-            "it may have been cut short while downloading or copying"
-        ) from err
 
 
 def _check_weight_files(ckpt: Checkpoint) -> None:
@@ -244,9 +238,8 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
                 **{_dtype_kwarg(): dtype},
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
-            raise CheckpointError(
-                f"cannot load a causal language model from {ckpt.name} ({_load_problem(err)})"
-            ) from err
+            why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)
+            raise CheckpointError(f"cannot load a causal language model from {ckpt.name} ({why})") from err
         problem = _uncovered(info)
         if problem:
             held.clear()  # our line says it all
@@ -305,17 +298,6 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
         logger.removeFilter(hold)
         for record in held:
             logger.handle(record)
-
-
-def _load_problem(err: BaseException) -> str:
-    if isinstance(err, pickle.UnpicklingError):
-        return (
-            "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
-            "else from a pickle; re-save the model as safetensors with save_pretrained"
-        )
-    if isinstance(err, EOFError):
-        return "a weight file ends early; it may have been cut short while saving or copying"
-    return first_line(err)
 
 
 def _dtype_kwarg() -> str:
