@@ -408,7 +408,8 @@ def test_offline_a_hub_id_that_is_not_cached_is_one_line(
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     code, _, err = run(capsys, "compare", "--base", toy.base_dir, "--model", "fworg/finall", "--probes", probe_file)
-    _one_line_error(code, err, "--model fworg/finall: no such directory, and not in the local hub cache")
+    _one_line_error(code, err, "--model fworg/finall: no such directory, and HF_HUB_OFFLINE is set")
+    assert "not in the local hub cache" in err
 
 
 def test_offline_a_cached_hub_id_is_scored_from_the_cache(toy, few_probes, tmp_path, capsys, monkeypatch, hub_cache):

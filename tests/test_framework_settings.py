@@ -160,11 +160,11 @@ def test_environment_values_are_read_by_yaml_1_2_and_checked_by_the_settings_typ
         ({"FORGETWATCH_EVAL_STEPS": "9" * 5000}, "'FORGETWATCH_EVAL_STEPS': an integer of 5000 characters"),
         (
             {"forgetwatch_eval_steps": "5"},
-            "'forgetwatch_eval_steps': forgetwatch's environment variables are upper case: set FORGETWATCH_EVAL_STEPS",
+            "'forgetwatch_eval_steps': forgetwatch's environment variables are upper case: write 'FORGETWATCH_EVAL_STEPS'",
         ),
         (
             {"Forgetwatch_Eval_Step": "5"},
-            "'Forgetwatch_Eval_Step': forgetwatch's environment variables are upper case: set FORGETWATCH_EVAL_STEPS",
+            "'Forgetwatch_Eval_Step': forgetwatch's environment variables are upper case: write 'FORGETWATCH_EVAL_STEPS'",
         ),
     ]:
         with pytest.raises(ConfigError) as caught:

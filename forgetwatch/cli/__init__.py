@@ -203,11 +203,7 @@ def _probes(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
-    _check_device(args.device)
-    _check_writable("--out", Path(args.out).parent)
-    probes = None if _chat_tasks(args) else _load_probes(args)
-    [(model, tokenizer)] = _prepare(args, ("--model", args.model))
-    probes = probes or _load_probes(args, tokenizer)
+    probes, [(model, tokenizer)], _ = _inputs(args, Path(args.out).parent, ("--model", args.model))
     answers = _score(args, model, tokenizer, probes)
     answers.save(args.out)
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
@@ -220,25 +216,13 @@ def _compare(args: argparse.Namespace) -> int:
     from forgetwatch.results.metrics import compare
     from forgetwatch.results.report import write_samples_csv
 
-    _check_device(args.device)
-    if args.out:
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise UsageError(f"--out {args.out}: exists and is not a directory")
-        _check_writable("--out", Path(args.out))
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     named = [] if base_is_answers else [("--base", args.base)]
-    prepared = _prepare(args, *named, ("--model", args.model)) if _chat_tasks(args) else None
-    probes = _load_probes(args, prepared[-1][1] if prepared else None)
-    if base_is_answers:
-        if not Path(args.base).is_file():
-            raise UsageError(f"--base {args.base}: no such answers file")
-        try:
-            base = Answers.load(args.base, probes=probes)
-        except ValueError as err:
-            raise UsageError(f"--base: {err}") from err
-        _check_same_options(args, base, probes)
-    prepared = prepared or _prepare(args, *named, ("--model", args.model))
-    if not base_is_answers:
+    probes, prepared, base = _inputs(args, out, *named, ("--model", args.model), base_answers=base_is_answers)
+    if base is None:
         base = _score(args, *prepared[0], probes)
     current = _score(args, *prepared[-1], probes, precision=base.scoring.get("precision"))
     report = compare(base, current)
@@ -247,8 +231,7 @@ def _compare(args: argparse.Namespace) -> int:
     for line in lm_eval_lines(base, "base, "):
         print(line)
     print(report.summary())
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         base.save(out / "base_answers.json")
         current.save(out / "model_answers.json")
         write_samples_csv(base, current, out / "samples.csv", probes)
@@ -295,27 +278,31 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat_tasks(args: argparse.Namespace) -> bool:
-    """lm-eval builds chat prompts with the model's tokenizer: once it is loaded."""
-    return bool(args.lm_eval_tasks and args.chat_template)
+def _inputs(
+    args: argparse.Namespace, out: Path | None, *named: tuple[str, str], base_answers: bool = False
+) -> tuple[ProbeSet, list[tuple[Checkpoint, Any]], Answers | None]:
+    """Every input checked before any model loads: the probes, the models (see :func:`_prepare`) and, with
+    ``base_answers``, the answers file ``--base``; lm-eval builds chat prompts with the model's tokenizer."""
+    _check_device(args.device)
+    if out is not None:
+        _check_writable("--out", out)
+    prepared = _prepare(args, *named) if args.lm_eval_tasks and args.chat_template else None
+    probes = _load_probes(args, prepared[-1][1] if prepared else None)
+    base = _base_answers(args, probes) if base_answers else None
+    return probes, prepared or _prepare(args, *named), base
 
 
-def _load_probes(args: argparse.Namespace, tokenizer: Any = None) -> ProbeSet:
-    if args.lm_eval_tasks:
-        return _lm_eval_probes(args, tokenizer)
-    for flag in ("num_fewshot", "limit", "include_path"):
-        if getattr(args, flag) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
-    path = args.probes
-    try:
-        return ProbeSet.from_jsonl(path)
-    except FileNotFoundError as err:
-        raise UsageError(f"--probes {path}: no such file") from err
-    except (IsADirectoryError, PermissionError) as err:
-        raise UsageError(f"--probes {path}: cannot read it ({err.strerror})") from err
-
-
-def _lm_eval_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
+def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
+    if not args.lm_eval_tasks:
+        for flag in ("num_fewshot", "limit", "include_path"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
+        try:
+            return ProbeSet.from_jsonl(args.probes)
+        except FileNotFoundError as err:
+            raise UsageError(f"--probes {args.probes}: no such file") from err
+        except (IsADirectoryError, PermissionError) as err:
+            raise UsageError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise UsageError("--num-fewshot must be at least 0")
     if args.limit is not None and args.limit < 1:
@@ -333,6 +320,24 @@ def _lm_eval_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
         )
     except ImportError as err:  # lm-eval is not installed; errors in its tasks are InputErrors
         raise UsageError(str(err)) from err
+
+
+def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
+    """``--base`` answers, scored the way this run will score the model."""
+    if not Path(args.base).is_file():
+        raise UsageError(f"--base {args.base}: no such answers file")
+    try:
+        base = Answers.load(args.base, probes=probes)
+    except ValueError as err:
+        raise UsageError(f"--base: {err}") from err
+    # the precision is the model's, known once it is loaded (checked in _score)
+    wanted = {**scoring_options(probes, **_scoring(args)), "precision": base.scoring.get("precision")}
+    if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
+        raise UsageError(
+            f"--base {args.base} was scored for {problem}; "
+            "pass the same --normalize / --chat-template / --max-new-tokens"
+        )
+    return base
 
 
 def _scoring(args: argparse.Namespace) -> dict[str, Any]:
@@ -355,18 +360,6 @@ def _check_writable(flag: str, directory: Path) -> None:
     existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise UsageError(f"{flag}: cannot write into {directory}")
-
-
-def _check_same_options(args: argparse.Namespace, base: Answers, probes: ProbeSet) -> None:
-    """A base snapshot must have been scored the way this run will score the model."""
-    wanted = scoring_options(probes, **_scoring(args))
-    # the precision is the model's, known once it is loaded (checked in _score)
-    wanted["precision"] = base.scoring.get("precision")
-    if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
-        raise UsageError(
-            f"--base {args.base} was scored for {problem}; "
-            "pass the same --normalize / --chat-template / --max-new-tokens"
-        )
 
 
 def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:

@@ -19,6 +19,12 @@ from forgetwatch.common.text import first_line, listing
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
 _LOADED = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")  # an auto_map entry for one: the checkpoint's code
 _MODEL_FILES = ("config.json",)
+#: what a loading error of these types means, said instead of its own words
+_LOAD_PROBLEMS = {
+    pickle.UnpicklingError: "its pickled weights hold more than plain tensors, and forgetwatch loads nothing else "
+    "from a pickle; re-save the model as safetensors with save_pretrained",
+    EOFError: "a weight file ends early; it may have been cut short while saving or copying",
+}
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -59,9 +65,14 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
             )
         saved = _TOKENIZER_FILES if tokenizer else _MODEL_FILES
         if not any(os.path.isfile(os.path.join(path, f)) for f in saved):
-            gguf = _only_gguf(flag, value, path)
-            if gguf:
-                return Checkpoint(flag, value, path, local=True, gguf=gguf)
+            found = sorted(f.name for f in os.scandir(path) if f.name.lower().endswith(".gguf") and f.is_file())
+            if len(found) > 1:
+                raise CheckpointError(
+                    f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
+                    f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
+                )
+            if found:
+                return Checkpoint(flag, value, path, local=True, gguf=found[0])
             if not tokenizer:
                 raise CheckpointError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
         return Checkpoint(flag, value, path, local=True)
@@ -70,61 +81,31 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
     return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
 
 
-def _only_gguf(flag: str, value: str, folder: str) -> str | None:
-    """The one GGUF file in ``folder`` (``None``: none); several are an error saying how to choose."""
-    found = sorted(
-        f for f in os.listdir(folder) if f.lower().endswith(".gguf") and os.path.isfile(os.path.join(folder, f))
-    )
-    if len(found) > 1:
-        raise CheckpointError(
-            f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
-            f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
-        )
-    return found[0] if found else None
-
-
 def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
-    """A hub id: in the local cache (no network), else asked of the hub once."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    cached = any(isinstance(try_to_load_from_cache(repo, f), str) for f in files)
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return Checkpoint(flag, repo, repo, local=False, cached_only=True)
-        raise CheckpointError(
-            f"{flag} {repo}: no such directory, and not in the local hub cache "
-            "(HF_HUB_OFFLINE is set, so the hub is not asked)"
-        )
-    unreachable = _ask_hub(flag, repo)
-    if unreachable is None:
-        return Checkpoint(flag, repo, repo, local=False)
-    note = f"{flag} {repo}: the hub cannot be reached ({unreachable}); using the cached copy"
-    if cached:
-        return Checkpoint(flag, repo, repo, local=False, cached_only=True, note=note)
-    raise CheckpointError(
-        f"{flag} {repo}: no such directory, and the hub cannot be reached to look it up "
-        f"({unreachable}); it is not in the local hub cache either"
-    )
-
-
-def _ask_hub(flag: str, repo: str) -> str | None:
-    """``None`` when the hub has ``repo``, else why it could not be asked: one request, no retries."""
-    from huggingface_hub import HfApi, constants
+    """A hub id: asked of the hub once (no retries), else read from the local cache."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.utils import GatedRepoError, HFValidationError, RepositoryNotFoundError
 
-    try:
-        HfApi().model_info(repo, timeout=constants.HF_HUB_ETAG_TIMEOUT)
-    except GatedRepoError:
-        return None  # it exists; access is checked when its files are fetched
-    except RepositoryNotFoundError as err:
-        raise CheckpointError(
-            f"{flag} {repo}: no such directory, nor a model on the hub (a private or gated one needs `hf auth login`)"
-        ) from err
-    except HFValidationError as err:
-        raise CheckpointError(f"{flag}: no such directory: {repo}") from err
-    except Exception as err:  # noqa: BLE001 - no network, a proxy, the hub down: whatever stops the request
-        return first_line(err)
-    return None
+    why = "HF_HUB_OFFLINE is set, so the hub is not asked"
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            HfApi().model_info(repo, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+            return Checkpoint(flag, repo, repo, local=False)
+        except GatedRepoError:  # it exists; access is checked when its files are fetched
+            return Checkpoint(flag, repo, repo, local=False)
+        except RepositoryNotFoundError as err:
+            raise CheckpointError(
+                f"{flag} {repo}: no such directory, nor a model on the hub (a private or gated one needs "
+                "`hf auth login`)"
+            ) from err
+        except HFValidationError as err:
+            raise CheckpointError(f"{flag}: no such directory: {repo}") from err
+        except Exception as err:  # noqa: BLE001 - no network, a proxy, the hub down: whatever stops the request
+            why = f"the hub cannot be reached ({first_line(err)})"
+    if any(isinstance(try_to_load_from_cache(repo, f), str) for f in files):
+        note = None if constants.HF_HUB_OFFLINE else f"{flag} {repo}: {why}; using the cached copy"
+        return Checkpoint(flag, repo, repo, local=False, cached_only=True, note=note)
+    raise CheckpointError(f"{flag} {repo}: no such directory, and {why}; it is not in the local hub cache either")
 
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
@@ -135,11 +116,22 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
         doc = _json(ckpt, name)
         if doc is not None:
             _refuse_own_code(ckpt, name, doc)
-    for ckpt in dict.fromkeys((model, tokenizer)):
-        if ckpt.gguf:
-            _check_gguf(ckpt.label, os.path.join(ckpt.path, ckpt.gguf))
+    for ckpt in [c for c in dict.fromkeys((model, tokenizer)) if c.gguf]:
+        try:
+            from gguf import GGUFReader
+        except ImportError as err:
+            raise CheckpointError(
+                f"{ckpt.label}: reading a GGUF file needs the gguf package: pip install gguf"
+            ) from err
+        try:
+            GGUFReader(os.path.join(ckpt.path, ckpt.gguf))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(
+                f"{ckpt.label}: not a readable GGUF file ({first_line(err)}); "
+                "it may have been cut short while downloading or copying"
+            ) from err
     if model.local and not model.gguf:
-        _check_weight_files(Path(model.path))
+        _check_weight_files(model)
 
 
 def _json(ckpt: Checkpoint, name: str) -> dict[str, Any] | None:
@@ -181,37 +173,18 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
         )
 
 
-def _check_gguf(label: str, path: str) -> None:
-    """The GGUF file is whole and readable, and the ``gguf`` package installed."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as err:
-        raise CheckpointError(f"{label}: reading a GGUF file needs the gguf package: pip install gguf") from err
-    try:
-        GGUFReader(path)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{label}: not a readable GGUF file ({first_line(err)}); "
-            "it may have been cut short while downloading or copying"
-        ) from err
-
-
-def _check_weight_files(root: Path) -> None:
+def _check_weight_files(ckpt: Checkpoint) -> None:
     """The safetensors files transformers would read are all there and whole."""
-    single, index = root / "model.safetensors", root / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
-            raise CheckpointError(f"{index}: not a readable index of weight files ({first_line(err)})") from err
+    root, name = Path(ckpt.path), "model.safetensors.index.json"
+    if (root / "model.safetensors").is_file():
+        files = [root / "model.safetensors"]
+    elif (index := _json(ckpt, name)) is not None:
+        weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index}: no weight_map of tensors to files")
-        files = [root / str(name) for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"{index}: lists weight files that are not in {root}: {listing(missing)}")
+            raise CheckpointError(f"{root / name}: no weight_map of tensors to files")
+        files = [root / str(f) for f in sorted(set(weight_map.values()))]
+        if missing := [f.name for f in files if not f.is_file()]:
+            raise CheckpointError(f"{root / name}: lists weight files that are not in {root}: {listing(missing)}")
     else:
         return  # pickled weights or another layout: checked as they load
     from safetensors import SafetensorError, safe_open
@@ -265,9 +238,8 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
                 **{_dtype_kwarg(): dtype},
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
-            raise CheckpointError(
-                f"cannot load a causal language model from {ckpt.name} ({_load_problem(err)})"
-            ) from err
+            why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)
+            raise CheckpointError(f"cannot load a causal language model from {ckpt.name} ({why})") from err
         problem = _uncovered(info)
         if problem:
             held.clear()  # our line says it all
@@ -287,15 +259,13 @@ def _uncovered(info: dict[str, Any]) -> str | None:
         hint = f"; {len(unused)} of its tensors go unused, e.g. {unused[0]}" if unused else ""
         return f"lacks {len(missing)} tensor(s) the model needs: {listing(missing, 3)}{hint}"
     if mismatched:
+        shape = "x".join
         shapes = [
-            f"{name} ({_shape(saved)} saved, {_shape(wanted)} in the config)" for name, saved, wanted in mismatched
+            f"{name} ({shape(map(str, saved))} saved, {shape(map(str, wanted))} in the config)"
+            for name, saved, wanted in mismatched
         ]
         return f"holds {len(mismatched)} tensor(s) of another shape than its config says: {listing(shapes, 2)}"
     return None
-
-
-def _shape(size: Any) -> str:
-    return "x".join(str(int(d)) for d in size)
 
 
 @contextmanager
@@ -328,17 +298,6 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
         logger.removeFilter(hold)
         for record in held:
             logger.handle(record)
-
-
-def _load_problem(err: BaseException) -> str:
-    if isinstance(err, pickle.UnpicklingError):
-        return (
-            "its pickled weights hold more than plain tensors, and forgetwatch loads nothing "
-            "else from a pickle; re-save the model as safetensors with save_pretrained"
-        )
-    if isinstance(err, EOFError):
-        return "a weight file ends early; it may have been cut short while saving or copying"
-    return first_line(err)
 
 
 def _dtype_kwarg() -> str:

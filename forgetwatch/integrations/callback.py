@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from typing import Any
 
 from torch.nn import Module
@@ -152,18 +153,15 @@ class ForgetWatchCallback(TrainerCallback):
         def read() -> dict[str, Any]:  # on rank 0; a GRPO prompt is tokenized as its trainer does
             dataset = getattr(loader, "dataset", None)
             rows, reason = training_rows(dataset, n, 0, args=args, tokenizer=tokenizer, trainer=self._link.trainer)
-            if rows is None:
-                return {"rows": None, "reason": reason}
-            return {"rows": rows.rows, "source": rows.source, "max_new_tokens": rows.max_new_tokens}
+            return {"reason": reason} if rows is None else asdict(rows)
 
         ranks = Ranks.all()
         found = ranks.share_from_rank_zero(read)
-        if found["rows"] is None:
+        if "reason" in found:
             if ranks.index == 0:
                 logger.info("forgetwatch: train KL (forgetwatch/drift/train_kl) is off: %s", found["reason"])
             return None
-        rows = [(list(ids), int(start)) for ids, start in found["rows"]]
-        return TrainRows(rows, found["source"], found["max_new_tokens"])
+        return TrainRows(**{**found, "rows": [(list(ids), int(start)) for ids, start in found["rows"]]})
 
     def _stop_note(self, step: int) -> str:
         saving = self.watch.config.monitor.save_on_stop

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,8 @@ KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
 EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS))
 #: every setting a framework may give, without its prefix
 NAMES = (*FLAT_KEYS, *EXTRA)
+#: how each source spells its settings: a framework config's keys, the environment's variables
+_SPELLING = {KEY_PREFIX: ("keys", str.lower), ENV_PREFIX: ("environment variables", str.upper)}
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,7 @@ class FrameworkSettings:
                 ...
             forgetwatch.config.checks.ConfigError: train.yaml: key 'forgetwatch_eval_step': unknown key (did you mean 'forgetwatch_eval_steps'?)...
         """
-        given: dict[str, Any] = {}
-        problems: list[Problem] = []
-        for key, value in values.items():
-            if not (isinstance(key, str) and key.lower().startswith(KEY_PREFIX)):
-                continue
-            if key != key.lower():
-                right = KEY_PREFIX + _known(key[len(KEY_PREFIX) :].lower())
-                problems.append(Problem(source, None, key, f"forgetwatch's keys are lower case: write {right!r}"))
-            else:
-                given[key[len(KEY_PREFIX) :]] = value
+        given, problems = _prefixed(values, KEY_PREFIX, source)
         misread = yaml11_misreadings(yaml_file) if yaml_file is not None else {}
         for key, (line, text, old) in misread.items():
             if key.startswith(KEY_PREFIX) and key[len(KEY_PREFIX) :] in given and values[key] == old:  # not overridden
@@ -75,7 +68,7 @@ class FrameworkSettings:
                     f"base 60, yes/no/on/off true/false); write {json.dumps(old)} if you mean that, or quote text"
                 )
                 problems.append(Problem(str(yaml_file), line, key, message))
-        return cls._build(given, lambda name: KEY_PREFIX + name, source, problems)
+        return cls._build(given, problems, KEY_PREFIX, source)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
@@ -86,41 +79,19 @@ class FrameworkSettings:
             ...                                 "FORGETWATCH_MAX_FORGETTING": "0.1"}).config.max_forgetting
             0.1
         """
-        environ = os.environ if environ is None else environ
-        given: dict[str, Any] = {}
-        problems: list[Problem] = []
-        for key, text in environ.items():
-            if not key.upper().startswith(ENV_PREFIX):
-                continue
-            name = key[len(ENV_PREFIX) :].lower()
-            if key != key.upper():
-                message = f"forgetwatch's environment variables are upper case: set {ENV_PREFIX}{_known(name).upper()}"
-                problems.append(Problem("environment", None, key, message))
-            elif not text.strip():
-                message = "is set but empty; give it a value (null for the default), or unset it"
-                problems.append(Problem("environment", None, key, message))
-            else:
-                try:
-                    given[name] = _env_value(name, text)
-                except ConfigError as err:
-                    problems += [Problem("environment", None, key, p.message) for p in err.errors]
-        return cls._build(given, lambda name: ENV_PREFIX + name.upper(), "environment", problems)
+        given, problems = _prefixed(os.environ if environ is None else environ, ENV_PREFIX, "environment")
+        return cls._build(given, problems, ENV_PREFIX, "environment")
 
     @classmethod
-    def _build(
-        cls,
-        given: dict[str, Any],
-        named: Callable[[str], str],
-        source: str,
-        problems: list[Problem] | None = None,
-    ) -> FrameworkSettings:
-        problems = list(problems or [])
-        for name in given:
-            if name not in NAMES:
-                match = did_you_mean(name, NAMES)
-                hint = f" (did you mean {named(match)!r}?)" if match else ""
-                problems.append(Problem(source, None, named(name), f"unknown key{hint}; fix or remove it"))
-        given = {k: v for k, v in given.items() if k in NAMES}
+    def _build(cls, given: dict[str, Any], problems: list[Problem], prefix: str, source: str) -> FrameworkSettings:
+        def named(name: str) -> str:
+            return _SPELLING[prefix][1](prefix + name)
+
+        for name in [name for name in given if name not in NAMES]:
+            match = did_you_mean(name, NAMES)
+            hint = f" (did you mean {named(match)!r}?)" if match else ""
+            problems.append(Problem(source, None, named(name), f"unknown key{hint}; fix or remove it"))
+            del given[name]
         config_path, replay_path = given.pop("config", None), given.pop("replay", None)
         for name, value in (("config", config_path), ("replay", replay_path)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
@@ -182,11 +153,31 @@ def _known(name: str) -> str:
     return name if name in NAMES else did_you_mean(name, NAMES) or name
 
 
-def _env_value(name: str, text: str) -> Any:
-    """Paths stay text unless a list or mapping is written (lm-eval tasks); the rest is read as YAML."""
-    if name in (*PATH_KEYS, "config", "replay") and not text.lstrip().startswith(("[", "{")):
-        return text
-    return read_value(text, "environment")
+def _prefixed(values: Mapping[str, Any], prefix: str, source: str) -> tuple[dict[str, Any], list[Problem]]:
+    """The settings in ``values`` by name, and the problems of those misspelt or (environment) empty."""
+    what, case = _SPELLING[prefix]
+    given: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for key, value in values.items():
+        if not (isinstance(key, str) and case(key).startswith(prefix)):
+            continue
+        name = key[len(prefix) :].lower()
+        if key != case(key):
+            message = f"forgetwatch's {what} are {case.__name__} case: write {case(prefix + _known(name))!r}"
+            problems.append(Problem(source, None, key, message))
+        elif prefix == KEY_PREFIX:
+            given[name] = value
+        elif not value.strip():
+            message = "is set but empty; give it a value (null for the default), or unset it"
+            problems.append(Problem(source, None, key, message))
+        elif name in (*PATH_KEYS, "config", "replay") and not value.lstrip().startswith(("[", "{")):
+            given[name] = value  # paths stay text unless a list or mapping is written (lm-eval tasks)
+        else:
+            try:
+                given[name] = read_value(value, source)
+            except ConfigError as err:
+                problems += [Problem(source, None, key, p.message) for p in err.errors]
+    return given, problems
 
 
 def main_process() -> bool:

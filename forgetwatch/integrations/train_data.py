@@ -10,12 +10,8 @@ import numpy as np
 
 from forgetwatch.run.train_kl import MAX_TOKENS, TrainRows
 
-__all__ = ["MAX_COMPLETION", "MAX_TOKENS", "TrainRows", "training_rows"]
-
 #: the most tokens of the base's greedy completion asked for after a GRPO prompt
 MAX_COMPLETION = 128
-
-_DIRECT = "Watch.start(train_rows=...) takes rows directly"
 
 
 def training_rows(
@@ -32,44 +28,48 @@ def training_rows(
     (None, 'the training dataset (a list_iterator) cannot be sampled by index: Watch.start(train_rows=...) takes rows directly')
     """
     try:
-        return _training_rows(dataset, n, seed, args, tokenizer, trainer)
+        found = _training_rows(dataset, n, seed, args, tokenizer, trainer)
     except Exception as err:  # monitoring, not training: an odd dataset turns the signal off, never the run
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
-        return None, f"the training data could not be read ({reason}): {_DIRECT}"
+        found = f"the training data could not be read ({reason})"
+    if isinstance(found, TrainRows):
+        return found, ""
+    return None, f"{found}: Watch.start(train_rows=...) takes rows directly"
 
 
-def _training_rows(dataset: Any, n: int, seed: int, args: Any, tokenizer: Any, trainer: Any):
+def _training_rows(dataset: Any, n: int, seed: int, args: Any, tokenizer: Any, trainer: Any) -> TrainRows | str:
+    """The rows, or why there are none."""
     if n <= 0:
-        return None, "no rows asked for (n = 0)"
+        return "no rows asked for (n = 0)"
     if dataset is None:
-        return None, f"the trainer has no training dataset: {_DIRECT}"
+        return "the trainer has no training dataset"
     try:
         size = len(dataset)
         dataset.__getitem__  # noqa: B018  (a sized dataset without indexing cannot be sampled either)
     except (TypeError, AttributeError):
-        return None, f"the training dataset (a {type(dataset).__name__}) cannot be sampled by index: {_DIRECT}"
+        return f"the training dataset (a {type(dataset).__name__}) cannot be sampled by index"
     if size == 0:
-        return None, f"the training dataset is empty: {_DIRECT}"
+        return "the training dataset is empty"
     columns = _columns(dataset)
     if columns is None:
-        return None, f"the training dataset's rows are not dicts of columns: {_DIRECT}"
+        return "the training dataset's rows are not dicts of columns"
     layout = _layout(columns, args, tokenizer, trainer)
     if layout is None:
         shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
-        return None, f"the training dataset has no token ids this can read (columns: {shown}): {_DIRECT}"
+        return f"the training dataset has no token ids this can read (columns: {shown})"
     source, needed, read = layout
     if source == "grpo" and tokenizer is None:
-        return None, f"the training prompts are text and no tokenizer was given: {_DIRECT}"
+        return "the training prompts are text and no tokenizer was given"
     indices = np.sort(np.random.default_rng([seed, size]).choice(size, min(n, size), replace=False))
     if hasattr(dataset, "select_columns"):  # a datasets.Dataset: read only the columns used (no images)
         dataset = dataset.select_columns(needed)
     rows = [row for row in (read(dataset[int(i)]) for i in indices) if row is not None]
     if not rows:
-        return None, f"none of the {len(indices)} sampled rows has a target token in its first {MAX_TOKENS}: {_DIRECT}"
+        return f"none of the {len(indices)} sampled rows has a target token in its first {MAX_TOKENS}"
     if source == "grpo":
         limit = getattr(args, "max_completion_length", None)
-        return TrainRows(rows, source, min(limit, MAX_COMPLETION) if limit else MAX_COMPLETION), ""
-    return TrainRows(rows, source), ""
+        return TrainRows(rows, source, min(limit, MAX_COMPLETION) if limit else MAX_COMPLETION)
+    return TrainRows(rows, source)
 
 
 def _columns(dataset: Any) -> list[str] | None:
@@ -94,11 +94,7 @@ def _layout(columns: list[str], args: Any, tokenizer: Any, trainer: Any):
             _sequence_reader("input_ids", "labels", completion_only=completion_only),
         )
     if {"chosen_input_ids", "chosen_labels"} <= have:  # TRL before 0.12: the prompt inside chosen_input_ids
-        needed = [
-            "chosen_input_ids",
-            "chosen_labels",
-            *(["chosen_attention_mask"] if "chosen_attention_mask" in have else []),
-        ]
+        needed = [c for c in ("chosen_input_ids", "chosen_labels", "chosen_attention_mask") if c in have]
         return "dpo", needed, _sequence_reader("chosen_input_ids", "chosen_labels", "chosen_attention_mask")
     for prompt, answer, source in (
         ("prompt_ids", "chosen_ids", "dpo"),
@@ -196,7 +192,7 @@ def _prompt_reader(args: Any, tokenizer: Any, trainer: Any):
             encoded = tokenizer.apply_chat_template(
                 list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True, **rendering
             )
-            ids = _first(encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded)
+            ids = _first(encoded["input_ids"])
         if isinstance(keep, int) and keep > 0:  # older TRL kept a prompt's last max_prompt_length tokens
             ids = ids[-keep:]
         ids = ids[: MAX_TOKENS - 1]  # room for at least one completion token
