@@ -3,7 +3,6 @@ or a few lines of text for the console."""
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -102,10 +101,8 @@ def plot_runs(runs: Mapping[str, History], out_png: str | os.PathLike[str], *, t
 
 
 def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
     with atomic_write(out_png, "wb") as f:
-        f.write(buf.getvalue())
+        fig.savefig(f, format="png", dpi=120)
     return Path(out_png)
 
 
