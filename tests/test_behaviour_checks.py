@@ -284,6 +284,7 @@ KB200 = 200_000
 ADVERSARIAL = [
     ("json fence", lambda r: checks._parses_as_json(r), "```json" + " " * KB200 + "x"),
     ("json depth", lambda r: checks._parses_as_json(r), "[" * KB200),
+    ("json strings", lambda r: checks._parses_as_json(r), "[" * 300 + '"\\"' * (KB200 // 3) + "\\"),
     ("sentences", style.sentence_count, "." * KB200 + "x"),
     ("bullets/newlines", style.bullet_lines, "\n" * KB200 + "x"),
     ("bullets/spaces", style.bullet_lines, "- " + " " * KB200),

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from forgetwatch.behaviour import style
@@ -24,7 +25,9 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
-_JSON_SYNTAX = re.compile(r'[\[\]{}"\\]')
+# a string, or an unclosed one to the end: once begun it never fails, so the search stays linear
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def _boolean(value: Any) -> str | None:
@@ -50,25 +53,8 @@ def _nests_within(text: str, limit: int) -> bool:
     """Whether brackets outside JSON strings nest at most ``limit`` deep (the parser's depth, in one pass)."""
     if text.count("[") + text.count("{") <= limit:
         return True
-    depth, in_string, escaped_at = 0, False, -1
-    for found in _JSON_SYNTAX.finditer(text):
-        at, char = found.start(), found.group()
-        if at == escaped_at:
-            continue
-        if in_string:
-            if char == "\\":
-                escaped_at = at + 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif char in "]}":
-            depth -= 1
-    return True
+    brackets = _JSON_BRACKET.findall(_JSON_STRING.sub("", text))
+    return max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0) <= limit
 
 
 def _parses_as_json(response: str) -> bool:

@@ -33,10 +33,8 @@ class Rows(Generic[T]):
         self._parse, self._error, self._none_found = parse, error, none_found
         self.values: list[T] = []
         self.problems = Problems(source, unit)
+        self.problem = self.problems.add  # (where, field, message)
         self._first_seen: dict[str, int] = {}
-
-    def problem(self, where: int | None, field: str | None, message: str) -> None:
-        self.problems.add(where, field, message)
 
     def add(self, where: int, row: Any, *, read_strictly: bool = False) -> None:
         """Validate one row; ``read_strictly``: already checked by ``strict_json.loads``."""

@@ -20,7 +20,6 @@ from forgetwatch.common.text import pct
 from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import HISTORY, SUBDIR, Run, read_run, run_directory
-from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
@@ -145,24 +144,19 @@ def _summary(runs: list[Run]) -> str:
 def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     rates, accuracy = [], []
     for run, color in zip(runs, cycle(_COLORS)):
+        steps, forgetting = _curve(run, "forgetting")
+        floor = [] if run.noise_floor is None else [[run.noise_floor] * len(steps)]
         rates += [
-            _line(*_curve(run, "forgetting"), f"{run.name}: forgetting", color, "solid"),
+            _line(steps, forgetting, f"{run.name}: forgetting", color, "solid"),
             _line(*_curve(run, "forgetting_adjusted"), f"{run.name}: forgetting (chance-adjusted)", color, "dash"),
             _line(*_curve(run, "backward_transfer"), f"{run.name}: backward transfer", color, "dot"),
-            *_noise(run, color),
+            *(_line(steps, y, f"{run.name}: noise floor", color, "dashdot") for y in floor),
         ]
         accuracy.append(_line(*_curve(run, "accuracy_after"), run.name, color, "solid"))
     return [
         {"data": rates, "layout": _layout("Forgetting and backward transfer by training step", "share of probes")},
         {"data": accuracy, "layout": _layout("Accuracy on the probes by training step", "accuracy")},
     ]
-
-
-def _noise(run: Run, color: str) -> list[dict[str, Any]]:
-    if run.noise_floor is None:
-        return []
-    steps, _ = _curve(run, "forgetting")
-    return [_line(steps, [run.noise_floor] * len(steps), f"{run.name}: noise floor", color, "dashdot")]
 
 
 def _layout(title: str, y_title: str, height: int = 460, right: str | None = None, **right_axis: Any) -> dict[str, Any]:
@@ -213,13 +207,11 @@ def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[s
                 "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>",
             }
         ],
-        "layout": {
-            "title": {"text": f"Forgetting by {what} ({run.name})"},
+        # the left margin grows to the longest name ("high_school_government_and_politics")
+        "layout": _layout(f"Forgetting by {what} ({run.name})", "", height=170 + 28 * len(labels))
+        | {
             "xaxis": {"title": {"text": "training step"}, "type": "category"},
-            # the left margin grows to the longest name ("high_school_government_and_politics")
             "yaxis": {"type": "category", "automargin": True},
-            "height": 170 + 28 * len(labels),
-            "margin": {"t": 50},
         },
     }
 
@@ -270,68 +262,56 @@ def _survival(runs: list[Run]) -> dict[str, Any]:
 
 def _probe_tables(run: Run, top: int) -> str:
     t = run.trajectory
+    events, flips = t.forgetting_events(), (t.correct[:, 1:] != t.correct[:, :-1]).sum(axis=1)
+    wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
     last_risk = set(run.history[-1][1].at_risk_ids) if run.history else set()
-    risky = [i for i, pid in enumerate(t.ids) if pid in last_risk]
-    risky = sorted(risky, key=lambda i: t.signal[i, -1])[:top]
-    unknown = (
-        '<p class="note">The run directory holds no answers of its last evaluation (written by an older forgetwatch, '
-        'or resumed and not evaluated since): "answer now" says right or wrong.</p>'
-    )
     tables = [
         (
-            _forgotten_now(t)[:top],
+            sorted(
+                np.flatnonzero((events > 0) & ~t.correct[:, -1]).tolist(), key=lambda i: (-events[i], -wrong_for[i])
+            ),
             "Forgotten most often, and wrong now",
             "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the last "
             "evaluation; most events first, then those wrong the longest",
             "no probe is forgotten now",
         ),
         (
-            _flickering(t)[:top],
+            sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i])),
             "Flickering: forgotten, then right again",
             "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
             "first. One wrong again at the last evaluation is in both tables",
             "no probe came back after a forgetting event",
         ),
-        (risky, "At risk at the last evaluation: still right, margin slipping", "", "no probe is at risk now"),
+        (
+            sorted((i for i, pid in enumerate(t.ids) if pid in last_risk), key=lambda i: t.signal[i, -1]),
+            "At risk at the last evaluation: still right, margin slipping",
+            "",
+            "no probe is at risk now",
+        ),
     ]
-    return ("" if run.latest else unknown) + "".join(_table(run, *table) for table in tables)
+    unknown = (
+        '<p class="note">The run directory holds no answers of its last evaluation (written by an older forgetwatch, '
+        'or resumed and not evaluated since): "answer now" says right or wrong.</p>'
+    )
+    html_tables = [_table(run, rows[:top], *words, events, flips) for rows, *words in tables]
+    return ("" if run.latest else unknown) + "".join(html_tables)
 
 
-def _forgotten_now(t: Trajectory) -> list[int]:
-    events = t.forgetting_events()
-    wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
-    rows = np.flatnonzero((events > 0) & ~t.correct[:, -1])
-    return sorted(rows.tolist(), key=lambda i: (-events[i], -wrong_for[i]))
-
-
-def _flickering(t: Trajectory) -> list[int]:
-    events, flips = t.forgetting_events(), _flips(t)
-    return sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i]))
-
-
-def _flips(t: Trajectory) -> np.ndarray:
-    return (t.correct[:, 1:] != t.correct[:, :-1]).sum(axis=1)
-
-
-def _table(run: Run, rows: list[int], title: str, note: str, empty: str) -> str:
+def _table(run: Run, rows: list[int], title: str, note: str, empty: str, events: Any, flips: Any) -> str:
     if not rows:
         return f'<h3>{_e(title)}</h3><p class="note">{_e(empty)}.</p>'
     t = run.trajectory
-    events, flips = t.forgetting_events(), _flips(t)
     lines = []
     for i in rows:
         probe = run.probes.get(t.ids[i])
-        question, gold = (probe.question, probe.answer_text) if probe else ("", "")
-        then = shown_answer(run.base, i, probe and probe.choices)
-        if run.latest is not None:
-            now = shown_answer(run.latest, i, probe and probe.choices)
-        else:
-            now = "right" if t.correct[i, -1] else "wrong"
+        question, gold, choices = (probe.question, probe.answer_text, probe.choices) if probe else ("", "", None)
+        right = t.correct[i, -1]
+        now = shown_answer(run.latest, i, choices) if run.latest is not None else ("right" if right else "wrong")
         lines.append(
             f'<tr><td class="id">{_e(t.ids[i])}</td><td>{_e(t.categories[i])}</td>'
-            f'<td class="q" title="{_e(question)}">{_e(_cut(question, 120))}</td>{_cell(gold)}{_cell(then)}'
-            f"{_cell(now, 'r' if t.correct[i, -1] else 'w')}<td>{int(events[i])}</td><td>{int(flips[i])}</td>"
-            f"<td>{_sparkline(t.correct[i], t.steps)}</td><td>{_signal_line(t.signal[i])}</td></tr>"
+            f'<td class="q" title="{_e(question)}">{_e(_cut(question, 120))}</td>{_cell(gold)}'
+            f"{_cell(shown_answer(run.base, i, choices))}{_cell(now, 'r' if right else 'w')}<td>{int(events[i])}</td>"
+            f"<td>{int(flips[i])}</td><td>{_sparkline(t.correct[i], t.steps)}</td><td>{_signal_line(t.signal[i])}</td></tr>"
         )
     head = _tr(["id", "category", "question", "gold answer", "base's answer", "answer now", "events", "flips"], "th")
     head = head.removesuffix("</tr>") + (

@@ -3,7 +3,6 @@ or a few lines of text for the console."""
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -63,21 +62,16 @@ def text_curve(history: History, width: int = 60) -> str:
     """
     points = _points(history)
     step_w = max(len(str(step)) for step, _ in points)
-    heads = [
-        f"step {step:>{step_w}}  F {pct(_num(report, 'forgetting'), 4, '-')}"
-        f"  BT {pct(_num(report, 'backward_transfer'), 4, '-')}"
-        for step, report in points
-    ]
     f_values = [_num(report, "forgetting") for _, report in points]
-    finite = [f for f in f_values if math.isfinite(f)]
-    top = max(finite, default=0.0)
+    heads = [
+        f"step {step:>{step_w}}  F {pct(f, 4, '-')}  BT {pct(_num(report, 'backward_transfer'), 4, '-')}"
+        for (step, report), f in zip(points, f_values)
+    ]
+    top = max((f for f in f_values if math.isfinite(f)), default=0.0)
     bar_max = max(width - max(len(h) for h in heads) - 2, 10)
-    lines = []
-    for head, f in zip(heads, f_values):
-        n = round(bar_max * f / top) if top > 0 and math.isfinite(f) else 0
-        n = max(0, min(n, bar_max))  # negative or NaN rates get no bar
-        lines.append(f"{head}  {'#' * n}" if n else head)
-    return "\n".join(lines)
+    # negative or NaN rates get no bar
+    bars = [max(0, min(round(bar_max * f / top), bar_max)) if top > 0 and math.isfinite(f) else 0 for f in f_values]
+    return "\n".join(f"{head}  {'#' * n}".rstrip() for head, n in zip(heads, bars))
 
 
 def plot_history(history: History, out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
@@ -102,10 +96,8 @@ def plot_runs(runs: Mapping[str, History], out_png: str | os.PathLike[str], *, t
 
 
 def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
     with atomic_write(out_png, "wb") as f:
-        f.write(buf.getvalue())
+        fig.savefig(f, format="png", dpi=120)
     return Path(out_png)
 
 

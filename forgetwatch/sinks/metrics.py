@@ -23,26 +23,16 @@ logger = logging.getLogger("forgetwatch")
 PREFIX = "forgetwatch/"
 EVAL_PREFIX = "eval_forgetwatch_"
 
-#: logged name -> TransitionReport attribute (contract names first, then drift warnings)
-METRICS = {
-    "forgetting": "forgetting",
-    "backward_transfer": "backward_transfer",
-    "forgetting_adjusted": "forgetting_adjusted",
-    "backward_transfer_adjusted": "backward_transfer_adjusted",
-    "forgotten": "forgotten",
-    "gained": "gained",
-    "accuracy": "accuracy_after",
-    "accuracy_base": "accuracy_before",
-    "forgetting_events": "forgetting_events",
-    "forgetting_persistent": "forgetting_persistent",
-    "at_risk": "at_risk",
-    "logprob_drop": "logprob_drop",
-    "choice_kl": "choice_kl",
-}
+#: logged names, each a TransitionReport attribute but where _ATTRIBUTE says (contract names first, then drift warnings)
+METRICS = (
+    "forgetting backward_transfer forgetting_adjusted backward_transfer_adjusted forgotten gained accuracy "
+    "accuracy_base forgetting_events forgetting_persistent at_risk logprob_drop choice_kl"
+).split()
+_ATTRIBUTE = {"accuracy": "accuracy_after", "accuracy_base": "accuracy_before"}
 
 
 def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> dict[str, float]:
-    values = {f"{prefix}{name}": float(getattr(report, attr)) for name, attr in METRICS.items()}
+    values = {f"{prefix}{name}": float(getattr(report, _ATTRIBUTE.get(name, name))) for name in METRICS}
     if behaviour:  # how the responses drift: forgetwatch/behaviour/<figure>
         values.update((f"{prefix}behaviour/{name}", float(v)) for name, v in report.behaviour.items())
     return {key: value for key, value in values.items() if math.isfinite(value)}
@@ -128,8 +118,6 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
 def lm_eval_lines(answers: Answers, lead: str = "") -> list[str]:
     """Each lm-eval task's accuracy as lm-eval reports it (``fw_cap: acc,none 0.3500 (14/40)``)."""
     labels = answers.meta.get("lm_eval") or {}
-    if not labels:
-        return []
     categories = np.asarray(answers.categories)
     lines = []
     for task, label in sorted(labels.items()):

@@ -44,9 +44,8 @@ def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
     index = {pid: i for i, pid in enumerate(base.ids)}
     events = trajectory.forgetting_events()
     rows = []
-    for pid, transition in [*((p, "1→0") for p in report.forgotten_ids), *((p, "0→1") for p in report.gained_ids)]:
-        if len(rows) >= limit:
-            break
+    flipped = [*((p, "1→0") for p in report.forgotten_ids), *((p, "0→1") for p in report.gained_ids)]
+    for pid, transition in flipped[:limit]:
         i = index[pid]
         margin = float(trajectory.signal[i, -1])
         rows.append(
@@ -93,13 +92,9 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         |---|---|
         | 1 | x\\|y |
     """
-
-    def cell(v: Any) -> str:
-        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+    cells = [["" if v is None else str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in rows]
+    lines = ["| " + " | ".join(row) + " |" for row in [list(columns), *cells]]
+    return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
 
 
 class Guard:
