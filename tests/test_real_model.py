@@ -135,3 +135,22 @@ def test_a_watched_sft_run_counts_the_transitions_lm_eval_recounts(real_model, m
     assert sorted(report.forgotten_ids) == sorted(i for i in base if base[i] and not after[i])
     assert sorted(report.gained_ids) == sorted(i for i in base if not base[i] and after[i])
     assert callback.base_answers.scoring["precision"] == "float32"
+
+
+def test_the_real_demo_runs_from_a_clone(real_model, tmp_path):
+    """``forgetwatch demo --real`` in a fresh process, one training step: the example and its
+    neighbour ``real_world.py`` are found from the checkout, and the run's files are written."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the installed package
+    args = ["--real", "--steps", "1", "--eval-steps", "1", "--out", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "forgetwatch", "demo", *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    history = (tmp_path / "out" / "forgetwatch" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in history] == [1]
+    assert (tmp_path / "out" / "report.html").is_file()
