@@ -16,6 +16,18 @@ B = TypeVar("B")
 R = TypeVar("R")
 
 
+def padded(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` padded to the longest, on the right (positions as in training) or the left: ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        at = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[r, at] = torch.tensor(row, dtype=torch.long)
+        mask[r, at] = 1
+    return ids, mask
+
+
 def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
     """Split items, longest first, into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens."""
     return group_runs(widths, [0] * len(widths), range(len(widths)), max_rows, max_tokens)  # each item a run

@@ -13,7 +13,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
-from forgetwatch.scoring.batching import group_runs, run_lockstep
+from forgetwatch.scoring.batching import group_runs, padded, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, forward_module, is_fsdp1, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 
@@ -201,18 +201,13 @@ def generate_sharded(
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        """One batch, left-padded: each row's prefix (read from the cache) ends at ``start``, the rest of its prompt
-        at ``width``. A clean greedy config stands in for the model's own during the call."""
+        """One batch, each row's prefix (read from the cache) and the rest of its prompt left-padded apart; a clean
+        greedy config stands in for the model's own during the call."""
         rows = [whole[i] for i in chunk]
         prefixes = [p.ids[: p.skip] for p in rows]
-        start = max(map(len, prefixes))
-        width = start + max(len(p.ids) - p.skip for p in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(rows):
-            for end, part in ((start, p.ids[: p.skip]), (width, p.ids[p.skip :])):
-                ids[r, end - len(part) : end] = torch.tensor(part, dtype=torch.long)
-                mask[r, end - len(part) : end] = 1
+        parts = [padded(prefixes, pad, left=True), padded([p.ids[p.skip :] for p in rows], pad, left=True)]
+        ids, mask = (torch.cat(t, 1) for t in zip(*parts))
+        width = ids.shape[1]
         extra = dict([prefix_cache(prefixes)]) if any(prefixes) else {}
         greedy = GenerationConfig(
             do_sample=False,

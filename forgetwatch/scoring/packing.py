@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -116,12 +117,8 @@ def _problem(
     eps: float,
     prefixes: bool,
 ) -> tuple[str | None, str | None]:
-    """Compare packed with plain scores on ``probes``: why packing, and (with ``prefixes``) why reading a prefix from
-    a KV cache, is not exact on this model (``None``: it is).
-
-    Plain rows are scored first, outside error handling; only a packed forward failing inside the model turns packing
-    down. The tolerance per token is the largest of four times the batching noise, :data:`EPS_FACTOR` times ``eps``,
-    and :data:`MIN_TOLERANCE`."""
+    """Why packing, and (with ``prefixes``) a prefix read from a KV cache, is not exact on ``probes`` (``None``: it is);
+    only a packed forward failing inside the model turns packing down."""
     tokens = np.array([len(c) for _, enc in probes for c in enc.continuations])  # the keys, in order
 
     def sums(rows: list[Row]) -> np.ndarray:
@@ -138,7 +135,9 @@ def _problem(
         try:
             error = float(np.max(np.abs(sums(rows) - together) / tokens))
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
+            distributed = isinstance(err, getattr(torch.distributed, "DistError", ()))
+            in_model = any(frame.f_code is _MODULE_CALL for frame, _ in traceback.walk_tb(err.__traceback__))
+            if is_out_of_memory(err) or distributed or not in_model:
                 raise
             return f"its forward rejects {what} ({first_line(err)})"
         if error <= tolerance:
@@ -154,18 +153,3 @@ def _problem(
     mixed = [packed_row(enc, key, CHECK_PREFIX + 8 * i) for i, (key, enc) in enumerate(probes)]
     what = "a prefix read from a KV cache"
     return None, differs(shared, "prefix-cached", what) or differs(mixed, "prefix-cached", what)
-
-
-def _raised_in_forward(err: BaseException) -> bool:
-    """Whether ``err`` was raised inside a module's forward (the model's code), not around it."""
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is _MODULE_CALL:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _is_distributed_error(err: BaseException) -> bool:
-    dist_error = getattr(torch.distributed, "DistError", None)
-    return dist_error is not None and isinstance(err, dist_error)
