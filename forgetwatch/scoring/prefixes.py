@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from forgetwatch.scoring.batching import padded
+from forgetwatch.scoring.borrow import forward_module, unwrap
 
 #: A prefix shorter than this is not worth a forward of its own.
 MIN_PREFIX_TOKENS = 16
@@ -64,33 +65,30 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
     return out
 
 
-def forward_arguments(model: torch.nn.Module) -> tuple[str, str | None]:
-    """The names the model's forward takes a KV cache under, and the count of last positions to keep logits of."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
-    return "cache" if "cache" in params else "past_key_values", keep
-
-
 class PrefixStore:
-    """The KV caches of the prefixes a batch reads, each computed once while it is read.
+    """The KV caches of the prefixes a batch reads, each computed once (in one forward) and kept while it is read;
+    each row's prefix sits left-padded in the batch's cache, at its positions in the whole sequence."""
 
-    Each row's prefix sits on the left of the batch's cache, left-padded; the row keeps its positions in the whole
-    sequence. Missing prefixes are computed in one forward; those the next batch does not read are dropped."""
-
-    def __init__(self, module: torch.nn.Module, device: torch.device, argument: str, keep_arg: str | None, pad_id: int):
-        self.module, self.device, self.argument, self.keep_arg, self.pad_id = module, device, argument, keep_arg, pad_id
+    def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int):
+        self.module, self.device, self.pad_id = forward_module(model), device, pad_id
+        base = unwrap(model)
+        params = inspect.signature(
+            (base.get_base_model() if hasattr(base, "get_base_model") else base).forward
+        ).parameters
+        # the names the forward takes a KV cache under, and the count of last positions to keep logits of
+        self.argument = "cache" if "cache" in params else "past_key_values"
+        self.keep_arg = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
         self.kept: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # per layer: keys, values
         self.template = None  # a cache of the model's own kind, copied for each batch
 
-    def for_rows(self, prefixes: Sequence[tuple[int, ...]]) -> tuple[str, Any]:
-        """(the forward's cache argument, a cache holding each row's prefix, left-padded)."""
+    def for_rows(self, prefixes: Sequence[tuple[int, ...]]) -> dict[str, Any]:
+        """The forward's cache argument: a cache holding each row's prefix, left-padded."""
         wanted = dict.fromkeys(p for p in prefixes if p)
         self.kept = {p: kv for p, kv in self.kept.items() if p in wanted}  # free what no row reads now
         missing = [p for p in wanted if p not in self.kept]
         if missing:
             self._compute(missing)
-        return self.argument, self._assemble(prefixes)
+        return {self.argument: self._assemble(prefixes)}
 
     def _compute(self, prefixes: list[tuple[int, ...]]) -> None:
         ids, mask = padded(prefixes, self.pad_id, left=True)

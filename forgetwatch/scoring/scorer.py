@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,7 +22,7 @@ from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
 from forgetwatch.scoring.batching import default_token_budget, forward_cost, group_runs, run_lockstep
-from forgetwatch.scoring.borrow import borrowed, forward_module, is_sharded, unwrap
+from forgetwatch.scoring.borrow import borrowed, forward_module, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import (
     VISIBLE_TOKENS,
@@ -43,8 +42,8 @@ from forgetwatch.scoring.generation import (
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import decide
-from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
-from forgetwatch.scoring.prefixes import PrefixStore, forward_arguments, shared_prefix_lengths
+from forgetwatch.scoring.precision import compute_precision, scoring_in
+from forgetwatch.scoring.prefixes import PrefixStore, shared_prefix_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -131,20 +130,29 @@ class Scorer:
             first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in reads])
             choice_probes = [i for i, r in enumerate(reads) if r is not None]
             generated = [i for i, e in enumerate(encoded) if isinstance(e, EncodedPrompt)]
-            skips = np.zeros(len(encoded), dtype=np.int64)
+            skips, prompt_skips = np.zeros((2, len(encoded)), dtype=np.int64)
             skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
-            prompt_skips = np.zeros(len(encoded), dtype=np.int64)
             prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
-            max_ids = np.array([max(_ids(e, r), default=0) for e, r in zip(encoded, reads)])
+            seqs = [
+                (getattr(e, "prompt", ()), *((r.context, *r.continuations) if r else ()))
+                for e, r in zip(encoded, reads)
+            ]
+            max_ids = np.array([max((max(s) for s in probe if s), default=0) for probe in seqs])
             self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_ids)
         return self._tokens
 
-    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], int]:
-        """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not)."""
-        max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
+    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], Any, int]:
+        """Tokenize for ``model`` and check it can score them (a ``ValueError`` names what it cannot: its kind, a token
+        id, a prompt that leaves no room); the tokens, prompts, the model's text config and context length."""
+        inner = unwrap(model)
+        get = getattr(getattr(inner, "config", None), "get_text_config", None)
+        config = get() if callable(get) else getattr(inner, "config", None)
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
+        max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
-        self._check_vocabulary(unwrap(model), tokens)
-        return tokens, self._prompts(tokens, max_length), max_length
+        self._check_vocabulary(inner, tokens)
+        return tokens, self._prompts(tokens, max_length), config, max_length
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -181,11 +189,8 @@ class Scorer:
         Scoring(batch_size=batch_size)  # checked before any model work
         ranks = Ranks.all() if distributed else Ranks.alone()
         inner = unwrap(model)
-        config = _text_config(inner)
-        if getattr(config, "is_encoder_decoder", False):
-            raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         device = input_device(inner)
-        tokens, prompts, max_length = self.prepare(model)
+        tokens, prompts, config, max_length = self.prepare(model)
         scoring = self.scoring_for(model)
         budget = None
         if batch_size == "auto":
@@ -193,19 +198,9 @@ class Scorer:
             budget = ranks.agree_min([default_token_budget(device, hidden, vocab)])[0]
         name = str(getattr(inner.config, "_name_or_path", "") or "")
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
-            facts, precision = self.about(model), scoring["precision"]
+            pad, facts = pad_id(self.tokenizer), self.about(model)
             run = _Run(
-                model,
-                config,
-                device,
-                pad_id(self.tokenizer),
-                max_length,
-                batch_size,
-                ranks,
-                facts,
-                tokens,
-                precision,
-                budget,
+                model, config, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget
             )
             run.decide(self.settings.shared_prefixes)
             plan = self._choice_plan(run)
@@ -228,9 +223,9 @@ class Scorer:
             return
         probe = self.probes[int(np.searchsorted(tokens.first_key, bad[0], side="right")) - 1]
         raise NonFiniteScoresError(
-            f"{name or 'the model'}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of {len(sums)} "
-            f"scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN or inf "
-            "(a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
+            f"{name or 'the model'}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of "
+            f"{len(sums)} scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN "
+            "or inf (a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
         )
 
     def _check_vocabulary(self, model: torch.nn.Module, tokens: _Tokens) -> None:
@@ -296,11 +291,8 @@ class Scorer:
             )
         plan = plans[key] = _Plan([], None, {})
         if tokens.choice_probes:
-            # tokens a probe puts through the model, roughly: what shards are balanced on
-            costs = [
-                len(tokens.reads[i].context) + sum(map(len, tokens.reads[i].continuations))
-                for i in tokens.choice_probes
-            ]
+            reads = [tokens.reads[i] for i in tokens.choice_probes]
+            costs = [len(r.context) + sum(map(len, r.continuations)) for r in reads]  # what shards are balanced on
             rows = run.rows([tokens.choice_probes[j] for j in run.ranks.my_share(costs)], run.prefixes)
             filler = collate(run.rows([tokens.choice_probes[int(np.argmin(costs))]], False)[:1], run.pad_id)
             # the bar counts multiple-choice probes (a generative one is counted with generation)
@@ -393,32 +385,10 @@ class _Run:
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
     def decide(self, asked: bool) -> None:
-        """Once per model, agreed by every rank: may its choices be packed, its prefixes (``asked``) read from a
-        cache?"""
-        facts = self.facts
-        if facts.packing is None:
-
-            def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
-                size = facts.row_cap or len(rows)
-                return [collate(rows[i : i + size], self.pad_id) for i in range(0, len(rows), size)]
-
-            def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
-                return np.concatenate([lp for _, lp in self.lockstep(chunks(rows), chunks, chunks(rows[:1])[0])])
-
-            reads = [self.tokens.reads[i] for i in self.tokens.choice_probes]
-            sharded = self.ranks.size > 1 and is_sharded(self.model)
-            facts.packing, facts.prefixes = decide(
-                unwrap(self.model),
-                self.config,
-                reads,
-                self.max_length,
-                score,
-                epsilon(self.precision),
-                self.ranks,
-                prefixes=asked,
-                sharded=sharded,
-            )
-        self.packing, self.prefixes = facts.packing, bool(facts.prefixes)
+        """Once per model: may its choices be packed, its prefixes (``asked``) read from a cache?"""
+        if self.facts.packing is None:
+            self.facts.packing, self.facts.prefixes = decide(self, asked)
+        self.packing, self.prefixes = self.facts.packing, bool(self.facts.prefixes)
 
     def rows(self, indices: list[int], prefixes: bool) -> list[Row]:
         tokens, window = self.tokens, getattr(self.config, "sliding_window", None)
@@ -445,7 +415,7 @@ class _Run:
         return batches
 
     def prefix_store(self) -> PrefixStore:
-        return PrefixStore(forward_module(self.model), self.device, *forward_arguments(unwrap(self.model)), self.pad_id)
+        return PrefixStore(self.model, self.device, self.pad_id)
 
     def lockstep(self, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch | None):
         fwd, store = forward_module(self.model), self.prefix_store()
@@ -472,16 +442,12 @@ class _Run:
         sums = np.zeros(n_keys)
         if not n_keys:
             return sums
-        left = dict(plan.rows_left)
+        left = Counter(plan.rows_left)  # a generative probe's reference read goes below 0, never back to 0
         for batch, logprobs in self.lockstep(plan.batches, self.batches, plan.filler):
             sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
-            owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
-            done = 0
-            for i in owners.tolist():
-                if i in left:
-                    left[i] -= 1
-                    done += left[i] == 0
-            bar.update(done)
+            owners = (np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1).tolist()
+            left.subtract(owners)
+            bar.update(sum(left[i] == 0 for i in set(owners)))
         return self.ranks.sum(sums)
 
     def generate(self, tokenizer: Any, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
@@ -510,18 +476,6 @@ class _Plan(NamedTuple):
     batches: list[Batch]
     filler: Batch | None
     rows_left: dict[int, int]
-
-
-def _ids(encoded: Encoded, read: EncodedChoices | None) -> Iterator[int]:
-    yield from getattr(encoded, "prompt", ())
-    if read is not None:
-        yield from itertools.chain(read.context, *read.continuations)
-
-
-def _text_config(model):
-    config = getattr(model, "config", None)
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
 
 
 # The last few scorers, so repeated calls skip tokenizing; a scorer keeps each model's facts apart.
@@ -574,6 +528,6 @@ def evaluate(
     if scorer is None or scorer.tokenizer is not tokenizer:
         scorer = fresh
     _SCORERS[key] = scorer  # most recently used last
-    while len(_SCORERS) > _MAX_SCORERS:
+    if len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
     return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)
