@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.scoring.batching import group, group_runs, run_lockstep
+from forgetwatch.scoring.batching import group, group_runs, padded, run_lockstep
 from forgetwatch.scoring.encoding import EncodedChoices
 from forgetwatch.scoring.generation import GenerationPrompt, generation_share
-from forgetwatch.scoring.next_tokens import BaseDistribution, kl_to_base, right_padded, target_mask
+from forgetwatch.scoring.next_tokens import BaseDistribution, kl_to_base, target_mask
 from forgetwatch.scoring.packing import check_probes
 from forgetwatch.scoring.prefixes import prefix_lengths_mask, shared_prefix_lengths
 
@@ -45,8 +45,9 @@ def test_kl_to_the_base_is_zero_against_itself_and_targets_start_where_asked():
     logits = torch.tensor([[0.0, 1.0, 2.0]])
     lp = torch.log_softmax(logits, -1)
     assert kl_to_base(logits, torch.tensor([[2, 1, 0]]), lp[:, [2, 1, 0]], torch.tensor([-30.0])).abs().item() < 1e-6
-    ids, mask = right_padded([[5, 6, 7], [5, 6]], pad_id=0)
+    ids, mask = padded([[5, 6, 7], [5, 6]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [5, 6, 0]]
+    assert padded([[5, 6, 7], [5, 6]], pad_id=0, left=True)[0].tolist() == [[5, 6, 7], [0, 5, 6]]
     assert target_mask(mask, [0, 1], [2, 1]).tolist() == [[0, 1], [1, 0]]
 
 

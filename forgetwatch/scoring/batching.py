@@ -16,6 +16,18 @@ B = TypeVar("B")
 R = TypeVar("R")
 
 
+def padded(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` padded to the longest, on the right (positions as in training) or the left: ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        at = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[r, at] = torch.tensor(row, dtype=torch.long)
+        mask[r, at] = 1
+    return ids, mask
+
+
 def group(widths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
     """Split items, longest first, into batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens."""
     return group_runs(widths, [0] * len(widths), range(len(widths)), max_rows, max_tokens)  # each item a run
@@ -29,11 +41,8 @@ def group_runs(
     max_tokens: int | None,
     per_batch: int | None = None,
 ) -> list[list[int]]:
-    """Split items into batches within ``max_rows`` rows and ``max_tokens`` padded tokens, the items of one run
-    (rows behind one shared prefix) together, longest first. An item is ``own`` tokens after its run's ``shared`` ones.
-
-    ``per_batch``: what one more forward costs, in padded tokens; cuts then go where padded tokens plus forwards cost
-    least. ``None``: every batch as full as the limits allow (generation)."""
+    """Split items (``own`` tokens after their run's ``shared`` prefix) into batches within the limits, a run's items
+    together, longest first; cut where padded tokens plus ``per_batch`` tokens a forward cost least (``None``: full)."""
     members: dict[Hashable, list[int]] = {}
     for i, run in enumerate(runs):
         members.setdefault(run, []).append(i)
@@ -58,9 +67,7 @@ def group_runs(
             current, wider = [], (own[i], shared[i])
         current.append(i)
         widest = wider
-    if current:
-        batches.append(current)
-    return batches
+    return batches + [current] if current else batches
 
 
 #: The most rows a batch of ``_cheapest_cuts`` may hold when only tokens are limited.

@@ -60,16 +60,9 @@ def plain_rows(enc: EncodedChoices, first_key: int, max_length: int) -> list[Row
         full = np.asarray(enc.context + cont, dtype=np.int64)
         inp = full[-(max_length + 1) :][:-1]
         n = len(inp)
+        scored, targets = np.arange(n - len(cont), n), np.asarray(cont, dtype=np.int64)
         rows.append(
-            Row(
-                tokens=inp,
-                segments=np.full(n, CONTEXT_SEG),
-                positions=np.arange(n),
-                scored=np.arange(n - len(cont), n),
-                targets=np.asarray(cont, dtype=np.int64),
-                keys=np.full(len(cont), first_key + j),
-                packed=False,
-            )
+            Row(inp, np.full(n, CONTEXT_SEG), np.arange(n), scored, targets, np.full(len(cont), first_key + j), False)
         )
     return rows
 
@@ -85,10 +78,10 @@ class Batch:
     input_ids: torch.Tensor
     segments: torch.Tensor
     position_ids: torch.Tensor
-    keep: int
     row_index: torch.Tensor  # per read: batch row
     keep_index: torch.Tensor  # per read: index into the kept positions
     targets: torch.Tensor
+    keep: int
     keys: np.ndarray
     packed: bool
     rows: list[Row]
@@ -109,46 +102,15 @@ def collate(rows: list[Row], pad_id: int) -> Batch:
     offsets = [width - len(r) if packed else 0 for r in rows]
     # logits are needed from the earliest scored position of any row to the end
     keep = max(width - off - int(r.scored.min()) for r, off in zip(rows, offsets))
-    b = len(rows)
-    ids = np.full((b, width), pad_id, dtype=np.int64)
-    seg = np.full((b, width), PAD_SEG, dtype=np.int64)
-    pos = np.zeros((b, width), dtype=np.int64)
+    ids, seg, pos = (np.full((len(rows), width), fill, dtype=np.int64) for fill in (pad_id, PAD_SEG, 0))
     row_index, keep_index = [], []
     for i, (r, off) in enumerate(zip(rows, offsets)):
         at = slice(off, off + len(r))
         ids[i, at], seg[i, at], pos[i, at] = r.tokens, r.segments, r.positions
         row_index.append(np.full(len(r.scored), i))
         keep_index.append(off + r.scored - (width - keep))
-    return Batch(
-        input_ids=torch.from_numpy(ids),
-        segments=torch.from_numpy(seg),
-        position_ids=torch.from_numpy(pos),
-        keep=keep,
-        row_index=torch.from_numpy(np.concatenate(row_index)),
-        keep_index=torch.from_numpy(np.concatenate(keep_index)),
-        targets=torch.from_numpy(np.concatenate([r.targets for r in rows])),
-        keys=np.concatenate([r.keys for r in rows]),
-        packed=packed,
-        rows=rows,
-    )
-
-
-def block_mask(segments: torch.Tensor, additive: bool, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """4D mask: causal, no padding, a choice sees only the context and itself, and every row its own cached prefix
-    positions (``prefix``). Boolean for SDPA; additive float32 for eager attention."""
-    b, width = segments.shape
-    q, k = segments[:, :, None], segments[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
-    allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
-    # a padding query sees itself, so no row of the softmax is empty
-    allowed |= torch.eye(width, dtype=torch.bool, device=segments.device)
-    if prefix is not None:
-        allowed = torch.cat([prefix[:, None, :].expand(b, width, prefix.shape[1]), allowed], dim=-1)
-    if not additive:
-        return allowed[:, None]
-    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=segments.device)
-    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    return mask[:, None]
+    arrays = (ids, seg, pos, *(np.concatenate(a) for a in (row_index, keep_index, [r.targets for r in rows])))
+    return Batch(*map(torch.from_numpy, arrays), keep, np.concatenate([r.keys for r in rows]), packed, rows)
 
 
 def forward_logprobs(
@@ -157,22 +119,33 @@ def forward_logprobs(
     device: torch.device,
     additive_mask: bool,
     keep_arg: str | None,
-    cache: tuple[str, object] | None = None,
+    cache: dict[str, object] | None = None,
 ) -> np.ndarray:
-    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: (argument
-    name, a KV cache of each row's prefix)."""
+    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: the forward's
+    argument holding a KV cache of each row's prefix."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
         "input_ids": batch.input_ids.to(device, non_blocking=True),
         "position_ids": batch.position_ids.to(device, non_blocking=True),
         "use_cache": cache is not None,
+        **(cache or {}),
     }
-    if cache is not None:
-        kwargs[cache[0]] = cache[1]
     if batch.packed:
-        lengths = [len(p) for p in batch.prefixes]
-        prefix = prefix_lengths_mask(lengths, max(lengths)).to(device) if cache is not None else None
-        kwargs["attention_mask"] = block_mask(seg, additive_mask, prefix)
+        # 4D: causal, no padding, a choice sees only the context and itself, every row its own cached prefix
+        b, width = seg.shape
+        q, k = seg[:, :, None], seg[:, None, :]
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        allowed = causal & (k != PAD_SEG) & ((k == CONTEXT_SEG) | (k == q))
+        allowed |= torch.eye(width, dtype=torch.bool, device=device)  # a padding query sees itself: no empty softmax
+        if cache is not None:
+            lengths = [len(p) for p in batch.prefixes]
+            prefix = prefix_lengths_mask(lengths, max(lengths)).to(device)
+            allowed = torch.cat([prefix[:, None, :].expand(b, width, prefix.shape[1]), allowed], dim=-1)
+        mask = allowed
+        if additive_mask:  # eager attention adds a float32 mask
+            mask = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
+            mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        kwargs["attention_mask"] = mask[:, None]
     else:
         kwargs["attention_mask"] = (seg != PAD_SEG).long()
     if keep_arg is not None:

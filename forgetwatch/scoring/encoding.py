@@ -10,10 +10,8 @@ from forgetwatch.probes import ProbeKind, ProbeSet
 
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
 DEFAULT_MAX_LENGTH = 2048
-#: Questions are cut from the left to about this many tokens before tokenizing when the
-#: model's context is not known yet: more than any model scored here sees (questions are
-#: left-truncated to the model's length anyway), so a 10 MB question costs a fraction of a
-#: second, not a minute and gigabytes. Once it is known, the cut is at the context length.
+#: Before the model's context is known, questions are cut from the left to about this many tokens (more than any
+#: model sees) before tokenizing: a 10 MB question then costs a fraction of a second, not a minute and gigabytes.
 VISIBLE_TOKENS = 1 << 17
 _MARGIN = 64  # tokens between the cut and the part any model sees
 _WORD = re.compile(r"\s\S")
@@ -37,20 +35,6 @@ class EncodedPrompt:
 
 
 Encoded = EncodedChoices | EncodedPrompt
-
-
-def prompt_text(tokenizer, question: str, chat_template: bool) -> str:
-    """The question, or the question as a chat user turn."""
-    if not chat_template:
-        return question
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "chat_template=True but this tokenizer has no chat template; "
-            "use a chat/instruct model's tokenizer or pass chat_template=False"
-        )
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -86,12 +70,20 @@ def encode_probes(
     tokenizer, probes: ProbeSet, chat_template: bool = False, visible: int = VISIBLE_TOKENS
 ) -> list[Encoded]:
     """Token ids for every probe, in probe order, cut to keep the last ``visible`` tokens exact."""
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "chat_template=True but this tokenizer has no chat template; "
+            "use a chat/instruct model's tokenizer or pass chat_template=False"
+        )
     default_delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
     prompts: list[str] = []
     for p in probes:
-        text = prompt_text(tokenizer, visible_tail(tokenizer, p.question, visible), chat_template)
+        text = visible_tail(tokenizer, p.question, visible)
+        if chat_template:  # the question as a chat user turn
+            turn = [{"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
         if p.kind is not ProbeKind.MULTIPLE_CHOICE:  # generated: a prompt
             prompts.append(text)
         if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score

@@ -13,7 +13,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
-from forgetwatch.scoring.batching import group_runs, run_lockstep
+from forgetwatch.scoring.batching import group_runs, padded, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, forward_module, is_fsdp1, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 
@@ -80,12 +80,9 @@ def response_budgets(
 
 def stop_token_ids(model, tokenizer) -> list[int]:
     # EOS ids from the model's generation config (some have several) and the tokenizer
-    ids: list[int] = []
     gen_eos = getattr(getattr(unwrap(model), "generation_config", None), "eos_token_id", None)
-    for x in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [tokenizer.eos_token_id]:
-        if x is not None and x not in ids:
-            ids.append(int(x))
-    return ids
+    ids = [*(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]), tokenizer.eos_token_id]
+    return list(dict.fromkeys(int(x) for x in ids if x is not None))
 
 
 def answered_row(
@@ -110,20 +107,15 @@ def _generated(
     text = cut_at_stop(decoded, stop)
     end = next((k for k, t in enumerate(row) if t in eos), None)
     tokens = row if end is None else row[:end]
-    if len(text) < len(decoded):  # a stop string came first, whatever followed it
-        return Generated(text, tuple(_covering(tokenizer, tokens, text)) if return_ids else None, False)
+    if len(text) < len(decoded):  # a stop string came first, whatever followed it: the fewest tokens covering text
+
+        def covers(k: int) -> bool:
+            return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
+
+        if return_ids and covers(len(tokens)):  # else the decoding of a part differs from the whole's: keep it all
+            tokens = tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
+        return Generated(text, tuple(tokens) if return_ids else None, False)
     return Generated(text, tuple(tokens) if return_ids else None, end is not None)
-
-
-def _covering(tokenizer, tokens: list[int], text: str) -> list[int]:
-    """The fewest first ``tokens`` whose decoding starts with ``text`` (all of them if none does)."""
-
-    def covers(k: int) -> bool:
-        return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
-
-    if not covers(len(tokens)):  # the decoding of a part differs from the whole's: keep it all
-        return tokens
-    return tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
 
 
 def fit_prompts(
@@ -160,13 +152,11 @@ def generate_sharded(
     return_ids: bool = False,
     limits: Callable[[], tuple[int | None, int | None]] | None = None,
     on_out_of_memory: Callable[[int], None] | None = None,
-    prefix_cache: Callable[[list[tuple[int, ...]]], tuple[str, Any]] | None = None,
+    prefix_cache: Callable[[list[tuple[int, ...]]], dict[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts``, in order, on every rank, each cut at its first stop string; each rank
-    generates its share in lockstep with the others (``prefix_cache``: the cache of the prompts' first ``skip``
-    tokens). ``rows_per_batch`` halves after an out-of-memory error (``limits`` and ``on_out_of_memory`` replace
-    that rule)."""
+    """Greedy continuations of ``prompts``, in order, on every rank, each cut at its first stop string, each rank's
+    share in lockstep; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch`` after running out."""
     from transformers import GenerationConfig
 
     ranks = ranks or Ranks.alone()
@@ -201,19 +191,14 @@ def generate_sharded(
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        """One batch, left-padded: each row's prefix (read from the cache) ends at ``start``, the rest of its prompt
-        at ``width``. A clean greedy config stands in for the model's own during the call."""
+        """One batch, each row's prefix (read from the cache) and the rest of its prompt left-padded apart; a clean
+        greedy config stands in for the model's own during the call."""
         rows = [whole[i] for i in chunk]
         prefixes = [p.ids[: p.skip] for p in rows]
-        start = max(map(len, prefixes))
-        width = start + max(len(p.ids) - p.skip for p in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(rows):
-            for end, part in ((start, p.ids[: p.skip]), (width, p.ids[p.skip :])):
-                ids[r, end - len(part) : end] = torch.tensor(part, dtype=torch.long)
-                mask[r, end - len(part) : end] = 1
-        extra = dict([prefix_cache(prefixes)]) if any(prefixes) else {}
+        parts = [padded(prefixes, pad, left=True), padded([p.ids[p.skip :] for p in rows], pad, left=True)]
+        ids, mask = (torch.cat(t, 1) for t in zip(*parts))
+        width = ids.shape[1]
+        extra = prefix_cache(prefixes) if any(prefixes) else {}
         greedy = GenerationConfig(
             do_sample=False,
             num_beams=1,

@@ -31,13 +31,7 @@ class Rules:
 
 
 def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the lowest index.
-
-    Example:
-        >>> p = Probe(id="q1", question="2 + 2 =", choices=("3", "4"), answer=1)
-        >>> multiple_choice(p, Measured(np.array([-2.0, -0.5]), None), Rules(None, None, bool))["predicted"]
-        1
-    """
+    """The likeliest choice (lm-eval ``acc``, or ``acc_norm`` per character); ties go to the lowest index."""
     lps = measured.logprobs
     if probe.judge is not None:  # the probe's own rules (lm-eval's metric)
         correct, pred = probe.judge.choose(lps)
@@ -55,15 +49,8 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
 
 
 def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The answer extracted from the generated text (judge, user's extractor, or ``extract``) against the reference.
-
-    Example:
-        >>> p = Probe(id="g1", question="6 * 7 =", answer="42", extract="number")
-        >>> generative(p, Measured(np.array([-1.5]), " 42."), Rules(None, None, bool))["correct"]
-        True
-    """
+    """The answer extracted from the generated text (judge, user's extractor, or ``extract``) against the reference."""
     text = measured.text
-    assert text is not None  # every generative probe is generated
     if probe.judge is not None:  # the probe's own rules (lm-eval's filters and metric)
         correct, got = probe.judge.read(text)
     elif rules.extract is not None:  # the user's extractor: compared with the answer as written
@@ -79,17 +66,9 @@ def generative(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]
 
 
 def behaviour(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
-    """The response itself, right when every check holds.
-
-    Example:
-        >>> p = Probe(id="b1", question="Say hi briefly.", answer=None, check={"max_words": 5})
-        >>> behaviour(p, Measured(np.array([]), "Hi there!"), Rules(None, None, bool))["correct"]
-        True
-    """
-    text = measured.text
-    assert text is not None  # every behaviour probe is generated
-    failed = failed_checks(probe.check, text, rules.refusal_detector)
-    return {"correct": not failed, "predicted": text, "output": text, "n_choices": 0}
+    """The response itself, right when every check holds."""
+    failed = failed_checks(probe.check, measured.text, rules.refusal_detector)
+    return {"correct": not failed, "predicted": measured.text, "output": measured.text, "n_choices": 0}
 
 
 #: How each kind of probe is scored.

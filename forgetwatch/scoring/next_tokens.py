@@ -14,7 +14,7 @@ import torch
 from forgetwatch.common import strict_json
 from forgetwatch.common.files import NPZ_ERRORS, atomic_write, read_npz, strict_dumps
 from forgetwatch.common.text import first_line
-from forgetwatch.scoring.batching import group
+from forgetwatch.scoring.batching import group, padded
 from forgetwatch.scoring.borrow import borrowed, unwrap
 from forgetwatch.scoring.precision import scoring_in
 
@@ -26,6 +26,8 @@ class KeptFileError(ValueError):
         self.path, self.reason = None if path is None else str(path), reason
         super().__init__(reason if path is None else f"{path}: {reason}")
 
+
+right_padded = padded  # replay's name for it
 
 MASS_TOLERANCE = 0.01  # how far a position's kept probabilities may sum from 1 (float16 rounds by < 0.05 %)
 #: float16 (replay: half the bytes) or float32 (train KL: the base against itself gives exactly 0).
@@ -57,17 +59,6 @@ def first_usable(
         else:
             return value, rejected
     return None, rejected
-
-
-def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` right-padded as one batch (positions as in training): ids and attention mask."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        mask[r, : len(row)] = 1
-    return ids, mask
 
 
 def target_mask(mask: torch.Tensor, rows: Sequence[int], starts: Sequence[int] | None) -> torch.Tensor:
@@ -249,7 +240,7 @@ def _forwards(module, model, tokenizer, rows, indices, pad_id, rows_per_batch, c
     with borrowed(model, tokenizer), scoring_in(model, device, compute):
         for batch in group([len(rows[i]) for i in indices], rows_per_batch, None):
             idx = [indices[j] for j in batch]
-            ids, mask = (t.to(device) for t in right_padded([rows[i] for i in idx], pad_id))
+            ids, mask = (t.to(device) for t in padded([rows[i] for i in idx], pad_id))
             yield idx, ids, mask, module(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import is_out_of_memory
-from forgetwatch.scoring.choices import Row, needs_truncation, packed_row, plain_rows
+from forgetwatch.scoring.borrow import is_sharded, unwrap
+from forgetwatch.scoring.choices import Batch, Row, collate, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import EncodedChoices
+from forgetwatch.scoring.precision import epsilon
 
 logger = logging.getLogger(__name__)
 _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it
@@ -75,70 +78,57 @@ def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tup
     return [] if any(needs_truncation(enc, max_length) for _, enc in probes) else probes
 
 
-def decide(
-    model,
-    config,
-    reads: Sequence[EncodedChoices],
-    max_length: int,
-    score: Callable[[list[Row]], np.ndarray],
-    eps: float,
-    ranks: Ranks,
-    *,
-    prefixes: bool,
-    sharded: bool,
-) -> tuple[bool, bool]:
-    """Whether ``model``'s choices may be scored packed, and (``prefixes``: asked for) shared prefixes read from a KV
-    cache; every rank agrees, and a slower way is a warning. ``score``: every rank's reads of the same rows, in
-    lockstep; ``sharded``: parameters sharded over ranks, which need equal forwards (no prefixes)."""
-    reason = prefix_reason = packing_blocker(model, config)
+def decide(run: Any, asked: bool) -> tuple[bool, bool]:
+    """Whether a scoring ``run``'s model may score choices packed, and (``asked``) read shared prefixes from a KV
+    cache; every rank agrees, and a slower way is a warning. Parameters sharded over ranks need equal forwards."""
+    reads = [run.tokens.reads[i] for i in run.tokens.choice_probes]
+    sharded = run.ranks.size > 1 and is_sharded(run.model)
+    reason = prefix_reason = packing_blocker(unwrap(run.model), run.config)
     if reason is None and reads:
-        probes = check_probes(reads, max_length)
-        if probes:
-            reason, prefix_reason = _problem(probes, score, max_length, eps, prefixes and not sharded)
+        if probes := check_probes(reads, run.max_length):
+            reason, prefix_reason = _problem(probes, run, asked and not sharded)
         else:
-            reason = prefix_reason = f"its context of {max_length} tokens is too short to check packing on"
-    packing, cached = map(bool, ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)]))
+            reason = prefix_reason = f"its context of {run.max_length} tokens is too short to check packing on"
+    agreed = run.ranks.agree_min([int(reason is None), int(reason is None and prefix_reason is None)])
+    packing, cached = map(bool, agreed)
     if reads and not packing:
         why = reason or "another rank found packing inexact"
         logger.warning("scoring each choice as its own sequence, which is slower: %s", why)
-    elif prefixes and sharded:
+    elif asked and sharded:
         logger.warning("scoring each probe whole: parameters sharded over ranks need equal forwards")
-    elif prefixes and not cached:
+    elif asked and not cached:
         why = prefix_reason or "another rank found a cached prefix inexact"
         logger.warning("computing shared prompt prefixes again for every probe, which is slower: %s", why)
-    return packing, prefixes and cached and not sharded
+    return packing, asked and cached and not sharded
 
 
-def _problem(
-    probes: Sequence[tuple[int, EncodedChoices]],
-    score: Callable[[list[Row]], np.ndarray],
-    max_length: int,
-    eps: float,
-    prefixes: bool,
-) -> tuple[str | None, str | None]:
-    """Compare packed with plain scores on ``probes``: why packing, and (with ``prefixes``) why reading a prefix from
-    a KV cache, is not exact on this model (``None``: it is).
+def _problem(probes: Sequence[tuple[int, EncodedChoices]], run: Any, prefixes: bool) -> tuple[str | None, str | None]:
+    """Why packing, and (with ``prefixes``) a prefix read from a KV cache, is not exact on ``probes`` (``None``: it is);
+    only a packed forward failing inside the model turns packing down."""
 
-    Plain rows are scored first, outside error handling; only a packed forward failing inside the model turns packing
-    down. The tolerance per token is the largest of four times the batching noise, :data:`EPS_FACTOR` times ``eps``,
-    and :data:`MIN_TOLERANCE`."""
+    def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
+        size = run.facts.row_cap or len(rows)
+        return [collate(rows[i : i + size], run.pad_id) for i in range(0, len(rows), size)]
+
+    def sums(rows: list[Row]) -> np.ndarray:  # every rank reads the same rows, in lockstep
+        logprobs = np.concatenate([lp for _, lp in run.lockstep(chunks(rows), chunks, chunks(rows[:1])[0])])
+        return np.bincount(np.concatenate([r.keys for r in rows]), weights=logprobs, minlength=len(tokens))
+
     tokens = np.array([len(c) for _, enc in probes for c in enc.continuations])  # the keys, in order
-
-    def sums(rows: list[Row]) -> np.ndarray:
-        return np.bincount(np.concatenate([r.keys for r in rows]), weights=score(rows), minlength=len(tokens))
-
-    plain = [r for key, enc in probes for r in plain_rows(enc, key, max_length)]
+    plain = [r for key, enc in probes for r in plain_rows(enc, key, run.max_length)]
     together = sums(plain)
     if not np.isfinite(together).all():  # NaN says nothing of packing; the scorer refuses the model
         return None, None
     noise = float(np.max(np.abs(together - sum(sums([r]) for r in plain)) / tokens))
-    tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * eps)
+    tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * epsilon(run.precision))
 
     def differs(rows: list[Row], scored: str, what: str) -> str | None:
         try:
             error = float(np.max(np.abs(sums(rows) - together) / tokens))
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            if is_out_of_memory(err) or _is_distributed_error(err) or not _raised_in_forward(err):
+            distributed = isinstance(err, getattr(torch.distributed, "DistError", ()))
+            in_model = any(frame.f_code is _MODULE_CALL for frame, _ in traceback.walk_tb(err.__traceback__))
+            if is_out_of_memory(err) or distributed or not in_model:
                 raise
             return f"its forward rejects {what} ({first_line(err)})"
         if error <= tolerance:
@@ -154,18 +144,3 @@ def _problem(
     mixed = [packed_row(enc, key, CHECK_PREFIX + 8 * i) for i, (key, enc) in enumerate(probes)]
     what = "a prefix read from a KV cache"
     return None, differs(shared, "prefix-cached", what) or differs(mixed, "prefix-cached", what)
-
-
-def _raised_in_forward(err: BaseException) -> bool:
-    """Whether ``err`` was raised inside a module's forward (the model's code), not around it."""
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is _MODULE_CALL:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _is_distributed_error(err: BaseException) -> bool:
-    dist_error = getattr(torch.distributed, "DistError", None)
-    return dist_error is not None and isinstance(err, dist_error)

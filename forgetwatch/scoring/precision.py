@@ -16,25 +16,23 @@ def _autocast_wrapped(module: torch.nn.Module) -> bool:
     return "forward" in vars(module) and "_original_forward" in vars(module)
 
 
-def _autocast_dtype(module: torch.nn.Module, device: torch.device) -> str | None:
-    """The dtype a forward of ``module`` would autocast to now, or ``None``."""
-    if torch.is_autocast_enabled(device.type):
-        return str(torch.get_autocast_dtype(device.type)).removeprefix("torch.")
-    if _autocast_wrapped(module):
-        from accelerate.state import AcceleratorState
-
-        state = AcceleratorState._shared_state
-        mixed = str(state.get("_mixed_precision", state.get("mixed_precision", "")) or "")
-        return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed, mixed or "unknown")
-    return None
-
-
 def compute_precision(model: torch.nn.Module, device: torch.device, mode: str) -> str:
     """What a forward of ``model`` computes in under ``mode``, as recorded with the answers."""
     names = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
     weights = "+".join(names) or "float32"
-    autocast = None if mode == "weights" else _autocast_dtype(forward_module(model), device)
-    return weights if autocast is None else f"{autocast} autocast, {weights} weights"
+    if mode == "weights":
+        return weights
+    if torch.is_autocast_enabled(device.type):  # the dtype a forward would autocast to now
+        autocast = str(torch.get_autocast_dtype(device.type)).removeprefix("torch.")
+    elif _autocast_wrapped(forward_module(model)):
+        from accelerate.state import AcceleratorState
+
+        state = AcceleratorState._shared_state
+        mixed = str(state.get("_mixed_precision", state.get("mixed_precision", "")) or "")
+        autocast = {"bf16": "bfloat16", "fp16": "float16"}.get(mixed, mixed or "unknown")
+    else:
+        return weights
+    return f"{autocast} autocast, {weights} weights"
 
 
 def epsilon(precision: str) -> float:

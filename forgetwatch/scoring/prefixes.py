@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+from forgetwatch.scoring.batching import padded
+from forgetwatch.scoring.borrow import forward_module, unwrap
+
 #: A prefix shorter than this is not worth a forward of its own.
 MIN_PREFIX_TOKENS = 16
 
@@ -62,49 +65,37 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
     return out
 
 
-def forward_arguments(model: torch.nn.Module) -> tuple[str, str | None]:
-    """The names the model's forward takes a KV cache under, and the count of last positions to keep logits of."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
-    return "cache" if "cache" in params else "past_key_values", keep
-
-
 class PrefixStore:
-    """The KV caches of the prefixes a batch reads, each computed once while it is read.
+    """The KV caches of the prefixes a batch reads, each computed once (in one forward) and kept while it is read;
+    each row's prefix sits left-padded in the batch's cache, at its positions in the whole sequence."""
 
-    Each row's prefix sits on the left of the batch's cache, left-padded; the row keeps its positions in the whole
-    sequence. Missing prefixes are computed in one forward; those the next batch does not read are dropped."""
-
-    def __init__(self, module: torch.nn.Module, device: torch.device, argument: str, keep_arg: str | None, pad_id: int):
-        self.module, self.device, self.argument, self.keep_arg, self.pad_id = module, device, argument, keep_arg, pad_id
+    def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int):
+        self.module, self.device, self.pad_id = forward_module(model), device, pad_id
+        base = unwrap(model)
+        params = inspect.signature(
+            (base.get_base_model() if hasattr(base, "get_base_model") else base).forward
+        ).parameters
+        # the names the forward takes a KV cache under, and the count of last positions to keep logits of
+        self.argument = "cache" if "cache" in params else "past_key_values"
+        self.keep_arg = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
         self.kept: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # per layer: keys, values
         self.template = None  # a cache of the model's own kind, copied for each batch
 
-    def for_rows(self, prefixes: Sequence[tuple[int, ...]]) -> tuple[str, Any]:
-        """(the forward's cache argument, a cache holding each row's prefix, left-padded)."""
+    def for_rows(self, prefixes: Sequence[tuple[int, ...]]) -> dict[str, Any]:
+        """The forward's cache argument: a cache holding each row's prefix, left-padded."""
         wanted = dict.fromkeys(p for p in prefixes if p)
         self.kept = {p: kv for p, kv in self.kept.items() if p in wanted}  # free what no row reads now
         missing = [p for p in wanted if p not in self.kept]
         if missing:
             self._compute(missing)
-        return self.argument, self._assemble(prefixes)
+        return {self.argument: self._assemble(prefixes)}
 
     def _compute(self, prefixes: list[tuple[int, ...]]) -> None:
-        width = max(map(len, prefixes))
-        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-        positions = torch.zeros((len(prefixes), width), dtype=torch.long)
-        for i, p in enumerate(prefixes):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-            positions[i, width - len(p) :] = torch.arange(len(p))
-        kwargs = {
-            "input_ids": ids.to(self.device),
-            "attention_mask": mask.to(self.device),
-            "position_ids": positions.to(self.device),
-            "use_cache": True,
-        }
+        ids, mask = padded(prefixes, self.pad_id, left=True)
+        width = ids.shape[1]
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        kwargs = {name: t.to(self.device) for name, t in kwargs.items()} | {"use_cache": True}
         if self.keep_arg is not None:
             kwargs[self.keep_arg] = 1
         out = self.module(**kwargs)
@@ -120,27 +111,22 @@ class PrefixStore:
             ]
 
     def _assemble(self, prefixes: Sequence[tuple[int, ...]]):
-        width = max(map(len, prefixes))
-        rows = len(prefixes)
+        width, rows = max(map(len, prefixes)), len(prefixes)
+        alone = self.kept[prefixes[0]] if len(set(prefixes)) == 1 else None  # one prefix: views of its cache, no copy
+        at = {p: [r for r, q in enumerate(prefixes) if q == p] for p in dict.fromkeys(prefixes) if p}
         out = copy.copy(self.template)
         out.layers = []
-        alone = len(set(prefixes)) == 1  # one prefix for every row: views of its cache, no copy
         for k, layer in enumerate(self.template.layers):
             view = copy.copy(layer)
-            if alone:
-                keys, values = self.kept[prefixes[0]][k]
-                view.keys = keys.expand(rows, *keys.shape[1:])
-                view.values = values.expand(rows, *values.shape[1:])
-            else:
-                some_keys, some_values = next(iter(self.kept.values()))[k]
-                view.keys = some_keys.new_zeros(rows, some_keys.shape[1], width, some_keys.shape[3])
-                view.values = some_values.new_zeros(rows, some_values.shape[1], width, some_values.shape[3])
-                for p in dict.fromkeys(prefixes):
-                    if p:
-                        at = torch.tensor([r for r, q in enumerate(prefixes) if q == p], device=view.keys.device)
-                        keys, values = self.kept[p][k]
-                        view.keys[at, :, width - len(p) :] = keys
-                        view.values[at, :, width - len(p) :] = values
+            for j, name in enumerate(("keys", "values")):
+                if alone is not None:
+                    setattr(view, name, alone[k][j].expand(rows, *alone[k][j].shape[1:]))
+                    continue
+                some = next(iter(self.kept.values()))[k][j]
+                whole = some.new_zeros(rows, some.shape[1], width, some.shape[3])
+                for p, where in at.items():
+                    whole[where, :, width - len(p) :] = self.kept[p][k][j]
+                setattr(view, name, whole)
             out.layers.append(view)
         return out
 

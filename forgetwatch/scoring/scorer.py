@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,7 +22,7 @@ from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
 from forgetwatch.scoring.batching import default_token_budget, forward_cost, group_runs, run_lockstep
-from forgetwatch.scoring.borrow import borrowed, forward_module, is_sharded, unwrap
+from forgetwatch.scoring.borrow import borrowed, forward_module, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import (
     VISIBLE_TOKENS,
@@ -43,8 +42,8 @@ from forgetwatch.scoring.generation import (
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import decide
-from forgetwatch.scoring.precision import compute_precision, epsilon, scoring_in
-from forgetwatch.scoring.prefixes import PrefixStore, forward_arguments, shared_prefix_lengths
+from forgetwatch.scoring.precision import compute_precision, scoring_in
+from forgetwatch.scoring.prefixes import PrefixStore, shared_prefix_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -131,20 +130,29 @@ class Scorer:
             first_key = np.cumsum([0] + [len(r.continuations) if r else 0 for r in reads])
             choice_probes = [i for i, r in enumerate(reads) if r is not None]
             generated = [i for i, e in enumerate(encoded) if isinstance(e, EncodedPrompt)]
-            skips = np.zeros(len(encoded), dtype=np.int64)
+            skips, prompt_skips = np.zeros((2, len(encoded)), dtype=np.int64)
             skips[choice_probes] = shared_prefix_lengths([reads[i].context for i in choice_probes])
-            prompt_skips = np.zeros(len(encoded), dtype=np.int64)
             prompt_skips[generated] = shared_prefix_lengths([encoded[i].prompt for i in generated])
-            max_ids = np.array([max(_ids(e, r), default=0) for e, r in zip(encoded, reads)])
+            seqs = [
+                (getattr(e, "prompt", ()), *((r.context, *r.continuations) if r else ()))
+                for e, r in zip(encoded, reads)
+            ]
+            max_ids = np.array([max((max(s) for s in probe if s), default=0) for probe in seqs])
             self._tokens = _Tokens(visible, encoded, reads, first_key, choice_probes, skips, prompt_skips, max_ids)
         return self._tokens
 
-    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], int]:
-        """Tokenize for ``model`` and check every prompt leaves room for its response (a ``ValueError`` if not)."""
-        max_length = model_max_length(_text_config(unwrap(model)), self.tokenizer)
+    def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], Any, int]:
+        """Tokenize for ``model`` and check it can score them (a ``ValueError`` names what it cannot: its kind, a token
+        id, a prompt that leaves no room); the tokens, prompts, the model's text config and context length."""
+        inner = unwrap(model)
+        get = getattr(getattr(inner, "config", None), "get_text_config", None)
+        config = get() if callable(get) else getattr(inner, "config", None)
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
+        max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
-        self._check_vocabulary(unwrap(model), tokens)
-        return tokens, self._prompts(tokens, max_length), max_length
+        self._check_vocabulary(inner, tokens)
+        return tokens, self._prompts(tokens, max_length), config, max_length
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
@@ -181,48 +189,43 @@ class Scorer:
         Scoring(batch_size=batch_size)  # checked before any model work
         ranks = Ranks.all() if distributed else Ranks.alone()
         inner = unwrap(model)
-        config = _text_config(inner)
-        if getattr(config, "is_encoder_decoder", False):
-            raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         device = input_device(inner)
-        pad = pad_id(self.tokenizer)
-        tokens, prompts, max_length = self.prepare(model)
+        tokens, prompts, config, max_length = self.prepare(model)
         scoring = self.scoring_for(model)
         budget = None
         if batch_size == "auto":
-            guess = default_token_budget(
-                device, getattr(config, "hidden_size", 1024), getattr(config, "vocab_size", 32000)
-            )
-            budget = ranks.agree_min([guess])[0]
+            hidden, vocab = getattr(config, "hidden_size", 1024), getattr(config, "vocab_size", 32000)
+            budget = ranks.agree_min([default_token_budget(device, hidden, vocab)])[0]
+        name = str(getattr(inner.config, "_name_or_path", "") or "")
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
-            facts = self.about(model)
-            run = _Run(model, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget)
-            self._decide(run)
+            pad, facts = pad_id(self.tokenizer), self.about(model)
+            run = _Run(
+                model, config, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget
+            )
+            run.decide(self.settings.shared_prefixes)
             plan = self._choice_plan(run)
-            generated, _ = generation_share(list(prompts.values()), run.ranks)
-            self.scored_here = len(plan.rows_left) + len(generated)
+            self.scored_here = len(plan.rows_left) + len(generation_share(list(prompts.values()), ranks)[0])
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
-                sums = self._score_choices(run, plan, bar)
-                self._check_finite(sums, run.tokens, inner)  # before generating: a broken model wastes no more time
-                texts = self._generate(run, prompts, bar)
+                sums = run.score_choices(plan, bar)
+                self._check_finite(sums, tokens, name)  # before generating: a broken model wastes no more time
+                texts = run.generate(self.tokenizer, prompts, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return self._answers(tokens, sums, texts, scoring, str(getattr(inner.config, "_name_or_path", "") or ""))
+        return self._answers(tokens, sums, texts, scoring, name)
 
-    def _check_finite(self, sums: np.ndarray, tokens: _Tokens, model: torch.nn.Module) -> None:
+    def _check_finite(self, sums: np.ndarray, tokens: _Tokens, name: str) -> None:
         """Refuse NaN or infinite sums (argmax over NaN picks the first choice); every rank raises together."""
         bad = np.flatnonzero(~np.isfinite(sums))
         if not len(bad):
             return
         probe = self.probes[int(np.searchsorted(tokens.first_key, bad[0], side="right")) - 1]
-        name = str(getattr(getattr(model, "config", None), "_name_or_path", "") or "") or "the model"
         raise NonFiniteScoresError(
-            f"{name}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of {len(sums)} "
-            f"scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN or inf "
-            "(a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
+            f"{name or 'the model'}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of "
+            f"{len(sums)} scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN "
+            "or inf (a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
         )
 
     def _check_vocabulary(self, model: torch.nn.Module, tokens: _Tokens) -> None:
@@ -271,38 +274,13 @@ class Scorer:
             )
         return out
 
-    # -- multiple choice -----------------------------------------------------------------------
-
     def _choice_plan(self, run: _Run) -> _Plan:
-        plans = run.facts.plans
-        key = (run.max_length, run.packing, run.prefixes, run.pad_id, self._limits(run), run.ranks, run.tokens.visible)
-        if key not in plans:  # one shape at a time
-            plans.clear()
-            plans[key] = self._plan(run)
-        return plans[key]
-
-    def _score_choices(self, run: _Run, plan: _Plan, bar) -> np.ndarray:
-        """Summed log-probability of every (probe, choice), flat in probe order."""
-        first_key = run.tokens.first_key
-        n_keys = int(first_key[-1])
-        sums = np.zeros(n_keys)
-        if not n_keys:
-            return sums
-        left = dict(plan.rows_left)
-        for batch, logprobs in self._lockstep(run, plan.batches, lambda rows: self._batches(rows, run), plan.filler):
-            sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
-            owners = np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1
-            done = 0
-            for i in owners.tolist():
-                if i in left:
-                    left[i] -= 1
-                    done += left[i] == 0
-            bar.update(done)
-        return run.ranks.sum(sums)
-
-    def _plan(self, run: _Run) -> _Plan:
-        tokens = run.tokens
-        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
+        """This rank's multiple-choice batches, planned again only when their shape changes."""
+        tokens, plans = run.tokens, run.facts.plans
+        key = (run.max_length, run.packing, run.prefixes, run.pad_id, run.limits(), run.ranks, tokens.visible)
+        if key in plans:
+            return plans[key]
+        plans.clear()  # one shape at a time
         if truncated := sum(needs_truncation(tokens.reads[i], run.max_length) for i in tokens.choice_probes):
             self._warn_once(
                 "choices",
@@ -311,146 +289,22 @@ class Scorer:
                 truncated,
                 run.max_length,
             )
-        if not tokens.choice_probes:
-            return _Plan([], None, {})
-        # tokens a probe puts through the model, roughly: what shards are balanced on
-        costs = [
-            len(tokens.reads[i].context) + sum(map(len, tokens.reads[i].continuations)) for i in tokens.choice_probes
-        ]
-        mine = [tokens.choice_probes[j] for j in run.ranks.my_share(costs)]
-        cheapest = tokens.choice_probes[int(np.argmin(costs))]
-        filler = collate(self._rows(tokens, [cheapest], run, window, prefixes=False)[:1], run.pad_id)
-        rows = self._rows(tokens, mine, run, window, prefixes=run.prefixes)
-        # the bar counts multiple-choice probes (a generative one is counted with generation)
-        rows_left = Counter(int(np.searchsorted(tokens.first_key, r.keys[0], side="right")) - 1 for r in rows)
-        rows_left = {i: n for i, n in rows_left.items() if isinstance(tokens.encoded[i], EncodedChoices)}
-        return _Plan(self._batches(rows, run), filler, rows_left)
-
-    def _forward(self, run: _Run) -> Callable[[Batch], np.ndarray]:
-        """Log-probabilities of one batch's reads, shared prefixes read from their caches."""
-        inner = unwrap(run.model)
-        fwd = forward_module(run.model)
-        additive = getattr(_text_config(inner), "_attn_implementation", None) == "eager"
-        store = self._prefix_store(run)
-
-        def forward(batch: Batch) -> np.ndarray:
-            cache = store.for_rows(batch.prefixes) if any(batch.prefixes) else None
-            return forward_logprobs(fwd, batch, run.device, additive, store.keep_arg, cache)
-
-        return forward
-
-    @staticmethod
-    def _rows(tokens: _Tokens, indices: list[int], run: _Run, sliding_window: int | None, prefixes: bool) -> list[Row]:
-        rows: list[Row] = []
-        for i in indices:
-            enc = tokens.reads[i]
-            first = int(tokens.first_key[i])
-            if run.packing and not needs_truncation(enc, run.max_length):
-                row = packed_row(enc, first, int(tokens.skips[i]) if prefixes else 0)
-                if sliding_window is None or len(row) + len(row.prefix) <= sliding_window:
-                    rows.append(row)
-                    continue
-            rows.extend(plain_rows(enc, first, run.max_length))
-        return rows
-
-    @staticmethod
-    def _prefix_store(run: _Run) -> PrefixStore:
-        return PrefixStore(forward_module(run.model), run.device, *forward_arguments(unwrap(run.model)), run.pad_id)
-
-    def _batches(self, rows: list[Row], run: _Run) -> list[Batch]:
-        """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
-        forwards cost least."""
-        batches = []
-        for packed in (True, False):
-            subset = [r for r in rows if r.packed is packed]
-            own, shared, runs = [len(r) for r in subset], [len(r.prefix) for r in subset], [r.prefix for r in subset]
-            for idx in group_runs(own, shared, runs, *self._limits(run), per_batch=forward_cost(run.device)):
-                batches.append(collate([subset[i] for i in idx], run.pad_id))
-        return batches
+        plan = plans[key] = _Plan([], None, {})
+        if tokens.choice_probes:
+            reads = [tokens.reads[i] for i in tokens.choice_probes]
+            costs = [len(r.context) + sum(map(len, r.continuations)) for r in reads]  # what shards are balanced on
+            rows = run.rows([tokens.choice_probes[j] for j in run.ranks.my_share(costs)], run.prefixes)
+            filler = collate(run.rows([tokens.choice_probes[int(np.argmin(costs))]], False)[:1], run.pad_id)
+            # the bar counts multiple-choice probes (a generative one is counted with generation)
+            owners = np.searchsorted(tokens.first_key, [r.keys[0] for r in rows], side="right") - 1
+            left = Counter(i for i in owners.tolist() if isinstance(tokens.encoded[i], EncodedChoices))
+            plan = plans[key] = _Plan(run.batches(rows), filler, left)
+        return plan
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
-
-    def _limits(self, run: _Run) -> tuple[int | None, int | None]:
-        """Rows and tokens per forward, never more than has fitted since an out-of-memory error."""
-        facts = run.facts
-        if run.batch_size == "auto":
-            return facts.row_cap, min(run.budget, facts.token_cap or run.budget)
-        return min(run.batch_size, facts.row_cap or run.batch_size), None
-
-    def _out_of_memory(self, rows: int, run: _Run) -> None:
-        """Halve the limits after ``rows`` did not fit (every rank calls it with the same ``rows``)."""
-        if run.device.type == "cuda":
-            torch.cuda.empty_cache()
-        facts = run.facts
-        facts.row_cap = max(1, min(rows, facts.row_cap or rows) // 2)
-        if run.batch_size == "auto":
-            facts.token_cap = max(1, self._limits(run)[1] // 2)
-        facts.plans.clear()
-        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
-
-    def _decide(self, run: _Run) -> None:
-        """Once per model, agreed by every rank: may its choices be packed, its prefixes read from a cache?"""
-        facts = run.facts
-        if facts.packing is None:
-
-            def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
-                size = facts.row_cap or len(rows)
-                return [collate(rows[i : i + size], run.pad_id) for i in range(0, len(rows), size)]
-
-            def score(rows: list[Row]) -> np.ndarray:  # every rank checks the same rows, in lockstep
-                return np.concatenate([lp for _, lp in self._lockstep(run, chunks(rows), chunks, chunks(rows[:1])[0])])
-
-            inner = unwrap(run.model)
-            facts.packing, facts.prefixes = decide(
-                inner,
-                _text_config(inner),
-                [run.tokens.reads[i] for i in run.tokens.choice_probes],
-                run.max_length,
-                score,
-                epsilon(run.precision),
-                run.ranks,
-                prefixes=self.settings.shared_prefixes,
-                sharded=run.ranks.size > 1 and is_sharded(run.model),
-            )
-        run.packing, run.prefixes = facts.packing, bool(facts.prefixes)
-
-    def _lockstep(self, run: _Run, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch):
-        return run_lockstep(
-            batches,
-            self._forward(run),
-            replan=replan,
-            items_of=lambda b: b.rows,
-            filler=filler,
-            on_out_of_memory=lambda n: self._out_of_memory(n, run),
-            ranks=run.ranks,
-        )
-
-    # -- generative ----------------------------------------------------------------------------
-
-    def _generate(self, run: _Run, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
-        if not prompts:
-            return {}
-        window = getattr(_text_config(unwrap(run.model)), "sliding_window", None)
-
-        def skip(how: GenerationPrompt) -> int:  # a cache that drops what slides out of the window cannot be shared
-            fits = window is None or len(how.ids) + how.new_tokens <= window
-            return how.skip if run.prefixes and fits else 0
-
-        order = list(prompts)
-        out = generate_sharded(
-            run.model,
-            self.tokenizer,
-            [prompts[i]._replace(skip=skip(prompts[i])) for i in order],
-            ranks=run.ranks,
-            limits=lambda: self._limits(run),
-            on_out_of_memory=lambda n: self._out_of_memory(n, run),
-            prefix_cache=self._prefix_store(run).for_rows,
-            progress=bar.update,
-        )
-        return {i: g.text for i, g in zip(order, out)}
 
     # -- results -------------------------------------------------------------------------------
 
@@ -499,6 +353,7 @@ class _Run:
     """What one scoring call works with; ``budget``, ``packing`` and ``prefixes`` are agreed by all ranks."""
 
     model: torch.nn.Module
+    config: Any  # the model's text config
     device: torch.device
     pad_id: int
     max_length: int
@@ -511,6 +366,109 @@ class _Run:
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
 
+    def limits(self) -> tuple[int | None, int | None]:
+        """Rows and tokens per forward, never more than has fitted since an out-of-memory error."""
+        facts = self.facts
+        if self.batch_size == "auto":
+            return facts.row_cap, min(self.budget, facts.token_cap or self.budget)
+        return min(self.batch_size, facts.row_cap or self.batch_size), None
+
+    def out_of_memory(self, rows: int) -> None:
+        """Halve the limits after ``rows`` did not fit (every rank calls it with the same ``rows``)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        facts = self.facts
+        facts.row_cap = max(1, min(rows, facts.row_cap or rows) // 2)
+        if self.batch_size == "auto":
+            facts.token_cap = max(1, self.limits()[1] // 2)
+        facts.plans.clear()
+        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
+
+    def decide(self, asked: bool) -> None:
+        """Once per model: may its choices be packed, its prefixes (``asked``) read from a cache?"""
+        if self.facts.packing is None:
+            self.facts.packing, self.facts.prefixes = decide(self, asked)
+        self.packing, self.prefixes = self.facts.packing, bool(self.facts.prefixes)
+
+    def rows(self, indices: list[int], prefixes: bool) -> list[Row]:
+        tokens, window = self.tokens, getattr(self.config, "sliding_window", None)
+        rows: list[Row] = []
+        for i in indices:
+            enc, first = tokens.reads[i], int(tokens.first_key[i])
+            if self.packing and not needs_truncation(enc, self.max_length):
+                row = packed_row(enc, first, int(tokens.skips[i]) if prefixes else 0)
+                if window is None or len(row) + len(row.prefix) <= window:
+                    rows.append(row)
+                    continue
+            rows.extend(plain_rows(enc, first, self.max_length))
+        return rows
+
+    def batches(self, rows: list[Row]) -> list[Batch]:
+        """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
+        forwards cost least."""
+        batches = []
+        for packed in (True, False):
+            subset = [r for r in rows if r.packed is packed]
+            own, shared, runs = [len(r) for r in subset], [len(r.prefix) for r in subset], [r.prefix for r in subset]
+            for idx in group_runs(own, shared, runs, *self.limits(), per_batch=forward_cost(self.device)):
+                batches.append(collate([subset[i] for i in idx], self.pad_id))
+        return batches
+
+    def prefix_store(self) -> PrefixStore:
+        return PrefixStore(self.model, self.device, self.pad_id)
+
+    def lockstep(self, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch | None):
+        fwd, store = forward_module(self.model), self.prefix_store()
+        additive = getattr(self.config, "_attn_implementation", None) == "eager"
+
+        def forward(batch: Batch) -> np.ndarray:  # shared prefixes read from their caches
+            cache = store.for_rows(batch.prefixes) if any(batch.prefixes) else None
+            return forward_logprobs(fwd, batch, self.device, additive, store.keep_arg, cache)
+
+        return run_lockstep(
+            batches,
+            forward,
+            replan=replan,
+            items_of=lambda b: b.rows,
+            filler=filler,
+            on_out_of_memory=self.out_of_memory,
+            ranks=self.ranks,
+        )
+
+    def score_choices(self, plan: _Plan, bar) -> np.ndarray:
+        """Summed log-probability of every (probe, choice), flat in probe order."""
+        first_key = self.tokens.first_key
+        n_keys = int(first_key[-1])
+        sums = np.zeros(n_keys)
+        if not n_keys:
+            return sums
+        left = Counter(plan.rows_left)  # a generative probe's reference read goes below 0, never back to 0
+        for batch, logprobs in self.lockstep(plan.batches, self.batches, plan.filler):
+            sums += np.bincount(batch.keys, weights=logprobs, minlength=n_keys)
+            owners = (np.searchsorted(first_key, [r.keys[0] for r in batch.rows], side="right") - 1).tolist()
+            left.subtract(owners)
+            bar.update(sum(left[i] == 0 for i in set(owners)))
+        return self.ranks.sum(sums)
+
+    def generate(self, tokenizer: Any, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
+        window = getattr(self.config, "sliding_window", None)
+
+        def skip(how: GenerationPrompt) -> int:  # a cache that drops what slides out of the window cannot be shared
+            fits = window is None or len(how.ids) + how.new_tokens <= window
+            return how.skip if self.prefixes and fits else 0
+
+        out = generate_sharded(
+            self.model,
+            tokenizer,
+            [p._replace(skip=skip(p)) for p in prompts.values()],
+            ranks=self.ranks,
+            limits=self.limits,
+            on_out_of_memory=self.out_of_memory,
+            prefix_cache=self.prefix_store().for_rows,
+            progress=bar.update,
+        )
+        return {i: g.text for i, g in zip(prompts, out)}
+
 
 class _Plan(NamedTuple):
     """This rank's batches, a one-row filler batch, and rows left per multiple-choice probe."""
@@ -518,18 +476,6 @@ class _Plan(NamedTuple):
     batches: list[Batch]
     filler: Batch | None
     rows_left: dict[int, int]
-
-
-def _ids(encoded: Encoded, read: EncodedChoices | None) -> Iterator[int]:
-    yield from getattr(encoded, "prompt", ())
-    if read is not None:
-        yield from itertools.chain(read.context, *read.continuations)
-
-
-def _text_config(model):
-    config = getattr(model, "config", None)
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
 
 
 # The last few scorers, so repeated calls skip tokenizing; a scorer keeps each model's facts apart.
@@ -582,6 +528,6 @@ def evaluate(
     if scorer is None or scorer.tokenizer is not tokenizer:
         scorer = fresh
     _SCORERS[key] = scorer  # most recently used last
-    while len(_SCORERS) > _MAX_SCORERS:
+    if len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
     return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)
