@@ -36,7 +36,8 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from forgetwatch.replay.penalty import replay_backward  # noqa: E402
-from forgetwatch.scoring.next_tokens import base_distribution, right_padded  # noqa: E402
+from forgetwatch.scoring.batching import padded  # noqa: E402
+from forgetwatch.scoring.next_tokens import base_distribution  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 SIZES = ((64, 2), (256, 4), (512, 6))  # hidden width, layers
@@ -44,7 +45,7 @@ SIZES = ((64, 2), (256, 4), (512, 6))  # hidden width, layers
 
 def live_targets(model, token_ids, pad_id: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The base's top-k and tail per row, from the model with its adapters disabled (no gradients)."""
-    ids, mask = right_padded(token_ids, pad_id)
+    ids, mask = padded(token_ids, pad_id)
     with torch.no_grad(), model.disable_adapter():
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
     top_lp, top_ids = logp.topk(k, dim=-1)

@@ -1,12 +1,5 @@
 """A tiny offline world: made-up facts, a BPE tokenizer trained in-process and a small Llama, for the tests, the
-benchmarks and the demo (nothing downloaded).
-
-Example:
-    >>> world = ToyWorld(seed=0)
-    >>> tokenizer = world.tokenizer()
-    >>> model = world.model(tokenizer)
-    >>> _ = world.train(model, tokenizer, world.fact_texts(), steps=10)
-"""
+benchmarks and the demo (nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -71,11 +64,8 @@ class ToyWorld:
     def distraction_texts(self, n: int = 400, seed: int = 1) -> list[str]:
         """Unrelated text (arithmetic) for a 'post-training' that makes the model forget."""
         rng = random.Random(seed)
-        out = []
-        for _ in range(n):
-            a, b = rng.randrange(100), rng.randrange(100)
-            out.append(f"Compute {a} plus {b}. The sum is {a + b}.")
-        return out
+        pairs = ((rng.randrange(100), rng.randrange(100)) for _ in range(n))
+        return [f"Compute {a} plus {b}. The sum is {a + b}." for a, b in pairs]
 
     def replay_split(self, unrelated: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Probe rows on one half of the known countries, and pool rows with the other half's facts (plus
@@ -131,34 +121,11 @@ class ToyWorld:
         for c in self.countries:
             choices = rng.sample([x for x in capitals if x != c.capital], 3) + [c.capital]
             rng.shuffle(choices)
-            rows.append(
-                {
-                    "id": f"capital/{c.name}",
-                    "category": "capitals",
-                    "question": f"The capital of {c.name} is",
-                    "choices": choices,
-                    "answer": choices.index(c.capital),
-                }
-            )
-            rows.append(
-                {
-                    "id": f"color/{c.name}",
-                    "category": "colors",
-                    "question": f"The flag of {c.name} is",
-                    "choices": list(COLORS),
-                    "answer": COLORS.index(c.color),
-                }
-            )
-            if generative:
-                rows.append(
-                    {
-                        "id": f"rivers/{c.name}",
-                        "category": "rivers",
-                        "question": f"{c.name} has",
-                        "answer": str(c.rivers),
-                        "extract": "number",
-                    }
-                )
+            capital = dict(question=f"The capital of {c.name} is", choices=choices, answer=choices.index(c.capital))
+            color = dict(question=f"The flag of {c.name} is", choices=list(COLORS), answer=COLORS.index(c.color))
+            rivers = dict(question=f"{c.name} has", answer=str(c.rivers), extract="number")
+            kinds = [("capital", "capitals", capital), ("color", "colors", color), ("rivers", "rivers", rivers)]
+            rows += [{"id": f"{k}/{c.name}", "category": cat, **row} for k, cat, row in kinds[: 2 + generative]]
         return rows
 
     def tokenizer(self, vocab_size: int = 700, add_bos: bool = True, extra: Sequence[str] = ()):

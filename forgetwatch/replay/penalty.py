@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from forgetwatch.replay.rows import ReplayRow
-from forgetwatch.scoring.batching import group
-from forgetwatch.scoring.next_tokens import aligned_targets, kl_to_base, right_padded, target_mask
+from forgetwatch.scoring.batching import group, padded
+from forgetwatch.scoring.next_tokens import aligned_targets, kl_to_base, target_mask
 
 
 def encode_rows(tokenizer: Any, rows: Sequence[ReplayRow], max_length: int) -> list[list[int]]:
@@ -48,7 +48,7 @@ def replay_backward(
         total = target_count(token_ids, starts)
     summed = 0.0
     for idx in group([len(x) for x in token_ids], rows_per_batch, None):
-        ids, mask = (t.to(device) for t in right_padded([token_ids[i] for i in idx], pad_id))
+        ids, mask = (t.to(device) for t in padded([token_ids[i] for i in idx], pad_id))
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         if targets is None:
             flat = logits.reshape(-1, logits.shape[-1])

@@ -138,10 +138,8 @@ def run_lockstep(
     on_out_of_memory: Callable[[int], None],
     ranks: Ranks,
 ) -> Iterator[tuple[B, R]]:
-    """Yield ``(batch, run(batch))`` for this rank's ``batches``, with as many ``run`` calls on every rank.
-
-    A rank with fewer batches runs ``filler`` (result dropped). After an out-of-memory error on any rank, every rank
-    calls ``on_out_of_memory(rows)`` with the same size and replans what is left."""
+    """Yield ``(batch, run(batch))`` for this rank's ``batches``, as many ``run`` calls on every rank (``filler`` pads);
+    after running out of memory on any rank, every rank calls ``on_out_of_memory(rows)`` and replans what is left."""
     pending = list(batches)
     while True:
         total = ranks.agree_max([len(pending)])[0]

@@ -52,10 +52,8 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
-    """The end of ``text`` holding at least ``tokens`` tokens, found without tokenizing the whole text.
-
-    The tail is cut where a word begins, so the cut changes at most that word's tokens; a margin of 64 tokens covers
-    text without spaces. Only a text longer than ``tokens`` is ever cut."""
+    """The end of ``text`` holding at least ``tokens`` tokens, found without tokenizing the whole text; cut where a
+    word begins, so the cut changes at most that word's tokens (``_MARGIN`` covers text without spaces)."""
     n = 4 * tokens
     while n < len(text):
         word = _WORD.search(text, len(text) - n, len(text) - n + 1001)  # a space before a word
@@ -89,37 +87,30 @@ def encode_probes(
         if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score
             continue
         delimiter = default_delimiter if p.delimiter is None else p.delimiter
-        context = text.rstrip()  # its trailing whitespace goes onto each continuation, as lm-eval's
         wholes += [text + delimiter + choice for choice in p.choices or (p.answer,)]
-        contexts.append(context)
+        contexts.append(text.rstrip())  # its trailing whitespace goes onto each continuation, as lm-eval's
     context_ids = iter(encode_many(tokenizer, contexts))
     whole_ids = iter(encode_many(tokenizer, wholes))
     prompt_ids = iter(encode_many(tokenizer, prompts))
-
     out: list[Encoded] = []
     for p in probes:
+        prompt = None if p.kind is ProbeKind.MULTIPLE_CHOICE else tuple(next(prompt_ids))
         if p.kind is ProbeKind.BEHAVIOUR:
-            out.append(EncodedPrompt(tuple(next(prompt_ids))))
+            out.append(EncodedPrompt(prompt))
             continue
+        ctx = tuple(next(context_ids))
+        conts = tuple(tuple(next(whole_ids)[len(ctx) :]) for _ in p.choices or (p.answer,))
         if p.kind is ProbeKind.GENERATIVE:
-            ctx = next(context_ids)
-            cont = tuple(next(whole_ids)[len(ctx) :])
-            reference = EncodedChoices(tuple(ctx), (cont,)) if ctx and cont else None
-            out.append(EncodedPrompt(tuple(next(prompt_ids)), reference))
+            out.append(EncodedPrompt(prompt, EncodedChoices(ctx, conts) if ctx and conts[0] else None))
             continue
-        ctx = next(context_ids)
         if not ctx:
             raise ValueError(f"probe {p.id!r}: the question encodes to no tokens")
-        conts = []
-        for choice in p.choices:
-            cont = tuple(next(whole_ids)[len(ctx) :])
-            if not cont:
-                raise ValueError(
-                    f"probe {p.id!r}: choice {choice!r} adds no tokens after the question "
-                    "(the tokenizer merged it into the question's last token)"
-                )
-            conts.append(cont)
-        out.append(EncodedChoices(tuple(ctx), tuple(conts)))
+        if empty := [choice for choice, cont in zip(p.choices, conts) if not cont]:
+            raise ValueError(
+                f"probe {p.id!r}: choice {empty[0]!r} adds no tokens after the question "
+                "(the tokenizer merged it into the question's last token)"
+            )
+        out.append(EncodedChoices(ctx, conts))
     return out
 
 

@@ -27,8 +27,6 @@ class KeptFileError(ValueError):
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
-right_padded = padded  # replay's name for it
-
 MASS_TOLERANCE = 0.01  # how far a position's kept probabilities may sum from 1 (float16 rounds by < 0.05 %)
 #: float16 (replay: half the bytes) or float32 (train KL: the base against itself gives exactly 0).
 LOGPROB_TYPES = (np.float16, np.float32)
@@ -214,7 +212,7 @@ def base_distribution(
 ) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at each row's target positions (from ``starts``),
     the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.precision.scoring_in`."""
-    parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    rows: list[Any] = [None] * len(token_ids)
     for idx, _, _, logits in _forwards(
         model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute
     ):
@@ -223,12 +221,11 @@ def base_distribution(
         tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
         for r, i in enumerate(idx):
             at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
-            parts[i] = (
+            rows[i] = (
                 top_ids[r, at].cpu().numpy().astype(np.int32),
                 top_lp[r, at].cpu().numpy().astype(precision),
                 tail[r, at].cpu().numpy(),
             )
-    rows = [parts[i] for i in range(len(token_ids))]
     offsets = np.cumsum([0] + [len(row[0]) for row in rows], dtype=np.int64)
     return BaseDistribution(list(row_ids), offsets, *(np.concatenate(a) for a in zip(*rows)), dict(key or {}))
 

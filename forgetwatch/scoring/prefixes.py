@@ -25,15 +25,15 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
     seqs = [sequences[i] for i in order]
     # what adjacent sequences could share: their common prefix, each keeping its last token
     links = [min(len(os.path.commonprefix([a, b])), len(a) - 1, len(b) - 1) for a, b in zip(seqs, seqs[1:])]
-    lengths = [0] * len(seqs)
-    # each run [a, b) is either kept whole or split at its weakest links: decided bottom up
+    # each run [a, b) is either kept whole (one prefix) or split at its weakest links: decided bottom up, each run's
+    # tokens saved and its (a, b, prefix length) pieces kept
     stack: list[tuple[int, int, bool]] = [(0, len(seqs), False)]
-    saved: dict[tuple[int, int], int] = {}
+    best: dict[tuple[int, int], tuple[int, list[tuple[int, int, int]]]] = {}
     parts: dict[tuple[int, int], list[tuple[int, int]]] = {}
     while stack:
         a, b, expanded = stack.pop()
         if b - a < 2:
-            saved[a, b] = 0
+            best[a, b] = (0, [])
             continue
         weakest = min(links[a : b - 1])
         if not expanded:
@@ -43,25 +43,15 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
             stack.extend((x, y, False) for x, y in parts[a, b])
             continue
         whole = (b - a - 1) * weakest if weakest >= min_tokens else 0
-        split = sum(saved[p] for p in parts[a, b])
-        saved[a, b] = max(whole, split)
-        if whole >= split:
-            parts[a, b] = []  # kept whole: one prefix forward, not several
-    # hand out the lengths top down
-    todo = [(0, len(seqs))]
-    while todo:
-        a, b = todo.pop()
-        if b - a < 2:
-            continue
-        if parts.get((a, b)):
-            todo.extend(parts[a, b])
+        split = sum(best[p][0] for p in parts[a, b])
+        if whole >= split:  # kept whole: one prefix forward, not several
+            best[a, b] = (whole, [(a, b, weakest)] if weakest >= min_tokens else [])
         else:
-            weakest = min(links[a : b - 1])
-            if weakest >= min_tokens:
-                lengths[a:b] = [weakest] * (b - a)
+            best[a, b] = (split, [piece for p in parts[a, b] for piece in best[p][1]])
     out = [0] * len(sequences)
-    for pos, i in enumerate(order):
-        out[i] = lengths[pos]
+    for a, b, length in best[0, len(seqs)][1]:
+        for pos in range(a, b):
+            out[order[pos]] = length
     return out
 
 

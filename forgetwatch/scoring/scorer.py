@@ -151,7 +151,22 @@ class Scorer:
             raise ValueError("forgetwatch scores decoder-only causal language models; this model is an encoder-decoder")
         max_length = model_max_length(config, self.tokenizer)
         tokens = self._tokenized(max_length + 1)  # nothing before a model's last max_length + 1 tokens matters
-        self._check_vocabulary(inner, tokens)
+        try:
+            size = inner.get_input_embeddings().num_embeddings
+        except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
+            size = None
+        pad, top = pad_id(self.tokenizer), int(tokens.max_ids.max(initial=0))
+        if size is not None and max(top, pad) >= size:  # fails here, naming both sizes, not inside a forward
+            what = f"padding token id {pad}"
+            if top >= size:
+                probe = self.probes[int(np.argmax(tokens.max_ids >= size))]
+                what = f"token ids up to {top} (probe {probe.id!r} of {self.probes.source} has one)"
+            raise ValueError(
+                f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
+                f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
+                "the model; pass the model's own tokenizer, or call model.resize_token_embeddings(len(tokenizer)) "
+                "before training"
+            )
         return tokens, self._prompts(tokens, max_length), config, max_length
 
     def about(self, model: torch.nn.Module) -> ModelFacts:
@@ -202,51 +217,29 @@ class Scorer:
             run = _Run(
                 model, config, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget
             )
-            run.decide(self.settings.shared_prefixes)
+            if facts.packing is None:  # once per model: may its choices be packed, its prefixes read from a cache?
+                facts.packing, facts.prefixes = decide(run, self.settings.shared_prefixes)
+            run.packing, run.prefixes = facts.packing, facts.prefixes
             plan = self._choice_plan(run)
             self.scored_here = len(plan.rows_left) + len(generation_share(list(prompts.values()), ranks)[0])
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
                 sums = run.score_choices(plan, bar)
-                self._check_finite(sums, tokens, name)  # before generating: a broken model wastes no more time
+                # argmax over NaN picks the first choice: refused before generating, on every rank together
+                if len(bad := np.flatnonzero(~np.isfinite(sums))):
+                    probe = self.probes[int(np.searchsorted(tokens.first_key, bad[0], side="right")) - 1]
+                    raise NonFiniteScoresError(
+                        f"{name or 'the model'}: its log-probabilities are not finite numbers (NaN or inf) for "
+                        f"{len(bad)} of {len(sums)} scored continuations (the first in probe {probe.id!r}): its "
+                        "weights or its outputs hold NaN or inf (a diverged run, a broken checkpoint, or overflow in "
+                        "half precision); no answers were read from them"
+                    )
                 texts = run.generate(self.tokenizer, prompts, bar)
             finally:
                 bar.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return self._answers(tokens, sums, texts, scoring, name)
-
-    def _check_finite(self, sums: np.ndarray, tokens: _Tokens, name: str) -> None:
-        """Refuse NaN or infinite sums (argmax over NaN picks the first choice); every rank raises together."""
-        bad = np.flatnonzero(~np.isfinite(sums))
-        if not len(bad):
-            return
-        probe = self.probes[int(np.searchsorted(tokens.first_key, bad[0], side="right")) - 1]
-        raise NonFiniteScoresError(
-            f"{name or 'the model'}: its log-probabilities are not finite numbers (NaN or inf) for {len(bad)} of "
-            f"{len(sums)} scored continuations (the first in probe {probe.id!r}): its weights or its outputs hold NaN "
-            "or inf (a diverged run, a broken checkpoint, or overflow in half precision); no answers were read from them"
-        )
-
-    def _check_vocabulary(self, model: torch.nn.Module, tokens: _Tokens) -> None:
-        """A token id beyond the model's embeddings fails here, naming both sizes, not inside a forward."""
-        try:
-            size = model.get_input_embeddings().num_embeddings
-        except (AttributeError, NotImplementedError):  # a model that does not say: its forward will
-            return
-        pad, top = pad_id(self.tokenizer), int(tokens.max_ids.max(initial=0))
-        if max(top, pad) < size:
-            return
-        what = f"padding token id {pad}"
-        if top >= size:
-            probe = self.probes[int(np.argmax(tokens.max_ids >= size))]
-            what = f"token ids up to {top} (probe {probe.id!r} of {self.probes.source} has one)"
-        raise ValueError(
-            f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
-            f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
-            "the model; pass the model's own tokenizer, or call model.resize_token_embeddings(len(tokenizer)) "
-            "before training"
-        )
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
         """Every generated probe's prompt, kept whole, with its response budget and stop strings; grouped by (the
@@ -329,7 +322,7 @@ class ModelFacts:
     """What a :class:`Scorer` learned about one model (``None``: not checked yet)."""
 
     packing: bool | None = None
-    prefixes: bool | None = None  # may a prefix be read from its cache (None: not checked)
+    prefixes: bool = False  # may a prefix be read from its cache
     plans: dict[tuple, _Plan] = field(default_factory=dict)
     row_cap: int | None = None
     token_cap: int | None = None
@@ -384,12 +377,6 @@ class _Run:
         facts.plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
 
-    def decide(self, asked: bool) -> None:
-        """Once per model: may its choices be packed, its prefixes (``asked``) read from a cache?"""
-        if self.facts.packing is None:
-            self.facts.packing, self.facts.prefixes = decide(self, asked)
-        self.packing, self.prefixes = self.facts.packing, bool(self.facts.prefixes)
-
     def rows(self, indices: list[int], prefixes: bool) -> list[Row]:
         tokens, window = self.tokens, getattr(self.config, "sliding_window", None)
         rows: list[Row] = []
@@ -414,11 +401,8 @@ class _Run:
                 batches.append(collate([subset[i] for i in idx], self.pad_id))
         return batches
 
-    def prefix_store(self) -> PrefixStore:
-        return PrefixStore(self.model, self.device, self.pad_id)
-
     def lockstep(self, batches: list[Batch], replan: Callable[[list[Row]], list[Batch]], filler: Batch | None):
-        fwd, store = forward_module(self.model), self.prefix_store()
+        fwd, store = forward_module(self.model), PrefixStore(self.model, self.device, self.pad_id)
         additive = getattr(self.config, "_attn_implementation", None) == "eager"
 
         def forward(batch: Batch) -> np.ndarray:  # shared prefixes read from their caches
@@ -464,7 +448,7 @@ class _Run:
             ranks=self.ranks,
             limits=self.limits,
             on_out_of_memory=self.out_of_memory,
-            prefix_cache=self.prefix_store().for_rows,
+            prefix_cache=PrefixStore(self.model, self.device, self.pad_id).for_rows,
             progress=bar.update,
         )
         return {i: g.text for i, g in zip(prompts, out)}
