@@ -150,11 +150,7 @@ class ToyWorld:
                 single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
             )
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            bos_token="<s>",
-            eos_token="</s>",
-            pad_token="<pad>",
-            model_max_length=256,
+            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=256
         )
 
     def model(self, tokenizer, hidden: int = 64, layers: int = 2, seed: int | None = None, arch: str = "llama"):

@@ -107,9 +107,8 @@ def forward_cost(device: torch.device) -> int:
     return 64 if device.type == "cpu" else 1024
 
 
-def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int) -> int:
-    """A first guess of tokens per forward for ``batch_size="auto"``: on CUDA a quarter of the free memory,
-    and no more than training's peak allows."""
+def default_token_budget(device: torch.device, config) -> int:
+    """Tokens per forward for ``batch_size="auto"``: on CUDA a quarter of the free memory, within training's peak."""
     if device.type != "cuda":
         return 8192
     free, _ = torch.cuda.mem_get_info(device)
@@ -119,7 +118,7 @@ def default_token_budget(device: torch.device, hidden_size: int, vocab_size: int
     if peak > 1.5 * held:  # something (training steps) needed far more than is held now
         room = min(room, 1.1 * peak - held)
     # per token: fp32 logits, and a few activations of one layer (no gradients are kept)
-    per_token = 4 * (16 * hidden_size + vocab_size)
+    per_token = 4 * (16 * getattr(config, "hidden_size", 1024) + getattr(config, "vocab_size", 32000))
     tokens = int(max(256, min(room // per_token, 1 << 17)))
     return 1 << (tokens.bit_length() - 1)  # a power of two: planned batches stay cached
 

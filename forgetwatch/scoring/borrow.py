@@ -12,7 +12,6 @@ import torch
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The innermost model under any ``.module`` wrapper."""
     while isinstance(getattr(model, "module", None), torch.nn.Module):
         model = model.module
     return model
@@ -34,16 +33,24 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def is_fsdp1(model: torch.nn.Module) -> bool:
-    return isinstance(model, _fsdp_types("FullyShardedDataParallel"))
-
-
 def _fsdp_types(*names: str) -> tuple[type, ...]:
     try:
         import torch.distributed.fsdp as fsdp
     except ImportError:
         return ()
     return tuple(t for t in (getattr(fsdp, name, None) for name in names) if t is not None)
+
+
+@contextlib.contextmanager
+def generator(model) -> Iterator[torch.nn.Module]:
+    """The module whose ``generate`` to call; under FSDP1 the model inside with the root's own parameters gathered
+    (``generate`` bypasses the wrapper's forward)."""
+    inner = forward_module(model)
+    if isinstance(inner, _fsdp_types("FullyShardedDataParallel")):
+        with inner.summon_full_params(inner, writeback=False, recurse=False):
+            yield inner.module
+    else:
+        yield inner if hasattr(inner, "generate") else unwrap(model)
 
 
 @contextlib.contextmanager

@@ -4,9 +4,8 @@ response may have in the model's context."""
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
 from forgetwatch.scoring.batching import group_runs, padded, run_lockstep
-from forgetwatch.scoring.borrow import borrowed, forward_module, is_fsdp1, is_sharded, unwrap
+from forgetwatch.scoring.borrow import borrowed, generator, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 
 K = TypeVar("K", bound=Hashable)
@@ -107,15 +106,15 @@ def _generated(
     text = cut_at_stop(decoded, stop)
     end = next((k for k, t in enumerate(row) if t in eos), None)
     tokens = row if end is None else row[:end]
-    if len(text) < len(decoded):  # a stop string came first, whatever followed it: the fewest tokens covering text
+    stopped = len(text) < len(decoded)  # a stop string came first, whatever followed it
 
-        def covers(k: int) -> bool:
-            return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
+    def covers(k: int) -> bool:
+        return tokenizer.decode(tokens[:k], skip_special_tokens=True).startswith(text)
 
-        if return_ids and covers(len(tokens)):  # else the decoding of a part differs from the whole's: keep it all
-            tokens = tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
-        return Generated(text, tuple(tokens) if return_ids else None, False)
-    return Generated(text, tuple(tokens) if return_ids else None, end is not None)
+    # the fewest tokens covering text; when the decoding of a part differs from the whole's, all of them
+    if return_ids and stopped and covers(len(tokens)):
+        tokens = tokens[: bisect.bisect_left(range(len(tokens)), True, key=covers)]
+    return Generated(text, tuple(tokens) if return_ids else None, end is not None and not stopped)
 
 
 def fit_prompts(
@@ -191,8 +190,7 @@ def generate_sharded(
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        """One batch, each row's prefix (read from the cache) and the rest of its prompt left-padded apart; a clean
-        greedy config stands in for the model's own during the call."""
+        """One batch, each row's prefix (read from the cache) and the rest of its prompt left-padded apart."""
         rows = [whole[i] for i in chunk]
         prefixes = [p.ids[: p.skip] for p in rows]
         parts = [padded(prefixes, pad, left=True), padded([p.ids[p.skip :] for p in rows], pad, left=True)]
@@ -207,7 +205,7 @@ def generate_sharded(
             eos_token_id=eos,
             stop_strings=list(rows[0].stop) or None,
         )
-        saved = owner.generation_config
+        saved = owner.generation_config  # the greedy config stands in for the model's own during the call
         owner.generation_config = greedy
         try:
             with generator(model) as module:
@@ -258,15 +256,3 @@ def input_device(model: torch.nn.Module) -> torch.device:
 def pad_id(tokenizer: Any) -> int:
     """The id batches are padded with: the tokenizer's pad token, else EOS, else 0."""
     return next((int(c) for c in (tokenizer.pad_token_id, tokenizer.eos_token_id) if c is not None), 0)
-
-
-@contextlib.contextmanager
-def generator(model) -> Iterator[torch.nn.Module]:
-    """The module whose ``generate`` to call; under FSDP1 the model inside with the root's own parameters gathered
-    (``generate`` bypasses the wrapper's forward)."""
-    inner = forward_module(model)
-    if is_fsdp1(inner):
-        with inner.summon_full_params(inner, writeback=False, recurse=False):
-            yield inner.module
-    else:
-        yield inner if hasattr(inner, "generate") else unwrap(model)

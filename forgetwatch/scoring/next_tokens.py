@@ -28,13 +28,11 @@ class KeptFileError(ValueError):
 
 
 MASS_TOLERANCE = 0.01  # how far a position's kept probabilities may sum from 1 (float16 rounds by < 0.05 %)
-#: float16 (replay: half the bytes) or float32 (train KL: the base against itself gives exactly 0).
-LOGPROB_TYPES = (np.float16, np.float32)
 #: The arrays of a BaseDistribution, in order: their dtypes and dimensions.
 _ARRAYS = {
     "offsets": ((np.int64,), 1),
     "top_ids": ((np.int32,), 2),
-    "top_logprobs": (LOGPROB_TYPES, 2),
+    "top_logprobs": ((np.float16, np.float32), 2),  # float32 for train KL: the base against itself gives exactly 0
     "tail": ((np.float32,), 1),
 }
 

@@ -207,10 +207,7 @@ class Scorer:
         device = input_device(inner)
         tokens, prompts, config, max_length = self.prepare(model)
         scoring = self.scoring_for(model)
-        budget = None
-        if batch_size == "auto":
-            hidden, vocab = getattr(config, "hidden_size", 1024), getattr(config, "vocab_size", 32000)
-            budget = ranks.agree_min([default_token_budget(device, hidden, vocab)])[0]
+        budget = ranks.agree_min([default_token_budget(device, config)])[0] if batch_size == "auto" else None
         name = str(getattr(inner.config, "_name_or_path", "") or "")
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
             pad, facts = pad_id(self.tokenizer), self.about(model)
@@ -242,8 +239,7 @@ class Scorer:
         return self._answers(tokens, sums, texts, scoring, name)
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
-        """Every generated probe's prompt, kept whole, with its response budget and stop strings; grouped by (the
-        setting that limits the response, its length, stop strings) for the warnings."""
+        """Every generated probe's prompt, kept whole, with its response budget and stop strings."""
         groups: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
         s = self.settings
         for i, p in enumerate(self.probes):
@@ -435,16 +431,13 @@ class _Run:
         return self.ranks.sum(sums)
 
     def generate(self, tokenizer: Any, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
-        window = getattr(self.config, "sliding_window", None)
-
-        def skip(how: GenerationPrompt) -> int:  # a cache that drops what slides out of the window cannot be shared
-            fits = window is None or len(how.ids) + how.new_tokens <= window
-            return how.skip if self.prefixes and fits else 0
-
+        window = getattr(self.config, "sliding_window", None) or float("inf")
+        # a cache that drops what slides out of the window cannot be shared
+        shared = [p.skip if self.prefixes and len(p.ids) + p.new_tokens <= window else 0 for p in prompts.values()]
         out = generate_sharded(
             self.model,
             tokenizer,
-            [p._replace(skip=skip(p)) for p in prompts.values()],
+            [p._replace(skip=n) for p, n in zip(prompts.values(), shared)],
             ranks=self.ranks,
             limits=self.limits,
             on_out_of_memory=self.out_of_memory,
