@@ -316,36 +316,34 @@ def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
 def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None) -> tuple[str, str] | str:
     """(metric, filter) this task is scored by, or why it cannot be scored per sample."""
     from lm_eval.api.metrics import mean
+    from lm_eval.models.utils import normalize_gen_kwargs
 
-    kind = task.OUTPUT_TYPE
-    if getattr(task, "MULTIMODAL", False):
-        return f"{name}: multimodal tasks are not scored by forgetwatch"
-    if kind == "loglikelihood_rolling":
-        return f"{name}: a perplexity task (loglikelihood_rolling) has no right or wrong answer per sample"
-    if kind not in ("multiple_choice", "generate_until"):
-        return f"{name}: output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)"
-    if (task.config.repeats or 1) > 1:
-        return f"{name}: repeats={task.config.repeats} samples each answer several times; forgetwatch generates once"
-    if kind == "generate_until":
-        from lm_eval.models.utils import normalize_gen_kwargs
-
-        gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {}))
-        if gen.get("do_sample"):
-            return f"{name}: it samples (do_sample or temperature > 0); forgetwatch decodes greedily"
+    kind, repeats = task.OUTPUT_TYPE, task.config.repeats or 1
+    gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {})) if kind == "generate_until" else {}
     aggregations = task.aggregation()
     allowed = CHOICE_METRICS if kind == "multiple_choice" else tuple(aggregations)
     per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
     preferred = "acc" if kind == "multiple_choice" else "exact_match"
     metric = metric or (preferred if preferred in per_sample else next(iter(per_sample), None))
-    if metric is None:
-        return f"{name}: none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"
-    if metric not in per_sample:
-        usable = ", ".join(per_sample) or "none"
-        return f"{name}: metric {metric!r} is not one of its metrics forgetwatch scores per sample ({usable})"
     filters = [ensemble.name for ensemble in task._filters]
-    if filter_name not in (None, *filters):
-        return f"{name}: no filter named {filter_name!r}; it has {', '.join(filters)}"
-    return metric, filter_name or filters[0]
+    refusals = [  # the first that holds is the reason
+        (getattr(task, "MULTIMODAL", False), "multimodal tasks are not scored by forgetwatch"),
+        (kind == "loglikelihood_rolling", "a perplexity task (loglikelihood_rolling) has no right or wrong answer"),
+        (
+            kind not in ("multiple_choice", "generate_until"),
+            f"output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)",
+        ),
+        (repeats > 1, f"repeats={repeats} samples each answer several times; forgetwatch generates once"),
+        (gen.get("do_sample"), "it samples (do_sample or temperature > 0); forgetwatch decodes greedily"),
+        (metric is None, f"none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"),
+        (
+            metric not in per_sample,
+            f"metric {metric!r} is not one of its metrics scored per sample ({', '.join(per_sample) or 'none'})",
+        ),
+        (filter_name not in (None, *filters), f"no filter named {filter_name!r}; it has {', '.join(filters)}"),
+    ]
+    why = next((why for refused, why in refusals if refused), None)
+    return f"{name}: {why}" if why else (metric, filter_name or filters[0])
 
 
 def _check_documents(task: Any, where: str, limit: int | None) -> None:
@@ -414,12 +412,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
 
 @dataclass(frozen=True)
 class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``).
-
-    Example:
-        >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()
-        {'lm_eval': ['arc_easy'], 'num_fewshot': 5}
-    """
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``)."""
 
     tasks: tuple[str, ...]
     num_fewshot: int | None = None
@@ -436,10 +429,9 @@ class LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
         if (unknown := next((str(k) for k in data if k not in SPEC_KEYS), None)) is not None:
             in_code = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True)"
-            extra = in_code if unknown in ("apply_chat_template", "tokenizer") else ""
-            hint = suggestion(unknown, SPEC_KEYS)
             raise ValueError(
-                f"key 'probes.{unknown}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"
+                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, SPEC_KEYS)}; use "
+                f"{', '.join(SPEC_KEYS)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
             )
         tasks = data.get("lm_eval")
         tasks = [tasks] if isinstance(tasks, str) else tasks
