@@ -76,12 +76,7 @@ class Ranks:
         return [json.loads(p.cpu().numpy().tobytes()) for p in parts]
 
     def share_from_rank_zero(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run on rank 0, its JSON-able result on every rank; if it raises, every rank raises.
-
-        Example:
-            >>> Ranks().share_from_rank_zero(lambda: {"decision": "reuse"})
-            {'decision': 'reuse'}
-        """
+        """``make()`` run on rank 0, its JSON-able result on every rank; if it raises, every rank raises."""
         if self.size == 1:
             return make()
         error, text = None, ""

@@ -70,7 +70,7 @@ def value_problem(value: Any) -> tuple[str, str] | None:
         item, where, depth = todo.pop()
         why = None
         if isinstance(item, str):
-            why = None if item.isascii() else _surrogate(item)  # isascii: a flag, no scan
+            why = None if item.isascii() else lone_surrogate(item)  # isascii: a flag, no scan
         elif isinstance(item, _Refused):
             why = item.why
         elif isinstance(item, float) and not math.isfinite(item):
@@ -84,7 +84,7 @@ def value_problem(value: Any) -> tuple[str, str] | None:
             for key, _ in pairs if isinstance(item, Mapping) else ():
                 if not isinstance(key, str):
                     return _path(where), f"has key {describe(key)}: JSON keys are strings; write it as one"
-                if message := _surrogate(key):
+                if message := lone_surrogate(key):
                     return _path((where, key)), f"the name {message}"
             todo.extend((child, (where, key), depth + 1) for key, child in reversed(pairs))
         elif not (item is None or isinstance(item, (bool, int, float))):
@@ -105,7 +105,7 @@ def _path(where: Any) -> str:
     return "".join(reversed(parts)).removeprefix(".")
 
 
-def _surrogate(text: str) -> str | None:
+def lone_surrogate(text: str) -> str | None:
     if found := _SURROGATE.search(text):
         where = f"(U+{ord(found.group()):04X}) at character {found.start()}"
         return f"has a lone surrogate {where}, which is not valid Unicode text"

@@ -20,8 +20,7 @@ from forgetwatch.common.problems import InputError, Problem, Problems
 from forgetwatch.common.text import first_line, shorten, suggestion
 from forgetwatch.probes.schema import Probe, is_int
 
-#: Multiple-choice metrics that depend on the choices' log-likelihoods alone (``exact_match``
-#: also needs whether each choice is the greedy continuation, ``acc_mutual_info`` extra requests).
+#: Multiple-choice metrics that depend on the choices' log-likelihoods alone.
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
 
 
@@ -29,13 +28,6 @@ class LmEvalTaskError(InputError):
     """An lm-eval task that cannot be loaded or scored per sample, and why."""
 
     noun = "field"
-
-    def __init__(self, errors: str | Sequence[Problem], unit: str = "line"):
-        if isinstance(errors, str):  # a message that names its task itself
-            ValueError.__init__(self, errors)
-            self.errors, self.unit = [], unit
-        else:
-            super().__init__(errors, unit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +94,6 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     o = SimpleNamespace(**options)
     try:
         from lm_eval.evaluator_utils import get_sample_size
-        from lm_eval.tasks import TaskManager
     except ImportError as err:
         raise ImportError(
             "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
@@ -113,7 +104,7 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         raise LmEvalTaskError(
             "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
         )
-    loaded = _load_tasks(TaskManager, o.task_manager, names, o.include_path, o.include_defaults)
+    loaded = _load_tasks(o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
     chat = None
     if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
@@ -157,23 +148,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     return probes
 
 
-def _load_tasks(
-    manager_class: Any,
-    task_manager: Any,
-    names: list[str],
-    include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
-    include_defaults: bool,
-) -> dict[str, Any]:
+def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_defaults: bool) -> dict[str, Any]:
     """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
     lm-eval's own tasks takes minutes)."""
     if task_manager is None:
+        from lm_eval.tasks import TaskManager
+
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
-        task_manager = manager_class(include_path=paths, include_defaults=include_defaults and not paths)
+        task_manager = TaskManager(include_path=paths, include_defaults=include_defaults and not paths)
         if paths and _walk(task_manager.task_index, names)[0]:
             _check_yaml_files(paths)  # lm-eval's index skips a file it cannot read without a word
             if include_defaults:  # e.g. a local group of lm-eval's own tasks
-                task_manager = manager_class(include_path=paths, include_defaults=True)
+                task_manager = TaskManager(include_path=paths, include_defaults=True)
     missing, tasks = _walk(task_manager.task_index, names)
     for group, name in missing:
         close = difflib.get_close_matches(name, sorted(task_manager.task_index), n=5)
