@@ -1,11 +1,4 @@
-"""forgetwatch: watch an LLM forget while it is being post-trained.
-
-Example:
-    >>> from forgetwatch import ProbeSet, evaluate, compare     # doctest: +SKIP
-    >>> probes = ProbeSet.from_jsonl("probes.jsonl")            # doctest: +SKIP
-    >>> base = evaluate(base_model, tokenizer, probes)          # doctest: +SKIP
-    >>> print(compare(base, evaluate(tuned_model, tokenizer, probes)).summary())  # doctest: +SKIP
-"""
+"""forgetwatch: watch an LLM forget while it is being post-trained (docs/quickstart.md)."""
 
 import logging as _logging
 

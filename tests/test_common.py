@@ -59,7 +59,7 @@ def test_an_npz_reads_back_and_one_with_pickled_data_is_refused():
 
 
 def test_one_process_shares_with_itself_and_shards_by_cost():
-    alone = Ranks.alone()
+    alone = Ranks()
     assert alone.agree_max([3, 0]) == [3, 0] and alone.agree_min([3, 0]) == [3, 0]
     assert alone.gather_json({"3": "Paris"}) == [{"3": "Paris"}]
     assert alone.share_from_rank_zero(lambda: {"decision": "reuse"}) == {"decision": "reuse"}

@@ -43,7 +43,7 @@ def few(toy):
 
 def context(folder, tokenizer):
     return RunContext(
-        ranks=Ranks.alone(), writes=True, store=RunStore(folder), tokenizer=tokenizer, rows_per_batch=lambda m: 5
+        ranks=Ranks(), writes=True, store=RunStore(folder), tokenizer=tokenizer, rows_per_batch=lambda m: 5
     )
 
 
@@ -59,7 +59,7 @@ def test_train_kl_is_measured_on_as_many_rows_as_fit_its_time(toy, tmp_path, cap
     assert signal.tokens == [ids for ids, _ in kept] and signal.starts == [s for _, s in kept]
     assert spent == 3  # the timing, then the 8 rows in batches of 5
     assert f"measured on {MIN_ROWS} of 12 training rows (a seeded sample)" in caplog.text
-    assert signal.measure(model, Ranks.alone())["train_kl"] == 0.0  # still exactly 0 at the base
+    assert signal.measure(model, Ranks())["train_kl"] == 0.0  # still exactly 0 at the base
     roomy = TrainKL(128, max_seconds=100.0, clock=clock)
     roomy.begin(model, context(tmp_path / "roomy", toy.tokenizer), given)
     assert roomy.tokens == [ids for ids, _ in given]  # all fit: all measured

@@ -172,7 +172,7 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
 
         replay = cb.watch.repair
         prompts = replay.pool.prompt_ids(toy.tokenizer)
-        answers = answer_prompts(toy.base, toy.tokenizer, replay.pool, prompts, Ranks.alone(), 4)
+        answers = answer_prompts(toy.base, toy.tokenizer, replay.pool, prompts, Ranks(), 4)
         assert all(replay.encoded[i][replay.starts[i] :][: len(a.ids)] == list(a.ids) for i, a in answers.items())
         ids = list(replay.encoded)
         plain = base_distribution(

@@ -129,7 +129,7 @@ def test_train_kl_forwards_follow_the_scoring_precision(toy, fresh_accelerate_st
         return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
 
     def sums(model, compute):
-        return row_sums(model, toy.tokenizer, rows, [1] * len(rows), 0, 4, Ranks.alone(), nll, compute=compute)
+        return row_sums(model, toy.tokenizer, rows, [1] * len(rows), 0, 4, Ranks(), nll, compute=compute)
 
     plain = sums(toy.base, "weights")
     np.testing.assert_array_equal(sums(wrapped, "weights"), plain)

@@ -345,10 +345,8 @@ def test_preset_missing_column_names_it_and_lists_row_columns():
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, "mmlu", source="cais/mmlu")
     lines = str(info.value).splitlines()
-    assert lines[0] == (
-        "cais/mmlu: dataset row 1: field 'subject': missing column 'subject' needed by "
-        "preset 'mmlu'; this row has columns: question, choices, answer"
-    )
+    assert lines[0].startswith("cais/mmlu: dataset row 1: field 'subject': missing column 'subject'")
+    assert "this row has columns: question, choices, answer (preset 'mmlu')" in lines[0]
     assert lines[1].startswith("cais/mmlu: dataset row 2: field 'answer': index 9 is out of range")
     assert len(lines) == 2
 
@@ -403,10 +401,7 @@ def test_column_mapping_problems_are_row_errors():
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, columns={"question": "prompt", "answer": lambda r: r["gold"]})
     message = str(info.value)
-    assert (
-        "dataset row 1: field 'prompt': missing column 'prompt' needed by columns['question']; "
-        "this row has columns: text, gold"
-    ) in message
+    assert "dataset row 1: field 'prompt': missing column 'prompt'; this row has columns: text, gold" in message
     assert "dataset row 2: field 'answer': column function raised KeyError" in message
 
 

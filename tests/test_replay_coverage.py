@@ -92,7 +92,7 @@ def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     pool = ReplayPool.from_records([{"id": "r0", "text": "Paris is the capital of France.", "category": "facts"}])
     replay = Replay(pool)
     replay.probe_categories = ["refusal", "facts"]  # as hold_out(probes) sets them
-    replay.begin(world.model(tokenizer), RunContext(Ranks.alone(), True, None, tokenizer, lambda m: 8))
+    replay.begin(world.model(tokenizer), RunContext(Ranks(), True, None, tokenizer, lambda m: 8))
     forgetting = TransitionReport(by_category={"refusal": cat(10, 4), "facts": cat(20, 0)})
     with caplog.at_level("WARNING", logger="forgetwatch"):
         replay.on_evaluation(forgetting)

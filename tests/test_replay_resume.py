@@ -70,7 +70,7 @@ def run(toy, train_data, pool, tmp_path_factory):
 
 def began(tokenizer):
     """A fresh run in one process, as replay sees it when training begins (it keeps no files)."""
-    return RunContext(Ranks.alone(), False, None, tokenizer, lambda m: 8)
+    return RunContext(Ranks(), False, None, tokenizer, lambda m: 8)
 
 
 def kept(run, step, name="replay.json"):

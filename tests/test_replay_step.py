@@ -31,7 +31,7 @@ def small():
 def begun(replay, model, tokenizer):
     """``replay`` as training begins in one process, 4 rows a forward pass."""
     replay.begin(
-        model, RunContext(ranks=Ranks.alone(), writes=True, store=None, tokenizer=tokenizer, rows_per_batch=lambda m: 4)
+        model, RunContext(ranks=Ranks(), writes=True, store=None, tokenizer=tokenizer, rows_per_batch=lambda m: 4)
     )
     return replay
 

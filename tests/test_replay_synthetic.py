@@ -62,9 +62,7 @@ def greedy_rows(model, tokenizer, prompts, max_new_tokens):
 def begin(replay, model, tokenizer, folder, step=0, dirs=()):
     """``replay`` as training begins (or resumes at ``step`` from ``dirs``) in one process, its files in ``folder``."""
     store = RunStore(folder)
-    replay.begin(
-        model, RunContext(Ranks.alone(), True, store, tokenizer, lambda m: 2, step=step, resume_dirs=list(dirs))
-    )
+    replay.begin(model, RunContext(Ranks(), True, store, tokenizer, lambda m: 2, step=step, resume_dirs=list(dirs)))
     return replay
 
 

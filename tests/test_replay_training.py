@@ -381,7 +381,7 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
-            run = RunContext(Ranks.alone(), True, None, toy.tokenizer, lambda m: 8, sharded=sharded_run(args))
+            run = RunContext(Ranks(), True, None, toy.tokenizer, lambda m: 8, sharded=sharded_run(args))
             Replay(pool).begin(toy.base, run)
     assert not sharded_run(SimpleNamespace(deepspeed=None, fsdp=""))
 

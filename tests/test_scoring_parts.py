@@ -29,10 +29,10 @@ def test_one_rank_runs_its_batches_in_order():
         items_of=list,
         filler=[0],
         on_out_of_memory=print,
-        ranks=Ranks.alone(),
+        ranks=Ranks(),
     )
     assert list(got) == [([1, 2], 3), ([3], 3)]
-    assert generation_share([GenerationPrompt((1, 2), 8), GenerationPrompt((3,), 8)], Ranks.alone()) == ([0, 1], [1])
+    assert generation_share([GenerationPrompt((1, 2), 8), GenerationPrompt((3,), 8)], Ranks()) == ([0, 1], [1])
 
 
 def test_shared_prefixes_are_found_and_masked():

@@ -36,7 +36,7 @@ def rows(toy):
 
 def context(tmp_path, **more):
     return RunContext(
-        ranks=Ranks.alone(),
+        ranks=Ranks(),
         writes=True,
         store=RunStore(tmp_path),
         tokenizer=more.pop("tokenizer"),
@@ -69,11 +69,11 @@ def by_hand(base, current, rows, k=None):
 def test_zero_at_the_base_and_the_kl_by_hand(toy, rows, tmp_path, k):
     signal = TrainKL(128, top_k=k or toy.base.config.vocab_size)
     signal.begin(toy.base, context(tmp_path, tokenizer=toy.tokenizer), rows)
-    at_base = signal.measure(toy.base, Ranks.alone())
+    at_base = signal.measure(toy.base, Ranks())
     assert at_base["train_kl"] == 0.0  # the same forward: exactly
     tokens = sum(len(x) - s for x, s in rows)
     assert (at_base["rows"], at_base["tokens"]) == (len(rows), tokens)
-    moved = signal.measure(toy.tuned, Ranks.alone())["train_kl"]
+    moved = signal.measure(toy.tuned, Ranks())["train_kl"]
     assert moved > 0.1 and moved == pytest.approx(by_hand(toy.base, toy.tuned, rows, k), rel=1e-5)
 
 
@@ -166,7 +166,7 @@ def test_a_damaged_or_foreign_copy_is_passed_over_for_the_next(toy, rows, tmp_pa
     assert f"{other / TRAIN_KL}: made for other train_kl_rows than this run's" in caplog.text
     assert f"{foreign / TRAIN_KL}: made for other training rows (their token ids) than this run's" in caplog.text
     assert resumed.on and resumed.tokens == [list(x) for x, _ in rows]
-    assert resumed.measure(toy.base, Ranks.alone())["train_kl"] == 0.0
+    assert resumed.measure(toy.base, Ranks())["train_kl"] == 0.0
 
     # another run's copy alone (the same base, other rows) does not serve: the signal is off, said once
     caplog.clear()
@@ -187,8 +187,8 @@ def test_lora_with_adapters_disabled_is_the_plain_base(toy, rows, tmp_path):
     disabled.begin(lora, run, rows)
     for name in ("offsets", "top_ids", "top_logprobs", "tail"):
         np.testing.assert_array_equal(getattr(disabled.base, name), getattr(plain.base, name), err_msg=name)
-    assert disabled.measure(toy.base, Ranks.alone())["train_kl"] == 0.0
-    assert disabled.measure(lora, Ranks.alone())["train_kl"] > 0  # the adapters are on again
+    assert disabled.measure(toy.base, Ranks())["train_kl"] == 0.0
+    assert disabled.measure(lora, Ranks())["train_kl"] > 0  # the adapters are on again
 
 
 def test_the_callback_says_in_one_line_why_it_cannot_read_the_training_rows(toy, caplog):

@@ -19,9 +19,7 @@ from forgetwatch.common.text import shorten, suggestion, type_name
 logger = logging.getLogger(__name__)
 
 Detector = Callable[[str], bool]
-#: How deep brackets may nest in a response that counts as JSON. Python's parser recurses once
-#: per level, and how deep it can go depends on how deep its caller already is: a fixed limit
-#: well within the interpreter's keeps the answer the same wherever the check runs.
+#: How deep brackets may nest in a response that counts as JSON: fixed, within any caller's recursion limit.
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
@@ -99,12 +97,7 @@ CHECKS: dict[str, Check] = {
 
 
 def check_problems(value: Any) -> list[tuple[str, str]]:
-    """Every problem of a ``check`` object, as ``(field, message)``.
-
-    Example:
-        >>> check_problems({"max_word": 5, "regex": "("})[0][1][:52]
-        "unknown check 'max_word' (did you mean 'max_words'?)"
-    """
+    """Every problem of a ``check`` object, as ``(field, message)``."""
     if not isinstance(value, Mapping):
         return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {type_name(value)}')]
     if not value:
@@ -128,12 +121,7 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
 
 
 def failed_checks(check: Mapping[str, Any], response: str, refusal_detector: Detector | None = None) -> list[str]:
-    """The keys of ``check`` that ``response`` fails, in order; a check that raises counts as failed (warned once).
-
-    Example:
-        >>> failed_checks({"json": True, "refuses": False}, "I'm sorry, but I can't help with that.")
-        ['json', 'refuses']
-    """
+    """The keys of ``check`` that ``response`` fails, in order; a check that raises counts as failed (warned once)."""
     refuses = refusal_detector or style.looks_like_refusal
     return [key for key, value in check.items() if not _holds(key, value, response, refuses)]
 

@@ -16,8 +16,7 @@ REFUSED = {
     "length_constraints:number_sentences": "it needs NLTK's punkt data (a pickle, downloaded on first use); "
     "use the max_sentences check instead"
 }
-#: Instructions that read NLTK data: refused at load where it is not installed (each response
-#: would fail with a LookupError).
+#: Instructions that read NLTK data: refused at load where it is not installed.
 NEEDS_NLTK_DATA = {"change_case:capital_word_frequency": "tokenizers/punkt_tab"}
 #: lm-eval's comparison relations (its ``_COMPARISON_RELATION``; a test holds them equal).
 RELATIONS = ("less than", "at least")
@@ -91,9 +90,7 @@ def _first_word(value: Any) -> str | None:
     return None
 
 
-#: Each IFEval parameter's rule, by name, read from lm-eval's ``build_description`` and
-#: ``check_following``: the values it uses as given (a test checks that every parameter of
-#: every registered instruction has one, and that lm-eval draws nothing at random within them).
+#: Each IFEval parameter's rule: the values lm-eval uses as given (a test checks every parameter has one).
 ARGUMENTS: dict[str, Callable[[Any], str | None]] = {
     **dict.fromkeys(
         "num_words num_placeholders num_bullets num_highlights num_sections num_paragraphs frequency let_frequency "

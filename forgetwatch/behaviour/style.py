@@ -41,12 +41,7 @@ def _plain(text: str) -> str:
 
 
 def looks_like_refusal(response: str) -> bool:
-    """Whether the response opens with stock refusal wording (see :data:`REFUSAL_PHRASES`).
-
-    Example:
-        >>> looks_like_refusal("I'm sorry, but I can't help with that.")
-        True
-    """
+    """Whether the response opens with stock refusal wording (see :data:`REFUSAL_PHRASES`)."""
     return _REFUSAL.search(_plain(response[:REFUSAL_WINDOW])) is not None
 
 

@@ -24,10 +24,6 @@ class Ranks:
         dist = torch.distributed
         return cls(dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else cls()
 
-    @classmethod
-    def alone(cls) -> Ranks:
-        return cls()
-
     @property
     def device(self) -> torch.device:
         """Where collective tensors live: NCCL moves only CUDA tensors."""
@@ -80,12 +76,7 @@ class Ranks:
         return [json.loads(p.cpu().numpy().tobytes()) for p in parts]
 
     def share_from_rank_zero(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run on rank 0, its JSON-able result on every rank; if it raises, every rank raises.
-
-        Example:
-            >>> Ranks.alone().share_from_rank_zero(lambda: {"decision": "reuse"})
-            {'decision': 'reuse'}
-        """
+        """``make()`` run on rank 0, its JSON-able result on every rank; if it raises, every rank raises."""
         if self.size == 1:
             return make()
         error, text = None, ""

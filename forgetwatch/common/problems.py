@@ -26,27 +26,21 @@ class Problem(NamedTuple):
 
 
 class InputError(ValueError):
-    """Bad input, one line per problem: ``errors`` holds the :class:`Problem` tuples, ``unit`` what ``line`` counts."""
+    """Bad input, one line per problem: ``errors`` holds the :class:`Problem` tuples (none for a message that names
+    its place itself), ``unit`` what ``line`` counts."""
 
     noun = "key"
 
-    def __init__(self, errors: Sequence[Problem | tuple], unit: str = "line"):
-        self.errors = [Problem(*e) for e in errors]
+    def __init__(self, errors: str | Sequence[Problem | tuple], unit: str = "line"):
+        self.errors = [] if isinstance(errors, str) else [Problem(*e) for e in errors]
         self.unit = unit
-        super().__init__("\n".join(p.render(unit, self.noun) for p in self.errors))
+        super().__init__(
+            errors if isinstance(errors, str) else "\n".join(p.render(unit, self.noun) for p in self.errors)
+        )
 
 
 class Problems:
-    """Collects one source's problems (at most ``cap`` kept, all counted), then raises them together.
-
-    Example:
-        >>> found = Problems("probes.jsonl")
-        >>> found.add(3, "answer", "missing")
-        >>> found.raise_if_any(InputError)
-        Traceback (most recent call last):
-            ...
-        forgetwatch.common.problems.InputError: probes.jsonl: line 3: key 'answer': missing
-    """
+    """Collects one source's problems (:data:`MAX_REPORTED` kept, all counted), then raises them together."""
 
     def __init__(self, source: str, unit: str = "line"):
         self.source, self.unit = source, unit

@@ -50,11 +50,8 @@ class Rows(Generic[T]):
         pid = row.get("id")
         duplicate = isinstance(pid, str) and pid in self._first_seen
         if duplicate:
-            self.problem(
-                where,
-                "id",
-                f"duplicate id {shorten(pid)} (first used on {self.unit} {self._first_seen[pid]}); ids must be unique",
-            )
+            first = f"{self.unit} {self._first_seen[pid]}"
+            self.problem(where, "id", f"duplicate id {shorten(pid)} (first used on {first}); ids must be unique")
         elif isinstance(pid, str):
             self._first_seen[pid] = where
         if isinstance(parsed, list):
@@ -105,9 +102,7 @@ def _bounded_lines(path: str | os.PathLike[str], source: str, what: str, error: 
         while chunk := f.read(1 << 20):
             total += len(chunk)
             if total > MAX_FILE_BYTES:
-                why = (
-                    f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is one JSON object per line: is this the right file?"
-                )
+                why = f"is over {MAX_FILE_BYTES >> 30} GiB; a {what} is one JSON object per line: check the path"
                 raise error([(source, None, None, why)])
             *whole, pending = (pending + chunk).split(b"\n")
             for line in whole:

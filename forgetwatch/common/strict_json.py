@@ -17,6 +17,7 @@ MAX_INT_DIGITS = 640
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TOO_DEEP = f"is nested more than {MAX_DEPTH} levels deep (lists or objects within each other); flatten it"
+_LONG_INT = "is an integer of {}; write it as a string"
 
 
 class StrictJSONError(ValueError):
@@ -38,74 +39,61 @@ def loads(text: str) -> Any:
         value = _DECODER.decode(text)
     except RecursionError:  # json nests on the stack: a few thousand "[" exhaust it
         raise StrictJSONError("", _TOO_DEEP) from None
-    found = value_problem(value)
-    if found is not None:
+    if found := value_problem(value):
         raise StrictJSONError(*found)
     return value
 
 
 def _parse_int(digits: str) -> int | _Refused:
     # checked before int(): Python refuses long ones with a ValueError naming no place
-    n = len(digits) - digits.startswith("-")
-    return int(digits) if n <= MAX_INT_DIGITS else _Refused(_long_int(f"{n} digits (at most {MAX_INT_DIGITS})"))
+    n = len(digits.lstrip("-"))
+    return int(digits) if n <= MAX_INT_DIGITS else _Refused(_LONG_INT.format(f"{n} digits (at most {MAX_INT_DIGITS})"))
 
 
-def _parse_float(number: str) -> float | _Refused:
-    if math.isfinite(value := float(number)):
-        return value
-    return _Refused(f"{shorten(number)} is too large for a number; write it as a string")
-
-
-def _parse_constant(name: str) -> _Refused:
-    return _Refused(f"{name} is not JSON (strict JSON has no NaN or Infinity); write null, or the value as a string")
-
-
-_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+_DECODER = json.JSONDecoder(
+    parse_int=_parse_int,
+    parse_float=lambda s: (
+        v if math.isfinite(v := float(s)) else _Refused(f"{shorten(s)} is too large for a number; write it as a string")
+    ),
+    parse_constant=lambda name: _Refused(
+        f"{name} is not JSON (strict JSON has no NaN or Infinity); write null, or the value as a string"
+    ),
+)
 
 
 def value_problem(value: Any) -> tuple[str, str] | None:
-    """The first place in ``value`` strict JSON cannot keep, as ``(path, what is wrong)`` (path like ``tags[2]``
-    or ``check.regex``), or ``None``; iterative, so no depth exhausts the stack.
-
-    Example:
-        >>> value_problem({"id": "q1", "tags": ["a", float("nan")]})
-        ('tags[1]', 'is nan, which strict JSON cannot hold; write None (null), or the value as a string')
-    """
+    """The first place in ``value`` strict JSON cannot keep, as ``(path, what is wrong)`` (path like ``tags[2]``),
+    or ``None``; iterative, so no depth exhausts the stack."""
     # where: (the parent's where, key or index), spelled out only for a problem (this runs on every row)
     todo: list[tuple[Any, Any, int]] = [(value, None, 0)]
     while todo:
         item, where, depth = todo.pop()
+        why = None
         if isinstance(item, str):
-            if not item.isascii() and (message := _surrogate(item)):  # isascii: a flag, no scan
-                return _path(where), message
-        elif item is None or isinstance(item, bool):
-            continue
-        elif isinstance(item, int):
-            if not -_INT_LIMIT < item < _INT_LIMIT:  # compared, not counted: str() of it is what fails
-                return _path(where), _long_int(f"more than {MAX_INT_DIGITS} digits")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                why = f"is {item!r}, which strict JSON cannot hold; write None (null), or the value as a string"
-                return _path(where), why
+            why = None if item.isascii() else lone_surrogate(item)  # isascii: a flag, no scan
+        elif isinstance(item, _Refused):
+            why = item.why
+        elif isinstance(item, float) and not math.isfinite(item):
+            why = f"is {item!r}, which strict JSON cannot hold; write None (null), or the value as a string"
+        elif isinstance(item, int) and not isinstance(item, bool) and not -_INT_LIMIT < item < _INT_LIMIT:
+            why = _LONG_INT.format(f"more than {MAX_INT_DIGITS} digits")  # compared: str() of it is what fails
         elif isinstance(item, (list, tuple, dict)) or (depth == 0 and isinstance(item, Mapping)):
+            pairs = list(item.items()) if isinstance(item, Mapping) else list(enumerate(item))
             if depth >= MAX_DEPTH:
                 return _path(where), _TOO_DEEP
-            if not isinstance(item, Mapping):
-                todo.extend((child, (where, i), depth + 1) for i, child in reversed(list(enumerate(item))))
-                continue
-            for key in item:
+            for key, _ in pairs if isinstance(item, Mapping) else ():
                 if not isinstance(key, str):
                     return _path(where), f"has key {describe(key)}: JSON keys are strings; write it as one"
-                if message := _surrogate(key):
+                if message := lone_surrogate(key):
                     return _path((where, key)), f"the name {message}"
-            todo.extend((child, (where, key), depth + 1) for key, child in reversed(list(item.items())))
-        elif isinstance(item, _Refused):
-            return _path(where), item.why
-        else:
-            return _path(where), (
-                f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or "
-                "dict); convert it, e.g. with int(), float() or str(), or leave it out"
+            todo.extend((child, (where, key), depth + 1) for key, child in reversed(pairs))
+        elif not (item is None or isinstance(item, (bool, int, float))):
+            why = (
+                f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or dict); convert "
+                "it, e.g. with int(), float() or str(), or leave it out"
             )
+        if why:
+            return _path(where), why
     return None
 
 
@@ -117,12 +105,8 @@ def _path(where: Any) -> str:
     return "".join(reversed(parts)).removeprefix(".")
 
 
-def _surrogate(text: str) -> str | None:
+def lone_surrogate(text: str) -> str | None:
     if found := _SURROGATE.search(text):
         where = f"(U+{ord(found.group()):04X}) at character {found.start()}"
         return f"has a lone surrogate {where}, which is not valid Unicode text"
     return None
-
-
-def _long_int(size: str) -> str:
-    return f"is an integer of {size}; write it as a string"

@@ -10,8 +10,7 @@ from forgetwatch.common import patterns
 
 Extractor = Callable[[str], "str | None"]
 
-# Linear in the text, which the model writes: no two quantifiers may share characters, or a
-# run of spaces is split between them every way (quadratic; "\s*(?:is\s*:?|:)?\s*" was).
+# Linear in the text: no two quantifiers may share characters (a run of spaces split every way is quadratic).
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _LETTER_AFTER_ANSWER = re.compile(r"\b(?i:answer)\b\s*(?:(?i:is)(?:\s*:)?\s*|:\s*)?(\()?([A-Za-z])(?![A-Za-z])")
 _SET_OFF = re.compile(r"\s*(?:$|[).,;:!?\n])")
@@ -21,20 +20,13 @@ _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
 
 
-#: Longest number compared: at most this many characters as written, and this many digits
-#: before or after the point once written out in full ("1e999999999" would be a billion digits,
-#: gigabytes). A reference answer over it is refused at load; a longer number in an output
-#: could never equal one, so it extracts as nothing.
+#: Longest number compared, in characters as written and in digits written out ("1e999999999" would be gigabytes).
 MAX_NUMBER_DIGITS = 1000
 
 
 def normalize_number(text: str) -> str | None:
-    """``"$1,234.50"`` -> ``"1234.5"``; ``None`` if not a number or over :data:`MAX_NUMBER_DIGITS`.
-
-    Example:
-        >>> normalize_number("$1,234.50"), normalize_number("1e3"), normalize_number("1e999999999")
-        ('1234.5', '1000', None)
-    """
+    """``"$1,234.50"`` -> ``"1234.5"``, ``"1e3"`` -> ``"1000"``; ``None`` if not a number or over
+    :data:`MAX_NUMBER_DIGITS`."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
     if len(cleaned) > MAX_NUMBER_DIGITS:
         return None
@@ -92,11 +84,7 @@ def regex_extractor(pattern: str) -> Extractor:
     return extract
 
 
-BUILTIN: dict[str, Extractor] = {
-    "number": extract_number,
-    "letter": extract_letter,
-    "exact": extract_exact,
-}
+BUILTIN: dict[str, Extractor] = {"number": extract_number, "letter": extract_letter, "exact": extract_exact}
 
 
 def extractor_for(mode: str | None) -> Extractor:

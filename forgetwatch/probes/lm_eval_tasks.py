@@ -20,8 +20,7 @@ from forgetwatch.common.problems import InputError, Problem, Problems
 from forgetwatch.common.text import first_line, shorten, suggestion
 from forgetwatch.probes.schema import Probe, is_int
 
-#: Multiple-choice metrics that depend on the choices' log-likelihoods alone (``exact_match``
-#: also needs whether each choice is the greedy continuation, ``acc_mutual_info`` extra requests).
+#: Multiple-choice metrics that depend on the choices' log-likelihoods alone.
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
 
 
@@ -29,13 +28,6 @@ class LmEvalTaskError(InputError):
     """An lm-eval task that cannot be loaded or scored per sample, and why."""
 
     noun = "field"
-
-    def __init__(self, errors: str | Sequence[Problem], unit: str = "line"):
-        if isinstance(errors, str):  # a message that names its task itself
-            ValueError.__init__(self, errors)
-            self.errors, self.unit = [], unit
-        else:
-            super().__init__(errors, unit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +94,6 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     o = SimpleNamespace(**options)
     try:
         from lm_eval.evaluator_utils import get_sample_size
-        from lm_eval.tasks import TaskManager
     except ImportError as err:
         raise ImportError(
             "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
@@ -113,7 +104,7 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         raise LmEvalTaskError(
             "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
         )
-    loaded = _load_tasks(TaskManager, o.task_manager, names, o.include_path, o.include_defaults)
+    loaded = _load_tasks(o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
     chat = None
     if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
@@ -157,23 +148,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     return probes
 
 
-def _load_tasks(
-    manager_class: Any,
-    task_manager: Any,
-    names: list[str],
-    include_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
-    include_defaults: bool,
-) -> dict[str, Any]:
+def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_defaults: bool) -> dict[str, Any]:
     """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
     lm-eval's own tasks takes minutes)."""
     if task_manager is None:
+        from lm_eval.tasks import TaskManager
+
         given = [include_path] if isinstance(include_path, (str, os.PathLike)) else include_path
         paths = [str(p) for p in given] if given else None
-        task_manager = manager_class(include_path=paths, include_defaults=include_defaults and not paths)
+        task_manager = TaskManager(include_path=paths, include_defaults=include_defaults and not paths)
         if paths and _walk(task_manager.task_index, names)[0]:
             _check_yaml_files(paths)  # lm-eval's index skips a file it cannot read without a word
             if include_defaults:  # e.g. a local group of lm-eval's own tasks
-                task_manager = manager_class(include_path=paths, include_defaults=True)
+                task_manager = TaskManager(include_path=paths, include_defaults=True)
     missing, tasks = _walk(task_manager.task_index, names)
     for group, name in missing:
         close = difflib.get_close_matches(name, sorted(task_manager.task_index), n=5)
@@ -316,36 +303,34 @@ def _per_task(option: str | Mapping[str, str] | None, name: str) -> str | None:
 def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None) -> tuple[str, str] | str:
     """(metric, filter) this task is scored by, or why it cannot be scored per sample."""
     from lm_eval.api.metrics import mean
+    from lm_eval.models.utils import normalize_gen_kwargs
 
-    kind = task.OUTPUT_TYPE
-    if getattr(task, "MULTIMODAL", False):
-        return f"{name}: multimodal tasks are not scored by forgetwatch"
-    if kind == "loglikelihood_rolling":
-        return f"{name}: a perplexity task (loglikelihood_rolling) has no right or wrong answer per sample"
-    if kind not in ("multiple_choice", "generate_until"):
-        return f"{name}: output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)"
-    if (task.config.repeats or 1) > 1:
-        return f"{name}: repeats={task.config.repeats} samples each answer several times; forgetwatch generates once"
-    if kind == "generate_until":
-        from lm_eval.models.utils import normalize_gen_kwargs
-
-        gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {}))
-        if gen.get("do_sample"):
-            return f"{name}: it samples (do_sample or temperature > 0); forgetwatch decodes greedily"
+    kind, repeats = task.OUTPUT_TYPE, task.config.repeats or 1
+    gen = normalize_gen_kwargs(dict(task.config.generation_kwargs or {})) if kind == "generate_until" else {}
     aggregations = task.aggregation()
     allowed = CHOICE_METRICS if kind == "multiple_choice" else tuple(aggregations)
     per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
     preferred = "acc" if kind == "multiple_choice" else "exact_match"
     metric = metric or (preferred if preferred in per_sample else next(iter(per_sample), None))
-    if metric is None:
-        return f"{name}: none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"
-    if metric not in per_sample:
-        usable = ", ".join(per_sample) or "none"
-        return f"{name}: metric {metric!r} is not one of its metrics forgetwatch scores per sample ({usable})"
     filters = [ensemble.name for ensemble in task._filters]
-    if filter_name not in (None, *filters):
-        return f"{name}: no filter named {filter_name!r}; it has {', '.join(filters)}"
-    return metric, filter_name or filters[0]
+    refusals = [  # the first that holds is the reason
+        (getattr(task, "MULTIMODAL", False), "multimodal tasks are not scored by forgetwatch"),
+        (kind == "loglikelihood_rolling", "a perplexity task (loglikelihood_rolling) has no right or wrong answer"),
+        (
+            kind not in ("multiple_choice", "generate_until"),
+            f"output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)",
+        ),
+        (repeats > 1, f"repeats={repeats} samples each answer several times; forgetwatch generates once"),
+        (gen.get("do_sample"), "it samples (do_sample or temperature > 0); forgetwatch decodes greedily"),
+        (metric is None, f"none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"),
+        (
+            metric not in per_sample,
+            f"metric {metric!r} is not one of its metrics scored per sample ({', '.join(per_sample) or 'none'})",
+        ),
+        (filter_name not in (None, *filters), f"no filter named {filter_name!r}; it has {', '.join(filters)}"),
+    ]
+    why = next((why for refused, why in refusals if refused), None)
+    return f"{name}: {why}" if why else (metric, filter_name or filters[0])
 
 
 def _check_documents(task: Any, where: str, limit: int | None) -> None:
@@ -414,12 +399,7 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
 
 @dataclass(frozen=True)
 class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``).
-
-    Example:
-        >>> LmEvalProbes(("arc_easy",), num_fewshot=5).to_dict()
-        {'lm_eval': ['arc_easy'], 'num_fewshot': 5}
-    """
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``)."""
 
     tasks: tuple[str, ...]
     num_fewshot: int | None = None
@@ -436,10 +416,9 @@ class LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
         if (unknown := next((str(k) for k in data if k not in SPEC_KEYS), None)) is not None:
             in_code = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True)"
-            extra = in_code if unknown in ("apply_chat_template", "tokenizer") else ""
-            hint = suggestion(unknown, SPEC_KEYS)
             raise ValueError(
-                f"key 'probes.{unknown}' is not an lm_eval option{hint}; use {', '.join(SPEC_KEYS)}{extra}"
+                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, SPEC_KEYS)}; use "
+                f"{', '.join(SPEC_KEYS)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
             )
         tasks = data.get("lm_eval")
         tasks = [tasks] if isinstance(tasks, str) else tasks

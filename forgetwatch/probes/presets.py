@@ -18,11 +18,11 @@ class RowProblem(Exception):
     """A row a preset or column mapping cannot turn into a probe record: ``args`` is ``(field, message)``."""
 
 
-def _need(row: Mapping[str, Any], column: str, what: str, kind: type | None = None) -> Any:
+def _need(row: Mapping[str, Any], column: str, kind: type | None = None) -> Any:
     """``row[column]``; ``kind``: ``str``, or ``list`` (of strings)."""
     if column not in row:
         columns = ", ".join(map(str, row)) or "(none)"
-        raise RowProblem(column, f"missing column '{column}' needed by {what}; this row has columns: {columns}")
+        raise RowProblem(column, f"missing column '{column}'; this row has columns: {columns}")
     value = row[column]
     if kind is str and not isinstance(value, str):
         raise RowProblem(column, f"must be a string, got {type_name(value)}")
@@ -32,10 +32,9 @@ def _need(row: Mapping[str, Any], column: str, what: str, kind: type | None = No
 
 
 def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'mmlu'"
-    subject = _need(row, "subject", what, str)
-    question = _need(row, "question", what, str)
-    options = _need(row, "choices", what, list)
+    subject = _need(row, "subject", str)
+    question = _need(row, "question", str)
+    options = _need(row, "choices", list)
     if len(options) > len(_LETTERS):
         raise RowProblem("choices", f"has {len(options)} choices; at most {len(_LETTERS)} can be lettered")
     letters = list(_LETTERS[: len(options)])
@@ -45,23 +44,22 @@ def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
         "id": f"mmlu/{subject}/{index}",
         "question": f"{header}\n\n{question.strip()}{listed}\nAnswer:",
         "choices": letters,  # lm-eval scores the letter, not the option text
-        "answer": _need(row, "answer", what),
+        "answer": _need(row, "answer"),
         "category": subject,
     }
 
 
 def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'arc'"
-    choices = _need(row, "choices", what)
+    choices = _need(row, "choices")
     if not isinstance(choices, Mapping) or "text" not in choices or "label" not in choices:
         raise RowProblem("choices", "must be a mapping with 'text' and 'label' lists (the ai2_arc layout)")
     labels = list(choices["label"])
-    key = _need(row, "answerKey", what)
+    key = _need(row, "answerKey")
     if key not in labels:
         raise RowProblem("answerKey", f"{key!r} is not one of the choice labels {labels}")
     return {
-        "id": _need(row, "id", what),
-        "question": f"Question: {_need(row, 'question', what, str)}\nAnswer:",
+        "id": _need(row, "id"),
+        "question": f"Question: {_need(row, 'question', str)}\nAnswer:",
         "choices": list(choices["text"]),
         "answer": labels.index(key),
         "category": "arc",
@@ -74,12 +72,11 @@ def _hellaswag_clean(text: str) -> str:
 
 
 def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'hellaswag'"
-    activity = _need(row, "activity_label", what, str)
-    ctx_a = _need(row, "ctx_a", what, str)
-    ctx_b = _need(row, "ctx_b", what, str)
-    endings = _need(row, "endings", what, list)
-    label = _need(row, "label", what)
+    activity = _need(row, "activity_label", str)
+    ctx_a = _need(row, "ctx_a", str)
+    ctx_b = _need(row, "ctx_b", str)
+    endings = _need(row, "endings", list)
+    label = _need(row, "label")
     try:
         answer = int(label)
     except (TypeError, ValueError):
@@ -97,13 +94,12 @@ def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    what = "preset 'gsm8k'"
-    solution = _need(row, "answer", what, str)
+    solution = _need(row, "answer", str)
     if "####" not in solution:
         raise RowProblem("answer", "has no final '#### <number>' line (the gsm8k answer layout)")
     return {
         "id": f"gsm8k/{index}",
-        "question": f"Question: {_need(row, 'question', what, str)}\nAnswer:",
+        "question": f"Question: {_need(row, 'question', str)}\nAnswer:",
         "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""),
         "extract": "number",
         "category": "gsm8k",
@@ -112,9 +108,8 @@ def _gsm8k(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     """google/IFEval: a behaviour probe with an ``ifeval`` check (Arrow's padded None kwargs dropped)."""
-    what = "preset 'ifeval'"
-    names = _need(row, "instruction_id_list", what, list)
-    kwargs = _need(row, "kwargs", what)
+    names = _need(row, "instruction_id_list", list)
+    kwargs = _need(row, "kwargs")
     if (
         not isinstance(kwargs, (list, tuple))
         or len(kwargs) != len(names)
@@ -126,7 +121,7 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     ]
     return {
         "id": f"ifeval/{row.get('key', index)}",
-        "question": _need(row, "prompt", what, str),
+        "question": _need(row, "prompt", str),
         "check": {"ifeval": instructions},
         "category": names[0].split(":")[0] if names else "ifeval",
     }
@@ -134,8 +129,7 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     """HarmBench-style: ``Behavior`` must be refused (after ``ContextString``), by ``SemanticCategory``."""
-    what = "preset 'harmful'"
-    request = _need(row, "Behavior", what, str)
+    request = _need(row, "Behavior", str)
     context = row.get("ContextString") or ""
     return {
         "id": f"harmful/{row.get('BehaviorID', index)}",
@@ -164,7 +158,7 @@ def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, Colum
             except Exception as exc:  # a user's lambda failing on one row is a row problem
                 raise RowProblem(fld, f"column function raised {type(exc).__name__}: {exc}") from None
         else:
-            record[fld] = _need(row, spec, f"columns['{fld}']")
+            record[fld] = _need(row, spec)
     record.setdefault("id", f"{index}")
     return record
 
@@ -213,7 +207,8 @@ def read_dataset(
             else:  # Arrow pads keys a row lacks with None: absent
                 record = {k: v for k, v in row.items() if v is not None}
         except RowProblem as problem:
-            rows.problem(index, *problem.args)
+            field, message = problem.args
+            rows.problem(index, field, f"{message} (preset {preset!r})" if preset else message)
             continue
         if category is not None:
             record["category"] = category

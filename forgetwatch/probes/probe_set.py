@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from forgetwatch.common.files import atomic_write, content_hash, json_line
+from forgetwatch.common.text import listing
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes, load_lm_eval_probes
 from forgetwatch.probes.presets import read_dataset
 from forgetwatch.probes.schema import GROUP_KEY, Probe, RowCollector, is_int
@@ -171,10 +172,8 @@ class ProbeSet(Sequence[Probe]):
         if callable(selector):
             return ProbeSet([p for p in self._probes if selector(p)], self.source)
         wanted = {selector} if isinstance(selector, str) else set(selector)
-        unknown = sorted(wanted - self._index.keys())
-        if unknown:
-            shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-            raise KeyError(f"{len(unknown)} id(s) not in {self.source}: {shown}")
+        if unknown := sorted(wanted - self._index.keys()):
+            raise KeyError(f"{len(unknown)} id(s) not in {self.source}: {listing(map(repr, unknown))}")
         return ProbeSet([p for p in self._probes if p.id in wanted], self.source)
 
     def sample(self, n: int, seed: int = 0, stratify: bool = True) -> ProbeSet:
@@ -230,8 +229,7 @@ class ProbeSet(Sequence[Probe]):
         return h.hexdigest()[:16]
 
 
-#: What accepts probes: a :class:`ProbeSet`, a probe file's path, a list of probe rows, or lm-eval
-#: tasks as a config names them.
+#: A :class:`ProbeSet`, a probe file's path, a list of probe rows, or lm-eval tasks as a config names them.
 ProbesLike = ProbeSet | str | os.PathLike[str] | Sequence[Mapping[str, Any]] | LmEvalProbes
 
 

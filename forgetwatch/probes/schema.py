@@ -17,12 +17,12 @@ from forgetwatch.behaviour.checks import check_problems
 from forgetwatch.common.patterns import compiled, pattern_problem
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.rows import FieldProblem, Rows
+from forgetwatch.common.strict_json import lone_surrogate
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
 from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 
 EXTRACT_MODES = ("number", "letter", "exact")
-#: A question longer than this (characters) is more than any model sees: it loads, with one
-#: warning for all such probes, and is cut from the left before tokenizing.
+#: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
@@ -73,8 +73,7 @@ class Probe:
     extract: str | None = None
     check: Mapping[str, Any] | None = field(default=None, hash=False)
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    #: the text between the question and each choice (or the reference answer); ``None``: a
-    #: space, or nothing after a chat template's assistant turn (lm-eval's default)
+    #: between the question and each choice (or the reference); ``None``: a space (none after a chat turn)
     delimiter: str | None = None
     #: an ``LmEvalJudge``, which decides the answer by lm-eval's rules instead of ours (``None``)
     judge: Any = field(default=None, compare=False, hash=False, repr=False)
@@ -133,23 +132,18 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-# control characters (Unicode Cc) and lone surrogates; the first also allows tab and line breaks,
-# which prompts and answers may hold
-_UNKEEPABLE_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNKEEPABLE_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# control characters (Unicode Cc); in text, tab and line breaks are allowed
+_CONTROL_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def unkeepable(value: str, allow_layout: bool) -> str | None:
     """Why ``value`` cannot be stored and reloaded as written (a lone surrogate, a control character; tab and line
     breaks allowed with ``allow_layout``), or ``None``."""
-    found = (_UNKEEPABLE_IN_TEXT if allow_layout else _UNKEEPABLE_IN_NAME).search(value)
-    if found is None:
-        return None
-    ch, i = found.group(), found.start()
-    if "\ud800" <= ch <= "\udfff":
-        return f"has a lone surrogate (U+{ord(ch):04X}) at character {i}, which is not valid Unicode text"
+    if (found := (_CONTROL_IN_TEXT if allow_layout else _CONTROL_IN_NAME).search(value)) is None:
+        return lone_surrogate(value)
     where = "" if allow_layout else " (no tabs or line breaks either)"
-    return f"has a control character (U+{ord(ch):04X}) at character {i}; remove it{where}"
+    return f"has a control character (U+{ord(found.group()):04X}) at character {found.start()}; remove it{where}"
 
 
 def _misspelled(row: Mapping[str, Any], fld: str) -> str:

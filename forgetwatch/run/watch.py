@@ -176,7 +176,7 @@ class Watch:
         self.monitoring_seconds = 0.0
         self.scorer: Scorer | None = None
         self.store: RunStore | None = None
-        self.ranks = Ranks.alone()
+        self.ranks = Ranks()
         self.writes = True  # whether this rank writes the run's files
         self.schedule: EverySteps | Budget = self._new_schedule()
         self.finished = False

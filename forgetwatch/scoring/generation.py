@@ -158,7 +158,7 @@ def generate_sharded(
     share in lockstep; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch`` after running out."""
     from transformers import GenerationConfig
 
-    ranks = ranks or Ranks.alone()
+    ranks = ranks or Ranks()
     whole = list(prompts)
     if not whole:
         return []

@@ -202,7 +202,7 @@ class Scorer:
         """Score ``model``. With ``distributed=True`` every rank calls this together, scores its share and gets
         all the answers."""
         Scoring(batch_size=batch_size)  # checked before any model work
-        ranks = Ranks.all() if distributed else Ranks.alone()
+        ranks = Ranks.all() if distributed else Ranks()
         inner = unwrap(model)
         device = input_device(inner)
         tokens, prompts, config, max_length = self.prepare(model)

@@ -17,13 +17,7 @@ STARTERS = {
 
 
 def starter_path(name: str) -> Path:
-    """The shipped JSONL file of starter set ``name`` (one of :data:`STARTERS`).
-
-    Example:
-        >>> from forgetwatch import ProbeSet
-        >>> len(ProbeSet.from_jsonl(starter_path("behaviour")))
-        30
-    """
+    """The shipped JSONL file of starter set ``name`` (one of :data:`STARTERS`)."""
     if name not in STARTERS:
         raise ValueError(f"no starter set {name!r}; choose one of {', '.join(STARTERS)}")
     return Path(__file__).with_name(f"{name}.jsonl")
