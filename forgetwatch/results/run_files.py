@@ -13,7 +13,7 @@ import shutil
 import socket
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -358,11 +358,10 @@ class RunStore:
         self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
         self._owed: set[str] = set()  # of those, the ones not on disk
         self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
-        self._lost_said = False
+        self._said: set[str] = set()  # the warnings given once, by their text
         self._lock: weakref.finalize | None = None  # removes the lock: at release(), collection or exit
         self._earlier: RunStore | None = None  # the store of this process this one took the directory from
         self._superseded = False  # another store of this process took the directory: nothing more is written
-        self._superseded_said = False
 
     @property
     def snapshot_path(self) -> Path:
@@ -434,7 +433,9 @@ class RunStore:
         partial = self.dir / f"{PREVIOUS}.partial"
         names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
         names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
-        try:
+        with self._moving(
+            f"an earlier run's files in {self.dir}", "move them yourself, or choose another folder with output_dir="
+        ):
             if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
                 os.replace(partial, self._free_name(PREVIOUS))  # two runs' files: kept apart
             if not names and not partial.is_dir():
@@ -444,11 +445,6 @@ class RunStore:
                 os.replace(self.dir / name, partial / name)
             aside = self._free_name(PREVIOUS)
             os.replace(partial, aside)
-        except OSError as err:
-            raise NotWritableError(
-                f"forgetwatch cannot move an earlier run's files in {self.dir} out of the way ({err}); it will "
-                "not overwrite them: move them yourself, or choose another folder with output_dir="
-            ) from err
         logger.info("forgetwatch: %s held an earlier run's files; moved them, all of them, to %s", self.dir, aside)
         if self._earlier is not None:  # the watch that wrote them goes on writing there
             self._earlier.dir, self._earlier._superseded = aside, False
@@ -540,14 +536,8 @@ class RunStore:
         if not self.history_path.is_file():
             return None
         aside = self._free_name(f"{HISTORY}.damaged")
-        try:
+        with self._moving(f"{self.history_path}, which holds records it cannot read,", "move it yourself, then resume"):
             os.replace(self.history_path, aside)
-        except OSError as err:
-            raise NotWritableError(
-                f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
-                f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
-                "then resume"
-            ) from err
         logger.warning(
             "forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
             "there; the run's history goes on with the %d record(s) resumed",
@@ -588,14 +578,27 @@ class RunStore:
     # -- inside --------------------------------------------------------------------------------
 
     def _gone(self) -> bool:
-        if self._superseded and not self._superseded_said:
-            self._superseded_said = True
-            logger.warning(
+        if self._superseded:
+            self._warn_once(
                 "forgetwatch: another watch of this process took %s over; this watch writes nothing more "
                 "there (its evaluations stay in its history)",
                 self.dir,
             )
         return self._superseded
+
+    def _warn_once(self, message: str, *args: Any) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            logger.warning(message, *args)
+
+    @contextlib.contextmanager
+    def _moving(self, what: str, fix: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move {what} out of the way ({err}); it will not overwrite anything: {fix}"
+            ) from err
 
     def _free_name(self, stem: str) -> Path:
         n = 1
@@ -611,14 +614,12 @@ class RunStore:
         self._owed.update(lost)
         if HISTORY in lost:
             self._written, self._unwritten = [], (self._written or []) + self._unwritten
-        if not self._lost_said:
-            self._lost_said = True
-            logger.warning(
-                "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
-                "what it lost again from memory, here and into every later checkpoint; training goes on",
-                ", ".join(lost),
-                self.dir,
-            )
+        self._warn_once(
+            "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
+            "what it lost again from memory, here and into every later checkpoint; training goes on",
+            ", ".join(lost),
+            self.dir,
+        )
 
     def _what(self, name: str) -> str:
         return f"{len(self._unwritten)} history record(s) are" if name == HISTORY else _WHAT.get(name, f"{name} is")
