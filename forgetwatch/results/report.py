@@ -242,12 +242,7 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 def spreadsheet_safe(text: str) -> str:
     """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (unless it is a
-    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so.
-
-    Example:
-        >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")
-        ("'=1+1", '-3', 'q1')
-    """
+    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so."""
     if text.lstrip("'").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
         return "'" + text
     return text

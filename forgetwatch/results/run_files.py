@@ -134,9 +134,8 @@ def read_history(
 def recover_history(
     paths: Sequence[Path], step: int, *, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[list[dict[str, Any]], Path | None, list[Path]]:
-    """The history a run resumed at ``step`` goes on with: the first whole copy of ``paths``, cut at ``step``; else
-    the longest valid stretch of a copy that agrees with the first (never another run's). Each problem warns.
-    Returns the records, the copy they come from, and the copies holding an unreadable line."""
+    """The records a run resumed at ``step`` goes on with, from the first whole copy in ``paths`` (else the longest
+    one agreeing with the first), their copy, and the copies holding an unreadable line; each problem warns."""
     scans = [(path, *scan_history(path, probes, fingerprint)) for path in paths if path.is_file()]
     if not scans:
         logger.warning(
@@ -173,8 +172,7 @@ def recover_history(
 @dataclass
 class Run:
     """A monitored run as its forgetwatch directory ``dir`` holds it (see :func:`read_run`): ``history``
-    (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked.
-    """
+    (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked."""
 
     dir: Path
     base: Answers
@@ -216,9 +214,8 @@ class Run:
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
-    """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory.
-    Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record.
-    """
+    """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory;
+    ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record."""
     path = run_directory(run_dir)
     for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
         _inside(path, name)
@@ -288,8 +285,7 @@ def stored_base(
     step: int = 0,
 ) -> Answers | None:
     """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now.
-    ``expected``: what they must match (:meth:`Answers.mismatch`'s arguments); ``keys``: the model's, checked on
-    a cached snapshot only."""
+    ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the model's, checked on a cached snapshot only."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
         if problem := answers.mismatch(**expected):

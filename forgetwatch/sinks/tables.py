@@ -22,13 +22,7 @@ PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgot
 
 
 def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str:
-    """What a model answered to probe ``i``: the chosen choice's text, or the raw output.
-
-    Example:
-        >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=False, predicted=1, n_choices=2)])
-        >>> shown_answer(a, 0, ["Paris", "Lyon"])
-        'Lyon'
-    """
+    """What a model answered to probe ``i``: the chosen choice's text, or the raw output."""
     predicted = answers.predicted[i]
     chosen = chosen_text(predicted, choices)
     if chosen is not None:
@@ -84,14 +78,7 @@ def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[lis
 
 
 def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A markdown table (what TensorBoard's text tab renders).
-
-    Example:
-        >>> print(markdown(["a", "b"], [[1, "x|y"]]))
-        | a | b |
-        |---|---|
-        | 1 | x\\|y |
-    """
+    """A markdown table (what TensorBoard's text tab renders)."""
     cells = [["" if v is None else str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in rows]
     lines = ["| " + " | ".join(row) + " |" for row in [list(columns), *cells]]
     return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
