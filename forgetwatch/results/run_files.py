@@ -666,7 +666,8 @@ class RunStore:
             if name in self._owed or not source.is_file():
                 write(target / name)  # from memory: the run directory lost it, or never had it
             else:  # copying bytes is cheaper than writing them again
-                _copy_file(source, target / name)
+                with open(source, "rb") as src, atomic_write(target / name, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
         for name, value in extra.items():
             with atomic_write(target / name) as f:
                 f.write(strict_dumps(value))
@@ -719,8 +720,3 @@ def _unlock(path: Path, text: str) -> None:
 def _digest(path: Path) -> dict[str, Any]:
     with open(path, "rb") as f:
         return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
-
-
-def _copy_file(source: Path, target: Path) -> None:
-    with open(source, "rb") as src, atomic_write(target, "wb") as dst:
-        shutil.copyfileobj(src, dst)

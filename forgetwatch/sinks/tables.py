@@ -41,40 +41,22 @@ def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
     flipped = [*((p, "1→0") for p in report.forgotten_ids), *((p, "0→1") for p in report.gained_ids)]
     for pid, transition in flipped[:limit]:
         i = index[pid]
-        margin = float(trajectory.signal[i, -1])
-        rows.append(
-            [
-                step,
-                pid,
-                probes[i].category,
-                probes[i].question,
-                probes[i].answer_text,
-                shown_answer(base, i, probes[i].choices),
-                shown_answer(now, i, probes[i].choices),
-                transition,
-                round(margin, 3) if np.isfinite(margin) else None,
-                int(events[i]),
-            ]
-        )
+        p, margin = probes[i], float(trajectory.signal[i, -1])
+        shown = [shown_answer(answers, i, p.choices) for answers in (base, now)]
+        margin = round(margin, 3) if np.isfinite(margin) else None
+        rows.append([step, pid, p.category, p.question, p.answer_text, *shown, transition, margin, int(events[i])])
     return rows
 
 
 def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[list[Any]]:
     """One row per probe (most events first; at most ``limit``), its trajectory as ■ right / □ wrong."""
-    events, first = trajectory.forgetting_events(), trajectory.first_forgotten()
-    order = np.argsort(-events, kind="stable")[:limit]
-    return [
-        [
-            trajectory.ids[i],
-            probes[i].category,
-            probes[i].question,
-            probes[i].answer_text,
-            int(events[i]),
-            None if first[i] < 0 else int(first[i]),
-            "".join("■" if c else "□" for c in trajectory.correct[i]),
-        ]
-        for i in order
-    ]
+    events = trajectory.forgetting_events()
+    first = [None if f < 0 else f for f in trajectory.first_forgotten().tolist()]
+    rows = []
+    for i in np.argsort(-events, kind="stable")[:limit]:
+        p, trail = probes[i], "".join("■" if c else "□" for c in trajectory.correct[i])
+        rows.append([trajectory.ids[i], p.category, p.question, p.answer_text, int(events[i]), first[i], trail])
+    return rows
 
 
 def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
