@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from forgetwatch import Answers, AnswersMismatchError, ProbeSet
-from forgetwatch.results.answers import AnswersFileError
+from forgetwatch.results.answers import AnswersFileError, chosen_text
+from forgetwatch.sinks.tables import markdown, shown_answer
 
 SCORING = {"normalize": "none", "max_new_tokens": 32, "batch_size": 8, "device": "cpu"}
 SAMPLES = [
@@ -494,3 +495,20 @@ def test_damaged_file_error_does_not_chain_numpys_message(tmp_path):
     with pytest.raises(AnswersFileError) as info:
         Answers.load(path)
     assert info.value.__cause__ is None and info.value.__suppress_context__  # a traceback shows no "allow_pickle"
+
+
+def test_the_answer_shown_is_the_chosen_choice_or_the_output():
+    assert chosen_text(1, ["Paris", "Rome"]) == "Rome"
+    assert [chosen_text(p, ["Paris", "Rome"]) for p in (None, True, 2, -1)] == [None] * 4
+    samples = [dict(id="q1", correct=False, predicted=1, n_choices=2), dict(id="q2", correct=True, output="Lyon")]
+    a = Answers.from_samples("fp", {}, samples)
+    assert shown_answer(a, 0, ["Paris", "Lyon"]) == "Lyon" and shown_answer(a, 1, None) == "Lyon"
+
+
+def test_a_markdown_table_keeps_its_cells_on_one_row():
+    assert markdown(["a", "b"], [[1, "x|y\nz"], [None, ""]]).splitlines() == [
+        "| a | b |",
+        "|---|---|",
+        "| 1 | x\\|y z |",
+        "|  |  |",
+    ]

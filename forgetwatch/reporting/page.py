@@ -43,22 +43,18 @@ def _has_behaviour(run: Run) -> bool:
     return any(p.kind is ProbeKind.BEHAVIOUR for p in run.probes.values())
 
 
-def _from_base(run: Run, values: list[float | None], at_base: float | None) -> tuple[list[int], list[float | None]]:
+def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
+    """A report's field, or a behaviour figure, at each step from the base on (where not evaluated: its value)."""
+    if key in TransitionReport.__dataclass_fields__:
+        values, base = _series(run, key), run.trajectory.correct[:, 0]
+        at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
+    else:
+        values = [_num(report.behaviour.get(key)) for _, report in run.history]
+        first = run.history[0][1].behaviour if run.history else {}
+        at_base = 1.0 if key.startswith("length_ratio") else first.get(key.removesuffix("_base") + "_base")
     if run.steps and run.steps[0] <= 0:  # the base step was evaluated itself
         return run.steps, values
     return [0, *run.steps], [at_base if not values or values[0] is not None else None, *values]
-
-
-def _curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    base = run.trajectory.correct[:, 0]
-    at_base = (float(base.mean()) if len(base) else None) if key.startswith("accuracy") else 0.0
-    return _from_base(run, _series(run, key), at_base)
-
-
-def _behaviour_curve(run: Run, key: str) -> tuple[list[int], list[float | None]]:
-    first = run.history[0][1].behaviour if run.history else {}
-    at_base = 1.0 if key.startswith("length_ratio") else first.get(key if key.endswith("_base") else f"{key}_base")
-    return _from_base(run, [_num(report.behaviour.get(key)) for _, report in run.history], at_base)
 
 
 def _series(run: Run, key: str, category: str | None = None) -> list[float | None]:
@@ -67,12 +63,7 @@ def _series(run: Run, key: str, category: str | None = None) -> list[float | Non
 
 
 def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike | None = None, top: int = TOP) -> Path:
-    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``.
-
-    Example:
-        >>> write_report(["out/forgetwatch"], "report.html")  # doctest: +SKIP
-        PosixPath('report.html')
-    """
+    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``."""
     from forgetwatch.reporting.plot import plot_runs
 
     runs = [load_run(d) for d in run_dirs]
@@ -159,9 +150,8 @@ def _curves(runs: list[Run]) -> list[dict[str, Any]]:
     ]
 
 
-def _layout(title: str, y_title: str, height: int = 460, right: str | None = None, **right_axis: Any) -> dict[str, Any]:
-    """A chart's layout; with ``right``, a second y axis on the right with that title and ``right_axis``."""
-    layout = {
+def _layout(title: str, y_title: str, height: int = 460) -> dict[str, Any]:
+    return {
         "title": {"text": title},
         "xaxis": {"title": {"text": "training step"}},
         # ".1~%": small rates keep a decimal (".0%" labels 0.2 % and 0.4 % both "0%")
@@ -170,9 +160,6 @@ def _layout(title: str, y_title: str, height: int = 460, right: str | None = Non
         "height": height,
         "margin": {"t": 50},
     }
-    if right is not None:
-        layout["yaxis2"] = dict(title={"text": right}, overlaying="y", side="right", showgrid=False, **right_axis)
-    return layout
 
 
 def _groups(run: Run) -> dict[str, list[str]]:
@@ -225,12 +212,12 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
         prefix = f"{run.name}: " if len(runs) > 1 else ""
         features = SHARES if len(runs) == 1 else SHARES[:1]
         for name, c in zip(features, _COLORS[1:] if len(runs) == 1 else [color]):
-            now, base = _behaviour_curve(run, name), _behaviour_curve(run, f"{name}_base")
+            now, base = _curve(run, name), _curve(run, f"{name}_base")
             if name != "refusals" and not any(now[1] + base[1]):
                 continue  # a feature no response ever had
             traces += [_line(*now, f"{prefix}{name}", c, "solid"), _line(*base, f"{prefix}{name} (base)", c, "dot")]
         ratio = _line(
-            *_behaviour_curve(run, "length_ratio_words"),
+            *_curve(run, "length_ratio_words"),
             f"{prefix}length in words vs the base",
             "#333" if len(runs) == 1 else color,
             "dash",
@@ -238,14 +225,9 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
         )
         ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
         traces.append(ratio)
-    layout = _layout(
-        "Behaviour drift: what the responses look like, by training step",
-        "share of responses",
-        right="length / base length",
-        rangemode="tozero",
-        tickformat=".1f",
-        ticksuffix="×",
-    )
+    layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
+    layout["yaxis2"] = {"title": {"text": "length / base length"}, "overlaying": "y", "side": "right"}
+    layout["yaxis2"] |= {"showgrid": False, "rangemode": "tozero", "tickformat": ".1f", "ticksuffix": "×"}
     return {"data": traces, "layout": layout}
 
 

@@ -41,7 +41,7 @@ def _categories(report: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
 
 
 def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -> float:
-    """A rate as a float; missing or null is NaN (a gap in a curve)."""
+    # missing or null: NaN, a gap in a curve
     value = (report or {}).get(key)
     if index is not None:
         value = value[index] if value else None
@@ -49,17 +49,8 @@ def _num(report: Mapping[str, Any] | None, key: str, index: int | None = None) -
 
 
 def text_curve(history: History, width: int = 60) -> str:
-    """The overall forgetting (F) and backward transfer (BT) as plain text, a line per evaluation with a bar of
-    ``#`` proportional to F (the largest fills the line to ``width``).
-
-    Example:
-        >>> h = [{"step": s, "report": {"forgetting": f, "backward_transfer": bt}}
-        ...      for s, f, bt in [(0, 0.0, 0.0), (20, 0.012, 0.004), (40, 0.031, 0.008)]]
-        >>> print(text_curve(h, width=48))
-        step  0  F  0.0%  BT  0.0%
-        step 20  F  1.2%  BT  0.4%  ########
-        step 40  F  3.1%  BT  0.8%  ####################
-    """
+    """The overall forgetting (F) and backward transfer (BT) as text, a line per evaluation with a bar of ``#``
+    proportional to F (the largest fills the line to ``width``)."""
     points = _points(history)
     step_w = max(len(str(step)) for step, _ in points)
     f_values = [_num(report, "forgetting") for _, report in points]
@@ -75,27 +66,14 @@ def text_curve(history: History, width: int = 60) -> str:
 
 
 def plot_history(history: History, out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
-    """Draw forgetting and backward transfer against training step from the base on, overall (adjusted dashed,
-    95 % interval grey) and per category; write a PNG atomically. ``ImportError`` without matplotlib.
-
-    Example:
-        >>> plot_history(read_history("run/forgetwatch/history.jsonl"), "forgetting.png")  # doctest: +SKIP
-        PosixPath('forgetting.png')
-    """
-    return _save(_runs_figure([(None, history)], title), out_png)
+    """Draw forgetting and backward transfer by training step from the base on, overall (adjusted dashed, 95 %
+    interval grey) and per category, into a PNG written atomically; ``ImportError`` without matplotlib."""
+    return plot_runs({None: history}, out_png, title=title)
 
 
-def plot_runs(runs: Mapping[str, History], out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
-    """Several runs (a sweep) in one PNG: a row of :func:`plot_history`'s panels per run, one y axis.
-
-    Example:
-        >>> plot_runs({r: read_history(f"{r}/history.jsonl") for r in ("a", "b")}, "sweep.png")  # doctest: +SKIP
-        PosixPath('sweep.png')
-    """
-    return _save(_runs_figure(list(runs.items()), title), out_png)
-
-
-def _save(fig: Any, out_png: str | os.PathLike[str]) -> Path:
+def plot_runs(runs: Mapping[str | None, History], out_png: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Several runs (a sweep) in one PNG: a row of :func:`plot_history`'s panels per run, one y axis."""
+    fig = _runs_figure(list(runs.items()), title)
     with atomic_write(out_png, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
     return Path(out_png)
@@ -114,27 +92,31 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
             'plotting needs matplotlib: pip install "forgetwatch[plot]" (or: pip install matplotlib)'
         ) from e
 
-    evaluated = [_points(history) for _, history in runs]
-    rows = [_from_base(points) for points in evaluated]
-    keys = [k for _, key, adj, ci in _PANELS for k in ((key,), (adj,), (ci, 0), (ci, 1))]  # (ci, i): an interval's end
-    curves = [{k: [_num(report, *k) for _, report in points] for k in keys} for points in rows]
-    adjusted = [{adj: _differs(c[(adj,)], c[(key,)]) for _, key, adj, _ in _PANELS} for c in curves]
-    bands = [{ci: any(map(math.isfinite, c[(ci, 0)] + c[(ci, 1)])) for *_, ci in _PANELS} for c in curves]
+    rows = [_points(history) for _, history in runs]
+    # per row and panel: the overall rate, its chance-adjusted one, its interval's ends
+    curves = [
+        [[_curve(points, *k) for k in ((key,), (adj,), (ci, 0), (ci, 1))] for _, key, adj, ci in _PANELS]
+        for points in rows
+    ]
     categories = _ranked_categories([p for points in rows for p in points])
     if len(categories) == 1:  # one category (e.g. the default "all") is the overall curve again
         categories = []
 
     # legend budget: fixed entries first, then categories; overflow becomes "+N more"
     fixed: list[Any] = [Line2D([], [], color=_BLACK, lw=2.6, marker="o", label="overall")]
-    if any(v for a in adjusted for v in a.values()):
+    if any(_differs(adj, f) for row in curves for f, adj, _, _ in row):
         fixed.append(Line2D([], [], color=_BLACK, lw=1.8, ls="--", label="overall, chance-adjusted"))
-    if any(v for b in bands for v in b.values()):
+    if any(_has_data(low + high) for row in curves for *_, low, high in row):
         fixed.append(Patch(color=_BLACK, alpha=0.12, label="overall, 95% interval"))
     room = LEGEND_MAX - len(fixed)
     named = categories if len(categories) <= room else categories[: room - 1]
     others = categories[len(named) :]
-    color_of = dict(zip(named, _palette(len(named))))
-    handles = fixed + [Line2D([], [], color=color_of[c], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
+    # drawn back to front: grey overflow, coloured categories, then the overall curves
+    styles = {c: {"color": _GREY, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
+    styles |= {
+        c: {"color": k, "lw": 1.4, "ms": 3.5, "alpha": 0.9, "zorder": 2} for c, k in zip(named, _palette(len(named)))
+    }
+    handles = fixed + [Line2D([], [], color=styles[c]["color"], lw=1.4, marker="o", ms=3.5, label=c) for c in named]
     if others:
         handles.append(Line2D([], [], color=_GREY, lw=1.0, label=f"+{len(others)} more categories"))
 
@@ -145,24 +127,20 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     # one y scale for all panels, so a small BT is not read as large as the F beside it, and
     # one run's rates not as large as another's
     grid = fig.subplots(len(rows), 2, sharex=True, sharey=True, squeeze=False)
-    for r, (points, axes) in enumerate(zip(rows, grid)):
+    for r, (points, axes, (name, _)) in enumerate(zip(rows, grid, runs)):
         steps = [step for step, _ in points]
-        for ax, (panel_title, key, adj, ci) in zip(axes, _PANELS):
-            # draw back to front: grey overflow, coloured categories, then the overall curves
-            styles = {c: {"color": _GREY, "lw": 0.9, "ms": 2, "alpha": 0.8, "zorder": 1} for c in others}
-            styles |= {c: {"color": color_of[c], "lw": 1.4, "ms": 3.5, "alpha": 0.9, "zorder": 2} for c in named}
+        steps = steps if steps[0] <= 0 else [0, *steps]
+        for ax, (panel_title, key, _, _), (rate, adjusted, low, high) in zip(axes, _PANELS, curves[r]):
             for c, style in styles.items():
-                ax.plot(steps, [_num(_categories(r).get(c), key) for _, r in points], marker="o", **style)
-            if bands[r][ci]:
-                low, high = curves[r][(ci, 0)], curves[r][(ci, 1)]
+                ax.plot(steps, _curve(points, key, category=c), marker="o", **style)
+            if _has_data(low + high):
                 ax.fill_between(steps, low, high, color=_BLACK, alpha=0.12, lw=0, zorder=3)
                 if len(steps) == 1:  # a band over one step has no width: draw it as a bar
                     ax.vlines(steps, low, high, color=_BLACK, alpha=0.12, lw=8, zorder=3)
-            if adjusted[r][adj]:
-                ax.plot(steps, curves[r][(adj,)], color=_BLACK, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
-            ax.plot(steps, curves[r][(key,)], color=_BLACK, lw=2.6, marker="o", ms=5, zorder=5)
-            last = [(x, y) for x, y in zip(steps, curves[r][(key,)]) if math.isfinite(y)][-1:]
-            for x, y in last:
+            if _differs(adjusted, rate):
+                ax.plot(steps, adjusted, color=_BLACK, lw=1.8, ls="--", marker="o", ms=3, zorder=4)
+            ax.plot(steps, rate, color=_BLACK, lw=2.6, marker="o", ms=5, zorder=5)
+            for x, y in [(x, y) for x, y in zip(steps, rate) if math.isfinite(y)][-1:]:
                 ax.annotate(
                     pct(y), (x, y), xytext=(6, 4), textcoords="offset points", size="small", weight="bold", zorder=6
                 )
@@ -174,7 +152,6 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(True, alpha=0.3)
             ax.margins(x=0.08)  # room for the last-value label
-        name = runs[r][0]
         axes[0].set_ylabel("share of probes" if name is None else f"{name}\nshare of probes")
     # rates are never below 0; fixed only once every panel holds data (earlier would cut off the others), and a
     # visible range kept when all are 0 or NaN
@@ -182,29 +159,17 @@ def _runs_figure(runs: Sequence[tuple[str | None, History]], title: str | None) 
     grid[0][0].set_ylim(0.0, top if top > 0 and math.isfinite(top) else 0.01)
 
     n = _num(rows[0][-1][1], "n")
-    what = f"{len(evaluated[0])} evaluation{'s' * (len(evaluated[0]) != 1)}" if len(rows) == 1 else f"{len(rows)} runs"
+    what = f"{len(rows[0])} evaluation{'s' * (len(rows[0]) != 1)}" if len(rows) == 1 else f"{len(rows)} runs"
     what += f", {int(n)} probes" if math.isfinite(n) else ""
     fig.suptitle(f"{title or 'forgetwatch: forgetting during training'}  ({what})")
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
     return fig
 
 
-def _from_base(points: list[Point]) -> list[Point]:
-    """``points`` with the base at step 0 ahead of them (every rate 0), for the figures the first evaluation has."""
-    if points[0][0] <= 0:
-        return points
-
-    def at_base(report: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for _, rate, adjusted, ci in _PANELS:
-            out.update({k: 0.0 for k in (rate, adjusted) if math.isfinite(_num(report, k))})
-            if math.isfinite(_num(report, ci, 0)):
-                out[ci] = [0.0, 0.0]
-        return out
-
-    first = points[0][1]
-    base = at_base(first) | {"by_category": {c: at_base(r) for c, r in _categories(first).items()}}
-    return [(0, base), *points]
+def _curve(points: list[Point], key: str, index: int | None = None, category: str | None = None) -> list[float]:
+    """A rate at each point, from the base on: 0 there where the first evaluation has it (when not evaluated)."""
+    ys = [_num(r if category is None else _categories(r).get(category), key, index) for _, r in points]
+    return ys if points[0][0] <= 0 else [0.0 if math.isfinite(ys[0]) else math.nan, *ys]
 
 
 def _ranked_categories(points: Sequence[Point]) -> list[str]:
@@ -212,9 +177,12 @@ def _ranked_categories(points: Sequence[Point]) -> list[str]:
     peak: dict[str, float] = {}
     for _, report in points:
         for cat, rep in _categories(report).items():
-            f = _num(rep, "forgetting")
-            peak[cat] = max(peak.get(cat, -math.inf), f if math.isfinite(f) else -math.inf)
+            peak[cat] = max(peak.get(cat, -math.inf), _num(rep, "forgetting"))  # NaN never wins
     return sorted(peak, key=lambda c: (-peak[c], c))
+
+
+def _has_data(values: Sequence[float]) -> bool:
+    return any(map(math.isfinite, values))
 
 
 def _differs(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -259,12 +259,7 @@ class Answers:
 
 
 def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
-    """The text of the choice a multiple-choice prediction names; ``None`` when it names none.
-
-    Example:
-        >>> chosen_text(1, ["Paris", "Rome"]), chosen_text(None, ["Paris", "Rome"])
-        ('Rome', None)
-    """
+    """The text of the choice a multiple-choice prediction names; ``None`` when it names none."""
     if choices is None or isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
         return None
     return choices[int(predicted)] if 0 <= predicted < len(choices) else None

@@ -49,8 +49,7 @@ def history_record(
     columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One evaluation as ``history.jsonl`` stores it: the report's id lists once, at the top level (per category
-    they would double the file); ``time`` since the epoch, ``columns`` the trajectory's.
-    """
+    they would double the file); ``time`` since the epoch."""
     data = report.to_dict()
     for child in data["by_category"].values():
         for name in (*_ID_LISTS, "by_category"):

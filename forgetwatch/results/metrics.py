@@ -57,12 +57,7 @@ def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
 
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
     """Forgetting and backward transfer corrected for lucky guesses, with their ceilings, per group of equal ``k``
-    (each sample's number of choices, 0 for generative: no chance term), averaged weighted by size.
-
-    Example:
-        >>> chance_adjusted([1, 1, 1, 1], [1, 0, 0, 1], k=2)  # a_pre = 1: no lucky guesses
-        ChanceAdjusted(forgetting_adjusted=0.5, backward_transfer_adjusted=0.0, forgetting_max=1.0, backward_transfer_max=0.0)
-    """
+    (each sample's number of choices, 0 for generative: no chance term), averaged weighted by size."""
     b, a = _pair(before, after)
     ks = np.broadcast_to(np.asarray(k, dtype=np.int64), b.shape)
     n = len(b)
@@ -128,12 +123,7 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
-    """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN: none).
-
-    Example:
-        >>> logprob_drop([-0.1, -0.2, -3.0, float("nan")], [-0.6, -0.2, -0.1, -1.0], [True, True, False, True])
-        0.25
-    """
+    """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN: none)."""
     gb = np.asarray(gold_before, dtype=np.float64)
     ga = np.asarray(gold_after, dtype=np.float64)
     mask = np.asarray(correct_before, dtype=bool) & np.isfinite(gb) & np.isfinite(ga)
@@ -144,12 +134,7 @@ def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: 
 
 def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], normalized: bool = False) -> np.ndarray:
     """Each sample's drift signal: the gold choice's log-probability minus the best other's (NaN when
-    ``normalized``: raw scores do not order those), or a generative probe's reference's log-probability.
-
-    Example:
-        >>> margins([-0.5, -2.0], [[-0.5, -1.5, -3.0], []]).tolist()
-        [1.0, -2.0]
-    """
+    ``normalized``: raw scores do not order those), or a generative probe's reference's log-probability."""
     gold = np.asarray(gold_logprob, dtype=np.float64)
     out = gold.copy()
     for i, lps in enumerate(choice_logprobs):
@@ -172,12 +157,7 @@ def at_risk(
     floor: float = 0.1,
 ) -> np.ndarray:
     """Which samples are still right but slipping: a margin (:func:`margins`) below ``share`` of the base's or
-    below ``floor`` nats; for a generative probe, its reference's probability below ``share`` of the base's.
-
-    Example:
-        >>> at_risk([1, 1, 1, 0], [1, 1, 0, 0], [2.0, 2.0, 2.0, -1.0], [0.5, 1.5, -1.0, -2.0], [4, 4, 4, 4]).tolist()
-        [True, False, False, False]
-    """
+    below ``floor`` nats; for a generative probe, its reference's probability below ``share`` of the base's."""
     before, after = np.asarray(correct_before, dtype=bool), np.asarray(correct_after, dtype=bool)
     sb, sa = np.asarray(signal_before, dtype=np.float64), np.asarray(signal_after, dtype=np.float64)
     choice = np.asarray(n_choices) > 0
@@ -193,12 +173,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[ArrayLike]) -> float:
-    """Mean KL(p_base ‖ p_current) over samples with choices (p: softmax of their log-probabilities); NaN: none.
-
-    Example:
-        >>> round(choice_kl([[0.0, 0.0], []], [[0.0, -math.log(3)], []]), 4)  # p=(.5,.5), q=(.75,.25)
-        0.1438
-    """
+    """Mean KL(p_base ‖ p_current) over samples with choices (p: softmax of their log-probabilities); NaN: none."""
     if len(logprobs_before) != len(logprobs_after):
         raise ValueError(
             f"need one entry per sample on both sides; got {len(logprobs_before)} and {len(logprobs_after)}"

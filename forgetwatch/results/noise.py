@@ -24,12 +24,7 @@ def wants_noise_check(model: torch.nn.Module, reduced: bool) -> bool:
 
 
 def other_batch_size(batch_size: BatchSize, rows_per_batch: int) -> int:
-    """A batch size that gives each probe other neighbours than ``batch_size`` did (about ``rows_per_batch`` rows).
-
-    Example:
-        >>> other_batch_size(32, 32), other_batch_size("auto", 90), other_batch_size(1, 1)
-        (17, 46, 2)
-    """
+    """A batch size that gives each probe other neighbours than ``batch_size`` did (about ``rows_per_batch`` rows)."""
     rows = batch_size if isinstance(batch_size, int) else rows_per_batch
     other = rows // 2 + 1
     return other if other != rows else rows + 1
@@ -50,14 +45,7 @@ def measure_noise(
 
 def noise_figures(first: Answers, again: Answers) -> dict[str, object]:
     """Two scorings of the same weights: ``noise_flips`` (changed either way) and ``noise_floor`` (overall and
-    ``noise_floor_by_category``), the share that went from right to wrong.
-
-    Example:
-        >>> a = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 1), ("c", 0))])
-        >>> b = Answers.from_samples("fp", {}, [dict(id=i, correct=c) for i, c in (("a", 1), ("b", 0), ("c", 1))])
-        >>> f = noise_figures(a, b); f["noise_flips"], round(f["noise_floor"], 3)
-        (2, 0.333)
-    """
+    ``noise_floor_by_category``), the share that went from right to wrong."""
     before, after = np.asarray(first.correct, dtype=bool), np.asarray(again.correct, dtype=bool)
     lost = before & ~after
     categories = np.asarray(first.categories)
@@ -78,12 +66,7 @@ def noise_by_scope(meta: dict[str, Any]) -> dict[str, float]:
 
 def smallest_detectable(n: int, alpha: float = 0.05) -> tuple[int, float]:
     """The fewest forgotten probes (none gained) an exact McNemar test tells from chance at ``alpha``, and that as
-    a share of ``n``: smaller rates cannot be told from zero.
-
-    Example:
-        >>> smallest_detectable(200)
-        (6, 0.03)
-    """
+    a share of ``n``: smaller rates cannot be told from zero."""
     k = 1
     while mcnemar_exact(0, k) >= alpha:
         k += 1

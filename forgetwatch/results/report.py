@@ -190,35 +190,32 @@ def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[s
         writer = _csv_writer(f, SAMPLE_COLUMNS)
         writer.writeheader()
         for i, sample_id in enumerate(base.ids):
-            before, after = int(base.correct[i]), int(current.correct[i])
             probe = probes[i] if probes is not None else None
+            before, after = _sample_cells(base, i, probe, "before"), _sample_cells(current, i, probe, "after")
             writer.writerow(
                 {
                     "id": _csv_value(sample_id),
                     "category": _csv_value(base.categories[i]),
                     "question": _csv_value(probe.question if probe else None),
                     "answer": _csv_value(probe.answer_text if probe else None),
-                    "correct_before": before,
-                    "correct_after": after,
-                    "transition": f"{before}->{after}",
-                    **_prediction_cells(base, i, probe, "before"),
-                    **_prediction_cells(current, i, probe, "after"),
-                    "output_before": _csv_value(base.outputs[i]),
-                    "output_after": _csv_value(current.outputs[i]),
-                    "gold_logprob_before": _csv_value(float(base.gold_logprob[i])),
-                    "gold_logprob_after": _csv_value(float(current.gold_logprob[i])),
+                    "transition": f"{before['correct_before']}->{after['correct_after']}",
+                    **before,
+                    **after,
                 }
             )
     return path
 
 
-def _prediction_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
-    predicted = answers.predicted[i]
-    if not answers.n_choices[i]:
-        return {f"predicted_{when}": _csv_value(predicted), f"choice_index_{when}": ""}
+def _sample_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
+    predicted, choice = answers.predicted[i], bool(answers.n_choices[i])
     return {
-        f"predicted_{when}": _csv_value(chosen_text(predicted, probe.choices if probe else None)),
-        f"choice_index_{when}": int(predicted) if isinstance(predicted, numbers.Integral) else "",
+        f"correct_{when}": int(answers.correct[i]),
+        f"predicted_{when}": _csv_value(
+            chosen_text(predicted, probe.choices if probe else None) if choice else predicted
+        ),
+        f"choice_index_{when}": int(predicted) if choice and isinstance(predicted, numbers.Integral) else "",
+        f"output_{when}": _csv_value(answers.outputs[i]),
+        f"gold_logprob_{when}": _csv_value(float(answers.gold_logprob[i])),
     }
 
 
@@ -242,12 +239,7 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 def spreadsheet_safe(text: str) -> str:
     """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (unless it is a
-    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so.
-
-    Example:
-        >>> spreadsheet_safe("=1+1"), spreadsheet_safe("-3"), spreadsheet_safe("q1")
-        ("'=1+1", '-3', 'q1')
-    """
+    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so."""
     if text.lstrip("'").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
         return "'" + text
     return text

@@ -13,7 +13,7 @@ import shutil
 import socket
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -134,9 +134,8 @@ def read_history(
 def recover_history(
     paths: Sequence[Path], step: int, *, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[list[dict[str, Any]], Path | None, list[Path]]:
-    """The history a run resumed at ``step`` goes on with: the first whole copy of ``paths``, cut at ``step``; else
-    the longest valid stretch of a copy that agrees with the first (never another run's). Each problem warns.
-    Returns the records, the copy they come from, and the copies holding an unreadable line."""
+    """The records a run resumed at ``step`` goes on with, from the first whole copy in ``paths`` (else the longest
+    one agreeing with the first), their copy, and the copies holding an unreadable line; each problem warns."""
     scans = [(path, *scan_history(path, probes, fingerprint)) for path in paths if path.is_file()]
     if not scans:
         logger.warning(
@@ -173,8 +172,7 @@ def recover_history(
 @dataclass
 class Run:
     """A monitored run as its forgetwatch directory ``dir`` holds it (see :func:`read_run`): ``history``
-    (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked.
-    """
+    (``(step, TransitionReport)`` per record) and ``trajectory`` are made once; ``probes``, ``latest`` when asked."""
 
     dir: Path
     base: Answers
@@ -216,9 +214,8 @@ class Run:
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> Run:
-    """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory.
-    Raises ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record.
-    """
+    """A monitored run, from its forgetwatch directory (or a checkpoint's copy) or the trainer's output directory;
+    ``FileNotFoundError`` without a base snapshot, :class:`HistoryError` for a damaged record."""
     path = run_directory(run_dir)
     for name in (SNAPSHOT, HISTORY, PROBES, LATEST):  # every file a run is read from
         _inside(path, name)
@@ -288,8 +285,7 @@ def stored_base(
     step: int = 0,
 ) -> Answers | None:
     """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now.
-    ``expected``: what they must match (:meth:`Answers.mismatch`'s arguments); ``keys``: the model's, checked on
-    a cached snapshot only."""
+    ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the model's, checked on a cached snapshot only."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
         if problem := answers.mismatch(**expected):
@@ -358,11 +354,10 @@ class RunStore:
         self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
         self._owed: set[str] = set()  # of those, the ones not on disk
         self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
-        self._lost_said = False
+        self._said: set[str] = set()  # the warnings given once, by their text
         self._lock: weakref.finalize | None = None  # removes the lock: at release(), collection or exit
         self._earlier: RunStore | None = None  # the store of this process this one took the directory from
         self._superseded = False  # another store of this process took the directory: nothing more is written
-        self._superseded_said = False
 
     @property
     def snapshot_path(self) -> Path:
@@ -434,7 +429,9 @@ class RunStore:
         partial = self.dir / f"{PREVIOUS}.partial"
         names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
         names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
-        try:
+        with self._moving(
+            f"an earlier run's files in {self.dir}", "move them yourself, or choose another folder with output_dir="
+        ):
             if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
                 os.replace(partial, self._free_name(PREVIOUS))  # two runs' files: kept apart
             if not names and not partial.is_dir():
@@ -444,11 +441,6 @@ class RunStore:
                 os.replace(self.dir / name, partial / name)
             aside = self._free_name(PREVIOUS)
             os.replace(partial, aside)
-        except OSError as err:
-            raise NotWritableError(
-                f"forgetwatch cannot move an earlier run's files in {self.dir} out of the way ({err}); it will "
-                "not overwrite them: move them yourself, or choose another folder with output_dir="
-            ) from err
         logger.info("forgetwatch: %s held an earlier run's files; moved them, all of them, to %s", self.dir, aside)
         if self._earlier is not None:  # the watch that wrote them goes on writing there
             self._earlier.dir, self._earlier._superseded = aside, False
@@ -540,14 +532,8 @@ class RunStore:
         if not self.history_path.is_file():
             return None
         aside = self._free_name(f"{HISTORY}.damaged")
-        try:
+        with self._moving(f"{self.history_path}, which holds records it cannot read,", "move it yourself, then resume"):
             os.replace(self.history_path, aside)
-        except OSError as err:
-            raise NotWritableError(
-                f"forgetwatch cannot move {self.history_path}, which holds records it cannot "
-                f"read, out of the way ({err}); it will not overwrite it: move it yourself, "
-                "then resume"
-            ) from err
         logger.warning(
             "forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
             "there; the run's history goes on with the %d record(s) resumed",
@@ -588,14 +574,27 @@ class RunStore:
     # -- inside --------------------------------------------------------------------------------
 
     def _gone(self) -> bool:
-        if self._superseded and not self._superseded_said:
-            self._superseded_said = True
-            logger.warning(
+        if self._superseded:
+            self._warn_once(
                 "forgetwatch: another watch of this process took %s over; this watch writes nothing more "
                 "there (its evaluations stay in its history)",
                 self.dir,
             )
         return self._superseded
+
+    def _warn_once(self, message: str, *args: Any) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            logger.warning(message, *args)
+
+    @contextlib.contextmanager
+    def _moving(self, what: str, fix: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move {what} out of the way ({err}); it will not overwrite anything: {fix}"
+            ) from err
 
     def _free_name(self, stem: str) -> Path:
         n = 1
@@ -611,14 +610,12 @@ class RunStore:
         self._owed.update(lost)
         if HISTORY in lost:
             self._written, self._unwritten = [], (self._written or []) + self._unwritten
-        if not self._lost_said:
-            self._lost_said = True
-            logger.warning(
-                "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
-                "what it lost again from memory, here and into every later checkpoint; training goes on",
-                ", ".join(lost),
-                self.dir,
-            )
+        self._warn_once(
+            "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
+            "what it lost again from memory, here and into every later checkpoint; training goes on",
+            ", ".join(lost),
+            self.dir,
+        )
 
     def _what(self, name: str) -> str:
         return f"{len(self._unwritten)} history record(s) are" if name == HISTORY else _WHAT.get(name, f"{name} is")
@@ -669,7 +666,8 @@ class RunStore:
             if name in self._owed or not source.is_file():
                 write(target / name)  # from memory: the run directory lost it, or never had it
             else:  # copying bytes is cheaper than writing them again
-                _copy_file(source, target / name)
+                with open(source, "rb") as src, atomic_write(target / name, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
         for name, value in extra.items():
             with atomic_write(target / name) as f:
                 f.write(strict_dumps(value))
@@ -722,8 +720,3 @@ def _unlock(path: Path, text: str) -> None:
 def _digest(path: Path) -> dict[str, Any]:
     with open(path, "rb") as f:
         return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
-
-
-def _copy_file(source: Path, target: Path) -> None:
-    with open(source, "rb") as src, atomic_write(target, "wb") as dst:
-        shutil.copyfileobj(src, dst)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -63,21 +64,23 @@ class Trajectory:
 
     # -- per probe ---------------------------------------------------------------------------
 
+    @cached_property
+    def _events(self) -> np.ndarray:
+        # probes × evaluations after the base: right at the one before, wrong at this one
+        return self.correct[:, :-1] & ~self.correct[:, 1:]
+
     def forgetting_events(self) -> np.ndarray:
         """How many times each probe went from right at one evaluation to wrong at the next."""
-        return (self.correct[:, :-1] & ~self.correct[:, 1:]).sum(axis=1)
+        return self._events.sum(axis=1)
 
     def first_forgotten(self) -> np.ndarray:
         """The step of each probe's first forgetting event; ``-1`` where it has none."""
-        events = self.correct[:, :-1] & ~self.correct[:, 1:]
-        if not events.shape[1]:
-            return np.full(len(self.ids), -1, dtype=np.int64)
-        return np.where(events.any(axis=1), self.steps[1:][np.argmax(events, axis=1)], -1)
+        events = np.column_stack([self._events, np.ones(len(self.ids), dtype=bool)])  # the last column: none
+        return np.append(self.steps[1:], -1)[events.argmax(axis=1)]
 
     def regained(self) -> np.ndarray:
         """Whether each probe was right again at a later evaluation after a forgetting event."""
-        events = self.correct[:, :-1] & ~self.correct[:, 1:]
-        lost_before = np.cumsum(events, axis=1)[:, :-1] > 0  # for each column from the third on
+        lost_before = np.cumsum(self._events, axis=1)[:, :-1] > 0  # for each column from the third on
         return (lost_before & self.correct[:, 2:]).any(axis=1)
 
     def persistent(self) -> np.ndarray:
@@ -91,13 +94,11 @@ class Trajectory:
     def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
         """At each step, the share of base-correct probes (of ``rows``) with no forgetting event up to it."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
-        correct = self.correct[rows]
-        right = correct[:, 0]
+        right = self.correct[rows, 0]
         if not right.any():
             return np.full(len(self.steps), np.nan)
-        events = np.concatenate([np.zeros((len(correct), 1), dtype=bool), correct[:, :-1] & ~correct[:, 1:]], axis=1)
-        unbroken = np.cumsum(events, axis=1) == 0
-        return unbroken[right].mean(axis=0)
+        unbroken = np.cumsum(self._events[rows], axis=1) == 0
+        return np.concatenate([[1.0], unbroken[right].mean(axis=0)])
 
     def metrics(self, rows: ArrayLike | None = None) -> dict[str, float]:
         """The latest evaluation's figures for ``rows``: ``forgetting_events`` (summed) and, from the second

@@ -1,13 +1,5 @@
-"""Where each evaluation goes: any object with ``on_base``, ``on_evaluation`` and ``on_end`` (methods it lacks are
-skipped). A sink that raises is a warning and the others go on; a user's sink runs on rank 0 (``all_ranks``: on
-every rank), in a thread, and is dropped with a warning when still busy after ``seconds``.
-
-Example:
-    >>> class Printer:
-    ...     def on_evaluation(self, evaluation):
-    ...         print(evaluation.step, evaluation.report.forgotten)
-    >>> watch = Watch(probes, output_dir="out", sinks=[Printer()])   # doctest: +SKIP
-"""
+"""Where each evaluation goes: objects with ``on_base``, ``on_evaluation``, ``on_end`` (each optional). One that raises
+warns, one still busy after ``seconds`` is dropped; a user's runs on rank 0 (``all_ranks``: on every rank)."""
 
 from __future__ import annotations
 

@@ -40,13 +40,7 @@ def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> d
 
 def metric_values(report: TransitionReport) -> dict[str, float]:
     """``forgetwatch/<name>`` overall and ``forgetwatch/<category>/<name>`` for each category, figures that do not
-    apply left out.
-
-    Example:
-        >>> values = metric_values(TransitionReport(n=2, forgotten=1))
-        >>> values["forgetwatch/forgotten"], "forgetwatch/choice_kl" in values
-        (1.0, False)
-    """
+    apply left out."""
     out = _figures(report, PREFIX)
     for cat, child in report.by_category.items():
         out.update(_figures(child, f"{PREFIX}{cat}/"))
@@ -66,12 +60,7 @@ def logged_categories(
     groups: Sequence[str], right: Sequence[bool], min_right: int, limit: int, categories: int | None = None
 ) -> tuple[set[str] | bool, str | None]:
     """Which categories (or groups) get keys of their own for the whole run: all (``True``), or those with
-    at least ``min_right`` probes right at the base, the ``limit`` largest; and a sentence saying what is left out.
-
-    Example:
-        >>> logged_categories(["a", "b", "b", "c", "c"], [True] * 5, min_right=2, limit=1)
-        ({'b'}, 'per-category figures are logged for 1 of 3 categories; not logged: 1 with fewer than 2 probes right at the base, too few to tell forgetting from zero (min_logged_right=2), 1 beyond the 1 largest (max_logged_categories=1); history.jsonl and the report keep all of them')
-    """
+    at least ``min_right`` probes right at the base, the ``limit`` largest; and a sentence saying what is left out."""
     sizes = Counter(groups)
     base_right = Counter(g for g, r in zip(groups, right) if r)
     enough = [g for g in sizes if base_right[g] >= min_right]

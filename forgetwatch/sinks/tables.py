@@ -22,13 +22,7 @@ PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgot
 
 
 def shown_answer(answers: Answers, i: int, choices: Sequence[str] | None) -> str:
-    """What a model answered to probe ``i``: the chosen choice's text, or the raw output.
-
-    Example:
-        >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=False, predicted=1, n_choices=2)])
-        >>> shown_answer(a, 0, ["Paris", "Lyon"])
-        'Lyon'
-    """
+    """What a model answered to probe ``i``: the chosen choice's text, or the raw output."""
     predicted = answers.predicted[i]
     chosen = chosen_text(predicted, choices)
     if chosen is not None:
@@ -47,51 +41,26 @@ def flip_rows(evaluation: Evaluation, limit: int) -> list[list[Any]]:
     flipped = [*((p, "1→0") for p in report.forgotten_ids), *((p, "0→1") for p in report.gained_ids)]
     for pid, transition in flipped[:limit]:
         i = index[pid]
-        margin = float(trajectory.signal[i, -1])
-        rows.append(
-            [
-                step,
-                pid,
-                probes[i].category,
-                probes[i].question,
-                probes[i].answer_text,
-                shown_answer(base, i, probes[i].choices),
-                shown_answer(now, i, probes[i].choices),
-                transition,
-                round(margin, 3) if np.isfinite(margin) else None,
-                int(events[i]),
-            ]
-        )
+        p, margin = probes[i], float(trajectory.signal[i, -1])
+        shown = [shown_answer(answers, i, p.choices) for answers in (base, now)]
+        margin = round(margin, 3) if np.isfinite(margin) else None
+        rows.append([step, pid, p.category, p.question, p.answer_text, *shown, transition, margin, int(events[i])])
     return rows
 
 
 def probe_rows(probes: ProbeSet, trajectory: Trajectory, limit: int) -> list[list[Any]]:
     """One row per probe (most events first; at most ``limit``), its trajectory as ■ right / □ wrong."""
-    events, first = trajectory.forgetting_events(), trajectory.first_forgotten()
-    order = np.argsort(-events, kind="stable")[:limit]
-    return [
-        [
-            trajectory.ids[i],
-            probes[i].category,
-            probes[i].question,
-            probes[i].answer_text,
-            int(events[i]),
-            None if first[i] < 0 else int(first[i]),
-            "".join("■" if c else "□" for c in trajectory.correct[i]),
-        ]
-        for i in order
-    ]
+    events = trajectory.forgetting_events()
+    first = [None if f < 0 else f for f in trajectory.first_forgotten().tolist()]
+    rows = []
+    for i in np.argsort(-events, kind="stable")[:limit]:
+        p, trail = probes[i], "".join("■" if c else "□" for c in trajectory.correct[i])
+        rows.append([trajectory.ids[i], p.category, p.question, p.answer_text, int(events[i]), first[i], trail])
+    return rows
 
 
 def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A markdown table (what TensorBoard's text tab renders).
-
-    Example:
-        >>> print(markdown(["a", "b"], [[1, "x|y"]]))
-        | a | b |
-        |---|---|
-        | 1 | x\\|y |
-    """
+    """A markdown table (what TensorBoard's text tab renders)."""
     cells = [["" if v is None else str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in rows]
     lines = ["| " + " | ".join(row) + " |" for row in [list(columns), *cells]]
     return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
