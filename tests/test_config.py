@@ -686,7 +686,7 @@ def test_the_bounds_keep_what_works():
     "text, line, key, words",
     [
         (f"eval_steps: 5\npatience: 1{'0' * 5000}\n", 2, "patience", "an integer of 5001 characters"),
-        (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, None, "nested more than 100 levels"),
+        (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, "stop", "nested more than 100 levels"),
         (f"stop: {'[' * 150}{']' * 150}\n", 1, "stop", "nested more than 100 levels"),
         ("eval_steps: 5\nnote: !!timestamp 2024-13-45\n", 2, None, "YAML cannot build this value (month must be"),
         ('output_dir: "runs/\\0"\n', 1, "output_dir", "NUL character"),
