@@ -3,6 +3,7 @@ dict: flat keys (``eval_steps``, ``stop_metric``), at the top level or under a `
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
@@ -226,19 +227,10 @@ class ForgetWatchConfig(_Group):
             >>> ForgetWatchConfig(eval_steps=50).to_dict()["eval_steps"]
             50
         """
-        data: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            items = (
-                [(flat_key(g), getattr(value, g.name)) for g in fields(value)]
-                if f.name in GROUPS
-                else [(f.name, value)]
-            )
-            for key, v in items:
-                if isinstance(v, LmEvalProbes):
-                    v = v.to_dict()
-                data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
-        return data
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in GROUPS}
+        for name, group in GROUPS.items():
+            values.update((flat_key(f), getattr(getattr(self, name), f.name)) for f in fields(group))
+        return {k: v.to_dict() if isinstance(v, LmEvalProbes) else copy.copy(v) for k, v in values.items()}
 
     def to_yaml(self, path: str | os.PathLike[str]) -> None:
         """Write the config as a flat YAML file (atomically), relative paths made absolute, for :meth:`from_yaml`.
@@ -248,11 +240,8 @@ class ForgetWatchConfig(_Group):
             >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
             50
         """
-        data = self.to_dict()
-        for key in PATH_KEYS:
-            value = _resolved(getattr(self, key), Path.cwd())
-            data[key] = value.to_dict() if isinstance(value, LmEvalProbes) else value
-        write_settings(data, path)
+        resolved = {key: _resolved(getattr(self, key), Path.cwd()) for key in PATH_KEYS}
+        write_settings(self.replace(**resolved).to_dict(), path)
 
 
 ForgetWatchConfig.__init__ = checked_keywords(ForgetWatchConfig.__init__)  # type: ignore[method-assign]

@@ -64,16 +64,6 @@ def _seconds(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-def as_repair(replay: Repair | Repairable | None) -> Repair | None:
-    """``replay=`` as a repair method (a :class:`~forgetwatch.ReplayPool` gives one with the defaults)."""
-    if isinstance(replay, (str, os.PathLike)):
-        raise TypeError(
-            f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
-        )
-    make = getattr(replay, "as_repair", None)
-    return make() if callable(make) else replay
-
-
 class Watch:
     """Measure per-sample forgetting on a probe set while any training loop runs.
 
@@ -145,7 +135,12 @@ class Watch:
         # a bad probe file fails here, before any training
         self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
         config.check_categories(self.probes.categories)
-        self.repair = as_repair(replay)
+        if isinstance(replay, (str, os.PathLike)):
+            raise TypeError(
+                f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
+            )
+        make = getattr(replay, "as_repair", None)  # a ReplayPool: replayed with the defaults
+        self.repair: Repair | None = make() if callable(make) else replay
         if self.repair is not None:
             self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
         self.config = config
