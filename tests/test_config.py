@@ -478,9 +478,9 @@ def test_yaml_unsafe_tag_refused(tmp_path):
 @pytest.mark.parametrize(
     "text,kind",
     [
-        ("- eval_steps\n- 50\n", "a list"),
-        ("just some text\n", "a plain string"),
-        ("42\n", "a int"),
+        ("- eval_steps\n- 50\n", "['eval_steps', 50] (list)"),
+        ("just some text\n", "'just some text' (str)"),
+        ("42\n", "42 (int)"),
         ("", "an empty document"),
         ("# only a comment\n", "an empty document"),
     ],

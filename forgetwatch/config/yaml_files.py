@@ -16,7 +16,7 @@ import yaml
 from forgetwatch.common.files import atomic_write
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.strict_json import MAX_DEPTH, MAX_INT_DIGITS
-from forgetwatch.common.text import describe, did_you_mean, shorten
+from forgetwatch.common.text import describe, did_you_mean
 from forgetwatch.config.checks import ConfigError
 
 MAX_BYTES = 1 << 20  # 1 MiB
@@ -44,7 +44,7 @@ def read_section(
 
     node, data = _parse_yaml(text, source)
     if not isinstance(data, Mapping):
-        got = "an empty document" if data is None else f"a {_yaml_kind(data)}"
+        got = "an empty document" if data is None else describe(data)
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
         raise ConfigError([Problem(source, None, None, message)])
 
@@ -108,14 +108,6 @@ def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Non
     with atomic_write(path) as f:
         f.write("# forgetwatch settings; load with ForgetWatchConfig.from_yaml(path)\n")
         f.write(text)
-
-
-def _yaml_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return f"plain string {shorten(value, 40)}"
-    return f"{type(value).__name__} {shorten(value)}"
 
 
 _INT_TAG = "tag:yaml.org,2002:int"
