@@ -478,9 +478,9 @@ def test_yaml_unsafe_tag_refused(tmp_path):
 @pytest.mark.parametrize(
     "text,kind",
     [
-        ("- eval_steps\n- 50\n", "a list"),
-        ("just some text\n", "a plain string"),
-        ("42\n", "a int"),
+        ("- eval_steps\n- 50\n", "['eval_steps', 50] (list)"),
+        ("just some text\n", "'just some text' (str)"),
+        ("42\n", "42 (int)"),
         ("", "an empty document"),
         ("# only a comment\n", "an empty document"),
     ],
@@ -686,7 +686,7 @@ def test_the_bounds_keep_what_works():
     "text, line, key, words",
     [
         (f"eval_steps: 5\npatience: 1{'0' * 5000}\n", 2, "patience", "an integer of 5001 characters"),
-        (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, None, "nested more than 100 levels"),
+        (f"forgetwatch:\n  stop: {'[' * 5000}{']' * 5000}\n", 2, "stop", "nested more than 100 levels"),
         (f"stop: {'[' * 150}{']' * 150}\n", 1, "stop", "nested more than 100 levels"),
         ("eval_steps: 5\nnote: !!timestamp 2024-13-45\n", 2, None, "YAML cannot build this value (month must be"),
         ('output_dir: "runs/\\0"\n', 1, "output_dir", "NUL character"),

@@ -74,7 +74,12 @@ def test_forgetwatch_probes_writes_the_starter_sets_the_configs_use(tmp_path, ca
 
 HOSTILE = [  # a line that used to load and fail later, the key an error names, what it says
     pytest.param("table_rows: 1" + "0" * 5000, "table_rows", "integer of 5001 characters", id="5000-digit-int"),
-    pytest.param("category_max_forgetting: " + "[" * 5000 + "]" * 5000, None, "nested more than 100", id="deep"),
+    pytest.param(
+        "category_max_forgetting: " + "[" * 5000 + "]" * 5000,
+        "category_max_forgetting",
+        "nested more than 100",
+        id="deep",
+    ),
     pytest.param('output_dir: "runs/\\0"', "output_dir", "NUL character", id="nul-path"),
     pytest.param(
         "max_logged_categories: 1000000000000000000000000000000", "max_logged_categories", "64-bit", id="absurd-size"

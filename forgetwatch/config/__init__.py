@@ -3,11 +3,12 @@ dict: flat keys (``eval_steps``, ``stop_metric``), at the top level or under a `
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import KW_ONLY, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean, suggestion
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, check_values
-from forgetwatch.config.settings import Monitor, Output, Scoring, flat_key, option
+from forgetwatch.config.settings import Monitor, Output, Scoring, _Group, flat_key, option
 from forgetwatch.config.yaml_files import read_section, write_settings
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 
@@ -85,8 +86,8 @@ def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError
     return TypeError(f"{source}() got an unexpected keyword argument {key!r}{hint}")
 
 
-@dataclass(frozen=True, init=False)
-class ForgetWatchConfig:
+@dataclass(frozen=True)
+class ForgetWatchConfig(_Group):
     """A run's settings as a file holds them, checked on construction (:class:`ConfigError`) and immutable
     (:meth:`replace` makes a checked copy). ``ForgetWatchCallback.from_config(config)`` builds a run from one.
 
@@ -107,39 +108,21 @@ class ForgetWatchConfig:
         (50, 0.05, 2, ['\\n'])
     """
 
-    probes: str | LmEvalProbes | None = option(
+    probes: str | os.PathLike[str] | LmEvalProbes | None = option(
         None, check=check.optional(_probes, "passing probes to the callback directly")
     )
-    base: str | None = option(None, check=check.optional(_base, "computing the base snapshot"))
+    _: KW_ONLY
+    base: str | os.PathLike[str] | None = option(None, check=check.optional(_base, "computing the base snapshot"))
     eval_steps: int | None = option(None, check=check.optional(check.integer(1), "the cost-budget schedule"))
     max_forgetting: float | None = option(
         None, check=check.optional(check.rate(False, False, "0.05 to stop above 5 % forgetting"), "no early stop")
     )
-    output_dir: str | None = option(None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch"))
+    output_dir: str | os.PathLike[str] | None = option(
+        None, check=check.optional(check.path, "<trainer output_dir>/forgetwatch")
+    )
     scoring: Scoring = option(check=_group(Scoring), factory=Scoring)
     monitor: Monitor = option(check=_group(Monitor), factory=Monitor)
     output: Output = option(check=_group(Output), factory=Output)
-
-    @checked_keywords
-    def __init__(
-        self,
-        probes: str | os.PathLike[str] | LmEvalProbes | None = None,
-        *,
-        base: str | os.PathLike[str] | None = None,
-        eval_steps: int | None = None,
-        max_forgetting: float | None = None,
-        output_dir: str | os.PathLike[str] | None = None,
-        scoring: Scoring | None = None,
-        monitor: Monitor | None = None,
-        output: Output | None = None,
-    ) -> None:
-        given = {k: v for k, v in locals().items() if k != "self"}
-        checks = {f.name: f.metadata["check"] for f in fields(self)}
-        values, problems = check_values(given, checks, type(self).__name__, {})
-        if problems:
-            raise ConfigError(problems)
-        for name, value in values.items():
-            object.__setattr__(self, name, value)  # frozen: only construction sets fields
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ForgetWatchConfig:
@@ -244,19 +227,10 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig(eval_steps=50).to_dict()["eval_steps"]
             50
         """
-        data: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            items = (
-                [(flat_key(g), getattr(value, g.name)) for g in fields(value)]
-                if f.name in GROUPS
-                else [(f.name, value)]
-            )
-            for key, v in items:
-                if isinstance(v, LmEvalProbes):
-                    v = v.to_dict()
-                data[key] = list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
-        return data
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in GROUPS}
+        for name, group in GROUPS.items():
+            values.update((flat_key(f), getattr(getattr(self, name), f.name)) for f in fields(group))
+        return {k: v.to_dict() if isinstance(v, LmEvalProbes) else copy.copy(v) for k, v in values.items()}
 
     def to_yaml(self, path: str | os.PathLike[str]) -> None:
         """Write the config as a flat YAML file (atomically), relative paths made absolute, for :meth:`from_yaml`.
@@ -266,13 +240,11 @@ class ForgetWatchConfig:
             >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
             50
         """
-        data = self.to_dict()
-        for key in PATH_KEYS:
-            value = _resolved(getattr(self, key), Path.cwd())
-            data[key] = value.to_dict() if isinstance(value, LmEvalProbes) else value
-        write_settings(data, path)
+        resolved = {key: _resolved(getattr(self, key), Path.cwd()) for key in PATH_KEYS}
+        write_settings(self.replace(**resolved).to_dict(), path)
 
 
+ForgetWatchConfig.__init__ = checked_keywords(ForgetWatchConfig.__init__)  # type: ignore[method-assign]
 #: the groups, by their field of ForgetWatchConfig
 GROUPS: dict[str, type[Any]] = {"scoring": Scoring, "monitor": Monitor, "output": Output}
 #: the config's own settings (probes, base): their checks

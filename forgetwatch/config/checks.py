@@ -139,14 +139,12 @@ def path(value: Any) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
-        raise Invalid("a file system path (a non-empty string)", value, "give the path, or remove the key")
-    if "\0" in value:  # no file system takes one: open() and mkdir() raise, late
-        raise Invalid(
-            "a file system path (a non-empty string)",
-            value,
-            f"it has a NUL character at character {value.index(chr(0))}; remove it",
-        )
-    return value
+        hint = "give the path, or remove the key"
+    elif "\0" in value:  # no file system takes one: open() and mkdir() raise, late
+        hint = f"it has a NUL character at character {value.index(chr(0))}; remove it"
+    else:
+        return value
+    raise Invalid("a file system path (a non-empty string)", value, hint)
 
 
 def choice(options: tuple[str, ...], allow_none: bool = False) -> Callable[[Any], str | None]:
@@ -187,18 +185,15 @@ def stop_strings(value: Any) -> list[str]:
         )
     for i, item in enumerate(value):
         if not isinstance(item, str) or item == "":
-            hint = "remove it or give the text generation should stop at"
-            raise Invalid("a non-empty string", item, hint, prefix=f"item {i}: ")
-        if len(item) > MAX_STOP_CHARS:
-            raise Invalid(
-                f"a string of at most {MAX_STOP_CHARS} characters",
-                item,
-                'a stop string is a short marker such as "Question:"; generation builds a table over '
-                "the vocabulary as wide as it is long",
-                prefix=f"item {i}: ",
-            )
-        if found := value_problem(item):
-            raise Invalid("a string of Unicode text", item, found[1], prefix=f"item {i}: ")
+            expected, hint = "a non-empty string", "remove it or give the text generation should stop at"
+        elif len(item) > MAX_STOP_CHARS:
+            expected = f"a string of at most {MAX_STOP_CHARS} characters"
+            hint = 'a stop string is a short marker such as "Question:"; generation builds a table that wide'
+        elif found := value_problem(item):
+            expected, hint = "a string of Unicode text", found[1]
+        else:
+            continue
+        raise Invalid(expected, item, hint, prefix=f"item {i}: ")
     return list(value)
 
 

@@ -16,7 +16,7 @@ import yaml
 from forgetwatch.common.files import atomic_write
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.strict_json import MAX_DEPTH, MAX_INT_DIGITS
-from forgetwatch.common.text import describe, did_you_mean, shorten
+from forgetwatch.common.text import describe, did_you_mean
 from forgetwatch.config.checks import ConfigError
 
 MAX_BYTES = 1 << 20  # 1 MiB
@@ -44,7 +44,7 @@ def read_section(
 
     node, data = _parse_yaml(text, source)
     if not isinstance(data, Mapping):
-        got = "an empty document" if data is None else f"a {_yaml_kind(data)}"
+        got = "an empty document" if data is None else describe(data)
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
         raise ConfigError([Problem(source, None, None, message)])
 
@@ -110,49 +110,38 @@ def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Non
         f.write(text)
 
 
-def _yaml_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return f"plain string {shorten(value, 40)}"
-    return f"{type(value).__name__} {shorten(value)}"
-
-
-def _refuse_unsafe(node: yaml.Node | None, source: str) -> None:
-    """Refuse, before building, an alias (nested ones explode), deep nesting, or an integer too long for Python."""
-    seen: set[int] = set()
-    todo: list[tuple[yaml.Node, int, str | None]] = [(node, 1, None)] if node is not None else []
-    while todo:
-        current, depth, key = todo.pop()  # key: the nearest mapping key above, to name in errors
-        line = current.start_mark.line + 1
-        if id(current) in seen:
-            message = (
-                "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
-            )
-            raise ConfigError([Problem(source, line, key, message)])
-        if depth > MAX_DEPTH:
-            raise ConfigError([Problem(source, line, key, _TOO_DEEP)])
-        if current.tag == _INT_TAG and len(current.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
-            message = f"an integer of {len(current.value)} characters; no forgetwatch setting takes one this long"
-            raise ConfigError([Problem(source, line, key, message)])
-        seen.add(id(current))
-        if isinstance(current, yaml.MappingNode):
-            for key_node, value_node in current.value:
-                named = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else key
-                todo += [(key_node, depth + 1, key), (value_node, depth + 1, named)]
-        elif isinstance(current, yaml.SequenceNode):
-            todo.extend((n, depth + 1, key) for n in current.value)
-
-
 _INT_TAG = "tag:yaml.org,2002:int"
-_TOO_DEEP = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch setting takes one"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader by YAML 1.2's core schema, remembering the node it builds (to name a bad value's line)."""
+    """SafeLoader by YAML 1.2's core schema, refusing while it composes an alias (nested ones explode), deep
+    nesting, or an integer too long for Python; it remembers the node it builds (to name a bad value's line)."""
 
     building: yaml.Node | None = None
     yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+
+    def __init__(self, text: str, source: str):
+        super().__init__(text)
+        self.source, self.keys = source, [None]  # the nearest mapping key above each node, to name in errors
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        key = str(index.value) if isinstance(index, yaml.ScalarNode) else self.keys[-1]
+        line = self.peek_event().start_mark.line + 1
+        if self.check_event(yaml.AliasEvent):
+            message = (
+                "YAML anchors and aliases (&name / *name) are not allowed in a forgetwatch config; write each value out"
+            )
+            raise ConfigError([Problem(self.source, line, key, message)])
+        if len(self.keys) > MAX_DEPTH:
+            message = f"values nested more than {MAX_DEPTH} levels deep; no forgetwatch setting takes one"
+            raise ConfigError([Problem(self.source, line, key, message)])
+        self.keys.append(key)
+        node = super().compose_node(parent, index)
+        self.keys.pop()
+        if node.tag == _INT_TAG and len(node.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
+            message = f"an integer of {len(node.value)} characters; no forgetwatch setting takes one this long"
+            raise ConfigError([Problem(self.source, line, key, message)])
+        return node
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         self.building = node
@@ -187,10 +176,9 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
-    loader = _Loader(text)
+    loader = _Loader(text, source)
     try:
         node = loader.get_single_node()
-        _refuse_unsafe(node, source)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -208,8 +196,6 @@ def _parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
         raise ConfigError([Problem(source, line, None, message)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([Problem(source, None, None, f"YAML error: {exc}")]) from None
-    except RecursionError:  # the composer nests on the stack: thousands of "[" exhaust it
-        raise ConfigError([Problem(source, loader.get_mark().line + 1, None, _TOO_DEEP)]) from None
     except ConfigError:
         raise
     except (ValueError, OverflowError) as exc:  # a scalar YAML reads as a type it cannot build

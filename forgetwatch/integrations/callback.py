@@ -30,7 +30,7 @@ from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.repair import Repair, Repairable
-from forgetwatch.run.watch import Start, Watch
+from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
 
@@ -131,7 +131,9 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class=")
-        how = Start(
+        self.watch._start(
+            model,
+            tokenizer,
             step=state.global_step,
             output_dir=link.run_dir() / SUBDIR,
             max_steps=state.max_steps,
@@ -142,7 +144,6 @@ class ForgetWatchCallback(TrainerCallback):
             sharded=sharded_run(args),
             stop_note=self._stop_note,
         )
-        self.watch._start(model, tokenizer, how)
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""

@@ -16,10 +16,8 @@ from forgetwatch.scoring.borrow import unwrap
 
 logger = logging.getLogger(__name__)
 
-# config fields that change without the model changing: where it was loaded from (a GGUF's
-# general.name included), how its weights were stored (a GGUF file's quantization_config: its
-# converted checkpoint is the same model), the dtype it was loaded in, what saving it records
-# (library version, class name), flags trainers toggle
+# config fields that change without the model changing: where it was loaded from, how its weights were stored (a
+# GGUF's quantization_config), the dtype it was loaded in, what saving it records, flags trainers toggle
 VOLATILE_CONFIG = (
     "_name_or_path",
     "_model_name_or_path",

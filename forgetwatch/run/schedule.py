@@ -56,9 +56,8 @@ def duration(x: float) -> str:
 
 
 class Budget:
-    """Evaluate as often as keeps monitoring within ``max_overhead`` of wall time: once ``train >= (spent + cost *
-    (1 + reserve)) * (1 - max_overhead) / max_overhead`` (``reserve``: evaluations it does not pace, such as the
-    final one) and the training since the last evaluation alone pays for one. ``agree``: rank 0's outcome."""
+    """Evaluate as often as keeps monitoring within ``max_overhead`` of wall time (``reserve``: evaluations it does not
+    pace, such as the final one; ``agree``: rank 0's outcome). See docs/trainer.md."""
 
     def __init__(
         self,

@@ -118,11 +118,10 @@ class TrainKL:
         max_rows: int = 128,
         *,
         top_k: int = TOP_K,
-        seed: int = 0,
         max_seconds: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.max_rows, self.top_k, self.seed = max_rows, top_k, seed
+        self.max_rows, self.top_k = max_rows, top_k
         self.max_seconds, self.clock = max_seconds, clock
         self.base: BaseDistribution | None = None
         self.tokens: list[list[int]] = []
@@ -134,17 +133,13 @@ class TrainKL:
     def on(self) -> bool:
         return self.base is not None
 
-    @property
-    def targets(self) -> int:
-        return sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
-
     def begin(self, model: torch.nn.Module, run: RunContext, rows: RowsLike | None) -> None:
         """Training begins: the base's distribution on ``rows`` measured and kept as ``train_kl.npz``, or on
         resume read back. What cannot be done leaves it off, said in one line; malformed rows raise here."""
         self.base, self._run = None, run
         if rows is None:
             return
-        given = as_train_rows(rows, self.max_rows, self.seed)
+        given = as_train_rows(rows, self.max_rows)
         say = logger.info if run.writes else logger.debug
         if run.sharded or is_sharded(model):
             say("forgetwatch: %s is off: it is not measured on sharded models (DeepSpeed ZeRO-3, FSDP) yet", _NAME)
@@ -163,15 +158,14 @@ class TrainKL:
             n = run.ranks.from_rank_zero([n])[0]  # rank 0's clock decides for all
             if n < len(given.rows) and run.writes:
                 logger.info(
-                    "forgetwatch: %s is measured on %d of %d training rows (a seeded sample): the base's "
-                    "distribution on all of them would take longer than the %.1f s it is given, a quarter of "
-                    "what scoring the probes took",
+                    "forgetwatch: %s is measured on %d of %d training rows (a seeded sample): the base's distribution "
+                    "on all would take longer than its %.1f s (a quarter of what scoring the probes took)",
                     _NAME,
                     n,
                     len(given.rows),
                     self.max_seconds,
                 )
-            rows = as_train_rows(given, n, self.seed)
+            rows = as_train_rows(given, n)
             measured, why = _everywhere(run, lambda: self._measured(model, run, rows, self._key(model, run, given)))
         if why is not None:
             if run.writes:
@@ -195,14 +189,14 @@ class TrainKL:
         with run.as_base(model):  # the weights' key, read once: not part of the time per row
             run.made_by(model)
         began = self.clock()
-        self._measured(model, run, as_train_rows(given, pilot, self.seed), self._key(model, run, None))
+        self._measured(model, run, as_train_rows(given, pilot), self._key(model, run, None))
         per_row = (self.clock() - began) / pilot
         left = self.max_seconds - per_row * pilot
         return rows if per_row <= 0 else int(min(rows, max(MIN_ROWS, left // per_row)))
 
     def _key(self, model: torch.nn.Module, run: RunContext, given: TrainRows | None) -> dict[str, Any]:
-        given_key = "pilot" if given is None else rows_key(given.rows)
         # another run's kept file, made on other rows of the same base, is refused on resume
+        given_key = "pilot" if given is None else rows_key(given.rows)
         return {
             "format": _FORMAT,
             "given": given_key,
@@ -316,12 +310,12 @@ class TrainKL:
     # -- at each evaluation ----------------------------------------------------------------------
 
     def measure(self, model: torch.nn.Module, ranks: Ranks) -> dict[str, float]:
-        """The mean KL(base ‖ ``model``) per target token (``train_kl``), its rows, tokens and seconds; ``{}``
-        when off. Rows are split over the ranks (forwarded unwrapped: no DDP wait), sums added: every rank gets
-        the same value. A failure or a non-finite value turns it off for the run, with one warning."""
+        """The mean KL(base ‖ ``model``) per target token (``train_kl``), its rows, tokens and seconds, the same on
+        every rank; ``{}`` when off. A failure or a non-finite value turns it off for the run, with one warning."""
         if self.base is None or self._run is None:
             return {}
         began, base = time.perf_counter(), self.base
+        targets = sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
 
         def kl(logits: torch.Tensor, _ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
             parts, firsts = [base.row(str(i)) for i in idx], [self.starts[i] - 1 for i in idx]
@@ -339,7 +333,7 @@ class TrainKL:
                 kl,
                 compute=self._run.precision,
             )
-            value = float(sums.sum() / max(self.targets, 1))
+            value = float(sums.sum() / max(targets, 1))
             why = None if math.isfinite(value) else f"it came out as {value}"
         except MeasureFailed as err:  # a signal, not a training input: the run goes on
             why = str(err)
@@ -350,12 +344,8 @@ class TrainKL:
                     "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
                 )
             return {}
-        return {
-            "train_kl": value,
-            "rows": len(self.tokens),
-            "tokens": self.targets,
-            "seconds": round(time.perf_counter() - began, 4),
-        }
+        seconds = round(time.perf_counter() - began, 4)
+        return {"train_kl": value, "rows": len(self.tokens), "tokens": targets, "seconds": seconds}
 
 
 #: what each entry of a kept file's key stands for, in the message that refuses it

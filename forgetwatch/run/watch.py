@@ -64,31 +64,6 @@ def _seconds(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-def as_repair(replay: Repair | Repairable | None) -> Repair | None:
-    """``replay=`` as a repair method (a :class:`~forgetwatch.ReplayPool` gives one with the defaults)."""
-    if isinstance(replay, (str, os.PathLike)):
-        raise TypeError(
-            f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
-        )
-    make = getattr(replay, "as_repair", None)
-    return make() if callable(make) else replay
-
-
-@dataclasses.dataclass(frozen=True)
-class Start:
-    """:meth:`Watch.start`'s keywords, and what a trainer's adapter knows besides."""
-
-    step: int | None = None
-    output_dir: str | os.PathLike[str] | None = None
-    max_steps: int | None = None
-    train_rows: RowsLike | None = None
-    resume_from: Sequence[Path] = ()  # checkpoint copies to resume from
-    leftovers_in: Sequence[Path] = ()  # checkpoint folders to clean of half-written files
-    sinks: Sequence[Any] = ()
-    sharded: bool = False
-    stop_note: Callable[[int], str] = lambda step: ""
-
-
 class Watch:
     """Measure per-sample forgetting on a probe set while any training loop runs.
 
@@ -160,7 +135,12 @@ class Watch:
         # a bad probe file fails here, before any training
         self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
         config.check_categories(self.probes.categories)
-        self.repair = as_repair(replay)
+        if isinstance(replay, (str, os.PathLike)):
+            raise TypeError(
+                f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
+            )
+        make = getattr(replay, "as_repair", None)  # a ReplayPool: replayed with the defaults
+        self.repair: Repair | None = make() if callable(make) else replay
         if self.repair is not None:
             self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
         self.config = config
@@ -212,10 +192,23 @@ class Watch:
             train_rows: training rows to measure ``forgetwatch/drift/train_kl`` on: token-id lists, or
                 ``(token_ids, start)`` pairs measured from ``start`` on. Give the same rows on resume.
         """
-        return self._start(model, tokenizer, Start(step, output_dir, max_steps, train_rows))
+        return self._start(model, tokenizer, step, output_dir, max_steps, train_rows)
 
-    def _start(self, model: torch.nn.Module, tokenizer: Any, how: Start) -> BaseSnapshot:
-        step, max_steps, train_rows = how.step, how.max_steps, how.train_rows
+    def _start(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        step: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        max_steps: int | None = None,
+        train_rows: RowsLike | None = None,
+        *,  # what a trainer's adapter knows besides
+        resume_from: Sequence[Path] = (),  # checkpoint copies to resume from
+        leftovers_in: Sequence[Path] = (),  # checkpoint folders to clean of half-written files
+        sinks: Sequence[Any] = (),
+        sharded: bool = False,
+        stop_note: Callable[[int], str] = lambda step: "",
+    ) -> BaseSnapshot:
         began = self.clock()
         if step is None:
             step = int(self._loaded["step"]) if self._loaded else 0
@@ -228,7 +221,7 @@ class Watch:
         self.probes = self.probes.with_groups(c.output.category_map)  # kept in probes.jsonl, for the report
         groups = [p.category_group for p in self.probes]  # each probe's category group, where they have groups
         self._groups = groups if groups != [p.category for p in self.probes] else None
-        directory = c.output_dir or how.output_dir
+        directory = c.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
         self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
@@ -239,7 +232,7 @@ class Watch:
         resumed = step > 0
         # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
         # what a kill -9 left half-written, and sets an earlier run's files aside
-        aside = self.ranks.share_from_rank_zero(lambda: self._claim(how.leftovers_in, fresh=not resumed))
+        aside = self.ranks.share_from_rank_zero(lambda: self._claim(leftovers_in, fresh=not resumed))
         aside = Path(aside) if aside else None
         try:
             # a watch may serve several runs (train() calls): each starts from its own state
@@ -247,7 +240,7 @@ class Watch:
             self.schedule = self._new_schedule()
             # the step the run began at, this run's last evaluation, a step whose weights gave NaN
             self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
-            dirs = self._resume_dirs(how.resume_from) if resumed else []
+            dirs = self._resume_dirs(resume_from) if resumed else []
             self.base_answers, cost = self._base(model, dirs, step, aside)
             self.trajectory = Trajectory.start(self.base_answers)
             self._logged, note = False, None  # per-category keys: all (True), none, or these
@@ -262,8 +255,8 @@ class Watch:
             self._stop_rule = StopRule(
                 c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
             )
-            console = ConsoleLines(self.store.history_path, o.verbose, how.stop_note)
-            ours = [HistoryFile(self.store), console, *how.sinks]
+            console = ConsoleLines(self.store.history_path, o.verbose, stop_note)
+            ours = [HistoryFile(self.store), console, *sinks]
             # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
             self._sinks = Sinks(self._here(ours))
             self._user_sinks = Sinks(self._here(self.user_sinks), seconds=self.sink_seconds)
@@ -288,7 +281,7 @@ class Watch:
                 base=self.base_given,
                 base_meta=self.base_answers.meta,
                 state=(self._loaded or {}).get("repair"),
-                sharded=how.sharded,
+                sharded=sharded,
                 precision=c.scoring.precision,
             )
             if self.repair is not None:
