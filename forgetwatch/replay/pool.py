@@ -1,5 +1,4 @@
-"""ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes
-(its rows: :mod:`~forgetwatch.replay.rows`)."""
+"""ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes."""
 
 from __future__ import annotations
 
@@ -14,6 +13,13 @@ from forgetwatch.probes.schema import check_category
 from forgetwatch.replay.overlap import overlaps
 from forgetwatch.replay.rows import Answering, ReplayRow, pool_rows
 from forgetwatch.scoring.encoding import encode_many
+
+
+def _answering(max_new_tokens: int, chat_template: bool, stop: Sequence[str], category: str | None = None) -> Answering:
+    # every constructor checks its settings before reading a row
+    if category is not None and (message := check_category(category)):
+        raise ValueError(f"category= {message}")
+    return Answering(max_new_tokens, chat_template, stop)
 
 
 class ReplayPool(Sequence[ReplayRow]):
@@ -47,7 +53,7 @@ class ReplayPool(Sequence[ReplayRow]):
         Example:
             >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = _answering(max_new_tokens, chat_template, stop)
         return cls(pool_rows(str(path), "line").read_jsonl(path, "replay pool file"), str(path), answering)
 
     @classmethod
@@ -67,7 +73,7 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> pool[0].prompt, pool.answering.max_new_tokens
             ('Name a river.', 16)
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = _answering(max_new_tokens, chat_template, stop)
         return cls(pool_rows(source, "record").read_records(records), source, answering)
 
     @classmethod
@@ -89,9 +95,7 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> [(r.id, r.category) for r in pool], pool.answering.max_new_tokens
             ([('p0', 'all'), ('p1', 'all')], 32)
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
-        if category is not None and (message := check_category(category)):
-            raise ValueError(f"category= {message}")
+        answering = _answering(max_new_tokens, chat_template, stop, category)
         if isinstance(prompts, (str, bytes)):
             raise TypeError("give the prompts as a list of strings, not one string: from_prompts([prompt])")
         if isinstance(prompts, Mapping):
@@ -144,9 +148,7 @@ class ReplayPool(Sequence[ReplayRow]):
                 "model answers: prompt=COLUMN (one of them)"
             )
         [(kind, column)] = columns.items()
-        answering = Answering(max_new_tokens, chat_template, stop)
-        if category is not None and (message := check_category(category)):
-            raise ValueError(f"category= {message}")
+        answering = _answering(max_new_tokens, chat_template, stop, category)
         rows = pool_rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
         for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
             if isinstance(row, Mapping) and column not in row:
