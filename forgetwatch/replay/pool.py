@@ -15,13 +15,6 @@ from forgetwatch.replay.rows import Answering, ReplayRow, pool_rows
 from forgetwatch.scoring.encoding import encode_many
 
 
-def _answering(max_new_tokens: int, chat_template: bool, stop: Sequence[str], category: str | None = None) -> Answering:
-    # every constructor checks its settings before reading a row
-    if category is not None and (message := check_category(category)):
-        raise ValueError(f"category= {message}")
-    return Answering(max_new_tokens, chat_template, stop)
-
-
 class ReplayPool(Sequence[ReplayRow]):
     """Validated replay rows with unique ids; ``answering``: how the base answers its prompt rows
     (:class:`Answering`; ``None`` for a pool without any).
@@ -53,7 +46,7 @@ class ReplayPool(Sequence[ReplayRow]):
         Example:
             >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
         """
-        answering = _answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens, chat_template, stop)
         return cls(pool_rows(str(path), "line").read_jsonl(path, "replay pool file"), str(path), answering)
 
     @classmethod
@@ -73,7 +66,7 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> pool[0].prompt, pool.answering.max_new_tokens
             ('Name a river.', 16)
         """
-        answering = _answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens, chat_template, stop)
         return cls(pool_rows(source, "record").read_records(records), source, answering)
 
     @classmethod
@@ -95,7 +88,9 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> [(r.id, r.category) for r in pool], pool.answering.max_new_tokens
             ([('p0', 'all'), ('p1', 'all')], 32)
         """
-        answering = _answering(max_new_tokens, chat_template, stop, category)
+        answering = Answering(max_new_tokens, chat_template, stop)
+        if category is not None and (message := check_category(category)):
+            raise ValueError(f"category= {message}")
         if isinstance(prompts, (str, bytes)):
             raise TypeError("give the prompts as a list of strings, not one string: from_prompts([prompt])")
         if isinstance(prompts, Mapping):
@@ -148,7 +143,9 @@ class ReplayPool(Sequence[ReplayRow]):
                 "model answers: prompt=COLUMN (one of them)"
             )
         [(kind, column)] = columns.items()
-        answering = _answering(max_new_tokens, chat_template, stop, category)
+        answering = Answering(max_new_tokens, chat_template, stop)
+        if category is not None and (message := check_category(category)):
+            raise ValueError(f"category= {message}")
         rows = pool_rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")
         for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
             if isinstance(row, Mapping) and column not in row:
