@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from forgetwatch.replay.coverage import uncovered
+from forgetwatch.replay.replay import uncovered
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport

@@ -1,5 +1,4 @@
-"""What a resumed run reads back for replay, each copy checked (its values, and its key: what made it) before any
-of it is used; a copy that fails is passed over, and when none serves, training does not begin."""
+"""What a resumed run reads back for replay, each copy checked (its values, and its key) before any of it is used."""
 
 from __future__ import annotations
 
@@ -134,9 +133,8 @@ def measured_once(
     needs: str,
     measure: Callable[[], Any],
 ) -> Any:
-    """What is measured on the base once (a ``kind`` with ``load``, ``save``, ``to_dict``, ``from_dict``, ``key``):
-    by ``measure()`` on a fresh run; on resume the first kept copy made for ``key`` with no ``problem`` (given the
-    model's vocabulary size): one passed over is warned of, with none, one error naming each. Kept with the run."""
+    """What ``measure()`` makes on the base on a fresh run (a ``kind``), kept with the run; on resume the first kept
+    copy made for ``key`` with no ``problem`` (given the vocabulary size), else one error naming each."""
     if run.reads_back:
         vocab = logits_width(model)
         check = (kind.load, lambda v: key_problem(v.key, key) or problem(v, vocab), kind.to_dict)

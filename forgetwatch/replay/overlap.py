@@ -1,6 +1,5 @@
-"""The leak check: which replay rows hold a probe's question, compared as words after one folding
-(NFKC, case folded, format characters dropped, look-alike letters read as one by Unicode's confusables
-data, punctuation read as a space); what it does not catch: docs/replay.md."""
+"""The leak check: which replay rows hold a probe's question, as words after NFKC, case folding and Unicode's
+confusables (look-alike letters read as one, punctuation as a space); what it misses: docs/replay.md."""
 
 from __future__ import annotations
 

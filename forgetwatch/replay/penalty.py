@@ -1,5 +1,4 @@
-"""The replay gradient: rows forwarded in micro-batches, ``weight`` times their mean loss (next-token,
-or KL to the base) backpropagated onto the gradients already there, one micro-batch's logits at a time."""
+"""The replay gradient: ``weight`` times the rows' mean loss, backpropagated one micro-batch at a time."""
 
 from __future__ import annotations
 
@@ -38,9 +37,8 @@ def replay_backward(
     starts: Sequence[int] | None = None,
     targets: Sequence[tuple[Any, Any, Any]] | None = None,
 ) -> float:
-    """Add ``weight`` × the gradient of the mean loss (next-token, or with ``targets``, rows of a
-    :class:`~forgetwatch.scoring.next_tokens.BaseDistribution`, KL(base ‖ current)) over the rows' target tokens
-    (from ``starts``, default 1; ``total`` of them over every rank) to ``.grad``; the mean, ``nan`` if nothing ran."""
+    """Add ``weight`` × the gradient of the mean loss (next-token, or KL(base ‖ current) to ``targets``) over the rows'
+    target tokens (from ``starts``; ``total`` over every rank) to ``.grad``; the mean, ``nan`` if nothing ran."""
     if weight == 0 or not token_ids:
         return float("nan")
     device = next(model.parameters()).device

@@ -1,5 +1,4 @@
-"""ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes
-(its rows: :mod:`~forgetwatch.replay.rows`)."""
+"""ReplayPool: text the model may be trained on to repair forgetting, kept apart from the probes."""
 
 from __future__ import annotations
 

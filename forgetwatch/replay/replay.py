@@ -6,15 +6,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from forgetwatch.common.text import first_line, listing, shorten
+from forgetwatch.common.text import first_line, listing, pct, shorten
 from forgetwatch.config import checks as check
 from forgetwatch.replay import kept
-from forgetwatch.replay.coverage import uncovered
 from forgetwatch.replay.kept import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_STATE, state_problem, tokens_key
 from forgetwatch.replay.penalty import encode_rows, replay_backward, target_count
 from forgetwatch.replay.rows import ReplayPoolError
@@ -73,6 +73,28 @@ def checked_options(**given: Any) -> dict[str, Any]:
             out[name] = OPTIONS[name](value)
         except check.Invalid as err:
             raise ValueError(f"{name}= {err}") from None
+    return out
+
+
+def uncovered(
+    report: TransitionReport,
+    pool_categories: Iterable[str],
+    probe_categories: Iterable[str],
+    floor: Mapping[str, float],
+) -> dict[str, str]:
+    """A warning for each probe category no pool row names that forgot 2 probes or more, at a rate above its ``floor``
+    (missing: 0); none unless some categories are covered and others not (general rows alone cover none)."""
+    pool, probes = set(pool_categories), set(probe_categories)
+    covered = sorted(pool & probes)
+    out = {}
+    for c in sorted(probes - pool) if covered else ():
+        r, name = report.by_category.get(c), shorten(c)
+        if r is not None and r.n > 0 and r.forgotten >= 2 and (rate := r.forgotten / r.n) > floor.get(c, 0.0):
+            out[c] = (
+                f"{r.forgotten} of the {r.n} {name} probes are forgotten ({pct(rate, digits=0)}), and the replay pool "
+                f"has no {name} rows (it covers {listing(covered)}): replay cannot repair them; add rows of category "
+                f"{name} to the pool"
+            )
     return out
 
 
@@ -138,12 +160,6 @@ class Replay:
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0
         self._run: Any = None  # the RunContext of the run begun
 
-    def __repr__(self) -> str:
-        return (
-            f"Replay({self.pool!r}, loss={self.loss!r}, weight={self.weight:g}, select={self.select!r}, "
-            f"batch_size={self.batch_size})"
-        )
-
     def hold_out(self, probes: Any) -> None:
         """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
         self.pool.check_disjoint(probes)
@@ -199,7 +215,6 @@ class Replay:
         self.key = {"pool": self.pool.fingerprint(), "tokens": tokens_key(self.encoded, self.starts)}
 
     def _answers(self, model: torch.nn.Module, run: Any, prompt_ids: dict[str, list[int]]) -> dict[str, Generated]:
-        """The base's answers to the prompts: generated on a fresh run, read back on resume."""
         key = {"pool": self.pool.fingerprint(), "prompts": tokens_key(prompt_ids), **run.made_by(model)}
 
         def measure() -> KeptAnswers:
@@ -218,7 +233,6 @@ class Replay:
         return kept.measured_once(run, model, REPLAY_ANSWERS, KeptAnswers, key, problem, needs, measure).answers
 
     def _keep_base(self, model: torch.nn.Module, run: Any) -> None:
-        """With ``"kl"``: the base's distribution on the rows, measured on a fresh run, read back on resume."""
         key = {**self.key, "top_k": self.top_k, **run.made_by(model)}
         ids = list(self.encoded)
         rows, starts = [self.encoded[i] for i in ids], [self.starts.get(i, 1) for i in ids]
@@ -320,30 +334,29 @@ class Replay:
         # history, draws the same rows
         drawn = [r.id for r in self.sampler.next_batch(self.batch_size, self.weights)]
         ranks, scaled, max_grad_norm = run.ranks, grad_scaler, max_grad_norm or 0.0
-        if self.off and ranks.size == 1:
+        if self.off:  # a rank already off says so again at the agreement below: no rank waits for it forever
+            if ranks.size > 1:
+                ranks.agree_max([1])
             return
-        if not self.off:
-            self.tokens += sum(len(self.encoded[i]) for i in drawn)
+        self.tokens += sum(len(self.encoded[i]) for i in drawn)
         params = [p for p in model.parameters() if p.requires_grad]
-        aside, failure = None, RuntimeError(self.off) if self.off else None
-        if failure is None:
-            try:
-                if scaled is not None:  # the trainer's gradient as the optimizer will take it, if not already
-                    try:
-                        scaled[0].unscale_(scaled[1])
-                    except RuntimeError as err:  # transformers unscales when it clips
-                        if "already been called" not in str(err):
-                            raise
-                if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
-                    aside = [p.grad for p in params]
-                    for p in params:
-                        p.grad = torch.zeros_like(p)
-                multiplier = float(scaled[0].get_scale()) if scaled is not None else self.weight
-                loss, total = self._backward(model, drawn, multiplier, run)
-            except Exception as err:  # noqa: BLE001 - a replay failure must not end the training run
-                failure = err
-        # before the all-reduce, every rank says whether it failed (a rank already off says so
-        # again): all of them replay this step, or none, and none waits for another forever
+        aside, failure = None, None
+        try:
+            if scaled is not None:  # the trainer's gradient as the optimizer will take it, if not already
+                try:
+                    scaled[0].unscale_(scaled[1])
+                except RuntimeError as err:  # transformers unscales when it clips
+                    if "already been called" not in str(err):
+                        raise
+            if ranks.size > 1 or scaled is not None:  # set the trainer's gradient aside; the replay's alone
+                aside = [p.grad for p in params]
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+            multiplier = float(scaled[0].get_scale()) if scaled is not None else self.weight
+            loss, total = self._backward(model, drawn, multiplier, run)
+        except Exception as err:  # noqa: BLE001 - a replay failure must not end the training run
+            failure = err
+        # before the all-reduce, every rank says whether it failed: all of them replay this step, or none
         if ranks.size > 1 and ranks.agree_max([int(failure is not None)])[0] and failure is None:
             failure = RuntimeError("replay failed on another rank")
         if failure is None:
@@ -375,10 +388,9 @@ class Replay:
         if aside is not None:  # this step goes on with the trainer's gradient alone
             for p, g in zip(params, aside):
                 p.grad = g
-        elif max_grad_norm > 0 and not self.off:  # part of the replay gradient may be in
+        elif max_grad_norm > 0:  # part of the replay gradient may be in
             torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
-        if not self.off:
-            self._switch_off(failure, partial=aside is None)
+        self._switch_off(failure, partial=aside is None)
 
     def _backward(self, model: torch.nn.Module, drawn: list[str], multiplier: float, run: Any) -> tuple[float, int]:
         """This rank's share of the rows backpropagated at ``multiplier``: its mean loss, every rank's tokens."""
@@ -393,13 +405,11 @@ class Replay:
         """Replay stops for the rest of the run, said once (not retried: it would most likely fail again)."""
         self.off = f"{type(failure).__name__}: {first_line(failure)}"
         step = (
-            "this step's gradient may hold part of the replay gradient"
-            if partial
-            else "this step went on with the trainer's gradient alone"
+            "its gradient may hold part of the replay's" if partial else "it went on with the trainer's gradient alone"
         )
         logger.warning(
             f"forgetwatch: replay failed ({self.off}) and is switched off for the rest of this run; training goes on "
-            f"without it ({step}), and replay/weight is no longer logged. Resuming from a checkpoint starts "
+            f"without it (this step: {step}), and replay/weight is no longer logged. Resuming from a checkpoint starts "
             "replay again (a smaller replay batch_size if memory ran out)",
             exc_info=failure,
         )

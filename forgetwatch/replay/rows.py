@@ -1,6 +1,5 @@
-"""A replay pool's rows (JSONL, one object per line): ``id``; ``text`` (trained on as written),
-``messages`` (a chat, through the tokenizer's chat template) or ``prompt`` (answered by the base when
-training begins, its answer trained on); ``category`` (default ``"all"``), the probe category it repairs."""
+"""A replay pool's rows: ``id``; ``text``, ``messages`` (a chat) or ``prompt`` (the base's answer is trained on);
+``category`` (default ``"all"``), the probe category it repairs."""
 
 from __future__ import annotations
 
@@ -29,13 +28,8 @@ class ReplayPoolError(InputError):
 
 @dataclass(frozen=True)
 class Answering:
-    """How the base answers a pool's prompt rows: greedily, in at most ``max_new_tokens`` tokens (1 to 4096),
-    cut at the first ``stop`` string (EOS always ends one); with ``chat_template``, as a user turn.
-
-    Example:
-        >>> Answering(max_new_tokens=32, stop=["\\n"]).as_dict()
-        {'max_new_tokens': 32, 'chat_template': False, 'stop': ['\\n']}
-    """
+    """How the base answers a pool's prompt rows: greedily, in at most ``max_new_tokens`` tokens, cut at the first
+    ``stop`` string (EOS always ends one); with ``chat_template``, as a user turn."""
 
     max_new_tokens: int = 64
     chat_template: bool = False
@@ -57,7 +51,6 @@ class Answering:
         object.__setattr__(self, "stop", tuple(stop))
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as JSON values (what kept answers are keyed by)."""
         return {"max_new_tokens": self.max_new_tokens, "chat_template": self.chat_template, "stop": list(self.stop)}
 
 

@@ -21,9 +21,8 @@ AT_RISK_WEIGHT = 0.5
 
 
 def category_weights(report: TransitionReport | None, categories: Sequence[str]) -> dict[str, float]:
-    """Shares of the next draws over ``categories``: even before any evaluation; after one, each weighs its
-    chance-adjusted forgetting plus :data:`AT_RISK_WEIGHT` × its at-risk share (a category the probes lack,
-    such as ``"all"``, the overall figures), mixed with even shares by :data:`FLOOR`."""
+    """Shares of the next draws: even before any evaluation, then by each category's chance-adjusted forgetting plus
+    :data:`AT_RISK_WEIGHT` × its at-risk share (one the probes lack: the overall figures), mixed by :data:`FLOOR`."""
     figures = {c: report.by_category.get(c, report) for c in categories} if report is not None else {}
     raw = {c: _figure(f.forgetting_adjusted) + AT_RISK_WEIGHT * _figure(f.at_risk) for c, f in figures.items()}
     k, total = len(categories), sum(raw.values())

@@ -1,5 +1,5 @@
-"""Synthetic replay: the base answers a pool's prompts once when training begins (greedy, sharded
-over the ranks); the answers are kept with the run and read back on resume."""
+"""Synthetic replay: the base answers a pool's prompts once when training begins; the answers are kept with the run
+and read back on resume."""
 
 from __future__ import annotations
 
@@ -44,14 +44,7 @@ class KeptAnswers:
     key: dict[str, Any]
 
     def problem(self, vocab: int | None = None, prompts: Collection[str] | None = None) -> str | None:
-        """What is wrong with them, or ``None`` (given ``prompts``: one answer to each).
-
-        Example:
-            >>> KeptAnswers({"p0": Generated("x", (-1,), True)}, {}).problem()
-            "the answer to 'p0' has token ids that are not whole numbers from 0"
-            >>> KeptAnswers({"p0": Generated("x", (1,), True)}, {}).problem(prompts=["p0", "p1"])
-            "damaged: it has no answer to prompt 'p1'"
-        """
+        """What is wrong with them, or ``None`` (given ``prompts``: one answer to each)."""
         if prompts is not None and (missing := [p for p in prompts if p not in self.answers]):
             more = f" (nor to {len(missing) - 1} more)" if len(missing) > 1 else ""
             return f"damaged: it has no answer to prompt {shorten(missing[0])}{more}"

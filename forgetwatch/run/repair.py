@@ -49,10 +49,9 @@ class RunContext:
         if self._made_by is None:  # once: the weights' key reads the parameters
             if self.reads_back:
                 meta = self.base_meta if self.base is None else {}
-                made = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+                self._made_by = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
             else:
-                made = {"model": model_key(model), "weights": weights_key(model, self.ranks)}
-            self._made_by = made
+                self._made_by = {"model": model_key(model), "weights": weights_key(model, self.ranks)}
         return dict(self._made_by)
 
     def as_base(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
