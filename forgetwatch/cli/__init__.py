@@ -173,13 +173,12 @@ def _plugin_path(args: argparse.Namespace) -> int:
 
 
 def _llamafactory(args: argparse.Namespace) -> int:
-    from importlib.util import find_spec
-
     from forgetwatch.integrations.llamafactory import run
 
-    if find_spec("llamafactory") is None:
-        raise UsageError("LLaMA-Factory is not installed here: pip install llamafactory (see the README)")
-    run(args.config, args.overrides)
+    try:
+        run(args.config, args.overrides)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
     return 0
 
 

@@ -235,7 +235,7 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
                 local_files_only=ckpt.cached_only,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,
-                **{_dtype_kwarg(): dtype},
+                dtype=dtype,
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
             why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)
@@ -298,10 +298,3 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
         logger.removeFilter(hold)
         for record in held:
             logger.handle(record)
-
-
-def _dtype_kwarg() -> str:
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
