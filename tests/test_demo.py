@@ -41,8 +41,9 @@ def test_demo_command_writes_curve_png_and_history(tmp_path):
 
 
 def test_demo_rejects_bad_arguments(capsys):
-    assert main(["demo", "--steps", "0"]) == 2
-    assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error: one line, exit code 2
+        main(["demo", "--steps", "0"])
+    assert exc.value.code == 2 and "--steps: expected an integer >= 1" in capsys.readouterr().err
 
 
 def test_the_demo_takes_what_readme_and_help_say(capsys):

@@ -221,6 +221,14 @@ def test_the_command_line_prints_the_swift_plugin_file(capsys):
     assert sorted(p.name for p in PLUGIN_FILE.parent.glob("*.py")) == ["__init__.py", "forgetwatch_plugin.py"]
 
 
-def test_the_llamafactory_command_says_how_to_install_it(capsys):
-    assert main(["llamafactory", "train.yaml"]) == 2
+def test_the_llamafactory_command_says_how_to_install_it(capsys, tmp_path):
+    (tmp_path / "train.yaml").write_text("stage: sft\n")
+    assert main(["llamafactory", str(tmp_path / "train.yaml")]) == 2
     assert "pip install llamafactory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config, says", [("train.txt", "a .yaml, .yml or .json file"), ("gone.yaml", "no such file")])
+def test_the_llamafactory_command_refuses_a_config_it_cannot_read_in_one_line(capsys, config, says):
+    assert main(["llamafactory", config]) == 2
+    err = capsys.readouterr().err  # one line, no traceback
+    assert err.startswith(f"forgetwatch: error: {config}: ") and err.endswith(f"{says}\n") and err.count("\n") == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from forgetwatch.cli.demo import TAKES
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
-from forgetwatch.config.checks import Invalid, batch_size
+from forgetwatch.config.checks import Invalid, batch_size, integer
 from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.probes import ProbeSet
@@ -37,11 +38,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _batch_size(value: str) -> int | str:
-    try:
-        return batch_size(int(value) if value.lstrip("-").isdigit() else value)
-    except Invalid as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def _checked(check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """An argparse type from a settings check: its message, in one line."""
+
+    def parse(value: str) -> Any:
+        try:
+            return check(int(value) if value.lstrip("-").isdigit() else value)
+        except Invalid as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
 
 
 def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
@@ -67,13 +73,19 @@ def _parser() -> argparse.ArgumentParser:
         help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
     )
     scoring.add_argument(
-        "--num-fewshot", type=int, metavar="N", help="with --lm-eval-tasks: few-shot examples per prompt"
+        "--num-fewshot",
+        type=_checked(integer(0)),
+        metavar="N",
+        help="with --lm-eval-tasks: few-shot examples per prompt",
     )
     scoring.add_argument(
-        "--limit", type=int, metavar="N", help="with --lm-eval-tasks: the first N documents of each task"
+        "--limit",
+        type=_checked(integer(1)),
+        metavar="N",
+        help="with --lm-eval-tasks: the first N documents of each task",
     )
     scoring.add_argument("--include-path", metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs")
-    _option(scoring, "batch_size", type=_batch_size, metavar="N")
+    _option(scoring, "batch_size", type=_checked(batch_size), metavar="N")
     scoring.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     scoring.add_argument(
         "--dtype",
@@ -111,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
     rep.add_argument("--png", metavar="FILE.png", help="also draw the curves as a PNG")
-    rep.add_argument("--top", type=int, default=25, metavar="N", help="probes listed per table (default 25)")
+    rep.add_argument(
+        "--top", type=_checked(integer(1)), default=25, metavar="N", help="probes listed per table (default 25)"
+    )
     rep.set_defaults(run=_report)
 
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
@@ -122,9 +136,14 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
-    demo.add_argument("--steps", type=int, metavar="N", help="post-training steps (default 60; --real: 40)")
     demo.add_argument(
-        "--eval-steps", type=int, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
+        "--steps", type=_checked(integer(1)), metavar="N", help="post-training steps (default 60; --real: 40)"
+    )
+    demo.add_argument(
+        "--eval-steps",
+        type=_checked(integer(1)),
+        metavar="N",
+        help="score the probes every N steps (default 5; --real: 10)",
     )
     demo.add_argument(
         "--real",
@@ -155,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
-        # Errors in the user's input are these types (a foreign library reading the input, as
-        # lm-eval loading tasks, is wrapped where it is called): one message, exit 2. Any other
-        # exception is a bug and keeps its traceback.
+        # the user's input (a foreign library reading it, as lm-eval loading tasks, is wrapped where it is
+        # called): one message, exit 2; any other exception is a bug and keeps its traceback
         print(f"forgetwatch: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
@@ -173,13 +191,12 @@ def _plugin_path(args: argparse.Namespace) -> int:
 
 
 def _llamafactory(args: argparse.Namespace) -> int:
-    from importlib.util import find_spec
-
     from forgetwatch.integrations.llamafactory import run
 
-    if find_spec("llamafactory") is None:
-        raise UsageError("LLaMA-Factory is not installed here: pip install llamafactory (see the README)")
-    run(args.config, args.overrides)
+    try:
+        run(args.config, args.overrides)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
     return 0
 
 
@@ -227,7 +244,8 @@ def _compare(args: argparse.Namespace) -> int:
     current = _score(args, *prepared[-1], probes, precision=base.scoring.get("precision"))
     report = compare(base, current)
 
-    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {_probes_name(args)} ({len(probes)})\n")
+    name = args.probes or "lm-eval " + " ".join(args.lm_eval_tasks)
+    print(f"base:  {args.base}\nmodel: {args.model}\nprobes: {name} ({len(probes)})\n")
     for line in lm_eval_lines(base, "base, "):
         print(line)
     print(report.summary())
@@ -236,7 +254,7 @@ def _compare(args: argparse.Namespace) -> int:
         current.save(out / "model_answers.json")
         write_samples_csv(base, current, out / "samples.csv", probes)
         report.to_csv(out / "transitions.csv")
-        summary = {"base": args.base, "model": args.model, "probes": _probes_name(args), "report": report.to_dict()}
+        summary = {"base": args.base, "model": args.model, "probes": name, "report": report.to_dict()}
         with atomic_write(out / "summary.json") as f:
             f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
@@ -246,8 +264,6 @@ def _compare(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    if any(n is not None and n < 1 for n in (args.steps, args.eval_steps)):
-        raise UsageError("--steps and --eval-steps must be at least 1")
     if args.real and args.replay:
         raise UsageError("--real and --replay: one demo at a time")
     try:
@@ -265,8 +281,6 @@ def _report(args: argparse.Namespace) -> int:
     from forgetwatch.reporting.page import write_report
     from forgetwatch.results.history import HistoryError
 
-    if args.top < 1:
-        raise UsageError("--top must be at least 1")
     for flag, path in (("--out", args.out), ("--png", args.png)):
         if path is not None:
             _check_writable(flag, Path(path).absolute().parent)
@@ -303,10 +317,6 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
             raise UsageError(f"--probes {args.probes}: no such file") from err
         except (IsADirectoryError, PermissionError) as err:
             raise UsageError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
-    if args.num_fewshot is not None and args.num_fewshot < 0:
-        raise UsageError("--num-fewshot must be at least 0")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError("--limit must be at least 1")
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise UsageError(f"--include-path {args.include_path}: no such folder")
     try:
@@ -341,7 +351,6 @@ def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
 
 
 def _scoring(args: argparse.Namespace) -> dict[str, Any]:
-    """The options that decide the answers, as the command line sets them."""
     return {
         "normalize": args.normalize,
         "chat_template": bool(args.chat_template and not args.lm_eval_tasks),  # lm-eval's prompts are already in it
@@ -349,10 +358,6 @@ def _scoring(args: argparse.Namespace) -> dict[str, Any]:
         "stop": Scoring.stop,
         "behaviour_max_new_tokens": args.behaviour_max_new_tokens,
     }
-
-
-def _probes_name(args: argparse.Namespace) -> str:
-    return args.probes or "lm-eval " + " ".join(args.lm_eval_tasks)
 
 
 def _check_writable(flag: str, directory: Path) -> None:

@@ -219,13 +219,11 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
 def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     """The checkpoint as a causal language model on ``device``: none of its code run, pickles only as plain
     tensors, refused when a tensor the model needs is missing or of another shape (it would be random)."""
-    import torch
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     if ckpt.gguf and dtype_name == "auto":  # a GGUF's weights are quantized: "as saved" is what they dequantize to
         dtype_name = "float32"
-    dtype: Any = "auto" if dtype_name == "auto" else getattr(torch, dtype_name)
     with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -235,7 +233,7 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
                 local_files_only=ckpt.cached_only,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,
-                **{_dtype_kwarg(): dtype},
+                dtype=dtype_name,
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
             why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)
@@ -298,10 +296,3 @@ def _held_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
         logger.removeFilter(hold)
         for record in held:
             logger.handle(record)
-
-
-def _dtype_kwarg() -> str:
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"

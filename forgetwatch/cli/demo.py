@@ -13,8 +13,7 @@ import warnings
 from pathlib import Path
 
 DEFAULT_OUT = "forgetwatch-demo"
-#: How long the demo takes, as the README and ``forgetwatch demo --help`` say it (measured: 18 s
-#: on a first run, when Python compiles the imports, 9 s after).
+#: as the README and ``forgetwatch demo --help`` say it (measured: 18 s on a first run, 9 s after)
 TAKES = "under a minute on two CPU cores"
 
 

@@ -1,8 +1,5 @@
-"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch`.
-
-Everything that is not about transformers lives in the watch; the trainer's internals are
-reached through :class:`~forgetwatch.integrations.trainer_link.TrainerLink` only.
-"""
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch` (the
+trainer's internals reached through TrainerLink only)."""
 
 from __future__ import annotations
 
@@ -173,9 +170,8 @@ class ForgetWatchCallback(TrainerCallback):
             self._evaluated(self.watch.evaluate(model, state.global_step), control)
 
     def on_epoch_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
-        # however training stops (max_steps, a callback, data running out), this runs before
-        # the trainer finalizes, while every integration is still open; and the trainer
-        # saves after it if asked to
+        # however training stops (max_steps, a callback, data running out), this runs before the trainer
+        # finalizes, while every integration is still open; and the trainer saves after it if asked to
         if not control.should_training_stop:
             return
         step, watch = state.global_step, self.watch

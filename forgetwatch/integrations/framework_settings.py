@@ -33,14 +33,7 @@ _SPELLING = {KEY_PREFIX: ("keys", str.lower), ENV_PREFIX: ("environment variable
 
 @dataclass(frozen=True)
 class FrameworkSettings:
-    """A checked config, its loaded probes and replay pool: what a framework's plugin adds a callback with.
-
-    Example:
-        >>> settings = FrameworkSettings.from_keys({"forgetwatch_probes": "configs/probes/general_knowledge.jsonl",
-        ...                                         "forgetwatch_eval_steps": 50}, "train.yaml")
-        >>> settings.config.eval_steps, len(settings.probes) > 0
-        (50, True)
-    """
+    """A checked config, its loaded probes and replay pool: what a framework's plugin adds a callback with."""
 
     config: ForgetWatchConfig
     probes: ProbeSet
@@ -51,14 +44,7 @@ class FrameworkSettings:
         cls, values: Mapping[str, Any], source: str, yaml_file: str | os.PathLike[str] | None = None
     ) -> FrameworkSettings:
         """From the ``forgetwatch_*`` keys of a framework's config; ``yaml_file``, the YAML it read them from: a
-        value its YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line.
-
-        Example:
-            >>> FrameworkSettings.from_keys({"forgetwatch_eval_step": 5}, "train.yaml")  # doctest: +ELLIPSIS
-            Traceback (most recent call last):
-                ...
-            forgetwatch.config.checks.ConfigError: train.yaml: key 'forgetwatch_eval_step': unknown key (did you mean 'forgetwatch_eval_steps'?)...
-        """
+        value its YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line."""
         given, problems = _prefixed(values, KEY_PREFIX, source)
         misread = yaml11_misreadings(yaml_file) if yaml_file is not None else {}
         for key, (line, text, old) in misread.items():
@@ -72,13 +58,7 @@ class FrameworkSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
-        """From ``FORGETWATCH_*`` environment variables, read as YAML values (paths as text).
-
-        Example:
-            >>> FrameworkSettings.from_environ({"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl",
-            ...                                 "FORGETWATCH_MAX_FORGETTING": "0.1"}).config.max_forgetting
-            0.1
-        """
+        """From ``FORGETWATCH_*`` environment variables, read as YAML values (paths as text)."""
         given, problems = _prefixed(os.environ if environ is None else environ, ENV_PREFIX, "environment")
         return cls._build(given, problems, ENV_PREFIX, "environment")
 
@@ -129,7 +109,6 @@ class FrameworkSettings:
         return cls(config, probes, replay)
 
     def callback(self, trainer: Any = None) -> ForgetWatchCallback:
-        """The :class:`~forgetwatch.ForgetWatchCallback` these settings describe, for ``trainer``."""
         return ForgetWatchCallback.from_config(self.config, probes=self.probes, replay=self.replay, trainer=trainer)
 
     def describe(self, framework: str) -> str:
@@ -149,10 +128,6 @@ class FrameworkSettings:
         )
 
 
-def _known(name: str) -> str:
-    return name if name in NAMES else did_you_mean(name, NAMES) or name
-
-
 def _prefixed(values: Mapping[str, Any], prefix: str, source: str) -> tuple[dict[str, Any], list[Problem]]:
     """The settings in ``values`` by name, and the problems of those misspelt or (environment) empty."""
     what, case = _SPELLING[prefix]
@@ -163,7 +138,8 @@ def _prefixed(values: Mapping[str, Any], prefix: str, source: str) -> tuple[dict
             continue
         name = key[len(prefix) :].lower()
         if key != case(key):
-            message = f"forgetwatch's {what} are {case.__name__} case: write {case(prefix + _known(name))!r}"
+            known = name if name in NAMES else did_you_mean(name, NAMES) or name
+            message = f"forgetwatch's {what} are {case.__name__} case: write {case(prefix + known)!r}"
             problems.append(Problem(source, None, key, message))
         elif prefix == KEY_PREFIX:
             given[name] = value

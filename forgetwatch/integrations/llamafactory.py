@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from forgetwatch.common.console import say
+from forgetwatch.common.problems import InputError
 from forgetwatch.integrations.framework_settings import KEY_PREFIX, FrameworkSettings, main_process
 
 
 def run(config: str, overrides: Sequence[str] = ()) -> None:
-    """Train as ``llamafactory-cli train CONFIG [key=value ...]`` does, watched by forgetwatch.
-
-    Example:
-        >>> run("train.yaml", ["forgetwatch_eval_steps=10"])  # doctest: +SKIP
-    """
+    """Train as ``llamafactory-cli train CONFIG [key=value ...]`` does, watched by forgetwatch."""
+    if not config.endswith((".yaml", ".yml", ".json")):  # else read_args passes the command line on as a list
+        raise InputError([(config, None, None, "give LLaMA-Factory's training config as a .yaml, .yml or .json file")])
+    if not Path(config).is_file():
+        raise InputError([(config, None, None, "no such file")])
     try:
         from llamafactory.hparams.parser import read_args
         from llamafactory.train.tuner import run_exp
@@ -23,8 +25,6 @@ def run(config: str, overrides: Sequence[str] = ()) -> None:
         raise ImportError(f"forgetwatch llamafactory needs LLaMA-Factory ({err}): pip install llamafactory") from err
     sys.argv = [sys.argv[0], config, *overrides]  # read_args reads the command line, as llamafactory-cli's does
     args = read_args()
-    if not isinstance(args, dict):
-        raise ValueError(f"{config}: give LLaMA-Factory's training config as a .yaml, .yml or .json file")
     yaml_file = config if config.endswith((".yaml", ".yml")) else None  # read by YAML 1.1
     settings = FrameworkSettings.from_keys(args, config, yaml_file=yaml_file)
     if main_process():

@@ -18,15 +18,7 @@ def training_rows(
     dataset: Any, n: int, seed: int, *, args: Any = None, tokenizer: Any = None, trainer: Any = None
 ) -> tuple[TrainRows | None, str]:
     """At most ``n`` rows of ``dataset``, a seeded sample, as ``(TrainRows, "")``, or ``(None, reason)``: never raises.
-    ``args`` say how TRL trains on the rows; ``tokenizer`` and ``trainer`` (tools, chat template) render GRPO prompts.
-
-    >>> data = [{"input_ids": [1, 5, 6, 7], "labels": [-100, -100, 6, 7]}]
-    >>> rows, reason = training_rows(data, n=128, seed=0)
-    >>> rows.rows, rows.source, reason
-    ([([1, 5, 6, 7], 2)], 'trainer', '')
-    >>> training_rows(iter(data), n=128, seed=0)
-    (None, 'the training dataset (a list_iterator) cannot be sampled by index: Watch.start(train_rows=...) takes rows directly')
-    """
+    ``args`` say how TRL trains on the rows; ``tokenizer`` and ``trainer`` (tools, chat template) render GRPO prompts."""
     try:
         found = _training_rows(dataset, n, seed, args, tokenizer, trainer)
     except Exception as err:  # monitoring, not training: an odd dataset turns the signal off, never the run
@@ -38,7 +30,6 @@ def training_rows(
 
 
 def _training_rows(dataset: Any, n: int, seed: int, args: Any, tokenizer: Any, trainer: Any) -> TrainRows | str:
-    """The rows, or why there are none."""
     if n <= 0:
         return "no rows asked for (n = 0)"
     if dataset is None:
@@ -109,7 +100,7 @@ def _layout(columns: list[str], args: Any, tokenizer: Any, trainer: Any):
 
 
 def _ints(values: Any) -> list[int]:
-    values = values.tolist() if hasattr(values, "tolist") else values
+    values = values.tolist() if hasattr(values, "tolist") else values or ()
     return [int(v) for v in values]
 
 
@@ -142,15 +133,9 @@ def _sequence_reader(
 
 def _first_sequence_end(example: Mapping, end: int) -> int:
     """Where a packed row's first sequence ends (``end`` when the row is not packed)."""
-    lengths = example.get("seq_lengths")
-    if lengths is not None and len(_ints(lengths)):
-        return _ints(lengths)[0]
-    positions = example.get("position_ids")
-    if positions is not None:
-        restarts = [i for i, p in enumerate(_ints(positions)) if p == 0 and i > 0]
-        if restarts:
-            return restarts[0]
-    return end
+    if lengths := _ints(example.get("seq_lengths")):
+        return lengths[0]
+    return next((i for i, p in enumerate(_ints(example.get("position_ids"))) if p == 0 and i > 0), end)
 
 
 def _pair_reader(prompt_key: str, answer_key: str):

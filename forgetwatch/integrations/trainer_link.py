@@ -125,7 +125,6 @@ class TrainerLink:
         return Path(self.args.output_dir, trial or "")
 
     def checkpoint_dir(self, step: int) -> Path:
-        """The folder the trainer saves the checkpoint of ``step`` to."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         return self.run_dir() / f"{PREFIX_CHECKPOINT_DIR}-{step}"

@@ -1,6 +1,5 @@
-"""The trainer's log: forgetwatch's figures to ``state.log_history`` and to the reporting
-integrations a :class:`~forgetwatch.integrations.trainer_link.TrainerLink` reaches (W&B only when
-:class:`~forgetwatch.sinks.wandb.WandbSection` did not take them), at the step they were measured."""
+"""The trainer's log: forgetwatch's figures to ``state.log_history`` and the reporting integrations a TrainerLink
+reaches (W&B only when WandbSection did not take them), at the step they were measured."""
 
 from __future__ import annotations
 
@@ -18,23 +17,18 @@ logger = logging.getLogger("forgetwatch")
 
 
 class TrainerLog:
-    """Sends each evaluation's metrics through ``link`` while the trainer's integrations are open
-    (after training they may be closed: the history file keeps the figures). On every rank, as
-    ``Trainer.log`` runs: each rank's ``log_history`` holds them, and the integrations write on
-    the main process only."""
-
-    all_ranks = True
+    """Sends each evaluation's metrics through ``link``; on every rank, as ``Trainer.log`` runs (the integrations
+    write on the main process only)."""
 
     def __init__(self, link: TrainerLink, wandb: WandbSection | None = None):
         self.link, self.wandb = link, wandb
 
     def on_base(self, snapshot: BaseSnapshot) -> None:
-        if snapshot.metrics and self.link.open:
+        if snapshot.metrics:
             self.send(snapshot.metrics)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        if self.link.open:
-            self.send(logged_values(evaluation))
+        self.send(logged_values(evaluation))
 
     def send(self, metrics: dict[str, float]) -> None:
         """To every integration; figures the W&B section took already skip W&B."""
@@ -53,12 +47,12 @@ class TrainerLog:
 
 
 class WhileTraining(Sinks):
-    """Forwards sinks' events only while the trainer's integrations are open (a run that ends
-    without its last epoch's events reaches them after they closed)."""
+    """Forwards sinks' events only while the trainer's integrations are open (after training they may be closed:
+    the history file keeps the figures); ``all_ranks`` as for a sink."""
 
-    def __init__(self, link: TrainerLink, *sinks: Any):
+    def __init__(self, link: TrainerLink, *sinks: Any, all_ranks: bool = False):
         super().__init__(sinks)
-        self.link = link
+        self.link, self.all_ranks = link, all_ranks
 
     def _call(self, event: str, payload: Any) -> None:
         if self.link.open:
@@ -66,10 +60,10 @@ class WhileTraining(Sinks):
 
 
 def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
-    """A trainer's integrations as sinks: W&B's section and tables (its active run, when
-    ``args.report_to`` names it) and TensorBoard's text while they are open, then the log every
+    """W&B's section and tables (when ``args.report_to`` names it) and TensorBoard's text, then the log every
     integration reads."""
     wandb = WandbSection(probes, rows) if "wandb" in (link.args.report_to or []) else None
     board = link.integration("TensorBoardCallback")  # its writer is the trainer's (or forgetwatch's own)
     tensorboard = TensorBoardText(probes, lambda: board.tb_writer, rows) if board else None
-    return [WhileTraining(link, *(s for s in (wandb, tensorboard) if s)), TrainerLog(link, wandb)]
+    rank_zero = WhileTraining(link, *(s for s in (wandb, tensorboard) if s))
+    return [rank_zero, WhileTraining(link, TrainerLog(link, wandb), all_ranks=True)]
