@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None):
     print(report.summary())
     share = callback.monitoring_seconds / run_seconds
     print(f"monitoring: {callback.monitoring_seconds:.0f} s of the run's {run_seconds:.0f} s ({share:.1%})")
-    write_report([out / "forgetwatch"], out / "report.html", png=out / "forgetting.png")
-    print(f"wrote {out / 'report.html'} and {out / 'forgetting.png'} in {time.perf_counter() - began:.0f} s")
+    write_report([out / "forgetwatch"], out / "report.html")
+    print(f"wrote {out / 'report.html'} in {time.perf_counter() - began:.0f} s")
     return callback
 
 

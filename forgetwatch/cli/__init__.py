@@ -122,7 +122,6 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
-    rep.add_argument("--png", metavar="FILE.png", help="also draw the curves as a PNG")
     rep.add_argument(
         "--top", type=_checked(integer(1)), default=25, metavar="N", help="probes listed per table (default 25)"
     )
@@ -281,14 +280,12 @@ def _report(args: argparse.Namespace) -> int:
     from forgetwatch.reporting.page import write_report
     from forgetwatch.results.history import HistoryError
 
-    for flag, path in (("--out", args.out), ("--png", args.png)):
-        if path is not None:
-            _check_writable(flag, Path(path).absolute().parent)
+    _check_writable("--out", Path(args.out).absolute().parent)
     try:
-        out = write_report(args.runs, args.out, png=args.png, top=args.top)
+        out = write_report(args.runs, args.out, top=args.top)
     except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
         raise UsageError(first_line(err)) from err
-    print(f"wrote {out}" + (f" and {args.png}" if args.png else ""))
+    print(f"wrote {out}")
     return 0
 
 

@@ -62,10 +62,8 @@ def _series(run: Run, key: str, category: str | None = None) -> list[float | Non
     return [None if r is None else _num(getattr(r, key)) for r in reports]
 
 
-def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike | None = None, top: int = TOP) -> Path:
-    """Write the HTML page of the runs (and, with ``png``, their curves), atomically; needs ``plotly``."""
-    from forgetwatch.reporting.plot import plot_runs
-
+def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, top: int = TOP) -> Path:
+    """Write the HTML page of the runs, atomically; needs ``plotly``."""
     runs = [load_run(d) for d in run_dirs]
     seen: dict[str, int] = {}
     for run in runs:  # two runs of one name: the second is "name (2)"
@@ -75,9 +73,6 @@ def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, png: PathLike |
     page = _page(runs, top)
     with atomic_write(out) as f:
         f.write(page)
-    if png is not None:
-        title = f"forgetting: {runs[0].name}" if len(runs) == 1 else "forgetwatch: forgetting by run"
-        plot_runs({run.name: run.records for run in runs}, png, title=title)
     return Path(out)
 
 
