@@ -20,6 +20,7 @@ LAYERS = [
     "sinks",
     "run",
     "replay",
+    "merge",
     "integrations",
     "reporting",
     "cli",

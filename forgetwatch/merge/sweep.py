@@ -1,0 +1,324 @@
+"""merge_sweep: how much forgetting an interpolation between the base and the tuned weights undoes, per α, against
+how much of the training's gain on its target it keeps; the α to ship chosen from per-sample forgetting."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from forgetwatch.common.files import atomic_write
+from forgetwatch.config.settings import Scoring
+from forgetwatch.merge.weights import AdapterScaling, Interpolation, is_lora, layer_groups, moved, scale_adapters
+from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
+from forgetwatch.results.answers import Answers
+from forgetwatch.results.metrics import compare
+from forgetwatch.results.report import TransitionReport
+from forgetwatch.run.base import model_key
+from forgetwatch.scoring import Scorer
+from forgetwatch.scoring.batching import padded
+from forgetwatch.scoring.borrow import borrowed, unwrap
+from forgetwatch.scoring.generation import input_device
+
+#: the default α grid: 0, 0.1, ..., 1
+ALPHAS = tuple(i / 10 for i in range(11))
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One group of layers reverted to the base while the rest stays tuned."""
+
+    group: str
+    parameters: int
+    restored: int  # probes forgotten at α = 1 that are right again
+    forgotten: int  # probes forgotten against the base, this group reverted
+    target: float
+    gain: float | None
+
+
+@dataclass
+class MergeSweep:
+    """The probes' forgetting and the target at each α of θ(α) = θ_base + α·(θ_tuned − θ_base).
+
+    Attributes:
+        alphas: the α of each row, ascending (0 is the base, 1 the tuned model).
+        reports: each α's :class:`~forgetwatch.TransitionReport` against the base's answers.
+        target: each α's target: accuracy on the target probes, or mean loss per token on the target texts.
+        target_kind: ``"accuracy"`` (higher is better) or ``"loss"`` (lower is better).
+        gain: each α's share of α = 1's gain on the target (``None`` where training gained nothing).
+        layers: with ``by_layer=True``, one :class:`LayerRow` per group of layers.
+
+    Example:
+        >>> sweep = merge_sweep(base, tuned, tokenizer, probes, target=texts)  # doctest: +SKIP
+        >>> sweep.best(keep=0.9)                                             # doctest: +SKIP
+        0.4
+    """
+
+    alphas: list[float]
+    reports: list[TransitionReport]
+    target: list[float]
+    target_kind: str
+    gain: list[float | None]
+    layers: list[LayerRow] = field(default_factory=list)
+    answers: list[Answers] = field(default_factory=list, repr=False)
+    _base: Any = field(default=None, repr=False)
+    _tuned: Any = field(default=None, repr=False)
+
+    def forgetting(self, i: int) -> float:
+        """Row ``i``'s forgetting rate: chance-adjusted where it applies."""
+        r = self.reports[i]
+        return r.forgetting_adjusted if math.isfinite(r.forgetting_adjusted) else r.forgetting
+
+    def best(self, keep: float = 0.9) -> float:
+        """The α with the least forgetting among those keeping at least ``keep`` of the gain (ties: the larger α);
+        1.0 when training gained nothing on the target."""
+        _check_fraction("keep", keep)
+        kept = [i for i, g in enumerate(self.gain) if g is not None and g >= keep]
+        if not kept:
+            return 1.0
+        return self.alphas[min(kept, key=lambda i: (self.forgetting(i), -self.alphas[i]))]
+
+    def merged(self, alpha: float) -> torch.nn.Module:
+        """A new model at ``alpha`` (the tuned model's class and config; a PEFT model with its adapters rescaled)."""
+        _check_fraction("alpha", alpha)
+        model = fresh_copy(self._tuned)
+        if is_lora(model):
+            scale_adapters(model, alpha)
+        else:
+            Interpolation(self._base, model, keep_on=_device(model)).set(alpha)
+        return model
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "alpha": a,
+                "forgotten": r.forgotten,
+                "gained": r.gained,
+                "forgetting": r.forgetting,
+                "forgetting_adjusted": r.forgetting_adjusted if math.isfinite(r.forgetting_adjusted) else None,
+                "accuracy": r.accuracy_after,
+                f"target_{self.target_kind}": t,
+                "gain": g,
+            }
+            for a, r, t, g in zip(self.alphas, self.reports, self.target, self.gain)
+        ]
+
+    def to_csv(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The table as CSV text (empty cells where a figure does not apply); written atomically to ``path``."""
+        out = io.StringIO()
+        rows = self.rows()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(
+            {k: "" if v is None else round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        )
+        if path is not None:
+            with atomic_write(path) as f:
+                f.write(out.getvalue())
+        return out.getvalue()
+
+    def summary(self, keep: float = 0.9) -> str:
+        lines = [f"{'alpha':>5}  {'forgotten':>9}  {'forgetting':>10}  {'target ' + self.target_kind:>14}  {'gain':>6}"]
+        for i, (a, r, t, g) in enumerate(zip(self.alphas, self.reports, self.target, self.gain)):
+            gain = "" if g is None else f"{g:6.0%}"
+            lines.append(f"{a:5.2f}  {r.forgotten:9d}  {self.forgetting(i):10.1%}  {t:14.4f}  {gain:>6}")
+        best = self.best(keep)
+        i = self.alphas.index(best)
+        lines.append(
+            f"alpha {best:g} keeps {_share(self.gain[i])} of the target gain with {self.reports[i].forgotten} probes "
+            f"forgotten (alpha 1: {self.reports[-1].forgotten})"
+        )
+        return "\n".join(lines)
+
+
+def merge_sweep(
+    base_model: torch.nn.Module | None,
+    tuned_model: torch.nn.Module,
+    tokenizer: Any,
+    probes: ProbesLike,
+    *,
+    target: ProbesLike | Sequence[str],
+    alphas: Sequence[float] = ALPHAS,
+    by_layer: bool = False,
+    scoring: Scoring | None = None,
+    max_length: int = 1024,
+    show_progress: bool = False,
+) -> MergeSweep:
+    """Score the probes and the target at each α between the base and the tuned weights (WiSE-FT).
+
+    ``tuned_model`` is moved in place from α to α and handed back bit for bit; a copy of the parameters that
+    differ from the base is kept on the CPU. A PEFT model (``base_model=None``) is swept by scaling its LoRA
+    adapters, with no copy of the weights.
+
+    Args:
+        base_model: the model before training (``None`` for a PEFT ``tuned_model``: its adapters off).
+        probes: what must not be forgotten (a :class:`~forgetwatch.ProbeSet`, a probe file or rows).
+        target: what the training was for: a probe set (accuracy) or held-out texts (mean loss per token).
+        alphas: the α to try, each in [0, 1] (default 0, 0.1, ..., 1; 0 and 1 are always added).
+        by_layer: also revert one group of layers at a time (embeddings, each block, the head).
+        scoring: how probes are scored (a :class:`~forgetwatch.Scoring`).
+        max_length: target texts are cut to this many tokens.
+
+    Example:
+        >>> sweep = merge_sweep(base, tuned, tokenizer, probes, target=["def f(x):\\n    return x"])  # doctest: +SKIP
+        >>> print(sweep.summary())                                                                # doctest: +SKIP
+    """
+    grid = _checked_alphas(alphas)
+    probe_set = _probe_set(probes, "probes")
+    texts, target_set = _target(target)
+    lora = base_model is None
+    if lora and not is_lora(tuned_model):
+        raise ValueError("merge_sweep: base_model=None needs a PEFT tuned_model (its adapters off are the base)")
+    if not lora and model_key(base_model) != model_key(tuned_model):
+        raise ValueError(
+            "merge_sweep: the base and the tuned model have different configurations (architecture or sizes); "
+            "interpolating weights needs two checkpoints of one model"
+        )
+    scoring = scoring or Scoring()
+    scorer = Scorer.with_settings(tokenizer, probe_set, scoring)
+    target_scorer = Scorer.with_settings(tokenizer, target_set, scoring) if target_set is not None else None
+    scorer.prepare(tuned_model)  # a probe this model cannot score fails now
+    if target_scorer is not None:
+        target_scorer.prepare(tuned_model)
+    encoded = _encode(tokenizer, texts, max_length) if texts is not None else None
+    mover = AdapterScaling(tuned_model) if lora else Interpolation(base_model, tuned_model, keep_on="cpu")
+
+    def measure() -> tuple[Answers, float]:
+        answers = scorer(tuned_model, batch_size=scoring.batch_size, show_progress=show_progress)
+        if target_scorer is not None:
+            return answers, target_scorer(tuned_model, batch_size=scoring.batch_size, show_progress=False).accuracy
+        return answers, mean_token_loss(tuned_model, tokenizer, encoded, _rows(scoring.batch_size))
+
+    answers, target_values, layers = [], [], []
+    with moved(mover):
+        for a in grid:
+            mover.set(a)
+            got, value = measure()
+            answers.append(got)
+            target_values.append(value)
+        reports = [compare(answers[0], a) for a in answers]
+        kind = "loss" if texts is not None else "accuracy"
+        gain = [_gain(target_values[0], target_values[-1], t, kind) for t in target_values]
+        if by_layer:
+            forgotten_at_one = set(reports[-1].forgotten_ids)
+            for group, names in layer_groups(mover.names).items():
+                mover.set(1.0, dict.fromkeys(names, 0.0))
+                got, value = measure()
+                report = compare(answers[0], got)
+                restored = len(forgotten_at_one - set(report.forgotten_ids))
+                layers.append(
+                    LayerRow(
+                        group,
+                        len(names),
+                        restored,
+                        report.forgotten,
+                        value,
+                        _gain(target_values[0], target_values[-1], value, kind),
+                    )
+                )
+    return MergeSweep(grid, reports, target_values, kind, gain, layers, answers, base_model, tuned_model)
+
+
+def mean_token_loss(model: torch.nn.Module, tokenizer: Any, rows: list[list[int]], batch_size: int = 8) -> float:
+    """The mean next-token loss (nats) over every predicted token of ``rows``."""
+    device = input_device(unwrap(model))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    total, count = 0.0, 0
+    with borrowed(model, tokenizer):
+        for start in range(0, len(rows), batch_size):
+            ids, mask = padded(rows[start : start + batch_size], pad)
+            ids, mask = ids.to(device), mask.to(device)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum")
+            total += loss.item()
+            count += int((labels != -100).sum())
+    return total / count
+
+
+def fresh_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy whose ``forward`` is its own class's: a trainer's model may carry accelerate's wrapped forward,
+    which a plain deep copy keeps calling on the original model."""
+    inner = unwrap(model)
+    made = copy.deepcopy(inner)
+    for m in made.modules():
+        if "forward" in vars(m):  # an instance attribute: a wrapper over some model's forward
+            original = vars(m).get("_original_forward")
+            del m.forward
+            if original is not None:
+                del m._original_forward
+    return made
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    rows = [tokenizer(t, add_special_tokens=True)["input_ids"][:max_length] for t in texts]
+    if any(len(r) < 2 for r in rows):
+        i = next(i for i, r in enumerate(rows) if len(r) < 2)
+        raise ValueError(f"merge_sweep: target text {i} has fewer than 2 tokens: nothing to predict")
+    return rows
+
+
+def _gain(start: float, end: float, value: float, kind: str) -> float | None:
+    gained = (start - end) if kind == "loss" else (end - start)
+    if not gained > 0:
+        return None
+    return ((start - value) if kind == "loss" else (value - start)) / gained
+
+
+def _checked_alphas(alphas: Sequence[float]) -> list[float]:
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
+        raise TypeError(f"merge_sweep: alphas must be a list of numbers in [0, 1], got {type(alphas).__name__}")
+    for a in alphas:
+        _check_fraction("alpha", a)
+    return sorted({0.0, 1.0, *(float(a) for a in alphas)})
+
+
+def _check_fraction(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        raise ValueError(f"merge_sweep: {name} must be a number in [0, 1], got {value!r}")
+
+
+def _probe_set(probes: ProbesLike, what: str) -> ProbeSet:
+    made = as_probe_set(probes, source=f"{what}=[...]")
+    if not len(made):
+        raise ValueError(f"merge_sweep: {what} is an empty probe set; give at least one probe")
+    return made
+
+
+def _target(target: Any) -> tuple[list[str] | None, ProbeSet | None]:
+    if (
+        isinstance(target, Sequence)
+        and not isinstance(target, (str, bytes))
+        and all(isinstance(t, str) for t in target)
+    ):
+        if not target:
+            raise ValueError("merge_sweep: target is an empty list; give held-out texts of what the training was for")
+        return list(target), None
+    if isinstance(target, (ProbeSet, str, os.PathLike)) or (
+        isinstance(target, Sequence) and all(isinstance(t, dict) for t in target)
+    ):
+        return None, _probe_set(target, "target")
+    raise TypeError(
+        "merge_sweep: target must be a ProbeSet (or probe file, or probe rows) of what the training was for, "
+        f"or a list of held-out texts; got {type(target).__name__}"
+    )
+
+
+def _rows(batch_size: int | str) -> int:
+    return batch_size if isinstance(batch_size, int) else 8
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _share(g: float | None) -> str:
+    return "none" if g is None else f"{g:.0%}"

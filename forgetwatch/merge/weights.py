@@ -1,0 +1,136 @@
+"""One model moved in place between its base weights and its tuned ones (WiSE-FT's θ(α) = θ_base + α·(θ_tuned −
+θ_base)), per group of layers where asked, and handed back bit for bit; a PEFT model by scaling its LoRA adapters."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from forgetwatch.scoring.borrow import unwrap
+
+# a block of a decoder stack: model.layers.3., transformer.h.3., blocks.3., encoder.layer.3.
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(unwrap(model), "peft_config")
+
+
+def layer_groups(names: Sequence[str]) -> dict[str, list[str]]:
+    """Parameter names by group, in the model's order: ``embeddings`` (before the first block), ``block N``, ``head``."""
+    groups: dict[str, list[str]] = {}
+    seen_block = False
+    for name in names:
+        found = _BLOCK.search(name)
+        seen_block |= found is not None
+        group = f"block {found.group(1)}" if found else "head" if seen_block else "embeddings"
+        groups.setdefault(group, []).append(name)
+    return groups
+
+
+class Interpolation:
+    """``tuned``'s floating parameters set in place to θ(α) (``torch.lerp``: exact at 0 and 1); a copy of the tuned
+    values of the parameters that differ from the base is kept on ``keep_on``, and :meth:`restore` puts them back."""
+
+    def __init__(self, base: torch.nn.Module, tuned: torch.nn.Module, keep_on: str | torch.device = "cpu"):
+        self.model = tuned
+        ours, theirs = dict(unwrap(tuned).named_parameters()), dict(unwrap(base).named_parameters())
+        check_same_shapes(theirs, ours)
+        self.params: dict[str, torch.nn.Parameter] = {}
+        self.base: dict[str, torch.Tensor] = {}
+        self.tuned: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, p in ours.items():
+                b = theirs[name]
+                if p.is_floating_point() and not torch.equal(p, b.to(p.device, p.dtype)):
+                    self.params[name], self.base[name] = p, b
+                    self.tuned[name] = p.detach().to(keep_on, copy=True)
+        self.names = list(ours)
+
+    def set(self, alpha: float, groups: Mapping[str, float] | None = None) -> None:
+        """Every parameter at ``alpha`` (or, for names in ``groups``' keys, at its own α)."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                a = groups.get(name, alpha) if groups else alpha
+                base, tuned = self.base[name].to(p.device, p.dtype), self.tuned[name].to(p.device)
+                p.copy_(torch.lerp(base, tuned, float(a)))
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(self.tuned[name])
+
+
+class AdapterScaling:
+    """A PEFT model's LoRA adapters scaled by α (PEFT's ``rescale_adapter_scale`` is WiSE-FT for an adapter); no
+    weights are copied. Per group, each LoRA layer of the group is scaled by the group's α."""
+
+    def __init__(self, model: torch.nn.Module):
+        from peft.tuners.lora import LoraLayer
+
+        self.model = model
+        peft = unwrap(model)
+        if any(getattr(c, "use_dora", False) for c in peft.peft_config.values()):
+            raise ValueError(
+                "merge_sweep: a DoRA adapter is not linear in its scale, so scaling it is not an interpolation "
+                "between the base and the tuned model; merge it (merge_and_unload) and sweep the full weights"
+            )
+        self.layers = {name: m for name, m in peft.named_modules() if isinstance(m, LoraLayer)}
+        if not self.layers:
+            raise ValueError("merge_sweep: the PEFT model has no LoRA layers to scale")
+        self.saved = {name: dict(m.scaling) for name, m in self.layers.items()}
+        self.names = [n for n, _ in peft.named_parameters()]
+
+    def set(self, alpha: float, groups: Mapping[str, float] | None = None) -> None:
+        for name, m in self.layers.items():
+            a = _group_alpha(name, groups, alpha)
+            m.scaling = {k: v * a for k, v in self.saved[name].items()}
+
+    def restore(self) -> None:
+        for name, m in self.layers.items():
+            m.scaling = dict(self.saved[name])
+
+
+def scale_adapters(model: torch.nn.Module, alpha: float) -> None:
+    """Scale every LoRA adapter's B matrices by ``alpha``: the rescaled adapter, as it is saved."""
+    with torch.no_grad():
+        for name, p in unwrap(model).named_parameters():
+            if ".lora_B." in name or ".lora_embedding_B." in name:
+                p.mul_(alpha)
+
+
+def _group_alpha(module: str, groups: Mapping[str, float] | None, alpha: float) -> float:
+    if not groups:
+        return alpha
+    for name, a in groups.items():  # a parameter of this module: its group's α
+        if name.startswith(module + "."):
+            return a
+    return alpha
+
+
+def check_same_shapes(base: Mapping[str, torch.Tensor], tuned: Mapping[str, torch.Tensor]) -> None:
+    missing, extra = sorted(set(base) - set(tuned)), sorted(set(tuned) - set(base))
+    if missing or extra:
+        which = f"the tuned model lacks {missing[0]}" if missing else f"the base model lacks {extra[0]}"
+        raise ValueError(
+            f"merge_sweep: the base and the tuned model have different parameters ({which}); "
+            "both must be the same architecture"
+        )
+    for name, p in tuned.items():
+        if p.shape != base[name].shape:
+            raise ValueError(
+                f"merge_sweep: parameter {name} is {tuple(base[name].shape)} in the base and {tuple(p.shape)} "
+                "in the tuned model; both must be the same architecture and size"
+            )
+
+
+@contextlib.contextmanager
+def moved(mover: Interpolation | AdapterScaling) -> Iterator[Interpolation | AdapterScaling]:
+    """The model handed back as it was, whatever happens in the block."""
+    try:
+        yield mover
+    finally:
+        mover.restore()

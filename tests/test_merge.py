@@ -1,0 +1,200 @@
+"""merge_sweep: every α's answers and target loss equal a recount on a model interpolated by hand; the model
+is handed back bit for bit; LoRA is swept by its scale and agrees with the merged full weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from forgetwatch import ProbeSet, compare, evaluate
+from forgetwatch.merge import merge_sweep
+from forgetwatch.merge.sweep import fresh_copy
+from forgetwatch.merge.weights import layer_groups
+
+ALPHAS = (0.0, 0.25, 0.5, 1.0)
+
+
+@pytest.fixture(scope="module")
+def texts(toy):
+    return toy.world.distraction_texts(n=6, seed=7)
+
+
+@pytest.fixture(scope="module")
+def sweep(toy, texts):
+    return merge_sweep(toy.base, toy.tuned, toy.tokenizer, toy.probes, target=texts, alphas=ALPHAS, by_layer=True)
+
+
+def by_hand(base, tuned, alpha, revert=()):
+    """A new model at ``alpha``: every parameter lerped on its own (those named in ``revert`` left at the base)."""
+    model = copy.deepcopy(base)
+    tuned_params = dict(tuned.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in revert:
+                p.copy_(torch.lerp(p, tuned_params[name], alpha))
+    return model
+
+
+def loss_per_token(model, tokenizer, texts):
+    """Each text on its own (no padding): the mean of the per-token losses over all texts' tokens."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tokenizer(text)["input_ids"]])
+            loss = model(input_ids=ids, labels=ids).loss
+            total += loss.item() * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+    return total / count
+
+
+def same_answers(a, b):
+    return list(a.correct) == list(b.correct) and list(a.predicted) == list(b.predicted)
+
+
+@pytest.mark.slow
+def test_each_alpha_equals_a_model_interpolated_by_hand(toy, texts, sweep):
+    assert sweep.alphas == list(ALPHAS)
+    base_answers = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False)
+    for alpha, answers, report, target in zip(sweep.alphas, sweep.answers, sweep.reports, sweep.target):
+        model = by_hand(toy.base, toy.tuned, alpha)
+        recount = evaluate(model, toy.tokenizer, toy.probes, show_progress=False)
+        assert same_answers(answers, recount), alpha
+        assert report.forgotten_ids == compare(base_answers, recount).forgotten_ids
+        assert target == pytest.approx(loss_per_token(model, toy.tokenizer, texts), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_alpha_zero_is_the_base_and_one_the_tuned_model(toy, sweep):
+    assert same_answers(sweep.answers[0], evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False))
+    assert same_answers(sweep.answers[-1], evaluate(toy.tuned, toy.tokenizer, toy.probes, show_progress=False))
+    assert sweep.reports[0].forgotten == 0 and sweep.reports[0].gained == 0
+    assert sweep.reports[-1].forgotten > 0  # the toy's tuned model forgets: the sweep has something to undo
+    assert sweep.gain[0] == 0 and sweep.gain[-1] == 1
+
+
+@pytest.mark.slow
+def test_the_model_is_handed_back_bit_for_bit(toy, texts):
+    before = {n: p.detach().clone() for n, p in toy.tuned.named_parameters()}
+    toy.tuned.train()
+    merge_sweep(toy.base, toy.tuned, toy.tokenizer, toy.probes, target=texts, alphas=(0.5,), by_layer=True)
+    assert toy.tuned.training
+    toy.tuned.eval()
+    for name, p in toy.tuned.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
+@pytest.mark.slow
+def test_best_keeps_the_gain_it_promises_with_the_least_forgetting(sweep):
+    for keep in (0.5, 0.9, 1.0):
+        best = sweep.best(keep)
+        i = sweep.alphas.index(best)
+        assert sweep.gain[i] >= keep
+        eligible = [j for j, g in enumerate(sweep.gain) if g is not None and g >= keep]
+        assert all(sweep.forgetting(i) <= sweep.forgetting(j) for j in eligible)
+    with pytest.raises(ValueError, match="keep must be a number in"):
+        sweep.best(1.5)
+
+
+@pytest.mark.slow
+def test_merged_scores_as_the_sweep_did(toy, sweep):
+    model = sweep.merged(0.5)
+    answers = evaluate(model, toy.tokenizer, toy.probes, show_progress=False)
+    assert same_answers(answers, sweep.answers[sweep.alphas.index(0.5)])
+    assert model is not toy.tuned
+
+
+@pytest.mark.slow
+def test_by_layer_rows_equal_a_group_reverted_by_hand(toy, texts, sweep):
+    groups = layer_groups([n for n, _ in toy.tuned.named_parameters()])
+    assert [row.group for row in sweep.layers] == list(groups)
+    assert {"embeddings", "block 0", "head"} <= set(groups)
+    forgotten = set(sweep.reports[-1].forgotten_ids)
+    base_answers = sweep.answers[0]
+    for row in sweep.layers:
+        model = by_hand(toy.base, toy.tuned, 1.0, revert=set(groups[row.group]))
+        report = compare(base_answers, evaluate(model, toy.tokenizer, toy.probes, show_progress=False))
+        assert row.forgotten == report.forgotten, row.group
+        assert row.restored == len(forgotten - set(report.forgotten_ids)), row.group
+        assert row.target == pytest.approx(loss_per_token(model, toy.tokenizer, texts), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_target_probe_set_is_scored_as_accuracy(toy):
+    target = ProbeSet(list(toy.probes)[:10], source="target")
+    sweep = merge_sweep(toy.base, toy.tuned, toy.tokenizer, toy.probes, target=target, alphas=(0.5,))
+    assert sweep.target_kind == "accuracy"
+    for alpha, accuracy in zip(sweep.alphas, sweep.target):
+        model = by_hand(toy.base, toy.tuned, alpha)
+        assert accuracy == evaluate(model, toy.tokenizer, target, show_progress=False).accuracy
+
+
+@pytest.mark.slow
+def test_the_table_as_csv(sweep, tmp_path):
+    text = sweep.to_csv(tmp_path / "sweep.csv")
+    lines = text.splitlines()
+    assert lines[0].startswith("alpha,forgotten,gained,forgetting")
+    assert len(lines) == 1 + len(ALPHAS)
+    assert (tmp_path / "sweep.csv").read_text() == text
+    assert "nan" not in text.lower()
+    assert f"alpha {sweep.best():g} keeps" in sweep.summary()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"alphas": (0.5, 1.5)}, "alpha must be a number in"),
+        ({"alphas": "0:1"}, "alphas must be a list"),
+        ({"target": 3}, "target must be a ProbeSet"),
+        ({"target": []}, "target is an empty list"),
+        ({"probes": []}, "no probes found"),
+        ({"base": "other architecture"}, "different configurations"),
+    ],
+)
+def test_bad_input_is_one_clear_error_before_any_model_work(toy, texts, change, message, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: calls.append(1))
+    base = toy.base
+    if change.get("base"):
+        base = toy.world.model(toy.tokenizer, hidden=32)
+    kwargs = {"target": texts, "alphas": ALPHAS, **{k: v for k, v in change.items() if k != "base"}}
+    probes = kwargs.pop("probes", toy.probes)
+    with pytest.raises((ValueError, TypeError), match=message):
+        merge_sweep(base, toy.tuned, toy.tokenizer, probes, **kwargs)
+    assert calls == []
+
+
+def test_a_copy_of_a_model_accelerate_wrapped_runs_its_own_weights(toy):
+    from accelerate import Accelerator
+
+    wrapped = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(copy.deepcopy(toy.tuned))
+    assert "forward" in vars(wrapped)  # accelerate's autocast wrapper, bound to this object
+    made = fresh_copy(wrapped)
+    made.load_state_dict(toy.base.state_dict())
+    ids = torch.tensor([toy.tokenizer("the capital of")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(made(input_ids=ids).logits, toy.base(input_ids=ids).logits)
+
+
+@pytest.mark.slow
+def test_lora_is_swept_by_its_scale_and_agrees_with_the_merged_weights(toy, texts):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(copy.deepcopy(toy.base), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():  # an adapter that changes the answers: its B matrices, zero when made, set at random
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    sweep = merge_sweep(None, model, toy.tokenizer, toy.probes, target=texts, alphas=(0.5,))
+    for name, p in model.named_parameters():  # no weight moved or copied in place
+        assert p.data_ptr() == before[name][0] and torch.equal(p, before[name][1])
+    merged = copy.deepcopy(model).merge_and_unload()
+    full = merge_sweep(toy.base, merged, toy.tokenizer, toy.probes, target=texts, alphas=(0.5,))
+    assert [r.forgotten_ids for r in sweep.reports] == [r.forgotten_ids for r in full.reports]
+    assert sweep.target == pytest.approx(full.target, rel=1e-4)
+    assert same_answers(sweep.answers[0], evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False))
+    half = sweep.merged(0.5)  # the rescaled adapter
+    answers = evaluate(half, toy.tokenizer, toy.probes, show_progress=False)
+    assert list(answers.correct) == list(sweep.answers[1].correct)
