@@ -272,7 +272,7 @@ def test_a_device_this_machine_lacks_fails_before_anything_loads(tmp_path, capsy
 def test_batch_size_follows_the_projects_one_rule_and_usage_errors_are_one_line(capsys):
     from forgetwatch.config.checks import Invalid, batch_size
 
-    for value, parsed in (("0", 0), ("-3", -3), ("1.5", "1.5"), ("big", "big")):
+    for value, parsed in (("0", 0), ("-3", -3), ("1.5", 1.5), ("big", "big")):  # numbers read as YAML reads them
         with pytest.raises(SystemExit) as exc:
             main(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json", "--batch-size", value])
         assert exc.value.code == 2

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "forgetwatch"
 
 #: lowest first: each may import those before it, never those after it
@@ -110,12 +112,13 @@ def test_no_modules_import_each_other():
     assert circles(module_imports()) == []
 
 
-def test_replay_is_a_plug_in_the_monitor_never_imports():
-    allowed = ("forgetwatch.replay", "forgetwatch.integrations", "forgetwatch.cli")
+@pytest.mark.parametrize("plug_in", ["replay", "merge"])
+def test_repairs_are_plug_ins_the_monitor_never_imports(plug_in):
+    allowed = (f"forgetwatch.{plug_in}", "forgetwatch.integrations", "forgetwatch.cli")
     importers = {
         module
         for module, imported in module_imports().items()
-        if any(m.startswith("forgetwatch.replay") for m in imported)
+        if any(m.startswith(f"forgetwatch.{plug_in}") for m in imported)
         and not module.startswith(allowed)
         and module != "forgetwatch"  # the package's own exports
     }

@@ -13,12 +13,14 @@ from typing import Any
 from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
+from forgetwatch.cli.merge import parse_alphas
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
-from forgetwatch.config.checks import Invalid, batch_size, integer
+from forgetwatch.config.checks import Invalid, batch_size, integer, rate
 from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
+from forgetwatch.merge.sweep import ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.sinks.metrics import lm_eval_lines
@@ -42,8 +44,14 @@ def _checked(check: Callable[[Any], Any]) -> Callable[[str], Any]:
     """An argparse type from a settings check: its message, in one line."""
 
     def parse(value: str) -> Any:
+        for number in (int, float):  # as YAML would read it
+            try:
+                value = number(value)
+                break
+            except ValueError:
+                pass
         try:
-            return check(int(value) if value.lstrip("-").isdigit() else value)
+            return check(value)
         except Invalid as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -118,6 +126,47 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", required=True, metavar="PATH", help=f"post-trained {what}")
     cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
     cmp.set_defaults(run=_compare)
+
+    mrg = sub.add_parser("merge", parents=[scoring], help="interpolate base and tuned weights to undo forgetting")
+    mrg.add_argument("--base", required=True, metavar="PATH", help=f"base {what}")
+    tuned = mrg.add_mutually_exclusive_group(required=True)
+    tuned.add_argument("--model", metavar="PATH", help=f"post-trained {what}")
+    tuned.add_argument("--adapter", metavar="DIR", help="a PEFT (LoRA) adapter trained on --base: swept by its scale")
+    target = mrg.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for (accuracy)")
+    target.add_argument(
+        "--target-texts",
+        metavar="FILE",
+        help="held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line",
+    )
+    mrg.add_argument(
+        "--alphas",
+        type=parse_alphas,
+        default=list(ALPHAS),
+        metavar="A",
+        help="FROM:TO:STEP or A,B,... (default 0:1:0.1)",
+    )
+    mrg.add_argument(
+        "--keep",
+        type=_checked(rate(False, False, "0.9")),
+        default=0.9,
+        metavar="SHARE",
+        help="the share of the target's gain to keep (default 0.9)",
+    )
+    mrg.add_argument("--by-layer", action="store_true", help="also revert one group of layers at a time to the base")
+    mrg.add_argument("--out", required=True, metavar="DIR", help="sweep.csv, sweep.json and merged/ go here")
+    mrg.set_defaults(run=_merge)
+
+    sel = sub.add_parser("select", help="the saved checkpoint on the front of forgetting against training loss")
+    sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
+    sel.add_argument(
+        "--keep",
+        type=_checked(rate(False, False, "0.9")),
+        default=0.9,
+        metavar="SHARE",
+        help="the share of the run's fall in training loss to keep (default 0.9)",
+    )
+    sel.set_defaults(run=_select)
 
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
@@ -257,6 +306,46 @@ def _compare(args: argparse.Namespace) -> int:
         with atomic_write(out / "summary.json") as f:
             f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    import torch
+
+    from forgetwatch.cli.merge import MergeUsageError, run_merge
+
+    named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
+    if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
+        raise UsageError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
+    probes, prepared, _ = _inputs(args, Path(args.out), *named)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return run_merge(args, prepared, probes, lambda ckpt: load_model(ckpt, args.dtype, device))
+    except MergeUsageError as err:
+        raise UsageError(str(err)) from err
+
+
+def _select(args: argparse.Namespace) -> int:
+    from forgetwatch.merge.checkpoints import choose, saved_checkpoints
+    from forgetwatch.results.history import HistoryError
+
+    try:
+        rows = saved_checkpoints(args.run_dir)
+    except (FileNotFoundError, HistoryError) as err:
+        raise UsageError(first_line(err)) from err
+    print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {'train loss':>10}  front")
+    for r in rows:
+        forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
+        loss = "-" if r.loss is None else f"{r.loss:.4f}"
+        forgotten = "-" if r.forgotten is None else r.forgotten
+        print(f"{r.path.name:>16}  {forgotten:>9}  {forgetting:>10}  {loss:>10}  {'*' if r.on_front else ''}")
+    chosen = choose(rows, args.keep)
+    if chosen is None:
+        raise UsageError(
+            f"{args.run_dir}: no checkpoint has both an evaluation at its step and a logged training loss; "
+            "evaluate at the steps the trainer saves (eval_steps a divisor of save_steps)"
+        )
+    print(f"take {chosen.path}: forgetting {chosen.forgetting:.1%}, training loss {chosen.loss:.4f}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import io
 import math
 import numbers
@@ -111,6 +112,16 @@ class MergeSweep:
             for a, r, t, g in zip(self.alphas, self.reports, self.target, self.gain)
         ]
 
+    def to_dict(self, keep: float = 0.9) -> dict[str, Any]:
+        """The table, the by-layer rows and the α chosen for ``keep``, JSON-ready (no NaN)."""
+        return {
+            "target_kind": self.target_kind,
+            "keep": keep,
+            "best": self.best(keep),
+            "rows": self.rows(),
+            "layers": [dataclasses.asdict(row) for row in self.layers],
+        }
+
     def to_csv(self, path: str | os.PathLike[str] | None = None) -> str:
         """The table as CSV text (empty cells where a figure does not apply); written atomically to ``path``."""
         out = io.StringIO()
@@ -155,11 +166,11 @@ def merge_sweep(
     """Score the probes and the target at each α between the base and the tuned weights (WiSE-FT).
 
     ``tuned_model`` is moved in place from α to α and handed back bit for bit; a copy of the parameters that
-    differ from the base is kept on the CPU. A PEFT model (``base_model=None``) is swept by scaling its LoRA
-    adapters, with no copy of the weights.
+    differ from the base is kept on the CPU. A PEFT model is swept by scaling its LoRA adapters (its adapters off
+    are the base, so ``base_model`` may be ``None``), with no copy of the weights.
 
     Args:
-        base_model: the model before training (``None`` for a PEFT ``tuned_model``: its adapters off).
+        base_model: the model before training (unused for a PEFT ``tuned_model``: its adapters off are the base).
         probes: what must not be forgotten (a :class:`~forgetwatch.ProbeSet`, a probe file or rows).
         target: what the training was for: a probe set (accuracy) or held-out texts (mean loss per token).
         alphas: the α to try, each in [0, 1] (default 0, 0.1, ..., 1; 0 and 1 are always added).
@@ -174,8 +185,8 @@ def merge_sweep(
     grid = _checked_alphas(alphas)
     probe_set = _probe_set(probes, "probes")
     texts, target_set = _target(target)
-    lora = base_model is None
-    if lora and not is_lora(tuned_model):
+    lora = is_lora(tuned_model)  # its adapters off are the base: base_model is not needed
+    if base_model is None and not lora:
         raise ValueError("merge_sweep: base_model=None needs a PEFT tuned_model (its adapters off are the base)")
     if not lora and model_key(base_model) != model_key(tuned_model):
         raise ValueError(
@@ -210,6 +221,8 @@ def merge_sweep(
         if by_layer:
             forgotten_at_one = set(reports[-1].forgotten_ids)
             for group, names in layer_groups(mover.names).items():
+                if not mover.moves(names):  # nothing of it trained: reverting it changes nothing
+                    continue
                 mover.set(1.0, dict.fromkeys(names, 0.0))
                 got, value = measure()
                 report = compare(answers[0], got)

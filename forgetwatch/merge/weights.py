@@ -50,6 +50,9 @@ class Interpolation:
                     self.tuned[name] = p.detach().to(keep_on, copy=True)
         self.names = list(ours)
 
+    def moves(self, names: Sequence[str]) -> bool:
+        return any(name in self.params for name in names)
+
     def set(self, alpha: float, groups: Mapping[str, float] | None = None) -> None:
         """Every parameter at ``alpha`` (or, for names in ``groups``' keys, at its own α)."""
         with torch.no_grad():
@@ -83,6 +86,9 @@ class AdapterScaling:
             raise ValueError("merge_sweep: the PEFT model has no LoRA layers to scale")
         self.saved = {name: dict(m.scaling) for name, m in self.layers.items()}
         self.names = [n for n, _ in peft.named_parameters()]
+
+    def moves(self, names: Sequence[str]) -> bool:
+        return any(".lora_" in name for name in names)
 
     def set(self, alpha: float, groups: Mapping[str, float] | None = None) -> None:
         for name, m in self.layers.items():

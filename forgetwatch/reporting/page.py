@@ -25,6 +25,8 @@ from forgetwatch.sinks.tables import shown_answer
 
 #: Probes listed in each table of the page.
 TOP = 25
+#: A merge sweep's table in a run directory (``forgetwatch merge --out``).
+SWEEP = "sweep.json"
 PathLike = str | os.PathLike[str]
 
 
@@ -76,13 +78,53 @@ def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, top: int = TOP)
     return Path(out)
 
 
-def _page(runs: list[Run], top: int) -> str:
+def write_sweep_page(sweep: dict[str, Any], out: PathLike, name: str = "") -> Path:
+    """Write the page of a merge sweep (``MergeSweep.to_dict()``): forgetting and the target's gain against α."""
+    page = _html(f"forgetwatch merge{': ' + name if name else ''}", [_sweep(sweep, name)])
+    with atomic_write(out) as f:
+        f.write(page)
+    return Path(out)
+
+
+def _sweep(sweep: dict[str, Any], name: str) -> dict[str, Any]:
+    rows, best = sweep["rows"], sweep["best"]
+    alphas = [r["alpha"] for r in rows]
+    forgetting = [r["forgetting"] if r["forgetting_adjusted"] is None else r["forgetting_adjusted"] for r in rows]
+    chosen = alphas.index(best)
+    data = [
+        _line(alphas, forgetting, "forgetting (chance-adjusted where it applies)", _COLORS[0], "solid"),
+        _line(alphas, [r["gain"] for r in rows], "share of the target's gain kept", _COLORS[1], "dash"),
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "x": [best],
+            "y": [forgetting[chosen]],
+            "name": f"chosen: alpha {best:g}, keeping {sweep['keep']:.0%} of the gain",
+            "marker": {"size": 14, "symbol": "star", "color": "black"},
+        },
+    ]
+    for line in data:
+        line["hovertemplate"] = "alpha %{x}: %{y:.1%}<extra></extra>"
+    layout = _layout(f"{name + ': ' if name else ''}merging base (alpha 0) and tuned (alpha 1) weights", "share")
+    layout["xaxis"]["title"]["text"] = "alpha"
+    return {"data": data, "layout": layout}
+
+
+def _html(title: str, parts: list[str | dict[str, Any]]) -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError:
         raise ImportError(
             'forgetwatch report draws its charts with plotly: pip install "forgetwatch[report]"'
         ) from None
+    body = "\n".join(p if isinstance(p, str) else _figure(p, f"fig-{k}") for k, p in enumerate(parts))
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n"
+    )
+
+
+def _page(runs: list[Run], top: int) -> str:
     title = "forgetwatch: " + ", ".join(r.name for r in runs)
     parts: list[str | dict[str, Any]] = [f"<h1>{_e(title)}</h1>", _summary(runs), "<h2>Over training</h2>"]
     parts += [*_curves(runs), _survival(runs), *([_behaviour(runs)] if any(map(_has_behaviour, runs)) else [])]
@@ -95,11 +137,9 @@ def _page(runs: list[Run], top: int) -> str:
             _heatmap(run, categories, "category"),
             _probe_tables(run, top),
         ]
-    body = "\n".join(p if isinstance(p, str) else _figure(p, f"fig-{k}") for k, p in enumerate(parts))
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n"
-    )
+        if (run.dir / SWEEP).is_file():  # forgetwatch merge --out into the run directory
+            parts.append(_sweep(json.loads((run.dir / SWEEP).read_text(encoding="utf-8")), run.name))
+    return _html(title, parts)
 
 
 def _summary(runs: list[Run]) -> str:

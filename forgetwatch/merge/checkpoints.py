@@ -1,0 +1,88 @@
+"""A watched run's saved checkpoints, each with the forgetting measured at its step and the training loss logged by
+then: the front of forgetting against loss, and the checkpoint to take."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forgetwatch.results.run_files import HISTORY, SUBDIR, read_history
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A checkpoint folder: its step, its forgetting (chance-adjusted where it applies) and the loss by then."""
+
+    step: int
+    path: Path
+    forgetting: float | None  # None: no evaluation at this step
+    forgotten: int | None
+    loss: float | None  # the training loss the trainer last logged at or before this step
+    on_front: bool = False
+
+
+def saved_checkpoints(output_dir: str | os.PathLike[str]) -> list[SavedCheckpoint]:
+    """The trainer's ``checkpoint-<step>`` folders in ``output_dir``, by step, with what the run measured there."""
+    root = Path(output_dir)
+    history = root / SUBDIR / HISTORY if (root / SUBDIR / HISTORY).is_file() else root / HISTORY
+    if not history.is_file():
+        raise FileNotFoundError(f"{root}: no {SUBDIR}/{HISTORY}; give the output directory of a watched run")
+    reports = {int(r["step"]): r["report"] for r in read_history(history)}
+    folders = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
+    if not folders:
+        raise FileNotFoundError(f"{root}: no checkpoint-<step> folders (save_strategy='no'?)")
+    losses = _logged_losses(folders[-1][1])
+    rows = []
+    for step, path in folders:
+        report = reports.get(step)
+        loss = next((value for at, value in reversed(losses) if at <= step), None)
+        forgetting = None if report is None else _forgetting(report)
+        rows.append(SavedCheckpoint(step, path, forgetting, None if report is None else report["forgotten"], loss))
+    front = pareto_front([(r.forgetting, r.loss) for r in rows])
+    return [SavedCheckpoint(**{**vars(r), "on_front": i in front}) for i, r in enumerate(rows)]
+
+
+def pareto_front(points: list[tuple[float | None, float | None]]) -> set[int]:
+    """The indices of the points no other point beats on both (lower is better); points with a None are left out."""
+    whole = [(i, p) for i, p in enumerate(points) if None not in p]
+    return {
+        i
+        for i, (f, loss) in whole
+        if not any(g <= f and m <= loss and (g, m) != (f, loss) for _, (g, m) in whole)  # type: ignore[operator]
+    }
+
+
+def choose(rows: list[SavedCheckpoint], keep: float = 0.9) -> SavedCheckpoint | None:
+    """On the front, the checkpoint with the least forgetting among those that reached ``keep`` of the run's fall
+    in training loss (from the first loss logged to the lowest at a checkpoint); ties to the later step."""
+    front = [r for r in rows if r.on_front]
+    losses = [r.loss for r in rows if r.loss is not None]
+    if not front or not losses:
+        return None
+    start, lowest = losses[0], min(losses)
+    fell = start - lowest
+    kept = [r for r in front if fell <= 0 or (start - r.loss) / fell >= keep]  # type: ignore[operator]
+    return min(kept or front, key=lambda r: (r.forgetting, -r.step))
+
+
+def _forgetting(report: dict[str, Any]) -> float | None:
+    for key in ("forgetting_adjusted", "forgetting"):
+        value = report.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _logged_losses(checkpoint: Path) -> list[tuple[int, float]]:
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [(int(e["step"]), float(e["loss"])) for e in state.get("log_history", []) if "loss" in e and "step" in e]

@@ -1,0 +1,68 @@
+"""forgetwatch select: a watched run's checkpoints with the forgetting at their step and the loss logged by then,
+the front of the two, and the checkpoint to take."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from forgetwatch.cli import main
+from forgetwatch.merge.checkpoints import SavedCheckpoint, choose, pareto_front
+
+
+def brute_front(points):
+    whole = [(i, p) for i, p in enumerate(points) if None not in p]
+    return {i for i, p in whole if all(not (q[0] <= p[0] and q[1] <= p[1] and q != p) for _, q in whole)}
+
+
+def test_the_front_is_what_no_other_point_beats_on_both():
+    rng = random.Random(0)
+    for _ in range(200):
+        points = [(rng.choice([None, *range(4)]), rng.choice([None, *range(4)])) for _ in range(rng.randint(0, 7))]
+        assert pareto_front(points) == brute_front(points)
+
+
+def test_choose_keeps_the_loss_fall_it_is_asked_for_with_the_least_forgetting(tmp_path):
+    # loss falls 2.0 -> 1.0 (binary fractions: no rounding at the threshold); keep 0.9 needs loss <= 1.1
+    data = [(5, 0.00, 2.0), (10, 0.05, 1.5), (15, 0.10, 1.0625), (20, 0.30, 1.0), (25, 0.20, 1.03125)]
+    rows = [SavedCheckpoint(s, tmp_path / f"checkpoint-{s}", f, 1, loss) for s, f, loss in data]
+    front = pareto_front([(r.forgetting, r.loss) for r in rows])
+    rows = [SavedCheckpoint(**{**vars(r), "on_front": i in front}) for i, r in enumerate(rows)]
+    assert choose(rows, 0.9).step == 15
+    assert choose(rows, 1.0).step == 20
+    assert choose(rows, 0.0).step == 5
+    for keep in (0.5, 0.9, 0.95):  # what it picks is on the front and keeps the fall
+        picked = choose(rows, keep)
+        assert picked.on_front and (2.0 - picked.loss) / 1.0 >= keep
+
+
+@pytest.mark.slow
+def test_select_reads_a_watched_runs_checkpoints(toy, train_data, tmp_path, capsys):
+    from trainers import make_trainer
+
+    from forgetwatch.integrations.callback import ForgetWatchCallback
+
+    callback = ForgetWatchCallback(toy.probes, eval_steps=10)
+    trainer = make_trainer(toy, train_data, tmp_path, [callback], save_strategy="steps", save_steps=10, logging_steps=5)
+    trainer.train()
+    assert main(["select", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    history = {r["step"]: r["report"] for r in map(json.loads, (tmp_path / "forgetwatch" / "history.jsonl").open())}
+    state = json.loads((tmp_path / "checkpoint-30" / "trainer_state.json").read_text())
+    losses = {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+    for step in (10, 20, 30):
+        report = history[step]
+        line = next(line for line in printed.splitlines() if line.strip().startswith(f"checkpoint-{step} "))
+        assert f"{report['forgetting_adjusted']:.1%}" in line and f"{losses[step]:.4f}" in line
+        assert line.split()[1] == str(report["forgotten"])
+    assert printed.splitlines()[-1].startswith(f"take {tmp_path}/checkpoint-")
+
+
+def test_select_without_checkpoints_is_one_line(tmp_path, capsys):
+    (tmp_path / "forgetwatch").mkdir()
+    (tmp_path / "forgetwatch" / "history.jsonl").write_text("")
+    assert main(["select", str(tmp_path)]) == 2
+    assert "no checkpoint-<step> folders" in capsys.readouterr().err
+    assert main(["select", str(tmp_path / "nowhere")]) == 2
