@@ -300,3 +300,20 @@ def test_groups_get_a_heatmap_of_their_own_and_long_names_fit(toy, tmp_path):
     for spec in (_heatmap(run, groups, "group"), _heatmap(run, {long: [0.1]}, "category")):
         # plotly sizes the left margin to the longest name, and reads none as a number
         assert spec["layout"]["yaxis"] == {"type": "category", "automargin": True}
+
+
+@needs_browser
+def test_a_run_directory_with_a_merge_sweep_shows_it(one_evaluation, tmp_path):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_evaluation, run)
+    rows = [
+        {"alpha": a, "forgotten": f, "gained": 0, "forgetting": f / 10, "forgetting_adjusted": None, "gain": g}
+        for a, f, g in ((0.0, 0, 0.0), (0.5, 1, 0.95), (1.0, 3, 1.0))
+    ]
+    (run / "sweep.json").write_text(json.dumps({"target_kind": "loss", "keep": 0.9, "best": 0.5, "rows": rows}))
+    dom = rendered_dom(write_report([run], tmp_path / "page.html"), tmp_path)
+    assert "merging base (alpha 0) and tuned (alpha 1) weights" in dom
+    assert "chosen: alpha 0.5, keeping 90% of the gain" in dom
