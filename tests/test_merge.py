@@ -138,7 +138,7 @@ def test_the_table_as_csv(sweep, tmp_path):
     assert len(lines) == 1 + len(ALPHAS)
     assert (tmp_path / "sweep.csv").read_text() == text
     assert "nan" not in text.lower()
-    assert f"alpha {sweep.best():g} keeps" in sweep.summary()
+    assert f"alpha {sweep.best():g}: target" in sweep.summary()
 
 
 @pytest.mark.parametrize(
@@ -198,3 +198,14 @@ def test_lora_is_swept_by_its_scale_and_agrees_with_the_merged_weights(toy, text
     half = sweep.merged(0.5)  # the rescaled adapter
     answers = evaluate(half, toy.tokenizer, toy.probes, show_progress=False)
     assert list(answers.correct) == list(sweep.answers[1].correct)
+
+
+def test_where_training_gained_nothing_best_keeps_a_target_as_good_as_the_tuned_models(sweep):
+    import dataclasses
+
+    worse = [sweep.target[0] + 1 - i * 0.1 for i in range(len(sweep.alphas))]  # loss: higher at alpha 1 than the base
+    lost = dataclasses.replace(sweep, target=worse, gain=[None] * len(sweep.alphas))
+    best = lost.best(0.9)
+    eligible = [i for i, t in enumerate(worse) if t <= worse[-1]]
+    assert sweep.alphas.index(best) in eligible
+    assert lost.forgetting(sweep.alphas.index(best)) == min(lost.forgetting(i) for i in eligible)

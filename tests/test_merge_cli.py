@@ -44,7 +44,7 @@ def test_merge_writes_the_table_and_the_model_it_chose(toy, inputs, tmp_path, ca
     assert [float(r["alpha"]) for r in rows] == [0.0, 0.5, 1.0]
     chosen = json.loads((out / "sweep.json").read_text())
     best = chosen["best"]
-    assert f"alpha {best:g} keeps" in printed and chosen["keep"] == 0.8
+    assert f"alpha {best:g}: target" in printed and chosen["keep"] == 0.8
     i = [float(r["alpha"]) for r in rows].index(best)
     assert float(rows[i]["gain"]) >= 0.8
     # the written model loads as any checkpoint and answers as the base and tuned weights lerped by hand

@@ -79,12 +79,14 @@ class MergeSweep:
         return r.forgetting_adjusted if math.isfinite(r.forgetting_adjusted) else r.forgetting
 
     def best(self, keep: float = 0.9) -> float:
-        """The α with the least forgetting among those keeping at least ``keep`` of the gain (ties: the larger α);
-        1.0 when training gained nothing on the target."""
+        """The α with the least forgetting among those keeping at least ``keep`` of the gain (ties: the larger α).
+        Where training gained nothing on the target, among those whose target is at least as good as α = 1's."""
         _check_fraction("keep", keep)
-        kept = [i for i, g in enumerate(self.gain) if g is not None and g >= keep]
-        if not kept:
-            return 1.0
+        if self.gain[-1] is None:
+            sign = 1 if self.target_kind == "accuracy" else -1
+            kept = [i for i, t in enumerate(self.target) if sign * t >= sign * self.target[-1]]
+        else:
+            kept = [i for i, g in enumerate(self.gain) if g is not None and g >= keep]
         return self.alphas[min(kept, key=lambda i: (self.forgetting(i), -self.alphas[i]))]
 
     def merged(self, alpha: float) -> torch.nn.Module:
@@ -144,8 +146,8 @@ class MergeSweep:
         best = self.best(keep)
         i = self.alphas.index(best)
         lines.append(
-            f"alpha {best:g} keeps {_share(self.gain[i])} of the target gain with {self.reports[i].forgotten} probes "
-            f"forgotten (alpha 1: {self.reports[-1].forgotten})"
+            f"alpha {best:g}: target {self.target[i]:.4f} (alpha 1: {self.target[-1]:.4f}; {_share(self.gain[i])} of its "
+            f"gain kept), {self.reports[i].forgotten} probes forgotten (alpha 1: {self.reports[-1].forgotten})"
         )
         return "\n".join(lines)
 
@@ -334,4 +336,4 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 def _share(g: float | None) -> str:
-    return "none" if g is None else f"{g:.0%}"
+    return "no gain" if g is None else f"{g:.0%}"
