@@ -146,8 +146,8 @@ class MergeSweep:
         best = self.best(keep)
         i = self.alphas.index(best)
         lines.append(
-            f"alpha {best:g}: target {self.target[i]:.4f} (alpha 1: {self.target[-1]:.4f}; {_share(self.gain[i])} of its "
-            f"gain kept), {self.reports[i].forgotten} probes forgotten (alpha 1: {self.reports[-1].forgotten})"
+            f"alpha {best:g}: target {self.target[i]:.4f} (alpha 1: {self.target[-1]:.4f}; {_kept(self.gain[i])}), "
+            f"{self.reports[i].forgotten} probes forgotten (alpha 1: {self.reports[-1].forgotten})"
         )
         return "\n".join(lines)
 
@@ -335,5 +335,5 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _share(g: float | None) -> str:
-    return "no gain" if g is None else f"{g:.0%}"
+def _kept(g: float | None) -> str:
+    return "alpha 1 gained nothing over the base" if g is None else f"{g:.0%} of its gain kept"
