@@ -58,6 +58,17 @@ def toy(tmp_path_factory) -> Toy:
     return Toy(world, tokenizer, base, tuned, probes, *dirs)
 
 
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one global state; a test that sets its own mixed precision starts and
+    leaves it blank."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(scope="session")
 def train_data(toy):
     """Unrelated text to post-train the toy model on (it forgets some facts)."""

@@ -165,7 +165,7 @@ def test_bad_input_is_one_clear_error_before_any_model_work(toy, texts, change, 
     assert calls == []
 
 
-def test_a_copy_of_a_model_accelerate_wrapped_runs_its_own_weights(toy):
+def test_a_copy_of_a_model_accelerate_wrapped_runs_its_own_weights(toy, fresh_accelerate_state):
     from accelerate import Accelerator
 
     wrapped = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(copy.deepcopy(toy.tuned))

@@ -45,17 +45,6 @@ def test_weights_precision_ignores_an_ambient_autocast_and_autocast_follows_it(t
         compare(plain, rounded)
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """accelerate keeps one global state; a test that sets its own mixed precision starts and
-    leaves it blank."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def test_accelerates_wrapper_is_set_aside_while_scoring_and_put_back(toy, fresh_accelerate_state):
     from accelerate import Accelerator
 
