@@ -127,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
     cmp.set_defaults(run=_compare)
 
+    share = _checked(rate(False, False, "0.9"))  # --keep of merge and select
     mrg = sub.add_parser("merge", parents=[scoring], help="interpolate base and tuned weights to undo forgetting")
     mrg.add_argument("--base", required=True, metavar="PATH", help=f"base {what}")
     tuned = mrg.add_mutually_exclusive_group(required=True)
@@ -148,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     mrg.add_argument(
         "--keep",
-        type=_checked(rate(False, False, "0.9")),
+        type=share,
         default=0.9,
         metavar="SHARE",
         help="the share of the target's gain to keep (default 0.9)",
@@ -161,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
     sel.add_argument(
         "--keep",
-        type=_checked(rate(False, False, "0.9")),
+        type=share,
         default=0.9,
         metavar="SHARE",
         help="the share of the run's fall in training loss to keep (default 0.9)",
@@ -320,7 +321,9 @@ def _merge(args: argparse.Namespace) -> int:
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return run_merge(args, prepared, probes, lambda ckpt: load_model(ckpt, args.dtype, device))
+        # the options evaluate and compare score with (lm-eval's prompts already carry the chat template)
+        scoring = Scoring(batch_size=args.batch_size, shared_prefixes=args.shared_prefixes, **_scoring(args))
+        return run_merge(args, prepared, probes, scoring, lambda ckpt: load_model(ckpt, args.dtype, device))
     except MergeUsageError as err:
         raise UsageError(str(err)) from err
 

@@ -59,7 +59,9 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
-def run_merge(args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes: Any, load: Any) -> int:
+def run_merge(
+    args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes: Any, scoring: Scoring, load: Any
+) -> int:
     """Sweep, print the table, write ``sweep.csv``, ``sweep.json`` and the chosen model to ``--out``/merged."""
     from forgetwatch.merge import merge_sweep
     from forgetwatch.probes import ProbeSet
@@ -77,14 +79,6 @@ def run_merge(args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes:
         base, tuned = None, PeftModel.from_pretrained(load(base_ckpt), args.adapter)
     else:
         base, tuned = load(base_ckpt), load(tuned_ckpt[0][0])
-    scoring = Scoring(
-        batch_size=args.batch_size,
-        normalize=args.normalize,
-        chat_template=args.chat_template,
-        max_new_tokens=args.max_new_tokens,
-        behaviour_max_new_tokens=args.behaviour_max_new_tokens,
-        shared_prefixes=args.shared_prefixes,
-    )
     try:
         sweep = merge_sweep(
             base, tuned, tokenizer, probes, target=target, alphas=args.alphas, by_layer=args.by_layer, scoring=scoring
