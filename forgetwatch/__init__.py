@@ -5,7 +5,7 @@ import logging as _logging
 from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
 from forgetwatch.config import ForgetWatchConfig
 from forgetwatch.config.settings import Monitor, Output, Scoring
-from forgetwatch.merge import MergeSweep, merge_sweep
+from forgetwatch.merge import MergeAtEnd, MergeSweep, merge_sweep
 from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
 from forgetwatch.replay import Replay, ReplayPool, ReplayPoolError
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -39,6 +39,7 @@ __all__ = [
     "AnswersMismatchError",
     "BaseSnapshot",
     "Evaluation",
+    "MergeAtEnd",
     "MergeSweep",
     "ForgetWatchCallback",
     "ForgetWatchConfig",

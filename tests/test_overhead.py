@@ -16,7 +16,7 @@ from test_callback import ForwardClock  # one second per forward; training steps
 from forgetwatch import Output, ProbeKind, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import RunStore
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.run.schedule import duration
 from forgetwatch.run.train_kl import MIN_ROWS, MIN_SECONDS, SHARE, TrainKL, as_train_rows
 

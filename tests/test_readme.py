@@ -106,7 +106,12 @@ PAGE_CHECKS = {
     "watch.md": lambda ns, folder: (folder / "out" / "loop" / "forgetwatch" / "history.jsonl").is_file(),
     "lm-eval.md": lambda ns, folder: len(ns["tasks"]) > 0,
     "replay.md": lambda ns, folder: len(ns["pool"]) > 0,
-    "merge.md": lambda ns, folder: ns["sweep"].reports[0].forgotten == 0 and (folder / "sweep.csv").is_file(),
+    "merge.md": lambda ns, folder: (
+        ns["sweep"].reports[0].forgotten == 0
+        and (folder / "sweep.csv").is_file()
+        and "forgetwatch/merge/alpha" in ns["merging"].ending.metrics
+        and (folder / "out-merge" / "forgetwatch" / "sweep.json").is_file()
+    ),
 }
 WITH_PYTHON = [path.name for path in DOCS if any(not skip for _, skip in blocks("python", path.read_text("utf-8")))]
 

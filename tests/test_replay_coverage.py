@@ -84,7 +84,7 @@ def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     from forgetwatch import ReplayPool
     from forgetwatch.common.distributed import Ranks
     from forgetwatch.replay import Replay
-    from forgetwatch.run.repair import RunContext
+    from forgetwatch.run.plugins import RunContext
     from forgetwatch.toy import ToyWorld
 
     world = ToyWorld(seed=0)

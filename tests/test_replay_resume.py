@@ -20,7 +20,7 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
 from forgetwatch.results.run_files import read_history
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.next_tokens import BaseDistribution
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out

@@ -15,7 +15,7 @@ from forgetwatch import ReplayPool, ReplayPoolError
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.replay import Replay
 from forgetwatch.replay.sampler import ReplaySampler
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.toy import ToyWorld
 
 

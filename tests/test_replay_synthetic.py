@@ -15,7 +15,7 @@ from forgetwatch.replay.kept import REPLAY_ANSWERS
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import KeptAnswers
 from forgetwatch.results.run_files import RunStore
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld

@@ -377,7 +377,7 @@ def test_sharded_training_is_refused_before_it_starts(toy, pool):
 
     from forgetwatch.common.distributed import Ranks
     from forgetwatch.integrations.trainer_link import sharded_run
-    from forgetwatch.run.repair import RunContext
+    from forgetwatch.run.plugins import RunContext
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):

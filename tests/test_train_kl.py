@@ -18,7 +18,7 @@ from forgetwatch import Monitor, Output, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.run.train_kl import TrainKL, TrainRows, as_train_rows
 from forgetwatch.sinks import logged_values
 

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.text import first_line
 from forgetwatch.config.settings import Scoring
 
@@ -93,11 +92,7 @@ def run_merge(
         for row in sweep.layers:
             gain = "" if row.gain is None else f"{row.gain:.0%}"
             print(f"{row.group:>12}  {row.parameters:6d}  {row.restored:8d}  {row.forgotten:9d}  {gain:>6}")
-    out.mkdir(parents=True, exist_ok=True)
-    sweep.to_csv(out / "sweep.csv")
-    table = sweep.to_dict(args.keep)
-    with atomic_write(out / "sweep.json") as f:
-        f.write(strict_dumps(table))
+    table = sweep.write(out, args.keep)
     written = ["sweep.csv", "sweep.json"]
     try:
         from forgetwatch.reporting.page import write_sweep_page
@@ -106,9 +101,7 @@ def run_merge(
         written.append("sweep.html")
     except ImportError as err:
         print(f"(no sweep.html: {err})")
-    merged = sweep.merged(best)
-    merged.save_pretrained(out / "merged", safe_serialization=True)
-    tokenizer.save_pretrained(out / "merged")
+    sweep.save(best, out / "merged", tokenizer)
     what = "adapter, rescaled" if args.adapter else "model"
     print(f"\nwrote {out}/: {' '.join(written)} merged/ (the {what} at alpha {best:g})")
     return 0

@@ -26,7 +26,7 @@ from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
-from forgetwatch.run.repair import Repair, Repairable
+from forgetwatch.run.plugins import AfterTraining, Repair, Repairable
 from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import eval_metric_values
@@ -58,6 +58,9 @@ class ForgetWatchCallback(TrainerCallback):
         output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
         replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, with the defaults) to
             repair forgetting with; a pool holding a probe's question is refused.
+        merge_at_end: a :class:`~forgetwatch.MergeAtEnd`: when training ends, sweep the interpolation between the
+            base and the final weights on the probes and its target, log ``forgetwatch/merge/*`` and say which α
+            would keep the gain at the least forgetting (the trainer's model and checkpoints stay as trained).
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions ``f(report, step)``.
         clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
         trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the metrics reach
@@ -85,6 +88,7 @@ class ForgetWatchCallback(TrainerCallback):
         monitor: Monitor | None = None,
         output: Output | None = None,
         replay: Repair | Repairable | None = None,
+        merge_at_end: AfterTraining | None = None,
         sinks: Iterable[Any] = (),
         clock: Callable[[], float] = time.perf_counter,
         trainer: Any = None,
@@ -117,6 +121,7 @@ class ForgetWatchCallback(TrainerCallback):
     stop_reason = _of_watch("stop_reason", "Why the run was stopped, if it was.")
     monitoring_seconds = _of_watch("monitoring_seconds", "Wall time spent monitoring so far.")
     config = _of_watch("config", "The settings in force (a ForgetWatchConfig).")
+    ending = _of_watch("ending", "What ``merge_at_end`` found when training ended (an Ending), if it ran.")
     summary = _of_watch("summary", "What the run measured, as text: ``callback.summary()``.")
 
     # -- trainer events ------------------------------------------------------------------------

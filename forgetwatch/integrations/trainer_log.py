@@ -8,7 +8,7 @@ from typing import Any
 
 from forgetwatch.integrations.trainer_link import TrainerLink
 from forgetwatch.probes import ProbeSet
-from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.sinks import Sinks, logged_values
 from forgetwatch.sinks.tables import TensorBoardText
 from forgetwatch.sinks.wandb import WandbSection
@@ -29,6 +29,9 @@ class TrainerLog:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         self.send(logged_values(evaluation))
+
+    def on_ending(self, ending: Ending) -> None:
+        self.send(ending.metrics)
 
     def send(self, metrics: dict[str, float]) -> None:
         """To every integration; figures the W&B section took already skip W&B."""

@@ -16,9 +16,18 @@ from typing import Any
 
 import torch
 
-from forgetwatch.common.files import atomic_write
+from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.config.settings import Scoring
-from forgetwatch.merge.weights import AdapterScaling, Interpolation, is_lora, layer_groups, moved, scale_adapters
+from forgetwatch.merge.weights import (
+    AdapterScaling,
+    Interpolation,
+    at_alpha,
+    check_same_shapes,
+    is_lora,
+    layer_groups,
+    moved,
+    scale_adapters,
+)
 from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
@@ -81,7 +90,7 @@ class MergeSweep:
     def best(self, keep: float = 0.9) -> float:
         """The α with the least forgetting among those keeping at least ``keep`` of the gain (ties: the larger α).
         Where training gained nothing on the target, among those whose target is at least as good as α = 1's."""
-        _check_fraction("keep", keep)
+        check_fraction("keep", keep)
         if self.gain[-1] is None:
             sign = 1 if self.target_kind == "accuracy" else -1
             kept = [i for i, t in enumerate(self.target) if sign * t >= sign * self.target[-1]]
@@ -91,13 +100,31 @@ class MergeSweep:
 
     def merged(self, alpha: float) -> torch.nn.Module:
         """A new model at ``alpha`` (the tuned model's class and config; a PEFT model with its adapters rescaled)."""
-        _check_fraction("alpha", alpha)
+        check_fraction("alpha", alpha)
         model = fresh_copy(self._tuned)
-        if is_lora(model):
+        if self._base is None:
             scale_adapters(model, alpha)
         else:
             Interpolation(self._base, model, keep_on=_device(model)).set(alpha)
         return model
+
+    def save(self, alpha: float, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
+        """Write the model at ``alpha`` to ``folder`` with ``save_pretrained`` (safetensors; a PEFT model: its
+        adapter rescaled), moving the tuned model in place and back: no copy of the model is made."""
+        check_fraction("alpha", alpha)
+        with at_alpha(self._base, self._tuned, alpha):
+            unwrap(self._tuned).save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+
+    def write(self, folder: str | os.PathLike[str], keep: float = 0.9) -> dict[str, Any]:
+        """``sweep.csv`` and ``sweep.json`` (what the report page shows) into ``folder``; returns the JSON's table."""
+        os.makedirs(folder, exist_ok=True)
+        self.to_csv(os.path.join(folder, "sweep.csv"))
+        table = self.to_dict(keep)
+        with atomic_write(os.path.join(folder, "sweep.json")) as f:
+            f.write(strict_dumps(table))
+        return table
 
     def rows(self) -> list[dict[str, Any]]:
         return [
@@ -184,62 +211,90 @@ def merge_sweep(
         >>> sweep = merge_sweep(base, tuned, tokenizer, probes, target=["def f(x):\\n    return x"])  # doctest: +SKIP
         >>> print(sweep.summary())                                                                # doctest: +SKIP
     """
-    grid = _checked_alphas(alphas)
+    grid = checked_alphas(alphas)
     probe_set = _probe_set(probes, "probes")
-    texts, target_set = _target(target)
+    target = checked_target(target)
     lora = is_lora(tuned_model)  # its adapters off are the base: base_model is not needed
     if base_model is None and not lora:
         raise ValueError("merge_sweep: base_model=None needs a PEFT tuned_model (its adapters off are the base)")
-    if not lora and model_key(base_model) != model_key(tuned_model):
-        raise ValueError(
-            "merge_sweep: the base and the tuned model have different configurations (architecture or sizes); "
-            "interpolating weights needs two checkpoints of one model"
-        )
-    scoring = scoring or Scoring()
-    scorer = Scorer.with_settings(tokenizer, probe_set, scoring)
-    target_scorer = Scorer.with_settings(tokenizer, target_set, scoring) if target_set is not None else None
-    scorer.prepare(tuned_model)  # a probe this model cannot score fails now
-    if target_scorer is not None:
-        target_scorer.prepare(tuned_model)
-    encoded = _encode(tokenizer, texts, max_length) if texts is not None else None
-    mover = AdapterScaling(tuned_model) if lora else Interpolation(base_model, tuned_model, keep_on="cpu")
+    base = None
+    if not lora:
+        if model_key(base_model) != model_key(tuned_model):
+            raise ValueError(
+                "merge_sweep: the base and the tuned model have different configurations (architecture or sizes); "
+                "interpolating weights needs two checkpoints of one model"
+            )
+        base = dict(unwrap(base_model).named_parameters())
+        check_same_shapes(base, dict(unwrap(tuned_model).named_parameters()))
+    sweeper = Sweeper(tuned_model, tokenizer, probe_set, target, scoring or Scoring(), max_length)
+    return sweeper.run(base, tuned_model, grid, by_layer, show_progress=show_progress)
 
-    def measure() -> tuple[Answers, float]:
-        answers = scorer(tuned_model, batch_size=scoring.batch_size, show_progress=show_progress)
-        if target_scorer is not None:
-            return answers, target_scorer(tuned_model, batch_size=scoring.batch_size, show_progress=False).accuracy
-        return answers, mean_token_loss(tuned_model, tokenizer, encoded, _rows(scoring.batch_size))
 
-    answers, target_values, layers = [], [], []
-    with moved(mover):
-        for a in grid:
-            mover.set(a)
-            got, value = measure()
-            answers.append(got)
-            target_values.append(value)
-        reports = [compare(answers[0], a) for a in answers]
-        kind = "loss" if texts is not None else "accuracy"
-        gain = [_gain(target_values[0], target_values[-1], t, kind) for t in target_values]
-        if by_layer:
-            forgotten_at_one = set(reports[-1].forgotten_ids)
-            for group, names in layer_groups(mover.names).items():
-                if not mover.moves(names):  # nothing of it trained: reverting it changes nothing
-                    continue
-                mover.set(1.0, dict.fromkeys(names, 0.0))
-                got, value = measure()
-                report = compare(answers[0], got)
-                restored = len(forgotten_at_one - set(report.forgotten_ids))
-                layers.append(
-                    LayerRow(
-                        group,
-                        len(names),
-                        restored,
-                        report.forgotten,
-                        value,
-                        _gain(target_values[0], target_values[-1], value, kind),
-                    )
-                )
-    return MergeSweep(grid, reports, target_values, kind, gain, layers, answers, base_model, tuned_model)
+class Sweeper:
+    """The probes' and the target's scorers for one model, checked against it (a probe it cannot score fails here)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        probes: ProbeSet,
+        target: list[str] | ProbeSet,
+        scoring: Scoring,
+        max_length: int = 1024,
+    ):
+        self.tokenizer, self.batch_size = tokenizer, scoring.batch_size
+        self.scorer = Scorer.with_settings(tokenizer, probes, scoring)
+        self.scorer.prepare(model)
+        self.target_scorer, self.encoded = None, None
+        if isinstance(target, ProbeSet):
+            self.target_scorer = Scorer.with_settings(tokenizer, target, scoring)
+            self.target_scorer.prepare(model)
+        else:
+            self.encoded = _encode(tokenizer, target, max_length)
+        self.kind = "accuracy" if self.target_scorer is not None else "loss"
+
+    def measure(self, model: torch.nn.Module, distributed: bool, show_progress: bool) -> tuple[Answers, float]:
+        """The probes' answers and the target's accuracy or loss; with ``distributed`` every rank scores a share."""
+        answers = self.scorer(model, batch_size=self.batch_size, show_progress=show_progress, distributed=distributed)
+        if self.target_scorer is not None:
+            scored = self.target_scorer(model, batch_size=self.batch_size, show_progress=False, distributed=distributed)
+            return answers, scored.accuracy
+        return answers, mean_token_loss(model, self.tokenizer, self.encoded, _rows(self.batch_size))
+
+    def run(
+        self,
+        base: dict[str, torch.Tensor] | None,
+        model: torch.nn.Module,
+        grid: list[float],
+        by_layer: bool = False,
+        *,
+        distributed: bool = False,
+        show_progress: bool = False,
+    ) -> MergeSweep:
+        """``model`` moved to each α of ``grid`` between ``base`` (its parameters; ``None``: a PEFT model's adapters
+        off) and itself, measured, and handed back bit for bit."""
+        mover = AdapterScaling(model) if base is None else Interpolation(base, model, keep_on="cpu")
+        answers, target, layers = [], [], []
+        with moved(mover):
+            for a in grid:
+                mover.set(a)
+                got, value = self.measure(model, distributed, show_progress)
+                answers.append(got)
+                target.append(value)
+            reports = [compare(answers[0], a) for a in answers]
+            gain = [_gain(target[0], target[-1], t, self.kind) for t in target]
+            if by_layer:
+                forgotten_at_one = set(reports[-1].forgotten_ids)
+                for group, names in layer_groups(mover.names).items():
+                    if not mover.moves(names):  # nothing of it trained: reverting it changes nothing
+                        continue
+                    mover.set(1.0, dict.fromkeys(names, 0.0))
+                    got, value = self.measure(model, distributed, show_progress)
+                    report = compare(answers[0], got)
+                    restored = len(forgotten_at_one - set(report.forgotten_ids))
+                    row_gain = _gain(target[0], target[-1], value, self.kind)
+                    layers.append(LayerRow(group, len(names), restored, report.forgotten, value, row_gain))
+        return MergeSweep(grid, reports, target, self.kind, gain, layers, answers, base, model)
 
 
 def mean_token_loss(model: torch.nn.Module, tokenizer: Any, rows: list[list[int]], batch_size: int = 8) -> float:
@@ -288,15 +343,15 @@ def _gain(start: float, end: float, value: float, kind: str) -> float | None:
     return ((start - value) if kind == "loss" else (value - start)) / gained
 
 
-def _checked_alphas(alphas: Sequence[float]) -> list[float]:
+def checked_alphas(alphas: Sequence[float]) -> list[float]:
     if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
         raise TypeError(f"merge_sweep: alphas must be a list of numbers in [0, 1], got {type(alphas).__name__}")
     for a in alphas:
-        _check_fraction("alpha", a)
+        check_fraction("alpha", a)
     return sorted({0.0, 1.0, *(float(a) for a in alphas)})
 
 
-def _check_fraction(name: str, value: Any) -> None:
+def check_fraction(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
         raise ValueError(f"merge_sweep: {name} must be a number in [0, 1], got {value!r}")
 
@@ -308,7 +363,8 @@ def _probe_set(probes: ProbesLike, what: str) -> ProbeSet:
     return made
 
 
-def _target(target: Any) -> tuple[list[str] | None, ProbeSet | None]:
+def checked_target(target: Any) -> list[str] | ProbeSet:
+    """``target`` as held-out texts or a probe set; one clear error for anything else."""
     if (
         isinstance(target, Sequence)
         and not isinstance(target, (str, bytes))
@@ -316,11 +372,11 @@ def _target(target: Any) -> tuple[list[str] | None, ProbeSet | None]:
     ):
         if not target:
             raise ValueError("merge_sweep: target is an empty list; give held-out texts of what the training was for")
-        return list(target), None
+        return list(target)
     if isinstance(target, (ProbeSet, str, os.PathLike)) or (
         isinstance(target, Sequence) and all(isinstance(t, dict) for t in target)
     ):
-        return None, _probe_set(target, "target")
+        return _probe_set(target, "target")
     raise TypeError(
         "merge_sweep: target must be a ProbeSet (or probe file, or probe rows) of what the training was for, "
         f"or a list of held-out texts; got {type(target).__name__}"

@@ -32,20 +32,20 @@ def layer_groups(names: Sequence[str]) -> dict[str, list[str]]:
 
 
 class Interpolation:
-    """``tuned``'s floating parameters set in place to θ(α) (``torch.lerp``: exact at 0 and 1); a copy of the tuned
-    values of the parameters that differ from the base is kept on ``keep_on``, and :meth:`restore` puts them back."""
+    """``tuned``'s floating parameters named in ``base`` (the base's values) set in place to θ(α) (``torch.lerp``:
+    exact at 0 and 1); a copy of the tuned values of those that differ from the base is kept on ``keep_on``, and
+    :meth:`restore` puts them back."""
 
-    def __init__(self, base: torch.nn.Module, tuned: torch.nn.Module, keep_on: str | torch.device = "cpu"):
+    def __init__(self, base: Mapping[str, torch.Tensor], tuned: torch.nn.Module, keep_on: str | torch.device = "cpu"):
         self.model = tuned
-        ours, theirs = dict(unwrap(tuned).named_parameters()), dict(unwrap(base).named_parameters())
-        check_same_shapes(theirs, ours)
+        ours = dict(unwrap(tuned).named_parameters())
         self.params: dict[str, torch.nn.Parameter] = {}
         self.base: dict[str, torch.Tensor] = {}
         self.tuned: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for name, p in ours.items():
-                b = theirs[name]
-                if p.is_floating_point() and not torch.equal(p, b.to(p.device, p.dtype)):
+                b = base.get(name)
+                if b is not None and p.is_floating_point() and not torch.equal(p, b.to(p.device, p.dtype)):
                     self.params[name], self.base[name] = p, b
                     self.tuned[name] = p.detach().to(keep_on, copy=True)
         self.names = list(ours)
@@ -104,8 +104,32 @@ def scale_adapters(model: torch.nn.Module, alpha: float) -> None:
     """Scale every LoRA adapter's B matrices by ``alpha``: the rescaled adapter, as it is saved."""
     with torch.no_grad():
         for name, p in unwrap(model).named_parameters():
-            if ".lora_B." in name or ".lora_embedding_B." in name:
+            if _is_lora_b(name):
                 p.mul_(alpha)
+
+
+@contextlib.contextmanager
+def at_alpha(base: Mapping[str, torch.Tensor] | None, model: torch.nn.Module, alpha: float) -> Iterator[None]:
+    """``model`` at ``alpha`` inside the block (a PEFT model, ``base=None``: its LoRA B matrices scaled, as saved),
+    handed back bit for bit after it."""
+    if base is not None:
+        with moved(Interpolation(base, model)) as mover:
+            mover.set(alpha)
+            yield
+        return
+    kept = {n: p.detach().clone() for n, p in unwrap(model).named_parameters() if _is_lora_b(n)}
+    try:
+        scale_adapters(model, alpha)
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in unwrap(model).named_parameters():
+                if n in kept:
+                    p.copy_(kept[n])
+
+
+def _is_lora_b(name: str) -> bool:
+    return ".lora_B." in name or ".lora_embedding_B." in name
 
 
 def _group_alpha(module: str, groups: Mapping[str, float] | None, alpha: float) -> float:

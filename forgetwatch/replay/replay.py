@@ -100,7 +100,7 @@ def uncovered(
 
 class Replay:
     """Replay of a pool while training: which rows, how much, and what it cost so far. A repair
-    method (:class:`~forgetwatch.run.repair.Repair`): the run calls :meth:`begin`,
+    method (:class:`~forgetwatch.run.plugins.Repair`): the run calls :meth:`begin`,
     :meth:`on_evaluation` and :meth:`before_optimizer_step`.
 
     Args:
@@ -166,7 +166,7 @@ class Replay:
         self.probe_categories = list(probes.categories)
 
     def begin(self, model: torch.nn.Module, run: Any) -> None:
-        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.repair.RunContext`): the pool tokenized,
+        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.plugins.RunContext`): the pool tokenized,
         the draws restored on resume, the base's distribution kept with ``"kl"``; what cannot serve is refused now."""
         if run.sharded or is_sharded(model):
             raise ValueError(

@@ -58,3 +58,12 @@ class Evaluation:
     repaired: dict[str, float] = field(default_factory=dict)
     repair_state: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Ending:
+    """What a step after training (a merge) found: ``metrics`` to log once at ``step``, ``line`` for the console."""
+
+    step: int
+    metrics: dict[str, float]
+    line: str

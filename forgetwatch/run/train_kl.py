@@ -19,7 +19,7 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
 from forgetwatch.results.run_files import TRAIN_KL
-from forgetwatch.run.repair import RunContext
+from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import answered_row, fit_prompts, generate_sharded, pad_id

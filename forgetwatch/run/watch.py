@@ -26,7 +26,7 @@ from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
@@ -41,7 +41,7 @@ from forgetwatch.results.run_files import (
 )
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
-from forgetwatch.run.repair import Repair, Repairable, RunContext
+from forgetwatch.run.plugins import AfterTraining, Repair, Repairable, RunContext
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
@@ -85,6 +85,8 @@ class Watch:
         output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
         replay: a repair method (a :class:`~forgetwatch.Replay`), or a
             :class:`~forgetwatch.ReplayPool` replayed with the defaults.
+        merge_at_end: a :class:`~forgetwatch.MergeAtEnd`: when training ends, sweep the interpolation
+            between the base and the final weights and say which α would keep the gain and cost least.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
             ``f(report, step)``; on rank 0 unless a sink's ``all_ranks`` is true. They get copies,
             and a call busy past :attr:`sink_seconds` (default 300) drops the sink, with a warning.
@@ -117,6 +119,7 @@ class Watch:
         monitor: Monitor | None = None,
         output: Output | None = None,
         replay: Repair | Repairable | None = None,
+        merge_at_end: AfterTraining | None = None,
         sinks: Iterable[Any] = (),
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -143,6 +146,13 @@ class Watch:
         self.repair: Repair | None = make() if callable(make) else replay
         if self.repair is not None:
             self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
+        if merge_at_end is not None and not isinstance(merge_at_end, AfterTraining):
+            raise TypeError(
+                f"merge_at_end={merge_at_end!r}: give forgetwatch.MergeAtEnd(target=...), naming what the "
+                "training was for (held-out texts or a probe set), so the sweep can weigh gain against forgetting"
+            )
+        self.merge_at_end: AfterTraining | None = merge_at_end
+        self.ending: Ending | None = None  # what merge_at_end found when training ended
         self.config = config
         self.refusal_detector: Callable[[str], bool] | None = None
         self.user_sinks = [as_sink(s) for s in sinks]
@@ -283,9 +293,14 @@ class Watch:
                 state=(self._loaded or {}).get("repair"),
                 sharded=sharded,
                 precision=c.scoring.precision,
+                probes=self.probes,
+                scoring=c.scoring,
             )
             if self.repair is not None:
                 self.repair.begin(model, context)
+            self.ending = None
+            if self.merge_at_end is not None:
+                self.merge_at_end.begin(model, context)
             self.train_kl, train_kl_cost = None, 0.0
             scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
             if train_rows is not None and c.monitor.train_kl_rows > 0:  # measured on the base once, or read back
@@ -446,11 +461,30 @@ class Watch:
             if self.config.monitor.eval_on_train_end and not self.evaluated(step):
                 evaluation = self.evaluate(model, step, "train_end")
             self.finished = True
+            if self.merge_at_end is not None:
+                self._merge_at_end(model, step)
             self._sinks.on_end(self.trajectory)
             self._user_sinks.on_end(self._theirs(self.trajectory))
         if close:
             self.close()
         return evaluation
+
+    def _merge_at_end(self, model: torch.nn.Module, step: int) -> None:
+        """The step after training, on the final weights; a failure is a warning (the model is handed back)."""
+        began = self.clock()
+        try:
+            self.ending = self.merge_at_end.end(model, step)
+        except Exception as err:  # noqa: BLE001 - monitoring never kills training
+            if self.writes:
+                logger.warning(
+                    "forgetwatch: merge_at_end failed (%s: %s); the trained model is as training left it",
+                    type(err).__name__,
+                    err,
+                )
+        finally:
+            self.monitoring_seconds += self.clock() - began
+        if self.ending is not None:
+            self._sinks.on_ending(self.ending)
 
     def close(self) -> None:
         """A last try for any write owed, then the run directory is free for another watch (:meth:`finish`
@@ -568,6 +602,8 @@ class Watch:
             )
         if self.stop_reason:
             lines.append(f"forgetwatch stopped training at {self.stop_reason}")
+        if self.ending is not None:
+            lines.append(self.ending.line)
         if self.history_path:
             lines.append(f"history: {self.history_path}")
         return "\n".join(lines)

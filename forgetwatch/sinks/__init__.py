@@ -1,5 +1,6 @@
-"""Where each evaluation goes: objects with ``on_base``, ``on_evaluation``, ``on_end`` (each optional). One that raises
-warns, one still busy after ``seconds`` is dropped; a user's runs on rank 0 (``all_ranks``: on every rank)."""
+"""Where each evaluation goes: objects with ``on_base``, ``on_evaluation``, ``on_end`` (each optional; the run's own
+also hear ``on_ending``: what ``merge_at_end`` found). One that raises warns, one still busy after ``seconds`` is
+dropped; a user's runs on rank 0 (``all_ranks``: on every rank)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from forgetwatch.common.text import first_line
-from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.history import history_record
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import RunStore
@@ -61,6 +62,9 @@ class Sinks:
 
     def on_end(self, trajectory: Trajectory) -> None:
         self._call("on_end", trajectory)
+
+    def on_ending(self, ending: Ending) -> None:
+        self._call("on_ending", ending)
 
     def _call(self, event: str, payload: Any) -> None:
         for sink in list(self.sinks):

@@ -14,7 +14,7 @@ import numpy as np
 from forgetwatch.common.console import say
 from forgetwatch.common.text import pct
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.results.report import TransitionReport
 
@@ -142,6 +142,9 @@ class ConsoleLines:
             say(base_line(snapshot.answers, snapshot.path, snapshot.computed))
             for line in [*lm_eval_lines(snapshot.answers, "base, "), *(f"[forgetwatch] {n}" for n in snapshot.notes)]:
                 say(line)
+
+    def on_ending(self, ending: Ending) -> None:
+        say(f"[forgetwatch] {ending.line}")  # what the user asked for: printed however quiet the run
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         if self.verbose:

@@ -1,5 +1,6 @@
-"""What a repair method (:class:`~forgetwatch.Replay` today) plugs into: the run tells it when training
-begins, after each evaluation and before each optimizer step; it keeps its own state."""
+"""What plug-ins beside the monitor plug into: a repair method (:class:`~forgetwatch.Replay`) is told when training
+begins, after each evaluation and before each optimizer step; a step after training
+(:class:`~forgetwatch.MergeAtEnd`) when training begins and when it ends. Each keeps its own state."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ADAPTER_DISABLED
+from forgetwatch.results.events import Ending
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
@@ -37,6 +39,8 @@ class RunContext:
     state: Mapping[str, Any] | None = None
     sharded: bool = False
     precision: str = "weights"
+    probes: Any = None
+    scoring: Any = None
     _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -91,3 +95,16 @@ class Repair(Protocol):
         self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
     ) -> None:
         """After the backward pass, before the optimizer steps: add the repair's gradient."""
+
+
+@runtime_checkable
+class AfterTraining(Protocol):
+    """A step run once on the final weights when training ends; ``name`` keys its figures."""
+
+    name: str
+
+    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
+        """Training begins (or resumes): keep what the end needs; refuse (raise) what it cannot run under."""
+
+    def end(self, model: torch.nn.Module, step: int) -> Ending | None:
+        """Training ended at ``step``: run on ``model`` (borrowed, handed back as found); ``None`` when off."""

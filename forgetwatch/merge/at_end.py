@@ -1,0 +1,125 @@
+"""MergeAtEnd: the merge sweep run on the final weights when a watched training ends, the base kept since its start."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+
+from forgetwatch.merge.sweep import ALPHAS, MergeSweep, Sweeper, check_fraction, checked_alphas, checked_target
+from forgetwatch.merge.weights import AdapterScaling, is_lora
+from forgetwatch.probes import ProbesLike
+from forgetwatch.results.events import Ending
+from forgetwatch.run.plugins import RunContext
+from forgetwatch.scoring.borrow import unwrap
+
+logger = logging.getLogger("forgetwatch")
+
+PREFIX = "forgetwatch/merge/"
+
+
+class MergeAtEnd:
+    """When training ends, sweep θ(α) = θ_base + α·(θ_final − θ_base) on the run's probes and ``target``, log
+    ``forgetwatch/merge/alpha``, ``.../forgetting`` and ``.../gain`` for the α :meth:`MergeSweep.best` chooses, and
+    say it in one line. The trainer's model and checkpoints are left as trained.
+
+    From the start of training a copy of the trainable weights is kept on the CPU (a PEFT model keeps nothing: its
+    adapters off are the base); at the end a second CPU copy of the weights that moved is made while the sweep runs.
+    Every rank sweeps (the probes shared among them); rank 0 writes ``sweep.csv`` and ``sweep.json`` into the run
+    directory (the report page shows them) and, with ``save=True``, the model at the chosen α into ``merged/``.
+
+    Args:
+        target: what the training was for: held-out texts (mean loss per token) or a probe set (accuracy).
+        keep: the share of the final model's target gain the chosen α must keep (default 0.9).
+        alphas: the α to try (default 0, 0.1, ..., 1).
+        by_layer: also revert one group of layers at a time (see :func:`~forgetwatch.merge_sweep`).
+        save: write the model at the chosen α (safetensors and tokenizer; for a PEFT model its rescaled adapter).
+        max_length: target texts are cut to this many tokens.
+
+    Attributes:
+        sweep: the :class:`~forgetwatch.MergeSweep` once training ended (``None`` before, or when it did not run).
+
+    Example:
+        >>> callback = ForgetWatchCallback(probes, merge_at_end=MergeAtEnd(target=held_out_code))  # doctest: +SKIP
+    """
+
+    name = "merge"
+
+    def __init__(
+        self,
+        target: ProbesLike | Sequence[str],
+        *,
+        keep: float = 0.9,
+        alphas: Sequence[float] = ALPHAS,
+        by_layer: bool = False,
+        save: bool = False,
+        max_length: int = 1024,
+    ):
+        # every bad option fails here, before any training
+        self.target = checked_target(target)
+        check_fraction("keep", keep)
+        self.keep, self.alphas, self.by_layer, self.save = keep, checked_alphas(alphas), by_layer, save
+        self.max_length = max_length
+        self.sweep: MergeSweep | None = None
+        self._base: dict[str, torch.Tensor] | None = None
+        self._run: RunContext | None = None
+        self._sweeper: Sweeper | None = None
+
+    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
+        """Keep the base (a CPU copy of the trainable weights; a PEFT model's adapters off need nothing)."""
+        self._run, self._base, self.sweep = None, None, None
+        if run.sharded:
+            raise ValueError(
+                "merge_at_end cannot sweep a sharded model (FSDP, DeepSpeed ZeRO-3); after training, run "
+                "`forgetwatch merge --base BASE --model FINAL ...` on the saved model"
+            )
+        if is_lora(model):
+            AdapterScaling(model)  # a DoRA or non-LoRA adapter is refused now
+        elif run.step > 0:  # the weights now are not the base's, and the base's were not kept
+            if run.writes:
+                logger.warning(
+                    "forgetwatch: merge_at_end is off for this resumed run: its starting weights are not the base's; "
+                    "after training, run `forgetwatch merge --base BASE --model FINAL ...`"
+                )
+            return
+        else:
+            self._base = {
+                name: p.detach().to("cpu", copy=True)
+                for name, p in unwrap(model).named_parameters()
+                if p.requires_grad and p.is_floating_point()
+            }
+        self._sweeper = Sweeper(model, run.tokenizer, run.probes, self.target, run.scoring, self.max_length)
+        self._run = run
+
+    def end(self, model: torch.nn.Module, step: int) -> Ending | None:
+        """Sweep the final weights; log the chosen α's figures (and write the files on rank 0)."""
+        run, sweeper = self._run, self._sweeper
+        if run is None or sweeper is None:
+            return None
+        sweep = sweeper.run(self._base, model, self.alphas, self.by_layer, distributed=True)
+        self.sweep = sweep
+        best = sweep.best(self.keep)
+        i = sweep.alphas.index(best)
+        figures = {"alpha": best, "forgetting": sweep.forgetting(i), "gain": sweep.gain[i]}
+        metrics = {PREFIX + k: float(v) for k, v in figures.items() if v is not None and math.isfinite(v)}
+        saved = ""
+        if run.writes:
+            sweep.write(run.store.dir, self.keep)
+            if self.save:
+                folder = os.path.join(run.store.dir, "merged")
+                sweep.save(best, folder, run.tokenizer)
+                saved = f"; written to {folder}"
+        r, one = sweep.reports[i], sweep.reports[-1]
+        kept = (
+            "alpha 1 gained nothing on the target"
+            if sweep.gain[i] is None
+            else f"keeps {sweep.gain[i]:.0%} of the gain"
+        )
+        line = (
+            f"merging with the base at alpha {best:g} {kept} with {r.forgotten} of the probes forgotten "
+            f"(the final model: {one.forgotten}){saved}; table {os.path.join(run.store.dir, 'sweep.csv')}"
+        )
+        return Ending(step, metrics, line)
