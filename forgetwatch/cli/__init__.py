@@ -165,8 +165,18 @@ def _parser() -> argparse.ArgumentParser:
         type=share,
         default=0.9,
         metavar="SHARE",
-        help="the share of the run's fall in training loss to keep (default 0.9)",
+        help="the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)",
     )
+    sel_target = sel.add_mutually_exclusive_group()
+    sel_target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for, scored on each")
+    sel_target.add_argument(
+        "--target-texts", metavar="FILE", help="held-out texts of what training was for, their loss on each"
+    )
+    sel.add_argument("--base", metavar="PATH", help=f"with a target: the base {what}, the gain's start")
+    sel.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: the base's)")
+    _option(sel, "batch_size", type=_checked(batch_size), metavar="N")
+    sel.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available)")
+    sel.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     sel.set_defaults(run=_select)
 
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
@@ -329,27 +339,22 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _select(args: argparse.Namespace) -> int:
-    from forgetwatch.merge.checkpoints import choose, saved_checkpoints
-    from forgetwatch.results.history import HistoryError
+    import torch
 
+    from forgetwatch.cli.merge import MergeUsageError, run_select
+
+    target = args.target_probes or args.target_texts
+    if bool(target) != bool(args.base):
+        raise UsageError("--base goes with --target-probes or --target-texts (the target's gain starts at the base)")
+    load = None
+    if target:
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        [(base, tokenizer)] = _prepare(args, ("--base", args.base))
+        load = (base, tokenizer, lambda ckpt: load_model(ckpt, args.dtype, device))
     try:
-        rows = saved_checkpoints(args.run_dir)
-    except (FileNotFoundError, HistoryError) as err:
-        raise UsageError(first_line(err)) from err
-    print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {'train loss':>10}  front")
-    for r in rows:
-        forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
-        loss = "-" if r.loss is None else f"{r.loss:.4f}"
-        forgotten = "-" if r.forgotten is None else r.forgotten
-        print(f"{r.path.name:>16}  {forgotten:>9}  {forgetting:>10}  {loss:>10}  {'*' if r.on_front else ''}")
-    chosen = choose(rows, args.keep)
-    if chosen is None:
-        raise UsageError(
-            f"{args.run_dir}: no checkpoint has both an evaluation at its step and a logged training loss; "
-            "evaluate at the steps the trainer saves (eval_steps a divisor of save_steps)"
-        )
-    print(f"take {chosen.path}: forgetting {chosen.forgetting:.1%}, training loss {chosen.loss:.4f}")
-    return 0
+        return run_select(args, load)
+    except MergeUsageError as err:
+        raise UsageError(str(err)) from err
 
 
 def _demo(args: argparse.Namespace) -> int:

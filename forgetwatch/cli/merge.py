@@ -58,19 +58,85 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
+def read_target(args: argparse.Namespace) -> Any:
+    """``--target-texts`` (a list of texts) or ``--target-probes`` (a ProbeSet)."""
+    from forgetwatch.probes import ProbeSet
+
+    if args.target_texts:
+        return read_texts(args.target_texts)
+    try:
+        return ProbeSet.from_jsonl(args.target_probes)
+    except FileNotFoundError:
+        raise MergeUsageError(f"--target-probes {args.target_probes}: no such file") from None
+
+
+def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> int:
+    """The run's checkpoints, forgetting against the target (``load``: the base, its tokenizer and a loader, when a
+    target is measured on each; else the logged training loss), and the one to take."""
+    from forgetwatch.merge.checkpoints import choose, saved_checkpoints
+    from forgetwatch.results.history import HistoryError
+
+    measure, start, kind, higher = None, None, "train loss", False
+    if load is not None:
+        measure, start, kind = _target_measure(args, *load)
+        higher = kind == "accuracy"
+    try:
+        rows = saved_checkpoints(args.run_dir, measure, higher)
+    except (FileNotFoundError, HistoryError) as err:
+        raise MergeUsageError(first_line(err)) from err
+    print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {kind:>10}  front")
+    for r in rows:
+        forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
+        value = "-" if r.target is None else f"{r.target:.4f}"
+        forgotten = "-" if r.forgotten is None else r.forgotten
+        print(f"{r.path.name:>16}  {forgotten:>9}  {forgetting:>10}  {value:>10}  {'*' if r.on_front else ''}")
+    chosen = choose(rows, args.keep, start, higher)
+    if chosen is None:
+        raise MergeUsageError(
+            f"{args.run_dir}: no checkpoint has both an evaluation at its step and a {kind}; "
+            "evaluate at the steps the trainer saves (eval_steps a divisor of save_steps)"
+        )
+    base = "" if start is None else f" (the base: {start:.4f})"
+    print(f"take {chosen.path}: forgetting {chosen.forgetting:.1%}, {kind} {chosen.target:.4f}{base}")
+    return 0
+
+
+def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, load: Any) -> tuple[Any, float, str]:
+    """A function measuring the target on a checkpoint folder (full weights, or an adapter on the base), the base's
+    figure and what it is."""
+    from forgetwatch.cli.checkpoints import locate
+    from forgetwatch.merge.sweep import Target, checked_target
+
+    try:
+        target = checked_target(read_target(args))
+    except (TypeError, ValueError) as err:
+        raise MergeUsageError(first_line(err)) from err
+    base = load(base_ckpt)
+    meter = Target(base, tokenizer, target, Scoring(batch_size=args.batch_size), max_length=1024)
+    start = meter(base)
+
+    def measure(folder: Path) -> float:
+        if (folder / "adapter_config.json").is_file():  # a PEFT checkpoint: its adapter on the base
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(base, folder)
+            try:
+                return meter(model)
+            finally:
+                model.unload()
+        return meter(load(locate("checkpoint", str(folder))))
+
+    return measure, start, meter.kind
+
+
 def run_merge(
     args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes: Any, scoring: Scoring, load: Any
 ) -> int:
     """Sweep, print the table, write ``sweep.csv``, ``sweep.json`` and the chosen model to ``--out``/merged."""
     from forgetwatch.merge import merge_sweep
-    from forgetwatch.probes import ProbeSet
 
     out = Path(args.out)
-    texts = read_texts(args.target_texts) if args.target_texts else None
-    try:
-        target = texts if texts is not None else ProbeSet.from_jsonl(args.target_probes)
-    except FileNotFoundError:
-        raise MergeUsageError(f"--target-probes {args.target_probes}: no such file") from None
+    target = read_target(args)
     (base_ckpt, tokenizer), *tuned_ckpt = prepared
     if args.adapter:  # the adapter's model, its adapters off, is the base: one model in memory
         from peft import PeftModel

@@ -1,5 +1,6 @@
-"""A watched run's saved checkpoints, each with the forgetting measured at its step and the training loss logged by
-then: the front of forgetting against loss, and the checkpoint to take."""
+"""A watched run's saved checkpoints, each with the forgetting measured at its step and the target by then (the
+training loss the trainer logged, or a target measured on each): the front of forgetting against the target, and
+the checkpoint to take."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,18 +20,22 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 @dataclass(frozen=True)
 class SavedCheckpoint:
-    """A checkpoint folder: its step, its forgetting (chance-adjusted where it applies) and the loss by then."""
+    """A checkpoint folder: its step, its forgetting (chance-adjusted where it applies) and its target: the training
+    loss the trainer last logged at or before its step, or what ``measure`` gave."""
 
     step: int
     path: Path
     forgetting: float | None  # None: no evaluation at this step
     forgotten: int | None
-    loss: float | None  # the training loss the trainer last logged at or before this step
+    target: float | None
     on_front: bool = False
 
 
-def saved_checkpoints(output_dir: str | os.PathLike[str]) -> list[SavedCheckpoint]:
-    """The trainer's ``checkpoint-<step>`` folders in ``output_dir``, by step, with what the run measured there."""
+def saved_checkpoints(
+    output_dir: str | os.PathLike[str], measure: Callable[[Path], float] | None = None, higher_is_better: bool = False
+) -> list[SavedCheckpoint]:
+    """The trainer's ``checkpoint-<step>`` folders in ``output_dir``, by step, with what the run measured there and
+    the target (``measure(folder)``; default the logged training loss), marked on the front."""
     root = Path(output_dir)
     history = root / SUBDIR / HISTORY if (root / SUBDIR / HISTORY).is_file() else root / HISTORY
     if not history.is_file():
@@ -38,14 +44,18 @@ def saved_checkpoints(output_dir: str | os.PathLike[str]) -> list[SavedCheckpoin
     folders = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
     if not folders:
         raise FileNotFoundError(f"{root}: no checkpoint-<step> folders (save_strategy='no'?)")
-    losses = _logged_losses(folders[-1][1])
+    losses = _logged_losses(folders[-1][1]) if measure is None else []
     rows = []
     for step, path in folders:
         report = reports.get(step)
-        loss = next((value for at, value in reversed(losses) if at <= step), None)
+        if measure is None:
+            target = next((value for at, value in reversed(losses) if at <= step), None)
+        else:
+            target = measure(path) if report is not None else None  # off the front anyway: not loaded
         forgetting = None if report is None else _forgetting(report)
-        rows.append(SavedCheckpoint(step, path, forgetting, None if report is None else report["forgotten"], loss))
-    front = pareto_front([(r.forgetting, r.loss) for r in rows])
+        rows.append(SavedCheckpoint(step, path, forgetting, None if report is None else report["forgotten"], target))
+    sign = -1 if higher_is_better else 1
+    front = pareto_front([(r.forgetting, None if r.target is None else sign * r.target) for r in rows])
     return [SavedCheckpoint(**{**vars(r), "on_front": i in front}) for i, r in enumerate(rows)]
 
 
@@ -59,16 +69,20 @@ def pareto_front(points: list[tuple[float | None, float | None]]) -> set[int]:
     }
 
 
-def choose(rows: list[SavedCheckpoint], keep: float = 0.9) -> SavedCheckpoint | None:
-    """On the front, the checkpoint with the least forgetting among those that reached ``keep`` of the run's fall
-    in training loss (from the first loss logged to the lowest at a checkpoint); ties to the later step."""
+def choose(
+    rows: list[SavedCheckpoint], keep: float = 0.9, start: float | None = None, higher_is_better: bool = False
+) -> SavedCheckpoint | None:
+    """On the front, the checkpoint with the least forgetting among those that reached ``keep`` of the run's gain on
+    the target, from ``start`` (the base's; default the first checkpoint's) to the best at a checkpoint; ties to the
+    later step."""
     front = [r for r in rows if r.on_front]
-    losses = [r.loss for r in rows if r.loss is not None]
-    if not front or not losses:
+    values = [r.target for r in rows if r.target is not None]
+    if not front or not values:
         return None
-    start, lowest = losses[0], min(losses)
-    fell = start - lowest
-    kept = [r for r in front if fell <= 0 or (start - r.loss) / fell >= keep]  # type: ignore[operator]
+    sign = -1 if higher_is_better else 1  # the gain as a fall
+    first = values[0] if start is None else start
+    fell = sign * (first - min(values, key=lambda v: sign * v))
+    kept = [r for r in front if fell <= 0 or sign * (first - r.target) / fell >= keep]  # type: ignore[operator]
     return min(kept or front, key=lambda r: (r.forgetting, -r.step))
 
 

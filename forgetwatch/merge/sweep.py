@@ -230,8 +230,34 @@ def merge_sweep(
     return sweeper.run(base, tuned_model, grid, by_layer, show_progress=show_progress)
 
 
+class Target:
+    """What the training was for, measured on a model: accuracy on a probe set, or mean loss per token on texts
+    (checked against ``model`` when made: a target probe it cannot score fails here)."""
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, target: list[str] | ProbeSet, scoring: Scoring, max_length: int
+    ):
+        self.tokenizer, self.batch_size = tokenizer, scoring.batch_size
+        self.scorer, self.encoded = None, None
+        if isinstance(target, ProbeSet):
+            self.scorer = Scorer.with_settings(tokenizer, target, scoring)
+            self.scorer.prepare(model)
+        else:
+            self.encoded = _encode(tokenizer, target, max_length)
+        self.kind = "accuracy" if self.scorer is not None else "loss"
+
+    def __call__(self, model: torch.nn.Module, distributed: bool = False) -> float:
+        if self.scorer is not None:
+            return self.scorer(model, batch_size=self.batch_size, show_progress=False, distributed=distributed).accuracy
+        return mean_token_loss(model, self.tokenizer, self.encoded, _rows(self.batch_size))
+
+    def gain(self, start: float, end: float, value: float) -> float | None:
+        """``value``'s share of the gain from ``start`` to ``end`` (``None`` where there was none)."""
+        return _gain(start, end, value, self.kind)
+
+
 class Sweeper:
-    """The probes' and the target's scorers for one model, checked against it (a probe it cannot score fails here)."""
+    """The probes' scorer and the target for one model, checked against it (a probe it cannot score fails here)."""
 
     def __init__(
         self,
@@ -242,24 +268,15 @@ class Sweeper:
         scoring: Scoring,
         max_length: int = 1024,
     ):
-        self.tokenizer, self.batch_size = tokenizer, scoring.batch_size
+        self.batch_size = scoring.batch_size
         self.scorer = Scorer.with_settings(tokenizer, probes, scoring)
         self.scorer.prepare(model)
-        self.target_scorer, self.encoded = None, None
-        if isinstance(target, ProbeSet):
-            self.target_scorer = Scorer.with_settings(tokenizer, target, scoring)
-            self.target_scorer.prepare(model)
-        else:
-            self.encoded = _encode(tokenizer, target, max_length)
-        self.kind = "accuracy" if self.target_scorer is not None else "loss"
+        self.target = Target(model, tokenizer, target, scoring, max_length)
 
     def measure(self, model: torch.nn.Module, distributed: bool, show_progress: bool) -> tuple[Answers, float]:
-        """The probes' answers and the target's accuracy or loss; with ``distributed`` every rank scores a share."""
+        """The probes' answers and the target's figure; with ``distributed`` every rank scores a share."""
         answers = self.scorer(model, batch_size=self.batch_size, show_progress=show_progress, distributed=distributed)
-        if self.target_scorer is not None:
-            scored = self.target_scorer(model, batch_size=self.batch_size, show_progress=False, distributed=distributed)
-            return answers, scored.accuracy
-        return answers, mean_token_loss(model, self.tokenizer, self.encoded, _rows(self.batch_size))
+        return answers, self.target(model, distributed)
 
     def run(
         self,
@@ -282,7 +299,7 @@ class Sweeper:
                 answers.append(got)
                 target.append(value)
             reports = [compare(answers[0], a) for a in answers]
-            gain = [_gain(target[0], target[-1], t, self.kind) for t in target]
+            gain = [self.target.gain(target[0], target[-1], t) for t in target]
             if by_layer:
                 forgotten_at_one = set(reports[-1].forgotten_ids)
                 for group, names in layer_groups(mover.names).items():
@@ -292,9 +309,9 @@ class Sweeper:
                     got, value = self.measure(model, distributed, show_progress)
                     report = compare(answers[0], got)
                     restored = len(forgotten_at_one - set(report.forgotten_ids))
-                    row_gain = _gain(target[0], target[-1], value, self.kind)
+                    row_gain = self.target.gain(target[0], target[-1], value)
                     layers.append(LayerRow(group, len(names), restored, report.forgotten, value, row_gain))
-        return MergeSweep(grid, reports, target, self.kind, gain, layers, answers, base, model)
+        return MergeSweep(grid, reports, target, self.target.kind, gain, layers, answers, base, model)
 
 
 def mean_token_loss(model: torch.nn.Module, tokenizer: Any, rows: list[list[int]], batch_size: int = 8) -> float:
