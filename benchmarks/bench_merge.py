@@ -7,8 +7,12 @@ side: each checkpoint's forgetting and target loss, and forgetwatch's merge swee
 1). It also times the sweep against scoring the probes and the target once per alpha on models built apart (the
 sweep should cost no more, plus its in-place moves), and says what memory the sweep adds.
 
-    python benchmarks/bench_merge.py [--steps 40] [--every 10] [--alphas 0:1:0.25] [--lora]
-    python benchmarks/bench_merge.py --real [--steps 30] [--every 10] [--docs 4] [--countries 16]
+With --by-layer N it also tries a layer-wise merge chosen from the by-layer table (groups of N blocks): groups are
+reverted to the base one by one, those bringing back the most forgotten probes first, while the target keeps --keep
+of its gain; both it and the global alpha are chosen on the same probes they are scored on.
+
+    python benchmarks/bench_merge.py [--steps 40] [--every 10] [--alphas 0:1:0.25] [--lora] [--seed 0]
+    python benchmarks/bench_merge.py --real [--steps 30] [--every 10] [--docs 4] [--countries 16] [--by-layer 6]
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--docs", type=int, default=4, help="--real: MMLU documents per subject (default 4)")
     ap.add_argument("--countries", type=int, default=16, help="--real: capital probes (default 16)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-3; --real: 2e-4; LoRA x5)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the training batches and the adapter (default 0)")
+    ap.add_argument("--by-layer", type=int, default=0, metavar="N", help="also a layer-wise merge, N blocks a group")
     return ap.parse_args(argv)
 
 
@@ -81,10 +87,10 @@ def real_setup(args):
     return base, tokenizer, probes, texts, held_out, 2, 2e-4
 
 
-def train(model, tokenizer, texts, steps, every, lr, batch_size):
+def train(model, tokenizer, texts, steps, every, lr, batch_size, seed=0):
     """A plain causal-LM loop; a CPU copy of the trainable weights every ``every`` steps."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     saved = {}
     model.train()
     for step in range(1, steps + 1):
@@ -103,7 +109,7 @@ def train(model, tokenizer, texts, steps, every, lr, batch_size):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     base, tokenizer, probes, texts, held_out, batch, lr = (real_setup if args.real else toy_setup)(args)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -116,7 +122,7 @@ def main(argv=None) -> int:
 
         tuned = peft.get_peft_model(tuned, peft.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     began = time.perf_counter()
-    saved = train(tuned, tokenizer, texts, steps, args.every, lr, batch)
+    saved = train(tuned, tokenizer, texts, steps, args.every, lr, batch, args.seed)
     print(f"trained {steps} steps in {time.perf_counter() - began:.0f} s; {len(probes)} probes")
     rows_ids = [tokenizer(t)["input_ids"][:MAX_LENGTH] for t in held_out]
 
@@ -134,7 +140,14 @@ def main(argv=None) -> int:
 
     began = time.perf_counter()
     sweep = merge_sweep(
-        None if args.lora else base, tuned, tokenizer, probes, target=held_out, alphas=alphas, max_length=MAX_LENGTH
+        None if args.lora else base,
+        tuned,
+        tokenizer,
+        probes,
+        target=held_out,
+        alphas=alphas,
+        max_length=MAX_LENGTH,
+        by_layer=args.by_layer,
     )
     sweep_seconds = time.perf_counter() - began
     # the same evaluations on a model built apart, once per alpha: what a sweep by hand costs
@@ -175,7 +188,53 @@ def main(argv=None) -> int:
         f"({sweep_seconds / apart_seconds:.2f}x); memory added: {moved / 2**20:.0f} MiB "
         + ("(a CPU copy of the parameters that trained)" if moved else "(the adapters are scaled: no copy)")
     )
+    if sweep.layers:
+        layer_wise(
+            sweep,
+            base,
+            tuned,
+            tokenizer,
+            probes,
+            base_answers,
+            rows_ids,
+            base_loss,
+            args.keep,
+            args.lora,
+            args.by_layer,
+        )
     return 0
+
+
+def layer_wise(sweep, base, tuned, tokenizer, probes, base_answers, rows_ids, base_loss, keep, lora, span):
+    """Revert groups to the base one at a time (most probes restored first, then least gain lost) while the held-out
+    loss keeps ``keep`` of its gain: a layer-wise merge chosen from the by-layer table, against the global alpha."""
+    from forgetwatch.merge.weights import AdapterScaling, Interpolation, layer_groups, moved
+
+    print(f"\n{'reverted group':>16}  {'params':>6}  {'restored':>8}  {'forgotten':>9}  {'gain':>6}")
+    for row in sweep.layers:
+        gain = "" if row.gain is None else f"{row.gain:.0%}"
+        print(f"{row.group:>16}  {row.parameters:6d}  {row.restored:8d}  {row.forgotten:9d}  {gain:>6}")
+    end_loss = sweep.target[-1]
+    order = sorted((r for r in sweep.layers if r.restored > 0), key=lambda r: (-r.restored, -(r.gain or 0)))
+    mover = AdapterScaling(tuned) if lora else Interpolation(dict(base.named_parameters()), tuned)
+    groups = layer_groups(mover.names, span)
+    reverted, chosen = [], (sweep.reports[-1].forgotten, 1.0)
+    with moved(mover):
+        for row in order:
+            trial = [*reverted, row.group]
+            mover.set(1.0, {n: 0.0 for g in trial for n in groups[g]})
+            report = compare(base_answers, evaluate(tuned, tokenizer, probes, show_progress=False))
+            loss = mean_token_loss(tuned, tokenizer, rows_ids)
+            gain = (base_loss - loss) / (base_loss - end_loss) if base_loss > end_loss else None
+            if gain is not None and gain >= keep:
+                reverted, chosen = trial, (report.forgotten, gain)
+    best = sweep.best(keep)
+    i = sweep.alphas.index(best)
+    print(
+        f"layer-wise (reverted: {', '.join(reverted) or 'none'}): {chosen[0]} forgotten, {chosen[1]:.0%} of the gain; "
+        f"global alpha {best:g}: {sweep.reports[i].forgotten} forgotten, "
+        + ("no gain to keep" if sweep.gain[i] is None else f"{sweep.gain[i]:.0%} of the gain")
+    )
 
 
 if __name__ == "__main__":

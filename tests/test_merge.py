@@ -209,3 +209,12 @@ def test_where_training_gained_nothing_best_keeps_a_target_as_good_as_the_tuned_
     eligible = [i for i, t in enumerate(worse) if t <= worse[-1]]
     assert sweep.alphas.index(best) in eligible
     assert lost.forgetting(sweep.alphas.index(best)) == min(lost.forgetting(i) for i in eligible)
+
+
+def test_layer_groups_follow_the_models_order_one_block_or_a_span_a_group():
+    names = ["embed.weight", *(f"model.layers.{i}.mlp.weight" for i in range(5)), "norm.weight", "lm_head.weight"]
+    assert list(layer_groups(names)) == ["embeddings", *(f"block {i}" for i in range(5)), "head"]
+    spans = layer_groups(names, 2)
+    assert list(spans) == ["embeddings", "blocks 0-1", "blocks 2-3", "blocks 4-5", "head"]
+    assert spans["blocks 2-3"] == ["model.layers.2.mlp.weight", "model.layers.3.mlp.weight"]
+    assert spans["head"] == ["norm.weight", "lm_head.weight"]

@@ -154,7 +154,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SHARE",
         help="the share of the target's gain to keep (default 0.9)",
     )
-    mrg.add_argument("--by-layer", action="store_true", help="also revert one group of layers at a time to the base")
+    mrg.add_argument(
+        "--by-layer",
+        nargs="?",
+        const=1,
+        default=0,
+        type=_checked(integer(1)),
+        metavar="N",
+        help="also revert one group of layers at a time to the base (N blocks a group; default 1)",
+    )
     mrg.add_argument("--out", required=True, metavar="DIR", help="sweep.csv, sweep.json and merged/ go here")
     mrg.set_defaults(run=_merge)
 

@@ -9,7 +9,15 @@ from collections.abc import Sequence
 
 import torch
 
-from forgetwatch.merge.sweep import ALPHAS, MergeSweep, Sweeper, check_fraction, checked_alphas, checked_target
+from forgetwatch.merge.sweep import (
+    ALPHAS,
+    MergeSweep,
+    Sweeper,
+    check_fraction,
+    checked_alphas,
+    checked_span,
+    checked_target,
+)
 from forgetwatch.merge.weights import AdapterScaling, is_lora
 from forgetwatch.probes import ProbesLike
 from forgetwatch.results.events import Ending
@@ -54,12 +62,13 @@ class MergeAtEnd:
         *,
         keep: float = 0.9,
         alphas: Sequence[float] = ALPHAS,
-        by_layer: bool = False,
+        by_layer: bool | int = False,
         save: bool = False,
         max_length: int = 1024,
     ):
         # every bad option fails here, before any training
         self.target = checked_target(target)
+        checked_span(by_layer)
         check_fraction("keep", keep)
         self.keep, self.alphas, self.by_layer, self.save = keep, checked_alphas(alphas), by_layer, save
         self.max_length = max_length

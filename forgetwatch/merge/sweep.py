@@ -187,7 +187,7 @@ def merge_sweep(
     *,
     target: ProbesLike | Sequence[str],
     alphas: Sequence[float] = ALPHAS,
-    by_layer: bool = False,
+    by_layer: bool | int = False,
     scoring: Scoring | None = None,
     max_length: int = 1024,
     show_progress: bool = False,
@@ -203,7 +203,8 @@ def merge_sweep(
         probes: what must not be forgotten (a :class:`~forgetwatch.ProbeSet`, a probe file or rows).
         target: what the training was for: a probe set (accuracy) or held-out texts (mean loss per token).
         alphas: the α to try, each in [0, 1] (default 0, 0.1, ..., 1; 0 and 1 are always added).
-        by_layer: also revert one group of layers at a time (embeddings, each block, the head).
+        by_layer: also revert one group of layers at a time (embeddings, each block, the head); a number N > 1:
+            N blocks a group.
         scoring: how probes are scored (a :class:`~forgetwatch.Scoring`).
         max_length: target texts are cut to this many tokens.
 
@@ -212,6 +213,7 @@ def merge_sweep(
         >>> print(sweep.summary())                                                                # doctest: +SKIP
     """
     grid = checked_alphas(alphas)
+    checked_span(by_layer)
     probe_set = _probe_set(probes, "probes")
     target = checked_target(target)
     lora = is_lora(tuned_model)  # its adapters off are the base: base_model is not needed
@@ -283,7 +285,7 @@ class Sweeper:
         base: dict[str, torch.Tensor] | None,
         model: torch.nn.Module,
         grid: list[float],
-        by_layer: bool = False,
+        by_layer: bool | int = False,
         *,
         distributed: bool = False,
         show_progress: bool = False,
@@ -302,7 +304,7 @@ class Sweeper:
             gain = [self.target.gain(target[0], target[-1], t) for t in target]
             if by_layer:
                 forgotten_at_one = set(reports[-1].forgotten_ids)
-                for group, names in layer_groups(mover.names).items():
+                for group, names in layer_groups(mover.names, int(by_layer)).items():
                     if not mover.moves(names):  # nothing of it trained: reverting it changes nothing
                         continue
                     mover.set(1.0, dict.fromkeys(names, 0.0))
@@ -366,6 +368,11 @@ def checked_alphas(alphas: Sequence[float]) -> list[float]:
     for a in alphas:
         check_fraction("alpha", a)
     return sorted({0.0, 1.0, *(float(a) for a in alphas)})
+
+
+def checked_span(by_layer: Any) -> None:
+    if not isinstance(by_layer, (bool, int)) or by_layer < 0:
+        raise ValueError(f"merge_sweep: by_layer is True, False or a number of blocks a group, got {by_layer!r}")
 
 
 def check_fraction(name: str, value: Any) -> None:

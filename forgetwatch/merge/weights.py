@@ -19,14 +19,19 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(unwrap(model), "peft_config")
 
 
-def layer_groups(names: Sequence[str]) -> dict[str, list[str]]:
-    """Parameter names by group, in the model's order: ``embeddings`` (before the first block), ``block N``, ``head``."""
+def layer_groups(names: Sequence[str], span: int = 1) -> dict[str, list[str]]:
+    """Parameter names by group, in the model's order: ``embeddings`` (before the first block), ``block N`` (or, with
+    ``span`` > 1, ``blocks N-M``: ``span`` blocks a group), ``head``."""
     groups: dict[str, list[str]] = {}
     seen_block = False
     for name in names:
         found = _BLOCK.search(name)
         seen_block |= found is not None
-        group = f"block {found.group(1)}" if found else "head" if seen_block else "embeddings"
+        if found:
+            first = int(found.group(1)) // span * span
+            group = f"block {first}" if span == 1 else f"blocks {first}-{first + span - 1}"
+        else:
+            group = "head" if seen_block else "embeddings"
         groups.setdefault(group, []).append(name)
     return groups
 
