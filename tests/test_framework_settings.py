@@ -108,6 +108,32 @@ def test_a_replay_pool_holding_a_probe_question_is_refused(tmp_path):
     assert settings.replay is not None and len(settings.replay.pool) == 1
 
 
+def test_merge_settings_make_a_merge_at_end_or_one_error_naming_the_key(tmp_path):
+    texts = tmp_path / "held_out.jsonl"
+    texts.write_text(json.dumps({"text": "12 + 30 = 42"}) + "\n" + json.dumps({"text": "7 * 6 = 42"}) + "\n")
+    keys = {"forgetwatch_probes": PROBES, "forgetwatch_merge_target_texts": str(texts), "forgetwatch_merge_keep": 0.8}
+    settings = FrameworkSettings.from_keys({**keys, "forgetwatch_merge_save": True}, "t.yaml")
+    merge = settings.callback().watch.merge_at_end
+    assert merge.target == ["12 + 30 = 42", "7 * 6 = 42"] and merge.keep == 0.8 and merge.save
+    assert "merging with the base at the end" in settings.describe("Axolotl")
+    env = FrameworkSettings.from_environ(
+        {"FORGETWATCH_PROBES": PROBES, "FORGETWATCH_MERGE_TARGET_PROBES": PROBES, "FORGETWATCH_MERGE_ALPHAS": "[0.5]"}
+    )
+    assert env.merge.alphas == [0.0, 0.5, 1.0] and len(env.merge.target) == len(env.probes)
+    probes = {"forgetwatch_probes": PROBES}
+    for given, key, message in [
+        ({**probes, "forgetwatch_merge_keep": 0.8}, "forgetwatch_merge_keep", "needs a target"),
+        ({**keys, "forgetwatch_merge_target_probes": PROBES}, "forgetwatch_merge_target_texts", "one target, not both"),
+        ({**keys, "forgetwatch_merge_keep": 2}, "forgetwatch_merge_target_texts", "keep must be a number in"),
+        ({**keys, "forgetwatch_merge_save": "yes"}, "forgetwatch_merge_target_texts", "save is True or False"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            FrameworkSettings.from_keys(given, "t.yaml")
+        assert key in str(err.value) and message in str(err.value)
+    with pytest.raises(ConfigError, match="forgetwatch_merge_target_texts.*no such file"):
+        FrameworkSettings.from_keys({**keys, "forgetwatch_merge_target_texts": str(tmp_path / "gone.jsonl")}, "t.yaml")
+
+
 def test_lm_eval_task_names_are_probes():
     tasks = ROOT / "configs" / "lm_eval_tasks"
     settings = FrameworkSettings.from_keys(

@@ -4,12 +4,12 @@ least forgetting chosen, and that model written."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from forgetwatch.common.text import first_line
 from forgetwatch.config.settings import Scoring
+from forgetwatch.merge.sweep import read_texts
 
 
 class MergeUsageError(ValueError):
@@ -34,36 +34,15 @@ def parse_alphas(text: str) -> list[float]:
     return alphas
 
 
-def read_texts(path: str) -> list[str]:
-    """Target texts: a JSONL file of ``{"text": ...}`` rows, or any other text file, one text per line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise MergeUsageError(f"--target-texts {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise MergeUsageError(f"--target-texts {path}: cannot read it ({first_line(err)})") from None
-    if not path.endswith(".jsonl"):
-        return [line for line in lines if line.strip()]
-    texts = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise MergeUsageError(f"--target-texts {path}: line {n}: not JSON ({first_line(err)})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise MergeUsageError(f"--target-texts {path}: line {n}: field 'text': expected a string")
-        texts.append(row["text"])
-    return texts
-
-
 def read_target(args: argparse.Namespace) -> Any:
     """``--target-texts`` (a list of texts) or ``--target-probes`` (a ProbeSet)."""
     from forgetwatch.probes import ProbeSet
 
     if args.target_texts:
-        return read_texts(args.target_texts)
+        try:
+            return read_texts(args.target_texts)
+        except (OSError, ValueError) as err:
+            raise MergeUsageError(f"--target-texts {first_line(err)}") from None
     try:
         return ProbeSet.from_jsonl(args.target_probes)
     except FileNotFoundError:

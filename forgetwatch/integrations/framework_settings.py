@@ -12,10 +12,12 @@ from typing import Any
 from torch.utils.data import get_worker_info
 
 from forgetwatch.common.problems import Problem
-from forgetwatch.common.text import describe, did_you_mean
+from forgetwatch.common.text import describe, did_you_mean, first_line
 from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig
 from forgetwatch.config.yaml_files import read_value, yaml11_misreadings
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.merge import MergeAtEnd
+from forgetwatch.merge.sweep import read_texts
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.probe_set import as_probe_set
@@ -24,7 +26,9 @@ from forgetwatch.replay.replay import OPTIONS, checked_options
 
 KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
 #: settings of the frameworks' own, beside the config's flat keys
-EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS))
+#: MergeAtEnd's, as merge_<option>: a target (texts or probes, a file) and its options
+MERGE = ("target_texts", "target_probes", "keep", "alphas", "by_layer", "save")
+EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS), *(f"merge_{name}" for name in MERGE))
 #: every setting a framework may give, without its prefix
 NAMES = (*FLAT_KEYS, *EXTRA)
 #: how each source spells its settings: a framework config's keys, the environment's variables
@@ -38,6 +42,7 @@ class FrameworkSettings:
     config: ForgetWatchConfig
     probes: ProbeSet
     replay: Replay | None = None
+    merge: MergeAtEnd | None = None
 
     @classmethod
     def from_keys(
@@ -86,6 +91,10 @@ class FrameworkSettings:
         if replay_options and replay_path is None:
             message = f"replay options need a pool: set {named('replay')} to a replay pool file"
             problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
+        merge = _merge_at_end({name: given.pop(f"merge_{name}") for name in MERGE if f"merge_{name}" in given})
+        if isinstance(merge, Problem):
+            problems.append(Problem(source, None, named(merge.key), merge.message))
+            merge = None
         if isinstance(given.get("probes"), list):  # lm-eval task names
             given["probes"] = {"lm_eval": given["probes"]}
         if problems:
@@ -106,10 +115,12 @@ class FrameworkSettings:
         if replay_path is not None:
             replay = Replay(ReplayPool.from_jsonl(replay_path), **replay_options)
             replay.hold_out(probes)
-        return cls(config, probes, replay)
+        return cls(config, probes, replay, merge)
 
     def callback(self, trainer: Any = None) -> ForgetWatchCallback:
-        return ForgetWatchCallback.from_config(self.config, probes=self.probes, replay=self.replay, trainer=trainer)
+        return ForgetWatchCallback.from_config(
+            self.config, probes=self.probes, replay=self.replay, merge_at_end=self.merge, trainer=trainer
+        )
 
     def describe(self, framework: str) -> str:
         """The plugin's first console line: it loaded, and what it will do."""
@@ -122,10 +133,29 @@ class FrameworkSettings:
         limit = config.max_forgetting
         stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
         replay = f", replaying {len(self.replay.pool)} rows" if self.replay is not None else ""
+        merge = ", merging with the base at the end" if self.merge is not None else ""
         return (
             f"[forgetwatch] {framework} plugin loaded: {len(self.probes)} probes ({what}), evaluating "
-            f"{when}{stop}{replay}; results in the run's output_dir/forgetwatch"
+            f"{when}{stop}{replay}{merge}; results in the run's output_dir/forgetwatch"
         )
+
+
+def _merge_at_end(given: dict[str, Any]) -> MergeAtEnd | Problem | None:
+    """The merge_* settings as a MergeAtEnd, or the problem with them (its key without the prefix)."""
+    if not given:
+        return None
+    targets = [f"merge_{name}" for name in ("target_texts", "target_probes") if name in given]
+    if len(targets) != 1:
+        first = f"merge_{next(iter(given))}"
+        what = "one target, not both" if targets else "a target"
+        return Problem("", None, first, f"merging at the end needs {what}: merge_target_texts or merge_target_probes")
+    key = targets[0]
+    path = given.pop(key.removeprefix("merge_"))
+    try:
+        target = read_texts(path) if key == "merge_target_texts" else ProbeSet.from_jsonl(path)
+        return MergeAtEnd(target, **given)
+    except (OSError, TypeError, ValueError) as err:
+        return Problem("", None, key, first_line(err))
 
 
 def _prefixed(values: Mapping[str, Any], prefix: str, source: str) -> tuple[dict[str, Any], list[Problem]]:

@@ -69,6 +69,10 @@ class MergeAtEnd:
         # every bad option fails here, before any training
         self.target = checked_target(target)
         checked_span(by_layer)
+        if not isinstance(save, bool):
+            raise TypeError(f"MergeAtEnd: save is True or False, got {save!r}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"MergeAtEnd: max_length is a whole number of tokens >= 2, got {max_length!r}")
         check_fraction("keep", keep)
         self.keep, self.alphas, self.by_layer, self.save = keep, checked_alphas(alphas), by_layer, save
         self.max_length = max_length

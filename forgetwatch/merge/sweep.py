@@ -7,16 +7,19 @@ import copy
 import csv
 import dataclasses
 import io
+import json
 import math
 import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.text import first_line
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.weights import (
     AdapterScaling,
@@ -345,6 +348,31 @@ def fresh_copy(model: torch.nn.Module) -> torch.nn.Module:
             if original is not None:
                 del m._original_forward
     return made
+
+
+def read_texts(path: str | os.PathLike[str]) -> list[str]:
+    """Target texts from a file: JSONL rows with a ``text`` (a ``.jsonl`` file), else one text per non-empty line.
+    An error names the file, and the line and field where one is wrong."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read it ({first_line(err)})") from None
+    if not str(path).endswith(".jsonl"):
+        return [line for line in lines if line.strip()]
+    texts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}: line {n}: not JSON ({first_line(err)})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"{path}: line {n}: field 'text': expected a string")
+        texts.append(row["text"])
+    return texts
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
