@@ -3,9 +3,10 @@
 ``python distributed_run.py MODE OUT``; each rank writes what it saw to ``OUT/rank<N>.json``
 (modes may be joined, ``fsdp1,fsdp2``: one launch, ``OUT/rank<N>-<mode>.json`` each).
 
-- ``sft``: TRL's SFTTrainer (DDP) with ForgetWatchCallback on the default budget schedule and
-  an early-stop rule; rank 1 is made slower, so the ranks' clocks disagree. Rank 0 saves the
-  weights at every evaluation (``OUT/step-<N>``), for the test to score them independently.
+- ``sft``: TRL's SFTTrainer (DDP) with ForgetWatchCallback on the default budget schedule, an
+  early-stop rule and a merge at the end; rank 1 is made slower, so the ranks' clocks disagree.
+  Rank 0 saves the weights at every evaluation (``OUT/step-<N>``), for the test to score them
+  independently.
 - ``zero3``: the same under DeepSpeed ZeRO stage 3 (every rank holds a shard of each weight),
   with a fixed schedule; the weights are saved with ``trainer.save_model``, which gathers them.
 - ``fsdp1`` / ``fsdp2``: the toy model sharded with FSDP1 (``FullyShardedDataParallel``) or
@@ -37,7 +38,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
-from forgetwatch import Monitor, Output, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
+from forgetwatch import MergeAtEnd, Monitor, Output, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.results.run_files import read_history  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
@@ -109,6 +110,7 @@ def sft(out: str, zero3: bool = False) -> dict:
             "monitor": Monitor(max_overhead=0.5),
             "max_forgetting": 0.45,
             "clock": ForwardClock(base, rate=1.0 + 0.5 * rank),
+            "merge_at_end": MergeAtEnd(target=world.distraction_texts(n=6, seed=7), alphas=[0.5]),
         }
     )
     cb = ForgetWatchCallback(
@@ -153,6 +155,8 @@ def sft(out: str, zero3: bool = False) -> dict:
         "shares": shares,
         "n_probes": len(probes),
         "sharded": is_sharded(trainer.model),
+        "merge": cb.ending.metrics if cb.ending else None,
+        "sweep_written": os.path.isfile(os.path.join(out, "forgetwatch", "sweep.json")),
     }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from forgetwatch import ProbeSet, Scorer, compare
+from forgetwatch import ProbeSet, Scorer, Scoring, compare, merge_sweep
 from forgetwatch.toy import ToyWorld
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -94,6 +94,22 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
         expected = compare(base, scorer(model, batch_size=8, show_progress=False))
         assert expected.forgotten_ids == r0["forgotten_ids"][i], step
         assert expected.gained_ids == r0["gained_ids"][i], step
+    if mode == "sft":  # the merge at the end: the same on both ranks, as one process sweeps the final weights
+        assert r0["merge"] == r1["merge"] and r0["sweep_written"]
+        final = AutoModelForCausalLM.from_pretrained(tmp_path / f"step-{r0['steps'][-1]}")
+        texts = ToyWorld(seed=0).distraction_texts(n=6, seed=7)
+        alone = merge_sweep(
+            AutoModelForCausalLM.from_pretrained(tmp_path / "step-0"),
+            final,
+            tokenizer,
+            probes,
+            target=texts,
+            alphas=[0.5],
+            scoring=Scoring(max_new_tokens=6),
+        )
+        best = alone.best(0.9)
+        assert r0["merge"]["forgetwatch/merge/alpha"] == best
+        assert r0["merge"]["forgetwatch/merge/forgetting"] == pytest.approx(alone.forgetting(alone.alphas.index(best)))
 
 
 SHARDED = ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2"]
