@@ -9,6 +9,8 @@ from forgetwatch import (
     Answers,
     Evaluation,
     ForgetWatchCallback,
+    MergeAtEnd,
+    MergeSweep,
     Monitor,
     Output,
     ProbeSet,
@@ -20,6 +22,7 @@ from forgetwatch import (
     compare,
     evaluate,
     load_trajectory,
+    merge_sweep,
 )
 
 
@@ -52,7 +55,11 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     watch.finish(model, steps)
     state: dict[str, object] = watch.state_dict()
     watch.load_state_dict(state)
-    callback = ForgetWatchCallback(probes, eval_steps=50, replay=pool)
+    merge = MergeAtEnd(["def f(): pass"], keep=0.9, alphas=[0.25, 0.5], by_layer=4, save=True)
+    callback = ForgetWatchCallback(probes, eval_steps=50, replay=pool, merge_at_end=merge)
+    sweep: MergeSweep = merge_sweep(model, model, tokenizer, probes, target=["x = 1"], alphas=[0.5])
+    chosen: float = sweep.best(keep=0.9)
+    sweep.save(chosen, "merged", tokenizer)
     history: list[tuple[int, TransitionReport]] = callback.history
     base: Answers = evaluate(model, tokenizer, probes, batch_size=32, show_progress=False)
     report: TransitionReport = compare(base, evaluate(model, tokenizer, probes))
