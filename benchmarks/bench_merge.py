@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     sweep_seconds = time.perf_counter() - began
     # the same evaluations on a model built apart, once per alpha: what a sweep by hand costs
     began = time.perf_counter()
-    for _ in sweep.alphas:
+    for _ in range(len(sweep.alphas) + len(sweep.layers)):  # each alpha, each group reverted
         evaluate(tuned, tokenizer, probes, show_progress=False)
         mean_token_loss(tuned, tokenizer, rows_ids)
     apart_seconds = time.perf_counter() - began
@@ -184,7 +184,8 @@ def main(argv=None) -> int:
     else:
         print(f"early stopping: no saved checkpoint reaches a held-out loss of {sweep.target[i]:.4f}")
     print(
-        f"sweep {sweep_seconds:.1f} s for {len(sweep.alphas)} alphas; the same evaluations apart {apart_seconds:.1f} s "
+        f"sweep {sweep_seconds:.1f} s for {len(sweep.alphas)} alphas and {len(sweep.layers)} groups; "
+        f"the same evaluations apart {apart_seconds:.1f} s "
         f"({sweep_seconds / apart_seconds:.2f}x); memory added: {moved / 2**20:.0f} MiB "
         + ("(a CPU copy of the parameters that trained)" if moved else "(the adapters are scaled: no copy)")
     )
