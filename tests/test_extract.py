@@ -7,6 +7,7 @@ import pytest
 from forgetwatch import probes
 from forgetwatch.probes import extract
 from forgetwatch.probes.extract import (
+    extract_answer_line,
     extract_exact,
     extract_letter,
     extract_number,
@@ -154,3 +155,68 @@ def test_numbers_keep_every_digit():
     # Decimal.normalize() rounded to 28 significant digits, so these two compared equal
     a, b = "0.12345678901234567890123456781", "0.12345678901234567890123456789"
     assert normalize_number(a) == a and normalize_number(b) == b
+
+
+def answer_line_by_hand(text):
+    """The last line reading "Answer: X" (after any of > * # _ and spaces; * or _ may close "Answer"), X cleaned:
+    a plain loop over the lines, from the end."""
+    for line in reversed(text.split("\n")):
+        rest = line.lstrip(" \t>*#_")
+        if rest[:6].lower() != "answer":
+            continue
+        rest = rest[6:].lstrip("*_").lstrip(" \t")
+        if not rest.startswith(":"):
+            continue
+        value = rest[1:].strip().strip("*_`$").strip().rstrip(".").strip()
+        if len(value) > 2 and value[0] + value[-1] in ("()", "[]"):
+            value = value[1:-1].strip()
+        if len(value) == 1 and value.isalpha():
+            value = value.upper()
+        return value or None
+    return None
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Let me think.\nB is wrong, so\nAnswer: C", "C"),
+        ("Answer: A\nOn reflection...\nAnswer: (d)", "D"),  # the last line counts
+        ("**Answer:** B.", "B"),
+        ("> answer: Paris", "Paris"),
+        ("The answer: 42\n", None),  # a line that does not start with Answer
+        ("Answer:", None),
+        ("no answer line at all", None),
+    ],
+)
+def test_extract_answer_line(text, expected):
+    assert extract_answer_line(text) == expected == answer_line_by_hand(text)
+
+
+def test_answer_line_agrees_with_a_plain_loop_on_random_texts():
+    import random
+
+    rng = random.Random(0)
+    parts = [
+        "Answer",
+        "answer",
+        "ANSWER",
+        ":",
+        " ",
+        "\t",
+        "\n",
+        "*",
+        "_",
+        ">",
+        "#",
+        "(",
+        ")",
+        "B",
+        "b",
+        "x",
+        ".",
+        "$",
+        "Paris",
+    ]
+    for _ in range(3000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 14)))
+        assert extract_answer_line(text) == answer_line_by_hand(text), repr(text)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from forgetwatch.probes import MAX_REPORTED_ERRORS, Probe, ProbeError, ProbeSet
+from forgetwatch.probes import MAX_REPORTED_ERRORS, Probe, ProbeError, ProbeKind, ProbeSet
+from forgetwatch.probes.extract import extractor_for, reference_for
 
 MC = {"id": "mc1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1, "category": "math"}
 GEN = {"id": "gen1", "question": "6 * 12 =", "answer": "72", "extract": "number"}
@@ -249,6 +250,21 @@ def test_mmlu_preset():
     )
     assert probes[1].choices == ("A", "B") and probes[1].question.endswith("\nA. yes\nB. no\nAnswer:")
     assert probes[1].id == "mmlu/abstract_algebra/1"
+
+
+def test_mmlu_cot_preset_asks_for_a_reasoned_answer_line():
+    [p] = ProbeSet.from_hf([MMLU_ROW], "mmlu_cot")
+    assert p.kind is ProbeKind.GENERATIVE and (p.answer, p.extract, p.id) == (
+        "C",
+        "answer_line",
+        "mmlu_cot/abstract_algebra/0",
+    )
+    assert p.question.startswith("Answer the following multiple choice question. Think step by step")
+    assert '"Answer: $LETTER" where LETTER is one of ABCD' in p.question
+    assert p.question.endswith("Question: Find the degree of Q(sqrt(2)) over Q.\nA) 0\nB) 4\nC) 2\nD) 6")
+    read = extractor_for(p.extract)
+    assert read("Q(sqrt 2) has degree 2, option C.\nAnswer: C") == reference_for(p.extract, p.answer)
+    assert read("It is 4.\nAnswer: B") != reference_for(p.extract, p.answer)
 
 
 def test_arc_preset_with_letter_and_digit_keys():

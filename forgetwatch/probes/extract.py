@@ -18,6 +18,8 @@ _PROSE_AFTER = re.compile(r"\s+[a-z]")
 # A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
 _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
+# A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
+_ANSWER_LINE = re.compile(r"^[ \t>*#_]*answer[*_]*[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
 #: Longest number compared, in characters as written and in digits written out ("1e999999999" would be gigabytes).
@@ -70,6 +72,18 @@ def extract_letter(text: str) -> str | None:
     return None
 
 
+def extract_answer_line(text: str) -> str | None:
+    """What the last line of the form ``Answer: X`` gives (the chain-of-thought instruction's last line): X without
+    emphasis, a final full stop or enclosing brackets; a single letter upper-cased."""
+    found = _ANSWER_LINE.findall(text)
+    if not found:
+        return None
+    value = found[-1].strip().strip("*_`$").strip().rstrip(".").strip()
+    if len(value) > 2 and value[0] + value[-1] in ("()", "[]"):
+        value = value[1:-1].strip()
+    return value.upper() if len(value) == 1 and value.isalpha() else value or None
+
+
 def extract_exact(text: str) -> str | None:
     return text.strip()
 
@@ -84,7 +98,12 @@ def regex_extractor(pattern: str) -> Extractor:
     return extract
 
 
-BUILTIN: dict[str, Extractor] = {"number": extract_number, "letter": extract_letter, "exact": extract_exact}
+BUILTIN: dict[str, Extractor] = {
+    "number": extract_number,
+    "letter": extract_letter,
+    "exact": extract_exact,
+    "answer_line": extract_answer_line,
+}
 
 
 def extractor_for(mode: str | None) -> Extractor:
@@ -98,6 +117,8 @@ def reference_for(mode: str | None, answer: str) -> str:
         return normalize_number(answer) or answer.strip()
     if mode == "letter":
         return answer.strip().strip("()").upper()
+    if mode == "answer_line":  # as the line is read: a letter upper-cased
+        return extract_answer_line(f"Answer: {answer}") or answer.strip()
     return answer.strip()
 
 

@@ -49,6 +49,33 @@ def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     }
 
 
+#: The zero-shot chain-of-thought instruction of ``mmlu_cot`` (after Harmon et al.'s protocol): reason, then end
+#: with one line "Answer: X", read back by ``extract="answer_line"``.
+COT_INSTRUCTION = (
+    "Answer the following multiple choice question. Think step by step, then write your final answer on the last "
+    "line, in the form \"Answer: $LETTER\" where LETTER is one of {letters}."
+)
+
+
+def _mmlu_cot(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The MMLU row as a generative probe: the question, its lettered options, the instruction to reason and end
+    with ``Answer: X``; right when that line names the answer's letter."""
+    record = _mmlu(row, index)
+    letters = record["choices"]
+    answer = record["answer"]
+    if not is_int(answer) or not 0 <= answer < len(letters):
+        raise RowProblem("answer", f"must be the index of one of the {len(letters)} choices, got {answer!r}")
+    options = "".join(f"\n{letter}) {option}" for letter, option in zip(letters, row["choices"]))
+    instruction = COT_INSTRUCTION.format(letters="".join(letters))
+    return {
+        "id": f"mmlu_cot/{row['subject']}/{index}",
+        "question": f"{instruction}\n\nQuestion: {row['question'].strip()}{options}",
+        "answer": letters[answer],
+        "extract": "answer_line",
+        "category": row["subject"],
+    }
+
+
 def _arc(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     choices = _need(row, "choices")
     if not isinstance(choices, Mapping) or "text" not in choices or "label" not in choices:
@@ -141,6 +168,7 @@ def _harmful(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 PRESETS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
     "mmlu": _mmlu,
+    "mmlu_cot": _mmlu_cot,
     "arc": _arc,
     "hellaswag": _hellaswag,
     "gsm8k": _gsm8k,

@@ -21,7 +21,7 @@ from forgetwatch.common.strict_json import lone_surrogate
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
 from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 
-EXTRACT_MODES = ("number", "letter", "exact")
+EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
 PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
