@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     _option(scoring, "normalize", choices=[m for m in NORMALIZE_MODES if m])
     _option(scoring, "max_new_tokens", type=int, metavar="N")
     _option(scoring, "behaviour_max_new_tokens", type=int, metavar="N")
+    _option(scoring, "samples", type=int, metavar="K")
+    _option(scoring, "temperature", type=float, metavar="T")
+    _option(scoring, "top_p", type=float, metavar="P")
+    _option(scoring, "seed", type=int, metavar="N")
     scoring.add_argument(
         "--no-shared-prefixes",
         dest="shared_prefixes",
@@ -447,7 +451,7 @@ def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
     if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
         raise UsageError(
             f"--base {args.base} was scored for {problem}; "
-            "pass the same --normalize / --chat-template / --max-new-tokens"
+            "pass the same --normalize / --chat-template / --max-new-tokens / --samples / --temperature / --top-p / --seed"
         )
     return base
 
@@ -459,6 +463,7 @@ def _scoring(args: argparse.Namespace) -> dict[str, Any]:
         "max_new_tokens": args.max_new_tokens,
         "stop": Scoring.stop,
         "behaviour_max_new_tokens": args.behaviour_max_new_tokens,
+        **{k: getattr(args, k) for k in ("samples", "temperature", "top_p", "seed")},
     }
 
 

@@ -30,6 +30,10 @@ def scoring_options(
     behaviour_max_new_tokens: int,
     extract: Callable[[str], str | None] | None = None,
     refusal_detector: Callable[[str], bool] | None = None,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The options that decide the answers of ``probes``, as stored with them (generation's only for generative
     probes, behaviour's only for behaviour probes)."""
@@ -43,4 +47,6 @@ def scoring_options(
         options["behaviour_max_new_tokens"] = behaviour_max_new_tokens
         if refusal_detector is not None:
             options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))
+    if temperature > 0:  # greedy answers carry no sampling options: they are what they always were
+        options["sampling"] = {"samples": samples, "temperature": temperature, "top_p": top_p, "seed": seed}
     return options

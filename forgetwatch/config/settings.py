@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
+from forgetwatch.common.problems import Problem
 from forgetwatch.config import checks as check
 from forgetwatch.config.checks import ConfigError, check_values
 from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
@@ -78,10 +79,18 @@ class Scoring(_Group):
         precision: What the forwards compute in: "weights" (the weights' own dtype, autocast off: answers equal an
             offline recount such as lm-eval's) or "autocast" (as the trainer's mixed-precision forward: faster,
             but answers flip with rounding alone). Answers of another precision are not compared.
+        samples: Generative and behaviour probes: answers drawn per probe (1 to 16; each costs a generation), each
+            judged; a probe is right when most are (``Answers.samples_correct`` holds each). > 1 needs a temperature.
+        temperature: Generation's temperature: 0 decodes greedily; above 0 samples, each answer with its own seed.
+        top_p: Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1).
+        seed: The run's sampling seed: answer j of probe p is drawn with a seed made of (seed, p's id, j), the same
+            on any batch size or number of ranks, and for the base and every later evaluation.
 
     Example:
         >>> Scoring(batch_size=8, normalize="chars").batch_size
         8
+        >>> Scoring(samples=3, temperature=0.6, top_p=0.95).sampled
+        True
     """
 
     batch_size: int | str = option("auto", check=check.batch_size)
@@ -92,6 +101,32 @@ class Scoring(_Group):
     behaviour_max_new_tokens: int = option(256, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
     shared_prefixes: bool = option(True, check=check.boolean)
     precision: str = option("weights", check=check.choice(PRECISIONS))
+    samples: int = option(
+        1,
+        check=check.integer(
+            1,
+            16,
+            "each sample is one more generation of every response, and the seeds' agreement is counted over "
+            "every combination of them",
+        ),
+    )
+    temperature: float = option(0.0, check=check.non_negative)
+    top_p: float = option(1.0, check=check.rate(True, False, "0.95"))
+    seed: int = option(0, check=check.integer(0))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.samples > 1 and self.temperature == 0:
+            message = (
+                f"samples={self.samples} with temperature=0 draws one greedy answer {self.samples} times; "
+                "give a temperature (Harmon et al. sample at 0.6, top_p 0.95), or samples=1"
+            )
+            raise ConfigError([Problem("Scoring", None, "samples", message)])
+
+    @property
+    def sampled(self) -> bool:
+        """Whether answers are drawn (temperature above 0) rather than decoded greedily."""
+        return self.temperature > 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,7 +53,7 @@ def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
 #: with one line "Answer: X", read back by ``extract="answer_line"``.
 COT_INSTRUCTION = (
     "Answer the following multiple choice question. Think step by step, then write your final answer on the last "
-    "line, in the form \"Answer: $LETTER\" where LETTER is one of {letters}."
+    'line, in the form "Answer: $LETTER" where LETTER is one of {letters}.'
 )
 
 

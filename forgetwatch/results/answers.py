@@ -47,8 +47,11 @@ class Answers:
         choice_logprobs: per sample, the summed log-probability of each choice (empty for generative probes).
         gold_logprob: the correct choice's or reference answer's log-probability (NaN where not scored).
         n_choices: number of choices per sample (0 for generative probes).
-        outputs: raw generated text (``None`` for multiple choice).
+        outputs: raw generated text (``None`` for multiple choice; sampled: the first sample's).
         meta: free-form extra information (step, keys of the model scored, noise floor, ...).
+        samples_correct: sampled scoring only (``Scoring.samples``): each sample's verdict, probes x samples, sample
+            j drawn with the same seed in every evaluation (a multiple-choice probe's one verdict repeated);
+            ``correct`` is then the majority's. ``None`` for greedy answers.
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
@@ -69,6 +72,7 @@ class Answers:
     scoring: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    samples_correct: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.correct = np.asarray(self.correct, dtype=bool)
@@ -80,6 +84,13 @@ class Answers:
         bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
+        if self.samples_correct is not None:
+            self.samples_correct = np.asarray(self.samples_correct, dtype=bool)
+            shape = self.samples_correct.shape
+            if len(shape) != 2 or shape[0] != n or shape[1] < 1:
+                raise ValueError(
+                    f"Answers.samples_correct must be {n} rows (one per id) of 1 or more samples; got {shape}"
+                )
 
     @classmethod
     def from_samples(
@@ -104,6 +115,7 @@ class Answers:
             scoring=dict(scoring),
             model=model,
             meta=dict(meta or {}),
+            samples_correct=_per_sample(samples),
         )
 
     def __len__(self) -> int:
@@ -128,6 +140,7 @@ class Answers:
                 "gold_logprob": json_safe(float(self.gold_logprob[i]), infinity_as_text=True),
                 "n_choices": int(self.n_choices[i]),
                 "output": self.outputs[i],
+                **({} if self.samples_correct is None else {"samples_correct": self.samples_correct[i].tolist()}),
             }
             for i in range(len(self))
         ]
@@ -297,6 +310,17 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
 def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
     # batch size and device change speed, not answers
     return {k: v for k, v in scoring.items() if k not in ("batch_size", "device")}
+
+
+def _per_sample(samples: Sequence[dict[str, Any]]) -> np.ndarray | None:
+    """The samples' ``samples_correct`` lists as one array, or ``None`` when none has one."""
+    if not samples or "samples_correct" not in samples[0]:
+        return None
+    rows = [s.get("samples_correct") for s in samples]
+    widths = {len(r) if isinstance(r, list) and all(isinstance(v, bool) for v in r) else None for r in rows}
+    if None in widths or len(widths) != 1:
+        raise AnswersFileError("damaged: its samples' samples_correct are not lists of true/false of one length")
+    return np.array(rows, dtype=bool)
 
 
 def _float(x: Any) -> float:

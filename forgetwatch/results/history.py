@@ -188,6 +188,10 @@ _SHAPES = {
     "_ids": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of probe ids"),
     "_ci": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_figure, v)), "[low, high] (numbers or null)"),
     "behaviour": (lambda v: isinstance(v, dict) and all(map(_is_figure, v.values())), "figures' numbers or null"),
+    "agreement": (
+        lambda v: isinstance(v, list) and all(isinstance(d, dict) and all(map(_is_figure, d.values())) for d in v),
+        "a list of the seeds' figures (numbers or null)",
+    ),
     "": (_is_figure, "a number or null"),
 }
 

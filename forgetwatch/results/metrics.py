@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -167,6 +168,36 @@ def at_risk(
     return before & after & np.isfinite(sa) & slipping
 
 
+def seed_agreement(before: ArrayLike, after: ArrayLike) -> list[dict[str, float]]:
+    """Transitions that several seeds agree on (Harmon et al.): ``before`` and ``after`` are probes x seeds, seed i
+    before paired with seed i after. For each combination size m (1 to the number of seeds), over every combination
+    of m seeds: how many probes went 1->0 (and 0->1) under every seed of it, as the mean and the (population)
+    variance over the combinations.
+
+    Example:
+        >>> seed_agreement([[1, 1], [1, 0]], [[0, 0], [0, 0]])[1]["forgotten_mean"]  # both seeds: only the first
+        1.0
+    """
+    b, a = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
+    lost, won = b & ~a, ~b & a
+    out = []
+    for m in range(1, b.shape[1] + 1):
+        combos = [list(c) for c in itertools.combinations(range(b.shape[1]), m)]
+        forgotten = np.array([lost[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
+        gained = np.array([won[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
+        out.append(
+            {
+                "seeds": m,
+                "combinations": len(combos),
+                "forgotten_mean": float(forgotten.mean()),
+                "forgotten_var": float(forgotten.var()),
+                "gained_mean": float(gained.mean()),
+                "gained_var": float(gained.var()),
+            }
+        )
+    return out
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
@@ -214,6 +245,12 @@ def _report(
     before, after = base.correct[idx], current.correct[idx]
     t = transition_counts(before, after)
     n = len(idx)
+    agreed: dict[str, Any] = {}
+    if base.samples_correct is not None and current.samples_correct is not None:  # sampled: the seeds' agreement
+        agreement = seed_agreement(base.samples_correct[idx], current.samples_correct[idx])
+        every = agreement[-1]  # all seeds at once
+        agreed = {"forgotten_agreed": every["forgotten_mean"], "gained_agreed": every["gained_mean"]}
+        agreed["agreement"] = agreement
     return TransitionReport(
         n=n,
         forgotten=t.n10,
@@ -238,6 +275,7 @@ def _report(
         at_risk_ids=[base.ids[i] for i in idx[risky[idx]]],
         behaviour=behaviour_figures(*measured, idx),
         by_category=by_category or {},
+        **agreed,
     )
 
 

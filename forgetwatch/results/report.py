@@ -43,7 +43,10 @@ _NAN = math.nan
 class TransitionReport:
     """How answers changed between a base model (before) and the current model (after): per-sample counts
     (``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0) and rates of ``n`` (NaN when ``n == 0``),
-    as :func:`~forgetwatch.compare` makes them; the trajectory's figures are NaN outside a run.
+    as :func:`~forgetwatch.compare` makes them; the trajectory's figures are NaN outside a run. Of sampled answers
+    (``Scoring.samples``): ``forgotten_agreed`` / ``gained_agreed``, the probes 1->0 / 0->1 under every seed (seed i
+    before paired with seed i now), and ``agreement``, per number of seeds m, the mean and variance of those counts
+    over every combination of m seeds (:func:`~forgetwatch.results.metrics.seed_agreement`); NaN and empty otherwise.
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -78,6 +81,9 @@ class TransitionReport:
     forgetting_events: float = _NAN
     forgetting_persistent: float = _NAN
     behaviour: dict[str, float] = field(default_factory=dict)
+    forgotten_agreed: float = _NAN
+    gained_agreed: float = _NAN
+    agreement: list[dict[str, float]] = field(default_factory=list)
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Greedy decoding in left-padded batches with stop strings, sharded over ranks in lockstep, and how many tokens a
-response may have in the model's context."""
+"""Decoding in left-padded batches with stop strings (greedy, or sampled with a seed per response), sharded over ranks
+in lockstep, and how many tokens a response may have in the model's context."""
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -31,13 +32,55 @@ class Generated(NamedTuple):
 
 
 class GenerationPrompt(NamedTuple):
-    """A prompt's ids (whole), its response budget, its stop strings, and how many first tokens it reads from
-    a shared prefix's cache (0: none)."""
+    """A prompt's ids (whole), its response budget, its stop strings, how many first tokens it reads from a shared
+    prefix's cache (0: none), and the seed its response is drawn with (``None``: greedy)."""
 
     ids: tuple[int, ...]
     new_tokens: int
     stop: tuple[str, ...] = ()
     skip: int = 0
+    seed: int | None = None
+
+
+class Sampling(NamedTuple):
+    """How sampled responses are drawn: each token from ``softmax(logits / temperature)`` cut to its top-p set."""
+
+    temperature: float
+    top_p: float
+
+
+def sample_seed(seed: int, probe_id: str, sample: int) -> int:
+    """The seed of one response: made of the run's seed, the probe's id and the sample's number only, so the same
+    weights draw the same response in any batch, on any rank."""
+    digest = hashlib.blake2b(f"{seed}\x1f{probe_id}\x1f{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # torch seeds are below 2**63
+
+
+def draw_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """One token drawn from one row's logits with ``generator`` (one uniform number a token): the probabilities at
+    ``temperature``, the likeliest first, cut to the fewest whose sum reaches ``top_p``, then the inverse CDF."""
+    probs = torch.softmax(logits.detach().to("cpu", torch.float64) / sampling.temperature, dim=-1)
+    order = torch.argsort(probs, descending=True, stable=True)
+    ranked = probs[order]
+    kept = int((torch.cumsum(ranked, 0) < sampling.top_p).sum()) + 1
+    cumulative = torch.cumsum(ranked[:kept], 0)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cumulative[-1]
+    return int(order[min(int(torch.searchsorted(cumulative, u, right=True)), kept - 1)])
+
+
+class SeededDraws:
+    """A logits processor that draws each row's next token with that row's own generator and leaves it the only
+    choice, so greedy decoding takes it: a row's response depends on its seed, not on its batch."""
+
+    def __init__(self, seeds: Sequence[int], sampling: Sampling):
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.sampling = sampling
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        chosen = [draw_token(scores[r], self.sampling, g) for r, g in enumerate(self.generators)]
+        only = torch.full_like(scores, float("-inf"))
+        only[torch.arange(len(chosen)), torch.tensor(chosen, device=scores.device)] = 0.0
+        return only
 
 
 class PromptTooLongError(ValueError):
@@ -153,10 +196,12 @@ def generate_sharded(
     on_out_of_memory: Callable[[int], None] | None = None,
     prefix_cache: Callable[[list[tuple[int, ...]]], dict[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> list[Generated]:
-    """Greedy continuations of ``prompts``, in order, on every rank, each cut at its first stop string, each rank's
-    share in lockstep; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch`` after running out."""
-    from transformers import GenerationConfig
+    """Continuations of ``prompts``, in order, on every rank, each cut at its first stop string, each rank's share
+    in lockstep: greedy, or with ``sampling`` drawn with each prompt's seed; ``limits`` and ``on_out_of_memory``
+    replace halving ``rows_per_batch`` after running out."""
+    from transformers import GenerationConfig, LogitsProcessorList
 
     ranks = ranks or Ranks()
     whole = list(prompts)
@@ -205,6 +250,8 @@ def generate_sharded(
             eos_token_id=eos,
             stop_strings=list(rows[0].stop) or None,
         )
+        if sampling is not None:  # each row's token drawn with its own seed, then taken greedily
+            extra = {**extra, "logits_processor": LogitsProcessorList([SeededDraws([p.seed for p in rows], sampling)])}
         saved = owner.generation_config  # the greedy config stands in for the model's own during the call
         owner.generation_config = greedy
         try:

@@ -34,11 +34,14 @@ from forgetwatch.scoring.encoding import (
 )
 from forgetwatch.scoring.generation import (
     GenerationPrompt,
+    K,
+    Sampling,
     generate_sharded,
     generation_share,
     input_device,
     pad_id,
     response_budgets,
+    sample_seed,
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.scoring.packing import decide
@@ -57,8 +60,8 @@ class Scorer:
 
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
-        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision: as
-            :class:`~forgetwatch.config.settings.Scoring` describes them.
+        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision,
+            samples, temperature, top_p, seed: as :class:`~forgetwatch.config.settings.Scoring` describes them.
         extract: a callable ``text -> str | None`` used for every generative probe instead of its ``extract`` mode;
             its result is compared with the probe's answer as written (stripped).
         reference_logprobs: also score each generative probe's reference answer, teacher-forced after its prompt
@@ -86,6 +89,10 @@ class Scorer:
         refusal_detector: Callable[[str], bool] | None = None,
         shared_prefixes: bool = Scoring.shared_prefixes,
         precision: str = Scoring.precision,
+        samples: int = Scoring.samples,
+        temperature: float = Scoring.temperature,
+        top_p: float = Scoring.top_p,
+        seed: int = Scoring.seed,
     ):
         # checked where the settings are: a ConfigError (a ValueError) naming what to write
         self.settings = Scoring(
@@ -96,6 +103,10 @@ class Scorer:
             behaviour_max_new_tokens=behaviour_max_new_tokens,
             shared_prefixes=shared_prefixes,
             precision=precision,
+            samples=samples,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
         )
         if chat_template and any(p.judge is not None for p in probes):
             raise ValueError(
@@ -186,8 +197,8 @@ class Scorer:
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
-        names = ("normalize", "chat_template", "max_new_tokens", "stop", "behaviour_max_new_tokens")
-        options = {name: getattr(self.settings, name) for name in names}
+        names = "normalize chat_template max_new_tokens stop behaviour_max_new_tokens samples temperature top_p seed"
+        options = {name: getattr(self.settings, name) for name in names.split()}
         options = scoring_options(self.probes, extract=self.extract, refusal_detector=self.refusal_detector, **options)
         return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.settings.precision)}
 
@@ -218,7 +229,8 @@ class Scorer:
                 facts.packing, facts.prefixes = decide(run, self.settings.shared_prefixes)
             run.packing, run.prefixes = facts.packing, facts.prefixes
             plan = self._choice_plan(run)
-            self.scored_here = len(plan.rows_left) + len(generation_share(list(prompts.values()), ranks)[0])
+            drawn = self._drawn(prompts)
+            self.scored_here = len(plan.rows_left) + len(generation_share(list(drawn.values()), ranks)[0])
             bar = progress_bar(self.scored_here, "forgetwatch: scoring probes", show_progress)
             try:
                 sums = run.score_choices(plan, bar)
@@ -231,7 +243,7 @@ class Scorer:
                         "weights or its outputs hold NaN or inf (a diverged run, a broken checkpoint, or overflow in "
                         "half precision); no answers were read from them"
                     )
-                texts = run.generate(self.tokenizer, prompts, bar)
+                texts = run.generate(self.tokenizer, drawn, bar, self._sampling)
             finally:
                 bar.close()
         if device.type == "cuda":
@@ -262,6 +274,23 @@ class Scorer:
                 for i, n in budgets.items()
             )
         return out
+
+    @property
+    def _sampling(self) -> Sampling | None:
+        s = self.settings
+        return Sampling(s.temperature, s.top_p) if s.sampled else None
+
+    def _drawn(self, prompts: dict[int, GenerationPrompt]) -> dict[tuple[int, int], GenerationPrompt]:
+        """Each response to generate, keyed (probe, sample): one a probe when greedy, ``samples`` when sampled, each
+        with its own seed."""
+        s = self.settings
+        if not s.sampled:
+            return {(i, 0): p for i, p in prompts.items()}
+        return {
+            (i, j): p._replace(seed=sample_seed(s.seed, self.probes[i].id, j))
+            for i, p in prompts.items()
+            for j in range(s.samples)
+        }
 
     def _choice_plan(self, run: _Run) -> _Plan:
         """This rank's multiple-choice batches, planned again only when their shape changes."""
@@ -298,14 +327,25 @@ class Scorer:
     # -- results -------------------------------------------------------------------------------
 
     def _answers(
-        self, tokens: _Tokens, sums: np.ndarray, texts: dict[int, str], scoring: dict[str, Any], model_name: str
+        self,
+        tokens: _Tokens,
+        sums: np.ndarray,
+        texts: dict[tuple[int, int], str],
+        scoring: dict[str, Any],
+        model_name: str,
     ) -> Answers:
         first_key = tokens.first_key
         rules = Rules(self.settings.normalize, self.extract, self.refusal_detector)
+        k = self.settings.samples if self.settings.sampled else 1
         samples = []
         for i, probe in enumerate(self.probes):
-            measured = Measured(sums[first_key[i] : first_key[i + 1]], texts.get(i))
-            samples.append({"id": probe.id, "category": probe.category, **SCORE[probe.kind](probe, measured, rules)})
+            logprobs = sums[first_key[i] : first_key[i + 1]]
+            judged = [SCORE[probe.kind](probe, Measured(logprobs, texts.get((i, j))), rules) for j in range(k)]
+            sample = {"id": probe.id, "category": probe.category, **judged[0]}  # what it said: the first sample
+            if self.settings.sampled:  # right when most samples are
+                verdicts = [bool(v["correct"]) for v in judged]
+                sample.update(correct=2 * sum(verdicts) > k, samples_correct=verdicts)
+            samples.append(sample)
         meta: dict[str, Any] = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         judged = {p.category: p.judge.label for p in self.probes if p.judge is not None}
         if judged:  # each task's accuracy is lm-eval's number for it: say which
@@ -430,7 +470,9 @@ class _Run:
             bar.update(sum(left[i] == 0 for i in set(owners)))
         return self.ranks.sum(sums)
 
-    def generate(self, tokenizer: Any, prompts: dict[int, GenerationPrompt], bar) -> dict[int, str]:
+    def generate(
+        self, tokenizer: Any, prompts: dict[K, GenerationPrompt], bar, sampling: Sampling | None
+    ) -> dict[K, str]:
         window = getattr(self.config, "sliding_window", None) or float("inf")
         # a cache that drops what slides out of the window cannot be shared
         shared = [p.skip if self.prefixes and len(p.ids) + p.new_tokens <= window else 0 for p in prompts.values()]
@@ -443,6 +485,7 @@ class _Run:
             on_out_of_memory=self.out_of_memory,
             prefix_cache=PrefixStore(self.model, self.device, self.pad_id).for_rows,
             progress=bar.update,
+            sampling=sampling,
         )
         return {i: g.text for i, g in zip(prompts, out)}
 
@@ -475,11 +518,15 @@ def evaluate(
     refusal_detector: Callable[[str], bool] | None = None,
     shared_prefixes: bool = Scoring.shared_prefixes,
     precision: str = Scoring.precision,
+    samples: int = Scoring.samples,
+    temperature: float = Scoring.temperature,
+    top_p: float = Scoring.top_p,
+    seed: int = Scoring.seed,
     show_progress: bool = True,
     distributed: bool = False,
 ) -> Answers:
     """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes (multiple choice as
-    lm-eval-harness ``acc``, generative probes decoded greedily). Tokenization is cached across calls; the options
+    lm-eval-harness ``acc``, generative probes decoded greedily, or sampled with ``temperature``). Tokenization is cached across calls; the options
     are :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
 
     Example:
@@ -499,6 +546,10 @@ def evaluate(
         refusal_detector=refusal_detector,
         shared_prefixes=shared_prefixes,
         precision=precision,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
     )
     key = (id(tokenizer), fresh.fingerprint, repr(fresh.settings), extract, refusal_detector)
     scorer = _SCORERS.pop(key, None)

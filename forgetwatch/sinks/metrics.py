@@ -26,7 +26,7 @@ EVAL_PREFIX = "eval_forgetwatch_"
 #: logged names, each a TransitionReport attribute but where _ATTRIBUTE says (contract names first, then drift warnings)
 METRICS = (
     "forgetting backward_transfer forgetting_adjusted backward_transfer_adjusted forgotten gained accuracy "
-    "accuracy_base forgetting_events forgetting_persistent at_risk logprob_drop choice_kl"
+    "accuracy_base forgetting_events forgetting_persistent at_risk logprob_drop choice_kl forgotten_agreed gained_agreed"
 ).split()
 _ATTRIBUTE = {"accuracy": "accuracy_after", "accuracy_base": "accuracy_before"}
 
@@ -101,6 +101,12 @@ def base_line(base: Answers, snapshot: Path, computed: bool) -> str:
             f"; noise floor {pct(base.meta['noise_floor'])} (right, then wrong when scored again; "
             f"{base.meta['noise_flips']} probes flipped either way)"
         )
+    sampling = base.scoring.get("sampling")
+    if sampling:  # what sampling costs: each response generated once per sample
+        line += (
+            f"; sampled, {sampling['samples']} answers a probe (temperature {sampling['temperature']:g}, top-p "
+            f"{sampling['top_p']:g}, seed {sampling['seed']}): {sampling['samples']}x the generation"
+        )
     return line + f"; snapshot {snapshot}" + ("" if computed else " (loaded)")
 
 
@@ -126,6 +132,7 @@ def console_line(step: int, report: TransitionReport, train_kl: float | None = N
         f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
         f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
         f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk"
+        + (f"; under every seed {report.forgotten_agreed:g} forgotten" if report.agreement else "")
         + (f"; train KL {train_kl:.3g}" if train_kl is not None else "")
     )
 
