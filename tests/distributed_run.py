@@ -22,6 +22,8 @@
   cache) or under FSDP2 (each probe whole), next to every probe scored whole by this rank alone.
 - ``oom``: the same, unsharded, where rank 1 runs out of memory (injected) on batches of more
   than 3 rows and rank 0 never does.
+- ``sampled``: knowledge and behaviour probes, unsharded, answers sampled (3 a probe, each with
+  its own seed), next to the same scored by this rank alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's folder)
 
-from forgetwatch import MergeAtEnd, Monitor, Output, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
+from forgetwatch import MergeAtEnd, Monitor, Output, ProbeKind, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.results.run_files import read_history  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
@@ -173,12 +175,13 @@ def sharded(mode: str) -> dict:
         probes = ProbeSet(list(probes) + list(ProbeSet.from_records(world.behaviour_probe_records(world.known[:4]))))
     if not dist.is_initialized():  # several modes run one after another in one launch
         dist.init_process_group("gloo")
-    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, shared_prefixes=False)(
-        base, batch_size=8, show_progress=False
+    sampled = {"samples": 3, "temperature": 1.0, "top_p": 0.9, "seed": 5} if mode == "sampled" else {}
+    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, shared_prefixes=False, **sampled)(
+        base, batch_size=5, show_progress=False
     )
     model = copy.deepcopy(base)
     layer = type(model.model.layers[0])
-    if mode == "prefixes":
+    if mode in ("prefixes", "sampled"):
         pass  # a whole copy on each rank, as under DDP
     elif mode == "oom":
         model = OutOfMemoryAbove(model, limit=3 if int(os.environ["RANK"]) == 1 else float("inf"))
@@ -200,9 +203,13 @@ def sharded(mode: str) -> dict:
         for block in model.model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    scorer = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8)
+    scorer = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, **sampled)
     together = scorer(model, batch_size=8, show_progress=False, distributed=True)
+    generated = sum(p.kind is not ProbeKind.MULTIPLE_CHOICE for p in probes)
     return {
+        "alone_samples": None if alone.samples_correct is None else alone.samples_correct.tolist(),
+        "together_samples": None if together.samples_correct is None else together.samples_correct.tolist(),
+        "work": len(probes) + (sampled.get("samples", 1) - 1) * generated,  # what the ranks share
         "alone_correct": alone.correct.tolist(),
         "together_correct": together.correct.tolist(),
         "alone_outputs": alone.outputs,

@@ -112,7 +112,7 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
         assert r0["merge"]["forgetwatch/merge/forgetting"] == pytest.approx(alone.forgetting(alone.alphas.index(best)))
 
 
-SHARDED = ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2"]
+SHARDED = ["fsdp1", "fsdp2", "oom", "prefixes", "prefixes-fsdp2", "sampled"]
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +131,14 @@ def test_sharded_models_score_like_one_process(sharded_runs, mode):
     if mode == "oom":  # only rank 1 ran out of memory, yet both shrank their batches alike
         assert ranks[0]["row_cap"] == ranks[1]["row_cap"] == 2
         assert len(ranks[0]["rows"]) == len(ranks[1]["rows"])
+    if mode == "sampled":  # each answer drawn with its own seed: the same on two ranks as on one
+        assert ranks[0]["alone_samples"] is not None and len(ranks[0]["alone_samples"][0]) == 3
     for rank in ranks:
         assert rank["together_correct"] == rank["alone_correct"]
         assert rank["together_outputs"] == rank["alone_outputs"]  # generation in lockstep, ranks
+        assert rank["together_samples"] == rank["alone_samples"]
         assert rank["max_logprob_diff"] < 1e-5  # finishing at different times
-        assert about_half(rank["scored_here"], rank["n_probes"])
+        assert about_half(rank["scored_here"], rank["work"])
 
 
 def test_weights_key_under_zero3_reads_the_partitions_not_the_placeholders(tmp_path):

@@ -106,6 +106,11 @@ PAGE_CHECKS = {
     "watch.md": lambda ns, folder: (folder / "out" / "loop" / "forgetwatch" / "history.jsonl").is_file(),
     "lm-eval.md": lambda ns, folder: len(ns["tasks"]) > 0,
     "replay.md": lambda ns, folder: len(ns["pool"]) > 0,
+    "sampling.md": lambda ns, folder: (
+        ns["before"].samples_correct.shape == (len(ns["probes"]), 3)
+        and ns["report"].agreement[-1]["seeds"] == 3
+        and ns["watching"].config.scoring.samples == 3
+    ),
     "merge.md": lambda ns, folder: (
         ns["sweep"].reports[0].forgotten == 0
         and (folder / "sweep.csv").is_file()
