@@ -24,7 +24,9 @@ from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = ("id", "question", "category", "choices", "answer", "extract", "check")
+PROBE_FIELDS = ("id", "question", "messages", "category", "choices", "answer", "extract", "check")
+#: The roles of a multi-turn probe's turns (``messages``).
+ROLES = ("system", "user", "assistant")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
 GROUP_KEY = "category_group"
 logger = logging.getLogger(__name__)
@@ -77,6 +79,9 @@ class Probe:
     delimiter: str | None = None
     #: an ``LmEvalJudge``, which decides the answer by lm-eval's rules instead of ours (``None``)
     judge: Any = field(default=None, compare=False, hash=False, repr=False)
+    #: a multi-turn probe's conversation (``{"role", "content"}`` turns ending with the user's), rendered with the
+    #: model's chat template; ``question`` is then its last turn
+    messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
 
     @property
     def kind(self) -> ProbeKind:
@@ -116,7 +121,8 @@ class Probe:
 
     def content(self) -> dict[str, Any]:
         """The fields that decide scoring, as a plain dict (what the fingerprint hashes)."""
-        row: dict[str, Any] = {"id": self.id, "question": self.question, "category": self.category}
+        asked = {"question": self.question} if self.messages is None else {"messages": [dict(m) for m in self.messages]}
+        row: dict[str, Any] = {"id": self.id, **asked, "category": self.category}
         if self.choices is not None:
             row["choices"] = list(self.choices)
         if self.check is not None:
@@ -156,6 +162,31 @@ def _text_problem(value: Any, need: str, allow_layout: bool = False) -> str | No
         hint = f'quote it: "{value}"; ' if isinstance(value, (bool, int, float)) else ""
         return f"must be a string, got {type_name(value)} {shorten(value)}; {hint}{need}"
     return f"is empty; {need}" if not value.strip() else unkeepable(value, allow_layout)
+
+
+def messages_problems(value: Any) -> list[FieldProblem]:
+    """What is wrong with a conversation: a non-empty list of ``{"role", "content"}`` turns ending with the user's."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return [
+            ("messages", f'must be a non-empty list of turns {{"role": ..., "content": ...}}, got {type_name(value)}')
+        ]
+    problems: list[FieldProblem] = []
+    for i, turn in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(turn, Mapping):
+            problems.append((where, f"must be an object with 'role' and 'content', got {type_name(turn)}"))
+            continue
+        if extra := sorted(set(turn) - {"role", "content"}):
+            problems.append((where, f"unknown key {extra[0]!r}; a turn has 'role' and 'content'"))
+        if turn.get("role") not in ROLES:
+            problems.append((f"{where}.role", f"must be one of {', '.join(ROLES)}, got {shorten(turn.get('role'))}"))
+        if message := _text_problem(turn.get("content"), "give the turn's text", allow_layout=True):
+            problems.append((f"{where}.content", message))
+    if isinstance(value[-1], Mapping) and value[-1].get("role") != "user":
+        problems.append(
+            (f"messages[{len(value) - 1}].role", "the last turn must be the user's: the model replies to it")
+        )
+    return problems
 
 
 def check_category(value: Any) -> str | None:
@@ -255,7 +286,9 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
     kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
-    texts = {"id": "give every probe a unique string id", "question": "give the full prompt text"}
+    texts = {"id": "give every probe a unique string id"}
+    if "messages" not in present:
+        texts["question"] = "give the full prompt text (or, for a conversation, 'messages')"
     if kind is ProbeKind.GENERATIVE:
         why = "this row has no 'choices', so it is generative"
         texts["answer"] = f"give the reference answer as a string ({why})" + _misspelled(present, "choices")
@@ -267,6 +300,12 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
             message = _never_extracted(present[fld], present.get("extract"))
         if message:
             problems.append((fld, message))
+    if "messages" in present:
+        if "question" in present:
+            problems.append(("messages", "give 'question' or 'messages' (a conversation), not both"))
+        if kind is ProbeKind.MULTIPLE_CHOICE:
+            problems.append(("messages", "a conversation is asked for a generated reply: give it no 'choices'"))
+        problems += messages_problems(present["messages"])
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
     if kind is ProbeKind.BEHAVIOUR:
@@ -284,9 +323,11 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     if problems:
         return problems
 
+    messages = tuple(dict(m) for m in present["messages"]) if "messages" in present else None
     return Probe(
         id=present["id"],
-        question=present["question"],
+        question=messages[-1]["content"] if messages else present["question"],
+        messages=messages,
         answer=int(present["answer"]) if kind is ProbeKind.MULTIPLE_CHOICE else present.get("answer"),
         choices=tuple(present["choices"]) if kind is ProbeKind.MULTIPLE_CHOICE else None,
         category=present.get("category", "all"),

@@ -73,13 +73,22 @@ def encode_probes(
             "chat_template=True but this tokenizer has no chat template; "
             "use a chat/instruct model's tokenizer or pass chat_template=False"
         )
+    if not getattr(tokenizer, "chat_template", None) and (talk := next((p for p in probes if p.messages), None)):
+        raise ValueError(
+            f"probe {talk.id!r} of {probes.source} is a conversation ('messages'), which is built with the model's "
+            "chat template, and this tokenizer has none; use a chat model's tokenizer"
+        )
     default_delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
     prompts: list[str] = []
     for p in probes:
-        text = visible_tail(tokenizer, p.question, visible)
-        if chat_template:  # the question as a chat user turn
+        if p.messages:  # a conversation, in the model's chat template, its reply to come
+            rendered = tokenizer.apply_chat_template(list(p.messages), tokenize=False, add_generation_prompt=True)
+            text = visible_tail(tokenizer, rendered, visible)
+        else:
+            text = visible_tail(tokenizer, p.question, visible)
+        if chat_template and not p.messages:  # the question as a chat user turn
             turn = [{"role": "user", "content": text}]
             text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
         if p.kind is not ProbeKind.MULTIPLE_CHOICE:  # generated: a prompt
