@@ -24,7 +24,7 @@ from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
 EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = ("id", "question", "messages", "category", "choices", "answer", "extract", "check")
+PROBE_FIELDS = ("id", "question", "messages", "category", "group", "choices", "answer", "extract", "check")
 #: The roles of a multi-turn probe's turns (``messages``).
 ROLES = ("system", "user", "assistant")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
@@ -82,6 +82,8 @@ class Probe:
     #: a multi-turn probe's conversation (``{"role", "content"}`` turns ending with the user's), rendered with the
     #: model's chat template; ``question`` is then its last turn
     messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
+    #: the rephrasing group: probes of one group ask one question in other words
+    group: str | None = None
 
     @property
     def kind(self) -> ProbeKind:
@@ -129,7 +131,12 @@ class Probe:
             row["check"] = dict(self.check)
         else:
             row["answer"] = self.answer
-        optional = {"extract": self.extract, "delimiter": self.delimiter, "judge": self.judge and self.judge.describe()}
+        optional = {
+            "group": self.group,
+            "extract": self.extract,
+            "delimiter": self.delimiter,
+            "judge": self.judge and self.judge.describe(),
+        }
         return row | {k: v for k, v in optional.items() if v is not None}
 
 
@@ -284,7 +291,8 @@ _NOT_FOR = {
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
-    present = {k: v for k, v in row.items() if not (k in ("choices", "category", "extract", "check") and v is None)}
+    optional = ("choices", "category", "extract", "check", "group", "messages")
+    present = {k: v for k, v in row.items() if not (k in optional and v is None)}
     kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
     texts = {"id": "give every probe a unique string id"}
     if "messages" not in present:
@@ -308,6 +316,8 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         problems += messages_problems(present["messages"])
     if "category" in present and (message := check_category(present["category"])):
         problems.append(("category", message))
+    if "group" in present and (message := _text_problem(present["group"], "name the question its wordings share")):
+        problems.append(("group", message))
     if kind is ProbeKind.BEHAVIOUR:
         problems += check_problems(present["check"])
     elif kind is ProbeKind.MULTIPLE_CHOICE:
@@ -332,6 +342,7 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         choices=tuple(present["choices"]) if kind is ProbeKind.MULTIPLE_CHOICE else None,
         category=present.get("category", "all"),
         extract=present.get("extract"),
+        group=present.get("group"),
         check=copy.deepcopy(present["check"]) if "check" in present else None,
         meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
     )
@@ -344,6 +355,20 @@ class RowCollector(Rows[Probe]):
         super().__init__(source, unit, parse_row, ProbeError, "no probes found; add at least one probe row")
 
     def finish(self) -> list[Probe]:
+        members: dict[str, list[Probe]] = {}
+        for probe in self.values:
+            if probe.group is not None:
+                members.setdefault(probe.group, []).append(probe)
+        for group, probes in members.items():  # each problem on the line of the probe that shows it
+            if len(probes) == 1:
+                message = f"group {shorten(group)} has this probe alone; a group is one question in two or more "
+                self.problem(self._first_seen[probes[0].id], "group", message + "wordings: add one, or drop 'group'")
+            elif other := next((p for p in probes if p.category != probes[0].category), None):
+                message = (
+                    f"group {shorten(group)} is in category {shorten(probes[0].category)} (probe "
+                    f"{shorten(probes[0].id)}) and here in {shorten(other.category)}; a question's wordings share one"
+                )
+                self.problem(self._first_seen[other.id], "group", message)
         probes = super().finish()
         long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
         if long:  # one warning for them all

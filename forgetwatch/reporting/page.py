@@ -311,7 +311,26 @@ def _probe_tables(run: Run, top: int) -> str:
         'or resumed and not evaluated since): "answer now" says right or wrong.</p>'
     )
     html_tables = [_table(run, rows[:top], *words, events, flips) for rows, *words in tables]
-    return ("" if run.latest else unknown) + "".join(html_tables)
+    return ("" if run.latest else unknown) + "".join(html_tables) + _broken_groups(run, top)
+
+
+def _broken_groups(run: Run, top: int) -> str:
+    """The rephrasing groups right under every wording at the base and not at the last evaluation."""
+    last = run.history[-1][1] if run.history else None
+    if last is None or last.robust_accuracy_before != last.robust_accuracy_before:  # no groups: NaN
+        return ""
+    title = "Rephrasings that broke: right in every wording at the base, not now"
+    if not last.robust_forgotten_groups:
+        return f'<h3>{_e(title)}</h3><p class="note">no rephrasing group broke.</p>'
+    t, groups = run.trajectory, run.base.groups or []
+    rows = []
+    for group in last.robust_forgotten_groups[:top]:
+        members = [i for i, g in enumerate(groups) if g == group]
+        wrong = [t.ids[i] for i in members if not t.correct[i, -1]]
+        rows.append(_tr([group, len(members), ", ".join(wrong)]))
+    head = _tr(["group", "wordings", "wrong now"], "th")
+    share = f"{last.robust_accuracy_before:.0%} of the groups right in every wording at the base, {last.robust_accuracy_after:.0%} now"
+    return f'<h3>{_e(title)}</h3><p class="note">{_e(share)}.</p><table class="probes">{head}{"".join(rows)}</table>'
 
 
 def _table(run: Run, rows: list[int], title: str, note: str, empty: str, events: Any, flips: Any) -> str:

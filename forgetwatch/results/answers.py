@@ -49,6 +49,7 @@ class Answers:
         n_choices: number of choices per sample (0 for generative probes).
         outputs: raw generated text (``None`` for multiple choice; sampled: the first sample's).
         meta: free-form extra information (step, keys of the model scored, noise floor, ...).
+        groups: each probe's rephrasing group (``None`` for a probe without one), when any probe has one.
         samples_correct: sampled scoring only (``Scoring.samples``): each sample's verdict, probes x samples, sample
             j drawn with the same seed in every evaluation (a multiple-choice probe's one verdict repeated);
             ``correct`` is then the majority's. ``None`` for greedy answers.
@@ -73,6 +74,7 @@ class Answers:
     model: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     samples_correct: np.ndarray | None = None
+    groups: list[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.correct = np.asarray(self.correct, dtype=bool)
@@ -84,6 +86,8 @@ class Answers:
         bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
+        if self.groups is not None and len(self.groups) != n:
+            raise ValueError(f"Answers.groups must have {n} entries (one per id); got {len(self.groups)}")
         if self.samples_correct is not None:
             self.samples_correct = np.asarray(self.samples_correct, dtype=bool)
             shape = self.samples_correct.shape
@@ -116,6 +120,7 @@ class Answers:
             model=model,
             meta=dict(meta or {}),
             samples_correct=_per_sample(samples),
+            groups=[s.get("group") for s in samples] if any("group" in s for s in samples) else None,
         )
 
     def __len__(self) -> int:
@@ -141,6 +146,7 @@ class Answers:
                 "n_choices": int(self.n_choices[i]),
                 "output": self.outputs[i],
                 **({} if self.samples_correct is None else {"samples_correct": self.samples_correct[i].tolist()}),
+                **({} if self.groups is None else {"group": self.groups[i]}),
             }
             for i in range(len(self))
         ]

@@ -186,6 +186,7 @@ _SHAPES = {
         "a JSON object by category",
     ),
     "_ids": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of probe ids"),
+    "_groups": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of group names"),
     "_ci": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_figure, v)), "[low, high] (numbers or null)"),
     "behaviour": (lambda v: isinstance(v, dict) and all(map(_is_figure, v.values())), "figures' numbers or null"),
     "agreement": (

@@ -198,6 +198,33 @@ def seed_agreement(before: ArrayLike, after: ArrayLike) -> list[dict[str, float]
     return out
 
 
+def robust_figures(groups: Sequence[str | None], before: ArrayLike, after: ArrayLike) -> dict[str, Any]:
+    """Rephrasing (CapTrack's C5a): of the probes' groups, the share right under every wording before and after,
+    and the groups right under every wording before and not after ("robustness forgetting"); empty without groups.
+
+    Example:
+        >>> robust_figures(["g", "g", None], [1, 1, 1], [1, 0, 1])["robust_forgotten_groups"]
+        ['g']
+    """
+    b, a = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        if g is not None:
+            members.setdefault(g, []).append(i)
+    if not members:
+        return {}
+    names = sorted(members)
+    right_before = np.array([b[members[g]].all() for g in names])
+    right_after = np.array([a[members[g]].all() for g in names])
+    broke = [g for g, x, y in zip(names, right_before, right_after) if x and not y]
+    return {
+        "robust_accuracy_before": float(right_before.mean()),
+        "robust_accuracy_after": float(right_after.mean()),
+        "robust_forgotten": float(len(broke)),
+        "robust_forgotten_groups": broke,
+    }
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
@@ -251,6 +278,8 @@ def _report(
         every = agreement[-1]  # all seeds at once
         agreed = {"forgotten_agreed": every["forgotten_mean"], "gained_agreed": every["gained_mean"]}
         agreed["agreement"] = agreement
+    if base.groups is not None:  # rephrasings: right under every wording of a question
+        agreed.update(robust_figures([base.groups[i] for i in idx], before, after))
     return TransitionReport(
         n=n,
         forgotten=t.n10,

@@ -47,6 +47,9 @@ class TransitionReport:
     (``Scoring.samples``): ``forgotten_agreed`` / ``gained_agreed``, the probes 1->0 / 0->1 under every seed (seed i
     before paired with seed i now), and ``agreement``, per number of seeds m, the mean and variance of those counts
     over every combination of m seeds (:func:`~forgetwatch.results.metrics.seed_agreement`); NaN and empty otherwise.
+    Of probes in rephrasing groups: ``robust_accuracy_before`` / ``_after``, the share of groups right under every
+    wording, and ``robust_forgotten`` (with ``robust_forgotten_groups``), the groups right under every wording
+    before and not now (:func:`~forgetwatch.results.metrics.robust_figures`).
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -84,6 +87,10 @@ class TransitionReport:
     forgotten_agreed: float = _NAN
     gained_agreed: float = _NAN
     agreement: list[dict[str, float]] = field(default_factory=list)
+    robust_accuracy_before: float = _NAN
+    robust_accuracy_after: float = _NAN
+    robust_forgotten: float = _NAN
+    robust_forgotten_groups: list[str] = field(default_factory=list)
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------

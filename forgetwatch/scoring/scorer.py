@@ -337,11 +337,14 @@ class Scorer:
         first_key = tokens.first_key
         rules = Rules(self.settings.normalize, self.extract, self.refusal_detector)
         k = self.settings.samples if self.settings.sampled else 1
+        grouped = any(p.group is not None for p in self.probes)
         samples = []
         for i, probe in enumerate(self.probes):
             logprobs = sums[first_key[i] : first_key[i + 1]]
             judged = [SCORE[probe.kind](probe, Measured(logprobs, texts.get((i, j))), rules) for j in range(k)]
             sample = {"id": probe.id, "category": probe.category, **judged[0]}  # what it said: the first sample
+            if grouped:
+                sample["group"] = probe.group
             if self.settings.sampled:  # right when most samples are
                 verdicts = [bool(v["correct"]) for v in judged]
                 sample.update(correct=2 * sum(verdicts) > k, samples_correct=verdicts)

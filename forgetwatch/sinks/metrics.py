@@ -26,9 +26,16 @@ EVAL_PREFIX = "eval_forgetwatch_"
 #: logged names, each a TransitionReport attribute but where _ATTRIBUTE says (contract names first, then drift warnings)
 METRICS = (
     "forgetting backward_transfer forgetting_adjusted backward_transfer_adjusted forgotten gained accuracy "
-    "accuracy_base forgetting_events forgetting_persistent at_risk logprob_drop choice_kl forgotten_agreed gained_agreed"
+    "accuracy_base forgetting_events forgetting_persistent at_risk logprob_drop choice_kl forgotten_agreed gained_agreed "
+    "robust/accuracy robust/accuracy_base robust/forgotten"
 ).split()
-_ATTRIBUTE = {"accuracy": "accuracy_after", "accuracy_base": "accuracy_before"}
+_ATTRIBUTE = {
+    "accuracy": "accuracy_after",
+    "accuracy_base": "accuracy_before",
+    "robust/accuracy": "robust_accuracy_after",
+    "robust/accuracy_base": "robust_accuracy_before",
+    "robust/forgotten": "robust_forgotten",
+}
 
 
 def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> dict[str, float]:
