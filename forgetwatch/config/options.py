@@ -43,7 +43,7 @@ def scoring_options(
         options.update(max_new_tokens=max_new_tokens, stop=list(stop))
         if extract is not None:
             options["extract"] = getattr(extract, "__qualname__", repr(extract))
-    if ProbeKind.BEHAVIOUR in kinds:
+    if kinds & {ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL}:
         options["behaviour_max_new_tokens"] = behaviour_max_new_tokens
         if refusal_detector is not None:
             options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))

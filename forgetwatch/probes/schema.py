@@ -20,11 +20,24 @@ from forgetwatch.common.rows import FieldProblem, Rows
 from forgetwatch.common.strict_json import lone_surrogate
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
 from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
+from forgetwatch.probes.tool_calls import ARGUMENT_MATCHES, call_problems, tools_problems
 
 EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = ("id", "question", "messages", "category", "group", "choices", "answer", "extract", "check")
+PROBE_FIELDS = (
+    "id",
+    "question",
+    "messages",
+    "category",
+    "group",
+    "choices",
+    "answer",
+    "extract",
+    "check",
+    "tools",
+    "arguments_match",
+)
 #: The roles of a multi-turn probe's turns (``messages``).
 ROLES = ("system", "user", "assistant")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
@@ -50,11 +63,14 @@ class ProbeKind(Enum):
     MULTIPLE_CHOICE = "multiple choice"  # the likeliest of the choices is the answer
     GENERATIVE = "generative"  # a generated answer, compared with the reference
     BEHAVIOUR = "behaviour"  # a generated response, passed or failed by its checks
+    TOOL_CALL = "tool call"  # a generated call of one of the tools, compared with the expected call
 
     @classmethod
-    def of(cls, *, has_check: bool, has_choices: bool) -> ProbeKind:
+    def of(cls, *, has_check: bool, has_choices: bool, has_tools: bool = False) -> ProbeKind:
         if has_check:  # a check makes a behaviour probe, whatever else it holds
             return cls.BEHAVIOUR
+        if has_tools:
+            return cls.TOOL_CALL
         return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
 
 
@@ -69,7 +85,7 @@ class Probe:
 
     id: str
     question: str
-    answer: int | str | None
+    answer: int | str | Mapping[str, Any] | None = field(hash=False)
     choices: tuple[str, ...] | None = None
     category: str = "all"
     extract: str | None = None
@@ -84,10 +100,15 @@ class Probe:
     messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
     #: the rephrasing group: probes of one group ask one question in other words
     group: str | None = None
+    #: a tool-call probe's tools (JSON schemas, given to the chat template) and how its arguments are matched
+    tools: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
+    arguments_match: str | None = None
 
     @property
     def kind(self) -> ProbeKind:
-        return ProbeKind.of(has_check=self.check is not None, has_choices=self.choices is not None)
+        return ProbeKind.of(
+            has_check=self.check is not None, has_choices=self.choices is not None, has_tools=self.tools is not None
+        )
 
     @property
     def category_group(self) -> str:
@@ -119,6 +140,8 @@ class Probe:
         """The right choice, the reference, or the check (as JSON)."""
         if self.kind is ProbeKind.BEHAVIOUR:
             return json.dumps(dict(self.check), ensure_ascii=False)
+        if self.kind is ProbeKind.TOOL_CALL:
+            return json.dumps(self.answer, ensure_ascii=False)
         return self.choices[self.answer] if self.kind is ProbeKind.MULTIPLE_CHOICE else str(self.answer)
 
     def content(self) -> dict[str, Any]:
@@ -131,7 +154,10 @@ class Probe:
             row["check"] = dict(self.check)
         else:
             row["answer"] = self.answer
+        if self.tools is not None:
+            row["tools"] = [copy.deepcopy(dict(t)) for t in self.tools]
         optional = {
+            "arguments_match": self.arguments_match,
             "group": self.group,
             "extract": self.extract,
             "delimiter": self.delimiter,
@@ -285,15 +311,21 @@ _NOT_FOR = {
         "extract": "extract applies only to generative probes; remove it from this multiple-choice row"
     },
     ProbeKind.GENERATIVE: {},
+    ProbeKind.TOOL_CALL: {
+        f: f"a tool-call probe (one with 'tools') is judged by its call: remove '{f}'" for f in ("choices", "extract")
+    },
 }
+_NOT_FOR[ProbeKind.BEHAVIOUR]["tools"] = "a behaviour probe (one with 'check') has no 'tools'; remove one of them"
+for _kind in (ProbeKind.MULTIPLE_CHOICE, ProbeKind.GENERATIVE, ProbeKind.BEHAVIOUR):
+    _NOT_FOR[_kind]["arguments_match"] = "arguments_match goes with a tool-call probe (one with 'tools')"
 
 
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     """Validate one probe row: the Probe, or every problem found in it."""
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
-    optional = ("choices", "category", "extract", "check", "group", "messages")
+    optional = ("choices", "category", "extract", "check", "group", "messages", "tools", "arguments_match")
     present = {k: v for k, v in row.items() if not (k in optional and v is None)}
-    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present)
+    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present, has_tools="tools" in present)
     texts = {"id": "give every probe a unique string id"}
     if "messages" not in present:
         texts["question"] = "give the full prompt text (or, for a conversation, 'messages')"
@@ -320,6 +352,15 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         problems.append(("group", message))
     if kind is ProbeKind.BEHAVIOUR:
         problems += check_problems(present["check"])
+    elif kind is ProbeKind.TOOL_CALL:
+        problems += tools_problems(present["tools"])
+        if "answer" not in present:
+            problems.append(("answer", 'missing; give the expected call {"name": ..., "arguments": {...}}'))
+        else:
+            problems += call_problems(present["answer"], present["tools"])
+        if present.get("arguments_match", "exact") not in ARGUMENT_MATCHES:
+            message = f"must be one of {', '.join(ARGUMENT_MATCHES)}, got {shorten(present['arguments_match'])}"
+            problems.append(("arguments_match", message))
     elif kind is ProbeKind.MULTIPLE_CHOICE:
         problems += [("choices", message) for message in _choice_problems(present["choices"])]
         # Bad entries do not change the count, so the answer's range can still be checked.
@@ -334,11 +375,19 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
         return problems
 
     messages = tuple(dict(m) for m in present["messages"]) if "messages" in present else None
+    tools = tuple(copy.deepcopy(dict(t)) for t in present["tools"]) if "tools" in present else None
+    answer = present.get("answer")
+    if kind is ProbeKind.TOOL_CALL:
+        answer = {"name": answer["name"], "arguments": copy.deepcopy(dict(answer.get("arguments", {})))}
+    elif kind is ProbeKind.MULTIPLE_CHOICE:
+        answer = int(answer)
     return Probe(
         id=present["id"],
         question=messages[-1]["content"] if messages else present["question"],
         messages=messages,
-        answer=int(present["answer"]) if kind is ProbeKind.MULTIPLE_CHOICE else present.get("answer"),
+        answer=answer,
+        tools=tools,
+        arguments_match=present.get("arguments_match"),
         choices=tuple(present["choices"]) if kind is ProbeKind.MULTIPLE_CHOICE else None,
         category=present.get("category", "all"),
         extract=present.get("extract"),

@@ -73,27 +73,31 @@ def encode_probes(
             "chat_template=True but this tokenizer has no chat template; "
             "use a chat/instruct model's tokenizer or pass chat_template=False"
         )
-    if not getattr(tokenizer, "chat_template", None) and (talk := next((p for p in probes if p.messages), None)):
+    templated = next((p for p in probes if p.messages or p.tools), None)  # built with the chat template only
+    if templated is not None and not getattr(tokenizer, "chat_template", None):
+        what = "asks for a tool call ('tools')" if templated.tools else "is a conversation ('messages')"
         raise ValueError(
-            f"probe {talk.id!r} of {probes.source} is a conversation ('messages'), which is built with the model's "
-            "chat template, and this tokenizer has none; use a chat model's tokenizer"
+            f"probe {templated.id!r} of {probes.source} {what}, which is built with the model's chat template, and "
+            "this tokenizer has none; use a chat model's tokenizer"
         )
     default_delimiter = "" if chat_template else " "
     contexts: list[str] = []
     wholes: list[str] = []
     prompts: list[str] = []
     for p in probes:
-        if p.messages:  # a conversation, in the model's chat template, its reply to come
-            rendered = tokenizer.apply_chat_template(list(p.messages), tokenize=False, add_generation_prompt=True)
+        if p.messages or p.tools:  # a conversation (and the tools), in the model's chat template, its reply to come
+            turns = [dict(m) for m in p.messages] if p.messages else [{"role": "user", "content": p.question}]
+            tools = [dict(t) for t in p.tools] if p.tools else None
+            rendered = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
             text = visible_tail(tokenizer, rendered, visible)
         else:
             text = visible_tail(tokenizer, p.question, visible)
-        if chat_template and not p.messages:  # the question as a chat user turn
+        if chat_template and not (p.messages or p.tools):  # the question as a chat user turn
             turn = [{"role": "user", "content": text}]
             text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
         if p.kind is not ProbeKind.MULTIPLE_CHOICE:  # generated: a prompt
             prompts.append(text)
-        if p.kind is ProbeKind.BEHAVIOUR:  # no reference to score
+        if p.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):  # no reference text to score
             continue
         delimiter = default_delimiter if p.delimiter is None else p.delimiter
         wholes += [text + delimiter + choice for choice in p.choices or (p.answer,)]
@@ -104,7 +108,7 @@ def encode_probes(
     out: list[Encoded] = []
     for p in probes:
         prompt = None if p.kind is ProbeKind.MULTIPLE_CHOICE else tuple(next(prompt_ids))
-        if p.kind is ProbeKind.BEHAVIOUR:
+        if p.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):
             out.append(EncodedPrompt(prompt))
             continue
         ctx = tuple(next(context_ids))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -11,6 +12,7 @@ import numpy as np
 from forgetwatch.behaviour.checks import failed_checks
 from forgetwatch.probes import Probe, ProbeKind
 from forgetwatch.probes.extract import extractor_for, is_correct, reference_for
+from forgetwatch.probes.tool_calls import calls_match, parse_call
 
 
 class Measured(NamedTuple):
@@ -71,9 +73,18 @@ def behaviour(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
     return {"correct": not failed, "predicted": measured.text, "output": measured.text, "n_choices": 0}
 
 
+def tool_call(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
+    """The first call in the reply, right when it names the expected tool with the expected arguments."""
+    call = parse_call(measured.text)
+    correct = calls_match(probe.answer, call, probe.arguments_match or "exact")
+    shown = None if call is None else json.dumps(call, ensure_ascii=False, sort_keys=True)
+    return {"correct": correct, "predicted": shown, "output": measured.text, "n_choices": 0}
+
+
 #: How each kind of probe is scored.
 SCORE: Mapping[ProbeKind, Callable[[Probe, Measured, Rules], dict[str, Any]]] = {
     ProbeKind.MULTIPLE_CHOICE: multiple_choice,
     ProbeKind.GENERATIVE: generative,
     ProbeKind.BEHAVIOUR: behaviour,
+    ProbeKind.TOOL_CALL: tool_call,
 }

@@ -255,7 +255,7 @@ class Scorer:
         groups: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
         s = self.settings
         for i, p in enumerate(self.probes):
-            if p.kind is ProbeKind.BEHAVIOUR:  # a response of several lines: no stop strings
+            if p.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):  # a response of several lines: no stop strings
                 groups.setdefault(("behaviour_max_new_tokens", s.behaviour_max_new_tokens, ()), []).append(i)
             elif p.kind is ProbeKind.GENERATIVE and p.judge is not None:
                 limit = s.max_new_tokens if p.judge.max_new_tokens is None else p.judge.max_new_tokens
