@@ -1,0 +1,181 @@
+"""Tool-call probes (CapTrack's H3) on a tiny chat model the test trains with a tool-aware template: the prompt, the
+call read from the reply and the verdict equal a plain rendering, decoding and parsing loop; the parser reads the
+usual formats; a malformed row is one error naming the file, line and field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from forgetwatch import ProbeError, ProbeKind, ProbeSet, Scorer, evaluate
+from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
+
+TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>\n{% endif %}"
+)
+TOOLS = [
+    {"type": "function", "function": {"name": "get_capital", "parameters": {"country": {"type": "string"}}}},
+    {"type": "function", "function": {"name": "get_flag"}},
+]
+
+
+def rendered_by_hand(question):
+    return f"<tools>{json.dumps(TOOLS, ensure_ascii=False)}</tools>\n<user>{question}\n<assistant>\n"
+
+
+def call_text(country):
+    return '<tool_call>{"name": "get_capital", "arguments": {"country": "' + country + '"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def chat_model(toy):
+    """A toy chat model taught to call get_capital for 16 countries (the other probes' countries it never saw)."""
+    from forgetwatch.toy import ToyWorld
+
+    world = toy.world
+    questions = [f"What is the capital of {c.name}?" for c in world.countries]
+    transcripts = [rendered_by_hand(q) + call_text(c.name) for q, c in zip(questions, world.countries)]
+    tokenizer = world.tokenizer(extra=transcripts)
+    tokenizer.chat_template = TEMPLATE
+    model = world.model(tokenizer)
+    ToyWorld.train(model, tokenizer, transcripts[:16], steps=60, lr=5e-3)
+    model.eval()
+    return model, tokenizer
+
+
+def probe_rows(toy):
+    rows = [
+        {
+            "id": f"call/{c.name}",
+            "messages": [{"role": "user", "content": f"What is the capital of {c.name}?"}],
+            "tools": TOOLS,
+            "answer": {"name": "get_capital", "arguments": {"country": c.name}},
+        }
+        for c in toy.world.countries[:8]
+    ]
+    rows.append(
+        {
+            "id": "any-country",
+            "question": "What is the capital of Vouzapu?",
+            "tools": TOOLS,
+            "answer": {"name": "get_capital", "arguments": {}},
+            "arguments_match": "subset",
+        }
+    )
+    return rows
+
+
+def greedy_by_hand(model, tokenizer, ids, max_new_tokens):
+    ids, new = list(ids), []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            ids.append(token)
+            new.append(token)
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def call_by_hand(text):
+    """The first balanced {...} of the reply that loads as JSON with a name."""
+    for start in [i for i, ch in enumerate(text) if ch == "{"]:
+        depth = 0
+        for end in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                try:
+                    value = json.loads(text[start : end + 1])
+                except ValueError:
+                    break
+                if isinstance(value, dict) and isinstance(value.get("name"), str):
+                    return {"name": value["name"], "arguments": value.get("arguments", {})}
+                break
+    return None
+
+
+@pytest.mark.slow
+def test_calls_are_read_and_judged_as_a_plain_loop_does(toy, chat_model):
+    model, tokenizer = chat_model
+    rows = probe_rows(toy)
+    probes = ProbeSet.from_records(rows)
+    assert {p.kind for p in probes} == {ProbeKind.TOOL_CALL}
+    answers = evaluate(model, tokenizer, probes, show_progress=False, behaviour_max_new_tokens=40)
+    encoded = Scorer(tokenizer, probes).encoded
+    for i, row in enumerate(rows):
+        question = row["messages"][0]["content"] if "messages" in row else row["question"]
+        ids = tokenizer(rendered_by_hand(question))["input_ids"]
+        assert list(encoded[i].prompt) == ids, row["id"]
+        text = greedy_by_hand(model, tokenizer, ids, 40)
+        assert answers.outputs[i] == text, row["id"]
+        call = call_by_hand(text)
+        expected = row["answer"]
+        if row.get("arguments_match") == "subset":
+            right = call is not None and call["name"] == expected["name"]
+        else:
+            right = call == expected
+        assert answers.correct[i] == right, (row["id"], text)
+        assert answers.predicted[i] == (None if call is None else json.dumps(call, sort_keys=True))
+    assert 0 < answers.correct.sum() < len(rows)  # some calls right (taught), some not
+
+
+def test_the_parser_reads_the_usual_formats():
+    want = {"name": "f", "arguments": {"x": 1}}
+    for text in (
+        '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',  # Hermes, Qwen
+        '{"name": "f", "parameters": {"x": 1}}',  # Llama 3.1
+        '[TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}]',  # Mistral
+        'Sure.\n```json\n{"type": "function", "function": {"name": "f", "arguments": "{\\"x\\": 1}"}}\n```',  # OpenAI
+        'I will call it: {"note": 1} then {"name": "f", "arguments": {"x": 1}}',
+    ):
+        assert parse_call(text) == want, text
+    assert parse_call("no call here {not json}") is None and parse_call(None) is None
+
+
+def test_arguments_match_as_json_values():
+    expected = {"name": "f", "arguments": {"n": 1, "flag": True, "items": [1, 2]}}
+    assert calls_match(expected, {"name": "f", "arguments": {"n": 1.0, "flag": True, "items": [1, 2]}})
+    assert not calls_match(expected, {"name": "f", "arguments": {"n": 1, "flag": 1, "items": [1, 2]}})  # true is not 1
+    assert not calls_match(expected, {"name": "f", "arguments": {"n": 1, "flag": True, "items": [2, 1]}})
+    assert not calls_match(expected, {"name": "g", "arguments": expected["arguments"]})
+    more = {"name": "f", "arguments": {**expected["arguments"], "extra": "x"}}
+    assert not calls_match(expected, more) and calls_match(expected, more, "subset")
+    assert json_equal({"a": [1, {"b": None}]}, {"a": [1.0, {"b": None}]}) and not json_equal("1", 1)
+
+
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        ({"tools": ["get_capital"]}, "tools[0]", "a tool schema must be a JSON object"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", "has no name"),
+        ({"tools": []}, "tools", "must be a non-empty list"),
+        ({"answer": {"arguments": {}}}, "answer.name", "missing"),
+        ({"answer": {"name": "get_weather", "arguments": {}}}, "answer.name", "is none of the tools"),
+        ({"answer": {"name": "get_capital", "arguments": "x"}}, "answer.arguments", "must be a JSON object"),
+        ({"answer": "get_capital"}, "answer", "must be the expected call"),
+        ({"arguments_match": "loose"}, "arguments_match", "must be one of exact, subset"),
+        (
+            {"messages": [{"role": "assistant", "content": "hi"}]},
+            "messages[0].role",
+            "the last turn must be the user's",
+        ),
+    ],
+)
+def test_a_malformed_tool_call_row_is_one_error_naming_the_line_and_field(toy, tmp_path, change, field, message):
+    good = probe_rows(toy)[0]
+    path = tmp_path / "probes.jsonl"
+    path.write_text(json.dumps(probe_rows(toy)[1]) + "\n" + json.dumps({**good, **change}) + "\n")
+    with pytest.raises(ProbeError) as err:
+        ProbeSet.from_jsonl(path)
+    text = str(err.value)
+    assert f"probes.jsonl: line 2: field '{field}': " in text and message in text.split(f"field '{field}': ")[1]
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_before_any_model_work(toy):
+    probes = ProbeSet.from_records(probe_rows(toy)[:1])
+    with pytest.raises(ValueError, match="asks for a tool call .* this tokenizer has none"):
+        Scorer(toy.tokenizer, probes).prepare(toy.base)
