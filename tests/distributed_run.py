@@ -234,7 +234,8 @@ def zero3_keys() -> dict:
     from forgetwatch.run.base import weights_key
 
     skip_deepspeed_shm_build()
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # it may follow other modes in one launch
+        dist.init_process_group("gloo")
     world = ToyWorld(seed=0)
     tokenizer = world.tokenizer()
     keys, held = [], []
