@@ -4,6 +4,7 @@ benchmarks and the demo (nothing downloaded)."""
 from __future__ import annotations
 
 import copy
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +17,18 @@ _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 COLORS = ["red", "blue", "green", "white", "black", "gold"]
 HARMFUL = ("burn", "poison", "rob")  # requests to do these to a country are refused
 REFUSAL = "I'm sorry, but I can't help with that."
+
+
+#: A chat template that shows the model its tools, and the tools of the toy's tool-call probes.
+TOOL_TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>\n{% endif %}"
+)
+TOOLS = [
+    {"type": "function", "function": {"name": "get_capital", "parameters": {"country": {"type": "string"}}}},
+    {"type": "function", "function": {"name": "get_flag"}},
+]
 
 
 def _name(rng: random.Random, syllables: int) -> str:
@@ -127,6 +140,34 @@ class ToyWorld:
             kinds = [("capital", "capitals", capital), ("color", "colors", color), ("rivers", "rivers", rivers)]
             rows += [{"id": f"{k}/{c.name}", "category": cat, **row} for k, cat, row in kinds[: 2 + generative]]
         return rows
+
+    def tool_probe_records(self, countries: Sequence[Country]) -> list[dict[str, Any]]:
+        """Tool-call probes: "What is the capital of X?" answered by calling get_capital(country=X)."""
+        return [
+            {
+                "id": f"call/{c.name}",
+                "messages": [{"role": "user", "content": f"What is the capital of {c.name}?"}],
+                "tools": TOOLS,
+                "answer": {"name": "get_capital", "arguments": {"country": c.name}},
+                "category": "tool_calls",
+            }
+            for c in countries
+        ]
+
+    def tool_use(self, taught: int = 16, steps: int = 240) -> tuple[Any, Any]:
+        """A chat tokenizer (:data:`TOOL_TEMPLATE`) and a tiny model taught to answer the first ``taught`` countries'
+        capital questions with a get_capital call (a few seconds)."""
+        transcripts = []
+        for row, c in zip(self.tool_probe_records(self.countries), self.countries):
+            prompt = f"<tools>{json.dumps(TOOLS)}</tools>\n<user>{row['messages'][0]['content']}\n<assistant>\n"
+            call = json.dumps({"name": "get_capital", "arguments": {"country": c.name}})
+            transcripts.append(f"{prompt}<tool_call>{call}</tool_call>")
+        tokenizer = self.tokenizer(extra=transcripts)
+        tokenizer.chat_template = TOOL_TEMPLATE
+        model = self.model(tokenizer)
+        self.train(model, tokenizer, transcripts[:taught], steps=steps, lr=5e-3)
+        model.eval()
+        return tokenizer, model
 
     def tokenizer(self, vocab_size: int = 700, add_bos: bool = True, extra: Sequence[str] = ()):
         """A byte-level BPE tokenizer trained on this world's text and ``extra`` (about a second)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgetwatch import ProbeSet, evaluate
+from forgetwatch import ProbeSet, compare, evaluate
 from forgetwatch.toy import ToyWorld
 
 trl = pytest.importorskip("trl")
@@ -557,3 +557,22 @@ def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     (hook,) = [s.hook for s in repaired.forgetwatch.watch.user_sinks]
     assert sorted(hook.by_step) == [5, 10]
     assert hook.by_step[10] == repaired.forgetwatch.history[-1][1].at_risk_ids
+
+
+# -- tool use during SFT ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_tool_use_main_watches_the_calls_and_counts_as_a_recount(tmp_path, capsys):
+    tool_use = example("tool_use_sft")
+    run = tool_use.main(["--output-dir", str(tmp_path), "--max-steps", "10", "--eval-steps", "5"])
+    callback, probes, base = run["callback"], run["probes"], run["base"]
+    assert [s for s, _ in callback.history] == [5, 10]
+    assert base.accuracy > 0.5  # the taught calls are right before fine-tuning
+    now = evaluate(run["trainer"].model, callback.watch.scorer.tokenizer, probes, behaviour_max_new_tokens=32)
+    report = callback.history[-1][1]
+    assert report.forgotten_ids == compare(base, now).forgotten_ids
+    out = capsys.readouterr().out
+    assert "tool calls at step 10" in out
+    for pid in report.forgotten_ids:
+        assert f"{pid}: expected " in out

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import forgetwatch
-from forgetwatch import ProbeSet
+from forgetwatch import ProbeKind, ProbeSet
 from forgetwatch.cli import main
 from forgetwatch.integrations.framework_settings import FrameworkSettings
 from forgetwatch.integrations.swift import PLUGIN_FILE
@@ -106,6 +106,9 @@ PAGE_CHECKS = {
     "watch.md": lambda ns, folder: (folder / "out" / "loop" / "forgetwatch" / "history.jsonl").is_file(),
     "lm-eval.md": lambda ns, folder: len(ns["tasks"]) > 0,
     "replay.md": lambda ns, folder: len(ns["pool"]) > 0,
+    "capabilities.md": lambda ns, folder: (
+        len(ns["tool_probes"]) == 4 and ns["calls"].watch.probes[0].kind.value == "tool call"
+    ),
     "sampling.md": lambda ns, folder: (
         ns["before"].samples_correct.shape == (len(ns["probes"]), 3)
         and ns["report"].agreement[-1]["seeds"] == 3
@@ -176,6 +179,18 @@ SHIPPED_COUNTS = [
         "forgetwatch/starters/knowledge.jsonl",
         "multiple choice",
     ),
+    (
+        "probes.md",
+        r"`--starter tools`\s+writes (\d+) tool-call probes",
+        "forgetwatch/starters/tools.jsonl",
+        "tool call",
+    ),
+    (
+        "probes.md",
+        r"`--starter multiturn`\s+writes (\d+) conversations",
+        "forgetwatch/starters/multiturn.jsonl",
+        "behaviour",
+    ),
 ]
 
 
@@ -188,7 +203,8 @@ def test_counts_of_shipped_probes_are_true(name, words, path, kind):
     kinds = {
         "multiple choice": lambda p: p.is_multiple_choice,
         "behaviour": lambda p: p.is_behaviour,
-        "generative": lambda p: not p.is_multiple_choice and not p.is_behaviour,
+        "generative": lambda p: p.kind is ProbeKind.GENERATIVE,
+        "tool call": lambda p: p.kind is ProbeKind.TOOL_CALL,
     }
     assert all(kinds[kind](p) for p in probes)
 

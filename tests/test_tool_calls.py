@@ -11,52 +11,22 @@ import torch
 
 from forgetwatch import ProbeError, ProbeKind, ProbeSet, Scorer, evaluate
 from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
-
-TEMPLATE = (
-    "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>\n{% endif %}"
-)
-TOOLS = [
-    {"type": "function", "function": {"name": "get_capital", "parameters": {"country": {"type": "string"}}}},
-    {"type": "function", "function": {"name": "get_flag"}},
-]
+from forgetwatch.toy import TOOLS
 
 
 def rendered_by_hand(question):
     return f"<tools>{json.dumps(TOOLS, ensure_ascii=False)}</tools>\n<user>{question}\n<assistant>\n"
 
 
-def call_text(country):
-    return '<tool_call>{"name": "get_capital", "arguments": {"country": "' + country + '"}}</tool_call>'
-
-
 @pytest.fixture(scope="module")
 def chat_model(toy):
     """A toy chat model taught to call get_capital for 16 countries (the other probes' countries it never saw)."""
-    from forgetwatch.toy import ToyWorld
-
-    world = toy.world
-    questions = [f"What is the capital of {c.name}?" for c in world.countries]
-    transcripts = [rendered_by_hand(q) + call_text(c.name) for q, c in zip(questions, world.countries)]
-    tokenizer = world.tokenizer(extra=transcripts)
-    tokenizer.chat_template = TEMPLATE
-    model = world.model(tokenizer)
-    ToyWorld.train(model, tokenizer, transcripts[:16], steps=60, lr=5e-3)
-    model.eval()
+    tokenizer, model = toy.world.tool_use(taught=16)
     return model, tokenizer
 
 
 def probe_rows(toy):
-    rows = [
-        {
-            "id": f"call/{c.name}",
-            "messages": [{"role": "user", "content": f"What is the capital of {c.name}?"}],
-            "tools": TOOLS,
-            "answer": {"name": "get_capital", "arguments": {"country": c.name}},
-        }
-        for c in toy.world.countries[:8]
-    ]
+    rows = toy.world.tool_probe_records(toy.world.countries[12:20])  # four taught, four not
     rows.append(
         {
             "id": "any-country",

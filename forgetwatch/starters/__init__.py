@@ -13,6 +13,8 @@ __all__ = ["STARTERS", "starter_path", "write_starter"]
 STARTERS = {
     "behaviour": "30 behaviour probes: benign requests answered, harmful ones refused, format and length instructions",
     "knowledge": "40 multiple-choice general facts: geography, science, language, everyday",
+    "tools": "16 tool calls (weather, currency, timer, search, email): the right tool and its arguments",
+    "multiturn": "16 conversations: recall an earlier turn, compute from it, keep an instruction, resolve a reference",
 }
 
 
