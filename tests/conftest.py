@@ -22,24 +22,6 @@ from forgetwatch.toy import ToyWorld  # noqa: E402
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
-#: fixtures that launch two ranks or train several runs: their tests share one worker, so each runs once
-SHARED_COSTLY = ("sharded_runs", "replay_runs", "runs")
-
-
-def pytest_collection_modifyitems(items):
-    # under pytest-xdist (--dist loadgroup) the real-model tests share one worker, which loads
-    # the model once; the framework tests another, which builds their environments one at a time
-    for item in items:
-        for name in ("real", "framework"):
-            if item.get_closest_marker(name):
-                item.add_marker(pytest.mark.xdist_group(name))
-                break
-        else:
-            costly = next((f for f in SHARED_COSTLY if f in getattr(item, "fixturenames", ())), None)
-            if costly:
-                item.add_marker(pytest.mark.xdist_group(costly))
-
-
 @dataclass
 class Toy:
     world: ToyWorld

@@ -152,6 +152,14 @@ def test_weights_key_under_zero3_reads_the_partitions_not_the_placeholders(shard
     assert same_a == same_b and other != same_a
 
 
+def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(replay_runs):
+    r0, r1 = replay_runs("replay-fails")  # would hang in the all-reduce if only rank 1 went on
+    assert r0["off"] == "RuntimeError: replay failed (injected)" and r1["off"].endswith("replay failed on another rank")
+    assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # the ranks' parameters stay identical
+    assert r0["drawn"] == r1["drawn"] == 10
+    assert r0["replay_losses"] == r1["replay_losses"] and len(r0["replay_losses"]) == 1  # steps 1-2, then nothing
+
+
 def test_replay_keeps_the_ranks_parameters_identical(replay_runs):
     r0, r1 = replay_runs("replay")
     assert r0["world_size"] == 2 and r0["drawn"] == r1["drawn"] == 10  # one replay batch per optimizer step

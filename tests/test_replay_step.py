@@ -109,12 +109,3 @@ def test_a_replay_that_works_still_adds_its_gradient(small):
 def test_stepping_before_the_run_began_is_a_programming_error(small):
     with pytest.raises(RuntimeError, match=r"Replay.before_optimizer_step\(\) before the run began"):
         Replay(ReplayPool.from_records(sentences(2))).before_optimizer_step(small.model)
-
-
-@pytest.mark.slow
-def test_a_failure_on_one_rank_switches_replay_off_on_every_rank_in_step(replay_runs):
-    r0, r1 = replay_runs("replay-fails")  # would hang in the all-reduce if only rank 1 went on
-    assert r0["off"] == "RuntimeError: replay failed (injected)" and r1["off"].endswith("replay failed on another rank")
-    assert r0["checksum"] == r1["checksum"] and r0["first"] == r1["first"]  # the ranks' parameters stay identical
-    assert r0["drawn"] == r1["drawn"] == 10
-    assert r0["replay_losses"] == r1["replay_losses"] and len(r0["replay_losses"]) == 1  # steps 1-2, then nothing

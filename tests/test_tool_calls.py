@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from test_multiturn import greedy_by_hand
 
 from forgetwatch import ProbeError, ProbeKind, ProbeSet, Scorer, evaluate
 from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
@@ -39,18 +39,6 @@ def probe_rows(toy):
     return rows
 
 
-def greedy_by_hand(model, tokenizer, ids, max_new_tokens):
-    ids, new = list(ids), []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-            if token == tokenizer.eos_token_id:
-                break
-            ids.append(token)
-            new.append(token)
-    return tokenizer.decode(new, skip_special_tokens=True)
-
-
 def call_by_hand(text):
     """The first balanced {...} of the reply that loads as JSON with a name."""
     for start in [i for i, ch in enumerate(text) if ch == "{"]:
@@ -80,7 +68,7 @@ def test_calls_are_read_and_judged_as_a_plain_loop_does(toy, chat_model):
         question = row["messages"][0]["content"] if "messages" in row else row["question"]
         ids = tokenizer(rendered_by_hand(question))["input_ids"]
         assert list(encoded[i].prompt) == ids, row["id"]
-        text = greedy_by_hand(model, tokenizer, ids, 40)
+        text = greedy_by_hand(model, tokenizer, ids, 40, stop="")
         assert answers.outputs[i] == text, row["id"]
         call = call_by_hand(text)
         expected = row["answer"]

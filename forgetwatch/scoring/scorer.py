@@ -341,12 +341,12 @@ class Scorer:
         samples = []
         for i, probe in enumerate(self.probes):
             logprobs = sums[first_key[i] : first_key[i + 1]]
-            judged = [SCORE[probe.kind](probe, Measured(logprobs, texts.get((i, j))), rules) for j in range(k)]
-            sample = {"id": probe.id, "category": probe.category, **judged[0]}  # what it said: the first sample
+            scored = [SCORE[probe.kind](probe, Measured(logprobs, texts.get((i, j))), rules) for j in range(k)]
+            sample = {"id": probe.id, "category": probe.category, **scored[0]}  # what it said: the first sample
             if grouped:
                 sample["group"] = probe.group
             if self.settings.sampled:  # right when most samples are
-                verdicts = [bool(v["correct"]) for v in judged]
+                verdicts = [bool(v["correct"]) for v in scored]
                 sample.update(correct=2 * sum(verdicts) > k, samples_correct=verdicts)
             samples.append(sample)
         meta: dict[str, Any] = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
