@@ -68,24 +68,24 @@ def real_sets(args):
     import real_world as real
 
     base, tokenizer = real.smollm2()
-    capitals = ProbeSet.from_records(
-        real.capital_probe_records(tokenizer, real.sample(real.countries(), args.countries))
-    )
-    subjects = ("astronomy", "world_religions", "high_school_geography")
-    rows = [r for s in subjects for r in real.mmlu_rows([s])[: args.cot_docs]]
-    cot = [
-        {
-            **r,
-            "question": tokenizer.apply_chat_template(
-                [{"role": "user", "content": r["question"]}], tokenize=False, add_generation_prompt=True
-            ),
-        }
-        for r in ProbeSet.from_hf(rows, preset="mmlu_cot").to_records()
-    ]
-    sets = {
-        "capitals": (capitals, {"max_new_tokens": 16}),
-        "mmlu_cot": (ProbeSet.from_records(cot), {"max_new_tokens": args.cot_tokens, "stop": []}),
-    }
+    sets = {}
+    if args.countries:
+        capitals = real.capital_probe_records(tokenizer, real.sample(real.countries(), args.countries))
+        sets["capitals"] = (ProbeSet.from_records(capitals), {"max_new_tokens": 16})
+    if args.cot_docs:
+        subjects = ("astronomy", "world_religions", "high_school_geography")
+        rows = [r for s in subjects for r in real.mmlu_rows([s])[: args.cot_docs]]
+        chat = [{"role": "user", "content": ""}]
+        cot = [
+            {
+                **r,
+                "question": tokenizer.apply_chat_template(
+                    [{**chat[0], "content": r["question"]}], tokenize=False, add_generation_prompt=True
+                ),
+            }
+            for r in ProbeSet.from_hf(rows, preset="mmlu_cot").to_records()
+        ]
+        sets["mmlu_cot"] = (ProbeSet.from_records(cot), {"max_new_tokens": args.cot_tokens, "stop": []})
     return base, tokenizer, sets, real.cpython_texts(64, chars=900), 2, 1e-3
 
 
