@@ -201,3 +201,21 @@ def test_sampled_and_greedy_answers_are_not_compared(toy, probes):
 def test_bad_sampling_options_are_one_clear_error(settings, message):
     with pytest.raises(ConfigError, match=message):
         Scoring(**settings)
+
+
+@pytest.mark.slow
+def test_the_command_line_samples_and_refuses_options_that_do_not_go_together(toy, probes, tmp_path, capsys):
+    from forgetwatch.cli import main
+
+    probes.to_jsonl(tmp_path / "p.jsonl")
+    common = ["compare", "--base", toy.base_dir, "--model", toy.tuned_dir, "--probes", str(tmp_path / "p.jsonl")]
+    assert main([*common, "--samples", "3", "--no-progress"]) == 2
+    assert "--samples: samples=3 with temperature=0" in capsys.readouterr().err
+    out = tmp_path / "out"
+    options = ["--samples", "3", "--temperature", "2", "--top-p", "0.95", "--seed", "3", "--max-new-tokens", "6"]
+    assert main([*common, *options, "--no-progress", "--out", str(out)]) == 0
+    saved = Answers.load(out / "base_answers.json")
+    assert (
+        saved.samples_correct.tolist()
+        == evaluate(toy.base, toy.tokenizer, probes, show_progress=False, **SAMPLED).samples_correct.tolist()
+    )

@@ -17,6 +17,7 @@ from forgetwatch.cli.merge import parse_alphas
 from forgetwatch.common.files import atomic_write, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
+from forgetwatch.config import ConfigError
 from forgetwatch.config.checks import Invalid, batch_size, integer, rate
 from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
@@ -404,6 +405,12 @@ def _inputs(
     """Every input checked before any model loads: the probes, the models (see :func:`_prepare`) and, with
     ``base_answers``, the answers file ``--base``; lm-eval builds chat prompts with the model's tokenizer."""
     _check_device(args.device)
+    scoring = {k: v for k, v in _scoring(args).items() if k in ("samples", "temperature", "top_p", "seed")}
+    try:
+        Scoring(**scoring)  # sampling options that do not go together fail now, not after the models load
+    except ConfigError as err:
+        problem = err.errors[0]
+        raise UsageError(f"--{problem.key.replace('_', '-')}: {problem.message}") from err
     if out is not None:
         _check_writable("--out", out)
     prepared = _prepare(args, *named) if args.lm_eval_tasks and args.chat_template else None
