@@ -168,6 +168,9 @@ def answer_line_by_hand(text):
         if not rest.startswith(":"):
             continue
         value = rest[1:].strip().strip("*_`$").strip().rstrip(".").strip()
+        letter = value[1:] if value.startswith("(") else value  # "C) text" or "(C) text": the letter
+        if len(letter) > 2 and letter[0].isascii() and letter[0].isalpha() and letter[1] == ")" and letter[2] in " \t":
+            return letter[0].upper()
         if len(value) > 2 and value[0] + value[-1] in ("()", "[]"):
             value = value[1:-1].strip()
         if len(value) == 1 and value.isalpha():
@@ -182,6 +185,7 @@ def answer_line_by_hand(text):
         ("Let me think.\nB is wrong, so\nAnswer: C", "C"),
         ("Answer: A\nOn reflection...\nAnswer: (d)", "D"),  # the last line counts
         ("**Answer:** B.", "B"),
+        ("Answer: C) Because the sky reflects the oceans.", "C"),
         ("> answer: Paris", "Paris"),
         ("The answer: 42\n", None),  # a line that does not start with Answer
         ("Answer:", None),
@@ -216,6 +220,7 @@ def test_answer_line_agrees_with_a_plain_loop_on_random_texts():
         ".",
         "$",
         "Paris",
+        "é",
     ]
     for _ in range(3000):
         text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 14)))

@@ -19,6 +19,8 @@ _PROSE_AFTER = re.compile(r"\s+[a-z]")
 _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
 # A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
+# "C) text" or "(C) text": a choice letter followed by its option's text
+_OPTION_TEXT = re.compile(r"\(?([A-Za-z])\)[ \t]")
 _ANSWER_LINE = re.compile(r"^[ \t>*#_]*answer[*_]*[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -74,11 +76,14 @@ def extract_letter(text: str) -> str | None:
 
 def extract_answer_line(text: str) -> str | None:
     """What the last line of the form ``Answer: X`` gives (the chain-of-thought instruction's last line): X without
-    emphasis, a final full stop or enclosing brackets; a single letter upper-cased."""
+    emphasis, a final full stop or enclosing brackets; a single letter upper-cased, also when the option's text
+    follows it ("C) Paris")."""
     found = _ANSWER_LINE.findall(text)
     if not found:
         return None
     value = found[-1].strip().strip("*_`$").strip().rstrip(".").strip()
+    if option := _OPTION_TEXT.match(value):  # "C) the option's text": the letter
+        return option.group(1).upper()
     if len(value) > 2 and value[0] + value[-1] in ("()", "[]"):
         value = value[1:-1].strip()
     return value.upper() if len(value) == 1 and value.isalpha() else value or None
