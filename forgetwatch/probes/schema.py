@@ -301,23 +301,25 @@ def _check_extract(value: Any) -> str | None:
 
 
 #: Fields a kind of probe cannot have, and why.
+_TOOLS_ONLY = "arguments_match goes with a tool-call probe (one with 'tools')"
+_NOT_BEHAVIOUR = (
+    "a behaviour probe (one with 'check') has no '{}'; remove it, or remove 'check' to make this a question"
+)
 _NOT_FOR = {
     ProbeKind.BEHAVIOUR: {
-        f: f"a behaviour probe (one with 'check') has no '{f}'; remove it, or remove 'check' to make this a question "
-        "with an answer"
-        for f in ("choices", "answer", "extract")
+        **{f: _NOT_BEHAVIOUR.format(f) + " with an answer" for f in ("choices", "answer", "extract")},
+        "tools": _NOT_BEHAVIOUR.format("tools") + " asking for a call",
+        "arguments_match": _TOOLS_ONLY,
     },
     ProbeKind.MULTIPLE_CHOICE: {
-        "extract": "extract applies only to generative probes; remove it from this multiple-choice row"
+        "extract": "extract applies only to generative probes; remove it from this multiple-choice row",
+        "arguments_match": _TOOLS_ONLY,
     },
-    ProbeKind.GENERATIVE: {},
+    ProbeKind.GENERATIVE: {"arguments_match": _TOOLS_ONLY},
     ProbeKind.TOOL_CALL: {
         f: f"a tool-call probe (one with 'tools') is judged by its call: remove '{f}'" for f in ("choices", "extract")
     },
 }
-_NOT_FOR[ProbeKind.BEHAVIOUR]["tools"] = "a behaviour probe (one with 'check') has no 'tools'; remove one of them"
-for _kind in (ProbeKind.MULTIPLE_CHOICE, ProbeKind.GENERATIVE, ProbeKind.BEHAVIOUR):
-    _NOT_FOR[_kind]["arguments_match"] = "arguments_match goes with a tool-call probe (one with 'tools')"
 
 
 def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
