@@ -64,6 +64,7 @@ def test_a_run_logs_what_broke_and_its_page_lists_the_groups(toy, tmp_path):
     share_before, share_after, broke = robust_by_hand(base.groups, base.correct.tolist(), tuned.correct.tolist())
     assert (report.robust_accuracy_before, report.robust_accuracy_after) == pytest.approx((share_before, share_after))
     assert report.robust_forgotten_groups == broke and broke  # the tuned toy breaks some
+    assert f"{len(broke)} broke" in report.summary() and "of the groups right in every wording" in report.summary()
     assert base.groups[-1] is None and base.groups[:3] == [base.groups[0]] * 3
     # a watched run: logged, kept in the history, on the report page
     watch = Watch(probes, output_dir=tmp_path / "run", eval_steps=1, output=None)

@@ -158,6 +158,7 @@ def test_compare_reports_what_every_seed_agrees_on_and_it_survives_the_files(tmp
         "gained_var": pytest.approx(2 / 9),
     }
     assert report.forgotten == 2  # by the majority: p0, p1
+    assert "under all 3 seeds: 1 forgotten, 1 gained (one seed: 1.33 forgotten on average)" in report.summary()
     for path in (tmp_path / "a.json", tmp_path / "a.npz"):
         base.save(path)
         assert Answers.load(path).samples_correct.tolist() == base.samples_correct.tolist()

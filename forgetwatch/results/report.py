@@ -189,6 +189,16 @@ class TransitionReport:
                 if b[name] or b[name + "_base"] or name == "refusals"
             )
             lines.append(f"responses: {ratio}{shares}")
+        if self.agreement:  # sampled answers: what every seed agrees on
+            lines.append(
+                f"under all {self.agreement[-1]['seeds']} seeds: {self.forgotten_agreed:g} forgotten, "
+                f"{self.gained_agreed:g} gained (one seed: {self.agreement[0]['forgotten_mean']:.2f} forgotten on average)"
+            )
+        if not math.isnan(self.robust_accuracy_before):  # rephrasing groups
+            lines.append(
+                f"rephrasings: {pct(self.robust_accuracy_after)} of the groups right in every wording "
+                f"(base {pct(self.robust_accuracy_before)}); {self.robust_forgotten:g} broke"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
