@@ -9,8 +9,9 @@ import json
 
 import pytest
 import torch
+from test_probes import field_message, load_error
 
-from forgetwatch import ProbeError, ProbeSet, Scorer, evaluate
+from forgetwatch import ProbeSet, Scorer, evaluate
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
@@ -107,10 +108,6 @@ def test_a_tokenizer_without_a_chat_template_is_refused_before_any_model_work(to
     ],
 )
 def test_a_malformed_conversation_is_one_error_naming_the_line_and_field(toy, tmp_path, change, field, message):
-    good = conversation_rows(toy)[0]
-    path = tmp_path / "probes.jsonl"
-    path.write_text(json.dumps(conversation_rows(toy)[1]) + "\n" + json.dumps({**good, **change}) + "\n")
-    with pytest.raises(ProbeError) as err:
-        ProbeSet.from_jsonl(path)
-    text = str(err.value)
-    assert f"probes.jsonl: line 2: field '{field}': " in text and message in text.split(f"field '{field}': ")[1]
+    rows = conversation_rows(toy)
+    text, _, _ = load_error(tmp_path, [json.dumps(rows[1]), json.dumps({**rows[0], **change})])
+    assert message in field_message(text, 2, field)

@@ -34,6 +34,12 @@ def load_error(tmp_path: Path, lines: list[str | bytes]) -> tuple[str, ProbeErro
     return str(info.value), info.value, path
 
 
+def field_message(text: str, line: int, field: str) -> str:
+    """What a ProbeError's ``text`` says of ``field`` on ``line`` of probes.jsonl ("" when it says nothing of it)."""
+    marker = f"probes.jsonl: line {line}: field '{field}': "
+    return text.split(marker, 1)[1].split("\n", 1)[0] if marker in text else ""
+
+
 # -- validation of JSONL files -------------------------------------------------------------------
 
 # (bad row placed on line 2 after a good row, field named in the error, text the message must contain)

@@ -8,8 +8,9 @@ import json
 import random
 
 import pytest
+from test_probes import field_message, load_error
 
-from forgetwatch import ProbeError, ProbeSet, Watch, compare, evaluate
+from forgetwatch import ProbeSet, Watch, compare, evaluate
 from forgetwatch.results.metrics import robust_figures
 
 WORDINGS = ("The capital of {} is", "Fact: The capital of {} is", "Remember: The capital of {} is")
@@ -93,10 +94,6 @@ def test_a_run_logs_what_broke_and_its_page_lists_the_groups(toy, tmp_path):
     ],
 )
 def test_a_bad_group_is_one_error_naming_the_line(tmp_path, rows, line, message):
-    path = tmp_path / "probes.jsonl"
-    path.write_text(
-        "".join(json.dumps({"id": f"p{i + 1}", "question": "q", "answer": "a", **r}) + "\n" for i, r in enumerate(rows))
-    )
-    with pytest.raises(ProbeError) as err:
-        ProbeSet.from_jsonl(path)
-    assert f"probes.jsonl: line {line}: field 'group': " in str(err.value) and message in str(err.value)
+    lines = [json.dumps({"id": f"p{i + 1}", "question": "q", "answer": "a", **r}) for i, r in enumerate(rows)]
+    text, _, _ = load_error(tmp_path, lines)
+    assert message in field_message(text, line, "group")

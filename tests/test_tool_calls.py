@@ -8,8 +8,9 @@ import json
 
 import pytest
 from test_multiturn import greedy_by_hand
+from test_probes import field_message, load_error
 
-from forgetwatch import ProbeError, ProbeKind, ProbeSet, Scorer, evaluate
+from forgetwatch import ProbeKind, ProbeSet, Scorer, evaluate
 from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
 from forgetwatch.toy import TOOLS
 
@@ -124,13 +125,9 @@ def test_arguments_match_as_json_values():
     ],
 )
 def test_a_malformed_tool_call_row_is_one_error_naming_the_line_and_field(toy, tmp_path, change, field, message):
-    good = probe_rows(toy)[0]
-    path = tmp_path / "probes.jsonl"
-    path.write_text(json.dumps(probe_rows(toy)[1]) + "\n" + json.dumps({**good, **change}) + "\n")
-    with pytest.raises(ProbeError) as err:
-        ProbeSet.from_jsonl(path)
-    text = str(err.value)
-    assert f"probes.jsonl: line 2: field '{field}': " in text and message in text.split(f"field '{field}': ")[1]
+    rows = probe_rows(toy)
+    text, _, _ = load_error(tmp_path, [json.dumps(rows[1]), json.dumps({**rows[0], **change})])
+    assert message in field_message(text, 2, field)
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_before_any_model_work(toy):
