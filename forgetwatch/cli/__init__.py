@@ -66,6 +66,26 @@ def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     parser.add_argument("--" + name.replace("_", "-"), default=getattr(Scoring, name), help=text, **kwargs)
 
 
+def _dtype_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' dtype (default: as saved; float32 for a GGUF file)",
+    )
+
+
+def _target_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    """What the training was for, as merge and select measure it."""
+    target = parser.add_mutually_exclusive_group(required=required)
+    target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for (accuracy)")
+    target.add_argument(
+        "--target-texts",
+        metavar="FILE",
+        help="held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
@@ -96,12 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     scoring.add_argument("--include-path", metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs")
     _option(scoring, "batch_size", type=_checked(batch_size), metavar="N")
     scoring.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    scoring.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights' dtype (default: as saved; float32 for a GGUF file)",
-    )
+    _dtype_option(scoring)
     _option(scoring, "chat_template", action="store_true")
     _option(scoring, "normalize", choices=[m for m in NORMALIZE_MODES if m])
     _option(scoring, "max_new_tokens", type=int, metavar="N")
@@ -138,13 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     tuned = mrg.add_mutually_exclusive_group(required=True)
     tuned.add_argument("--model", metavar="PATH", help=f"post-trained {what}")
     tuned.add_argument("--adapter", metavar="DIR", help="a PEFT (LoRA) adapter trained on --base: swept by its scale")
-    target = mrg.add_mutually_exclusive_group(required=True)
-    target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for (accuracy)")
-    target.add_argument(
-        "--target-texts",
-        metavar="FILE",
-        help="held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line",
-    )
+    _target_options(mrg, required=True)
     mrg.add_argument(
         "--alphas",
         type=parse_alphas,
@@ -180,16 +189,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SHARE",
         help="the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)",
     )
-    sel_target = sel.add_mutually_exclusive_group()
-    sel_target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for, scored on each")
-    sel_target.add_argument(
-        "--target-texts", metavar="FILE", help="held-out texts of what training was for, their loss on each"
-    )
+    _target_options(sel, required=False)
     sel.add_argument("--base", metavar="PATH", help=f"with a target: the base {what}, the gain's start")
     sel.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: the base's)")
     _option(sel, "batch_size", type=_checked(batch_size), metavar="N")
     sel.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available)")
-    sel.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    _dtype_option(sel)
     sel.set_defaults(run=_select)
 
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
