@@ -33,11 +33,20 @@ if __name__ == "__main__":
 import datasets  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Scoring, compare, evaluate  # noqa: E402
+from forgetwatch import ForgetWatchCallback, Output, ProbeSet, Scoring  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 #: a call is short: the reply is cut here
 REPLY_TOKENS = 32
+
+
+class LastAnswers:
+    """A sink keeping the last evaluation's answers: the calls the model made."""
+
+    answers = None
+
+    def on_evaluation(self, evaluation: Any) -> None:
+        self.answers = evaluation.answers
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -45,9 +54,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     world = ToyWorld()
     tokenizer, model = world.tool_use(taught=24)
     probes = ProbeSet.from_records(world.tool_probe_records(world.countries[:24]), source="toy tool calls")
+    last = LastAnswers()
     scoring = Scoring(behaviour_max_new_tokens=REPLY_TOKENS)
-    base = evaluate(model, tokenizer, probes, show_progress=False, behaviour_max_new_tokens=REPLY_TOKENS)
-    callback = ForgetWatchCallback(probes, eval_steps=args.eval_steps, scoring=scoring, output=Output(verbose=False))
+    callback = ForgetWatchCallback(
+        probes, eval_steps=args.eval_steps, scoring=scoring, output=Output(verbose=False), sinks=[last]
+    )
     config = SFTConfig(
         args.output_dir,
         max_steps=args.max_steps,
@@ -65,10 +76,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer.train()
     step, report = callback.history[-1]
     print(f"tool calls at step {step}, against the model before fine-tuning:\n{report.summary()}")
-    now = evaluate(trainer.model, tokenizer, probes, show_progress=False, behaviour_max_new_tokens=REPLY_TOKENS)
-    for i in [probes.ids.index(pid) for pid in compare(base, now).forgotten_ids]:
-        print(f"{probes[i].id}: expected {probes[i].answer_text}, made {now.predicted[i] or 'no call'}")
-    return {"callback": callback, "trainer": trainer, "probes": probes, "base": base}
+    for i in [probes.ids.index(pid) for pid in report.forgotten_ids]:
+        print(f"{probes[i].id}: expected {probes[i].answer_text}, made {last.answers.predicted[i] or 'no call'}")
+    return {"callback": callback, "trainer": trainer, "probes": probes, "base": callback.base_answers}
 
 
 if __name__ == "__main__":
