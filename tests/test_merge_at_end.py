@@ -12,7 +12,7 @@ from test_merge import by_hand, loss_per_token, same_answers
 from trainers import make_trainer
 from transformers import AutoModelForCausalLM
 
-from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scoring, Watch, compare, evaluate
+from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scorer, Scoring, Watch, compare, evaluate
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.run.plugins import RunContext
 
@@ -133,7 +133,7 @@ def test_a_peft_model_is_swept_by_its_adapters_scale_keeping_no_copy(toy, texts,
 
 def context(toy, **changes):
     settings = dict(ranks=Ranks(), writes=True, store=None, tokenizer=toy.tokenizer, rows_per_batch=None)
-    return RunContext(**{**settings, "probes": toy.probes, "scoring": Scoring(), **changes})
+    return RunContext(**{**settings, "scorer": Scorer(toy.tokenizer, toy.probes), "scoring": Scoring(), **changes})
 
 
 def test_a_resumed_run_of_full_weights_says_the_merge_is_off(toy, texts, caplog):

@@ -104,7 +104,8 @@ class MergeAtEnd:
                 for name, p in unwrap(model).named_parameters()
                 if p.requires_grad and p.is_floating_point()
             }
-        self._sweeper = Sweeper(model, run.tokenizer, run.probes, self.target, run.scoring, self.max_length)
+        # the run's own scorer: the probes tokenized once, scored as every evaluation scores them
+        self._sweeper = Sweeper(model, run.scorer, self.target, run.scoring, self.max_length)
         self._run = run
 
     def end(self, model: torch.nn.Module, step: int) -> Ending | None:

@@ -231,7 +231,8 @@ def merge_sweep(
             )
         base = dict(unwrap(base_model).named_parameters())
         check_same_shapes(base, dict(unwrap(tuned_model).named_parameters()))
-    sweeper = Sweeper(tuned_model, tokenizer, probe_set, target, scoring or Scoring(), max_length)
+    scoring = scoring or Scoring()
+    sweeper = Sweeper(tuned_model, Scorer.with_settings(tokenizer, probe_set, scoring), target, scoring, max_length)
     return sweeper.run(base, tuned_model, grid, by_layer, show_progress=show_progress)
 
 
@@ -267,16 +268,15 @@ class Sweeper:
     def __init__(
         self,
         model: torch.nn.Module,
-        tokenizer: Any,
-        probes: ProbeSet,
+        scorer: Scorer,
         target: list[str] | ProbeSet,
         scoring: Scoring,
         max_length: int = 1024,
     ):
         self.batch_size = scoring.batch_size
-        self.scorer = Scorer.with_settings(tokenizer, probes, scoring)
+        self.scorer = scorer
         self.scorer.prepare(model)
-        self.target = Target(model, tokenizer, target, scoring, max_length)
+        self.target = Target(model, scorer.tokenizer, target, scoring, max_length)
 
     def measure(self, model: torch.nn.Module, distributed: bool, show_progress: bool) -> tuple[Answers, float]:
         """The probes' answers and the target's figure; with ``distributed`` every rank scores a share."""

@@ -39,7 +39,7 @@ class RunContext:
     state: Mapping[str, Any] | None = None
     sharded: bool = False
     precision: str = "weights"
-    probes: Any = None
+    scorer: Any = None  # the run's Scorer of its probes
     scoring: Any = None
     _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
 

@@ -293,7 +293,7 @@ class Watch:
                 state=(self._loaded or {}).get("repair"),
                 sharded=sharded,
                 precision=c.scoring.precision,
-                probes=self.probes,
+                scorer=self.scorer,
                 scoring=c.scoring,
             )
             if self.repair is not None:
