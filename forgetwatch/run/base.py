@@ -4,10 +4,12 @@ base as the same network with its adapters off."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -17,28 +19,49 @@ from forgetwatch.scoring.borrow import unwrap
 logger = logging.getLogger(__name__)
 
 # config fields that change without the model changing: where it was loaded from, how its weights were stored (a
-# GGUF's quantization_config), the dtype it was loaded in, what saving it records, flags trainers toggle
-VOLATILE_CONFIG = (
-    "_name_or_path",
-    "_model_name_or_path",
-    "_commit_hash",
-    "quantization_config",
-    "transformers_version",
-    "architectures",
-    "dtype",
-    "torch_dtype",
-    "use_cache",
+# GGUF's quantization_config), the dtype it was loaded in, what saving it records, flags trainers toggle, labels
+VOLATILE_CONFIG = frozenset(
+    {
+        "_name_or_path",
+        "_model_name_or_path",
+        "_commit_hash",
+        "quantization_config",
+        "transformers_version",
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "id2label",
+        "label2id",
+        "problem_type",
+    }
 )
 
 
 def model_key(model: torch.nn.Module) -> str:
-    """What the model is: its architecture and configuration (the same after training steps)."""
+    """What the model is: its architecture, sizes and vocabulary, from its configuration. Token ids (TRL sets
+    ``pad_token_id`` from the tokenizer) and generation settings are left out: they change without the model
+    changing."""
     config = getattr(unwrap(model), "config", None)
-    described = config.to_dict() if hasattr(config, "to_dict") else {}
-    for volatile in VOLATILE_CONFIG:
-        described.pop(volatile, None)
+    described = _architecture(config.to_dict()) if hasattr(config, "to_dict") else {}
     text = json.dumps(described, sort_keys=True, default=lambda o: type(o).__name__)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _architecture(described: dict[str, Any]) -> dict[str, Any]:
+    """``described`` (a config's dict) without what does not make the model, in nested configs too."""
+    return {
+        key: _architecture(value) if isinstance(value, dict) else value
+        for key, value in described.items()
+        if key not in _not_architecture() and not key.endswith(("_token_id", "_token_ids"))
+    }
+
+
+@functools.cache
+def _not_architecture() -> frozenset[str]:
+    from transformers import GenerationConfig
+
+    return VOLATILE_CONFIG.union(GenerationConfig().to_dict())  # generation settings, as transformers names them
 
 
 def weights_key(model: torch.nn.Module, ranks: Ranks | None = None) -> str:
