@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import doctest
+import logging
 import importlib
 import pkgutil
 from pathlib import Path
@@ -32,3 +33,30 @@ def test_docstring_examples(name, monkeypatch):
         pytest.importorskip(FRAMEWORKS[name])
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS, report=True)
     assert result.failed == 0
+
+
+def test_every_docstring_reads_as_the_docs_site_reads_it():
+    """griffe (what mkdocstrings parses docstrings with) warns of nothing: one ``Args:`` entry per parameter, each
+    named as in the signature (mkdocs build --strict stops on such a warning)."""
+    griffe = pytest.importorskip("griffe")
+    warned = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            warned.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logging.getLogger("griffe").addHandler(handler)
+    try:
+        package = griffe.load("forgetwatch", search_paths=[str(ROOT)], docstring_parser="google")
+        todo = [package]
+        while todo:
+            obj = todo.pop()
+            if obj.is_alias:
+                continue
+            if obj.docstring is not None:
+                obj.docstring.parsed  # noqa: B018 - parsing is what warns
+            todo.extend(obj.members.values())
+    finally:
+        logging.getLogger("griffe").removeHandler(handler)
+    assert warned == []

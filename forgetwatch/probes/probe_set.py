@@ -106,7 +106,10 @@ class ProbeSet(Sequence[Probe]):
             include_path: a folder (or several) of your task YAMLs; ``include_defaults``: also lm-eval's own tasks.
             task_manager: an ``lm_eval.tasks.TaskManager`` to use instead of a new one.
             fewshot_seed: the few-shot sampler's seed.
-            apply_chat_template, tokenizer, system_instruction, fewshot_as_multiturn: as ``lm_eval.simple_evaluate``.
+            apply_chat_template: as ``lm_eval.simple_evaluate``'s.
+            tokenizer: the tokenizer whose chat template renders the prompts (with ``apply_chat_template``).
+            system_instruction: as ``lm_eval.simple_evaluate``'s.
+            fewshot_as_multiturn: as ``lm_eval.simple_evaluate``'s.
             metric: what decides right and wrong (one name, or one per task; default ``acc`` or ``exact_match``).
             filter: which filter pipeline's output counts (default the task's first).
 

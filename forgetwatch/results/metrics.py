@@ -220,7 +220,7 @@ def robust_figures(groups: Sequence[str | None], before: ArrayLike, after: Array
     return {
         "robust_accuracy_before": float(right_before.mean()),
         "robust_accuracy_after": float(right_after.mean()),
-        "robust_forgotten": float(len(broke)),
+        "robust_forgotten": len(broke),
         "robust_forgotten_groups": broke,
     }
 
@@ -276,7 +276,8 @@ def _report(
     if base.samples_correct is not None and current.samples_correct is not None:  # sampled: the seeds' agreement
         agreement = seed_agreement(base.samples_correct[idx], current.samples_correct[idx])
         every = agreement[-1]  # all seeds at once
-        agreed = {"forgotten_agreed": every["forgotten_mean"], "gained_agreed": every["gained_mean"]}
+        # one combination of all seeds: its mean is a count
+        agreed = {"forgotten_agreed": round(every["forgotten_mean"]), "gained_agreed": round(every["gained_mean"])}
         agreed["agreement"] = agreement
     if base.groups is not None:  # rephrasings: right under every wording of a question
         agreed.update(robust_figures([base.groups[i] for i in idx], before, after))
@@ -322,8 +323,10 @@ def compare(
     with one per category in ``by_category``. Raises :class:`~forgetwatch.AnswersMismatchError` for other probes.
 
     Args:
-        at_risk_share, at_risk_floor: which still-right samples are at risk (:func:`at_risk`).
-        refusal_detector, count_tokens: for behaviour figures (``count_tokens``: texts' token lengths).
+        at_risk_share: a still-right sample is at risk below this share of its base margin (:func:`at_risk`).
+        at_risk_floor: ... or below this margin in nats.
+        refusal_detector: ``response -> bool``, for the behaviour figures' refusals.
+        count_tokens: texts' token lengths, for the behaviour figures.
         categories: each probe's category in place of the answers' (such as its group).
 
     Example:

@@ -56,12 +56,13 @@ class NonFiniteScoresError(ValueError):
 
 
 class Scorer:
-    """Scores one probe set with one tokenizer, as often as the weights change.
+    """Scores one probe set with one tokenizer, as often as the weights change. The keywords ``normalize``,
+    ``chat_template``, ``max_new_tokens``, ``stop``, ``behaviour_max_new_tokens``, ``shared_prefixes``, ``precision``,
+    ``samples``, ``temperature``, ``top_p`` and ``seed`` are as :class:`~forgetwatch.config.settings.Scoring`
+    describes them.
 
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
-        normalize, chat_template, max_new_tokens, stop, behaviour_max_new_tokens, shared_prefixes, precision,
-            samples, temperature, top_p, seed: as :class:`~forgetwatch.config.settings.Scoring` describes them.
         extract: a callable ``text -> str | None`` used for every generative probe instead of its ``extract`` mode;
             its result is compared with the probe's answer as written (stripped).
         reference_logprobs: also score each generative probe's reference answer, teacher-forced after its prompt
