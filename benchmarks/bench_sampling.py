@@ -124,8 +124,8 @@ def main(argv=None) -> int:
         print(
             f"  sampled x{args.samples}: accuracy (majority) {drawn[0][0].accuracy:.1%} -> {drawn[1][0].accuracy:.1%}; "
             f"forgotten by one seed {one['forgotten_mean']:.2f} +- {one['forgotten_var'] ** 0.5:.2f} (sd over seeds), "
-            f"by the majority {s.forgotten}, under every seed {s.forgotten_agreed:g}; gained under every seed "
-            f"{s.gained_agreed:g}"
+            f"by the majority {s.forgotten}, under every seed {s.forgotten_agreed}; gained under every seed "
+            f"{s.gained_agreed}"
         )
         for row in s.agreement:
             print(

@@ -52,6 +52,7 @@ def test_robust_figures_equal_a_plain_loop_over_the_groups():
         assert got["robust_accuracy_before"] == pytest.approx(share_before)
         assert got["robust_accuracy_after"] == pytest.approx(share_after)
         assert got["robust_forgotten_groups"] == broke and got["robust_forgotten"] == len(broke)
+        assert type(got["robust_forgotten"]) is int
 
 
 @pytest.mark.slow

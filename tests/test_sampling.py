@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Answers, ProbeKind, ProbeSet, Scorer, Scoring, compare, evaluate
+from forgetwatch import Answers, ProbeKind, ProbeSet, Scorer, Scoring, TransitionReport, compare, evaluate
 from forgetwatch.config import ConfigError
 from forgetwatch.probes.extract import extractor_for, is_correct, reference_for
 from forgetwatch.results.metrics import seed_agreement
@@ -149,6 +149,7 @@ def test_compare_reports_what_every_seed_agrees_on_and_it_survives_the_files(tmp
     now = sampled_answers([[False, False, False], [False, True, False], [True, True, True], [True, True, True]])
     report = compare(base, now)
     assert (report.forgotten_agreed, report.gained_agreed) == (1, 1)  # p0 lost under all three; p2 won under all
+    assert type(report.forgotten_agreed) is int and type(report.gained_agreed) is int  # counts, not 1.0
     assert report.agreement[0] == {
         "seeds": 1,
         "combinations": 3,
@@ -169,6 +170,8 @@ def test_compare_reports_what_every_seed_agrees_on_and_it_survives_the_files(tmp
     (tmp_path / "history.jsonl").write_text(json.dumps(record) + "\n")
     [read] = read_history(tmp_path / "history.jsonl")
     assert read["report"]["agreement"] == report.to_dict()["agreement"]
+    again = TransitionReport.from_dict(read["report"])
+    assert (again.forgotten_agreed, again.gained_agreed) == (1, 1) and type(again.forgotten_agreed) is int
 
 
 def test_greedy_scoring_is_what_it_was(toy, probes):
@@ -179,7 +182,7 @@ def test_greedy_scoring_is_what_it_was(toy, probes):
     assert greedy.samples_correct is None and "sampling" not in greedy.scoring
     assert greedy.to_dict()["samples"] == explicit.to_dict()["samples"]
     assert "samples_correct" not in greedy.samples()[0]
-    assert np.isnan(compare(greedy, explicit).forgotten_agreed) and compare(greedy, explicit).agreement == []
+    assert compare(greedy, explicit).forgotten_agreed is None and compare(greedy, explicit).agreement == []
 
 
 def test_sampled_and_greedy_answers_are_not_compared(toy, probes):

@@ -46,10 +46,11 @@ class TransitionReport:
     as :func:`~forgetwatch.compare` makes them; the trajectory's figures are NaN outside a run. Of sampled answers
     (``Scoring.samples``): ``forgotten_agreed`` / ``gained_agreed``, the probes 1->0 / 0->1 under every seed (seed i
     before paired with seed i now), and ``agreement``, per number of seeds m, the mean and variance of those counts
-    over every combination of m seeds (:func:`~forgetwatch.results.metrics.seed_agreement`); NaN and empty otherwise.
+    over every combination of m seeds (:func:`~forgetwatch.results.metrics.seed_agreement`); ``None`` and empty
+    otherwise.
     Of probes in rephrasing groups: ``robust_accuracy_before`` / ``_after``, the share of groups right under every
     wording, and ``robust_forgotten`` (with ``robust_forgotten_groups``), the groups right under every wording
-    before and not now (:func:`~forgetwatch.results.metrics.robust_figures`).
+    before and not now (:func:`~forgetwatch.results.metrics.robust_figures`), ``None`` without groups.
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -84,12 +85,12 @@ class TransitionReport:
     forgetting_events: float = _NAN
     forgetting_persistent: float = _NAN
     behaviour: dict[str, float] = field(default_factory=dict)
-    forgotten_agreed: float = _NAN
-    gained_agreed: float = _NAN
+    forgotten_agreed: int | None = None
+    gained_agreed: int | None = None
     agreement: list[dict[str, float]] = field(default_factory=list)
     robust_accuracy_before: float = _NAN
     robust_accuracy_after: float = _NAN
-    robust_forgotten: float = _NAN
+    robust_forgotten: int | None = None
     robust_forgotten_groups: list[str] = field(default_factory=list)
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
@@ -123,6 +124,8 @@ class TransitionReport:
                 value = {k: float(v) for k, v in (value or {}).items() if v is not None}
             elif f.type in ("float", float):
                 value = _NAN if value is None else float(value)
+            elif f.type == "int | None" and value is not None:
+                value = int(value)
             values[name] = value
         return cls(**values)
 
@@ -191,13 +194,13 @@ class TransitionReport:
             lines.append(f"responses: {ratio}{shares}")
         if self.agreement:  # sampled answers: what every seed agrees on
             lines.append(
-                f"under all {self.agreement[-1]['seeds']} seeds: {self.forgotten_agreed:g} forgotten, "
-                f"{self.gained_agreed:g} gained (one seed: {self.agreement[0]['forgotten_mean']:.2f} forgotten on average)"
+                f"under all {self.agreement[-1]['seeds']} seeds: {self.forgotten_agreed} forgotten, "
+                f"{self.gained_agreed} gained (one seed: {self.agreement[0]['forgotten_mean']:.2f} forgotten on average)"
             )
         if not math.isnan(self.robust_accuracy_before):  # rephrasing groups
             lines.append(
                 f"rephrasings: {pct(self.robust_accuracy_after)} of the groups right in every wording "
-                f"(base {pct(self.robust_accuracy_before)}); {self.robust_forgotten:g} broke"
+                f"(base {pct(self.robust_accuracy_before)}); {self.robust_forgotten} broke"
             )
         return "\n".join(lines)
 

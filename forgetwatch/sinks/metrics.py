@@ -39,10 +39,11 @@ _ATTRIBUTE = {
 
 
 def _figures(report: TransitionReport, prefix: str, behaviour: bool = True) -> dict[str, float]:
-    values = {f"{prefix}{name}": float(getattr(report, _ATTRIBUTE.get(name, name))) for name in METRICS}
+    values = {f"{prefix}{name}": getattr(report, _ATTRIBUTE.get(name, name)) for name in METRICS}
     if behaviour:  # how the responses drift: forgetwatch/behaviour/<figure>
-        values.update((f"{prefix}behaviour/{name}", float(v)) for name, v in report.behaviour.items())
-    return {key: value for key, value in values.items() if math.isfinite(value)}
+        values.update((f"{prefix}behaviour/{name}", v) for name, v in report.behaviour.items())
+    # None and NaN: the figure does not apply
+    return {key: float(value) for key, value in values.items() if value is not None and math.isfinite(value)}
 
 
 def metric_values(report: TransitionReport) -> dict[str, float]:
@@ -139,7 +140,7 @@ def console_line(step: int, report: TransitionReport, train_kl: float | None = N
         f"{pct(report.backward_transfer)}, accuracy {pct(report.accuracy_after)} "
         f"(base {pct(report.accuracy_before)}); {report.forgotten} forgotten, "
         f"{report.gained} gained of {report.n}, {len(report.at_risk_ids)} at risk"
-        + (f"; under every seed {report.forgotten_agreed:g} forgotten" if report.agreement else "")
+        + (f"; under every seed {report.forgotten_agreed} forgotten" if report.agreement else "")
         + (f"; train KL {train_kl:.3g}" if train_kl is not None else "")
     )
 
