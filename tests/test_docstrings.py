@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import doctest
-import logging
 import importlib
+import logging
 import pkgutil
 from pathlib import Path
 
