@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Mapping
-from itertools import accumulate
 from typing import Any, NamedTuple
 
 from forgetwatch.behaviour import style
 from forgetwatch.behaviour.ifeval import follows, instruction_problem
 from forgetwatch.behaviour.values import count, got, strings, text
 from forgetwatch.common import patterns
-from forgetwatch.common.strict_json import value_problem
+from forgetwatch.common.strict_json import nests_within, value_problem
 from forgetwatch.common.text import shorten, suggestion, type_name
 
 logger = logging.getLogger(__name__)
@@ -24,8 +22,6 @@ MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
 # a string, or an unclosed one to the end: once begun it never fails, so the search stays linear
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.DOTALL)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def _boolean(value: Any) -> str | None:
@@ -47,17 +43,9 @@ def _unfenced(text: str) -> str:
     return text
 
 
-def _nests_within(text: str, limit: int) -> bool:
-    """Whether brackets outside JSON strings nest at most ``limit`` deep (the parser's depth, in one pass)."""
-    if text.count("[") + text.count("{") <= limit:
-        return True
-    brackets = _JSON_BRACKET.findall(_JSON_STRING.sub("", text))
-    return max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0) <= limit
-
-
 def _parses_as_json(response: str) -> bool:
     text = _unfenced(response.strip()).strip()
-    if not _nests_within(text, MAX_JSON_DEPTH):
+    if not nests_within(text, MAX_JSON_DEPTH):
         return False
     try:
         json.loads(text)

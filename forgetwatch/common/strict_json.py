@@ -16,6 +16,8 @@ MAX_DEPTH = 100  # deepest nesting of lists and objects accepted
 MAX_INT_DIGITS = 640
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: what the nesting of a JSON text turns on: brackets, and strings (which may hold brackets)
+_STRUCTURE = re.compile(r'[\[\]{}"\\]')
 _TOO_DEEP = f"is nested more than {MAX_DEPTH} levels deep (lists or objects within each other); flatten it"
 _LONG_INT = "is an integer of {}; write it as a string"
 
@@ -42,6 +44,36 @@ def loads(text: str) -> Any:
     if found := value_problem(value):
         raise StrictJSONError(*found)
     return value
+
+
+def nests_within(text: str, limit: int, start: int = 0) -> bool:
+    """Whether the JSON value at ``start`` nests lists and objects at most ``limit`` deep, read as a JSON parser
+    reads it (strings skipped) up to where it ends: what to check before ``json`` parses text a model wrote, since
+    the parser recurses once a level (a few thousand "[" exhaust the stack).
+
+    Example:
+        >>> nests_within('{"a": ["[[[["]}', 2), nests_within("[" * 3000, 100)
+        (True, False)
+    """
+    depth, in_string, pos = 0, False, start
+    while (found := _STRUCTURE.search(text, pos)) is not None:
+        char, pos = found.group(), found.end()
+        if in_string:
+            if char == "\\":
+                pos += 1  # the escaped character, whatever it is
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in "]}":
+            depth -= 1
+        if depth <= 0 and not in_string:  # the value ended
+            return True
+    return True
 
 
 def _parse_int(digits: str) -> int | _Refused:

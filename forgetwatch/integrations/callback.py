@@ -27,8 +27,7 @@ from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.plugins import AfterTraining, Repair, Repairable
-from forgetwatch.run.watch import Watch
-from forgetwatch.scoring import NonFiniteScoresError
+from forgetwatch.run.watch import Watch, failure
 from forgetwatch.sinks import eval_metric_values
 
 logger = logging.getLogger("forgetwatch")
@@ -192,9 +191,10 @@ class ForgetWatchCallback(TrainerCallback):
         if not self._link.open:  # after train(): the weights may have changed (best model loaded)
             try:
                 report = watch.measure(model)  # scored afresh, outside the run's history
-            except NonFiniteScoresError as err:
+            except Exception as err:  # noqa: BLE001 - a failure of ours never stops the trainer's evaluation
                 if watch.writes:
-                    logger.warning("forgetwatch: %s; no forgetwatch metrics for this evaluation", err)
+                    what, trace = failure(err)
+                    logger.warning("forgetwatch: %s; no forgetwatch metrics for this evaluation", what, exc_info=trace)
                 return
         elif watch.evaluated(step):
             report = watch.history[-1][1]

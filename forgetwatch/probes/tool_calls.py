@@ -8,12 +8,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from forgetwatch.common.strict_json import nests_within
 from forgetwatch.common.text import shorten, type_name
 
 #: How a call's arguments are matched: all of them equal, or the expected ones present and equal.
 ARGUMENT_MATCHES = ("exact", "subset")
 #: Characters of a reply searched for a call: a reply is a few hundred tokens; JSON is decoded from each "{" or "[".
 MAX_SEARCHED = 20_000
+#: Deepest nesting of a call read: deeper JSON is no call. Reading a reply's brackets costs up to this many steps
+#: a character, and a call is a few levels deep.
+MAX_CALL_DEPTH = 32
 
 
 def tool_name(tool: Mapping[str, Any]) -> Any:
@@ -59,13 +63,15 @@ def call_problems(answer: Any, tools: Any) -> list[tuple[str, str]]:
 def parse_call(text: str | None) -> dict[str, Any] | None:
     """The first tool call in a reply: a JSON object with a ``name`` (alone, first in a list, or under
     ``function``), its ``arguments`` (or ``parameters``; a JSON string is read too), wherever it stands in the text
-    (inside ``<tool_call>`` tags, after ``[TOOL_CALLS]``, in a code block). ``None`` when there is none."""
+    (inside ``<tool_call>`` tags, after ``[TOOL_CALLS]``, in a code block). ``None`` when there is none; JSON nested
+    more than ``MAX_CALL_DEPTH`` deep is no call (the parser recurses a level at a time: a reply of "[" would exhaust
+    the stack)."""
     if not text:
         return None
     decoder = json.JSONDecoder()
     text = text[:MAX_SEARCHED]
     for start, char in enumerate(text):
-        if char not in "{[":
+        if char not in "{[" or not nests_within(text, MAX_CALL_DEPTH, start):
             continue
         try:
             value, _ = decoder.raw_decode(text, start)
@@ -88,6 +94,8 @@ def _as_call(value: Any) -> dict[str, Any] | None:
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         try:
+            if not nests_within(arguments, MAX_CALL_DEPTH, len(arguments) - len(arguments.lstrip())):
+                raise ValueError("nested too deep")
             arguments = json.loads(arguments)
         except ValueError:
             return {"name": name, "arguments": arguments}  # judged wrong unless arguments are not compared

@@ -64,6 +64,14 @@ def _seconds(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+def failure(err: Exception) -> tuple[str, Exception | None]:
+    """What a warning says of a failure to score, and the traceback it shows: none for the model's own fault (NaN
+    outputs, said in full), the whole one for any other (a bug of ours or of a user's callable: worth a report)."""
+    if isinstance(err, NonFiniteScoresError):
+        return str(err), None
+    return f"scoring failed ({type(err).__name__}: {err})", err
+
+
 class Watch:
     """Measure per-sample forgetting on a probe set while any training loop runs.
 
@@ -346,7 +354,8 @@ class Watch:
 
     def evaluate(self, model: torch.nn.Module, step: int, trigger: str = "schedule") -> Evaluation | None:
         """Score the live model, compare it with the base and hand the :class:`~forgetwatch.Evaluation` to
-        every sink; on every rank. NaN log-probabilities are a warning and no evaluation (``None``).
+        every sink; on every rank. NaN log-probabilities, or any other failure to score, are a warning and no
+        evaluation (``None``): monitoring never stops training.
 
         ``step`` is the optimizer steps the weights have had, never before the run's start or the last
         evaluation; at the last evaluation's step that evaluation is returned again, nothing scored."""
@@ -361,21 +370,24 @@ class Watch:
                 )
             return self._last
         self._step = step
-        if step == self._skipped:  # this step's weights gave NaN already: said once
+        if step == self._skipped:  # this step's weights failed to score already: said once
             return None
         began = self.clock()
         try:
             answers = self._score(model)
-        except NonFiniteScoresError as err:  # monitoring never stops training: said loudly, skipped
+            trajectory = self.trajectory.plus(step, answers)  # the run's once the evaluation is whole
+            report = with_trajectory_metrics(self.compare(answers), trajectory)
+        except Exception as err:  # noqa: BLE001 - monitoring never stops training: said loudly, skipped
             self._skipped = step
             spent = self.clock() - began
             self.schedule.evaluated(step, spent)
             self.monitoring_seconds += spent
             if self.writes:
-                logger.warning("forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, err)
+                what, trace = failure(err)
+                logger.warning(
+                    "forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, what, exc_info=trace
+                )
             return None
-        trajectory = self.trajectory.plus(step, answers)  # the run's once the evaluation is whole
-        report = with_trajectory_metrics(self.compare(answers), trajectory)
         seconds = self.clock() - began
         logged = self._logged_report(answers, report, trajectory)
         repair, repaired, repair_state = None, {}, {}
