@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,10 +21,11 @@ import pytest
 
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.run_files import (
+    BESIDES,
     FILES,
     HISTORY,
-    LATEST,
     LOCK,
+    MERGED,
     SNAPSHOT,
     NotWritableError,
     RunStore,
@@ -327,16 +329,23 @@ def test_a_history_with_unreadable_records_is_moved_aside_never_overwritten(stor
 
 
 def write_run(folder, mark: str) -> dict[str, bytes]:
-    """Every file forgetwatch writes in a run directory, each with bytes of its own; the bytes by name."""
+    """Every file forgetwatch writes in a run directory, each with bytes of its own (the merged model a folder);
+    the bytes by name."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {name: f"{mark}:{name}".encode() for name in (*FILES, LATEST, f"{HISTORY}.damaged-1")}
+    names = (*FILES, *BESIDES, f"{HISTORY}.damaged-1")
+    files = {name: f"{mark}:{name}".encode() for name in names if name != MERGED}
     for name, data in files.items():
         (folder / name).write_bytes(data)
+    (folder / MERGED).mkdir()
+    (folder / MERGED / "model.safetensors").write_bytes(mark.encode())
+    files[f"{MERGED}/model.safetensors"] = mark.encode()
     return files
 
 
 def held(folder) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    """The run's files in ``folder``, those of the merged model's folder too."""
+    paths = [*folder.iterdir(), *(folder / MERGED).glob("*")]
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in paths if p.is_file()}
 
 
 def test_a_fresh_run_sets_every_file_of_an_earlier_run_aside_together(store):
@@ -350,6 +359,16 @@ def test_a_fresh_run_sets_every_file_of_an_earlier_run_aside_together(store):
     second = write_run(store.dir, "second")
     assert store.set_aside() == store.dir / "previous-2" and held(store.dir / "previous-2") == second
     assert held(store.dir / "previous-1") == first
+
+
+def test_the_newest_set_aside_has_the_largest_number_also_after_one_was_deleted(store):
+    for mark in ("first", "second"):
+        write_run(store.dir, mark)
+        store.set_aside()
+    shutil.rmtree(store.dir / "previous-1")  # deleted by hand
+    third = write_run(store.dir, "third")
+    assert store.set_aside() == store.dir / "previous-3" and held(store.dir / "previous-3") == third
+    assert sorted(p.name for p in store.dir.iterdir()) == ["previous-2", "previous-3"]
 
 
 def test_a_set_aside_cut_short_is_completed_by_the_next_fresh_run(store):

@@ -537,3 +537,27 @@ def test_two_watches_never_write_in_one_directory(toy, tmp_path, caplog):
     with pytest.raises(NotWritableError, match=f"a watch of process {os.getppid()} on .* writes in {tmp_path}"):
         Watch(toy.probes, output_dir=tmp_path, output=QUIET).start(toy.base, toy.tokenizer)
     assert files(tmp_path) == after and not (tmp_path / "previous-2").exists()
+
+
+@pytest.mark.slow
+def test_a_fresh_run_sets_aside_the_merge_an_earlier_one_wrote_and_its_page_shows_none(toy, tmp_path):
+    from forgetwatch import MergeAtEnd
+    from forgetwatch.reporting.page import write_report
+
+    texts = toy.world.distraction_texts(n=4, seed=7)
+    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, output=QUIET)
+    first.merge_at_end = MergeAtEnd(target=texts, alphas=[0.5], save=True)
+    first.start(toy.base, toy.tokenizer)
+    first.finish(copy.deepcopy(toy.tuned), 1)  # the final evaluation, then the sweep on the final weights
+    written = {"sweep.json", "sweep.csv", "merged"}
+    assert written <= {p.name for p in tmp_path.iterdir()}
+    page = write_report([tmp_path], tmp_path / "first.html").read_text(encoding="utf-8")
+    assert "merging base (alpha 0) and tuned (alpha 1) weights" in page
+
+    second = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, output=QUIET)  # no merging
+    second.start(toy.base, toy.tokenizer)
+    second.finish(toy.tuned, 1)
+    assert written <= {p.name for p in (tmp_path / "previous-1").iterdir()}
+    assert not written & {p.name for p in tmp_path.iterdir()}
+    page = write_report([tmp_path], tmp_path / "second.html").read_text(encoding="utf-8")
+    assert "merging base (alpha 0) and tuned (alpha 1) weights" not in page

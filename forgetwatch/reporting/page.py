@@ -19,14 +19,12 @@ from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import pct
 from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import HISTORY, SUBDIR, Run, read_run, run_directory
+from forgetwatch.results.run_files import HISTORY, SUBDIR, SWEEP, Run, read_run, run_directory
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
 #: Probes listed in each table of the page.
 TOP = 25
-#: A merge sweep's table in a run directory (``forgetwatch merge --out``).
-SWEEP = "sweep.json"
 PathLike = str | os.PathLike[str]
 
 

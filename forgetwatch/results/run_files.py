@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import logging
@@ -38,9 +39,14 @@ MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size an
 LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
 SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory
 LOCK = "watch.lock"  # while a watch writes in the run directory: its pid and host
-PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run
+PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run (the newest: the largest n)
+SWEEP = "sweep.json"  # when training ended: the merge sweep's table (the report page shows it), and beside it
+SWEEP_TABLE = "sweep.csv"  # ... the same as CSV
+MERGED = "merged"  # ... and the model at the chosen alpha (a folder)
 #: Every file the monitor itself writes (a repair method names its own; nothing else there is touched).
 FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
+#: What a run writes besides, not kept in checkpoints: set aside with the rest by a fresh run.
+BESIDES = (LATEST, SWEEP, SWEEP_TABLE, MERGED)
 _MANIFEST_FORMAT = "forgetwatch.checkpoint"
 _COPY = "this checkpoint's forgetwatch files are"
 _WHAT = {
@@ -427,7 +433,7 @@ class RunStore:
         """Before a fresh run: move an earlier run's files into a new ``previous-<n>`` (via ``previous.partial``,
         which the next run completes if this is cut short); the folder, if anything moved."""
         partial = self.dir / f"{PREVIOUS}.partial"
-        names = [n for n in (*self.files, LATEST) if os.path.lexists(self.dir / n)]
+        names = [n for n in (*self.files, *BESIDES) if os.path.lexists(self.dir / n)]
         names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
         with self._moving(
             f"an earlier run's files in {self.dir}", "move them yourself, or choose another folder with output_dir="
@@ -450,7 +456,7 @@ class RunStore:
         """Remove forgetwatch's own temporary files left by writes cut short, here and in ``folders``."""
         removed = []
         for folder in dict.fromkeys([self.dir, *folders]):
-            for path in leftover_temporaries(folder, (*self.files, LATEST, LOCK)):
+            for path in leftover_temporaries(folder, (*self.files, *BESIDES, LOCK)):
                 try:
                     path.unlink()
                 except OSError as err:
@@ -597,10 +603,9 @@ class RunStore:
             ) from err
 
     def _free_name(self, stem: str) -> Path:
-        n = 1
-        while (self.dir / f"{stem}-{n}").exists():
-            n += 1
-        return self.dir / f"{stem}-{n}"
+        """``stem-<n>``, n one above any there: numbered in the order they were made, also after one was deleted."""
+        taken = [p.name.removeprefix(f"{stem}-") for p in self.dir.glob(f"{glob.escape(stem)}-*")]
+        return self.dir / f"{stem}-{max((int(n) for n in taken if n.isdigit()), default=0) + 1}"
 
     def _find_lost(self) -> None:
         # files written here that are gone (the run directory deleted during training): owed again, said once
