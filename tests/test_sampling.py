@@ -200,6 +200,8 @@ def test_sampled_and_greedy_answers_are_not_compared(toy, probes):
         ({"samples": 17, "temperature": 1.0}, "an integer from 1 to 16"),
         ({"top_p": 0, "temperature": 1.0}, "a number in \\(0, 1\\]"),
         ({"temperature": -1}, "a number >= 0"),
+        ({"temperature": 1e-310, "samples": 3}, "0 or a number >= 0.01"),  # a denormal: replies were empty
+        ({"temperature": 0.009}, "0 or a number >= 0.01"),
     ],
 )
 def test_bad_sampling_options_are_one_clear_error(settings, message):

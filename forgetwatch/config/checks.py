@@ -122,6 +122,23 @@ def non_negative(value: Any) -> float:
     return number
 
 
+#: The coldest sampling temperature: colder draws are greedy decoding but for rounding, and overflow the logits.
+MIN_TEMPERATURE = 0.01
+
+
+def temperature(value: Any) -> float:
+    """0 (greedy decoding), or a sampling temperature of at least :data:`MIN_TEMPERATURE`."""
+    number = non_negative(value)
+    if 0 < number < MIN_TEMPERATURE:
+        raise Invalid(
+            f"0 or a number >= {MIN_TEMPERATURE:g}",
+            value,
+            "sampling this cold is greedy decoding, and divides the logits past what floats hold: write 0 for "
+            "greedy answers, or a temperature such as 0.6",
+        )
+    return number
+
+
 def optional(check: Callable[[Any], Any], none_means: str) -> Callable[[Any], Any]:
     def checked(value: Any) -> Any:
         if value is None:

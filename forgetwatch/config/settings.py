@@ -81,7 +81,8 @@ class Scoring(_Group):
             but answers flip with rounding alone). Answers of another precision are not compared.
         samples: Generative and behaviour probes: answers drawn per probe (1 to 16; each costs a generation), each
             judged; a probe is right when most are (``Answers.samples_correct`` holds each). > 1 needs a temperature.
-        temperature: Generation's temperature: 0 decodes greedily; above 0 samples, each answer with its own seed.
+        temperature: Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own
+            seed.
         top_p: Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1).
         seed: The run's sampling seed: answer j of probe p is drawn with a seed made of (seed, p's id, j), the same
             on any batch size or number of ranks, and for the base and every later evaluation.
@@ -110,7 +111,7 @@ class Scoring(_Group):
             "every combination of them",
         ),
     )
-    temperature: float = option(0.0, check=check.non_negative)
+    temperature: float = option(0.0, check=check.temperature)
     top_p: float = option(1.0, check=check.rate(True, False, "0.95"))
     seed: int = option(0, check=check.integer(0))
 
