@@ -561,3 +561,22 @@ def test_a_fresh_run_sets_aside_the_merge_an_earlier_one_wrote_and_its_page_show
     assert not written & {p.name for p in tmp_path.iterdir()}
     page = write_report([tmp_path], tmp_path / "second.html").read_text(encoding="utf-8")
     assert "merging base (alpha 0) and tuned (alpha 1) weights" not in page
+
+
+def test_a_resume_with_other_scoring_options_is_one_error_naming_them(toy, tmp_path):
+    from forgetwatch import AnswersMismatchError
+
+    probes = ProbeSet.from_records(toy.world.probe_records()[:6])
+    sampled = Scoring(samples=3, temperature=0.7, max_new_tokens=4)
+    first = Watch(probes, output_dir=tmp_path, eval_steps=2, scoring=sampled, output=QUIET)
+    first.start(toy.base, toy.tokenizer)
+    first.due(2)
+    kept = first.state_dict()
+    first.close()
+    again = Watch(probes, output_dir=tmp_path, eval_steps=2, scoring=dataclasses.replace(sampled, temperature=0.9))
+    again.load_state_dict(kept)
+    with pytest.raises(AnswersMismatchError) as caught:
+        again.start(toy.tuned, toy.tokenizer)
+    message = str(caught.value)
+    assert "resuming at step 2" in message and "sampling.temperature: 0.7, not 0.9" in message
+    assert "samples" not in message.replace("sampling.", "")  # only what differs is named

@@ -180,7 +180,7 @@ class Answers:
                     f"another precision ({self.scoring.get('precision', 'not recorded')} vs "
                     f"{scoring.get('precision', 'not recorded')}: rounding alone flips answers)"
                 )
-            return f"other scoring options ({self.scoring} vs {dict(scoring)})"
+            return f"other scoring options ({'; '.join(_differences(mine, theirs))})"
         for key, value in (meta or {}).items():
             if self.meta.get(key) != value:
                 return "another model" if key == "model_key" else "other weights"
@@ -316,6 +316,20 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
 def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
     # batch size and device change speed, not answers
     return {k: v for k, v in scoring.items() if k not in ("batch_size", "device")}
+
+
+def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str = "") -> list[str]:
+    """Each option that differs, as ``name: these answers' value, not the asked one`` (nested options by dotted
+    name; an option one side lacks is "unset")."""
+    out = []
+    for key in sorted(set(these) | set(asked)):
+        mine, theirs = these.get(key), asked.get(key)
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            out += _differences(mine, theirs, f"{within}{key}.")
+        elif mine != theirs:
+            shown = ["unset" if key not in side else repr(side[key]) for side in (these, asked)]
+            out.append(f"{within}{key}: {shown[0]}, not {shown[1]}")
+    return out
 
 
 def _per_sample(samples: Sequence[dict[str, Any]]) -> np.ndarray | None:

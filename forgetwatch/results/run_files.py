@@ -302,7 +302,7 @@ def stored_base(
             )
         return answers
     found: list[tuple[Path, Answers]] = []
-    rejected = []
+    rejected, other = [], []  # snapshots that cannot serve: damaged, or of other probes or options
     for directory in resume_dirs or [run_dir]:
         try:
             answers = read_snapshot(directory)
@@ -314,6 +314,7 @@ def stored_base(
         problem = None if answers is None else answers.mismatch(**expected, meta=None if resume_dirs else keys)
         if problem:
             rejected.append(f"{directory / SNAPSHOT}: for {problem}")
+            other.append(rejected[-1])
         elif answers is not None:
             found.append((directory, answers))
     if not resume_dirs:  # a cached snapshot that does not fit: compute a new one
@@ -322,6 +323,12 @@ def stored_base(
         elif found:
             logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
         return found[0][1] if found else None
+    if not found and other:  # the run's own base, made with settings this resume does not have
+        raise AnswersMismatchError(
+            f"resuming at step {step}, but the run's base snapshot was made otherwise: {other[0]}; resume with the "
+            "probes and scoring options the run began with (each 'x, not y' above: x is the run's), or start a "
+            "fresh run in another output_dir"
+        )
     if not found:
         why = f" ({'; '.join(rejected)})" if rejected else ""
         raise FileNotFoundError(
