@@ -7,11 +7,14 @@ import json
 import re
 import warnings
 
+import numpy as np
 import pytest
+import torch
 from transformers import TrainerCallback
 
-from forgetwatch import Output, compare, evaluate
+from forgetwatch import Output, Scoring, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
+from forgetwatch.probes.extract import extract_number
 from forgetwatch.results.run_files import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -86,6 +89,88 @@ def sft(toy, tmp_path, callbacks, model=None, **overrides):
         train_dataset=datasets.Dataset.from_dict({"text": texts}),
         callbacks=callbacks,
     )
+
+
+class Kept:
+    """A sink keeping each evaluation's answers with a copy of the weights they were scored on."""
+
+    def __init__(self, model):
+        self.model, self.base, self.seen = model, None, {}
+
+    def on_base(self, snapshot):
+        self.base = snapshot.answers
+
+    def on_evaluation(self, evaluation):
+        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.seen[evaluation.step] = (evaluation.answers, evaluation.report, weights)
+
+
+def plain_loop(model, tokenizer, probes, new_tokens):
+    """Every probe on its own, unpadded, in float32, in eval mode: per probe its choices' summed log-probabilities
+    or its greedy text (cut at the first newline), and its verdict."""
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for p in probes:
+            context = tokenizer(p.question)["input_ids"]
+            if p.choices:
+                lps = []
+                for choice in p.choices:
+                    ids = tokenizer(f"{p.question} {choice}")["input_ids"]
+                    logits = model(torch.tensor([ids[:-1]]), use_cache=False).logits[0].float()
+                    logp = torch.log_softmax(logits, -1)
+                    lps.append(sum(float(logp[k - 1, ids[k]]) for k in range(len(context), len(ids))))
+                out.append((lps, int(np.argmax(lps)) == p.answer))
+                continue
+            ids = list(context)
+            for _ in range(new_tokens):
+                token = int(model(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax())
+                if token == tokenizer.eos_token_id:
+                    break
+                ids.append(token)
+            text = tokenizer.decode(ids[len(context) :], skip_special_tokens=True).split("\n")[0]
+            out.append((text, extract_number(text) == p.answer))
+    return out
+
+
+def test_sft_in_bf16_autocast_counts_what_a_float32_plain_loop_counts_at_every_evaluation(toy, tmp_path):
+    """TRL's SFTConfig turns bf16 on by default (also on a CPU): accelerate runs the trainer's model under bf16
+    autocast, 0.05 to 0.18 nats from float32, so a loop over the live model flips verdicts whose margin is that
+    small. Each probe's answer at every evaluation equals a plain float32 loop over a copy of those weights."""
+    model = copy.deepcopy(toy.base)
+    kept, new_tokens = Kept(model), 4
+    cb = ForgetWatchCallback(
+        toy.probes,
+        eval_steps=10,
+        scoring=Scoring(max_new_tokens=new_tokens),
+        output=Output(verbose=False),
+        sinks=[kept],
+    )
+    trainer = sft(toy, tmp_path, [cb], model=model, bf16=True, activation_checkpointing=True, max_steps=30)
+    trainer.train()
+    assert "_original_forward" in vars(trainer.model)  # the trainer computed in bf16 autocast
+    assert sorted(kept.seen) == [10, 20, 30]
+
+    def verdicts(answers, model):
+        """The plain loop's verdicts on ``model``, each probe's answer checked against the loop's."""
+        found = plain_loop(model, toy.tokenizer, toy.probes, new_tokens)
+        for i, (p, (got, right)) in enumerate(zip(toy.probes, found)):
+            if p.choices:  # float32 batching and packing move a sum by about 1e-5 nats; bf16 by 0.05
+                np.testing.assert_allclose(answers.choice_logprobs[i], got, rtol=0, atol=1e-4, err_msg=p.id)
+            else:
+                assert answers.outputs[i] == got, p.id
+            assert bool(answers.correct[i]) == right, p.id
+        return [right for _, right in found]
+
+    ids = [p.id for p in toy.probes]
+    before = verdicts(kept.base, toy.base)
+    for step, (answers, report, weights) in kept.seen.items():
+        copied = copy.deepcopy(toy.base)  # a model accelerate never wrapped: float32
+        copied.load_state_dict(weights)
+        now = verdicts(answers, copied)
+        assert report.forgotten_ids == [i for i, b, n in zip(ids, before, now) if b and not n], step
+        assert report.gained_ids == [i for i, b, n in zip(ids, before, now) if n and not b], step
+    assert any(r.forgotten for _, r, _ in kept.seen.values())
 
 
 class Listener(TrainerCallback):
