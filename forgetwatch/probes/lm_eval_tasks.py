@@ -3,12 +3,12 @@ scored per sample, or what lm-eval would fail on, is refused at load naming the 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import itertools
 import json
 import os
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -283,23 +283,31 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
         try:
             task_manager.load([name])
         except Exception as alone:  # noqa: BLE001 - the task's data, templates or code
-            if problem := _first_document_problem(alone):
+            if path is not None and (problem := _first_document_problem(path)):
                 return Problem(_named(name, path), 0, *problem).render("document", LmEvalTaskError.noun)
             return f"{_named(name, path)} could not be loaded: {_cause(alone)}"
     return f"lm-eval's tasks could not be loaded: {_cause(err)}"
 
 
-def _first_document_problem(err: BaseException) -> tuple[str, str] | None:
-    """What is wrong with the first document of the task lm-eval failed to build (it tries that one as it builds a
-    task, and fails on it with a bare ``IndexError`` or the task code's own error), checked on the task object the
-    failure's traceback holds; ``None`` where the failure was not there."""
+def _first_document_problem(path: Any) -> tuple[str, str] | None:
+    """What is wrong with the first document of the task in the YAML file ``path``, which lm-eval failed to build: it
+    tries that document last as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own
+    error; ``None`` where the task was not that far, or its first document is not the problem."""
     from lm_eval.api.task import ConfigurableTask
+    from lm_eval.tasks._yaml_loader import load_yaml
 
-    for frame, _ in traceback.walk_tb(err.__traceback__):
-        task = frame.f_locals.get("self")
-        if isinstance(task, ConfigurableTask) and getattr(task, "task_docs", None):
-            return _document_problem(task, task.task_docs[0], scored=True, text=True)
-    return None
+    class AsFarAsItGets(ConfigurableTask):
+        def __init__(self, config: dict[str, Any]):
+            with contextlib.suppress(Exception):
+                super().__init__(config=config)
+
+    try:  # as lm-eval's task factory builds it
+        config = {k: v for k, v in load_yaml(Path(path), resolve_func=True).items() if k not in ("tag", "group")}
+        task = AsFarAsItGets(config)
+        docs = getattr(task, "task_docs", None)
+        return _document_problem(task, docs[0], scored=True, text=True) if docs is not None and len(docs) else None
+    except Exception:  # noqa: BLE001 - only a diagnosis: the failure itself is reported either way
+        return None
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
