@@ -184,14 +184,16 @@ def test_a_cut_gguf_file_is_one_line_before_anything_loads(toy, toy_gguf, probe_
 def _patched(source, out, where, value) -> None:
     """``source`` with the header field ``where`` names (its offset, read from the valid file) set to ``value``."""
     reader = gguf.GGUFReader(source)
-    field = {**reader.fields, **{t.name: t.field for t in reader.tensors}}
+    # where an entry's parts start: a string is its length (8 bytes), then its bytes
+    at = {**{k: f.offset for k, f in reader.fields.items()}, **{t.name: t.field.offset for t in reader.tensors}}
+    tokens, tensor, key = "tokenizer.ggml.tokens", "token_embd.weight", "llama.context_length"
     offsets = {
         "tensor count": (8, "<Q"),
         "key-value count": (16, "<Q"),
-        "a key's length": (field["llama.context_length"].offset, "<Q"),
-        "an array's length": (field["tokenizer.ggml.tokens"].offset + 8 + 21 + 4 + 4, "<Q"),
-        "a tensor's dimensions": (field["token_embd.weight"].offset + 8 + 17, "<I"),
-        "a key": (field["llama.context_length"].offset + 8, "20s"),
+        "a key's length": (at[key], "<Q"),
+        "an array's length": (at[tokens] + 8 + len(tokens) + 4 + 4, "<Q"),  # after its type and its items' type
+        "a tensor's dimensions": (at[tensor] + 8 + len(tensor), "<I"),
+        "a key": (at[key] + 8, f"{len(key)}s"),
     }
     data = bytearray(source.read_bytes())
     struct.pack_into(offsets[where][1], data, offsets[where][0], value)

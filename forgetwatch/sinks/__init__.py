@@ -48,10 +48,10 @@ class Sink(Protocol):
 
 
 class Sinks:
-    """The sinks of one run, called in order (see the module); ``seconds``: each call in a thread, within that time (or
-    within what ``seconds()`` says at the call)."""
+    """The sinks of one run, called in order (see the module); ``seconds()``: each call in a thread, within the time it
+    says at that call (``None``: in the caller's, unbounded)."""
 
-    def __init__(self, sinks: Iterable[Any] = (), *, seconds: float | Callable[[], float | None] | None = None):
+    def __init__(self, sinks: Iterable[Any] = (), *, seconds: Callable[[], float | None] = lambda: None):
         self.sinks = list(sinks)
         self.seconds = seconds
 
@@ -68,7 +68,7 @@ class Sinks:
         self._call("on_ending", ending)
 
     def _call(self, event: str, payload: Any) -> None:
-        seconds = self.seconds() if callable(self.seconds) else self.seconds
+        seconds = self.seconds()
         for sink in list(self.sinks):
             method = getattr(sink, event, None)
             if method is None:
