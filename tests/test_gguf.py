@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -119,6 +120,7 @@ def _one_line_error(capsys, argv, expect):
     assert code == 2, err
     assert err.startswith("forgetwatch: error:") and err.count("\n") == 1, err
     assert expect in err, err
+    return err
 
 
 def test_model_key_does_not_depend_on_how_the_weights_were_stored(toy):
@@ -177,6 +179,53 @@ def test_a_cut_gguf_file_is_one_line_before_anything_loads(toy, toy_gguf, probe_
     cut.write_bytes(toy_gguf.read_bytes()[: os.path.getsize(toy_gguf) - 100])
     argv = ["compare", "--base", toy.base_dir, "--model", str(cut), "--probes", probe_file]
     _one_line_error(capsys, argv, f"--model {cut}: not a readable GGUF file (")
+
+
+def _patched(source, out, where, value) -> None:
+    """``source`` with the header field ``where`` names (its offset, read from the valid file) set to ``value``."""
+    reader = gguf.GGUFReader(source)
+    # where an entry's parts start: a string is its length (8 bytes), then its bytes
+    at = {**{k: f.offset for k, f in reader.fields.items()}, **{t.name: t.field.offset for t in reader.tensors}}
+    tokens, tensor, key = "tokenizer.ggml.tokens", "token_embd.weight", "llama.context_length"
+    offsets = {
+        "tensor count": (8, "<Q"),
+        "key-value count": (16, "<Q"),
+        "a key's length": (at[key], "<Q"),
+        "an array's length": (at[tokens] + 8 + len(tokens) + 4 + 4, "<Q"),  # after its type and its items' type
+        "a tensor's dimensions": (at[tensor] + 8 + len(tensor), "<I"),
+        "a key": (at[key] + 8, f"{len(key)}s"),
+    }
+    data = bytearray(source.read_bytes())
+    struct.pack_into(offsets[where][1], data, offsets[where][0], value)
+    out.write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "where, value, expect",
+    [
+        ("tensor count", 1 << 62, "claims 4,611,686,018,427,387,904 tensors"),
+        ("key-value count", 1 << 62, "4,611,686,018,427,387,904 key-value entries"),
+        ("a key's length", 1 << 62, "key-value entry 1 claims 4,611,686,018,427,387,904 bytes"),
+        ("an array's length", 1 << 62, "key 'tokenizer.ggml.tokens' claims"),
+        ("a tensor's dimensions", 1 << 31, "the shape of tensor 'token_embd.weight' claims"),
+        ("a key", b"general.architecture", "Duplicate general.architecture"),
+    ],
+)
+def test_a_gguf_header_claiming_more_than_the_file_holds_is_one_line_naming_it(
+    toy, toy_gguf, probe_file, tmp_path, capsys, no_model_loads, where, value, expect
+):
+    hostile = tmp_path / "hostile.gguf"
+    _patched(toy_gguf, hostile, where, value)
+    argv = ["compare", "--base", toy.base_dir, "--model", str(hostile), "--probes", probe_file]
+    assert expect in _one_line_error(capsys, argv, f"--model {hostile}: not a readable GGUF file (")
+
+
+def test_arrays_nested_past_any_real_file_are_one_line(toy, probe_file, tmp_path, capsys, no_model_loads):
+    deep = tmp_path / "deep.gguf"
+    header = b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k" + struct.pack("<I", 9)  # one key: an array
+    deep.write_bytes(header + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0))  # of arrays, 5,000 deep
+    argv = ["compare", "--base", toy.base_dir, "--model", str(deep), "--probes", probe_file]
+    assert "key 'k' nests arrays more than 16 deep" in _one_line_error(capsys, argv, f"--model {deep}: not a readable")
 
 
 @pytest.mark.slow

@@ -89,6 +89,34 @@ def bad(row):
     return ROWS[:2] + [{**ROWS[2], **row}] + ROWS[3:]
 
 
+RAISING_UTILS = """def question(doc):
+    return doc["question"] + doc["hint"]
+
+
+def target(doc):
+    return doc["answer"] + len(doc["hint"])
+"""
+
+
+def raising_on_a_document(root, field, function, doc):
+    """``fw_t`` with ``field`` given by ``!function utils.<function>``, which raises a ``TypeError`` on ``doc``."""
+    task_folder(root, rows=[{**r, "hint": None if i == doc else ""} for i, r in enumerate(ROWS)])
+    old = {"doc_to_text": 'doc_to_text: "{{question}}"', "doc_to_target": "doc_to_target: answer"}[field]
+    (root / "fw_t.yaml").write_text(
+        (root / "fw_t.yaml").read_text().replace(old, f"{field}: !function utils.{function}")
+    )
+    (root / "utils.py").write_text(RAISING_UTILS)
+    return root
+
+
+def generated_task(root, rows):
+    """``fw_t`` as a generated task whose reference is its choice at the ``answer`` index."""
+    task_folder(root, rows=rows)
+    text = (root / "fw_t.yaml").read_text().replace("multiple_choice", "generate_until")
+    (root / "fw_t.yaml").write_text(text.replace("metric: acc", "metric: exact_match"))
+    return root
+
+
 # case: (how the folder is built, the task named, options, what the error says)
 CASES = {
     "empty data file": (lambda d: task_folder(d, data=""), "fw_t", {}, r"data\.jsonl: no documents: the file is empty"),
@@ -121,6 +149,36 @@ CASES = {
         "fw_t",
         {},
         r"document 2: field 'doc_to_target': 'answer' gave 'maybe', which is not one of its choices \['yes', 'no'\]",
+    ),
+    "no choices in the first document": (  # lm-eval itself tries the first document as it loads the task
+        lambda d: task_folder(d, rows=[{**ROWS[0], "choices": []}, *ROWS[1:]]),
+        "fw_t",
+        {},
+        r"fw_t\.yaml\): document 0: field 'doc_to_choice': 'choices' gave no choices",
+    ),
+    "answer index out of range in the first document": (
+        lambda d: task_folder(d, rows=[{**ROWS[0], "answer": 2}, *ROWS[1:]]),
+        "fw_t",
+        {},
+        r"fw_t\.yaml\): document 0: field 'doc_to_target': 'answer' gave 2, not the index of one of its 2 choices",
+    ),
+    "a template function that raises on a document": (
+        lambda d: raising_on_a_document(d, "doc_to_text", "question", doc=2),
+        "fw_t",
+        {},
+        r"fw_t\.yaml\): document 2: field 'doc_to_text': !function utils\.question raised TypeError: ",
+    ),
+    "a gold function that raises on the first document": (
+        lambda d: raising_on_a_document(d, "doc_to_target", "target", doc=0),
+        "fw_t",
+        {},
+        r"fw_t\.yaml\): document 0: field 'doc_to_target': !function utils\.target raised TypeError: ",
+    ),
+    "no choices in a generated task": (
+        lambda d: generated_task(d, bad({"choices": []})),
+        "fw_t",
+        {},
+        r"fw_t\.yaml\): document 2: field 'doc_to_choice': 'choices' gave no choices",
     ),
     "groups that include each other": (
         groups_that_include_each_other,

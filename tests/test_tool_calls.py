@@ -4,15 +4,18 @@ usual formats; a malformed row is one error naming the file, line and field."""
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 
 import pytest
-from test_multiturn import greedy_by_hand
+from test_multiturn import TEMPLATE, greedy_by_hand
 from test_probes import field_message, load_error
 
 from forgetwatch import ProbeKind, ProbeSet, Scorer, evaluate
+from forgetwatch.cli import main
 from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
-from forgetwatch.toy import TOOLS
+from forgetwatch.toy import TOOL_TEMPLATE, TOOLS
 
 
 def rendered_by_hand(question):
@@ -134,3 +137,41 @@ def test_a_tokenizer_without_a_chat_template_is_refused_before_any_model_work(to
     probes = ProbeSet.from_records(probe_rows(toy)[:1])
     with pytest.raises(ValueError, match="asks for a tool call .* this tokenizer has none"):
         Scorer(toy.tokenizer, probes).prepare(toy.base)
+
+
+@pytest.fixture(scope="module")
+def templated(toy):
+    """The toy tokenizer with a chat template of the test's own (the session's tokenizer is left as it is)."""
+
+    def tokenizer(template):
+        copied = copy.deepcopy(toy.tokenizer)
+        copied.chat_template = template
+        return copied
+
+    return tokenizer
+
+
+RAISES = "{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}" + TEMPLATE
+
+
+@pytest.mark.parametrize("template, field", [(TEMPLATE, "not in the prompt"), (RAISES, "tools are not supported")])
+def test_a_template_that_cannot_show_the_tools_is_one_error_naming_the_probe(toy, templated, template, field):
+    rows = probe_rows(toy)
+    probes = ProbeSet.from_records([{"id": "plain", "question": "Hi", "check": {"max_words": 5}}, *rows[:2]], "mine")
+    with pytest.raises(ValueError, match="^probe 'call/.*' of mine: ") as err:
+        Scorer(templated(template), probes).prepare(toy.base)
+    assert field in str(err.value)
+    # the tool-aware template shows them: the prompt is the rendering with the tools
+    tokenizer = templated(TOOL_TEMPLATE)
+    prompt = Scorer(tokenizer, probes).prepare(toy.base)[0].encoded[1].prompt
+    assert tokenizer.decode(prompt) == tokenizer.bos_token + rendered_by_hand(rows[0]["messages"][0]["content"])
+
+
+def test_the_command_line_refuses_a_template_that_raises_with_exit_code_2(toy, templated, tmp_path, capsys):
+    shutil.copytree(toy.base_dir, tmp_path / "model")
+    templated(RAISES).save_pretrained(tmp_path / "model")
+    ProbeSet.from_records(probe_rows(toy)[:1]).to_jsonl(tmp_path / "probes.jsonl")
+    argv = ["evaluate", "--model", str(tmp_path / "model"), "--probes", str(tmp_path / "probes.jsonl")]
+    assert main([*argv, "--out", str(tmp_path / "a.json"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "call/" in err and "tools are not supported" in err and "Traceback" not in err

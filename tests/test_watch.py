@@ -427,15 +427,23 @@ def test_a_sink_that_changes_what_it_is_handed_changes_nothing_of_the_run(toy, t
 
 
 class Stuck:
-    """A sink whose call never returns until the test lets it."""
+    """A sink whose ``event`` call does not return until the test lets it (or, with ``most``, that many seconds pass:
+    a test of the bound then fails, not hangs, where the bound does not hold)."""
 
-    def __init__(self):
-        self.calls, self.entered, self.release = 0, threading.Event(), threading.Event()
+    def __init__(self, event="on_evaluation", most=None):
+        self.calls, self.entered, self.release, self.most = 0, threading.Event(), threading.Event(), most
+        setattr(self, event, self.block)
 
-    def on_evaluation(self, evaluation):
+    def on_base(self, snapshot): ...
+
+    def on_evaluation(self, evaluation): ...
+
+    def on_end(self, trajectory): ...
+
+    def block(self, payload):
         self.calls += 1
         self.entered.set()
-        self.release.wait()
+        self.release.wait(self.most)
 
 
 def test_a_sink_that_blocks_is_dropped_for_the_run_and_training_goes_on(toy, tmp_path, caplog):
@@ -453,6 +461,28 @@ def test_a_sink_that_blocks_is_dropped_for_the_run_and_training_goes_on(toy, tmp
         stuck.release.set()
     assert caplog.text.count("the sink Stuck did not return from on_evaluation within 0 s; it is dropped") == 1
     assert steps_written(tmp_path) == [2, 4]
+
+
+@pytest.mark.parametrize("event, where", [("on_base", "Watch"), ("on_evaluation", "watch"), ("on_end", "watch")])
+def test_every_sink_call_is_bounded_by_sink_seconds_as_it_is_when_the_call_runs(
+    toy, tmp_path, caplog, monkeypatch, event, where
+):
+    stuck = Stuck(event, most=30)
+    if where == "Watch":  # every watch's bound, set on the class
+        monkeypatch.setattr(Watch, "sink_seconds", 0)
+    watch = Watch(toy.probes[:4], output_dir=tmp_path, eval_steps=2, sinks=[stuck], output=QUIET)
+    try:
+        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+            watch.start(toy.base, toy.tokenizer)
+            if where == "watch":  # this watch's bound, set once it has started
+                watch.sink_seconds = 0
+            watch.evaluate(toy.tuned, 2)
+            watch.evaluate(toy.base, 4)
+            watch.finish(toy.base, 4)
+        assert stuck.entered.wait(30) and stuck.calls == 1
+        assert caplog.text.count(f"the sink Stuck did not return from {event} within 0 s; it is dropped") == 1
+    finally:
+        stuck.release.set()
 
 
 def test_a_model_without_embeddings_for_the_tokenizers_ids_is_refused_before_scoring(toy, tmp_path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forgetwatch.cli.gguf_header import check_gguf_header
 from forgetwatch.common.text import first_line, listing
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
@@ -124,8 +125,10 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
                 f"{ckpt.label}: reading a GGUF file needs the gguf package: pip install gguf"
             ) from err
         try:
-            GGUFReader(os.path.join(ckpt.path, ckpt.gguf))
-        except (OSError, ValueError) as err:
+            path = os.path.join(ckpt.path, ckpt.gguf)
+            check_gguf_header(path)  # its claims fit in the file, before the reader trusts them
+            GGUFReader(path)
+        except (OSError, ValueError, KeyError) as err:  # KeyError: a key or tensor given twice
             raise CheckpointError(
                 f"{ckpt.label}: not a readable GGUF file ({first_line(err)}); "
                 "it may have been cut short while downloading or copying"

@@ -3,6 +3,7 @@ scored per sample, or what lm-eval would fail on, is refused at load naming the 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import itertools
@@ -126,9 +127,11 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     probes: list[Probe] = []
     for name, task in loaded["tasks"].items():
         where = _named(name, (task.config.metadata or {}).get("config_source"))
+        sets: list[tuple[str, list[Any], bool]] = []
         try:
             limit = get_sample_size(task, o.limit)
-            _check_documents(task, where, limit)
+            sets = _document_sets(task, where, limit)
+            _check_documents(task, sets)
             task.set_fewshot_seed(seed=o.fewshot_seed)  # the sampler's draws depend on its state: seed each build
             task.build_all_requests(
                 limit=limit,
@@ -140,6 +143,7 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         except LmEvalTaskError:
             raise
         except Exception as err:  # the task's templates or code on its documents
+            _check_documents(task, sets, text=True)  # the document and field that raise, where one does
             raise LmEvalTaskError(f"{where} could not build its prompts: {_cause(err)}") from err
         meta = {"lm_eval": {"task": name, "groups": groups.get(name, [])}}
         requests = sorted(task.instances, key=lambda i: (i.doc_id, i.idx))
@@ -279,8 +283,31 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
         try:
             task_manager.load([name])
         except Exception as alone:  # noqa: BLE001 - the task's data, templates or code
+            if path is not None and (problem := _first_document_problem(path)):
+                return Problem(_named(name, path), 0, *problem).render("document", LmEvalTaskError.noun)
             return f"{_named(name, path)} could not be loaded: {_cause(alone)}"
     return f"lm-eval's tasks could not be loaded: {_cause(err)}"
+
+
+def _first_document_problem(path: Any) -> tuple[str, str] | None:
+    """What is wrong with the first document of the task in the YAML file ``path``, which lm-eval failed to build: it
+    tries that document last as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own
+    error; ``None`` where the task was not that far, or its first document is not the problem."""
+    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    class AsFarAsItGets(ConfigurableTask):
+        def __init__(self, config: dict[str, Any]):
+            with contextlib.suppress(Exception):
+                super().__init__(config=config)
+
+    try:  # as lm-eval's task factory builds it
+        config = {k: v for k, v in load_yaml(Path(path), resolve_func=True).items() if k not in ("tag", "group")}
+        task = AsFarAsItGets(config)
+        docs = getattr(task, "task_docs", None)
+        return _document_problem(task, docs[0], scored=True, text=True) if docs is not None and len(docs) else None
+    except Exception:  # noqa: BLE001 - only a diagnosis: the failure itself is reported either way
+        return None
 
 
 def _groups_of(group_map: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -333,35 +360,64 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     return f"{name}: {why}" if why else (metric, filter_name or filters[0])
 
 
-def _check_documents(task: Any, where: str, limit: int | None) -> None:
-    """A multiple-choice document lm-eval would fail on or score against no choice, refused naming the
-    document and field."""
-    if task.OUTPUT_TYPE != "multiple_choice":
-        return
+def _document_sets(task: Any, where: str, limit: int | None) -> list[tuple[str, list[Any], bool]]:
+    """``(source, documents, scored)``: the documents scored, then the few-shot examples their prompts show."""
     sets = [(where, [doc for _, doc in task.doc_iterator(limit=limit)], True)]
     sampler = getattr(task, "sampler", None)
     if (task.get_config("num_fewshot") or 0) > 0 and sampler is not None:
         sets.append((f"{where}, few-shot examples", sampler.fewshot_docs(), False))
-    choice_field, target_field = shorten(task.config.doc_to_choice), shorten(task.config.doc_to_target)
+    return sets
+
+
+def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: bool = False) -> None:
+    """A document lm-eval would fail on or score against no choice, refused naming the document and field: a template
+    or ``!function`` that raises on it (its ``doc_to_text`` too with ``text``, once lm-eval failed to build the
+    prompts), no choices, a gold index that is none of them, a gold answer not among the choices."""
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
         for doc_id, doc in enumerate(docs):
-            choices, golds = task.doc_to_choice(doc), task.doc_to_target(doc)
-            if not choices:
-                found.add(doc_id, "doc_to_choice", f"{choice_field} gave no choices; give every document at least one")
-            for gold in (golds if isinstance(golds, list) else [golds]) if choices else []:
-                index = is_int(gold)
-                if index and not 0 <= gold < len(choices):
-                    wrong = f"{gold}, not the index of one of its {len(choices)} choices; fix the document"
-                elif not index and scored and gold not in choices:
-                    wrong = (
-                        f"{shorten(gold)}, which is not one of its choices {shorten(list(choices))}; the gold answer "
-                        "must be one of them exactly: fix the document"
-                    )
-                else:
-                    continue
-                found.add(doc_id, "doc_to_target", f"{target_field} gave {wrong}")
+            if problem := _document_problem(task, doc, scored, text):
+                found.add(doc_id, *problem)
         found.raise_if_any(LmEvalTaskError)
+
+
+def _document_problem(task: Any, doc: Any, scored: bool, text: bool) -> tuple[str, str] | None:
+    """``(field, why)`` of the first thing wrong with ``doc`` (see :func:`_check_documents`), or ``None``."""
+    field = "doc_to_text"
+    try:
+        if text:
+            task.doc_to_text(doc)
+        field = "doc_to_target"
+        target = task.doc_to_target(doc)
+        # a generated task's reference is read from its choices where its target is an index (see _probe)
+        if task.OUTPUT_TYPE != "multiple_choice" and (task.config.doc_to_choice is None or not is_int(target)):
+            return None
+        field = "doc_to_choice"
+        choices = task.doc_to_choice(doc)
+    except Exception as err:  # noqa: BLE001 - the task's template or code on this document
+        return field, f"{_shown(task, field)} raised {_cause(err)}; fix the document or the task"
+    if not choices:
+        return field, f"{_shown(task, field)} gave no choices; give every document at least one"
+    for gold in target if isinstance(target, list) else [target]:
+        if is_int(gold) and not 0 <= gold < len(choices):
+            wrong = f"{gold}, not the index of one of its {len(choices)} choices; fix the document"
+        elif not is_int(gold) and scored and gold not in choices:
+            wrong = (
+                f"{shorten(gold)}, which is not one of its choices {shorten(list(choices))}; the gold answer "
+                "must be one of them exactly: fix the document"
+            )
+        else:
+            continue
+        return "doc_to_target", f"{_shown(task, 'doc_to_target')} gave {wrong}"
+    return None
+
+
+def _shown(task: Any, field: str) -> str:
+    """A field's template, or its function as the YAML names it (lm-eval names a task's module by its file's path)."""
+    value = getattr(task.config, field)
+    if callable(value):
+        return f"!function {os.path.basename(getattr(value, '__module__', ''))}.{getattr(value, '__qualname__', '')}"
+    return shorten(value)
 
 
 def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str, filter_name: str, meta: dict) -> Probe:

@@ -114,6 +114,9 @@ class Watch:
         >>> watch.finish(model, step)                                         # doctest: +SKIP
     """
 
+    #: how long one call of a user's sink may take before the sink is dropped; read at every call (``None``: no bound)
+    sink_seconds: float | None = SINK_SECONDS
+
     @checked_keywords
     def __init__(
         self,
@@ -184,7 +187,6 @@ class Watch:
         self._step = 0  # the last step the loop told us of
         self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
         self._max_steps: int | None = None  # the run's length, until the budget's first projection is checked
-        self.sink_seconds = SINK_SECONDS
         self._their_probes: ProbeSet | None = None  # the user's sinks' copy of the probes
 
     # -- what a loop calls ----------------------------------------------------------------------
@@ -277,7 +279,7 @@ class Watch:
             ours = [HistoryFile(self.store), console, *sinks]
             # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
             self._sinks = Sinks(self._here(ours))
-            self._user_sinks = Sinks(self._here(self.user_sinks), seconds=self.sink_seconds)
+            self._user_sinks = Sinks(self._here(self.user_sinks), seconds=lambda: self.sink_seconds)
             snapshot = BaseSnapshot(
                 self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
             )

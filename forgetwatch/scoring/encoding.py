@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from forgetwatch.probes import ProbeKind, ProbeSet
+from forgetwatch.common.text import shorten
+from forgetwatch.probes import Probe, ProbeKind, ProbeSet
+from forgetwatch.probes.tool_calls import tool_name
 
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no limit" marker
 DEFAULT_MAX_LENGTH = 2048
@@ -87,14 +90,11 @@ def encode_probes(
     for p in probes:
         if p.messages or p.tools:  # a conversation (and the tools), in the model's chat template, its reply to come
             turns = [dict(m) for m in p.messages] if p.messages else [{"role": "user", "content": p.question}]
-            tools = [dict(t) for t in p.tools] if p.tools else None
-            rendered = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
-            text = visible_tail(tokenizer, rendered, visible)
+            text = visible_tail(tokenizer, render_chat(tokenizer, p, probes.source, turns), visible)
         else:
             text = visible_tail(tokenizer, p.question, visible)
         if chat_template and not (p.messages or p.tools):  # the question as a chat user turn
-            turn = [{"role": "user", "content": text}]
-            text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+            text = render_chat(tokenizer, p, probes.source, [{"role": "user", "content": text}])
         if p.kind is not ProbeKind.MULTIPLE_CHOICE:  # generated: a prompt
             prompts.append(text)
         if p.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):  # no reference text to score
@@ -125,6 +125,34 @@ def encode_probes(
             )
         out.append(EncodedChoices(ctx, conts))
     return out
+
+
+def render_chat(tokenizer, probe: Probe, source: str, turns: list[dict[str, Any]]) -> str:
+    """``turns`` (and ``probe``'s tools) in the tokenizer's chat template, the reply to come; a ``ValueError`` naming
+    the probe when the template fails, or ignores the tools (the model would be scored on a prompt without them)."""
+
+    def render(tools: list[dict[str, Any]] | None) -> str:
+        try:
+            return tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
+        except Exception as err:  # the template is the user's code: what failed is named, not a jinja2 frame
+            raise ValueError(
+                f"probe {probe.id!r} of {source}: the tokenizer's chat template fails on it "
+                f"({type(err).__name__}: {shorten(str(err))}); "
+                + ("use a chat template that supports tools" if probe.tools else "fix the chat template")
+            ) from err
+
+    tools = [dict(t) for t in probe.tools] if probe.tools else None
+    rendered = render(tools)
+    if tools:  # a tool shows when its name is in the prompt more often than without the tools (the question may say it)
+        bare = render([])
+        if hidden := [name for name in map(tool_name, tools) if rendered.count(name) <= bare.count(name)]:
+            raise ValueError(
+                f"probe {probe.id!r} of {source}: a tool call, but the tokenizer's chat template does not show "
+                f"the model its tools (tool {hidden[0]!r} is not in the prompt): it would be scored without them; use "
+                "a chat template that renders `tools` (the model's own, if it was trained to call tools), or leave "
+                "out the tool-call probes"
+            )
+    return rendered
 
 
 def model_max_length(config, tokenizer) -> int:

@@ -48,9 +48,10 @@ class Sink(Protocol):
 
 
 class Sinks:
-    """The sinks of one run, called in order (see the module); ``seconds``: each call in a thread, within that time."""
+    """The sinks of one run, called in order (see the module); ``seconds()``: each call in a thread, within the time it
+    says at that call (``None``: in the caller's, unbounded)."""
 
-    def __init__(self, sinks: Iterable[Any] = (), *, seconds: float | None = None):
+    def __init__(self, sinks: Iterable[Any] = (), *, seconds: Callable[[], float | None] = lambda: None):
         self.sinks = list(sinks)
         self.seconds = seconds
 
@@ -67,17 +68,18 @@ class Sinks:
         self._call("on_ending", ending)
 
     def _call(self, event: str, payload: Any) -> None:
+        seconds = self.seconds()
         for sink in list(self.sinks):
             method = getattr(sink, event, None)
             if method is None:
                 continue
             outcome: list[Exception | None] = []
-            if self.seconds is None:
+            if seconds is None:
                 _run(method, payload, outcome)
             else:
                 thread = threading.Thread(target=_run, args=(method, payload, outcome), daemon=True)
                 thread.start()
-                thread.join(self.seconds)
+                thread.join(seconds)
             if not outcome:
                 self.sinks.remove(sink)
                 logger.warning(
@@ -85,7 +87,7 @@ class Sinks:
                     "this run and training goes on (allow it longer with Watch.sink_seconds)",
                     type(sink).__name__,
                     event,
-                    self.seconds,
+                    seconds,
                 )
             elif (err := outcome[0]) is not None:
                 logger.warning(
