@@ -485,6 +485,14 @@ def test_every_sink_call_is_bounded_by_sink_seconds_as_it_is_when_the_call_runs(
         stuck.release.set()
 
 
+def test_an_unbounded_wait_for_a_sink_is_as_long_as_a_wait_can_be():
+    from forgetwatch.sinks import Sinks
+
+    sink = Recorder()
+    Sinks([sink], seconds=lambda: float("inf")).on_evaluation("evaluation")  # Thread.join(inf) would raise
+    assert sink.evaluations == ["evaluation"]
+
+
 def test_a_model_without_embeddings_for_the_tokenizers_ids_is_refused_before_scoring(toy, tmp_path):
     small = copy.deepcopy(toy.base)
     small.resize_token_embeddings(40)

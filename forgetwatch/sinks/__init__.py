@@ -79,7 +79,7 @@ class Sinks:
             else:
                 thread = threading.Thread(target=_run, args=(method, payload, outcome), daemon=True)
                 thread.start()
-                thread.join(seconds)
+                thread.join(min(seconds, threading.TIMEOUT_MAX))  # inf: as long as a wait can be
             if not outcome:
                 self.sinks.remove(sink)
                 logger.warning(
