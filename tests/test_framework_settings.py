@@ -124,14 +124,69 @@ def test_merge_settings_make_a_merge_at_end_or_one_error_naming_the_key(tmp_path
     for given, key, message in [
         ({**probes, "forgetwatch_merge_keep": 0.8}, "forgetwatch_merge_keep", "needs a target"),
         ({**keys, "forgetwatch_merge_target_probes": PROBES}, "forgetwatch_merge_target_texts", "one target, not both"),
-        ({**keys, "forgetwatch_merge_keep": 2}, "forgetwatch_merge_target_texts", "keep must be a number in"),
-        ({**keys, "forgetwatch_merge_save": "yes"}, "forgetwatch_merge_target_texts", "save is True or False"),
+        ({**keys, "forgetwatch_merge_keep": 2}, "forgetwatch_merge_keep", "keep must be a number in"),
+        ({**keys, "forgetwatch_merge_save": "yes"}, "forgetwatch_merge_save", "save is True or False"),
+        ({**keys, "forgetwatch_merge_alphas": [2]}, "forgetwatch_merge_alphas", "alpha must be a number in"),
     ]:
         with pytest.raises(ConfigError) as err:
             FrameworkSettings.from_keys(given, "t.yaml")
-        assert key in str(err.value) and message in str(err.value)
+        assert [(e.key, message in e.message) for e in err.value.errors] == [(key, True)]
     with pytest.raises(ConfigError, match="forgetwatch_merge_target_texts.*no such file"):
         FrameworkSettings.from_keys({**keys, "forgetwatch_merge_target_texts": str(tmp_path / "gone.jsonl")}, "t.yaml")
+
+
+def test_relative_paths_are_taken_from_the_folder_of_the_file_that_names_them(tmp_path, monkeypatch):
+    rows = [json.loads(line) for line in Path(PROBES).read_text().splitlines()]
+    here, there = tmp_path / "configs", tmp_path / "elsewhere"
+    for folder, n in ((here, 4), (there, 2)):  # the same names in the working directory: decoys
+        (folder / "sub").mkdir(parents=True)
+        (folder / "probes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        (folder / "sub" / "probes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[: n + 1]))
+        (folder / "held.jsonl").write_text(json.dumps({"text": f"held out in {folder.name}"}) + "\n")
+        (folder / "pool.jsonl").write_text(json.dumps({"id": "r", "text": f"pool of {folder.name}"}) + "\n")
+        (folder / "sub" / "fw.yaml").write_text("probes: probes.jsonl\neval_steps: 3\n")  # the YAML's own folder
+    monkeypatch.chdir(there)
+    train = here / "train.yaml"
+    names = {"probes": "probes.jsonl", "merge_target_texts": "held.jsonl", "replay": "pool.jsonl"}
+    settings = FrameworkSettings.from_keys({f"forgetwatch_{k}": v for k, v in names.items()}, str(train), train)
+    assert len(settings.probes) == 4 and settings.config.probes == str(here / "probes.jsonl")
+    assert settings.merge.target == ["held out in configs"] and settings.replay.pool[0].text == "pool of configs"
+    nested = FrameworkSettings.from_keys({"forgetwatch_config": "sub/fw.yaml"}, str(train), train)
+    assert len(nested.probes) == 5 and nested.config.eval_steps == 3  # config from train.yaml's folder, probes from its
+    # no file names them (the environment, ms-swift): the working directory
+    env = FrameworkSettings.from_environ({f"FORGETWATCH_{k.upper()}": v for k, v in names.items()})
+    assert len(env.probes) == 2 and env.merge.target == ["held out in elsewhere"]
+
+
+def test_a_path_typed_on_the_llamafactory_command_line_is_the_working_directorys(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from forgetwatch.integrations.llamafactory import run
+
+    rows = Path(PROBES).read_text().splitlines(keepends=True)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "probes.jsonl").write_text("".join(rows[:4]))
+    (tmp_path / "probes.jsonl").write_text("".join(rows[:2]))
+    train = tmp_path / "configs" / "train.yaml"
+    train.write_text("stage: sft\nforgetwatch_probes: probes.jsonl\n")
+    monkeypatch.chdir(tmp_path)
+
+    def read_args():  # as LLaMA-Factory's: the YAML, then key=value from the command line over it
+        args = yaml.safe_load(Path(sys.argv[1]).read_text())
+        return {**args, **dict(item.split("=", 1) for item in sys.argv[2:])}
+
+    started = []
+    parser = types.SimpleNamespace(read_args=read_args)
+    tuner = types.SimpleNamespace(run_exp=lambda args, callbacks: started.append(callbacks[0]))
+    for name in ("llamafactory", "llamafactory.hparams", "llamafactory.train"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "llamafactory.hparams.parser", parser)
+    monkeypatch.setitem(sys.modules, "llamafactory.train.tuner", tuner)
+    monkeypatch.setattr(sys, "argv", ["forgetwatch"])
+    run(str(train))
+    run(str(train), ["forgetwatch_probes=probes.jsonl"])
+    assert [len(callback.watch.probes) for callback in started] == [4, 2]
 
 
 def test_lm_eval_task_names_are_probes():
@@ -216,7 +271,7 @@ def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tm
     values = yaml.safe_load(train.read_text())  # as Axolotl reads it: 90, 8
     assert (values["forgetwatch_eval_steps"], values["forgetwatch_patience"]) == (90, 8)
     with pytest.raises(ConfigError) as caught:
-        FrameworkSettings.from_keys(values, str(train), yaml_file=train)
+        FrameworkSettings.from_keys(values, str(train), config_file=train)
     assert [line.split(": the framework")[0] for line in str(caught.value).splitlines()] == [
         f"{train}: line 4: key 'forgetwatch_eval_steps'",
         f"{train}: line 5: key 'forgetwatch_patience'",
@@ -224,7 +279,7 @@ def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tm
     assert "reads 1:30 as 90 (YAML 1.1" in str(caught.value)
     # a value overridden since (LLaMA-Factory's key=value) is not the file's
     values.update(forgetwatch_eval_steps=5, forgetwatch_patience=3, forgetwatch_verbose=True)
-    config = FrameworkSettings.from_keys(values, str(train), yaml_file=train).config
+    config = FrameworkSettings.from_keys(values, str(train), config_file=train).config
     assert (config.eval_steps, config.monitor.patience) == (5, 3)
 
 

@@ -150,14 +150,20 @@ def test_the_table_as_csv(sweep, tmp_path):
         ({"target": []}, "target is an empty list"),
         ({"probes": []}, "no probes found"),
         ({"base": "other architecture"}, "different configurations"),
+        ({"base": "bfloat16"}, "in the base and torch.float32 in the tuned model; load both in one dtype"),
+        ({"max_length": 0}, "max_length is a whole number of tokens >= 2, got 0"),
+        ({"target": ["fine", "a\x00b"]}, "target text 1 has a NUL character"),
+        ({"alphas": [i / 200 for i in range(201)]}, "201 alphas; a sweep tries at most 101"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_any_model_work(toy, texts, change, message, monkeypatch):
     calls = []
     monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: calls.append(1))
     base = toy.base
-    if change.get("base"):
+    if change.get("base") == "other architecture":
         base = toy.world.model(toy.tokenizer, hidden=32)
+    elif change.get("base"):
+        base = copy.deepcopy(toy.base).to(torch.bfloat16)
     kwargs = {"target": texts, "alphas": ALPHAS, **{k: v for k, v in change.items() if k != "base"}}
     probes = kwargs.pop("probes", toy.probes)
     with pytest.raises((ValueError, TypeError), match=message):
@@ -218,3 +224,120 @@ def test_layer_groups_follow_the_models_order_one_block_or_a_span_a_group():
     assert list(spans) == ["embeddings", "blocks 0-1", "blocks 2-3", "blocks 4-5", "head"]
     assert spans["blocks 2-3"] == ["model.layers.2.mlp.weight", "model.layers.3.mlp.weight"]
     assert spans["head"] == ["norm.weight", "lm_head.weight"]
+
+
+def choice_probes(toy):
+    """The toy's multiple-choice probes: a model far from the base generates nothing but junk, up to the limit."""
+    return ProbeSet([p for p in toy.probes if p.choices], source="toy choices")
+
+
+def peft_model(toy, **config):
+    """A LoRA adapter on a copy of the toy's base whose every weight is set at random (it changes the answers)."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        copy.deepcopy(toy.base), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], **config)
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.slow
+def test_an_adapters_copy_of_a_module_moves_back_to_the_modules_own_weights(toy, texts, tmp_path):
+    from peft import PeftModel
+
+    probes = choice_probes(toy)
+    model = peft_model(toy, modules_to_save=["lm_head"])
+    with torch.no_grad():  # the adapter's trained copy of the head, far from the head's own weights
+        model.base_model.model.lm_head.modules_to_save["default"].weight.normal_(0, 0.5)
+    sweep = merge_sweep(None, model, toy.tokenizer, probes, target=texts, alphas=(0.5,), by_layer=True)
+    assert same_answers(sweep.answers[0], evaluate(toy.base, toy.tokenizer, probes, show_progress=False))
+    assert same_answers(sweep.answers[-1], evaluate(model, toy.tokenizer, probes, show_progress=False))
+    assert "head" in [row.group for row in sweep.layers]  # reverting the head moves its copy
+    merged = copy.deepcopy(model).merge_and_unload()
+    full = merge_sweep(toy.base, merged, toy.tokenizer, probes, target=texts, alphas=(0.5,))
+    assert [r.forgotten_ids for r in sweep.reports] == [r.forgotten_ids for r in full.reports]
+    assert sweep.target == pytest.approx(full.target, rel=1e-4)
+    # the adapter saved at 0.5 (its B matrices scaled, its head's copy lerped) scores as the sweep did
+    sweep.save(0.5, tmp_path / "half")
+    saved = PeftModel.from_pretrained(copy.deepcopy(toy.base), tmp_path / "half")
+    assert same_answers(evaluate(saved, toy.tokenizer, probes, show_progress=False), sweep.answers[1])
+    assert same_answers(evaluate(sweep.merged(0.5), toy.tokenizer, probes, show_progress=False), sweep.answers[1])
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ({"bias": "all"}, "bias='all'"),
+        ({"bias": "lora_only"}, "bias='lora_only'"),
+        ({"trainable_token_indices": [3, 4]}, "TrainableTokens"),
+        ({"use_dora": True}, "DoRA"),
+    ],
+)
+def test_an_adapter_that_trains_what_cannot_move_back_is_refused_before_any_scoring(
+    toy, texts, config, names, monkeypatch
+):
+    model = peft_model(toy, **config)
+    monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: pytest.fail("a model was run"))
+    with pytest.raises(ValueError, match="merge_sweep: .*merge_and_unload") as caught:
+        merge_sweep(None, model, toy.tokenizer, toy.probes, target=texts)
+    assert names in str(caught.value)
+
+
+def test_alpha_zero_judged_otherwise_than_the_base_is_an_error_beyond_its_noise(toy):
+    from forgetwatch.merge.sweep import check_alpha_zero
+
+    base = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False)
+    tuned = evaluate(toy.tuned, toy.tokenizer, toy.probes, show_progress=False)
+    flips = sum(a != b for a, b in zip(base.correct, tuned.correct))
+    assert flips > 0
+    check_alpha_zero(base, base)
+    with pytest.raises(ValueError, match=f"alpha 0 is not the base: it judges {flips} of the {len(base)} probes"):
+        check_alpha_zero(tuned, base)
+    base.meta["noise_flips"] = flips  # the base's own scoring flips as many: within its noise
+    check_alpha_zero(tuned, base)
+    base.meta["noise_flips"] = flips - 1
+    with pytest.raises(ValueError, match=f"its measured noise allows {flips - 1}"):
+        check_alpha_zero(tuned, base)
+
+
+@pytest.mark.slow
+def test_a_merged_model_that_cannot_be_written_leaves_nothing_and_says_so(sweep, tmp_path):
+    import resource
+    import signal
+
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    (folder / "earlier.txt").write_text("an earlier merge")
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limits[1]))  # a disk that fills up after 64 KiB a file
+    try:
+        with pytest.raises(OSError, match=f"{folder}: the merged model was not written"):
+            sweep.save(0.5, folder)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # no temporary folder left
+    assert [p.name for p in folder.iterdir()] == ["earlier.txt"]  # the earlier one as it was
+    sweep.save(0.5, folder)
+    assert (folder / "model.safetensors").is_file() and not (folder / "earlier.txt").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match="exists and is not a folder"):
+        sweep.save(0.5, tmp_path / "file")
+
+
+def test_target_texts_are_cut_to_the_models_context(toy):
+    from forgetwatch import Scoring
+    from forgetwatch.merge.sweep import Target
+
+    gpt2 = toy.world.model(toy.tokenizer, arch="gpt2").eval()  # 256 positions
+    text = " ".join(toy.world.distraction_texts(n=40, seed=1))
+    ids = toy.tokenizer(text)["input_ids"]
+    assert len(ids) > gpt2.config.n_positions
+    measured = Target(gpt2, toy.tokenizer, [text], Scoring(), max_length=1024)(gpt2)
+    cut = torch.tensor([ids[: gpt2.config.n_positions]])
+    with torch.no_grad():
+        assert measured == pytest.approx(gpt2(input_ids=cut, labels=cut).loss.item(), rel=1e-5)

@@ -8,12 +8,13 @@ import logging
 
 import pytest
 import torch
-from test_merge import by_hand, loss_per_token, same_answers
+from test_merge import by_hand, choice_probes, loss_per_token, same_answers
 from trainers import make_trainer
 from transformers import AutoModelForCausalLM
 
 from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scorer, Scoring, Watch, compare, evaluate
 from forgetwatch.common.distributed import Ranks
+from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.plugins import RunContext
 
 ALPHAS = (0.25, 0.5)
@@ -162,3 +163,70 @@ def test_a_sharded_model_is_refused_before_training(toy, texts):
 def test_bad_options_fail_before_any_work(toy, make, error, message):
     with pytest.raises(error, match=message):
         make(toy)
+
+
+@pytest.mark.slow
+def test_a_weight_unfrozen_during_training_moves_back_to_the_base_too(toy, texts, tmp_path, caplog):
+    plugin = MergeAtEnd(target=texts, alphas=(0.5,))
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, merge_at_end=plugin)
+    model = copy.deepcopy(toy.base)
+    model.model.embed_tokens.requires_grad_(False)  # frozen when training starts, trained later
+    watch.start(model, toy.tokenizer)
+    model.load_state_dict(toy.tuned.state_dict())  # every weight trained, the embeddings too
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        watch.finish(model, 1)
+    assert "merge_at_end failed" not in caplog.text
+    assert same_answers(plugin.sweep.answers[0], evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False))
+    half = evaluate(by_hand(toy.base, toy.tuned, 0.5), toy.tokenizer, toy.probes, show_progress=False)
+    assert same_answers(plugin.sweep.answers[1], half)
+
+
+@pytest.mark.slow
+def test_alpha_zero_unlike_the_runs_base_is_a_warning_and_nothing_is_written(toy, texts, tmp_path, caplog):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        copy.deepcopy(toy.base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    plugin = MergeAtEnd(target=texts, alphas=(0.5,))
+    watch = Watch(choice_probes(toy), output_dir=tmp_path, eval_steps=1, base="adapter_disabled", merge_at_end=plugin)
+    watch.start(model, toy.tokenizer)
+    # the base model's embeddings trained in place, outside the adapter: no scale of the adapter undoes it
+    with torch.no_grad():
+        model.base_model.model.model.embed_tokens.weight.normal_(0, 1)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        watch.finish(model, 1)
+    assert "merge_at_end failed (ValueError: merge_sweep: alpha 0 is not the base" in caplog.text
+    assert watch.ending is None and not (tmp_path / "sweep.json").exists()
+
+
+def test_save_into_a_merged_that_is_a_file_is_refused_before_training(toy, texts, tmp_path):
+    (tmp_path / "merged").write_text("not a folder")
+    plugin = MergeAtEnd(target=texts, save=True)
+    with pytest.raises(
+        ValueError, match=f"MergeAtEnd\\(save=True\\): {tmp_path / 'merged'}: exists and is not a folder"
+    ):
+        plugin.begin(toy.base, context(toy, store=RunStore(tmp_path)))
+
+
+@pytest.mark.slow
+def test_a_merged_model_not_written_is_a_warning_and_the_line_says_so(toy, texts, tmp_path, caplog):
+    import resource
+    import signal
+
+    watch = Watch(
+        toy.probes, output_dir=tmp_path, eval_steps=1, merge_at_end=MergeAtEnd(texts, alphas=(0.5,), save=True)
+    )
+    model = trained_by_hand(watch, toy)
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limits[1]))  # the disk fills up: no file over 64 KiB
+    try:
+        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+            watch.finish(model, 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert "the merged model was not written" in caplog.text
+    assert "written to" not in watch.ending.line and "the merged model was not written" in watch.ending.line
+    assert (tmp_path / "sweep.json").is_file() and not (tmp_path / "merged").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".merged")] == []

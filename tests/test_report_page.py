@@ -317,3 +317,23 @@ def test_a_run_directory_with_a_merge_sweep_shows_it(one_evaluation, tmp_path):
     dom = rendered_dom(write_report([run], tmp_path / "page.html"), tmp_path)
     assert "merging base (alpha 0) and tuned (alpha 1) weights" in dom
     assert "chosen: alpha 0.5, keeping 90% of the gain" in dom
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ({"target_kind": "loss", "keep": 0.9, "best": 0.5}, "field 'rows'"),
+        ({"keep": 0.9, "best": 0.5, "rows": [{"alpha": 0.5, "forgetting": "x"}]}, "field 'rows[0].forgetting'"),
+        ({"keep": 0.9, "best": 0.7, "rows": [{"alpha": 0.5, "forgetting": 0.1}]}, "field 'best'"),
+    ],
+)
+def test_a_sweep_json_the_page_cannot_draw_is_one_line_naming_it(one_evaluation, tmp_path, capsys, table, field):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_evaluation, run)
+    (run / "sweep.json").write_text(json.dumps(table))
+    assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"forgetwatch: error: {run / 'sweep.json'}: {field}") and err.count("\n") == 1

@@ -109,3 +109,15 @@ def test_select_without_checkpoints_is_one_line(tmp_path, capsys):
     assert main(["select", str(tmp_path)]) == 2
     assert "no checkpoint-<step> folders" in capsys.readouterr().err
     assert main(["select", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_logged_loss_that_is_not_a_number_is_one_line_naming_the_file_and_field(tmp_path, capsys):
+    (tmp_path / "forgetwatch").mkdir()
+    (tmp_path / "forgetwatch" / "history.jsonl").write_text("")
+    state = tmp_path / "checkpoint-10" / "trainer_state.json"
+    state.parent.mkdir()
+    state.write_text(json.dumps({"log_history": [{"step": 5, "loss": 1.5}, {"step": 10, "loss": "abc"}]}))
+    assert main(["select", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"forgetwatch: error: {state}: key 'log_history[1].loss': expected a number, got 'abc'")
+    assert len(err.strip().splitlines()) == 1

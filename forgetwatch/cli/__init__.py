@@ -14,14 +14,14 @@ from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
 from forgetwatch.cli.merge import parse_alphas
-from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.files import atomic_write, check_replaceable_folder, strict_dumps
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
 from forgetwatch.config import ConfigError
 from forgetwatch.config.checks import Invalid, batch_size, integer, rate
 from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
 from forgetwatch.config.settings import Scoring, help_text
-from forgetwatch.merge.sweep import ALPHAS
+from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.sinks.metrics import lm_eval_lines
@@ -159,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         type=parse_alphas,
         default=list(ALPHAS),
         metavar="A",
-        help="FROM:TO:STEP or A,B,... (default 0:1:0.1)",
+        help=f"FROM:TO:STEP or A,B,... (default 0:1:0.1; at most {MAX_ALPHAS}, 0 and 1 always in)",
     )
     mrg.add_argument(
         "--keep",
@@ -311,8 +311,8 @@ def _compare(args: argparse.Namespace) -> int:
     from forgetwatch.results.report import write_samples_csv
 
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    if out is not None:
+        _check_out_folder(out)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     named = [] if base_is_answers else [("--base", args.base)]
     probes, prepared, base = _inputs(args, out, *named, ("--model", args.model), base_answers=base_is_answers)
@@ -346,6 +346,11 @@ def _merge(args: argparse.Namespace) -> int:
     named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise UsageError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
+    _check_out_folder(Path(args.out))
+    try:
+        check_replaceable_folder(Path(args.out) / "merged")  # the chosen model goes there
+    except FileExistsError as err:
+        raise UsageError(f"--out: {err}") from err
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -477,6 +482,14 @@ def _scoring(args: argparse.Namespace) -> dict[str, Any]:
         "behaviour_max_new_tokens": args.behaviour_max_new_tokens,
         **{k: getattr(args, k) for k in ("samples", "temperature", "top_p", "seed")},
     }
+
+
+def _check_out_folder(out: Path) -> None:
+    """``--out`` a folder to write into: one there, or none yet (not a file, nor a link to nowhere)."""
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out}: a link to {os.readlink(out)}, which does not exist; give a folder")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
 
 
 def _check_writable(flag: str, directory: Path) -> None:

@@ -4,12 +4,13 @@ least forgetting chosen, and that model written."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common.text import first_line
+from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
-from forgetwatch.merge.sweep import read_texts
+from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
 
 
 class MergeUsageError(ValueError):
@@ -17,21 +18,29 @@ class MergeUsageError(ValueError):
 
 
 def parse_alphas(text: str) -> list[float]:
-    """``"0:1:0.1"`` (from, to, step; both ends included) or ``"0,0.3,1"``: the α to try."""
+    """``"0:1:0.1"`` (FROM, every STEP after it up to TO, and TO) or ``"0,0.3,1"``: the α to try."""
+    ranged = ":" in text
     try:
-        if ":" in text:
-            start, stop, step = (float(x) for x in text.split(":"))
+        numbers = [float(x) for x in text.split(":" if ranged else ",")]
+        if ranged:
+            start, stop, step = numbers
             if not step > 0 or stop < start:
                 raise ValueError
-            count = round((stop - start) / step)
-            alphas = [round(start + i * step, 10) for i in range(count + 1)]
-        else:
-            alphas = [float(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write FROM:TO:STEP (e.g. 0:1:0.1) or a list (0,0.3,1)") from None
-    if not all(0 <= a <= 1 for a in alphas):
-        raise argparse.ArgumentTypeError(f"{text!r}: every alpha is in [0, 1] (0 the base, 1 the tuned model)")
-    return alphas
+        raise argparse.ArgumentTypeError(
+            f"{shorten(text)}: write FROM:TO:STEP (e.g. 0:1:0.1) or a list (0,0.3,1)"
+        ) from None
+    if not all(0 <= a <= 1 for a in (numbers[:2] if ranged else numbers)):
+        raise argparse.ArgumentTypeError(f"{shorten(text)}: every alpha is in [0, 1] (0 the base, 1 the tuned model)")
+    if ranged:
+        count = math.floor((stop - start) / step * (1 + 1e-9))  # 0.3 / 0.1 is 2.9999999999999996: three steps
+        if count >= MAX_ALPHAS:  # not made: 0:1:1e-7 would be ten million
+            raise argparse.ArgumentTypeError(f"{shorten(text)}: {count + 1} alphas; a sweep tries at most {MAX_ALPHAS}")
+        numbers = [*(round(start + i * step, 10) for i in range(count + 1)), stop]
+    try:
+        return checked_alphas(numbers)  # 0 and 1 added, at most MAX_ALPHAS in all
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{shorten(text)}: {first_line(err).removeprefix('merge_sweep: ')}") from None
 
 
 def read_target(args: argparse.Namespace) -> Any:
@@ -96,9 +105,7 @@ def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, lo
 
     def measure(folder: Path) -> float:
         if (folder / "adapter_config.json").is_file():  # a PEFT checkpoint: its adapter on the base
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(base, folder)
+            model = load_adapter(base, folder, f"{folder}")
             try:
                 return meter(model)
             finally:
@@ -118,9 +125,7 @@ def run_merge(
     target = read_target(args)
     (base_ckpt, tokenizer), *tuned_ckpt = prepared
     if args.adapter:  # the adapter's model, its adapters off, is the base: one model in memory
-        from peft import PeftModel
-
-        base, tuned = None, PeftModel.from_pretrained(load(base_ckpt), args.adapter)
+        base, tuned = None, load_adapter(load(base_ckpt), args.adapter, f"--adapter {args.adapter}")
     else:
         base, tuned = load(base_ckpt), load(tuned_ckpt[0][0])
     try:
@@ -137,16 +142,36 @@ def run_merge(
         for row in sweep.layers:
             gain = "" if row.gain is None else f"{row.gain:.0%}"
             print(f"{row.group:>12}  {row.parameters:6d}  {row.restored:8d}  {row.forgotten:9d}  {gain:>6}")
-    table = sweep.write(out, args.keep)
+    try:
+        table = sweep.write(out, args.keep)
+    except OSError as err:
+        raise MergeUsageError(f"--out {out}: cannot write the sweep's table ({first_line(err)})") from err
+    try:  # the model before the page: it is what the command is for
+        sweep.save(best, out / "merged", tokenizer)
+    except OSError as err:
+        raise MergeUsageError(f"{first_line(err)}; sweep.csv and sweep.json are in {out}") from err
     written = ["sweep.csv", "sweep.json"]
     try:
         from forgetwatch.reporting.page import write_sweep_page
 
         write_sweep_page(table, out / "sweep.html")
         written.append("sweep.html")
-    except ImportError as err:
-        print(f"(no sweep.html: {err})")
-    sweep.save(best, out / "merged", tokenizer)
+    except (ImportError, OSError) as err:
+        print(f"(no sweep.html: {first_line(err)})")
     what = "adapter, rescaled" if args.adapter else "model"
     print(f"\nwrote {out}/: {' '.join(written)} merged/ (the {what} at alpha {best:g})")
     return 0
+
+
+def load_adapter(base: Any, folder: str | Path, label: str) -> Any:
+    """The PEFT adapter in ``folder`` on ``base``; one that does not fit it (trained on another model) in one line."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, folder)
+    except (RuntimeError, ValueError, KeyError) as err:  # load_state_dict's size mismatch, modules not found
+        lines = [line.strip() for line in str(err).splitlines()]
+        why = next((line for line in lines if line.startswith("size mismatch")), first_line(err))
+        raise MergeUsageError(
+            f"{label}: the adapter does not fit the base model ({why}); was it trained on it?"
+        ) from err

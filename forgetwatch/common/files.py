@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 import zipfile
 import zlib
@@ -82,6 +83,42 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary folder beside ``path`` to fill; on success it takes ``path``'s place (a folder there before is
+    removed), else it is removed: ``path`` is never half written. A ``FileExistsError`` when ``path`` is a file or a
+    link (:func:`check_replaceable_folder`), before anything is written."""
+    path = Path(path)
+    check_replaceable_folder(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # as mkdir makes it (mkdtemp: 0700)
+        yield tmp
+        old = tmp.with_name(tmp.name + ".old")
+        had = path.exists()
+        if had:
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if had:
+                os.rename(old, path)
+            raise
+        if had:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def check_replaceable_folder(path: str | os.PathLike[str]) -> None:
+    """A ``FileExistsError`` when ``path`` is there but is no folder that :func:`atomic_folder` may replace: a file,
+    or a link (replacing it would not write where it points)."""
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path)):
+        raise FileExistsError(f"{path}: exists and is not a folder (a file or a link); move it away or write elsewhere")
+
+
 def leftover_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
     """What :func:`atomic_write` calls to ``directory/<name>`` left there when killed mid-write."""
     directory = Path(directory)
@@ -92,9 +129,13 @@ def _mode_for(path: Path) -> int:  # the existing file's permissions, else what 
     try:
         return path.stat().st_mode & 0o777
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def json_safe(value: Any, *, infinity_as_text: bool = False) -> Any:

@@ -188,7 +188,7 @@ class ForgetWatchConfig(_Group):
         if relative_to is not None:
             for key in PATH_KEYS:
                 if key in own:
-                    own[key] = _resolved(own[key], relative_to)
+                    own[key] = resolved_path(own[key], relative_to)
         return cls(**own, **{name: GROUPS[name](**values) for name, values in groups.items()})
 
     def keywords(self) -> dict[str, Any]:
@@ -240,7 +240,7 @@ class ForgetWatchConfig(_Group):
             >>> ForgetWatchConfig.from_yaml("/tmp/forgetwatch.yaml").eval_steps
             50
         """
-        resolved = {key: _resolved(getattr(self, key), Path.cwd()) for key in PATH_KEYS}
+        resolved = {key: resolved_path(getattr(self, key), Path.cwd()) for key in PATH_KEYS}
         write_settings(self.replace(**resolved).to_dict(), path)
 
 
@@ -299,11 +299,13 @@ def _flatten(data: Mapping[Any, Any], source: str, lines: Mapping[str, int]) -> 
     return flat, problems
 
 
-def _resolved(value: Any, folder: Path) -> Any:
+def resolved_path(value: Any, folder: Path) -> Any:
     """A path setting with a relative path taken from ``folder`` (for lm-eval tasks, their task folder)."""
     if isinstance(value, LmEvalProbes):
         return (
-            value if value.include_path is None else replace(value, include_path=_resolved(value.include_path, folder))
+            value
+            if value.include_path is None
+            else replace(value, include_path=resolved_path(value.include_path, folder))
         )
     if value in (None, ADAPTER_DISABLED):
         return value

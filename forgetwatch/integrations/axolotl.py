@@ -53,8 +53,8 @@ class ForgetWatchPlugin(BasePlugin):  # type: ignore[misc]
         return f"{__name__}.ForgetWatchArgs"
 
     def register(self, cfg: Any) -> None:
-        path = cfg.get("axolotl_config_path")  # the YAML Axolotl read, by YAML 1.1
-        self.settings = FrameworkSettings.from_keys(cfg, str(path or "Axolotl config"), yaml_file=path)
+        path = cfg.get("axolotl_config_path")  # the YAML Axolotl read (by YAML 1.1): paths are from its folder
+        self.settings = FrameworkSettings.from_keys(cfg, str(path or "Axolotl config"), config_file=path)
         if main_process():
             say(self.settings.describe("Axolotl"))
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean, first_line
-from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig, resolved_path
 from forgetwatch.config.yaml_files import read_value, yaml11_misreadings
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.merge import MergeAtEnd
+from forgetwatch.merge.at_end import OPTIONS as MERGE_OPTIONS
 from forgetwatch.merge.sweep import read_texts
 from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
@@ -31,6 +33,8 @@ MERGE = ("target_texts", "target_probes", "keep", "alphas", "by_layer", "save")
 EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS), *(f"merge_{name}" for name in MERGE))
 #: every setting a framework may give, without its prefix
 NAMES = (*FLAT_KEYS, *EXTRA)
+#: the settings that are file paths: a relative one is taken from the folder of the file that names it
+PATHS = (*PATH_KEYS, "config", "replay", "merge_target_texts", "merge_target_probes")
 #: how each source spells its settings: a framework config's keys, the environment's variables
 _SPELLING = {KEY_PREFIX: ("keys", str.lower), ENV_PREFIX: ("environment variables", str.upper)}
 
@@ -46,11 +50,13 @@ class FrameworkSettings:
 
     @classmethod
     def from_keys(
-        cls, values: Mapping[str, Any], source: str, yaml_file: str | os.PathLike[str] | None = None
+        cls, values: Mapping[str, Any], source: str, config_file: str | os.PathLike[str] | None = None
     ) -> FrameworkSettings:
-        """From the ``forgetwatch_*`` keys of a framework's config; ``yaml_file``, the YAML it read them from: a
+        """From the ``forgetwatch_*`` keys of a framework's config; ``config_file``, the file it read them from:
+        relative paths are taken from its folder (without one, from the working directory), and in a YAML file a
         value its YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line."""
         given, problems = _prefixed(values, KEY_PREFIX, source)
+        yaml_file = None if config_file is None or str(config_file).lower().endswith(".json") else config_file
         misread = yaml11_misreadings(yaml_file) if yaml_file is not None else {}
         for key, (line, text, old) in misread.items():
             if key.startswith(KEY_PREFIX) and key[len(KEY_PREFIX) :] in given and values[key] == old:  # not overridden
@@ -59,7 +65,8 @@ class FrameworkSettings:
                     f"base 60, yes/no/on/off true/false); write {json.dumps(old)} if you mean that, or quote text"
                 )
                 problems.append(Problem(str(yaml_file), line, key, message))
-        return cls._build(given, problems, KEY_PREFIX, source)
+        folder = None if config_file is None else Path(config_file).absolute().parent
+        return cls._build(given, problems, KEY_PREFIX, source, folder)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> FrameworkSettings:
@@ -68,9 +75,14 @@ class FrameworkSettings:
         return cls._build(given, problems, ENV_PREFIX, "environment")
 
     @classmethod
-    def _build(cls, given: dict[str, Any], problems: list[Problem], prefix: str, source: str) -> FrameworkSettings:
+    def _build(
+        cls, given: dict[str, Any], problems: list[Problem], prefix: str, source: str, folder: Path | None = None
+    ) -> FrameworkSettings:
         def named(name: str) -> str:
             return _SPELLING[prefix][1](prefix + name)
+
+        def located(path: Any) -> Any:  # from the file that names it, as the paths in a forgetwatch_config file are
+            return path if folder is None else resolved_path(path, folder)
 
         for name in [name for name in given if name not in NAMES]:
             match = did_you_mean(name, NAMES)
@@ -91,7 +103,7 @@ class FrameworkSettings:
         if replay_options and replay_path is None:
             message = f"replay options need a pool: set {named('replay')} to a replay pool file"
             problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
-        merge = _merge_at_end({name: given.pop(f"merge_{name}") for name in MERGE if f"merge_{name}" in given})
+        merge = _merge_at_end({name: given.pop(f"merge_{name}") for name in MERGE if f"merge_{name}" in given}, located)
         if isinstance(merge, Problem):
             problems.append(Problem(source, None, named(merge.key), merge.message))
             merge = None
@@ -99,9 +111,10 @@ class FrameworkSettings:
             given["probes"] = {"lm_eval": given["probes"]}
         if problems:
             raise ConfigError(problems)
-        base = ForgetWatchConfig.from_yaml(config_path) if config_path is not None else ForgetWatchConfig()
+        base = ForgetWatchConfig.from_yaml(located(config_path)) if config_path is not None else ForgetWatchConfig()
         try:
             config = base.replace(**given)
+            config = config.replace(**{k: located(getattr(config, k)) for k in PATH_KEYS if k in given})
         except ConfigError as err:  # named as the user wrote them
             raise ConfigError(
                 [Problem(source, None, named(p.key) if p.key else None, p.message) for p in err.errors]
@@ -113,7 +126,7 @@ class FrameworkSettings:
         probes = as_probe_set(config.probes)
         replay = None
         if replay_path is not None:
-            replay = Replay(ReplayPool.from_jsonl(replay_path), **replay_options)
+            replay = Replay(ReplayPool.from_jsonl(located(replay_path)), **replay_options)
             replay.hold_out(probes)
         return cls(config, probes, replay, merge)
 
@@ -140,8 +153,9 @@ class FrameworkSettings:
         )
 
 
-def _merge_at_end(given: dict[str, Any]) -> MergeAtEnd | Problem | None:
-    """The merge_* settings as a MergeAtEnd, or the problem with them (its key without the prefix)."""
+def _merge_at_end(given: dict[str, Any], located: Callable[[Any], Any]) -> MergeAtEnd | Problem | None:
+    """The merge_* settings as a MergeAtEnd (the target's file where ``located`` says), or the problem with them (its
+    key without the prefix)."""
     if not given:
         return None
     targets = [f"merge_{name}" for name in ("target_texts", "target_probes") if name in given]
@@ -151,7 +165,13 @@ def _merge_at_end(given: dict[str, Any]) -> MergeAtEnd | Problem | None:
         return Problem("", None, first, f"merging at the end needs {what}: merge_target_texts or merge_target_probes")
     key = targets[0]
     path = given.pop(key.removeprefix("merge_"))
+    for name, value in given.items():  # each option named as given, not as the target
+        try:
+            MERGE_OPTIONS[name](value)
+        except (TypeError, ValueError) as err:
+            return Problem("", None, f"merge_{name}", first_line(err))
     try:
+        path = located(path)
         target = read_texts(path) if key == "merge_target_texts" else ProbeSet.from_jsonl(path)
         return MergeAtEnd(target, **given)
     except (OSError, TypeError, ValueError) as err:
@@ -176,7 +196,7 @@ def _prefixed(values: Mapping[str, Any], prefix: str, source: str) -> tuple[dict
         elif not value.strip():
             message = "is set but empty; give it a value (null for the default), or unset it"
             problems.append(Problem(source, None, key, message))
-        elif name in (*PATH_KEYS, "config", "replay") and not value.lstrip().startswith(("[", "{")):
+        elif name in PATHS and not value.lstrip().startswith(("[", "{")):
             given[name] = value  # paths stay text unless a list or mapping is written (lm-eval tasks)
         else:
             try:

@@ -3,13 +3,14 @@ forgetwatch's callback added (it takes callbacks only from Python; docs/framewor
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from forgetwatch.common.console import say
 from forgetwatch.common.problems import InputError
-from forgetwatch.integrations.framework_settings import KEY_PREFIX, FrameworkSettings, main_process
+from forgetwatch.integrations.framework_settings import KEY_PREFIX, PATHS, FrameworkSettings, main_process
 
 
 def run(config: str, overrides: Sequence[str] = ()) -> None:
@@ -25,8 +26,10 @@ def run(config: str, overrides: Sequence[str] = ()) -> None:
         raise ImportError(f"forgetwatch llamafactory needs LLaMA-Factory ({err}): pip install llamafactory") from err
     sys.argv = [sys.argv[0], config, *overrides]  # read_args reads the command line, as llamafactory-cli's does
     args = read_args()
-    yaml_file = config if config.endswith((".yaml", ".yml")) else None  # read by YAML 1.1
-    settings = FrameworkSettings.from_keys(args, config, yaml_file=yaml_file)
+    for key in {item.partition("=")[0] for item in overrides} & {KEY_PREFIX + name for name in PATHS}:
+        if isinstance(args.get(key), str):  # a path typed on the command line: from the working directory
+            args[key] = os.path.abspath(os.path.expanduser(args[key]))
+    settings = FrameworkSettings.from_keys(args, config, config_file=config)
     if main_process():
         say(settings.describe("LLaMA-Factory"))
     for key in [key for key in args if key.startswith(KEY_PREFIX)]:

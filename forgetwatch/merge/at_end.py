@@ -5,28 +5,52 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from forgetwatch.common.files import check_replaceable_folder
+from forgetwatch.common.text import first_line
 from forgetwatch.merge.sweep import (
     ALPHAS,
     MergeSweep,
     Sweeper,
     check_fraction,
     checked_alphas,
+    checked_max_length,
     checked_span,
     checked_target,
 )
-from forgetwatch.merge.weights import AdapterScaling, is_lora
+from forgetwatch.merge.weights import is_lora, lora_layers
 from forgetwatch.probes import ProbesLike
+from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Ending
+from forgetwatch.results.run_files import read_snapshot
 from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.borrow import unwrap
 
 logger = logging.getLogger("forgetwatch")
 
 PREFIX = "forgetwatch/merge/"
+#: where ``save=True`` writes the model, in the run directory
+MERGED = "merged"
+
+
+def _checked_save(save: Any) -> bool:
+    if not isinstance(save, bool):
+        raise TypeError(f"MergeAtEnd: save is True or False, got {save!r}")
+    return save
+
+
+#: each option's check, on its own: a framework's settings name the one that is wrong
+OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "keep": lambda keep: check_fraction("keep", keep),
+    "alphas": checked_alphas,
+    "by_layer": checked_span,
+    "save": _checked_save,
+    "max_length": checked_max_length,
+}
 
 
 class MergeAtEnd:
@@ -34,10 +58,13 @@ class MergeAtEnd:
     ``forgetwatch/merge/alpha``, ``.../forgetting`` and ``.../gain`` for the α :meth:`MergeSweep.best` chooses, and
     say it in one line. The trainer's model and checkpoints are left as trained.
 
-    From the start of training a copy of the trainable weights is kept on the CPU (a PEFT model keeps nothing: its
-    adapters off are the base); at the end a second CPU copy of the weights that moved is made while the sweep runs.
+    From the start of training a CPU copy of every floating-point weight is kept (the model's size in its dtype: a
+    weight unfrozen later moves back too; a PEFT model keeps nothing: its adapters off are the base); at the end a
+    second CPU copy of the weights that moved is made while the sweep runs. α = 0 is checked against the run's base
+    snapshot: judged otherwise (beyond the base's measured noise), the sweep is a warning and nothing is written.
     Every rank sweeps (the probes shared among them); rank 0 writes ``sweep.csv`` and ``sweep.json`` into the run
-    directory (the report page shows them) and, with ``save=True``, the model at the chosen α into ``merged/``.
+    directory (the report page shows them) and, with ``save=True``, the model at the chosen α into ``merged/``
+    (a ``merged`` there that is not a folder is refused before training).
 
     Args:
         target: what the training was for: held-out texts (mean loss per token) or a probe set (accuracy).
@@ -68,29 +95,30 @@ class MergeAtEnd:
     ):
         # every bad option fails here, before any training
         self.target = checked_target(target)
-        checked_span(by_layer)
-        if not isinstance(save, bool):
-            raise TypeError(f"MergeAtEnd: save is True or False, got {save!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"MergeAtEnd: max_length is a whole number of tokens >= 2, got {max_length!r}")
-        check_fraction("keep", keep)
-        self.keep, self.alphas, self.by_layer, self.save = keep, checked_alphas(alphas), by_layer, save
-        self.max_length = max_length
+        given = {"keep": keep, "alphas": alphas, "by_layer": by_layer, "save": save, "max_length": max_length}
+        self.keep, self.alphas, self.by_layer, self.save, self.max_length = (OPTIONS[k](v) for k, v in given.items())
         self.sweep: MergeSweep | None = None
         self._base: dict[str, torch.Tensor] | None = None
+        self._base_answers: Answers | None = None
         self._run: RunContext | None = None
         self._sweeper: Sweeper | None = None
 
     def begin(self, model: torch.nn.Module, run: RunContext) -> None:
-        """Keep the base (a CPU copy of the trainable weights; a PEFT model's adapters off need nothing)."""
-        self._run, self._base, self.sweep = None, None, None
+        """Keep the base (a CPU copy of every floating-point weight; a PEFT model's adapters off need nothing) and,
+        on rank 0, the run's base snapshot, what α = 0 must be judged as."""
+        self._run, self._base, self._base_answers, self.sweep = None, None, None, None
         if run.sharded:
             raise ValueError(
                 "merge_at_end cannot sweep a sharded model (FSDP, DeepSpeed ZeRO-3); after training, run "
                 "`forgetwatch merge --base BASE --model FINAL ...` on the saved model"
             )
+        if self.save:  # refused now, not after training (every rank raises, or none)
+            try:
+                run.ranks.share_from_rank_zero(lambda: check_replaceable_folder(run.store.dir / MERGED))
+            except FileExistsError as err:
+                raise ValueError(f"MergeAtEnd(save=True): {err}") from None
         if is_lora(model):
-            AdapterScaling(model)  # a DoRA or non-LoRA adapter is refused now
+            lora_layers(model)  # an adapter it cannot move back to the base is refused now
         elif run.step > 0:  # the weights now are not the base's, and the base's were not kept
             if run.writes:
                 logger.warning(
@@ -98,12 +126,17 @@ class MergeAtEnd:
                     "after training, run `forgetwatch merge --base BASE --model FINAL ...`"
                 )
             return
-        else:
+        else:  # every floating weight, trainable now or not: one unfrozen later moves back to the base too
             self._base = {
                 name: p.detach().to("cpu", copy=True)
                 for name, p in unwrap(model).named_parameters()
-                if p.requires_grad and p.is_floating_point()
+                if p.is_floating_point()
             }
+        if run.writes and run.store is not None:
+            try:
+                self._base_answers = read_snapshot(run.store.dir)
+            except ValueError:  # damaged since it was written: its own reader says so
+                self._base_answers = None
         # the run's own scorer: the probes tokenized once, scored as every evaluation scores them
         self._sweeper = Sweeper(model, run.scorer, self.target, run.scoring, self.max_length)
         self._run = run
@@ -113,7 +146,9 @@ class MergeAtEnd:
         run, sweeper = self._run, self._sweeper
         if run is None or sweeper is None:
             return None
-        sweep = sweeper.run(self._base, model, self.alphas, self.by_layer, distributed=True)
+        sweep = sweeper.run(
+            self._base, model, self.alphas, self.by_layer, base_answers=self._base_answers, distributed=True
+        )
         self.sweep = sweep
         best = sweep.best(self.keep)
         i = sweep.alphas.index(best)
@@ -123,9 +158,13 @@ class MergeAtEnd:
         if run.writes:
             sweep.write(run.store.dir, self.keep)
             if self.save:
-                folder = os.path.join(run.store.dir, "merged")
-                sweep.save(best, folder, run.tokenizer)
-                saved = f"; written to {folder}"
+                folder = os.path.join(run.store.dir, MERGED)
+                try:
+                    sweep.save(best, folder, run.tokenizer)
+                    saved = f"; written to {folder}"
+                except OSError as err:  # the sweep's figures stand; the model is as training left it
+                    logger.warning("forgetwatch: merge_at_end: %s", first_line(err))
+                    saved = "; the merged model was not written (see the warning)"
         r, one = sweep.reports[i], sweep.reports[-1]
         kept = (
             "alpha 1 gained nothing on the target"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forgetwatch.common.problems import InputError
+from forgetwatch.common.text import describe
 from forgetwatch.results.run_files import HISTORY, SUBDIR, read_history
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -94,9 +97,22 @@ def _forgetting(report: dict[str, Any]) -> float | None:
     return None
 
 
-def _logged_losses(checkpoint: Path) -> list[tuple[int, float]]:
+def _logged_losses(checkpoint: Path) -> list[tuple[int, float | None]]:
+    """The training losses in the checkpoint's ``trainer_state.json`` by step (``None``: not finite); an
+    :class:`InputError` names the file and the field of a loss or step that is not a number."""
+    path = checkpoint / "trainer_state.json"
     try:
-        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    return [(int(e["step"]), float(e["loss"])) for e in state.get("log_history", []) if "loss" in e and "step" in e]
+    history = state.get("log_history", []) if isinstance(state, dict) else []
+    losses = []
+    for i, entry in enumerate(history if isinstance(history, list) else []):
+        if not isinstance(entry, dict) or "loss" not in entry or "step" not in entry:
+            continue
+        for key, kind, what in (("step", int, "a whole number"), ("loss", numbers.Real, "a number")):
+            if isinstance(entry[key], bool) or not isinstance(entry[key], kind):
+                message = f"expected {what}, got {describe(entry[key])}; is this the trainer's own file?"
+                raise InputError([(str(path), None, f"log_history[{i}].{key}", message)])
+        losses.append((entry["step"], float(entry["loss"]) if math.isfinite(entry["loss"]) else None))
+    return losses

@@ -3,6 +3,7 @@ how much of the training's gain on its target it keeps; the α to ship chosen fr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import dataclasses
@@ -18,7 +19,8 @@ from typing import Any
 
 import torch
 
-from forgetwatch.common.files import atomic_write, strict_dumps
+from forgetwatch.common.files import atomic_folder, atomic_write, strict_dumps
+from forgetwatch.common.strict_json import lone_surrogate
 from forgetwatch.common.text import first_line
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.weights import (
@@ -28,6 +30,7 @@ from forgetwatch.merge.weights import (
     check_same_shapes,
     is_lora,
     layer_groups,
+    lora_layers,
     moved,
     scale_adapters,
 )
@@ -35,14 +38,17 @@ from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.run.base import model_key
+from forgetwatch.run.base import adapters_disabled, model_key
 from forgetwatch.scoring import Scorer
 from forgetwatch.scoring.batching import padded
 from forgetwatch.scoring.borrow import borrowed, unwrap
+from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import input_device
 
 #: the default α grid: 0, 0.1, ..., 1
 ALPHAS = tuple(i / 10 for i in range(11))
+#: the most α one sweep tries (each is a scoring of the probes and the target)
+MAX_ALPHAS = 101
 
 
 @dataclass(frozen=True)
@@ -113,12 +119,21 @@ class MergeSweep:
 
     def save(self, alpha: float, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
         """Write the model at ``alpha`` to ``folder`` with ``save_pretrained`` (safetensors; a PEFT model: its
-        adapter rescaled), moving the tuned model in place and back: no copy of the model is made."""
+        adapter rescaled), moving the tuned model in place and back: no copy of the model is made. It is written
+        into a temporary folder beside ``folder`` that then takes its place: a failure (a full disk) raises an
+        ``OSError`` saying so, and leaves no part of a model behind."""
         check_fraction("alpha", alpha)
-        with at_alpha(self._base, self._tuned, alpha):
-            unwrap(self._tuned).save_pretrained(folder, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
+        from safetensors import SafetensorError
+
+        try:
+            with atomic_folder(folder) as tmp, at_alpha(self._base, self._tuned, alpha):
+                unwrap(self._tuned).save_pretrained(tmp, safe_serialization=True)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+        except (OSError, SafetensorError) as err:
+            raise OSError(
+                f"{folder}: the merged model was not written ({first_line(err)}); nothing of it is left"
+            ) from err
 
     def write(self, folder: str | os.PathLike[str], keep: float = 0.9) -> dict[str, Any]:
         """``sweep.csv`` and ``sweep.json`` (what the report page shows) into ``folder``; returns the JSON's table."""
@@ -199,7 +214,12 @@ def merge_sweep(
 
     ``tuned_model`` is moved in place from α to α and handed back bit for bit; a copy of the parameters that
     differ from the base is kept on the CPU. A PEFT model is swept by scaling its LoRA adapters (its adapters off
-    are the base, so ``base_model`` may be ``None``), with no copy of the weights.
+    are the base, so ``base_model`` may be ``None``), with no copy of their weights; the copies of whole modules it
+    trains (``modules_to_save``, e.g. the head) are interpolated from the modules' own weights. An adapter that
+    trains what neither moves back (LoRA's ``bias``, trainable tokens, DoRA) is refused before any scoring.
+
+    The base is scored once (``base_model``, or the PEFT model with its adapters off) and α = 0 must be judged as
+    it is, probe by probe: else a ``ValueError`` says the sweep's α = 0 is not the base.
 
     Args:
         base_model: the model before training (unused for a PEFT ``tuned_model``: its adapters off are the base).
@@ -209,7 +229,7 @@ def merge_sweep(
         by_layer: also revert one group of layers at a time (embeddings, each block, the head); a number N > 1:
             N blocks a group.
         scoring: how probes are scored (a :class:`~forgetwatch.Scoring`).
-        max_length: target texts are cut to this many tokens.
+        max_length: target texts are cut to this many tokens (and to the model's context).
 
     Example:
         >>> sweep = merge_sweep(base, tuned, tokenizer, probes, target=["def f(x):\\n    return x"])  # doctest: +SKIP
@@ -217,6 +237,7 @@ def merge_sweep(
     """
     grid = checked_alphas(alphas)
     checked_span(by_layer)
+    checked_max_length(max_length)
     probe_set = _probe_set(probes, "probes")
     target = checked_target(target)
     lora = is_lora(tuned_model)  # its adapters off are the base: base_model is not needed
@@ -231,9 +252,16 @@ def merge_sweep(
             )
         base = dict(unwrap(base_model).named_parameters())
         check_same_shapes(base, dict(unwrap(tuned_model).named_parameters()))
+    else:
+        lora_layers(tuned_model)  # an adapter it cannot move back is refused now, before any scoring
     scoring = scoring or Scoring()
-    sweeper = Sweeper(tuned_model, Scorer.with_settings(tokenizer, probe_set, scoring), target, scoring, max_length)
-    return sweeper.run(base, tuned_model, grid, by_layer, show_progress=show_progress)
+    scorer = Scorer.with_settings(tokenizer, probe_set, scoring)
+    sweeper = Sweeper(tuned_model, scorer, target, scoring, max_length)
+    with adapters_disabled(tuned_model) if lora else contextlib.nullcontext():  # what α = 0 must be judged as
+        base_answers = scorer(
+            tuned_model if lora else base_model, batch_size=scoring.batch_size, show_progress=show_progress
+        )
+    return sweeper.run(base, tuned_model, grid, by_layer, base_answers=base_answers, show_progress=show_progress)
 
 
 class Target:
@@ -248,8 +276,9 @@ class Target:
         if isinstance(target, ProbeSet):
             self.scorer = Scorer.with_settings(tokenizer, target, scoring)
             self.scorer.prepare(model)
-        else:
-            self.encoded = _encode(tokenizer, target, max_length)
+        else:  # no longer than the model's context: its position embeddings end there
+            context = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
+            self.encoded = _encode(tokenizer, target, min(max_length, context))
         self.kind = "accuracy" if self.scorer is not None else "loss"
 
     def __call__(self, model: torch.nn.Module, distributed: bool = False) -> float:
@@ -290,11 +319,13 @@ class Sweeper:
         grid: list[float],
         by_layer: bool | int = False,
         *,
+        base_answers: Answers | None = None,
         distributed: bool = False,
         show_progress: bool = False,
     ) -> MergeSweep:
         """``model`` moved to each α of ``grid`` between ``base`` (its parameters; ``None``: a PEFT model's adapters
-        off) and itself, measured, and handed back bit for bit."""
+        off) and itself, measured, and handed back bit for bit; with ``base_answers`` (the base's, as this scorer
+        scores), α = 0 is checked against them once the model is handed back (:func:`check_alpha_zero`)."""
         mover = AdapterScaling(model) if base is None else Interpolation(base, model, keep_on="cpu")
         answers, target, layers = [], [], []
         with moved(mover):
@@ -316,7 +347,25 @@ class Sweeper:
                     restored = len(forgotten_at_one - set(report.forgotten_ids))
                     row_gain = self.target.gain(target[0], target[-1], value)
                     layers.append(LayerRow(group, len(names), restored, report.forgotten, value, row_gain))
+        if base_answers is not None:  # after every rank's last scoring: a rank that raises here leaves none waiting
+            check_alpha_zero(answers[0], base_answers)
         return MergeSweep(grid, reports, target, self.target.kind, gain, layers, answers, base, model)
+
+
+def check_alpha_zero(at_zero: Answers, base: Answers) -> None:
+    """A ``ValueError`` unless the sweep's α = 0 judges every probe as the base's answers do (or differs on no more
+    probes than the base's measured noise, ``noise_flips``, allows): else no figure of the sweep is against the
+    base."""
+    report = compare(base, at_zero)
+    flips, allowed = report.forgotten + report.gained, int(base.meta.get("noise_flips", 0))
+    if flips > allowed:
+        noise = f"its measured noise allows {allowed}" if "noise_flips" in base.meta else "no noise was measured"
+        raise ValueError(
+            f"merge_sweep: alpha 0 is not the base: it judges {flips} of the {report.n} probes otherwise than "
+            f"the base's answers ({noise}); the tuned model holds trained weights the sweep does not move back "
+            "(parameters trained outside the adapter, or unfrozen after the base was kept), or the two compute "
+            "differently (on another device); every figure of this sweep would be against a wrong base"
+        )
 
 
 def mean_token_loss(model: torch.nn.Module, tokenizer: Any, rows: list[list[int]], batch_size: int = 8) -> float:
@@ -359,20 +408,31 @@ def read_texts(path: str | os.PathLike[str]) -> list[str]:
         raise FileNotFoundError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read it ({first_line(err)})") from None
-    if not str(path).endswith(".jsonl"):
-        return [line for line in lines if line.strip()]
+    rows = str(path).lower().endswith(".jsonl")
     texts = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{path}: line {n}: not JSON ({first_line(err)})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ValueError(f"{path}: line {n}: field 'text': expected a string")
-        texts.append(row["text"])
+        where = f"{path}: line {n}: field 'text'" if rows else f"{path}: line {n}"
+        if rows:
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{path}: line {n}: not JSON ({first_line(err)})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{where}: expected a string")
+            line = row["text"]
+        if problem := text_problem(line):
+            raise ValueError(f"{where}: {problem}")
+        texts.append(line)
     return texts
+
+
+def text_problem(text: str) -> str | None:
+    """Why a tokenizer cannot take ``text`` (a lone surrogate, a NUL: a binary file), or ``None``."""
+    if "\0" in text:
+        return f"has a NUL character at character {text.index(chr(0))}; is it a binary file? remove it"
+    return lone_surrogate(text)
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
@@ -395,17 +455,28 @@ def checked_alphas(alphas: Sequence[float]) -> list[float]:
         raise TypeError(f"merge_sweep: alphas must be a list of numbers in [0, 1], got {type(alphas).__name__}")
     for a in alphas:
         check_fraction("alpha", a)
-    return sorted({0.0, 1.0, *(float(a) for a in alphas)})
+    grid = sorted({0.0, 1.0, *(float(a) for a in alphas)})
+    if len(grid) > MAX_ALPHAS:
+        raise ValueError(f"merge_sweep: {len(grid)} alphas; a sweep tries at most {MAX_ALPHAS} (each is a scoring)")
+    return grid
 
 
-def checked_span(by_layer: Any) -> None:
+def checked_span(by_layer: Any) -> bool | int:
     if not isinstance(by_layer, (bool, int)) or by_layer < 0:
         raise ValueError(f"merge_sweep: by_layer is True, False or a number of blocks a group, got {by_layer!r}")
+    return by_layer
 
 
-def check_fraction(name: str, value: Any) -> None:
+def checked_max_length(max_length: Any) -> int:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"merge_sweep: max_length is a whole number of tokens >= 2, got {max_length!r}")
+    return max_length
+
+
+def check_fraction(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
         raise ValueError(f"merge_sweep: {name} must be a number in [0, 1], got {value!r}")
+    return value
 
 
 def _probe_set(probes: ProbesLike, what: str) -> ProbeSet:
@@ -424,6 +495,9 @@ def checked_target(target: Any) -> list[str] | ProbeSet:
     ):
         if not target:
             raise ValueError("merge_sweep: target is an empty list; give held-out texts of what the training was for")
+        for i, text in enumerate(target):
+            if problem := text_problem(text):
+                raise ValueError(f"merge_sweep: target text {i} {problem}")
         return list(target)
     if isinstance(target, (ProbeSet, str, os.PathLike)) or (
         isinstance(target, Sequence) and all(isinstance(t, dict) for t in target)

@@ -73,62 +73,115 @@ class Interpolation:
 
 
 class AdapterScaling:
-    """A PEFT model's LoRA adapters scaled by α (PEFT's ``rescale_adapter_scale`` is WiSE-FT for an adapter); no
-    weights are copied. Per group, each LoRA layer of the group is scaled by the group's α."""
+    """A PEFT model's LoRA adapters scaled by α (PEFT's ``rescale_adapter_scale`` is WiSE-FT for an adapter), no
+    weights copied; the adapter's copies of whole modules (``modules_to_save``) interpolated between the module's own
+    weights and the trained copy (:class:`Interpolation`: a CPU copy of those is kept). Per group, each layer of the
+    group at the group's α. An adapter holding trained weights that neither moves back to the base is refused."""
 
-    def __init__(self, model: torch.nn.Module):
-        from peft.tuners.lora import LoraLayer
-
+    def __init__(self, model: torch.nn.Module, keep_on: str | torch.device = "cpu"):
         self.model = model
-        peft = unwrap(model)
-        if any(getattr(c, "use_dora", False) for c in peft.peft_config.values()):
-            raise ValueError(
-                "merge_sweep: a DoRA adapter is not linear in its scale, so scaling it is not an interpolation "
-                "between the base and the tuned model; merge it (merge_and_unload) and sweep the full weights"
-            )
-        self.layers = {name: m for name, m in peft.named_modules() if isinstance(m, LoraLayer)}
-        if not self.layers:
-            raise ValueError("merge_sweep: the PEFT model has no LoRA layers to scale")
+        self.layers = lora_layers(model)
         self.saved = {name: dict(m.scaling) for name, m in self.layers.items()}
-        self.names = [n for n, _ in peft.named_parameters()]
+        self.copies = Interpolation(saved_copies(unwrap(model)), model, keep_on)
+        self.names = self.copies.names
 
     def moves(self, names: Sequence[str]) -> bool:
-        return any(".lora_" in name for name in names)
+        return any(".lora_" in name for name in names) or self.copies.moves(names)
 
     def set(self, alpha: float, groups: Mapping[str, float] | None = None) -> None:
         for name, m in self.layers.items():
             a = _group_alpha(name, groups, alpha)
             m.scaling = {k: v * a for k, v in self.saved[name].items()}
+        self.copies.set(alpha, groups)
 
     def restore(self) -> None:
         for name, m in self.layers.items():
             m.scaling = dict(self.saved[name])
+        self.copies.restore()
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """A PEFT model's LoRA layers, by name; a ``ValueError`` for an adapter that cannot be moved back to the base."""
+    from peft.tuners.lora import LoraLayer
+
+    peft = unwrap(model)
+    layers = {name: m for name, m in peft.named_modules() if isinstance(m, LoraLayer)}
+    if not layers:
+        raise ValueError("merge_sweep: the PEFT model has no LoRA layers to scale")
+    if problem := unmovable(peft):
+        raise ValueError(f"merge_sweep: {problem}")
+    return layers
+
+
+def unmovable(peft: torch.nn.Module) -> str | None:
+    """What a PEFT model trained that neither scaling its LoRA adapters nor interpolating its copies of whole
+    modules moves back to the base (its adapters off), or ``None``."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+
+    instead = "merge it (merge_and_unload) and sweep the full weights against the base model"
+    for name, config in peft.peft_config.items():
+        if getattr(config, "use_dora", False):
+            return f"adapter {name!r} is DoRA, which is not linear in its scale: {instead}"
+        if getattr(config, "bias", "none") != "none":  # the base model's own biases, trained in place
+            biases = f"trains the base model's own biases (bias={config.bias!r}), keeping no copy of them"
+            return f"adapter {name!r} {biases}: {instead}"
+    for name, m in peft.named_modules():
+        if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper)) and not isinstance(
+            m, (LoraLayer, ModulesToSaveWrapper)
+        ):
+            kind = f"PEFT's {type(m).__name__} (LoRA's trainable_token_indices, or another method's layer)"
+            return f"{name} is trained as {kind}, which scaling the adapter does not undo: {instead}"
+    return None
+
+
+def saved_copies(peft: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters of the adapter's copies of whole modules (``modules_to_save``: the active adapter's), by name,
+    each mapped to the module's own weight, which the copy started from."""
+    from peft.utils import ModulesToSaveWrapper
+
+    originals: dict[int, torch.Tensor] = {}
+    for m in peft.modules():
+        if isinstance(m, ModulesToSaveWrapper) and m.active_adapters and m.active_adapters[0] in m.modules_to_save:
+            own = dict(m.original_module.named_parameters())
+            for name, p in m.modules_to_save[m.active_adapters[0]].named_parameters():
+                if name in own:
+                    originals[id(p)] = own[name]
+    return {name: originals[id(p)] for name, p in peft.named_parameters() if id(p) in originals}
 
 
 def scale_adapters(model: torch.nn.Module, alpha: float) -> None:
-    """Scale every LoRA adapter's B matrices by ``alpha``: the rescaled adapter, as it is saved."""
+    """The adapter at ``alpha``, as it is saved: every LoRA B matrix scaled by ``alpha``, every copy of a whole
+    module interpolated from the module's own weights."""
+    peft = unwrap(model)
+    copies = saved_copies(peft)
     with torch.no_grad():
-        for name, p in unwrap(model).named_parameters():
+        for name, p in peft.named_parameters():
             if _is_lora_b(name):
                 p.mul_(alpha)
+            elif name in copies:
+                p.copy_(torch.lerp(copies[name].to(p.device, p.dtype), p, float(alpha)))
 
 
 @contextlib.contextmanager
 def at_alpha(base: Mapping[str, torch.Tensor] | None, model: torch.nn.Module, alpha: float) -> Iterator[None]:
-    """``model`` at ``alpha`` inside the block (a PEFT model, ``base=None``: its LoRA B matrices scaled, as saved),
-    handed back bit for bit after it."""
+    """``model`` at ``alpha`` inside the block (a PEFT model, ``base=None``: its adapter as saved at ``alpha``, see
+    :func:`scale_adapters`), handed back bit for bit after it."""
     if base is not None:
         with moved(Interpolation(base, model)) as mover:
             mover.set(alpha)
             yield
         return
-    kept = {n: p.detach().clone() for n, p in unwrap(model).named_parameters() if _is_lora_b(n)}
+    peft = unwrap(model)
+    moving = saved_copies(peft).keys()
+    kept = {n: p.detach().clone() for n, p in peft.named_parameters() if _is_lora_b(n) or n in moving}
     try:
         scale_adapters(model, alpha)
         yield
     finally:
         with torch.no_grad():
-            for n, p in unwrap(model).named_parameters():
+            for n, p in peft.named_parameters():
                 if n in kept:
                     p.copy_(kept[n])
 
@@ -159,6 +212,11 @@ def check_same_shapes(base: Mapping[str, torch.Tensor], tuned: Mapping[str, torc
             raise ValueError(
                 f"merge_sweep: parameter {name} is {tuple(base[name].shape)} in the base and {tuple(p.shape)} "
                 "in the tuned model; both must be the same architecture and size"
+            )
+        if p.dtype != base[name].dtype:  # alpha 0 would be the base rounded to the tuned model's dtype
+            raise ValueError(
+                f"merge_sweep: parameter {name} is {base[name].dtype} in the base and {p.dtype} in the tuned model; "
+                "load both in one dtype (on the command line: --dtype)"
             )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from forgetwatch.behaviour.drift import SHARES
 from forgetwatch.common.files import atomic_write
-from forgetwatch.common.text import pct
+from forgetwatch.common.text import describe, first_line, pct
 from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import HISTORY, SUBDIR, SWEEP, Run, read_run, run_directory
@@ -84,6 +84,36 @@ def write_sweep_page(sweep: dict[str, Any], out: PathLike, name: str = "") -> Pa
     return Path(out)
 
 
+def read_sweep(path: Path) -> dict[str, Any]:
+    """A ``sweep.json`` as the page draws it; a ``ValueError`` names the file and the field that is wrong."""
+    try:
+        sweep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable JSON file ({first_line(err)})") from None
+    if problem := _sweep_problem(sweep):
+        raise ValueError(f"{path}: {problem}; write it again (forgetwatch merge --out) or remove it")
+    return sweep
+
+
+def _sweep_problem(sweep: Any) -> str | None:
+    rows = sweep.get("rows") if isinstance(sweep, dict) else None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return "field 'rows': expected a list of the sweep's rows (objects)"
+    for i, row in enumerate(rows):
+        for key, optional in (("alpha", False), ("forgetting", False), ("forgetting_adjusted", True), ("gain", True)):
+            if not (_is_number(value := row.get(key)) or optional and value is None):
+                return f"field 'rows[{i}].{key}': expected a number, got {describe(value)}"
+    if not _is_number(sweep.get("keep")):
+        return f"field 'keep': expected a number, got {describe(sweep.get('keep'))}"
+    if sweep.get("best") not in [r["alpha"] for r in rows]:
+        return f"field 'best': expected the alpha of one of its rows, got {describe(sweep.get('best'))}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _sweep(sweep: dict[str, Any], name: str) -> dict[str, Any]:
     rows, best = sweep["rows"], sweep["best"]
     alphas = [r["alpha"] for r in rows]
@@ -136,7 +166,7 @@ def _page(runs: list[Run], top: int) -> str:
             _probe_tables(run, top),
         ]
         if (run.dir / SWEEP).is_file():  # forgetwatch merge --out into the run directory
-            parts.append(_sweep(json.loads((run.dir / SWEEP).read_text(encoding="utf-8")), run.name))
+            parts.append(_sweep(read_sweep(run.dir / SWEEP), run.name))
     return _html(title, parts)
 
 
