@@ -285,6 +285,13 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
     ]
     for path in ours + theirs:
         path.write_text("x")
+    folders = [store.dir / ".merged.q1w2e3r4.tmp", store.dir / ".merged.a1s2d3f4.tmp.old"]  # a save cut short
+    for folder in folders:
+        (folder / "model.safetensors").parent.mkdir()
+        (folder / "model.safetensors").write_text("x")
+    (store.dir / ".model.q1w2e3r4.tmp").mkdir()  # not a name of ours
+    theirs.append(store.dir / ".model.q1w2e3r4.tmp")
+    ours += folders
     assert sorted(store.remove_leftovers([checkpoint])) == sorted(ours)
     assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
     with pytest.raises(RuntimeError), atomic_write(store.dir / "probes.jsonl") as f:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import Monitor, Output, Watch
+from forgetwatch import Answers, Monitor, Output, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
@@ -158,8 +158,9 @@ def test_a_damaged_or_foreign_copy_is_passed_over_for_the_next(toy, rows, tmp_pa
 
     resumed = TrainKL(128)
     meta = {"model_key": signal.base.key["model"], "weights_key": signal.base.key["weights"]}
+    base = Answers.from_samples("fp", {}, [], meta=meta)  # what the run's base answers say of their model
     dirs = [bad, other, foreign, tmp_path / "run"]
-    run = context(tmp_path / "resumed", tokenizer=toy.tokenizer, step=10, resume_dirs=dirs, base_meta=meta)
+    run = context(tmp_path / "resumed", tokenizer=toy.tokenizer, step=10, resume_dirs=dirs, base_answers=base)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         resumed.begin(toy.tuned, run, rows)
     assert "its rows are not those its key was made from" in caplog.text
@@ -170,7 +171,7 @@ def test_a_damaged_or_foreign_copy_is_passed_over_for_the_next(toy, rows, tmp_pa
 
     # another run's copy alone (the same base, other rows) does not serve: the signal is off, said once
     caplog.clear()
-    alone = context(tmp_path / "alone", tokenizer=toy.tokenizer, step=10, resume_dirs=[foreign], base_meta=meta)
+    alone = context(tmp_path / "alone", tokenizer=toy.tokenizer, step=10, resume_dirs=[foreign], base_answers=base)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         resumed.begin(toy.tuned, alone, rows)
     assert not resumed.on and caplog.text.count("is off for this resumed run") == 1

@@ -24,6 +24,7 @@ from forgetwatch.config.settings import Scoring, help_text
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
+from forgetwatch.results.run_files import MERGED
 from forgetwatch.sinks.metrics import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
 
@@ -348,7 +349,7 @@ def _merge(args: argparse.Namespace) -> int:
         raise UsageError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
     _check_out_folder(Path(args.out))
     try:
-        check_replaceable_folder(Path(args.out) / "merged")  # the chosen model goes there
+        check_replaceable_folder(Path(args.out) / MERGED)  # the chosen model goes there
     except FileExistsError as err:
         raise UsageError(f"--out: {err}") from err
     probes, prepared, _ = _inputs(args, Path(args.out), *named)

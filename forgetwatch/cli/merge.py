@@ -11,6 +11,7 @@ from typing import Any
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
+from forgetwatch.results.run_files import MERGED, SWEEP, SWEEP_TABLE
 
 
 class MergeUsageError(ValueError):
@@ -147,10 +148,10 @@ def run_merge(
     except OSError as err:
         raise MergeUsageError(f"--out {out}: cannot write the sweep's table ({first_line(err)})") from err
     try:  # the model before the page: it is what the command is for
-        sweep.save(best, out / "merged", tokenizer)
+        sweep.save(best, out / MERGED, tokenizer)
     except OSError as err:
-        raise MergeUsageError(f"{first_line(err)}; sweep.csv and sweep.json are in {out}") from err
-    written = ["sweep.csv", "sweep.json"]
+        raise MergeUsageError(f"{first_line(err)}; {SWEEP_TABLE} and {SWEEP} are in {out}") from err
+    written = [SWEEP_TABLE, SWEEP]
     try:
         from forgetwatch.reporting.page import write_sweep_page
 

@@ -120,9 +120,13 @@ def check_replaceable_folder(path: str | os.PathLike[str]) -> None:
 
 
 def leftover_temporaries(directory: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
-    """What :func:`atomic_write` calls to ``directory/<name>`` left there when killed mid-write."""
+    """What :func:`atomic_write` and :func:`atomic_folder` calls to ``directory/<name>`` left there when killed
+    mid-write: temporary files, and folders (with the one being replaced)."""
     directory = Path(directory)
-    return sorted(p for name in names for p in directory.glob(f".{glob.escape(name)}.*{_TMP}") if p.is_file())
+    found = (
+        p for name in names for end in (_TMP, _TMP + ".old") for p in directory.glob(f".{glob.escape(name)}.*{end}")
+    )
+    return sorted(p for p in found if p.is_file() or (p.is_dir() and not p.is_symlink()))
 
 
 def _mode_for(path: Path) -> int:  # the existing file's permissions, else what open() gives (mkstemp: 0600)

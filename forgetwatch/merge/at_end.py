@@ -26,15 +26,13 @@ from forgetwatch.merge.weights import is_lora, lora_layers
 from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Ending
-from forgetwatch.results.run_files import read_snapshot
+from forgetwatch.results.run_files import MERGED, SWEEP_TABLE
 from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.borrow import unwrap
 
 logger = logging.getLogger("forgetwatch")
 
 PREFIX = "forgetwatch/merge/"
-#: where ``save=True`` writes the model, in the run directory
-MERGED = "merged"
 
 
 def _checked_save(save: Any) -> bool:
@@ -104,8 +102,8 @@ class MergeAtEnd:
         self._sweeper: Sweeper | None = None
 
     def begin(self, model: torch.nn.Module, run: RunContext) -> None:
-        """Keep the base (a CPU copy of every floating-point weight; a PEFT model's adapters off need nothing) and,
-        on rank 0, the run's base snapshot, what α = 0 must be judged as."""
+        """Keep the base (a CPU copy of every floating-point weight; a PEFT model's adapters off need nothing) and
+        the run's base answers, what α = 0 must be judged as."""
         self._run, self._base, self._base_answers, self.sweep = None, None, None, None
         if run.sharded:
             raise ValueError(
@@ -132,11 +130,7 @@ class MergeAtEnd:
                 for name, p in unwrap(model).named_parameters()
                 if p.is_floating_point()
             }
-        if run.writes and run.store is not None:
-            try:
-                self._base_answers = read_snapshot(run.store.dir)
-            except ValueError:  # damaged since it was written: its own reader says so
-                self._base_answers = None
+        self._base_answers = run.base_answers
         # the run's own scorer: the probes tokenized once, scored as every evaluation scores them
         self._sweeper = Sweeper(model, run.scorer, self.target, run.scoring, self.max_length)
         self._run = run
@@ -173,6 +167,6 @@ class MergeAtEnd:
         )
         line = (
             f"merging with the base at alpha {best:g} {kept} with {r.forgotten} of the probes forgotten "
-            f"(the final model: {one.forgotten}){saved}; table {os.path.join(run.store.dir, 'sweep.csv')}"
+            f"(the final model: {one.forgotten}){saved}; table {os.path.join(run.store.dir, SWEEP_TABLE)}"
         )
         return Ending(step, metrics, line)

@@ -38,6 +38,7 @@ from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
+from forgetwatch.results.run_files import SWEEP, SWEEP_TABLE
 from forgetwatch.run.base import adapters_disabled, model_key
 from forgetwatch.scoring import Scorer
 from forgetwatch.scoring.batching import padded
@@ -138,9 +139,9 @@ class MergeSweep:
     def write(self, folder: str | os.PathLike[str], keep: float = 0.9) -> dict[str, Any]:
         """``sweep.csv`` and ``sweep.json`` (what the report page shows) into ``folder``; returns the JSON's table."""
         os.makedirs(folder, exist_ok=True)
-        self.to_csv(os.path.join(folder, "sweep.csv"))
+        self.to_csv(os.path.join(folder, SWEEP_TABLE))
         table = self.to_dict(keep)
-        with atomic_write(os.path.join(folder, "sweep.json")) as f:
+        with atomic_write(os.path.join(folder, SWEEP)) as f:
             f.write(strict_dumps(table))
         return table
 

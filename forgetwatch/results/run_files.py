@@ -465,7 +465,7 @@ class RunStore:
         for folder in dict.fromkeys([self.dir, *folders]):
             for path in leftover_temporaries(folder, (*self.files, *BESIDES, LOCK)):
                 try:
-                    path.unlink()
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
                 except OSError as err:
                     logger.warning(
                         "forgetwatch could not remove %s, left by a write cut short (%s)", path, first_line(err)

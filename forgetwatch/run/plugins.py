@@ -35,13 +35,18 @@ class RunContext:
     records: Sequence[Mapping[str, Any]] = ()
     last_report: TransitionReport | None = None
     base: Any = None
-    base_meta: Mapping[str, Any] = field(default_factory=dict)
+    base_answers: Any = None  # the run's base Answers
     state: Mapping[str, Any] | None = None
     sharded: bool = False
     precision: str = "weights"
     scorer: Any = None  # the run's Scorer of its probes
     scoring: Any = None
     _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def base_meta(self) -> Mapping[str, Any]:
+        """What the base answers record of how they were made (their model's keys, the noise floor)."""
+        return self.base_answers.meta if self.base_answers is not None else {}
 
     @property
     def reads_back(self) -> bool:

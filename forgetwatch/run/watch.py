@@ -299,7 +299,7 @@ class Watch:
                 records=records,
                 last_report=self.history[-1][1] if self.history else None,
                 base=self.base_given,
-                base_meta=self.base_answers.meta,
+                base_answers=self.base_answers,
                 state=(self._loaded or {}).get("repair"),
                 sharded=sharded,
                 precision=c.scoring.precision,
