@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from trainers import CPU_QUIET
 
 from forgetwatch import Answers, ProbeSet, Watch
 from forgetwatch.probes.tool_calls import MAX_CALL_DEPTH, MAX_SEARCHED, parse_call
@@ -157,11 +158,7 @@ def test_a_run_whose_model_floods_its_replies_with_brackets_finishes(toy, tmp_pa
         max_steps=8,
         per_device_train_batch_size=8,
         learning_rate=1e-2,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
+        **CPU_QUIET,
     )
     trainer = trl.SFTTrainer(
         model=model, args=args, processing_class=tokenizer, train_dataset=data, callbacks=[callback]

@@ -7,6 +7,7 @@ import copy
 import json
 
 import pytest
+from trainers import CPU_QUIET
 
 from forgetwatch import merge_sweep
 from forgetwatch.cli import main
@@ -51,11 +52,7 @@ def test_the_model_trl_trained_merges_with_its_base(toy, tmp_path):
         per_device_train_batch_size=8,
         learning_rate=2e-3,
         max_length=64,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
+        **CPU_QUIET,
     )
     trainer = trl.SFTTrainer(
         model=copy.deepcopy(base),

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from trainers import CPU_QUIET
 from transformers import TrainerCallback
 
 from forgetwatch import Output, Scoring, compare, evaluate
@@ -27,16 +28,12 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 # CPU, no bf16 autocast, no activation checkpointing (TRL's defaults), quiet
 COMMON = dict(
-    use_cpu=True,
-    bf16=False,
+    **CPU_QUIET,
     activation_checkpointing=False,
     logging_steps=1,
-    save_strategy="no",
-    report_to=[],
     dataloader_num_workers=0,
     dataloader_pin_memory=False,
     seed=0,
-    disable_tqdm=True,
 )
 
 

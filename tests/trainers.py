@@ -7,6 +7,9 @@ import copy
 
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
+#: a trainer on the CPU in float32 that saves and reports nothing, quietly (TRL turns bf16 on by default, even there)
+CPU_QUIET = dict(use_cpu=True, bf16=False, report_to=[], save_strategy="no", disable_tqdm=True)
+
 
 def make_trainer(toy, train_data, tmp_path, callbacks, model=None, **overrides):
     settings = dict(
