@@ -238,7 +238,7 @@ def run_job(cfg: dict, job: dict) -> dict:
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    records = read_history(cb.watch.history_path)
+    records = read_history(cb.watch.output_dir / "history.jsonl")
     final = cb.history[-1][1]
     tokens = float(records[-1]["replay"]["tokens"]) if repair is not None else 0.0
     curve = []

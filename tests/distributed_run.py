@@ -103,7 +103,7 @@ def sft(out: str, zero3: bool = False) -> dict:
         # so every rank takes part)
         trainer.save_model(os.path.join(out, f"step-{step}"))
         saved.append(step)
-        shares.append(cb.watch.scorer.scored_here)
+        shares.append(cb.watch.view.scorer.scored_here)
 
     settings = (
         {"eval_steps": 10}
@@ -323,17 +323,19 @@ def replay(out: str, fail_at: int | None = None) -> dict:
     drift = [e["forgetwatch/drift/train_kl"] for e in trainer.state.log_history if "forgetwatch/drift/train_kl" in e]
     return {
         "train_kl": drift,
-        "train_kl_kept": [r["drift"]["train_kl"] for r in read_history(cb.watch.history_path) if "drift" in r],
-        "train_kl_rows": len(cb.watch.train_kl.tokens),
+        "train_kl_kept": [
+            r["drift"]["train_kl"] for r in read_history(cb.watch.output_dir / "history.jsonl") if "drift" in r
+        ],
+        "train_kl_rows": len(cb.watch._train_kl.tokens),
         "checksum": float(params.sum()),
         "first": params[:50].tolist(),
         "replay_losses": losses,
-        "drawn": cb.watch.repair.sampler.drawn,
+        "drawn": cb.replay.sampler.drawn,
         "world_size": args.world_size,
-        "off": cb.watch.repair.off,
-        "state": cb.watch.repair.state(),  # the draws and the tokens replayed
-        "encoded": cb.watch.repair.encoded,  # the prompts' rows: prompt and the base's answer
-        "answered": sorted(cb.watch.repair.starts),
+        "off": cb.replay.off,
+        "state": cb.replay.state(),  # the draws and the tokens replayed
+        "encoded": cb.replay.encoded,  # the prompts' rows: prompt and the base's answer
+        "answered": sorted(cb.replay.starts),
     }
 
 

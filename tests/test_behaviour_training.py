@@ -169,7 +169,7 @@ def test_behaviour_drift_in_sft_equals_a_recount_from_the_texts(behaving, tmp_pa
         logged[-1]["forgetwatch/refusals/behaviour/refusals"]
         == watch.history[-1][1].by_category["refusals"].behaviour["refusals"]
     )
-    records = read_history(watch.watch.history_path)
+    records = read_history(watch.watch.output_dir / "history.jsonl")
     assert records[-1]["report"]["behaviour"] == pytest.approx(watch.history[-1][1].behaviour)
     assert load_trajectory(watch.watch.output_dir).correct.tolist() == trajectory.correct.tolist()
     # the probes the run keeps (for the report) hold their checks; the report draws the drift

@@ -397,7 +397,7 @@ def test_probe_rows_keywords_over_a_config_and_yaml_overrides(toy, tmp_path):
     (tmp_path / "fw.yaml").write_text(f"probes: {path.name}\neval_steps: 15\nmax_forgetting: 0.5\n")
     cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml", eval_steps=10, sinks=[print])
     assert (cb.config.eval_steps, cb.config.max_forgetting) == (10, 0.5)
-    assert [hook.hook for hook in cb.watch.user_sinks] == [print]  # a function is a sink of its own
+    assert [hook.hook for hook in cb.watch._their_sinks] == [print]  # a function is a sink of its own
 
 
 def test_from_config_and_yaml(toy, train_data, tmp_path):

@@ -554,7 +554,7 @@ def test_replay_main_runs_offline_and_compares_both_runs(tmp_path, capsys):
     logged = [e for e in repaired.state.log_history if "forgetwatch/replay/loss" in e]
     assert [e["step"] for e in logged] == [5, 10]
     assert not any("forgetwatch/replay/loss" in e for e in plain.state.log_history)
-    (hook,) = [s.hook for s in repaired.forgetwatch.watch.user_sinks]
+    (hook,) = [s.hook for s in repaired.forgetwatch.watch._their_sinks]
     assert sorted(hook.by_step) == [5, 10]
     assert hook.by_step[10] == repaired.forgetwatch.history[-1][1].at_risk_ids
 
@@ -569,7 +569,7 @@ def test_tool_use_main_watches_the_calls_and_counts_as_a_recount(tmp_path, capsy
     callback, probes, base = run["callback"], run["probes"], run["base"]
     assert [s for s, _ in callback.history] == [5, 10]
     assert base.accuracy > 0.5  # the taught calls are right before fine-tuning
-    now = evaluate(run["trainer"].model, callback.watch.scorer.tokenizer, probes, behaviour_max_new_tokens=32)
+    now = evaluate(run["trainer"].model, callback.watch.view.tokenizer, probes, behaviour_max_new_tokens=32)
     report = callback.history[-1][1]
     assert report.forgotten_ids == compare(base, now).forgotten_ids
     out = capsys.readouterr().out

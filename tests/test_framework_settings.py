@@ -113,7 +113,7 @@ def test_merge_settings_make_a_merge_at_end_or_one_error_naming_the_key(tmp_path
     texts.write_text(json.dumps({"text": "12 + 30 = 42"}) + "\n" + json.dumps({"text": "7 * 6 = 42"}) + "\n")
     keys = {"forgetwatch_probes": PROBES, "forgetwatch_merge_target_texts": str(texts), "forgetwatch_merge_keep": 0.8}
     settings = FrameworkSettings.from_keys({**keys, "forgetwatch_merge_save": True}, "t.yaml")
-    merge = settings.callback().watch.merge_at_end
+    merge = settings.callback().merge_at_end
     assert merge.target == ["12 + 30 = 42", "7 * 6 = 42"] and merge.keep == 0.8 and merge.save
     assert "merging with the base at the end" in settings.describe("Axolotl")
     env = FrameworkSettings.from_environ(

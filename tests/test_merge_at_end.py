@@ -9,13 +9,11 @@ import logging
 import pytest
 import torch
 from test_merge import by_hand, choice_probes, loss_per_token, same_answers
-from trainers import make_trainer
+from trainers import make_trainer, run_view
 from transformers import AutoModelForCausalLM
 
-from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scorer, Scoring, Watch, compare, evaluate
-from forgetwatch.common.distributed import Ranks
+from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scorer, Watch, compare, evaluate
 from forgetwatch.results.run_files import RunStore
-from forgetwatch.run.plugins import RunContext
 
 ALPHAS = (0.25, 0.5)
 KEEP = 0.5
@@ -26,11 +24,23 @@ def texts(toy):
     return toy.world.distraction_texts(n=6, seed=7)
 
 
-def trained_by_hand(watch, toy):
+def start(watch, plugin, model, tokenizer):
+    """As a loop begins: the watch, then the merge beside it, on the model before training."""
+    watch.start(model, tokenizer)
+    plugin.begin(model, watch.view)
+
+
+def finish(watch, plugin, model, step):
+    """As a loop ends: the watch's last evaluation, then the merge on the final weights."""
+    watch.finish(model, step)
+    plugin.end(model, step)
+
+
+def trained_by_hand(watch, plugin, toy):
     """A loop whose 'training' puts the tuned weights in the model the watch started on: the sweep is then
     between the toy's base and tuned models exactly."""
     model = copy.deepcopy(toy.base)
-    watch.start(model, toy.tokenizer)
+    start(watch, plugin, model, toy.tokenizer)
     model.load_state_dict(toy.tuned.state_dict())
     return model
 
@@ -53,21 +63,21 @@ def recount(toy, texts, alphas, keep):
 @pytest.mark.slow
 def test_a_loop_sweeps_the_final_weights_logs_the_choice_and_hands_the_model_back(toy, texts, tmp_path, capsys):
     plugin = MergeAtEnd(target=texts, alphas=ALPHAS, keep=KEEP, save=True)
-    watch = Watch(toy.probes, output_dir=tmp_path / "fw", eval_steps=1, merge_at_end=plugin)
-    model = trained_by_hand(watch, toy)
+    watch = Watch(toy.probes, output_dir=tmp_path / "fw", eval_steps=1)
+    model = trained_by_hand(watch, plugin, toy)
     model.train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    watch.finish(model, 1)
+    finish(watch, plugin, model, 1)
 
     assert model.training and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     alpha, forgetting, gain = recount(toy, texts, (0.0, *ALPHAS, 1.0), KEEP)
-    metrics = watch.ending.metrics
+    metrics = plugin.ending.metrics
     assert set(metrics) == {"forgetwatch/merge/alpha", "forgetwatch/merge/forgetting", "forgetwatch/merge/gain"}
     assert metrics["forgetwatch/merge/alpha"] == alpha
     assert metrics["forgetwatch/merge/forgetting"] == pytest.approx(forgetting)
     assert metrics["forgetwatch/merge/gain"] == pytest.approx(gain, rel=1e-4)
     assert f"merging with the base at alpha {alpha:g}" in capsys.readouterr().out
-    assert watch.ending.line in watch.summary()
+    assert plugin.ending.line in watch.summary()
     # the files: the table the report page shows, and the merged model, which scores as the model by hand
     assert (tmp_path / "fw" / "sweep.csv").is_file()
     assert plugin.sweep.to_dict(KEEP)["best"] == alpha
@@ -83,14 +93,14 @@ def test_a_failing_sweep_is_a_warning_and_the_model_is_handed_back(toy, texts, t
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
 
-    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, merge_at_end=MergeAtEnd(target=texts, alphas=ALPHAS))
-    model = trained_by_hand(watch, toy)
+    watch, plugin = Watch(toy.probes, output_dir=tmp_path, eval_steps=1), MergeAtEnd(target=texts, alphas=ALPHAS)
+    model = trained_by_hand(watch, plugin, toy)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     monkeypatch.setattr(sweep_module, "mean_token_loss", broken)  # fails at α = 0, the model moved
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        watch.finish(model, 1)
+        finish(watch, plugin, model, 1)
     assert "merge_at_end failed (RuntimeError: out of memory)" in caplog.text
-    assert watch.ending is None and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert plugin.ending is None and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
 def final_weights_and_checkpoint(toy, train_data, run, merge_at_end):
@@ -123,9 +133,9 @@ def test_a_peft_model_is_swept_by_its_adapters_scale_keeping_no_copy(toy, texts,
         copy.deepcopy(toy.base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     )
     plugin = MergeAtEnd(target=texts, alphas=ALPHAS)
-    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, base="adapter_disabled", merge_at_end=plugin)
-    watch.start(model, toy.tokenizer)
-    watch.finish(model, 1)
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, base="adapter_disabled")
+    start(watch, plugin, model, toy.tokenizer)
+    finish(watch, plugin, model, 1)
     assert plugin._base is None
     with model.disable_adapter():
         assert same_answers(plugin.sweep.answers[0], evaluate(model, toy.tokenizer, toy.probes, show_progress=False))
@@ -133,8 +143,7 @@ def test_a_peft_model_is_swept_by_its_adapters_scale_keeping_no_copy(toy, texts,
 
 
 def context(toy, **changes):
-    settings = dict(ranks=Ranks(), writes=True, store=None, tokenizer=toy.tokenizer, rows_per_batch=None)
-    return RunContext(**{**settings, "scorer": Scorer(toy.tokenizer, toy.probes), "scoring": Scoring(), **changes})
+    return run_view(toy.tokenizer, **{"scorer": Scorer(toy.tokenizer, toy.probes), **changes})
 
 
 def test_a_resumed_run_of_full_weights_says_the_merge_is_off(toy, texts, caplog):
@@ -153,7 +162,8 @@ def test_a_sharded_model_is_refused_before_training(toy, texts):
 @pytest.mark.parametrize(
     "make, error, message",
     [
-        (lambda t: Watch(t.probes, output_dir="x", merge_at_end=True), TypeError, "give forgetwatch.MergeAtEnd"),
+        (lambda t: ForgetWatchCallback(t.probes, merge_at_end=True), TypeError, "give forgetwatch.MergeAtEnd"),
+        (lambda t: Watch(t.probes, output_dir="x", merge_at_end=True), TypeError, "keyword argument 'merge_at_end'"),
         (lambda t: MergeAtEnd(target=42), TypeError, "target must be a ProbeSet"),
         (lambda t: MergeAtEnd(target=[]), ValueError, "target is an empty list"),
         (lambda t: MergeAtEnd(target=["x"], keep=1.5), ValueError, "keep must be a number in"),
@@ -168,13 +178,13 @@ def test_bad_options_fail_before_any_work(toy, make, error, message):
 @pytest.mark.slow
 def test_a_weight_unfrozen_during_training_moves_back_to_the_base_too(toy, texts, tmp_path, caplog):
     plugin = MergeAtEnd(target=texts, alphas=(0.5,))
-    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, merge_at_end=plugin)
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1)
     model = copy.deepcopy(toy.base)
     model.model.embed_tokens.requires_grad_(False)  # frozen when training starts, trained later
-    watch.start(model, toy.tokenizer)
+    start(watch, plugin, model, toy.tokenizer)
     model.load_state_dict(toy.tuned.state_dict())  # every weight trained, the embeddings too
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        watch.finish(model, 1)
+        finish(watch, plugin, model, 1)
     assert "merge_at_end failed" not in caplog.text
     assert same_answers(plugin.sweep.answers[0], evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False))
     half = evaluate(by_hand(toy.base, toy.tuned, 0.5), toy.tokenizer, toy.probes, show_progress=False)
@@ -189,15 +199,15 @@ def test_alpha_zero_unlike_the_runs_base_is_a_warning_and_nothing_is_written(toy
         copy.deepcopy(toy.base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     )
     plugin = MergeAtEnd(target=texts, alphas=(0.5,))
-    watch = Watch(choice_probes(toy), output_dir=tmp_path, eval_steps=1, base="adapter_disabled", merge_at_end=plugin)
-    watch.start(model, toy.tokenizer)
+    watch = Watch(choice_probes(toy), output_dir=tmp_path, eval_steps=1, base="adapter_disabled")
+    start(watch, plugin, model, toy.tokenizer)
     # the base model's embeddings trained in place, outside the adapter: no scale of the adapter undoes it
     with torch.no_grad():
         model.base_model.model.model.embed_tokens.weight.normal_(0, 1)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        watch.finish(model, 1)
+        finish(watch, plugin, model, 1)
     assert "merge_at_end failed (ValueError: merge_sweep: alpha 0 is not the base" in caplog.text
-    assert watch.ending is None and not (tmp_path / "sweep.json").exists()
+    assert plugin.ending is None and not (tmp_path / "sweep.json").exists()
 
 
 def test_save_into_a_merged_that_is_a_file_is_refused_before_training(toy, texts, tmp_path):
@@ -214,19 +224,17 @@ def test_a_merged_model_not_written_is_a_warning_and_the_line_says_so(toy, texts
     import resource
     import signal
 
-    watch = Watch(
-        toy.probes, output_dir=tmp_path, eval_steps=1, merge_at_end=MergeAtEnd(texts, alphas=(0.5,), save=True)
-    )
-    model = trained_by_hand(watch, toy)
+    watch, plugin = Watch(toy.probes, output_dir=tmp_path, eval_steps=1), MergeAtEnd(texts, alphas=(0.5,), save=True)
+    model = trained_by_hand(watch, plugin, toy)
     limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limits[1]))  # the disk fills up: no file over 64 KiB
     try:
         with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-            watch.finish(model, 1)
+            finish(watch, plugin, model, 1)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
     assert "the merged model was not written" in caplog.text
-    assert "written to" not in watch.ending.line and "the merged model was not written" in watch.ending.line
+    assert "written to" not in plugin.ending.line and "the merged model was not written" in plugin.ending.line
     assert (tmp_path / "sweep.json").is_file() and not (tmp_path / "merged").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".merged")] == []

@@ -12,11 +12,11 @@ import math
 
 import pytest
 from test_callback import ForwardClock  # one second per forward; training steps move ``now`` by hand
+from trainers import run_view
 
 from forgetwatch import Output, ProbeKind, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import RunStore
-from forgetwatch.run.plugins import RunContext
 from forgetwatch.run.schedule import duration
 from forgetwatch.run.train_kl import MIN_ROWS, MIN_SECONDS, SHARE, TrainKL, as_train_rows
 
@@ -42,9 +42,7 @@ def few(toy):
 
 
 def context(folder, tokenizer):
-    return RunContext(
-        ranks=Ranks(), writes=True, store=RunStore(folder), tokenizer=tokenizer, rows_per_batch=lambda m: 5
-    )
+    return run_view(tokenizer, store=RunStore(folder))
 
 
 def test_train_kl_is_measured_on_as_many_rows_as_fit_its_time(toy, tmp_path, caplog):
@@ -57,7 +55,7 @@ def test_train_kl_is_measured_on_as_many_rows_as_fit_its_time(toy, tmp_path, cap
     # timed on 2 rows (an eighth of 12) in one forward: 0.5 s a row, 2 s left of 3 for 4 rows, but 8 at least
     kept = as_train_rows(given, MIN_ROWS).rows
     assert signal.tokens == [ids for ids, _ in kept] and signal.starts == [s for _, s in kept]
-    assert spent == 3  # the timing, then the 8 rows in batches of 5
+    assert spent == 2  # the timing, then the 8 rows in one batch of 8 (the scorer's before it planned any)
     assert f"measured on {MIN_ROWS} of 12 training rows (a seeded sample)" in caplog.text
     assert signal.measure(model, Ranks())["train_kl"] == 0.0  # still exactly 0 at the base
     roomy = TrainKL(128, max_seconds=100.0, clock=clock)
@@ -74,11 +72,11 @@ def test_a_watch_gives_train_kl_a_share_of_the_time_scoring_the_probes_took(toy,
     with caplog.at_level(logging.INFO, logger="forgetwatch"):
         with_kl = forwards(clock, lambda: watch.start(model, toy.tokenizer, train_rows=rows))
     scoring = watch.base_answers.meta["scoring_seconds"]
-    assert watch.train_kl.max_seconds == max(SHARE * scoring, MIN_SECONDS)
-    measured = len(watch.train_kl.tokens)
+    assert watch._train_kl.max_seconds == max(SHARE * scoring, MIN_SECONDS)
+    measured = len(watch._train_kl.tokens)
     assert measured < len(rows) and f"measured on {measured} of {len(rows)} training rows" in caplog.text
     # its start-up (the timing, then the rows kept) within its time, up to a batch
-    assert with_kl - without <= watch.train_kl.max_seconds + 1
+    assert with_kl - without <= watch._train_kl.max_seconds + 1
     assert watch.monitoring_seconds == with_kl  # all of the start-up is monitoring time
 
 
@@ -98,7 +96,7 @@ def test_the_whole_start_up_counts_against_the_budget(toy, few, rows, tmp_path):
     watch = Watch(few, output_dir=tmp_path, output=QUIET, clock=clock)  # max_overhead=0.05
     watch.start(model, toy.tokenizer, train_rows=rows)
     start_up, scoring = watch.monitoring_seconds, watch.base_answers.meta["scoring_seconds"]
-    assert start_up >= scoring + watch.train_kl.max_seconds / 2  # train KL's base is a large part of it
+    assert start_up >= scoring + watch._train_kl.max_seconds / 2  # train KL's base is a large part of it
     steps = run_steps(watch, model, clock, steps=800, step_time=5.0)
     assert len(steps) >= 3 and steps[-1] == 800
     # the first came once training had paid for all of the start-up, this evaluation and the final one

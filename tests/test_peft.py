@@ -170,7 +170,7 @@ def test_replay_trains_only_the_adapters_with_the_base_from_disabled_adapters(to
         # the answers and the base's distribution on the rows, as the plain base gives them
         from forgetwatch.replay.synthetic import answer_prompts
 
-        replay = cb.watch.repair
+        replay = cb.replay
         prompts = replay.pool.prompt_ids(toy.tokenizer)
         answers = answer_prompts(toy.base, toy.tokenizer, replay.pool, prompts, Ranks(), 4)
         assert all(replay.encoded[i][replay.starts[i] :][: len(a.ids)] == list(a.ids) for i, a in answers.items())

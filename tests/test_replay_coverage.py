@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from trainers import run_view
+
 from forgetwatch.replay.replay import uncovered
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
@@ -82,9 +84,7 @@ def test_on_a_real_comparison():
 
 def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     from forgetwatch import ReplayPool
-    from forgetwatch.common.distributed import Ranks
     from forgetwatch.replay import Replay
-    from forgetwatch.run.plugins import RunContext
     from forgetwatch.toy import ToyWorld
 
     world = ToyWorld(seed=0)
@@ -92,7 +92,7 @@ def test_replay_warns_once_of_a_category_it_cannot_repair(caplog):
     pool = ReplayPool.from_records([{"id": "r0", "text": "Paris is the capital of France.", "category": "facts"}])
     replay = Replay(pool)
     replay.probe_categories = ["refusal", "facts"]  # as hold_out(probes) sets them
-    replay.begin(world.model(tokenizer), RunContext(Ranks(), True, None, tokenizer, lambda m: 8))
+    replay.begin(world.model(tokenizer), run_view(tokenizer))
     forgetting = TransitionReport(by_category={"refusal": cat(10, 4), "facts": cat(20, 0)})
     with caplog.at_level("WARNING", logger="forgetwatch"):
         replay.on_evaluation(forgetting)

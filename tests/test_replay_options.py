@@ -49,12 +49,14 @@ def test_an_option_that_cannot_work_is_refused_when_built(options, words):
 
 
 def test_a_pool_alone_is_replayed_with_the_defaults_and_a_path_is_refused(toy):
-    watch = Watch(toy.probes, output_dir="x", replay=POOL)
-    assert isinstance(watch.repair, Replay) and watch.repair.weight == 1.0
+    callback = ForgetWatchCallback(toy.probes, replay=POOL)
+    assert isinstance(callback.replay, Replay) and callback.replay.weight == 1.0
     given = Replay(POOL, weight=2.0)
-    assert ForgetWatchCallback(toy.probes, replay=given).watch.repair is given
+    assert ForgetWatchCallback(toy.probes, replay=given).replay is given
     with pytest.raises(TypeError, match=r"give a ReplayPool \(ReplayPool.from_jsonl\(path\)\)"):
-        Watch(toy.probes, output_dir="x", replay="pool.jsonl")
+        ForgetWatchCallback(toy.probes, replay="pool.jsonl")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'replay'"):  # the watch only watches
+        Watch(toy.probes, output_dir="x", replay=POOL)
 
 
 def test_a_frameworks_replay_keys_build_the_replay(tmp_path):

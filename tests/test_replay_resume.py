@@ -12,15 +12,13 @@ import shutil
 
 import numpy as np
 import pytest
-from trainers import make_trainer
+from trainers import make_trainer, run_view
 from transformers import TrainerCallback
 
 from forgetwatch import Monitor, Output, ReplayPool
-from forgetwatch.common.distributed import Ranks
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
 from forgetwatch.results.run_files import read_history
-from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.next_tokens import BaseDistribution
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
@@ -70,7 +68,7 @@ def run(toy, train_data, pool, tmp_path_factory):
 
 def began(tokenizer):
     """A fresh run in one process, as replay sees it when training begins (it keeps no files)."""
-    return RunContext(Ranks(), False, None, tokenizer, lambda m: 8)
+    return run_view(tokenizer)
 
 
 def kept(run, step, name="replay.json"):
@@ -136,8 +134,8 @@ def edit_history_states(d, step, change):
 
 def test_a_whole_checkpoint_resumes_with_its_own_state(toy, train_data, pool, run, tmp_path):
     resumed = resume(toy, train_data, pool, run, tmp_path, 3)
-    assert resumed.watch.repair.state() == kept(run, 3)
-    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert resumed.replay.state() == kept(run, 3)
+    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
 
 
 def test_a_run_resumed_between_evaluations_logs_the_replay_loss_of_every_step_since_the_last(
@@ -151,7 +149,7 @@ def test_a_run_resumed_between_evaluations_logs_the_replay_loss_of_every_step_si
         resume_from_checkpoint=str(copied / "checkpoint-3")
     )
     whole = [json.loads(line) for line in (run / "forgetwatch" / "history.jsonl").read_text().splitlines()]
-    resumed = read_history(callback.watch.history_path)[-1]
+    resumed = read_history(callback.watch.output_dir / "history.jsonl")[-1]
     assert resumed["step"] == whole[-1]["step"] == 4
     # the mean over steps 3 and 4, as the uninterrupted run logged it (not step 4's alone)
     assert resumed["replay"]["replay/loss"] == pytest.approx(whole[-1]["replay"]["replay/loss"], rel=1e-6)
@@ -181,7 +179,7 @@ def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
     # the draws, as the run had them (not the replay loss since the last evaluation)
-    assert resumed.watch.repair.state() == {k: v for k, v in kept(run, step).items() if k != "loss"}
+    assert resumed.replay.state() == {k: v for k, v in kept(run, step).items() if k != "loss"}
     assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
 
 
@@ -208,9 +206,7 @@ def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, tra
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path / "new", 3, without_replay)
-    assert (
-        resumed.watch.repair.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
-    )
+    assert resumed.replay.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
 
     def lost(d):  # a damaged state says replay was on at the checkpoint, and the history lacks it
         without_replay(d)
@@ -254,7 +250,7 @@ def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_dat
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil)
-    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
     assert "checkpoint-3/forgetwatch/replay_base.npz" in caplog.text and "using another copy" in caplog.text
     # and the run directory keeps a good copy for the next resume
     assert BaseDistribution.load(tmp_path / "run/forgetwatch/replay_base.npz").problem() is None
@@ -268,8 +264,8 @@ def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_d
         resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil, written_so=False)
     assert "not resuming from" in caplog.text and "replay_base.npz is not the file copied there" in caplog.text
     # the run directory's files serve: its distribution, and the state rebuilt exactly from the history
-    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
-    assert resumed.watch.repair.state() == {k: v for k, v in kept(run, 3).items() if k != "loss"}
+    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
+    assert resumed.replay.state() == {k: v for k, v in kept(run, 3).items() if k != "loss"}
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):

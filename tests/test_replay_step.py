@@ -10,12 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from injected import OutOfMemoryAbove
+from trainers import run_view
 
 from forgetwatch import ReplayPool, ReplayPoolError
-from forgetwatch.common.distributed import Ranks
 from forgetwatch.replay import Replay
 from forgetwatch.replay.sampler import ReplaySampler
-from forgetwatch.run.plugins import RunContext
 from forgetwatch.toy import ToyWorld
 
 
@@ -29,10 +28,8 @@ def small():
 
 
 def begun(replay, model, tokenizer):
-    """``replay`` as training begins in one process, 4 rows a forward pass."""
-    replay.begin(
-        model, RunContext(ranks=Ranks(), writes=True, store=None, tokenizer=tokenizer, rows_per_batch=lambda m: 4)
-    )
+    """``replay`` as training begins in one process."""
+    replay.begin(model, run_view(tokenizer))
     return replay
 
 

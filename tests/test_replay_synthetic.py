@@ -7,15 +7,14 @@ import copy
 
 import pytest
 import torch
+from trainers import run_view
 
 from forgetwatch import ReplayPool
-from forgetwatch.common.distributed import Ranks
 from forgetwatch.replay import Replay
 from forgetwatch.replay.kept import REPLAY_ANSWERS
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import KeptAnswers
 from forgetwatch.results.run_files import RunStore
-from forgetwatch.run.plugins import RunContext
 from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.scorer import pad_id
 from forgetwatch.toy import ToyWorld
@@ -62,7 +61,7 @@ def greedy_rows(model, tokenizer, prompts, max_new_tokens):
 def begin(replay, model, tokenizer, folder, step=0, dirs=()):
     """``replay`` as training begins (or resumes at ``step`` from ``dirs``) in one process, its files in ``folder``."""
     store = RunStore(folder)
-    replay.begin(model, RunContext(Ranks(), True, store, tokenizer, lambda m: 2, step=step, resume_dirs=list(dirs)))
+    replay.begin(model, run_view(tokenizer, store=store, step=step, resume_dirs=list(dirs)))
     return replay
 
 

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from trainers import killed_and_resumed, make_trainer
+from trainers import killed_and_resumed, make_trainer, run_view
 from transformers import DataCollatorForLanguageModeling
 
 from forgetwatch import Monitor, Output, Replay, ReplayPool
@@ -136,7 +136,11 @@ def plain(toy, train_data, tmp_path_factory):
 
 def train_kl_of(callback):
     """The train-KL signal of each evaluation in the run's history, by step."""
-    return {r["step"]: r["drift"]["train_kl"] for r in read_history(callback.watch.history_path) if "drift" in r}
+    return {
+        r["step"]: r["drift"]["train_kl"]
+        for r in read_history(callback.watch.output_dir / "history.jsonl")
+        if "drift" in r
+    }
 
 
 @pytest.mark.parametrize("select", ["categories", "uniform"])
@@ -190,7 +194,7 @@ def test_replay_is_logged_repairs_and_resumes_exactly(
 
     # the state after each evaluation (draws, replayed tokens) is the whole run's
     def kept(callback):
-        return [r["replay"] for r in read_history(callback.watch.history_path) if r["step"] > 10]
+        return [r["replay"] for r in read_history(callback.watch.output_dir / "history.jsonl") if r["step"] > 10]
 
     assert kept(resumed) == kept(whole)
     assert kept(whole)[-1]["tokens"] > 0
@@ -337,7 +341,7 @@ def test_replay_runs_in_trl_trainers(toy, tmp_path, mixed_pool, kind, select):
     class Count(ForgetWatchCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             super().on_pre_optimizer_step(args, state, control, **kwargs)
-            steps.append(self.watch.repair.sampler.drawn)
+            steps.append(self.replay.sampler.drawn)
 
     replay = Replay(mixed_pool, batch_size=4, select=select)
     cb = Count(toy.probes, eval_steps=2, output=Output(verbose=False), replay=replay)
@@ -366,7 +370,7 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
     resumed, again = killed_and_resumed(
         toy, train_data, tmp_path / "killed", settings, kill_at=13, resume_from=10, **common
     )
-    np.testing.assert_array_equal(resumed.watch.repair.base.top_logprobs, kept.top_logprobs)
+    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept.top_logprobs)
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     for k, v in trainer.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v, msg=k)
@@ -375,13 +379,11 @@ def test_kl_replay_keeps_the_base_distribution_once_and_resumes_with_it(toy, tra
 def test_sharded_training_is_refused_before_it_starts(toy, pool):
     from types import SimpleNamespace
 
-    from forgetwatch.common.distributed import Ranks
     from forgetwatch.integrations.trainer_link import sharded_run
-    from forgetwatch.run.plugins import RunContext
 
     for args in (SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}), SimpleNamespace(fsdp="full_shard")):
         with pytest.raises(ValueError, match="sharded models"):
-            run = RunContext(Ranks(), True, None, toy.tokenizer, lambda m: 8, sharded=sharded_run(args))
+            run = run_view(toy.tokenizer, sharded=sharded_run(args))
             Replay(pool).begin(toy.base, run)
     assert not sharded_run(SimpleNamespace(deepspeed=None, fsdp=""))
 
@@ -392,11 +394,11 @@ def test_a_fresh_kl_run_never_reuses_an_earlier_runs_base_distribution(toy, trai
     settings = dict(eval_steps=5, output=Output(verbose=False), replay=Replay(pool, loss="kl", top_k=8))
     first = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     make_trainer(toy, train_data, tmp_path, [first], max_steps=5).train()
-    planted = first.watch.repair.base
+    planted = first.replay.base
     planted.top_logprobs[:] = -1.0  # as if another base model had written it
     planted.save(tmp_path / "forgetwatch" / "replay_base.npz")
     again = ForgetWatchCallback(toy.probes, **copy.deepcopy(settings))
     make_trainer(toy, train_data, tmp_path, [again], max_steps=5).train()
     kept = BaseDistribution.load(tmp_path / "forgetwatch" / "replay_base.npz")
-    assert not (again.watch.repair.base.top_logprobs == -1.0).all()
-    np.testing.assert_array_equal(kept.top_logprobs, again.watch.repair.base.top_logprobs)
+    assert not (again.replay.base.top_logprobs == -1.0).all()
+    np.testing.assert_array_equal(kept.top_logprobs, again.replay.base.top_logprobs)

@@ -13,12 +13,12 @@ import logging
 import numpy as np
 import pytest
 import torch
+from trainers import run_view
 
 from forgetwatch import Answers, Monitor, Output, Watch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
-from forgetwatch.run.plugins import RunContext
 from forgetwatch.run.train_kl import TrainKL, TrainRows, as_train_rows
 from forgetwatch.sinks import logged_values
 
@@ -35,14 +35,7 @@ def rows(toy):
 
 
 def context(tmp_path, **more):
-    return RunContext(
-        ranks=Ranks(),
-        writes=True,
-        store=RunStore(tmp_path),
-        tokenizer=more.pop("tokenizer"),
-        rows_per_batch=lambda model: 5,
-        **more,
-    )
+    return run_view(more.pop("tokenizer"), store=RunStore(tmp_path), **more)
 
 
 def by_hand(base, current, rows, k=None):

@@ -56,10 +56,10 @@ def assert_train_kl_at_each_evaluation(trainer, callback, source):
         for e in trainer.state.log_history
         if "forgetwatch/drift/train_kl" in e
     }
-    kept = {r["step"]: r["drift"]["train_kl"] for r in read_history(callback.watch.history_path)}
+    kept = {r["step"]: r["drift"]["train_kl"] for r in read_history(callback.watch.output_dir / "history.jsonl")}
     assert list(logged) == [step for step, _ in callback.history] and logged == kept
     assert all(x >= 0 for x in logged.values()) and max(logged.values()) > 0
-    signal = callback.watch.train_kl
+    signal = callback.watch._train_kl
     assert signal.source == source and 0 < len(signal.tokens) <= 128
     assert all(1 <= start < len(ids) for ids, start in zip(signal.tokens, signal.starts))
     return signal

@@ -146,25 +146,17 @@ def test_patience_counts_the_evaluations_made_before_a_resume(toy, tmp_path):
 
 
 class FailsOnce:
-    """A repair method whose first ``on_evaluation`` raises."""
+    """A kept plug-in whose figures cannot be read the first time."""
 
     name, files = "fails_once", ()
 
     def __init__(self):
         self.failed = False
 
-    def hold_out(self, probes):
-        pass
-
-    def begin(self, model, run):
-        pass
-
-    def on_evaluation(self, report, model):
+    def metrics(self):
         if not self.failed:
             self.failed = True
             raise RuntimeError("injected")
-
-    def metrics(self):
         return {"fails_once/calls": 1.0}
 
     def state(self):
@@ -173,7 +165,8 @@ class FailsOnce:
 
 def test_an_evaluation_that_fails_part_way_keeps_nothing_and_its_step_can_be_evaluated_again(toy, tmp_path):
     sink = Recorder()
-    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, replay=FailsOnce(), sinks=[sink], output=QUIET)
+    watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[sink], output=QUIET)
+    watch.keep(FailsOnce())
     watch.start(toy.base, toy.tokenizer)
     with pytest.raises(RuntimeError, match="injected"):
         watch.evaluate(toy.tuned, 2)
@@ -189,13 +182,14 @@ def test_an_evaluation_that_fails_part_way_keeps_nothing_and_its_step_can_be_eva
 @pytest.mark.parametrize(
     "state, field",
     [
-        ({"format": "other", "version": 1, "step": 2, "repair": None}, "format"),
-        ({"format": "forgetwatch.watch", "version": 1, "step": -1, "repair": None}, "step"),
-        ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": {"weight": 1.0}}, "repair"),
-        ({"format": "forgetwatch.watch", "version": 1, "step": float("nan"), "repair": None}, "step"),
-        ({"format": "forgetwatch.watch", "version": 2, "step": 2, "repair": None}, "version"),
-        ({"format": "forgetwatch.watch", "version": True, "step": 2, "repair": None}, "version"),
-        ({"format": "forgetwatch.watch", "step": 2, "repair": None}, "version"),
+        ({"format": "other", "version": 2, "step": 2, "plugins": {}}, "format"),
+        ({"format": "forgetwatch.watch", "version": 2, "step": -1, "plugins": {}}, "step"),
+        ({"format": "forgetwatch.watch", "version": 2, "step": 2, "plugins": {"replay": {"weight": 1.0}}}, "plugins"),
+        ({"format": "forgetwatch.watch", "version": 2, "step": 2, "plugins": ["replay"]}, "plugins"),
+        ({"format": "forgetwatch.watch", "version": 2, "step": float("nan"), "plugins": {}}, "step"),
+        ({"format": "forgetwatch.watch", "version": 1, "step": 2, "repair": None}, "version"),
+        ({"format": "forgetwatch.watch", "version": True, "step": 2, "plugins": {}}, "version"),
+        ({"format": "forgetwatch.watch", "step": 2, "plugins": {}}, "version"),
     ],
 )
 def test_a_state_that_is_not_a_watchs_is_refused_naming_the_field(toy, state, field):
@@ -564,7 +558,7 @@ def test_two_watches_never_write_in_one_directory(toy, tmp_path, caplog):
     first.evaluate(toy.base, 4)
     second.evaluate(toy.tuned, 2)
     assert steps_written(tmp_path / "previous-1") == [2, 4] and steps_written(tmp_path) == [2]
-    assert first.history_path == tmp_path / "previous-1" / "history.jsonl"
+    assert first.output_dir / "history.jsonl" == tmp_path / "previous-1" / "history.jsonl"
     assert load_trajectory(tmp_path / "previous-1").ids == toy.probes.ids and load_trajectory(tmp_path).ids == fewer.ids
     first.finish(toy.base, 4)
     second.finish(toy.tuned, 2)
@@ -583,10 +577,15 @@ def test_a_fresh_run_sets_aside_the_merge_an_earlier_one_wrote_and_its_page_show
     from forgetwatch.reporting.page import write_report
 
     texts = toy.world.distraction_texts(n=4, seed=7)
-    first = Watch(toy.probes, output_dir=tmp_path, eval_steps=1, output=QUIET)
-    first.merge_at_end = MergeAtEnd(target=texts, alphas=[0.5], save=True)
+    first, merge = (
+        Watch(toy.probes, output_dir=tmp_path, eval_steps=1, output=QUIET),
+        MergeAtEnd(texts, alphas=[0.5], save=True),
+    )
     first.start(toy.base, toy.tokenizer)
-    first.finish(copy.deepcopy(toy.tuned), 1)  # the final evaluation, then the sweep on the final weights
+    merge.begin(toy.base, first.view)
+    final = copy.deepcopy(toy.tuned)
+    first.finish(final, 1)  # the final evaluation, then the sweep on the final weights
+    merge.end(final, 1)
     written = {"sweep.json", "sweep.csv", "merged"}
     assert written <= {p.name for p in tmp_path.iterdir()}
     page = write_report([tmp_path], tmp_path / "first.html").read_text(encoding="utf-8")
@@ -618,3 +617,52 @@ def test_a_resume_with_other_scoring_options_is_one_error_naming_them(toy, tmp_p
     message = str(caught.value)
     assert "resuming at step 2" in message and "sampling.temperature: 0.7, not 0.9" in message
     assert "samples" not in message.replace("sampling.", "")  # only what differs is named
+
+
+class Spy:
+    """A kept plug-in that records what the watch touches of it: what changes training is never among it."""
+
+    name, files = "spy", ()
+
+    def __init__(self):
+        self.touched = set()
+
+    def __getattribute__(self, attr):
+        if not attr.startswith("__") and attr != "touched":
+            object.__getattribute__(self, "touched").add(attr)
+        return object.__getattribute__(self, attr)
+
+    def metrics(self):
+        return {"spy/calls": 1.0}
+
+    def state(self):
+        return {"calls": 1}
+
+    def begin(self, model, run):
+        raise AssertionError("the watch began a plug-in")
+
+    def before_optimizer_step(self, model, **kw):
+        raise AssertionError("the watch changed a gradient")
+
+    def on_evaluation(self, report, model=None):
+        raise AssertionError("the watch adjusted a plug-in")
+
+    def end(self, model, step):
+        raise AssertionError("the watch ran a plug-in at the end")
+
+
+def test_a_watch_only_reads_a_kept_plug_ins_figures_and_state(toy, tmp_path):
+    spy = Spy()
+    watch = Watch(toy.probes[:6], output_dir=tmp_path / "run", eval_steps=1, output=QUIET)
+    watch.keep(spy)
+    watch.start(toy.base, toy.tokenizer)
+    evaluation = watch.evaluate(toy.tuned, 1)
+    watch.save_to(tmp_path / "checkpoint-1" / "forgetwatch")
+    state = watch.state_dict()
+    watch.finish(toy.tuned, 2)
+    assert spy.touched <= {"name", "files", "metrics", "state"}
+    assert logged_values(evaluation)["forgetwatch/spy/calls"] == 1.0 and state["plugins"] == {"spy": {"calls": 1}}
+    assert json.loads((tmp_path / "checkpoint-1" / "forgetwatch" / "spy.json").read_text()) == {"calls": 1}
+    assert read_history(tmp_path / "run" / "history.jsonl")[0]["spy"] == {"spy/calls": 1.0, "calls": 1}
+    with pytest.raises(ValueError, match="a plug-in named 'spy' is kept already"):
+        watch.keep(Spy())

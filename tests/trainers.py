@@ -72,3 +72,13 @@ def killed_and_resumed(
     trainer = make_trainer(toy, train_data, run, [callback], **trainer_settings)
     trainer.train(resume_from_checkpoint=str(run / f"checkpoint-{resume_from}"))
     return callback, trainer
+
+
+def run_view(tokenizer, **fields):
+    """A run in one process as a plug-in sees it when training begins (its scorer: of one probe, batches of 8)."""
+    from forgetwatch import ProbeSet, Scorer, Scoring
+    from forgetwatch.common.distributed import Ranks
+    from forgetwatch.run.plugins import RunView
+
+    probe = ProbeSet.from_records([{"id": "p", "question": "Say hi:", "check": {"max_words": 5}}])
+    return RunView(**{"ranks": Ranks(), "scorer": Scorer(tokenizer, probe), "scoring": Scoring(), **fields})

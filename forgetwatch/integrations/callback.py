@@ -1,5 +1,6 @@
-"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch` (the
-trainer's internals reached through TrainerLink only)."""
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch`, and to the
+plug-ins beside it that change training (replay) or make new weights (a merge) (the trainer's internals reached
+through TrainerLink only)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,36 @@ from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.integrations.train_data import TrainRows, training_rows
 from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
+from forgetwatch.merge.at_end import MergeAtEnd
 from forgetwatch.probes import ProbesLike
+from forgetwatch.replay import Replay, ReplayPool
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
-from forgetwatch.run.plugins import AfterTraining, Repair, Repairable
 from forgetwatch.run.watch import Watch, failure
 from forgetwatch.sinks import eval_metric_values
 
 logger = logging.getLogger("forgetwatch")
+
+
+def _plug_ins(watch: Watch, replay: Any, merge_at_end: Any) -> tuple[Replay | None, MergeAtEnd | None]:
+    """The plug-ins checked before any work: a pool holding a probe's question is refused now; replay's figures and
+    state are kept with the watch's."""
+    if replay is not None and not isinstance(replay, (Replay, ReplayPool)):
+        raise TypeError(
+            f"replay={replay!r}: give a ReplayPool (ReplayPool.from_jsonl(path)), or Replay(pool, ...) for its options"
+        )
+    if merge_at_end is not None and not isinstance(merge_at_end, MergeAtEnd):
+        raise TypeError(
+            f"merge_at_end={merge_at_end!r}: give forgetwatch.MergeAtEnd(target=...), naming what the "
+            "training was for (held-out texts or a probe set), so the sweep can weigh gain against forgetting"
+        )
+    if isinstance(replay, ReplayPool):  # replayed with the defaults
+        replay = Replay(replay)
+    if replay is not None:
+        replay.hold_out(watch.probes)  # nothing trains on the probes: refused now, before any work
+        watch.keep(replay)
+    return replay, merge_at_end
 
 
 def _of_watch(name: str, doc: str) -> property:
@@ -68,6 +90,8 @@ class ForgetWatchCallback(TrainerCallback):
     Attributes:
         watch: the :class:`~forgetwatch.Watch` doing the work; ``history``, ``trajectory``, ``base_answers``,
             ``stop_reason``, ``monitoring_seconds`` and ``config`` are its own.
+        replay: the :class:`~forgetwatch.Replay` it calls before each optimizer step, if any.
+        merge_at_end: the :class:`~forgetwatch.MergeAtEnd` it calls when training ends, if any.
 
     Example:
         >>> trainer = SFTTrainer(model=model, train_dataset=ds,
@@ -86,15 +110,18 @@ class ForgetWatchCallback(TrainerCallback):
         scoring: Scoring | None = None,
         monitor: Monitor | None = None,
         output: Output | None = None,
-        replay: Repair | Repairable | None = None,
-        merge_at_end: AfterTraining | None = None,
+        replay: Replay | ReplayPool | None = None,
+        merge_at_end: MergeAtEnd | None = None,
         sinks: Iterable[Any] = (),
         clock: Callable[[], float] = time.perf_counter,
         trainer: Any = None,
     ):
-        # every keyword but the trainer is the watch's
-        mine = {k: v for k, v in locals().items() if k not in ("self", "trainer", "__class__")}
+        # the plug-ins beside the watch are this callback's to call; every other keyword is the watch's
+        mine = {
+            k: v for k, v in locals().items() if k not in ("self", "trainer", "replay", "merge_at_end", "__class__")
+        }
         self.watch = Watch(**mine)
+        self.replay, self.merge_at_end = _plug_ins(self.watch, replay, merge_at_end)
         self._link = TrainerLink(self, trainer)
         self._eval_logged_at: int | None = None
 
@@ -120,7 +147,11 @@ class ForgetWatchCallback(TrainerCallback):
     stop_reason = _of_watch("stop_reason", "Why the run was stopped, if it was.")
     monitoring_seconds = _of_watch("monitoring_seconds", "Wall time spent monitoring so far.")
     config = _of_watch("config", "The settings in force (a ForgetWatchConfig).")
-    ending = _of_watch("ending", "What ``merge_at_end`` found when training ended (an Ending), if it ran.")
+
+    @property
+    def ending(self) -> Any:
+        """What ``merge_at_end`` found when training ended (an Ending), if it ran."""
+        return self.merge_at_end.ending if self.merge_at_end is not None else None
     summary = _of_watch("summary", "What the run measured, as text: ``callback.summary()``.")
 
     # -- trainer events ------------------------------------------------------------------------
@@ -145,6 +176,9 @@ class ForgetWatchCallback(TrainerCallback):
             sharded=sharded_run(args),
             stop_note=self._stop_note,
         )
+        for plugin in (self.replay, self.merge_at_end):  # they take the base from the model as the watch found it
+            if plugin is not None:
+                plugin.begin(model, self.watch.view)
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""
@@ -171,7 +205,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     def on_step_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         if self.watch.due(state.global_step):
-            self._evaluated(self.watch.evaluate(model, state.global_step), control)
+            self._evaluated(self.watch.evaluate(model, state.global_step), control, model)
 
     def on_epoch_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # however training stops (max_steps, a callback, data running out), this runs before the trainer
@@ -179,7 +213,9 @@ class ForgetWatchCallback(TrainerCallback):
         if not control.should_training_stop:
             return
         step, watch = state.global_step, self.watch
-        self._evaluated(watch.finish(model, step, close=False), control)  # the trainer may save after this
+        self._evaluated(watch.finish(model, step, close=False), control, model)  # the trainer may save after this
+        if self.merge_at_end is not None:  # on the final weights, while every integration is open
+            self.merge_at_end.end(model, step)
         saved = self._link.checkpoint_dir(step).is_dir()
         if watch.stop_step == step and watch.config.monitor.save_on_stop and not saved:
             control.should_save = True  # e.g. save_strategy="best" overrode the request
@@ -202,7 +238,7 @@ class ForgetWatchCallback(TrainerCallback):
             evaluation = watch.evaluate(model, step, "evaluate")
             if evaluation is None:  # skipped, said
                 return
-            self._evaluated(evaluation, control)
+            self._evaluated(evaluation, control, model)
             report = evaluation.report
         extra = eval_metric_values(report)
         if metrics is not None:  # the dict best-model selection and EarlyStoppingCallback read
@@ -215,7 +251,10 @@ class ForgetWatchCallback(TrainerCallback):
     def on_train_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # a fallback: integrations may be closed now, so the result goes to the history only
         self._link.close()
-        self.watch.finish(model, state.global_step)  # closes: a last try for any write owed, the directory freed
+        self._evaluated(self.watch.finish(model, state.global_step, close=False), control, model)
+        if self.merge_at_end is not None:  # once: not when on_epoch_end ran it
+            self.merge_at_end.end(model, state.global_step)
+        self.watch.close()  # a last try for any write owed, the directory freed
 
     def on_log(self, args: Args, state: State, control: Control, logs: dict[str, float], **kw: Any) -> None:
         # the trainer's final summary line (printed after this) says forgetwatch stopped it
@@ -223,10 +262,10 @@ class ForgetWatchCallback(TrainerCallback):
             logs["forgetwatch_stopped_at_step"] = self.watch.stop_step
 
     def on_pre_optimizer_step(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
-        # after the trainer's backward (and its clipping): the repair's gradient joins it
-        if self.watch.repair is not None:
+        # after the trainer's backward (and its clipping): the replay gradient joins it
+        if self.replay is not None:
             scaler = grad_scaler(kw.get("optimizer"))
-            self.watch.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
+            self.replay.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
 
     def on_save(self, args: Args, state: State, control: Control, **kw: Any) -> None:
         self._copy_into_checkpoint(state.global_step)
@@ -240,8 +279,11 @@ class ForgetWatchCallback(TrainerCallback):
         if checkpoint.is_dir():
             self.watch.save_to(checkpoint / SUBDIR)
 
-    def _evaluated(self, evaluation: Evaluation | None, control: Control) -> None:
-        """Every rank stops together (the watch's rule is rank 0's); the trainer saves first if asked."""
+    def _evaluated(self, evaluation: Evaluation | None, control: Control, model: Module) -> None:
+        """Replay follows the evaluation's forgetting; every rank stops together (the watch's rule is rank 0's);
+        the trainer saves first if asked."""
+        if evaluation is not None and self.replay is not None:
+            self.replay.on_evaluation(evaluation.report, model)
         if evaluation is not None and evaluation.stop:
             control.should_training_stop = True
             control.should_save = control.should_save or self.watch.config.monitor.save_on_stop

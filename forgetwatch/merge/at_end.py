@@ -27,7 +27,7 @@ from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Ending
 from forgetwatch.results.run_files import MERGED, SWEEP_TABLE
-from forgetwatch.run.plugins import RunContext
+from forgetwatch.run.plugins import RunView
 from forgetwatch.scoring.borrow import unwrap
 
 logger = logging.getLogger("forgetwatch")
@@ -54,7 +54,9 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
 class MergeAtEnd:
     """When training ends, sweep θ(α) = θ_base + α·(θ_final − θ_base) on the run's probes and ``target``, log
     ``forgetwatch/merge/alpha``, ``.../forgetting`` and ``.../gain`` for the α :meth:`MergeSweep.best` chooses, and
-    say it in one line. The trainer's model and checkpoints are left as trained.
+    say it in one line. The trainer's model and checkpoints are left as trained. A plug-in beside the watch: give it
+    to :class:`~forgetwatch.ForgetWatchCallback` (``merge_at_end=``), or, in any loop, call :meth:`begin` with
+    ``watch.view`` once the watch has started and :meth:`end` after :meth:`~forgetwatch.Watch.finish`.
 
     From the start of training a CPU copy of every floating-point weight is kept (the model's size in its dtype: a
     weight unfrozen later moves back too; a PEFT model keeps nothing: its adapters off are the base); at the end a
@@ -74,6 +76,7 @@ class MergeAtEnd:
 
     Attributes:
         sweep: the :class:`~forgetwatch.MergeSweep` once training ended (``None`` before, or when it did not run).
+        ending: what it logged and said then (an :class:`~forgetwatch.results.events.Ending`; ``None`` likewise).
 
     Example:
         >>> callback = ForgetWatchCallback(probes, merge_at_end=MergeAtEnd(target=held_out_code))  # doctest: +SKIP
@@ -96,15 +99,16 @@ class MergeAtEnd:
         given = {"keep": keep, "alphas": alphas, "by_layer": by_layer, "save": save, "max_length": max_length}
         self.keep, self.alphas, self.by_layer, self.save, self.max_length = (OPTIONS[k](v) for k, v in given.items())
         self.sweep: MergeSweep | None = None
+        self.ending: Ending | None = None
         self._base: dict[str, torch.Tensor] | None = None
         self._base_answers: Answers | None = None
-        self._run: RunContext | None = None
+        self._run: RunView | None = None
         self._sweeper: Sweeper | None = None
 
-    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
+    def begin(self, model: torch.nn.Module, run: RunView) -> None:
         """Keep the base (a CPU copy of every floating-point weight; a PEFT model's adapters off need nothing) and
         the run's base answers, what α = 0 must be judged as."""
-        self._run, self._base, self._base_answers, self.sweep = None, None, None, None
+        self._run, self._base, self._base_answers, self.sweep, self.ending = None, None, None, None, None
         if run.sharded:
             raise ValueError(
                 "merge_at_end cannot sweep a sharded model (FSDP, DeepSpeed ZeRO-3); after training, run "
@@ -136,10 +140,27 @@ class MergeAtEnd:
         self._run = run
 
     def end(self, model: torch.nn.Module, step: int) -> Ending | None:
-        """Sweep the final weights; log the chosen α's figures (and write the files on rank 0)."""
-        run, sweeper = self._run, self._sweeper
-        if run is None or sweeper is None:
+        """Training ended at ``step``: sweep the final weights once, log the chosen α's figures through the run and
+        write the files on rank 0; ``None`` when off. A failure is a warning: the model is as training left it."""
+        run, self._run = self._run, None  # once
+        if run is None or self._sweeper is None:
             return None
+        try:
+            ending = self._end(run, model, step)
+        except Exception as err:  # noqa: BLE001 - a failure of ours never ends the trainer's run in an exception
+            if run.writes:
+                logger.warning(
+                    "forgetwatch: merge_at_end failed (%s: %s); the trained model is as training left it",
+                    type(err).__name__,
+                    err,
+                )
+            return None
+        self.ending = ending
+        run.tell(ending)
+        return ending
+
+    def _end(self, run: RunView, model: torch.nn.Module, step: int) -> Ending:
+        sweeper = self._sweeper
         sweep = sweeper.run(
             self._base, model, self.alphas, self.by_layer, base_answers=self._base_answers, distributed=True
         )

@@ -148,6 +148,6 @@ def measured_once(
     else:
         with run.as_base(model):
             value = measure()
-    if run.writes:
+    if run.writes and run.store is not None:
         run.store.keep(name, value.save)  # kept with the run (and its checkpoints)
     return value

@@ -201,17 +201,6 @@ class ReplayPool(Sequence[ReplayRow]):
             self._fingerprint = content_hash(rows + answering).hexdigest()[:16]
         return self._fingerprint
 
-    def as_repair(self) -> Any:
-        """This pool replayed with the defaults (a :class:`~forgetwatch.Replay`): what ``replay=pool`` means.
-
-        Example:
-            >>> ReplayPool.from_records([{"id": "r1", "text": "t"}]).as_repair().weight
-            1.0
-        """
-        from forgetwatch.replay.replay import Replay  # replay.py never imports this module: no circle
-
-        return Replay(self)
-
     def check_disjoint(self, probes: Iterable[Any]) -> None:
         """Refuse rows that hold a probe's question, however it is written (:mod:`~forgetwatch.replay.overlap`):
         a ``ValueError`` naming each such row and probe (up to 20 pairs).

@@ -99,9 +99,10 @@ def uncovered(
 
 
 class Replay:
-    """Replay of a pool while training: which rows, how much, and what it cost so far. A repair
-    method (:class:`~forgetwatch.run.plugins.Repair`): the run calls :meth:`begin`,
-    :meth:`on_evaluation` and :meth:`before_optimizer_step`.
+    """Replay of a pool while training: which rows, how much, and what it cost so far. A plug-in beside the
+    watch, which changes training: the loop (or the trainer's callback) calls :meth:`begin` once the watch has
+    started, :meth:`before_optimizer_step` at every step and :meth:`on_evaluation` after each evaluation; the watch
+    keeps its figures and state (:meth:`~forgetwatch.Watch.keep`).
 
     Args:
         pool: the rows (a :class:`~forgetwatch.ReplayPool`; checked disjoint from the probes
@@ -124,9 +125,9 @@ class Replay:
         ('kl', 5.0, 'categories')
     """
 
-    name = "replay"
+    name: str = "replay"
     #: the files it keeps in the run's folder and its checkpoints
-    files = (REPLAY_STATE, REPLAY_BASE, REPLAY_ANSWERS)
+    files: tuple[str, ...] = (REPLAY_STATE, REPLAY_BASE, REPLAY_ANSWERS)
 
     def __init__(
         self,
@@ -158,7 +159,7 @@ class Replay:
         self.tokens = 0  # replay tokens forwarded so far (every rank's rows)
         self.off: str | None = None  # why replay stopped for the rest of the run, once it did
         self._loss_sum, self._steps, self._overflows = 0.0, 0, 0
-        self._run: Any = None  # the RunContext of the run begun
+        self._run: Any = None  # the RunView of the run begun
 
     def hold_out(self, probes: Any) -> None:
         """A pool row holding a probe's question is refused (see :meth:`ReplayPool.check_disjoint`)."""
@@ -166,7 +167,7 @@ class Replay:
         self.probe_categories = list(probes.categories)
 
     def begin(self, model: torch.nn.Module, run: Any) -> None:
-        """Training begins or resumes (``run``: the :class:`~forgetwatch.run.plugins.RunContext`): the pool tokenized,
+        """Training begins or resumes (``run``: the watch's :class:`~forgetwatch.run.plugins.RunView`): the pool tokenized,
         the draws restored on resume, the base's distribution kept with ``"kl"``; what cannot serve is refused now."""
         if run.sharded or is_sharded(model):
             raise ValueError(
@@ -253,10 +254,10 @@ class Replay:
 
     def _resume(self, run: Any) -> None:
         """The draws at ``run.step``: given to ``load_state_dict()``, kept in ``replay.json``, or rebuilt (said)."""
-        if run.state is not None:
-            if problem := state_problem(self, run.state, run.step):
+        if (given := run.states.get(self.name)) is not None:
+            if problem := state_problem(self, given, run.step):
                 raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
-            return self._load(run.state)
+            return self._load(given)
         state, rejected, why = kept.first_kept(
             run, REPLAY_STATE, kept.read_kept_json, lambda s: state_problem(self, s, run.step)
         )

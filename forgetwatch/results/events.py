@@ -35,7 +35,7 @@ class Evaluation:
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``, or a caller's word).
         logged: the report as logged: by category group where there are groups, the logged categories only.
         drift: train KL to the base (``train_kl``, ``rows``, ``tokens``, ``seconds``); empty when not measured.
-        repair, repaired, repair_state: the repair method's name, its figures since the last evaluation, its state.
+        kept: each kept plug-in's ``metrics`` since the last evaluation and ``state``, by its name.
 
     Example:
         >>> ev = watch.evaluate(model, step=100)      # doctest: +SKIP
@@ -54,15 +54,13 @@ class Evaluation:
     trajectory: Trajectory
     logged: TransitionReport
     drift: dict[str, float] = field(default_factory=dict)
-    repair: str | None = None
-    repaired: dict[str, float] = field(default_factory=dict)
-    repair_state: dict[str, Any] = field(default_factory=dict)
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Ending:
-    """What a step after training (a merge) found: ``metrics`` to log once at ``step``, ``line`` for the console."""
+    """What a plug-in found after training (a merge): ``metrics`` to log once at ``step``, ``line`` for the console."""
 
     step: int
     metrics: dict[str, float]

@@ -1,11 +1,16 @@
-"""What plug-ins beside the monitor plug into: a repair method (:class:`~forgetwatch.Replay`) is told when training
-begins, after each evaluation and before each optimizer step; a step after training
-(:class:`~forgetwatch.MergeAtEnd`) when training begins and when it ends. Each keeps its own state."""
+"""What plug-ins beside the monitor see of a run, and what the monitor keeps of them.
+
+A plug-in that changes training (:class:`~forgetwatch.Replay`: a gradient before each optimizer step) or makes new
+weights (:class:`~forgetwatch.MergeAtEnd`) is called by the training loop, or by the trainer's callback, never by
+the :class:`~forgetwatch.Watch`: the watch measures and reports, and what it reports cannot be moved by it. What a
+watch does for a plug-in is hand it a :class:`RunView` once it has started, and, for one it was told of
+(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and checkpoint (:class:`Kept`).
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -20,28 +25,74 @@ from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 
 
-@dataclass
-class RunContext:
-    """What a repair method is told when training begins (``base``: ``"adapter_disabled"``, a ``base=``
-    file, or ``None``; ``state``: its own from :meth:`~forgetwatch.Watch.load_state_dict`)."""
+@runtime_checkable
+class Kept(Protocol):
+    """A plug-in whose figures and state the watch keeps: ``name`` keys them (in each history record and in
+    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside and copied
+    into checkpoints with the watch's own)."""
+
+    name: str
+    files: tuple[str, ...]
+
+    def metrics(self) -> dict[str, float]:
+        """Its figures since the last evaluation, logged beside the evaluation's (``replay/loss``, ...)."""
+
+    def state(self) -> dict[str, Any]:
+        """Its state now, JSON-ready: what a resumed run needs."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A started run as a plug-in sees it, read-only (:attr:`~forgetwatch.Watch.view`).
+
+    Attributes:
+        ranks: the run's processes (rank 0 writes the files).
+        scorer: the run's :class:`~forgetwatch.Scorer` of its probes (its tokenizer, its batches).
+        scoring: the run's :class:`~forgetwatch.Scoring`.
+        store: the run's files (``None``: nothing is kept).
+        base_answers: the base model's answers.
+        step: the step training began (or resumed) at.
+        resume_dirs: where a resumed run finds the files kept with it, best first.
+        records: the history up to ``step``, as its records.
+        last_report: the last evaluation's report up to ``step`` (``None``: none yet).
+        base: ``"adapter_disabled"``, a ``base=`` file, or ``None``: what the base is.
+        states: each kept plug-in's state given to :meth:`~forgetwatch.Watch.load_state_dict`, by name.
+        sharded: whether the model is sharded over the ranks (ZeRO-3, FSDP).
+        tell: hands a plug-in's :class:`~forgetwatch.results.events.Ending` to the run's loggers and console.
+    """
 
     ranks: Ranks
-    writes: bool
-    store: RunStore
-    tokenizer: Any
-    rows_per_batch: Any
+    scorer: Any
+    scoring: Any
+    store: RunStore | None = None
+    base_answers: Any = None
     step: int = 0
     resume_dirs: Sequence[Path] = ()
     records: Sequence[Mapping[str, Any]] = ()
     last_report: TransitionReport | None = None
     base: Any = None
-    base_answers: Any = None  # the run's base Answers
-    state: Mapping[str, Any] | None = None
+    states: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sharded: bool = False
-    precision: str = "weights"
-    scorer: Any = None  # the run's Scorer of its probes
-    scoring: Any = None
-    _made_by: dict[str, str | None] | None = field(default=None, init=False, repr=False)
+    tell: Callable[[Ending], None] = lambda ending: None
+    _made_by: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the run's files (and says what happens: rank 0)."""
+        return self.ranks.index == 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.scorer.tokenizer
+
+    @property
+    def precision(self) -> str:
+        """What the run's forwards compute in (:attr:`~forgetwatch.Scoring.precision`)."""
+        return self.scoring.precision
+
+    def rows_per_batch(self, model: torch.nn.Module) -> int:
+        """The most rows a batch of ``model`` holds, as the run's scoring planned them."""
+        return self.scorer.rows_per_batch(model)
 
     @property
     def base_meta(self) -> Mapping[str, Any]:
@@ -55,61 +106,15 @@ class RunContext:
 
     def made_by(self, model: torch.nn.Module) -> dict[str, str | None]:
         """The base model's keys, which a file measured on the base must carry (on resume: the snapshot's)."""
-        if self._made_by is None:  # once: the weights' key reads the parameters
+        if not self._made_by:  # once: the weights' key reads the parameters
             if self.reads_back:
                 meta = self.base_meta if self.base is None else {}
-                self._made_by = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
+                made = {"model": meta.get("model_key") or model_key(model), "weights": meta.get("weights_key")}
             else:
-                self._made_by = {"model": model_key(model), "weights": weights_key(model, self.ranks)}
+                made = {"model": model_key(model), "weights": weights_key(model, self.ranks)}
+            self._made_by.update(made)
         return dict(self._made_by)
 
     def as_base(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The model as the base: with its adapters disabled for ``base="adapter_disabled"``."""
         return adapters_disabled(model) if self.base == ADAPTER_DISABLED else contextlib.nullcontext()
-
-
-class Repairable(Protocol):
-    """What offers a repair method with its defaults (a :class:`~forgetwatch.ReplayPool`)."""
-
-    def as_repair(self) -> Repair: ...
-
-
-@runtime_checkable
-class Repair(Protocol):
-    """A repair method: ``name`` keys its history entry and state file; ``files``: those it keeps with the run."""
-
-    name: str
-    files: tuple[str, ...]
-
-    def hold_out(self, probes: Any) -> None:
-        """Refuse (a ``ValueError`` naming both) training data that holds a probe, before any work."""
-
-    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
-        """Training begins (or resumes): refuse what it cannot run under, restore its state."""
-
-    def metrics(self) -> dict[str, float]:
-        """Its figures since the last call, to log beside the evaluation's (``replay/loss``, ...)."""
-
-    def state(self) -> dict[str, Any]:
-        """Its state now, JSON-ready: kept in each history record and each checkpoint."""
-
-    def on_evaluation(self, report: TransitionReport, model: torch.nn.Module) -> None:
-        """An evaluation was made: adjust to it (borrow ``model``, hand it back as found)."""
-
-    def before_optimizer_step(
-        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
-    ) -> None:
-        """After the backward pass, before the optimizer steps: add the repair's gradient."""
-
-
-@runtime_checkable
-class AfterTraining(Protocol):
-    """A step run once on the final weights when training ends; ``name`` keys its figures."""
-
-    name: str
-
-    def begin(self, model: torch.nn.Module, run: RunContext) -> None:
-        """Training begins (or resumes): keep what the end needs; refuse (raise) what it cannot run under."""
-
-    def end(self, model: torch.nn.Module, step: int) -> Ending | None:
-        """Training ended at ``step``: run on ``model`` (borrowed, handed back as found); ``None`` when off."""

@@ -19,7 +19,7 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
 from forgetwatch.results.run_files import TRAIN_KL
-from forgetwatch.run.plugins import RunContext
+from forgetwatch.run.plugins import RunView
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import answered_row, fit_prompts, generate_sharded, pad_id
@@ -127,13 +127,13 @@ class TrainKL:
         self.tokens: list[list[int]] = []
         self.starts: list[int] = []
         self.source = ""
-        self._run: RunContext | None = None
+        self._run: RunView | None = None
 
     @property
     def on(self) -> bool:
         return self.base is not None
 
-    def begin(self, model: torch.nn.Module, run: RunContext, rows: RowsLike | None) -> None:
+    def begin(self, model: torch.nn.Module, run: RunView, rows: RowsLike | None) -> None:
         """Training begins: the base's distribution on ``rows`` measured and kept as ``train_kl.npz``, or on
         resume read back. What cannot be done leaves it off, said in one line; malformed rows raise here."""
         self.base, self._run = None, run
@@ -151,7 +151,7 @@ class TrainKL:
         if self.base is not None and run.writes:
             run.store.keep(TRAIN_KL, self.save)  # kept with the run (and its checkpoints) for the next resume
 
-    def _measure_base(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
+    def _measure_base(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> None:
         # every rank goes on, or none: a rank that measures alone would wait for the others forever
         n, why = _everywhere(run, lambda: self._affordable(model, run, given))
         if why is None:
@@ -179,7 +179,7 @@ class TrainKL:
         self.base, self.tokens, self.starts = base, [ids for ids, _ in pairs], [s for _, s in pairs]
         self.source = given.source
 
-    def _affordable(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> int:
+    def _affordable(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> int:
         """How many rows the base can be measured on within ``max_seconds``, timed on a seeded eighth (at most
         :data:`MIN_ROWS`: the scorer's batches of long rows would cost more than the limit on a CPU)."""
         rows = len(given.rows)
@@ -194,7 +194,7 @@ class TrainKL:
         left = self.max_seconds - per_row * pilot
         return rows if per_row <= 0 else int(min(rows, max(MIN_ROWS, left // per_row)))
 
-    def _key(self, model: torch.nn.Module, run: RunContext, given: TrainRows | None) -> dict[str, Any]:
+    def _key(self, model: torch.nn.Module, run: RunView, given: TrainRows | None) -> dict[str, Any]:
         # another run's kept file, made on other rows of the same base, is refused on resume
         given_key = "pilot" if given is None else rows_key(given.rows)
         return {
@@ -206,7 +206,7 @@ class TrainKL:
         }
 
     def _measured(
-        self, model: torch.nn.Module, run: RunContext, given: TrainRows, key: dict[str, Any]
+        self, model: torch.nn.Module, run: RunView, given: TrainRows, key: dict[str, Any]
     ) -> tuple[list[tuple[list[int], int]], BaseDistribution | None]:
         """The rows (GRPO's completed) and the base's distribution on them (``None``: no token to measure)."""
         with run.as_base(model):
@@ -233,7 +233,7 @@ class TrainKL:
             )
             return pairs, base
 
-    def _completed(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> list[tuple[list[int], int]]:
+    def _completed(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> list[tuple[list[int], int]]:
         prompts = [ids for ids, _ in given.rows]
         answers = generate_sharded(
             model,
@@ -273,7 +273,7 @@ class TrainKL:
             return base, [r.tolist() for r in rows], starts.tolist()
         raise KeptFileError(path, f"damaged: {problem}")
 
-    def _read_back(self, model: torch.nn.Module, run: RunContext, given: TrainRows) -> None:
+    def _read_back(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> None:
         paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
         expected, vocab = self._key(model, run, given), logits_width(model)
 
@@ -359,7 +359,7 @@ _KEYS = {
 }
 
 
-def _everywhere(run: RunContext, work: Callable[[], Any]) -> tuple[Any, str | None]:
+def _everywhere(run: RunView, work: Callable[[], Any]) -> tuple[Any, str | None]:
     """``work()`` on every rank: its result, and why it failed on any rank (``None``: on none)."""
     try:
         result, why = work(), None

@@ -1,5 +1,6 @@
-"""Watch: the monitor without a trainer; any training loop drives it. It only orchestrates: scoring,
-comparison, the stop rule, files, sinks and repair live in their own modules."""
+"""Watch: the monitor without a trainer; any training loop drives it. It only watches: scoring, comparison, the
+stop rule, files and sinks live in their own modules, and what changes training (replay) or makes new weights (a
+merge) is a plug-in beside it, which the loop calls (forgetwatch.run.plugins)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from forgetwatch.results.run_files import (
 )
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
-from forgetwatch.run.plugins import AfterTraining, Repair, Repairable, RunContext
+from forgetwatch.run.plugins import Kept, RunView
 from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
@@ -54,9 +55,9 @@ __all__ = ["Watch"]
 
 logger = logging.getLogger("forgetwatch")
 
-#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back
+#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back (2: each kept plug-in's by name)
 STATE_FORMAT = "forgetwatch.watch"
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def _seconds(value: Any) -> float | None:
@@ -91,10 +92,6 @@ class Watch:
         monitor: when else to evaluate, what else to measure, when to stop (a
             :class:`~forgetwatch.Monitor`).
         output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
-        replay: a repair method (a :class:`~forgetwatch.Replay`), or a
-            :class:`~forgetwatch.ReplayPool` replayed with the defaults.
-        merge_at_end: a :class:`~forgetwatch.MergeAtEnd`: when training ends, sweep the interpolation
-            between the base and the final weights and say which α would keep the gain and cost least.
         sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
             ``f(report, step)``; on rank 0 unless a sink's ``all_ranks`` is true. They get copies,
             and a call busy past :attr:`sink_seconds` (default 300) drops the sink, with a warning.
@@ -103,6 +100,11 @@ class Watch:
     Attributes:
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``
             (default: a phrase detector); set it before :meth:`start`.
+
+    Replay and merging are plug-ins beside it, which the loop calls (docs/watch.md): ``replay.begin(model,
+    watch.view)`` after :meth:`start`, ``replay.before_optimizer_step(model)`` before each optimizer step and
+    ``replay.on_evaluation(evaluation.report)`` after each evaluation; :meth:`keep` keeps its figures and state with
+    the run.
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -129,8 +131,6 @@ class Watch:
         scoring: Scoring | None = None,
         monitor: Monitor | None = None,
         output: Output | None = None,
-        replay: Repair | Repairable | None = None,
-        merge_at_end: AfterTraining | None = None,
         sinks: Iterable[Any] = (),
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -149,38 +149,26 @@ class Watch:
         # a bad probe file fails here, before any training
         self.probes: ProbeSet = as_probe_set(probes, source="probes=[...]")
         config.check_categories(self.probes.categories)
-        if isinstance(replay, (str, os.PathLike)):
-            raise TypeError(
-                f"replay={os.fspath(replay)!r}: give a ReplayPool (ReplayPool.from_jsonl(path)) or a repair method"
-            )
-        make = getattr(replay, "as_repair", None)  # a ReplayPool: replayed with the defaults
-        self.repair: Repair | None = make() if callable(make) else replay
-        if self.repair is not None:
-            self.repair.hold_out(self.probes)  # nothing trains on the probes: refused now, before any work
-        if merge_at_end is not None and not isinstance(merge_at_end, AfterTraining):
-            raise TypeError(
-                f"merge_at_end={merge_at_end!r}: give forgetwatch.MergeAtEnd(target=...), naming what the "
-                "training was for (held-out texts or a probe set), so the sweep can weigh gain against forgetting"
-            )
-        self.merge_at_end: AfterTraining | None = merge_at_end
-        self.ending: Ending | None = None  # what merge_at_end found when training ended
         self.config = config
         self.refusal_detector: Callable[[str], bool] | None = None
-        self.user_sinks = [as_sink(s) for s in sinks]
-        self.base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
-        self.clock = clock
         self.base_answers: Answers | None = None
         self.history: list[tuple[int, TransitionReport]] = []
         self.trajectory: Trajectory | None = None
         self.stop_reason: str | None = None
-        self.train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
         self.monitoring_seconds = 0.0
-        self.scorer: Scorer | None = None
-        self.store: RunStore | None = None
-        self.ranks = Ranks()
-        self.writes = True  # whether this rank writes the run's files
-        self.schedule: EverySteps | Budget = self._new_schedule()
-        self.finished = False
+        self._their_sinks = [as_sink(s) for s in sinks]
+        self._base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
+        self._clock = clock
+        self._kept: list[Kept] = []  # plug-ins whose figures and state are kept with the run
+        self._train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
+        self._scorer: Scorer | None = None
+        self._store: RunStore | None = None
+        self._ranks = Ranks()
+        self._writes = True  # whether this rank writes the run's files
+        self._schedule: EverySteps | Budget = self._new_schedule()
+        self._finished = False
+        self._view: RunView | None = None
+        self._ending: Ending | None = None  # what a plug-in found when training ended (a merge), told to the watch
         self._sinks = Sinks()  # the run's own writers and the caller's
         self._user_sinks = Sinks()  # the user's sinks and hook: not monitoring cost
         self._stop_rule: StopRule | None = None
@@ -229,12 +217,62 @@ class Watch:
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
     ) -> BaseSnapshot:
-        began = self.clock()
+        began = self._clock()
         if step is None:
             step = int(self._loaded["step"]) if self._loaded else 0
-        self.ranks = Ranks.all()
+        self._prepare(model, tokenizer, output_dir)
+        # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
+        # what a kill -9 left half-written, and sets an earlier run's files aside
+        aside = self._ranks.share_from_rank_zero(lambda: self._claim(leftovers_in, fresh=step == 0))
+        try:
+            # a watch may serve several runs (train() calls): each starts from its own state
+            self.history, self.stop_reason, self._finished, self._ending = [], None, False, None
+            self._schedule = self._new_schedule()
+            # the step the run began at, this run's last evaluation, a step whose weights gave NaN
+            self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
+            dirs = self._resume_dirs(resume_from) if step > 0 else []
+            self.base_answers, cost = self._base(model, dirs, step, Path(aside) if aside else None)
+            self.trajectory = Trajectory.start(self.base_answers)
+            snapshot = self._open_sinks(sinks, stop_note, step, computed=cost is not None)
+            records = self._restore_history(dirs, step) if step > 0 else []
+            self._view = RunView(
+                ranks=self._ranks,
+                scorer=self._scorer,
+                scoring=self.config.scoring,
+                store=self._store,
+                base_answers=self.base_answers,
+                step=step,
+                resume_dirs=dirs,
+                records=records,
+                last_report=self.history[-1][1] if self.history else None,
+                base=self._base_given,
+                states=(self._loaded or {}).get("plugins") or {},
+                sharded=sharded,
+                tell=self._told,
+            )
+            scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
+            train_kl_cost = self._begin_train_kl(model, train_rows, scoring)
+            self._loaded = None
+            if self._writes:
+                if step == 0:
+                    self._store.save_history([])
+                self._store.save_probes(self.probes)
+            # all of the start-up counts against the budget; an evaluation will cost about a scoring
+            # of the probes and a forward over train KL's rows (unknown when answers that do not
+            # say what scoring them took were loaded)
+            self.monitoring_seconds = self._clock() - began
+            self._schedule.start(step, self.monitoring_seconds, None if scoring is None else scoring + train_kl_cost)
+            return snapshot
+        except BaseException:
+            self._store.release()  # a run that did not start holds no directory
+            raise
+
+    def _prepare(self, model: torch.nn.Module, tokenizer: Any, output_dir: str | os.PathLike[str] | None) -> None:
+        """The settings checked again, the probes' scorer for this model (a probe it cannot score fails here), and the
+        run's folder (not yet taken)."""
+        self._ranks = Ranks.all()
         # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
-        self.writes = self.ranks.index == 0
+        self._writes = self._ranks.index == 0
         # the config is frozen, but its lists and dicts can still be edited: check it again
         c = self.config = self.config.replace()
         c.check_categories(self.probes.categories)
@@ -244,105 +282,60 @@ class Watch:
         directory = c.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
-        self.scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
-        self.scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
-        if self.store is not None:
-            self.store.release()  # this watch's earlier run (train() called again) is over
-        self.store = RunStore(directory, getattr(self.repair, "files", ()))
-        resumed = step > 0
-        # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
-        # what a kill -9 left half-written, and sets an earlier run's files aside
-        aside = self.ranks.share_from_rank_zero(lambda: self._claim(leftovers_in, fresh=not resumed))
-        aside = Path(aside) if aside else None
-        try:
-            # a watch may serve several runs (train() calls): each starts from its own state
-            self.history, self.stop_reason, self.finished = [], None, False
-            self.schedule = self._new_schedule()
-            # the step the run began at, this run's last evaluation, a step whose weights gave NaN
-            self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
-            dirs = self._resume_dirs(resume_from) if resumed else []
-            self.base_answers, cost = self._base(model, dirs, step, aside)
-            self.trajectory = Trajectory.start(self.base_answers)
-            self._logged, note = False, None  # per-category keys: all (True), none, or these
-            o, t, base = c.output, c.monitor, self.base_answers
-            if o.log_categories:  # decided on the base's answers: a resume decides the same
-                n = len(self.probes.categories) if self._groups else None
-                grouped = self._groups or base.categories
-                self._logged, note = logged_categories(
-                    grouped, base.correct, o.min_logged_right, o.max_logged_categories, categories=n
-                )
-            noise = noise_by_scope(base.meta)
-            self._stop_rule = StopRule(
-                c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
+        self._scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
+        self._scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
+        if self._store is not None:
+            self._store.release()  # this watch's earlier run (train() called again) is over
+        self._store = RunStore(directory, [name for p in self._kept for name in p.files])
+
+    def _open_sinks(
+        self, sinks: Sequence[Any], stop_note: Callable[[int], str], step: int, computed: bool
+    ) -> BaseSnapshot:
+        """Which categories get keys of their own, the stop rule, and the run's sinks, told of the base."""
+        o, t, base = self.config.output, self.config.monitor, self.base_answers
+        self._logged, note = False, None  # per-category keys: all (True), none, or these
+        if o.log_categories:  # decided on the base's answers: a resume decides the same
+            n = len(self.probes.categories) if self._groups else None
+            grouped = self._groups or base.categories
+            self._logged, note = logged_categories(
+                grouped, base.correct, o.min_logged_right, o.max_logged_categories, categories=n
             )
-            console = ConsoleLines(self.store.history_path, o.verbose, stop_note)
-            ours = [HistoryFile(self.store), console, *sinks]
-            # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
-            self._sinks = Sinks(self._here(ours))
-            self._user_sinks = Sinks(self._here(self.user_sinks), seconds=lambda: self.sink_seconds)
-            snapshot = BaseSnapshot(
-                self.base_answers, self.store.snapshot_path, cost is not None, step, notes=[note] if note else []
-            )
-            if cost is not None and "noise_floor" in self.base_answers.meta:  # once measured, logged once
-                snapshot.metrics[f"{PREFIX}noise_floor"] = self.base_answers.meta["noise_floor"]
-            self._sinks.on_base(snapshot)
-            self._user_sinks.on_base(self._theirs(snapshot))
-            records = self._restore_history(dirs, step) if resumed else []
-            context = RunContext(
-                ranks=self.ranks,
-                writes=self.writes,
-                store=self.store,
-                tokenizer=self.scorer.tokenizer,
-                rows_per_batch=self.scorer.rows_per_batch,
-                step=step,
-                resume_dirs=dirs,
-                records=records,
-                last_report=self.history[-1][1] if self.history else None,
-                base=self.base_given,
-                base_answers=self.base_answers,
-                state=(self._loaded or {}).get("repair"),
-                sharded=sharded,
-                precision=c.scoring.precision,
-                scorer=self.scorer,
-                scoring=c.scoring,
-            )
-            if self.repair is not None:
-                self.repair.begin(model, context)
-            self.ending = None
-            if self.merge_at_end is not None:
-                self.merge_at_end.begin(model, context)
-            self.train_kl, train_kl_cost = None, 0.0
-            scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
-            if train_rows is not None and c.monitor.train_kl_rows > 0:  # measured on the base once, or read back
-                # its base may take a share of what scoring the probes took (see forgetwatch.run.train_kl)
-                limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)
-                self.train_kl = TrainKL(c.monitor.train_kl_rows, max_seconds=limit, clock=self.clock)
-                kl_began = self.clock()
-                self.train_kl.begin(model, context, train_rows)
-                train_kl_cost = self.clock() - kl_began if self.train_kl.on else 0.0
-            self._loaded = None
-            if not resumed and self.writes:
-                self.store.save_history([])
-            if self.writes:
-                self.store.save_probes(self.probes)
-            # all of the start-up counts against the budget; an evaluation will cost about a scoring
-            # of the probes and a forward over train KL's rows (unknown when answers that do not
-            # say what scoring them took were loaded)
-            self.monitoring_seconds = self.clock() - began
-            self.schedule.start(step, self.monitoring_seconds, None if scoring is None else scoring + train_kl_cost)
-            return snapshot
-        except BaseException:
-            self.store.release()  # a run that did not start holds no directory
-            raise
+        noise = noise_by_scope(base.meta)
+        c = self.config
+        self._stop_rule = StopRule(
+            c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
+        )
+        console = ConsoleLines(self._store.history_path, o.verbose, stop_note)
+        # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
+        self._sinks = Sinks(self._here([HistoryFile(self._store), console, *sinks]))
+        self._user_sinks = Sinks(self._here(self._their_sinks), seconds=lambda: self.sink_seconds)
+        snapshot = BaseSnapshot(base, self._store.snapshot_path, computed, step, notes=[note] if note else [])
+        if computed and "noise_floor" in base.meta:  # once measured, logged once
+            snapshot.metrics[f"{PREFIX}noise_floor"] = base.meta["noise_floor"]
+        self._sinks.on_base(snapshot)
+        self._user_sinks.on_base(self._theirs(snapshot))
+        return snapshot
+
+    def _begin_train_kl(self, model: torch.nn.Module, train_rows: RowsLike | None, scoring: float | None) -> float:
+        """Train KL's base, measured once or read back (``train_rows`` given); what measuring it took."""
+        self._train_kl = None
+        if train_rows is None or self.config.monitor.train_kl_rows <= 0:
+            return 0.0
+        # its base may take a share of what scoring the probes took (see forgetwatch.run.train_kl)
+        limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)
+        self._train_kl = TrainKL(self.config.monitor.train_kl_rows, max_seconds=limit, clock=self._clock)
+        began = self._clock()
+        self._train_kl.begin(model, self._view, train_rows)
+        return self._clock() - began if self._train_kl.on else 0.0
 
     def due(self, step: int) -> bool:
         """Whether to evaluate at ``step`` (call it once per optimizer step, on every rank)."""
         self._step = step
-        if self.schedule.due(step):
+        if self._schedule.due(step):
             return True
-        projected = getattr(self.schedule, "projected", None) if self._max_steps else None
+        projected = getattr(self._schedule, "projected", None) if self._max_steps else None
         if self._max_steps and (projected is not None or self.history):  # once: would only the final one run?
-            if self.writes and not self.history and projected > self._max_steps:
+            if self._writes and not self.history and projected > self._max_steps:
                 logger.warning(
                     "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
                     "evaluation before the end (the first would come at about step %d), so only the "
@@ -368,43 +361,40 @@ class Watch:
             if self._last is None or self._last.step != step:
                 raise ValueError(
                     f"Watch.evaluate(step={step}): step {step} was evaluated before this run resumed "
-                    f"({self.history_path} holds it); evaluate at a later step"
+                    f"({self._store.history_path} holds it); evaluate at a later step"
                 )
             return self._last
         self._step = step
         if step == self._skipped:  # this step's weights failed to score already: said once
             return None
-        began = self.clock()
+        began = self._clock()
         try:
             answers = self._score(model)
             trajectory = self.trajectory.plus(step, answers)  # the run's once the evaluation is whole
             report = with_trajectory_metrics(self.compare(answers), trajectory)
         except Exception as err:  # noqa: BLE001 - monitoring never stops training: said loudly, skipped
             self._skipped = step
-            spent = self.clock() - began
-            self.schedule.evaluated(step, spent)
+            spent = self._clock() - began
+            self._schedule.evaluated(step, spent)
             self.monitoring_seconds += spent
-            if self.writes:
+            if self._writes:
                 what, trace = failure(err)
                 logger.warning(
                     "forgetwatch: step %d: %s; this evaluation is skipped, training goes on", step, what, exc_info=trace
                 )
             return None
-        seconds = self.clock() - began
+        seconds = self._clock() - began
         logged = self._logged_report(answers, report, trajectory)
-        repair, repaired, repair_state = None, {}, {}
-        if self.repair is not None:  # adjusts to the evaluation (inside its time), then says where it stands
-            self.repair.on_evaluation(report, model)
-            repair, repaired, repair_state = self.repair.name, self.repair.metrics(), self.repair.state()
-        drift = self.train_kl.measure(model, self.ranks) if self.train_kl is not None else {}
+        kept = {p.name: {"metrics": p.metrics(), "state": p.state()} for p in self._kept}  # where each stands
+        drift = self._train_kl.measure(model, self._ranks) if self._train_kl is not None else {}
         notes = []
-        if isinstance(self.schedule, EverySteps):  # what the fixed interval costs, and a warning once
-            note, warning = self.schedule.pace(step, began, self.clock() - began)
+        if isinstance(self._schedule, EverySteps):  # what the fixed interval costs, and a warning once
+            note, warning = self._schedule.pace(step, began, self._clock() - began)
             notes += [note] if note else []
-            if warning and self.writes:
+            if warning and self._writes:
                 logger.warning("forgetwatch: %s", warning)
         stop = self._stop_rule.update(report) if self._stop_rule.active else None
-        agreed = self._stop_rule.active and self.ranks.from_rank_zero([int(stop is not None)])[0]  # rank 0's
+        agreed = self._stop_rule.active and self._ranks.from_rank_zero([int(stop is not None)])[0]  # rank 0's
         stop = (stop or "rank 0's forgetting rule fired") if agreed else None
         self.trajectory = trajectory
         self.history.append((step, report))
@@ -422,16 +412,14 @@ class Watch:
             trajectory=trajectory,
             logged=logged,
             drift=drift,
-            repair=repair,
-            repaired=repaired,
-            repair_state=repair_state,
+            kept=kept,
             notes=notes,
         )
         self._sinks.on_evaluation(evaluation)
         self._last = evaluation
         # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)
-        spent = self.clock() - began
-        self.schedule.evaluated(step, spent)
+        spent = self._clock() - began
+        self._schedule.evaluated(step, spent)
         self.monitoring_seconds += spent
         self._user_sinks.on_evaluation(self._theirs(evaluation))
         return evaluation
@@ -471,54 +459,52 @@ class Watch:
         """Training ended at ``step``: a last evaluation (``eval_on_train_end``), every sink's ``on_end``,
         then :meth:`close` unless ``close=False``."""
         evaluation = None
-        if not self.finished and self.base_answers is not None:
+        if not self._finished and self.base_answers is not None:
             if self.config.monitor.eval_on_train_end and not self.evaluated(step):
                 evaluation = self.evaluate(model, step, "train_end")
-            self.finished = True
-            if self.merge_at_end is not None:
-                self._merge_at_end(model, step)
+            self._finished = True
             self._sinks.on_end(self.trajectory)
             self._user_sinks.on_end(self._theirs(self.trajectory))
         if close:
             self.close()
         return evaluation
 
-    def _merge_at_end(self, model: torch.nn.Module, step: int) -> None:
-        """The step after training, on the final weights; a failure is a warning (the model is handed back)."""
-        began = self.clock()
-        try:
-            self.ending = self.merge_at_end.end(model, step)
-        except Exception as err:  # noqa: BLE001 - monitoring never kills training
-            if self.writes:
-                logger.warning(
-                    "forgetwatch: merge_at_end failed (%s: %s); the trained model is as training left it",
-                    type(err).__name__,
-                    err,
-                )
-        finally:
-            self.monitoring_seconds += self.clock() - began
-        if self.ending is not None:
-            self._sinks.on_ending(self.ending)
+    def _told(self, ending: Ending) -> None:
+        """A plug-in's figures after training (a merge's): logged at their step, said, and in :meth:`summary`."""
+        self._ending = ending
+        self._sinks.on_ending(ending)
 
     def close(self) -> None:
         """A last try for any write owed, then the run directory is free for another watch (:meth:`finish`
         calls it; call it yourself when the loop raised)."""
         self.flush()
-        if self.store is not None:
-            self.store.release()
+        if self._store is not None:
+            self._store.release()
 
     def flush(self) -> None:
         """A last try for any write that failed (it warned)."""
-        if self.writes and self.store is not None:
-            self.store.flush()
+        if self._writes and self._store is not None:
+            self._store.flush()
 
-    def before_optimizer_step(
-        self, model: torch.nn.Module, *, max_grad_norm: float | None = None, grad_scaler: tuple[Any, Any] | None = None
-    ) -> None:
-        """With ``replay=``: add its gradient after the backward pass and any clipping, before
-        ``optimizer.step()``; on every rank."""
-        if self.repair is not None:
-            self.repair.before_optimizer_step(model, max_grad_norm=max_grad_norm, grad_scaler=grad_scaler)
+    def keep(self, plugin: Kept) -> None:
+        """Keep ``plugin``'s figures and state with the run (:class:`~forgetwatch.run.plugins.Kept`): logged and in
+        the history at each evaluation, in :meth:`state_dict` and each checkpoint; its files set aside and copied
+        with the watch's own. Call it before :meth:`start`.
+
+        Example:
+            >>> watch.keep(replay)  # doctest: +SKIP
+        """
+        if any(p.name == plugin.name for p in self._kept if p is not plugin):
+            raise ValueError(f"Watch.keep: a plug-in named {plugin.name!r} is kept already; give each its own name")
+        if plugin not in self._kept:
+            self._kept.append(plugin)
+
+    @property
+    def view(self) -> RunView:
+        """The started run as plug-ins beside the watch see it (:class:`~forgetwatch.run.plugins.RunView`)."""
+        if self._view is None:
+            raise RuntimeError("Watch.view before Watch.start(): a plug-in begins once the watch has started")
+        return self._view
 
     def measure(self, model: torch.nn.Module) -> TransitionReport:
         """The model scored against the base, outside the run's history (e.g. after training)."""
@@ -532,8 +518,8 @@ class Watch:
             answers,
             at_risk_share=c.monitor.at_risk_share,
             at_risk_floor=c.monitor.at_risk_floor,
-            refusal_detector=self.scorer.refusal_detector,
-            count_tokens=token_counter(self.scorer.tokenizer),
+            refusal_detector=self._scorer.refusal_detector,
+            count_tokens=token_counter(self._scorer.tokenizer),
             categories=categories,
         )
 
@@ -542,14 +528,13 @@ class Watch:
         return bool(self.history) and self.history[-1][0] == step
 
     def save_to(self, folder: str | os.PathLike[str]) -> None:
-        """Copy the run's files (and the repair's state) into a checkpoint's ``forgetwatch`` folder; a
+        """Copy the run's files (and each kept plug-in's state) into a checkpoint's ``forgetwatch`` folder; a
         failure warns and is retried, never raised."""
-        if self.writes and self.store is not None:
-            began = self.clock()
-            extra = {f"{self.repair.name}.json": self.repair.state()} if self.repair is not None else None
-            self.store.copy_to(folder, extra)
-            spent = self.clock() - began  # monitoring cost too
-            self.schedule.spent(spent)
+        if self._writes and self._store is not None:
+            began = self._clock()
+            self._store.copy_to(folder, {f"{p.name}.json": p.state() for p in self._kept})
+            spent = self._clock() - began  # monitoring cost too
+            self._schedule.spent(spent)
             self.monitoring_seconds += spent
 
     # -- resuming a loop ------------------------------------------------------------------------
@@ -560,7 +545,7 @@ class Watch:
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "step": self._step,
-            "repair": self.repair.state() if self.repair is not None else None,
+            "plugins": {p.name: p.state() for p in self._kept},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -579,8 +564,11 @@ class Watch:
         step = state.get("step") if problem is None else None
         if problem is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             problem = ("step", f"expected a whole number >= 0, got {step!r}")
-        if problem is None and state.get("repair") is not None and self.repair is None:
-            problem = ("repair", "the state holds a repair method's state, and this watch has none (replay=)")
+        plugins = state.get("plugins", {}) if problem is None else {}
+        if problem is None and not isinstance(plugins, Mapping):
+            problem = ("plugins", f"expected each kept plug-in's state by its name, got {type(plugins).__name__}")
+        elif problem is None and (extra := sorted(set(plugins) - {p.name for p in self._kept})):
+            problem = ("plugins", f"it holds the state of {extra[0]!r}, a plug-in this watch does not keep (keep())")
         if problem is not None:
             field, message = problem
             raise ValueError(
@@ -594,13 +582,9 @@ class Watch:
     @property
     def output_dir(self) -> Path | None:
         """Where snapshot and history go (known once training began, or when configured)."""
-        if self.store is not None:
-            return self.store.dir
+        if self._store is not None:
+            return self._store.dir
         return Path(self.config.output_dir) if self.config.output_dir else None
-
-    @property
-    def history_path(self) -> Path | None:
-        return self.output_dir / HISTORY if self.output_dir else None
 
     def summary(self) -> str:
         """What to print when training ends: the last evaluation's table, why it stopped, where the history is."""
@@ -616,10 +600,10 @@ class Watch:
             )
         if self.stop_reason:
             lines.append(f"forgetwatch stopped training at {self.stop_reason}")
-        if self.ending is not None:
-            lines.append(self.ending.line)
-        if self.history_path:
-            lines.append(f"history: {self.history_path}")
+        if self._ending is not None:
+            lines.append(self._ending.line)
+        if self.output_dir:
+            lines.append(f"history: {self.output_dir / HISTORY}")
         return "\n".join(lines)
 
     @property
@@ -637,14 +621,14 @@ class Watch:
     def _new_schedule(self) -> EverySteps | Budget:
         c = self.config.monitor
         if self.config.eval_steps:
-            return EverySteps(self.config.eval_steps, c.max_overhead, clock=self.clock)
+            return EverySteps(self.config.eval_steps, c.max_overhead, clock=self._clock)
         # every rank must evaluate at the same steps, but their clocks differ: rank 0 decides
         return Budget(
-            c.max_overhead, clock=self.clock, reserve=int(c.eval_on_train_end), agree=self.ranks.from_rank_zero
+            c.max_overhead, clock=self._clock, reserve=int(c.eval_on_train_end), agree=self._ranks.from_rank_zero
         )
 
     def _here(self, sinks: Iterable[Any]) -> list[Any]:
-        return [s for s in sinks if self.writes or getattr(s, "all_ranks", False)]
+        return [s for s in sinks if self._writes or getattr(s, "all_ranks", False)]
 
     def _theirs(self, payload: Any) -> Any:
         """A copy of ``payload`` for the user's sinks: nothing they change reaches the run (the probes copied once)."""
@@ -656,14 +640,14 @@ class Watch:
         return copy.deepcopy(payload, {id(self.probes): self._their_probes})
 
     def _claim(self, leftovers_in: Sequence[Path], fresh: bool) -> str | None:
-        self.store.check_writable()  # the one time a file problem stops training: before it starts
-        self.store.claim()
-        self.store.remove_leftovers(leftovers_in)
-        aside = self.store.set_aside() if fresh else None
+        self._store.check_writable()  # the one time a file problem stops training: before it starts
+        self._store.claim()
+        self._store.remove_leftovers(leftovers_in)
+        aside = self._store.set_aside() if fresh else None
         return str(aside) if aside else None
 
     def _score(self, model: torch.nn.Module, show_progress: bool = False) -> Answers:
-        return self.scorer(
+        return self._scorer(
             model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
         )
 
@@ -672,7 +656,7 @@ class Watch:
         dirs = []
         for i, folder in enumerate(dict.fromkeys(map(Path, candidates))):
             problem = None
-            if self.writes and folder != self.store.dir:
+            if self._writes and folder != self._store.dir:
                 if folder.is_dir():
                     problem = copy_problem(folder)
                 elif i == 0:
@@ -684,52 +668,52 @@ class Watch:
                     "forgetwatch: not resuming from %s: %s; using the files of the run directory %s instead",
                     folder,
                     problem,
-                    self.store.dir,
+                    self._store.dir,
                 )
             else:
                 dirs.append(folder)
-        return list(dict.fromkeys([*dirs, self.store.dir]))
+        return list(dict.fromkeys([*dirs, self._store.dir]))
 
     def _base(
         self, model: torch.nn.Module, dirs: list[Path], step: int, aside: Path | None
     ) -> tuple[Answers, float | None]:
         """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all."""
-        given, resumed = self.base_given, step > 0
+        given, resumed = self._base_given, step > 0
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
-            keys["weights_key"] = weights_key(model, self.ranks)
-        scoring = self.scorer.scoring_for(model)
-        expected = {"fingerprint": self.scorer.fingerprint, "scoring": scoring, "ids": self.probes.ids}
+            keys["weights_key"] = weights_key(model, self._ranks)
+        scoring = self._scorer.scoring_for(model)
+        expected = {"fingerprint": self._scorer.fingerprint, "scoring": scoring, "ids": self.probes.ids}
 
         def from_files() -> dict[str, Any] | None:  # on rank 0; the base with adapters off is never read back
             if given == ADAPTER_DISABLED:
                 return None
-            answers = stored_base(given, expected, keys, run_dir=aside or self.store.dir, resume_dirs=dirs, step=step)
+            answers = stored_base(given, expected, keys, run_dir=aside or self._store.dir, resume_dirs=dirs, step=step)
             if answers is not None:  # kept with the run and its checkpoints (a cached one: that very file)
                 cached = given is None and not resumed
-                self.store.save_snapshot(answers, copy_of=aside / SNAPSHOT if cached else None)
+                self._store.save_snapshot(answers, copy_of=aside / SNAPSHOT if cached else None)
             return None if answers is None else answers.to_dict()
 
-        found = self.ranks.share_from_rank_zero(from_files)
+        found = self._ranks.share_from_rank_zero(from_files)
         if found is not None:
             return Answers.from_dict(found), None
         check = self.config.monitor.noise_check
         if check is None:  # every rank must take part in the second scoring, or none: rank 0 decides
             reduced = is_reduced(scoring["precision"])
-            check = bool(self.ranks.from_rank_zero([int(wants_noise_check(model, reduced))])[0])
+            check = bool(self._ranks.from_rank_zero([int(wants_noise_check(model, reduced))])[0])
         with adapters_disabled(model) if given == ADAPTER_DISABLED else contextlib.nullcontext():
-            began = self.clock()
-            answers = self._score(model, show_progress=self.config.output.verbose and self.writes)
-            cost = self.clock() - began
+            began = self._clock()
+            answers = self._score(model, show_progress=self.config.output.verbose and self._writes)
+            cost = self._clock() - began
             if check:
                 answers.meta.update(
-                    measure_noise(self.scorer, model, answers, self.config.scoring.batch_size, distributed=True)
+                    measure_noise(self._scorer, model, answers, self.config.scoring.batch_size, distributed=True)
                 )
         # what scoring took: what a run that reuses the snapshot expects an evaluation to cost
         disabled = {"base": ADAPTER_DISABLED} if given == ADAPTER_DISABLED else {}
         answers.meta.update(keys, scoring_seconds=round(cost, 4), **disabled)
-        if self.writes:
-            self.store.save_snapshot(answers)
+        if self._writes:
+            self._store.save_snapshot(answers)
         return answers, cost
 
     def _restore_history(self, dirs: list[Path], step: int) -> list[dict[str, Any]]:
@@ -740,15 +724,15 @@ class Watch:
             records, _, damaged = recover_history(
                 paths, step, probes=len(self.base_answers), fingerprint=self.base_answers.probe_fingerprint
             )
-            if self.store.history_path in damaged:
-                self.store.set_aside_damaged(len(records))
+            if self._store.history_path in damaged:
+                self._store.set_aside_damaged(len(records))
             return records
 
-        records = self.ranks.share_from_rank_zero(recover)
-        run = Run(self.store.dir, self.base_answers, records)  # each record's report, made once
+        records = self._ranks.share_from_rank_zero(recover)
+        run = Run(self._store.dir, self.base_answers, records)  # each record's report, made once
         self.history, self.trajectory = run.history, run.trajectory
         for _, report in self.history:
             self._stop_rule.update(report)
-        if self.writes:
-            self.store.save_history(records)
+        if self._writes:
+            self._store.save_history(records)
         return records

@@ -142,8 +142,8 @@ class HistoryFile:
         record = history_record(
             e.step, e.report, time=time.time(), seconds=e.seconds, trigger=e.trigger, stop=e.stop, columns=columns
         )
-        if e.repair is not None:
-            record[e.repair] = {**e.repaired, **e.repair_state}
+        for name, kept in e.kept.items():  # each kept plug-in's figures and state, under its name
+            record[name] = {**kept["metrics"], **kept["state"]}
         if e.drift:
             record["drift"] = e.drift
         self.store.append_history(record)

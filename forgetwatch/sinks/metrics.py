@@ -56,9 +56,10 @@ def metric_values(report: TransitionReport) -> dict[str, float]:
 
 
 def logged_values(evaluation: Evaluation) -> dict[str, float]:
-    """What an evaluation logs: the figures of its ``logged`` report, the repair's and train KL's."""
+    """What an evaluation logs: the figures of its ``logged`` report, the kept plug-ins' and train KL's."""
     out = metric_values(evaluation.logged)
-    out.update((f"{PREFIX}{name}", value) for name, value in evaluation.repaired.items())
+    for kept in evaluation.kept.values():
+        out.update((f"{PREFIX}{name}", value) for name, value in kept["metrics"].items())
     if "train_kl" in evaluation.drift:
         out[f"{PREFIX}drift/train_kl"] = evaluation.drift["train_kl"]
     return out

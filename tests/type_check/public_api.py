@@ -42,14 +42,18 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
         max_forgetting=0.1,
         scoring=Scoring(batch_size=8),
         output=Output(verbose=False),
-        replay=Replay(pool, loss="kl", weight=5.0, select="categories"),
         monitor=Monitor(patience=2),
     )
+    replay = Replay(pool, loss="kl", weight=5.0, select="categories")
+    watch.keep(replay)
     watch.start(model, tokenizer)
+    replay.begin(model, watch.view)
     for step in range(1, steps + 1):
-        watch.before_optimizer_step(model, max_grad_norm=1.0)
+        replay.before_optimizer_step(model, max_grad_norm=1.0)
         if watch.due(step):
             evaluation: Evaluation | None = watch.evaluate(model, step)
+            if evaluation is not None:
+                replay.on_evaluation(evaluation.report)
             if evaluation is not None and evaluation.stop:
                 break
     watch.finish(model, steps)
