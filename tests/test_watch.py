@@ -219,13 +219,21 @@ def test_settings_come_as_groups_and_a_flat_keyword_names_its_group(toy):
 def test_a_signature_is_short_typed_documented_and_takes_no_more(cls):
     parameters = inspect.signature(cls.__init__).parameters  # wraps=: the signature as written
     named = [p for p in parameters.values() if p.name != "self"]
-    limit = 13 if cls is ForgetWatchCallback else 12  # the callback's own: trainer=
+    # the callback's own: trainer=, and the plug-ins it calls, replay= and merge_at_end=
+    limit = {Watch: 10, ForgetWatchCallback: 13}.get(cls, 12)
     assert len(named) <= limit and not [p for p in named if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     assert all(p.annotation is not inspect.Parameter.empty for p in named)
     args = cls.__doc__.split("Args:")[-1] if "Args:" in cls.__doc__ else cls.__doc__.split("Attributes:")[-1]
     assert all(f"{p.name}:" in args for p in named), cls
     start = [p.name for p in inspect.signature(Watch.start).parameters.values()]
     assert start == ["self", "model", "tokenizer", "step", "output_dir", "max_steps", "train_rows"]
+
+
+def test_a_watch_shows_what_users_read_and_no_more(toy):
+    watch = Watch(toy.probes, output_dir="x")
+    public = {k for k in vars(watch) if not k.startswith("_")}
+    public |= {k for k, v in vars(Watch).items() if not k.startswith("_") and not inspect.isfunction(v)}
+    assert len(public - {"from_config"}) <= 12, sorted(public)
 
 
 # -- which categories are logged -----------------------------------------------------------------
