@@ -77,7 +77,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_scoring import floor_batches, run_floor  # noqa: E402  (the same floor as the scoring benchmark's)
 
-from forgetwatch import ProbeSet, Scorer  # noqa: E402
+from forgetwatch import ProbeSet, Scorer, Scoring  # noqa: E402
 from forgetwatch.scoring.encoding import EncodedChoices  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -261,10 +261,12 @@ def main(argv=None) -> int:
     gen_name = f"{gen_shots}-shot gen" if gen_shots else "gen"
     scorers = {
         "forgetwatch 5-shot": Scorer(tokenizer, mc5),
-        "forgetwatch 5-shot whole": Scorer(tokenizer, mc5, shared_prefixes=False),
+        "forgetwatch 5-shot whole": Scorer(tokenizer, mc5, scoring=Scoring(shared_prefixes=False)),
         "forgetwatch 0-shot": Scorer(tokenizer, mc0),
         f"forgetwatch {gen_name}": Scorer(tokenizer, gen, reference_logprobs=False),
-        f"forgetwatch {gen_name} whole": Scorer(tokenizer, gen, reference_logprobs=False, shared_prefixes=False),
+        f"forgetwatch {gen_name} whole": Scorer(
+            tokenizer, gen, reference_logprobs=False, scoring=Scoring(shared_prefixes=False)
+        ),
     }
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size)
     batches, keep, n_unique, _ = floor_batches(scorers["forgetwatch 5-shot"], args.batch_size)

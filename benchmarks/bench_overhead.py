@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         {
             "references": Scorer(tokenizer, knowledge),
             "no references": Scorer(tokenizer, knowledge, reference_logprobs=False),
-            "with behaviour": Scorer(tokenizer, probes, behaviour_max_new_tokens=64),
+            "with behaviour": Scorer(tokenizer, probes, scoring=Scoring(behaviour_max_new_tokens=64)),
         },
         base,
     )

@@ -109,7 +109,7 @@ def real_model(args) -> None:
 
     full = evaluate(model, tokenizer, probes, show_progress=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        autocast = evaluate(model, tokenizer, probes, show_progress=False, precision="autocast")
+        autocast = evaluate(model, tokenizer, probes, show_progress=False, scoring=Scoring(precision="autocast"))
     half = evaluate(copy.deepcopy(model).to(torch.bfloat16), tokenizer, probes, show_progress=False)
     figures: dict[str, object] = {"documents": len(probes)}
     for name, answers in (("bf16 autocast, fp32 weights", autocast), ("bf16 weights", half)):

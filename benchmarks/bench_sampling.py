@@ -48,7 +48,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_merge import train  # noqa: E402
 
-from forgetwatch import ProbeSet, compare, evaluate  # noqa: E402
+from forgetwatch import ProbeSet, Scoring, compare, evaluate  # noqa: E402
 
 
 def toy_sets(args):
@@ -91,7 +91,7 @@ def real_sets(args):
 
 def timed(model, tokenizer, probes, **options):
     began = time.perf_counter()
-    answers = evaluate(model, tokenizer, probes, show_progress=False, batch_size=16, **options)
+    answers = evaluate(model, tokenizer, probes, scoring=Scoring(**options), show_progress=False, batch_size=16)
     return answers, time.perf_counter() - began
 
 

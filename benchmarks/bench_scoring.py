@@ -62,7 +62,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from forgetwatch import ProbeSet, Scorer  # noqa: E402
+from forgetwatch import ProbeSet, Scorer, Scoring  # noqa: E402
 from forgetwatch.scoring.encoding import EncodedChoices  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
@@ -166,10 +166,11 @@ def main(argv=None) -> int:
     records = build_probes(world, args.probes, args.kind, args.max_sentences)
     probes = ProbeSet.from_records(records, source="bench")
     generative = args.kind == "generation"
-    options = {"max_new_tokens": args.new_tokens, "reference_logprobs": False} if generative else {}
+    options = {"max_new_tokens": args.new_tokens} if generative else {}
+    more = {"reference_logprobs": False} if generative else {}
     scorers = {
-        "forgetwatch": Scorer(tokenizer, probes, **options),
-        "forgetwatch whole": Scorer(tokenizer, probes, shared_prefixes=False, **options),
+        "forgetwatch": Scorer(tokenizer, probes, Scoring(**options), **more),
+        "forgetwatch whole": Scorer(tokenizer, probes, Scoring(**options, shared_prefixes=False), **more),
     }
     runs = {
         name: (lambda s=s: s(model, batch_size=args.batch_size, show_progress=False)) for name, s in scorers.items()

@@ -3,7 +3,6 @@
 import logging as _logging
 
 from forgetwatch.common.console import ConsoleHandler as _ConsoleHandler
-from forgetwatch.config import ForgetWatchConfig
 from forgetwatch.config.settings import Monitor, Output, Scoring
 from forgetwatch.merge import MergeAtEnd, MergeSweep, merge_sweep
 from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
@@ -42,7 +41,6 @@ __all__ = [
     "MergeAtEnd",
     "MergeSweep",
     "ForgetWatchCallback",
-    "ForgetWatchConfig",
     "Monitor",
     "Output",
     "Probe",

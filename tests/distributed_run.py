@@ -176,7 +176,8 @@ def sharded(mode: str) -> dict:
     if not dist.is_initialized():  # several modes run one after another in one launch
         dist.init_process_group("gloo")
     sampled = {"samples": 3, "temperature": 1.0, "top_p": 0.9, "seed": 5} if mode == "sampled" else {}
-    alone = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, shared_prefixes=False, **sampled)(
+    options = {"max_new_tokens": 6, "behaviour_max_new_tokens": 8, **sampled}
+    alone = Scorer(tokenizer, probes, Scoring(**options, shared_prefixes=False))(
         base, batch_size=5, show_progress=False
     )
     model = copy.deepcopy(base)
@@ -203,7 +204,7 @@ def sharded(mode: str) -> dict:
         for block in model.model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    scorer = Scorer(tokenizer, probes, max_new_tokens=6, behaviour_max_new_tokens=8, **sampled)
+    scorer = Scorer(tokenizer, probes, Scoring(**options))
     together = scorer(model, batch_size=8, show_progress=False, distributed=True)
     generated = sum(p.kind is not ProbeKind.MULTIPLE_CHOICE for p in probes)
     return {

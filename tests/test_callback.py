@@ -24,7 +24,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from forgetwatch import Answers, Monitor, Output, ProbeSet, compare, evaluate
+from forgetwatch import Answers, Monitor, Output, ProbeSet, Scoring, compare, evaluate
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.integrations.callback import ForgetWatchCallback
 
@@ -128,7 +128,7 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
     make_trainer(toy, train_data, tmp_path, [resumed]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
     assert resumed.base_answers.correct.tolist() == base.correct.tolist()
 
-    normalized = evaluate(toy.base, toy.tokenizer, toy.probes, normalize="chars", show_progress=False)
+    normalized = evaluate(toy.base, toy.tokenizer, toy.probes, scoring=Scoring(normalize="chars"), show_progress=False)
     with pytest.raises(ValueError, match="other scoring options"):
         make_trainer(toy, train_data, tmp_path, [ForgetWatchCallback(toy.probes, base=normalized)]).train()
 
@@ -385,13 +385,9 @@ def test_construction_errors_come_before_any_training(toy, tmp_path):
         ForgetWatchCallback(42)
 
 
-def test_probe_rows_keywords_over_a_config_and_yaml_overrides(toy, tmp_path):
+def test_probe_rows_and_the_constructors_keywords_over_a_yaml_file(toy, tmp_path):
     cb = ForgetWatchCallback(toy.probes.to_records(), eval_steps=10)
     assert cb.watch.probes.ids == toy.probes.ids
-    cb = ForgetWatchCallback.from_config(
-        ForgetWatchConfig(eval_steps=10, monitor=Monitor(patience=3)), probes=toy.probes, eval_steps=20
-    )
-    assert (cb.config.eval_steps, cb.config.monitor.patience) == (20, 3)
     path = tmp_path / "probes.jsonl"
     toy.probes.to_jsonl(path)
     (tmp_path / "fw.yaml").write_text(f"probes: {path.name}\neval_steps: 15\nmax_forgetting: 0.5\n")
@@ -400,16 +396,14 @@ def test_probe_rows_keywords_over_a_config_and_yaml_overrides(toy, tmp_path):
     assert [hook.hook for hook in cb.watch._their_sinks] == [print]  # a function is a sink of its own
 
 
-def test_from_config_and_yaml(toy, train_data, tmp_path):
+def test_a_callback_from_yaml_trains(toy, train_data, tmp_path):
     path = tmp_path / "probes.jsonl"
     toy.probes.to_jsonl(path)
-    (tmp_path / "fw.yaml").write_text(f"forgetwatch:\n  probes: {path.name}\n  eval_steps: 15\n  max_forgetting: 0.9\n")
+    (tmp_path / "fw.yaml").write_text(f"probes: {path.name}\neval_steps: 15\nmax_forgetting: 0.9\n")
     cb = ForgetWatchCallback.from_yaml(tmp_path / "fw.yaml")
     assert cb.watch.probes.ids == toy.probes.ids and cb.config.eval_steps == 15
     make_trainer(toy, train_data, tmp_path, [cb]).train()
     assert [s for s, _ in cb.history] == [15, 30]
-    cb = ForgetWatchCallback.from_config(ForgetWatchConfig(eval_steps=10), probes=toy.probes)
-    assert cb.config.eval_steps == 10
 
 
 @pytest.mark.parametrize("name", ["multiple_choice_every_50_steps", "early_stop_adjusted_5pct", "gsm8k_generative"])

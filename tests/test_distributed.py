@@ -87,7 +87,7 @@ def test_sft_on_two_ranks_matches_single_process_scoring(tmp_path, mode):
     # independently: one process scores the saved weights of each evaluation
     probes = ProbeSet.from_records(ToyWorld(seed=0).probe_records(generative=True))
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / f"step-{r0['steps'][0]}")  # saved by the trainer
-    scorer = Scorer(tokenizer, probes, max_new_tokens=6)
+    scorer = Scorer(tokenizer, probes, scoring=Scoring(max_new_tokens=6))
     base = scorer(AutoModelForCausalLM.from_pretrained(tmp_path / "step-0"), batch_size=8, show_progress=False)
     assert base.correct.tolist() == r0["correct_base"]
     for i, step in enumerate(r0["steps"]):

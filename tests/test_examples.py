@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgetwatch import ProbeSet, compare, evaluate
+from forgetwatch import ProbeSet, Scoring, compare, evaluate
 from forgetwatch.toy import ToyWorld
 
 trl = pytest.importorskip("trl")
@@ -167,7 +167,7 @@ def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
     callback = trainer.forgetwatch
     assert history_steps(trainer) == steps
     assert callback.config.scoring.chat_template is True
-    expected = evaluate(toy.base, chat_tokenizer, probes, chat_template=True, show_progress=False)
+    expected = evaluate(toy.base, chat_tokenizer, probes, scoring=Scoring(chat_template=True), show_progress=False)
     np.testing.assert_allclose(callback.base_answers.gold_logprob, expected.gold_logprob, rtol=1e-4, atol=1e-4)
     path = Path(trainer.args.output_dir) / "forgetwatch" / "history.jsonl"
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == steps
@@ -423,7 +423,9 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
         use_cpu=True,
         **CPU,
     )
-    quiet.forgetwatch.watch.config = quiet.forgetwatch.config.replace(eval_on_train_end=False)
+    config = quiet.forgetwatch.config
+    monitor = config.monitor.model_copy(update={"eval_on_train_end": False})
+    quiet.forgetwatch.watch.config = config.model_copy(update={"monitor": monitor})
     quiet.train()
     assert "forgetwatch has not evaluated yet" in quiet.forgetwatch.summary()
 
@@ -569,7 +571,9 @@ def test_tool_use_main_watches_the_calls_and_counts_as_a_recount(tmp_path, capsy
     callback, probes, base = run["callback"], run["probes"], run["base"]
     assert [s for s, _ in callback.history] == [5, 10]
     assert base.accuracy > 0.5  # the taught calls are right before fine-tuning
-    now = evaluate(run["trainer"].model, callback.watch.view.tokenizer, probes, behaviour_max_new_tokens=32)
+    now = evaluate(
+        run["trainer"].model, callback.watch.view.tokenizer, probes, scoring=Scoring(behaviour_max_new_tokens=32)
+    )
     report = callback.history[-1][1]
     assert report.forgotten_ids == compare(base, now).forgotten_ids
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from forgetwatch import Scorer
+from forgetwatch import Scorer, Scoring
 from forgetwatch.scoring.generation import (
     Generated,
     PromptTooLongError,
@@ -92,7 +92,7 @@ def test_a_stop_string_cuts_the_text_and_the_ids_that_hold_it(toy):
 
 def test_texts_equal_the_scorers(toy):
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
-    scorer = Scorer(toy.tokenizer, probes, max_new_tokens=8)
+    scorer = Scorer(toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8))
     answers = scorer(toy.base, batch_size=7, show_progress=False)
     prompts = [e.prompt for e in scorer.encoded]
     got = answer(toy.base, toy.tokenizer, prompts, max_new_tokens=8, stop=("\n",), rows_per_batch=5)

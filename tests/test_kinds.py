@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forgetwatch import Probe, ProbeKind, ProbeSet, evaluate
+from forgetwatch import Probe, ProbeKind, ProbeSet, Scoring, evaluate
 from forgetwatch.config.options import scoring_options
 from forgetwatch.scoring import kinds
 from forgetwatch.scoring.encoding import EncodedPrompt, encode_probes
@@ -13,11 +13,7 @@ BEH = {"id": "beh", "question": "Say hi briefly.", "check": {"max_words": 5}}
 
 
 def options(probes) -> set[str]:
-    return set(
-        scoring_options(
-            probes, normalize=None, chat_template=False, max_new_tokens=8, stop=["\n"], behaviour_max_new_tokens=256
-        )
-    )
+    return set(scoring_options(probes, Scoring(max_new_tokens=8)))
 
 
 def test_a_probes_kind_is_read_from_its_row():
@@ -51,7 +47,9 @@ def test_a_check_makes_a_behaviour_probe_at_every_step(toy):
     probes = ProbeSet([both])
     assert isinstance(encode_probes(toy.tokenizer, probes)[0], EncodedPrompt)
     assert "behaviour_max_new_tokens" in options(probes)
-    answers = evaluate(toy.base, toy.tokenizer, probes, batch_size=4, show_progress=False, behaviour_max_new_tokens=4)
+    answers = evaluate(
+        toy.base, toy.tokenizer, probes, batch_size=4, show_progress=False, scoring=Scoring(behaviour_max_new_tokens=4)
+    )
     assert answers.n_choices[0] == 0 and answers.predicted[0] == answers.outputs[0]
     assert answers.correct[0]  # four tokens are at most 60 words
 

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from forgetwatch import ProbeSet, evaluate
+from forgetwatch import ProbeSet, Scoring, evaluate
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -116,7 +116,9 @@ def assert_agrees(ours, theirs, normalized=False):
 def test_agrees_with_lm_eval_llama_with_bos(toy, tmp_path, normalize):
     records = mc_records(toy.world)
     probes = ProbeSet.from_records(records)
-    ours = evaluate(toy.base, toy.tokenizer, probes, batch_size=7, normalize=normalize, show_progress=False)
+    ours = evaluate(
+        toy.base, toy.tokenizer, probes, batch_size=7, scoring=Scoring(normalize=normalize), show_progress=False
+    )
     assert_agrees(ours, lmeval_samples(toy.base, toy.tokenizer, records, tmp_path), normalized=normalize == "chars")
     # the model knows something: neither all right nor all wrong
     assert 0.3 < ours.accuracy < 0.95
@@ -137,6 +139,11 @@ def test_agrees_with_lm_eval_chat_template(toy, tmp_path):
     tokenizer.chat_template = CHAT_TEMPLATE
     records = mc_records(toy.world)[:40] + edge_records(toy.world)
     ours = evaluate(
-        toy.base, tokenizer, ProbeSet.from_records(records), chat_template=True, batch_size=8, show_progress=False
+        toy.base,
+        tokenizer,
+        ProbeSet.from_records(records),
+        scoring=Scoring(chat_template=True),
+        batch_size=8,
+        show_progress=False,
     )
     assert_agrees(ours, lmeval_samples(toy.base, tokenizer, records, tmp_path, chat=True))

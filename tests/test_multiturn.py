@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_probes import field_message, load_error
 
-from forgetwatch import ProbeSet, Scorer, evaluate
+from forgetwatch import ProbeSet, Scorer, Scoring, evaluate
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
@@ -68,7 +68,9 @@ def greedy_by_hand(model, tokenizer, ids, max_new_tokens, stop="\n"):
 def test_a_conversation_is_rendered_by_the_chat_template_and_judged_on_the_reply(toy, chat):
     rows = conversation_rows(toy)
     probes = ProbeSet.from_records(rows)
-    answers = evaluate(toy.base, chat, probes, show_progress=False, max_new_tokens=6, behaviour_max_new_tokens=6)
+    answers = evaluate(
+        toy.base, chat, probes, show_progress=False, scoring=Scoring(max_new_tokens=6, behaviour_max_new_tokens=6)
+    )
     encoded = Scorer(chat, probes).encoded
     for i, (row, probe) in enumerate(zip(rows, probes)):
         by_hand = chat(rendered_by_hand(row["messages"]))["input_ids"]

@@ -65,14 +65,20 @@ def test_lora_model_scores_like_its_merged_weights(toy, tmp_path):
     lora = trainer.model
     merged = copy.deepcopy(lora).merge_and_unload()  # a plain transformers model again
     assert not hasattr(merged, "peft_config")
-    got = evaluate(lora, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
-    want = evaluate(merged, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    got = evaluate(
+        lora, toy.tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=6), show_progress=False
+    )
+    want = evaluate(
+        merged, toy.tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=6), show_progress=False
+    )
     assert got.correct.tolist() == want.correct.tolist()
     assert got.outputs == want.outputs
     for x, y in zip(got.choice_logprobs, want.choice_logprobs):
         np.testing.assert_allclose(x, y, atol=1e-4)
     # the adapters learned something: the LoRA model is not the base
-    base = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    base = evaluate(
+        toy.base, toy.tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=6), show_progress=False
+    )
     assert compare(base, got).forgotten > 0
 
 
@@ -80,11 +86,13 @@ def test_adapter_disabled_base_is_the_model_before_training(toy, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=6, base="adapter_disabled", scoring=Scoring(max_new_tokens=6))
     trainer = sft(toy, tmp_path, [cb])
     trainer.train()
-    base = evaluate(toy.base, toy.tokenizer, toy.probes, max_new_tokens=6, show_progress=False)
+    base = evaluate(toy.base, toy.tokenizer, toy.probes, scoring=Scoring(max_new_tokens=6), show_progress=False)
     assert cb.base_answers.correct.tolist() == base.correct.tolist()
     assert cb.base_answers.meta["base"] == "adapter_disabled"
     assert [s for s, _ in cb.history] == [6, 12]
-    final = compare(base, evaluate(trainer.model, toy.tokenizer, toy.probes, max_new_tokens=6, show_progress=False))
+    final = compare(
+        base, evaluate(trainer.model, toy.tokenizer, toy.probes, scoring=Scoring(max_new_tokens=6), show_progress=False)
+    )
     assert cb.history[-1][1].forgotten_ids == final.forgotten_ids and final.forgotten > 0
     assert cb.history[-1][1].gained_ids == final.gained_ids
 
@@ -135,10 +143,8 @@ def test_config_accepts_adapter_disabled(tmp_path):
     path = tmp_path / "fw.yaml"
     path.write_text("base: adapter_disabled\n")
     assert ForgetWatchConfig.from_yaml(path).base == "adapter_disabled"  # not made a path
-    ForgetWatchConfig(base="adapter_disabled").to_yaml(path)
-    assert ForgetWatchConfig.from_yaml(path).base == "adapter_disabled"
     with pytest.raises(ConfigError, match="base"):
-        ForgetWatchConfig.from_dict({"base": ""})
+        ForgetWatchConfig(base="")
 
 
 @pytest.mark.parametrize("loss", ["lm", "kl"])

@@ -36,7 +36,9 @@ def test_weights_precision_ignores_an_ambient_autocast_and_autocast_follows_it(t
     plain = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         same = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False)
-        rounded = evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False, precision="autocast")
+        rounded = evaluate(
+            toy.base, toy.tokenizer, toy.probes, show_progress=False, scoring=Scoring(precision="autocast")
+        )
     assert same.scoring == plain.scoring and plain.scoring["precision"] == "float32"
     np.testing.assert_array_equal(logprobs(same), logprobs(plain))
     assert rounded.scoring["precision"] == "bfloat16 autocast, float32 weights"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from forgetwatch import ProbeSet, Scorer
+from forgetwatch import ProbeSet, Scorer, Scoring
 from forgetwatch.scoring.batching import forward_cost, group_runs
 from forgetwatch.scoring.encoding import EncodedChoices
 from forgetwatch.scoring.prefixes import shared_prefix_lengths
@@ -117,8 +117,8 @@ def test_answers_are_the_same_with_and_without_shared_prefixes(toy, arch, attn):
     model = copy.deepcopy(model)
     model.set_attn_implementation(attn)
     probes = few_shot(toy)
-    shared = Scorer(toy.tokenizer, probes, max_new_tokens=8)
-    whole = Scorer(toy.tokenizer, probes, max_new_tokens=8, shared_prefixes=False)
+    shared = Scorer(toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8))
+    whole = Scorer(toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8, shared_prefixes=False))
     a = shared(model, batch_size=8, show_progress=False)
     b = whole(model, batch_size=8, show_progress=False)
     assert shared.about(model).prefixes is True
@@ -158,7 +158,9 @@ def test_a_model_that_cannot_pack_scores_each_probe_whole(toy, caplog):
     from test_scoring import IgnoresCustomMasks
 
     probes = few_shot(toy).subset(lambda p: p.is_multiple_choice)
-    reference = Scorer(toy.tokenizer, probes, shared_prefixes=False)(toy.base, batch_size=8, show_progress=False)
+    reference = Scorer(toy.tokenizer, probes, scoring=Scoring(shared_prefixes=False))(
+        toy.base, batch_size=8, show_progress=False
+    )
     wrapped = IgnoresCustomMasks(toy.base)
     scorer = Scorer(toy.tokenizer, probes)
     got = scorer(wrapped, batch_size=8, show_progress=False)
@@ -181,8 +183,8 @@ def background_probes(toy) -> ProbeSet:
 
 def test_prefixes_shared_by_a_few_probes_cost_no_extra_batches(toy):
     probes = background_probes(toy)
-    shared = Scorer(toy.tokenizer, probes, max_new_tokens=8)
-    whole = Scorer(toy.tokenizer, probes, max_new_tokens=8, shared_prefixes=False)
+    shared = Scorer(toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8))
+    whole = Scorer(toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8, shared_prefixes=False))
     for scorer in (shared, whole):  # the first call checks packing and the cache
         scorer(toy.base, batch_size=8, show_progress=False)
     tokens = shared._tokens
@@ -232,7 +234,9 @@ class DropsTheCache(torch.nn.Module):
 
 def test_a_model_that_cannot_read_a_cached_prefix_packs_but_computes_every_prefix(toy, caplog):
     probes = few_shot(toy).subset(lambda p: p.is_multiple_choice)
-    reference = Scorer(toy.tokenizer, probes, shared_prefixes=False)(toy.base, batch_size=8, show_progress=False)
+    reference = Scorer(toy.tokenizer, probes, scoring=Scoring(shared_prefixes=False))(
+        toy.base, batch_size=8, show_progress=False
+    )
     wrapped = DropsTheCache(toy.base)
     scorer = Scorer(toy.tokenizer, probes)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from injected import OutOfMemoryAbove
 
-from forgetwatch import ProbeSet, Scorer, evaluate
+from forgetwatch import ProbeSet, Scorer, Scoring, evaluate
 from forgetwatch.probes.extract import extract_number
 from forgetwatch.scoring import encoding
 from forgetwatch.scoring.encoding import EncodedChoices
@@ -198,7 +198,9 @@ def test_ties_go_to_the_lowest_index(toy):
 @pytest.mark.slow
 def test_out_of_memory_in_generation_halves_the_batch(toy):
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
-    reference = evaluate(toy.base, toy.tokenizer, probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    reference = evaluate(
+        toy.base, toy.tokenizer, probes, batch_size=8, scoring=Scoring(max_new_tokens=6), show_progress=False
+    )
     model = copy.deepcopy(toy.base)
     real, sizes = model.generate, []
 
@@ -209,7 +211,7 @@ def test_out_of_memory_in_generation_halves_the_batch(toy):
         return real(**kwargs)
 
     model.generate = generate
-    got = evaluate(model, toy.tokenizer, probes, batch_size=8, max_new_tokens=6, show_progress=False)
+    got = evaluate(model, toy.tokenizer, probes, batch_size=8, scoring=Scoring(max_new_tokens=6), show_progress=False)
     assert sizes[:3] == [8, 4, 2]
     assert got.outputs == reference.outputs
 
@@ -226,7 +228,9 @@ def test_batch_size_does_not_change_answers(toy):
 
 def test_generative_matches_a_per_sample_greedy_loop(toy):
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
-    got = evaluate(toy.base, toy.tokenizer, probes, batch_size=7, max_new_tokens=12, show_progress=False)
+    got = evaluate(
+        toy.base, toy.tokenizer, probes, batch_size=7, scoring=Scoring(max_new_tokens=12), show_progress=False
+    )
     expected_correct = []
     for i, probe in enumerate(probes):
         ids = toy.tokenizer(probe.question, return_tensors="pt")["input_ids"]
@@ -248,14 +252,14 @@ def test_failed_extraction_is_wrong_and_recorded(toy):
             {"id": "callable", "question": f"{c.name} has", "answer": "x"},
         ]
     )
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    got = evaluate(toy.base, toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8), show_progress=False)
     assert got.predicted[0] is None and not got.correct[0] and got.outputs[0]
     seen = []
     got = evaluate(
         toy.base,
         toy.tokenizer,
         probes,
-        max_new_tokens=8,
+        scoring=Scoring(max_new_tokens=8),
         show_progress=False,
         extract=lambda text: seen.append(text) or "x",
     )
@@ -291,7 +295,7 @@ def test_model_and_tokenizer_are_handed_back_as_found(toy):
         real = layer._gradient_checkpointing_func
         layer._gradient_checkpointing_func = lambda *a, real=real, **k: checkpointed.append(1) or real(*a, **k)
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    evaluate(model, tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    evaluate(model, tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=4), show_progress=False)
     assert draws() == expected
     assert checkpointed == []  # off during evaluation (eval mode), on again for training:
     model(input_ids=torch.tensor([[1, 2, 3]]))
@@ -303,7 +307,7 @@ def test_model_and_tokenizer_are_handed_back_as_found(toy):
     assert all(torch.equal(p, q) for p, q in zip(params, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
     tokenizer.padding_side = "left"
-    evaluate(model, tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    evaluate(model, tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=4), show_progress=False)
     assert tokenizer.padding_side == "left"
 
 
@@ -322,7 +326,7 @@ def test_tokenization_is_cached_across_calls(toy, monkeypatch):
     for _ in range(3):
         evaluate(toy.base, toy.tokenizer, probes, show_progress=False)
     assert len(calls) == 1
-    evaluate(toy.base, toy.tokenizer, probes, normalize="chars", show_progress=False)
+    evaluate(toy.base, toy.tokenizer, probes, scoring=Scoring(normalize="chars"), show_progress=False)
     assert len(calls) == 2  # other options: another scorer
 
 
@@ -337,13 +341,13 @@ def test_long_probes_warn_about_truncation(toy, caplog):
 
 def test_bad_options_fail_before_model_work(toy):
     with pytest.raises(ValueError, match="normalize"):
-        evaluate(toy.base, toy.tokenizer, toy.probes, normalize="tokens")
+        evaluate(toy.base, toy.tokenizer, toy.probes, scoring=Scoring(normalize="tokens"))
     with pytest.raises(ValueError, match="batch_size"):
         evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=0)
     with pytest.raises(ValueError, match="no chat template"):
-        evaluate(toy.base, toy.tokenizer, toy.probes, chat_template=True)
-    with pytest.raises(ValueError, match="key 'stop': item 1: expected a non-empty string"):
-        evaluate(toy.base, toy.tokenizer, toy.probes, stop=["\n", ""])
+        evaluate(toy.base, toy.tokenizer, toy.probes, scoring=Scoring(chat_template=True))
+    with pytest.raises(ValueError, match="key 'stop': item 1"):
+        evaluate(toy.base, toy.tokenizer, toy.probes, scoring=Scoring(stop=["\n", ""]))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -424,12 +428,12 @@ def test_models_that_cannot_be_packed_are_scored_exactly(toy, caplog):
 
 def test_generation_ignores_the_model_generation_config(toy):
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
-    reference = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    reference = evaluate(toy.base, toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8), show_progress=False)
     model = copy.deepcopy(toy.base)
     config = model.generation_config
     config.repetition_penalty, config.min_new_tokens, config.no_repeat_ngram_size = 3.0, 6, 1
     config.suppress_tokens = list(range(10, 200))
-    got = evaluate(model, toy.tokenizer, probes, max_new_tokens=8, show_progress=False)
+    got = evaluate(model, toy.tokenizer, probes, scoring=Scoring(max_new_tokens=8), show_progress=False)
     assert got.outputs == reference.outputs  # plain greedy whatever the model's config says
     assert model.generation_config is config and config.repetition_penalty == 3.0
 
@@ -439,11 +443,15 @@ def test_forwards_bypass_data_parallel_wrappers(toy):
     calls = []
     handle = wrapped.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        got = evaluate(wrapped, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+        got = evaluate(
+            wrapped, toy.tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=4), show_progress=False
+        )
     finally:
         handle.remove()
     assert calls == []  # DDP/DataParallel forwards would start collectives
-    reference = evaluate(toy.base, toy.tokenizer, toy.probes, batch_size=8, max_new_tokens=4, show_progress=False)
+    reference = evaluate(
+        toy.base, toy.tokenizer, toy.probes, batch_size=8, scoring=Scoring(max_new_tokens=4), show_progress=False
+    )
     assert got.correct.tolist() == reference.correct.tolist()
 
 
@@ -455,9 +463,23 @@ def test_a_custom_extractor_is_compared_with_the_answer_as_written(toy):
             {"id": "letter", "question": f"{c.name} has", "answer": " (b) ", "extract": "letter"},
         ]
     )
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False, extract=lambda text: "1,234")
+    got = evaluate(
+        toy.base,
+        toy.tokenizer,
+        probes,
+        scoring=Scoring(max_new_tokens=4),
+        show_progress=False,
+        extract=lambda text: "1,234",
+    )
     assert got.correct.tolist() == [True, False]  # not "1234": the user's text, the user's answer
-    got = evaluate(toy.base, toy.tokenizer, probes, max_new_tokens=4, show_progress=False, extract=lambda text: "(b)")
+    got = evaluate(
+        toy.base,
+        toy.tokenizer,
+        probes,
+        scoring=Scoring(max_new_tokens=4),
+        show_progress=False,
+        extract=lambda text: "(b)",
+    )
     assert got.correct.tolist() == [False, True]
 
 
@@ -627,7 +649,9 @@ def test_a_prompt_that_fills_the_context_is_refused_before_any_model_work(toy, m
 def test_generative_reference_logprob_equals_a_plain_loop(toy):
     # the reference answer, teacher-forced after the prompt: each probe alone, unpadded
     probes = toy.probes.subset(lambda p: not p.is_multiple_choice)
-    got = evaluate(toy.base, toy.tokenizer, probes, batch_size=4, max_new_tokens=4, show_progress=False)
+    got = evaluate(
+        toy.base, toy.tokenizer, probes, batch_size=4, scoring=Scoring(max_new_tokens=4), show_progress=False
+    )
     for i, p in enumerate(probes):
         context = p.question.rstrip()
         ctx = toy.tokenizer(context)["input_ids"]

@@ -1,36 +1,74 @@
-"""The groups of settings (forgetwatch.config.settings): one declaration per option, read by the config,
-its YAML, evaluate, Scorer and the command line."""
+"""The groups of settings (forgetwatch.config.settings): each option declared once, in its group, and read from there
+by the config, its YAML, evaluate, Scorer, the command line and the frameworks' keys."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import pytest
 
 from forgetwatch import cli, evaluate
-from forgetwatch.config import GROUPS, ConfigError, ForgetWatchConfig
-from forgetwatch.config.settings import Monitor, Scoring, flat_key, help_text
+from forgetwatch.config import FLAT_KEYS, ConfigError, ForgetWatchConfig
+from forgetwatch.config.settings import GROUPS, Monitor, Scoring
+from forgetwatch.integrations.framework_settings import NAMES
 from forgetwatch.scoring import Scorer
 
 
-def test_each_group_documents_each_of_its_fields_once_in_order():
+def test_each_field_has_its_help_where_it_is_declared():
     for group in [ForgetWatchConfig, *GROUPS.values()]:
-        helps = help_text(group)
-        assert list(helps) == [f.name for f in dataclasses.fields(group)], group.__name__
-        assert all(text.strip() for text in helps.values()), group.__name__
+        assert all(field.description and field.description.strip() for field in group.model_fields.values()), group
 
 
-def test_help_text_reads_continued_entries_as_plain_text():
-    assert help_text(Monitor)["metric"] == (
-        'Which rate max_forgetting applies to: "forgetting" or "forgetting_adjusted" (flat key stop_metric).'
-    )
+def test_no_signature_restates_a_scoring_option():
+    """Scoring's fields are declared in its class body alone: the scorer, evaluate, the monitor and the merge take a
+    Scoring (evaluate's and a call's batch_size, contract, override its batch size)."""
+    from forgetwatch import ForgetWatchCallback, Watch, merge_sweep
+    from forgetwatch.config.options import scoring_options
+
+    names = set(Scoring.model_fields)
+    takes = {
+        f.__qualname__: set(inspect.signature(f).parameters) & names
+        for f in (Scorer, Scorer.__call__, evaluate, scoring_options, Watch, ForgetWatchCallback, merge_sweep)
+    }
+    assert takes == {
+        "Scorer": set(),
+        "Scorer.__call__": {"batch_size"},
+        "evaluate": {"batch_size"},
+        "scoring_options": set(),
+        "Watch": set(),
+        "ForgetWatchCallback": set(),
+        "merge_sweep": set(),
+    }
 
 
-def test_flat_keys_are_unique_and_name_their_group():
-    keys = [flat_key(f) for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(keys) == len(set(keys)) and not set(keys) & {"probes", "base"}
-    assert flat_key(next(f for f in dataclasses.fields(Monitor) if f.name == "metric")) == "stop_metric"
+def test_the_scorer_and_evaluate_take_a_scoring_and_only_their_own_keywords():
+    assert list(inspect.signature(Scorer).parameters) == [
+        "tokenizer",
+        "probes",
+        "scoring",
+        "extract",
+        "reference_logprobs",
+        "refusal_detector",
+    ]
+    assert "scoring" in inspect.signature(evaluate).parameters
+    with pytest.raises(TypeError):
+        Scorer(None, None, max_new_tokens=0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="Scoring"):
+        Scorer(None, None, {"max_new_tokens": 8})  # type: ignore[arg-type]
+
+
+def test_the_command_line_takes_its_scoring_flags_and_defaults_from_scoring():
+    args = cli._parser().parse_args(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json"])
+    for name, field in Scoring.model_fields.items():
+        if name not in cli.NO_FLAG:
+            assert getattr(args, name) == field.default, name
+    given = ["--max-new-tokens", "8", "--stop", '["Q:"]', "--no-shared-prefixes", "--chat-template", "--batch-size"]
+    args = cli._parser().parse_args(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json", *given, "auto"])
+    assert cli._scoring(args) == Scoring(max_new_tokens=8, stop=["Q:"], shared_prefixes=False, chat_template=True)
+
+
+def test_every_setting_is_a_framework_key():
+    assert set(FLAT_KEYS) <= set(NAMES)
 
 
 def test_a_group_reports_all_its_problems_together():
@@ -40,73 +78,12 @@ def test_a_group_reports_all_its_problems_together():
     assert all(e.source == "Scoring" for e in info.value.errors)
 
 
-def test_settings_are_read_through_their_groups_and_checked_together():
-    cfg = ForgetWatchConfig(monitor=Monitor(metric="forgetting_adjusted"))
-    assert cfg.monitor.metric == "forgetting_adjusted" and not hasattr(cfg, "stop_metric")
-    with pytest.raises(ConfigError) as info:
-        ForgetWatchConfig.from_dict({"base": "", "patience": 0, "stop_metric": "loss", "verbose": 1}, "cfg")
-    assert [e.key for e in info.value.errors] == ["base", "patience", "stop_metric", "verbose"]
-    assert all(e.source == "cfg" for e in info.value.errors)
+def test_settings_are_read_through_their_groups():
+    cfg = ForgetWatchConfig(monitor=Monitor(stop_metric="forgetting_adjusted"))
+    assert cfg.monitor.stop_metric == "forgetting_adjusted" and not hasattr(cfg, "stop_metric")
 
 
 def test_a_group_of_the_wrong_type_is_named():
-    with pytest.raises(ConfigError, match=r"key 'scoring': expected a Scoring, got \{'batch_size': 8\}"):
-        ForgetWatchConfig(scoring={"batch_size": 8})  # type: ignore[arg-type]
-
-
-# --- one way in YAML: each setting a flat key ----------------------------------------------------
-
-
-def write(tmp_path, text):
-    path = tmp_path / "forgetwatch.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        (
-            "eval_steps: 5\nmonitor:\n  patience: 3\n",
-            "line 2: key 'monitor': write each of its settings as a key of its own (e.g. max_overhead: ...)",
-        ),
-        ("patiense: 3\n", "line 1: key 'patiense': unknown key (did you mean 'patience'?); fix or remove it"),
-        ("scoring: {batch_size: 8}\n", "line 1: key 'scoring': write each of its settings as a key of its own"),
-    ],
-)
-def test_a_group_is_no_section_in_a_file(tmp_path, text, expected):
-    path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        ForgetWatchConfig.from_yaml(path)
-    assert f"{path}: {expected}" in str(info.value)
-
-
-def test_replace_takes_flat_keys_and_whole_groups():
-    cfg = ForgetWatchConfig(scoring=Scoring(batch_size=8, max_new_tokens=5))
-    assert cfg.replace(max_new_tokens=7).scoring == Scoring(batch_size=8, max_new_tokens=7)
-    assert cfg.replace(scoring=Scoring(stop=["Q:"])).scoring == Scoring(stop=["Q:"])
-    with pytest.raises(ConfigError, match=r"^replace\(\): key 'max_new_tokens': given twice"):
-        cfg.replace(scoring=Scoring(), max_new_tokens=3)
-
-
-# --- scoring defaults: declared once, in Scoring ------------------------------------------------
-
-
-def test_evaluate_scorer_and_the_command_line_take_their_defaults_from_scoring():
-    declared = {f.name: f.default for f in dataclasses.fields(Scoring)}
-    for function in (evaluate, Scorer):
-        shown = inspect.signature(function).parameters
-        for name in declared.keys() & shown.keys():
-            assert shown[name].default == declared[name], (function, name)
-    assert inspect.signature(Scorer.__call__).parameters["batch_size"].default == declared["batch_size"]
-    args = cli._parser().parse_args(["evaluate", "--model", "m", "--probes", "p", "--out", "a.json"])
-    # a saved checkpoint runs no trainer's autocast: --dtype is its precision
-    for name in declared.keys() - {"stop", "precision"}:
-        assert getattr(args, name) == declared[name], name
-
-
-def test_the_scorer_checks_its_options_as_the_settings_do():
-    with pytest.raises(ConfigError, match=r"^Scoring: key 'max_new_tokens': expected an integer from 1 to"):
-        Scorer(None, None, max_new_tokens=0)
-    with pytest.raises(ConfigError, match=r"^Scoring: key 'normalize': expected one of 'chars', null"):
-        Scorer(None, None, normalize="tokens")
+        ForgetWatchConfig(scoring={"batch_size": 8})  # type: ignore[arg-type]
+    assert [e.key for e in info.value.errors] == ["scoring"]

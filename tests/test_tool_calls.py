@@ -12,7 +12,7 @@ import pytest
 from test_multiturn import TEMPLATE, greedy_by_hand
 from test_probes import field_message, load_error
 
-from forgetwatch import ProbeKind, ProbeSet, Scorer, evaluate
+from forgetwatch import ProbeKind, ProbeSet, Scorer, Scoring, evaluate
 from forgetwatch.cli import main
 from forgetwatch.probes.tool_calls import calls_match, json_equal, parse_call
 from forgetwatch.toy import TOOL_TEMPLATE, TOOLS
@@ -66,7 +66,7 @@ def test_calls_are_read_and_judged_as_a_plain_loop_does(toy, chat_model):
     rows = probe_rows(toy)
     probes = ProbeSet.from_records(rows)
     assert {p.kind for p in probes} == {ProbeKind.TOOL_CALL}
-    answers = evaluate(model, tokenizer, probes, show_progress=False, behaviour_max_new_tokens=40)
+    answers = evaluate(model, tokenizer, probes, show_progress=False, scoring=Scoring(behaviour_max_new_tokens=40))
     encoded = Scorer(tokenizer, probes).encoded
     for i, row in enumerate(rows):
         question = row["messages"][0]["content"] if "messages" in row else row["question"]

@@ -8,7 +8,9 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
@@ -18,9 +20,9 @@ from forgetwatch.common.files import atomic_write, check_replaceable_folder, str
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
 from forgetwatch.config import ConfigError
-from forgetwatch.config.checks import Invalid, batch_size, integer, rate
-from forgetwatch.config.options import NORMALIZE_MODES, scoring_options
-from forgetwatch.config.settings import Scoring, help_text
+from forgetwatch.config.options import scoring_options
+from forgetwatch.config.settings import Count, Scoring, Share, problems
+from forgetwatch.config.yaml_files import read_value
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -42,29 +44,40 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _checked(check: Callable[[Any], Any]) -> Callable[[str], Any]:
-    """An argparse type from a settings check: its message, in one line."""
+def _typed(annotation: Any) -> Callable[[str], Any]:
+    """An argparse type: the text read as a YAML value (``32``, ``auto``, ``null``, ``[a, b]``), checked as
+    ``annotation`` (a pydantic type) checks it."""
+    adapter = TypeAdapter(annotation, config=ConfigDict(strict=True))
 
-    def parse(value: str) -> Any:
-        for number in (int, float):  # as YAML would read it
-            try:
-                value = number(value)
-                break
-            except ValueError:
-                pass
+    def parse(text: str) -> Any:
         try:
-            return check(value)
-        except Invalid as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            return adapter.validate_python(read_value(text, "the value"))
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(err.errors[0].message) from None
+        except ValidationError as err:
+            raise argparse.ArgumentTypeError(problems(err, "")[0].message) from None
 
     return parse
 
 
-def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
-    """A scoring option with the default and help :class:`~forgetwatch.config.settings.Scoring` declares."""
-    text = help_text(Scoring)[name].rstrip(".").replace("%", "%%")
-    text += "" if kwargs.get("action") else " (default: %(default)s)"
-    parser.add_argument("--" + name.replace("_", "-"), default=getattr(Scoring, name), help=text, **kwargs)
+#: Scoring's options the command line takes no flag for: a saved checkpoint runs no trainer's autocast
+NO_FLAG = {"precision": "--dtype is its precision"}
+
+
+def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+    """A flag for each of :class:`~forgetwatch.Scoring`'s fields (``--max-new-tokens N``, ``--chat-template`` /
+    ``--no-chat-template``) with the type, check, default and help it declares."""
+    for name, field in Scoring.model_fields.items():
+        if name in NO_FLAG or (names is not None and name not in names):
+            continue
+        flag, text = "--" + name.replace("_", "-"), " ".join((field.description or "").split())
+        text = text.replace("``", "").replace("%", "%%")
+        if field.annotation is bool:
+            text += f" (default: {'on' if field.default else 'off'})"
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=text)
+        else:
+            kind = _typed(field.rebuild_annotation())
+            parser.add_argument(flag, type=kind, default=field.default, help=f"{text} (default: %(default)s)")
 
 
 def _dtype_option(parser: argparse.ArgumentParser) -> None:
@@ -104,35 +117,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     scoring.add_argument(
         "--num-fewshot",
-        type=_checked(integer(0)),
+        type=_typed(Annotated[int, Field(ge=0)]),
         metavar="N",
         help="with --lm-eval-tasks: few-shot examples per prompt",
     )
     scoring.add_argument(
         "--limit",
-        type=_checked(integer(1)),
+        type=_typed(Count),
         metavar="N",
         help="with --lm-eval-tasks: the first N documents of each task",
     )
     scoring.add_argument("--include-path", metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs")
-    _option(scoring, "batch_size", type=_checked(batch_size), metavar="N")
     scoring.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     _dtype_option(scoring)
-    _option(scoring, "chat_template", action="store_true")
-    _option(scoring, "normalize", choices=[m for m in NORMALIZE_MODES if m])
-    _option(scoring, "max_new_tokens", type=int, metavar="N")
-    _option(scoring, "behaviour_max_new_tokens", type=int, metavar="N")
-    _option(scoring, "samples", type=int, metavar="K")
-    _option(scoring, "temperature", type=float, metavar="T")
-    _option(scoring, "top_p", type=float, metavar="P")
-    _option(scoring, "seed", type=int, metavar="N")
-    scoring.add_argument(
-        "--no-shared-prefixes",
-        dest="shared_prefixes",
-        action="store_false",
-        help="score every probe whole (default: a prompt prefix many probes share, such as a few-shot block, "
-        "is computed once per evaluation and read from the KV cache)",
-    )
+    _scoring_flags(scoring)
     scoring.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own)")
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -148,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
     cmp.set_defaults(run=_compare)
 
-    share = _checked(rate(False, False, "0.9"))  # --keep of merge and select
+    share = _typed(Share)  # --keep of merge and select
     mrg = sub.add_parser("merge", parents=[scoring], help="interpolate base and tuned weights to undo forgetting")
     mrg.add_argument("--base", required=True, metavar="PATH", help=f"base {what}")
     tuned = mrg.add_mutually_exclusive_group(required=True)
@@ -174,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const=1,
         default=0,
-        type=_checked(integer(1)),
+        type=_typed(Count),
         metavar="N",
         help="also revert one group of layers at a time to the base (N blocks a group; default 1)",
     )
@@ -193,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     _target_options(sel, required=False)
     sel.add_argument("--base", metavar="PATH", help=f"with a target: the base {what}, the gain's start")
     sel.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: the base's)")
-    _option(sel, "batch_size", type=_checked(batch_size), metavar="N")
+    _scoring_flags(sel, ("batch_size",))
     sel.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available)")
     _dtype_option(sel)
     sel.set_defaults(run=_select)
@@ -201,9 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
-    rep.add_argument(
-        "--top", type=_checked(integer(1)), default=25, metavar="N", help="probes listed per table (default 25)"
-    )
+    rep.add_argument("--top", type=_typed(Count), default=25, metavar="N", help="probes listed per table (default 25)")
     rep.set_defaults(run=_report)
 
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
@@ -214,12 +210,10 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
-    demo.add_argument(
-        "--steps", type=_checked(integer(1)), metavar="N", help="post-training steps (default 60; --real: 40)"
-    )
+    demo.add_argument("--steps", type=_typed(Count), metavar="N", help="post-training steps (default 60; --real: 40)")
     demo.add_argument(
         "--eval-steps",
-        type=_checked(integer(1)),
+        type=_typed(Count),
         metavar="N",
         help="score the probes every N steps (default 5; --real: 10)",
     )
@@ -355,9 +349,8 @@ def _merge(args: argparse.Namespace) -> int:
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        # the options evaluate and compare score with (lm-eval's prompts already carry the chat template)
-        scoring = Scoring(batch_size=args.batch_size, shared_prefixes=args.shared_prefixes, **_scoring(args))
-        return run_merge(args, prepared, probes, scoring, lambda ckpt: load_model(ckpt, args.dtype, device))
+        # the options evaluate and compare score with
+        return run_merge(args, prepared, probes, _scoring(args), lambda ckpt: load_model(ckpt, args.dtype, device))
     except MergeUsageError as err:
         raise UsageError(str(err)) from err
 
@@ -416,12 +409,7 @@ def _inputs(
     """Every input checked before any model loads: the probes, the models (see :func:`_prepare`) and, with
     ``base_answers``, the answers file ``--base``; lm-eval builds chat prompts with the model's tokenizer."""
     _check_device(args.device)
-    scoring = {k: v for k, v in _scoring(args).items() if k in ("samples", "temperature", "top_p", "seed")}
-    try:
-        Scoring(**scoring)  # sampling options that do not go together fail now, not after the models load
-    except ConfigError as err:
-        problem = err.errors[0]
-        raise UsageError(f"--{problem.key.replace('_', '-')}: {problem.message}") from err
+    _scoring(args)  # options that do not go together fail now, not after the models load
     if out is not None:
         _check_writable("--out", out)
     prepared = _prepare(args, *named) if args.lm_eval_tasks and args.chat_template else None
@@ -465,7 +453,7 @@ def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
     except ValueError as err:
         raise UsageError(f"--base: {err}") from err
     # the precision is the model's, known once it is loaded (checked in _score)
-    wanted = {**scoring_options(probes, **_scoring(args)), "precision": base.scoring.get("precision")}
+    wanted = {**scoring_options(probes, _scoring(args)), "precision": base.scoring.get("precision")}
     if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
         raise UsageError(
             f"--base {args.base} was scored for {problem}; "
@@ -474,15 +462,16 @@ def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
     return base
 
 
-def _scoring(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "normalize": args.normalize,
-        "chat_template": bool(args.chat_template and not args.lm_eval_tasks),  # lm-eval's prompts are already in it
-        "max_new_tokens": args.max_new_tokens,
-        "stop": Scoring.stop,
-        "behaviour_max_new_tokens": args.behaviour_max_new_tokens,
-        **{k: getattr(args, k) for k in ("samples", "temperature", "top_p", "seed")},
-    }
+def _scoring(args: argparse.Namespace) -> Scoring:
+    """The scoring flags as a :class:`~forgetwatch.Scoring` (lm-eval's prompts already carry the chat template)."""
+    given = {name: getattr(args, name) for name in Scoring.model_fields if hasattr(args, name)}
+    if getattr(args, "lm_eval_tasks", None):
+        given["chat_template"] = False
+    try:
+        return Scoring(**given)
+    except ConfigError as err:
+        problem = err.errors[0]
+        raise UsageError(f"--{(problem.key or '').replace('_', '-')}: {problem.message}") from err
 
 
 def _check_out_folder(out: Path) -> None:
@@ -530,9 +519,8 @@ def _score(
             f"the base was scored in {precision} and {ckpt.name} computes in {mine}: rounding alone "
             f"would flip answers; pass --dtype {precision.split('+')[0].split()[0]} to score it alike"
         )
-    batches = {"batch_size": args.batch_size, "shared_prefixes": args.shared_prefixes}
     try:
-        answers = evaluate(model, tokenizer, probes, show_progress=not args.no_progress, **batches, **_scoring(args))
+        answers = evaluate(model, tokenizer, probes, scoring=_scoring(args), show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
         raise UsageError(str(err)) from err
     answers.model = ckpt.name

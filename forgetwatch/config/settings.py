@@ -1,91 +1,140 @@
-"""The three groups of settings (:class:`Scoring`, :class:`Monitor`, :class:`Output`): each field declares its
-default, its check and its flat YAML key once; its help is the ``Attributes:`` entry of its group's docstring."""
+"""The three groups of settings (:class:`Scoring`, :class:`Monitor`, :class:`Output`): each field is declared once,
+here, with its type and check (pydantic), its default and its help (the docstring under it). The YAML keys, the
+command line's scoring flags and the frameworks' ``forgetwatch_<key>`` settings are the field names."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any
+import os
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
-from forgetwatch.common.problems import Problem
-from forgetwatch.config import checks as check
-from forgetwatch.config.checks import ConfigError, check_values
-from forgetwatch.config.options import MAX_NEW_TOKENS, NORMALIZE_MODES, PRECISIONS
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+)
 
-#: the forgetting rates a run may stop on
-STOP_METRICS = ("forgetting", "forgetting_adjusted")
+from forgetwatch.common.problems import InputError, Problem
+from forgetwatch.common.text import describe, did_you_mean, shorten
+from forgetwatch.config.options import MAX_INT, MAX_NEW_TOKENS
+from forgetwatch.probes.schema import check_category
 
-__all__ = ["Monitor", "Output", "Scoring", "help_text"]
+__all__ = ["ConfigError", "Monitor", "Output", "Scoring"]
 
-_LONGER_THAN_ANY_CONTEXT = f"at most {MAX_NEW_TOKENS}: more than any model's context, which is all a response can use"
-
-
-def option(
-    default: Any = MISSING,
-    *,
-    check: Callable[[Any], Any],
-    key: str | None = None,
-    factory: Callable[[], Any] | None = None,
-) -> Any:
-    """A setting: its default (or ``factory``), its check, and its flat key where that is not its name."""
-    metadata = {"check": check, **({"key": key} if key else {})}
-    return field(default=default, default_factory=factory or MISSING, metadata=metadata)
+#: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 200
+#: The coldest sampling temperature: colder draws are greedy decoding but for rounding, and overflow the logits.
+MIN_TEMPERATURE = 0.01
 
 
-def flat_key(f: Field[Any]) -> str:
-    return f.metadata.get("key", f.name)
+class ConfigError(InputError):
+    """Invalid settings: one line per problem (``train.yaml: line 3: key 'eval_step': ...``), and ``errors``, the
+    :class:`~forgetwatch.common.problems.Problem` tuples (source, line, key, message)."""
 
 
-class _Group:
-    """A group checks itself when built."""
-
-    def __post_init__(self) -> None:
-        checks = {f.name: f.metadata["check"] for f in fields(self)}  # type: ignore[arg-type]
-        values = {name: getattr(self, name) for name in checks}
-        cleaned, problems = check_values(values, checks, type(self).__name__, {})
-        if problems:
-            raise ConfigError(problems)
-        # normalised copies (list/dict copies, ints as floats): the caller's objects are not shared
-        for name, value in cleaned.items():
-            object.__setattr__(self, name, value)  # frozen: only construction sets fields
-
-
-@functools.cache
-def help_text(group: type) -> dict[str, str]:
-    """Each field's help: the ``Attributes:`` entries of ``group``'s docstring, as plain text."""
-    section = inspect.cleandoc(group.__doc__ or "").partition("Attributes:\n")[2].partition("\n\n")[0]
-    entries = re.findall(r"^    (\w+): (.*(?:\n        .*)*)", section, re.MULTILINE)
-    return {name: " ".join(text.split()).replace("``", "") for name, text in entries}
+def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None = None) -> list[Problem]:
+    """A pydantic error as one problem per key, with the key's line (a union's branches each say why: joined)."""
+    found: dict[str | None, tuple[list[str], Any]] = {}
+    for e in err.errors(include_url=False):
+        key = str(e["loc"][0]) if e["loc"] else None
+        message = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        inside = [shorten(part) for part in e["loc"][1:] if part != "[key]"]
+        inner = f"item {', '.join(inside)}: " if inside else ""
+        found.setdefault(key, ([], e["input"]))[0].append(inner + message)
+    return [
+        Problem(source, (lines or {}).get(key), key, f"{' or '.join(dict.fromkeys(said))}; given {describe(given)}")
+        for key, (said, given) in found.items()
+    ]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Scoring(_Group):
-    """How probes are scored: by the callback, ``evaluate``, ``Scorer`` and the command line.
+def unknown_keyword(source: str, key: str, keywords: Sequence[str]) -> TypeError:
+    """The error for ``source(key=...)``: it names the group a setting belongs to, or the nearest keyword."""
+    groups = {name: group for group in GROUPS.values() for name in group.model_fields}
+    match = did_you_mean(key, [*keywords, *groups])
+    if key in groups and key not in keywords:
+        hint = f": write {_grouped_as(key, groups[key])}"
+    elif match in keywords:
+        hint = f" (did you mean {match!r}?)"
+    else:
+        hint = f" (did you mean {_grouped_as(match, groups[match])}?)" if match else ""
+    return TypeError(f"{source}() got an unexpected keyword argument {key!r}{hint}")
 
-    Attributes:
-        batch_size: Probes per forward pass: a positive integer, or "auto" for the largest batch that fits.
-        normalize: Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``:
-            log-probability divided by the choice's length in characters).
-        chat_template: Wrap each question in the tokenizer's chat template (a user turn, generation prompt).
-        max_new_tokens: Generative probes: most tokens to generate (>= 1).
-        stop: Generative probes: generation stops at the first of these strings (EOS always stops).
-        behaviour_max_new_tokens: Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they
-            run to EOS, ``stop`` does not apply.
-        shared_prefixes: Compute a prompt prefix many probes share (a few-shot block, a system prompt) once per
-            evaluation and read it from the KV cache: the same answers, faster. Off: every probe is scored whole.
-        precision: What the forwards compute in: "weights" (the weights' own dtype, autocast off: answers equal an
-            offline recount such as lm-eval's) or "autocast" (as the trainer's mixed-precision forward: faster,
-            but answers flip with rounding alone). Answers of another precision are not compared.
-        samples: Generative and behaviour probes: answers drawn per probe (1 to 16; each costs a generation), each
-            judged; a probe is right when most are (``Answers.samples_correct`` holds each). > 1 needs a temperature.
-        temperature: Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own
-            seed.
-        top_p: Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1).
-        seed: The run's sampling seed: answer j of probe p is drawn with a seed made of (seed, p's id, j), the same
-            on any batch size or number of ranks, and for the base and every later evaluation.
+
+def _grouped_as(key: str, group: type) -> str:
+    return f"{group.__name__.lower()}={group.__name__}({key}=...)"
+
+
+class Settings(BaseModel):
+    """Settings checked when built (one :class:`ConfigError` naming each wrong field), immutable, strictly typed
+    (``"5"`` is no integer, ``1`` no boolean), no unknown fields (a ``TypeError`` with a did-you-mean)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    def __init__(self, **values: Any) -> None:
+        fields = type(self).model_fields
+        if unknown := next((key for key in values if key not in fields), None):
+            raise unknown_keyword(type(self).__name__, unknown, list(fields))
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise ConfigError(problems(err, type(self).__name__)) from None
+
+
+def _checked(rule: Any) -> AfterValidator:
+    """A check as a validator: ``rule(value)`` returns why the value cannot work, or None."""
+
+    def check(value: Any) -> Any:
+        if message := rule(value):
+            raise ValueError(message)
+        return value
+
+    return AfterValidator(check)
+
+
+def _path_problem(value: str) -> str | None:
+    if not value.strip():
+        return "a path cannot be empty; give the path, or remove the key"
+    if "\0" in value:  # no file system takes one: open() and mkdir() raise, late
+        return f"a path has no NUL character; this one has one at character {value.index(chr(0))}"
+    return None
+
+
+#: A file system path: a non-empty string (an os.PathLike is taken as its string).
+FilePath = Annotated[
+    str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v), _checked(_path_problem)
+]
+#: A count: a whole number (not a bool) of at least 1.
+Count = Annotated[int, Field(ge=1, le=MAX_INT)]
+Tokens = Annotated[
+    int, Field(ge=1, le=MAX_NEW_TOKENS)
+]  # more than any model's context, which is all a response can use
+Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a rate, 0 to 1: a fraction, not a percentage
+Category = Annotated[str, _checked(check_category)]  # the probes' own rule for a category's name
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]  # valid Unicode: a strict str's rule
+
+
+def _batch_size(value: Any) -> int | str:
+    if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT:
+        return value if isinstance(value, str) else int(value)
+    raise ValueError("a batch size is a positive integer, or 'auto' for the largest batch that fits")
+
+
+def _temperature(value: float) -> str | None:
+    if 0 < value < MIN_TEMPERATURE:
+        return (
+            f"a temperature is 0 or at least {MIN_TEMPERATURE:g}: sampling this cold is greedy decoding, and divides "
+            "the logits past what floats hold; write 0 for greedy answers, or a temperature such as 0.6"
+        )
+    return None
+
+
+class Scoring(Settings):
+    """How probes are scored: by the callback, ``evaluate``, ``Scorer`` and the command line (``--<field>``).
 
     Example:
         >>> Scoring(batch_size=8, normalize="chars").batch_size
@@ -94,35 +143,47 @@ class Scoring(_Group):
         True
     """
 
-    batch_size: int | str = option("auto", check=check.batch_size)
-    normalize: str | None = option(None, check=check.choice(tuple(m for m in NORMALIZE_MODES if m), allow_none=True))
-    chat_template: bool = option(False, check=check.boolean)
-    max_new_tokens: int = option(64, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
-    stop: Sequence[str] = option(("\n",), check=check.stop_strings)  # kept as a list
-    behaviour_max_new_tokens: int = option(256, check=check.integer(1, MAX_NEW_TOKENS, _LONGER_THAN_ANY_CONTEXT))
-    shared_prefixes: bool = option(True, check=check.boolean)
-    precision: str = option("weights", check=check.choice(PRECISIONS))
-    samples: int = option(
-        1,
-        check=check.integer(
-            1,
-            16,
-            "each sample is one more generation of every response, and the seeds' agreement is counted over "
-            "every combination of them",
-        ),
-    )
-    temperature: float = option(0.0, check=check.temperature)
-    top_p: float = option(1.0, check=check.rate(True, False, "0.95"))
-    seed: int = option(0, check=check.integer(0))
+    batch_size: Annotated[int | Literal["auto"], PlainValidator(_batch_size)] = "auto"
+    """Probes per forward pass: a positive integer, or "auto" for the largest batch that fits."""
+    normalize: Literal["chars"] | None = None
+    """Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``: log-probability divided
+    by the choice's length in characters)."""
+    chat_template: bool = False
+    """Wrap each question in the tokenizer's chat template (a user turn, generation prompt)."""
+    max_new_tokens: Tokens = 64
+    """Generative probes: most tokens to generate (>= 1)."""
+    stop: Annotated[tuple[StopString, ...], Field(max_length=MAX_STOP_STRINGS, strict=False)] = ("\n",)
+    """Generative probes: generation stops at the first of these strings (EOS always stops)."""
+    behaviour_max_new_tokens: Tokens = 256
+    """Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they run to EOS, ``stop`` does not
+    apply."""
+    shared_prefixes: bool = True
+    """Compute a prompt prefix many probes share (a few-shot block, a system prompt) once per evaluation and read it
+    from the KV cache: the same answers, faster. Off: every probe is scored whole."""
+    precision: Literal["weights", "autocast"] = "weights"
+    """What the forwards compute in: "weights" (the weights' own dtype, autocast off: answers equal an offline
+    recount such as lm-eval's) or "autocast" (as the trainer's mixed-precision forward: faster, but answers flip with
+    rounding alone). Answers of another precision are not compared."""
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False), _checked(_temperature)] = 0.0
+    """Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own seed."""
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    """Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1)."""
+    samples: Annotated[int, Field(ge=1, le=16)] = 1
+    """Generative and behaviour probes: answers drawn per probe (1 to 16; each costs a generation), each judged; a
+    probe is right when most are (``Answers.samples_correct`` holds each). > 1 needs a temperature."""
+    seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
+    """The run's sampling seed: answer j of probe p is drawn with a seed made of (seed, p's id, j), the same on any
+    batch size or number of ranks, and for the base and every later evaluation."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.samples > 1 and self.temperature == 0:
-            message = (
-                f"samples={self.samples} with temperature=0 draws one greedy answer {self.samples} times; "
-                "give a temperature (Harmon et al. sample at 0.6, top_p 0.95), or samples=1"
+    @field_validator("samples")
+    @classmethod
+    def _samples_need_a_temperature(cls, samples: int, info: Any) -> int:
+        if samples > 1 and info.data.get("temperature") == 0:
+            raise ValueError(
+                f"samples={samples} with temperature=0 draws one greedy answer {samples} times; give a temperature "
+                "(Harmon et al. sample at 0.6, top_p 0.95), or samples=1"
             )
-            raise ConfigError([Problem("Scoring", None, "samples", message)])
+        return samples
 
     @property
     def sampled(self) -> bool:
@@ -130,88 +191,72 @@ class Scoring(_Group):
         return self.temperature > 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class Monitor(_Group):
+class Monitor(Settings):
     """How a run is watched, beside ``eval_steps`` and ``max_forgetting``: when else to evaluate, what else to
     measure, when to stop.
 
-    Attributes:
-        max_overhead: Without ``eval_steps``, the share of wall time monitoring may take, start-up included
-            (0.001 <= x < 1); with ``eval_steps``, a warning says when the interval spends more.
-        eval_on_evaluate: Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics).
-        eval_on_train_end: Evaluate once more when training ends.
-        metric: Which rate max_forgetting applies to: "forgetting" or "forgetting_adjusted" (flat key stop_metric).
-        patience: Consecutive evaluations over the threshold before stopping (>= 1).
-        significance: Stop only when the Wilson 95 % lower bound of the rate is over the threshold.
-        category_max_forgetting: Per-category thresholds, category -> rate (0..1); none by default.
-        save_on_stop: Ask the trainer for a checkpoint before stopping.
-        at_risk_share: A still-right probe is at risk once its margin (multiple choice) or its reference's
-            probability (generative) falls below this share of the base's (0 < x < 1).
-        at_risk_floor: A still-right multiple-choice probe is also at risk below this margin in nats (>= 0).
-        noise_check: Score the base twice, in batches of another size, and report how many probes flip with no
-            weight change (the noise floor); None: on for GPUs and reduced precision.
-        train_kl_rows: Training rows on which KL(base || current) is measured at each evaluation
-            (``forgetwatch/drift/train_kl``), a fixed seeded sample (0 to 4096; 0: off; fewer when the base's
-            distribution on all of them would take longer than scoring the probes).
-
     Example:
-        >>> Monitor(patience=3, metric="forgetting_adjusted").max_overhead
+        >>> Monitor(patience=3, stop_metric="forgetting_adjusted").max_overhead
         0.05
     """
 
-    max_overhead: float = option(
-        0.05,
-        check=check.rate(
-            True,
-            True,
-            "0.05 for 5 % of wall time",
-            floor=0.001,
-            why="below 0.1 % the schedule would barely evaluate (a tiny share overflows its wait); "
-            "for rare evaluations set eval_steps",
-        ),
-    )
-    eval_on_evaluate: bool = option(True, check=check.boolean)
-    eval_on_train_end: bool = option(True, check=check.boolean)
-    metric: str = option("forgetting", check=check.choice(STOP_METRICS), key="stop_metric")
-    patience: int = option(1, check=check.integer(1))
-    significance: bool = option(False, check=check.boolean)
-    category_max_forgetting: dict[str, float] = option(check=check.category_rates, factory=dict)
-    save_on_stop: bool = option(True, check=check.boolean)
-    at_risk_share: float = option(0.5, check=check.rate(True, True, "0.5"))
-    at_risk_floor: float = option(0.1, check=check.non_negative)
-    noise_check: bool | None = option(None, check=check.optional(check.boolean, "on for GPUs and reduced precision"))
-    train_kl_rows: int = option(
-        128,
-        check=check.integer(
-            0, 4096, "each row is one forward pass at every evaluation, and its base distribution is kept all run"
-        ),
-    )
+    max_overhead: Annotated[float, Field(ge=0.001, lt=1, allow_inf_nan=False)] = 0.05
+    """Without ``eval_steps``, the share of wall time monitoring may take, start-up included (0.001 <= x < 1: below,
+    the schedule would barely evaluate; for rare evaluations set eval_steps); with ``eval_steps``, a warning says
+    when the interval spends more."""
+    eval_on_evaluate: bool = True
+    """Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics)."""
+    eval_on_train_end: bool = True
+    """Evaluate once more when training ends."""
+    stop_metric: Literal["forgetting", "forgetting_adjusted"] = "forgetting"
+    """Which rate max_forgetting applies to: "forgetting" or "forgetting_adjusted"."""
+    patience: Count = 1
+    """Consecutive evaluations over the threshold before stopping (>= 1)."""
+    significance: bool = False
+    """Stop only when the Wilson 95 % lower bound of the rate is over the threshold."""
+    category_max_forgetting: dict[Category, Share] = {}
+    """Per-category thresholds, category -> rate (0..1); none by default."""
+    save_on_stop: bool = True
+    """Ask the trainer for a checkpoint before stopping."""
+    at_risk_share: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    """A still-right probe is at risk once its margin (multiple choice) or its reference's probability (generative)
+    falls below this share of the base's (0 < x < 1)."""
+    at_risk_floor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.1
+    """A still-right multiple-choice probe is also at risk below this margin in nats (>= 0)."""
+    noise_check: bool | None = None
+    """Score the base twice, in batches of another size, and report how many probes flip with no weight change (the
+    noise floor); None: on for GPUs and reduced precision."""
+    train_kl_rows: Annotated[int, Field(ge=0, le=4096)] = 128
+    """Training rows on which KL(base || current) is measured at each evaluation (``forgetwatch/drift/train_kl``), a
+    fixed seeded sample (0 to 4096, each a forward pass at every evaluation; 0: off; fewer when the base's
+    distribution on all of them would take longer than scoring the probes)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Output(_Group):
+class Output(Settings):
     """Where results go and how much is logged.
-
-    Attributes:
-        table_rows: W&B and TensorBoard tables: at most this many rows per evaluation's flips and in the final
-            table of probes (>= 1).
-        log_categories: Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups
-            (``category_map``, or lm-eval's own, e.g. ``mmlu_stem``).
-        category_map: Category -> group, for probe files: the logged per-category figures are the groups' (a
-            category left out is a group of its own); history.jsonl and the report keep every category.
-        min_logged_right: Log a category (or group) only with at least this many probes right at the base (>= 1;
-            6 is the fewest an exact McNemar test calls significant at 5 %).
-        max_logged_categories: Per-category keys for at most this many categories, the largest (>= 1).
-        verbose: Print one console line per evaluation.
 
     Example:
         >>> Output(verbose=False).table_rows
         500
     """
 
-    table_rows: int = option(500, check=check.integer(1))
-    log_categories: bool = option(True, check=check.boolean)
-    category_map: dict[str, str] = option(check=check.category_map, factory=dict)
-    min_logged_right: int = option(6, check=check.integer(1))
-    max_logged_categories: int = option(100, check=check.integer(1))
-    verbose: bool = option(True, check=check.boolean)
+    table_rows: Count = 500
+    """W&B and TensorBoard tables: at most this many rows per evaluation's flips and in the final table of probes
+    (>= 1)."""
+    log_categories: bool = True
+    """Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups (``category_map``,
+    or lm-eval's own, e.g. ``mmlu_stem``)."""
+    category_map: dict[Category, Category] = {}
+    """Category -> group, for probe files: the logged per-category figures are the groups' (a category left out is a
+    group of its own); history.jsonl and the report keep every category."""
+    min_logged_right: Count = 6
+    """Log a category (or group) only with at least this many probes right at the base (>= 1; 6 is the fewest an
+    exact McNemar test calls significant at 5 %)."""
+    max_logged_categories: Count = 100
+    """Per-category keys for at most this many categories, the largest (>= 1)."""
+    verbose: bool = True
+    """Print one console line per evaluation."""
+
+
+#: the groups, by their field of ForgetWatchConfig
+GROUPS: dict[str, type[Settings]] = {"scoring": Scoring, "monitor": Monitor, "output": Output}

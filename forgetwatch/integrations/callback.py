@@ -126,20 +126,15 @@ class ForgetWatchCallback(TrainerCallback):
         self._eval_logged_at: int | None = None
 
     @classmethod
-    def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> ForgetWatchCallback:
-        """A callback with ``config``'s settings; ``keywords`` (as for the constructor) win over them."""
-        return cls(**{**config.keywords(), **keywords})
-
-    @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **keywords: Any) -> ForgetWatchCallback:
-        """A callback with a YAML file's settings (see ``configs/``); ``keywords`` win over them.
+        """A callback with a YAML file's settings (flat keys, see ``configs/``); ``keywords``, the constructor's, win.
 
         Example:
-            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
-            >>> cb.config.eval_steps, cb.config.max_forgetting
-            (10, 0.05)
+            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", trainer=None)
+            >>> cb.config.max_forgetting, cb.config.monitor.patience
+            (0.05, 2)
         """
-        return cls.from_config(ForgetWatchConfig.from_yaml(path), **keywords)
+        return cls(**{**dict(ForgetWatchConfig.from_yaml(path)), **keywords})
 
     history = _of_watch("history", "``(global_step, TransitionReport)`` per evaluation so far.")
     trajectory = _of_watch("trajectory", "Every probe's verdict at every evaluation (a Trajectory).")

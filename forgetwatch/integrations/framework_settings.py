@@ -14,7 +14,7 @@ from torch.utils.data import get_worker_info
 
 from forgetwatch.common.problems import Problem
 from forgetwatch.common.text import describe, did_you_mean, first_line
-from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig, resolved_path
+from forgetwatch.config import FLAT_KEYS, PATH_KEYS, ConfigError, ForgetWatchConfig, from_flat_keys, resolved_path
 from forgetwatch.config.yaml_files import read_value, yaml11_misreadings
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.merge import MergeAtEnd
@@ -111,10 +111,9 @@ class FrameworkSettings:
             given["probes"] = {"lm_eval": given["probes"]}
         if problems:
             raise ConfigError(problems)
-        base = ForgetWatchConfig.from_yaml(located(config_path)) if config_path is not None else ForgetWatchConfig()
-        try:
-            config = base.replace(**given)
-            config = config.replace(**{k: located(getattr(config, k)) for k in PATH_KEYS if k in given})
+        file = ForgetWatchConfig.from_yaml(located(config_path)) if config_path is not None else ForgetWatchConfig()
+        try:  # the keys over the file's settings
+            config = from_flat_keys({**file.flat(), **given}, source, relative_to=folder)
         except ConfigError as err:  # named as the user wrote them
             raise ConfigError(
                 [Problem(source, None, named(p.key) if p.key else None, p.message) for p in err.errors]
@@ -131,9 +130,8 @@ class FrameworkSettings:
         return cls(config, probes, replay, merge)
 
     def callback(self, trainer: Any = None) -> ForgetWatchCallback:
-        return ForgetWatchCallback.from_config(
-            self.config, probes=self.probes, replay=self.replay, merge_at_end=self.merge, trainer=trainer
-        )
+        settings = {**dict(self.config), "probes": self.probes}
+        return ForgetWatchCallback(**settings, replay=self.replay, merge_at_end=self.merge, trainer=trainer)
 
     def describe(self, framework: str) -> str:
         """The plugin's first console line: it loaded, and what it will do."""

@@ -256,7 +256,7 @@ def merge_sweep(
     else:
         lora_layers(tuned_model)  # an adapter it cannot move back is refused now, before any scoring
     scoring = scoring or Scoring()
-    scorer = Scorer.with_settings(tokenizer, probe_set, scoring)
+    scorer = Scorer(tokenizer, probe_set, scoring)
     sweeper = Sweeper(tuned_model, scorer, target, scoring, max_length)
     with adapters_disabled(tuned_model) if lora else contextlib.nullcontext():  # what α = 0 must be judged as
         base_answers = scorer(
@@ -275,7 +275,7 @@ class Target:
         self.tokenizer, self.batch_size = tokenizer, scoring.batch_size
         self.scorer, self.encoded = None, None
         if isinstance(target, ProbeSet):
-            self.scorer = Scorer.with_settings(tokenizer, target, scoring)
+            self.scorer = Scorer(tokenizer, target, scoring)
             self.scorer.prepare(model)
         else:  # no longer than the model's context: its position embeddings end there
             context = model_max_length(getattr(unwrap(model), "config", None), tokenizer)

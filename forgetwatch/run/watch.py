@@ -135,14 +135,14 @@ class Watch:
         clock: Callable[[], float] = time.perf_counter,
     ):
         config = ForgetWatchConfig(
-            probes if isinstance(probes, (str, os.PathLike, LmEvalProbes)) else None,  # a file's: kept in the config
+            probes=probes if isinstance(probes, (str, os.PathLike, LmEvalProbes)) else None,  # a file's: kept
             base=None if isinstance(base, Answers) else base,
             eval_steps=eval_steps,
             max_forgetting=max_forgetting,
             output_dir=output_dir,
-            scoring=scoring,
-            monitor=monitor,
-            output=output,
+            scoring=scoring or Scoring(),
+            monitor=monitor or Monitor(),
+            output=output or Output(),
         )
         if probes is None:
             raise ValueError("forgetwatch needs probes: a ProbeSet, a probe file path or a list of probe rows")
@@ -273,8 +273,7 @@ class Watch:
         self._ranks = Ranks.all()
         # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
         self._writes = self._ranks.index == 0
-        # the config is frozen, but its lists and dicts can still be edited: check it again
-        c = self.config = self.config.replace()
+        c = self.config
         c.check_categories(self.probes.categories)
         self.probes = self.probes.with_groups(c.output.category_map)  # kept in probes.jsonl, for the report
         groups = [p.category_group for p in self.probes]  # each probe's category group, where they have groups
@@ -282,7 +281,7 @@ class Watch:
         directory = c.output_dir or output_dir
         if directory is None:
             raise ValueError("forgetwatch needs a folder for its files: Watch(..., output_dir='run/forgetwatch')")
-        self._scorer = Scorer.with_settings(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
+        self._scorer = Scorer(tokenizer, self.probes, c.scoring, refusal_detector=self.refusal_detector)
         self._scorer.prepare(model)  # a probe this model cannot score fails now, not at an evaluation
         if self._store is not None:
             self._store.release()  # this watch's earlier run (train() called again) is over
@@ -303,7 +302,7 @@ class Watch:
         noise = noise_by_scope(base.meta)
         c = self.config
         self._stop_rule = StopRule(
-            c.max_forgetting, t.metric, t.patience, t.significance, t.category_max_forgetting, noise
+            c.max_forgetting, t.stop_metric, t.patience, t.significance, t.category_max_forgetting, noise
         )
         console = ConsoleLines(self._store.history_path, o.verbose, stop_note)
         # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
@@ -612,9 +611,9 @@ class Watch:
         return self.history[-1][0] if self.stop_reason and self.history else None
 
     @classmethod
-    def from_config(cls, config: ForgetWatchConfig, **keywords: Any) -> Watch:
-        """A watch with ``config``'s settings (e.g. from YAML); ``keywords`` win over them."""
-        return cls(**{**config.keywords(), **keywords})
+    def from_yaml(cls, path: str | os.PathLike[str], **keywords: Any) -> Watch:
+        """A watch with a YAML file's settings (flat keys, see ``configs/``); ``keywords``, the constructor's, win."""
+        return cls(**{**dict(ForgetWatchConfig.from_yaml(path)), **keywords})
 
     # -- inside ---------------------------------------------------------------------------------
 

@@ -3,12 +3,11 @@ then each runs its own batches in lockstep."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -56,13 +55,12 @@ class NonFiniteScoresError(ValueError):
 
 
 class Scorer:
-    """Scores one probe set with one tokenizer, as often as the weights change. The keywords ``normalize``,
-    ``chat_template``, ``max_new_tokens``, ``stop``, ``behaviour_max_new_tokens``, ``shared_prefixes``, ``precision``,
-    ``samples``, ``temperature``, ``top_p`` and ``seed`` are as :class:`~forgetwatch.config.settings.Scoring`
-    describes them.
+    """Scores one probe set with one tokenizer, as often as the weights change, with the options of ``scoring``.
 
     Args:
         tokenizer: the model's tokenizer (its padding side is never changed).
+        probes: the probe set.
+        scoring: how probes are scored (a :class:`~forgetwatch.Scoring`; default its defaults).
         extract: a callable ``text -> str | None`` used for every generative probe instead of its ``extract`` mode;
             its result is compared with the probe's answer as written (stripped).
         reference_logprobs: also score each generative probe's reference answer, teacher-forced after its prompt
@@ -71,45 +69,24 @@ class Scorer:
             (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
 
     Example:
-        >>> scorer = Scorer(tokenizer, probes)          # doctest: +SKIP
-        >>> answers = scorer(model, batch_size=32)      # doctest: +SKIP
+        >>> scorer = Scorer(tokenizer, probes, Scoring(max_new_tokens=32))   # doctest: +SKIP
+        >>> answers = scorer(model, batch_size=32)                          # doctest: +SKIP
     """
 
     def __init__(
         self,
         tokenizer: Any,
         probes: ProbeSet,
+        scoring: Scoring | None = None,
         *,
-        normalize: str | None = Scoring.normalize,
-        chat_template: bool = Scoring.chat_template,
-        max_new_tokens: int = Scoring.max_new_tokens,
-        stop: Sequence[str] = Scoring.stop,
         extract: Callable[[str], str | None] | None = None,
         reference_logprobs: bool = True,
-        behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
         refusal_detector: Callable[[str], bool] | None = None,
-        shared_prefixes: bool = Scoring.shared_prefixes,
-        precision: str = Scoring.precision,
-        samples: int = Scoring.samples,
-        temperature: float = Scoring.temperature,
-        top_p: float = Scoring.top_p,
-        seed: int = Scoring.seed,
     ):
-        # checked where the settings are: a ConfigError (a ValueError) naming what to write
-        self.settings = Scoring(
-            normalize=normalize,
-            chat_template=chat_template,
-            max_new_tokens=max_new_tokens,
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            behaviour_max_new_tokens=behaviour_max_new_tokens,
-            shared_prefixes=shared_prefixes,
-            precision=precision,
-            samples=samples,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-        )
-        if chat_template and any(p.judge is not None for p in probes):
+        self.settings = scoring = Scoring() if scoring is None else scoring
+        if not isinstance(scoring, Scoring):
+            raise TypeError(f"scoring={scoring!r}: give a forgetwatch.Scoring(...)")
+        if scoring.chat_template and any(p.judge is not None for p in probes):
             raise ValueError(
                 "these probes' prompts were built by lm-eval, so chat_template=True would wrap them twice; "
                 "ask lm-eval for the chat template instead: ProbeSet.from_lm_eval(..., apply_chat_template=True, "
@@ -190,30 +167,25 @@ class Scorer:
         sizes = [len(b) for plan in self.about(model).plans.values() for b in plan.batches]
         return max(sizes, default=default)
 
-    @classmethod
-    def with_settings(cls, tokenizer: Any, probes: ProbeSet, settings: Scoring, **more: Any) -> Scorer:
-        """A scorer with a :class:`~forgetwatch.Scoring` group's options; ``more``: ``extract``, ..."""
-        options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "batch_size"}
-        return cls(tokenizer, probes, **options, **more)
-
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
-        names = "normalize chat_template max_new_tokens stop behaviour_max_new_tokens samples temperature top_p seed"
-        options = {name: getattr(self.settings, name) for name in names.split()}
-        options = scoring_options(self.probes, extract=self.extract, refusal_detector=self.refusal_detector, **options)
+        options = scoring_options(self.probes, self.settings, self.extract, self.refusal_detector)
         return {**options, "precision": compute_precision(model, input_device(unwrap(model)), self.settings.precision)}
 
     def __call__(
         self,
         model: torch.nn.Module,
         *,
-        batch_size: BatchSize = Scoring.batch_size,
+        batch_size: BatchSize | None = None,
         show_progress: bool = True,
         distributed: bool = False,
     ) -> Answers:
-        """Score ``model``. With ``distributed=True`` every rank calls this together, scores its share and gets
-        all the answers."""
-        Scoring(batch_size=batch_size)  # checked before any model work
+        """Score ``model`` in batches of ``batch_size`` (default: the scoring's). With ``distributed=True`` every rank
+        calls this together, scores its share and gets all the answers."""
+        if batch_size is None:
+            batch_size = self.settings.batch_size
+        else:
+            Scoring(batch_size=batch_size)  # checked before any model work
         ranks = Ranks.all() if distributed else Ranks()
         inner = unwrap(model)
         device = input_device(inner)
@@ -512,54 +484,34 @@ def evaluate(
     tokenizer: Any,
     probes: ProbeSet,
     *,
-    batch_size: BatchSize = Scoring.batch_size,
-    normalize: str | None = Scoring.normalize,
-    chat_template: bool = Scoring.chat_template,
-    max_new_tokens: int = Scoring.max_new_tokens,
-    stop: Sequence[str] = Scoring.stop,
-    extract: Callable[[str], str | None] | None = None,
-    behaviour_max_new_tokens: int = Scoring.behaviour_max_new_tokens,
-    refusal_detector: Callable[[str], bool] | None = None,
-    shared_prefixes: bool = Scoring.shared_prefixes,
-    precision: str = Scoring.precision,
-    samples: int = Scoring.samples,
-    temperature: float = Scoring.temperature,
-    top_p: float = Scoring.top_p,
-    seed: int = Scoring.seed,
+    scoring: Scoring | None = None,
+    batch_size: BatchSize | None = None,
     show_progress: bool = True,
+    extract: Callable[[str], str | None] | None = None,
+    refusal_detector: Callable[[str], bool] | None = None,
     distributed: bool = False,
 ) -> Answers:
     """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes (multiple choice as
-    lm-eval-harness ``acc``, generative probes decoded greedily, or sampled with ``temperature``). Tokenization is cached across calls; the options
-    are :class:`Scorer`'s; ``distributed=True``: every rank calls together and scores a share of the probes.
+    lm-eval-harness ``acc``, generative probes decoded greedily, or sampled with a temperature), with the options of
+    ``scoring`` (a :class:`~forgetwatch.Scoring`) in batches of ``batch_size`` (default: the scoring's, "auto").
+    Tokenization is cached across calls; ``extract`` and ``refusal_detector`` are :class:`Scorer`'s;
+    ``distributed=True``: every rank calls together and scores a share of the probes.
 
     Example:
         >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
         >>> answers.accuracy                                               # doctest: +SKIP
         0.62
     """
-    fresh = Scorer(
-        tokenizer,
-        probes,
-        normalize=normalize,
-        chat_template=chat_template,
-        max_new_tokens=max_new_tokens,
-        stop=stop,
-        extract=extract,
-        behaviour_max_new_tokens=behaviour_max_new_tokens,
-        refusal_detector=refusal_detector,
-        shared_prefixes=shared_prefixes,
-        precision=precision,
-        samples=samples,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-    )
-    key = (id(tokenizer), fresh.fingerprint, repr(fresh.settings), extract, refusal_detector)
+    fresh = Scorer(tokenizer, probes, scoring, extract=extract, refusal_detector=refusal_detector)
+    # one tokenization for every batch size
+    options = tuple(value for name, value in fresh.settings if name != "batch_size")
+    key = (id(tokenizer), fresh.fingerprint, options, extract, refusal_detector)
     scorer = _SCORERS.pop(key, None)
     if scorer is None or scorer.tokenizer is not tokenizer:
         scorer = fresh
     _SCORERS[key] = scorer  # most recently used last
     if len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
+    if batch_size is None:
+        batch_size = fresh.settings.batch_size
     return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)

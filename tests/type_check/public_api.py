@@ -31,7 +31,7 @@ def a_loop(model: torch.nn.Module, tokenizer: object, steps: int) -> float:
     few_shot: ProbeSet = ProbeSet.from_lm_eval(
         ["arc_easy", "mmlu"], num_fewshot=5, limit=20, metric={"arc_easy": "acc_norm"}
     )
-    answers_5shot: Answers = evaluate(model, tokenizer, few_shot, shared_prefixes=True)
+    answers_5shot: Answers = evaluate(model, tokenizer, few_shot, scoring=Scoring(shared_prefixes=True))
     pool = ReplayPool.from_jsonl("pool.jsonl")
     answered: ReplayPool = ReplayPool.from_prompts({"geo": ["Name a river."]}, max_new_tokens=32, stop=["\n"])
     assert answered.answering is not None and answered.answering.max_new_tokens == 32
