@@ -166,7 +166,7 @@ def test_stop_may_be_empty():
 
 @pytest.mark.parametrize(
     "value",
-    [None, [0.1], 0.1, "math", {"math": "0.1"}, {"math": True}, {"math": 1.5}, {"math": -0.1}, {"math": None}, {3: 0.1}],
+    [None, [0.1], 0.1, "math", {"math": "0.1"}, {"math": True}, {"math": 1.5}, {"math": -1}, {"m": None}, {3: 1}],
 )
 def test_category_thresholds_are_a_mapping_of_names_to_rates(value):
     assert keys_of({"category_max_forgetting": value}) == ["category_max_forgetting"]

@@ -46,7 +46,8 @@ def test_keys_become_the_config_and_the_probes_are_loaded():
 def test_a_forgetwatch_yaml_is_overridden_by_the_keys_beside_it():
     settings = FrameworkSettings.from_keys({"forgetwatch_config": CONFIG, "forgetwatch_patience": 5}, "train.yaml")
     config = settings.config
-    assert (config.max_forgetting, config.monitor.stop_metric, config.monitor.patience) == (0.05, "forgetting_adjusted", 5)
+    monitor = config.monitor
+    assert (config.max_forgetting, monitor.stop_metric, monitor.patience) == (0.05, "forgetting_adjusted", 5)
     assert settings.probes.ids == ProbeSet.from_jsonl(ROOT / "configs" / "probes" / "general_knowledge.jsonl").ids
 
 
