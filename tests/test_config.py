@@ -54,11 +54,16 @@ def test_no_settings_is_the_default_groups():
     assert from_flat_keys({}, "src") == cfg == ForgetWatchConfig(scoring=Scoring(), monitor=Monitor())
 
 
-def test_mutable_defaults_are_not_shared():
-    a, b = ForgetWatchConfig(), ForgetWatchConfig()
-    a.monitor.category_max_forgetting["math"] = 0.1
-    assert b.monitor.category_max_forgetting == {} and Monitor().category_max_forgetting == {}
-    assert Scoring().stop == ("\n",)  # a tuple: nothing to edit
+def test_nothing_in_the_settings_can_be_edited_in_place():
+    """Checked once, when built: nothing can change since (the watch reads them as they were checked)."""
+    config = ForgetWatchConfig(monitor=Monitor(category_max_forgetting={"math": 0.1}))
+    with pytest.raises(AttributeError):
+        config.scoring.stop.append("")  # a tuple
+    with pytest.raises(TypeError):
+        config.monitor.category_max_forgetting["math"] = 5
+    with pytest.raises(TypeError):
+        config.output.category_map["capitals"] = ""
+    assert ForgetWatchConfig().monitor.category_max_forgetting == {} and Scoring().stop == ("\n",)
 
 
 def test_values_are_normalised_and_copied():

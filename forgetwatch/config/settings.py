@@ -118,6 +118,24 @@ Category = Annotated[str, _checked(check_category)]  # the probes' own rule for 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]  # valid Unicode: a strict str's rule
 
 
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A mapping of settings: checked once, when built, it cannot change since (a deep copy is itself)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("settings cannot change once checked: build new ones")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
+
+    def __deepcopy__(self, memo: Any) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return FrozenDict, (dict(self),)
+
+
+Frozen = AfterValidator(FrozenDict)
+
+
 def _batch_size(value: Any) -> int | str:
     if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT:
         return value if isinstance(value, str) else int(value)
@@ -214,7 +232,7 @@ class Monitor(Settings):
     """Consecutive evaluations over the threshold before stopping (>= 1)."""
     significance: bool = False
     """Stop only when the Wilson 95 % lower bound of the rate is over the threshold."""
-    category_max_forgetting: dict[Category, Share] = {}
+    category_max_forgetting: Annotated[Mapping[Category, Share], Frozen] = FrozenDict()
     """Per-category thresholds, category -> rate (0..1); none by default."""
     save_on_stop: bool = True
     """Ask the trainer for a checkpoint before stopping."""
@@ -246,7 +264,7 @@ class Output(Settings):
     log_categories: bool = True
     """Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups (``category_map``,
     or lm-eval's own, e.g. ``mmlu_stem``)."""
-    category_map: dict[Category, Category] = {}
+    category_map: Annotated[Mapping[Category, Category], Frozen] = FrozenDict()
     """Category -> group, for probe files: the logged per-category figures are the groups' (a category left out is a
     group of its own); history.jsonl and the report keep every category."""
     min_logged_right: Count = 6
