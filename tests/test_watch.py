@@ -241,7 +241,7 @@ def test_a_watch_shows_what_users_read_and_no_more(toy):
     watch = Watch(toy.probes, output_dir="x")
     public = {k for k in vars(watch) if not k.startswith("_")}
     public |= {k for k, v in vars(Watch).items() if not k.startswith("_") and not inspect.isfunction(v)}
-    assert len(public - {"from_config"}) <= 12, sorted(public)
+    assert len(public - {"from_yaml"}) <= 12, sorted(public)
 
 
 # -- which categories are logged -----------------------------------------------------------------
