@@ -60,8 +60,9 @@ def _typed(annotation: Any) -> Callable[[str], Any]:
     return parse
 
 
-#: Scoring's options the command line takes no flag for: a saved checkpoint runs no trainer's autocast
-NO_FLAG = {"precision": "--dtype is its precision"}
+#: Scoring's options the command line takes no flag for: a saved checkpoint runs no trainer's autocast (--dtype is
+#: its precision)
+NO_FLAG = ("precision",)
 
 
 def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
@@ -349,7 +350,6 @@ def _merge(args: argparse.Namespace) -> int:
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        # the options evaluate and compare score with
         return run_merge(args, prepared, probes, _scoring(args), lambda ckpt: load_model(ckpt, args.dtype, device))
     except MergeUsageError as err:
         raise UsageError(str(err)) from err

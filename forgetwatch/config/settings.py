@@ -110,9 +110,8 @@ FilePath = Annotated[
 ]
 #: A count: a whole number (not a bool) of at least 1.
 Count = Annotated[int, Field(ge=1, le=MAX_INT)]
-Tokens = Annotated[
-    int, Field(ge=1, le=MAX_NEW_TOKENS)
-]  # more than any model's context, which is all a response can use
+#: Tokens of a response: at most more than any model's context, which is all a response can use.
+Tokens = Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)]
 Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a rate, 0 to 1: a fraction, not a percentage
 Category = Annotated[str, _checked(check_category)]  # the probes' own rule for a category's name
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]  # valid Unicode: a strict str's rule
