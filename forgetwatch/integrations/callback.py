@@ -130,9 +130,9 @@ class ForgetWatchCallback(TrainerCallback):
         """A callback with a YAML file's settings (flat keys, see ``configs/``); ``keywords``, the constructor's, win.
 
         Example:
-            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", trainer=None)
-            >>> cb.config.max_forgetting, cb.config.monitor.patience
-            (0.05, 2)
+            >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
+            >>> cb.config.eval_steps, cb.config.max_forgetting
+            (10, 0.05)
         """
         return cls(**{**dict(ForgetWatchConfig.from_yaml(path)), **keywords})
 
