@@ -10,8 +10,7 @@ from typing import Any
 
 from forgetwatch.common.strict_json import value_problem
 from forgetwatch.common.text import describe, shorten, suggestion
-from forgetwatch.config.options import MAX_INT
-from forgetwatch.config.settings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from forgetwatch.config.settings import MAX_INT, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 class Invalid(Exception):

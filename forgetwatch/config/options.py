@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind
 
-if TYPE_CHECKING:
-    from forgetwatch.config.settings import Scoring
-
 BatchSize = int | str  # a positive int, or "auto"
-
-#: The largest count or size any setting may be: what a 64-bit integer (numpy, torch, the files) holds.
-MAX_INT = 2**63 - 1
-#: Most tokens a generation may ask for: more than any model's context.
-MAX_NEW_TOKENS = 1 << 20
 
 
 def scoring_options(

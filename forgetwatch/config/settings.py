@@ -21,11 +21,14 @@ from pydantic import (
 
 from forgetwatch.common.problems import InputError, Problem
 from forgetwatch.common.text import describe, did_you_mean, shorten
-from forgetwatch.config.options import MAX_INT, MAX_NEW_TOKENS
 from forgetwatch.probes.schema import check_category
 
 __all__ = ["ConfigError", "Monitor", "Output", "Scoring"]
 
+#: The largest count or size any setting may be: what a 64-bit integer (numpy, torch, the files) holds.
+MAX_INT = 2**63 - 1
+#: Most tokens a generation may ask for: more than any model's context.
+MAX_NEW_TOKENS = 1 << 20
 #: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 200
 #: The coldest sampling temperature: colder draws are greedy decoding but for rounding, and overflow the logits.
