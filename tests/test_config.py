@@ -128,10 +128,9 @@ def test_unknown_keys_and_wrong_values_in_one_error():
     assert sorted(keys_of({"eval_step": 50, "patience": 0, "verbose": "yes"})) == ["eval_step", "patience", "verbose"]
 
 
-def test_non_string_keys_and_non_mappings():
+def test_non_string_keys_and_groups_are_no_keys():
     assert keys_of({3: 1}) == ["3"]
-    with pytest.raises(ConfigError):
-        from_flat_keys({"scoring": {"batch_size": 8}}, "src")  # a group is no key of its own
+    assert keys_of({"scoring": {"batch_size": 8}}) == ["scoring"]  # one problem: a group is no key of its own
 
 
 BOOL_FIELDS = ["eval_on_evaluate", "eval_on_train_end", "significance", "save_on_stop", "chat_template"]

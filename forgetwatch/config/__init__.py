@@ -139,7 +139,8 @@ def from_flat_keys(
     parts: dict[str, Any] = {}
     for name, group in [("", ForgetWatchConfig), *GROUPS.items()]:
         try:
-            parts[name] = group(**{key: value for key, value in data.items() if key in group.model_fields})
+            given = {key: value for key, value in data.items() if key in group.model_fields and key not in GROUPS}
+            parts[name] = group(**given)
         except ConfigError as err:
             found += [p._replace(source=source, line=lines.get(p.key)) for p in err.errors]
     if found:
