@@ -147,6 +147,7 @@ class ForgetWatchCallback(TrainerCallback):
     def ending(self) -> Any:
         """What ``merge_at_end`` found when training ended (an Ending), if it ran."""
         return self.merge_at_end.ending if self.merge_at_end is not None else None
+
     summary = _of_watch("summary", "What the run measured, as text: ``callback.summary()``.")
 
     # -- trainer events ------------------------------------------------------------------------
