@@ -36,16 +36,33 @@ def read_settings(path: str | os.PathLike[str]) -> tuple[dict[Any, Any], dict[An
     except UnicodeDecodeError as exc:
         message = f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
         raise ConfigError([Problem(source, None, None, message)]) from None
-    data = read_value(text, source)
+    data = _loaded(text, source)
     if not isinstance(data, dict):
-        got = "an empty document" if data is None else describe(data)
+        got = "an empty document" if data is None else describe(_plain(data))
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
         raise ConfigError([Problem(source, None, None, message)])
-    return dict(data), {key: data.lc.key(key)[0] + 1 for key in data}
+    return _plain(data), {_plain(key): data.lc.key(key)[0] + 1 for key in data}
 
 
 def read_value(text: str, source: str) -> Any:
     """YAML text (a file's, an environment variable's) as plain values, or a :class:`ConfigError` naming the line."""
+    return _plain(_loaded(text, source))
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's round-trip values (which keep lines and styles) as the plain ``dict``, ``list``, ``str``, ``int``,
+    ``float`` and ``bool`` they stand for: what a setting holds, and what its errors name."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    for kind in (bool, int, float, str):  # bool first: ruamel's ScalarBoolean is an int
+        if isinstance(value, kind) or (kind is bool and type(value).__name__ == "ScalarBoolean"):
+            return kind(value)
+    return value
+
+
+def _loaded(text: str, source: str) -> Any:
     try:
         _refuse_what_no_setting_needs(YAML(pure=True).parse(text), source)
         return YAML(pure=True).load(text)
