@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def framework_env(name: str) -> Path:
                     shutil.rmtree(stale, ignore_errors=True)
         if name not in _installed_this_session:
             _pip(bin_dir, "install", "--no-deps", "--force-reinstall", str(ROOT))
+            # a dependency this checkout added since the environment was made; those there are left as they are
+            _pip(bin_dir, "install", *tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
             _installed_this_session.add(name)
     return bin_dir
 
