@@ -463,24 +463,14 @@ def test_a_custom_extractor_is_compared_with_the_answer_as_written(toy):
             {"id": "letter", "question": f"{c.name} has", "answer": " (b) ", "extract": "letter"},
         ]
     )
-    got = evaluate(
-        toy.base,
-        toy.tokenizer,
-        probes,
-        scoring=Scoring(max_new_tokens=4),
-        show_progress=False,
-        extract=lambda text: "1,234",
-    )
-    assert got.correct.tolist() == [True, False]  # not "1234": the user's text, the user's answer
-    got = evaluate(
-        toy.base,
-        toy.tokenizer,
-        probes,
-        scoring=Scoring(max_new_tokens=4),
-        show_progress=False,
-        extract=lambda text: "(b)",
-    )
-    assert got.correct.tolist() == [False, True]
+
+    def judged(said: str) -> list[bool]:  # every reply read as ``said``
+        scoring = Scoring(max_new_tokens=4)
+        got = evaluate(toy.base, toy.tokenizer, probes, scoring=scoring, show_progress=False, extract=lambda t: said)
+        return got.correct.tolist()
+
+    assert judged("1,234") == [True, False]  # not "1234": the user's text, the user's answer
+    assert judged("(b)") == [False, True]
 
 
 def test_a_model_that_rejects_a_custom_mask_is_scored_plain_and_right(toy, caplog):
