@@ -71,10 +71,7 @@ def test_a_run_logs_what_broke_and_its_page_lists_the_groups(toy, tmp_path):
     # a watched run: logged, kept in the history, on the report page
     watch = Watch(probes, output_dir=tmp_path / "run", eval_steps=1, output=None)
     watch.start(toy.base, toy.tokenizer)
-    evaluation = watch.evaluate(toy.tuned, 1)
-    from forgetwatch.sinks import logged_values
-
-    logged = logged_values(evaluation)
+    logged = watch.evaluate(toy.tuned, 1).metrics
     assert logged["forgetwatch/robust/forgotten"] == len(broke)
     assert logged["forgetwatch/robust/accuracy_base"] == pytest.approx(share_before)
     watch.finish(toy.tuned, 1)

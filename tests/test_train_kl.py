@@ -20,7 +20,6 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.results.run_files import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
 from forgetwatch.run.train_kl import TrainKL, TrainRows, as_train_rows
-from forgetwatch.sinks import logged_values
 
 QUIET = Output(verbose=False)
 KEY = "forgetwatch/drift/train_kl"
@@ -96,8 +95,8 @@ def test_a_watch_logs_it_at_each_evaluation_and_resumes_from_the_kept_copy(toy, 
     moved = first.evaluate(toy.tuned, 2)
     first.due(3)
     kept = first.state_dict()
-    assert logged_values(first.evaluate(toy.base, 4))[KEY] == 0.0
-    assert logged_values(moved)[KEY] == moved.drift["train_kl"] > 0
+    assert first.evaluate(toy.base, 4).metrics[KEY] == 0.0
+    assert moved.metrics[KEY] == moved.drift["train_kl"] > 0
     assert moved.drift["rows"] == len(rows) and moved.drift["seconds"] >= 0
     written = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [r["drift"]["train_kl"] for r in written] == [moved.drift["train_kl"], 0.0]
@@ -110,8 +109,8 @@ def test_a_watch_logs_it_at_each_evaluation_and_resumes_from_the_kept_copy(toy, 
     again = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, output=QUIET)
     again.load_state_dict(kept)
     again.start(toy.tuned, toy.tokenizer, train_rows=rows)
-    assert logged_values(again.evaluate(toy.base, 4))[KEY] == 0.0
-    assert logged_values(again.evaluate(toy.tuned, 6))[KEY] == moved.drift["train_kl"]
+    assert again.evaluate(toy.base, 4).metrics[KEY] == 0.0
+    assert again.evaluate(toy.tuned, 6).metrics[KEY] == moved.drift["train_kl"]
 
     # no copy to read back: one warning, the signal off, the run goes on
     (tmp_path / TRAIN_KL).write_bytes(b"not an npz")
@@ -122,7 +121,7 @@ def test_a_watch_logs_it_at_each_evaluation_and_resumes_from_the_kept_copy(toy, 
         evaluation = lost.evaluate(toy.tuned, 4)
     assert caplog.text.count("train KL (forgetwatch/drift/train_kl) is off for this resumed run") == 1
     assert f"{tmp_path / TRAIN_KL}: " in caplog.text  # the copy passed over, named
-    assert KEY not in logged_values(evaluation) and not evaluation.drift
+    assert KEY not in evaluation.metrics and not evaluation.drift
 
 
 def test_off_with_train_kl_rows_0_or_no_rows(toy, rows, tmp_path):
@@ -130,7 +129,7 @@ def test_off_with_train_kl_rows_0_or_no_rows(toy, rows, tmp_path):
         watch = Watch(toy.probes, output_dir=tmp_path / name, eval_steps=2, output=QUIET, monitor=settings)
         watch.start(toy.base, toy.tokenizer, train_rows=given)
         evaluation = watch.evaluate(toy.tuned, 2)
-        assert KEY not in logged_values(evaluation) and not evaluation.drift
+        assert KEY not in evaluation.metrics and not evaluation.drift
         assert not (tmp_path / name / TRAIN_KL).exists()
 
 

@@ -241,73 +241,87 @@ def train_with_offline_wandb(trainer, tmp_path, monkeypatch):
     return trainer
 
 
-def test_wandb_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
+class Metrics:
+    """A sink keeping each evaluation's metrics dict, as every logger was handed it."""
+
+    def __init__(self):
+        self.logged = []
+
+    def on_evaluation(self, evaluation):
+        self.logged.append((evaluation.step, dict(evaluation.metrics)))
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["callbacks", "trainer"])
+def test_wandb_and_tensorboard_get_every_scalar_once_per_evaluation_at_its_step(toy, tmp_path, monkeypatch, given):
     pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from wandb_log import history_rows
 
-    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    train_with_offline_wandb(
-        sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=["wandb"]), tmp_path, monkeypatch
-    )
-    rows = history_rows(tmp_path)
-    # a section of its own, not under train/, plotted at the trainer's global step
-    assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)
-    ours = [r for r in rows if "forgetwatch/forgetting" in r]
-    assert [r["train/global_step"] for r in ours] == [4, 8]
-    for row, (_, report) in zip(ours, cb.history):
-        assert row["forgetwatch/forgotten"] == report.forgotten
-        assert row["forgetwatch/capitals/forgetting"] == pytest.approx(report.by_category["capitals"].forgetting)
-        assert row["forgetwatch/forgetting_events"] == report.forgetting_events
-        # how the generated responses drift (the rivers probes generate)
-        assert row["forgetwatch/behaviour/length_ratio_words"] == pytest.approx(report.behaviour["length_ratio_words"])
-        assert row["forgetwatch/rivers/behaviour/words"] == pytest.approx(
-            report.by_category["rivers"].behaviour["words"]
-        )
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    sink = Metrics()
+    cb = ForgetWatchCallback(toy.probes, eval_steps=4, sinks=[sink])
+    report_to = ["wandb", "tensorboard"]
+    if given:  # the trainer's own integrations
+        trainer = sft(toy, tmp_path / "out", [], max_steps=8, logging_steps=2, report_to=report_to)
+        cb = ForgetWatchCallback(toy.probes, eval_steps=4, sinks=[sink], trainer=trainer)
+        trainer.add_callback(cb)
+    else:  # the contract's one line: W&B's run and a TensorBoard writer of forgetwatch's own
+        trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, logging_steps=2, report_to=report_to)
+    train_with_offline_wandb(trainer, tmp_path, monkeypatch)
+    assert [step for step, _ in sink.logged] == [step for step, _ in cb.history] == [4, 8]
+    expected = {}  # every scalar: the steps it was measured at, and its values
+    for step, metrics in sink.logged:
+        for key, value in metrics.items():
+            expected.setdefault(key, []).append((step, value))
+    assert "forgetwatch/capitals/forgetting" in expected and "forgetwatch/behaviour/length_ratio_words" in expected
 
-    # the table of flips grows at each evaluation; the last holds one row per flip of every evaluation
+    # W&B: a section of its own, not under train/, plotted at the trainer's global step, each once
+    rows = history_rows(tmp_path)
+    assert not any(k.startswith("train/forgetwatch") for r in rows for k in r)
+    seen = {key: [(r["train/global_step"], r[key]) for r in rows if key in r] for key in expected}
+    assert seen == expected
+    tables = ("forgetwatch/flips/", "forgetwatch/probes/")
+    assert {k for r in rows for k in r if k.startswith("forgetwatch/") and not k.startswith(tables)} == set(expected)
+    own = [r for r in rows if "train/loss" in r]
+    assert [r["train/global_step"] for r in own] == [2, 4, 6, 8] and all("train/entropy" in r for r in own)
+
+    # TensorBoard: the trainer's names (train/...), each once at its step
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    ours = {t for t in events.Tags()["scalars"] if t.startswith("train/forgetwatch/")}
+    assert ours == {f"train/{key}" for key in expected}
+    for key, measured in expected.items():
+        scalars = events.Scalars(f"train/{key}")
+        assert [s.step for s in scalars] == [step for step, _ in measured]
+        assert [s.value for s in scalars] == pytest.approx([v for _, v in measured], rel=1e-6)
+    # the trainer's file, and forgetwatch's own without trainer= (neither reopened after the end)
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1 + (not given)
+    if given:
+        return
+
+    # the tables: W&B's flips grow at each evaluation; the last holds one row per flip of every evaluation
     flips = [r for r in rows if r.get("forgetwatch/flips/log_mode") == "INCREMENTAL"]
     assert [r["train/global_step"] for r in flips] == [4, 8]
     (run_dir,) = tmp_path.glob("wandb/offline-run-*")
     tables = sorted(run_dir.glob("files/media/table/forgetwatch/flips*.table.json"), key=lambda p: p.stat().st_mtime)
     logged = [row for t in tables for row in json.loads(t.read_text())["data"]]
-    expected = [(step, pid, "1→0") for step, r in cb.history for pid in r.forgotten_ids] + [
+    flipped = [(step, pid, "1→0") for step, r in cb.history for pid in r.forgotten_ids] + [
         (step, pid, "0→1") for step, r in cb.history for pid in r.gained_ids
     ]
-    assert sorted((row[0], row[1], row[7]) for row in logged) == sorted(expected) and expected
+    assert sorted((row[0], row[1], row[7]) for row in logged) == sorted(flipped) and flipped
     # at the end, one row per probe with its trajectory
     (final,) = run_dir.glob("files/media/table/forgetwatch/probes*.table.json")
     probes = json.loads(final.read_text())["data"]
-    events = dict(zip(cb.trajectory.ids, cb.trajectory.forgetting_events().tolist()))
-    assert len(probes) == len(toy.probes) and all(row[4] == events[row[0]] for row in probes)
-    own = [r for r in rows if "train/loss" in r]
-    assert [r["train/global_step"] for r in own] == [2, 4, 6, 8]
-    assert all("train/entropy" in r for r in own)
-
-
-def test_tensorboard_receives_the_keys_at_their_global_step(toy, tmp_path, monkeypatch):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
-    cb = ForgetWatchCallback(toy.probes, eval_steps=4)
-    trainer = sft(toy, tmp_path / "out", [cb], max_steps=8, report_to=["tensorboard"])
-    trainer.train()
-    events = EventAccumulator(str(tmp_path / "tb"))
-    events.Reload()
-    scalars = events.Scalars("train/forgetwatch/forgetting")
-    assert [s.step for s in scalars] == [4, 8]
-    assert [s.value for s in scalars] == pytest.approx([r.forgetting for _, r in cb.history])
-    drift = events.Scalars("train/forgetwatch/behaviour/length_ratio_tokens")
-    assert [s.value for s in drift] == pytest.approx([r.behaviour["length_ratio_tokens"] for _, r in cb.history])
-    # the flips of each evaluation and the final table of probes, as text
+    events_of = dict(zip(cb.trajectory.ids, cb.trajectory.forgetting_events().tolist()))
+    assert len(probes) == len(toy.probes) and all(row[4] == events_of[row[0]] for row in probes)
+    # TensorBoard's: the flips of each evaluation and the final table of probes, as text
     texts = {tag: events.Tensors(tag) for tag in events.Tags()["tensors"]}
-    flips = texts["forgetwatch/flips/text_summary"]
-    assert [t.step for t in flips] == [4, 8]
-    last = flips[-1].tensor_proto.string_val[0].decode()
+    text_flips = texts["forgetwatch/flips/text_summary"]
+    assert [t.step for t in text_flips] == [4, 8]
+    last = text_flips[-1].tensor_proto.string_val[0].decode()
     assert all(f"| {pid} |" in last for pid in cb.history[-1][1].forgotten_ids)
     assert texts["forgetwatch/probes/text_summary"][0].step == 8
-    # the trainer's file and forgetwatch's own (no trainer given), neither reopened after the end
-    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
 
 
 def test_dpo_history_and_final_counts(toy, tmp_path):

@@ -24,7 +24,7 @@ from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.results.run_files import LOCK, NotWritableError, load_trajectory, read_history
 from forgetwatch.scoring import NonFiniteScoresError
-from forgetwatch.sinks import logged_categories, logged_values, metric_values
+from forgetwatch.sinks import logged_categories, metric_values
 
 QUIET = Output(verbose=False)
 
@@ -68,7 +68,7 @@ def test_a_users_sink_hears_the_base_every_evaluation_and_the_end(toy, tmp_path)
     first = sink.evaluations[0]
     assert isinstance(first, Evaluation) and first.stop is None and first.trigger == "schedule"
     assert (first.report.forgotten_ids, first.report.gained_ids) == (expected.forgotten_ids, expected.gained_ids)
-    assert logged_values(first)["forgetwatch/forgotten"] == expected.forgotten > 0
+    assert first.metrics["forgetwatch/forgotten"] == expected.forgotten > 0
     assert sink.evaluations[1].report.forgotten == 0  # the base against itself
     assert watch.finish(toy.tuned, 6) is None  # once per run
 
@@ -175,7 +175,7 @@ def test_an_evaluation_that_fails_part_way_keeps_nothing_and_its_step_can_be_eva
     evaluation = watch.evaluate(toy.tuned, 2)
     assert watch.trajectory.steps.tolist() == [0, 2] and [s for s, _ in watch.history] == [2]
     # the repair's figures and state: logged, and kept in the history under its name
-    assert logged_values(evaluation)["forgetwatch/fails_once/calls"] == 1.0
+    assert evaluation.metrics["forgetwatch/fails_once/calls"] == 1.0
     assert read_history(tmp_path / "history.jsonl")[-1]["fails_once"] == {"fails_once/calls": 1.0, "failed": True}
 
 
@@ -273,8 +273,8 @@ def test_categories_too_small_to_tell_forgetting_from_zero_are_not_logged(toy, t
     watch.start(toy.base, toy.tokenizer)
     evaluation = watch.evaluate(toy.tuned, 1)
     # no subject has 6 probes right at the base: per-subject figures would be noise
-    assert evaluation.report.forgotten > 0 and logged_names(logged_values(evaluation)) == set()
-    assert logged_values(evaluation) == metric_values(dataclasses.replace(evaluation.report, by_category={}))
+    assert evaluation.report.forgotten > 0 and logged_names(evaluation.metrics) == set()
+    assert evaluation.metrics == metric_values(dataclasses.replace(evaluation.report, by_category={}))
     said = [line for line in capsys.readouterr().out.splitlines() if "not logged" in line]
     assert said == [
         "[forgetwatch] per-category figures are logged for none of 46 categories; not logged: 46 with fewer "
@@ -292,7 +292,7 @@ def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
     watch.start(toy.base, toy.tokenizer)
     evaluation = watch.evaluate(toy.tuned, 1)
     groups = {f"mmlu_{g}" for g in GROUPS}
-    values = logged_values(evaluation)
+    values = evaluation.metrics
     assert logged_names(values) == groups
     # what TensorBoard gets: the overall figures and each group's, not 46 subjects' (498 tags before)
     assert len(values) <= 5 * len(metric_values(dataclasses.replace(evaluation.report, by_category={})))
@@ -312,7 +312,7 @@ def test_an_mmlu_like_probe_set_logs_a_few_groups(toy, tmp_path):
     again = Watch(probes, output_dir=tmp_path, eval_steps=1, output=output)
     again.load_state_dict(watch.state_dict())
     again.start(toy.tuned, toy.tokenizer)
-    assert logged_names(logged_values(again.evaluate(toy.tuned, 2))) == groups
+    assert logged_names(again.evaluate(toy.tuned, 2).metrics) == groups
 
 
 def test_lm_eval_probes_are_grouped_by_their_innermost_group(toy):
@@ -397,7 +397,7 @@ class Vandal:
     def on_evaluation(self, evaluation):
         evaluation.report.forgotten_ids.clear()
         evaluation.report.by_category.clear()
-        evaluation.logged.by_category.clear()
+        evaluation.metrics.clear()
         evaluation.drift["train_kl"] = -1.0
         evaluation.trajectory.correct[:] = False
         evaluation.trajectory.steps[:] = 0
@@ -677,7 +677,7 @@ def test_a_watch_only_reads_a_kept_plug_ins_figures_and_state(toy, tmp_path):
     state = watch.state_dict()
     watch.finish(toy.tuned, 2)
     assert spy.touched <= {"name", "files", "metrics", "state"}
-    assert logged_values(evaluation)["forgetwatch/spy/calls"] == 1.0 and state["plugins"] == {"spy": {"calls": 1}}
+    assert evaluation.metrics["forgetwatch/spy/calls"] == 1.0 and state["plugins"] == {"spy": {"calls": 1}}
     assert json.loads((tmp_path / "checkpoint-1" / "forgetwatch" / "spy.json").read_text()) == {"calls": 1}
     assert read_history(tmp_path / "run" / "history.jsonl")[0]["spy"] == {"spy/calls": 1.0, "calls": 1}
     with pytest.raises(ValueError, match="a plug-in named 'spy' is kept already"):

@@ -1,5 +1,6 @@
 """The trainer's log: forgetwatch's figures to ``state.log_history`` and the reporting integrations a TrainerLink
-reaches (W&B only when WandbSection did not take them), at the step they were measured."""
+reaches, at the step they were measured; W&B's from its own section (WandbSection), which the trainer's
+``WandbCallback`` would put under ``train/``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from forgetwatch.integrations.trainer_link import TrainerLink
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
-from forgetwatch.sinks import Sinks, logged_values
+from forgetwatch.sinks import Sinks
 from forgetwatch.sinks.tables import TensorBoardText
 from forgetwatch.sinks.wandb import WandbSection
 
@@ -20,25 +21,24 @@ class TrainerLog:
     """Sends each evaluation's metrics through ``link``; on every rank, as ``Trainer.log`` runs (the integrations
     write on the main process only)."""
 
-    def __init__(self, link: TrainerLink, wandb: WandbSection | None = None):
-        self.link, self.wandb = link, wandb
+    def __init__(self, link: TrainerLink, skip: tuple[str, ...] = ()):
+        self.link, self.skip = link, skip
 
     def on_base(self, snapshot: BaseSnapshot) -> None:
         if snapshot.metrics:
             self.send(snapshot.metrics)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        self.send(logged_values(evaluation))
+        self.send(evaluation.metrics)
 
     def on_ending(self, ending: Ending) -> None:
         self.send(ending.metrics)
 
     def send(self, metrics: dict[str, float]) -> None:
-        """To every integration; figures the W&B section took already skip W&B."""
+        """To every integration but those of classes named in ``skip``."""
         step = self.link.state.global_step
-        taken = self.wandb is not None and self.wandb.took == step
         try:
-            self.link.emit(metrics, skip=("WandbCallback",) if taken else ())
+            self.link.emit(metrics, skip=self.skip)
         except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
             logger.warning(
                 "forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
@@ -69,4 +69,5 @@ def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
     board = link.integration("TensorBoardCallback")  # its writer is the trainer's (or forgetwatch's own)
     tensorboard = TensorBoardText(probes, lambda: board.tb_writer, rows) if board else None
     rank_zero = WhileTraining(link, *(s for s in (wandb, tensorboard) if s))
-    return [rank_zero, WhileTraining(link, TrainerLog(link, wandb), all_ranks=True)]
+    log = TrainerLog(link, skip=("WandbCallback",) if wandb else ())
+    return [rank_zero, WhileTraining(link, log, all_ranks=True)]

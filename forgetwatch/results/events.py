@@ -33,7 +33,9 @@ class Evaluation:
         report: the :class:`~forgetwatch.TransitionReport` against the base, trajectory figures included.
         stop: why training should stop here (a sentence), or ``None``.
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``, or a caller's word).
-        logged: the report as logged: by category group where there are groups, the logged categories only.
+        metrics: what every logger gets, built once: ``forgetwatch/<name>`` and ``forgetwatch/<category>/<name>``
+            (by category group where there are groups, the logged categories only), the kept plug-ins' and train
+            KL's; figures that do not apply are left out.
         drift: train KL to the base (``train_kl``, ``rows``, ``tokens``, ``seconds``); empty when not measured.
         kept: each kept plug-in's ``metrics`` since the last evaluation and ``state``, by its name.
 
@@ -52,7 +54,7 @@ class Evaluation:
     probes: ProbeSet
     base: Answers
     trajectory: Trajectory
-    logged: TransitionReport
+    metrics: dict[str, float] = field(default_factory=dict)
     drift: dict[str, float] = field(default_factory=dict)
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -49,7 +49,7 @@ from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink, logged_categories
-from forgetwatch.sinks.metrics import PREFIX, ConsoleLines
+from forgetwatch.sinks.metrics import PREFIX, ConsoleLines, evaluation_metrics
 
 __all__ = ["Watch"]
 
@@ -383,9 +383,9 @@ class Watch:
                 )
             return None
         seconds = self._clock() - began
-        logged = self._logged_report(answers, report, trajectory)
         kept = {p.name: {"metrics": p.metrics(), "state": p.state()} for p in self._kept}  # where each stands
         drift = self._train_kl.measure(model, self._ranks) if self._train_kl is not None else {}
+        metrics = evaluation_metrics(self._logged_report(answers, report, trajectory), kept, drift)
         notes = []
         if isinstance(self._schedule, EverySteps):  # what the fixed interval costs, and a warning once
             note, warning = self._schedule.pace(step, began, self._clock() - began)
@@ -409,7 +409,7 @@ class Watch:
             probes=self.probes,
             base=self.base_answers,
             trajectory=trajectory,
-            logged=logged,
+            metrics=metrics,
             drift=drift,
             kept=kept,
             notes=notes,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,13 +56,15 @@ def metric_values(report: TransitionReport) -> dict[str, float]:
     return out
 
 
-def logged_values(evaluation: Evaluation) -> dict[str, float]:
+def evaluation_metrics(
+    logged: TransitionReport, kept: Mapping[str, Mapping[str, Any]], drift: Mapping[str, float]
+) -> dict[str, float]:
     """What an evaluation logs: the figures of its ``logged`` report, the kept plug-ins' and train KL's."""
-    out = metric_values(evaluation.logged)
-    for kept in evaluation.kept.values():
-        out.update((f"{PREFIX}{name}", value) for name, value in kept["metrics"].items())
-    if "train_kl" in evaluation.drift:
-        out[f"{PREFIX}drift/train_kl"] = evaluation.drift["train_kl"]
+    out = metric_values(logged)
+    for plugin in kept.values():
+        out.update((f"{PREFIX}{name}", value) for name, value in plugin["metrics"].items())
+    if "train_kl" in drift:
+        out[f"{PREFIX}drift/train_kl"] = drift["train_kl"]
     return out
 
 

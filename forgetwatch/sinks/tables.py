@@ -67,11 +67,10 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 class Guard:
-    """Runs a dashboard's writes: the first failure of each ``kind`` warns (``after``: what happens then), and that
-    kind is left alone from then on."""
+    """Runs a dashboard's writes: the first failure of each ``kind`` warns, and that kind is left alone from then
+    on."""
 
-    def __init__(self, after: str = ""):
-        self.after = after
+    def __init__(self) -> None:
         self.broken: set[str] = set()
 
     def __call__(self, kind: str, write: Callable[[], Any]) -> Any:
@@ -83,11 +82,10 @@ class Guard:
         except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
             self.broken.add(kind)
             logger.warning(
-                "forgetwatch: writing %s failed (%s: %s); no more of it this run%s, training goes on",
+                "forgetwatch: writing %s failed (%s: %s); no more of it this run, training goes on",
                 kind,
                 type(err).__name__,
                 first_line(err),
-                self.after,
             )
             return None
 

@@ -1,4 +1,7 @@
-"""W&B: forgetwatch's figures in a section of their own against ``train/global_step``, and tables of the probes."""
+"""W&B: forgetwatch's figures in a section of their own against ``train/global_step``, and tables of the probes.
+
+Written to the run directly: the trainer's ``WandbCallback`` would log ``forgetwatch/forgetting`` as
+``train/forgetwatch/forgetting``, in the trainer's section, so the trainer's log skips it for these keys."""
 
 from __future__ import annotations
 
@@ -8,9 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from forgetwatch.probes import ProbeSet
-from forgetwatch.results.events import BaseSnapshot, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.metrics import logged_values
 from forgetwatch.sinks.tables import FLIP_COLUMNS, PROBE_COLUMNS, Guard, flip_rows, probe_rows
 
 STEP_KEY = "train/global_step"
@@ -26,16 +28,15 @@ class WandbSection:
 
     def __init__(self, probes: ProbeSet, limit: int = 500, run: Callable[[], Any] = current_run):
         self.probes, self.limit, self.run = probes, limit, run
-        self.took: int | None = None  # the last step whose scalars went here
         self._flips: Any = None  # the incremental table
         self._defined = False
-        self._guard = Guard(" (scalars then go the trainer's way)")
+        self._guard = Guard()
 
     def on_base(self, snapshot: BaseSnapshot) -> None:
         self._scalars(snapshot.metrics, snapshot.step)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        self._scalars(logged_values(evaluation), evaluation.step)
+        self._scalars(evaluation.metrics, evaluation.step)
 
         def flips(wandb: Any) -> Any:  # one incremental table, grown at each evaluation
             if self._flips is None:
@@ -45,6 +46,9 @@ class WandbSection:
             return self._flips
 
         self._table("forgetwatch/flips", flips, evaluation.step)
+
+    def on_ending(self, ending: Ending) -> None:
+        self._scalars(ending.metrics, ending.step)
 
     def on_end(self, trajectory: Trajectory) -> None:
         def probes(wandb: Any) -> Any:
@@ -60,15 +64,13 @@ class WandbSection:
         self._guard("wandb tables", log)
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
-        def log() -> bool:
+        def log() -> None:
             run = self.run()
             if run is None or not values:
-                return False
+                return
             if not self._defined:
                 run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
                 self._defined = True
             run.log({**values, STEP_KEY: step})
-            return True
 
-        if self._guard("wandb scalars", log):
-            self.took = step
+        self._guard("wandb scalars", log)
