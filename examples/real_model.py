@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None):
     from trl import SFTConfig, SFTTrainer
 
     from forgetwatch import ForgetWatchCallback, Monitor, Output, Scoring
-    from forgetwatch.reporting.page import write_report
+    from forgetwatch.page.html import write_report
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Scoring, load_trajectory
-from forgetwatch.reporting.page import write_report
+from forgetwatch.page.html import write_report
 from forgetwatch.results.run_files import read_history
 from forgetwatch.toy import ToyWorld
 

@@ -24,7 +24,7 @@ LAYERS = [
     "replay",
     "merge",
     "integrations",
-    "reporting",
+    "page",
     "cli",
 ]
 

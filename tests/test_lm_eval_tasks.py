@@ -17,7 +17,7 @@ from forgetwatch import ProbeSet, Scorer, Scoring
 from forgetwatch.cli import main
 from forgetwatch.config import ConfigError, ForgetWatchConfig
 from forgetwatch.probes import as_probe_set
-from forgetwatch.sinks.metrics import lm_eval_lines
+from forgetwatch.sinks.logged import lm_eval_lines
 
 pytest.importorskip("lm_eval")
 
@@ -358,7 +358,7 @@ def test_the_command_line_builds_chat_prompts_with_the_model_s_tokenizer(toy, ta
 
 def test_a_watched_run_states_each_task_s_base_accuracy_as_lm_eval_reports_it(toy, task_dir, tmp_path, capsys):
     from forgetwatch import Watch
-    from forgetwatch.reporting.page import write_report
+    from forgetwatch.page.html import write_report
 
     probes = ProbeSet.from_lm_eval(
         ["fw_cap", "fw_riv"], num_fewshot=3, limit=12, include_path=task_dir, include_defaults=False

@@ -57,7 +57,7 @@ def test_robust_figures_equal_a_plain_loop_over_the_groups():
 
 @pytest.mark.slow
 def test_a_run_logs_what_broke_and_its_page_lists_the_groups(toy, tmp_path):
-    from forgetwatch.reporting.page import write_report
+    from forgetwatch.page.html import write_report
 
     probes = ProbeSet.from_records(grouped_rows(toy))
     base = evaluate(toy.base, toy.tokenizer, probes, show_progress=False)

@@ -15,8 +15,7 @@ import pytest
 from forgetwatch import Output, Watch
 from forgetwatch.cli import main
 from forgetwatch.cli.demo import run_demo
-from forgetwatch.probes import Probe
-from forgetwatch.reporting.page import (
+from forgetwatch.page.html import (
     _behaviour,
     _curves,
     _group_forgetting,
@@ -27,6 +26,7 @@ from forgetwatch.reporting.page import (
     load_run,
     write_report,
 )
+from forgetwatch.probes import Probe
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.run_files import read_history
 
@@ -271,7 +271,7 @@ def test_report_errors_are_one_line(tmp_path, capsys):
 
 
 def test_names_cannot_break_out_of_the_page_scripts(runs):
-    from forgetwatch.reporting.page import _page
+    from forgetwatch.page.html import _page
 
     run = load_run(runs[0])
     run.name = "</script><!--<script>alert(1)"

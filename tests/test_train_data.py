@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from transformers import Trainer, TrainingArguments
 
-from forgetwatch.integrations.train_data import MAX_TOKENS, TrainRows, training_rows
+from forgetwatch.run.train_kl.rows import MAX_TOKENS, TrainRows, training_rows
 from forgetwatch.toy import ToyWorld
 
 datasets = pytest.importorskip("datasets")

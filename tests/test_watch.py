@@ -590,7 +590,7 @@ def test_two_watches_never_write_in_one_directory(toy, tmp_path, caplog):
 @pytest.mark.slow
 def test_a_fresh_run_sets_aside_the_merge_an_earlier_one_wrote_and_its_page_shows_none(toy, tmp_path):
     from forgetwatch import MergeAtEnd
-    from forgetwatch.reporting.page import write_report
+    from forgetwatch.page.html import write_report
 
     texts = toy.world.distraction_texts(n=4, seed=7)
     first, merge = (

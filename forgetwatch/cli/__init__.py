@@ -20,14 +20,14 @@ from forgetwatch.common.files import atomic_write, check_replaceable_folder, str
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line
 from forgetwatch.config import ConfigError
-from forgetwatch.config.options import scoring_options
 from forgetwatch.config.settings import Count, Scoring, Share, problems
 from forgetwatch.config.yaml_files import read_value
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.results.run_files import MERGED
-from forgetwatch.sinks.metrics import lm_eval_lines
+from forgetwatch.scoring.options import scoring_options
+from forgetwatch.sinks.logged import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
 
 _ANSWER_SUFFIXES = (".json", ".npz")
@@ -391,7 +391,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from forgetwatch.reporting.page import write_report
+    from forgetwatch.page.html import write_report
     from forgetwatch.results.history import HistoryError
 
     _check_writable("--out", Path(args.out).absolute().parent)

@@ -32,9 +32,9 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
         raise ImportError('forgetwatch demo needs TRL: pip install "forgetwatch[demo]"')
 
     from forgetwatch.config.settings import Output
+    from forgetwatch.page.html import write_report
     from forgetwatch.probes import ProbeSet
     from forgetwatch.replay import ReplayPool
-    from forgetwatch.reporting.page import write_report
     from forgetwatch.results.run_files import read_history
     from forgetwatch.toy import ToyWorld
 

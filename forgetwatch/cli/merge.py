@@ -153,7 +153,7 @@ def run_merge(
         raise MergeUsageError(f"{first_line(err)}; {SWEEP_TABLE} and {SWEEP} are in {out}") from err
     written = [SWEEP_TABLE, SWEEP]
     try:
-        from forgetwatch.reporting.page import write_sweep_page
+        from forgetwatch.page.html import write_sweep_page
 
         write_sweep_page(table, out / "sweep.html")
         written.append("sweep.html")

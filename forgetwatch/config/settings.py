@@ -27,6 +27,8 @@ __all__ = ["ConfigError", "Monitor", "Output", "Scoring"]
 
 #: The largest count or size any setting may be: what a 64-bit integer (numpy, torch, the files) holds.
 MAX_INT = 2**63 - 1
+BatchSize = int | str  # a positive int, or "auto"
+
 #: Most tokens a generation may ask for: more than any model's context.
 MAX_NEW_TOKENS = 1 << 20
 #: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).

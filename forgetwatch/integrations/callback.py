@@ -20,7 +20,6 @@ from transformers import TrainingArguments as Args
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ForgetWatchConfig, checked_keywords
 from forgetwatch.config.settings import Monitor, Output, Scoring
-from forgetwatch.integrations.train_data import TrainRows, training_rows
 from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.merge.at_end import MergeAtEnd
@@ -29,6 +28,7 @@ from forgetwatch.replay import Replay, ReplayPool
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
+from forgetwatch.run.train_kl.rows import TrainRows, training_rows
 from forgetwatch.run.watch import Watch, failure
 from forgetwatch.sinks import eval_metric_values
 

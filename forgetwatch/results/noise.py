@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from forgetwatch.config.options import BatchSize
+from forgetwatch.config.settings import BatchSize
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import mcnemar_exact
 

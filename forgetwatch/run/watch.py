@@ -49,7 +49,7 @@ from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink, logged_categories
-from forgetwatch.sinks.metrics import PREFIX, ConsoleLines, evaluation_metrics
+from forgetwatch.sinks.logged import PREFIX, ConsoleLines, evaluation_metrics
 
 __all__ = ["Watch"]
 

@@ -16,8 +16,7 @@ import torch
 
 from forgetwatch.common.console import progress_bar
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config.options import BatchSize, scoring_options
-from forgetwatch.config.settings import Scoring
+from forgetwatch.config.settings import BatchSize, Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
 from forgetwatch.scoring.batching import default_token_budget, forward_cost, group_runs, run_lockstep
@@ -43,6 +42,7 @@ from forgetwatch.scoring.generation import (
     sample_seed,
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
+from forgetwatch.scoring.options import scoring_options
 from forgetwatch.scoring.packing import decide
 from forgetwatch.scoring.precision import compute_precision, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, shared_prefix_lengths

@@ -16,7 +16,7 @@ from forgetwatch.results.history import history_record
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import RunStore
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.metrics import eval_metric_values, logged_categories, metric_values
+from forgetwatch.sinks.logged import eval_metric_values, logged_categories, metric_values
 
 __all__ = [
     "SINK_SECONDS",

@@ -20,7 +20,7 @@ from forgetwatch.common.text import describe, first_line, pct
 from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.run_files import HISTORY, SUBDIR, SWEEP, Run, read_run, run_directory
-from forgetwatch.sinks.metrics import lm_eval_lines
+from forgetwatch.sinks.logged import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
 
 #: Probes listed in each table of the page.

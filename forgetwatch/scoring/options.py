@@ -1,4 +1,4 @@
-"""Rules of the scoring options that the settings, the scorer and the command line share."""
+"""The scoring options that decide a probe set's answers, as stored with them (the scorer's and the command line's)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Any
 
 from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import ProbeKind
-
-BatchSize = int | str  # a positive int, or "auto"
 
 
 def scoring_options(
