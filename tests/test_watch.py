@@ -223,16 +223,22 @@ def test_a_watch_from_yaml_takes_the_files_settings_and_the_constructors_keyword
     assert watch.config.output_dir == str(tmp_path / "out")  # from the file's folder
 
 
-@pytest.mark.parametrize("cls", [Watch, ForgetWatchCallback], ids=lambda c: c.__name__)
-def test_a_signature_is_short_typed_documented_and_takes_no_more(cls):
-    parameters = inspect.signature(cls.__init__).parameters  # wraps=: the signature as written
-    named = [p for p in parameters.values() if p.name != "self"]
-    # the callback's own: trainer=, and the plug-ins it calls, replay= and merge_at_end=
-    limit = {Watch: 10, ForgetWatchCallback: 13}.get(cls, 12)
-    assert len(named) <= limit and not [p for p in named if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    assert all(p.annotation is not inspect.Parameter.empty for p in named)
-    args = cls.__doc__.split("Args:")[-1] if "Args:" in cls.__doc__ else cls.__doc__.split("Attributes:")[-1]
-    assert all(f"{p.name}:" in args for p in named), cls
+def test_a_signature_is_short_typed_documented_and_the_callbacks_is_no_copy_of_the_watchs(toy):
+    def named(cls):
+        return [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
+
+    watch, callback = named(Watch), named(ForgetWatchCallback)
+    assert len(watch) <= 10 and not [p for p in watch if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    # the callback's own: the probes or a Watch, the plug-ins it calls, trainer=; the watch's settings as they are
+    assert [p.name for p in callback] == ["probes", "replay", "merge_at_end", "trainer", "settings"]
+    for cls, parameters in ((Watch, watch), (ForgetWatchCallback, callback)):
+        assert all(p.annotation is not inspect.Parameter.empty for p in parameters)
+        args = cls.__doc__.split("Args:")[-1]
+        assert all(f"{p.name}:" in args for p in parameters), cls
+    made = Watch(toy.probes, eval_steps=3, output_dir="x")
+    assert ForgetWatchCallback(made).watch is made
+    with pytest.raises(TypeError, match="eval_steps"):  # a Watch's settings are given to the Watch
+        ForgetWatchCallback(made, eval_steps=4)
     start = [p.name for p in inspect.signature(Watch.start).parameters.values()]
     assert start == ["self", "model", "tokenizer", "step", "output_dir", "max_steps", "train_rows"]
 

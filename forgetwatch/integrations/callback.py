@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -18,14 +16,12 @@ from transformers import TrainerState as State
 from transformers import TrainingArguments as Args
 
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.config import ForgetWatchConfig, checked_keywords
-from forgetwatch.config.settings import Monitor, Output, Scoring
+from forgetwatch.config import ForgetWatchConfig
 from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
 from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
 from forgetwatch.merge.at_end import MergeAtEnd
 from forgetwatch.probes import ProbesLike
 from forgetwatch.replay import Replay, ReplayPool
-from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Evaluation
 from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.train_kl.rows import TrainRows, training_rows
@@ -63,27 +59,21 @@ class ForgetWatchCallback(TrainerCallback):
     """Measure per-sample forgetting on a probe set while a transformers / TRL trainer trains.
 
     A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the trainer's events to it
-    (docs/trainer.md). A failure of forgetwatch during training is a loud warning, never an exception. List it
-    before transformers' ``EarlyStoppingCallback``, which reads the ``eval_forgetwatch_*`` metrics.
+    and to the plug-ins beside it (docs/trainer.md). A failure of forgetwatch during training is a loud warning,
+    never an exception. List it before transformers' ``EarlyStoppingCallback``, which reads the
+    ``eval_forgetwatch_*`` metrics.
 
     Args:
-        probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file's path, or a list of probe rows.
-        eval_steps: evaluate every N optimizer steps (``None``: as often as ``Monitor.max_overhead`` allows).
-        max_forgetting: stop training once the forgetting rate exceeds this (``None``: never stop).
-        output_dir: where snapshot and history live (``None``: ``<trainer output_dir>/forgetwatch``, or the
-            trial's folder in a hyperparameter search).
-        base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the model at the
-            start; or ``"adapter_disabled"``: score a PEFT model with its adapters disabled, at every (re)start.
-        scoring: how probes are scored, e.g. ``scoring=Scoring(batch_size=16)``.
-        monitor: when else to evaluate, what else to measure, when to stop, e.g. ``monitor=Monitor(patience=3)``.
-        output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
+        probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file's path or a list of probe rows; or a
+            :class:`~forgetwatch.Watch` made beforehand (then no ``settings``).
+        settings: the :class:`~forgetwatch.Watch`'s keywords, as it takes them: ``eval_steps``, ``max_forgetting``,
+            ``output_dir`` (default ``<trainer output_dir>/forgetwatch``, or the trial's folder in a
+            hyperparameter search), ``base``, ``scoring``, ``monitor``, ``output``, ``sinks``, ``clock``.
         replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, with the defaults) to
             repair forgetting with; a pool holding a probe's question is refused.
         merge_at_end: a :class:`~forgetwatch.MergeAtEnd`: when training ends, sweep the interpolation between the
             base and the final weights on the probes and its target, log ``forgetwatch/merge/*`` and say which α
             would keep the gain at the least forgetting (the trainer's model and checkpoints stay as trained).
-        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions ``f(report, step)``.
-        clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
         trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the metrics reach
             every reporting integration, and a ``GRPOTrainer``'s tools and chat template render train-KL prompts.
 
@@ -98,29 +88,27 @@ class ForgetWatchCallback(TrainerCallback):
         ...                      callbacks=[ForgetWatchCallback(probes, eval_steps=50)])  # doctest: +SKIP
     """
 
-    @checked_keywords
     def __init__(
         self,
-        probes: ProbesLike | None = None,
+        probes: ProbesLike | Watch | None = None,
         *,
-        eval_steps: int | None = None,
-        max_forgetting: float | None = None,
-        output_dir: str | os.PathLike[str] | None = None,
-        base: Answers | str | os.PathLike[str] | None = None,
-        scoring: Scoring | None = None,
-        monitor: Monitor | None = None,
-        output: Output | None = None,
         replay: Replay | ReplayPool | None = None,
         merge_at_end: MergeAtEnd | None = None,
-        sinks: Iterable[Any] = (),
-        clock: Callable[[], float] = time.perf_counter,
         trainer: Any = None,
+        **settings: Any,
     ):
-        # the plug-ins beside the watch are this callback's to call; every other keyword is the watch's
-        mine = {
-            k: v for k, v in locals().items() if k not in ("self", "trainer", "replay", "merge_at_end", "__class__")
-        }
-        self.watch = Watch(**mine)
+        if isinstance(probes, Watch):
+            if settings:
+                raise TypeError(
+                    f"ForgetWatchCallback(watch, {', '.join(f'{k}=...' for k in settings)}): a Watch has its "
+                    "settings already; give them to Watch(...), or give the probes here instead of a Watch"
+                )
+            self.watch = probes
+        else:
+            try:
+                self.watch = Watch(probes, **settings)
+            except TypeError as err:  # an unknown keyword: named as the caller wrote it
+                raise TypeError(str(err).replace("Watch()", "ForgetWatchCallback()", 1)) from None
         self.replay, self.merge_at_end = _plug_ins(self.watch, replay, merge_at_end)
         self._link = TrainerLink(self, trainer)
         self._eval_logged_at: int | None = None
