@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from trainers import CPU_QUIET
 
-from forgetwatch import Answers, ProbeSet, Watch
+from forgetwatch import Answers, ProbeSet, Scoring, Watch
 from forgetwatch.probes.tool_calls import MAX_CALL_DEPTH, MAX_SEARCHED, parse_call
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules
 from forgetwatch.toy import TOOLS
@@ -65,7 +65,7 @@ ROWS = [
 def test_every_kind_judges_a_hostile_reply_and_its_files_keep_it(name, tmp_path):
     text = HOSTILE[name]
     probes = ProbeSet.from_records(ROWS)
-    rules = Rules(normalize=None, extract=None, refusal_detector=None)
+    rules = Rules(scoring=Scoring(), extract=None, refusal_detector=None)
     samples = []
     for probe in probes:
         sample = SCORE[probe.kind](probe, Measured(np.zeros(0), text), rules)

@@ -87,3 +87,35 @@ def test_a_group_of_the_wrong_type_is_named():
     with pytest.raises(ConfigError) as info:
         ForgetWatchConfig(scoring={"batch_size": 8})  # type: ignore[arg-type]
     assert [e.key for e in info.value.errors] == ["scoring"]
+
+
+#: Classes whose field shares a Scoring option's name but holds something else
+OTHER_MEANINGS = {
+    "Evaluation.stop": "why training should stop (contract)",
+    "GenerationPrompt.stop": "one prompt's stop strings (a probe's own, or an lm-eval task's)",
+    "GenerationPrompt.seed": "one response's seed, made of the run's seed and the probe's id",
+    "LmEvalJudge.max_new_tokens": "an lm-eval task's own generation settings, as lm-eval reads them",
+    "LmEvalJudge.stop": "an lm-eval task's own stop strings",
+    "Answering.max_new_tokens": "replay's synthetic answers (its own default and bound)",
+    "Answering.chat_template": "replay's synthetic answers",
+    "Answering.stop": "replay's synthetic answers (none by default)",
+}
+
+
+def test_each_scoring_option_is_declared_in_one_class_body():
+    import ast
+    from pathlib import Path
+
+    import forgetwatch
+
+    options = set(Scoring.model_fields)
+    declared: dict[str, list[str]] = {}
+    for path in Path(forgetwatch.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for line in node.body:
+                    if isinstance(line, ast.AnnAssign) and getattr(line.target, "id", None) in options:
+                        declared.setdefault(line.target.id, []).append(f"{node.name}.{line.target.id}")
+    assert set(declared) == options
+    again = {name: [c for c in where if c not in OTHER_MEANINGS] for name, where in declared.items()}
+    assert again == {name: [f"Scoring.{name}"] for name in options}

@@ -180,7 +180,7 @@ def test_grpo_gives_the_prompts_and_leaves_the_completion_to_the_caller(world, t
     _, tok, _ = world
     prompts = [t.split(" plus")[0] + " plus" for t in world[0].distraction_texts(n=10)]
     got, _ = rows_of(grpo(world, tmp_path, prompts), None, n=6, seed=1)
-    assert got.source == "grpo" and got.max_new_tokens == 6 and not got.complete
+    assert got.source == "grpo" and got.completion_tokens == 6 and not got.complete
     expected = [tok(prompts[i])["input_ids"] for i in sample(10, 6, 1)]
     assert got.rows == [(ids, len(ids)) for ids in expected]
 
@@ -240,8 +240,8 @@ def test_what_cannot_be_read_gives_no_rows_and_one_line_saying_why(world, tmp_pa
 
 
 def test_train_rows_holds_its_fields():
-    rows = TrainRows([([1, 2, 3], 1)], "grpo", max_new_tokens=6)
-    assert (rows.rows, rows.source, rows.max_new_tokens, rows.complete) == ([([1, 2, 3], 1)], "grpo", 6, False)
+    rows = TrainRows([([1, 2, 3], 1)], "grpo", completion_tokens=6)
+    assert (rows.rows, rows.source, rows.completion_tokens, rows.complete) == ([([1, 2, 3], 1)], "grpo", 6, False)
 
 
 def test_kto_measures_the_completion_after_the_prompt(world, tmp_path):

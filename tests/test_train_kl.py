@@ -78,7 +78,7 @@ def test_rows_are_sampled_cut_and_checked():
     assert [len(ids) for ids, _ in long.rows] == [train_kl.MAX_TOKENS]
     # a tuple of token ids is a row, a pair of ids and a number is a row and its start; arrays are read
     assert as_train_rows([(5, 6), (np.array([5, 6, 7]), 2)], max_rows=8).rows == [([5, 6], 1), ([5, 6, 7], 2)]
-    prompts = TrainRows([([1, 2, 3], 3)], "grpo", max_new_tokens=8)  # the completion comes later: kept whole
+    prompts = TrainRows([([1, 2, 3], 3)], "grpo", completion_tokens=8)  # the completion comes later: kept whole
     assert as_train_rows(prompts, max_rows=8) == prompts
     for bad, match in (
         ("text", "list of token-id lists"),

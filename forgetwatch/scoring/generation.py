@@ -13,6 +13,7 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
+from forgetwatch.config.settings import Scoring
 from forgetwatch.scoring.batching import group_runs, padded, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, generator, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
@@ -42,13 +43,6 @@ class GenerationPrompt(NamedTuple):
     seed: int | None = None
 
 
-class Sampling(NamedTuple):
-    """How sampled responses are drawn: each token from ``softmax(logits / temperature)`` cut to its top-p set."""
-
-    temperature: float
-    top_p: float
-
-
 def sample_seed(seed: int, probe_id: str, sample: int) -> int:
     """The seed of one response: made of the run's seed, the probe's id and the sample's number only, so the same
     weights draw the same response in any batch, on any rank."""
@@ -56,9 +50,10 @@ def sample_seed(seed: int, probe_id: str, sample: int) -> int:
     return int.from_bytes(digest, "little") >> 1  # torch seeds are below 2**63
 
 
-def draw_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+def draw_token(logits: torch.Tensor, sampling: Scoring, generator: torch.Generator) -> int:
     """One token drawn from one row's logits with ``generator`` (one uniform number a token): the probabilities at
-    ``temperature``, the likeliest first, cut to the fewest whose sum reaches ``top_p``, then the inverse CDF."""
+    ``sampling.temperature``, the likeliest first, cut to the fewest whose sum reaches ``sampling.top_p``, then the
+    inverse CDF."""
     probs = torch.softmax(logits.detach().to("cpu", torch.float64) / sampling.temperature, dim=-1)
     order = torch.argsort(probs, descending=True, stable=True)
     ranked = probs[order]
@@ -72,7 +67,7 @@ class SeededDraws:
     """A logits processor that draws each row's next token with that row's own generator and leaves it the only
     choice, so greedy decoding takes it: a row's response depends on its seed, not on its batch."""
 
-    def __init__(self, seeds: Sequence[int], sampling: Sampling):
+    def __init__(self, seeds: Sequence[int], sampling: Scoring):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.sampling = sampling
 
@@ -196,7 +191,7 @@ def generate_sharded(
     on_out_of_memory: Callable[[int], None] | None = None,
     prefix_cache: Callable[[list[tuple[int, ...]]], dict[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
-    sampling: Sampling | None = None,
+    sampling: Scoring | None = None,
 ) -> list[Generated]:
     """Continuations of ``prompts``, in order, on every rank, each cut at its first stop string, each rank's share
     in lockstep: greedy, or with ``sampling`` drawn with each prompt's seed; ``limits`` and ``on_out_of_memory``

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from forgetwatch.behaviour.checks import failed_checks
+from forgetwatch.config.settings import Scoring
 from forgetwatch.probes import Probe, ProbeKind
 from forgetwatch.probes.extract import extractor_for, is_correct, reference_for
 from forgetwatch.probes.tool_calls import calls_match, parse_call
@@ -27,7 +28,7 @@ class Measured(NamedTuple):
 class Rules:
     """The scorer's options that turn what was measured into answers."""
 
-    normalize: str | None  # "chars": a choice's log-probability per character (lm-eval acc_norm)
+    scoring: Scoring  # its normalize="chars": a choice's log-probability per character (lm-eval acc_norm)
     extract: Callable[[str], str | None] | None  # the user's extractor for every generative probe
     refusal_detector: Callable[[str], bool] | None  # decides the behaviour checks' "refuses" (None: the default)
 
@@ -38,7 +39,7 @@ def multiple_choice(probe: Probe, measured: Measured, rules: Rules) -> dict[str,
     if probe.judge is not None:  # the probe's own rules (lm-eval's metric)
         correct, pred = probe.judge.choose(lps)
     else:
-        scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.normalize == "chars" else lps
+        scores = lps / np.array([float(len(c)) for c in probe.choices]) if rules.scoring.normalize == "chars" else lps
         pred = int(np.argmax(scores))  # ties go to the lowest index
         correct = pred == probe.answer
     return {

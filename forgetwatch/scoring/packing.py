@@ -120,7 +120,7 @@ def _problem(probes: Sequence[tuple[int, EncodedChoices]], run: Any, prefixes: b
     if not np.isfinite(together).all():  # NaN says nothing of packing; the scorer refuses the model
         return None, None
     noise = float(np.max(np.abs(together - sum(sums([r]) for r in plain)) / tokens))
-    tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * epsilon(run.precision))
+    tolerance = max(MIN_TOLERANCE, 4 * noise, EPS_FACTOR * epsilon(run.computes_in))
 
     def differs(rows: list[Row], scored: str, what: str) -> str | None:
         try:

@@ -33,7 +33,6 @@ from forgetwatch.scoring.encoding import (
 from forgetwatch.scoring.generation import (
     GenerationPrompt,
     K,
-    Sampling,
     generate_sharded,
     generation_share,
     input_device,
@@ -249,9 +248,9 @@ class Scorer:
         return out
 
     @property
-    def _sampling(self) -> Sampling | None:
+    def _sampling(self) -> Scoring | None:
         s = self.settings
-        return Sampling(s.temperature, s.top_p) if s.sampled else None
+        return s if s.sampled else None
 
     def _drawn(self, prompts: dict[int, GenerationPrompt]) -> dict[tuple[int, int], GenerationPrompt]:
         """Each response to generate, keyed (probe, sample): one a probe when greedy, ``samples`` when sampled, each
@@ -308,7 +307,7 @@ class Scorer:
         model_name: str,
     ) -> Answers:
         first_key = tokens.first_key
-        rules = Rules(self.settings.normalize, self.extract, self.refusal_detector)
+        rules = Rules(self.settings, self.extract, self.refusal_detector)
         k = self.settings.samples if self.settings.sampled else 1
         grouped = any(p.group is not None for p in self.probes)
         samples = []
@@ -362,11 +361,11 @@ class _Run:
     device: torch.device
     pad_id: int
     max_length: int
-    batch_size: BatchSize
+    rows_per_forward: BatchSize  # the call's batch size: a number of rows, or "auto"
     ranks: Ranks
     facts: ModelFacts
     tokens: _Tokens
-    precision: str  # what the forwards compute in (see forgetwatch.scoring.precision)
+    computes_in: str  # the precision the forwards compute in (see forgetwatch.scoring.precision)
     budget: int | None  # tokens per forward, for batch_size="auto"
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
@@ -374,9 +373,9 @@ class _Run:
     def limits(self) -> tuple[int | None, int | None]:
         """Rows and tokens per forward, never more than has fitted since an out-of-memory error."""
         facts = self.facts
-        if self.batch_size == "auto":
+        if self.rows_per_forward == "auto":
             return facts.row_cap, min(self.budget, facts.token_cap or self.budget)
-        return min(self.batch_size, facts.row_cap or self.batch_size), None
+        return min(self.rows_per_forward, facts.row_cap or self.rows_per_forward), None
 
     def out_of_memory(self, rows: int) -> None:
         """Halve the limits after ``rows`` did not fit (every rank calls it with the same ``rows``)."""
@@ -384,7 +383,7 @@ class _Run:
             torch.cuda.empty_cache()
         facts = self.facts
         facts.row_cap = max(1, min(rows, facts.row_cap or rows) // 2)
-        if self.batch_size == "auto":
+        if self.rows_per_forward == "auto":
             facts.token_cap = max(1, self.limits()[1] // 2)
         facts.plans.clear()
         logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
@@ -447,7 +446,7 @@ class _Run:
         return self.ranks.sum(sums)
 
     def generate(
-        self, tokenizer: Any, prompts: dict[K, GenerationPrompt], bar, sampling: Sampling | None
+        self, tokenizer: Any, prompts: dict[K, GenerationPrompt], bar, sampling: Scoring | None
     ) -> dict[K, str]:
         window = getattr(self.config, "sliding_window", None) or float("inf")
         # a cache that drops what slides out of the window cannot be shared

@@ -56,11 +56,11 @@ class TrainRows:
 
     rows: list[tuple[list[int], int]]
     source: str
-    max_new_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.max_new_tokens == 0
+        return self.completion_tokens == 0
 
 
 #: what ``Watch.start(train_rows=...)`` takes
@@ -76,7 +76,7 @@ def as_train_rows(rows: RowsLike, max_rows: int, seed: int = 0) -> TrainRows:
         pairs = [pairs[int(i)] for i in keep]
     if given.complete:
         pairs = [(ids[:MAX_TOKENS], start) for ids, start in pairs if start < min(len(ids), MAX_TOKENS)]
-    return TrainRows(pairs, given.source, given.max_new_tokens)
+    return TrainRows(pairs, given.source, given.completion_tokens)
 
 
 def _pairs(rows: Any) -> list[tuple[list[int], int]]:
@@ -238,7 +238,9 @@ class TrainKL:
         answers = generate_sharded(
             model,
             run.tokenizer,
-            fit_prompts(model, run.tokenizer, {f"prompt {i}": p for i, p in enumerate(prompts)}, given.max_new_tokens),
+            fit_prompts(
+                model, run.tokenizer, {f"prompt {i}": p for i, p in enumerate(prompts)}, given.completion_tokens
+            ),
             ranks=run.ranks,
             rows_per_batch=run.rows_per_batch(model),
             return_ids=True,
