@@ -24,13 +24,18 @@ from forgetwatch.probes import ProbeSet
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes
 from forgetwatch.probes.probe_set import as_probe_set
 from forgetwatch.replay import Replay, ReplayPool
-from forgetwatch.replay.replay import OPTIONS, checked_options
+from forgetwatch.replay.replay import ReplayOptions, checked_options
 
 KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
 #: settings of the frameworks' own, beside the config's flat keys
 #: MergeAtEnd's, as merge_<option>: a target (texts or probes, a file) and its options
 MERGE = ("target_texts", "target_probes", "keep", "alphas", "by_layer", "save")
-EXTRA = ("config", "replay", *(f"replay_{name}" for name in OPTIONS), *(f"merge_{name}" for name in MERGE))
+EXTRA = (
+    "config",
+    "replay",
+    *(f"replay_{name}" for name in ReplayOptions.model_fields),
+    *(f"merge_{name}" for name in MERGE),
+)
 #: every setting a framework may give, without its prefix
 NAMES = (*FLAT_KEYS, *EXTRA)
 #: the settings that are file paths: a relative one is taken from the folder of the file that names it
@@ -94,12 +99,15 @@ class FrameworkSettings:
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 problems.append(Problem(source, None, named(name), f"expected a file path, got {describe(value)}"))
         replay_options = {}
-        for name in OPTIONS:
+        for name in ReplayOptions.model_fields:
             if (value := given.pop(f"replay_{name}", None)) is not None:
                 try:
-                    replay_options.update(checked_options(**{name: value}))
-                except ValueError as err:
-                    problems.append(Problem(source, None, named(f"replay_{name}"), str(err).removeprefix(f"{name}= ")))
+                    checked_options(**{name: value})
+                    replay_options[name] = value
+                except ConfigError as err:
+                    problems.append(Problem(source, None, named(f"replay_{name}"), err.errors[0].message))
+                except ValueError as err:  # a retired value
+                    problems.append(Problem(source, None, named(f"replay_{name}"), str(err)))
         if replay_options and replay_path is None:
             message = f"replay options need a pool: set {named('replay')} to a replay pool file"
             problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))

@@ -46,7 +46,7 @@ class ReplayPool(Sequence[ReplayRow]):
         Example:
             >>> pool = ReplayPool.from_jsonl("replay.jsonl")  # doctest: +SKIP
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens=max_new_tokens, chat_template=chat_template, stop=stop)
         return cls(pool_rows(str(path), "line").read_jsonl(path, "replay pool file"), str(path), answering)
 
     @classmethod
@@ -66,7 +66,7 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> pool[0].prompt, pool.answering.max_new_tokens
             ('Name a river.', 16)
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens=max_new_tokens, chat_template=chat_template, stop=stop)
         return cls(pool_rows(source, "record").read_records(records), source, answering)
 
     @classmethod
@@ -88,7 +88,7 @@ class ReplayPool(Sequence[ReplayRow]):
             >>> [(r.id, r.category) for r in pool], pool.answering.max_new_tokens
             ([('p0', 'all'), ('p1', 'all')], 32)
         """
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens=max_new_tokens, chat_template=chat_template, stop=stop)
         if category is not None and (message := check_category(category)):
             raise ValueError(f"category= {message}")
         if isinstance(prompts, (str, bytes)):
@@ -143,7 +143,7 @@ class ReplayPool(Sequence[ReplayRow]):
                 "model answers: prompt=COLUMN (one of them)"
             )
         [(kind, column)] = columns.items()
-        answering = Answering(max_new_tokens, chat_template, stop)
+        answering = Answering(max_new_tokens=max_new_tokens, chat_template=chat_template, stop=stop)
         if category is not None and (message := check_category(category)):
             raise ValueError(f"category= {message}")
         rows = pool_rows(getattr(getattr(dataset, "info", None), "dataset_name", None) or "<dataset>", "dataset row")

@@ -7,13 +7,14 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from forgetwatch.common.text import first_line, listing, pct, shorten
-from forgetwatch.config import checks as check
+from forgetwatch.config.settings import MAX_INT, Settings
 from forgetwatch.replay import kept
 from forgetwatch.replay.kept import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_STATE, state_problem, tokens_key
 from forgetwatch.replay.penalty import encode_rows, replay_backward, target_count
@@ -30,30 +31,21 @@ from forgetwatch.scoring.scorer import pad_id
 logger = logging.getLogger("forgetwatch")
 
 
-def _weight(value: Any) -> float:
-    number = check.non_negative(value)
-    if number > kept.MAX_WEIGHT:
-        why = "a heavier replay loss swamps the trainer's (1e30 makes NaN)"
-        raise check.Invalid(f"a number from 0 to {kept.MAX_WEIGHT:g}", value, why)
-    return number
+class ReplayOptions(Settings):
+    """Replay's options, checked (in YAML and a framework's settings: ``replay_<name>``)."""
+
+    loss: Literal["lm", "kl"] = "lm"
+    weight: Annotated[float, Field(ge=0, le=kept.MAX_WEIGHT, allow_inf_nan=False)] = 1.0
+    """How much the replay loss counts: a heavier one swamps the trainer's (1e30 makes NaN)."""
+    select: Literal["categories", "uniform"] = "categories"
+    batch_size: Annotated[int, Field(ge=1, le=1024)] = 8
+    """Each row replayed costs a forward and a backward pass before every optimizer step."""
+    top_k: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Each costs 6 bytes at every position of every replay row, kept all run: a few dozen carry nearly all of the
+    base's probability."""
+    seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
 
 
-#: Replay's options and their checks (in YAML and a framework's settings: ``replay_<name>``).
-OPTIONS: dict[str, Any] = {
-    "loss": check.choice(("lm", "kl")),
-    "weight": _weight,
-    "select": check.choice(("categories", "uniform")),
-    "batch_size": check.integer(
-        1, 1024, "each row replayed costs a forward and a backward pass before every optimizer step"
-    ),
-    "top_k": check.integer(
-        1,
-        1024,
-        "each costs 6 bytes at every position of every replay row, kept all run: a few dozen carry nearly "
-        "all of the base's probability",
-    ),
-    "seed": check.integer(0),
-}
 #: Values a release before 0.1 took, and what to give instead.
 RETIRED = {
     ("weight", "auto"): 'weight="auto" is retired: in its own benchmark it forgot more than a fixed weight '
@@ -63,17 +55,12 @@ RETIRED = {
 }
 
 
-def checked_options(**given: Any) -> dict[str, Any]:
-    """Replay's options, checked: a ``ValueError`` naming the first bad one and what to give."""
-    out = {}
+def checked_options(**given: Any) -> ReplayOptions:
+    """Replay's options, checked: a ``ConfigError`` naming each bad one (a retired value: a ``ValueError``)."""
     for name, value in given.items():
         if isinstance(value, str) and (name, value) in RETIRED:
             raise ValueError(RETIRED[name, value])
-        try:
-            out[name] = OPTIONS[name](value)
-        except check.Invalid as err:
-            raise ValueError(f"{name}= {err}") from None
-    return out
+    return ReplayOptions(**given)
 
 
 def uncovered(
@@ -142,8 +129,8 @@ class Replay:
         max_length: int = 512,
     ):
         o = checked_options(loss=loss, weight=weight, select=select, batch_size=batch_size, top_k=top_k, seed=seed)
-        self.loss, self.weight, self.select = o["loss"], o["weight"], o["select"]
-        self.batch_size, self.top_k, self.seed = o["batch_size"], o["top_k"], o["seed"]
+        self.loss, self.weight, self.select = o.loss, o.weight, o.select
+        self.batch_size, self.top_k, self.seed = o.batch_size, o.top_k, o.seed
         self.pool, self.max_length = pool, max_length
         self.probe_categories: list[str] | None = None  # once the run is built
         self.covers: set[str] = set()  # the categories of the rows replayed

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.rows import FieldProblem, Rows
 from forgetwatch.common.text import shorten, type_name
-from forgetwatch.config import checks as check
+from forgetwatch.config.settings import MAX_STOP_STRINGS, Settings, StopString
 from forgetwatch.probes.schema import check_category, unkeepable
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -26,29 +28,14 @@ class ReplayPoolError(InputError):
     noun = "field"
 
 
-@dataclass(frozen=True)
-class Answering:
+class Answering(Settings):
     """How the base answers a pool's prompt rows: greedily, in at most ``max_new_tokens`` tokens, cut at the first
     ``stop`` string (EOS always ends one); with ``chat_template``, as a user turn."""
 
-    max_new_tokens: int = 64
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_ANSWER_TOKENS)] = 64
+    """Most tokens of an answer: a replayed answer is a reply, not a document."""
     chat_template: bool = False
-    stop: Sequence[str] = ()  # kept as a tuple
-
-    def __post_init__(self) -> None:
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one stop string, as Scorer takes it
-        longest = f"use at most {MAX_ANSWER_TOKENS}: a replayed answer is a reply, not a document"
-        rules = [
-            ("max_new_tokens", check.integer(1, MAX_ANSWER_TOKENS, longest), self.max_new_tokens),
-            ("chat_template", check.boolean, self.chat_template),
-            ("stop", check.stop_strings, stop),
-        ]
-        for name, rule, value in rules:
-            try:
-                rule(value)
-            except check.Invalid as err:
-                raise ValueError(f"{name}= {err}") from None
-        object.__setattr__(self, "stop", tuple(stop))
+    stop: Annotated[tuple[StopString, ...], Field(max_length=MAX_STOP_STRINGS, strict=False)] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens, "chat_template": self.chat_template, "stop": list(self.stop)}
