@@ -99,6 +99,8 @@ OTHER_MEANINGS = {
     "Answering.max_new_tokens": "replay's synthetic answers (its own default and bound)",
     "Answering.chat_template": "replay's synthetic answers",
     "Answering.stop": "replay's synthetic answers (none by default)",
+    "ReplayOptions.batch_size": "pool rows replayed before each optimizer step",
+    "ReplayOptions.seed": "the seed of replay's draws",
 }
 
 
