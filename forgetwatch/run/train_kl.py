@@ -274,7 +274,7 @@ class TrainKL:
         raise KeptFileError(path, f"damaged: {problem}")
 
     def _read_back(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> None:
-        paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
+        paths = [run.store.dir / TRAIN_KL] if run.store is not None else []
         expected, vocab = self._key(model, run, given), logits_width(model)
 
         def problem(loaded: tuple[BaseDistribution, list[list[int]], list[int]]) -> str | None:
