@@ -126,7 +126,7 @@ class Replay:
     """
 
     name: str = "replay"
-    #: the files it keeps in the run's folder and its checkpoints
+    #: the files it keeps in the run's folder
     files: tuple[str, ...] = (REPLAY_BASE, REPLAY_ANSWERS)
 
     def __init__(
@@ -427,7 +427,7 @@ class Replay:
         return out
 
     def state(self) -> dict[str, Any]:
-        """What a resumed run needs (in the checkpoint's ``replay.json`` and each history record)."""
+        """What a resumed run needs (in the watch's state and each history record)."""
         state = {
             "select": self.select,
             "sampler": self.sampler.state_dict(),

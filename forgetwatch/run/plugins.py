@@ -4,7 +4,7 @@ A plug-in that changes training (:class:`~forgetwatch.Replay`: a gradient before
 weights (:class:`~forgetwatch.MergeAtEnd`) is called by the training loop, or by the trainer's callback, never by
 the :class:`~forgetwatch.Watch`: the watch measures and reports, and what it reports cannot be moved by it. What a
 watch does for a plug-in is hand it a :class:`RunView` once it has started, and, for one it was told of
-(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and checkpoint (:class:`Kept`).
+(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and in the watch's state (:class:`Kept`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 @runtime_checkable
 class Kept(Protocol):
     """A plug-in whose figures and state the watch keeps: ``name`` keys them (in each history record and in
-    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside and copied
-    into checkpoints with the watch's own)."""
+    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside with the
+    watch's own by a fresh run)."""
 
     name: str
     files: tuple[str, ...]

@@ -509,8 +509,8 @@ class Watch:
 
     def keep(self, plugin: Kept) -> None:
         """Keep ``plugin``'s figures and state with the run (:class:`~forgetwatch.run.plugins.Kept`): logged and in
-        the history at each evaluation, in :meth:`state_dict` and each checkpoint; its files set aside and copied
-        with the watch's own. Call it before :meth:`start`.
+        the history at each evaluation, in :meth:`state_dict`; its files set aside with the watch's own. Call it
+        before :meth:`start`.
 
         Example:
             >>> watch.keep(replay)  # doctest: +SKIP
