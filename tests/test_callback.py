@@ -345,7 +345,7 @@ def test_the_state_is_kept_in_trainer_state_json_and_a_checkpoint_without_it_res
     saved = json.loads((tmp_path / "whole" / "checkpoint-10" / "trainer_state.json").read_text())
     kept = saved["stateful_callbacks"]["ForgetWatch"]
     assert kept["step"] == 10 and kept["evaluations"] == 2 and kept["version"] == 3
-    assert kept["streaks"] == {"overall": 2} and whole.stop_step == 20  # the stop rule's, at step 10
+    assert kept["streaks"] == {"overall": 2} and whole.watch.stop_step == 20  # the stop rule's, at step 10
     assert kept["base"]["weights_key"] == whole.base_answers.meta["weights_key"]
 
     run = tmp_path / "run"
@@ -360,7 +360,7 @@ def test_the_state_is_kept_in_trainer_state_json_and_a_checkpoint_without_it_res
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         make_trainer(toy, train_data, run, [resumed], **common).train(resume_from_checkpoint=str(run / "checkpoint-10"))
     assert caplog.text.count("resuming at step 10 without a forgetwatch state") == 1
-    assert resumed.stop_step == 20  # the streak counted again over the history cut at step 10
+    assert resumed.watch.stop_step == 20  # the streak counted again over the history cut at step 10
     assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
     again = json.loads((run / "checkpoint-20" / "trainer_state.json").read_text())["stateful_callbacks"]
     assert again["ForgetWatch"]["step"] == 20  # kept again from there on
