@@ -121,8 +121,8 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=30, base=str(path))
     make_trainer(toy, train_data, tmp_path, [cb], save_strategy="steps", save_steps=10).train()
     assert cb.history[-1][1].accuracy_before == base.accuracy
-    # kept with the run and its checkpoints, so a resume finds it without base= again
-    kept = Answers.load(tmp_path / "checkpoint-20" / "forgetwatch" / "base_answers.npz")
+    # kept with the run, so a resume finds it without base= again
+    kept = Answers.load(tmp_path / "forgetwatch" / "base_answers.npz")
     assert kept.correct.tolist() == base.correct.tolist()
     resumed = ForgetWatchCallback(toy.probes, eval_steps=30)
     make_trainer(toy, train_data, tmp_path, [resumed]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
@@ -140,7 +140,7 @@ def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, p
     trainer.train()
     stop_step = 5 * patience
     assert trainer.state.global_step == stop_step
-    assert (tmp_path / f"checkpoint-{stop_step}" / "forgetwatch" / "history.jsonl").is_file()
+    assert (tmp_path / f"checkpoint-{stop_step}" / "trainer_state.json").is_file()
     record = json.loads((tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()[-1])
     assert "forgetting" in record["stop"] and "> 2.00%" in record["stop"]
     out = capsys.readouterr().out
