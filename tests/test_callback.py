@@ -121,8 +121,8 @@ def test_base_answers_can_be_given(toy, train_data, tmp_path):
     cb = ForgetWatchCallback(toy.probes, eval_steps=30, base=str(path))
     make_trainer(toy, train_data, tmp_path, [cb], save_strategy="steps", save_steps=10).train()
     assert cb.history[-1][1].accuracy_before == base.accuracy
-    # kept with the run and its checkpoints, so a resume finds it without base= again
-    kept = Answers.load(tmp_path / "checkpoint-20" / "forgetwatch" / "base_answers.npz")
+    # kept with the run, so a resume finds it without base= again
+    kept = Answers.load(tmp_path / "forgetwatch" / "base_answers.npz")
     assert kept.correct.tolist() == base.correct.tolist()
     resumed = ForgetWatchCallback(toy.probes, eval_steps=30)
     make_trainer(toy, train_data, tmp_path, [resumed]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
@@ -140,7 +140,7 @@ def test_early_stop_saves_a_checkpoint_and_says_why(toy, train_data, tmp_path, p
     trainer.train()
     stop_step = 5 * patience
     assert trainer.state.global_step == stop_step
-    assert (tmp_path / f"checkpoint-{stop_step}" / "forgetwatch" / "history.jsonl").is_file()
+    assert (tmp_path / f"checkpoint-{stop_step}" / "trainer_state.json").is_file()
     record = json.loads((tmp_path / "forgetwatch" / "history.jsonl").read_text().splitlines()[-1])
     assert "forgetting" in record["stop"] and "> 2.00%" in record["stop"]
     out = capsys.readouterr().out
@@ -335,6 +335,37 @@ def test_resume_reuses_the_base_snapshot_and_matches_an_uninterrupted_run(toy, t
     assert steps == [5, 10, 15, 20, 25, 30]  # the killed run's step 25 was dropped, then redone
 
 
+def test_the_state_is_kept_in_trainer_state_json_and_a_checkpoint_without_it_resumes_from_the_files(
+    toy, train_data, tmp_path, caplog
+):
+    common = dict(max_steps=20, save_strategy="steps", save_steps=10)
+    stopping = dict(eval_steps=5, max_forgetting=0.05, monitor=Monitor(patience=4))  # over it from step 5 on
+    whole = ForgetWatchCallback(toy.probes, **stopping)
+    make_trainer(toy, train_data, tmp_path / "whole", [whole], **common).train()
+    saved = json.loads((tmp_path / "whole" / "checkpoint-10" / "trainer_state.json").read_text())
+    kept = saved["stateful_callbacks"]["ForgetWatch"]
+    assert kept["step"] == 10 and kept["evaluations"] == 2 and kept["version"] == 3
+    assert kept["streaks"] == {"overall": 2} and whole.watch.stop_step == 20  # the stop rule's, at step 10
+    assert kept["base"]["weights_key"] == whole.base_answers.meta["weights_key"]
+
+    run = tmp_path / "run"
+    first = ForgetWatchCallback(toy.probes, **stopping)
+    with pytest.raises(RuntimeError, match="killed"):
+        make_trainer(toy, train_data, run, [first, KillAt(17)], **common).train()
+    state = run / "checkpoint-10" / "trainer_state.json"
+    saved = json.loads(state.read_text())
+    del saved["stateful_callbacks"]["ForgetWatch"]  # as a checkpoint saved without forgetwatch
+    state.write_text(json.dumps(saved))
+    resumed = ForgetWatchCallback(toy.probes, **stopping)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        make_trainer(toy, train_data, run, [resumed], **common).train(resume_from_checkpoint=str(run / "checkpoint-10"))
+    assert caplog.text.count("resuming at step 10 without a forgetwatch state") == 1
+    assert resumed.watch.stop_step == 20  # the streak counted again over the history cut at step 10
+    assert [(s, r.forgotten_ids) for s, r in resumed.history] == [(s, r.forgotten_ids) for s, r in whole.history]
+    again = json.loads((run / "checkpoint-20" / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert again["ForgetWatch"]["step"] == 20  # kept again from there on
+
+
 @pytest.mark.parametrize("how", ["moved-checkpoint", "latest", "model-from-checkpoint"])
 def test_resume_setups(toy, train_data, tmp_path, how):
     from transformers import AutoModelForCausalLM
@@ -344,12 +375,13 @@ def test_resume_setups(toy, train_data, tmp_path, how):
     with pytest.raises(RuntimeError, match="killed"):
         make_trainer(toy, train_data, tmp_path / "run", [first, KillAt(12)], **common).train()
     checkpoint, model, out = tmp_path / "run" / "checkpoint-10", None, tmp_path / "run"
-    if how == "moved-checkpoint":  # resumed elsewhere, from a copy of the checkpoint named in the arguments
+    files = None
+    if how == "moved-checkpoint":  # resumed elsewhere, from a copy of the checkpoint, the run's files named
         checkpoint = shutil.copytree(checkpoint, tmp_path / "elsewhere" / "checkpoint-10")
-        out, common["resume_from_checkpoint"] = tmp_path / "new-output", str(checkpoint)
+        out, files = tmp_path / "new-output", tmp_path / "run" / "forgetwatch"
     elif how == "model-from-checkpoint":  # loaded from the checkpoint: another _name_or_path
         model = AutoModelForCausalLM.from_pretrained(checkpoint)
-    resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, output_dir=files)
     trainer = make_trainer(toy, train_data, out, [resumed], model=model, **common)
     trainer.train(resume_from_checkpoint=True if how == "latest" else str(checkpoint))
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
@@ -496,7 +528,7 @@ def test_the_trainer_can_be_given_and_what_its_absence_misses_is_said_once(toy, 
     assert [step for step, _ in bare.history] == [1] and state.log_history[-1]["step"] == 1
 
 
-def test_hyperparameter_search_trials_keep_their_own_files_in_their_checkpoints(toy, train_data, tmp_path):
+def test_hyperparameter_search_trials_keep_their_own_files_and_states(toy, train_data, tmp_path):
     pytest.importorskip("optuna")
 
     def model_init(trial=None):
@@ -536,57 +568,10 @@ def test_hyperparameter_search_trials_keep_their_own_files_in_their_checkpoints(
     runs = sorted(p.name for p in tmp_path.glob("run-*"))
     assert len(runs) == 2
     for run in runs:
-        copied = tmp_path / run / "checkpoint-10" / "forgetwatch" / "history.jsonl"
-        assert [json.loads(x)["step"] for x in copied.read_text().splitlines()] == [5, 10]
-        assert (tmp_path / run / "forgetwatch" / "base_answers.npz").is_file()
-
-
-def test_a_pushed_checkpoint_carries_the_files(toy, train_data, tmp_path):
-    pushed = {}
-
-    class NoHub(Trainer):
-        """The trainer's own push order, with the upload replaced by a look at the folder."""
-
-        def init_hf_repo(self, token=None):
-            pass
-
-        def _push_from_checkpoint(self, checkpoint_folder):
-            self.callback_handler.on_push_begin(self.args, self.state, self.control)
-            pushed[checkpoint_folder] = sorted(
-                str(p.relative_to(checkpoint_folder)) for p in Path(checkpoint_folder).rglob("forgetwatch/*")
-            )
-
-    cb = ForgetWatchCallback(toy.probes, eval_steps=5)
-    trainer = NoHub(
-        model=copy.deepcopy(toy.base),
-        args=TrainingArguments(
-            str(tmp_path),
-            max_steps=10,
-            per_device_train_batch_size=16,
-            save_strategy="steps",
-            save_steps=10,
-            report_to=[],
-            use_cpu=True,
-            seed=0,
-            disable_tqdm=True,
-            push_to_hub=True,
-            hub_model_id="me/model",
-        ),
-        train_dataset=train_data,
-        data_collator=DataCollatorForLanguageModeling(toy.tokenizer, mlm=False),
-        processing_class=toy.tokenizer,
-        callbacks=[cb],
-    )
-    trainer.train()
-    assert pushed == {
-        str(tmp_path / "checkpoint-10"): [
-            "forgetwatch/base_answers.npz",
-            "forgetwatch/history.jsonl",
-            "forgetwatch/manifest.json",
-            "forgetwatch/probes.jsonl",
-            "forgetwatch/train_kl.npz",  # the train-KL signal's rows and base distribution (on by default)
-        ]
-    }
+        history = tmp_path / run / "forgetwatch" / "history.jsonl"
+        assert [json.loads(x)["step"] for x in history.read_text().splitlines()] == [5, 10]
+        kept = json.loads((tmp_path / run / "checkpoint-10" / "trainer_state.json").read_text())
+        assert kept["stateful_callbacks"]["ForgetWatch"]["step"] == 10  # each trial's own state
 
 
 class Outage(TrainerCallback):
@@ -666,25 +651,6 @@ def test_a_history_write_that_fails_mid_run_is_a_warning_and_is_retried(toy, tra
     assert [json.loads(x)["step"] for x in history.read_text().splitlines()] == [5, 10, 15, 20]
 
 
-@pytest.mark.parametrize("damage", ["[1, 2]", '{"step": 20}', '{"step": "5", "report": {}}'])
-def test_a_damaged_history_in_the_checkpoint_falls_back_to_the_runs_copy(toy, train_data, tmp_path, caplog, damage):
-    common = dict(max_steps=20, save_strategy="steps", save_steps=10)
-    first = ForgetWatchCallback(toy.probes, eval_steps=5)
-    make_trainer(toy, train_data, tmp_path, [first], **common).train()
-    copied = tmp_path / "checkpoint-10" / "forgetwatch" / "history.jsonl"
-    copied.write_text(damage + "\n" + copied.read_text())
-
-    resumed = ForgetWatchCallback(toy.probes, eval_steps=5)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        make_trainer(toy, train_data, tmp_path, [resumed], **common).train(
-            resume_from_checkpoint=str(tmp_path / "checkpoint-10")
-        )
-    # named (the copy is no longer what was copied there), then the run's own files were used
-    assert f"not resuming from {copied.parent}: history.jsonl is not the file copied there" in caplog.text
-    assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
-    assert [r.forgotten_ids for _, r in resumed.history] == [r.forgotten_ids for _, r in first.history]
-
-
 def test_many_categories_log_a_bounded_set_and_keep_all_in_the_history(toy, train_data, tmp_path, capsys):
     # one category per probe: 144 categories, each a dozen values per evaluation if all were logged
     probes = ProbeSet.from_records([{**r, "category": f"c{i:03d}"} for i, r in enumerate(toy.world.probe_records())])
@@ -754,26 +720,25 @@ def damage_second_line(path):
 @pytest.mark.parametrize(
     "damage, steps, said",
     [
-        # a cut last line in the checkpoint's copy: the intact copy of the run directory serves
-        ("checkpoint", [5, 10], "history.jsonl is not the file copied there"),
-        # an unreadable line in the run's copy: the checkpoint's serves, and the run's is kept aside
-        ("run", [5, 10], "line 2: not valid JSON"),
-        # no history anywhere: said loudly
-        ("both", [], "there is no history in"),
+        # a cut last line: dropped, the rest serves
+        ("cut", [5, 10], "dropping an incomplete last line"),
+        # an unreadable line: the records before it serve, the file is kept aside
+        ("line", [5], "line 2: not valid JSON"),
+        # no history: said loudly
+        ("gone", [], "holds 0 of the run's 2 evaluations"),
     ],
 )
 def test_a_resume_keeps_every_readable_record_and_overwrites_none(
     toy, train_data, saved_run, tmp_path, caplog, damage, steps, said
 ):
     run = shutil.copytree(saved_run, tmp_path / "run")
-    ours, copied = run / "forgetwatch" / "history.jsonl", run / "checkpoint-10" / "forgetwatch" / "history.jsonl"
-    if damage == "checkpoint":
-        cut_last_line(copied)
-    elif damage == "run":
+    ours = run / "forgetwatch" / "history.jsonl"
+    if damage == "cut":
+        ours.write_bytes(ours.read_bytes() + b'{"step": 15, "rep')
+    elif damage == "line":
         damage_second_line(ours)
     else:
         ours.unlink()
-        copied.unlink()
     before = ours.read_bytes() if ours.exists() else None
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         resumed = resume_at_10(toy, train_data, run)
@@ -781,12 +746,12 @@ def test_a_resume_keeps_every_readable_record_and_overwrites_none(
     assert [s for s, _ in resumed.history] == steps
     assert [json.loads(x)["step"] for x in ours.read_text().splitlines()] == steps
     aside = run / "forgetwatch" / "history.jsonl.damaged-1"
-    assert aside.exists() == (damage == "run")
-    if damage == "run":  # never overwritten: kept, byte for byte, and named
-        assert aside.read_bytes() == before and f"moved {ours} to {aside}" in caplog.text
+    assert aside.exists() == (damage == "line")
+    if damage == "line":  # never overwritten: kept, byte for byte, and named
+        assert aside.read_bytes() == before and f"the file is kept as {aside}" in caplog.text
 
 
-def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_whole(toy, train_data, tmp_path, caplog):
+def test_a_run_directory_deleted_during_training_is_said_and_written_again(toy, train_data, tmp_path, caplog):
     class DeleteRunDir(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 12:
@@ -798,14 +763,10 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
             toy, train_data, tmp_path, [DeleteRunDir(), cb], max_steps=20, save_strategy="steps", save_steps=20
         ).train()
     assert caplog.text.count("disappeared from") == 1 and str(tmp_path / "forgetwatch") in caplog.text
-    for folder in (tmp_path / "forgetwatch", tmp_path / "checkpoint-20" / "forgetwatch"):
-        assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
-        assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
-        assert (folder / "probes.jsonl").is_file()
-    from forgetwatch.results.run_files import copy_problem
-
-    assert copy_problem(tmp_path / "checkpoint-20" / "forgetwatch") is None
-    shutil.rmtree(tmp_path / "forgetwatch")  # gone for good: the checkpoint alone resumes
+    folder = tmp_path / "forgetwatch"
+    assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]
+    assert Answers.load(folder / "base_answers.npz").correct.tolist() == cb.base_answers.correct.tolist()
+    assert (folder / "probes.jsonl").is_file()
     resumed = ForgetWatchCallback(
         toy.probes, eval_steps=5, output=Output(verbose=False), monitor=Monitor(eval_on_train_end=False)
     )
@@ -815,8 +776,8 @@ def test_a_run_directory_deleted_during_training_is_said_and_checkpoints_stay_wh
     assert [s for s, _ in resumed.history] == [5, 10, 15, 20]
 
 
-def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, caplog):
-    """A real kill -9 of a training process in the middle of forgetwatch's copy into a checkpoint."""
+def test_a_run_killed_mid_write_resumes_as_the_uninterrupted_one(toy, train_data, tmp_path, caplog):
+    """A real kill -9 of a training process in the middle of a forgetwatch write, after checkpoint-10."""
     tests = Path(__file__).resolve().parent
     run, data, probes = tmp_path / "run", tmp_path / "data", tmp_path / "probes.jsonl"
     train_data.save_to_disk(str(data))
@@ -827,7 +788,7 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(package), str(tests)])}
     with open(tmp_path / "child.log", "w") as log:
         child = subprocess.Popen(
-            [sys.executable, str(tests / "killed_mid_copy.py"), toy.base_dir, str(data), str(probes), str(run)],
+            [sys.executable, str(tests / "killed_mid_write.py"), toy.base_dir, str(data), str(probes), str(run)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -838,25 +799,27 @@ def test_a_copy_killed_mid_way_is_not_resumed_from(toy, train_data, tmp_path, ca
                 child.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 continue
-            pytest.fail("the run ended before its copy paused:\n" + (tmp_path / "child.log").read_text()[-3000:])
+            pytest.fail("the run ended before its write paused:\n" + (tmp_path / "child.log").read_text()[-3000:])
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
         child.wait()
-    folder = run / "checkpoint-10" / "forgetwatch"
-    assert (run / "checkpoint-10" / "trainer_state.json").is_file()  # the trainer's part of it is whole
-    assert (folder / "base_answers.npz").is_file() and not (folder / "history.jsonl").exists()
-    assert not (folder / "manifest.json").exists()
-    left = list(folder.glob(".history.jsonl.*.tmp"))
-    assert len(left) == 1  # the half-written history, as the kill left it
+    folder = run / "forgetwatch"
+    left = list(folder.glob(".answers_latest.npz.*.tmp"))
+    assert len(left) == 1  # the half-written file, as the kill left it
+    assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15]
 
+    resumed = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False))
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        resumed = resume_at_10(toy, train_data, run)
-    assert f"not resuming from {folder}: no manifest.json: its copy never finished" in caplog.text
-    lock = run / "forgetwatch" / "watch.lock"  # the killed process's, taken over
+        make_trainer(toy, train_data, run, [resumed], max_steps=20, save_strategy="steps", save_steps=10).train(
+            resume_from_checkpoint=str(run / "checkpoint-10")
+        )
+    lock = folder / "watch.lock"  # the killed process's, taken over
     assert f"taking over {lock}, left by process {child.pid}, which has ended" in caplog.text
     assert not left[0].exists()  # cleaned when training began
-    assert [s for s, _ in resumed.history] == [5, 10]  # from the run directory's files
-    assert (
-        resumed.base_answers.correct.tolist() == Answers.load(run / "forgetwatch" / "base_answers.npz").correct.tolist()
-    )
+    whole = ForgetWatchCallback(toy.probes, eval_steps=5, output=Output(verbose=False))
+    make_trainer(toy, train_data, tmp_path / "whole", [whole], max_steps=20).train()
+    assert [(s, r.forgotten_ids, r.gained_ids) for s, r in resumed.history] == [
+        (s, r.forgotten_ids, r.gained_ids) for s, r in whole.history
+    ]  # step 15 of the killed run was cut from the history, then measured again
+    assert [json.loads(x)["step"] for x in (folder / "history.jsonl").read_text().splitlines()] == [5, 10, 15, 20]

@@ -1,12 +1,11 @@
-"""What a resumed run reads back for replay is checked before training goes on: the draws
-(``replay.json``, else rebuilt from the history, exactly) and the base distribution
-(``replay_base.npz``, checkpoint then run directory); a damaged or foreign copy is passed over
-with a warning, and when none serves, one clear error names each file before any step."""
+"""What a resumed run reads back for replay is checked before training goes on: the draws (the
+watch's state in the checkpoint's trainer_state.json, else rebuilt from the history, exactly) and
+the base distribution (``replay_base.npz`` in the run directory); what cannot serve is one clear
+error before any step."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import shutil
 
@@ -71,9 +70,15 @@ def began(tokenizer):
     return run_view(tokenizer)
 
 
-def kept(run, step, name="replay.json"):
-    path = run / f"checkpoint-{step}" / "forgetwatch" / name
-    return json.loads(path.read_text()) if name.endswith(".json") else BaseDistribution.load(path)
+def kept(run, step, name=None):
+    """The replay state the checkpoint at ``step`` keeps (in trainer_state.json), or the run's file ``name``."""
+    if name is not None:
+        return BaseDistribution.load(run / "forgetwatch" / name)
+    return watch_state(run / f"checkpoint-{step}")["plugins"]["replay"]
+
+
+def watch_state(checkpoint):
+    return json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["ForgetWatch"]
 
 
 class Began(Exception):
@@ -85,28 +90,12 @@ class StopWhenBegun(TrainerCallback):
         raise Began
 
 
-def reseal(folder):
-    """The manifest of a checkpoint's forgetwatch folder made to list its files as they are now:
-    damage done before the copy (a file written wrong), which the manifest cannot see."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    for name in list(manifest["files"]):
-        if (folder / name).is_file():
-            data = (folder / name).read_bytes()
-            manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        else:
-            del manifest["files"][name]
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-
-
-def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None, written_so=True):
-    """The run copied, ``damage(copy)`` done to it (``written_so``: as if the files had been
-    written so, the checkpoint's manifest listing them as they are), then resumed from
-    ``checkpoint-<step>``: the callback as it stands once training has begun again, before any step."""
+def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None):
+    """The run copied, ``damage(copy)`` done to it, then resumed from ``checkpoint-<step>``: the
+    callback as it stands once training has begun again, before any step."""
     copied = tmp_path / "run"
     shutil.copytree(run, copied)
     damage(copied)
-    if written_so:
-        reseal(copied / f"checkpoint-{step}" / "forgetwatch")
     callback = ForgetWatchCallback(toy.probes, **settings(pool))
     trainer = make_trainer(toy, train_data, copied, [callback, StopWhenBegun()], max_steps=4)
     with pytest.raises(Began):
@@ -114,22 +103,23 @@ def resume(toy, train_data, pool, run, tmp_path, step, damage=lambda d: None, wr
     return callback
 
 
-def edit_json(path, change):
-    state = json.loads(path.read_text())
-    change(state)
-    path.write_text(json.dumps(state))
+def edit_state(d, step, change):
+    """``change(replay's state)`` in the watch's state kept in checkpoint-<step>; ``None``: no watch state there."""
+    path = d / f"checkpoint-{step}" / "trainer_state.json"
+    saved = json.loads(path.read_text())
+    if change is None:
+        del saved["stateful_callbacks"]["ForgetWatch"]
+    else:
+        change(saved["stateful_callbacks"]["ForgetWatch"]["plugins"]["replay"])
+    path.write_text(json.dumps(saved))
 
 
-def history_copies(d, step):
-    return [d / f"checkpoint-{step}" / "forgetwatch" / "history.jsonl", d / "forgetwatch" / "history.jsonl"]
-
-
-def edit_history_states(d, step, change):
-    for path in history_copies(d, step):
-        records = [json.loads(line) for line in path.read_text().splitlines()]
-        for r in records:
-            change(r["replay"])
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+def edit_history_states(d, change):
+    path = d / "forgetwatch" / "history.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        change(r)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def test_a_whole_checkpoint_resumes_with_its_own_state(toy, train_data, pool, run, tmp_path):
@@ -156,64 +146,54 @@ def test_a_run_resumed_between_evaluations_logs_the_replay_loss_of_every_step_si
 
 
 STATE_DAMAGE = {
-    "missing (killed while copying)": lambda p: p.unlink(),
-    "not JSON": lambda p: p.write_text('{"sampler": {"seed": 0, "dra'),
-    "NaN weight": lambda p: edit_json(p, lambda s: s.update(weight=float("nan"))),
-    "huge weight": lambda p: edit_json(p, lambda s: s.update(weight=1e30)),
-    "negative count": lambda p: edit_json(p, lambda s: s["sampler"]["taken"].update(colors=-3)),
-    "fractional count": lambda p: edit_json(p, lambda s: s["sampler"].update(drawn=s["sampler"]["drawn"] + 0.5)),
-    "another pool's": lambda p: edit_json(p, lambda s: s["key"].update(pool="0123456789abcdef")),
-    "no key (an earlier forgetwatch's)": lambda p: edit_json(p, lambda s: s.pop("key")),
+    "NaN weight": lambda s: s.update(weight=float("nan")),
+    "huge weight": lambda s: s.update(weight=1e30),
+    "negative count": lambda s: s["sampler"]["taken"].update(colors=-3),
+    "fractional count": lambda s: s["sampler"].update(drawn=s["sampler"]["drawn"] + 0.5),
+    "another pool's": lambda s: s["key"].update(pool="0123456789abcdef"),
+    "no key": lambda s: s.pop("key"),
 }
 
 
-MISSING = "missing (killed while copying)"
-REBUILT = [(1, MISSING), (2, MISSING)] + [(3, name) for name in STATE_DAMAGE]  # before, at and after an evaluation
-
-
-@pytest.mark.parametrize(("step", "damage"), REBUILT, ids=[f"{name}-checkpoint-{step}" for step, name in REBUILT])
-def test_a_damaged_or_missing_state_is_rebuilt_from_the_history_exactly(
-    toy, train_data, pool, run, tmp_path, caplog, step, damage
+@pytest.mark.parametrize("step", [1, 2, 3])  # before, at and after an evaluation
+def test_a_checkpoint_without_the_watchs_state_rebuilds_replay_from_the_history_exactly(
+    toy, train_data, pool, run, tmp_path, caplog, step
 ):
-    path = f"checkpoint-{step}/forgetwatch/replay.json"
     with caplog.at_level("WARNING", logger="forgetwatch"):
-        resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: STATE_DAMAGE[damage](d / path))
+        resumed = resume(toy, train_data, pool, run, tmp_path, step, lambda d: edit_state(d, step, None))
     # the draws, as the run had them (not the replay loss since the last evaluation)
     assert resumed.replay.state() == {k: v for k, v in kept(run, step).items() if k != "loss"}
-    assert f"no usable replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
+    assert f"no replay state for step {step}" in caplog.text and "rebuilt it" in caplog.text
 
 
-def test_a_state_damaged_in_every_copy_is_one_clear_error_before_training(toy, train_data, pool, run, tmp_path):
+@pytest.mark.parametrize("damage", list(STATE_DAMAGE))
+def test_a_damaged_state_is_one_clear_error_before_training(toy, train_data, pool, run, tmp_path, damage):
+    with pytest.raises(ValueError, match="replay") as info:
+        resume(toy, train_data, pool, run, tmp_path, 3, lambda d: edit_state(d, 3, STATE_DAMAGE[damage]))
+    assert not isinstance(info.value, Began)
+
+
+def test_no_state_and_a_damaged_history_is_one_clear_error_before_training(toy, train_data, pool, run, tmp_path):
     def damage(d):
-        edit_json(d / "checkpoint-3/forgetwatch/replay.json", lambda s: s.update(weight=float("nan")))
-        edit_history_states(d, 3, lambda s: s["sampler"]["taken"].update(rivers=-1))
+        edit_state(d, 3, None)
+        edit_history_states(d, lambda r: r["replay"]["sampler"]["taken"].update(rivers=-1))
 
     with pytest.raises(ReplayFileError) as info:
         resume(toy, train_data, pool, run, tmp_path, 3, damage)
     message = str(info.value)
-    assert message.startswith("no replay state to resume step 3 with (")
-    assert "checkpoint-3/forgetwatch/replay.json: damaged: 'weight': NaN is not JSON" in message
+    assert message.startswith("no replay state to resume step 3 with (the watch's state was not given)")
     assert "the history's replay state at step 2 cannot be used either" in message
     assert "count of rows taken from 'rivers' is -1" in message
 
 
-def test_replay_new_on_resume_starts_afresh_but_a_lost_state_never_does(toy, train_data, pool, run, tmp_path, caplog):
+def test_replay_new_on_resume_starts_afresh(toy, train_data, pool, run, tmp_path, caplog):
     def without_replay(d):  # as if the run had not replayed: no state anywhere
-        (d / "checkpoint-3/forgetwatch/replay.json").unlink()
-        for path in history_copies(d, 3):
-            records = [json.loads(line) for line in path.read_text().splitlines()]
-            path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "replay"}) + "\n" for r in records))
+        edit_state(d, 3, None)
+        edit_history_states(d, lambda r: r.pop("replay"))
 
     with caplog.at_level("WARNING", logger="forgetwatch"):
         resumed = resume(toy, train_data, pool, run, tmp_path / "new", 3, without_replay)
     assert resumed.replay.sampler.drawn == 0 and "replay was not on at the last evaluation (step 2)" in caplog.text
-
-    def lost(d):  # a damaged state says replay was on at the checkpoint, and the history lacks it
-        without_replay(d)
-        (d / "checkpoint-3/forgetwatch/replay.json").write_text("{}")
-
-    with pytest.raises(ReplayFileError, match=r"the history holds no replay state at its last evaluation \(step 2\)"):
-        resume(toy, train_data, pool, run, tmp_path / "lost", 3, lost)
 
 
 def damage_arrays(path, change):
@@ -240,32 +220,16 @@ BASE_DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", list(BASE_DAMAGE))
-def test_a_damaged_base_distribution_falls_back_to_the_other_copy(toy, train_data, pool, run, tmp_path, caplog, damage):
+def test_a_damaged_base_distribution_is_one_clear_error_before_training(toy, train_data, pool, run, tmp_path, damage):
     def spoil(d):
-        path = d / "checkpoint-3/forgetwatch/replay_base.npz"
+        path = d / "forgetwatch/replay_base.npz"
         if BASE_DAMAGE[damage] is None:
             path.write_bytes(path.read_bytes()[:500])
         else:
             damage_arrays(path, BASE_DAMAGE[damage])
 
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil)
-    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
-    assert "checkpoint-3/forgetwatch/replay_base.npz" in caplog.text and "using another copy" in caplog.text
-    # and the run directory keeps a good copy for the next resume
-    assert BaseDistribution.load(tmp_path / "run/forgetwatch/replay_base.npz").problem() is None
-
-
-def test_a_file_damaged_after_the_copy_leaves_the_checkpoint_unused(toy, train_data, pool, run, tmp_path, caplog):
-    def spoil(d):
-        damage_arrays(d / "checkpoint-3/forgetwatch/replay_base.npz", BASE_DAMAGE["NaN"])
-
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        resumed = resume(toy, train_data, pool, run, tmp_path, 3, spoil, written_so=False)
-    assert "not resuming from" in caplog.text and "replay_base.npz is not the file copied there" in caplog.text
-    # the run directory's files serve: its distribution, and the state rebuilt exactly from the history
-    np.testing.assert_array_equal(resumed.replay.base.top_logprobs, kept(run, 3, "replay_base.npz").top_logprobs)
-    assert resumed.replay.state() == {k: v for k, v in kept(run, 3).items() if k != "loss"}
+    with pytest.raises(ReplayFileError, match=r"forgetwatch/replay_base.npz: .*damaged"):
+        resume(toy, train_data, pool, run, tmp_path, 3, spoil)
 
 
 def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_data, pool, run, tmp_path):
@@ -273,16 +237,11 @@ def test_another_models_distribution_for_the_same_rows_is_refused(toy, train_dat
     other.begin(toy.tuned, began(toy.tokenizer))
     planted = other.base  # the tuned model's, keyed by its weights
 
-    def plant(d):
-        for path in (d / "checkpoint-3/forgetwatch/replay_base.npz", d / "forgetwatch/replay_base.npz"):
-            planted.save(path)
-
     with pytest.raises(
         ReplayFileError,
-        match=r"no copy can serve \(.*checkpoint-3/forgetwatch/replay_base.npz: "
-        r"made for other weights than this run's base model",
+        match=r"it cannot serve \(.*forgetwatch/replay_base.npz: made for other weights than this run's base model",
     ):
-        resume(toy, train_data, pool, run, tmp_path, 3, plant)
+        resume(toy, train_data, pool, run, tmp_path, 3, lambda d: planted.save(d / "forgetwatch/replay_base.npz"))
 
 
 def test_state_checks_name_what_is_wrong(toy, pool):

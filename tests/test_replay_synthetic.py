@@ -58,10 +58,9 @@ def greedy_rows(model, tokenizer, prompts, max_new_tokens):
     return rows
 
 
-def begin(replay, model, tokenizer, folder, step=0, dirs=()):
-    """``replay`` as training begins (or resumes at ``step`` from ``dirs``) in one process, its files in ``folder``."""
-    store = RunStore(folder)
-    replay.begin(model, run_view(tokenizer, store=store, step=step, resume_dirs=list(dirs)))
+def begin(replay, model, tokenizer, folder, step=0):
+    """``replay`` as training begins (or resumes at ``step``) in one process, its files in ``folder``."""
+    replay.begin(model, run_view(tokenizer, store=RunStore(folder), step=step))
     return replay
 
 
@@ -94,7 +93,7 @@ def test_prompt_rows_are_the_prompt_and_the_greedy_answer_and_one_step_learns_th
     assert replay.tokens == sum(len(by_hand[int(r.id[1:])][0]) for r in drawn)
 
 
-def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypatch, caplog):
+def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypatch):
     world, tokenizer, model = small
     pool = ReplayPool.from_prompts(PROMPTS, max_new_tokens=4, category="facts")
     fresh = begin(Replay(pool), model, tokenizer, tmp_path)
@@ -105,34 +104,16 @@ def test_answers_are_kept_once_and_read_back_on_resume(small, tmp_path, monkeypa
         raise AssertionError("a resume generates nothing: the kept answers serve")
 
     monkeypatch.setattr("forgetwatch.replay.replay.answer_prompts", no_generation)
-    resumed = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path])
+    resumed = begin(Replay(pool), model, tokenizer, tmp_path, 10)
     assert resumed.encoded == fresh.encoded and resumed.starts == fresh.starts and resumed.key == fresh.key
 
-    # a damaged copy is passed over for the next, and with none left one error says why
-    second = tmp_path / "checkpoint"
-    second.mkdir()
-    (second / REPLAY_ANSWERS).write_text((tmp_path / REPLAY_ANSWERS).read_text())
-    (tmp_path / REPLAY_ANSWERS).write_text("{")
-    again = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
-    assert again.encoded == fresh.encoded and (tmp_path / REPLAY_ANSWERS).read_text().startswith(
-        '{"format"'
-    )  # kept again
-    (tmp_path / REPLAY_ANSWERS).write_text("{")
-    KeptAnswers({"p0": Generated("x", (1,), True)}, {"pool": "other"}).save(second / REPLAY_ANSWERS)
-    with pytest.raises(ValueError, match=r"replay_answers.json: damaged.*made for another replay pool"):
-        begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
-
-    # a copy of this run's that lacks one prompt's answer is passed over too, and alone it is one error
+    # a damaged file, another pool's, or one that lacks a prompt's answer: one error says why
     short = KeptAnswers({i: a for i, a in kept.answers.items() if i != "p3"}, kept.key)
-    short.save(tmp_path / REPLAY_ANSWERS)
-    kept.save(second / REPLAY_ANSWERS)
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        again = begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
-    assert (
-        again.encoded == fresh.encoded
-        and "damaged: it has no answer to prompt 'p3'); using another copy" in caplog.text
-    )
-    for folder in (tmp_path, second):
-        short.save(folder / REPLAY_ANSWERS)
-    with pytest.raises(ValueError, match=r"no copy can serve \(.*replay_answers.json: damaged: it has no answer to "):
-        begin(Replay(pool), model, tokenizer, tmp_path, 10, [tmp_path, second])
+    for damage, says in [
+        (lambda p: p.write_text("{"), "damaged"),
+        (KeptAnswers({"p0": Generated("x", (1,), True)}, {"pool": "other"}).save, "made for another replay pool"),
+        (short.save, "damaged: it has no answer to prompt 'p3'"),
+    ]:
+        damage(tmp_path / REPLAY_ANSWERS)
+        with pytest.raises(ValueError, match=rf"it cannot serve \(.*replay_answers.json: {says}"):
+            begin(Replay(pool), model, tokenizer, tmp_path, 10)

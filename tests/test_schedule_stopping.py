@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -80,16 +81,22 @@ def test_budget_counts_the_whole_start_up():
     # the first comes once training has paid for all of it, this evaluation and the final one
     assert abs(evaluated[0] - (60 + 2 * 2) * 19 / 0.1) <= 1
     assert (share * clock.now + 2.0) / (clock.now + 2.0) <= 0.05 + 1e-9  # the final evaluation too
-    # a checkpoint's copy of the files during training: not training time, paid for like the rest
-    clock = Clock()
+    # resumed from its state in another process (another clock): the same decisions as the run that went on
+    clock, later = Clock(), Clock()
     budget = Budget(0.5, clock=clock)
     budget.start(0, spent=0.0, cost=1.0)
-    clock.now = 30.0
-    budget.spent(30.0)
-    clock.now = 31.0
-    assert not budget.due(1)  # 1 s of training pays for 1 s, not for the copy's 30 and an evaluation
-    clock.now = 62.0
-    assert budget.due(2)
+    clock.now = 0.5
+    assert not budget.due(1)  # half a second of training pays for less than the evaluation
+    kept = json.loads(json.dumps(budget.state_dict()))
+    later.now = 1000.0
+    resumed = Budget(0.5, clock=later)
+    resumed.start(1, spent=0.0, cost=None)  # its start-up cost nothing here
+    resumed.load_state_dict(kept)
+    decisions = []
+    for step, now in ((2, 0.8), (3, 1.2)):  # 1 s of training pays for a 1 s evaluation at max_overhead 0.5
+        clock.now, later.now = now, 999.5 + now
+        decisions.append((budget.due(step), resumed.due(step)))
+    assert decisions == [(False, False), (True, True)]
 
 
 def test_every_steps_says_what_an_evaluation_costs_and_warns_once_when_over_the_budget():
@@ -106,8 +113,7 @@ def test_every_steps_says_what_an_evaluation_costs_and_warns_once_when_over_the_
     clock.now = 28.5
     every.evaluated(8, 12.5)
     assert every.pace(8, began=28.5, cost=1.0) == (None, None)  # no training step since: nothing to say
-    every.spent(3.0)  # a checkpoint's copy is not training time
-    clock.now = 28.5 + 3.0 + 8 * 0.5
+    clock.now = 28.5 + 8 * 0.5
     assert every.pace(16, began=clock.now, cost=0.25) == ("evaluation 250 ms = 0.5 training steps", None)  # once
     cheap = EverySteps(100, max_overhead=0.05, clock=clock)
     cheap.start(0)

@@ -21,7 +21,6 @@ import pytest
 
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.run_files import (
-    BESIDES,
     FILES,
     HISTORY,
     LOCK,
@@ -149,43 +148,6 @@ def test_failed_snapshot_save_is_kept_and_retried(store, caplog):
     assert read_snapshot(store.dir).ids == ["q1"]
 
 
-def test_failed_checkpoint_copy_is_retried_with_everything(store, tmp_path, caplog):
-    store.save_snapshot(answers())
-    store.append_history(record(1))
-    checkpoint = tmp_path / "checkpoint-10"
-    checkpoint.mkdir()
-    (checkpoint / "forgetwatch").write_text("a file where the folder goes")
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        assert store.copy_to(checkpoint / "forgetwatch") is False
-    assert store.pending == 1 and len(failures(caplog)) == 1
-    (checkpoint / "forgetwatch").unlink()
-    assert store.append_history(record(2)) is True
-    assert steps(checkpoint / "forgetwatch" / HISTORY) == [1, 2]
-    assert (checkpoint / "forgetwatch" / SNAPSHOT).is_file()
-
-
-def test_copy_includes_records_not_yet_on_disk(store, tmp_path):
-    store.save_history([record(1)])
-    store.history_path.unlink()
-    store.history_path.mkdir()
-    store.append_history(record(2))
-    assert store.copy_to(tmp_path / "checkpoint-2" / "forgetwatch") is False  # the run's own file still owed
-    assert store.pending == 1
-    assert steps(tmp_path / "checkpoint-2" / "forgetwatch" / HISTORY) == [1, 2]
-
-
-def test_copy_into_a_deleted_checkpoint_is_not_retried(store, tmp_path):
-    store.append_history(record(1))
-    checkpoint = tmp_path / "checkpoint-10"
-    checkpoint.mkdir()
-    (checkpoint / "forgetwatch").write_text("x")
-    store.copy_to(checkpoint / "forgetwatch")
-    (checkpoint / "forgetwatch").unlink()
-    checkpoint.rmdir()  # rotated away (save_total_limit) before the retry
-    assert store.flush() is True
-    assert not checkpoint.exists()  # not recreated as a checkpoint without weights
-
-
 def test_check_writable_fails_fast(store):
     store.check_writable()  # creates the folder; nothing else left behind
     assert list(store.dir.iterdir()) == []
@@ -195,7 +157,7 @@ def test_check_writable_fails_fast(store):
     assert issubclass(NotWritableError, OSError)
 
 
-# -- checkpoints: whole copies or none -----------------------------------------------------------
+# -- the run directory's own files ------------------------------------------------------------
 
 
 class Probes:
@@ -205,82 +167,14 @@ class Probes:
         path.write_text('{"id": "q1", "question": "?", "choices": ["a", "b"], "answer": 0}\n')
 
 
-REPLAY_STATE = "replay.json"  # a repair method's own file
-
-
-def test_a_copy_is_whole_with_its_manifest_and_the_replay_state_in_it(store, tmp_path):
-    from forgetwatch.results.run_files import MANIFEST, PROBES, copy_problem
-
-    store.save_snapshot(answers())
-    store.save_probes(Probes())
-    store.append_history(record(1))
-    target = tmp_path / "checkpoint-1" / "forgetwatch"
-    (target).mkdir(parents=True)
-    (target / "notes.txt").write_text("the user's")  # not ours: left alone
-    assert store.copy_to(target, extra={REPLAY_STATE: {"drawn": 8, "weight": 1.0}}) is True
-    listed = json.loads((target / MANIFEST).read_text())["files"]
-    assert sorted(listed) == sorted([SNAPSHOT, HISTORY, PROBES, REPLAY_STATE])
-    assert json.loads((target / REPLAY_STATE).read_text()) == {"drawn": 8, "weight": 1.0}
-    assert copy_problem(target) is None and (target / "notes.txt").is_file()
-
-    for name in listed:  # any file that is not the one copied makes the folder unusable
-        kept = (target / name).read_bytes()
-        (target / name).write_bytes(kept[:-1])
-        assert f"{name} is not the file copied there" in copy_problem(target)
-        (target / name).unlink()
-        assert copy_problem(target) == f"{name} is missing"
-        (target / name).write_bytes(kept)
-    assert copy_problem(target) is None
-    (target / MANIFEST).write_text('{"format": "forgetwatch.checkpoint", "files": {"../../etc/passwd": {}}}')
-    assert "not a file's name" in copy_problem(target)
-    (target / MANIFEST).write_text("[")
-    assert "manifest.json cannot be read" in copy_problem(target)
-    (target / MANIFEST).unlink()
-    assert copy_problem(target).startswith("no manifest.json: its copy never finished")
-
-
-def test_a_second_copy_into_a_folder_is_not_whole_until_its_manifest(tmp_path, monkeypatch):
-    from forgetwatch.results import run_files as module
-    from forgetwatch.results.run_files import RunStore, copy_problem
-
-    store = RunStore(tmp_path / "run", own_files=[REPLAY_STATE])  # the files a repair method names
-
-    store.save_snapshot(answers())
-    store.append_history(record(1))
-    target = tmp_path / "checkpoint-1" / "forgetwatch"
-    store.copy_to(target, extra={REPLAY_STATE: {"drawn": 1}})
-    real = module.atomic_write
-
-    def failing(path, mode="w"):  # the second copy fails once the history is written
-        if path.name == REPLAY_STATE:
-            raise OSError("disk full")
-        return real(path, mode)
-
-    monkeypatch.setattr(module, "atomic_write", failing)
-    store.append_history(record(2))
-    assert store.copy_to(target, extra={REPLAY_STATE: {"drawn": 2}}) is False
-    assert copy_problem(target).startswith("no manifest.json")  # half new, half old: not used
-    monkeypatch.setattr(module, "atomic_write", real)
-    assert store.flush() is True  # retried with the same replay state
-    assert copy_problem(target) is None and json.loads((target / REPLAY_STATE).read_text()) == {"drawn": 2}
-    store.copy_to(target)  # a copy without replay leaves no earlier replay state behind
-    assert not (target / REPLAY_STATE).exists() and copy_problem(target) is None
-
-
-def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
+def test_leftover_temporary_files_are_removed_only_ours(store):
     from forgetwatch.common.files import atomic_write
 
-    checkpoint = tmp_path / "checkpoint-5" / "forgetwatch"
-    checkpoint.mkdir(parents=True)
     store.dir.mkdir()
-    ours = [
-        store.dir / ".history.jsonl.abc123xy.tmp",
-        checkpoint / ".base_answers.npz.k2j3h4g5.tmp",
-        checkpoint / ".manifest.json.zz9y8x7w.tmp",
-    ]
+    ours = [store.dir / ".history.jsonl.abc123xy.tmp", store.dir / ".base_answers.npz.k2j3h4g5.tmp"]
     theirs = [
         store.dir / ".model.safetensors.abc123xy.tmp",
-        checkpoint / "history.jsonl.tmp",
+        store.dir / "history.jsonl.tmp",
         store.dir / "history.jsonl",
     ]
     for path in ours + theirs:
@@ -292,7 +186,7 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
     (store.dir / ".model.q1w2e3r4.tmp").mkdir()  # not a name of ours
     theirs.append(store.dir / ".model.q1w2e3r4.tmp")
     ours += folders
-    assert sorted(store.remove_leftovers([checkpoint])) == sorted(ours)
+    assert sorted(store.remove_leftovers()) == sorted(ours)
     assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
     with pytest.raises(RuntimeError), atomic_write(store.dir / "probes.jsonl") as f:
         f.write("cut short")
@@ -300,10 +194,8 @@ def test_leftover_temporary_files_are_removed_only_ours(store, tmp_path):
     assert store.remove_leftovers() == []
 
 
-def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, tmp_path, caplog):
-    import shutil
-
-    from forgetwatch.results.run_files import PROBES, copy_problem
+def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, caplog):
+    from forgetwatch.results.run_files import PROBES
 
     store.save_snapshot(answers())
     store.save_probes(Probes())
@@ -313,33 +205,42 @@ def test_a_run_directory_deleted_during_training_is_written_again_from_memory(st
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         assert store.append_history(record(2)) is True
         shutil.rmtree(store.dir)
-        assert store.copy_to(tmp_path / "checkpoint-2" / "forgetwatch") is True
+        assert store.flush() is True
     lost = [r.getMessage() for r in caplog.records if "disappeared" in r.getMessage()]
     assert len(lost) == 1 and str(store.dir) in lost[0]  # said once
     assert "base_answers.npz, probes.jsonl, history.jsonl" in lost[0]
-    for folder in (store.dir, tmp_path / "checkpoint-2" / "forgetwatch"):
-        assert steps(folder / HISTORY) == [1, 2]  # earlier records too, not a history begun anew
-        assert Answers.load(folder / SNAPSHOT).ids == ["q1"] and (folder / PROBES).is_file()
-    assert copy_problem(tmp_path / "checkpoint-2" / "forgetwatch") is None
+    assert steps(store.dir / HISTORY) == [1, 2]  # earlier records too, not a history begun anew
+    assert Answers.load(store.dir / SNAPSHOT).ids == ["q1"] and (store.dir / PROBES).is_file()
 
 
-def test_a_history_with_unreadable_records_is_moved_aside_never_overwritten(store):
-    store.dir.mkdir()
-    store.history_path.write_text(json.dumps(record(1)) + "\n{garbage\n" + json.dumps(record(3)) + "\n")
-    damaged = store.history_path.read_bytes()
-    aside = store.set_aside_damaged(1)
-    assert aside.name == "history.jsonl.damaged-1" and aside.read_bytes() == damaged
-    store.save_history([record(1)])
+def test_a_resume_cuts_the_history_at_its_step_in_one_write_and_keeps_a_damaged_one(store, caplog):
+    store.save_history([record(1), record(2), record(3)])
+    assert [r["step"] for r in store.resume_history(2)] == [1, 2]  # step 3: the killed run's abandoned future
+    assert steps(store.history_path) == [1, 2]
+    assert store.append_history(record(3)) and steps(store.history_path) == [1, 2, 3]
+    assert [r["step"] for r in store.resume_history(5)] == [1, 2, 3]  # nothing to cut: left as it is
+
+    from forgetwatch.common.files import json_line
+
+    damaged = (json_line(record(1)) + "{garbage\n" + json_line(record(3))).encode()
     store.history_path.write_bytes(damaged)
-    assert store.set_aside_damaged(1).name == "history.jsonl.damaged-2"
-    assert aside.read_bytes() == damaged
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert [r["step"] for r in store.resume_history(3)] == [1]
+    aside = store.dir / "history.jsonl.damaged-1"
+    assert aside.read_bytes() == damaged and "line 2" in caplog.text and str(aside) in caplog.text
+    assert steps(store.history_path) == [1]
+    store.history_path.write_bytes(damaged)
+    store.resume_history(3)
+    assert (store.dir / "history.jsonl.damaged-2").read_bytes() == damaged == aside.read_bytes()
+    store.history_path.unlink()
+    assert store.resume_history(3) == [] and steps(store.history_path) == []
 
 
 def write_run(folder, mark: str) -> dict[str, bytes]:
     """Every file forgetwatch writes in a run directory, each with bytes of its own (the merged model a folder);
     the bytes by name."""
     folder.mkdir(parents=True, exist_ok=True)
-    names = (*FILES, *BESIDES, f"{HISTORY}.damaged-1")
+    names = (*FILES, f"{HISTORY}.damaged-1")
     files = {name: f"{mark}:{name}".encode() for name in names if name != MERGED}
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -376,23 +277,6 @@ def test_the_newest_set_aside_has_the_largest_number_also_after_one_was_deleted(
     third = write_run(store.dir, "third")
     assert store.set_aside() == store.dir / "previous-3" and held(store.dir / "previous-3") == third
     assert sorted(p.name for p in store.dir.iterdir()) == ["previous-2", "previous-3"]
-
-
-def test_a_set_aside_cut_short_is_completed_by_the_next_fresh_run(store):
-    files = write_run(store.dir, "earlier")
-    partial = store.dir / "previous.partial"
-    partial.mkdir()
-    for name in list(files)[:3]:  # killed after moving three files
-        os.replace(store.dir / name, partial / name)
-    assert store.set_aside() == store.dir / "previous-1"
-    assert held(store.dir / "previous-1") == files and not partial.exists()
-    # cut short, then a resumed run wrote in the directory again: the two are kept apart, not mixed
-    partial.mkdir()
-    os.replace(store.dir / "previous-1" / SNAPSHOT, partial / SNAPSHOT)
-    (store.dir / SNAPSHOT).write_bytes(b"the resumed run's")
-    store.set_aside()
-    assert held(store.dir / "previous-2") == {SNAPSHOT: files[SNAPSHOT]}
-    assert held(store.dir / "previous-3") == {SNAPSHOT: b"the resumed run's"}
 
 
 def lock_of(pid: int, host: str | None = None) -> str:
@@ -447,8 +331,8 @@ def test_a_later_store_of_this_process_takes_the_directory_over(store, caplog, f
             folder = later.set_aside()
             assert store.dir == folder and store.append_history(record(2)) and steps(folder / HISTORY) == [1, 2]
         else:  # resumed by the later one: the earlier one writes nothing more
-            assert store.append_history(record(2)) is False and store.copy_to(store.dir.parent / "ckpt") is False
-            assert held(store.dir) == earlier and not (store.dir.parent / "ckpt").exists()
+            assert store.append_history(record(2)) is False and store.flush() is False
+            assert held(store.dir) == earlier
             assert "this watch writes nothing more there" in caplog.text
     store.release()  # the earlier one's end leaves the later one's lock
     assert (later.dir / LOCK).exists()

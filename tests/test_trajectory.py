@@ -160,10 +160,8 @@ def test_sft_trajectory_equals_plain_loops_and_survives_a_resume(toy, tmp_path):
             mine = [r for r, c in zip(so_far, whole.trajectory.categories) if c == cat]
             assert logged[step][f"forgetwatch/{cat}/forgetting_events"] == sum(map(plain_events, mine))
 
-    # the run directory holds it: read back whole, and from the checkpoint's copy up to its step
+    # the run directory holds it: read back whole
     assert load_trajectory(tmp_path / "whole" / "forgetwatch").correct.tolist() == rows
-    at_10 = load_trajectory(tmp_path / "whole" / "checkpoint-10" / "forgetwatch")
-    assert at_10.steps.tolist() == [0, 4, 8] and at_10.correct.tolist() == [r[:3] for r in rows]
 
     # killed at step 15, resumed from checkpoint-10: the same trajectory as the whole run
     run = tmp_path / "killed"

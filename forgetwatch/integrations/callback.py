@@ -30,6 +30,9 @@ from forgetwatch.sinks import eval_metric_values
 
 logger = logging.getLogger("forgetwatch")
 
+#: the key of the watch's state in a checkpoint's trainer_state.json ``stateful_callbacks``
+STATE_KEY = "ForgetWatch"
+
 
 def _plug_ins(watch: Watch, replay: Any, merge_at_end: Any) -> tuple[Replay | None, MergeAtEnd | None]:
     """The plug-ins checked before any work: a pool holding a probe's question is refused now; replay's figures and
@@ -147,6 +150,11 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class=")
+        # the trainer loaded the checkpoint's trainer_state.json into state before this event, whatever
+        # args.restore_callback_states_from_checkpoint says (that flag only rebuilds ExportableState callbacks)
+        kept = (state.stateful_callbacks or {}).get(STATE_KEY) if state.global_step > 0 else None
+        if kept is not None:
+            self.watch.load_state_dict(kept)
         self.watch._start(
             model,
             tokenizer,
@@ -154,8 +162,6 @@ class ForgetWatchCallback(TrainerCallback):
             output_dir=link.run_dir() / SUBDIR,
             max_steps=state.max_steps,
             train_rows=self._train_rows(args, kw.get("train_dataloader"), processing_class or tokenizer),
-            resume_from=link.resume_folders(SUBDIR),
-            leftovers_in=link.checkpoint_folders(SUBDIR),
             sinks=trainer_sinks(link, self.watch.probes, self.watch.config.output.table_rows),
             sharded=sharded_run(args),
             stop_note=self._stop_note,
@@ -163,6 +169,7 @@ class ForgetWatchCallback(TrainerCallback):
         for plugin in (self.replay, self.merge_at_end):  # they take the base from the model as the watch found it
             if plugin is not None:
                 plugin.begin(model, self.watch.view)
+        self._keep_state(state)
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""
@@ -190,6 +197,16 @@ class ForgetWatchCallback(TrainerCallback):
     def on_step_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         if self.watch.due(state.global_step):
             self._evaluated(self.watch.evaluate(model, state.global_step), control, model)
+        self._keep_state(state)
+
+    def _keep_state(self, state: State) -> None:
+        """The watch's state where the trainer's next checkpoint writes it (trainer_state.json's
+        ``stateful_callbacks``): kept current after every step and evaluation, since a save follows them. Not as
+        an ``ExportableState``: with ``restore_callback_states_from_checkpoint`` the trainer would build such a
+        callback again from JSON alone, without its probes."""
+        if state.stateful_callbacks is None:
+            state.stateful_callbacks = {}
+        state.stateful_callbacks[STATE_KEY] = self.watch.state_dict()
 
     def on_epoch_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # however training stops (max_steps, a callback, data running out), this runs before the trainer
@@ -251,23 +268,13 @@ class ForgetWatchCallback(TrainerCallback):
             scaler = grad_scaler(kw.get("optimizer"))
             self.replay.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
 
-    def on_save(self, args: Args, state: State, control: Control, **kw: Any) -> None:
-        self._copy_into_checkpoint(state.global_step)
-
-    def on_push_begin(self, args: Args, state: State, control: Control, **kw: Any) -> None:
-        # the trainer pushes a checkpoint before on_save: put the files in it first
-        self._copy_into_checkpoint(state.global_step)
-
-    def _copy_into_checkpoint(self, step: int) -> None:
-        checkpoint = self._link.checkpoint_dir(step)
-        if checkpoint.is_dir():
-            self.watch.save_to(checkpoint / SUBDIR)
-
     def _evaluated(self, evaluation: Evaluation | None, control: Control, model: Module) -> None:
         """Replay follows the evaluation's forgetting; every rank stops together (the watch's rule is rank 0's);
         the trainer saves first if asked."""
         if evaluation is not None and self.replay is not None:
             self.replay.on_evaluation(evaluation.report, model)
+        if evaluation is not None and self._link.state is not None:
+            self._keep_state(self._link.state)
         if evaluation is not None and evaluation.stop:
             control.should_training_stop = True
             control.should_save = control.should_save or self.watch.config.monitor.save_on_stop

@@ -3,7 +3,6 @@ and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,13 +37,6 @@ def grad_scaler(optimizer: Any) -> tuple[Any, Any] | None:
     return scaler, optimizer
 
 
-def _saved_at(checkpoint: Path) -> int | None:
-    try:
-        return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 class TrainerLink:
     """The trainer as forgetwatch sees it during one ``train()`` call."""
 
@@ -55,12 +47,11 @@ class TrainerLink:
         self.control: Any = None
         self.objects: dict[str, Any] = {}  # what the trainer hands every event: model, optimizer, ...
         self.own: list[Any] = []  # integrations forgetwatch runs itself, without trainer=
-        self.resuming: Path | None = None  # the checkpoint this train() call resumes from
         self.open = False  # whether the integrations take logs now
         self._said: set[str] = set()
 
     def attach(self, args: Any, state: Any, control: Any, **objects: Any) -> None:
-        """Take the trainer's arguments, state and event objects, and find the checkpoint resumed (on_train_begin)."""
+        """Take the trainer's arguments, state and event objects (on_train_begin)."""
         self.args, self.state, self.control, self.objects, self.open = args, state, control, objects, True
         reported = set(args.report_to or [])
         if self.trainer is None:
@@ -78,28 +69,14 @@ class TrainerLink:
         if state.is_hyper_param_search and not state.trial_name:
             self._say_once(
                 "forgetwatch: a hyperparameter search without hp_name: transformers names no trial's folder to a "
-                f"callback, so the trials' files go to {self.run_dir()} one after the other, none into their "
-                "checkpoints; give hyperparameter_search(hp_name=...) to keep each trial's own"
+                f"callback, so the trials' files go to {self.run_dir()} one after the other (each setting the one "
+                "before aside); give hyperparameter_search(hp_name=...) to keep each trial's own"
             )
-        self.resuming = self._resumed(state.global_step) if state.global_step > 0 else None
 
     def _say_once(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
             logger.warning(message)
-
-    def _resumed(self, step: int) -> Path | None:
-        given = getattr(self.args, "resume_from_checkpoint", None)
-        if isinstance(given, str) and given and _saved_at(Path(given)) == step:
-            return Path(given)
-        usual = self.checkpoint_dir(step)
-        if usual.is_dir():
-            return usual
-        self._say_once(
-            f"forgetwatch: resuming at step {step} from a checkpoint other than {usual}, which a callback cannot "
-            "see: set args.resume_from_checkpoint to it for forgetwatch to read its files there"
-        )
-        return None
 
     def close(self) -> None:
         """The integrations take no more logs; forgetwatch's own close."""
@@ -107,17 +84,6 @@ class TrainerLink:
         for integration in self.own:
             integration.on_train_end(self.args, self.state, self.control)
         self.own = []
-
-    def resume_folders(self, subdir: str) -> list[Path]:
-        """Where a resumed run finds its files: the checkpoint it resumes from, then this run's at that step."""
-        if self.resuming is None:
-            return []
-        return [self.resuming / subdir, self.checkpoint_dir(self.state.global_step) / subdir]
-
-    def checkpoint_folders(self, subdir: str) -> list[Path]:
-        """``subdir`` of this run's checkpoints and of the one it resumes from."""
-        folders = sorted(self.run_dir().glob(f"checkpoint-*/{subdir}"))
-        return folders + ([self.resuming / subdir] if self.resuming is not None else [])
 
     def run_dir(self) -> Path:
         """Where this run saves its checkpoints: ``output_dir``, or a named trial's folder in it."""

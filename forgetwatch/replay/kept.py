@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -17,9 +16,6 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.scoring.next_tokens import KeptFileError, first_usable, logits_width
 
-logger = logging.getLogger("forgetwatch")
-
-REPLAY_STATE = "replay.json"  # in a checkpoint: where the draws stood
 REPLAY_BASE = "replay_base.npz"  # the base's next-token distribution on the rows (loss "kl")
 REPLAY_ANSWERS = "replay_answers.json"  # the base's answers to a pool's prompts (synthetic replay)
 
@@ -79,7 +75,7 @@ def _number(value: Any) -> bool:
 
 
 def state_problem(replay: Any, state: Any, step: int) -> str | None:
-    """Why ``state`` (a ``replay.json``, or a history record's ``replay``) cannot be ``replay``'s at ``step``."""
+    """Why ``state`` (the watch's state's, or a history record's ``replay``) cannot be ``replay``'s at ``step``."""
     if not isinstance(state, Mapping):
         return f"not a replay state (a JSON {type(state).__name__}, not an object)"
     if problem := key_problem(state.get("key"), replay.key):
@@ -110,9 +106,9 @@ def first_kept(
     problem: Callable[[Any], str | None],
     share: Callable = lambda x: x,
 ) -> tuple[Any, list[str], str]:
-    """The first copy of ``name`` in the run's resume folders that loads and has no ``problem`` (found on rank 0,
-    shared as ``share`` makes it), why each before it was passed over, and all that in one line."""
-    paths = [Path(d) / name for d in run.resume_dirs]
+    """``name`` in the run's directory if it loads and has no ``problem`` (found on rank 0, shared as ``share`` makes
+    it), why not, and that in one line."""
+    paths = [run.store.dir / name] if run.store is not None else []
 
     def find() -> dict[str, Any]:
         kept, rejected = first_usable(paths, load, problem)
@@ -138,16 +134,15 @@ def measured_once(
     if run.reads_back:
         vocab = logits_width(model)
         check = (kind.load, lambda v: key_problem(v.key, key) or problem(v, vocab), kind.to_dict)
-        kept, rejected, why = first_kept(run, name, *check)
+        kept, _, why = first_kept(run, name, *check)
         if kept is None:
-            why = f"{needs}, kept when the run began, and no copy can serve ({why}); resume from a checkpoint that has a good one"
-            raise ReplayFileError(None, why)
-        if rejected and run.writes:
-            logger.warning("forgetwatch: passed over kept %s (%s); using another copy", name, why)
+            raise ReplayFileError(
+                None, f"{needs}, kept in the run directory when the run began, and it cannot serve ({why})"
+            )
         value = kind.from_dict(kept)
     else:
         with run.as_base(model):
             value = measure()
     if run.writes and run.store is not None:
-        run.store.keep(name, value.save)  # kept with the run (and its checkpoints)
+        run.store.keep(name, value.save)  # kept with the run
     return value

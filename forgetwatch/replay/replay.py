@@ -16,7 +16,7 @@ from pydantic import Field
 from forgetwatch.common.text import first_line, listing, pct, shorten
 from forgetwatch.config.settings import MAX_INT, Settings
 from forgetwatch.replay import kept
-from forgetwatch.replay.kept import REPLAY_ANSWERS, REPLAY_BASE, REPLAY_STATE, state_problem, tokens_key
+from forgetwatch.replay.kept import REPLAY_ANSWERS, REPLAY_BASE, state_problem, tokens_key
 from forgetwatch.replay.penalty import encode_rows, replay_backward, target_count
 from forgetwatch.replay.rows import ReplayPoolError
 from forgetwatch.replay.sampler import ReplaySampler, category_weights
@@ -113,8 +113,8 @@ class Replay:
     """
 
     name: str = "replay"
-    #: the files it keeps in the run's folder and its checkpoints
-    files: tuple[str, ...] = (REPLAY_STATE, REPLAY_BASE, REPLAY_ANSWERS)
+    #: the files it keeps in the run's folder
+    files: tuple[str, ...] = (REPLAY_BASE, REPLAY_ANSWERS)
 
     def __init__(
         self,
@@ -240,38 +240,32 @@ class Replay:
         self.base = kept.measured_once(run, model, REPLAY_BASE, BaseDistribution, key, problem, needs, measure)
 
     def _resume(self, run: Any) -> None:
-        """The draws at ``run.step``: given to ``load_state_dict()``, kept in ``replay.json``, or rebuilt (said)."""
+        """The draws at ``run.step``: given to ``load_state_dict()`` (a trainer's checkpoint keeps them), else
+        rebuilt from the history (said)."""
         if (given := run.states.get(self.name)) is not None:
             if problem := state_problem(self, given, run.step):
                 raise ValueError(f"the replay state given to load_state_dict() cannot be used: {problem}")
             return self._load(given)
-        state, rejected, why = kept.first_kept(
-            run, REPLAY_STATE, kept.read_kept_json, lambda s: state_problem(self, s, run.step)
-        )
-        if state is not None:
-            return self._load(state)
-        try:  # a copy passed over means replay was on at the checkpoint: its draws cannot start afresh
-            how = self._rebuild(run, afresh=not rejected)
+        try:
+            how = self._rebuild(run)
         except ValueError as err:
             raise kept.ReplayFileError(
                 None,
-                f"no replay state to resume step {run.step} with ({why}); {err}. Resume from a "
-                "checkpoint whose forgetwatch folder is whole, or train without replay=",
+                f"no replay state to resume step {run.step} with (the watch's state was not given); {err}. Resume "
+                "from a checkpoint saved with forgetwatch's state, or train without replay=",
             ) from None
         if run.writes:
             logger.warning(
-                f"forgetwatch: no usable replay state for step {run.step} ({why}); rebuilt it {how} (the replay loss "
-                "of the steps before the resume is not kept in the history: the next replay/loss is over the steps "
-                "from here)"
+                f"forgetwatch: no replay state for step {run.step} (the watch's state was not given); rebuilt it {how} "
+                "(the replay loss of the steps before the resume is not kept in the history: the next replay/loss is "
+                "over the steps from here)"
             )
 
-    def _rebuild(self, run: Any, afresh: bool) -> str:
+    def _rebuild(self, run: Any) -> str:
         """The draws at ``run.step`` rebuilt from the history, exactly, and how; else a ``ValueError`` saying why."""
         step, last = run.step, run.records[-1] if run.records else None
         self._load({"sampler": self.sampler.state_dict(), "tokens": 0})  # from the start, unless the history says
         if last is not None and "replay" not in last:
-            if not afresh:
-                raise ValueError(f"the history holds no replay state at its last evaluation (step {last['step']})")
             return f"replay was not on at the last evaluation (step {last['step']}): its draws start afresh"
         since, weight, batch_size, report = 0, self.weight, self.batch_size, None
         how = (
@@ -420,7 +414,7 @@ class Replay:
         return out
 
     def state(self) -> dict[str, Any]:
-        """What a resumed run needs (in the checkpoint's ``replay.json`` and each history record)."""
+        """What a resumed run needs (in the watch's state and each history record)."""
         state = {
             "select": self.select,
             "sampler": self.sampler.state_dict(),

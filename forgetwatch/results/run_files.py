@@ -1,12 +1,12 @@
 """A run's files, in one place: their names, every write (:class:`RunStore`) and every read (:func:`read_run`).
-Each checkpoint gets a whole copy (``manifest.json`` last); writes made during training never raise."""
+They live in the run directory only (a checkpoint keeps the watch's state, not a copy); writes made during training
+never raise."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import glob
-import hashlib
 import json
 import logging
 import os
@@ -14,15 +14,14 @@ import shutil
 import socket
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common import strict_json
-from forgetwatch.common.files import atomic_write, json_line, leftover_temporaries, strict_dumps
-from forgetwatch.common.text import first_line, shorten
+from forgetwatch.common.files import atomic_write, json_line, leftover_temporaries
+from forgetwatch.common.text import first_line
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.results.answers import Answers, AnswersFileError, AnswersMismatchError
 from forgetwatch.results.history import HistoryError, parse_record, report_from_record
@@ -32,23 +31,19 @@ from forgetwatch.results.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 SNAPSHOT = "base_answers.npz"
-HISTORY = "history.jsonl"  # one record per evaluation, each with its trajectory column
+HISTORY = "history.jsonl"  # one record per evaluation, each with its trajectory column; append-only
 PROBES = "probes.jsonl"  # the questions, for reports
 TRAIN_KL = "train_kl.npz"
-MANIFEST = "manifest.json"  # in a checkpoint, written last: each file's size and sha256
-LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report (not kept in checkpoints)
-SUBDIR = "forgetwatch"  # inside the trainer's output directory and each checkpoint directory
+LATEST = "answers_latest.npz"  # the last evaluation's answers, for the report
+SUBDIR = "forgetwatch"  # inside the trainer's output directory
 LOCK = "watch.lock"  # while a watch writes in the run directory: its pid and host
 PREVIOUS = "previous"  # previous-<n>/: an earlier run's files, set aside by a fresh run (the newest: the largest n)
+DAMAGED = f"{HISTORY}.damaged"  # a history with unreadable lines, moved here (numbered) before a resume rewrites it
 SWEEP = "sweep.json"  # when training ended: the merge sweep's table (the report page shows it), and beside it
 SWEEP_TABLE = "sweep.csv"  # ... the same as CSV
 MERGED = "merged"  # ... and the model at the chosen alpha (a folder)
 #: Every file the monitor itself writes (a repair method names its own; nothing else there is touched).
-FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, MANIFEST)
-#: What a run writes besides, not kept in checkpoints: set aside with the rest by a fresh run.
-BESIDES = (LATEST, SWEEP, SWEEP_TABLE, MERGED)
-_MANIFEST_FORMAT = "forgetwatch.checkpoint"
-_COPY = "this checkpoint's forgetwatch files are"
+FILES = (SNAPSHOT, HISTORY, PROBES, TRAIN_KL, LATEST, SWEEP, SWEEP_TABLE, MERGED)
 _WHAT = {
     SNAPSHOT: "the base snapshot is",
     PROBES: "the probe set (the report's questions) is",
@@ -91,8 +86,8 @@ def read_snapshot(directory: str | os.PathLike[str]) -> Answers | None:
         raise AnswersFileError(
             err.reason,
             path,
-            advice="this base snapshot cannot be used: delete it to score the base model again, or "
-            f"pass base=PATH with a good copy (each checkpoint keeps one in checkpoint-N/{SUBDIR}/)",
+            advice="this base snapshot cannot be used: delete it to score the base model again (a fresh run), or "
+            "pass base=PATH with a good copy",
         ) from None
 
 
@@ -135,44 +130,6 @@ def read_history(
     if problem is not None:
         raise problem
     return records
-
-
-def recover_history(
-    paths: Sequence[Path], step: int, *, probes: int | None = None, fingerprint: str | None = None
-) -> tuple[list[dict[str, Any]], Path | None, list[Path]]:
-    """The records a run resumed at ``step`` goes on with, from the first whole copy in ``paths`` (else the longest
-    one agreeing with the first), their copy, and the copies holding an unreadable line; each problem warns."""
-    scans = [(path, *scan_history(path, probes, fingerprint)) for path in paths if path.is_file()]
-    if not scans:
-        logger.warning(
-            "forgetwatch: resuming at step %d, but there is no history in %s: the evaluations before "
-            "step %d are lost (the trajectory, the patience count and the report start again here; the "
-            "base snapshot is intact, so the figures stay right)",
-            step,
-            " or ".join(str(p) for p in paths),
-            step,
-        )
-        return [], None, []
-    kept = [[r for r in records if r["step"] <= step] for _, records, _, _ in scans]
-    # copies of this run agree with the first where both hold records: the same steps, made at the same times
-    ours = [
-        i
-        for i in range(len(scans))
-        if all((a["step"], a.get("time")) == (b["step"], b.get("time")) for a, b in zip(kept[0], kept[i]))
-    ]
-    whole = [i for i, (_, _, problem, cut) in enumerate(scans) if i in ours and problem is None and not cut]
-    best = whole[0] if whole else max(ours, key=lambda i: (len(kept[i]), -i))
-    source = scans[best][0]
-    damaged = [(path, problem) for path, _, problem, _ in scans if problem is not None]
-    for _, problem in damaged:
-        logger.warning(
-            "forgetwatch: %s; resuming with the %d record(s) up to step %d of %s",
-            problem,
-            len(kept[best]),
-            step,
-            source,
-        )
-    return kept[best], source, [path for path, _ in damaged]
 
 
 @dataclass
@@ -247,51 +204,20 @@ def load_trajectory(run_dir: str | os.PathLike[str]) -> Trajectory:
     return read_run(run_dir).trajectory
 
 
-def copy_problem(directory: str | os.PathLike[str]) -> str | None:
-    """Why a checkpoint's forgetwatch folder is not a whole copy (its manifest's sizes and sha256), or ``None``."""
-    directory = Path(directory)
-    path = directory / MANIFEST
-    if not path.is_file():
-        return f"no {MANIFEST}: its copy never finished (cut short, e.g. by kill -9) or an older forgetwatch wrote it"
-    try:
-        manifest = strict_json.loads(path.read_bytes().decode("utf-8"))
-        files = manifest["files"]
-        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
-            raise ValueError("not a forgetwatch manifest")
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        return f"{MANIFEST} cannot be read ({first_line(err)})"
-    for name, listed in files.items():
-        if name in (MANIFEST, "", "..") or Path(name).name != name:  # JSON keys: always text
-            return f"{MANIFEST} lists {shorten(name)}, not a file's name"
-        file = directory / name
-        if not file.is_file():
-            return f"{name} is missing"
-        try:
-            found = _digest(file)
-        except OSError as err:
-            return f"{name} cannot be read ({first_line(err)})"
-        if listed != found:
-            return (
-                f"{name} is not the file copied there ({found['bytes']} bytes, sha256 {found['sha256'][:12]}...; "
-                f"{MANIFEST} lists {shorten(listed)})"
-            )
-    return None
-
-
 # -- the base a run finds on disk ----------------------------------------------------------------
 
 
 def stored_base(
     given: Answers | str | os.PathLike[str] | None,
     expected: Mapping[str, Any],
-    keys: Mapping[str, str],
+    keys: Mapping[str, Any],
     *,
     run_dir: Path,
-    resume_dirs: Sequence[Path] = (),
     step: int = 0,
 ) -> Answers | None:
-    """The base answers a run was given or finds on disk (on resume it must), or ``None``: score them now.
-    ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the model's, checked on a cached snapshot only."""
+    """The base answers a run was given or finds in ``run_dir`` by their keys (on resume it must), or ``None``: score
+    them now. ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the meta entries the snapshot must have
+    (a cached one: this model's; a resumed one: those the state kept)."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
         if problem := answers.mismatch(**expected):
@@ -301,49 +227,34 @@ def stored_base(
                 "evaluate) or leave base unset"
             )
         return answers
-    found: list[tuple[Path, Answers]] = []
-    rejected, other = [], []  # snapshots that cannot serve: damaged, or of other probes or options
-    for directory in resume_dirs or [run_dir]:
-        try:
-            answers = read_snapshot(directory)
-        except ValueError as err:  # damaged: say so, and look further
-            rejected.append(str(err))
-            continue
-        # a cached snapshot must be of this very model; on resume, loading a model again may change its configuration
-        # harmlessly: it is only preferred
-        problem = None if answers is None else answers.mismatch(**expected, meta=None if resume_dirs else keys)
+    path = run_dir / SNAPSHOT
+    try:
+        answers = read_snapshot(run_dir)
+    except ValueError as err:  # damaged: a fresh run scores the base again
+        if step:
+            raise
+        logger.warning("forgetwatch: ignoring %s; computing a new base snapshot", err)
+        return None
+    problem = None if answers is None else answers.mismatch(**expected, meta=keys)
+    if not step:  # a cached snapshot that does not fit: compute a new one
         if problem:
-            rejected.append(f"{directory / SNAPSHOT}: for {problem}")
-            other.append(rejected[-1])
+            logger.warning("forgetwatch: ignoring %s: for %s; computing a new base snapshot", path, problem)
         elif answers is not None:
-            found.append((directory, answers))
-    if not resume_dirs:  # a cached snapshot that does not fit: compute a new one
-        if rejected:
-            logger.warning("forgetwatch: ignoring %s; computing a new base snapshot", rejected[0])
-        elif found:
-            logger.info("forgetwatch: reusing the base snapshot in %s", run_dir / SNAPSHOT)
-        return found[0][1] if found else None
-    if not found and other:  # the run's own base, made with settings this resume does not have
+            logger.info("forgetwatch: reusing the base snapshot in %s", path)
+        return None if problem else answers
+    if answers is None:
+        raise FileNotFoundError(
+            f"resuming at step {step}, but there is no base snapshot in {run_dir}; the resumed weights have moved, "
+            "so they cannot stand in for the base: resume with output_dir= the run's forgetwatch folder, or pass "
+            "base=PATH with the run's base_answers.npz"
+        )
+    if problem:
         raise AnswersMismatchError(
-            f"resuming at step {step}, but the run's base snapshot was made otherwise: {other[0]}; resume with the "
-            "probes and scoring options the run began with (each 'x, not y' above: x is the run's), or start a "
+            f"resuming at step {step}, but {path} was made for {problem}: resume with the probes and scoring "
+            "options the run began with (each 'x, not y' above: x is the run's), in the folder it wrote, or start a "
             "fresh run in another output_dir"
         )
-    if not found:
-        why = f" ({'; '.join(rejected)})" if rejected else ""
-        raise FileNotFoundError(
-            f"resuming at step {step}, but no base snapshot for these probes and scoring options was found in "
-            f"{', '.join(map(str, resume_dirs))}{why}; the resumed weights have moved, so they cannot stand in for "
-            "the base: pass base=PATH with the original run's base_answers.npz"
-        )
-    for _, answers in found:
-        if answers.meta.get("model_key") == keys["model_key"]:
-            return answers
-    logger.warning(
-        "forgetwatch: resuming with the base snapshot in %s, made for a model of another configuration than this one",
-        found[0][0],
-    )
-    return found[0][1]
+    return answers
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -354,8 +265,8 @@ class NotWritableError(OSError):
 
 
 class RunStore:
-    """The run's files in one directory, and their copies into checkpoints. A failed write during training warns
-    once, is kept in memory and retried (:attr:`pending`); only the checks before training raise."""
+    """The run's files in one directory. A failed write during training warns, is kept in memory and retried at the
+    next write (:attr:`pending`); only the checks before training raise."""
 
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
@@ -366,7 +277,6 @@ class RunStore:
         self._unwritten: list[dict[str, Any]] = []
         self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
         self._owed: set[str] = set()  # of those, the ones not on disk
-        self._copies: dict[Path, dict[str, Any]] = {}  # checkpoint folders whose copy failed: their extra files
         self._said: set[str] = set()  # the warnings given once, by their text
         self._lock: weakref.finalize | None = None  # removes the lock: at release(), collection or exit
         self._earlier: RunStore | None = None  # the store of this process this one took the directory from
@@ -382,7 +292,7 @@ class RunStore:
 
     @property
     def pending(self) -> int:
-        return len(self._unwritten) + len(self._owed - {HISTORY}) + len(self._copies)
+        return len(self._unwritten) + len(self._owed - {HISTORY})
 
     def check_writable(self) -> None:
         """Raise :class:`NotWritableError` unless files can be written here."""
@@ -403,22 +313,22 @@ class RunStore:
             ) from err
 
     def claim(self) -> None:
-        """Take the run directory for this run alone (``watch.lock``): a live watch of another process keeps it
-        (:class:`NotWritableError`), an ended one's is taken over; in this process a later store takes it over."""
+        """Take the run directory for this run alone (``watch.lock``, made exclusively): a live watch of another
+        process keeps it (:class:`NotWritableError`), an ended one's is taken over; in this process the later store
+        takes it over (a loop that raised cannot be told from a live one)."""
         if self._lock is not None and self._lock.alive:
             return
         path = self.dir / LOCK
-        key = os.path.realpath(path)
         text = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
         try:
             with open(path, "x", encoding="utf-8") as f:  # exclusive: of two starters, one wins
                 f.write(text)
         except FileExistsError:
-            left_by = _left_by(path)  # raises when a live watch of another process holds it
-            if left_by is not None:
+            if left_by := _left_by(path):  # raises when a live watch of another process holds it
                 logger.warning("forgetwatch: taking over %s, left by %s", path, left_by)
             with atomic_write(path) as f:
                 f.write(text)
+        key = os.path.realpath(path)
         earlier = _HOLDERS.get(key)
         if earlier is not None and earlier._lock is not None and earlier._lock.alive:
             earlier._lock.detach()  # the lock is this store's now
@@ -437,47 +347,36 @@ class RunStore:
             self._lock()
 
     def set_aside(self) -> Path | None:
-        """Before a fresh run: move an earlier run's files into a new ``previous-<n>`` (via ``previous.partial``,
-        which the next run completes if this is cut short); the folder, if anything moved."""
-        partial = self.dir / f"{PREVIOUS}.partial"
-        names = [n for n in (*self.files, *BESIDES) if os.path.lexists(self.dir / n)]
-        names += sorted(p.name for p in self.dir.glob(f"{HISTORY}.damaged-*"))
-        with self._moving(
-            f"an earlier run's files in {self.dir}", "move them yourself, or choose another folder with output_dir="
-        ):
-            if partial.is_dir() and any(os.path.lexists(partial / n) for n in names):
-                os.replace(partial, self._free_name(PREVIOUS))  # two runs' files: kept apart
-            if not names and not partial.is_dir():
-                return None
-            partial.mkdir(exist_ok=True)
+        """Before a fresh run: move an earlier run's files into a new ``previous-<n>``; the folder, if any moved (a
+        move cut short leaves the rest for the next fresh run: split in two folders, none lost)."""
+        names = [n for n in self.files if os.path.lexists(self.dir / n)]
+        names += sorted(p.name for p in self.dir.glob(f"{glob.escape(DAMAGED)}-*"))
+        if not names:
+            return None
+        aside = self._free_name(PREVIOUS)
+        try:
+            aside.mkdir()
             for name in names:
-                os.replace(self.dir / name, partial / name)
-            aside = self._free_name(PREVIOUS)
-            os.replace(partial, aside)
+                os.replace(self.dir / name, aside / name)
+        except OSError as err:
+            raise NotWritableError(
+                f"forgetwatch cannot move an earlier run's files in {self.dir} out of the way ({err}); it will not "
+                "overwrite anything: move them yourself, or choose another folder with output_dir="
+            ) from err
         logger.info("forgetwatch: %s held an earlier run's files; moved them, all of them, to %s", self.dir, aside)
         if self._earlier is not None:  # the watch that wrote them goes on writing there
             self._earlier.dir, self._earlier._superseded = aside, False
         return aside
 
-    def remove_leftovers(self, folders: Iterable[Path] = ()) -> list[Path]:
-        """Remove forgetwatch's own temporary files left by writes cut short, here and in ``folders``."""
+    def remove_leftovers(self) -> list[Path]:
+        """Remove forgetwatch's own temporary files left here by writes cut short (kill -9)."""
         removed = []
-        for folder in dict.fromkeys([self.dir, *folders]):
-            for path in leftover_temporaries(folder, (*self.files, *BESIDES, LOCK)):
-                try:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
-                except OSError as err:
-                    logger.warning(
-                        "forgetwatch could not remove %s, left by a write cut short (%s)", path, first_line(err)
-                    )
-                else:
-                    removed.append(path)
+        for path in leftover_temporaries(self.dir, (*self.files, LOCK)):
+            with contextlib.suppress(OSError):  # not ours to fail on: a leftover stays
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed.append(path)
         if removed:
-            logger.info(
-                "forgetwatch: removed %d temporary file(s) left by writes cut short: %s",
-                len(removed),
-                ", ".join(map(str, removed)),
-            )
+            logger.info("forgetwatch: removed %d temporary file(s) left by writes cut short", len(removed))
         return removed
 
     # -- the files written once ----------------------------------------------------------------
@@ -486,6 +385,8 @@ class RunStore:
         """Write the base answers (``copy_of``: a file holding them, linked here); whether they are on disk."""
         if copy_of is not None:
             self._kept[SNAPSHOT] = answers.save
+            if copy_of == self.snapshot_path:  # read from here: on disk already
+                return True
             with contextlib.suppress(OSError):  # else written below
                 os.link(copy_of, self.snapshot_path)  # the same bytes: nothing to copy
                 return True
@@ -495,7 +396,8 @@ class RunStore:
         return self.keep(PROBES, probes.to_jsonl)
 
     def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
-        """Write a file made once for the run with ``write(path)``, kept for checkpoints; whether it is on disk."""
+        """Write a file made once for the run with ``write(path)``, kept to be written again if lost; whether it is
+        on disk."""
         if self._gone():
             return False
         self._kept[name] = write
@@ -503,25 +405,15 @@ class RunStore:
         return self._try(self.dir / name, self._what(name), self._write, name)
 
     def save_latest(self, answers: Answers) -> bool:
-        """The last evaluation's answers (not copied into checkpoints); a failure warns."""
+        """The last evaluation's answers; a failure warns."""
         if self._gone():
             return False
-        try:
-            answers.save(self.dir / LATEST)
-        except OSError as err:
-            logger.warning(
-                "forgetwatch could not write %s (%s): the report will say right or wrong for the answer "
-                "now until an evaluation writes it; training goes on",
-                self.dir / LATEST,
-                first_line(err),
-            )
-            return False
-        return True
+        return self._try(self.dir / LATEST, "the last evaluation's answers (for the report) are", answers.save)
 
     # -- the history ---------------------------------------------------------------------------
 
     def save_history(self, records: list[dict[str, Any]]) -> bool:
-        """Replace the whole history; whether it is on disk."""
+        """Replace the whole history (one atomic write); whether it is on disk."""
         self._written, self._unwritten = [], list(records)
         return self.keep(HISTORY, self._write_history)
 
@@ -539,37 +431,33 @@ class RunStore:
             return False
         return self.flush()
 
-    def set_aside_damaged(self, records: int) -> Path | None:
-        """Move a history file holding unreadable records to ``history.jsonl.damaged-<n>``, before a resume rewrites
-        it with the ``records`` it could read."""
+    def resume_history(self, step: int, **checks: Any) -> list[dict[str, Any]]:
+        """The history a run resumed at ``step`` goes on with: the records up to ``step`` (those after it are a
+        killed run's abandoned future), the file cut to them in one atomic write. Records after an unreadable line
+        are dropped, warned of, and the file is kept as ``history.jsonl.damaged-<n>``. ``checks``: :func:`read_history`'s."""
         if not self.history_path.is_file():
-            return None
-        aside = self._free_name(f"{HISTORY}.damaged")
-        with self._moving(f"{self.history_path}, which holds records it cannot read,", "move it yourself, then resume"):
-            os.replace(self.history_path, aside)
-        logger.warning(
-            "forgetwatch: moved %s to %s: it holds records that could not be read (see above), kept "
-            "there; the run's history goes on with the %d record(s) resumed",
-            self.history_path,
-            aside,
-            records,
-        )
-        self._written = []
-        return aside
-
-    # -- checkpoints ---------------------------------------------------------------------------
-
-    def copy_to(self, directory: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> bool:
-        """Copy every file of the run, with ``extra`` (name → JSON value), into ``directory``, then the manifest that
-        makes the copy whole; a failure is retried at the next write. Whether everything is on disk."""
-        if self._gone():
-            return False
-        target = Path(directory)
-        self._copies.pop(target, None)
-        self.flush()  # earlier failures first: the copy then finds the history on disk
-        if not self._try(target, _COPY, self._copy, target, extra or {}):
-            self._copies[target] = extra or {}
-        return self.pending == 0
+            self.save_history([])
+            return []
+        records, problem, cut = scan_history(self.history_path, **checks)
+        kept = [r for r in records if r["step"] <= step]
+        if problem is not None:
+            aside = self._free_name(DAMAGED)
+            try:
+                shutil.copy2(self.history_path, aside)
+            except OSError as err:
+                raise NotWritableError(f"forgetwatch cannot keep {self.history_path} as {aside} ({err})") from err
+            logger.warning(
+                "forgetwatch: %s; resuming with the %d record(s) up to step %d before it (the file is kept as %s)",
+                problem,
+                len(kept),
+                step,
+                aside,
+            )
+        if len(kept) < len(records) or problem is not None or cut:
+            self.save_history(kept)
+        else:
+            self._written, self._unwritten = kept, []
+        return kept
 
     def flush(self) -> bool:
         """Retry every write still owed; whether everything is on disk."""
@@ -578,10 +466,6 @@ class RunStore:
         self._find_lost()
         for name in sorted(self._owed):
             self._try(self.dir / name, self._what(name), self._write, name)
-        for target, extra in list(self._copies.items()):
-            # a checkpoint deleted since (rotation) is not made again, without its weights
-            if not target.parent.is_dir() or self._try(target, _COPY, self._copy, target, extra):
-                del self._copies[target]
         return self.pending == 0
 
     # -- inside --------------------------------------------------------------------------------
@@ -600,15 +484,6 @@ class RunStore:
             self._said.add(message)
             logger.warning(message, *args)
 
-    @contextlib.contextmanager
-    def _moving(self, what: str, fix: str) -> Iterator[None]:
-        try:
-            yield
-        except OSError as err:
-            raise NotWritableError(
-                f"forgetwatch cannot move {what} out of the way ({err}); it will not overwrite anything: {fix}"
-            ) from err
-
     def _free_name(self, stem: str) -> Path:
         """``stem-<n>``, n one above any there: numbered in the order they were made, also after one was deleted."""
         taken = [p.name.removeprefix(f"{stem}-") for p in self.dir.glob(f"{glob.escape(stem)}-*")]
@@ -623,8 +498,8 @@ class RunStore:
         if HISTORY in lost:
             self._written, self._unwritten = [], (self._written or []) + self._unwritten
         self._warn_once(
-            "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes "
-            "what it lost again from memory, here and into every later checkpoint; training goes on",
+            "forgetwatch: %s disappeared from %s during training (deleted?); forgetwatch writes what it lost "
+            "again from memory; training goes on",
             ", ".join(lost),
             self.dir,
         )
@@ -638,13 +513,13 @@ class RunStore:
         if name == HISTORY:
             self._written, self._unwritten = self._records(), []
 
-    def _try(self, path: Path, what: str, write: Callable[..., None], *args: Any) -> bool:
+    def _try(self, path: Path, what: str, write: Callable[..., Any], *args: Any) -> bool:
         try:
-            write(*args)
+            write(*args) if args else write(path)
         except (OSError, HistoryError) as err:  # HistoryError: a damaged file, read to be rewritten
             logger.warning(
                 "forgetwatch could not write %s (%s): %s kept in memory and will be written at the "
-                "next evaluation or checkpoint; training goes on",
+                "next evaluation; training goes on",
                 path,
                 first_line(err),
                 what,
@@ -669,26 +544,6 @@ class RunStore:
         if self._written is None:
             self._written = read_history(self.history_path) if self.history_path.is_file() else []
         return self._written + self._unwritten
-
-    def _copy(self, target: Path, extra: dict[str, Any]) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        (target / MANIFEST).unlink(missing_ok=True)  # not whole again until the new manifest is written
-        for name, write in self._kept.items():
-            source = self.dir / name
-            if name in self._owed or not source.is_file():
-                write(target / name)  # from memory: the run directory lost it, or never had it
-            else:  # copying bytes is cheaper than writing them again
-                with open(source, "rb") as src, atomic_write(target / name, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        for name, value in extra.items():
-            with atomic_write(target / name) as f:
-                f.write(strict_dumps(value))
-        names = [*self._kept, *extra]
-        for name in set(self.files) - set(names) - {MANIFEST}:
-            (target / name).unlink(missing_ok=True)  # an earlier copy's, not part of this one
-        manifest = {"format": _MANIFEST_FORMAT, "files": {name: _digest(target / name) for name in names}}
-        with atomic_write(target / MANIFEST) as f:
-            f.write(strict_dumps(manifest))
 
 
 def _left_by(path: Path) -> str | None:
@@ -727,8 +582,3 @@ def _unlock(path: Path, text: str) -> None:
     with contextlib.suppress(OSError):  # gone already, or its folder with it
         if path.read_text(encoding="utf-8") == text:
             path.unlink()
-
-
-def _digest(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}

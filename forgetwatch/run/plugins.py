@@ -4,7 +4,7 @@ A plug-in that changes training (:class:`~forgetwatch.Replay`: a gradient before
 weights (:class:`~forgetwatch.MergeAtEnd`) is called by the training loop, or by the trainer's callback, never by
 the :class:`~forgetwatch.Watch`: the watch measures and reports, and what it reports cannot be moved by it. What a
 watch does for a plug-in is hand it a :class:`RunView` once it has started, and, for one it was told of
-(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and checkpoint (:class:`Kept`).
+(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and in the watch's state (:class:`Kept`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -28,8 +27,8 @@ from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 @runtime_checkable
 class Kept(Protocol):
     """A plug-in whose figures and state the watch keeps: ``name`` keys them (in each history record and in
-    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside and copied
-    into checkpoints with the watch's own)."""
+    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside with the
+    watch's own by a fresh run)."""
 
     name: str
     files: tuple[str, ...]
@@ -49,10 +48,9 @@ class RunView:
         ranks: the run's processes (rank 0 writes the files).
         scorer: the run's :class:`~forgetwatch.Scorer` of its probes (its tokenizer, its batches).
         scoring: the run's :class:`~forgetwatch.Scoring`.
-        store: the run's files (``None``: nothing is kept).
+        store: the run's files, in its directory (``None``: nothing is kept); a resumed run reads back its own there.
         base_answers: the base model's answers.
         step: the step training began (or resumed) at.
-        resume_dirs: where a resumed run finds the files kept with it, best first.
         records: the history up to ``step``, as its records.
         last_report: the last evaluation's report up to ``step`` (``None``: none yet).
         base: ``"adapter_disabled"``, a ``base=`` file, or ``None``: what the base is.
@@ -67,7 +65,6 @@ class RunView:
     store: RunStore | None = None
     base_answers: Any = None
     step: int = 0
-    resume_dirs: Sequence[Path] = ()
     records: Sequence[Mapping[str, Any]] = ()
     last_report: TransitionReport | None = None
     base: Any = None

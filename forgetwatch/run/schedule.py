@@ -18,26 +18,29 @@ class EverySteps:
     def __init__(self, n: int, max_overhead: float = 0.05, clock: Callable[[], float] = time.perf_counter):
         self.n, self.max_overhead, self.clock = n, max_overhead, clock
         self._since: tuple[float, int] | None = None  # when and at which step monitoring last ended
-        self._other, self._warned = 0.0, False
+        self._warned = False
 
     def start(self, step: int, spent: float = 0.0, cost: float | None = None) -> None:
-        self._since, self._other, self._warned = (self.clock(), step), 0.0, False
+        self._since, self._warned = (self.clock(), step), False
 
     def due(self, step: int) -> bool:
         return step % self.n == 0
 
-    def spent(self, seconds: float) -> None:
-        self._other += seconds
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {"warned": int(self._warned)}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        self._warned = bool(state.get("warned"))
 
     def evaluated(self, step: int, seconds: float) -> None:
-        self._since, self._other = (self.clock(), step), 0.0
+        self._since = (self.clock(), step)
 
     def pace(self, step: int, began: float, cost: float) -> tuple[str | None, str | None]:
         """An evaluation's cost in training steps, and, once, a warning when the interval spends more than
         ``max_overhead``."""
-        if self._since is None or step <= self._since[1] or began - self._since[0] - self._other <= 0:
+        if self._since is None or step <= self._since[1] or began - self._since[0] <= 0:
             return None, None
-        per_step = (began - self._since[0] - self._other) / (step - self._since[1])
+        per_step = (began - self._since[0]) / (step - self._since[1])
         note = f"evaluation {duration(cost)} = {cost / per_step:.1f} training steps"
         share = cost / (cost + self.n * per_step)
         if self._warned or share <= self.max_overhead:
@@ -106,10 +109,21 @@ class Budget:
     def _trained(self) -> float:
         return self.clock() - self._zero - self._spent
 
-    def spent(self, seconds: float) -> None:
-        """``seconds`` of monitoring outside an evaluation (a checkpoint's copy of the files)."""
-        if self._zero is not None:  # not started: nothing to pay for yet
-            self._spent += seconds
+    def state_dict(self) -> dict[str, float | int | None]:
+        """Where the budget stands (JSON-ready): a resumed run goes on with the same decisions."""
+        if self._zero is None:
+            return {}
+        keys = ("spent", "cost", "next", "trained_at_last", "step0")
+        return {"trained": self._trained(), **{k: getattr(self, f"_{k}") for k in keys}}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        """Go on from :meth:`state_dict` after :meth:`start` (whose start-up monitoring counts too)."""
+        if not state:
+            return
+        self._spent += state["spent"]
+        self._cost, self._next, self._step0 = state["cost"], int(state["next"]), int(state["step0"])
+        self._trained_at_last = state["trained_at_last"]
+        self._zero = self.clock() - self._spent - state["trained"]
 
     def evaluated(self, step: int, seconds: float) -> None:
         self._spent += seconds

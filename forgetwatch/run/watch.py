@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import logging
 import math
 import numbers
@@ -14,9 +15,10 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 
 from forgetwatch.behaviour.drift import token_counter
 from forgetwatch.common import strict_json
@@ -31,15 +33,7 @@ from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import (
-    HISTORY,
-    SNAPSHOT,
-    Run,
-    RunStore,
-    copy_problem,
-    recover_history,
-    stored_base,
-)
+from forgetwatch.results.run_files import HISTORY, SNAPSHOT, Run, RunStore, stored_base
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 from forgetwatch.run.plugins import Kept, RunView
@@ -55,9 +49,24 @@ __all__ = ["Watch"]
 
 logger = logging.getLogger("forgetwatch")
 
-#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back (2: each kept plug-in's by name)
+#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back (3: the schedule, the stop
+#: rule's streaks and the base's keys besides)
 STATE_FORMAT = "forgetwatch.watch"
-STATE_VERSION = 2
+STATE_VERSION = 3
+
+
+class _State(BaseModel):
+    """:meth:`Watch.state_dict`'s shape, checked on load."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    format: Literal["forgetwatch.watch"]
+    version: Literal[3]
+    step: NonNegativeInt
+    evaluations: NonNegativeInt = 0  # how many the history holds up to ``step``
+    schedule: dict[str, float | int | None] = {}
+    streaks: dict[str, NonNegativeInt] = {}
+    base: dict[str, str | None] = {}  # the base snapshot's keys: the one in the run directory must have them
+    plugins: dict[str, dict[str, Any]] = {}
 
 
 def _seconds(value: Any) -> float | None:
@@ -211,30 +220,43 @@ class Watch:
         max_steps: int | None = None,
         train_rows: RowsLike | None = None,
         *,  # what a trainer's adapter knows besides
-        resume_from: Sequence[Path] = (),  # checkpoint copies to resume from
-        leftovers_in: Sequence[Path] = (),  # checkpoint folders to clean of half-written files
         sinks: Sequence[Any] = (),
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
     ) -> BaseSnapshot:
         began = self._clock()
-        if step is None:
-            step = int(self._loaded["step"]) if self._loaded else 0
         self._prepare(model, tokenizer, output_dir)
-        # rank 0 takes the directory (or every rank raises here, before any work), cleans it of
-        # what a kill -9 left half-written, and sets an earlier run's files aside
-        aside = self._ranks.share_from_rank_zero(lambda: self._claim(leftovers_in, fresh=step == 0))
+        # rank 0's state for every rank (nodes need not share storage); a resume without one goes on from the files
+        loaded = self._ranks.share_from_rank_zero(lambda: self._loaded)
+        self._loaded = None
+        step = (loaded["step"] if loaded else 0) if step is None else step
+        if loaded and loaded["step"] != step:
+            raise ValueError(
+                f"Watch.start(step={step}): the state given to load_state_dict() is of step {loaded['step']}; load "
+                "the state saved with the checkpoint training resumes from"
+            )
+        if step > 0 and loaded is None and self._writes:
+            logger.warning(
+                "forgetwatch: resuming at step %d without a forgetwatch state (a checkpoint saved without it, or no "
+                "load_state_dict()): going on from the history in %s, cut at step %d",
+                step,
+                self._store.dir,
+                step,
+            )
+        # rank 0 takes the directory (or every rank raises here, before any work), cleans it of what a kill -9
+        # left half-written, and sets an earlier run's files aside
+        aside = self._ranks.share_from_rank_zero(lambda: self._claim(fresh=step == 0))
         try:
             # a watch may serve several runs (train() calls): each starts from its own state
             self.history, self.stop_reason, self._finished, self._ending = [], None, False, None
             self._schedule = self._new_schedule()
             # the step the run began at, this run's last evaluation, a step whose weights gave NaN
             self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
-            dirs = self._resume_dirs(resume_from) if step > 0 else []
-            self.base_answers, cost = self._base(model, dirs, step, Path(aside) if aside else None)
+            kept = (loaded or {}).get("base", {})
+            self.base_answers, cost = self._base(model, step, kept, Path(aside) if aside else None)
             self.trajectory = Trajectory.start(self.base_answers)
             snapshot = self._open_sinks(sinks, stop_note, step, computed=cost is not None)
-            records = self._restore_history(dirs, step) if step > 0 else []
+            records = self._restore_history(step, loaded) if step > 0 else []
             self._view = RunView(
                 ranks=self._ranks,
                 scorer=self._scorer,
@@ -242,17 +264,15 @@ class Watch:
                 store=self._store,
                 base_answers=self.base_answers,
                 step=step,
-                resume_dirs=dirs,
                 records=records,
                 last_report=self.history[-1][1] if self.history else None,
                 base=self._base_given,
-                states=(self._loaded or {}).get("plugins") or {},
+                states=(loaded or {}).get("plugins") or {},
                 sharded=sharded,
                 tell=self._told,
             )
             scoring = cost if cost is not None else _seconds(self.base_answers.meta.get("scoring_seconds"))
             train_kl_cost = self._begin_train_kl(model, train_rows, scoring)
-            self._loaded = None
             if self._writes:
                 if step == 0:
                     self._store.save_history([])
@@ -262,6 +282,8 @@ class Watch:
             # say what scoring them took were loaded)
             self.monitoring_seconds = self._clock() - began
             self._schedule.start(step, self.monitoring_seconds, None if scoring is None else scoring + train_kl_cost)
+            if loaded:
+                self._schedule.load_state_dict(loaded.get("schedule", {}))
             return snapshot
         except BaseException:
             self._store.release()  # a run that did not start holds no directory
@@ -487,8 +509,8 @@ class Watch:
 
     def keep(self, plugin: Kept) -> None:
         """Keep ``plugin``'s figures and state with the run (:class:`~forgetwatch.run.plugins.Kept`): logged and in
-        the history at each evaluation, in :meth:`state_dict` and each checkpoint; its files set aside and copied
-        with the watch's own. Call it before :meth:`start`.
+        the history at each evaluation, in :meth:`state_dict`; its files set aside with the watch's own. Call it
+        before :meth:`start`.
 
         Example:
             >>> watch.keep(replay)  # doctest: +SKIP
@@ -526,24 +548,20 @@ class Watch:
         """Whether the last evaluation was at ``step``."""
         return bool(self.history) and self.history[-1][0] == step
 
-    def save_to(self, folder: str | os.PathLike[str]) -> None:
-        """Copy the run's files (and each kept plug-in's state) into a checkpoint's ``forgetwatch`` folder; a
-        failure warns and is retried, never raised."""
-        if self._writes and self._store is not None:
-            began = self._clock()
-            self._store.copy_to(folder, {f"{p.name}.json": p.state() for p in self._kept})
-            spent = self._clock() - began  # monitoring cost too
-            self._schedule.spent(spent)
-            self.monitoring_seconds += spent
-
     # -- resuming a loop ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a loop keeps in its checkpoint to resume exactly (JSON-ready); the files are in ``output_dir``."""
+        """What a loop keeps in its checkpoint to resume exactly (JSON-ready): the step, the schedule, the stop rule's
+        streaks, the base snapshot's keys and each kept plug-in's state; the run's files stay in ``output_dir``."""
+        meta = self.base_answers.meta if self.base_answers is not None else {}
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "step": self._step,
+            "evaluations": len(self.history),
+            "schedule": self._schedule.state_dict(),
+            "streaks": dict(self._stop_rule.streaks) if self._stop_rule is not None else {},
+            "base": {k: meta.get(k) for k in ("model_key", "weights_key")} if meta.get("base") is None else {},
             "plugins": {p.name: p.state() for p in self._kept},
         }
 
@@ -555,18 +573,13 @@ class Watch:
             >>> watch.start(model, tokenizer)     # resumes at the kept step      # doctest: +SKIP
         """
         problem = strict_json.value_problem(state) if isinstance(state, Mapping) else (None, "not a mapping")
-        if problem is None and state.get("format") != STATE_FORMAT:
-            problem = ("format", f"expected {STATE_FORMAT!r}, got {state.get('format')!r}")
-        version = state.get("version") if problem is None else None
-        if problem is None and (type(version) is not int or version != STATE_VERSION):
-            problem = ("version", f"this forgetwatch reads version {STATE_VERSION}, got {version!r}")
-        step = state.get("step") if problem is None else None
-        if problem is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            problem = ("step", f"expected a whole number >= 0, got {step!r}")
-        plugins = state.get("plugins", {}) if problem is None else {}
-        if problem is None and not isinstance(plugins, Mapping):
-            problem = ("plugins", f"expected each kept plug-in's state by its name, got {type(plugins).__name__}")
-        elif problem is None and (extra := sorted(set(plugins) - {p.name for p in self._kept})):
+        if problem is None:
+            try:
+                _State.model_validate(state)
+            except ValidationError as err:
+                e = err.errors(include_url=False)[0]
+                problem = (".".join(map(str, e["loc"][:2])), f"{e['msg']}, got {e['input']!r}"[:300])
+        if problem is None and (extra := sorted(set(state.get("plugins", {})) - {p.name for p in self._kept})):
             problem = ("plugins", f"it holds the state of {extra[0]!r}, a plug-in this watch does not keep (keep())")
         if problem is not None:
             field, message = problem
@@ -574,7 +587,7 @@ class Watch:
                 f"Watch.load_state_dict: {'field ' + repr(field) + ': ' if field else ''}{message}; "
                 "pass what Watch.state_dict() returned"
             )
-        self._loaded = dict(state)
+        self._loaded = json.loads(json.dumps(state))  # a copy of its own
 
     # -- reading it -----------------------------------------------------------------------------
 
@@ -638,10 +651,10 @@ class Watch:
             self._their_probes = ProbeSet(copy.deepcopy(list(self.probes), tasks), self.probes.source)
         return copy.deepcopy(payload, {id(self.probes): self._their_probes})
 
-    def _claim(self, leftovers_in: Sequence[Path], fresh: bool) -> str | None:
+    def _claim(self, fresh: bool) -> str | None:
         self._store.check_writable()  # the one time a file problem stops training: before it starts
         self._store.claim()
-        self._store.remove_leftovers(leftovers_in)
+        self._store.remove_leftovers()
         aside = self._store.set_aside() if fresh else None
         return str(aside) if aside else None
 
@@ -650,33 +663,11 @@ class Watch:
             model, batch_size=self.config.scoring.batch_size, show_progress=show_progress, distributed=True
         )
 
-    def _resume_dirs(self, candidates: Sequence[Path]) -> list[Path]:
-        """Where a resume reads its files: each whole copy among ``candidates``, then the run directory."""
-        dirs = []
-        for i, folder in enumerate(dict.fromkeys(map(Path, candidates))):
-            problem = None
-            if self._writes and folder != self._store.dir:
-                if folder.is_dir():
-                    problem = copy_problem(folder)
-                elif i == 0:
-                    problem = "no such folder (the checkpoint was saved without forgetwatch)"
-                else:
-                    continue
-            if problem:
-                logger.warning(
-                    "forgetwatch: not resuming from %s: %s; using the files of the run directory %s instead",
-                    folder,
-                    problem,
-                    self._store.dir,
-                )
-            else:
-                dirs.append(folder)
-        return list(dict.fromkeys([*dirs, self._store.dir]))
-
     def _base(
-        self, model: torch.nn.Module, dirs: list[Path], step: int, aside: Path | None
+        self, model: torch.nn.Module, step: int, kept: Mapping[str, Any], aside: Path | None
     ) -> tuple[Answers, float | None]:
-        """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all."""
+        """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all. On
+        resume the run directory's snapshot must have the ``kept`` keys; a cached one, this model's."""
         given, resumed = self._base_given, step > 0
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
@@ -687,10 +678,11 @@ class Watch:
         def from_files() -> dict[str, Any] | None:  # on rank 0; the base with adapters off is never read back
             if given == ADAPTER_DISABLED:
                 return None
-            answers = stored_base(given, expected, keys, run_dir=aside or self._store.dir, resume_dirs=dirs, step=step)
-            if answers is not None:  # kept with the run and its checkpoints (a cached one: that very file)
-                cached = given is None and not resumed
-                self._store.save_snapshot(answers, copy_of=aside / SNAPSHOT if cached else None)
+            wanted = kept if resumed else keys
+            answers = stored_base(given, expected, wanted, run_dir=aside or self._store.dir, step=step)
+            if answers is not None:  # kept with the run (a snapshot found there: that very file)
+                found_in = aside or self._store.dir
+                self._store.save_snapshot(answers, copy_of=found_in / SNAPSHOT if given is None else None)
             return None if answers is None else answers.to_dict()
 
         found = self._ranks.share_from_rank_zero(from_files)
@@ -715,23 +707,28 @@ class Watch:
             self._store.save_snapshot(answers)
         return answers, cost
 
-    def _restore_history(self, dirs: list[Path], step: int) -> list[dict[str, Any]]:
-        """The history records up to ``step``, replayed through the stop rule; a damaged file is set aside."""
-        paths = [d / HISTORY for d in dirs]
-
-        def recover() -> list[dict[str, Any]]:  # rank 0's files, for every rank (an error raised on all)
-            records, _, damaged = recover_history(
-                paths, step, probes=len(self.base_answers), fingerprint=self.base_answers.probe_fingerprint
+    def _restore_history(self, step: int, loaded: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        """The history up to ``step`` (the file cut there, by rank 0 for all), and the stop rule's streaks: kept in
+        the state, else counted again over the history."""
+        base = self.base_answers
+        records = self._ranks.share_from_rank_zero(
+            lambda: self._store.resume_history(step, probes=len(base), fingerprint=base.probe_fingerprint)
+        )
+        if loaded and len(records) < loaded.get("evaluations", 0) and self._writes:
+            logger.warning(
+                "forgetwatch: resuming at step %d, but %s holds %d of the run's %d evaluations up to it (deleted or "
+                "damaged?): the trajectory and the report lack the others; the base snapshot is intact, so the "
+                "figures stay right",
+                step,
+                self._store.history_path,
+                len(records),
+                loaded["evaluations"],
             )
-            if self._store.history_path in damaged:
-                self._store.set_aside_damaged(len(records))
-            return records
-
-        records = self._ranks.share_from_rank_zero(recover)
-        run = Run(self._store.dir, self.base_answers, records)  # each record's report, made once
+        run = Run(self._store.dir, base, records)  # each record's report, made once
         self.history, self.trajectory = run.history, run.trajectory
-        for _, report in self.history:
-            self._stop_rule.update(report)
-        if self._writes:
-            self._store.save_history(records)
+        if loaded:
+            self._stop_rule.streaks = dict(loaded.get("streaks", {}))
+        else:
+            for _, report in self.history:
+                self._stop_rule.update(report)
         return records

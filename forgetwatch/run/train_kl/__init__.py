@@ -149,7 +149,7 @@ class TrainKL:
         else:
             self._measure_base(model, run, given)
         if self.base is not None and run.writes:
-            run.store.keep(TRAIN_KL, self.save)  # kept with the run (and its checkpoints) for the next resume
+            run.store.keep(TRAIN_KL, self.save)  # kept with the run for the next resume
 
     def _measure_base(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> None:
         # every rank goes on, or none: a rank that measures alone would wait for the others forever
@@ -276,7 +276,7 @@ class TrainKL:
         raise KeptFileError(path, f"damaged: {problem}")
 
     def _read_back(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> None:
-        paths = [Path(d) / TRAIN_KL for d in run.resume_dirs]
+        paths = [run.store.dir / TRAIN_KL] if run.store is not None else []
         expected, vocab = self._key(model, run, given), logits_width(model)
 
         def problem(loaded: tuple[BaseDistribution, list[list[int]], list[int]]) -> str | None:

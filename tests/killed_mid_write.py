@@ -1,11 +1,11 @@
-"""Run by tests/test_callback.py: a training run that stops in the middle of forgetwatch's copy
-into ``checkpoint-10`` and waits there to be killed (kill -9).
+"""Run by tests/test_callback.py: a training run that stops in the middle of a forgetwatch write
+after its checkpoint at step 10 and waits there to be killed (kill -9).
 
-``python killed_mid_copy.py MODEL_DIR DATA_DIR PROBES OUT``: trains the model saved in
+``python killed_mid_write.py MODEL_DIR DATA_DIR PROBES OUT``: trains the model saved in
 MODEL_DIR (with its tokenizer) on the dataset saved in DATA_DIR, output in OUT, evaluating
-every 5 steps and saving at step 10. The copy into ``OUT/checkpoint-10/forgetwatch`` pauses
-while the checkpoint's history is half written (its temporary file open, nothing renamed),
-after the base snapshot; then ``OUT/paused`` appears, and the process waits for its end.
+every 5 steps and saving at step 10. The write of step 15's ``answers_latest.npz`` pauses
+half written (its temporary file open, nothing renamed), after step 15's history record;
+then ``OUT/paused`` appears, and the process waits for its end.
 """
 
 from __future__ import annotations
@@ -26,17 +26,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forgetwatch import Output, ProbeSet
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.results import run_files as store
+from forgetwatch.results import answers as store
+from forgetwatch.results.run_files import HISTORY, LATEST
 
 
-def pause_in_the_checkpoints_history(out: Path) -> None:
+def pause_in_step_15s_answers(out: Path) -> None:
     real = store.atomic_write
 
     @contextlib.contextmanager
     def paused(path, mode="w"):
         with real(path, mode) as f:
             yield f
-            if Path(path).name == store.HISTORY and Path(path).parent.parent.name == "checkpoint-10":
+            history = Path(path).parent / HISTORY
+            if Path(path).name == LATEST and history.read_text().count("\n") == 3:
                 f.flush()
                 (out / "paused").touch()
                 threading.Event().wait()  # until killed
@@ -46,7 +48,7 @@ def pause_in_the_checkpoints_history(out: Path) -> None:
 
 def main(model_dir: str, data_dir: str, probes: str, out: str) -> None:
     torch.set_num_threads(1)
-    pause_in_the_checkpoints_history(Path(out))
+    pause_in_step_15s_answers(Path(out))
     toy = types.SimpleNamespace(
         base=AutoModelForCausalLM.from_pretrained(model_dir), tokenizer=AutoTokenizer.from_pretrained(model_dir)
     )
@@ -54,7 +56,7 @@ def main(model_dir: str, data_dir: str, probes: str, out: str) -> None:
     make_trainer(
         toy, load_from_disk(data_dir), Path(out), [callback], max_steps=20, save_strategy="steps", save_steps=10
     ).train()
-    sys.exit("the copy into checkpoint-10 never paused")
+    sys.exit("the write at step 15 never paused")
 
 
 if __name__ == "__main__":
