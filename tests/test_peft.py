@@ -102,8 +102,6 @@ def test_adapter_disabled_base_is_scored_again_on_resume(toy, tmp_path):
     sft(toy, tmp_path, [first], save_strategy="steps", save_steps=8).train()
     # the resumed run finds no snapshot to trust: it scores the disabled-adapter model again
     (tmp_path / "forgetwatch" / "base_answers.npz").unlink()
-    for checkpoint in tmp_path.glob("checkpoint-*"):
-        (checkpoint / "forgetwatch" / "base_answers.npz").unlink()
     resumed = ForgetWatchCallback(toy.probes, eval_steps=4, base="adapter_disabled", scoring=Scoring(max_new_tokens=6))
     sft(toy, tmp_path, [resumed], save_strategy="steps", save_steps=8).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-8")
