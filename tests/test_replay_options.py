@@ -29,23 +29,23 @@ def test_the_defaults_and_the_options_given():
 
 
 @pytest.mark.parametrize(
-    "options, words",
+    "options, names",  # names: the option as written, then the value, bound or choices the error must name
     [
-        ({"weight": "auto"}, 'weight="auto" is retired: in its own benchmark it forgot more than a fixed weight'),
-        ({"select": "rows"}, 'select="rows" is retired: drawing by category forgot fewer probes'),
-        ({"weight": 1e30}, "weight= expected a number from 0 to 100, got 1e+30"),
-        ({"weight": -1}, "weight= expected a number >= 0"),
-        ({"loss": "mse"}, "loss= expected one of 'lm', 'kl'"),
-        ({"select": "rivers"}, "select= expected one of 'categories', 'uniform'"),
-        ({"top_k": 10**6}, "top_k= expected an integer from 1 to 1024"),
-        ({"batch_size": 0}, "batch_size= expected an integer from 1 to 1024"),
-        ({"seed": 2**64}, "seed= expected an integer"),
+        ({"weight": "auto"}, ['weight="auto"', "retired"]),
+        ({"select": "rows"}, ['select="rows"', "retired"]),
+        ({"weight": 1e30}, ["weight=", "100", "1e+30"]),
+        ({"weight": -1}, ["weight=", "0"]),
+        ({"loss": "mse"}, ["loss=", "'lm', 'kl'"]),
+        ({"select": "rivers"}, ["select=", "'categories', 'uniform'"]),
+        ({"top_k": 10**6}, ["top_k=", "1024"]),
+        ({"batch_size": 0}, ["batch_size=", "1024"]),
+        ({"seed": 2**64}, ["seed="]),
     ],
 )
-def test_an_option_that_cannot_work_is_refused_when_built(options, words):
+def test_an_option_that_cannot_work_is_refused_when_built(options, names):
     with pytest.raises(ValueError) as info:
         Replay(POOL, **options)
-    assert words in str(info.value)
+    assert str(info.value).startswith(names[0]) and all(n in str(info.value) for n in names)
 
 
 def test_a_pool_alone_is_replayed_with_the_defaults_and_a_path_is_refused(toy):
@@ -53,9 +53,9 @@ def test_a_pool_alone_is_replayed_with_the_defaults_and_a_path_is_refused(toy):
     assert isinstance(callback.replay, Replay) and callback.replay.weight == 1.0
     given = Replay(POOL, weight=2.0)
     assert ForgetWatchCallback(toy.probes, replay=given).replay is given
-    with pytest.raises(TypeError, match=r"give a ReplayPool \(ReplayPool.from_jsonl\(path\)\)"):
+    with pytest.raises(TypeError, match=r"ReplayPool.from_jsonl\(path\)"):  # the way to make one
         ForgetWatchCallback(toy.probes, replay="pool.jsonl")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'replay'"):  # the watch only watches
+    with pytest.raises(TypeError, match="'replay'"):  # the watch only watches
         Watch(toy.probes, output_dir="x", replay=POOL)
 
 
@@ -72,8 +72,10 @@ def test_a_frameworks_replay_keys_build_the_replay(tmp_path):
     assert (settings.replay.loss, settings.replay.weight, len(settings.replay.pool)) == ("kl", 3.0, 1)
     with pytest.raises(ConfigError) as info:
         FrameworkSettings.from_keys({**keys, "forgetwatch_replay_weight": "auto"}, "train.yaml")
-    assert str(info.value).startswith("train.yaml: key 'forgetwatch_replay_weight': weight=\"auto\" is retired")
-    with pytest.raises(ConfigError, match="replay options need a pool: set FORGETWATCH_REPLAY"):
+    assert [(e.source, e.key) for e in info.value.errors] == [("train.yaml", "forgetwatch_replay_weight")]
+    assert "retired" in str(info.value)
+    with pytest.raises(ConfigError) as info:
         FrameworkSettings.from_environ(
             {"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl", "FORGETWATCH_REPLAY_SELECT": "uniform"}
         )
+    assert "FORGETWATCH_REPLAY" in str(info.value)  # the pool's variable, to set
