@@ -68,6 +68,18 @@ def warned(caplog):
 
 
 @pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model or tokenizer loaded fails the test: the error must come first."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded before the error")
+
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+
+
+@pytest.fixture
 def fresh_accelerate_state():
     """accelerate keeps one global state; a test that sets its own mixed precision starts and
     leaves it blank."""
