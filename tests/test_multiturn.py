@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from test_probes import load_error, places
+from test_probes import load_error
 
 from forgetwatch import ProbeSet, Scorer, Scoring, evaluate
 

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 from test_multiturn import TEMPLATE, greedy_by_hand
-from test_probes import load_error, places
+from test_probes import load_error
 
 from forgetwatch import ProbeKind, ProbeSet, Scorer, Scoring, evaluate
 from forgetwatch.cli import main
