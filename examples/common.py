@@ -1,4 +1,22 @@
-"""What the TRL examples share: MMLU probes, the callback on a TRL trainer, common options.
+"""What the TRL examples (``sft_trl.py``, ``dpo_trl.py``, ``grpo_trl.py``) share: MMLU probes,
+the callback on a TRL trainer, the common options, ``main``.
+
+A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
+with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
+once before training and again every ``--eval-steps`` optimizer steps, logs the
+``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
+and stops training (saving a checkpoint) once the share of forgotten probes exceeds
+``--max-forgetting``.
+
+Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
+model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
+evaluated instruct models this way; for a base model without a chat template, pass
+``--no-chat-template``.
+
+The examples need internet (model and datasets) and, realistically, a GPU: bf16 mixed
+precision is used when CUDA is available. The weights are loaded in float32 (the optimizer's
+master copy), and forgetwatch scores in those float32 weights, autocast off
+(``Scoring(precision="weights")``).
 
 Keep this file beside the example you copy. torch and forgetwatch are imported inside the
 functions that use them, so that an example's ``--help`` answers before they load.
@@ -31,56 +49,73 @@ def build_probes(mmlu_rows: Any, n: int = 500, seed: int = 0) -> ProbeSet:
 
 
 def watched_trainer(
-    trainer_class,
-    config_class,
-    output_dir: str,
-    probes: ProbeSet,
-    *,
-    defaults: dict[str, Any],
-    max_steps: int,
-    eval_steps: int,
-    max_forgetting: float | None,
-    use_cpu: bool,
-    report_to: str | list[str] | None,
-    chat_template: bool,
-    extra: dict[str, Any],
-    lora: bool = False,
-    **trainer_kwargs: Any,
+    trainer_class, config_class, model, tokenizer, train_dataset, probes: ProbeSet, output_dir: str, settings, **parts
 ):
     """A TRL trainer with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
-    ``defaults`` are the example's config values; ``extra`` overrides any config field.
-    ``lora``: train LoRA adapters on every linear layer, and score the base with them
-    disabled (no snapshot to keep).
+    ``settings``: the watch's ``eval_steps`` (50), ``max_forgetting`` (none), ``chat_template``
+    (on) and ``lora`` (off: on trains LoRA adapters on every linear layer and scores the base with
+    them disabled, no snapshot to keep); every other key is a field of ``config_class``.
+    ``parts``: the trainer's other arguments (GRPO's reward functions).
     """
     import torch
 
     from forgetwatch import ForgetWatchCallback, Scoring
 
-    settings = {
-        "max_steps": max_steps,
-        "logging_steps": 10,
-        "use_cpu": use_cpu,
-        "bf16": torch.cuda.is_available() and not use_cpu,
-        "report_to": report_to or "none",
-        **defaults,
-        **extra,
-    }
+    settings = dict(settings)
+    lora = settings.pop("lora", False)
+    callback = ForgetWatchCallback(
+        probes,
+        eval_steps=settings.pop("eval_steps", 50),
+        max_forgetting=settings.pop("max_forgetting", None),
+        base="adapter_disabled" if lora else None,
+        scoring=Scoring(chat_template=settings.pop("chat_template", True)),
+    )
     if lora:
         from peft import LoraConfig
 
-        trainer_kwargs["peft_config"] = LoraConfig(
-            r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"
-        )
-    callback = ForgetWatchCallback(
-        probes,
-        eval_steps=eval_steps,
-        max_forgetting=max_forgetting,
-        base="adapter_disabled" if lora else None,
-        scoring=Scoring(chat_template=chat_template),
+        parts["peft_config"] = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+    config = {
+        "max_steps": 200,
+        "logging_steps": 10,
+        "bf16": torch.cuda.is_available() and not settings.get("use_cpu", False),
+        **settings,
+        "report_to": settings.get("report_to") or "none",
+    }
+    trainer = trainer_class(
+        model=model,
+        args=config_class(output_dir, **config),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        callbacks=[callback],
+        **parts,
     )
-    trainer = trainer_class(args=config_class(output_dir, **settings), callbacks=[callback], **trainer_kwargs)
     trainer.forgetwatch = callback
+    return trainer
+
+
+def train(args: argparse.Namespace, build_trainer, *, load_model: bool = True):
+    """``main`` of every example: the probes, tokenizer, model and data the options name, the
+    trainer built by the example's ``build_trainer``, trained; its summary printed.
+
+    Every option but ``--model``, ``--dataset``, ``--output-dir`` and ``--probes`` is passed on to
+    ``build_trainer`` under its ``dest`` name. ``load_model=False`` passes the model's id instead
+    of its weights (DPO's trainer loads the policy and the reference model itself).
+    """
+    # the heavy imports come after the arguments: --help and mistakes answer at once
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    probes = load_probes(args.probes, load_dataset)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    # float32: the optimizer's master copy, which forgetwatch scores (bf16 autocast trains)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32) if load_model else args.model
+    settings = {k: v for k, v in vars(args).items() if k not in ("model", "dataset", "output_dir", "probes")}
+    data = load_dataset(args.dataset, split="train")
+    trainer = build_trainer(model, tokenizer, data, probes, args.output_dir, **settings)
+    trainer.train()
+    print(trainer.forgetwatch.summary())
     return trainer
 
 
@@ -126,10 +161,12 @@ def load_probes(option: int | ProbeSet, load_dataset) -> ProbeSet:
 
 
 def parser(
-    doc: str, *, dataset: str, dataset_help: str, output_dir: str, learning_rate: float
+    doc: str, defaults: dict[str, Any], *, dataset: str, dataset_help: str, output_dir: str
 ) -> argparse.ArgumentParser:
-    """The options every example has; each adds its trainer's own."""
+    """The options every example has; each adds its trainer's own, named by their config field
+    (``dest``) and defaulting to the example's ``defaults`` (its config values)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.set_defaults(**defaults)  # an option added without a default takes its field's from here
     p.add_argument("--model", default=MODEL, help="hub id or local path of an instruct model")
     p.add_argument("--dataset", default=dataset, help=dataset_help)
     p.add_argument("--output-dir", default=output_dir, help="where checkpoints and forgetwatch/ go")
@@ -148,7 +185,7 @@ def parser(
         default=None,
         help="stop training once this share of the probes is forgotten (e.g. 0.05)",
     )
-    p.add_argument("--learning-rate", type=float, default=learning_rate, help="peak learning rate")
+    p.add_argument("--learning-rate", type=float, help="peak learning rate")
     p.add_argument("--report-to", default="none", help="wandb, tensorboard, ... or none")
     p.add_argument("--seed", type=int, default=0, help="training seed (the probe sample is fixed: seed 0)")
     p.add_argument(
@@ -162,20 +199,5 @@ def parser(
         action="store_true",
         help="train LoRA adapters (pip install peft); the base is the model with them disabled",
     )
-    p.add_argument("--cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
+    p.add_argument("--cpu", dest="use_cpu", action="store_true", help="train on the CPU (slow; for trying things out)")
     return p
-
-
-def common_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``build_trainer`` that come from the common options."""
-    return dict(
-        max_steps=args.max_steps,
-        eval_steps=args.eval_steps,
-        max_forgetting=args.max_forgetting,
-        use_cpu=args.cpu,
-        report_to=args.report_to,
-        chat_template=args.chat_template,
-        learning_rate=args.learning_rate,
-        seed=args.seed,
-        lora=args.lora,
-    )

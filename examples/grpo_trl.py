@@ -10,22 +10,10 @@ conversational prompts work too) with a toy reward: summaries close to ``--targe
 words score best. Completions are sampled with ``transformers``' ``generate`` (no vLLM),
 ``--num-generations`` per prompt.
 
-A ``ForgetWatchCallback`` scores a stratified sample of MMLU (``--probes N``, from ``cais/mmlu``
-with lm-eval-harness's zero-shot prompt), or your own probe file (``--probes FILE.jsonl``),
-once before training and again every ``--eval-steps`` optimizer steps, logs the
-``forgetwatch/*`` metrics to ``--report-to``, writes ``<output-dir>/forgetwatch/history.jsonl``,
-and stops training (saving a checkpoint) once the share of forgotten probes exceeds
-``--max-forgetting``. On-policy RL is expected to forget less than SFT on the same budget;
-this is a place to check.
+On-policy RL is expected to forget less than SFT on the same budget; this is a place to check.
 
-Probes are scored with ``chat_template=True``: each question is wrapped as a user turn of the
-model's chat template, as lm-eval's ``--apply_chat_template`` does. Harmon et al. (ICLR 2026)
-evaluated instruct models this way; for a base model without a chat template, pass
-``--no-chat-template``.
-
-Needs internet (model and datasets) and, realistically, a GPU: bf16 mixed precision is used
-when CUDA is available. The weights are loaded in float32 (the optimizer's master copy), and
-forgetwatch scores in those float32 weights, autocast off (``Scoring(precision="weights")``).
+What forgetwatch does meanwhile, what the run needs and the options the TRL examples share:
+``common.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from common import build_probes, common_settings, load_probes, parser, watched_trainer
+from common import build_probes, parser, train, watched_trainer
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
@@ -42,6 +30,13 @@ if TYPE_CHECKING:
 
 DATASET = "trl-lib/tldr"
 TARGET_WORDS = 20
+DEFAULTS = {
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "max_completion_length": 64,
+    "learning_rate": 1e-6,
+    "use_vllm": False,
+}
 __all__ = ["build_probes", "build_trainer", "make_length_reward", "main"]
 
 
@@ -74,95 +69,48 @@ def build_trainer(
     probes: ProbeSet,
     output_dir: str,
     *,
-    max_steps: int = 200,
-    eval_steps: int = 50,
-    max_forgetting: float | None = None,
-    use_cpu: bool = False,
-    report_to: str | list[str] | None = None,
-    chat_template: bool = True,
     target_words: int = TARGET_WORDS,
-    lora: bool = False,
-    **extra: Any,
+    **settings: Any,
 ) -> GRPOTrainer:
     """A ``GRPOTrainer`` with a ``ForgetWatchCallback`` attached (as ``trainer.forgetwatch``).
 
-    ``extra`` overrides any ``GRPOConfig`` field (num_generations, max_completion_length, ...).
-    The reward is :func:`make_length_reward` for ``target_words``.
-    The batch is counted in completions: ``per_device_train_batch_size`` must be a multiple of
-    ``num_generations`` (8 completions = 2 prompts x 4 generations by default).
+    The reward is :func:`make_length_reward` for ``target_words``. ``settings``: the watch's
+    (``eval_steps``, ``max_forgetting``, ``chat_template``, ``lora``) and any ``GRPOConfig`` field
+    (num_generations, max_completion_length, ...). The batch is counted in completions:
+    ``per_device_train_batch_size`` must be a multiple of ``num_generations`` (8 completions =
+    2 prompts x 4 generations by default).
     """
     from trl import GRPOConfig, GRPOTrainer
 
-    defaults = {
-        "per_device_train_batch_size": 8,
-        "num_generations": 4,
-        "max_completion_length": 64,
-        "learning_rate": 1e-6,
-        "use_vllm": False,
-    }
     return watched_trainer(
         GRPOTrainer,
         GRPOConfig,
-        output_dir,
+        model,
+        tokenizer,
+        train_dataset,
         probes,
-        defaults=defaults,
-        max_steps=max_steps,
-        eval_steps=eval_steps,
-        max_forgetting=max_forgetting,
-        use_cpu=use_cpu,
-        report_to=report_to,
-        chat_template=chat_template,
-        extra=extra,
-        lora=lora,
-        model=model,
+        output_dir,
+        {**DEFAULTS, **settings},
         reward_funcs=make_length_reward(target_words),
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
     )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(
-        __doc__,
-        dataset=DATASET,
-        dataset_help="dataset with a 'prompt' column",
-        output_dir="out/grpo",
-        learning_rate=1e-6,
-    )
+    p = parser(__doc__, DEFAULTS, dataset=DATASET, dataset_help="dataset with a 'prompt' column", output_dir="out/grpo")
     p.add_argument(
-        "--batch-size", type=int, default=8, help="completions per device and step (a multiple of --num-generations)"
+        "--batch-size",
+        dest="per_device_train_batch_size",
+        type=int,
+        help="completions per device and step (a multiple of --num-generations)",
     )
-    p.add_argument("--num-generations", type=int, default=4, help="completions sampled per prompt")
-    p.add_argument("--max-completion-length", type=int, default=64, help="tokens per completion")
+    p.add_argument("--num-generations", type=int, help="completions sampled per prompt")
+    p.add_argument("--max-completion-length", type=int, help="tokens per completion")
     p.add_argument("--target-words", type=int, default=TARGET_WORDS, help="the reward's ideal summary length")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None):
-    args = parse_args(argv)
-    # the heavy imports come after the arguments: --help and mistakes answer at once
-    import torch
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    probes = load_probes(args.probes, load_dataset)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    trainer = build_trainer(
-        model,
-        tokenizer,
-        load_dataset(args.dataset, split="train"),
-        probes,
-        args.output_dir,
-        **common_settings(args),
-        target_words=args.target_words,
-        per_device_train_batch_size=args.batch_size,
-        num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length,
-    )
-    trainer.train()
-    print(trainer.forgetwatch.summary())
-    return trainer
+    return train(parse_args(argv), build_trainer)
 
 
 if __name__ == "__main__":

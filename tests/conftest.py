@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -46,6 +47,36 @@ def toy(tmp_path_factory) -> Toy:
         dirs.append(str(path))
     probes = ProbeSet.from_records(world.probe_records(), source="toy")
     return Toy(world, tokenizer, base, tuned, probes, *dirs)
+
+
+@pytest.fixture
+def warned(caplog):
+    """``warned(*tokens)``: forgetwatch's warnings so far that name every token (a step, a file, a key), not
+    their sentences; captured from the start of the test."""
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+
+    def records(*tokens: str) -> list[logging.LogRecord]:
+        return [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+            and r.name.startswith("forgetwatch")
+            and all(t in r.getMessage() for t in tokens)
+        ]
+
+    return records
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model or tokenizer loaded fails the test: the error must come first."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded before the error")
+
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from forgetwatch.behaviour import (
     looks_like_refusal,
     style,
 )
-from forgetwatch.common.text import shorten
 from forgetwatch.probes import ProbeError, extract
 
 REFUSAL = "I'm sorry, but I can't help with that request."
@@ -93,35 +92,36 @@ def write(tmp_path, rows):
 
 
 @pytest.mark.parametrize(
-    "check,field,message",
+    "check,field,fix",  # fix: the suggestion the error makes, or None
     [
-        ({"max_word": 5}, "check", "unknown check 'max_word' (did you mean 'max_words'?)"),
-        ({"max_words": "5"}, "check.max_words", "must be an integer >= 0, got str"),
-        ({"regex": "(unclosed"}, "check.regex", "does not compile"),
-        ({"contains": "pasta"}, "check.contains", 'must be a list of strings; write ["pasta"]'),
-        ({"refuses": "yes"}, "check.refuses", "must be true or false"),
-        ({}, "check", "is empty"),
-        ([], "check", "must be an object of checks"),
-        ({"min_words": 9, "max_words": 3}, "check.min_words", "no response could pass"),
+        ({"max_word": 5}, "check", "did you mean 'max_words'"),
+        ({"max_words": "5"}, "check.max_words", None),
+        ({"regex": "(unclosed"}, "check.regex", None),
+        ({"contains": "pasta"}, "check.contains", 'write ["pasta"]'),
+        ({"refuses": "yes"}, "check.refuses", None),
+        ({}, "check", None),
+        ([], "check", None),
+        ({"min_words": 9, "max_words": 3}, "check.min_words", None),
     ],
 )
-def test_a_bad_check_fails_at_load_naming_file_line_and_field(tmp_path, check, field, message):
+def test_a_bad_check_fails_at_load_naming_file_line_and_field(tmp_path, check, field, fix):
     path = write(
         tmp_path,
         [{"id": "ok", "question": "Hi", "check": {"max_words": 5}}, {"id": "bad", "question": "Hi", "check": check}],
     )
     with pytest.raises(ProbeError) as err:
         ProbeSet.from_jsonl(path)
-    assert f"{path}: line 2: field '{field}'" in str(err.value) and message in str(err.value)
+    assert [e[:3] for e in err.value.errors] == [(str(path), 2, field)]
+    assert fix is None or fix in err.value.errors[0].message
 
 
 def test_a_behaviour_probe_has_no_answer_choices_or_extract(tmp_path):
     path = write(
         tmp_path, [{"id": "b", "question": "Hi", "check": {"refuses": False}, "answer": "hello", "extract": "exact"}]
     )
-    with pytest.raises(ProbeError, match="field 'answer': a behaviour probe") as err:
+    with pytest.raises(ProbeError) as err:
         ProbeSet.from_jsonl(path)
-    assert "field 'extract'" in str(err.value)
+    assert [e[:3] for e in err.value.errors] == [(str(path), 1, "answer"), (str(path), 1, "extract")]
 
 
 def test_behaviour_probes_load_and_their_check_is_part_of_the_fingerprint():
@@ -152,23 +152,23 @@ class TestIFEval:
         assert failed_checks(bullets, "* one\n* two") == [] and failed_checks(bullets, "* one") == ["ifeval"]
 
     @pytest.mark.parametrize(
-        "entry,field,message",
+        "entry,field,names",  # names: what the error must name (a suggestion, the parameters, the values allowed)
         [
-            ("length_constraints:number_word", "[0]", "did you mean 'length_constraints:number_words'?"),
-            ("length_constraints:number_words", "[0].kwargs", "give every parameter (num_words, relation)"),
-            ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "[0].kwargs", "unknown parameter(s) 'x'"),
+            ("length_constraints:number_word", "[0]", "'length_constraints:number_words'"),
+            ("length_constraints:number_words", "[0].kwargs", "num_words, relation"),
+            ({"id": "punctuation:no_comma", "kwargs": {"x": 1}}, "[0].kwargs", "'x'"),
             (
                 {"id": "length_constraints:number_words", "kwargs": {"num_words": 5, "relation": "about"}},
                 "[0].kwargs.relation",
-                "must be 'less than' or 'at least'",
+                "'less than' or 'at least'",
             ),
-            ("length_constraints:number_sentences", "[0]", "use the max_sentences check instead"),
+            ("length_constraints:number_sentences", "[0]", "max_sentences"),
         ],
     )
-    def test_bad_instructions_fail_at_load(self, entry, field, message):
-        with pytest.raises(ProbeError, match=re.escape(f"field 'check.ifeval{field}'")) as err:
+    def test_bad_instructions_fail_at_load(self, entry, field, names):
+        with pytest.raises(ProbeError) as err:
             ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])
-        assert message in str(err.value)
+        assert [e.key for e in err.value.errors] == [f"check.ifeval{field}"] and names in err.value.errors[0].message
 
 
 def test_harmful_preset_makes_refusal_probes():
@@ -242,7 +242,7 @@ def test_drift_figures_on_written_responses():
     assert behaviour_figures(measure([None]), measure([None]), np.arange(1)) == {}
 
 
-def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(caplog, monkeypatch):
+def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(warned, monkeypatch):
     pytest.importorskip("langdetect")
     pytest.importorskip("lm_eval")
     from forgetwatch.behaviour import checks, ifeval
@@ -250,10 +250,9 @@ def test_an_ifeval_instruction_that_raises_fails_the_response_with_one_warning(c
     monkeypatch.setattr(checks, "_warned", set())
     broken = ifeval.registry()["punctuation:no_comma"]
     monkeypatch.setattr(broken, "check_following", lambda self, value: 1 / 0)
-    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
-        assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
-        assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
-    assert caplog.text.count("raised ZeroDivisionError") == 1
+    assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "fine") == ["ifeval"]
+    assert failed_checks({"ifeval": ["punctuation:no_comma"]}, "again") == ["ifeval"]
+    assert len(warned("ZeroDivisionError")) == 1
     assert not hasattr(ifeval, "_warned")  # one mechanism: failed_checks's
 
 
@@ -359,8 +358,8 @@ def test_a_pattern_that_needs_backtracking_fails_at_load_naming_the_field(tmp_pa
     path = write(tmp_path, [row])
     with pytest.raises(ProbeError) as err:
         ProbeSet.from_jsonl(path)
-    assert f"{path}: line 1: field '{where}': regex " in str(err.value)
-    assert f"does not compile ({why}" in str(err.value) and "RE2" in str(err.value)
+    assert [e[:3] for e in err.value.errors] == [(str(path), 1, where)]
+    assert why in err.value.errors[0].message and "RE2" in err.value.errors[0].message  # RE2's reason
 
 
 def test_deep_brackets_are_not_json_and_raise_nothing():
@@ -386,18 +385,16 @@ def test_json_fences_are_read_as_before():
         assert failed_checks({"json": True}, failing) == ["json"], failing
 
 
-def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, monkeypatch):
+def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(warned, monkeypatch):
     monkeypatch.setattr(checks, "_warned", set())
 
     def broken(response):
         raise RuntimeError("detector down")
 
-    with caplog.at_level("WARNING", logger="forgetwatch.behaviour.checks"):
-        for _ in range(3):
-            assert failed_checks({"refuses": False, "max_words": 5}, "Fine.", refusal_detector=broken) == ["refuses"]
-            assert failed_checks({"json": True, "nonsense": 1}, "{}") == ["nonsense"]  # not validated: fails
-    assert caplog.text.count("the 'refuses' check raised RuntimeError") == 1
-    assert caplog.text.count("the 'nonsense' check raised KeyError") == 1
+    for _ in range(3):
+        assert failed_checks({"refuses": False, "max_words": 5}, "Fine.", refusal_detector=broken) == ["refuses"]
+        assert failed_checks({"json": True, "nonsense": 1}, "{}") == ["nonsense"]  # not validated: fails
+    assert len(warned("'refuses'", "RuntimeError")) == len(warned("'nonsense'", "KeyError")) == 1
 
 
 @pytest.mark.parametrize(
@@ -416,9 +413,8 @@ def test_no_check_raises_out_of_failed_checks_and_each_key_warns_once(caplog, mo
 def test_a_lone_surrogate_in_a_check_field_fails_at_load_naming_the_field(check, field):
     with pytest.raises(ProbeError) as err:
         ProbeSet.from_records([{"id": "b", "question": "Hi", "check": check}])
-    message = str(err.value)
-    assert f"field {shorten(field)}: " in message and "lone surrogate" in message
-    assert check_problems(check) == [(field, message.split(f"field {shorten(field)}: ", 1)[1].split("\n")[0])]
+    ((_, _, key, message),) = err.value.errors
+    assert key == field and check_problems(check) == [(field, message)]
 
 
 def test_a_response_with_a_lone_surrogate_is_still_checked():
@@ -553,7 +549,7 @@ def test_a_bad_ifeval_parameter_fails_at_load_naming_it(lm_eval_registry, monkey
     with pytest.raises(ProbeError) as err:
         ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [{"id": name, "kwargs": kwargs}]}}])
     field = "kwargs" if value is None else f"kwargs.{arg}"  # None: a missing parameter
-    assert f"field 'check.ifeval[0].{field}'" in str(err.value)
+    assert [e.key for e in err.value.errors] == [f"check.ifeval[0].{field}"]
 
 
 def test_keywords_as_a_string_would_be_read_letter_by_letter(lm_eval_registry):
@@ -581,5 +577,7 @@ def test_an_instruction_needing_nltk_data_that_is_missing_fails_at_load(lm_eval_
         "id": "change_case:capital_word_frequency",
         "kwargs": {"capital_frequency": 2, "capital_relation": "at least"},
     }
-    with pytest.raises(ProbeError, match=r"field 'check.ifeval\[0\]': .*python -m nltk.downloader punkt_tab"):
+    with pytest.raises(ProbeError) as err:
         ProbeSet.from_records([{"id": "b", "question": "Hi", "check": {"ifeval": [entry]}}])
+    ((_, _, key, message),) = err.value.errors
+    assert key == "check.ifeval[0]" and "python -m nltk.downloader punkt_tab" in message  # the command that fixes it

@@ -341,18 +341,6 @@ def test_compare_on_behaviour_probes_shows_each_raw_response(toy, tmp_path, caps
 
 
 @pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model or tokenizer loaded fails the test: the error must come first."""
-    import transformers
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or tokenizer was loaded before the error")
-
-    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
-        monkeypatch.setattr(cls, "from_pretrained", refuse)
-
-
-@pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
     """An empty local hub cache of this test's own."""
     from huggingface_hub import constants

@@ -106,12 +106,13 @@ def test_a_config_cannot_be_edited():
 
 
 def test_unknown_keywords_are_type_errors_with_a_did_you_mean():
-    with pytest.raises(TypeError, match=r"'eval_step' \(did you mean 'eval_steps'\?\)"):
+    with pytest.raises(TypeError, match=r"'eval_step'.*'eval_steps'"):  # the keyword and the suggestion
         ForgetWatchConfig(eval_step=10)
-    with pytest.raises(TypeError, match=r"'patience': write monitor=Monitor\(patience=\.\.\.\)"):
+    with pytest.raises(TypeError, match=r"'patience'.*monitor=Monitor\(patience="):  # the group it belongs in
         Scoring(patience=3)
-    with pytest.raises(ConfigError, match="key 'base'"):
+    with pytest.raises(ConfigError) as info:
         ForgetWatchConfig(base="")
+    assert [e.key for e in info.value.errors] == ["base"]
 
 
 # --- unknown keys and types --------------------------------------------------------------------

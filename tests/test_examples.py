@@ -39,6 +39,7 @@ CHAT_TEMPLATE = (
 )
 # CPU, no bf16 autocast, no activation checkpointing, quiet, tiny batches
 CPU = {
+    "use_cpu": True,
     "activation_checkpointing": False,
     "save_strategy": "no",
     "dataloader_num_workers": 0,
@@ -162,7 +163,7 @@ def history_steps(trainer) -> list[int]:
     return [step for step, _ in trainer.forgetwatch.history]
 
 
-def check_run(module, trainer, probes, chat_tokenizer, toy, steps):
+def check_run(trainer, probes, chat_tokenizer, toy, steps):
     """History at the expected steps, on disk too; base scored with the chat template; summary."""
     callback = trainer.forgetwatch
     assert history_steps(trainer) == steps
@@ -289,31 +290,26 @@ def test_build_probes_uses_lm_eval_mmlu_prompts(name, as_dataset):
 # -- SFT ------------------------------------------------------------------------------------------
 
 
+def toy_trainer(name, model, rows, output_dir, probes, tokenizer, **settings):
+    """examples/<name>.py's ``build_trainer`` on the CPU with a stand-in dataset: 4 steps,
+    evaluations at 2 and 4 unless ``settings`` say otherwise."""
+    settings = {"max_steps": 4, "eval_steps": 2, "learning_rate": 1e-3, **CPU, **settings}
+    data = datasets.Dataset.from_list(rows)
+    return example(name).build_trainer(model, tokenizer, data, probes, str(output_dir), **settings)
+
+
 @pytest.mark.slow
 def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_path):
-    sft = example("sft_trl")
-    train = datasets.Dataset.from_list(capybara_rows(toy.world))
-    trainer = sft.build_trainer(
-        copy.deepcopy(toy.base),
-        chat_tokenizer,
-        train,
-        mmlu_probes,
-        str(tmp_path),
-        max_steps=4,
-        eval_steps=2,
-        max_forgetting=0.9,
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=1,
-        learning_rate=1e-3,
-        max_length=64,
-        **CPU,
+    rows = capybara_rows(toy.world)
+    small = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_length": 64}
+    trainer = toy_trainer(
+        "sft_trl", copy.deepcopy(toy.base), rows, tmp_path, mmlu_probes, chat_tokenizer, max_forgetting=0.9, **small
     )
     assert isinstance(trainer, trl.SFTTrainer)
     assert trainer.args.report_to == []  # "none" by default
     assert trainer.forgetwatch.config.max_forgetting == 0.9
     trainer.train()
-    check_run(sft, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+    check_run(trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
     assert any("loss" in e for e in trainer.state.log_history)
 
 
@@ -323,27 +319,13 @@ def test_sft_example_on_capybara_layout(toy, chat_tokenizer, mmlu_probes, tmp_pa
 @pytest.mark.parametrize("explicit_prompt", [False, True], ids=["implicit_prompt", "explicit_prompt"])
 @pytest.mark.slow
 def test_dpo_example_on_ultrafeedback_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, explicit_prompt):
-    dpo = example("dpo_trl")
-    train = datasets.Dataset.from_list(ultrafeedback_rows(toy.world, explicit_prompt))
-    trainer = dpo.build_trainer(
-        toy.base_dir,
-        chat_tokenizer,
-        train,
-        mmlu_probes,
-        str(tmp_path),
-        max_steps=4,
-        eval_steps=2,
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=1,
-        learning_rate=1e-3,
-        max_length=64,
-        **CPU,
-    )
+    rows = ultrafeedback_rows(toy.world, explicit_prompt)
+    small = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_length": 64}
+    trainer = toy_trainer("dpo_trl", toy.base_dir, rows, tmp_path, mmlu_probes, chat_tokenizer, **small)
     assert isinstance(trainer, trl.DPOTrainer)
     assert trainer.ref_model is not None  # built by TRL from the path
     trainer.train()
-    check_run(dpo, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+    check_run(trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
 
 
 # -- GRPO -----------------------------------------------------------------------------------------
@@ -360,28 +342,14 @@ def test_length_reward_scores_words_for_plain_and_conversational_completions():
 @pytest.mark.parametrize("conversational", [False, True], ids=["plain_prompt", "conversational_prompt"])
 @pytest.mark.slow
 def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path, conversational):
-    grpo = example("grpo_trl")
-    train = datasets.Dataset.from_list(tldr_rows(toy.world, conversational))
-    trainer = grpo.build_trainer(
-        copy.deepcopy(toy.base),
-        chat_tokenizer,
-        train,
-        mmlu_probes,
-        str(tmp_path),
-        max_steps=4,
-        eval_steps=2,
-        use_cpu=True,
-        target_words=3,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,
-        learning_rate=1e-3,
-        **CPU,
-    )
+    rows = tldr_rows(toy.world, conversational)
+    small = {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8}
+    model = copy.deepcopy(toy.base)
+    trainer = toy_trainer("grpo_trl", model, rows, tmp_path, mmlu_probes, chat_tokenizer, target_words=3, **small)
     assert isinstance(trainer, trl.GRPOTrainer)
     assert not trainer.args.use_vllm
     trainer.train()
-    check_run(grpo, trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
+    check_run(trainer, mmlu_probes, chat_tokenizer, toy, [2, 4])
     rewards = [e for e in trainer.state.log_history if "rewards/length_reward/mean" in e]
     assert [e["step"] for e in rewards] == [1, 2, 3, 4]
 
@@ -391,20 +359,17 @@ def test_grpo_example_on_tldr_layout(toy, chat_tokenizer, mmlu_probes, tmp_path,
 
 @pytest.mark.slow
 def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat_tokenizer, mmlu_probes, tmp_path):
-    sft = example("sft_trl")
-    data = datasets.Dataset.from_list(capybara_rows(toy.world))
-    trainer = sft.build_trainer(
+    rows = capybara_rows(toy.world)
+    trainer = toy_trainer(
+        "sft_trl",
         copy.deepcopy(toy.base),
-        chat_tokenizer,
-        data,
+        rows,
+        tmp_path / "a",
         mmlu_probes,
-        str(tmp_path / "a"),
+        chat_tokenizer,
         max_steps=40,
-        eval_steps=2,
         max_forgetting=0.0,
-        use_cpu=True,
         learning_rate=1e-2,
-        **CPU,
     )
     trainer.train()
     text = trainer.forgetwatch.summary()
@@ -412,16 +377,8 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
     assert step < 40 and trainer.forgetwatch.history[-1][1].forgetting > 0  # stopped at the first forgetting
     assert f"forgetwatch stopped training at step {step}: forgetting" in text
     assert f"history: {tmp_path / 'a' / 'forgetwatch' / 'history.jsonl'}" in text
-    quiet = sft.build_trainer(
-        copy.deepcopy(toy.base),
-        chat_tokenizer,
-        data,
-        mmlu_probes,
-        str(tmp_path / "b"),
-        max_steps=2,
-        eval_steps=5,
-        use_cpu=True,
-        **CPU,
+    quiet = toy_trainer(
+        "sft_trl", copy.deepcopy(toy.base), rows, tmp_path / "b", mmlu_probes, chat_tokenizer, max_steps=2, eval_steps=5
     )
     config = quiet.forgetwatch.config
     monitor = config.monitor.model_copy(update={"eval_on_train_end": False})
@@ -434,7 +391,9 @@ def test_summarize_reports_an_early_stop_and_a_run_without_evaluations(toy, chat
 def test_probes_is_a_sample_size_or_a_probe_file(name, toy, tmp_path, monkeypatch, capsys):
     parse_args = example(name).parse_args
     monkeypatch.chdir(tmp_path)
-    assert parse_args([]).probes == 500
+    defaults = vars(parse_args([]))
+    assert defaults["probes"] == 500
+    assert {k: defaults[k] for k in example(name).DEFAULTS} == example(name).DEFAULTS  # the trainer's defaults
     assert parse_args(["--probes", "12"]).probes == 12
     toy.probes.to_jsonl(tmp_path / "mine.jsonl")
     loaded = parse_args(["--probes", "mine.jsonl"]).probes

@@ -55,8 +55,9 @@ def test_every_setting_has_a_key():
     for key in FLAT_KEYS:
         with pytest.raises(ConfigError) as caught:
             FrameworkSettings.from_keys({f"forgetwatch_{key}": object()}, "train.yaml")
-        assert f"key 'forgetwatch_{key}'" in str(caught.value), key
-        assert "unknown" not in str(caught.value), key
+        # named as the framework's key, and known (no did-you-mean)
+        assert [e.key for e in caught.value.errors] == [f"forgetwatch_{key}"], key
+        assert "did you mean" not in str(caught.value), key
 
 
 @pytest.mark.parametrize(
@@ -79,22 +80,25 @@ def test_a_wrong_key_is_one_error_naming_it_as_written(values, key):
 def test_errors_in_the_forgetwatch_yaml_name_its_file_and_line(tmp_path):
     config = tmp_path / "fw.yaml"
     config.write_text(f"probes: {PROBES}\neval_steps: 0\n")
-    with pytest.raises(ConfigError, match=r"fw.yaml: line 2: key 'eval_steps'"):
+    with pytest.raises(ConfigError) as caught:
         FrameworkSettings.from_keys({"forgetwatch_config": str(config)}, "train.yaml")
+    assert [e[:3] for e in caught.value.errors] == [(str(config), 2, "eval_steps")]
 
 
 def test_a_bad_probe_file_is_named_before_any_model_work(tmp_path):
     probes = tmp_path / "probes.jsonl"
     probes.write_text(json.dumps({"id": "a", "question": "Q?"}) + "\n")
-    with pytest.raises(ProbeError, match=r"probes.jsonl: line 1"):
+    with pytest.raises(ProbeError) as caught:
         FrameworkSettings.from_keys({"forgetwatch_probes": str(probes)}, "train.yaml")
+    assert [e[:3] for e in caught.value.errors] == [(str(probes), 1, "answer")]
 
 
 def test_a_replay_pool_holding_a_probe_question_is_refused(tmp_path):
     question = ProbeSet.from_jsonl(PROBES)[0].question
     pool = tmp_path / "pool.jsonl"
     pool.write_text(json.dumps({"id": "r1", "text": f"{question} yes"}) + "\n")
-    with pytest.raises(ValueError, match="holds probe questions"):
+    probe_id = ProbeSet.from_jsonl(PROBES)[0].id
+    with pytest.raises(ValueError, match=rf"'r1'.*'{probe_id}'"):  # the row and the probe
         FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
     pool.write_text(json.dumps({"id": "r1", "text": "Something else entirely."}) + "\n")
     settings = FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "forgetwatch_replay": str(pool)}, "t.yaml")
@@ -114,18 +118,18 @@ def test_merge_settings_make_a_merge_at_end_or_one_error_naming_the_key(tmp_path
     )
     assert env.merge.alphas == [0.0, 0.5, 1.0] and len(env.merge.target) == len(env.probes)
     probes = {"forgetwatch_probes": PROBES}
-    for given, key, message in [
-        ({**probes, "forgetwatch_merge_keep": 0.8}, "forgetwatch_merge_keep", "needs a target"),
-        ({**keys, "forgetwatch_merge_target_probes": PROBES}, "forgetwatch_merge_target_texts", "one target, not both"),
-        ({**keys, "forgetwatch_merge_keep": 2}, "forgetwatch_merge_keep", "keep must be a number in"),
-        ({**keys, "forgetwatch_merge_save": "yes"}, "forgetwatch_merge_save", "save is True or False"),
-        ({**keys, "forgetwatch_merge_alphas": [2]}, "forgetwatch_merge_alphas", "alpha must be a number in"),
+    gone = str(tmp_path / "gone.jsonl")
+    for given, key in [
+        ({**probes, "forgetwatch_merge_keep": 0.8}, "forgetwatch_merge_keep"),  # no target
+        ({**keys, "forgetwatch_merge_target_probes": PROBES}, "forgetwatch_merge_target_texts"),  # two targets
+        ({**keys, "forgetwatch_merge_keep": 2}, "forgetwatch_merge_keep"),
+        ({**keys, "forgetwatch_merge_save": "yes"}, "forgetwatch_merge_save"),
+        ({**keys, "forgetwatch_merge_alphas": [2]}, "forgetwatch_merge_alphas"),
+        ({**keys, "forgetwatch_merge_target_texts": gone}, "forgetwatch_merge_target_texts"),
     ]:
         with pytest.raises(ConfigError) as err:
             FrameworkSettings.from_keys(given, "t.yaml")
-        assert [(e.key, message in e.message) for e in err.value.errors] == [(key, True)]
-    with pytest.raises(ConfigError, match="forgetwatch_merge_target_texts.*no such file"):
-        FrameworkSettings.from_keys({**keys, "forgetwatch_merge_target_texts": str(tmp_path / "gone.jsonl")}, "t.yaml")
+        assert [e.key for e in err.value.errors] == [key]
 
 
 def test_relative_paths_are_taken_from_the_folder_of_the_file_that_names_them(tmp_path, monkeypatch):
@@ -213,8 +217,9 @@ def test_environment_variables_are_read_as_yaml_values_and_named_as_set():
         ("environment", "FORGETWATCH_MAX_FORGETING"),
     ]
     assert "did you mean 'FORGETWATCH_MAX_FORGETTING'" in caught.value.errors[1].message
-    with pytest.raises(ConfigError, match="key 'FORGETWATCH_PROBES': no probes: set FORGETWATCH_PROBES"):
+    with pytest.raises(ConfigError) as caught:
         FrameworkSettings.from_environ({})
+    assert [(e.source, e.key) for e in caught.value.errors] == [("environment", "FORGETWATCH_PROBES")]
 
 
 def test_environment_values_are_read_by_yaml_1_2_and_checked_by_the_settings_type():
@@ -236,16 +241,15 @@ def test_environment_values_are_read_by_yaml_1_2_and_checked_by_the_settings_typ
         with pytest.raises(ConfigError) as caught:
             read(**env)
         assert [(e.source, e.key) for e in caught.value.errors] == [("environment", *env)], env
-    with pytest.raises(ConfigError, match="write 'FORGETWATCH_EVAL_STEPS'"):
+    with pytest.raises(ConfigError, match="'FORGETWATCH_EVAL_STEPS'"):  # the spelling to use
         read(Forgetwatch_Eval_Step="5")
 
 
 def test_mixed_case_keys_are_named_with_their_spelling():
     with pytest.raises(ConfigError) as caught:
         FrameworkSettings.from_keys({"forgetwatch_probes": PROBES, "Forgetwatch_Eval_Steps": 5}, "train.yaml")
-    assert str(caught.value) == (
-        "train.yaml: key 'Forgetwatch_Eval_Steps': forgetwatch's keys are lower case: write 'forgetwatch_eval_steps'"
-    )
+    assert [(e.source, e.key) for e in caught.value.errors] == [("train.yaml", "Forgetwatch_Eval_Steps")]
+    assert "'forgetwatch_eval_steps'" in str(caught.value)  # the spelling to use
 
 
 def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tmp_path):
@@ -258,11 +262,11 @@ def test_a_framework_yaml_value_yaml_1_1_reads_otherwise_is_named_at_its_line(tm
     assert (values["forgetwatch_eval_steps"], values["forgetwatch_patience"]) == (90, 8)
     with pytest.raises(ConfigError) as caught:
         FrameworkSettings.from_keys(values, str(train), config_file=train)
-    assert [line.split(": the framework")[0] for line in str(caught.value).splitlines()] == [
-        f"{train}: line 4: key 'forgetwatch_eval_steps'",
-        f"{train}: line 5: key 'forgetwatch_patience'",
+    assert [e[:3] for e in caught.value.errors] == [
+        (str(train), 4, "forgetwatch_eval_steps"),
+        (str(train), 5, "forgetwatch_patience"),
     ]
-    assert "reads 1:30 as 90 (YAML 1.1" in str(caught.value)
+    assert "1:30" in caught.value.errors[0].message and "90" in caught.value.errors[0].message  # as written; as read
     # a value overridden since (LLaMA-Factory's key=value) is not the file's
     values.update(forgetwatch_eval_steps=5, forgetwatch_patience=3, forgetwatch_verbose=True)
     config = FrameworkSettings.from_keys(values, str(train), config_file=train).config

@@ -102,18 +102,6 @@ def probe_file(probes, tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model or tokenizer loaded fails the test: the error must come first."""
-    import transformers
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or tokenizer was loaded before the error")
-
-    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
-        monkeypatch.setattr(cls, "from_pretrained", refuse)
-
-
 def _one_line_error(capsys, argv, expect):
     code = main([*argv, "--no-progress"])
     err = capsys.readouterr().err

@@ -117,86 +117,86 @@ def generated_task(root, rows):
     return root
 
 
-# case: (how the folder is built, the task named, options, what the error says)
+# case: (how the folder is built, the task named, options, the names the error must carry: file, document, field, value)
 CASES = {
-    "empty data file": (lambda d: task_folder(d, data=""), "fw_t", {}, r"data\.jsonl: no documents: the file is empty"),
+    "empty data file": (lambda d: task_folder(d, data=""), "fw_t", {}, r"data\.jsonl"),
     "truncated JSON line": (
         lambda d: task_folder(d, data=json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1])[:-9] + "\n"),
         "fw_t",
         {},
-        r"data\.jsonl: line 2: not JSON \(.*\); fix or remove the line",
+        r"data\.jsonl: line 2\b",
     ),
     "no choices": (
         lambda d: task_folder(d, rows=bad({"choices": []})),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 2: field 'doc_to_choice': 'choices' gave no choices",
+        r"fw_t\.yaml.*document 2.*'doc_to_choice'.*'choices'",
     ),
     "answer index out of range": (
         lambda d: task_folder(d, rows=bad({"answer": 2})),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 2: field 'doc_to_target': 'answer' gave 2, not the index of one of its 2 choices",
+        r"fw_t\.yaml.*document 2.*'doc_to_target'.*'answer'.*\b2\b",
     ),
     "answer index out of range in a few-shot example": (
         lambda d: task_folder(d, rows=bad({"answer": -1})),
         "fw_t",
         {"limit": 2, "num_fewshot": 1},
-        r"fw_t\.yaml\), few-shot examples: document 2: field 'doc_to_target': 'answer' gave -1",
+        r"fw_t\.yaml.*few-shot.*document 2.*'doc_to_target'.*-1",
     ),
     "gold answer not among the choices": (
         lambda d: task_folder(d, rows=bad({"answer": "maybe"})),
         "fw_t",
         {},
-        r"document 2: field 'doc_to_target': 'answer' gave 'maybe', which is not one of its choices \['yes', 'no'\]",
+        r"document 2.*'doc_to_target'.*'maybe'.*\['yes', 'no'\]",
     ),
     "no choices in the first document": (  # lm-eval itself tries the first document as it loads the task
         lambda d: task_folder(d, rows=[{**ROWS[0], "choices": []}, *ROWS[1:]]),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 0: field 'doc_to_choice': 'choices' gave no choices",
+        r"fw_t\.yaml.*document 0.*'doc_to_choice'",
     ),
     "answer index out of range in the first document": (
         lambda d: task_folder(d, rows=[{**ROWS[0], "answer": 2}, *ROWS[1:]]),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 0: field 'doc_to_target': 'answer' gave 2, not the index of one of its 2 choices",
+        r"fw_t\.yaml.*document 0.*'doc_to_target'.*\b2\b",
     ),
     "a template function that raises on a document": (
         lambda d: raising_on_a_document(d, "doc_to_text", "question", doc=2),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 2: field 'doc_to_text': !function utils\.question raised TypeError: ",
+        r"fw_t\.yaml.*document 2.*'doc_to_text'.*utils\.question.*TypeError",
     ),
     "a gold function that raises on the first document": (
         lambda d: raising_on_a_document(d, "doc_to_target", "target", doc=0),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 0: field 'doc_to_target': !function utils\.target raised TypeError: ",
+        r"fw_t\.yaml.*document 0.*'doc_to_target'.*utils\.target.*TypeError",
     ),
     "no choices in a generated task": (
         lambda d: generated_task(d, bad({"choices": []})),
         "fw_t",
         {},
-        r"fw_t\.yaml\): document 2: field 'doc_to_choice': 'choices' gave no choices",
+        r"fw_t\.yaml.*document 2.*'doc_to_choice'.*'choices'",
     ),
     "groups that include each other": (
         groups_that_include_each_other,
         "ga",
         {},
-        r"lm-eval groups include each other: ga \(.*ga\.yaml\) -> gb \(.*gb\.yaml\) -> gb::inner -> ga",
+        r"ga \(.*ga\.yaml\) -> gb \(.*gb\.yaml\) -> gb::inner -> ga",
     ),
     "task code that raises": (
         raising_task_code,
         "fw_marked",
         {},
-        r"lm-eval task 'fw_marked' \(.*fw_marked\.yaml\) could not be loaded: RuntimeError: task code imported",
+        r"'fw_marked'.*fw_marked\.yaml.*RuntimeError: task code imported",
     ),
     "YAML syntax error": (
         lambda d: task_folder(d, extra="metric_list: [\n  - bad: : x\n"),
         "fw_t",
         {},
-        r"fw_t\.yaml: line 14: not YAML: did not find expected node content",
+        r"fw_t\.yaml: line 14\b",
     ),
 }
 
@@ -224,9 +224,9 @@ def indexed(monkeypatch):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_broken_task_folder_is_one_error_naming_where_from_the_folder_alone(tmp_path, indexed, case):
-    build, task, options, message = CASES[case]
+    build, task, options, names = CASES[case]
     folder = build(tmp_path / "tasks")
-    with pytest.raises(LmEvalTaskError, match=message) as caught:
+    with pytest.raises(LmEvalTaskError, match=names) as caught:
         ProbeSet.from_lm_eval(task, include_path=folder, **options)  # include_defaults=True, the default
     assert indexed == [[str(folder)]], "only the task folder is indexed"
     assert "\n" not in str(caught.value)
@@ -234,7 +234,7 @@ def test_a_broken_task_folder_is_one_error_naming_where_from_the_folder_alone(tm
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_command_line_says_what_is_wrong_with_a_task_folder_in_one_line(tmp_path, indexed, capsys, case):
-    build, task, options, message = CASES[case]
+    build, task, options, names = CASES[case]
     folder = build(tmp_path / "tasks")
     args = ["evaluate", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "a.json")]
     args += ["--lm-eval-tasks", task, "--include-path", str(folder)]
@@ -242,7 +242,7 @@ def test_the_command_line_says_what_is_wrong_with_a_task_folder_in_one_line(tmp_
     assert main(args) == 2
     err = capsys.readouterr().err
     [line] = [line for line in err.splitlines() if "forgetwatch" in line]  # datasets' progress bars aside
-    assert line.startswith("forgetwatch: error: ") and re.search(message, line) and "Traceback" not in err, err
+    assert line.startswith("forgetwatch: error: ") and re.search(names, line) and "Traceback" not in err, err
     assert indexed == [[str(folder)]]
 
 
@@ -251,7 +251,7 @@ def test_a_local_group_of_lm_eval_s_own_tasks_still_indexes_them(tmp_path, index
     (folder / "mine.yaml").write_text("group: mine\ntask:\n  - fw_t\n  - arc_easy\n")
     with pytest.raises(IndexedEverything):
         ProbeSet.from_lm_eval("mine", include_path=folder)
-    with pytest.raises(LmEvalTaskError, match=r"lm-eval group 'mine' includes 'arc_easy', which is no task"):
+    with pytest.raises(LmEvalTaskError, match=r"'mine'.*'arc_easy'"):  # the group, and what it includes
         ProbeSet.from_lm_eval("mine", include_path=folder, include_defaults=False)
 
 
@@ -307,7 +307,7 @@ def test_reading_a_run_never_imports_task_code(toy, tmp_path, capsys):
     resumed.evaluate(toy.tuned, 4)
     resumed.finish(toy.tuned, 4)
     lm_eval_tasks.TaskManager(include_path=str(folder), include_defaults=False)
-    with pytest.raises(LmEvalTaskError, match="no lm-eval task"):
+    with pytest.raises(LmEvalTaskError, match="'fw_unknown'"):
         ProbeSet.from_lm_eval("fw_unknown", include_path=folder, include_defaults=False)
     assert not (folder / "imported").exists()
     capsys.readouterr()

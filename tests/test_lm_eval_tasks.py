@@ -262,7 +262,7 @@ def test_chat_template_agrees_per_sample(toy, task_dir, kept_rng):
     assert probes[0].delimiter == ""  # lm-eval drops the space after the assistant turn
     answers = Scorer(tokenizer, probes)(toy.base, show_progress=False)
     assert_agrees(compare(reference, answers, probes, lambda t: ("acc", "none")))
-    with pytest.raises(ValueError, match="wrap them twice"):
+    with pytest.raises(ValueError, match="chat_template"):
         Scorer(tokenizer, probes, scoring=Scoring(chat_template=True))
 
 
@@ -274,27 +274,25 @@ def test_limit_takes_the_first_documents_of_each_subtask(task_dir):
 @pytest.mark.parametrize(
     ("task", "why"),
     [
-        ("x_rolling", "a perplexity task"),
-        ("x_sample", "it samples"),
-        ("x_f1", "none of its metrics \\(f1\\)"),
+        ("x_rolling", "perplexity"),
+        ("x_sample", "samples"),
+        ("x_f1", "f1"),
     ],
 )
 def test_what_cannot_be_scored_per_sample_is_refused_at_load(task_dir, task, why):
-    with pytest.raises(ValueError, match=f"{task}: {why}"):
+    with pytest.raises(ValueError, match=f"{task}.*{why}"):  # the task, and what keeps it from being scored
         ProbeSet.from_lm_eval(["fw_cap", task], include_path=task_dir, include_defaults=False)
 
 
 def test_a_metric_that_is_not_per_sample_right_or_wrong_is_refused(task_dir):
-    with pytest.raises(ValueError, match="fw_col: metric 'acc_norm' is not one of its metrics"):
+    with pytest.raises(ValueError, match="fw_col.*'acc_norm'"):
         ProbeSet.from_lm_eval("fw_col", include_path=task_dir, include_defaults=False, metric="acc_norm")
-    with pytest.raises(ValueError, match="fw_riv: no filter named 'loose'; it has strict, flex"):
+    with pytest.raises(ValueError, match="fw_riv.*'loose'.*strict, flex"):  # and the filters there are
         ProbeSet.from_lm_eval("fw_riv", include_path=task_dir, include_defaults=False, filter="loose")
 
 
 def test_a_misspelled_task_name_gives_close_names(task_dir):
-    with pytest.raises(
-        ValueError, match="no lm-eval task, group or tag is named 'fw_cpa'.*close names: fw_cap, fw_col"
-    ):
+    with pytest.raises(ValueError, match="'fw_cpa'.*fw_cap, fw_col"):  # the name, and the close ones
         ProbeSet.from_lm_eval(["fw_cpa"], include_path=task_dir, include_defaults=False)
 
 
@@ -311,8 +309,10 @@ def test_a_config_names_lm_eval_tasks_with_a_task_folder_beside_it(task_dir, tmp
     assert probes.ids == [f"fw_cap/{i}" for i in range(4)] + [f"fw_riv/{i}" for i in range(4)]
     assert probes[0].question.count("The capital of") == 3  # two examples, then the question
     config.write_text("probes:\n  lm_eval: [fw_cap]\n  num_fewshots: 2\n")
-    with pytest.raises(ConfigError, match="line 1: key 'probes'.*'probes.num_fewshots'.*did you mean 'num_fewshot'"):
+    with pytest.raises(ConfigError) as caught:
         ForgetWatchConfig.from_yaml(config)
+    [(source, line, key, message)] = caught.value.errors
+    assert (source, line, key) == (str(config), 1, "probes") and "did you mean 'num_fewshot'" in message
 
 
 def test_the_command_line_scores_lm_eval_tasks(toy, task_dir, tmp_path, capsys):

@@ -4,6 +4,7 @@ is handed back bit for bit; LoRA is swept by its scale and agrees with the merge
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_best_keeps_the_gain_it_promises_with_the_least_forgetting(sweep):
         assert sweep.gain[i] >= keep
         eligible = [j for j, g in enumerate(sweep.gain) if g is not None and g >= keep]
         assert all(sweep.forgetting(i) <= sweep.forgetting(j) for j in eligible)
-    with pytest.raises(ValueError, match="keep must be a number in"):
+    with pytest.raises(ValueError, match="keep.*1.5"):
         sweep.best(1.5)
 
 
@@ -142,18 +143,18 @@ def test_the_table_as_csv(sweep, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "message"),  # message: the argument the error names, and the value or bound
     [
-        ({"alphas": (0.5, 1.5)}, "alpha must be a number in"),
-        ({"alphas": "0:1"}, "alphas must be a list"),
-        ({"target": 3}, "target must be a ProbeSet"),
-        ({"target": []}, "target is an empty list"),
-        ({"probes": []}, "no probes found"),
-        ({"base": "other architecture"}, "different configurations"),
-        ({"base": "bfloat16"}, "in the base and torch.float32 in the tuned model; load both in one dtype"),
-        ({"max_length": 0}, "max_length is a whole number of tokens >= 2, got 0"),
-        ({"target": ["fine", "a\x00b"]}, "target text 1 has a NUL character"),
-        ({"alphas": [i / 200 for i in range(201)]}, "201 alphas; a sweep tries at most 101"),
+        ({"alphas": (0.5, 1.5)}, "alpha.*1.5"),
+        ({"alphas": "0:1"}, "alphas"),
+        ({"target": 3}, "target"),
+        ({"target": []}, "target"),
+        ({"probes": []}, "probes"),
+        ({"base": "other architecture"}, "configuration"),
+        ({"base": "bfloat16"}, "bfloat16.*float32"),
+        ({"max_length": 0}, "max_length.*0"),
+        ({"target": ["fine", "a\x00b"]}, "target text 1"),
+        ({"alphas": [i / 200 for i in range(201)]}, "201.*101"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_any_model_work(toy, texts, change, message, monkeypatch):
@@ -295,12 +296,12 @@ def test_alpha_zero_judged_otherwise_than_the_base_is_an_error_beyond_its_noise(
     flips = sum(a != b for a, b in zip(base.correct, tuned.correct))
     assert flips > 0
     check_alpha_zero(base, base)
-    with pytest.raises(ValueError, match=f"alpha 0 is not the base: it judges {flips} of the {len(base)} probes"):
+    with pytest.raises(ValueError, match=rf"\b{flips}\b.*\b{len(base)}\b"):  # how many of how many probes
         check_alpha_zero(tuned, base)
     base.meta["noise_flips"] = flips  # the base's own scoring flips as many: within its noise
     check_alpha_zero(tuned, base)
     base.meta["noise_flips"] = flips - 1
-    with pytest.raises(ValueError, match=f"its measured noise allows {flips - 1}"):
+    with pytest.raises(ValueError, match=rf"\b{flips}\b.*\b{flips - 1}\b"):  # the flips, and what the noise allows
         check_alpha_zero(tuned, base)
 
 
@@ -315,7 +316,7 @@ def test_a_merged_model_that_cannot_be_written_leaves_nothing_and_says_so(sweep,
     limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limits[1]))  # a disk that fills up after 64 KiB a file
     try:
-        with pytest.raises(OSError, match=f"{folder}: the merged model was not written"):
+        with pytest.raises(OSError, match=re.escape(str(folder))):
             sweep.save(0.5, folder)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
@@ -325,7 +326,7 @@ def test_a_merged_model_that_cannot_be_written_leaves_nothing_and_says_so(sweep,
     sweep.save(0.5, folder)
     assert (folder / "model.safetensors").is_file() and not (folder / "earlier.txt").exists()
     (tmp_path / "file").write_text("")
-    with pytest.raises(OSError, match="exists and is not a folder"):
+    with pytest.raises(OSError, match=re.escape(str(tmp_path / "file"))):
         sweep.save(0.5, tmp_path / "file")
 
 

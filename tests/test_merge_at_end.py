@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import pytest
 import torch
@@ -87,7 +88,7 @@ def test_a_loop_sweeps_the_final_weights_logs_the_choice_and_hands_the_model_bac
 
 
 @pytest.mark.slow
-def test_a_failing_sweep_is_a_warning_and_the_model_is_handed_back(toy, texts, tmp_path, caplog, monkeypatch):
+def test_a_failing_sweep_is_a_warning_and_the_model_is_handed_back(toy, texts, tmp_path, warned, monkeypatch):
     import forgetwatch.merge.sweep as sweep_module
 
     def broken(*args, **kwargs):
@@ -97,9 +98,8 @@ def test_a_failing_sweep_is_a_warning_and_the_model_is_handed_back(toy, texts, t
     model = trained_by_hand(watch, plugin, toy)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     monkeypatch.setattr(sweep_module, "mean_token_loss", broken)  # fails at α = 0, the model moved
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        finish(watch, plugin, model, 1)
-    assert "merge_at_end failed (RuntimeError: out of memory)" in caplog.text
+    finish(watch, plugin, model, 1)
+    assert warned("merge_at_end", "RuntimeError")  # the plug-in and the error, as a warning
     assert plugin.ending is None and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
@@ -155,19 +155,19 @@ def test_a_resumed_run_of_full_weights_says_the_merge_is_off(toy, texts, caplog)
 
 
 def test_a_sharded_model_is_refused_before_training(toy, texts):
-    with pytest.raises(ValueError, match="cannot sweep a sharded model"):
+    with pytest.raises(ValueError, match="sharded"):
         MergeAtEnd(target=texts).begin(toy.base, context(toy, sharded=True))
 
 
 @pytest.mark.parametrize(
     "make, error, message",
     [
-        (lambda t: ForgetWatchCallback(t.probes, merge_at_end=True), TypeError, "give forgetwatch.MergeAtEnd"),
-        (lambda t: Watch(t.probes, output_dir="x", merge_at_end=True), TypeError, "keyword argument 'merge_at_end'"),
-        (lambda t: MergeAtEnd(target=42), TypeError, "target must be a ProbeSet"),
-        (lambda t: MergeAtEnd(target=[]), ValueError, "target is an empty list"),
-        (lambda t: MergeAtEnd(target=["x"], keep=1.5), ValueError, "keep must be a number in"),
-        (lambda t: MergeAtEnd(target=["x"], alphas=[2]), ValueError, "alpha must be a number in"),
+        (lambda t: ForgetWatchCallback(t.probes, merge_at_end=True), TypeError, "MergeAtEnd"),  # what to give
+        (lambda t: Watch(t.probes, output_dir="x", merge_at_end=True), TypeError, "'merge_at_end'"),
+        (lambda t: MergeAtEnd(target=42), TypeError, "target"),
+        (lambda t: MergeAtEnd(target=[]), ValueError, "target"),
+        (lambda t: MergeAtEnd(target=["x"], keep=1.5), ValueError, "keep.*1.5"),
+        (lambda t: MergeAtEnd(target=["x"], alphas=[2]), ValueError, r"alpha.*\b2\b"),
     ],
 )
 def test_bad_options_fail_before_any_work(toy, make, error, message):
@@ -176,23 +176,22 @@ def test_bad_options_fail_before_any_work(toy, make, error, message):
 
 
 @pytest.mark.slow
-def test_a_weight_unfrozen_during_training_moves_back_to_the_base_too(toy, texts, tmp_path, caplog):
+def test_a_weight_unfrozen_during_training_moves_back_to_the_base_too(toy, texts, tmp_path, warned):
     plugin = MergeAtEnd(target=texts, alphas=(0.5,))
     watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=1)
     model = copy.deepcopy(toy.base)
     model.model.embed_tokens.requires_grad_(False)  # frozen when training starts, trained later
     start(watch, plugin, model, toy.tokenizer)
     model.load_state_dict(toy.tuned.state_dict())  # every weight trained, the embeddings too
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        finish(watch, plugin, model, 1)
-    assert "merge_at_end failed" not in caplog.text
+    finish(watch, plugin, model, 1)
+    assert not warned("merge_at_end")
     assert same_answers(plugin.sweep.answers[0], evaluate(toy.base, toy.tokenizer, toy.probes, show_progress=False))
     half = evaluate(by_hand(toy.base, toy.tuned, 0.5), toy.tokenizer, toy.probes, show_progress=False)
     assert same_answers(plugin.sweep.answers[1], half)
 
 
 @pytest.mark.slow
-def test_alpha_zero_unlike_the_runs_base_is_a_warning_and_nothing_is_written(toy, texts, tmp_path, caplog):
+def test_alpha_zero_unlike_the_runs_base_is_a_warning_and_nothing_is_written(toy, texts, tmp_path, warned):
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(
@@ -204,18 +203,15 @@ def test_alpha_zero_unlike_the_runs_base_is_a_warning_and_nothing_is_written(toy
     # the base model's embeddings trained in place, outside the adapter: no scale of the adapter undoes it
     with torch.no_grad():
         model.base_model.model.model.embed_tokens.weight.normal_(0, 1)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        finish(watch, plugin, model, 1)
-    assert "merge_at_end failed (ValueError: merge_sweep: alpha 0 is not the base" in caplog.text
+    finish(watch, plugin, model, 1)
+    assert warned("merge_at_end", "ValueError", "alpha 0")
     assert plugin.ending is None and not (tmp_path / "sweep.json").exists()
 
 
 def test_save_into_a_merged_that_is_a_file_is_refused_before_training(toy, texts, tmp_path):
     (tmp_path / "merged").write_text("not a folder")
     plugin = MergeAtEnd(target=texts, save=True)
-    with pytest.raises(
-        ValueError, match=f"MergeAtEnd\\(save=True\\): {tmp_path / 'merged'}: exists and is not a folder"
-    ):
+    with pytest.raises(ValueError, match=re.escape(f"save=True): {tmp_path / 'merged'}")):  # the option; the path
         plugin.begin(toy.base, context(toy, store=RunStore(tmp_path)))
 
 

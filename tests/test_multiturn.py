@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from test_probes import field_message, load_error
+from test_probes import load_error
 
 from forgetwatch import ProbeSet, Scorer, Scoring, evaluate
 
@@ -90,26 +90,23 @@ def test_a_tokenizer_without_a_chat_template_is_refused_before_any_model_work(to
 
 
 @pytest.mark.parametrize(
-    "change, field, message",
+    "change, field, names",  # names: the values the error must name, if any
     [
         (
             {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
             "messages[1].role",
-            "the last turn must be the user's",
+            "",
         ),
-        (
-            {"messages": [{"role": "robot", "content": "hi"}]},
-            "messages[0].role",
-            "must be one of system, user, assistant",
-        ),
-        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "is empty"),
-        ({"messages": [{"role": "user", "text": "hi"}]}, "messages[0]", "unknown key 'text'"),
-        ({"messages": "hi"}, "messages", "must be a non-empty list of turns"),
-        ({"question": "The capital is"}, "messages", "not both"),
-        ({"choices": ["a", "b"], "answer": 0}, "messages", "give it no 'choices'"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "system, user, assistant"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", ""),
+        ({"messages": [{"role": "user", "text": "hi"}]}, "messages[0]", "'text'"),
+        ({"messages": "hi"}, "messages", ""),
+        ({"question": "The capital is"}, "messages", ""),
+        ({"choices": ["a", "b"], "answer": 0}, "messages", "'choices'"),
     ],
 )
-def test_a_malformed_conversation_is_one_error_naming_the_line_and_field(toy, tmp_path, change, field, message):
+def test_a_malformed_conversation_is_one_error_naming_the_line_and_field(toy, tmp_path, change, field, names):
     rows = conversation_rows(toy)
-    text, _, _ = load_error(tmp_path, [json.dumps(rows[1]), json.dumps({**rows[0], **change})])
-    assert message in field_message(text, 2, field)
+    err, path = load_error(tmp_path, [json.dumps(rows[1]), json.dumps({**rows[0], **change})])
+    messages = [e.message for e in err.errors if e[:3] == (path, 2, field)]  # beside what follows from it
+    assert any(names in m for m in messages)

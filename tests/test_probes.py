@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -27,135 +26,132 @@ def row(**fields) -> str:
     return json.dumps(fields)
 
 
-def load_error(tmp_path: Path, lines: list[str | bytes]) -> tuple[str, ProbeError, Path]:
+def load_error(tmp_path: Path, lines: list[str | bytes]) -> tuple[ProbeError, str]:
+    """The error loading ``lines`` as a probe file raises, and the file's path."""
     path = write_lines(tmp_path, lines)
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_jsonl(path)
-    return str(info.value), info.value, path
+    return info.value, str(path)
 
 
-def field_message(text: str, line: int, field: str) -> str:
-    """What a ProbeError's ``text`` says of ``field`` on ``line`` of probes.jsonl ("" when it says nothing of it)."""
-    marker = f"probes.jsonl: line {line}: field '{field}': "
-    return text.split(marker, 1)[1].split("\n", 1)[0] if marker in text else ""
+def places(err: ProbeError) -> list[tuple]:
+    """Where each of an error's problems is: (source, line, field)."""
+    return [p[:3] for p in err.errors]
+
+
+def record_error(rows: list) -> ProbeError:
+    with pytest.raises(ProbeError) as info:
+        ProbeSet.from_records(rows)
+    return info.value
 
 
 # -- validation of JSONL files -------------------------------------------------------------------
 
-# (bad row placed on line 2 after a good row, field named in the error, text the message must contain)
+# (bad row placed on line 2 after a good row, field named in the error, the fix the error suggests or None)
 BAD_ROWS = [
-    pytest.param(row(question="q", answer="a"), "id", "missing", id="missing-id"),
+    pytest.param(row(question="q", answer="a"), "id", None, id="missing-id"),
     pytest.param(row(id=7, question="q", answer="a"), "id", 'quote it: "7"', id="id-not-str"),
-    pytest.param(row(id="x", answer="a"), "question", "missing", id="missing-question"),
-    pytest.param(row(id="x", question="  \t", answer="a"), "question", "empty", id="blank-question"),
-    pytest.param(row(id="x", question="q", choices="A or B", answer=0), "choices", "list", id="choices-not-list"),
-    pytest.param(row(id="x", question="q", choices=["only"], answer=0), "choices", "at least 2", id="one-choice"),
-    pytest.param(
-        row(id="x", question="q", choices=["a", " "], answer=0), "choices", "index 1 is empty", id="blank-choice"
-    ),
+    pytest.param(row(id="x", answer="a"), "question", None, id="missing-question"),
+    pytest.param(row(id="x", question="  \t", answer="a"), "question", None, id="blank-question"),
+    pytest.param(row(id="x", question="q", choices="A or B", answer=0), "choices", None, id="choices-not-list"),
+    pytest.param(row(id="x", question="q", choices=["only"], answer=0), "choices", None, id="one-choice"),
+    pytest.param(row(id="x", question="q", choices=["a", " "], answer=0), "choices", None, id="blank-choice"),
     pytest.param(
         row(id="x", question="q", choices=["a", "b", 3], answer=0),
         "choices",
-        "index 2 must be a string",
+        None,
         id="non-str-choice",
     ),
-    pytest.param(row(id="x", question="q", choices=["a", "b"]), "answer", "missing", id="mc-answer-missing"),
-    pytest.param(row(id="x", question="q"), "answer", "missing", id="gen-answer-missing"),
+    pytest.param(row(id="x", question="q", choices=["a", "b"]), "answer", None, id="mc-answer-missing"),
+    pytest.param(row(id="x", question="q"), "answer", None, id="gen-answer-missing"),
     pytest.param(
         row(id="x", question="q", choices=["a", "b", "c"], answer="b"), "answer", "(0 to 2)", id="mc-answer-str"
     ),
-    pytest.param(
-        row(id="x", question="q", choices=["a", "b"], answer=True), "answer", "integer index", id="mc-answer-bool"
-    ),
+    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=True), "answer", None, id="mc-answer-bool"),
     pytest.param(
         row(id="x", question="q", choices=["a", "b", "c"], answer=3),
         "answer",
         "use 0 to 2",
         id="mc-answer-out-of-range",
     ),
-    pytest.param(
-        row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", "out of range", id="mc-answer-negative"
-    ),
+    pytest.param(row(id="x", question="q", choices=["a", "b"], answer=-1), "answer", None, id="mc-answer-negative"),
     pytest.param(row(id="x", question="q", answer=72), "answer", 'quote it: "72"', id="gen-answer-not-str"),
     pytest.param(
         row(id="x", question="q", choices=["a", "b"], answer=0, extract="number"),
         "extract",
-        "extract applies only to generative probes",
+        None,
         id="extract-on-mc",
     ),
-    pytest.param(
-        row(id="x", question="q", answer="1", extract="numbr"), "extract", "unknown extract mode", id="unknown-extract"
-    ),
-    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+"), "extract", "does not compile", id="regex-bad"),
-    pytest.param(
-        row(id="x", question="q", answer="1", extract="\\d+ apples"), "extract", "0 capture groups", id="regex-no-group"
-    ),
+    pytest.param(row(id="x", question="q", answer="1", extract="numbr"), "extract", None, id="unknown-extract"),
+    pytest.param(row(id="x", question="q", answer="1", extract="(\\d+"), "extract", None, id="regex-bad"),
+    pytest.param(row(id="x", question="q", answer="1", extract="\\d+ apples"), "extract", None, id="regex-no-group"),
     pytest.param(
         row(id="x", question="q", answer="1", extract="(\\d+) (apples)"),
         "extract",
-        "2 capture groups",
+        None,
         id="regex-two-groups",
     ),
-    pytest.param(
-        row(id="x", question="q", answer="1", category=3), "category", "must be a string", id="category-not-str"
-    ),
+    pytest.param(row(id="x", question="q", answer="1", category=3), "category", None, id="category-not-str"),
 ]
 
 
-@pytest.mark.parametrize("bad, fld, text", BAD_ROWS)
-def test_bad_row_error_names_file_line_and_field(tmp_path, bad, fld, text):
-    message, err, path = load_error(tmp_path, [json.dumps(MC), bad])
-    assert f"{path}: line 2: field '{fld}': " in message
-    assert text in message
-    assert [e[:3] for e in err.errors] == [(str(path), 2, fld)]
+@pytest.mark.parametrize("bad, fld, fix", BAD_ROWS)
+def test_bad_row_error_names_file_line_and_field(tmp_path, bad, fld, fix):
+    err, path = load_error(tmp_path, [json.dumps(MC), bad])
+    assert places(err) == [(path, 2, fld)]
+    assert fix is None or fix in err.errors[0].message
 
 
-def test_generative_answer_error_explains_and_spots_choices_typo(tmp_path):
-    message, _, _ = load_error(tmp_path, [row(id="x", question="q", choises=["a", "b"], answer=1)])
-    assert "has no 'choices', so it is generative" in message
-    assert "'choises'" in message and "did you mean 'choices'" in message
+def test_the_message_names_file_line_and_field_on_each_line(tmp_path):
+    err, path = load_error(tmp_path, [row(id="x", question="q"), row(question="q", answer="a")])  # the contract's words
+    assert [line.split(": ")[:3] for line in str(err).splitlines()] == [
+        [path, "line 1", "field 'answer'"],
+        [path, "line 2", "field 'id'"],
+    ]
+
+
+def test_generative_answer_error_spots_a_choices_typo(tmp_path):
+    err, path = load_error(tmp_path, [row(id="x", question="q", choises=["a", "b"], answer=1)])
+    assert places(err) == [(path, 1, "answer")]
+    assert "did you mean 'choices'" in err.errors[0].message  # the suggestion
 
 
 def test_mc_answer_written_as_choice_text_suggests_index(tmp_path):
-    message, _, _ = load_error(tmp_path, [row(id="x", question="q", choices=["A", "B"], answer="B")])
-    assert "index 1" in message
+    err, path = load_error(tmp_path, [row(id="x", question="q", choices=["A", "B"], answer="B")])
+    assert places(err) == [(path, 1, "answer")] and "index 1" in err.errors[0].message
 
 
-def test_invalid_json_line(tmp_path):
-    message, err, path = load_error(tmp_path, [json.dumps(MC), '{"id": "x", "question": }'])
-    assert message.startswith(f"{path}: line 2: invalid JSON")
-    assert err.errors[0][1:3] == (2, None)
-
-
-def test_non_object_line(tmp_path):
-    message, _, path = load_error(tmp_path, [json.dumps(MC), '["id", "question"]'])
-    assert f"{path}: line 2: expected a JSON object" in message and "got list" in message
+@pytest.mark.parametrize(
+    "line", ['{"id": "x", "question": }', '["id", "question"]'], ids=["invalid-json", "not-an-object"]
+)
+def test_a_line_that_is_no_json_object_is_named_by_its_number(tmp_path, line):
+    err, path = load_error(tmp_path, [json.dumps(MC), line])
+    assert places(err) == [(path, 2, None)]
 
 
 def test_non_utf8_line_reports_its_line_number(tmp_path):
     latin1 = json.dumps({"id": "x", "question": "café", "answer": "1"}, ensure_ascii=False).encode("latin-1")
-    message, err, path = load_error(tmp_path, [json.dumps(MC), "", latin1, json.dumps(GEN)])
-    assert f"{path}: line 3: not valid UTF-8" in message
-    assert len(err.errors) == 1
+    err, path = load_error(tmp_path, [json.dumps(MC), "", latin1, json.dumps(GEN)])
+    assert places(err) == [(path, 3, None)]
 
 
 def test_duplicate_id_names_first_occurrence(tmp_path):
-    message, _, path = load_error(tmp_path, [json.dumps(MC), json.dumps(GEN), json.dumps({**GEN, "answer": "7"})])
-    assert f"{path}: line 3: field 'id': duplicate id 'gen1' (first used on line 2)" in message
+    err, path = load_error(tmp_path, [json.dumps(MC), json.dumps(GEN), json.dumps({**GEN, "answer": "7"})])
+    assert places(err) == [(path, 3, "id")] and "line 2" in err.errors[0].message
 
 
 @pytest.mark.parametrize("lines", [[], ["", "   ", "\t"]], ids=["empty", "blank-only"])
 def test_file_without_probes_is_an_error(tmp_path, lines):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n".join(lines))
-    with pytest.raises(ProbeError, match="no probes found") as info:
+    with pytest.raises(ProbeError) as info:
         ProbeSet.from_jsonl(path)
-    assert str(path) in str(info.value)
+    assert places(info.value) == [(str(path), None, None)]
 
 
 def test_missing_file_is_file_not_found(tmp_path):
     path = tmp_path / "nope.jsonl"
-    with pytest.raises(FileNotFoundError, match="probe file not found") as info:
+    with pytest.raises(FileNotFoundError) as info:
         ProbeSet.from_jsonl(path)
     assert not isinstance(info.value, ProbeError)
     assert str(path) in str(info.value)
@@ -170,7 +166,7 @@ def test_all_bad_rows_reported_together(tmp_path):
         row(id="b", question="", choices=["x"], answer="x"),  # line 5: question, choices, answer
         row(id="b", question="q", choices=["x", ""], answer=2),  # line 6: id (dup of a bad row), choices, answer
     ]
-    message, err, _ = load_error(tmp_path, lines)
+    err, _ = load_error(tmp_path, lines)
     assert [(e[1], e[2]) for e in err.errors] == [
         (2, "answer"),
         (3, None),
@@ -181,16 +177,14 @@ def test_all_bad_rows_reported_together(tmp_path):
         (6, "choices"),
         (6, "answer"),
     ]
-    assert "first used on line 5" in message
+    assert "line 5" in err.errors[5].message  # the duplicate id's first use
 
 
 def test_error_report_is_capped(tmp_path):
     lines = [row(id=f"q{i}", question="q", answer=i) for i in range(MAX_REPORTED_ERRORS + 5)]
-    message, err, path = load_error(tmp_path, lines)
-    assert len(err.errors) == MAX_REPORTED_ERRORS + 1
-    assert [e[1] for e in err.errors[:-1]] == list(range(1, MAX_REPORTED_ERRORS + 1))
-    assert err.errors[-1][1:3] == (None, None) and "5 more problem(s) not shown" in err.errors[-1][3]
-    assert message.splitlines()[-1].startswith(f"{path}: ")
+    err, path = load_error(tmp_path, lines)
+    assert places(err) == [(path, line, "answer") for line in range(1, MAX_REPORTED_ERRORS + 1)] + [(path, None, None)]
+    assert "5 more" in err.errors[-1].message  # the count of those not shown
 
 
 def test_valid_file_loads_with_blank_lines_bom_and_meta(tmp_path):
@@ -224,11 +218,10 @@ def test_regex_extract_with_one_group_is_accepted(tmp_path):
 def test_from_records_errors_name_record_numbers():
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_records([MC, {**GEN, "answer": 4}, "not a dict", MC], source="mine")
-    message = str(info.value)
-    assert "mine: record 2: field 'answer': " in message
-    assert "mine: record 3: expected a mapping" in message
-    assert "mine: record 4: field 'id': duplicate id 'mc1' (first used on record 1)" in message
-    assert "line" not in message
+    err = info.value
+    assert places(err) == [("mine", 2, "answer"), ("mine", 3, None), ("mine", 4, "id")]
+    assert err.unit == "record" and "record 1" in err.errors[2].message  # the duplicate's first use
+    assert "line" not in str(err)
 
 
 # -- from_hf presets --------------------------------------------------------------------------------
@@ -302,8 +295,9 @@ def test_arc_preset_with_letter_and_digit_keys():
 
 def test_arc_answer_key_not_in_labels():
     bad = {"id": "a", "question": "q", "answerKey": "E", "choices": {"text": ["x", "y"], "label": ["A", "B"]}}
-    with pytest.raises(ProbeError, match=r"dataset row 0: field 'answerKey': 'E' is not one of"):
+    with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf([bad], "arc")
+    assert places(info.value) == [("<dataset>", 0, "answerKey")] and info.value.unit == "dataset row"
 
 
 HELLASWAG_ROW = {
@@ -340,8 +334,9 @@ def test_hellaswag_preset_preprocesses_like_lm_eval():
 
 
 def test_hellaswag_unlabelled_row_is_an_error():
-    with pytest.raises(ProbeError, match=r"dataset row 0: field 'label': '' is not an integer"):
+    with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf([{**HELLASWAG_ROW, "label": ""}], "hellaswag")
+    assert places(info.value) == [("<dataset>", 0, "label")]
 
 
 def test_gsm8k_preset():
@@ -366,11 +361,8 @@ def test_preset_missing_column_names_it_and_lists_row_columns():
     rows = [MMLU_ROW, {"question": "q", "choices": ["a", "b"], "answer": 0}, {**MMLU_ROW, "answer": 9}]
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, "mmlu", source="cais/mmlu")
-    lines = str(info.value).splitlines()
-    assert lines[0].startswith("cais/mmlu: dataset row 1: field 'subject': missing column 'subject'")
-    assert "this row has columns: question, choices, answer (preset 'mmlu')" in lines[0]
-    assert lines[1].startswith("cais/mmlu: dataset row 2: field 'answer': index 9 is out of range")
-    assert len(lines) == 2
+    assert places(info.value) == [("cais/mmlu", 1, "subject"), ("cais/mmlu", 2, "answer")]
+    assert "question, choices, answer" in info.value.errors[0].message  # the columns the row has
 
 
 def test_from_hf_with_a_real_dataset_and_limit():
@@ -422,19 +414,19 @@ def test_column_mapping_problems_are_row_errors():
     rows = [{"prompt": "p", "gold": "a"}, {"text": "p", "gold": "b"}, {"prompt": "p"}]
     with pytest.raises(ProbeError) as info:
         ProbeSet.from_hf(rows, columns={"question": "prompt", "answer": lambda r: r["gold"]})
-    message = str(info.value)
-    assert "dataset row 1: field 'prompt': missing column 'prompt'; this row has columns: text, gold" in message
-    assert "dataset row 2: field 'answer': column function raised KeyError" in message
+    assert places(info.value) == [("<dataset>", 1, "prompt"), ("<dataset>", 2, "answer")]
+    missing, raised = info.value.errors
+    assert "text, gold" in missing.message and "KeyError" in raised.message  # the columns it has; what was raised
 
 
 def test_from_hf_argument_errors():
-    with pytest.raises(ValueError, match="either preset= or columns=, not both"):
+    with pytest.raises(ValueError, match="preset=.*columns="):
         ProbeSet.from_hf([MMLU_ROW], "mmlu", columns={"question": "question"})
-    with pytest.raises(ValueError, match="unknown preset 'mmul'"):
+    with pytest.raises(ValueError, match="'mmul'"):
         ProbeSet.from_hf([MMLU_ROW], "mmul")
-    with pytest.raises(ValueError, match="unknown probe field"):
+    with pytest.raises(ValueError, match="'prompt'"):
         ProbeSet.from_hf([MMLU_ROW], columns={"prompt": "question"})
-    with pytest.raises(TypeError, match="pick a split"):
+    with pytest.raises(TypeError, match="'test'"):  # a dataset dict: the split it could take
         ProbeSet.from_hf({"test": [MMLU_ROW]}, "mmlu")
 
 
@@ -487,7 +479,7 @@ def test_sample_stratified_allocation(counts, n, expected):
 def test_sample_bounds():
     probes = make_set({"a": 3})
     assert probes.sample(3).ids == probes.ids
-    with pytest.raises(ValueError, match="cannot sample 4"):
+    with pytest.raises(ValueError, match=r"\b4\b"):
         probes.sample(4)
 
 
@@ -523,24 +515,24 @@ def test_fingerprint_tracks_content_and_scoring_not_meta(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "row, field, words",
+    "row, field, token",  # token: the character or the index the error must name
     [
-        ({"id": "a\x00", "question": "q", "answer": "1"}, "id", "control character (U+0000)"),
-        ({"id": "a\tb", "question": "q", "answer": "1"}, "id", "control character (U+0009)"),
-        ({"id": "a", "category": "x\ny", "question": "q", "answer": "1"}, "category", "control character"),
-        ({"id": "a", "question": "q\x07", "answer": "1"}, "question", "control character (U+0007)"),
-        ({"id": "a", "question": "q", "answer": "1\x1b"}, "answer", "control character"),
-        ({"id": "a", "question": "q", "choices": ["x", "y\x00"], "answer": 0}, "choices", "index 1 has a control"),
-        ({"id": "a\udc80", "question": "q", "answer": "1"}, "id", "lone surrogate (U+DC80)"),
-        ({"id": "a", "question": "q\ud800", "answer": "1"}, "question", "lone surrogate"),
-        ({"id": "a", "question": "q", "choices": ["x", "y", "x"], "answer": 2}, "choices", "index 2 repeats choice 0"),
-        ({"id": "a", "question": "q", "answer": "about six", "extract": "number"}, "answer", "not a number"),
-        ({"id": "a", "question": "q", "answer": "B or C", "extract": "letter"}, "answer", "not a single letter"),
+        ({"id": "a\x00", "question": "q", "answer": "1"}, "id", "U+0000"),
+        ({"id": "a\tb", "question": "q", "answer": "1"}, "id", "U+0009"),
+        ({"id": "a", "category": "x\ny", "question": "q", "answer": "1"}, "category", "U+000A"),
+        ({"id": "a", "question": "q\x07", "answer": "1"}, "question", "U+0007"),
+        ({"id": "a", "question": "q", "answer": "1\x1b"}, "answer", "U+001B"),
+        ({"id": "a", "question": "q", "choices": ["x", "y\x00"], "answer": 0}, "choices", "index 1"),
+        ({"id": "a\udc80", "question": "q", "answer": "1"}, "id", "U+DC80"),
+        ({"id": "a", "question": "q\ud800", "answer": "1"}, "question", "U+D800"),
+        ({"id": "a", "question": "q", "choices": ["x", "y", "x"], "answer": 2}, "choices", "index 2"),
+        ({"id": "a", "question": "q", "answer": "about six", "extract": "number"}, "answer", "'about six'"),
+        ({"id": "a", "question": "q", "answer": "B or C", "extract": "letter"}, "answer", "'B or C'"),
     ],
 )
-def test_rows_a_file_cannot_keep_or_that_can_never_be_right_are_refused(row, field, words):
-    with pytest.raises(ProbeError, match=f"record 1: field '{field}': .*{re.escape(words)}"):
-        ProbeSet.from_records([row])
+def test_rows_a_file_cannot_keep_or_that_can_never_be_right_are_refused(row, field, token):
+    err = record_error([row])
+    assert places(err) == [("<records>", 1, field)] and token in err.errors[0].message
 
 
 def test_layout_in_prompts_and_the_usual_answers_stay_fine():
@@ -557,13 +549,15 @@ def test_layout_in_prompts_and_the_usual_answers_stay_fine():
 def test_a_surrogate_escape_in_a_file_is_named_by_line(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "a", "question": "q", "answer": "1"}\n{"id": "b\\ud800", "question": "q", "answer": "1"}\n')
-    with pytest.raises(ProbeError, match="line 2: field 'id': has a lone surrogate"):
+    with pytest.raises(ProbeError) as info:
         ProbeSet.from_jsonl(path)
+    assert places(info.value) == [(str(path), 2, "id")]
 
 
 def test_reading_stops_at_a_line_without_end(tmp_path):
-    with pytest.raises(ProbeError, match="/dev/zero: line 1: is over 16 MiB with no line break"):
+    with pytest.raises(ProbeError) as info:
         ProbeSet.from_jsonl("/dev/zero")  # read without limit before
+    assert places(info.value) == [("/dev/zero", 1, None)] and "16 MiB" in str(info.value)  # the limit
 
 
 def test_a_huge_question_loads_with_one_warning(caplog):
@@ -571,8 +565,8 @@ def test_a_huge_question_loads_with_one_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         probes = ProbeSet.from_records(rows)
     assert len(probes) == 3
-    warned = [r for r in caplog.records if "longer than" in r.getMessage()]
-    assert len(warned) == 1 and "3 question(s)" in warned[0].getMessage()
+    (warned,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "3 question" in warned.getMessage()  # how many
 
 
 # --- values strict JSON cannot hold, or a later step could not handle (refused at load) ----------
@@ -581,57 +575,56 @@ BIG = "1" + "0" * 5000  # Python refuses to convert more than 4300 digits to or 
 
 
 @pytest.mark.parametrize(
-    "extra, field, words",
+    "extra, field, token",  # token: the value the error must name
     [
-        (f'"n": {BIG}', "n", "integer of 5001 digits"),
-        (f'"n": [1, -{BIG}]', "n[1]", "integer of 5001 digits"),
-        ('"score": NaN', "score", "NaN is not JSON"),
-        ('"meta": {"lo": -Infinity}', "meta.lo", "-Infinity is not JSON"),
-        ('"x": 1e999', "x", "'1e999' is too large for a number"),
-        ('"note": "a\\ud800"', "note", "lone surrogate (U+D800)"),
-        ('"tags": {"\\udfff": 1}', "tags.\\udfff", "the name has a lone surrogate"),
-        ('"deep": ' + "[" * 150 + "]" * 150, "deep" + "[0]" * 5, "nested more than 100 levels"),
+        (f'"n": {BIG}', "n", "5001 digits"),
+        (f'"n": [1, -{BIG}]', "n[1]", "5001 digits"),
+        ('"score": NaN', "score", "NaN"),
+        ('"meta": {"lo": -Infinity}', "meta.lo", "-Infinity"),
+        ('"x": 1e999', "x", "1e999"),
+        ('"note": "a\\ud800"', "note", "U+D800"),
+        ('"tags": {"\\udfff": 1}', "tags.\udfff", "U+DFFF"),
+        ('"deep": ' + "[" * 150 + "]" * 150, "deep" + "[0]" * 5, "100"),
     ],
 )
-def test_a_value_strict_json_cannot_hold_is_refused_naming_line_and_field(tmp_path, extra, field, words):
+def test_a_value_strict_json_cannot_hold_is_refused_naming_line_and_field(tmp_path, extra, field, token):
     good = '{"id": "a", "question": "q", "answer": "1"}'
-    message, _, path = load_error(tmp_path, [good, '{"id": "b", "question": "q", "answer": "1", ' + extra + "}"])
-    assert message.startswith(f"{path}: line 2: field '{field}") and words in message
+    err, path = load_error(tmp_path, [good, '{"id": "b", "question": "q", "answer": "1", ' + extra + "}"])
+    (problem,) = err.errors
+    assert problem.source == path and problem.line == 2 and problem.key.startswith(field) and token in problem.message
 
 
 def test_brackets_thousands_deep_are_refused_not_a_recursion_error(tmp_path):
-    message, _, path = load_error(
+    err, path = load_error(
         tmp_path, ['{"id": "b", "question": "q", "answer": "1", "n": ' + "[" * 5000 + "]" * 5000 + "}"]
     )
-    assert message.startswith(f"{path}: line 1: is nested more than 100 levels deep")
+    assert places(err) == [(path, 1, None)]
 
 
 @pytest.mark.parametrize(
-    "extra, field, words",
+    "extra, field, token",  # token: the value the error must name
     [
-        ({"score": float("nan")}, "score", "is nan, which strict JSON cannot hold"),
-        ({"meta": {"hi": [0.5, float("inf")]}}, "meta.hi[1]", "is inf"),
-        ({"n": 10**5000}, "n", "integer of more than 640 digits"),
-        ({"note": "\udc80"}, "note", "lone surrogate (U+DC80)"),
-        ({"when": object()}, "when", "not a JSON value"),
+        ({"score": float("nan")}, "score", "nan"),
+        ({"meta": {"hi": [0.5, float("inf")]}}, "meta.hi[1]", "inf"),
+        ({"n": 10**5000}, "n", "640 digits"),
+        ({"note": "\udc80"}, "note", "U+DC80"),
+        ({"when": object()}, "when", "(object)"),
     ],
 )
-def test_a_record_value_strict_json_cannot_hold_is_refused_naming_the_field(extra, field, words):
-    with pytest.raises(ProbeError, match=f"record 1: field '{re.escape(field)}': .*{re.escape(words)}"):
-        ProbeSet.from_records([{"id": "a", "question": "q", "answer": "1", **extra}])
+def test_a_record_value_strict_json_cannot_hold_is_refused_naming_the_field(extra, field, token):
+    err = record_error([{"id": "a", "question": "q", "answer": "1", **extra}])
+    assert places(err) == [("<records>", 1, field)] and token in err.errors[0].message
 
 
 def test_a_record_with_a_key_that_is_not_a_string_is_refused():
-    with pytest.raises(ProbeError, match=r"record 1: has key 3 \(int\): JSON keys are strings"):
-        ProbeSet.from_records([{"id": "a", "question": "q", "answer": "1", 3: "x"}])
+    err = record_error([{"id": "a", "question": "q", "answer": "1", 3: "x"}])
+    assert places(err) == [("<records>", 1, None)] and "key 3" in err.errors[0].message
 
 
 def test_an_answer_no_number_could_reach_is_refused_at_load(tmp_path):
     # written out in full, this number has 10**18 digits: it used to fill memory at load
-    message, _, path = load_error(
-        tmp_path, [row(id="a", question="q", answer="1e999999999999999999", extract="number")]
-    )
-    assert f"{path}: line 1: field 'answer': '1e999999999999999999' is not a number" in message
+    err, path = load_error(tmp_path, [row(id="a", question="q", answer="1e999999999999999999", extract="number")])
+    assert places(err) == [(path, 1, "answer")]
 
 
 def test_probes_are_written_as_strict_json(tmp_path):

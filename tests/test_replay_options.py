@@ -65,9 +65,9 @@ def test_a_pool_alone_is_replayed_with_the_defaults_and_a_path_is_refused(toy):
     assert isinstance(callback.replay, Replay) and callback.replay.weight == 1.0
     given = Replay(POOL, weight=2.0)
     assert ForgetWatchCallback(toy.probes, replay=given).replay is given
-    with pytest.raises(TypeError, match=r"give a ReplayPool \(ReplayPool.from_jsonl\(path\)\)"):
+    with pytest.raises(TypeError, match=r"ReplayPool.from_jsonl\(path\)"):  # the way to make one
         ForgetWatchCallback(toy.probes, replay="pool.jsonl")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'replay'"):  # the watch only watches
+    with pytest.raises(TypeError, match="'replay'"):  # the watch only watches
         Watch(toy.probes, output_dir="x", replay=POOL)
 
 
@@ -84,8 +84,10 @@ def test_a_frameworks_replay_keys_build_the_replay(tmp_path):
     assert (settings.replay.loss, settings.replay.weight, len(settings.replay.pool)) == ("kl", 3.0, 1)
     with pytest.raises(ConfigError) as info:
         FrameworkSettings.from_keys({**keys, "forgetwatch_replay_weight": "auto"}, "train.yaml")
-    assert str(info.value).startswith("train.yaml: key 'forgetwatch_replay_weight': weight=\"auto\" is retired")
-    with pytest.raises(ConfigError, match="replay options need a pool: set FORGETWATCH_REPLAY"):
+    assert [(e.source, e.key) for e in info.value.errors] == [("train.yaml", "forgetwatch_replay_weight")]
+    assert "retired" in str(info.value)
+    with pytest.raises(ConfigError) as info:
         FrameworkSettings.from_environ(
             {"FORGETWATCH_PROBES": "configs/probes/general_knowledge.jsonl", "FORGETWATCH_REPLAY_SELECT": "uniform"}
         )
+    assert "FORGETWATCH_REPLAY" in str(info.value)  # the pool's variable, to set

@@ -20,6 +20,16 @@ def write(path, lines):
     return path
 
 
+def places(err: ReplayPoolError) -> list[tuple]:
+    """Where each of an error's problems is: (line, field)."""
+    return [(e.line, e.key) for e in err.errors]
+
+
+def names_both(err: ValueError, row_id: str, probe_id: str) -> bool:
+    """Whether the leak error names the row and the probe whose question it holds."""
+    return f"'{row_id}'" in str(err) and f"'{probe_id}'" in str(err)
+
+
 def test_a_pool_file_loads_text_and_chats(tmp_path):
     path = write(
         tmp_path / "pool.jsonl",
@@ -51,22 +61,31 @@ def test_every_bad_row_is_named_by_file_line_and_field(tmp_path):
     )
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_jsonl(path)
-    where = [(e.line, e.key) for e in info.value.errors]
-    assert where == [(2, None), (3, None), (4, "id"), (5, "messages"), (6, "id"), (7, None), (8, None), (9, "text")]
-    assert str(info.value).splitlines()[0].startswith(f"{path}: line 2: ")
-    assert "line 6: field 'id': duplicate id 'r1' (first used on line 1)" in str(info.value)
+    assert places(info.value) == [
+        (2, None),
+        (3, None),
+        (4, "id"),
+        (5, "messages"),
+        (6, "id"),
+        (7, None),
+        (8, None),
+        (9, "text"),
+    ]
+    assert {e.source for e in info.value.errors} == {str(path)}
+    assert "line 1" in info.value.errors[4].message  # the repeated id's first use
 
 
 def test_from_records_and_from_hf(tmp_path):
     datasets = pytest.importorskip("datasets")
     pool = ReplayPool.from_records([{"id": "a", "text": "t"}])
     assert pool[0].text == "t"
-    with pytest.raises(ReplayPoolError, match="record 1: field 'text'"):
+    with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_records([{"id": "a", "text": 3}])
+    assert places(info.value) == [(1, "text")] and info.value.unit == "record"
     data = datasets.Dataset.from_dict({"body": ["one", "two"], "key": ["k1", "k2"]})
     pool = ReplayPool.from_hf(data, text="body", id="key", category="wiki")
     assert [(r.id, r.text, r.category) for r in pool] == [("k1", "one", "wiki"), ("k2", "two", "wiki")]
-    with pytest.raises(ValueError, match="text=COLUMN or messages=COLUMN"):
+    with pytest.raises(ValueError, match="text=.*messages="):
         ReplayPool.from_hf(data)
 
 
@@ -76,7 +95,7 @@ def test_chat_rows_are_rendered_with_the_chat_template(toy):
     row = ReplayPool.from_records([{"id": "c", "messages": [{"role": "user", "content": "Hi"}]}])[0]
     assert row.render(tokenizer) == "<user>Hi\n"
     tokenizer.chat_template = None
-    with pytest.raises(ValueError, match="no chat template"):
+    with pytest.raises(ValueError, match="chat template"):
         row.render(tokenizer)
 
 
@@ -107,10 +126,9 @@ def test_the_overlap_check_equals_a_brute_force_search():
     expected = plain_overlaps(rows, probes)
     assert len(expected) >= 40
     pool, probe_set = ReplayPool.from_records(rows), ProbeSet.from_records(probes)
-    with pytest.raises(ValueError, match="holds probe questions") as info:
+    with pytest.raises(ValueError) as info:
         pool.check_disjoint(probe_set)
-    for row_id, probe_id in expected[:20]:
-        assert f"row '{row_id}' contains the question of probe '{probe_id}'" in str(info.value)
+    assert all(names_both(info.value, row_id, probe_id) for row_id, probe_id in expected[:20])
     from forgetwatch.replay.pool import overlaps
 
     assert sorted(overlaps(pool, probe_set)) == sorted(expected)
@@ -146,8 +164,9 @@ def test_the_leak_check_sees_the_question_in_any_written_form(form):
     pool = ReplayPool.from_records(
         [{"id": "ok", "text": "Rivers: the Vo flows north."}, {"id": "r", "text": f"Notes.{hidden} The Vo."}]
     )
-    with pytest.raises(ValueError, match=r"row 'r' contains the question of probe 'p'$"):
+    with pytest.raises(ValueError) as info:
         pool.check_disjoint(probes)
+    assert names_both(info.value, "r", "p") and "'ok'" not in str(info.value)
 
 
 def test_folding_keeps_words_apart_that_differ():
@@ -197,8 +216,7 @@ def test_lone_surrogates_and_values_that_cannot_be_kept_are_refused_at_load(tmp_
     )
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_jsonl(path)
-    where = [(e.line, e.key) for e in info.value.errors]
-    assert where == [
+    assert places(info.value) == [
         (1, "id"),
         (2, "text"),
         (3, "messages[0].content"),
@@ -207,9 +225,10 @@ def test_lone_surrogates_and_values_that_cannot_be_kept_are_refused_at_load(tmp_
         (6, "id"),
         (7, "messages[0].meta"),
     ]
-    assert "lone surrogate (U+D800)" in str(info.value) and "integer of 700 digits" in str(info.value)
-    with pytest.raises(ReplayPoolError, match=r"record 1: field 'messages\[0\].x\[0\]': is nan"):
+    assert "U+D800" in info.value.errors[0].message and "700 digits" in info.value.errors[6].message  # the values
+    with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_records([{"id": "a", "messages": [{"role": "user", "content": "c", "x": [float("nan")]}]}])
+    assert places(info.value) == [(1, "messages[0].x[0]")]
 
 
 # -- prompt rows: answered by the base model when training begins ------------------------------
@@ -236,23 +255,24 @@ def test_from_prompts_takes_strings_dicts_and_a_mapping_of_categories():
     assert [(r.id, r.category) for r in pool] == [("p0", "geo"), ("p1", "geo"), ("p2", "math")]
     assert pool.categories == ["geo", "math"] and pool[1:].answering == pool.answering
     # what a prompt row trains on is not known before the base model answers it
-    with pytest.raises(ValueError, match="replay row 'p0' is a prompt"):
+    with pytest.raises(ValueError, match="'p0'"):
         pool[0].render(None)
     # a pool without prompt rows has no answering settings
     assert ReplayPool.from_records([{"id": "r", "text": "t"}], max_new_tokens=8).answering is None
 
 
 def test_from_prompts_refuses_what_is_no_list_of_prompts():
-    with pytest.raises(TypeError, match="not one string"):
+    with pytest.raises(TypeError):
         ReplayPool.from_prompts("Name a river.")
-    with pytest.raises(TypeError, match="category 'geo': give a list of prompt strings, got str"):
+    with pytest.raises(TypeError, match="'geo'"):
         ReplayPool.from_prompts({"geo": "Name a river."})
-    with pytest.raises(ValueError, match="mapping's keys or as category=, not both"):
+    with pytest.raises(ValueError, match="category="):
         ReplayPool.from_prompts({"geo": ["Name a river."]}, category="geo")
-    with pytest.raises(ValueError, match="category= is empty"):
+    with pytest.raises(ValueError, match="category="):
         ReplayPool.from_prompts(["Name a river."], category=" ")
-    with pytest.raises(ReplayPoolError, match="no rows found"):
+    with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_prompts([])
+    assert places(info.value) == [(None, None)] and info.value.errors[0].source == "<prompts>"
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_prompts(
             [
@@ -264,19 +284,10 @@ def test_from_prompts_refuses_what_is_no_list_of_prompts():
                 {"prompt": "ok", "category": ""},
             ]
         )
-    assert [(e.line, e.key) for e in info.value.errors] == [
-        (1, "id"),
-        (2, None),
-        (2, None),
-        (3, None),
-        (4, "prompt"),
-        (5, "category"),
-    ]
-    message = str(info.value)
-    assert "<prompts>: prompt 1: field 'id': duplicate id 'p0' (first used on prompt 0)" in message
-    assert "prompt 2: give 'prompt' (text the base model answers, its answer trained on); this row has none" in message
-    assert "prompt 2: unknown field(s) 'text'; a row holds id, prompt, category" in message
-    assert "prompt 3: expected a prompt (a string) or a dict {id?, prompt, category?}, got int" in message
+    assert places(info.value) == [(1, "id"), (2, None), (2, None), (3, None), (4, "prompt"), (5, "category")]
+    assert info.value.unit == "prompt" and {e.source for e in info.value.errors} == {"<prompts>"}
+    first_use, no_prompt, unknown, _, _, _ = info.value.errors
+    assert "prompt 0" in first_use.message and "'text'" in unknown.message  # the first use; the unknown field
 
 
 @pytest.mark.parametrize(
@@ -308,8 +319,9 @@ def test_a_prompt_holding_a_probe_question_is_refused_naming_both():
         ]
     )
     pool = ReplayPool.from_prompts({"geo": ["Name a river of Zeta.", "Complete: the CAPITAL of zeta is"]})
-    with pytest.raises(ValueError, match=r"row 'p1' contains the question of probe 'cap/zeta'$"):
+    with pytest.raises(ValueError) as info:
         pool.check_disjoint(probes)
+    assert names_both(info.value, "p1", "cap/zeta") and "'p0'" not in str(info.value)
     ReplayPool.from_prompts(["Name a river of Zeta."]).check_disjoint(probes)
 
 
@@ -339,19 +351,9 @@ def test_a_pool_file_holds_prompt_rows_among_the_others(tmp_path):
     )
     with pytest.raises(ReplayPoolError) as info:
         ReplayPool.from_jsonl(bad)
-    assert [(e.line, e.key) for e in info.value.errors] == [
-        (2, None),
-        (3, "prompt"),
-        (4, "prompt"),
-        (5, None),
-        (6, "prompt"),
-        (7, None),
-    ]
-    message = str(info.value)
-    assert f"{bad}: line 2: give exactly one of 'text' (text to train on), 'messages'" in message
-    assert "this row has 'text' and 'prompt'" in message
-    assert "line 5: unknown field(s) 'answer'; a row holds id, text, messages or prompt, category" in message
-    assert "line 7: give exactly one of" in message and "this row has none" in message
+    assert places(info.value) == [(2, None), (3, "prompt"), (4, "prompt"), (5, None), (6, "prompt"), (7, None)]
+    two, _, _, unknown, _, _ = info.value.errors
+    assert "'text' and 'prompt'" in two.message and "'answer'" in unknown.message  # the fields it found
 
 
 def test_the_fingerprint_covers_prompts_and_how_they_are_answered():
@@ -378,7 +380,7 @@ def test_a_prompt_s_model_input_as_token_ids():
     assert pool.prompt_ids(tokenizer) == {"q": ids}
     # as a chat: the prompt is a user turn, followed by the generation prompt; BOS once
     chat = ReplayPool.from_records([{"id": "q", "prompt": "Hi"}], chat_template=True)
-    with pytest.raises(ValueError, match=r"prompt rows \('q'\) are answered as chats .* no chat template"):
+    with pytest.raises(ValueError, match=r"'q'.*chat template"):
         chat.prompt_ids(tokenizer)
     tokenizer.chat_template = (
         "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -398,5 +400,5 @@ def test_from_hf_reads_a_column_of_prompts():
         ("1", "Add 2 and 3.", "mixed"),
     ]
     assert pool.answering.max_new_tokens == 12
-    with pytest.raises(ValueError, match="prompt=COLUMN"):
+    with pytest.raises(ValueError, match="prompt="):
         ReplayPool.from_hf(data, text="instruction", prompt="instruction")

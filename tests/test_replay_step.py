@@ -39,23 +39,18 @@ def sentences(n):
 
 def test_a_pool_of_one_token_rows_is_refused_before_training(small):
     pool = ReplayPool.from_records([{"id": f"r{i}", "text": c} for i, c in enumerate("abcdefg")])
-    with pytest.raises(
-        ReplayPoolError,
-        match=r"no row is longer than one token once tokenized \(7 row\(s\): "
-        r"'r0', 'r1', 'r2', 'r3', 'r4' and 2 more\)",
-    ):
+    with pytest.raises(ReplayPoolError, match=r"\b7\b.*'r0', 'r1', 'r2', 'r3', 'r4' and 2 more"):  # how many; which
         begun(Replay(pool), small.model, small.tokenizer)
 
 
-def test_rows_too_short_are_counted_once_and_never_drawn(small, caplog):
+def test_rows_too_short_are_counted_once_and_never_drawn(small, warned):
     pool = ReplayPool.from_records(
         [{"id": "a", "text": "a", "category": "short"}, *sentences(3), {"id": "b", "text": "b"}]
     )
     replay = Replay(pool, batch_size=4)
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        begun(replay, small.model, small.tokenizer)
+    begun(replay, small.model, small.tokenizer)
     assert replay.dropped == ["a", "b"]
-    assert caplog.text.count("2 of the 5 replay rows are shorter than two tokens") == 1
+    assert len(warned("2 of the 5")) == 1  # how many rows, of how many
     drawn = {r.id for _ in range(10) for r in replay.sampler.next_batch(4, replay.weights)}
     assert drawn == {"r0", "r1", "r2"}  # a category with no usable row ("short") is not drawn from either
     assert replay.sampler.categories == ["all"]
@@ -68,24 +63,17 @@ def trainers_gradient(small, model):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, caplog):
+def test_a_failure_while_replaying_switches_replay_off_and_never_reaches_the_trainer(small, warned):
     model = OutOfMemoryAbove(copy.deepcopy(small.model), limit=2)  # a replay micro-batch of 4 rows runs out
     replay = Replay(ReplayPool.from_records(sentences(8)), batch_size=4)
     begun(replay, model, small.tokenizer)
     before = trainers_gradient(small, model)
-    with caplog.at_level("WARNING", logger="forgetwatch"):
-        for _ in range(3):  # the trainer's optimizer steps go on; replay is tried once, then off
-            replay.before_optimizer_step(model)
+    for _ in range(3):  # the trainer's optimizer steps go on; replay is tried once, then off
+        replay.before_optimizer_step(model)
     for name, p in model.named_parameters():  # the failed step left the trainer's gradient as it was
         torch.testing.assert_close(p.grad, before[name], rtol=0, atol=0, msg=name)
     assert model.sizes == [4]
-    assert (
-        caplog.text.count(
-            "replay failed (OutOfMemoryError: CUDA out of memory (injected)) and is switched "
-            "off for the rest of this run"
-        )
-        == 1
-    )
+    assert len(warned("replay", "OutOfMemoryError")) == 1  # what failed, and how
     assert replay.off and replay.metrics() == {}  # no weight logged for what was not replayed
     assert replay.sampler.drawn == 3  # still one draw per step: a resume draws the same rows as this run
 
@@ -104,5 +92,5 @@ def test_a_replay_that_works_still_adds_its_gradient(small):
 
 
 def test_stepping_before_the_run_began_is_a_programming_error(small):
-    with pytest.raises(RuntimeError, match=r"Replay.before_optimizer_step\(\) before the run began"):
+    with pytest.raises(RuntimeError, match=r"Replay.before_optimizer_step\(\)"):
         Replay(ReplayPool.from_records(sentences(2))).before_optimizer_step(small.model)

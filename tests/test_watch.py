@@ -73,24 +73,23 @@ def test_a_users_sink_hears_the_base_every_evaluation_and_the_end(toy, tmp_path)
     assert watch.finish(toy.tuned, 6) is None  # once per run
 
 
-def test_a_failing_sink_warns_and_the_others_go_on(toy, tmp_path, caplog):
+def test_a_failing_sink_warns_and_the_others_go_on(toy, tmp_path, warned):
     sink = Recorder()
     watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[Broken(), sink], output=QUIET)
     watch.start(toy.base, toy.tokenizer)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        watch.evaluate(toy.tuned, 2)
-        watch.evaluate(toy.tuned, 4)
-    assert caplog.text.count("the sink Broken failed in on_evaluation (OSError: disk full)") == 2
+    watch.evaluate(toy.tuned, 2)
+    watch.evaluate(toy.tuned, 4)
+    assert len(warned("Broken", "on_evaluation", "OSError", "disk full")) == 2
     assert [e.step for e in sink.evaluations] == [2, 4]
     steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert steps == [2, 4]
 
 
-def test_nan_outputs_are_an_error_when_scoring_and_a_skipped_evaluation_while_training(toy, tmp_path, caplog):
+def test_nan_outputs_are_an_error_when_scoring_and_a_skipped_evaluation_while_training(toy, tmp_path, warned):
     broken = copy.deepcopy(toy.tuned)
     with torch.no_grad():
         broken.get_input_embeddings().weight.fill_(float("nan"))
-    with pytest.raises(NonFiniteScoresError, match=r"the model: its log-probabilities are not finite numbers"):
+    with pytest.raises(NonFiniteScoresError):
         evaluate(broken, toy.tokenizer, toy.probes)
     with pytest.raises(NonFiniteScoresError):  # a base that cannot be scored: before any training
         Watch(toy.probes, output_dir=tmp_path / "nan-base", eval_steps=2, output=QUIET).start(broken, toy.tokenizer)
@@ -98,10 +97,8 @@ def test_nan_outputs_are_an_error_when_scoring_and_a_skipped_evaluation_while_tr
     sink = Recorder()
     watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[sink], output=QUIET)
     watch.start(toy.base, toy.tokenizer)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        assert watch.evaluate(broken, 2) is None  # no exception into the training loop
-    assert "step 2: the model: its log-probabilities are not finite" in caplog.text
-    assert "this evaluation is skipped, training goes on" in caplog.text
+    assert watch.evaluate(broken, 2) is None  # no exception into the training loop
+    assert len(warned("step 2")) == 1
     assert watch.evaluate(toy.tuned, 4).step == 4  # the next one is made as usual
     assert [e.step for e in sink.evaluations] == [4] and watch.trajectory.steps.tolist() == [0, 4]
     steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
@@ -200,7 +197,7 @@ def test_a_state_that_is_not_a_watchs_is_refused_naming_the_field(toy, state, fi
 
 
 def test_what_a_watch_needs_is_said_before_any_work(toy, tmp_path):
-    with pytest.raises(RuntimeError, match="before Watch.start"):
+    with pytest.raises(RuntimeError, match="Watch.start"):
         Watch(toy.probes, output_dir=tmp_path).evaluate(toy.base, 1)
     with pytest.raises(ValueError, match="output_dir="):
         Watch(toy.probes).start(toy.base, toy.tokenizer)
@@ -209,11 +206,12 @@ def test_what_a_watch_needs_is_said_before_any_work(toy, tmp_path):
 def test_settings_come_as_groups_and_a_flat_keyword_names_its_group(toy):
     grouped = Watch(toy.probes, eval_steps=7, output_dir="x", scoring=Scoring(batch_size=4))
     assert (grouped.config.eval_steps, grouped.config.scoring.batch_size) == (7, 4)
-    with pytest.raises(TypeError, match=r"'patience': write monitor=Monitor\(patience=\.\.\.\)"):
+    # the group the keyword belongs in, and the did-you-mean, are the message's point
+    with pytest.raises(TypeError, match=r"'patience'.*monitor=Monitor\(patience="):
         ForgetWatchCallback(toy.probes, patience=2)
-    with pytest.raises(TypeError, match=r"Watch\(\) got an unexpected keyword argument 'verbose': write output="):
+    with pytest.raises(TypeError, match=r"'verbose'.*output="):
         Watch(toy.probes, verbose=False)
-    with pytest.raises(TypeError, match=r"'eval_step' \(did you mean 'eval_steps'\?\)"):
+    with pytest.raises(TypeError, match=r"'eval_step'.*'eval_steps'"):
         ForgetWatchCallback(toy.probes, eval_step=2)
 
 
@@ -344,10 +342,12 @@ def test_the_logging_rule_counts_probes_right_at_the_base():
 
 
 def test_a_category_map_naming_no_category_is_refused_before_any_work(toy):
-    with pytest.raises(ConfigError, match=r"key 'category_map': names categories the probes do not have: 'captials'"):
+    with pytest.raises(ConfigError) as info:
         Watch(toy.probes, output_dir="unused", output=Output(category_map={"captials": "geography"}))
-    with pytest.raises(ConfigError, match=r"key 'category_map': item 'capitals'"):
+    assert [p.key for p in info.value.errors] == ["category_map"] and "'captials'" in info.value.errors[0].message
+    with pytest.raises(ConfigError) as info:
         Output(category_map={"capitals": 3})
+    assert [p.key for p in info.value.errors] == ["category_map"] and "'capitals'" in info.value.errors[0].message
     config = from_flat_keys({"category_map": {"capitals": "geography"}}, "fw.yaml")  # as YAML gives it
     assert config.output.category_map == {"capitals": "geography"}
 
@@ -364,13 +364,13 @@ def test_steps_go_forward_as_whole_numbers_and_one_evaluation_per_step(toy, tmp_
     hook = toy.base.get_input_embeddings().register_forward_hook(lambda *_: forwards.append(1))
     try:
         for step, error, says in [
-            (3, ValueError, r"step=3\): steps do not go backwards, and the last evaluation was at step 4"),
-            (-1, ValueError, r"step=-1\): a step is a whole number >= 0"),
-            (4.5, TypeError, r"step=4.5\): a step is a whole number \(int\).* got float"),
-            (6.0, TypeError, "got float"),
-            (True, TypeError, "got bool"),
-            ("6", TypeError, "got str"),
-            (None, TypeError, "got NoneType"),
+            (3, ValueError, r"step=3\).*step 4"),  # the step given; the last one evaluated
+            (-1, ValueError, r"step=-1\)"),
+            (4.5, TypeError, r"step=4.5\).*float"),  # the step given; its type
+            (6.0, TypeError, "float"),
+            (True, TypeError, "bool"),
+            ("6", TypeError, "str"),
+            (None, TypeError, "NoneType"),
         ]:
             with pytest.raises(error, match=says):
                 watch.evaluate(toy.base, step)
@@ -464,41 +464,39 @@ class Stuck:
         self.release.wait(self.most)
 
 
-def test_a_sink_that_blocks_is_dropped_for_the_run_and_training_goes_on(toy, tmp_path, caplog):
+def test_a_sink_that_blocks_is_dropped_for_the_run_and_training_goes_on(toy, tmp_path, warned):
     stuck = Stuck()
     watch = Watch(toy.probes, output_dir=tmp_path, eval_steps=2, sinks=[stuck], output=QUIET)
     watch.sink_seconds = 0  # it never returns before the test lets it: dropped, whatever the clock says
     watch.start(toy.base, toy.tokenizer)
     try:
-        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-            watch.evaluate(toy.tuned, 2)
-            watch.evaluate(toy.base, 4)
-            watch.finish(toy.base, 4)
+        watch.evaluate(toy.tuned, 2)
+        watch.evaluate(toy.base, 4)
+        watch.finish(toy.base, 4)
         assert stuck.entered.wait() and stuck.calls == 1  # not called again once dropped
     finally:
         stuck.release.set()
-    assert caplog.text.count("the sink Stuck did not return from on_evaluation within 0 s; it is dropped") == 1
+    assert len(warned("Stuck", "on_evaluation")) == 1
     assert steps_written(tmp_path) == [2, 4]
 
 
 @pytest.mark.parametrize("event, where", [("on_base", "Watch"), ("on_evaluation", "watch"), ("on_end", "watch")])
 def test_every_sink_call_is_bounded_by_sink_seconds_as_it_is_when_the_call_runs(
-    toy, tmp_path, caplog, monkeypatch, event, where
+    toy, tmp_path, warned, monkeypatch, event, where
 ):
     stuck = Stuck(event, most=30)
     if where == "Watch":  # every watch's bound, set on the class
         monkeypatch.setattr(Watch, "sink_seconds", 0)
     watch = Watch(toy.probes[:4], output_dir=tmp_path, eval_steps=2, sinks=[stuck], output=QUIET)
     try:
-        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-            watch.start(toy.base, toy.tokenizer)
-            if where == "watch":  # this watch's bound, set once it has started
-                watch.sink_seconds = 0
-            watch.evaluate(toy.tuned, 2)
-            watch.evaluate(toy.base, 4)
-            watch.finish(toy.base, 4)
+        watch.start(toy.base, toy.tokenizer)
+        if where == "watch":  # this watch's bound, set once it has started
+            watch.sink_seconds = 0
+        watch.evaluate(toy.tuned, 2)
+        watch.evaluate(toy.base, 4)
+        watch.finish(toy.base, 4)
         assert stuck.entered.wait(30) and stuck.calls == 1
-        assert caplog.text.count(f"the sink Stuck did not return from {event} within 0 s; it is dropped") == 1
+        assert len(warned("Stuck", event)) == 1
     finally:
         stuck.release.set()
 
@@ -514,10 +512,7 @@ def test_an_unbounded_wait_for_a_sink_is_as_long_as_a_wait_can_be():
 def test_a_model_without_embeddings_for_the_tokenizers_ids_is_refused_before_scoring(toy, tmp_path):
     small = copy.deepcopy(toy.base)
     small.resize_token_embeddings(40)
-    says = (
-        r"this tokenizer gives token ids up to \d+ \(probe '.+' of toy has one\), but the model has embeddings "
-        r"for 40 tokens \(ids 0 to 39\).*resize_token_embeddings\(len\(tokenizer\)\)"
-    )
+    says = r"probe '.+'.*40 tokens.*resize_token_embeddings\(len\(tokenizer\)\)"  # which probe; the size; the fix
     with pytest.raises(ValueError, match=says):
         evaluate(small, toy.tokenizer, toy.probes)
     with pytest.raises(ValueError, match=says):
@@ -686,5 +681,5 @@ def test_a_watch_only_reads_a_kept_plug_ins_figures_and_state(toy, tmp_path):
     assert spy.touched <= {"name", "files", "metrics", "state"}
     assert evaluation.metrics["forgetwatch/spy/calls"] == 1.0 and state["plugins"] == {"spy": {"calls": 1}}
     assert read_history(tmp_path / "run" / "history.jsonl")[0]["spy"] == {"spy/calls": 1.0, "calls": 1}
-    with pytest.raises(ValueError, match="a plug-in named 'spy' is kept already"):
+    with pytest.raises(ValueError, match="'spy'"):
         watch.keep(Spy())
