@@ -100,7 +100,7 @@ import torch  # noqa: E402
 from skill_world import SKILLS, TARGET_MIX, SkillWorld  # noqa: E402
 
 from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Replay, ReplayPool, Scoring  # noqa: E402
-from forgetwatch.results.run_files import read_history  # noqa: E402
+from forgetwatch.store.read import read_history  # noqa: E402
 
 SYNTHETIC_TOKENS = 16  # answer budget of synthetic rows: the longest pool answer (a refusal) is 12 tokens
 

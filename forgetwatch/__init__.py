@@ -11,11 +11,11 @@ from forgetwatch.results.answers import Answers, AnswersMismatchError
 from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import load_trajectory
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.run.watch import Watch
 from forgetwatch.scoring import Scorer, evaluate
 from forgetwatch.sinks import Sink
+from forgetwatch.store.read import load_trajectory
 
 __version__ = "0.1.0"
 

@@ -42,8 +42,8 @@ from injected import OutOfMemoryAbove  # noqa: E402  (tests/, this script's fold
 
 from forgetwatch import MergeAtEnd, Monitor, Output, ProbeKind, ProbeSet, Replay, Scorer, Scoring  # noqa: E402
 from forgetwatch.integrations.callback import ForgetWatchCallback  # noqa: E402
-from forgetwatch.results.run_files import read_history  # noqa: E402
 from forgetwatch.scoring.borrow import is_sharded  # noqa: E402
+from forgetwatch.store.read import read_history  # noqa: E402
 from forgetwatch.toy import ToyWorld  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forgetwatch import Output, ProbeSet
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results import answers as store
-from forgetwatch.results.run_files import HISTORY, LATEST
+from forgetwatch.store import HISTORY, LATEST
 
 
 def pause_in_step_15s_answers(out: Path) -> None:

@@ -474,7 +474,8 @@ def test_pickled_content_is_damaged_never_allow_pickle_advice(tmp_path, write):
 
 
 def test_damaged_snapshot_says_damaged_and_what_to_do(tmp_path):
-    from forgetwatch.results.run_files import SNAPSHOT, read_snapshot
+    from forgetwatch.store import SNAPSHOT
+    from forgetwatch.store.read import read_snapshot
 
     assert read_snapshot(tmp_path) is None  # none: not an error
     data = make().save(tmp_path / SNAPSHOT).read_bytes()

@@ -14,7 +14,7 @@ import torch
 
 from forgetwatch import ForgetWatchCallback, Monitor, Output, ProbeSet, Scoring, load_trajectory
 from forgetwatch.page.html import write_report
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 from forgetwatch.toy import ToyWorld
 
 trl = pytest.importorskip("trl")

@@ -448,8 +448,9 @@ def test_shipped_configs_build_working_callbacks(toy, train_data, tmp_path, name
 
 
 def test_store_keys_and_history_survive_odd_parameters_and_crashes(toy, tmp_path):
-    from forgetwatch.results.run_files import RunStore, read_history
     from forgetwatch.run.base import model_key, weights_key
+    from forgetwatch.store.read import read_history
+    from forgetwatch.store.write import RunStore
 
     with torch.device("meta"):  # offloaded / not yet materialised weights
         ghost = toy.world.model(toy.tokenizer)

@@ -11,7 +11,7 @@ import pytest
 
 from forgetwatch.results.history import HistoryError, history_record, report_from_record
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 
 CATEGORY_OF = {"q1": "math", "q2": "math", "q3": "law", "q4": "law"}
 COUNTS = {"n": 0, "forgotten": 0, "gained": 0, "kept": 0, "never": 0}  # the least a report holds
@@ -167,7 +167,7 @@ DAMAGED_COLUMNS = [
 @pytest.mark.parametrize("damage, field, why", DAMAGED_COLUMNS)
 def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path, capsys, damage, field, why):
     from forgetwatch.cli import main
-    from forgetwatch.results.run_files import load_trajectory, read_run
+    from forgetwatch.store.read import load_trajectory, read_run
 
     run = tmp_path / "forgetwatch"
     run.mkdir()
@@ -187,8 +187,8 @@ def test_a_damaged_column_names_file_line_and_field_wherever_it_is_read(tmp_path
 
 
 def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
-    from forgetwatch.results.run_files import read_run
     from forgetwatch.results.trajectory import Trajectory
+    from forgetwatch.store.read import read_run
 
     run = tmp_path / "forgetwatch"
     run.mkdir()

@@ -18,6 +18,7 @@ LAYERS = [
     "starters",
     "config",
     "results",
+    "store",
     "scoring",
     "sinks",
     "run",

@@ -14,7 +14,7 @@ from trainers import make_trainer, run_view
 from transformers import AutoModelForCausalLM
 
 from forgetwatch import ForgetWatchCallback, MergeAtEnd, Scorer, Watch, compare, evaluate
-from forgetwatch.results.run_files import RunStore
+from forgetwatch.store.write import RunStore
 
 ALPHAS = (0.25, 0.5)
 KEEP = 0.5

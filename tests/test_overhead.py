@@ -16,9 +16,9 @@ from trainers import run_view
 
 from forgetwatch import Output, ProbeKind, Watch
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.schedule import duration
 from forgetwatch.run.train_kl import MIN_ROWS, MIN_SECONDS, SHARE, TrainKL, as_train_rows
+from forgetwatch.store.write import RunStore
 
 QUIET = Output(verbose=False)
 

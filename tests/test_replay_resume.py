@@ -17,8 +17,8 @@ from transformers import TrainerCallback
 from forgetwatch import Monitor, Output, ReplayPool
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay import Replay, ReplayFileError
-from forgetwatch.results.run_files import read_history
 from forgetwatch.scoring.next_tokens import BaseDistribution
+from forgetwatch.store.read import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ from forgetwatch.replay import Replay
 from forgetwatch.replay.kept import REPLAY_ANSWERS
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import KeptAnswers
-from forgetwatch.results.run_files import RunStore
 from forgetwatch.scoring.generation import Generated
 from forgetwatch.scoring.scorer import pad_id
+from forgetwatch.store.write import RunStore
 from forgetwatch.toy import ToyWorld
 
 # trains a toy model: pytest -m "not slow" leaves them out

@@ -16,7 +16,7 @@ from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.replay.penalty import encode_rows
 from forgetwatch.replay.sampler import ReplaySampler
 from forgetwatch.replay.synthetic import answer_prompts
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from forgetwatch.page.html import (
 )
 from forgetwatch.probes import Probe
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -17,9 +17,11 @@ from forgetwatch.probes import ProbeError, ProbeSet
 from forgetwatch.results.answers import Answers, AnswersFileError
 from forgetwatch.results.history import history_record
 from forgetwatch.results.metrics import compare
-from forgetwatch.results.run_files import LATEST, PROBES, SNAPSHOT, Run, RunStore, read_run
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.scoring.next_tokens import BaseDistribution, KeptFileError
+from forgetwatch.store import LATEST, PROBES, SNAPSHOT
+from forgetwatch.store.read import Run, read_run
+from forgetwatch.store.write import RunStore
 
 PROBE_ROWS = [
     {

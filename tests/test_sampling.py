@@ -164,7 +164,7 @@ def test_compare_reports_what_every_seed_agrees_on_and_it_survives_the_files(tmp
         base.save(path)
         assert Answers.load(path).samples_correct.tolist() == base.samples_correct.tolist()
     from forgetwatch.results.history import history_record
-    from forgetwatch.results.run_files import read_history
+    from forgetwatch.store.read import read_history
 
     record = history_record(1, report, time=0.0, seconds=0.0, trigger="schedule")
     (tmp_path / "history.jsonl").write_text(json.dumps(record) + "\n")

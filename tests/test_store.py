@@ -20,17 +20,9 @@ import sys
 import pytest
 
 from forgetwatch.results.answers import Answers
-from forgetwatch.results.run_files import (
-    FILES,
-    HISTORY,
-    LOCK,
-    MERGED,
-    SNAPSHOT,
-    NotWritableError,
-    RunStore,
-    read_history,
-    read_snapshot,
-)
+from forgetwatch.store import FILES, HISTORY, LOCK, MERGED, SNAPSHOT
+from forgetwatch.store.read import read_history, read_snapshot
+from forgetwatch.store.write import NotWritableError, RunStore
 
 
 def record(step: int) -> dict:
@@ -195,7 +187,7 @@ def test_leftover_temporary_files_are_removed_only_ours(store):
 
 
 def test_a_run_directory_deleted_during_training_is_written_again_from_memory(store, caplog):
-    from forgetwatch.results.run_files import PROBES
+    from forgetwatch.store import PROBES
 
     store.save_snapshot(answers())
     store.save_probes(Probes())

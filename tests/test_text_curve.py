@@ -12,7 +12,7 @@ import pytest
 from forgetwatch.cli.demo import text_curve
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 
 # -- realistic records, built the way the callback builds them -----------------------------------
 

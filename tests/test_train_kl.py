@@ -17,9 +17,10 @@ from trainers import run_view
 
 from forgetwatch import Answers, Monitor, Output, Watch
 from forgetwatch.common.distributed import Ranks
-from forgetwatch.results.run_files import TRAIN_KL, RunStore
 from forgetwatch.run import train_kl
 from forgetwatch.run.train_kl import TrainKL, TrainRows, as_train_rows
+from forgetwatch.store import TRAIN_KL
+from forgetwatch.store.write import RunStore
 
 QUIET = Output(verbose=False)
 KEY = "forgetwatch/drift/train_kl"

@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from forgetwatch import Output, Scoring, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.probes.extract import extract_number
-from forgetwatch.results.run_files import read_history
+from forgetwatch.store.read import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out
 pytestmark = pytest.mark.slow

@@ -22,9 +22,11 @@ from forgetwatch import Answers, Evaluation, Monitor, Output, ProbeSet, Scoring,
 from forgetwatch.config import ConfigError, from_flat_keys
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import smallest_detectable
-from forgetwatch.results.run_files import LOCK, NotWritableError, load_trajectory, read_history
 from forgetwatch.scoring import NonFiniteScoresError
 from forgetwatch.sinks import logged_categories, metric_values
+from forgetwatch.store import LOCK
+from forgetwatch.store.read import load_trajectory, read_history
+from forgetwatch.store.write import NotWritableError
 
 QUIET = Output(verbose=False)
 

@@ -25,10 +25,10 @@ from forgetwatch.config.yaml_files import read_value
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
-from forgetwatch.results.run_files import MERGED
 from forgetwatch.scoring.options import scoring_options
 from forgetwatch.sinks.logged import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
+from forgetwatch.store import MERGED
 
 _ANSWER_SUFFIXES = (".json", ".npz")
 

@@ -35,7 +35,7 @@ def run_demo(out_dir: str | os.PathLike[str] = DEFAULT_OUT, steps: int = 60, eva
     from forgetwatch.page.html import write_report
     from forgetwatch.probes import ProbeSet
     from forgetwatch.replay import ReplayPool
-    from forgetwatch.results.run_files import read_history
+    from forgetwatch.store.read import read_history
     from forgetwatch.toy import ToyWorld
 
     out = Path(out_dir)

@@ -11,7 +11,7 @@ from typing import Any
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
-from forgetwatch.results.run_files import MERGED, SWEEP, SWEEP_TABLE
+from forgetwatch.store import MERGED, SWEEP, SWEEP_TABLE
 
 
 class MergeUsageError(ValueError):

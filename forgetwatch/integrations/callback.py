@@ -23,10 +23,10 @@ from forgetwatch.merge.at_end import MergeAtEnd
 from forgetwatch.probes import ProbesLike
 from forgetwatch.replay import Replay, ReplayPool
 from forgetwatch.results.events import Evaluation
-from forgetwatch.results.run_files import SUBDIR
 from forgetwatch.run.train_kl.rows import TrainRows, training_rows
 from forgetwatch.run.watch import Watch, failure
 from forgetwatch.sinks import eval_metric_values
+from forgetwatch.store import SUBDIR
 
 logger = logging.getLogger("forgetwatch")
 

@@ -26,9 +26,9 @@ from forgetwatch.merge.weights import is_lora, lora_layers
 from forgetwatch.probes import ProbesLike
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.events import Ending
-from forgetwatch.results.run_files import MERGED, SWEEP_TABLE
 from forgetwatch.run.plugins import RunView
 from forgetwatch.scoring.borrow import unwrap
+from forgetwatch.store import MERGED, SWEEP_TABLE
 
 logger = logging.getLogger("forgetwatch")
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import describe
-from forgetwatch.results.run_files import HISTORY, SUBDIR, read_history
+from forgetwatch.store import HISTORY, SUBDIR
+from forgetwatch.store.read import read_history
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 

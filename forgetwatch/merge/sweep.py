@@ -38,13 +38,13 @@ from forgetwatch.probes import ProbeSet, ProbesLike, as_probe_set
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import SWEEP, SWEEP_TABLE
 from forgetwatch.run.base import adapters_disabled, model_key
 from forgetwatch.scoring import Scorer
 from forgetwatch.scoring.batching import padded
 from forgetwatch.scoring.borrow import borrowed, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 from forgetwatch.scoring.generation import input_device
+from forgetwatch.store import SWEEP, SWEEP_TABLE
 
 #: the default α grid: 0, 0.1, ..., 1
 ALPHAS = tuple(i / 10 for i in range(11))

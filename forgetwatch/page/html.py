@@ -19,9 +19,10 @@ from forgetwatch.common.files import atomic_write
 from forgetwatch.common.text import describe, first_line, pct
 from forgetwatch.probes import ProbeKind
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import HISTORY, SUBDIR, SWEEP, Run, read_run, run_directory
 from forgetwatch.sinks.logged import lm_eval_lines
 from forgetwatch.sinks.tables import shown_answer
+from forgetwatch.store import HISTORY, SUBDIR, SWEEP
+from forgetwatch.store.read import Run, read_run, run_directory
 
 #: Probes listed in each table of the page.
 TOP = 25

@@ -1,5 +1,5 @@
 """One evaluation as a line of ``history.jsonl`` (``{"step", "time", "seconds", "trigger", "report", "stop"?,
-"columns"?}``): the record, its trajectory column, its checks. The file itself: :mod:`~forgetwatch.results.run_files`."""
+"columns"?}``): the record, its trajectory column, its checks. The file itself: :mod:`~forgetwatch.store.write`."""
 
 from __future__ import annotations
 

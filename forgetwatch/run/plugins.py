@@ -20,8 +20,8 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ADAPTER_DISABLED
 from forgetwatch.results.events import Ending
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import RunStore
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
+from forgetwatch.store.write import RunStore
 
 
 @runtime_checkable

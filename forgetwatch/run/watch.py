@@ -33,7 +33,6 @@ from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.metrics import compare
 from forgetwatch.results.noise import measure_noise, noise_by_scope, wants_noise_check
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import HISTORY, SNAPSHOT, Run, RunStore, stored_base
 from forgetwatch.results.trajectory import Trajectory, with_trajectory_metrics
 from forgetwatch.run.base import adapters_disabled, model_key, weights_key
 from forgetwatch.run.plugins import Kept, RunView
@@ -44,6 +43,9 @@ from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink, logged_categories
 from forgetwatch.sinks.logged import PREFIX, ConsoleLines, evaluation_metrics
+from forgetwatch.store import HISTORY, SNAPSHOT
+from forgetwatch.store.read import Run, stored_base
+from forgetwatch.store.write import RunStore
 
 __all__ = ["Watch"]
 

@@ -14,9 +14,9 @@ from forgetwatch.common.text import first_line
 from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.history import history_record
 from forgetwatch.results.report import TransitionReport
-from forgetwatch.results.run_files import RunStore
 from forgetwatch.results.trajectory import Trajectory
 from forgetwatch.sinks.logged import eval_metric_values, logged_categories, metric_values
+from forgetwatch.store.write import RunStore
 
 __all__ = [
     "SINK_SECONDS",

@@ -18,7 +18,6 @@ import torch
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import first_line
-from forgetwatch.results.run_files import TRAIN_KL
 from forgetwatch.run.plugins import RunView
 from forgetwatch.scoring.borrow import is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
@@ -34,6 +33,7 @@ from forgetwatch.scoring.next_tokens import (
     logits_width,
     row_sums,
 )
+from forgetwatch.store import TRAIN_KL
 
 __all__ = ["MAX_TOKENS", "MIN_ROWS", "MIN_SECONDS", "SHARE", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
 
