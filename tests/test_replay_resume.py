@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from trainers import make_trainer, run_view
 from transformers import TrainerCallback
 
@@ -279,3 +280,58 @@ def test_state_checks_name_what_is_wrong(toy, pool):
         "its replay loss since the last evaluation is over 11 steps, not 0 to 10"
     )
     assert state_problem(replay, [1, 2], 10) == "not a replay state (a JSON list, not an object)"
+
+
+def test_a_killed_run_with_replay_and_a_merge_resumes_as_the_uninterrupted_one(toy, train_data, pool, tmp_path):
+    peft = pytest.importorskip("peft")
+    from trainers import KillAt
+
+    from forgetwatch import MergeAtEnd
+
+    texts = toy.world.distraction_texts(n=6, seed=7)
+
+    def lora():  # a LoRA model: the merge has its base (the adapters off) on resume too
+        config = peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+        torch.manual_seed(0)  # the same adapters at every start
+        return peft.get_peft_model(copy.deepcopy(toy.base), config)
+
+    def watched():
+        return ForgetWatchCallback(
+            toy.probes,
+            eval_steps=2,
+            max_forgetting=0.0,
+            monitor=Monitor(patience=2, eval_on_train_end=False),
+            output=Output(verbose=False),
+            replay=Replay(pool, weight=0.5, batch_size=4),
+            merge_at_end=MergeAtEnd(target=texts, alphas=[0.0, 0.5, 1.0]),
+            clock=lambda: 0.0,  # what train KL's time budget reads: the same rows measured in both runs
+        )
+
+    common = dict(max_steps=12, learning_rate=2e-2, save_strategy="steps", save_steps=1)
+    whole = watched()
+    make_trainer(toy, train_data, tmp_path / "whole", [whole], model=lora(), **common).train()
+    assert whole.watch.stop_step is not None and whole.ending is not None
+    kill_at = whole.watch.stop_step - 1  # killed before its checkpoint: resumed from the evaluation before the stop
+    with pytest.raises(RuntimeError, match="killed"):
+        make_trainer(toy, train_data, tmp_path / "cut", [watched(), KillAt(kill_at)], model=lora(), **common).train()
+    again = watched()
+    make_trainer(toy, train_data, tmp_path / "cut", [again], model=lora(), **common).train(
+        resume_from_checkpoint=str(tmp_path / "cut" / f"checkpoint-{kill_at - 1}")
+    )
+
+    def history(run):  # what was measured, not when
+        records = read_history(run / "forgetwatch" / "history.jsonl")
+        for r in records:
+            r.pop("time")
+        return records
+
+    cut, full = history(tmp_path / "cut"), history(tmp_path / "whole")
+    for a, b in zip(cut, full):
+        for key in set(a) | set(b):
+            assert a.get(key) == b.get(key), (a["step"], key)
+    assert len(cut) == len(full)
+    assert again.watch.stop_step == whole.watch.stop_step
+    assert (
+        again.ending.metrics == whole.ending.metrics
+        and again.merge_at_end.sweep.best() == whole.merge_at_end.sweep.best()
+    )

@@ -316,7 +316,7 @@ class TrainKL:
         every rank; ``{}`` when off. A failure or a non-finite value turns it off for the run, with one warning."""
         if self.base is None or self._run is None:
             return {}
-        began, base = time.perf_counter(), self.base
+        began, base = self.clock(), self.base
         targets = sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
 
         def kl(logits: torch.Tensor, _ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
@@ -346,7 +346,7 @@ class TrainKL:
                     "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
                 )
             return {}
-        seconds = round(time.perf_counter() - began, 4)
+        seconds = round(self.clock() - began, 4)
         return {"train_kl": value, "rows": len(self.tokens), "tokens": targets, "seconds": seconds}
 
 
