@@ -104,8 +104,9 @@ def test_damaged_lines_raise_history_error_naming_file_and_line(tmp_path, bad, w
         + line(30).encode()
         + b"\n"
     )
-    with pytest.raises(HistoryError, match=rf"history\.jsonl, line 3[,:] .*{why}.*fix or delete that line"):
+    with pytest.raises(HistoryError) as info:
         read_history(path)
+    assert (info.value.path, info.value.line) == (path, 3) and re.search(why, str(info.value))
     assert issubclass(HistoryError, ValueError)
 
 
@@ -236,8 +237,11 @@ def test_columns_decode_to_the_trajectory_they_were_made_from(tmp_path):
 def test_repeated_backward_and_empty_records_are_refused(tmp_path, lines, field, why):
     # never written so: the writer's steps increase (a resume cuts and rewrites the history), and
     # a report holds its counts; which of two records of one step is true cannot be told
-    with pytest.raises(HistoryError, match=rf"line {len(lines)}, field '{field}': {why}"):
-        read_history(write(tmp_path / "history.jsonl", *lines))
+    path = write(tmp_path / "history.jsonl", *lines)
+    with pytest.raises(HistoryError) as info:
+        read_history(path)
+    e = info.value
+    assert (e.path, e.line, e.field) == (path, len(lines), field) and re.search(why, e.reason)
 
 
 def test_step_zero_is_a_record_too(tmp_path):  # eval_on_start evaluates at step 0
