@@ -361,7 +361,7 @@ def test_the_state_is_kept_in_trainer_state_json_and_a_checkpoint_without_it_res
     assert again["ForgetWatch"]["step"] == 20  # kept again from there on
 
 
-@pytest.mark.parametrize("how", ["moved-checkpoint", "latest", "model-from-checkpoint"])
+@pytest.mark.parametrize("how", ["moved-checkpoint", "latest", "model-from-checkpoint", "new-output-folder"])
 def test_resume_setups(toy, train_data, tmp_path, how):
     from transformers import AutoModelForCausalLM
 
@@ -376,6 +376,9 @@ def test_resume_setups(toy, train_data, tmp_path, how):
         out, files = tmp_path / "new-output", tmp_path / "run" / "forgetwatch"
     elif how == "model-from-checkpoint":  # loaded from the checkpoint: another _name_or_path
         model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    elif how == "new-output-folder":  # as ms-swift resumes: a new folder, the arguments naming the checkpoint
+        out = tmp_path / "v1"
+        common["resume_from_checkpoint"] = str(checkpoint)
     resumed = ForgetWatchCallback(toy.probes, eval_steps=5, output_dir=files)
     trainer = make_trainer(toy, train_data, out, [resumed], model=model, **common)
     trainer.train(resume_from_checkpoint=True if how == "latest" else str(checkpoint))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from torch.nn import Module
@@ -165,11 +166,19 @@ class ForgetWatchCallback(TrainerCallback):
             sinks=trainer_sinks(link, self.watch.probes, self.watch.config.output.table_rows),
             sharded=sharded_run(args),
             stop_note=self._stop_note,
+            origin=self._origin(args, state),
         )
         for plugin in (self.replay, self.merge_at_end):  # they take the base from the model as the watch found it
             if plugin is not None:
                 plugin.begin(model, self.watch.view)
         self._keep_state(state)
+
+    @staticmethod
+    def _origin(args: Args, state: State) -> Path | None:
+        """The run directory of the checkpoint resumed from, when the arguments name it (a framework may resume into
+        a new output folder: ms-swift's versioned ones)."""
+        given = getattr(args, "resume_from_checkpoint", None)
+        return Path(given).parent / SUBDIR if state.global_step > 0 and isinstance(given, str) and given else None
 
     def _train_rows(self, args: Args, loader: Any, tokenizer: Any) -> TrainRows | None:
         """A seeded sample of the training rows for train KL, read on rank 0 and shared; ``None``, said, if none."""

@@ -225,6 +225,7 @@ class Watch:
         sinks: Sequence[Any] = (),
         sharded: bool = False,
         stop_note: Callable[[int], str] = lambda step: "",
+        origin: Path | None = None,  # the run directory the resumed checkpoint was saved from
     ) -> BaseSnapshot:
         began = self._clock()
         self._prepare(model, tokenizer, output_dir)
@@ -247,7 +248,7 @@ class Watch:
             )
         # rank 0 takes the directory (or every rank raises here, before any work), cleans it of what a kill -9
         # left half-written, and sets an earlier run's files aside
-        aside = self._ranks.share_from_rank_zero(lambda: self._claim(fresh=step == 0))
+        aside = self._ranks.share_from_rank_zero(lambda: self._claim(fresh=step == 0, origin=origin))
         try:
             # a watch may serve several runs (train() calls): each starts from its own state
             self.history, self.stop_reason, self._finished, self._ending = [], None, False, None
@@ -653,10 +654,12 @@ class Watch:
             self._their_probes = ProbeSet(copy.deepcopy(list(self.probes), tasks), self.probes.source)
         return copy.deepcopy(payload, {id(self.probes): self._their_probes})
 
-    def _claim(self, fresh: bool) -> str | None:
+    def _claim(self, fresh: bool, origin: Path | None = None) -> str | None:
         self._store.check_writable()  # the one time a file problem stops training: before it starts
         self._store.claim()
         self._store.remove_leftovers()
+        if not fresh and origin is not None and (copied := self._store.adopt(origin)):
+            logger.info("forgetwatch: resuming in %s: %s taken from %s", self._store.dir, ", ".join(copied), origin)
         aside = self._store.set_aside() if fresh else None
         return str(aside) if aside else None
 

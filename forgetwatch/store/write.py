@@ -122,6 +122,22 @@ class RunStore:
         if self._lock is not None:
             self._lock()
 
+    def adopt(self, origin: Path) -> list[str]:
+        """A resumed run's files from ``origin``, the run directory its checkpoint was saved from, when this one is
+        another and holds no snapshot (a framework that resumes into a new folder: ms-swift's ``v1-...``): each file
+        of the run's copied here, atomically; the names copied."""
+        if (
+            origin.resolve() == self.dir.resolve()
+            or (self.dir / SNAPSHOT).exists()
+            or not (origin / SNAPSHOT).is_file()
+        ):
+            return []
+        copied = [name for name in self.files if (origin / name).is_file() and not (self.dir / name).exists()]
+        for name in copied:
+            with atomic_write(self.dir / name, "wb") as f:
+                f.write((origin / name).read_bytes())
+        return copied
+
     def set_aside(self) -> Path | None:
         """Before a fresh run: move an earlier run's files into a new ``previous-<n>``; the folder, if any moved (a
         move cut short leaves the rest for the next fresh run: split in two folders, none lost)."""
