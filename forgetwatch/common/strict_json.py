@@ -93,48 +93,36 @@ _DECODER = json.JSONDecoder(
 )
 
 
-def value_problem(value: Any) -> tuple[str, str] | None:
+def value_problem(value: Any, depth: int = 0) -> tuple[str, str] | None:
     """The first place in ``value`` strict JSON cannot keep, as ``(path, what is wrong)`` (path like ``tags[2]``),
-    or ``None``; iterative, so no depth exhausts the stack."""
-    # where: (the parent's where, key or index), spelled out only for a problem (this runs on every row)
-    todo: list[tuple[Any, Any, int]] = [(value, None, 0)]
-    while todo:
-        item, where, depth = todo.pop()
-        why = None
-        if isinstance(item, str):
-            why = None if item.isascii() else lone_surrogate(item)  # isascii: a flag, no scan
-        elif isinstance(item, _Refused):
-            why = item.why
-        elif isinstance(item, float) and not math.isfinite(item):
-            why = f"is {item!r}, which strict JSON cannot hold; write None (null), or the value as a string"
-        elif isinstance(item, int) and not isinstance(item, bool) and not -_INT_LIMIT < item < _INT_LIMIT:
-            why = _LONG_INT.format(f"more than {MAX_INT_DIGITS} digits")  # compared: str() of it is what fails
-        elif isinstance(item, (list, tuple, dict)) or (depth == 0 and isinstance(item, Mapping)):
-            pairs = list(item.items()) if isinstance(item, Mapping) else list(enumerate(item))
-            if depth >= MAX_DEPTH:
-                return _path(where), _TOO_DEEP
-            for key, _ in pairs if isinstance(item, Mapping) else ():
-                if not isinstance(key, str):
-                    return _path(where), f"has key {describe(key)}: JSON keys are strings; write it as one"
-                if message := lone_surrogate(key):
-                    return _path((where, key)), f"the name {message}"
-            todo.extend((child, (where, key), depth + 1) for key, child in reversed(pairs))
-        elif not (item is None or isinstance(item, (bool, int, float))):
-            why = (
-                f"is {describe(item)}, not a JSON value (a string, number, true/false, null, list or dict); convert "
-                "it, e.g. with int(), float() or str(), or leave it out"
-            )
-        if why:
-            return _path(where), why
-    return None
-
-
-def _path(where: Any) -> str:
-    parts = []
-    while where is not None:
-        where, key = where
-        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
-    return "".join(reversed(parts)).removeprefix(".")
+    or ``None``; it goes no deeper than :data:`MAX_DEPTH`, so no depth exhausts the stack."""
+    why = None
+    if isinstance(value, str):
+        why = None if value.isascii() else lone_surrogate(value)  # isascii: a flag, no scan
+    elif isinstance(value, _Refused):
+        why = value.why
+    elif isinstance(value, float) and not math.isfinite(value):
+        why = f"is {value!r}, which strict JSON cannot hold; write None (null), or the value as a string"
+    elif isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT < value < _INT_LIMIT:
+        why = _LONG_INT.format(f"more than {MAX_INT_DIGITS} digits")  # compared: str() of it is what fails
+    elif isinstance(value, (list, tuple, dict)) or (depth == 0 and isinstance(value, Mapping)):
+        if depth >= MAX_DEPTH:
+            return "", _TOO_DEEP
+        for key in value if isinstance(value, Mapping) else ():
+            if not isinstance(key, str):
+                return "", f"has key {describe(key)}: JSON keys are strings; write it as one"
+            if message := lone_surrogate(key):
+                return (f".{key}" if depth else key), f"the name {message}"
+        for key, child in value.items() if isinstance(value, Mapping) else enumerate(value):
+            if found := value_problem(child, depth + 1):  # within: ".name" or "[index]", the first "." cut at the top
+                path = (f"[{key}]" if isinstance(key, int) else f".{key}") + found[0]
+                return path if depth else path.removeprefix("."), found[1]
+    elif not (value is None or isinstance(value, (bool, int, float))):
+        why = (
+            f"is {describe(value)}, not a JSON value (a string, number, true/false, null, list or dict); convert "
+            "it, e.g. with int(), float() or str(), or leave it out"
+        )
+    return ("", why) if why else None
 
 
 def lone_surrogate(text: str) -> str | None:
