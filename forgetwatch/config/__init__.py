@@ -1,6 +1,5 @@
-"""A run's settings (:class:`ForgetWatchConfig`: ``Watch``'s and the callback's), and the one YAML form that holds
-them: a file of flat keys, each a field's name (``eval_steps: 50``, ``patience: 2``), read by ``Watch.from_yaml`` and
-``ForgetWatchCallback.from_yaml`` (and by the frameworks' ``forgetwatch_config``)."""
+"""A run's settings (:class:`ForgetWatchConfig`), and their one YAML form: flat keys, each a field's name
+(``eval_steps: 50``, ``patience: 2``)."""
 
 from __future__ import annotations
 
@@ -41,12 +40,11 @@ ADAPTER_DISABLED = "adapter_disabled"  # the one value of ``base`` that is not a
 
 def _probes(value: Any) -> str | LmEvalProbes | None:
     """A probe file's path, or lm-eval tasks: ``{lm_eval: [names], num_fewshot: 5, ...}``."""
-    if value is None or isinstance(value, LmEvalProbes):
-        return value
     if isinstance(value, Mapping):
         return LmEvalProbes.from_mapping(value)  # a ValueError names the key
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
+    if value is None or isinstance(value, LmEvalProbes):
+        return value
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(value, str):
         raise ValueError("expected a probe file path, or lm-eval tasks as {lm_eval: [...], ...}")
     if message := _path_problem(value):
@@ -55,7 +53,7 @@ def _probes(value: Any) -> str | LmEvalProbes | None:
 
 
 class ForgetWatchConfig(Settings):
-    """A run's settings, checked when built and immutable: ``watch.config``. A YAML file holds them as flat keys.
+    """A run's settings, checked when built and immutable: ``watch.config``.
 
     Example:
         >>> cfg = ForgetWatchConfig.from_yaml("configs/early_stop_adjusted_5pct.yaml")
@@ -64,11 +62,10 @@ class ForgetWatchConfig(Settings):
     """
 
     probes: Annotated[str | LmEvalProbes | None, PlainValidator(_probes)] = None
-    """A probe JSONL file's path, or lm-eval tasks (``{lm_eval: [...], ...}``); None: passing probes to the callback
-    directly."""
+    """A probe JSONL file's path, or lm-eval tasks (``{lm_eval: [...], ...}``); None: probes given directly."""
     base: FilePath | None = None
-    """A saved base answers snapshot (.json/.npz), or "adapter_disabled": score the PEFT model with its adapters
-    disabled whenever training begins or resumes; None: computing the base snapshot."""
+    """A saved base answers snapshot (.json/.npz), or "adapter_disabled" (the PEFT model, adapters off); None: the
+    model's answers when training begins."""
     eval_steps: Count | None = None
     """Evaluate every N optimizer steps; None: as often as ``max_overhead`` allows."""
     max_forgetting: Share | None = None
@@ -87,9 +84,7 @@ class ForgetWatchConfig(Settings):
         """The settings of a YAML file of flat keys; relative paths are taken from the file's folder, ``~`` expanded.
 
         Raises:
-            FileNotFoundError: the file does not exist.
-            ConfigError: malformed YAML, anchors, aliases or tags, over 1 MiB, an unknown key or an invalid value:
-                every problem, each naming the file, the line and the key.
+            ConfigError: every problem (bad YAML, an unknown key, an invalid value), naming file, line and key.
         """
         data, lines = read_settings(path)
         return from_flat_keys(data, str(path), lines, Path(path).absolute().parent)
@@ -100,15 +95,7 @@ class ForgetWatchConfig(Settings):
         return own | {key: value for name in GROUPS for key, value in getattr(self, name)}
 
     def check_categories(self, categories: Sequence[str]) -> None:
-        """Refuse per-category thresholds and groups for categories the probes lack (a typo would leave its guard off).
-
-        Example:
-            >>> cfg = ForgetWatchConfig(monitor=Monitor(category_max_forgetting={"mth": 0.1}))
-            >>> cfg.check_categories(["math"])  # doctest: +ELLIPSIS
-            Traceback (most recent call last):
-                ...
-            forgetwatch.config.settings.ConfigError: ForgetWatchCallback: key 'category_max_forgetting': names ...
-        """
+        """Refuse per-category thresholds and groups for categories the probes lack (a typo would switch them off)."""
         problems = []
         for key, named in (
             ("category_max_forgetting", self.monitor.category_max_forgetting),
@@ -178,13 +165,9 @@ def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
 
 def resolved_path(value: Any, folder: Path) -> Any:
     """A path setting with a relative path taken from ``folder`` (for lm-eval tasks, their task folder)."""
-    if isinstance(value, LmEvalProbes):
-        return (
-            value
-            if value.include_path is None
-            else replace(value, include_path=resolved_path(value.include_path, folder))
-        )
-    if value in (None, ADAPTER_DISABLED):
+    if isinstance(value, LmEvalProbes) and value.include_path is not None:
+        return replace(value, include_path=resolved_path(value.include_path, folder))
+    if value is None or value == ADAPTER_DISABLED or isinstance(value, LmEvalProbes):
         return value
     expanded = Path(os.path.expanduser(value))  # no normpath: ".." past a symlink would point elsewhere
     return str(expanded if expanded.is_absolute() else folder / expanded)

@@ -1,6 +1,5 @@
-"""The three groups of settings (:class:`Scoring`, :class:`Monitor`, :class:`Output`): each field is declared once,
-here, with its type and check (pydantic), its default and its help (the docstring under it). The YAML keys, the
-command line's scoring flags and the frameworks' ``forgetwatch_<key>`` settings are the field names."""
+"""The groups of settings (:class:`Scoring`, :class:`Monitor`, :class:`Output`): each field declared once, with its
+type, check, default and help; YAML keys, scoring flags and ``forgetwatch_<key>`` settings are the field names."""
 
 from __future__ import annotations
 
@@ -25,16 +24,12 @@ from forgetwatch.probes.schema import check_category
 
 __all__ = ["ConfigError", "Monitor", "Output", "Scoring"]
 
-#: The largest count or size any setting may be: what a 64-bit integer (numpy, torch, the files) holds.
-MAX_INT = 2**63 - 1
+MAX_INT = 2**63 - 1  # the largest count any setting may be: what a 64-bit integer holds
 BatchSize = int | str  # a positive int, or "auto"
-
-#: Most tokens a generation may ask for: more than any model's context.
-MAX_NEW_TOKENS = 1 << 20
+MAX_NEW_TOKENS = 1 << 20  # more than any model's context
 #: Stop strings: at most this many, each at most this long (transformers builds a vocabulary-wide table for each).
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 200
-#: The coldest sampling temperature: colder draws are greedy decoding but for rounding, and overflow the logits.
-MIN_TEMPERATURE = 0.01
+MIN_TEMPERATURE = 0.01  # colder sampling is greedy decoding but for rounding, and overflows the logits
 
 
 class ConfigError(InputError):
@@ -140,12 +135,6 @@ class FrozenDict(dict):  # type: ignore[type-arg]
 Frozen = AfterValidator(FrozenDict)
 
 
-def _batch_size(value: Any) -> int | str:
-    if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT:
-        return value if isinstance(value, str) else int(value)
-    raise ValueError("a batch size is a positive integer, or 'auto' for the largest batch that fits")
-
-
 def _temperature(value: float) -> str | None:
     if 0 < value < MIN_TEMPERATURE:
         return (
@@ -153,6 +142,12 @@ def _temperature(value: float) -> str | None:
             "the logits past what floats hold; write 0 for greedy answers, or a temperature such as 0.6"
         )
     return None
+
+
+def _batch_size(value: Any) -> int | str:
+    if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT:
+        return value if isinstance(value, str) else int(value)
+    raise ValueError("a batch size is a positive integer, or 'auto' for the largest batch that fits")
 
 
 class Scoring(Settings):
@@ -168,8 +163,7 @@ class Scoring(Settings):
     batch_size: Annotated[int | Literal["auto"], PlainValidator(_batch_size)] = "auto"
     """Probes per forward pass: a positive integer, or "auto" for the largest batch that fits."""
     normalize: Literal["chars"] | None = None
-    """Multiple-choice score normalisation: None (lm-eval ``acc``) or "chars" (``acc_norm``: log-probability divided
-    by the choice's length in characters)."""
+    """Multiple choice: None (lm-eval ``acc``) or "chars" (``acc_norm``: log-probability per character)."""
     chat_template: bool = False
     """Wrap each question in the tokenizer's chat template (a user turn, generation prompt)."""
     max_new_tokens: Tokens = 64
@@ -177,25 +171,21 @@ class Scoring(Settings):
     stop: Annotated[tuple[StopString, ...], Field(max_length=MAX_STOP_STRINGS, strict=False)] = ("\n",)
     """Generative probes: generation stops at the first of these strings (EOS always stops)."""
     behaviour_max_new_tokens: Tokens = 256
-    """Behaviour probes (rows with ``check``): most tokens of a response (>= 1); they run to EOS, ``stop`` does not
-    apply."""
+    """Behaviour probes (rows with ``check``): most tokens of a response (>= 1); ``stop`` does not apply."""
     shared_prefixes: bool = True
-    """Compute a prompt prefix many probes share (a few-shot block, a system prompt) once per evaluation and read it
-    from the KV cache: the same answers, faster. Off: every probe is scored whole."""
+    """Compute a prompt prefix many probes share once per evaluation, read from the KV cache: same answers, faster."""
     precision: Literal["weights", "autocast"] = "weights"
-    """What the forwards compute in: "weights" (the weights' own dtype, autocast off: answers equal an offline
-    recount such as lm-eval's) or "autocast" (as the trainer's mixed-precision forward: faster, but answers flip with
-    rounding alone). Answers of another precision are not compared."""
+    """"weights" (their own dtype, autocast off: answers equal an offline recount such as lm-eval's) or "autocast"
+    (the trainer's mixed precision: faster, but answers flip with rounding alone)."""
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False), _checked(_temperature)] = 0.0
     """Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own seed."""
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     """Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1)."""
     samples: Annotated[int, Field(ge=1, le=16)] = 1
-    """Generative and behaviour probes: answers drawn per probe (1 to 16; each costs a generation), each judged; a
-    probe is right when most are (``Answers.samples_correct`` holds each). > 1 needs a temperature."""
+    """Generative and behaviour probes: answers drawn per probe (1 to 16), right when most are; > 1 needs a
+    temperature."""
     seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
-    """The run's sampling seed: answer j of probe p is drawn with a seed made of (seed, p's id, j), the same on any
-    batch size or number of ranks, and for the base and every later evaluation."""
+    """Sampling seed: answer j of probe p is drawn with a seed of (seed, p's id, j), whatever the batches or ranks."""
 
     @field_validator("samples")
     @classmethod
@@ -223,8 +213,7 @@ class Monitor(Settings):
     """
 
     max_overhead: Annotated[float, Field(ge=0.001, lt=1, allow_inf_nan=False)] = 0.05
-    """Without ``eval_steps``, the share of wall time monitoring may take, start-up included (0.001 <= x < 1: below,
-    the schedule would barely evaluate; for rare evaluations set eval_steps); with ``eval_steps``, a warning says
+    """Without ``eval_steps``, the share of wall time monitoring may take (0.001 <= x < 1); with it, a warning says
     when the interval spends more."""
     eval_on_evaluate: bool = True
     """Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics)."""
@@ -241,17 +230,15 @@ class Monitor(Settings):
     save_on_stop: bool = True
     """Ask the trainer for a checkpoint before stopping."""
     at_risk_share: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    """A still-right probe is at risk once its margin (multiple choice) or its reference's probability (generative)
-    falls below this share of the base's (0 < x < 1)."""
+    """A still-right probe is at risk once its margin (or its reference's probability) falls below this share of the
+    base's (0 < x < 1)."""
     at_risk_floor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.1
     """A still-right multiple-choice probe is also at risk below this margin in nats (>= 0)."""
     noise_check: bool | None = None
-    """Score the base twice, in batches of another size, and report how many probes flip with no weight change (the
-    noise floor); None: on for GPUs and reduced precision."""
+    """Score the base twice, in batches of another size, to report the noise floor; None: on for GPUs and reduced
+    precision."""
     train_kl_rows: Annotated[int, Field(ge=0, le=4096)] = 128
-    """Training rows on which KL(base || current) is measured at each evaluation (``forgetwatch/drift/train_kl``), a
-    fixed seeded sample (0 to 4096, each a forward pass at every evaluation; 0: off; fewer when the base's
-    distribution on all of them would take longer than scoring the probes)."""
+    """Training rows (a seeded sample, 0 to 4096; 0: off) on which ``forgetwatch/drift/train_kl`` is measured."""
 
 
 class Output(Settings):
@@ -263,17 +250,14 @@ class Output(Settings):
     """
 
     table_rows: Count = 500
-    """W&B and TensorBoard tables: at most this many rows per evaluation's flips and in the final table of probes
-    (>= 1)."""
+    """W&B and TensorBoard tables: at most this many rows (>= 1)."""
     log_categories: bool = True
-    """Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups (``category_map``,
-    or lm-eval's own, e.g. ``mmlu_stem``)."""
+    """Also log ``forgetwatch/<category>/<metric>`` keys, per group where categories have groups."""
     category_map: Annotated[Mapping[Category, Category], Frozen] = FrozenDict()
-    """Category -> group, for probe files: the logged per-category figures are the groups' (a category left out is a
-    group of its own); history.jsonl and the report keep every category."""
+    """Category -> group: the logged per-category figures are the groups'; history.jsonl keeps every category."""
     min_logged_right: Count = 6
-    """Log a category (or group) only with at least this many probes right at the base (>= 1; 6 is the fewest an
-    exact McNemar test calls significant at 5 %)."""
+    """Log a category only with at least this many probes right at the base (>= 1; 6: the fewest McNemar can call
+    significant)."""
     max_logged_categories: Count = 100
     """Per-category keys for at most this many categories, the largest (>= 1)."""
     verbose: bool = True

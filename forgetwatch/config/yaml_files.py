@@ -36,36 +36,25 @@ def read_settings(path: str | os.PathLike[str]) -> tuple[dict[Any, Any], dict[An
     except UnicodeDecodeError as exc:
         message = f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
         raise ConfigError([Problem(source, None, None, message)]) from None
-    data = _loaded(text, source)
+    data, lines = _loaded(text, source)
     if not isinstance(data, dict):
-        got = "an empty document" if data is None else describe(_plain(data))
+        got = "an empty document" if data is None else describe(data)
         message = f"the document must be a mapping of forgetwatch settings (key: value lines), got {got}"
         raise ConfigError([Problem(source, None, None, message)])
-    return _plain(data), {_plain(key): data.lc.key(key)[0] + 1 for key in data}
+    return data, dict(zip(data, lines))  # a mapping's keys in the order written: no key is given twice
 
 
 def read_value(text: str, source: str) -> Any:
     """YAML text (a file's, an environment variable's) as plain values, or a :class:`ConfigError` naming the line."""
-    return _plain(_loaded(text, source))
+    return _loaded(text, source)[0]
 
 
-def _plain(value: Any) -> Any:
-    """ruamel's round-trip values (which keep lines and styles) as the plain ``dict``, ``list``, ``str``, ``int``,
-    ``float`` and ``bool`` they stand for: what a setting holds, and what its errors name."""
-    if isinstance(value, dict):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    for kind in (bool, int, float, str):  # bool first: ruamel's ScalarBoolean is an int
-        if isinstance(value, kind) or (kind is bool and type(value).__name__ == "ScalarBoolean"):
-            return kind(value)
-    return value
-
-
-def _loaded(text: str, source: str) -> Any:
+def _loaded(text: str, source: str) -> tuple[Any, list[int]]:
+    """The values of YAML text and the line of each top-level key."""
     try:
-        _refuse_what_no_setting_needs(YAML(pure=True).parse(text), source)
-        return YAML(pure=True).load(text)
+        yaml_12 = YAML(typ="safe", pure=True)
+        lines = _refuse_what_no_setting_needs(yaml_12.parse(text), source)
+        return yaml_12.load(text), lines
     except MarkedYAMLError as exc:  # the syntax, or a key given twice
         mark = exc.problem_mark or exc.context_mark
         where = f" (column {mark.column + 1})" if mark is not None else ""
@@ -79,9 +68,11 @@ def _loaded(text: str, source: str) -> Any:
         raise ConfigError([Problem(source, None, None, message)]) from None
 
 
-def _refuse_what_no_setting_needs(events: Iterable[Event], source: str) -> None:
-    """Refuse, before anything is built, what would explode (aliases), run deep, or hold more than a setting can."""
+def _refuse_what_no_setting_needs(events: Iterable[Event], source: str) -> list[int]:
+    """Refuse, before anything is built, what would explode (aliases), run deep, or hold more than a setting can;
+    return each top-level key's line."""
     depth, key, at_key = 0, None, True  # key: the top-level key above each node; at_key: the next one is a key
+    lines = []
     for event in events:
         if isinstance(event, CollectionEndEvent):
             depth -= 1
@@ -89,8 +80,9 @@ def _refuse_what_no_setting_needs(events: Iterable[Event], source: str) -> None:
             continue
         if not isinstance(event, NodeEvent):
             continue
-        if depth == 1 and at_key and isinstance(event, ScalarEvent):
-            key = event.value
+        if depth == 1 and at_key:
+            lines.append(event.start_mark.line + 1)
+            key = event.value if isinstance(event, ScalarEvent) else None
         message = None
         if isinstance(event, AliasEvent) or event.anchor is not None:
             message = "YAML anchors and aliases (&name / *name) are not allowed in forgetwatch settings; write it out"
@@ -107,6 +99,7 @@ def _refuse_what_no_setting_needs(events: Iterable[Event], source: str) -> None:
             depth += 1
         else:
             at_key ^= depth == 1
+    return lines
 
 
 def yaml11_misreadings(path: str | os.PathLike[str]) -> dict[str, tuple[int, str, Any]]:
