@@ -1,5 +1,6 @@
 """The transformers ``Trainer`` as a callback sees it, through public routes only: the objects every event hands it,
-and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" and "Resume")."""
+and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" and "Resume"); the sinks that log
+forgetwatch's figures through it, at the step they were measured."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from forgetwatch.probes import ProbeSet
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
+from forgetwatch.sinks import Sinks
+from forgetwatch.sinks.tables import TensorBoardText
+from forgetwatch.sinks.wandb import WandbSection
 
 logger = logging.getLogger("forgetwatch")
 
@@ -109,9 +116,60 @@ class TrainerLink:
         integration but console printers, ``skip`` and this callback (``control.should_log`` left alone)."""
         state = self.state
         epoch = {} if state.epoch is None else {"epoch": state.epoch}
-        state.log_history.append({**metrics, **epoch, "step": state.global_step})
-        for cb in self.integrations:
-            if cb is self.callback or type(cb).__name__ in CONSOLE_CALLBACKS:
-                continue
-            if not any(c.__name__ in skip for c in type(cb).__mro__):
-                cb.on_log(self.args, state, self.control, logs=dict(metrics), **self.objects)
+        try:
+            state.log_history.append({**metrics, **epoch, "step": state.global_step})
+            for cb in self.integrations:
+                if cb is self.callback or type(cb).__name__ in CONSOLE_CALLBACKS:
+                    continue
+                if not any(c.__name__ in skip for c in type(cb).__mro__):
+                    cb.on_log(self.args, state, self.control, logs=dict(metrics), **self.objects)
+        except Exception as err:  # noqa: BLE001 - a logger that is gone must not end training
+            logger.warning(
+                "forgetwatch: sending the metrics of step %d to the trainer's integrations failed "
+                "(%s: %s); training goes on, and the figures are in the history file",
+                state.global_step,
+                type(err).__name__,
+                err,
+            )
+
+
+class TrainerLog:
+    """A sink: each event's metrics through ``link``, to every integration but those of classes named in ``skip``;
+    on every rank, as ``Trainer.log`` runs (the integrations write on the main process only)."""
+
+    def __init__(self, link: TrainerLink, skip: tuple[str, ...] = ()):
+        self.link, self.skip = link, skip
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        if snapshot.metrics:
+            self.link.emit(snapshot.metrics, self.skip)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        self.link.emit(evaluation.metrics, self.skip)
+
+    def on_ending(self, ending: Ending) -> None:
+        self.link.emit(ending.metrics, self.skip)
+
+
+class WhileTraining(Sinks):
+    """Forwards sinks' events only while the trainer's integrations are open (after training they may be closed:
+    the history file keeps the figures); ``all_ranks`` as for a sink."""
+
+    def __init__(self, link: TrainerLink, *sinks: Any, all_ranks: bool = False):
+        super().__init__(sinks)
+        self.link, self.all_ranks = link, all_ranks
+
+    def _call(self, event: str, payload: Any) -> None:
+        if self.link.open:
+            super()._call(event, payload)
+
+
+def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
+    """W&B's section and tables (when ``args.report_to`` names it; the trainer's ``WandbCallback`` would put them
+    under ``train/``) and TensorBoard's text, then the log every integration reads."""
+    wandb = WandbSection(probes, rows) if "wandb" in (link.args.report_to or []) else None
+    board = link.integration("TensorBoardCallback")  # its writer is the trainer's (or forgetwatch's own)
+    tensorboard = TensorBoardText(probes, lambda: board.tb_writer, rows) if board else None
+    rank_zero = WhileTraining(link, *(s for s in (wandb, tensorboard) if s))
+    log = TrainerLog(link, skip=("WandbCallback",) if wandb else ())
+    return [rank_zero, WhileTraining(link, log, all_ranks=True)]
