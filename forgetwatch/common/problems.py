@@ -56,9 +56,6 @@ class Problems:
             if len(self.kept) < MAX_REPORTED:
                 self.kept.append(p)
 
-    def __bool__(self) -> bool:
-        return self.count > 0
-
     def raise_if_any(self, error: type[InputError]) -> None:
         if not self.count:
             return

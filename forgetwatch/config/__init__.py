@@ -146,18 +146,14 @@ def _unknown(key: str) -> str:
 
 
 def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """``init`` refusing a keyword it does not take with :func:`unknown_keyword`'s ``TypeError``."""
-    signature = inspect.signature(init)
+    """``init`` (which takes no ``**kwargs``) refusing a keyword it does not take with :func:`unknown_keyword`'s
+    ``TypeError``."""
+    parameters = list(inspect.signature(init).parameters)[1:]
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            signature.bind(self, *args, **kwargs)
-        except TypeError as err:
-            unknown = next((k for k in kwargs if k not in signature.parameters), None)
-            if unknown is None:
-                raise
-            raise unknown_keyword(type(self).__name__, unknown, list(signature.parameters)[1:]) from err
+        if unknown := next((k for k in kwargs if k not in parameters), None):
+            raise unknown_keyword(type(self).__name__, unknown, parameters)
         init(self, *args, **kwargs)
 
     return checked
