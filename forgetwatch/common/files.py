@@ -31,12 +31,10 @@ MAX_NPZ_BYTES = 2 << 30
 
 def read_npz(path: str | os.PathLike[str] | IO[bytes]) -> dict[str, np.ndarray]:
     """Every array of an npz file, read once the sizes its headers claim hold up; raises one of :data:`NPZ_ERRORS`."""
-    limit = MAX_NPZ_BYTES
     with zipfile.ZipFile(path) as z:
         members = z.infolist()
-        claimed = sum(m.file_size for m in members)
-        if claimed > limit:
-            raise ValueError(f"it claims {claimed:,} bytes unpacked, more than the {limit:,} an npz may hold here")
+        if (claimed := sum(m.file_size for m in members)) > MAX_NPZ_BYTES:
+            raise ValueError(f"it claims {claimed:,} bytes unpacked, more than the {MAX_NPZ_BYTES:,} an npz may hold")
         arrays: dict[str, Any] = {}  # name -> its member, until every header has been checked
         for member in members:
             name = member.filename.removesuffix(".npy")

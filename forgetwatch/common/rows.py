@@ -42,18 +42,16 @@ class Rows(Generic[T]):
             kind = "a JSON object ({...})" if self.unit == "line" else "a mapping (dict)"
             self.problem(where, None, f"expected {kind}, got {type_name(row)}")
             return
-        # first, whether the row can be kept as strict JSON at all (rows built in code may hold
-        # anything): its fields are read only then, so no check meets a NaN or a 5,000-digit int
+        # first whether strict JSON can keep the row, so that no field's check meets a NaN or a 5,000-digit int
         unkeepable = None if read_strictly else strict_json.value_problem(row)
         parsed = [(unkeepable[0] or None, unkeepable[1])] if unkeepable else self._parse(row)
-        # Track ids of invalid rows too, so a duplicate is reported now rather than after a fix.
         pid = row.get("id")
         duplicate = isinstance(pid, str) and pid in self._first_seen
         if duplicate:
             first = f"{self.unit} {self._first_seen[pid]}"
             self.problem(where, "id", f"duplicate id {shorten(pid)} (first used on {first}); ids must be unique")
         elif isinstance(pid, str):
-            self._first_seen[pid] = where
+            self._first_seen[pid] = where  # an invalid row's too: a duplicate is reported now, not after a fix
         if isinstance(parsed, list):
             for field, message in parsed:
                 self.problem(where, field, message)

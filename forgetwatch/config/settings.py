@@ -33,8 +33,7 @@ MIN_TEMPERATURE = 0.01  # colder sampling is greedy decoding but for rounding, a
 
 
 class ConfigError(InputError):
-    """Invalid settings: one line per problem (``train.yaml: line 3: key 'eval_step': ...``), and ``errors``, the
-    :class:`~forgetwatch.common.problems.Problem` tuples (source, line, key, message)."""
+    """Invalid settings: one line per problem (``train.yaml: line 3: key 'eval_step': ...``); ``errors`` holds them."""
 
 
 def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None = None) -> list[Problem]:
@@ -70,8 +69,8 @@ def _grouped_as(key: str, group: type) -> str:
 
 
 class Settings(BaseModel):
-    """Settings checked when built (one :class:`ConfigError` naming each wrong field), immutable, strictly typed
-    (``"5"`` is no integer, ``1`` no boolean), no unknown fields (a ``TypeError`` with a did-you-mean)."""
+    """Settings checked when built (a :class:`ConfigError` naming each wrong field), immutable, strictly typed (``"5"``
+    is no integer), no unknown fields (a ``TypeError`` with a did-you-mean)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -104,14 +103,12 @@ def _path_problem(value: str) -> str | None:
     return None
 
 
-#: A file system path: a non-empty string (an os.PathLike is taken as its string).
+#: A file system path: a non-empty string (or an os.PathLike).
 FilePath = Annotated[
     str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v), _checked(_path_problem)
 ]
-#: A count: a whole number (not a bool) of at least 1.
-Count = Annotated[int, Field(ge=1, le=MAX_INT)]
-#: Tokens of a response: at most more than any model's context, which is all a response can use.
-Tokens = Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)]
+Count = Annotated[int, Field(ge=1, le=MAX_INT)]  # a whole number (not a bool) of at least 1
+Tokens = Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)]  # of a response
 Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a rate, 0 to 1: a fraction, not a percentage
 Category = Annotated[str, _checked(check_category)]  # the probes' own rule for a category's name
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]  # valid Unicode: a strict str's rule
@@ -175,15 +172,13 @@ class Scoring(Settings):
     shared_prefixes: bool = True
     """Compute a prompt prefix many probes share once per evaluation, read from the KV cache: same answers, faster."""
     precision: Literal["weights", "autocast"] = "weights"
-    """"weights" (their own dtype, autocast off: answers equal an offline recount such as lm-eval's) or "autocast"
-    (the trainer's mixed precision: faster, but answers flip with rounding alone)."""
+    """"weights" (their dtype, autocast off: answers equal lm-eval's) or "autocast" (faster; rounding flips answers)."""
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False), _checked(_temperature)] = 0.0
     """Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own seed."""
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     """Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1)."""
     samples: Annotated[int, Field(ge=1, le=16)] = 1
-    """Generative and behaviour probes: answers drawn per probe (1 to 16), right when most are; > 1 needs a
-    temperature."""
+    """Answers drawn per generative or behaviour probe (1 to 16), right when most are; > 1 needs a temperature."""
     seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     """Sampling seed: answer j of probe p is drawn with a seed of (seed, p's id, j), whatever the batches or ranks."""
 
@@ -204,8 +199,8 @@ class Scoring(Settings):
 
 
 class Monitor(Settings):
-    """How a run is watched, beside ``eval_steps`` and ``max_forgetting``: when else to evaluate, what else to
-    measure, when to stop.
+    """How a run is watched beside ``eval_steps`` and ``max_forgetting``: when else to evaluate, what to measure, when
+    to stop.
 
     Example:
         >>> Monitor(patience=3, stop_metric="forgetting_adjusted").max_overhead
@@ -213,8 +208,7 @@ class Monitor(Settings):
     """
 
     max_overhead: Annotated[float, Field(ge=0.001, lt=1, allow_inf_nan=False)] = 0.05
-    """Without ``eval_steps``, the share of wall time monitoring may take (0.001 <= x < 1); with it, a warning says
-    when the interval spends more."""
+    """Without ``eval_steps``, the share of wall time monitoring may take (0.001 <= x < 1); with it, a warning past."""
     eval_on_evaluate: bool = True
     """Also evaluate at every trainer evaluation (adds ``eval_forgetwatch_*`` metrics)."""
     eval_on_train_end: bool = True
@@ -230,13 +224,11 @@ class Monitor(Settings):
     save_on_stop: bool = True
     """Ask the trainer for a checkpoint before stopping."""
     at_risk_share: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    """A still-right probe is at risk once its margin (or its reference's probability) falls below this share of the
-    base's (0 < x < 1)."""
+    """A right probe is at risk once its margin (or reference's probability) falls below this share of the base's."""
     at_risk_floor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.1
     """A still-right multiple-choice probe is also at risk below this margin in nats (>= 0)."""
     noise_check: bool | None = None
-    """Score the base twice, in batches of another size, to report the noise floor; None: on for GPUs and reduced
-    precision."""
+    """Score the base twice, in other batch sizes, to report the noise floor; None: on for GPUs and reduced precision."""
     train_kl_rows: Annotated[int, Field(ge=0, le=4096)] = 128
     """Training rows (a seeded sample, 0 to 4096; 0: off) on which ``forgetwatch/drift/train_kl`` is measured."""
 
@@ -256,8 +248,7 @@ class Output(Settings):
     category_map: Annotated[Mapping[Category, Category], Frozen] = FrozenDict()
     """Category -> group: the logged per-category figures are the groups'; history.jsonl keeps every category."""
     min_logged_right: Count = 6
-    """Log a category only with at least this many probes right at the base (>= 1; 6: the fewest McNemar can call
-    significant)."""
+    """Log a category only with at least this many probes right at the base (6: the fewest McNemar calls significant)."""
     max_logged_categories: Count = 100
     """Per-category keys for at most this many categories, the largest (>= 1)."""
     verbose: bool = True

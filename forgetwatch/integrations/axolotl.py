@@ -34,11 +34,9 @@ ForgetWatchArgs = create_model(
 class ForgetWatchPlugin(BasePlugin):  # type: ignore[misc]
     """Adds a :class:`~forgetwatch.ForgetWatchCallback` to the trainer Axolotl builds (SFT and RL).
 
-    The settings are checked and the probes loaded in :meth:`register`, when Axolotl reads its
-    config: a misspelled ``forgetwatch_`` key (which Axolotl itself would drop without a word),
-    a wrong value or a bad probe file stops the run before any model is loaded. The callback
-    joins in ``add_callbacks_post_trainer``, the one hook that gets the trainer: replay steps
-    through it, and Axolotl calls it for its SFT and RL (DPO, GRPO, ...) trainers alike.
+    The settings are checked and the probes loaded in :meth:`register`, when Axolotl reads its config, so a
+    misspelled ``forgetwatch_`` key (which Axolotl would drop silently) or a bad probe file stops the run before any
+    model loads; the callback joins in ``add_callbacks_post_trainer``, the one hook that gets the trainer.
 
     Example:
         >>> # axolotl.yaml: plugins: [forgetwatch.integrations.axolotl.ForgetWatchPlugin]

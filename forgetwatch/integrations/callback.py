@@ -1,6 +1,5 @@
-"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch`, and to the
-plug-ins beside it that change training (replay) or make new weights (a merge) (the trainer's internals reached
-through TrainerLink only)."""
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch` and the
+plug-ins beside it (replay, a merge)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from transformers import TrainingArguments as Args
 
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.config import ForgetWatchConfig
-from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run
-from forgetwatch.integrations.trainer_log import TrainerLog, trainer_sinks
+from forgetwatch.integrations.trainer_link import TrainerLink, grad_scaler, sharded_run, trainer_sinks
 from forgetwatch.merge.at_end import MergeAtEnd
 from forgetwatch.probes import ProbesLike
 from forgetwatch.replay import Replay, ReplayPool
@@ -36,8 +34,7 @@ STATE_KEY = "ForgetWatch"
 
 
 def _plug_ins(watch: Watch, replay: Any, merge_at_end: Any) -> tuple[Replay | None, MergeAtEnd | None]:
-    """The plug-ins checked before any work: a pool holding a probe's question is refused now; replay's figures and
-    state are kept with the watch's."""
+    """The plug-ins checked before any work; replay's figures and state kept with the watch's."""
     if replay is not None and not isinstance(replay, (Replay, ReplayPool)):
         raise TypeError(
             f"replay={replay!r}: give a ReplayPool (ReplayPool.from_jsonl(path)), or Replay(pool, ...) for its options"
@@ -62,30 +59,20 @@ def _of_watch(name: str, doc: str) -> property:
 class ForgetWatchCallback(TrainerCallback):
     """Measure per-sample forgetting on a probe set while a transformers / TRL trainer trains.
 
-    A :class:`~forgetwatch.Watch` (``callback.watch``) does the work; this class adapts the trainer's events to it
-    and to the plug-ins beside it (docs/trainer.md). A failure of forgetwatch during training is a loud warning,
-    never an exception. List it before transformers' ``EarlyStoppingCallback``, which reads the
-    ``eval_forgetwatch_*`` metrics.
+    A :class:`~forgetwatch.Watch` (``callback.watch``, whose ``history``, ``trajectory``, ... it shows) does the
+    work (docs/trainer.md); a failure of forgetwatch during training is a loud warning, never an exception. List it
+    before transformers' ``EarlyStoppingCallback``, which reads the ``eval_forgetwatch_*`` metrics.
 
     Args:
-        probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file's path or a list of probe rows; or a
+        probes: a :class:`~forgetwatch.ProbeSet`, a probe file's path or probe rows; or a
             :class:`~forgetwatch.Watch` made beforehand (then no ``settings``).
-        settings: the :class:`~forgetwatch.Watch`'s keywords, as it takes them: ``eval_steps``, ``max_forgetting``,
-            ``output_dir`` (default ``<trainer output_dir>/forgetwatch``, or the trial's folder in a
-            hyperparameter search), ``base``, ``scoring``, ``monitor``, ``output``, ``sinks``, ``clock``.
-        replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, with the defaults) to
-            repair forgetting with; a pool holding a probe's question is refused.
+        settings: the :class:`~forgetwatch.Watch`'s keywords (``output_dir`` defaults to
+            ``<trainer output_dir>/forgetwatch``).
+        replay: a :class:`~forgetwatch.Replay` (or a :class:`~forgetwatch.ReplayPool`, with the defaults).
         merge_at_end: a :class:`~forgetwatch.MergeAtEnd`: when training ends, sweep the interpolation between the
-            base and the final weights on the probes and its target, log ``forgetwatch/merge/*`` and say which α
-            would keep the gain at the least forgetting (the trainer's model and checkpoints stay as trained).
-        trainer: the trainer running this callback (then ``trainer.add_callback(callback)``): the metrics reach
-            every reporting integration, and a ``GRPOTrainer``'s tools and chat template render train-KL prompts.
-
-    Attributes:
-        watch: the :class:`~forgetwatch.Watch` doing the work; ``history``, ``trajectory``, ``base_answers``,
-            ``stop_reason``, ``monitoring_seconds`` and ``config`` are its own.
-        replay: the :class:`~forgetwatch.Replay` it calls before each optimizer step, if any.
-        merge_at_end: the :class:`~forgetwatch.MergeAtEnd` it calls when training ends, if any.
+            base and the final weights and log ``forgetwatch/merge/*`` (the trained model stays as it is).
+        trainer: the trainer (then ``trainer.add_callback(callback)``): the metrics reach every reporting
+            integration, and a ``GRPOTrainer``'s chat template renders train-KL prompts.
 
     Example:
         >>> trainer = SFTTrainer(model=model, train_dataset=ds,
@@ -119,7 +106,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **keywords: Any) -> ForgetWatchCallback:
-        """A callback with a YAML file's settings (flat keys, see ``configs/``); ``keywords``, the constructor's, win.
+        """A callback with a YAML file's settings (flat keys, see ``configs/``); ``keywords`` win.
 
         Example:
             >>> cb = ForgetWatchCallback.from_yaml("configs/early_stop_adjusted_5pct.yaml", eval_steps=10)
@@ -151,8 +138,8 @@ class ForgetWatchCallback(TrainerCallback):
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if tokenizer is None:
             raise ValueError("ForgetWatchCallback needs a tokenizer: give the trainer processing_class=")
-        # the trainer loaded the checkpoint's trainer_state.json into state before this event, whatever
-        # args.restore_callback_states_from_checkpoint says (that flag only rebuilds ExportableState callbacks)
+        # the trainer loaded the checkpoint's trainer_state.json before this event, whatever
+        # restore_callback_states_from_checkpoint says
         kept = (state.stateful_callbacks or {}).get(STATE_KEY) if state.global_step > 0 else None
         if kept is not None:
             self.watch.load_state_dict(kept)
@@ -175,8 +162,8 @@ class ForgetWatchCallback(TrainerCallback):
 
     @staticmethod
     def _origin(args: Args, state: State) -> Path | None:
-        """The run directory of the checkpoint resumed from, when the arguments name it (a framework may resume into
-        a new output folder: ms-swift's versioned ones)."""
+        """The run directory of the checkpoint resumed from, when the arguments name it (ms-swift resumes into a new
+        output folder)."""
         given = getattr(args, "resume_from_checkpoint", None)
         return Path(given).parent / SUBDIR if state.global_step > 0 and isinstance(given, str) and given else None
 
@@ -209,17 +196,12 @@ class ForgetWatchCallback(TrainerCallback):
         self._keep_state(state)
 
     def _keep_state(self, state: State) -> None:
-        """The watch's state where the trainer's next checkpoint writes it (trainer_state.json's
-        ``stateful_callbacks``): kept current after every step and evaluation, since a save follows them. Not as
-        an ``ExportableState``: with ``restore_callback_states_from_checkpoint`` the trainer would build such a
-        callback again from JSON alone, without its probes."""
-        if state.stateful_callbacks is None:
-            state.stateful_callbacks = {}
-        state.stateful_callbacks[STATE_KEY] = self.watch.state_dict()
+        """The watch's state where the next checkpoint writes it (``stateful_callbacks``), kept current. Not an
+        ``ExportableState``: the trainer would build such a callback again from JSON alone, without its probes."""
+        state.stateful_callbacks = {**(state.stateful_callbacks or {}), STATE_KEY: self.watch.state_dict()}
 
     def on_epoch_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
-        # however training stops (max_steps, a callback, data running out), this runs before the trainer
-        # finalizes, while every integration is still open; and the trainer saves after it if asked to
+        # however training stops, this runs while every integration is still open, and before a save
         if not control.should_training_stop:
             return
         step, watch = state.global_step, self.watch
@@ -256,7 +238,7 @@ class ForgetWatchCallback(TrainerCallback):
         if self._eval_logged_at != step or not self._link.open:  # once per step
             self._eval_logged_at = step
             self._link.state, self._link.control = state, control
-            TrainerLog(self._link).send(extra)
+            self._link.emit(extra)
 
     def on_train_end(self, args: Args, state: State, control: Control, model: Module, **kw: Any) -> None:
         # a fallback: integrations may be closed now, so the result goes to the history only
@@ -278,8 +260,7 @@ class ForgetWatchCallback(TrainerCallback):
             self.replay.before_optimizer_step(model, max_grad_norm=args.max_grad_norm, grad_scaler=scaler)
 
     def _evaluated(self, evaluation: Evaluation | None, control: Control, model: Module) -> None:
-        """Replay follows the evaluation's forgetting; every rank stops together (the watch's rule is rank 0's);
-        the trainer saves first if asked."""
+        """Replay follows the evaluation's forgetting; every rank stops together, saving first if asked."""
         if evaluation is not None and self.replay is not None:
             self.replay.on_evaluation(evaluation.report, model)
         if evaluation is not None and self._link.state is not None:

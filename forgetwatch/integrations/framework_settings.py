@@ -27,17 +27,16 @@ from forgetwatch.replay import Replay, ReplayPool
 from forgetwatch.replay.replay import ReplayOptions, checked_options
 
 KEY_PREFIX, ENV_PREFIX = "forgetwatch_", "FORGETWATCH_"
-#: settings of the frameworks' own, beside the config's flat keys
-#: MergeAtEnd's, as merge_<option>: a target (texts or probes, a file) and its options
+#: MergeAtEnd's settings, as merge_<option>: a target (texts or probes, a file) and its options
 MERGE = ("target_texts", "target_probes", "keep", "alphas", "by_layer", "save")
-EXTRA = (
+#: every setting a framework may give, without its prefix: the config's flat keys, then the frameworks' own
+NAMES = (
+    *FLAT_KEYS,
     "config",
     "replay",
     *(f"replay_{name}" for name in ReplayOptions.model_fields),
     *(f"merge_{name}" for name in MERGE),
 )
-#: every setting a framework may give, without its prefix
-NAMES = (*FLAT_KEYS, *EXTRA)
 #: the settings that are file paths: a relative one is taken from the folder of the file that names it
 PATHS = (*PATH_KEYS, "config", "replay", "merge_target_texts", "merge_target_probes")
 #: how each source spells its settings: a framework config's keys, the environment's variables
@@ -58,12 +57,11 @@ class FrameworkSettings:
         cls, values: Mapping[str, Any], source: str, config_file: str | os.PathLike[str] | None = None
     ) -> FrameworkSettings:
         """From the ``forgetwatch_*`` keys of a framework's config; ``config_file``, the file it read them from:
-        relative paths are taken from its folder (without one, from the working directory), and in a YAML file a
-        value its YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line."""
+        relative paths are taken from its folder (else from the working directory), and in a YAML file a value
+        YAML 1.1 reads otherwise than YAML 1.2 (``010`` as 8) is an error naming its line."""
         given, problems = _prefixed(values, KEY_PREFIX, source)
         yaml_file = None if config_file is None or str(config_file).lower().endswith(".json") else config_file
-        misread = yaml11_misreadings(yaml_file) if yaml_file is not None else {}
-        for key, (line, text, old) in misread.items():
+        for key, (line, text, old) in (yaml11_misreadings(yaml_file) if yaml_file is not None else {}).items():
             if key.startswith(KEY_PREFIX) and key[len(KEY_PREFIX) :] in given and values[key] == old:  # not overridden
                 message = (
                     f"the framework reads {text} as {json.dumps(old)} (YAML 1.1: a leading 0 is octal, a colon "
@@ -104,10 +102,9 @@ class FrameworkSettings:
                 try:
                     checked_options(**{name: value})
                     replay_options[name] = value
-                except ConfigError as err:
-                    problems.append(Problem(source, None, named(f"replay_{name}"), err.errors[0].message))
-                except ValueError as err:  # a retired value
-                    problems.append(Problem(source, None, named(f"replay_{name}"), str(err)))
+                except ValueError as err:  # a ConfigError, or a retired value
+                    message = err.errors[0].message if isinstance(err, ConfigError) else str(err)
+                    problems.append(Problem(source, None, named(f"replay_{name}"), message))
         if replay_options and replay_path is None:
             message = f"replay options need a pool: set {named('replay')} to a replay pool file"
             problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
