@@ -50,9 +50,8 @@ class Answers:
         outputs: raw generated text (``None`` for multiple choice; sampled: the first sample's).
         meta: free-form extra information (step, keys of the model scored, noise floor, ...).
         groups: each probe's rephrasing group (``None`` for a probe without one), when any probe has one.
-        samples_correct: sampled scoring only (``Scoring.samples``): each sample's verdict, probes x samples, sample
-            j drawn with the same seed in every evaluation (a multiple-choice probe's one verdict repeated);
-            ``correct`` is then the majority's. ``None`` for greedy answers.
+        samples_correct: sampled scoring only: each sample's verdict, probes x samples (sample j drawn with the same
+            seed in every evaluation); ``correct`` is then the majority's. ``None`` for greedy answers.
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
@@ -82,12 +81,10 @@ class Answers:
         self.n_choices = np.asarray(self.n_choices, dtype=np.int64)
         self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
         n = len(self.ids)
-        columns = ("correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs")
-        bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
-        if bad:
+        columns = ["correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs"]
+        bad = {k: len(getattr(self, k)) for k in columns + ["groups"] * (self.groups is not None)}
+        if set(bad.values()) - {n}:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
-        if self.groups is not None and len(self.groups) != n:
-            raise ValueError(f"Answers.groups must have {n} entries (one per id); got {len(self.groups)}")
         if self.samples_correct is not None:
             self.samples_correct = np.asarray(self.samples_correct, dtype=bool)
             shape = self.samples_correct.shape
@@ -139,8 +136,7 @@ class Answers:
                 "category": self.categories[i],
                 "correct": bool(self.correct[i]),
                 "predicted": _plain(self.predicted[i]),
-                # a log-probability can be -inf (a model that masks part of its vocabulary):
-                # kept as "-inf", which float() reads back, not made null (null is "none")
+                # -inf (a model that masks part of its vocabulary) kept as "-inf", not null (null is "none")
                 "choice_logprobs": json_safe(self.choice_logprobs[i].tolist(), infinity_as_text=True),
                 "gold_logprob": json_safe(float(self.gold_logprob[i]), infinity_as_text=True),
                 "n_choices": int(self.n_choices[i]),
@@ -159,8 +155,8 @@ class Answers:
         ids: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Why these answers cannot serve as the base for the probe set ``fingerprint`` (with these ``ids``, scored
-        with ``scoring`` but for batch size and device, with these ``meta`` entries, each when given), or ``None``.
+        """Why these answers cannot be the base for probe set ``fingerprint`` (and ``ids``, ``scoring`` but for batch
+        size and device, ``meta`` entries, when given), or ``None``.
 
         Example:
             >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True)])
@@ -319,8 +315,7 @@ def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str = "") -> list[str]:
-    """Each option that differs, as ``name: these answers' value, not the asked one`` (nested options by dotted
-    name; an option one side lacks is "unset")."""
+    """Each option that differs, as ``dotted.name: these answers' value, not the asked one`` (or "unset")."""
     out = []
     for key in sorted(set(these) | set(asked)):
         mine, theirs = these.get(key), asked.get(key)
@@ -333,7 +328,6 @@ def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str
 
 
 def _per_sample(samples: Sequence[dict[str, Any]]) -> np.ndarray | None:
-    """The samples' ``samples_correct`` lists as one array, or ``None`` when none has one."""
     if not samples or "samples_correct" not in samples[0]:
         return None
     rows = [s.get("samples_correct") for s in samples]

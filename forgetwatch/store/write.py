@@ -47,8 +47,7 @@ class RunStore:
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
         self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
-        # the history's records on disk (None: read when needed) and those not: once some are unwritten, the history
-        # is owed and rewritten whole, so no half-written line stays inside
+        # the history's records on disk (None: not read yet) and not: once some are unwritten, it is rewritten whole
         self._written: list[dict[str, Any]] | None = None
         self._unwritten: list[dict[str, Any]] = []
         self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
@@ -126,11 +125,7 @@ class RunStore:
         """A resumed run's files from ``origin``, the run directory its checkpoint was saved from, when this one is
         another and holds no snapshot (a framework that resumes into a new folder: ms-swift's ``v1-...``): each file
         of the run's copied here, atomically; the names copied."""
-        if (
-            origin.resolve() == self.dir.resolve()
-            or (self.dir / SNAPSHOT).exists()
-            or not (origin / SNAPSHOT).is_file()
-        ):
+        if origin.resolve() == self.dir.resolve() or self.snapshot_path.exists() or not (origin / SNAPSHOT).is_file():
             return []
         copied = [name for name in self.files if (origin / name).is_file() and not (self.dir / name).exists()]
         for name in copied:
@@ -363,10 +358,8 @@ def _alive(pid: int) -> bool:
         return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # someone else's
-        return True
+    except OSError as err:  # PermissionError: someone else's, alive
+        return not isinstance(err, ProcessLookupError)
     return True
 
 
