@@ -184,21 +184,19 @@ class Answers:
 
     def check_compatible(self, other: Answers, what: str = "answers") -> None:
         """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way."""
-        problem = other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids)
-        if problem:
+        if problem := other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids):
             raise AnswersMismatchError(
-                f"these {what} were computed for {problem}; evaluate both models "
-                "on the same probe file with the same options"
+                f"these {what} were computed for {problem}; evaluate both models on the same probe file with the same "
+                "options"
             )
 
     def check_probes(self, probes: Any) -> None:
         """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet)."""
-        problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
-        if problem:
+        if problem := self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids):
             detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
             raise AnswersMismatchError(
-                f"these answers were computed on a different probe set than "
-                f"{probes.source}{detail}; evaluate the model again on these probes"
+                f"these answers were computed on a different probe set than {probes.source}{detail}; evaluate the model "
+                "again on these probes"
             )
 
     # -- files -------------------------------------------------------------------------------
@@ -281,12 +279,8 @@ def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
 
 
 def _unreadable(err: BaseException) -> str:
-    # never numpy's advice to load pickled data
-    if "pickle" in str(err).lower():
-        return (
-            "damaged or not written by forgetwatch: it holds pickled (object) data, and "
-            "forgetwatch never loads pickled data"
-        )
+    if "pickle" in str(err).lower():  # never numpy's advice to load pickled data
+        return "damaged or not written by forgetwatch: it holds pickled (object) data, and forgetwatch never loads it"
     if isinstance(err, KeyError):
         return f"damaged or not a forgetwatch answers file (no {err} in it)"
     return f"damaged or not a forgetwatch answers file ({first_line(err)})"

@@ -54,13 +54,7 @@ def history_record(
     for child in data["by_category"].values():
         for name in (*_ID_LISTS, "by_category"):
             del child[name]
-    record: dict[str, Any] = {
-        "step": step,
-        "time": round(time, 3),
-        "seconds": round(seconds, 4),
-        "trigger": trigger,
-        "report": data,
-    }
+    record = {"step": step, "time": round(time, 3), "seconds": round(seconds, 4), "trigger": trigger, "report": data}
     record.update((key, value) for key, value in (("stop", stop), ("columns", columns)) if value is not None)
     return record
 

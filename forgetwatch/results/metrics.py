@@ -47,12 +47,7 @@ def _ratio(x: float, n: float) -> float:
 def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
     """Count the transitions between per-sample correctness before and after."""
     b, a = _pair(before, after)
-    return Transitions(
-        n00=int(np.count_nonzero(~b & ~a)),
-        n01=int(np.count_nonzero(~b & a)),
-        n10=int(np.count_nonzero(b & ~a)),
-        n11=int(np.count_nonzero(b & a)),
-    )
+    return Transitions(*(int(np.count_nonzero(x)) for x in (~b & ~a, ~b & a, b & ~a, b & a)))
 
 
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
@@ -171,18 +166,11 @@ def seed_agreement(before: ArrayLike, after: ArrayLike) -> list[dict[str, float]
     out = []
     for m in range(1, b.shape[1] + 1):
         combos = [list(c) for c in itertools.combinations(range(b.shape[1]), m)]
-        forgotten = np.array([lost[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
-        gained = np.array([won[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
-        out.append(
-            {
-                "seeds": m,
-                "combinations": len(combos),
-                "forgotten_mean": float(forgotten.mean()),
-                "forgotten_var": float(forgotten.var()),
-                "gained_mean": float(gained.mean()),
-                "gained_var": float(gained.var()),
-            }
-        )
+        figures: dict[str, float] = {"seeds": m, "combinations": len(combos)}
+        for name, flips in (("forgotten", lost), ("gained", won)):
+            counts = np.array([flips[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
+            figures |= {f"{name}_mean": float(counts.mean()), f"{name}_var": float(counts.var())}
+        out.append(figures)
     return out
 
 

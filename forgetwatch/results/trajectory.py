@@ -110,8 +110,7 @@ class Trajectory:
         ids, no signal); a column of another probe set raises a ``HistoryError`` naming the field."""
         steps, correct, signal = [0], [base.correct], [_signal(base)]
         for record in records:
-            column = record.get("columns")
-            if column is not None:
+            if (column := record.get("columns")) is not None:
                 right, margin = decode_column(column, len(base), base.probe_fingerprint)
             else:
                 flipped = set(record["report"].get("forgotten_ids", [])) | set(record["report"].get("gained_ids", []))

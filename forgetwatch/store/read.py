@@ -185,8 +185,8 @@ def stored_base(
         if problem := answers.mismatch(**expected):
             raise AnswersMismatchError(
                 f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
-                f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch "
-                "evaluate) or leave base unset"
+                f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch evaluate) "
+                "or leave base unset"
             )
         return answers
     path = run_dir / SNAPSHOT
