@@ -50,9 +50,8 @@ class Answers:
         outputs: raw generated text (``None`` for multiple choice; sampled: the first sample's).
         meta: free-form extra information (step, keys of the model scored, noise floor, ...).
         groups: each probe's rephrasing group (``None`` for a probe without one), when any probe has one.
-        samples_correct: sampled scoring only (``Scoring.samples``): each sample's verdict, probes x samples, sample
-            j drawn with the same seed in every evaluation (a multiple-choice probe's one verdict repeated);
-            ``correct`` is then the majority's. ``None`` for greedy answers.
+        samples_correct: sampled scoring only: each sample's verdict, probes x samples (sample j drawn with the same
+            seed in every evaluation); ``correct`` is then the majority's. ``None`` for greedy answers.
 
     Example:
         >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True, predicted=0,
@@ -82,12 +81,10 @@ class Answers:
         self.n_choices = np.asarray(self.n_choices, dtype=np.int64)
         self.choice_logprobs = [np.asarray(x, dtype=np.float64) for x in self.choice_logprobs]
         n = len(self.ids)
-        columns = ("correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs")
-        bad = {k: len(getattr(self, k)) for k in columns if len(getattr(self, k)) != n}
-        if bad:
+        columns = ["correct", "predicted", "choice_logprobs", "gold_logprob", "n_choices", "categories", "outputs"]
+        bad = {k: len(getattr(self, k)) for k in columns + ["groups"] * (self.groups is not None)}
+        if set(bad.values()) - {n}:
             raise ValueError(f"Answers fields must all have {n} entries (one per id); got {bad}")
-        if self.groups is not None and len(self.groups) != n:
-            raise ValueError(f"Answers.groups must have {n} entries (one per id); got {len(self.groups)}")
         if self.samples_correct is not None:
             self.samples_correct = np.asarray(self.samples_correct, dtype=bool)
             shape = self.samples_correct.shape
@@ -139,8 +136,7 @@ class Answers:
                 "category": self.categories[i],
                 "correct": bool(self.correct[i]),
                 "predicted": _plain(self.predicted[i]),
-                # a log-probability can be -inf (a model that masks part of its vocabulary):
-                # kept as "-inf", which float() reads back, not made null (null is "none")
+                # -inf (a model that masks part of its vocabulary) kept as "-inf", not null (null is "none")
                 "choice_logprobs": json_safe(self.choice_logprobs[i].tolist(), infinity_as_text=True),
                 "gold_logprob": json_safe(float(self.gold_logprob[i]), infinity_as_text=True),
                 "n_choices": int(self.n_choices[i]),
@@ -159,8 +155,8 @@ class Answers:
         ids: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Why these answers cannot serve as the base for the probe set ``fingerprint`` (with these ``ids``, scored
-        with ``scoring`` but for batch size and device, with these ``meta`` entries, each when given), or ``None``.
+        """Why these answers cannot be the base for probe set ``fingerprint`` (and ``ids``, ``scoring`` but for batch
+        size and device, ``meta`` entries, when given), or ``None``.
 
         Example:
             >>> a = Answers.from_samples("fp", {}, [dict(id="q1", correct=True)])
@@ -188,21 +184,19 @@ class Answers:
 
     def check_compatible(self, other: Answers, what: str = "answers") -> None:
         """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way."""
-        problem = other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids)
-        if problem:
+        if problem := other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids):
             raise AnswersMismatchError(
-                f"these {what} were computed for {problem}; evaluate both models "
-                "on the same probe file with the same options"
+                f"these {what} were computed for {problem}; evaluate both models on the same probe file with the same "
+                "options"
             )
 
     def check_probes(self, probes: Any) -> None:
         """Raise :class:`AnswersMismatchError` unless these answers belong to ``probes`` (a ProbeSet)."""
-        problem = self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids)
-        if problem:
+        if problem := self.mismatch(fingerprint=probes.fingerprint(), ids=probes.ids):
             detail = "" if problem == ANOTHER_PROBE_SET else f" ({problem})"
             raise AnswersMismatchError(
-                f"these answers were computed on a different probe set than "
-                f"{probes.source}{detail}; evaluate the model again on these probes"
+                f"these answers were computed on a different probe set than {probes.source}{detail}; evaluate the model "
+                "again on these probes"
             )
 
     # -- files -------------------------------------------------------------------------------
@@ -285,12 +279,8 @@ def chosen_text(predicted: Any, choices: Sequence[str] | None) -> str | None:
 
 
 def _unreadable(err: BaseException) -> str:
-    # never numpy's advice to load pickled data
-    if "pickle" in str(err).lower():
-        return (
-            "damaged or not written by forgetwatch: it holds pickled (object) data, and "
-            "forgetwatch never loads pickled data"
-        )
+    if "pickle" in str(err).lower():  # never numpy's advice to load pickled data
+        return "damaged or not written by forgetwatch: it holds pickled (object) data, and forgetwatch never loads it"
     if isinstance(err, KeyError):
         return f"damaged or not a forgetwatch answers file (no {err} in it)"
     return f"damaged or not a forgetwatch answers file ({first_line(err)})"
@@ -319,8 +309,7 @@ def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str = "") -> list[str]:
-    """Each option that differs, as ``name: these answers' value, not the asked one`` (nested options by dotted
-    name; an option one side lacks is "unset")."""
+    """Each option that differs, as ``dotted.name: these answers' value, not the asked one`` (or "unset")."""
     out = []
     for key in sorted(set(these) | set(asked)):
         mine, theirs = these.get(key), asked.get(key)
@@ -333,7 +322,6 @@ def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str
 
 
 def _per_sample(samples: Sequence[dict[str, Any]]) -> np.ndarray | None:
-    """The samples' ``samples_correct`` lists as one array, or ``None`` when none has one."""
     if not samples or "samples_correct" not in samples[0]:
         return None
     rows = [s.get("samples_correct") for s in samples]

@@ -33,9 +33,8 @@ class Evaluation:
         report: the :class:`~forgetwatch.TransitionReport` against the base, trajectory figures included.
         stop: why training should stop here (a sentence), or ``None``.
         trigger: what asked for it (``"schedule"``, ``"evaluate"``, ``"train_end"``, or a caller's word).
-        metrics: what every logger gets, built once: ``forgetwatch/<name>`` and ``forgetwatch/<category>/<name>``
-            (by category group where there are groups, the logged categories only), the kept plug-ins' and train
-            KL's; figures that do not apply are left out.
+        metrics: what every logger gets: ``forgetwatch/<name>``, ``forgetwatch/<category>/<name>`` (by group where
+            there are groups, logged categories only), the kept plug-ins' and train KL's; none that does not apply.
         drift: train KL to the base (``train_kl``, ``rows``, ``tokens``, ``seconds``); empty when not measured.
         kept: each kept plug-in's ``metrics`` since the last evaluation and ``state``, by its name.
 

@@ -54,13 +54,7 @@ def history_record(
     for child in data["by_category"].values():
         for name in (*_ID_LISTS, "by_category"):
             del child[name]
-    record: dict[str, Any] = {
-        "step": step,
-        "time": round(time, 3),
-        "seconds": round(seconds, 4),
-        "trigger": trigger,
-        "report": data,
-    }
+    record = {"step": step, "time": round(time, 3), "seconds": round(seconds, 4), "trigger": trigger, "report": data}
     record.update((key, value) for key, value in (("stop", stop), ("columns", columns)) if value is not None)
     return record
 
@@ -102,10 +96,8 @@ def decode_column(
             f"{fingerprint!r}); use the probes of that run, or start a new output directory",
             "columns.probes",
         )
-    packed = _inflate(
-        column["correct"], "columns.correct", _MAX_COLUMN_BYTES if probes is None else -(-probes // 8), probes
-    )
-    signal = _inflate(column["signal"], "columns.signal", _MAX_COLUMN_BYTES if probes is None else 2 * probes, probes)
+    packed = _inflate(column["correct"], "columns.correct", probes, 1 / 8)  # bit-packed
+    signal = _inflate(column["signal"], "columns.signal", probes, 2)  # float16
     if len(signal) % 2:
         raise HistoryError(f"holds {len(signal)} bytes; float16 values take 2 each", "columns.signal")
     n = len(signal) // 2
@@ -124,7 +116,8 @@ def _pack(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
 
 
-def _inflate(text: str, field: str, limit: int, probes: int | None) -> bytes:
+def _inflate(text: str, field: str, probes: int | None, bytes_per_probe: float) -> bytes:
+    limit = _MAX_COLUMN_BYTES if probes is None else math.ceil(probes * bytes_per_probe)
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

@@ -34,8 +34,7 @@ class ChanceAdjusted(NamedTuple):
 
 
 def _pair(before: ArrayLike, after: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    b = np.asarray(before, dtype=bool)
-    a = np.asarray(after, dtype=bool)
+    b, a = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
     if b.ndim != 1 or b.shape != a.shape:
         raise ValueError(f"before and after must be 1-D and of equal length; got shapes {b.shape} and {a.shape}")
     return b, a
@@ -48,12 +47,7 @@ def _ratio(x: float, n: float) -> float:
 def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
     """Count the transitions between per-sample correctness before and after."""
     b, a = _pair(before, after)
-    return Transitions(
-        n00=int(np.count_nonzero(~b & ~a)),
-        n01=int(np.count_nonzero(~b & a)),
-        n10=int(np.count_nonzero(b & ~a)),
-        n11=int(np.count_nonzero(b & a)),
-    )
+    return Transitions(*(int(np.count_nonzero(x)) for x in (~b & ~a, ~b & a, b & ~a, b & a)))
 
 
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
@@ -61,8 +55,7 @@ def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> Chance
     (each sample's number of choices, 0 for generative: no chance term), averaged weighted by size."""
     b, a = _pair(before, after)
     ks = np.broadcast_to(np.asarray(k, dtype=np.int64), b.shape)
-    n = len(b)
-    if n == 0:
+    if not len(b):
         return ChanceAdjusted(math.nan, math.nan, math.nan, math.nan)
     bad = sorted({int(x) for x in ks if x == 1 or x < 0})
     if bad:
@@ -90,8 +83,7 @@ def wilson_interval(x: int, n: int, z: float = Z95) -> tuple[float, float]:
         raise ValueError(f"need 0 <= x <= n; got x={x}, n={n}")
     if n == 0:
         return (math.nan, math.nan)
-    p = x / n
-    z2 = z * z
+    p, z2 = x / n, z * z
     denom = 1 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
@@ -112,10 +104,8 @@ def mcnemar_exact(b: int, c: int) -> float:
     def log_pmf(i: int) -> float:
         return math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) - m * math.log(2.0)
 
-    # k <= m/2, so the pmf falls as i goes down from k: sum relative to the largest term and
-    # stop once terms are below e^-60 of it (the rest decays geometrically and cannot matter)
-    top = log_pmf(k)
-    scaled_sum = 0.0
+    # k <= m/2: the pmf falls as i goes down from k; summed relative to the largest term, stopped below e^-60 of it
+    top, scaled_sum = log_pmf(k), 0.0
     for i in range(k, -1, -1):
         if (rel := log_pmf(i) - top) < -60.0:
             break
@@ -125,8 +115,7 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 def logprob_drop(gold_before: ArrayLike, gold_after: ArrayLike, correct_before: ArrayLike) -> float:
     """Mean fall of the gold answer's log-probability over base-correct samples where it was scored (NaN: none)."""
-    gb = np.asarray(gold_before, dtype=np.float64)
-    ga = np.asarray(gold_after, dtype=np.float64)
+    gb, ga = np.asarray(gold_before, dtype=np.float64), np.asarray(gold_after, dtype=np.float64)
     mask = np.asarray(correct_before, dtype=bool) & np.isfinite(gb) & np.isfinite(ga)
     if not mask.any():
         return math.nan
@@ -169,43 +158,25 @@ def at_risk(
 
 
 def seed_agreement(before: ArrayLike, after: ArrayLike) -> list[dict[str, float]]:
-    """Transitions that several seeds agree on (Harmon et al.): ``before`` and ``after`` are probes x seeds, seed i
-    before paired with seed i after. For each combination size m (1 to the number of seeds), over every combination
-    of m seeds: how many probes went 1->0 (and 0->1) under every seed of it, as the mean and the (population)
-    variance over the combinations.
-
-    Example:
-        >>> seed_agreement([[1, 1], [1, 0]], [[0, 0], [0, 0]])[1]["forgotten_mean"]  # both seeds: only the first
-        1.0
-    """
+    """Transitions several seeds agree on (Harmon et al.): ``before``, ``after`` probes x seeds, seed i paired with
+    seed i. Per size m, over every combination of m seeds: the mean and (population) variance of how many probes
+    went 1->0 (and 0->1) under each of its seeds."""
     b, a = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
     lost, won = b & ~a, ~b & a
     out = []
     for m in range(1, b.shape[1] + 1):
         combos = [list(c) for c in itertools.combinations(range(b.shape[1]), m)]
-        forgotten = np.array([lost[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
-        gained = np.array([won[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
-        out.append(
-            {
-                "seeds": m,
-                "combinations": len(combos),
-                "forgotten_mean": float(forgotten.mean()),
-                "forgotten_var": float(forgotten.var()),
-                "gained_mean": float(gained.mean()),
-                "gained_var": float(gained.var()),
-            }
-        )
+        figures: dict[str, float] = {"seeds": m, "combinations": len(combos)}
+        for name, flips in (("forgotten", lost), ("gained", won)):
+            counts = np.array([flips[:, c].all(axis=1).sum() for c in combos], dtype=np.float64)
+            figures |= {f"{name}_mean": float(counts.mean()), f"{name}_var": float(counts.var())}
+        out.append(figures)
     return out
 
 
 def robust_figures(groups: Sequence[str | None], before: ArrayLike, after: ArrayLike) -> dict[str, Any]:
-    """Rephrasing (CapTrack's C5a): of the probes' groups, the share right under every wording before and after,
-    and the groups right under every wording before and not after ("robustness forgetting"); empty without groups.
-
-    Example:
-        >>> robust_figures(["g", "g", None], [1, 1, 1], [1, 0, 1])["robust_forgotten_groups"]
-        ['g']
-    """
+    """Rephrasing (CapTrack's C5a): the share of groups right under every wording before and after, and the groups
+    right under every wording before and not after ("robustness forgetting"); empty without groups."""
     b, a = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
     members: dict[str, list[int]] = {}
     for i, g in enumerate(groups):
@@ -236,8 +207,7 @@ def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[Arr
         raise ValueError(
             f"need one entry per sample on both sides; got {len(logprobs_before)} and {len(logprobs_after)}"
         )
-    # group samples by number of choices so each group is one vectorised 2-D computation
-    groups: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}  # by number of choices: one 2-D computation each
     before = [np.asarray(x, dtype=np.float64) for x in logprobs_before]
     after = [np.asarray(x, dtype=np.float64) for x in logprobs_after]
     for i, (x, y) in enumerate(zip(before, after)):
@@ -253,9 +223,8 @@ def choice_kl(logprobs_before: Sequence[ArrayLike], logprobs_after: Sequence[Arr
             lp = _log_softmax(np.stack([before[i] for i in rows]))
             lq = _log_softmax(np.stack([after[i] for i in rows]))
             p = np.exp(lp)
-            # choices with p = 0 add nothing (0·log 0 = 0), even where q = 0 too
-            terms = np.where(p > 0, p * (lp - lq), 0.0)
-            # KL >= 0; clip rounding noise just below zero
+            terms = np.where(p > 0, p * (lp - lq), 0.0)  # 0·log 0 = 0, even where q = 0 too
+            # KL >= 0: rounding noise below zero clipped
             total += float(np.maximum(terms.sum(axis=1), 0.0).sum())
             count += len(rows)
     return total / count
@@ -275,8 +244,7 @@ def _report(
     agreed: dict[str, Any] = {}
     if base.samples_correct is not None and current.samples_correct is not None:  # sampled: the seeds' agreement
         agreement = seed_agreement(base.samples_correct[idx], current.samples_correct[idx])
-        every = agreement[-1]  # all seeds at once
-        # one combination of all seeds: its mean is a count
+        every = agreement[-1]  # the one combination of all seeds: its mean is a count
         agreed = {"forgotten_agreed": round(every["forgotten_mean"]), "gained_agreed": round(every["gained_mean"])}
         agreed["agreement"] = agreement
     if base.groups is not None:  # rephrasings: right under every wording of a question

@@ -13,8 +13,7 @@ from forgetwatch.config.settings import BatchSize
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.metrics import mcnemar_exact
 
-#: the scope of the whole probe set, beside each category's
-OVERALL = "overall"
+OVERALL = "overall"  # the scope of the whole probe set, beside each category's
 
 
 def wants_noise_check(model: torch.nn.Module, reduced: bool) -> bool:
@@ -34,13 +33,8 @@ def measure_noise(
     scorer: Any, model: torch.nn.Module, first: Answers, batch_size: BatchSize, distributed: bool = False
 ) -> dict[str, object]:
     """Score ``model`` again in batches of another size than ``first``: :func:`noise_figures`."""
-    again = scorer(
-        model,
-        batch_size=other_batch_size(batch_size, scorer.rows_per_batch(model)),
-        show_progress=False,
-        distributed=distributed,
-    )
-    return noise_figures(first, again)
+    other = other_batch_size(batch_size, scorer.rows_per_batch(model))
+    return noise_figures(first, scorer(model, batch_size=other, show_progress=False, distributed=distributed))
 
 
 def noise_figures(first: Answers, again: Answers) -> dict[str, object]:

@@ -41,16 +41,12 @@ _NAN = math.nan
 
 @dataclass(frozen=True)
 class TransitionReport:
-    """How answers changed between a base model (before) and the current model (after): per-sample counts
-    (``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0) and rates of ``n`` (NaN when ``n == 0``),
-    as :func:`~forgetwatch.compare` makes them; the trajectory's figures are NaN outside a run. Of sampled answers
-    (``Scoring.samples``): ``forgotten_agreed`` / ``gained_agreed``, the probes 1->0 / 0->1 under every seed (seed i
-    before paired with seed i now), and ``agreement``, per number of seeds m, the mean and variance of those counts
-    over every combination of m seeds (:func:`~forgetwatch.results.metrics.seed_agreement`); ``None`` and empty
-    otherwise.
-    Of probes in rephrasing groups: ``robust_accuracy_before`` / ``_after``, the share of groups right under every
-    wording, and ``robust_forgotten`` (with ``robust_forgotten_groups``), the groups right under every wording
-    before and not now (:func:`~forgetwatch.results.metrics.robust_figures`), ``None`` without groups.
+    """How answers changed between a base model (before) and the current model (after), as
+    :func:`~forgetwatch.compare` makes it: counts (``forgotten`` 1→0, ``gained`` 0→1, ``kept`` 1→1, ``never`` 0→0)
+    and rates of ``n`` (NaN when ``n == 0``); the trajectory's figures are NaN outside a run. Sampled answers only:
+    ``forgotten_agreed`` / ``gained_agreed`` (1->0 / 0->1 under every seed) and ``agreement``
+    (:func:`~forgetwatch.results.metrics.seed_agreement`). Rephrasing groups only: ``robust_*``
+    (:func:`~forgetwatch.results.metrics.robust_figures`).
 
     Example:
         >>> r = TransitionReport(n=2, forgotten=1, kept=1)
@@ -94,11 +90,8 @@ class TransitionReport:
     robust_forgotten_groups: list[str] = field(default_factory=list)
     by_category: dict[str, TransitionReport] = field(default_factory=dict)
 
-    # -- plain data ------------------------------------------------------------------------
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: NaN (and infinity) → ``None``, tuples → lists, ``by_category`` nested."""
-        # an infinite choice KL is possible: null, like NaN
         out = {name: json_safe(getattr(self, name)) for name in self.__dataclass_fields__ if name != "by_category"}
         return {**out, "by_category": {cat: child.to_dict() for cat, child in self.by_category.items()}}
 
@@ -112,19 +105,17 @@ class TransitionReport:
             ['a']
         """
         values: dict[str, Any] = {}
-        for name, f in cls.__dataclass_fields__.items():
-            if name not in data:
-                continue
-            value = data[name]
+        for name in cls.__dataclass_fields__.keys() & data.keys():
+            value, kind = data[name], cls.__dataclass_fields__[name].type
             if name == "by_category":
                 value = {cat: cls.from_dict(child) for cat, child in (value or {}).items()}
             elif name.endswith("_ci"):
                 value = tuple(_NAN if v is None else float(v) for v in (value or (None, None)))
             elif name == "behaviour":
                 value = {k: float(v) for k, v in (value or {}).items() if v is not None}
-            elif f.type in ("float", float):
+            elif kind in ("float", float):
                 value = _NAN if value is None else float(value)
-            elif f.type == "int | None" and value is not None:
+            elif kind == "int | None" and value is not None:
                 value = int(value)
             values[name] = value
         return cls(**values)
@@ -158,8 +149,6 @@ class TransitionReport:
                 writer.writerow({k: _csv_value(v) for k, v in row.items()})
         return path
 
-    # -- terminal --------------------------------------------------------------------------
-
     def summary(self) -> str:
         """A plain-text table, one row for ``overall`` then one per category.
 
@@ -174,17 +163,14 @@ class TransitionReport:
             + [str(r["1->0"]), str(r["0->1"]), "-" if math.isnan(r["mcnemar_p"]) else f"{r['mcnemar_p']:.3g}"]
             for r in self.rows()
         ]
-        widths = [max(map(len, column)) for column in zip(*table)]
-        # category left-aligned, numbers right-aligned so digits line up
+        widths = [max(map(len, column)) for column in zip(*table)]  # numbers right-aligned: digits line up
         lines = ["  ".join([r[0].ljust(widths[0]), *map(str.rjust, r[1:], widths[1:])]).rstrip() for r in table]
         lines.insert(1, "-" * len(lines[0]))
-        # the drift measures warn before answers flip, so show them when there are any
         if not (math.isnan(self.logprob_drop) and math.isnan(self.choice_kl)):
             lines.append(
                 f"multiple-choice drift: gold logprob drop {_fmt(self.logprob_drop)}, choice KL {_fmt(self.choice_kl)}"
             )
-        b = self.behaviour
-        if b:  # how the generated responses drift, next to what they were at the base
+        if b := self.behaviour:  # how the generated responses drift, next to what they were at the base
             ratio = f"{b['length_ratio_words']:.2f}x the base's length in words, " if "length_ratio_words" in b else ""
             shares = ", ".join(
                 f"{name} {pct(b[name])} (base {pct(b[name + '_base'])})"
@@ -264,8 +250,8 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def spreadsheet_safe(text: str) -> str:
-    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (unless it is a
-    number); to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so."""
+    """``text`` for a CSV cell: a leading ``'`` added when a spreadsheet would run it as a formula (unless a number);
+    to read it back, drop one leading ``'`` when the rest, after any further ``'``, starts so."""
     if text.lstrip("'").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
         return "'" + text
     return text

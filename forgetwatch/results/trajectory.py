@@ -36,17 +36,11 @@ class Trajectory:
         signal: ArrayLike | None = None,
         fingerprint: str = "",
     ):
-        self.ids = list(ids)
-        self.fingerprint = fingerprint
-        self.categories = list(categories)
+        self.ids, self.categories, self.fingerprint = list(ids), list(categories), fingerprint
         self.steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         self.correct = np.asarray(correct, dtype=bool).reshape(len(self.ids), len(self.steps))
-        shape = self.correct.shape
-        self.signal = (
-            np.full(shape, np.nan, dtype=np.float32)
-            if signal is None
-            else np.asarray(signal, dtype=np.float32).reshape(shape)
-        )
+        signal = np.full(self.correct.shape, np.nan) if signal is None else signal
+        self.signal = np.asarray(signal, dtype=np.float32).reshape(self.correct.shape)
 
     @classmethod
     def start(cls, base: Answers) -> Trajectory:
@@ -61,8 +55,6 @@ class Trajectory:
 
     def __repr__(self) -> str:
         return f"Trajectory({len(self.ids)} probes, steps {self.steps.tolist()})"
-
-    # -- per probe ---------------------------------------------------------------------------
 
     @cached_property
     def _events(self) -> np.ndarray:
@@ -89,8 +81,6 @@ class Trajectory:
             return np.zeros(len(self.ids), dtype=bool)
         return self.correct[:, 0] & ~self.correct[:, -1] & ~self.correct[:, -2]
 
-    # -- over the run ------------------------------------------------------------------------
-
     def survival(self, rows: ArrayLike | None = None) -> np.ndarray:
         """At each step, the share of base-correct probes (of ``rows``) with no forgetting event up to it."""
         rows = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
@@ -110,8 +100,6 @@ class Trajectory:
             out["forgetting_persistent"] = float(self.persistent()[rows].sum()) / n
         return out
 
-    # -- a column as a history record stores it ----------------------------------------------
-
     def column(self, position: int = -1) -> dict[str, str]:
         """One evaluation's column as a history record stores it."""
         return encode_column(self.fingerprint, self.correct[:, position], self.signal[:, position])
@@ -122,8 +110,7 @@ class Trajectory:
         ids, no signal); a column of another probe set raises a ``HistoryError`` naming the field."""
         steps, correct, signal = [0], [base.correct], [_signal(base)]
         for record in records:
-            column = record.get("columns")
-            if column is not None:
+            if (column := record.get("columns")) is not None:
                 right, margin = decode_column(column, len(base), base.probe_fingerprint)
             else:
                 flipped = set(record["report"].get("forgotten_ids", [])) | set(record["report"].get("gained_ids", []))

@@ -62,8 +62,7 @@ def scan_history(
     """A history file's records up to its first unreadable line, that line's error, and whether the last line
     was cut short (dropped with a warning)."""
     lines = path.read_bytes().split(b"\n")
-    cut = bool(lines[-1].strip())  # no final newline: the write of that line never finished
-    if cut:
+    if cut := bool(lines[-1].strip()):  # no final newline: the write of that line never finished
         logger.warning(
             "%s, line %d: dropping an incomplete last line (a write cut short, e.g. by a crash)", path, len(lines)
         )
@@ -150,8 +149,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> Run:
     if not (path / SNAPSHOT).is_file():
         raise FileNotFoundError(
             f"{path / SNAPSHOT}: no base snapshot; give the forgetwatch directory of a run "
-            f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output "
-            "directory"
+            f"(OUTPUT_DIR/{SUBDIR} or OUTPUT_DIR/checkpoint-N/{SUBDIR}) or the trainer's output directory"
         )
     base = Answers.load(path / SNAPSHOT)
     history = path / HISTORY
@@ -180,16 +178,15 @@ def stored_base(
     run_dir: Path,
     step: int = 0,
 ) -> Answers | None:
-    """The base answers a run was given or finds in ``run_dir`` by their keys (on resume it must), or ``None``: score
-    them now. ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the meta entries the snapshot must have
-    (a cached one: this model's; a resumed one: those the state kept)."""
+    """The base answers a run was given or finds in ``run_dir`` (on resume it must), or ``None``: score them now.
+    ``expected``: :meth:`Answers.mismatch`'s arguments; ``keys``: the meta entries the snapshot must have."""
     if given is not None:
         answers = given if isinstance(given, Answers) else Answers.load(given)
         if problem := answers.mismatch(**expected):
             raise AnswersMismatchError(
                 f"base={'the answers given' if isinstance(given, Answers) else os.fspath(given)} was computed for "
-                f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch "
-                "evaluate) or leave base unset"
+                f"{problem}; it cannot be this run's base: score the base model on these probes (forgetwatch evaluate) "
+                "or leave base unset"
             )
         return answers
     path = run_dir / SNAPSHOT

@@ -47,8 +47,7 @@ class RunStore:
     def __init__(self, directory: str | os.PathLike[str], own_files: Iterable[str] = ()):
         self.dir = Path(directory)
         self.files = (*FILES, *own_files)  # every file of the run's: the monitor's, and a repair method's
-        # the history's records on disk (None: read when needed) and those not: once some are unwritten, the history
-        # is owed and rewritten whole, so no half-written line stays inside
+        # the history's records on disk (None: not read yet) and not: once some are unwritten, it is rewritten whole
         self._written: list[dict[str, Any]] | None = None
         self._unwritten: list[dict[str, Any]] = []
         self._kept: dict[str, Callable[[Path], Any]] = {}  # each file of the run, as the function writing it whole
@@ -83,15 +82,13 @@ class RunStore:
                 os.fsync(probe.fileno())
         except OSError as err:
             raise NotWritableError(
-                f"forgetwatch cannot write its files in {self.dir} ({err}); it writes the base snapshot and "
-                "history there during training: free space or fix the permissions, or choose another "
-                "folder with output_dir="
+                f"forgetwatch cannot write its files in {self.dir} ({err}); it writes the base snapshot and history "
+                "there during training: free space or fix the permissions, or choose another folder with output_dir="
             ) from err
 
     def claim(self) -> None:
         """Take the run directory for this run alone (``watch.lock``, made exclusively): a live watch of another
-        process keeps it (:class:`NotWritableError`), an ended one's is taken over; in this process the later store
-        takes it over (a loop that raised cannot be told from a live one)."""
+        process keeps it (:class:`NotWritableError`); an ended one's, or one of this process, is taken over."""
         if self._lock is not None and self._lock.alive:
             return
         path = self.dir / LOCK
@@ -123,14 +120,9 @@ class RunStore:
             self._lock()
 
     def adopt(self, origin: Path) -> list[str]:
-        """A resumed run's files from ``origin``, the run directory its checkpoint was saved from, when this one is
-        another and holds no snapshot (a framework that resumes into a new folder: ms-swift's ``v1-...``): each file
-        of the run's copied here, atomically; the names copied."""
-        if (
-            origin.resolve() == self.dir.resolve()
-            or (self.dir / SNAPSHOT).exists()
-            or not (origin / SNAPSHOT).is_file()
-        ):
+        """Copy a resumed run's files here, atomically, from ``origin``, the run directory its checkpoint was saved
+        from, when this one is another with no snapshot (ms-swift resumes into a new ``v1-...``); the names copied."""
+        if origin.resolve() == self.dir.resolve() or self.snapshot_path.exists() or not (origin / SNAPSHOT).is_file():
             return []
         copied = [name for name in self.files if (origin / name).is_file() and not (self.dir / name).exists()]
         for name in copied:
@@ -188,8 +180,7 @@ class RunStore:
         return self.keep(PROBES, probes.to_jsonl)
 
     def keep(self, name: str, write: Callable[[Path], Any]) -> bool:
-        """Write a file made once for the run with ``write(path)``, kept to be written again if lost; whether it is
-        on disk."""
+        """Write a file made once for the run with ``write(path)``, again if lost; whether it is on disk."""
         if self._gone():
             return False
         self._kept[name] = write
@@ -197,7 +188,7 @@ class RunStore:
         return self._try(self.dir / name, self._what(name), self._write, name)
 
     def save_latest(self, answers: Answers) -> bool:
-        """The last evaluation's answers; a failure warns."""
+        """Write the last evaluation's answers; a failure warns."""
         if self._gone():
             return False
         return self._try(self.dir / LATEST, "the last evaluation's answers (for the report) are", answers.save)
@@ -224,9 +215,8 @@ class RunStore:
         return self.flush()
 
     def resume_history(self, step: int, **checks: Any) -> list[dict[str, Any]]:
-        """The history a run resumed at ``step`` goes on with: the records up to ``step`` (those after it are a
-        killed run's abandoned future), the file cut to them in one atomic write. Records after an unreadable line
-        are dropped, warned of, and the file is kept as ``history.jsonl.damaged-<n>``. ``checks``: :func:`read_history`'s."""
+        """The records up to ``step`` a resumed run goes on with (later ones: a killed run's abandoned future), the file
+        cut to them atomically; those from an unreadable line on are dropped, with a warning, the file kept aside."""
         if not self.history_path.is_file():
             self.save_history([])
             return []
@@ -363,10 +353,8 @@ def _alive(pid: int) -> bool:
         return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # someone else's
-        return True
+    except OSError as err:  # PermissionError: someone else's, alive
+        return not isinstance(err, ProcessLookupError)
     return True
 
 
