@@ -5,7 +5,7 @@ from __future__ import annotations
 from forgetwatch import Probe, ProbeKind, ProbeSet, Scoring, evaluate
 from forgetwatch.scoring import kinds
 from forgetwatch.scoring.encoding import EncodedPrompt, encode_probes
-from forgetwatch.scoring.options import scoring_options
+from forgetwatch.scoring.kinds import scoring_options
 
 MC = {"id": "mc", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1}
 GEN = {"id": "gen", "question": "6 * 7 =", "answer": "42", "extract": "number"}

@@ -23,7 +23,7 @@ def test_no_signature_restates_a_scoring_option():
     """Scoring's fields are declared in its class body alone: the scorer, evaluate, the monitor and the merge take a
     Scoring (evaluate's and a call's batch_size, contract, override its batch size)."""
     from forgetwatch import ForgetWatchCallback, Watch, merge_sweep
-    from forgetwatch.scoring.options import scoring_options
+    from forgetwatch.scoring.kinds import scoring_options
 
     names = set(Scoring.model_fields)
     takes = {

@@ -25,7 +25,7 @@ from forgetwatch.config.yaml_files import read_value
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
-from forgetwatch.scoring.options import scoring_options
+from forgetwatch.scoring.kinds import scoring_options
 from forgetwatch.sinks.logged import lm_eval_lines
 from forgetwatch.starters import STARTERS, starter_path, write_starter
 from forgetwatch.store import MERGED

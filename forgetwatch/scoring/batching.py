@@ -151,8 +151,7 @@ def run_lockstep(
                 if not is_out_of_memory(err):
                     raise
                 failed = len(items_of(filler if batch is None else batch))
-            # retry outside the except block: its traceback would keep the failed attempt's
-            # activations alive, and then no retry could fit either
+            # retried outside the except block, whose traceback would keep the failed attempt's activations alive
             failed = ranks.agree_max([failed])[0]
             if failed:
                 gc.collect()

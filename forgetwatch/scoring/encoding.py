@@ -158,11 +158,6 @@ def render_chat(tokenizer, probe: Probe, source: str, turns: list[dict[str, Any]
 def model_max_length(config, tokenizer) -> int:
     """The context length lm-eval would use for this model and tokenizer."""
     cfg = getattr(config, "text_config", None) or config
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(cfg, attr, None)
-        if value is not None:
-            return int(value)
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit is not None and limit != TOKENIZER_INFINITY:
-        return int(limit)
-    return DEFAULT_MAX_LENGTH
+    found = [getattr(cfg, attr, None) for attr in ("n_positions", "max_position_embeddings", "n_ctx")]
+    found.append(getattr(tokenizer, "model_max_length", None))
+    return int(next((n for n in found if n is not None and n != TOKENIZER_INFINITY), DEFAULT_MAX_LENGTH))

@@ -51,9 +51,7 @@ def sample_seed(seed: int, probe_id: str, sample: int) -> int:
 
 
 def draw_token(logits: torch.Tensor, sampling: Scoring, generator: torch.Generator) -> int:
-    """One token drawn from one row's logits with ``generator`` (one uniform number a token): the probabilities at
-    ``sampling.temperature``, the likeliest first, cut to the fewest whose sum reaches ``sampling.top_p``, then the
-    inverse CDF."""
+    """One token drawn from one row's logits (at ``temperature``, within ``top_p``) by the inverse CDF."""
     probs = torch.softmax(logits.detach().to("cpu", torch.float64) / sampling.temperature, dim=-1)
     order = torch.argsort(probs, descending=True, stable=True)
     ranked = probs[order]
@@ -89,8 +87,8 @@ def response_budgets(
     setting: str = "max_new_tokens",
     name: Callable[[K], str] = str,
 ) -> tuple[dict[K, int], str | None]:
-    """Each prompt's response length, the prompt kept whole (``max_new_tokens`` or what the context leaves), and a
-    warning's sentence when some were cut; a prompt that leaves no room is a :class:`PromptTooLongError`."""
+    """Each prompt's response length (``max_new_tokens`` or what the context leaves) and a warning's sentence when
+    some were cut; a prompt that leaves no room is a :class:`PromptTooLongError`."""
     budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
     full = [k for k, b in budgets.items() if b < 1]
     if full:
@@ -116,7 +114,7 @@ def response_budgets(
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
-    # EOS ids from the model's generation config (some have several) and the tokenizer
+    """EOS ids from the model's generation config (some have several) and the tokenizer."""
     gen_eos = getattr(getattr(unwrap(model), "generation_config", None), "eos_token_id", None)
     ids = [*(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]), tokenizer.eos_token_id]
     return list(dict.fromkeys(int(x) for x in ids if x is not None))
@@ -193,9 +191,9 @@ def generate_sharded(
     progress: Callable[[int], None] | None = None,
     sampling: Scoring | None = None,
 ) -> list[Generated]:
-    """Continuations of ``prompts``, in order, on every rank, each cut at its first stop string, each rank's share
-    in lockstep: greedy, or with ``sampling`` drawn with each prompt's seed; ``limits`` and ``on_out_of_memory``
-    replace halving ``rows_per_batch`` after running out."""
+    """Continuations of ``prompts``, in order, on every rank, each rank's share in lockstep: greedy, or with
+    ``sampling`` drawn with each prompt's seed; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch``
+    after running out."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     ranks = ranks or Ranks()

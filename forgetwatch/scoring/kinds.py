@@ -1,9 +1,10 @@
-"""How each kind of probe is scored from what the model did: one function a kind, in one table (:data:`SCORE`)."""
+"""How each kind of probe is scored from what the model did: one function a kind, in one table (:data:`SCORE`); and
+the scoring options that decide a probe set's answers, as stored with them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -82,10 +83,33 @@ def tool_call(probe: Probe, measured: Measured, rules: Rules) -> dict[str, Any]:
     return {"correct": correct, "predicted": shown, "output": measured.text, "n_choices": 0}
 
 
-#: How each kind of probe is scored.
 SCORE: Mapping[ProbeKind, Callable[[Probe, Measured, Rules], dict[str, Any]]] = {
     ProbeKind.MULTIPLE_CHOICE: multiple_choice,
     ProbeKind.GENERATIVE: generative,
     ProbeKind.BEHAVIOUR: behaviour,
     ProbeKind.TOOL_CALL: tool_call,
 }
+
+
+def scoring_options(
+    probes: Iterable[Any],
+    scoring: Scoring,
+    extract: Callable[[str], str | None] | None = None,
+    refusal_detector: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """The options that decide the answers of ``probes``, as stored with them (generation's only for generative
+    probes, behaviour's only for behaviour probes; the precision is the model's, added by the scorer)."""
+    kinds = {p.kind for p in probes}
+    s = scoring
+    options: dict[str, Any] = {"normalize": s.normalize, "chat_template": s.chat_template}
+    if ProbeKind.GENERATIVE in kinds:
+        options.update(max_new_tokens=s.max_new_tokens, stop=list(s.stop))
+        if extract is not None:
+            options["extract"] = getattr(extract, "__qualname__", repr(extract))
+    if kinds & {ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL}:
+        options["behaviour_max_new_tokens"] = s.behaviour_max_new_tokens
+        if refusal_detector is not None:
+            options["refusal_detector"] = getattr(refusal_detector, "__qualname__", repr(refusal_detector))
+    if s.sampled:  # greedy answers carry no sampling options: they are what they always were
+        options["sampling"] = {"samples": s.samples, "temperature": s.temperature, "top_p": s.top_p, "seed": s.seed}
+    return options

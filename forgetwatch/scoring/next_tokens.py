@@ -70,15 +70,12 @@ def aligned_targets(
     parts: Sequence[tuple[Any, Any, Any]], firsts: Sequence[int], positions: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch's base distribution laid out like its logits (rows × ``positions``), from each row's first target."""
-    k = parts[0][0].shape[1]
-    top_ids = torch.zeros((len(parts), positions, k), dtype=torch.long)
-    top_lp = torch.zeros((len(parts), positions, k))
-    tail = torch.zeros((len(parts), positions))
-    for r, ((t_ids, t_lp, t_tail), first) in enumerate(zip(parts, firsts)):
-        at = slice(first, first + len(t_tail))
-        top_ids[r, at] = torch.as_tensor(t_ids, dtype=torch.long)
-        top_lp[r, at] = torch.as_tensor(t_lp, dtype=torch.float32)
-        tail[r, at] = torch.as_tensor(t_tail, dtype=torch.float32)
+    rows, k = len(parts), parts[0][0].shape[1]
+    top_ids, top_lp = torch.zeros((rows, positions, k), dtype=torch.long), torch.zeros((rows, positions, k))
+    tail = torch.zeros((rows, positions))
+    for r, (part, first) in enumerate(zip(parts, firsts)):
+        for whole, values in zip((top_ids, top_lp, tail), part):  # copied into the whole's dtype
+            whole[r, first : first + len(values)] = torch.as_tensor(values)
     return top_ids.to(device), top_lp.to(device), tail.to(device)
 
 

@@ -62,9 +62,8 @@ class PrefixStore:
     def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int):
         self.module, self.device, self.pad_id = forward_module(model), device, pad_id
         base = unwrap(model)
-        params = inspect.signature(
-            (base.get_base_model() if hasattr(base, "get_base_model") else base).forward
-        ).parameters
+        base = base.get_base_model() if hasattr(base, "get_base_model") else base
+        params = inspect.signature(base.forward).parameters
         # the names the forward takes a KV cache under, and the count of last positions to keep logits of
         self.argument = "cache" if "cache" in params else "past_key_values"
         self.keep_arg = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)

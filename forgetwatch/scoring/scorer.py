@@ -40,8 +40,7 @@ from forgetwatch.scoring.generation import (
     response_budgets,
     sample_seed,
 )
-from forgetwatch.scoring.kinds import SCORE, Measured, Rules
-from forgetwatch.scoring.options import scoring_options
+from forgetwatch.scoring.kinds import SCORE, Measured, Rules, scoring_options
 from forgetwatch.scoring.packing import decide
 from forgetwatch.scoring.precision import compute_precision, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, shared_prefix_lengths
@@ -109,8 +108,7 @@ class Scorer:
         """The probes tokenized with their last ``visible`` tokens exact; again only for a longer context."""
         if self._tokens is None or self._tokens.visible < visible:
             encoded = encode_probes(self.tokenizer, self.probes, self.settings.chat_template, visible)
-            # what goes through the log-likelihood forwards: each multiple-choice probe, and each
-            # generative probe's reference answer (teacher-forced, for its log-probability)
+            # read by the log-likelihood forwards: each multiple-choice probe, each generative probe's reference
             reads = [
                 e if isinstance(e, EncodedChoices) else e.reference if self.reference_logprobs else None
                 for e in encoded
@@ -130,8 +128,8 @@ class Scorer:
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], Any, int]:
-        """Tokenize for ``model`` and check it can score them (a ``ValueError`` names what it cannot: its kind, a token
-        id, a prompt that leaves no room); the tokens, prompts, the model's text config and context length."""
+        """Tokenize for ``model`` and check it can score them (else a ``ValueError``); the tokens, prompts, the model's
+        text config and context length."""
         inner = unwrap(model)
         get = getattr(getattr(inner, "config", None), "get_text_config", None)
         config = get() if callable(get) else getattr(inner, "config", None)
@@ -150,10 +148,8 @@ class Scorer:
                 probe = self.probes[int(np.argmax(tokens.max_ids >= size))]
                 what = f"token ids up to {top} (probe {probe.id!r} of {self.probes.source} has one)"
             raise ValueError(
-                f"this tokenizer gives {what}, but the model has embeddings for {size} tokens (ids 0 to "
-                f"{size - 1}): the tokenizer is not this model's, or tokens were added to it without resizing "
-                "the model; pass the model's own tokenizer, or call model.resize_token_embeddings(len(tokenizer)) "
-                "before training"
+                f"this tokenizer gives {what}, but the model has embeddings for {size} tokens: pass the model's own "
+                "tokenizer, or call model.resize_token_embeddings(len(tokenizer)) before training"
             )
         return tokens, self._prompts(tokens, max_length), config, max_length
 
@@ -215,7 +211,7 @@ class Scorer:
                         "weights or its outputs hold NaN or inf (a diverged run, a broken checkpoint, or overflow in "
                         "half precision); no answers were read from them"
                     )
-                texts = run.generate(self.tokenizer, drawn, bar, self._sampling)
+                texts = run.generate(self.tokenizer, drawn, bar, self.settings if self.settings.sampled else None)
             finally:
                 bar.close()
         if device.type == "cuda":
@@ -247,14 +243,8 @@ class Scorer:
             )
         return out
 
-    @property
-    def _sampling(self) -> Scoring | None:
-        s = self.settings
-        return s if s.sampled else None
-
     def _drawn(self, prompts: dict[int, GenerationPrompt]) -> dict[tuple[int, int], GenerationPrompt]:
-        """Each response to generate, keyed (probe, sample): one a probe when greedy, ``samples`` when sampled, each
-        with its own seed."""
+        """Each response to generate, keyed (probe, sample), each sample with its own seed."""
         s = self.settings
         if not s.sampled:
             return {(i, 0): p for i, p in prompts.items()}
@@ -296,8 +286,6 @@ class Scorer:
             self._warned.add(key)
             logger.warning(message, *args)
 
-    # -- results -------------------------------------------------------------------------------
-
     def _answers(
         self,
         tokens: _Tokens,
@@ -306,13 +294,12 @@ class Scorer:
         scoring: dict[str, Any],
         model_name: str,
     ) -> Answers:
-        first_key = tokens.first_key
         rules = Rules(self.settings, self.extract, self.refusal_detector)
         k = self.settings.samples if self.settings.sampled else 1
         grouped = any(p.group is not None for p in self.probes)
         samples = []
         for i, probe in enumerate(self.probes):
-            logprobs = sums[first_key[i] : first_key[i + 1]]
+            logprobs = sums[tokens.first_key[i] : tokens.first_key[i + 1]]
             scored = [SCORE[probe.kind](probe, Measured(logprobs, texts.get((i, j))), rules) for j in range(k)]
             sample = {"id": probe.id, "category": probe.category, **scored[0]}  # what it said: the first sample
             if grouped:
@@ -402,8 +389,7 @@ class _Run:
         return rows
 
     def batches(self, rows: list[Row]) -> list[Batch]:
-        """Packed and plain rows apart, longest first, rows behind one prefix together, cut where padding and
-        forwards cost least."""
+        """Packed and plain rows apart, cut by :func:`~forgetwatch.scoring.batching.group_runs`."""
         batches = []
         for packed in (True, False):
             subset = [r for r in rows if r.packed is packed]
