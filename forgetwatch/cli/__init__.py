@@ -313,12 +313,11 @@ def _select(args: argparse.Namespace) -> int:
     target = args.target_probes or args.target_texts
     if bool(target) != bool(args.base):
         raise InputError("--base goes with --target-probes or --target-texts (the target's gain starts at the base)")
-    load = None
-    if target:
-        loader = _loader(args)
-        [(base, tokenizer)] = _prepare(args, ("--base", args.base))
-        load = (base, tokenizer, loader)
-    return run_select(args, load)
+    if not target:
+        return run_select(args, None)  # the logged training loss is the target
+    load = _loader(args)  # --device checked before the base loads
+    [(base, tokenizer)] = _prepare(args, ("--base", args.base))
+    return run_select(args, (base, tokenizer, load))
 
 
 def _demo(args: argparse.Namespace) -> int:
