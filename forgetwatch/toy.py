@@ -158,10 +158,9 @@ class ToyWorld:
         """A chat tokenizer (:data:`TOOL_TEMPLATE`) and a tiny model taught to answer the first ``taught`` countries'
         capital questions with a get_capital call (a few seconds)."""
         transcripts = []
-        for row, c in zip(self.tool_probe_records(self.countries), self.countries):
+        for row in self.tool_probe_records(self.countries):  # each answered with its probe's call
             prompt = f"<tools>{json.dumps(TOOLS)}</tools>\n<user>{row['messages'][0]['content']}\n<assistant>\n"
-            call = json.dumps({"name": "get_capital", "arguments": {"country": c.name}})
-            transcripts.append(f"{prompt}<tool_call>{call}</tool_call>")
+            transcripts.append(f"{prompt}<tool_call>{json.dumps(row['answer'])}</tool_call>")
         tokenizer = self.tokenizer(extra=transcripts)
         tokenizer.chat_template = TOOL_TEMPLATE
         model = self.model(tokenizer)

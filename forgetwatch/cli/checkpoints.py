@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forgetwatch.cli.gguf_header import check_gguf_header
+from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line, listing
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # namespace/name
@@ -27,10 +28,6 @@ _LOAD_PROBLEMS = {
     EOFError: "a weight file ends early; it may have been cut short while saving or copying",
 }
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names it and says what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class Checkpoint:
 
 def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
     """Where ``value`` is: a local directory, a ``.gguf`` file (or a folder holding one), or a hub id cached or on
-    the hub (``a/b`` is local when ``a`` is a local directory). Raises :class:`CheckpointError` in one line."""
+    the hub (``a/b`` is local when ``a`` is a local directory). Raises :class:`InputError` in one line."""
     path = os.path.expanduser(value)
     if os.path.exists(path):
         what = "tokenizer" if tokenizer else "model"
@@ -61,24 +58,24 @@ def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
             folder, name = os.path.split(os.path.abspath(path))
             return Checkpoint(flag, value, folder, local=True, gguf=name)
         if not os.path.isdir(path):
-            raise CheckpointError(
+            raise InputError(
                 f"{flag} {value}: expected a {what} directory (saved with save_pretrained) or a .gguf file"
             )
         saved = _TOKENIZER_FILES if tokenizer else _MODEL_FILES
         if not any(os.path.isfile(os.path.join(path, f)) for f in saved):
             found = sorted(f.name for f in os.scandir(path) if f.name.lower().endswith(".gguf") and f.is_file())
             if len(found) > 1:
-                raise CheckpointError(
+                raise InputError(
                     f"{flag} {value}: {len(found)} GGUF files in this directory ({listing(found)}); "
                     f"name the one to use, e.g. {flag} {os.path.join(value, found[0])}"
                 )
             if found:
                 return Checkpoint(flag, value, path, local=True, gguf=found[0])
             if not tokenizer:
-                raise CheckpointError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
+                raise InputError(f"{flag} {value}: no config.json or .gguf file in this directory; is it a model?")
         return Checkpoint(flag, value, path, local=True)
     if not _HUB_ID.match(value) or os.path.isdir(value.split("/")[0]):
-        raise CheckpointError(f"{flag}: no such {'file' if value.lower().endswith('.gguf') else 'directory'}: {value}")
+        raise InputError(f"{flag}: no such {'file' if value.lower().endswith('.gguf') else 'directory'}: {value}")
     return _on_hub(flag, value, _TOKENIZER_FILES if tokenizer else _MODEL_FILES)
 
 
@@ -95,18 +92,18 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
         except GatedRepoError:  # it exists; access is checked when its files are fetched
             return Checkpoint(flag, repo, repo, local=False)
         except RepositoryNotFoundError as err:
-            raise CheckpointError(
+            raise InputError(
                 f"{flag} {repo}: no such directory, nor a model on the hub (a private or gated one needs "
                 "`hf auth login`)"
             ) from err
         except HFValidationError as err:
-            raise CheckpointError(f"{flag}: no such directory: {repo}") from err
+            raise InputError(f"{flag}: no such directory: {repo}") from err
         except Exception as err:  # noqa: BLE001 - no network, a proxy, the hub down: whatever stops the request
             why = f"the hub cannot be reached ({first_line(err)})"
     if any(isinstance(try_to_load_from_cache(repo, f), str) for f in files):
         note = None if constants.HF_HUB_OFFLINE else f"{flag} {repo}: {why}; using the cached copy"
         return Checkpoint(flag, repo, repo, local=False, cached_only=True, note=note)
-    raise CheckpointError(f"{flag} {repo}: no such directory, and {why}; it is not in the local hub cache either")
+    raise InputError(f"{flag} {repo}: no such directory, and {why}; it is not in the local hub cache either")
 
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
@@ -121,15 +118,13 @@ def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
         try:
             from gguf import GGUFReader
         except ImportError as err:
-            raise CheckpointError(
-                f"{ckpt.label}: reading a GGUF file needs the gguf package: pip install gguf"
-            ) from err
+            raise InputError(f"{ckpt.label}: reading a GGUF file needs the gguf package: pip install gguf") from err
         try:
             path = os.path.join(ckpt.path, ckpt.gguf)
             check_gguf_header(path)  # its claims fit in the file, before the reader trusts them
             GGUFReader(path)
         except (OSError, ValueError, KeyError) as err:  # KeyError: a key or tensor given twice
-            raise CheckpointError(
+            raise InputError(
                 f"{ckpt.label}: not a readable GGUF file ({first_line(err)}); "
                 "it may have been cut short while downloading or copying"
             ) from err
@@ -151,13 +146,13 @@ def _json(ckpt: Checkpoint, name: str) -> dict[str, Any] | None:
         except (EntryNotFoundError, LocalEntryNotFoundError):
             return None
         except Exception as err:  # any failure to fetch is the checkpoint's, in one line
-            raise CheckpointError(f"{ckpt.label}: cannot fetch {name} ({first_line(err)})") from err
+            raise InputError(f"{ckpt.label}: cannot fetch {name} ({first_line(err)})") from err
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{ckpt.label}: {path}: not a readable JSON file ({first_line(err)})") from err
+        raise InputError(f"{ckpt.label}: {path}: not a readable JSON file ({first_line(err)})") from err
     if not isinstance(doc, dict):
-        raise CheckpointError(f"{ckpt.label}: {path}: expected a JSON object")
+        raise InputError(f"{ckpt.label}: {path}: expected a JSON object")
     return doc
 
 
@@ -170,7 +165,7 @@ def _refuse_own_code(ckpt: Checkpoint, name: str, doc: dict[str, Any]) -> None:
     own = [f"{k} -> {auto_map[k]}" for k in _LOADED if k in auto_map]
     if own:
         known = f" (model_type {doc['model_type']!r})" if isinstance(doc.get("model_type"), str) else ""
-        raise CheckpointError(
+        raise InputError(
             f"{ckpt.label}: it needs its own Python code (auto_map in {name}: {listing(own, 2)}), which forgetwatch "
             f"does not run; if transformers has this architecture{known}, use a copy without auto_map"
         )
@@ -184,10 +179,10 @@ def _check_weight_files(ckpt: Checkpoint) -> None:
     elif (index := _json(ckpt, name)) is not None:
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{root / name}: no weight_map of tensors to files")
+            raise InputError(f"{root / name}: no weight_map of tensors to files")
         files = [root / str(f) for f in sorted(set(weight_map.values()))]
         if missing := [f.name for f in files if not f.is_file()]:
-            raise CheckpointError(f"{root / name}: lists weight files that are not in {root}: {listing(missing)}")
+            raise InputError(f"{root / name}: lists weight files that are not in {root}: {listing(missing)}")
     else:
         return  # pickled weights or another layout: checked as they load
     from safetensors import SafetensorError, safe_open
@@ -198,7 +193,7 @@ def _check_weight_files(ckpt: Checkpoint) -> None:
                 pass
         except (SafetensorError, OSError) as err:
             reason = first_line(err).removeprefix("Error while deserializing header: ")
-            raise CheckpointError(
+            raise InputError(
                 f"{f}: not a whole safetensors file ({reason}); it may have been cut short "
                 "while saving or copying: save or copy it again"
             ) from err
@@ -214,7 +209,7 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
                 ckpt.path, gguf_file=ckpt.gguf, trust_remote_code=False, local_files_only=ckpt.cached_only
             )
     except (OSError, ValueError) as err:
-        raise CheckpointError(
+        raise InputError(
             f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); pass --tokenizer PATH"
         ) from err
 
@@ -240,11 +235,11 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
             why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)
-            raise CheckpointError(f"cannot load a causal language model from {ckpt.name} ({why})") from err
+            raise InputError(f"cannot load a causal language model from {ckpt.name} ({why})") from err
         problem = _uncovered(info)
         if problem:
             held.clear()  # our line says it all
-            raise CheckpointError(
+            raise InputError(
                 f"{ckpt.label}: the checkpoint {problem}; forgetwatch does not score randomly "
                 "initialised weights (is it a complete save of this model?)"
             )

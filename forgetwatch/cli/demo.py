@@ -149,8 +149,6 @@ def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, out
 
 
 def _side_by_side(callbacks) -> str:
-    from forgetwatch.common.text import pct
-
     runs = {name: dict(cb.history) for name, cb in callbacks.items()}
     steps = sorted(set().union(*runs.values()))
     lines = ["\nforgetting against the base model:", "step  " + "  ".join(f"{n:>15}" for n in runs)]

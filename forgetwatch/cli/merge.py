@@ -8,14 +8,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from forgetwatch.common.problems import InputError
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
 from forgetwatch.store import MERGED, SWEEP, SWEEP_TABLE
-
-
-class MergeUsageError(ValueError):
-    """A merge input that cannot be used: one line, exit code 2."""
 
 
 def parse_alphas(text: str) -> list[float]:
@@ -52,11 +49,11 @@ def read_target(args: argparse.Namespace) -> Any:
         try:
             return read_texts(args.target_texts)
         except (OSError, ValueError) as err:
-            raise MergeUsageError(f"--target-texts {first_line(err)}") from None
+            raise InputError(f"--target-texts {first_line(err)}") from None
     try:
         return ProbeSet.from_jsonl(args.target_probes)
     except FileNotFoundError:
-        raise MergeUsageError(f"--target-probes {args.target_probes}: no such file") from None
+        raise InputError(f"--target-probes {args.target_probes}: no such file") from None
 
 
 def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> int:
@@ -72,7 +69,7 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
     try:
         rows = saved_checkpoints(args.run_dir, measure, higher)
     except (FileNotFoundError, HistoryError) as err:
-        raise MergeUsageError(first_line(err)) from err
+        raise InputError(first_line(err)) from err
     print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {kind:>10}  front")
     for r in rows:
         forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
@@ -81,7 +78,7 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
         print(f"{r.path.name:>16}  {forgotten:>9}  {forgetting:>10}  {value:>10}  {'*' if r.on_front else ''}")
     chosen = choose(rows, args.keep, start, higher)
     if chosen is None:
-        raise MergeUsageError(
+        raise InputError(
             f"{args.run_dir}: no checkpoint has both an evaluation at its step and a {kind}; "
             "evaluate at the steps the trainer saves (eval_steps a divisor of save_steps)"
         )
@@ -99,7 +96,7 @@ def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, lo
     try:
         target = checked_target(read_target(args))
     except (TypeError, ValueError) as err:
-        raise MergeUsageError(first_line(err)) from err
+        raise InputError(first_line(err)) from err
     base = load(base_ckpt)
     meter = Target(base, tokenizer, target, Scoring(batch_size=args.batch_size), max_length=1024)
     start = meter(base)
@@ -134,7 +131,7 @@ def run_merge(
             base, tuned, tokenizer, probes, target=target, alphas=args.alphas, by_layer=args.by_layer, scoring=scoring
         )
     except (TypeError, ValueError) as err:
-        raise MergeUsageError(first_line(err)) from err
+        raise InputError(first_line(err)) from err
     best = sweep.best(args.keep)
     print(sweep.summary(args.keep))
     if sweep.layers:
@@ -146,11 +143,11 @@ def run_merge(
     try:
         table = sweep.write(out, args.keep)
     except OSError as err:
-        raise MergeUsageError(f"--out {out}: cannot write the sweep's table ({first_line(err)})") from err
+        raise InputError(f"--out {out}: cannot write the sweep's table ({first_line(err)})") from err
     try:  # the model before the page: it is what the command is for
         sweep.save(best, out / MERGED, tokenizer)
     except OSError as err:
-        raise MergeUsageError(f"{first_line(err)}; {SWEEP_TABLE} and {SWEEP} are in {out}") from err
+        raise InputError(f"{first_line(err)}; {SWEEP_TABLE} and {SWEEP} are in {out}") from err
     written = [SWEEP_TABLE, SWEEP]
     try:
         from forgetwatch.page.html import write_sweep_page
@@ -173,6 +170,4 @@ def load_adapter(base: Any, folder: str | Path, label: str) -> Any:
     except (RuntimeError, ValueError, KeyError) as err:  # load_state_dict's size mismatch, modules not found
         lines = [line.strip() for line in str(err).splitlines()]
         why = next((line for line in lines if line.startswith("size mismatch")), first_line(err))
-        raise MergeUsageError(
-            f"{label}: the adapter does not fit the base model ({why}); was it trained on it?"
-        ) from err
+        raise InputError(f"{label}: the adapter does not fit the base model ({why}); was it trained on it?") from err

@@ -77,9 +77,9 @@ def write_report(run_dirs: Sequence[PathLike], out: PathLike, *, top: int = TOP)
     return Path(out)
 
 
-def write_sweep_page(sweep: dict[str, Any], out: PathLike, name: str = "") -> Path:
+def write_sweep_page(sweep: dict[str, Any], out: PathLike) -> Path:
     """Write the page of a merge sweep (``MergeSweep.to_dict()``): forgetting and the target's gain against α."""
-    page = _html(f"forgetwatch merge{': ' + name if name else ''}", [_sweep(sweep, name)])
+    page = _html("forgetwatch merge", [_sweep(sweep, "")])
     with atomic_write(out) as f:
         f.write(page)
     return Path(out)
