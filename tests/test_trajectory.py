@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from forgetwatch import Output, Trajectory, evaluate, load_trajectory
 from forgetwatch.integrations.callback import ForgetWatchCallback
-from forgetwatch.sinks import metric_values
+from forgetwatch.sinks.logged import metric_values
 from forgetwatch.store.read import read_history
 
 # trains models (or runs several processes, or a browser): pytest -m "not slow" leaves them out

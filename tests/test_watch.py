@@ -23,7 +23,7 @@ from forgetwatch.config import ConfigError, from_flat_keys
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.noise import smallest_detectable
 from forgetwatch.scoring import NonFiniteScoresError
-from forgetwatch.sinks import logged_categories, metric_values
+from forgetwatch.sinks.logged import logged_categories, metric_values
 from forgetwatch.store import LOCK
 from forgetwatch.store.read import load_trajectory, read_history
 from forgetwatch.store.write import NotWritableError

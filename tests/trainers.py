@@ -76,9 +76,9 @@ def killed_and_resumed(
 
 def run_view(tokenizer, **fields):
     """A run in one process as a plug-in sees it when training begins (its scorer: of one probe, batches of 8)."""
-    from forgetwatch import ProbeSet, Scorer, Scoring
+    from forgetwatch import ProbeSet, Scorer
     from forgetwatch.common.distributed import Ranks
     from forgetwatch.run.plugins import RunView
 
     probe = ProbeSet.from_records([{"id": "p", "question": "Say hi:", "check": {"max_words": 5}}])
-    return RunView(**{"ranks": Ranks(), "scorer": Scorer(tokenizer, probe), "scoring": Scoring(), **fields})
+    return RunView(**{"ranks": Ranks(), "scorer": Scorer(tokenizer, probe), **fields})

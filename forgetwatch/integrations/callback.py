@@ -24,7 +24,7 @@ from forgetwatch.replay import Replay, ReplayPool
 from forgetwatch.results.events import Evaluation
 from forgetwatch.run.train_kl.rows import TrainRows, training_rows
 from forgetwatch.run.watch import Watch, failure
-from forgetwatch.sinks import eval_metric_values
+from forgetwatch.sinks.logged import eval_metric_values
 from forgetwatch.store import SUBDIR
 
 logger = logging.getLogger("forgetwatch")

@@ -21,20 +21,8 @@ logger = logging.getLogger(__name__)
 # config fields that change without the model changing: where it was loaded from, how its weights were stored (a
 # GGUF's quantization_config), the dtype it was loaded in, what saving it records, flags trainers toggle, labels
 VOLATILE_CONFIG = frozenset(
-    {
-        "_name_or_path",
-        "_model_name_or_path",
-        "_commit_hash",
-        "quantization_config",
-        "transformers_version",
-        "architectures",
-        "dtype",
-        "torch_dtype",
-        "use_cache",
-        "id2label",
-        "label2id",
-        "problem_type",
-    }
+    "_name_or_path _model_name_or_path _commit_hash quantization_config transformers_version architectures dtype "
+    "torch_dtype use_cache id2label label2id problem_type".split()
 )
 
 

@@ -1,11 +1,7 @@
-"""What plug-ins beside the monitor see of a run, and what the monitor keeps of them.
+"""What plug-ins beside the monitor see of a run (:class:`RunView`), and what the monitor keeps of them (:class:`Kept`).
 
-A plug-in that changes training (:class:`~forgetwatch.Replay`: a gradient before each optimizer step) or makes new
-weights (:class:`~forgetwatch.MergeAtEnd`) is called by the training loop, or by the trainer's callback, never by
-the :class:`~forgetwatch.Watch`: the watch measures and reports, and what it reports cannot be moved by it. What a
-watch does for a plug-in is hand it a :class:`RunView` once it has started, and, for one it was told of
-(:meth:`~forgetwatch.Watch.keep`), keep its figures and state with each evaluation and in the watch's state (:class:`Kept`).
-"""
+A plug-in (:class:`~forgetwatch.Replay`, :class:`~forgetwatch.MergeAtEnd`) is called by the training loop or the
+trainer's callback, never by the :class:`~forgetwatch.Watch`, so what the watch reports cannot be moved by it."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ class RunView:
 
     Attributes:
         ranks: the run's processes (rank 0 writes the files).
-        scorer: the run's :class:`~forgetwatch.Scorer` of its probes (its tokenizer, its batches).
-        scoring: the run's :class:`~forgetwatch.Scoring`.
+        scorer: the run's :class:`~forgetwatch.Scorer` of its probes (its tokenizer, batches and ``settings``).
         store: the run's files, in its directory (``None``: nothing is kept); a resumed run reads back its own there.
         base_answers: the base model's answers.
         step: the step training began (or resumed) at.
@@ -61,7 +56,6 @@ class RunView:
 
     ranks: Ranks
     scorer: Any
-    scoring: Any
     store: RunStore | None = None
     base_answers: Any = None
     step: int = 0
@@ -83,9 +77,9 @@ class RunView:
         return self.scorer.tokenizer
 
     @property
-    def precision(self) -> str:
-        """What the run's forwards compute in (:attr:`~forgetwatch.Scoring.precision`)."""
-        return self.scoring.precision
+    def scoring(self) -> Any:
+        """The run's :class:`~forgetwatch.Scoring`."""
+        return self.scorer.settings
 
     def rows_per_batch(self, model: torch.nn.Module) -> int:
         """The most rows a batch of ``model`` holds, as the run's scoring planned them."""

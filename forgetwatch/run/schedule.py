@@ -74,16 +74,13 @@ class Budget:
 
     def start(self, step: int, spent: float = 0.0, cost: float | None = None) -> None:
         """Training starts at ``step`` after ``spent`` seconds of monitoring; an evaluation costs about ``cost``."""
-        self._spent = spent  # all monitoring time, for the budget; training time is the clock less both
+        self._spent = spent  # all monitoring time; training time is the clock less both
         self._zero = self.clock() - spent
         self._step0, self._cost, self._next = step, cost, step + 1
         self._trained_at_last = 0.0  # training time when the last evaluation ended
-        #: at the last check that found none due, the step the next evaluation would come at
-        self.projected: int | None = None
+        self.projected: int | None = None  # at the last check that found none due, the next evaluation's step
 
     def due(self, step: int) -> bool:
-        if self._zero is None:  # used without start(): training began before this step
-            self.start(step - 1)
         if step < self._next:
             return False
         due, self._next = self.agree(self._decide(step))

@@ -1,6 +1,5 @@
-"""Watch: the monitor without a trainer; any training loop drives it. It only watches: scoring, comparison, the
-stop rule, files and sinks live in their own modules, and what changes training (replay) or makes new weights (a
-merge) is a plug-in beside it, which the loop calls (forgetwatch.run.plugins)."""
+"""Watch: the monitor without a trainer; any training loop drives it. It only watches: what changes training
+(replay) or makes new weights (a merge) is a plug-in beside it, which the loop calls (forgetwatch.run.plugins)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
 from forgetwatch.scoring.precision import is_reduced
-from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink, logged_categories
-from forgetwatch.sinks.logged import PREFIX, ConsoleLines, evaluation_metrics
+from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink
+from forgetwatch.sinks.logged import PREFIX, ConsoleLines, evaluation_metrics, logged_categories
 from forgetwatch.store import HISTORY, SNAPSHOT
 from forgetwatch.store.read import Run, stored_base
 from forgetwatch.store.write import RunStore
@@ -51,8 +50,7 @@ __all__ = ["Watch"]
 
 logger = logging.getLogger("forgetwatch")
 
-#: what :meth:`Watch.state_dict` writes; :meth:`Watch.load_state_dict` reads it back (3: the schedule, the stop
-#: rule's streaks and the base's keys besides)
+#: what :meth:`Watch.state_dict` writes and :meth:`Watch.load_state_dict` reads back
 STATE_FORMAT = "forgetwatch.watch"
 STATE_VERSION = 3
 
@@ -87,35 +85,31 @@ def failure(err: Exception) -> tuple[str, Exception | None]:
 class Watch:
     """Measure per-sample forgetting on a probe set while any training loop runs.
 
-    The base's answers are scored (or loaded) once at :meth:`start`; :meth:`evaluate` re-scores the live
-    model whenever :meth:`due` says so, hands the result to every sink and says whether to stop. In a
-    distributed run every rank calls every method at the same steps.
+    The base's answers are scored (or loaded) once at :meth:`start`; :meth:`evaluate` re-scores the live model
+    whenever :meth:`due` says so, hands the result to every sink and says whether to stop. In a distributed run
+    every rank calls every method at the same steps.
 
     Args:
         probes: a :class:`~forgetwatch.ProbeSet`, a probe JSONL file, or a list of probe rows.
-        eval_steps: evaluate every N steps (default ``None``: as often as ``Monitor.max_overhead``
-            of wall time allows).
+        eval_steps: evaluate every N steps (default ``None``: as often as ``Monitor.max_overhead`` of wall time allows).
         max_forgetting: stop once the forgetting rate exceeds this (default ``None``: never).
         output_dir: where the snapshot and ``history.jsonl`` live (required here or at :meth:`start`).
-        base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the
-            model at the start, or ``"adapter_disabled"`` for a PEFT model's adapters off.
+        base: base answers (an :class:`~forgetwatch.Answers` or its file) instead of scoring the model at the start,
+            or ``"adapter_disabled"`` for a PEFT model's adapters off.
         scoring: how probes are scored (a :class:`~forgetwatch.Scoring`; default its defaults).
-        monitor: when else to evaluate, what else to measure, when to stop (a
-            :class:`~forgetwatch.Monitor`).
+        monitor: when else to evaluate, what else to measure, when to stop (a :class:`~forgetwatch.Monitor`).
         output: where results go, how much is logged (an :class:`~forgetwatch.Output`).
-        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions
-            ``f(report, step)``; on rank 0 unless a sink's ``all_ranks`` is true. They get copies,
-            and a call busy past :attr:`sink_seconds` (default 300) drops the sink, with a warning.
+        sinks: more places each evaluation goes (see :mod:`forgetwatch.sinks`), or functions ``f(report, step)``; on
+            rank 0 unless a sink's ``all_ranks`` is true. They get copies, and a call busy past :attr:`sink_seconds`
+            (default 300) drops the sink, with a warning.
         clock: what the schedule and ``monitoring_seconds`` read (default ``time.perf_counter``).
 
     Attributes:
         refusal_detector: ``callable(response) -> bool`` for behaviour probes' ``refuses``
             (default: a phrase detector); set it before :meth:`start`.
 
-    Replay and merging are plug-ins beside it, which the loop calls (docs/watch.md): ``replay.begin(model,
-    watch.view)`` after :meth:`start`, ``replay.before_optimizer_step(model)`` before each optimizer step and
-    ``replay.on_evaluation(evaluation.report)`` after each evaluation; :meth:`keep` keeps its figures and state with
-    the run.
+    Replay and merging are plug-ins beside it, which the loop calls (docs/watch.md); :meth:`keep` keeps a plug-in's
+    figures and state with the run.
 
     Example:
         >>> watch = Watch(probes, output_dir="run/forgetwatch", eval_steps=50, max_forgetting=0.1)  # doctest: +SKIP
@@ -171,17 +165,11 @@ class Watch:
         self._base_given: Answers | str | None = base if isinstance(base, Answers) else config.base
         self._clock = clock
         self._kept: list[Kept] = []  # plug-ins whose figures and state are kept with the run
-        self._train_kl: TrainKL | None = None  # the train-KL signal, when training rows were given
-        self._scorer: Scorer | None = None
         self._store: RunStore | None = None
         self._ranks = Ranks()
-        self._writes = True  # whether this rank writes the run's files
         self._schedule: EverySteps | Budget = self._new_schedule()
-        self._finished = False
         self._view: RunView | None = None
         self._ending: Ending | None = None  # what a plug-in found when training ended (a merge), told to the watch
-        self._sinks = Sinks()  # the run's own writers and the caller's
-        self._user_sinks = Sinks()  # the user's sinks and hook: not monitoring cost
         self._stop_rule: StopRule | None = None
         self._step = 0  # the last step the loop told us of
         self._loaded: dict[str, Any] | None = None  # a state_dict to resume from at start()
@@ -229,48 +217,30 @@ class Watch:
     ) -> BaseSnapshot:
         began = self._clock()
         self._prepare(model, tokenizer, output_dir)
-        # rank 0's state for every rank (nodes need not share storage); a resume without one goes on from the files
-        loaded = self._ranks.share_from_rank_zero(lambda: self._loaded)
-        self._loaded = None
-        step = (loaded["step"] if loaded else 0) if step is None else step
-        if loaded and loaded["step"] != step:
-            raise ValueError(
-                f"Watch.start(step={step}): the state given to load_state_dict() is of step {loaded['step']}; load "
-                "the state saved with the checkpoint training resumes from"
-            )
-        if step > 0 and loaded is None and self._writes:
-            logger.warning(
-                "forgetwatch: resuming at step %d without a forgetwatch state (a checkpoint saved without it, or no "
-                "load_state_dict()): going on from the history in %s, cut at step %d",
-                step,
-                self._store.dir,
-                step,
-            )
+        loaded, step = self._resumed(step)
         # rank 0 takes the directory (or every rank raises here, before any work), cleans it of what a kill -9
         # left half-written, and sets an earlier run's files aside
         aside = self._ranks.share_from_rank_zero(lambda: self._claim(fresh=step == 0, origin=origin))
         try:
-            # a watch may serve several runs (train() calls): each starts from its own state
+            # a watch may serve several runs (train() calls), each from its own state; _last: this run's last
+            # evaluation, _skipped: a step whose weights failed to score
             self.history, self.stop_reason, self._finished, self._ending = [], None, False, None
             self._schedule = self._new_schedule()
-            # the step the run began at, this run's last evaluation, a step whose weights gave NaN
             self._step, self._max_steps, self._began_at, self._last, self._skipped = step, max_steps, step, None, None
-            kept = (loaded or {}).get("base", {})
-            self.base_answers, cost = self._base(model, step, kept, Path(aside) if aside else None)
+            self.base_answers, cost = self._base(model, step, loaded.get("base", {}), Path(aside) if aside else None)
             self.trajectory = Trajectory.start(self.base_answers)
             snapshot = self._open_sinks(sinks, stop_note, step, computed=cost is not None)
             records = self._restore_history(step, loaded) if step > 0 else []
             self._view = RunView(
                 ranks=self._ranks,
                 scorer=self._scorer,
-                scoring=self.config.scoring,
                 store=self._store,
                 base_answers=self.base_answers,
                 step=step,
                 records=records,
                 last_report=self.history[-1][1] if self.history else None,
                 base=self._base_given,
-                states=(loaded or {}).get("plugins") or {},
+                states=loaded.get("plugins") or {},
                 sharded=sharded,
                 tell=self._told,
             )
@@ -280,17 +250,35 @@ class Watch:
                 if step == 0:
                     self._store.save_history([])
                 self._store.save_probes(self.probes)
-            # all of the start-up counts against the budget; an evaluation will cost about a scoring
-            # of the probes and a forward over train KL's rows (unknown when answers that do not
-            # say what scoring them took were loaded)
+            # all of the start-up counts against the budget; an evaluation will cost about a scoring of the probes
+            # and a forward over train KL's rows (unknown for loaded answers that do not say what scoring took)
             self.monitoring_seconds = self._clock() - began
             self._schedule.start(step, self.monitoring_seconds, None if scoring is None else scoring + train_kl_cost)
-            if loaded:
-                self._schedule.load_state_dict(loaded.get("schedule", {}))
+            self._schedule.load_state_dict(loaded.get("schedule", {}))
             return snapshot
         except BaseException:
             self._store.release()  # a run that did not start holds no directory
             raise
+
+    def _resumed(self, step: int | None) -> tuple[dict[str, Any], int]:
+        """The state :meth:`load_state_dict` gave (rank 0's, for every rank; ``{}``: none), and the step to start at."""
+        loaded = self._ranks.share_from_rank_zero(lambda: self._loaded) or {}
+        self._loaded = None
+        step = loaded.get("step", 0) if step is None else step
+        if loaded and loaded["step"] != step:
+            raise ValueError(
+                f"Watch.start(step={step}): the state given to load_state_dict() is of step {loaded['step']}; load "
+                "the state saved with the checkpoint training resumes from"
+            )
+        if step > 0 and not loaded and self._writes:
+            logger.warning(
+                "forgetwatch: resuming at step %d without a forgetwatch state (a checkpoint saved without it, or no "
+                "load_state_dict()): going on from the history in %s, cut at step %d",
+                step,
+                self._store.dir,
+                step,
+            )
+        return loaded, step
 
     def _prepare(self, model: torch.nn.Module, tokenizer: Any, output_dir: str | os.PathLike[str] | None) -> None:
         """The settings checked again, the probes' scorer for this model (a probe it cannot score fails here), and the
@@ -316,7 +304,7 @@ class Watch:
         self, sinks: Sequence[Any], stop_note: Callable[[int], str], step: int, computed: bool
     ) -> BaseSnapshot:
         """Which categories get keys of their own, the stop rule, and the run's sinks, told of the base."""
-        o, t, base = self.config.output, self.config.monitor, self.base_answers
+        c, o, t, base = self.config, self.config.output, self.config.monitor, self.base_answers
         self._logged, note = False, None  # per-category keys: all (True), none, or these
         if o.log_categories:  # decided on the base's answers: a resume decides the same
             n = len(self.probes.categories) if self._groups else None
@@ -324,10 +312,9 @@ class Watch:
             self._logged, note = logged_categories(
                 grouped, base.correct, o.min_logged_right, o.max_logged_categories, categories=n
             )
-        noise = noise_by_scope(base.meta)
-        c = self.config
+        scopes = noise_by_scope(base.meta)
         self._stop_rule = StopRule(
-            c.max_forgetting, t.stop_metric, t.patience, t.significance, t.category_max_forgetting, noise
+            c.max_forgetting, t.stop_metric, t.patience, t.significance, t.category_max_forgetting, scopes
         )
         console = ConsoleLines(self._store.history_path, o.verbose, stop_note)
         # the run's own writers on rank 0; a sink marked all_ranks, and the user's hook, everywhere
@@ -342,11 +329,10 @@ class Watch:
 
     def _begin_train_kl(self, model: torch.nn.Module, train_rows: RowsLike | None, scoring: float | None) -> float:
         """Train KL's base, measured once or read back (``train_rows`` given); what measuring it took."""
-        self._train_kl = None
+        self._train_kl: TrainKL | None = None
         if train_rows is None or self.config.monitor.train_kl_rows <= 0:
             return 0.0
-        # its base may take a share of what scoring the probes took (see forgetwatch.run.train_kl)
-        limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)
+        limit = max(SHARE * (scoring or 0.0), MIN_SECONDS)  # a share of what scoring the probes took
         self._train_kl = TrainKL(self.config.monitor.train_kl_rows, max_seconds=limit, clock=self._clock)
         began = self._clock()
         self._train_kl.begin(model, self._view, train_rows)
@@ -465,10 +451,7 @@ class Watch:
                 f"Watch.evaluate(step={step!r}): a step is a whole number (int), the optimizer steps the "
                 f"weights have had; got {type(step).__name__}"
             )
-        step = int(step)
-        last = self.history[-1][0] if self.history else None
-        if step < 0:
-            raise ValueError(f"Watch.evaluate(step={step}): a step is a whole number >= 0")
+        step, last = int(step), self.history[-1][0] if self.history else None
         if step < self._began_at or (last is not None and step < last):
             since = f"this run began at step {self._began_at}"
             if last is not None and last >= self._began_at:
@@ -483,7 +466,7 @@ class Watch:
         """Training ended at ``step``: a last evaluation (``eval_on_train_end``), every sink's ``on_end``,
         then :meth:`close` unless ``close=False``."""
         evaluation = None
-        if not self._finished and self.base_answers is not None:
+        if self.base_answers is not None and not self._finished:
             if self.config.monitor.eval_on_train_end and not self.evaluated(step):
                 evaluation = self.evaluate(model, step, "train_end")
             self._finished = True
@@ -501,14 +484,10 @@ class Watch:
     def close(self) -> None:
         """A last try for any write owed, then the run directory is free for another watch (:meth:`finish`
         calls it; call it yourself when the loop raised)."""
-        self.flush()
         if self._store is not None:
+            if self._writes:
+                self._store.flush()
             self._store.release()
-
-    def flush(self) -> None:
-        """A last try for any write that failed (it warned)."""
-        if self._writes and self._store is not None:
-            self._store.flush()
 
     def keep(self, plugin: Kept) -> None:
         """Keep ``plugin``'s figures and state with the run (:class:`~forgetwatch.run.plugins.Kept`): logged and in
@@ -683,12 +662,13 @@ class Watch:
         def from_files() -> dict[str, Any] | None:  # on rank 0; the base with adapters off is never read back
             if given == ADAPTER_DISABLED:
                 return None
-            wanted = kept if resumed else keys
-            answers = stored_base(given, expected, wanted, run_dir=aside or self._store.dir, step=step)
-            if answers is not None:  # kept with the run (a snapshot found there: that very file)
-                found_in = aside or self._store.dir
-                self._store.save_snapshot(answers, copy_of=found_in / SNAPSHOT if given is None else None)
-            return None if answers is None else answers.to_dict()
+            run_dir = aside or self._store.dir
+            answers = stored_base(given, expected, kept if resumed else keys, run_dir=run_dir, step=step)
+            if answers is None:
+                return None
+            # kept with the run (a snapshot found there: that very file)
+            self._store.save_snapshot(answers, copy_of=run_dir / SNAPSHOT if given is None else None)
+            return answers.to_dict()
 
         found = self._ranks.share_from_rank_zero(from_files)
         if found is not None:

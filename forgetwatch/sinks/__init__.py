@@ -15,19 +15,7 @@ from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.history import history_record
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.trajectory import Trajectory
-from forgetwatch.sinks.logged import eval_metric_values, logged_categories, metric_values
 from forgetwatch.store.write import RunStore
-
-__all__ = [
-    "SINK_SECONDS",
-    "HistoryFile",
-    "Sink",
-    "Sinks",
-    "as_sink",
-    "eval_metric_values",
-    "logged_categories",
-    "metric_values",
-]
 
 logger = logging.getLogger("forgetwatch")
 

@@ -23,11 +23,10 @@ def current_run() -> Any:
 
 
 class WandbSection:
-    """Writes to the W&B run ``run()`` returns (default: the process's active run), if any; ``limit``: most rows
-    of each table."""
+    """Writes to the process's active W&B run, if any; ``limit``: most rows of each table."""
 
-    def __init__(self, probes: ProbeSet, limit: int = 500, run: Callable[[], Any] = current_run):
-        self.probes, self.limit, self.run = probes, limit, run
+    def __init__(self, probes: ProbeSet, limit: int = 500):
+        self.probes, self.limit = probes, limit
         self._flips: Any = None  # the incremental table
         self._defined = False
         self._guard = Guard()
@@ -58,14 +57,14 @@ class WandbSection:
 
     def _table(self, key: str, make: Callable[[Any], Any], step: int) -> None:
         def log() -> None:
-            if (run := self.run()) is not None:
+            if (run := current_run()) is not None:
                 run.log({key: make(importlib.import_module("wandb")), STEP_KEY: step})
 
         self._guard("wandb tables", log)
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
         def log() -> None:
-            run = self.run()
+            run = current_run()
             if run is None or not values:
                 return
             if not self._defined:

@@ -35,8 +35,6 @@ from forgetwatch.scoring.next_tokens import (
 )
 from forgetwatch.store import TRAIN_KL
 
-__all__ = ["MAX_TOKENS", "MIN_ROWS", "MIN_SECONDS", "SHARE", "TOP_K", "TrainKL", "TrainRows", "as_train_rows"]
-
 logger = logging.getLogger("forgetwatch")
 
 #: rows are cut to their first this many tokens (prompt and completion together)
@@ -197,13 +195,8 @@ class TrainKL:
     def _key(self, model: torch.nn.Module, run: RunView, given: TrainRows | None) -> dict[str, Any]:
         # another run's kept file, made on other rows of the same base, is refused on resume
         given_key = "pilot" if given is None else rows_key(given.rows)
-        return {
-            "format": _FORMAT,
-            "given": given_key,
-            "rows_asked": self.max_rows,
-            "top_k": self.top_k,
-            **run.made_by(model),
-        }
+        key = {"format": _FORMAT, "given": given_key, "rows_asked": self.max_rows, "top_k": self.top_k}
+        return {**key, **run.made_by(model)}
 
     def _measured(
         self, model: torch.nn.Module, run: RunView, given: TrainRows, key: dict[str, Any]
@@ -218,32 +211,20 @@ class TrainKL:
                 return pairs, None
             tokens, starts = [ids for ids, _ in pairs], [s for _, s in pairs]
             key = {**key, "source": given.source, "rows": rows_key(pairs)}
+            ids, pad, batch = [str(i) for i in range(len(tokens))], pad_id(run.tokenizer), run.rows_per_batch(model)
+            # kept in float32 (the base against itself gives exactly 0), computed as the probes are scored
+            compute = run.scoring.precision
             base = base_distribution(
-                unwrap(model),
-                run.tokenizer,
-                [str(i) for i in range(len(tokens))],
-                tokens,
-                pad_id(run.tokenizer),
-                self.top_k,
-                run.rows_per_batch(model),
-                key,
-                starts,
-                precision=np.float32,
-                compute=run.precision,  # as the probes are scored
+                unwrap(model), run.tokenizer, ids, tokens, pad, self.top_k, batch, key, starts, np.float32, compute
             )
             return pairs, base
 
     def _completed(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> list[tuple[list[int], int]]:
         prompts = [ids for ids, _ in given.rows]
+        named = {f"prompt {i}": p for i, p in enumerate(prompts)}
+        fitted = fit_prompts(model, run.tokenizer, named, given.completion_tokens)
         answers = generate_sharded(
-            model,
-            run.tokenizer,
-            fit_prompts(
-                model, run.tokenizer, {f"prompt {i}": p for i, p in enumerate(prompts)}, given.completion_tokens
-            ),
-            ranks=run.ranks,
-            rows_per_batch=run.rows_per_batch(model),
-            return_ids=True,
+            model, run.tokenizer, fitted, ranks=run.ranks, rows_per_batch=run.rows_per_batch(model), return_ids=True
         )
         rows = [answered_row(p, a, model, run.tokenizer, MAX_TOKENS) for p, a in zip(prompts, answers)]
         return [(ids, start) for ids, start in rows if len(ids) > start]
@@ -316,7 +297,7 @@ class TrainKL:
         every rank; ``{}`` when off. A failure or a non-finite value turns it off for the run, with one warning."""
         if self.base is None or self._run is None:
             return {}
-        began, base = self.clock(), self.base
+        began, base, run = self.clock(), self.base, self._run
         targets = sum(len(ids) - start for ids, start in zip(self.tokens, self.starts))
 
         def kl(logits: torch.Tensor, _ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
@@ -324,16 +305,9 @@ class TrainKL:
             return kl_to_base(logits, *aligned_targets(parts, firsts, logits.shape[1], logits.device))
 
         try:
+            pad, batch = pad_id(run.tokenizer), run.rows_per_batch(model)
             sums = row_sums(
-                model,
-                self._run.tokenizer,
-                self.tokens,
-                self.starts,
-                pad_id(self._run.tokenizer),
-                self._run.rows_per_batch(model),
-                ranks,
-                kl,
-                compute=self._run.precision,
+                model, run.tokenizer, self.tokens, self.starts, pad, batch, ranks, kl, run.scoring.precision
             )
             value = float(sums.sum() / max(targets, 1))
             why = None if math.isfinite(value) else f"it came out as {value}"
@@ -341,7 +315,7 @@ class TrainKL:
             why = str(err)
         if why is not None:
             self.base = None
-            if self._run.writes:
+            if run.writes:
                 logger.warning(
                     "forgetwatch: %s is off for the rest of the run: it could not be measured (%s)", _NAME, why
                 )
