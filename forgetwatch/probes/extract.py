@@ -18,9 +18,9 @@ _PROSE_AFTER = re.compile(r"\s+[a-z]")
 # A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
 _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
-# A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
 # "C) text" or "(C) text": a choice letter followed by its option's text
 _OPTION_TEXT = re.compile(r"\(?([A-Za-z])\)[ \t]")
+# A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
 _ANSWER_LINE = re.compile(r"^[ \t>*#_]*answer[*_]*[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -38,12 +38,10 @@ def normalize_number(text: str) -> str | None:
         value = Decimal(cleaned)
     except InvalidOperation:
         return None
-    if not value.is_finite():
+    if not value.is_finite() or value != 0 and abs(value.adjusted()) > MAX_NUMBER_DIGITS:
         return None
     if value == 0:
         return "0"  # not "-0", nor "0.000..." for 0e-999999
-    if abs(value.adjusted()) > MAX_NUMBER_DIGITS:
-        return None
     # written out exactly ("1e3" -> "1000", not "1E+3"), trailing zeros after the point dropped;
     # not Decimal.normalize(), which rounds to the context's 28 digits
     plain = format(value, "f")
@@ -68,8 +66,7 @@ def extract_letter(text: str) -> str | None:
         ):
             return letter.upper()
     for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
-        m = pattern.search(text)
-        if m:
+        if m := pattern.search(text):
             return m.group(1)
     return None
 

@@ -25,19 +25,7 @@ from forgetwatch.probes.tool_calls import ARGUMENT_MATCHES, call_problems, tools
 EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = (
-    "id",
-    "question",
-    "messages",
-    "category",
-    "group",
-    "choices",
-    "answer",
-    "extract",
-    "check",
-    "tools",
-    "arguments_match",
-)
+PROBE_FIELDS = tuple("id question messages category group choices answer extract check tools arguments_match".split())
 #: The roles of a multi-turn probe's turns (``messages``).
 ROLES = ("system", "user", "assistant")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
@@ -138,10 +126,8 @@ class Probe:
     @property
     def answer_text(self) -> str:
         """The right choice, the reference, or the check (as JSON)."""
-        if self.kind is ProbeKind.BEHAVIOUR:
-            return json.dumps(dict(self.check), ensure_ascii=False)
-        if self.kind is ProbeKind.TOOL_CALL:
-            return json.dumps(self.answer, ensure_ascii=False)
+        if self.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):  # the check, or the expected call
+            return json.dumps(dict(self.check or self.answer), ensure_ascii=False)
         return self.choices[self.answer] if self.kind is ProbeKind.MULTIPLE_CHOICE else str(self.answer)
 
     def content(self) -> dict[str, Any]:
