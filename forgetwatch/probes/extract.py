@@ -29,8 +29,7 @@ MAX_NUMBER_DIGITS = 1000
 
 
 def normalize_number(text: str) -> str | None:
-    """``"$1,234.50"`` -> ``"1234.5"``, ``"1e3"`` -> ``"1000"``; ``None`` if not a number or over
-    :data:`MAX_NUMBER_DIGITS`."""
+    """``"$1,234.50"`` -> ``"1234.5"``, ``"1e3"`` -> ``"1000"``; ``None``: no number, or too long."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
     if len(cleaned) > MAX_NUMBER_DIGITS:
         return None
@@ -72,9 +71,8 @@ def extract_letter(text: str) -> str | None:
 
 
 def extract_answer_line(text: str) -> str | None:
-    """What the last line of the form ``Answer: X`` gives (the chain-of-thought instruction's last line): X without
-    emphasis, a final full stop or enclosing brackets; a single letter upper-cased, also when the option's text
-    follows it ("C) Paris")."""
+    """X of the last line ``Answer: X`` without emphasis, a final full stop or enclosing brackets; a single letter
+    upper-cased, also when the option's text follows it ("C) Paris")."""
     found = _ANSWER_LINE.findall(text)
     if not found:
         return None

@@ -293,9 +293,8 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
 
 
 def _first_document_problem(path: Any) -> tuple[str, str] | None:
-    """What is wrong with the first document of the task in the YAML file ``path``, which lm-eval failed to build: it
-    tries that document last as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own
-    error; ``None`` where the task was not that far, or its first document is not the problem."""
+    """What is wrong with the first document of the task in the YAML file ``path``, or ``None``: lm-eval tries it last
+    as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own error."""
     from lm_eval.api.task import ConfigurableTask
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -364,9 +363,8 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
 
 
 def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: bool = False) -> None:
-    """A document lm-eval would fail on or score against no choice, refused naming the document and field: a template
-    or ``!function`` that raises on it (its ``doc_to_text`` too with ``text``, once lm-eval failed to build the
-    prompts), no choices, a gold index that is none of them, a gold answer not among the choices."""
+    """A document lm-eval would fail on, refused naming the document and field: a template or ``!function`` raising
+    on it (``doc_to_text`` too with ``text``), no choices, or a gold index or answer that is none of them."""
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
         for doc_id, doc in enumerate(docs):
