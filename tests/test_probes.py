@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from forgetwatch.probes import MAX_REPORTED_ERRORS, Probe, ProbeError, ProbeKind, ProbeSet
+from forgetwatch.common.problems import MAX_REPORTED as MAX_REPORTED_ERRORS
+from forgetwatch.probes import Probe, ProbeError, ProbeKind, ProbeSet
 from forgetwatch.probes.extract import extractor_for, reference_for
 
 MC = {"id": "mc1", "question": "2 + 2 =", "choices": ["3", "4"], "answer": 1, "category": "math"}

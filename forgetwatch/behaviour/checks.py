@@ -21,7 +21,6 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
-# a string, or an unclosed one to the end: once begun it never fails, so the search stays linear
 
 
 def _boolean(value: Any) -> str | None:

@@ -128,8 +128,7 @@ def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def instruction_problem(value: Any) -> tuple[str, str] | None:
-    """Why ``value`` is not a list of IFEval instructions this process can check, as ``(where, message)``,
-    or ``None``."""
+    """Why ``value`` is not a list of IFEval instructions this process can check, as ``(where, message)``."""
     if not isinstance(value, list) or not value:
         return "", (
             'must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '

@@ -18,9 +18,9 @@ _PROSE_AFTER = re.compile(r"\s+[a-z]")
 # A leading letter must be set off by ")", ".", ":" or a line end: "I think ..." or "A dog ..." is prose.
 _LETTER_AT_START = re.compile(r"^\s*\(?([A-Z])(?:[).:]|[ \t]*(?:\n|$))")
 _LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
-# A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
 # "C) text" or "(C) text": a choice letter followed by its option's text
 _OPTION_TEXT = re.compile(r"\(?([A-Za-z])\)[ \t]")
+# A line "Answer: X" (markdown emphasis, a quote mark or a heading before it allowed); X is the rest of the line.
 _ANSWER_LINE = re.compile(r"^[ \t>*#_]*answer[*_]*[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -29,8 +29,7 @@ MAX_NUMBER_DIGITS = 1000
 
 
 def normalize_number(text: str) -> str | None:
-    """``"$1,234.50"`` -> ``"1234.5"``, ``"1e3"`` -> ``"1000"``; ``None`` if not a number or over
-    :data:`MAX_NUMBER_DIGITS`."""
+    """``"$1,234.50"`` -> ``"1234.5"``, ``"1e3"`` -> ``"1000"``; ``None``: no number, or too long."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
     if len(cleaned) > MAX_NUMBER_DIGITS:
         return None
@@ -38,12 +37,10 @@ def normalize_number(text: str) -> str | None:
         value = Decimal(cleaned)
     except InvalidOperation:
         return None
-    if not value.is_finite():
+    if not value.is_finite() or value != 0 and abs(value.adjusted()) > MAX_NUMBER_DIGITS:
         return None
     if value == 0:
         return "0"  # not "-0", nor "0.000..." for 0e-999999
-    if abs(value.adjusted()) > MAX_NUMBER_DIGITS:
-        return None
     # written out exactly ("1e3" -> "1000", not "1E+3"), trailing zeros after the point dropped;
     # not Decimal.normalize(), which rounds to the context's 28 digits
     plain = format(value, "f")
@@ -68,16 +65,14 @@ def extract_letter(text: str) -> str | None:
         ):
             return letter.upper()
     for pattern in (_LETTER_AT_START, _LETTER_IN_PARENS):
-        m = pattern.search(text)
-        if m:
+        if m := pattern.search(text):
             return m.group(1)
     return None
 
 
 def extract_answer_line(text: str) -> str | None:
-    """What the last line of the form ``Answer: X`` gives (the chain-of-thought instruction's last line): X without
-    emphasis, a final full stop or enclosing brackets; a single letter upper-cased, also when the option's text
-    follows it ("C) Paris")."""
+    """X of the last line ``Answer: X`` without emphasis, a final full stop or enclosing brackets; a single letter
+    upper-cased, also when the option's text follows it ("C) Paris")."""
     found = _ANSWER_LINE.findall(text)
     if not found:
         return None

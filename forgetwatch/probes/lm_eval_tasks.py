@@ -130,7 +130,10 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
         sets: list[tuple[str, list[Any], bool]] = []
         try:
             limit = get_sample_size(task, o.limit)
-            sets = _document_sets(task, where, limit)
+            # the documents scored, then the few-shot examples their prompts show
+            sets = [(where, [doc for _, doc in task.doc_iterator(limit=limit)], True)]
+            if (task.get_config("num_fewshot") or 0) > 0 and getattr(task, "sampler", None) is not None:
+                sets.append((f"{where}, few-shot examples", task.sampler.fewshot_docs(), False))
             _check_documents(task, sets)
             task.set_fewshot_seed(seed=o.fewshot_seed)  # the sampler's draws depend on its state: seed each build
             task.build_all_requests(
@@ -290,9 +293,8 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
 
 
 def _first_document_problem(path: Any) -> tuple[str, str] | None:
-    """What is wrong with the first document of the task in the YAML file ``path``, which lm-eval failed to build: it
-    tries that document last as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own
-    error; ``None`` where the task was not that far, or its first document is not the problem."""
+    """What is wrong with the first document of the task in the YAML file ``path``, or ``None``: lm-eval tries it last
+    as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own error."""
     from lm_eval.api.task import ConfigurableTask
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -360,19 +362,9 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     return f"{name}: {why}" if why else (metric, filter_name or filters[0])
 
 
-def _document_sets(task: Any, where: str, limit: int | None) -> list[tuple[str, list[Any], bool]]:
-    """``(source, documents, scored)``: the documents scored, then the few-shot examples their prompts show."""
-    sets = [(where, [doc for _, doc in task.doc_iterator(limit=limit)], True)]
-    sampler = getattr(task, "sampler", None)
-    if (task.get_config("num_fewshot") or 0) > 0 and sampler is not None:
-        sets.append((f"{where}, few-shot examples", sampler.fewshot_docs(), False))
-    return sets
-
-
 def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: bool = False) -> None:
-    """A document lm-eval would fail on or score against no choice, refused naming the document and field: a template
-    or ``!function`` that raises on it (its ``doc_to_text`` too with ``text``, once lm-eval failed to build the
-    prompts), no choices, a gold index that is none of them, a gold answer not among the choices."""
+    """A document lm-eval would fail on, refused naming the document and field: a template or ``!function`` raising
+    on it (``doc_to_text`` too with ``text``), no choices, or a gold index or answer that is none of them."""
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
         for doc_id, doc in enumerate(docs):
@@ -497,11 +489,6 @@ class LmEvalProbes:
             if key in data and not ok(data[key]):
                 raise ValueError(f"key 'probes.{key}': expected {expected}, got {data[key]!r}")
         return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config mapping, options at their defaults left out."""
-        defaults = {f.name: f.default for f in fields(self)}
-        return {"lm_eval": list(self.tasks), **{k: v for k, v in self.options().items() if v != defaults[k]}}
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`forgetwatch.ProbeSet.from_lm_eval` besides the tasks."""

@@ -1,14 +1,13 @@
 """Dataset layouts as probe records (lm-eval's zero-shot MMLU, ARC, HellaSwag, GSM8K prompts; IFEval and
-harmful-request behaviour probes; a column mapping), validated as any probe row."""
+harmful-request behaviour probes; a column mapping), which ``ProbeSet.from_hf`` validates as any probe row."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from itertools import islice
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from forgetwatch.probes.schema import PROBE_FIELDS, Probe, RowCollector, check_category, is_int, type_name
+from forgetwatch.probes.schema import is_int, type_name
 
 ColumnSpec = str | Callable[[Mapping[str, Any]], Any]
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -177,7 +176,7 @@ PRESETS: dict[str, Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
 }
 
 
-def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, ColumnSpec]) -> dict[str, Any]:
+def map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, ColumnSpec]) -> dict[str, Any]:
     record: dict[str, Any] = {}
     for fld, spec in columns.items():
         if callable(spec):
@@ -189,56 +188,3 @@ def _map_columns(row: Mapping[str, Any], index: int, columns: Mapping[str, Colum
             record[fld] = _need(row, spec)
     record.setdefault("id", f"{index}")
     return record
-
-
-def read_dataset(
-    dataset: Iterable[Mapping[str, Any]],
-    preset: str | None = None,
-    *,
-    columns: Mapping[str, ColumnSpec] | None = None,
-    category: str | None = None,
-    limit: int | None = None,
-    source: str | None = None,
-) -> tuple[list[Probe], str]:
-    """The validated probes of a dataset's rows (see ``ProbeSet.from_hf``), and the source their errors name."""
-    if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-        raise TypeError(
-            f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
-        )
-    if preset is not None and columns is not None:
-        raise ValueError("give either preset= or columns=, not both")
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
-    if columns is not None:
-        if unknown := sorted(set(columns) - set(PROBE_FIELDS)):
-            raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(PROBE_FIELDS)}")
-        if bad := [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]:
-            raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
-    if category is not None and (message := check_category(category)):
-        raise ValueError(f"category= {message}")
-    if limit is not None and (not is_int(limit) or limit < 0):
-        raise ValueError(f"limit= must be a non-negative integer, got {limit!r}")
-    info = getattr(dataset, "info", None)
-    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
-    split = getattr(dataset, "split", None)
-    source = source or (f"{name}[{split}]" if name and split else str(name) if name else "<dataset>")
-    rows = RowCollector(source, "dataset row")
-    for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
-        if not isinstance(row, Mapping):
-            rows.add(index, row)  # reports the type problem
-            continue
-        try:
-            if preset is not None:
-                record = PRESETS[preset](row, index)
-            elif columns is not None:
-                record = _map_columns(row, index, columns)
-            else:  # Arrow pads keys a row lacks with None: absent
-                record = {k: v for k, v in row.items() if v is not None}
-        except RowProblem as problem:
-            field, message = problem.args
-            rows.problem(index, field, f"{message} (preset {preset!r})" if preset else message)
-            continue
-        if category is not None:
-            record["category"] = category
-        rows.add(index, record)
-    return rows.finish(), source

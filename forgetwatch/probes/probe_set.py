@@ -8,14 +8,15 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, overload
 
 from forgetwatch.common.files import atomic_write, content_hash, json_line
 from forgetwatch.common.text import listing
 from forgetwatch.probes.lm_eval_tasks import LmEvalProbes, load_lm_eval_probes
-from forgetwatch.probes.presets import read_dataset
-from forgetwatch.probes.schema import GROUP_KEY, Probe, RowCollector, is_int
+from forgetwatch.probes.presets import PRESETS, RowProblem, map_columns
+from forgetwatch.probes.schema import GROUP_KEY, PROBE_FIELDS, Probe, RowCollector, check_category, is_int
 
 
 class ProbeSet(Sequence[Probe]):
@@ -74,8 +75,47 @@ class ProbeSet(Sequence[Probe]):
         Example:
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
         """
-        probes, name = read_dataset(dataset, preset, columns=columns, category=category, limit=limit, source=source)
-        return cls(probes, name)
+        if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
+            raise TypeError(
+                f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
+            )
+        if preset is not None and columns is not None:
+            raise ValueError("give either preset= or columns=, not both")
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)} or pass columns=")
+        if columns is not None:
+            if unknown := sorted(set(columns) - set(PROBE_FIELDS)):
+                raise ValueError(f"columns= has unknown probe field(s) {unknown}; use some of {list(PROBE_FIELDS)}")
+            if bad := [k for k, v in columns.items() if not (isinstance(v, str) or callable(v))]:
+                raise ValueError(f"columns= values must be a column name or a callable(row); not so for {bad}")
+        if category is not None and (message := check_category(category)):
+            raise ValueError(f"category= {message}")
+        if limit is not None and (not is_int(limit) or limit < 0):
+            raise ValueError(f"limit= must be a non-negative integer, got {limit!r}")
+        info = getattr(dataset, "info", None)
+        name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
+        split = getattr(dataset, "split", None)
+        source = source or (f"{name}[{split}]" if name and split else str(name) if name else "<dataset>")
+        rows = RowCollector(source, "dataset row")
+        for index, row in enumerate(dataset if limit is None else islice(dataset, limit)):
+            if not isinstance(row, Mapping):
+                rows.add(index, row)  # reports the type problem
+                continue
+            try:
+                if preset is not None:
+                    record = PRESETS[preset](row, index)
+                elif columns is not None:
+                    record = map_columns(row, index, columns)
+                else:  # Arrow pads keys a row lacks with None: absent
+                    record = {k: v for k, v in row.items() if v is not None}
+            except RowProblem as problem:
+                field, message = problem.args
+                rows.problem(index, field, f"{message} (preset {preset!r})" if preset else message)
+                continue
+            if category is not None:
+                record["category"] = category
+            rows.add(index, record)
+        return cls(rows.finish(), source)
 
     @classmethod
     def from_lm_eval(
@@ -97,7 +137,8 @@ class ProbeSet(Sequence[Probe]):
     ) -> ProbeSet:
         """Probes built by lm-eval's own task objects (``pip install 'forgetwatch[lm-eval]'``), right exactly when its
         per-sample metric is 1: one per document, id ``"<task>/<doc_id>"``, category its task. Building the tasks runs
-        their folder's code, as lm-eval does: name only task folders you trust.
+        their folder's code, as lm-eval does: name only task folders you trust. ``apply_chat_template``,
+        ``system_instruction``, ``fewshot_as_multiturn`` and ``fewshot_seed`` are as in ``lm_eval.simple_evaluate``.
 
         Args:
             tasks: task, group or tag names (or task YAML paths), as for ``lm_eval --tasks``.
@@ -105,11 +146,7 @@ class ProbeSet(Sequence[Probe]):
             limit: the first ``limit`` documents of each task (a float below 1: that share).
             include_path: a folder (or several) of your task YAMLs; ``include_defaults``: also lm-eval's own tasks.
             task_manager: an ``lm_eval.tasks.TaskManager`` to use instead of a new one.
-            fewshot_seed: the few-shot sampler's seed.
-            apply_chat_template: as ``lm_eval.simple_evaluate``'s.
             tokenizer: the tokenizer whose chat template renders the prompts (with ``apply_chat_template``).
-            system_instruction: as ``lm_eval.simple_evaluate``'s.
-            fewshot_as_multiturn: as ``lm_eval.simple_evaluate``'s.
             metric: what decides right and wrong (one name, or one per task; default ``acc`` or ``exact_match``).
             filter: which filter pipeline's output counts (default the task's first).
 
@@ -191,11 +228,9 @@ class ProbeSet(Sequence[Probe]):
         if n > len(self):
             raise ValueError(f"cannot sample {n} probes from {len(self)}; use n <= {len(self)}")
         rng = random.Random(seed)
-        if not stratify:
-            return ProbeSet([self._probes[i] for i in sorted(rng.sample(range(len(self)), n))], self.source)
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(self._probes):
-            groups.setdefault(p.category, []).append(i)
+            groups.setdefault(p.category if stratify else "", []).append(i)
         alloc = _allocate({g: len(idx) for g, idx in groups.items()}, n)
         chosen = [i for g in sorted(groups) for i in rng.sample(groups[g], alloc[g])]  # fixed order: reproducible
         return ProbeSet([self._probes[i] for i in sorted(chosen)], self.source)
@@ -259,9 +294,8 @@ def _allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
     by_remainder = sorted(sizes, key=lambda g: (-(n * sizes[g] % total), -sizes[g], g))
     for g in by_remainder[: n - sum(alloc.values())]:
         alloc[g] += 1
-    nonempty = [g for g, s in sizes.items() if s > 0]
-    if n >= len(nonempty):
-        for g in sorted(g for g in nonempty if alloc[g] == 0):
+    if n >= len(sizes):  # every group is non-empty
+        for g in sorted(g for g in sizes if alloc[g] == 0):
             # Take from the group most over its exact quota; it has >= 2 since n >= groups.
             donor = max(
                 (d for d in alloc if alloc[d] > 1), key=lambda d: (alloc[d] * total - n * sizes[d], alloc[d], d)

@@ -19,25 +19,13 @@ from forgetwatch.common.problems import InputError
 from forgetwatch.common.rows import FieldProblem, Rows
 from forgetwatch.common.strict_json import lone_surrogate
 from forgetwatch.common.text import did_you_mean, shorten, suggestion, type_name
-from forgetwatch.probes.extract import MAX_NUMBER_DIGITS, normalize_number
+from forgetwatch.probes.extract import BUILTIN, MAX_NUMBER_DIGITS, normalize_number
 from forgetwatch.probes.tool_calls import ARGUMENT_MATCHES, call_problems, tools_problems
 
-EXTRACT_MODES = ("number", "letter", "exact", "answer_line")
+EXTRACT_MODES = tuple(BUILTIN)
 #: Characters of a question beyond any model's view: it loads, with one warning, and is cut from the left.
 LONG_QUESTION = 100_000
-PROBE_FIELDS = (
-    "id",
-    "question",
-    "messages",
-    "category",
-    "group",
-    "choices",
-    "answer",
-    "extract",
-    "check",
-    "tools",
-    "arguments_match",
-)
+PROBE_FIELDS = tuple("id question messages category group choices answer extract check tools arguments_match".split())
 #: The roles of a multi-turn probe's turns (``messages``).
 ROLES = ("system", "user", "assistant")
 #: Where a probe keeps its category's group (a meta key: a run's ``probes.jsonl`` holds it).
@@ -138,10 +126,8 @@ class Probe:
     @property
     def answer_text(self) -> str:
         """The right choice, the reference, or the check (as JSON)."""
-        if self.kind is ProbeKind.BEHAVIOUR:
-            return json.dumps(dict(self.check), ensure_ascii=False)
-        if self.kind is ProbeKind.TOOL_CALL:
-            return json.dumps(self.answer, ensure_ascii=False)
+        if self.kind in (ProbeKind.BEHAVIOUR, ProbeKind.TOOL_CALL):  # the check, or the expected call
+            return json.dumps(dict(self.check or self.answer), ensure_ascii=False)
         return self.choices[self.answer] if self.kind is ProbeKind.MULTIPLE_CHOICE else str(self.answer)
 
     def content(self) -> dict[str, Any]:
@@ -300,25 +286,16 @@ def _check_extract(value: Any) -> str | None:
     return None
 
 
-#: Fields a kind of probe cannot have, and why.
-_TOOLS_ONLY = "arguments_match goes with a tool-call probe (one with 'tools')"
-_NOT_BEHAVIOUR = (
-    "a behaviour probe (one with 'check') has no '{}'; remove it, or remove 'check' to make this a question"
-)
+#: Fields a kind of probe cannot have, and why (``arguments_match``: any kind but a tool call).
 _NOT_FOR = {
-    ProbeKind.BEHAVIOUR: {
-        **{f: _NOT_BEHAVIOUR.format(f) + " with an answer" for f in ("choices", "answer", "extract")},
-        "tools": _NOT_BEHAVIOUR.format("tools") + " asking for a call",
-        "arguments_match": _TOOLS_ONLY,
-    },
-    ProbeKind.MULTIPLE_CHOICE: {
-        "extract": "extract applies only to generative probes; remove it from this multiple-choice row",
-        "arguments_match": _TOOLS_ONLY,
-    },
-    ProbeKind.GENERATIVE: {"arguments_match": _TOOLS_ONLY},
-    ProbeKind.TOOL_CALL: {
-        f: f"a tool-call probe (one with 'tools') is judged by its call: remove '{f}'" for f in ("choices", "extract")
-    },
+    ProbeKind.BEHAVIOUR: ("choices", "answer", "extract", "tools"),
+    ProbeKind.MULTIPLE_CHOICE: ("extract",),
+    ProbeKind.TOOL_CALL: ("choices", "extract"),
+}
+_WHY_NOT = {
+    ProbeKind.BEHAVIOUR: "a behaviour probe (one with 'check') has no '{}': remove it, or 'check' for a question",
+    ProbeKind.MULTIPLE_CHOICE: "{} applies only to generative probes; remove it from this multiple-choice row",
+    ProbeKind.TOOL_CALL: "a tool-call probe (one with 'tools') is judged by its call: remove '{}'",
 }
 
 
@@ -372,7 +349,9 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
             problems.append(("answer", message))
     elif "extract" in present and (message := _check_extract(present["extract"])):
         problems.append(("extract", message))
-    problems += [(f, message) for f, message in _NOT_FOR[kind].items() if f in present]
+    problems += [(f, _WHY_NOT[kind].format(f)) for f in _NOT_FOR.get(kind, ()) if f in present]
+    if "arguments_match" in present and kind is not ProbeKind.TOOL_CALL:
+        problems.append(("arguments_match", "arguments_match goes with a tool-call probe (one with 'tools')"))
     if problems:
         return problems
 

@@ -3,6 +3,7 @@ template's tool-call format or plain JSON), and judged by name and arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -61,11 +62,9 @@ def call_problems(answer: Any, tools: Any) -> list[tuple[str, str]]:
 
 
 def parse_call(text: str | None) -> dict[str, Any] | None:
-    """The first tool call in a reply: a JSON object with a ``name`` (alone, first in a list, or under
-    ``function``), its ``arguments`` (or ``parameters``; a JSON string is read too), wherever it stands in the text
-    (inside ``<tool_call>`` tags, after ``[TOOL_CALLS]``, in a code block). ``None`` when there is none; JSON nested
-    more than ``MAX_CALL_DEPTH`` deep is no call (the parser recurses a level at a time: a reply of "[" would exhaust
-    the stack)."""
+    """The first tool call in a reply, or ``None``: a JSON object with a ``name`` (alone, first in a list, or under
+    ``function``) and ``arguments`` (or ``parameters``), wherever it stands (``<tool_call>`` tags, ``[TOOL_CALLS]``,
+    a code block). JSON nested deeper than ``MAX_CALL_DEPTH`` is no call: the parser recurses a level at a time."""
     if not text:
         return None
     decoder = json.JSONDecoder()
@@ -92,13 +91,10 @@ def _as_call(value: Any) -> dict[str, Any] | None:
     if not isinstance(name, str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            if not nests_within(arguments, MAX_CALL_DEPTH, len(arguments) - len(arguments.lstrip())):
-                raise ValueError("nested too deep")
+    # a JSON string is read; one that is not JSON (or nests too deep) is kept, judged wrong unless not compared
+    if isinstance(arguments, str) and nests_within(arguments, MAX_CALL_DEPTH, len(arguments) - len(arguments.lstrip())):
+        with contextlib.suppress(ValueError):
             arguments = json.loads(arguments)
-        except ValueError:
-            return {"name": name, "arguments": arguments}  # judged wrong unless arguments are not compared
     return {"name": name, "arguments": arguments}
 
 
