@@ -81,6 +81,8 @@ class Budget:
         self.projected: int | None = None  # at the last check that found none due, the next evaluation's step
 
     def due(self, step: int) -> bool:
+        if self._zero is None:  # used without start(): training began before this step
+            self.start(step - 1)
         if step < self._next:
             return False
         due, self._next = self.agree(self._decide(step))
