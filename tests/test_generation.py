@@ -143,4 +143,4 @@ def test_out_of_memory_halves_the_batch_with_the_same_answers(toy, caplog):
         got = answer(model, tokenizer, ids, max_new_tokens=6, rows_per_batch=8, return_ids=True)
     assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) == 2
     assert got == reference
-    assert "out of memory generating 8 sequences at once; retrying with 4" in caplog.text
+    assert "out of memory with 8 sequences per batch; retrying with 4" in caplog.text

@@ -21,7 +21,7 @@ from forgetwatch.results.noise import (
 )
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.run.stopping import OVERALL, StopRule
-from forgetwatch.scoring.precision import compute_precision, is_reduced
+from forgetwatch.scoring.borrow import compute_precision, is_reduced
 
 
 def test_smallest_detectable_is_the_first_count_an_exact_two_sided_test_rejects():

@@ -13,7 +13,7 @@ from trainers import make_trainer
 from forgetwatch import Answers, Monitor, Scoring, compare, evaluate
 from forgetwatch.integrations.callback import ForgetWatchCallback
 from forgetwatch.results.answers import AnswersMismatchError
-from forgetwatch.scoring.precision import compute_precision, epsilon, is_reduced, scoring_in
+from forgetwatch.scoring.borrow import compute_precision, epsilon, is_reduced, scoring_in
 
 
 def logprobs(answers: Answers) -> np.ndarray:

@@ -452,7 +452,7 @@ def _score(
     import torch
 
     from forgetwatch.scoring import evaluate
-    from forgetwatch.scoring.precision import compute_precision
+    from forgetwatch.scoring.borrow import compute_precision
 
     device = _device(args)
     model = load_model(ckpt, args.dtype, device)

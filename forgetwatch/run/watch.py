@@ -39,7 +39,7 @@ from forgetwatch.run.schedule import Budget, EverySteps
 from forgetwatch.run.stopping import StopRule
 from forgetwatch.run.train_kl import MIN_SECONDS, SHARE, RowsLike, TrainKL
 from forgetwatch.scoring import NonFiniteScoresError, Scorer
-from forgetwatch.scoring.precision import is_reduced
+from forgetwatch.scoring.borrow import is_reduced
 from forgetwatch.sinks import SINK_SECONDS, HistoryFile, Sinks, as_sink
 from forgetwatch.sinks.logged import PREFIX, ConsoleLines, evaluation_metrics, logged_categories
 from forgetwatch.store import HISTORY, SNAPSHOT

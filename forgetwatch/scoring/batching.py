@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -14,6 +16,7 @@ from forgetwatch.common.distributed import Ranks
 T = TypeVar("T")
 B = TypeVar("B")
 R = TypeVar("R")
+logger = logging.getLogger(__name__)
 
 
 def padded(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,8 +44,8 @@ def group_runs(
     max_tokens: int | None,
     per_batch: int | None = None,
 ) -> list[list[int]]:
-    """Split items (``own`` tokens after their run's ``shared`` prefix) into batches within the limits, a run's items
-    together, longest first; cut where padded tokens plus ``per_batch`` tokens a forward cost least (``None``: full)."""
+    """Batches of items (``own`` tokens after their run's ``shared`` prefix) within the limits, a run's items together,
+    longest first; cut where padded tokens plus ``per_batch`` tokens a forward cost least (``None``: when full)."""
     members: dict[Hashable, list[int]] = {}
     for i, run in enumerate(runs):
         members.setdefault(run, []).append(i)
@@ -125,6 +128,27 @@ def default_token_budget(device: torch.device, config) -> int:
 
 def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+@dataclass
+class Caps:
+    """The most rows and tokens per forward since running out of memory (``None``: as asked)."""
+
+    row_cap: int | None = None
+    token_cap: int | None = None
+
+    def limits(self, rows: int | None, tokens: int | None = None) -> tuple[int | None, int | None]:
+        """``rows`` and ``tokens`` per forward (``None``: no limit) within the caps."""
+        rows = min(filter(None, (rows, self.row_cap)), default=None)
+        return rows, min(filter(None, (tokens, self.token_cap)), default=None)
+
+    def halve(self, rows: int, tokens: int | None = None) -> None:
+        """After ``rows`` (and ``tokens``, when limited) did not fit; every rank calls it alike."""
+        torch.cuda.empty_cache()
+        self.row_cap = max(1, min(rows, self.row_cap or rows) // 2)
+        if tokens is not None:
+            self.token_cap = max(1, tokens // 2)
+        logger.warning("forgetwatch: out of memory with %d sequences per batch; retrying with %d", rows, self.row_cap)
 
 
 def run_lockstep(

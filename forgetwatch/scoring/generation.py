@@ -1,5 +1,5 @@
 """Decoding in left-padded batches with stop strings (greedy, or sampled with a seed per response), sharded over ranks
-in lockstep, and how many tokens a response may have in the model's context."""
+in lockstep, each response within what the model's context leaves."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from forgetwatch.common.distributed import Ranks
 from forgetwatch.common.text import listing
 from forgetwatch.config.settings import Scoring
-from forgetwatch.scoring.batching import group_runs, padded, run_lockstep
+from forgetwatch.scoring.batching import Caps, group_runs, padded, run_lockstep
 from forgetwatch.scoring.borrow import borrowed, generator, is_sharded, unwrap
 from forgetwatch.scoring.encoding import model_max_length
 
@@ -24,8 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class Generated(NamedTuple):
-    """One greedy continuation: ``text`` cut at the first stop string; ``ids`` (when asked for) its tokens before
-    EOS, or the fewest whose decoding covers ``text``; ``ended``: EOS ended it."""
+    """``text`` cut at the first stop string; ``ids`` (if asked) its tokens before EOS or the fewest covering it."""
 
     text: str
     ids: tuple[int, ...] | None
@@ -33,19 +32,17 @@ class Generated(NamedTuple):
 
 
 class GenerationPrompt(NamedTuple):
-    """A prompt's ids (whole), its response budget, its stop strings, how many first tokens it reads from a shared
-    prefix's cache (0: none), and the seed its response is drawn with (``None``: greedy)."""
+    """A whole prompt's ids, its response budget and stop strings."""
 
     ids: tuple[int, ...]
     new_tokens: int
     stop: tuple[str, ...] = ()
-    skip: int = 0
-    seed: int | None = None
+    skip: int = 0  # first tokens read from a shared prefix's cache
+    seed: int | None = None  # the response's seed (None: greedy)
 
 
 def sample_seed(seed: int, probe_id: str, sample: int) -> int:
-    """The seed of one response: made of the run's seed, the probe's id and the sample's number only, so the same
-    weights draw the same response in any batch, on any rank."""
+    """One response's seed, from the run's seed, probe id and sample number only: the same in any batch, on any rank."""
     digest = hashlib.blake2b(f"{seed}\x1f{probe_id}\x1f{sample}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # torch seeds are below 2**63
 
@@ -62,8 +59,7 @@ def draw_token(logits: torch.Tensor, sampling: Scoring, generator: torch.Generat
 
 
 class SeededDraws:
-    """A logits processor that draws each row's next token with that row's own generator and leaves it the only
-    choice, so greedy decoding takes it: a row's response depends on its seed, not on its batch."""
+    """Draws each row's next token with the row's own generator, left the only choice for greedy decoding to take."""
 
     def __init__(self, seeds: Sequence[int], sampling: Scoring):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -87,8 +83,7 @@ def response_budgets(
     setting: str = "max_new_tokens",
     name: Callable[[K], str] = str,
 ) -> tuple[dict[K, int], str | None]:
-    """Each prompt's response length (``max_new_tokens`` or what the context leaves) and a warning's sentence when
-    some were cut; a prompt that leaves no room is a :class:`PromptTooLongError`."""
+    """Each response's length (within what the context leaves) and a warning if some were cut, else a PromptTooLongError."""
     budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
     full = [k for k, b in budgets.items() if b < 1]
     if full:
@@ -123,8 +118,7 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 def answered_row(
     prompt: Sequence[int], answer: Generated, model: Any, tokenizer: Any, max_length: int
 ) -> tuple[list[int], int]:
-    """A prompt and its ``answer`` (with EOS when it ended with one) as one row cut to ``max_length``, and its first
-    target token."""
+    """A prompt and its ``answer`` (EOS if it ended so) cut to ``max_length``, and its first target token."""
     eos = tokenizer.eos_token_id
     if eos is None:
         eos = (stop_token_ids(model, tokenizer) or [None])[0]
@@ -160,8 +154,7 @@ def fit_prompts(
     max_new_tokens: int,
     stop: Sequence[str] = (),
 ) -> list[GenerationPrompt]:
-    """``prompts`` (token ids by name) as :class:`GenerationPrompt`, each response cut to what the model's context
-    leaves (a warning says so); one that leaves none is a :class:`PromptTooLongError` naming it."""
+    """``prompts`` (token ids by name) as :class:`GenerationPrompt`, each response within what the context leaves."""
     max_length = model_max_length(getattr(unwrap(model), "config", None), tokenizer)
     budgets, note = response_budgets({k: len(ids) for k, ids in prompts.items()}, max_length, max_new_tokens)
     if note:
@@ -191,9 +184,8 @@ def generate_sharded(
     progress: Callable[[int], None] | None = None,
     sampling: Scoring | None = None,
 ) -> list[Generated]:
-    """Continuations of ``prompts``, in order, on every rank, each rank's share in lockstep: greedy, or with
-    ``sampling`` drawn with each prompt's seed; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch``
-    after running out."""
+    """Continuations of ``prompts``, in order, on every rank, each rank's share in lockstep: greedy, or ``sampling``
+    with each prompt's seed; ``limits`` and ``on_out_of_memory`` replace halving ``rows_per_batch``."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     ranks = ranks or Ranks()
@@ -206,19 +198,13 @@ def generate_sharded(
     eos = stop_token_ids(model, tokenizer)
     owner = unwrap(model)
     owner = owner.get_base_model() if hasattr(owner, "get_base_model") else owner  # what generate() reads
-    cap = [rows_per_batch]
-
-    def halve(rows: int) -> None:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        cap[0] = max(1, min(rows, cap[0]) // 2)
-        logger.warning("forgetwatch: out of memory generating %d sequences at once; retrying with %d", rows, cap[0])
+    caps = Caps()
 
     def plan(indices: list[int]) -> list[list[int]]:
         alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
         for i in indices:
             alike.setdefault((whole[i].new_tokens, whole[i].stop), []).append(i)
-        rows, tokens = limits() if limits is not None else (cap[0], None)
+        rows, tokens = limits() if limits is not None else caps.limits(rows_per_batch)
         batches = []
         for (new_tokens, _), part in alike.items():
             # the response's tokens count toward a token budget
@@ -228,7 +214,7 @@ def generate_sharded(
         return batches
 
     def generate(chunk: list[int]) -> list[Generated]:
-        """One batch, each row's prefix (read from the cache) and the rest of its prompt left-padded apart."""
+        # each row's prefix (read from the cache) and the rest of its prompt left-padded apart
         rows = [whole[i] for i in chunk]
         prefixes = [p.ids[: p.skip] for p in rows]
         parts = [padded(prefixes, pad, left=True), padded([p.ids[p.skip :] for p in rows], pad, left=True)]
@@ -272,7 +258,7 @@ def generate_sharded(
             replan=plan,
             items_of=list,
             filler=filler,
-            on_out_of_memory=on_out_of_memory or halve,
+            on_out_of_memory=on_out_of_memory or caps.halve,
             ranks=ranks,
         ):
             done.update((str(i), list(g)) for i, g in zip(part, out))

@@ -15,8 +15,7 @@ from forgetwatch.common import strict_json
 from forgetwatch.common.files import NPZ_ERRORS, atomic_write, read_npz, strict_dumps
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import group, padded
-from forgetwatch.scoring.borrow import borrowed, unwrap
-from forgetwatch.scoring.precision import scoring_in
+from forgetwatch.scoring.borrow import borrowed, scoring_in, unwrap
 
 
 class KeptFileError(ValueError):
@@ -206,7 +205,7 @@ def base_distribution(
     compute: str = "autocast",
 ) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at each row's target positions (from ``starts``),
-    the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.precision.scoring_in`."""
+    the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.borrow.scoring_in`."""
     rows: list[Any] = [None] * len(token_ids)
     for idx, _, _, logits in _forwards(
         model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute

@@ -14,10 +14,9 @@ import torch
 
 from forgetwatch.common.text import first_line
 from forgetwatch.scoring.batching import is_out_of_memory
-from forgetwatch.scoring.borrow import is_sharded, unwrap
+from forgetwatch.scoring.borrow import epsilon, is_sharded, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import EncodedChoices
-from forgetwatch.scoring.precision import epsilon
 
 logger = logging.getLogger(__name__)
 _MODULE_CALL = torch.nn.Module._call_impl.__code__  # every module's forward runs inside it

@@ -1,5 +1,4 @@
-"""Scorer: tokenize a probe set once, then score it as often as the weights change; ranks agree once per call,
-then each runs its own batches in lockstep."""
+"""Scorer: tokenize a probe set once, score it as often as the weights change; ranks run their batches in lockstep."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from forgetwatch.common.distributed import Ranks
 from forgetwatch.config.settings import BatchSize, Scoring
 from forgetwatch.probes import ProbeKind, ProbeSet
 from forgetwatch.results.answers import Answers
-from forgetwatch.scoring.batching import default_token_budget, forward_cost, group_runs, run_lockstep
-from forgetwatch.scoring.borrow import borrowed, forward_module, unwrap
+from forgetwatch.scoring.batching import Caps, default_token_budget, forward_cost, group_runs, run_lockstep
+from forgetwatch.scoring.borrow import borrowed, compute_precision, forward_module, scoring_in, unwrap
 from forgetwatch.scoring.choices import Batch, Row, collate, forward_logprobs, needs_truncation, packed_row, plain_rows
 from forgetwatch.scoring.encoding import (
     VISIBLE_TOKENS,
@@ -42,7 +41,6 @@ from forgetwatch.scoring.generation import (
 )
 from forgetwatch.scoring.kinds import SCORE, Measured, Rules, scoring_options
 from forgetwatch.scoring.packing import decide
-from forgetwatch.scoring.precision import compute_precision, scoring_in
 from forgetwatch.scoring.prefixes import PrefixStore, shared_prefix_lengths
 
 logger = logging.getLogger(__name__)
@@ -128,8 +126,7 @@ class Scorer:
         return self._tokens
 
     def prepare(self, model: torch.nn.Module) -> tuple[_Tokens, dict[int, GenerationPrompt], Any, int]:
-        """Tokenize for ``model`` and check it can score them (else a ``ValueError``); the tokens, prompts, the model's
-        text config and context length."""
+        """Tokens, prompts, text config and context length for ``model``; a ``ValueError`` if it cannot score them."""
         inner = unwrap(model)
         get = getattr(getattr(inner, "config", None), "get_text_config", None)
         config = get() if callable(get) else getattr(inner, "config", None)
@@ -157,10 +154,9 @@ class Scorer:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
         return self._models.setdefault(model, ModelFacts())
 
-    def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
-        """The most rows a planned batch of ``model`` holds (``default`` before any is planned)."""
-        sizes = [len(b) for plan in self.about(model).plans.values() for b in plan.batches]
-        return max(sizes, default=default)
+    def rows_per_batch(self, model: torch.nn.Module) -> int:
+        """The most rows a planned batch of ``model`` holds (8 before any is planned)."""
+        return max((len(b) for plan in self.about(model).plans.values() for b in plan.batches), default=8)
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
@@ -175,12 +171,9 @@ class Scorer:
         show_progress: bool = True,
         distributed: bool = False,
     ) -> Answers:
-        """Score ``model`` in batches of ``batch_size`` (default: the scoring's). With ``distributed=True`` every rank
-        calls this together, scores its share and gets all the answers."""
-        if batch_size is None:
-            batch_size = self.settings.batch_size
-        else:
-            Scoring(batch_size=batch_size)  # checked before any model work
+        """Score ``model`` in batches of ``batch_size`` (default: the scoring's); ``distributed=True``: every rank calls
+        together, scores its share and gets all the answers."""
+        batch_size = self.settings.batch_size if batch_size is None else Scoring(batch_size=batch_size).batch_size
         ranks = Ranks.all() if distributed else Ranks()
         inner = unwrap(model)
         device = input_device(inner)
@@ -189,10 +182,8 @@ class Scorer:
         budget = ranks.agree_min([default_token_budget(device, config)])[0] if batch_size == "auto" else None
         name = str(getattr(inner.config, "_name_or_path", "") or "")
         with borrowed(model, self.tokenizer), scoring_in(model, device, self.settings.precision):
-            pad, facts = pad_id(self.tokenizer), self.about(model)
-            run = _Run(
-                model, config, device, pad, max_length, batch_size, ranks, facts, tokens, scoring["precision"], budget
-            )
+            pad, facts, rows = pad_id(self.tokenizer), self.about(model), None if budget else batch_size
+            run = _Run(model, config, device, pad, max_length, rows, ranks, facts, tokens, scoring["precision"], budget)
             if facts.packing is None:  # once per model: may its choices be packed, its prefixes read from a cache?
                 facts.packing, facts.prefixes = decide(run, self.settings.shared_prefixes)
             run.packing, run.prefixes = facts.packing, facts.prefixes
@@ -214,12 +205,11 @@ class Scorer:
                 texts = run.generate(self.tokenizer, drawn, bar, self.settings if self.settings.sampled else None)
             finally:
                 bar.close()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
         return self._answers(tokens, sums, texts, scoring, name)
 
     def _prompts(self, tokens: _Tokens, max_length: int) -> dict[int, GenerationPrompt]:
-        """Every generated probe's prompt, kept whole, with its response budget and stop strings."""
+        """Every generated probe's whole prompt, response budget and stop strings."""
         groups: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
         s = self.settings
         for i, p in enumerate(self.probes):
@@ -316,18 +306,16 @@ class Scorer:
 
 
 @dataclass
-class ModelFacts:
+class ModelFacts(Caps):
     """What a :class:`Scorer` learned about one model (``None``: not checked yet)."""
 
     packing: bool | None = None
     prefixes: bool = False  # may a prefix be read from its cache
     plans: dict[tuple, _Plan] = field(default_factory=dict)
-    row_cap: int | None = None
-    token_cap: int | None = None
 
 
 class _Tokens(NamedTuple):
-    """The probes tokenized, what goes through the log-likelihood forwards, and its flat keys."""
+    """The probes tokenized, what the log-likelihood forwards read, and its flat keys."""
 
     visible: int
     encoded: list[Encoded]
@@ -348,32 +336,21 @@ class _Run:
     device: torch.device
     pad_id: int
     max_length: int
-    rows_per_forward: BatchSize  # the call's batch size: a number of rows, or "auto"
+    rows_per_forward: int | None  # the call's batch size (None: "auto")
     ranks: Ranks
     facts: ModelFacts
     tokens: _Tokens
-    computes_in: str  # the precision the forwards compute in (see forgetwatch.scoring.precision)
+    computes_in: str  # the precision the forwards compute in
     budget: int | None  # tokens per forward, for batch_size="auto"
     packing: bool = False
     prefixes: bool = False  # shared prefixes are read from their cache
 
     def limits(self) -> tuple[int | None, int | None]:
-        """Rows and tokens per forward, never more than has fitted since an out-of-memory error."""
-        facts = self.facts
-        if self.rows_per_forward == "auto":
-            return facts.row_cap, min(self.budget, facts.token_cap or self.budget)
-        return min(self.rows_per_forward, facts.row_cap or self.rows_per_forward), None
+        return self.facts.limits(self.rows_per_forward, self.budget)
 
     def out_of_memory(self, rows: int) -> None:
-        """Halve the limits after ``rows`` did not fit (every rank calls it with the same ``rows``)."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        facts = self.facts
-        facts.row_cap = max(1, min(rows, facts.row_cap or rows) // 2)
-        if self.rows_per_forward == "auto":
-            facts.token_cap = max(1, self.limits()[1] // 2)
-        facts.plans.clear()
-        logger.warning("out of memory with %d sequences per batch; retrying with %d", rows, facts.row_cap)
+        self.facts.halve(rows, self.limits()[1])
+        self.facts.plans.clear()
 
     def rows(self, indices: list[int], prefixes: bool) -> list[Row]:
         tokens, window = self.tokens, getattr(self.config, "sliding_window", None)
@@ -476,11 +453,9 @@ def evaluate(
     refusal_detector: Callable[[str], bool] | None = None,
     distributed: bool = False,
 ) -> Answers:
-    """Score ``model`` on ``probes``: one :class:`~forgetwatch.Answers`, aligned to the probes (multiple choice as
-    lm-eval-harness ``acc``, generative probes decoded greedily, or sampled with a temperature), with the options of
-    ``scoring`` (a :class:`~forgetwatch.Scoring`) in batches of ``batch_size`` (default: the scoring's, "auto").
-    Tokenization is cached across calls; ``extract`` and ``refusal_detector`` are :class:`Scorer`'s;
-    ``distributed=True``: every rank calls together and scores a share of the probes.
+    """Score ``model`` on ``probes``: :class:`~forgetwatch.Answers` aligned to them (multiple choice as lm-eval-harness
+    ``acc``, generative probes greedy or sampled), with ``scoring``'s options, in batches of ``batch_size`` (default:
+    the scoring's). Tokenization is cached across calls; the other keywords are :class:`Scorer`'s.
 
     Example:
         >>> answers = evaluate(model, tokenizer, probes, batch_size=32)   # doctest: +SKIP
@@ -497,6 +472,5 @@ def evaluate(
     _SCORERS[key] = scorer  # most recently used last
     if len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
-    if batch_size is None:
-        batch_size = fresh.settings.batch_size
+    batch_size = fresh.settings.batch_size if batch_size is None else batch_size
     return scorer(model, batch_size=batch_size, show_progress=show_progress, distributed=distributed)
