@@ -161,8 +161,8 @@ def run_lockstep(
     on_out_of_memory: Callable[[int], None],
     ranks: Ranks,
 ) -> Iterator[tuple[B, R]]:
-    """Yield ``(batch, run(batch))`` for this rank's ``batches``, as many ``run`` calls on every rank (``filler`` pads);
-    after running out of memory on any rank, every rank calls ``on_out_of_memory(rows)`` and replans what is left."""
+    """``(batch, run(batch))`` for this rank's ``batches``, ``filler`` evening the calls; after running out of memory
+    on any rank, every rank calls ``on_out_of_memory(rows)`` and replans what is left."""
     pending = list(batches)
     while True:
         total = ranks.agree_max([len(pending)])[0]

@@ -43,7 +43,7 @@ def _fsdp_types(*names: str) -> tuple[type, ...]:
 
 @contextlib.contextmanager
 def generator(model) -> Iterator[torch.nn.Module]:
-    """The module to call ``generate`` on; under FSDP1 the inner one, root parameters gathered (it skips the wrapper)."""
+    """The module to call ``generate`` on; under FSDP1 the inner one, root parameters gathered (it skips the root)."""
     inner = forward_module(model)
     if isinstance(inner, _fsdp_types("FullyShardedDataParallel")):
         with inner.summon_full_params(inner, writeback=False, recurse=False):

@@ -47,9 +47,8 @@ def packed_row(enc: EncodedChoices, first_key: int, skip: int = 0) -> Row:
         targets.append(cont)
         keys.append(np.full(len(cont), first_key + j))
         start += n
-    cat = np.concatenate
-    prefix = tuple(enc.context[:skip])
-    return Row(cat(tokens), cat(segments), cat(positions), cat(scored), cat(targets), cat(keys), True, prefix)
+    arrays = map(np.concatenate, (tokens, segments, positions, scored, targets, keys))
+    return Row(*arrays, packed=True, prefix=tuple(enc.context[:skip]))
 
 
 def plain_rows(enc: EncodedChoices, first_key: int, max_length: int) -> list[Row]:
@@ -121,8 +120,7 @@ def forward_logprobs(
     keep_arg: str | None,
     cache: dict[str, object] | None = None,
 ) -> np.ndarray:
-    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: the forward's
-    argument holding a KV cache of each row's prefix."""
+    """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: rows' prefixes."""
     seg = batch.segments.to(device, non_blocking=True)
     kwargs = {
         "input_ids": batch.input_ids.to(device, non_blocking=True),

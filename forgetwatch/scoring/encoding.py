@@ -30,8 +30,7 @@ class EncodedChoices:
 
 @dataclass(frozen=True)
 class EncodedPrompt:
-    """A generated probe: its prompt ids, and its reference answer as one choice (``None``: it adds no
-    tokens)."""
+    """A generated probe: its prompt ids, and its reference answer as one choice (``None``: it adds no tokens)."""
 
     prompt: tuple[int, ...]
     reference: EncodedChoices | None = None
@@ -55,8 +54,7 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def visible_tail(tokenizer, text: str, tokens: int = VISIBLE_TOKENS) -> str:
-    """The end of ``text`` holding at least ``tokens`` tokens, found without tokenizing the whole text; cut where a
-    word begins, so the cut changes at most that word's tokens (``_MARGIN`` covers text without spaces)."""
+    """The end of ``text`` with at least ``tokens`` tokens, cut where a word begins, without tokenizing it all."""
     n = 4 * tokens
     while n < len(text):
         word = _WORD.search(text, len(text) - n, len(text) - n + 1001)  # a space before a word
@@ -102,9 +100,7 @@ def encode_probes(
         delimiter = default_delimiter if p.delimiter is None else p.delimiter
         wholes += [text + delimiter + choice for choice in p.choices or (p.answer,)]
         contexts.append(text.rstrip())  # its trailing whitespace goes onto each continuation, as lm-eval's
-    context_ids = iter(encode_many(tokenizer, contexts))
-    whole_ids = iter(encode_many(tokenizer, wholes))
-    prompt_ids = iter(encode_many(tokenizer, prompts))
+    context_ids, whole_ids, prompt_ids = (iter(encode_many(tokenizer, texts)) for texts in (contexts, wholes, prompts))
     out: list[Encoded] = []
     for p in probes:
         prompt = None if p.kind is ProbeKind.MULTIPLE_CHOICE else tuple(next(prompt_ids))
@@ -128,8 +124,7 @@ def encode_probes(
 
 
 def render_chat(tokenizer, probe: Probe, source: str, turns: list[dict[str, Any]]) -> str:
-    """``turns`` (and ``probe``'s tools) in the tokenizer's chat template, the reply to come; a ``ValueError`` naming
-    the probe when the template fails, or ignores the tools (the model would be scored on a prompt without them)."""
+    """``turns`` (and ``probe``'s tools) in the chat template, reply to come; ValueError if it fails or hides tools."""
 
     def render(tools: list[dict[str, Any]] | None) -> str:
         try:

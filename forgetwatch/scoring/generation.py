@@ -83,7 +83,7 @@ def response_budgets(
     setting: str = "max_new_tokens",
     name: Callable[[K], str] = str,
 ) -> tuple[dict[K, int], str | None]:
-    """Each response's length (within what the context leaves) and a warning if some were cut, else a PromptTooLongError."""
+    """Each response's length (within what the context leaves), a warning if some were cut; or a PromptTooLongError."""
     budgets = {k: min(max_new_tokens, max_length - n) for k, n in lengths.items()}
     full = [k for k, b in budgets.items() if b < 1]
     if full:

@@ -18,8 +18,7 @@ from forgetwatch.probes.tool_calls import calls_match, parse_call
 
 
 class Measured(NamedTuple):
-    """What the model did for one probe: each scored continuation's summed log-probability, and its generated
-    text (``None``: none)."""
+    """What the model did for one probe: each scored continuation's summed log-probability, and its text (or None)."""
 
     logprobs: np.ndarray
     text: str | None
@@ -97,8 +96,7 @@ def scoring_options(
     extract: Callable[[str], str | None] | None = None,
     refusal_detector: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
-    """The options that decide the answers of ``probes``, as stored with them (generation's only for generative
-    probes, behaviour's only for behaviour probes; the precision is the model's, added by the scorer)."""
+    """The options that decide ``probes``' answers, stored with them (each kind's only if present; not precision)."""
     kinds = {p.kind for p in probes}
     s = scoring
     options: dict[str, Any] = {"normalize": s.normalize, "chat_template": s.chat_template}

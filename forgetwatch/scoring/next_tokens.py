@@ -79,8 +79,7 @@ def aligned_targets(
 
 
 def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """KL(base ‖ current) at each position, from the base's top-k ``top_ids``/``top_lp`` and ``tail`` mass
-    against ``logits``; exact when k covers the vocabulary."""
+    """KL(base ‖ current) per position, from the base's top-k and ``tail`` mass; exact when k covers the vocabulary."""
     logq = torch.log_softmax(logits, -1)
     q_top = logq.gather(-1, top_ids)
     q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
@@ -89,8 +88,7 @@ def kl_to_base(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor
 
 @dataclass
 class BaseDistribution:
-    """Per row (by id), positions × k ``top_ids`` and ``top_logprobs`` and the ``tail`` mass's log; row ``i``
-    spans ``offsets[i]:offsets[i + 1]``. ``key``: what it was made from."""
+    """Per row (by id) positions × k ``top_ids``, ``top_logprobs``, and the ``tail`` mass's log; ``key``: its source."""
 
     ids: list[str]
     offsets: np.ndarray
@@ -204,8 +202,7 @@ def base_distribution(
     precision: type = np.float16,
     compute: str = "autocast",
 ) -> BaseDistribution:
-    """The model's top-``k`` next-token log-probabilities at each row's target positions (from ``starts``),
-    the model borrowed; ``precision``: the kept type; ``compute``: as :func:`~forgetwatch.scoring.borrow.scoring_in`."""
+    """The model's top-``k`` next-token log-probabilities at each row's targets (from ``starts``), as ``precision``."""
     rows: list[Any] = [None] * len(token_ids)
     for idx, _, _, logits in _forwards(
         model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute
@@ -225,8 +222,7 @@ def base_distribution(
 
 
 def _forwards(module, model, tokenizer, rows, indices, pad_id, rows_per_batch, compute):
-    """Each batch of ``rows[indices]``, longest first, right-padded: its indices, ids, mask and the float logits
-    predicting each next token, ``module`` forwarded with ``model`` borrowed."""
+    """Each right-padded batch of ``rows[indices]``, longest first: indices, ids, mask and float next-token logits."""
     device = next(module.parameters()).device
     with borrowed(model, tokenizer), scoring_in(model, device, compute):
         for batch in group([len(rows[i]) for i in indices], rows_per_batch, None):
@@ -250,8 +246,7 @@ def row_sums(
     per_position: Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor],
     compute: str = "autocast",
 ) -> np.ndarray:
-    """Each row's float64 sum over its target positions of ``per_position(logits, ids, rows)``, the rows split over
-    the ranks, every rank getting all; a failure on any rank is a :class:`MeasureFailed` on every rank."""
+    """Each row's sum of ``per_position(logits, ids, rows)`` over its targets, shared by ranks (failing all alike)."""
     n = len(rows)
     sums = np.zeros(n + 1, dtype=np.float64)  # each row's sum; then a failure flag
     failure: BaseException | None = None

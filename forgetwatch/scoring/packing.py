@@ -32,9 +32,8 @@ RECURRENT_CONFIG_KEYS = (
     "layers_block_type",
     "linear_num_value_heads",
 )
-#: The check's probes, each (its context's tokens after the shared prefix, its choices' lengths):
-#: choices of one token and of several (a choice token could see another choice's), contexts of
-#: two lengths (batches are padded), all behind one prefix (read from a KV cache, for two rows).
+#: The check's probes (context tokens after one shared prefix, choice lengths): choices of one token and several (one
+#: could see another's), contexts of two lengths (batches are padded), behind a prefix read from a KV cache.
 CHECK_SHAPES = ((12, (1, 3, 5)), (20, (4, 2)))
 CHECK_PREFIX = 16
 MIN_TOLERANCE = 1e-4  # per token, in nats: far below any leak through the mask
@@ -60,8 +59,7 @@ def packing_blocker(model, config) -> str | None:
 
 
 def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tuple[int, EncodedChoices]]:
-    """The probes packing is checked on: :data:`CHECK_SHAPES` filled with ``encoded``'s tokens (none if the
-    context cannot hold them)."""
+    """:data:`CHECK_SHAPES` filled with ``encoded``'s tokens (none if the context cannot hold them)."""
     pool = itertools.chain.from_iterable(itertools.chain(e.context, *e.continuations) for e in encoded)
     need = CHECK_PREFIX + sum(n + sum(lengths) for n, lengths in CHECK_SHAPES)
     tokens = itertools.islice(itertools.cycle(pool), need)
@@ -78,8 +76,7 @@ def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tup
 
 
 def decide(run: Any, asked: bool) -> tuple[bool, bool]:
-    """Whether a scoring ``run``'s model may score choices packed, and (``asked``) read shared prefixes from a KV
-    cache; every rank agrees, and a slower way is a warning. Parameters sharded over ranks need equal forwards."""
+    """May ``run``'s model score choices packed, and (``asked``) read shared prefixes from a cache? Ranks agree."""
     reads = [run.tokens.reads[i] for i in run.tokens.choice_probes]
     sharded = run.ranks.size > 1 and is_sharded(run.model)
     reason = prefix_reason = packing_blocker(unwrap(run.model), run.config)
@@ -102,8 +99,7 @@ def decide(run: Any, asked: bool) -> tuple[bool, bool]:
 
 
 def _problem(probes: Sequence[tuple[int, EncodedChoices]], run: Any, prefixes: bool) -> tuple[str | None, str | None]:
-    """Why packing, and (with ``prefixes``) a prefix read from a KV cache, is not exact on ``probes`` (``None``: it is);
-    only a packed forward failing inside the model turns packing down."""
+    """Why packing (and a cached prefix) is inexact on ``probes``, or None; of errors only the model's own count."""
 
     def chunks(rows: list[Row]) -> list[Batch]:  # together, as scoring batches them
         size = run.facts.row_cap or len(rows)

@@ -19,8 +19,7 @@ MIN_PREFIX_TOKENS = 16
 
 
 def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = MIN_PREFIX_TOKENS) -> list[int]:
-    """For each sequence, how many first tokens it shares with others as one prefix (0: none), chosen so
-    that the most tokens are computed once; a sequence keeps at least its last token."""
+    """Each sequence's first tokens shared with others as one prefix (0: none; never its last), most tokens saved."""
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     seqs = [sequences[i] for i in order]
     # what adjacent sequences could share: their common prefix, each keeping its last token
@@ -56,8 +55,7 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
 
 
 class PrefixStore:
-    """The KV caches of the prefixes a batch reads, each computed once (in one forward) and kept while it is read;
-    each row's prefix sits left-padded in the batch's cache, at its positions in the whole sequence."""
+    """KV caches of the prefixes batches read, each computed once and kept while read, left-padded per batch."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int):
         self.module, self.device, self.pad_id = forward_module(model), device, pad_id
