@@ -218,7 +218,7 @@ def generate_sharded(
         rows = [whole[i] for i in chunk]
         prefixes = [p.ids[: p.skip] for p in rows]
         parts = [padded(prefixes, pad, left=True), padded([p.ids[p.skip :] for p in rows], pad, left=True)]
-        ids, mask = (torch.cat(t, 1) for t in zip(*parts))
+        ids, mask = (torch.cat(t, 1).to(device) for t in zip(*parts))
         width = ids.shape[1]
         extra = prefix_cache(prefixes) if any(prefixes) else {}
         greedy = GenerationConfig(
@@ -235,14 +235,8 @@ def generate_sharded(
         owner.generation_config = greedy
         try:
             with generator(model) as module:
-                out = module.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=mask.to(device),
-                    generation_config=greedy,
-                    tokenizer=tokenizer,
-                    synced_gpus=synced,
-                    **extra,
-                )
+                inputs = {"input_ids": ids, "attention_mask": mask, "tokenizer": tokenizer, "synced_gpus": synced}
+                out = module.generate(**inputs, generation_config=greedy, **extra)
         finally:
             owner.generation_config = saved
         new = out[:, width:].tolist()

@@ -147,9 +147,8 @@ class BaseDistribution:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BaseDistribution:
-        precision = np.float32 if d.get("logprob_type") == "float32" else np.float16
-        dtypes = {"offsets": np.int64, "top_ids": np.int32, "top_logprobs": precision, "tail": np.float32}
-        return cls(list(d["ids"]), *(np.asarray(d[n], dtype=t) for n, t in dtypes.items()), dict(d.get("key", {})))
+        dtypes = {name: types[0] for name, (types, _) in _ARRAYS.items()} | {"top_logprobs": d["logprob_type"]}
+        return cls(list(d["ids"]), *(np.asarray(d[n], dtype=t) for n, t in dtypes.items()), dict(d["key"]))
 
     def save(self, path: str | os.PathLike[str], extra: dict[str, np.ndarray] | None = None) -> None:
         """Write it as an npz (no pickle), with ``extra`` arrays in the same file."""

@@ -67,11 +67,9 @@ def check_probes(encoded: Iterable[EncodedChoices], max_length: int) -> list[tup
     def take(n: int) -> tuple[int, ...]:
         return tuple(itertools.islice(tokens, n))
 
-    prefix = take(CHECK_PREFIX)
-    probes, key = [], 0
-    for n, lengths in CHECK_SHAPES:
-        probes.append((key, EncodedChoices(prefix + take(n), tuple(take(k) for k in lengths))))
-        key += len(lengths)
+    prefix, keys = take(CHECK_PREFIX), itertools.accumulate(len(lengths) for _, lengths in CHECK_SHAPES)
+    shapes = zip(itertools.chain([0], keys), CHECK_SHAPES)
+    probes = [(key, EncodedChoices(prefix + take(n), tuple(map(take, lengths)))) for key, (n, lengths) in shapes]
     return [] if any(needs_truncation(enc, max_length) for _, enc in probes) else probes
 
 

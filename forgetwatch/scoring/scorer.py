@@ -57,12 +57,9 @@ class Scorer:
         tokenizer: the model's tokenizer (its padding side is never changed).
         probes: the probe set.
         scoring: how probes are scored (a :class:`~forgetwatch.Scoring`; default its defaults).
-        extract: a callable ``text -> str | None`` used for every generative probe instead of its ``extract`` mode;
-            its result is compared with the probe's answer as written (stripped).
-        reference_logprobs: also score each generative probe's reference answer, teacher-forced after its prompt
-            (its ``gold_logprob``, a drift signal), for one extra forward per probe in the same batches.
-        refusal_detector: a callable ``response -> bool`` deciding the ``refuses`` check and the refusal rate
-            (default: :func:`~forgetwatch.behaviour.style.looks_like_refusal`).
+        extract: ``text -> str | None`` for every generative probe, compared with its answer as written (stripped).
+        reference_logprobs: also score each generative probe's reference answer after its prompt (``gold_logprob``).
+        refusal_detector: ``response -> bool`` for the ``refuses`` check (default: ``looks_like_refusal``).
 
     Example:
         >>> scorer = Scorer(tokenizer, probes, Scoring(max_new_tokens=32))   # doctest: +SKIP
@@ -235,14 +232,9 @@ class Scorer:
 
     def _drawn(self, prompts: dict[int, GenerationPrompt]) -> dict[tuple[int, int], GenerationPrompt]:
         """Each response to generate, keyed (probe, sample), each sample with its own seed."""
-        s = self.settings
-        if not s.sampled:
-            return {(i, 0): p for i, p in prompts.items()}
-        return {
-            (i, j): p._replace(seed=sample_seed(s.seed, self.probes[i].id, j))
-            for i, p in prompts.items()
-            for j in range(s.samples)
-        }
+        s, k = self.settings, self.settings.samples if self.settings.sampled else 1
+        seed = (lambda i, j: sample_seed(s.seed, self.probes[i].id, j)) if s.sampled else (lambda i, j: None)
+        return {(i, j): p._replace(seed=seed(i, j)) for i, p in prompts.items() for j in range(k)}
 
     def _choice_plan(self, run: _Run) -> _Plan:
         """This rank's multiple-choice batches, planned again only when their shape changes."""
@@ -251,13 +243,11 @@ class Scorer:
         if key in plans:
             return plans[key]
         plans.clear()  # one shape at a time
-        if truncated := sum(needs_truncation(tokens.reads[i], run.max_length) for i in tokens.choice_probes):
+        if n := sum(needs_truncation(tokens.reads[i], run.max_length) for i in tokens.choice_probes):
             self._warn_once(
                 "choices",
-                "%d probe(s) are longer than the model's maximum length (%d tokens); their questions are truncated "
-                "from the left, as lm-eval-harness does",
-                truncated,
-                run.max_length,
+                f"{n} probe(s) are longer than the model's maximum length ({run.max_length} "
+                "tokens); their questions are truncated from the left, as lm-eval-harness does",
             )
         plan = plans[key] = _Plan([], None, {})
         if tokens.choice_probes:
@@ -276,14 +266,7 @@ class Scorer:
             self._warned.add(key)
             logger.warning(message, *args)
 
-    def _answers(
-        self,
-        tokens: _Tokens,
-        sums: np.ndarray,
-        texts: dict[tuple[int, int], str],
-        scoring: dict[str, Any],
-        model_name: str,
-    ) -> Answers:
+    def _answers(self, tokens: _Tokens, sums: np.ndarray, texts: dict, scoring: dict, model_name: str) -> Answers:
         rules = Rules(self.settings, self.extract, self.refusal_detector)
         k = self.settings.samples if self.settings.sampled else 1
         grouped = any(p.group is not None for p in self.probes)
@@ -408,9 +391,7 @@ class _Run:
             bar.update(sum(left[i] == 0 for i in set(owners)))
         return self.ranks.sum(sums)
 
-    def generate(
-        self, tokenizer: Any, prompts: dict[K, GenerationPrompt], bar, sampling: Scoring | None
-    ) -> dict[K, str]:
+    def generate(self, tokenizer, prompts: dict[K, GenerationPrompt], bar, sampling: Scoring | None) -> dict[K, str]:
         window = getattr(self.config, "sliding_window", None) or float("inf")
         # a cache that drops what slides out of the window cannot be shared
         shared = [p.skip if self.prefixes and len(p.ids) + p.new_tokens <= window else 0 for p in prompts.values()]
