@@ -151,9 +151,9 @@ class Scorer:
         """What this scorer has learned about ``model`` (the object passed to calls)."""
         return self._models.setdefault(model, ModelFacts())
 
-    def rows_per_batch(self, model: torch.nn.Module) -> int:
-        """The most rows a planned batch of ``model`` holds (8 before any is planned)."""
-        return max((len(b) for plan in self.about(model).plans.values() for b in plan.batches), default=8)
+    def rows_per_batch(self, model: torch.nn.Module, default: int = 8) -> int:
+        """The most rows a planned batch of ``model`` holds (``default`` before any is planned)."""
+        return max((len(b) for plan in self.about(model).plans.values() for b in plan.batches), default=default)
 
     def scoring_for(self, model: torch.nn.Module) -> dict[str, Any]:
         """The options that decide ``model``'s answers, stored with them and checked by ``compare``."""
