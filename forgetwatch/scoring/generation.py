@@ -96,16 +96,13 @@ def response_budgets(
             f"{len(full)} prompt(s) fill the model's whole context of {max_length} tokens, leaving no room for "
             f"a response: {shown}; shorten them or leave those probes out"
         )
-    cut = sorted(b for b in budgets.values() if b < max_new_tokens)
-    note = None
-    if cut:
-        span = f"{cut[0]}" if cut[0] == cut[-1] else f"{cut[0]} to {cut[-1]}"
-        note = (
-            f"the model's context is {max_length} tokens: {len(cut)} of {len(budgets)} prompt(s) leave less "
-            f"than {setting}={max_new_tokens} for the response, which is cut at what the context leaves "
-            f"({span} tokens)"
-        )
-    return budgets, note
+    if not (cut := sorted(b for b in budgets.values() if b < max_new_tokens)):
+        return budgets, None
+    span = f"{cut[0]}" if cut[0] == cut[-1] else f"{cut[0]} to {cut[-1]}"
+    return budgets, (
+        f"the model's context is {max_length} tokens: {len(cut)} of {len(budgets)} prompt(s) leave less "
+        f"than {setting}={max_new_tokens} for the response, which is cut at what the context leaves ({span} tokens)"
+    )
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
