@@ -121,13 +121,8 @@ def forward_logprobs(
     cache: dict[str, object] | None = None,
 ) -> np.ndarray:
     """Log-probability of every read target (fp32 log-softmax), in ``batch.keys`` order; ``cache``: rows' prefixes."""
-    seg = batch.segments.to(device, non_blocking=True)
-    kwargs = {
-        "input_ids": batch.input_ids.to(device, non_blocking=True),
-        "position_ids": batch.position_ids.to(device, non_blocking=True),
-        "use_cache": cache is not None,
-        **(cache or {}),
-    }
+    seg, ids, pos = (t.to(device, non_blocking=True) for t in (batch.segments, batch.input_ids, batch.position_ids))
+    kwargs = {"input_ids": ids, "position_ids": pos, "use_cache": cache is not None, **(cache or {})}
     if batch.packed:
         # 4D: causal, no padding, a choice sees only the context and itself, every row its own cached prefix
         b, width = seg.shape

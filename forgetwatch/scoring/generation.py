@@ -196,6 +196,7 @@ def generate_sharded(
     owner = unwrap(model)
     owner = owner.get_base_model() if hasattr(owner, "get_base_model") else owner  # what generate() reads
     caps = Caps()
+    fixed = {"do_sample": False, "num_beams": 1, "pad_token_id": pad, "eos_token_id": eos}
 
     def plan(indices: list[int]) -> list[list[int]]:
         alike: dict[tuple[int, tuple[str, ...]], list[int]] = {}
@@ -218,14 +219,7 @@ def generate_sharded(
         ids, mask = (torch.cat(t, 1).to(device) for t in zip(*parts))
         width = ids.shape[1]
         extra = prefix_cache(prefixes) if any(prefixes) else {}
-        greedy = GenerationConfig(
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=rows[0].new_tokens,
-            pad_token_id=pad,
-            eos_token_id=eos,
-            stop_strings=list(rows[0].stop) or None,
-        )
+        greedy = GenerationConfig(**fixed, max_new_tokens=rows[0].new_tokens, stop_strings=list(rows[0].stop) or None)
         if sampling is not None:  # each row's token drawn with its own seed, then taken greedily
             extra = {**extra, "logits_processor": LogitsProcessorList([SeededDraws([p.seed for p in rows], sampling)])}
         saved = owner.generation_config  # the greedy config stands in for the model's own during the call

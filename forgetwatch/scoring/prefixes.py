@@ -41,12 +41,10 @@ def shared_prefix_lengths(sequences: Sequence[Sequence[int]], min_tokens: int = 
             stack.append((a, b, True))
             stack.extend((x, y, False) for x, y in parts[a, b])
             continue
-        whole = (b - a - 1) * weakest if weakest >= min_tokens else 0
+        whole, pieces = ((b - a - 1) * weakest, [(a, b, weakest)]) if weakest >= min_tokens else (0, [])
         split = sum(best[p][0] for p in parts[a, b])
-        if whole >= split:  # kept whole: one prefix forward, not several
-            best[a, b] = (whole, [(a, b, weakest)] if weakest >= min_tokens else [])
-        else:
-            best[a, b] = (split, [piece for p in parts[a, b] for piece in best[p][1]])
+        # kept whole on a tie: one prefix forward, not several
+        best[a, b] = (whole, pieces) if whole >= split else (split, [x for p in parts[a, b] for x in best[p][1]])
     out = [0] * len(sequences)
     for a, b, length in best[0, len(seqs)][1]:
         for pos in range(a, b):
