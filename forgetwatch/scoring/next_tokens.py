@@ -203,19 +203,15 @@ def base_distribution(
 ) -> BaseDistribution:
     """The model's top-``k`` next-token log-probabilities at each row's targets (from ``starts``), as ``precision``."""
     rows: list[Any] = [None] * len(token_ids)
-    for idx, _, _, logits in _forwards(
-        model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute
-    ):
+    batches = _forwards(model, model, tokenizer, token_ids, range(len(token_ids)), pad_id, rows_per_batch, compute)
+    for idx, _, _, logits in batches:
         logp = torch.log_softmax(logits, -1)
         top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
         tail = torch.log1p(-top_lp.exp().sum(-1).clamp(max=1 - 1e-7))
         for r, i in enumerate(idx):
             at = slice(0 if starts is None else starts[i] - 1, len(token_ids[i]) - 1)
-            rows[i] = (
-                top_ids[r, at].cpu().numpy().astype(np.int32),
-                top_lp[r, at].cpu().numpy().astype(precision),
-                tail[r, at].cpu().numpy(),
-            )
+            parts = (top_ids[r, at], top_lp[r, at], tail[r, at])
+            rows[i] = tuple(t.cpu().numpy().astype(d) for t, d in zip(parts, (np.int32, precision, np.float32)))
     offsets = np.cumsum([0] + [len(row[0]) for row in rows], dtype=np.int64)
     return BaseDistribution(list(row_ids), offsets, *(np.concatenate(a) for a in zip(*rows)), dict(key or {}))
 
@@ -251,9 +247,8 @@ def row_sums(
     failure: BaseException | None = None
     try:
         mine = ranks.my_share([len(x) for x in rows])
-        for idx, ids, mask, logits in _forwards(
-            unwrap(model), model, tokenizer, rows, mine, pad_id, rows_per_batch, compute
-        ):
+        batches = _forwards(unwrap(model), model, tokenizer, rows, mine, pad_id, rows_per_batch, compute)
+        for idx, ids, mask, logits in batches:
             values = per_position(logits, ids, idx) * target_mask(mask, idx, starts)
             sums[idx] = values.sum(1).double().cpu().numpy()
             del logits, values

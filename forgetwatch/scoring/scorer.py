@@ -447,10 +447,8 @@ def evaluate(
     # one tokenization for every batch size
     options = tuple(value for name, value in fresh.settings if name != "batch_size")
     key = (id(tokenizer), fresh.fingerprint, options, extract, refusal_detector)
-    scorer = _SCORERS.pop(key, None)
-    if scorer is None or scorer.tokenizer is not tokenizer:
-        scorer = fresh
-    _SCORERS[key] = scorer  # most recently used last
+    kept = _SCORERS.pop(key, fresh)
+    _SCORERS[key] = scorer = kept if kept.tokenizer is tokenizer else fresh  # most recently used last
     if len(_SCORERS) > _MAX_SCORERS:
         _SCORERS.pop(next(iter(_SCORERS)))
     batch_size = fresh.settings.batch_size if batch_size is None else batch_size
