@@ -249,12 +249,9 @@ def generate_sharded(
             done.update((str(i), list(g)) for i, g in zip(part, out))
             if progress is not None:
                 progress(len(part))
-    gathered = {
-        int(i): Generated(text, None if ids is None else tuple(ids), ended)
-        for shard in ranks.gather_json(done)
-        for i, (text, ids, ended) in shard.items()
-    }
-    return [gathered[i] for i in range(len(whole))]
+    gathered = {int(i): g for shard in ranks.gather_json(done) for i, g in shard.items()}
+    answers = [gathered[i] for i in range(len(whole))]
+    return [Generated(text, None if ids is None else tuple(ids), ended) for text, ids, ended in answers]
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
