@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from forgetwatch.behaviour import style
 from forgetwatch.behaviour.ifeval import follows, instruction_problem
-from forgetwatch.behaviour.values import count, got, strings, text
+from forgetwatch.behaviour.values import count, got, rule, strings, text
 from forgetwatch.common import patterns
 from forgetwatch.common.strict_json import nests_within, value_problem
 from forgetwatch.common.text import shorten, suggestion, type_name
@@ -21,10 +21,6 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
-
-
-def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, {got(value)}"
 
 
 def _pattern(value: Any) -> str | None:
@@ -55,6 +51,9 @@ def _parses_as_json(response: str) -> bool:
 
 def _letters(response: str) -> bool:
     return any(map(str.isalpha, response))
+
+
+_boolean = rule(lambda v: isinstance(v, bool), "true or false")
 
 
 class Check(NamedTuple):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from unittest import mock
 
-from forgetwatch.behaviour.values import count, got, strings, text
+from forgetwatch.behaviour.values import count, got, rule, strings, text
 from forgetwatch.common.text import shorten, suggestion
 
 REFUSED = {
@@ -60,15 +60,11 @@ def _plain(value: Any) -> str | None:
 _plain_list = strings(_plain, " (IFEval reads a lone string letter by letter, and draws random words for none)")
 
 
-def _relation(value: Any) -> str | None:
-    ok = isinstance(value, str) and value in RELATIONS
-    return None if ok else f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
-
-
-def _letter(value: Any) -> str | None:
-    if isinstance(value, str) and len(value) == 1 and "a" <= value.lower() <= "z":
-        return None
-    return f"must be one letter a-z (IFEval counts a random letter otherwise), {got(value)}"
+_relation = rule(lambda v: isinstance(v, str) and v in RELATIONS, " or ".join(map(repr, RELATIONS)))
+_letter = rule(
+    lambda v: isinstance(v, str) and len(v) == 1 and "a" <= v.lower() <= "z",
+    "one letter a-z (IFEval counts a random letter otherwise)",
+)
 
 
 def _language(value: Any) -> str | None:

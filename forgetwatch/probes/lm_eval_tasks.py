@@ -10,12 +10,13 @@ import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from forgetwatch.common.problems import InputError, Problem, Problems
 from forgetwatch.common.text import first_line, shorten, suggestion
@@ -33,8 +34,8 @@ class LmEvalTaskError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class LmEvalJudge:
-    """One document's verdict by its lm-eval task: ``process_results`` on the choices' log-likelihoods, or on
-    generated text after the task's ``filter``; ``metric``'s value is right (1) or wrong (0)."""
+    """One document's verdict by its task's ``process_results`` (on the choices' log-likelihoods, or on the
+    filtered generation): ``metric`` 1 is right."""
 
     task: Any  # lm_eval.api.task.Task
     doc: Mapping[str, Any]
@@ -156,8 +157,7 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
 
 
 def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_defaults: bool) -> dict[str, Any]:
-    """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
-    lm-eval's own tasks takes minutes)."""
+    """lm-eval's ``TaskManager.load`` of ``names``, indexing ``include_path`` alone when it holds them (minutes less)."""
     if task_manager is None:
         from lm_eval.tasks import TaskManager
 
@@ -184,8 +184,7 @@ def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_
 
 
 def _walk(index: Mapping[str, Any], names: Iterable[str]) -> tuple[list[tuple[str | None, str]], dict[str, tuple]]:
-    """``(group, name)`` for each name ``names`` need that the index lacks, and ``name: (yaml_path, cfg)`` of each
-    task they load; groups that include each other are refused (lm-eval would recurse until Python stops it)."""
+    """The ``(group, name)`` pairs the index lacks, and each task's ``(yaml_path, cfg)``; refuses cyclic groups."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     missing: list[tuple[str | None, str]] = []
@@ -263,8 +262,7 @@ def _cause(err: BaseException) -> str:
 
 
 def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception) -> str:
-    """Why the tasks failed to load (lm-eval does not say which): a local data file of theirs with no documents or a
-    line that is not JSON, else the first task that fails alone."""
+    """Why the tasks failed to load: an empty or non-JSON local data file, else the first task that fails alone."""
     for name, (path, cfg) in tasks.items():
         files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
         for group in files.values() if isinstance(files, Mapping) else [files]:
@@ -293,8 +291,7 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
 
 
 def _first_document_problem(path: Any) -> tuple[str, str] | None:
-    """What is wrong with the first document of the task in the YAML file ``path``, or ``None``: lm-eval tries it last
-    as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own error."""
+    """What is wrong with the first document of the task in ``path`` (lm-eval tries it as it builds a task), or None."""
     from lm_eval.api.task import ConfigurableTask
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -363,8 +360,7 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
 
 
 def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: bool = False) -> None:
-    """A document lm-eval would fail on, refused naming the document and field: a template or ``!function`` raising
-    on it (``doc_to_text`` too with ``text``), no choices, or a gold index or answer that is none of them."""
+    """Refuses a document lm-eval would fail on (see :func:`_document_problem`), naming the document and field."""
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
         for doc_id, doc in enumerate(docs):
@@ -374,7 +370,7 @@ def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: b
 
 
 def _document_problem(task: Any, doc: Any, scored: bool, text: bool) -> tuple[str, str] | None:
-    """``(field, why)`` of the first thing wrong with ``doc`` (see :func:`_check_documents`), or ``None``."""
+    """``(field, why)`` of a template raising on ``doc``, no choices, or a gold answer none of them; or ``None``."""
     field = "doc_to_text"
     try:
         if text:
@@ -445,59 +441,48 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
     return Probe(pid, context, int(gold), tuple(choices), name, meta=meta, delimiter=delimiter, judge=judge)
 
 
-@dataclass(frozen=True)
-class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``)."""
+_Count = Field(ge=0, description="a whole number >= 0")
+_Text = Annotated[StrictStr, Field(pattern=r"\S")]
 
-    tasks: tuple[str, ...]
-    num_fewshot: int | None = None
-    limit: int | float | None = None
-    include_path: str | None = None
-    include_defaults: bool = True
-    fewshot_seed: int = 1234
-    system_instruction: str | None = None
-    metric: str | None = None
-    filter: str | None = None
+
+class LmEvalProbes(BaseModel):
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``); each field's
+    description is what an error says it expects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: tuple[_Text, ...] = Field(
+        alias="lm_eval", min_length=1, description="a task name or a list of them, e.g. [arc_easy, mmlu]"
+    )
+    num_fewshot: Annotated[StrictInt, _Count] | None = Field(None, description=_Count.description)
+    limit: Annotated[StrictInt, Field(ge=1)] | Annotated[StrictFloat, Field(gt=0, lt=1)] | None = Field(
+        None, description="a number of documents per task (>= 1), or a share below 1"
+    )
+    include_path: _Text | None = Field(None, description="a folder of task YAMLs")
+    include_defaults: StrictBool = Field(True, description="true or false")
+    fewshot_seed: Annotated[StrictInt, _Count] = 1234
+    system_instruction: StrictStr | None = Field(None, description="a string")
+    metric: StrictStr | None = Field(None, description="a metric name, e.g. acc_norm")
+    filter: StrictStr | None = Field(None, description="a filter name, e.g. strict-match")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
-        if (unknown := next((str(k) for k in data if k not in SPEC_KEYS), None)) is not None:
+        keys = ("lm_eval", *(name for name in cls.model_fields if name != "tasks"))
+        if (unknown := next((str(k) for k in data if k not in keys), None)) is not None:
             in_code = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True)"
             raise ValueError(
-                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, SPEC_KEYS)}; use "
-                f"{', '.join(SPEC_KEYS)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
+                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, keys)}; use "
+                f"{', '.join(keys)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
             )
         tasks = data.get("lm_eval")
-        tasks = [tasks] if isinstance(tasks, str) else tasks
-        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
-            raise ValueError("key 'probes.lm_eval': expected a task name or a list of them, e.g. [arc_easy, mmlu]")
-        checks = {
-            "num_fewshot": (lambda v: v is None or _is_count(v), "a whole number >= 0"),
-            "limit": (
-                lambda v: v is None or _is_count(v) and v > 0 or isinstance(v, float) and 0 < v < 1,
-                "a number of documents per task (>= 1), or a share below 1",
-            ),
-            "include_path": (lambda v: v is None or isinstance(v, str) and v.strip(), "a folder of task YAMLs"),
-            "include_defaults": (lambda v: isinstance(v, bool), "true or false"),
-            "fewshot_seed": (_is_count, "a whole number >= 0"),
-            "system_instruction": (lambda v: v is None or isinstance(v, str), "a string"),
-            "metric": (lambda v: v is None or isinstance(v, str), "a metric name, e.g. acc_norm"),
-            "filter": (lambda v: v is None or isinstance(v, str), "a filter name, e.g. strict-match"),
-        }
-        for key, (ok, expected) in checks.items():
-            if key in data and not ok(data[key]):
-                raise ValueError(f"key 'probes.{key}': expected {expected}, got {data[key]!r}")
-        return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
+        try:
+            return cls.model_validate({**data, "lm_eval": [tasks] if isinstance(tasks, str) else tasks})
+        except ValidationError as err:
+            key = str(err.errors()[0]["loc"][0])
+            expected = cls.model_fields["tasks" if key == "lm_eval" else key].description
+            raise ValueError(f"key 'probes.{key}': expected {expected}, got {data.get(key)!r}") from None
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`forgetwatch.ProbeSet.from_lm_eval` besides the tasks."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tasks"}
-
-
-#: The keys of an ``lm_eval`` probes entry in a config: the task names, then the options.
-SPEC_KEYS = ("lm_eval", *(f.name for f in fields(LmEvalProbes) if f.name != "tasks"))
-
-
-def _is_count(value: Any) -> bool:
-    return is_int(value) and value >= 0
+        return self.model_dump(exclude={"tasks"})
