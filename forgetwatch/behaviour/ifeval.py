@@ -51,9 +51,7 @@ def _plain(value: Any) -> str | None:
     if problem := text(value):
         return problem
     if used := sorted(_PATTERN_SYNTAX & set(value)):
-        return (
-            f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; give plain text"
-        )
+        return f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regex; give plain text"
     return None
 
 

@@ -51,12 +51,8 @@ class LmEvalJudge:
         return f"{self.metric},{self.filter}"  # as lm-eval's results name it
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "lm_eval_task": self.task.task_name,
-            "version": str(self.task.VERSION),
-            "metric": self.metric,
-            "filter": self.filter,
-        }
+        task = self.task
+        return dict(lm_eval_task=task.task_name, version=str(task.VERSION), metric=self.metric, filter=self.filter)
 
     def choose(self, logprobs: Any) -> tuple[bool, int]:
         lls = np.asarray(logprobs, dtype=float)
@@ -97,24 +93,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     try:
         from lm_eval.evaluator_utils import get_sample_size
     except ImportError as err:
-        raise ImportError(
-            "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
-        ) from err
+        raise ImportError("ProbeSet.from_lm_eval needs lm-eval-harness: pip install 'forgetwatch[lm-eval]'") from err
     if not names:
         raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
     if o.apply_chat_template and not getattr(o.tokenizer, "chat_template", None):
-        raise LmEvalTaskError(
-            "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
-        )
+        raise LmEvalTaskError("apply_chat_template=True needs the tokenizer, with a chat template: pass tokenizer=")
     loaded = _load_tasks(o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
     chat = None
     if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
         from lm_eval.models.huggingface import HFLM
 
-        chat = functools.partial(
-            HFLM.apply_chat_template, SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
-        )
+        lm = SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
+        chat = functools.partial(HFLM.apply_chat_template, lm)
 
     scored = {}
     for name, task in loaded["tasks"].items():

@@ -242,9 +242,8 @@ class ProbeSet(Sequence[Probe]):
             >>> ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4"}]).to_records()
             [{'id': 'q1', 'question': '2+2=', 'category': 'all', 'answer': '4'}]
         """
-        return [
-            (c := p.content()) | {k: copy.deepcopy(v) for k, v in p.meta.items() if k not in c} for p in self._probes
-        ]
+        rows = [p.content() for p in self._probes]
+        return [r | {k: copy.deepcopy(v) for k, v in p.meta.items() if k not in r} for p, r in zip(self, rows)]
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write the probes as a JSONL probe file, atomically, as strict JSON.

@@ -176,9 +176,7 @@ def _text_problem(value: Any, need: str, allow_layout: bool = False) -> str | No
 def messages_problems(value: Any) -> list[FieldProblem]:
     """What is wrong with a conversation: a non-empty list of ``{"role", "content"}`` turns ending with the user's."""
     if not isinstance(value, (list, tuple)) or not value:
-        return [
-            ("messages", f'must be a non-empty list of turns {{"role": ..., "content": ...}}, got {type_name(value)}')
-        ]
+        return [("messages", f'must be a non-empty list of {{"role", "content"}} turns, got {type_name(value)}')]
     problems: list[FieldProblem] = []
     for i, turn in enumerate(value):
         where = f"messages[{i}]"
@@ -192,9 +190,7 @@ def messages_problems(value: Any) -> list[FieldProblem]:
         if message := _text_problem(turn.get("content"), "give the turn's text", allow_layout=True):
             problems.append((f"{where}.content", message))
     if isinstance(value[-1], Mapping) and value[-1].get("role") != "user":
-        problems.append(
-            (f"messages[{len(value) - 1}].role", "the last turn must be the user's: the model replies to it")
-        )
+        problems.append((f"messages[{len(value) - 1}].role", "the last turn must be the user's: the model answers it"))
     return problems
 
 
@@ -216,9 +212,7 @@ def _choice_problems(value: Any) -> list[str]:
         elif message := unkeepable(choice, allow_layout=True):
             problems.append(f"choice at index {i} {message}")
         elif choice in value[:i]:  # ties go to the lowest index, so the later copy could never be chosen
-            problems.append(
-                f"choice at index {i} repeats choice {value.index(choice)} ({shorten(choice)}); make every choice different"
-            )
+            problems.append(f"choice at index {i} repeats choice {value.index(choice)} ({shorten(choice)}); reword one")
     return problems
 
 
@@ -243,16 +237,11 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
 def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
     if mode == "number" and normalize_number(answer) is None:
-        return (
-            f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
-            "extract is 'number' (the last number of the output is compared with it); write the number, "
-            "or use another extract mode"
-        )
+        why = "but extract is 'number' (the output's last number is compared with it); write it, or use another mode"
+        return f"{shorten(answer)} is not a number of at most {MAX_NUMBER_DIGITS} digits written out, {why}"
     if mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
-        return (
-            f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
-            "'B' is compared with it); write the letter, or use another extract mode"
-        )
+        why = "but extract is 'letter' (a choice letter such as 'B' is compared with it); write it, or use another mode"
+        return f"{shorten(answer)} is not a single letter, {why}"
     return None
 
 
