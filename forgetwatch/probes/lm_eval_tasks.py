@@ -24,6 +24,7 @@ from forgetwatch.probes.schema import Probe, is_int
 
 #: Multiple-choice metrics that depend on the choices' log-likelihoods alone.
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
+KINDS = ("multiple_choice", "generate_until")  # the output types forgetwatch scores
 
 
 class LmEvalTaskError(InputError):
@@ -329,21 +330,15 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
     preferred = "acc" if kind == "multiple_choice" else "exact_match"
     metric = metric or (preferred if preferred in per_sample else next(iter(per_sample), None))
-    filters = [ensemble.name for ensemble in task._filters]
+    filters, listed = [ensemble.name for ensemble in task._filters], ", ".join(per_sample)
     refusals = [  # the first that holds is the reason
         (getattr(task, "MULTIMODAL", False), "multimodal tasks are not scored by forgetwatch"),
         (kind == "loglikelihood_rolling", "a perplexity task (loglikelihood_rolling) has no right or wrong answer"),
-        (
-            kind not in ("multiple_choice", "generate_until"),
-            f"output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)",
-        ),
+        (kind not in KINDS, f"output_type {kind!r} is not scored by forgetwatch ({' and '.join(KINDS)} are)"),
         (repeats > 1, f"repeats={repeats} samples each answer several times; forgetwatch generates once"),
         (gen.get("do_sample"), "it samples (do_sample or temperature > 0); forgetwatch decodes greedily"),
         (metric is None, f"none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"),
-        (
-            metric not in per_sample,
-            f"metric {metric!r} is not one of its metrics scored per sample ({', '.join(per_sample) or 'none'})",
-        ),
+        (metric not in per_sample, f"metric {metric!r} is none of its per-sample metrics ({listed or 'none'})"),
         (filter_name not in (None, *filters), f"no filter named {filter_name!r}; it has {', '.join(filters)}"),
     ]
     why = next((why for refused, why in refusals if refused), None)

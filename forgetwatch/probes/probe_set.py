@@ -76,9 +76,7 @@ class ProbeSet(Sequence[Probe]):
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
         """
         if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-            raise TypeError(
-                f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
-            )
+            raise TypeError(f"from_hf needs rows, got a mapping of {list(dataset)[:5]}; pick a split: dataset['test']")
         if preset is not None and columns is not None:
             raise ValueError("give either preset= or columns=, not both")
         if preset is not None and preset not in PRESETS:

@@ -367,17 +367,12 @@ class RowCollector(Rows[Probe]):
                 message = f"group {shorten(group)} has this probe alone; a group is one question in two or more "
                 self.problem(self._first_seen[probes[0].id], "group", message + "wordings: add one, or drop 'group'")
             elif other := next((p for p in probes if p.category != probes[0].category), None):
-                message = (
-                    f"group {shorten(group)} is in category {shorten(probes[0].category)} (probe "
-                    f"{shorten(probes[0].id)}) and here in {shorten(other.category)}; a question's wordings share one"
-                )
-                self.problem(self._first_seen[other.id], "group", message)
+                first = f"in category {shorten(probes[0].category)} (probe {shorten(probes[0].id)})"
+                message = f"and here in {shorten(other.category)}; a question's wordings share one category"
+                self.problem(self._first_seen[other.id], "group", f"group {shorten(group)} is {first} {message}")
         probes = super().finish()
         long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
         if long:  # one warning for them all
-            logger.warning(
-                f"{self.source}: {len(long)} question(s) are longer than {LONG_QUESTION} characters (the longest "
-                f"{max(long)}): more than a model sees; each is cut from the left to what the model can see before it "
-                "is tokenized"
-            )
+            why = f"(the longest {max(long)}), more than a model sees: each is cut from the left to what it can see"
+            logger.warning(f"{self.source}: {len(long)} question(s) are longer than {LONG_QUESTION} characters {why}")
         return probes
