@@ -88,12 +88,10 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {type_name(value)}')]
     if not value:
         return [("check", 'is empty; give at least one check, e.g. {"refuses": false}')]
-    problems = []
+    problems, known = [], ", ".join(CHECKS)
     for key, v in value.items():
         if key not in CHECKS:
-            problems.append(
-                ("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: {', '.join(CHECKS)}")
-            )
+            problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: {known}"))
         elif found := value_problem(v):  # a lone surrogate, NaN, ...: what no later step could keep
             inside, message = found
             problems.append((f"check.{key}" + (inside if inside[:1] in ("", "[") else f".{inside}"), message))
@@ -118,8 +116,6 @@ def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
     except Exception as err:  # noqa: BLE001 - a check never ends a run; the warning says why it failed
         if key not in _warned:
             _warned.add(key)
-            logger.warning(
-                f"forgetwatch: the {key!r} check raised {type(err).__name__} on a response ({shorten(str(err), 200)}); "
-                "a response it raises on counts as failing it (said once per check)"
-            )
+            why = f"{type(err).__name__} on a response ({shorten(str(err), 200)}); a response it raises on fails it"
+            logger.warning(f"forgetwatch: the {key!r} check raised {why} (said once per check)")
         return False
