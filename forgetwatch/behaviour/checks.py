@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from forgetwatch.behaviour import style
 from forgetwatch.behaviour.ifeval import follows, instruction_problem
-from forgetwatch.behaviour.values import count, got, strings, text
+from forgetwatch.behaviour.values import count, got, rule, strings, text
 from forgetwatch.common import patterns
 from forgetwatch.common.strict_json import nests_within, value_problem
 from forgetwatch.common.text import shorten, suggestion, type_name
@@ -21,10 +21,6 @@ Detector = Callable[[str], bool]
 MAX_JSON_DEPTH = 200
 
 _warned: set[str] = set()  # check keys that raised on a response, warned once each
-
-
-def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, {got(value)}"
 
 
 def _pattern(value: Any) -> str | None:
@@ -55,6 +51,9 @@ def _parses_as_json(response: str) -> bool:
 
 def _letters(response: str) -> bool:
     return any(map(str.isalpha, response))
+
+
+_boolean = rule(lambda v: isinstance(v, bool), "true or false")
 
 
 class Check(NamedTuple):
@@ -89,12 +88,10 @@ def check_problems(value: Any) -> list[tuple[str, str]]:
         return [("check", f'must be an object of checks, e.g. {{"refuses": false}}, got {type_name(value)}')]
     if not value:
         return [("check", 'is empty; give at least one check, e.g. {"refuses": false}')]
-    problems = []
+    problems, known = [], ", ".join(CHECKS)
     for key, v in value.items():
         if key not in CHECKS:
-            problems.append(
-                ("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: {', '.join(CHECKS)}")
-            )
+            problems.append(("check", f"unknown check {shorten(key)}{suggestion(str(key), CHECKS)}; known: {known}"))
         elif found := value_problem(v):  # a lone surrogate, NaN, ...: what no later step could keep
             inside, message = found
             problems.append((f"check.{key}" + (inside if inside[:1] in ("", "[") else f".{inside}"), message))
@@ -119,8 +116,6 @@ def _holds(key: str, value: Any, response: str, refuses: Detector) -> bool:
     except Exception as err:  # noqa: BLE001 - a check never ends a run; the warning says why it failed
         if key not in _warned:
             _warned.add(key)
-            logger.warning(
-                f"forgetwatch: the {key!r} check raised {type(err).__name__} on a response ({shorten(str(err), 200)}); "
-                "a response it raises on counts as failing it (said once per check)"
-            )
+            why = f"{type(err).__name__} on a response ({shorten(str(err), 200)}); a response it raises on fails it"
+            logger.warning(f"forgetwatch: the {key!r} check raised {why} (said once per check)")
         return False

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from unittest import mock
 
-from forgetwatch.behaviour.values import count, got, strings, text
+from forgetwatch.behaviour.values import count, got, rule, strings, text
 from forgetwatch.common.text import shorten, suggestion
 
 REFUSED = {
@@ -51,24 +51,18 @@ def _plain(value: Any) -> str | None:
     if problem := text(value):
         return problem
     if used := sorted(_PATTERN_SYNTAX & set(value)):
-        return (
-            f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regular expression; give plain text"
-        )
+        return f"{shorten(value)} holds {' '.join(used)}: IFEval searches for it as a regex; give plain text"
     return None
 
 
 _plain_list = strings(_plain, " (IFEval reads a lone string letter by letter, and draws random words for none)")
 
 
-def _relation(value: Any) -> str | None:
-    ok = isinstance(value, str) and value in RELATIONS
-    return None if ok else f"must be {' or '.join(map(repr, RELATIONS))}, {got(value)}"
-
-
-def _letter(value: Any) -> str | None:
-    if isinstance(value, str) and len(value) == 1 and "a" <= value.lower() <= "z":
-        return None
-    return f"must be one letter a-z (IFEval counts a random letter otherwise), {got(value)}"
+_relation = rule(lambda v: isinstance(v, str) and v in RELATIONS, " or ".join(map(repr, RELATIONS)))
+_letter = rule(
+    lambda v: isinstance(v, str) and len(v) == 1 and "a" <= v.lower() <= "z",
+    "one letter a-z (IFEval counts a random letter otherwise)",
+)
 
 
 def _language(value: Any) -> str | None:
@@ -83,10 +77,8 @@ def _first_word(value: Any) -> str | None:
     if problem := text(value):
         return problem
     if any(ch.isspace() or ch in _WORD_ENDS for ch in value):
-        return (
-            f"{shorten(value)} is not one word: IFEval compares the paragraph's first word up to its first "
-            "space or . , ? ! ' \" with it, so no response could pass"
-        )
+        ends = "IFEval compares a paragraph's first word (up to a space or . , ? ! ' \") with it: none could pass"
+        return f"{shorten(value)} is not one word: {ends}"
     return None
 
 
@@ -113,10 +105,9 @@ def _has_nltk_data(path: str) -> bool:
     import nltk
 
     try:
-        nltk.data.find(path)
+        return bool(nltk.data.find(path))
     except LookupError:
         return False
-    return True
 
 
 def _parameters(cls: type) -> list[str]:
@@ -130,10 +121,7 @@ def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
 def instruction_problem(value: Any) -> tuple[str, str] | None:
     """Why ``value`` is not a list of IFEval instructions this process can check, as ``(where, message)``."""
     if not isinstance(value, list) or not value:
-        return "", (
-            'must be a non-empty list of instruction ids, or {"id": ..., "kwargs": {...}} objects, '
-            f"got {type(value).__name__}"
-        )
+        return "", f'must be a non-empty list of instruction ids or {{"id", "kwargs"}} objects, {got(value)}'
     for i, entry in enumerate(value):
         if isinstance(entry, Mapping):
             if not isinstance(entry.get("id"), str) or set(entry) - {"id", "kwargs"}:
@@ -153,27 +141,20 @@ def instruction_problem(value: Any) -> tuple[str, str] | None:
             return f"[{i}]", f"unknown IFEval instruction {shorten(name)}{suggestion(name, known)}"
         if name in NEEDS_NLTK_DATA and not _has_nltk_data(NEEDS_NLTK_DATA[name]):
             data = NEEDS_NLTK_DATA[name].rsplit("/", 1)[-1]
-            return f"[{i}]", (
-                f"{name!r} needs NLTK's {data} data, not installed here (every response would fail "
-                f"it); install it with: python -m nltk.downloader {data}"
-            )
+            install = f"every response would fail it); install it with: python -m nltk.downloader {data}"
+            return f"[{i}]", f"{name!r} needs NLTK's {data} data, not installed here ({install}"
         wanted = _parameters(known[name])
-        missing, extra = [p for p in wanted if kwargs.get(p) is None], sorted(set(kwargs) - set(wanted))
-        if missing or extra:
-            what = (
-                f"give every parameter ({', '.join(wanted)}), or IFEval draws the missing at random"
-                if missing
-                else f"unknown parameter(s) {', '.join(map(shorten, extra))}; it takes {', '.join(wanted) or 'none'}"
-            )
-            return f"[{i}].kwargs", f"{name!r}: {what}"
+        takes = ", ".join(wanted) or "none"
+        if any(kwargs.get(p) is None for p in wanted):
+            return f"[{i}].kwargs", f"{name!r}: give every parameter ({takes}), or IFEval draws the missing at random"
+        if extra := sorted(set(kwargs) - set(wanted)):
+            return f"[{i}].kwargs", f"{name!r}: unknown parameter(s) {', '.join(map(shorten, extra))}; it takes {takes}"
         for arg in wanted:
-            rule = ARGUMENTS.get(arg)
-            if rule is None:  # a parameter of a newer lm-eval: whether it is used as given is unknown
-                return f"[{i}].kwargs.{arg}", (
-                    f"{name!r}: forgetwatch has no rule for this parameter of this lm-eval "
-                    "version, so it cannot tell whether IFEval uses it as given"
-                )
-            if problem := rule(kwargs[arg]):
+            check = ARGUMENTS.get(arg)
+            if check is None:  # a parameter of a newer lm-eval: whether it is used as given is unknown
+                why = "no rule for this parameter of this lm-eval version, so cannot tell if IFEval uses it as given"
+                return f"[{i}].kwargs.{arg}", f"{name!r}: forgetwatch has {why}"
+            if problem := check(kwargs[arg]):
                 return f"[{i}].kwargs.{arg}", problem
         if "nth_paragraph" in kwargs and kwargs["nth_paragraph"] > kwargs["num_paragraphs"]:
             past = f"{kwargs['nth_paragraph']} is past num_paragraphs {kwargs['num_paragraphs']}"

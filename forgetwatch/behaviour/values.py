@@ -7,30 +7,28 @@ from typing import Any
 
 from forgetwatch.common.text import shorten, type_name
 
+Rule = Callable[[Any], "str | None"]
+
 
 def got(value: Any) -> str:
     """The end of a message about a bad value: its type and (shortened) value."""
     return f"got {type_name(value)} {shorten(value)}"
 
 
-def count(least: int, why: str = "") -> Callable[[Any], str | None]:
+def rule(ok: Callable[[Any], Any], expected: str) -> Rule:
+    """A rule passing the values ``ok`` holds for; others get "must be <expected>, got ..."."""
+    return lambda value: None if ok(value) else f"must be {expected}, {got(value)}"
+
+
+def count(least: int, why: str = "") -> Rule:
     """A rule for an integer from ``least`` up (``why`` follows the range in the message)."""
-
-    def check(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            return f"must be an integer >= {least}{why}, {got(value)}"
-        return None
-
-    return check
+    return rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least, f"an integer >= {least}{why}")
 
 
-def text(value: Any) -> str | None:
-    if not isinstance(value, str) or not value.strip():
-        return f"must be a non-empty string, {got(value)}"
-    return None
+text = rule(lambda v: isinstance(v, str) and v.strip(), "a non-empty string")
 
 
-def strings(entry: Callable[[Any], str | None] = text, why: str = "") -> Callable[[Any], str | None]:
+def strings(entry: Rule = text, why: str = "") -> Rule:
     """A rule for a non-empty list of strings, each passing ``entry``."""
 
     def check(value: Any) -> str | None:

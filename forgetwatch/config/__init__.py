@@ -7,7 +7,6 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,7 +161,7 @@ def checked_keywords(init: Callable[..., None]) -> Callable[..., None]:
 def resolved_path(value: Any, folder: Path) -> Any:
     """A path setting with a relative path taken from ``folder`` (for lm-eval tasks, their task folder)."""
     if isinstance(value, LmEvalProbes) and value.include_path is not None:
-        return replace(value, include_path=resolved_path(value.include_path, folder))
+        return value.model_copy(update={"include_path": resolved_path(value.include_path, folder)})
     if value is None or value == ADAPTER_DISABLED or isinstance(value, LmEvalProbes):
         return value
     expanded = Path(os.path.expanduser(value))  # no normpath: ".." past a symlink would point elsewhere

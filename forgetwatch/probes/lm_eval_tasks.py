@@ -10,12 +10,13 @@ import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from forgetwatch.common.problems import InputError, Problem, Problems
 from forgetwatch.common.text import first_line, shorten, suggestion
@@ -23,6 +24,7 @@ from forgetwatch.probes.schema import Probe, is_int
 
 #: Multiple-choice metrics that depend on the choices' log-likelihoods alone.
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
+KINDS = ("multiple_choice", "generate_until")  # the output types forgetwatch scores
 
 
 class LmEvalTaskError(InputError):
@@ -33,8 +35,8 @@ class LmEvalTaskError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class LmEvalJudge:
-    """One document's verdict by its lm-eval task: ``process_results`` on the choices' log-likelihoods, or on
-    generated text after the task's ``filter``; ``metric``'s value is right (1) or wrong (0)."""
+    """One document's verdict by its task's ``process_results`` (on the choices' log-likelihoods, or on the
+    filtered generation): ``metric`` 1 is right."""
 
     task: Any  # lm_eval.api.task.Task
     doc: Mapping[str, Any]
@@ -50,12 +52,8 @@ class LmEvalJudge:
         return f"{self.metric},{self.filter}"  # as lm-eval's results name it
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "lm_eval_task": self.task.task_name,
-            "version": str(self.task.VERSION),
-            "metric": self.metric,
-            "filter": self.filter,
-        }
+        task = self.task
+        return dict(lm_eval_task=task.task_name, version=str(task.VERSION), metric=self.metric, filter=self.filter)
 
     def choose(self, logprobs: Any) -> tuple[bool, int]:
         lls = np.asarray(logprobs, dtype=float)
@@ -96,24 +94,19 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
     try:
         from lm_eval.evaluator_utils import get_sample_size
     except ImportError as err:
-        raise ImportError(
-            "ProbeSet.from_lm_eval needs lm-evaluation-harness: pip install 'forgetwatch[lm-eval]'"
-        ) from err
+        raise ImportError("ProbeSet.from_lm_eval needs lm-eval-harness: pip install 'forgetwatch[lm-eval]'") from err
     if not names:
         raise LmEvalTaskError("no lm-eval task given; name at least one, e.g. ['arc_easy']")
     if o.apply_chat_template and not getattr(o.tokenizer, "chat_template", None):
-        raise LmEvalTaskError(
-            "apply_chat_template=True needs the model's tokenizer, with a chat template: pass tokenizer="
-        )
+        raise LmEvalTaskError("apply_chat_template=True needs the tokenizer, with a chat template: pass tokenizer=")
     loaded = _load_tasks(o.task_manager, names, o.include_path, o.include_defaults)
     groups = _groups_of(loaded.get("group_map", {}))
     chat = None
     if o.apply_chat_template:  # lm-eval's own chat formatting (HFLM.apply_chat_template) on this tokenizer
         from lm_eval.models.huggingface import HFLM
 
-        chat = functools.partial(
-            HFLM.apply_chat_template, SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
-        )
+        lm = SimpleNamespace(tokenizer=o.tokenizer, chat_template_args={})
+        chat = functools.partial(HFLM.apply_chat_template, lm)
 
     scored = {}
     for name, task in loaded["tasks"].items():
@@ -156,8 +149,7 @@ def load_lm_eval_probes(names: list[str], **options: Any) -> list[Probe]:
 
 
 def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_defaults: bool) -> dict[str, Any]:
-    """lm-eval's ``TaskManager.load`` of ``names``, from ``include_path`` alone when it holds them (indexing
-    lm-eval's own tasks takes minutes)."""
+    """lm-eval's ``TaskManager.load`` of ``names``, indexing ``include_path`` alone when it holds them (minutes less)."""
     if task_manager is None:
         from lm_eval.tasks import TaskManager
 
@@ -184,8 +176,7 @@ def _load_tasks(task_manager: Any, names: list[str], include_path: Any, include_
 
 
 def _walk(index: Mapping[str, Any], names: Iterable[str]) -> tuple[list[tuple[str | None, str]], dict[str, tuple]]:
-    """``(group, name)`` for each name ``names`` need that the index lacks, and ``name: (yaml_path, cfg)`` of each
-    task they load; groups that include each other are refused (lm-eval would recurse until Python stops it)."""
+    """The ``(group, name)`` pairs the index lacks, and each task's ``(yaml_path, cfg)``; refuses cyclic groups."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     missing: list[tuple[str | None, str]] = []
@@ -263,8 +254,7 @@ def _cause(err: BaseException) -> str:
 
 
 def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception) -> str:
-    """Why the tasks failed to load (lm-eval does not say which): a local data file of theirs with no documents or a
-    line that is not JSON, else the first task that fails alone."""
+    """Why the tasks failed to load: an empty or non-JSON local data file, else the first task that fails alone."""
     for name, (path, cfg) in tasks.items():
         files = ((cfg or {}).get("dataset_kwargs") or {}).get("data_files")
         for group in files.values() if isinstance(files, Mapping) else [files]:
@@ -293,8 +283,7 @@ def _load_failure(task_manager: Any, tasks: Mapping[str, tuple], err: Exception)
 
 
 def _first_document_problem(path: Any) -> tuple[str, str] | None:
-    """What is wrong with the first document of the task in the YAML file ``path``, or ``None``: lm-eval tries it last
-    as it builds a task, and fails on it with a bare ``IndexError`` or the task code's own error."""
+    """What is wrong with the first document of the task in ``path`` (lm-eval tries it as it builds a task), or None."""
     from lm_eval.api.task import ConfigurableTask
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -341,21 +330,15 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
     per_sample = [m for m in aggregations if aggregations[m] is mean and m in allowed]
     preferred = "acc" if kind == "multiple_choice" else "exact_match"
     metric = metric or (preferred if preferred in per_sample else next(iter(per_sample), None))
-    filters = [ensemble.name for ensemble in task._filters]
+    filters, listed = [ensemble.name for ensemble in task._filters], ", ".join(per_sample)
     refusals = [  # the first that holds is the reason
         (getattr(task, "MULTIMODAL", False), "multimodal tasks are not scored by forgetwatch"),
         (kind == "loglikelihood_rolling", "a perplexity task (loglikelihood_rolling) has no right or wrong answer"),
-        (
-            kind not in ("multiple_choice", "generate_until"),
-            f"output_type {kind!r} is not scored by forgetwatch (multiple_choice and generate_until are)",
-        ),
+        (kind not in KINDS, f"output_type {kind!r} is not scored by forgetwatch ({' and '.join(KINDS)} are)"),
         (repeats > 1, f"repeats={repeats} samples each answer several times; forgetwatch generates once"),
         (gen.get("do_sample"), "it samples (do_sample or temperature > 0); forgetwatch decodes greedily"),
         (metric is None, f"none of its metrics ({', '.join(aggregations)}) is a per-sample mean forgetwatch can use"),
-        (
-            metric not in per_sample,
-            f"metric {metric!r} is not one of its metrics scored per sample ({', '.join(per_sample) or 'none'})",
-        ),
+        (metric not in per_sample, f"metric {metric!r} is none of its per-sample metrics ({listed or 'none'})"),
         (filter_name not in (None, *filters), f"no filter named {filter_name!r}; it has {', '.join(filters)}"),
     ]
     why = next((why for refused, why in refusals if refused), None)
@@ -363,8 +346,7 @@ def _scorable(task: Any, name: str, metric: str | None, filter_name: str | None)
 
 
 def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: bool = False) -> None:
-    """A document lm-eval would fail on, refused naming the document and field: a template or ``!function`` raising
-    on it (``doc_to_text`` too with ``text``), no choices, or a gold index or answer that is none of them."""
+    """Refuses a document lm-eval would fail on (see :func:`_document_problem`), naming the document and field."""
     for source, docs, scored in sets:
         found = Problems(source, unit="document")
         for doc_id, doc in enumerate(docs):
@@ -374,7 +356,7 @@ def _check_documents(task: Any, sets: list[tuple[str, list[Any], bool]], text: b
 
 
 def _document_problem(task: Any, doc: Any, scored: bool, text: bool) -> tuple[str, str] | None:
-    """``(field, why)`` of the first thing wrong with ``doc`` (see :func:`_check_documents`), or ``None``."""
+    """``(field, why)`` of a template raising on ``doc``, no choices, or a gold answer none of them; or ``None``."""
     field = "doc_to_text"
     try:
         if text:
@@ -445,59 +427,48 @@ def _probe(task: Any, name: str, doc_id: int, instances: list[Any], metric: str,
     return Probe(pid, context, int(gold), tuple(choices), name, meta=meta, delimiter=delimiter, judge=judge)
 
 
-@dataclass(frozen=True)
-class LmEvalProbes:
-    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``)."""
+_Count = Field(ge=0, description="a whole number >= 0")
+_Text = Annotated[StrictStr, Field(pattern=r"\S")]
 
-    tasks: tuple[str, ...]
-    num_fewshot: int | None = None
-    limit: int | float | None = None
-    include_path: str | None = None
-    include_defaults: bool = True
-    fewshot_seed: int = 1234
-    system_instruction: str | None = None
-    metric: str | None = None
-    filter: str | None = None
+
+class LmEvalProbes(BaseModel):
+    """lm-eval tasks as a config names them (``probes: {lm_eval: [...], num_fewshot: 5}``); each field's
+    description is what an error says it expects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: tuple[_Text, ...] = Field(
+        alias="lm_eval", min_length=1, description="a task name or a list of them, e.g. [arc_easy, mmlu]"
+    )
+    num_fewshot: Annotated[StrictInt, _Count] | None = Field(None, description=_Count.description)
+    limit: Annotated[StrictInt, Field(ge=1)] | Annotated[StrictFloat, Field(gt=0, lt=1)] | None = Field(
+        None, description="a number of documents per task (>= 1), or a share below 1"
+    )
+    include_path: _Text | None = Field(None, description="a folder of task YAMLs")
+    include_defaults: StrictBool = Field(True, description="true or false")
+    fewshot_seed: Annotated[StrictInt, _Count] = 1234
+    system_instruction: StrictStr | None = Field(None, description="a string")
+    metric: StrictStr | None = Field(None, description="a metric name, e.g. acc_norm")
+    filter: StrictStr | None = Field(None, description="a filter name, e.g. strict-match")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LmEvalProbes:
         """From a config's mapping; a ``ValueError`` names the first key that is wrong."""
-        if (unknown := next((str(k) for k in data if k not in SPEC_KEYS), None)) is not None:
+        keys = ("lm_eval", *(name for name in cls.model_fields if name != "tasks"))
+        if (unknown := next((str(k) for k in data if k not in keys), None)) is not None:
             in_code = "; build chat-template probes in code: ProbeSet.from_lm_eval(..., apply_chat_template=True)"
             raise ValueError(
-                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, SPEC_KEYS)}; use "
-                f"{', '.join(SPEC_KEYS)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
+                f"key 'probes.{unknown}' is not an lm_eval option{suggestion(unknown, keys)}; use "
+                f"{', '.join(keys)}{in_code if unknown in ('apply_chat_template', 'tokenizer') else ''}"
             )
         tasks = data.get("lm_eval")
-        tasks = [tasks] if isinstance(tasks, str) else tasks
-        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
-            raise ValueError("key 'probes.lm_eval': expected a task name or a list of them, e.g. [arc_easy, mmlu]")
-        checks = {
-            "num_fewshot": (lambda v: v is None or _is_count(v), "a whole number >= 0"),
-            "limit": (
-                lambda v: v is None or _is_count(v) and v > 0 or isinstance(v, float) and 0 < v < 1,
-                "a number of documents per task (>= 1), or a share below 1",
-            ),
-            "include_path": (lambda v: v is None or isinstance(v, str) and v.strip(), "a folder of task YAMLs"),
-            "include_defaults": (lambda v: isinstance(v, bool), "true or false"),
-            "fewshot_seed": (_is_count, "a whole number >= 0"),
-            "system_instruction": (lambda v: v is None or isinstance(v, str), "a string"),
-            "metric": (lambda v: v is None or isinstance(v, str), "a metric name, e.g. acc_norm"),
-            "filter": (lambda v: v is None or isinstance(v, str), "a filter name, e.g. strict-match"),
-        }
-        for key, (ok, expected) in checks.items():
-            if key in data and not ok(data[key]):
-                raise ValueError(f"key 'probes.{key}': expected {expected}, got {data[key]!r}")
-        return cls(tuple(tasks), **{k: data[k] for k in checks if k in data})
+        try:
+            return cls.model_validate({**data, "lm_eval": [tasks] if isinstance(tasks, str) else tasks})
+        except ValidationError as err:
+            key = str(err.errors()[0]["loc"][0])
+            expected = cls.model_fields["tasks" if key == "lm_eval" else key].description
+            raise ValueError(f"key 'probes.{key}': expected {expected}, got {data.get(key)!r}") from None
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`forgetwatch.ProbeSet.from_lm_eval` besides the tasks."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tasks"}
-
-
-#: The keys of an ``lm_eval`` probes entry in a config: the task names, then the options.
-SPEC_KEYS = ("lm_eval", *(f.name for f in fields(LmEvalProbes) if f.name != "tasks"))
-
-
-def _is_count(value: Any) -> bool:
-    return is_int(value) and value >= 0
+        return self.model_dump(exclude={"tasks"})

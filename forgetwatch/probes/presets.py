@@ -31,9 +31,7 @@ def _need(row: Mapping[str, Any], column: str, kind: type | None = None) -> Any:
 
 
 def _mmlu(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    subject = _need(row, "subject", str)
-    question = _need(row, "question", str)
-    options = _need(row, "choices", list)
+    subject, question, options = _need(row, "subject", str), _need(row, "question", str), _need(row, "choices", list)
     if len(options) > len(_LETTERS):
         raise RowProblem("choices", f"has {len(options)} choices; at most {len(_LETTERS)} can be lettered")
     letters = list(_LETTERS[: len(options)])
@@ -57,8 +55,7 @@ COT_INSTRUCTION = (
 
 
 def _mmlu_cot(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """The MMLU row as a generative probe: the question, its lettered options, the instruction to reason and end
-    with ``Answer: X``; right when that line names the answer's letter."""
+    """The MMLU row as a generative probe: reason, then end with ``Answer: X`` naming the answer's letter."""
     record = _mmlu(row, index)
     letters = record["choices"]
     answer = record["answer"]
@@ -98,11 +95,8 @@ def _hellaswag_clean(text: str) -> str:
 
 
 def _hellaswag(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    activity = _need(row, "activity_label", str)
-    ctx_a = _need(row, "ctx_a", str)
-    ctx_b = _need(row, "ctx_b", str)
-    endings = _need(row, "endings", list)
-    label = _need(row, "label")
+    activity, ctx_a, ctx_b = (_need(row, column, str) for column in ("activity_label", "ctx_a", "ctx_b"))
+    endings, label = _need(row, "endings", list), _need(row, "label")
     try:
         answer = int(label)
     except (TypeError, ValueError):
@@ -136,11 +130,8 @@ def _ifeval(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     """google/IFEval: a behaviour probe with an ``ifeval`` check (Arrow's padded None kwargs dropped)."""
     names = _need(row, "instruction_id_list", list)
     kwargs = _need(row, "kwargs")
-    if (
-        not isinstance(kwargs, (list, tuple))
-        or len(kwargs) != len(names)
-        or not all(isinstance(k, Mapping) for k in kwargs)
-    ):
+    listed = isinstance(kwargs, (list, tuple)) and len(kwargs) == len(names)
+    if not listed or not all(isinstance(k, Mapping) for k in kwargs):
         raise RowProblem("kwargs", f"must be a list of {len(names)} mappings, one per instruction")
     instructions = [
         {"id": name, "kwargs": {k: v for k, v in given.items() if v is not None}} for name, given in zip(names, kwargs)

@@ -76,9 +76,7 @@ class ProbeSet(Sequence[Probe]):
             >>> probes = ProbeSet.from_hf(load_dataset("cais/mmlu", "all", split="test"), "mmlu")  # doctest: +SKIP
         """
         if isinstance(dataset, Mapping):  # e.g. a DatasetDict: iterating it yields split names
-            raise TypeError(
-                f"from_hf needs rows, got a mapping with keys {list(dataset)[:5]}; pick a split, e.g. dataset['test']"
-            )
+            raise TypeError(f"from_hf needs rows, got a mapping of {list(dataset)[:5]}; pick a split: dataset['test']")
         if preset is not None and columns is not None:
             raise ValueError("give either preset= or columns=, not both")
         if preset is not None and preset not in PRESETS:
@@ -242,9 +240,8 @@ class ProbeSet(Sequence[Probe]):
             >>> ProbeSet.from_records([{"id": "q1", "question": "2+2=", "answer": "4"}]).to_records()
             [{'id': 'q1', 'question': '2+2=', 'category': 'all', 'answer': '4'}]
         """
-        return [
-            (c := p.content()) | {k: copy.deepcopy(v) for k, v in p.meta.items() if k not in c} for p in self._probes
-        ]
+        rows = [p.content() for p in self._probes]
+        return [r | {k: copy.deepcopy(v) for k, v in p.meta.items() if k not in r} for p, r in zip(self, rows)]
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write the probes as a JSONL probe file, atomically, as strict JSON.

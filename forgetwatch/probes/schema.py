@@ -8,7 +8,7 @@ import json
 import logging
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -34,8 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 class ProbeError(InputError):
-    """A probe file or record set is malformed: ``errors`` holds one ``(source, line, field, message)`` per
-    problem, ``unit`` says what ``line`` counts (line, record, dataset row)."""
+    """A malformed probe file or record set: ``errors`` holds each ``(source, line, field, message)``."""
 
     noun = "field"
 
@@ -44,7 +43,7 @@ class ProbeKind(Enum):
     """What a probe asks of the model, and so how it is scored (one entry of the scorer's table).
 
     Example:
-        >>> ProbeKind.of(has_check=False, has_choices=True)
+        >>> ProbeKind.of({"id", "question", "choices", "answer"})
         <ProbeKind.MULTIPLE_CHOICE: 'multiple choice'>
     """
 
@@ -54,12 +53,12 @@ class ProbeKind(Enum):
     TOOL_CALL = "tool call"  # a generated call of one of the tools, compared with the expected call
 
     @classmethod
-    def of(cls, *, has_check: bool, has_choices: bool, has_tools: bool = False) -> ProbeKind:
-        if has_check:  # a check makes a behaviour probe, whatever else it holds
+    def of(cls, fields: Container[str]) -> ProbeKind:
+        if "check" in fields:  # a check makes a behaviour probe, whatever else it holds
             return cls.BEHAVIOUR
-        if has_tools:
+        if "tools" in fields:
             return cls.TOOL_CALL
-        return cls.MULTIPLE_CHOICE if has_choices else cls.GENERATIVE
+        return cls.MULTIPLE_CHOICE if "choices" in fields else cls.GENERATIVE
 
 
 @dataclass(frozen=True)
@@ -94,14 +93,11 @@ class Probe:
 
     @property
     def kind(self) -> ProbeKind:
-        return ProbeKind.of(
-            has_check=self.check is not None, has_choices=self.choices is not None, has_tools=self.tools is not None
-        )
+        return ProbeKind.of({k for k in ("check", "tools", "choices") if getattr(self, k) is not None})
 
     @property
     def category_group(self) -> str:
-        """The group its category is logged in: the one kept in ``meta``, else its innermost lm-eval group,
-        else its category."""
+        """The group its category is logged in: ``meta``'s, else its innermost lm-eval group, else its category."""
         kept = self.meta.get(GROUP_KEY)
         if isinstance(kept, str) and kept:
             return kept
@@ -142,13 +138,8 @@ class Probe:
             row["answer"] = self.answer
         if self.tools is not None:
             row["tools"] = [copy.deepcopy(dict(t)) for t in self.tools]
-        optional = {
-            "arguments_match": self.arguments_match,
-            "group": self.group,
-            "extract": self.extract,
-            "delimiter": self.delimiter,
-            "judge": self.judge and self.judge.describe(),
-        }
+        optional = {k: getattr(self, k) for k in ("arguments_match", "group", "extract", "delimiter")}
+        optional["judge"] = self.judge and self.judge.describe()
         return row | {k: v for k, v in optional.items() if v is not None}
 
 
@@ -163,8 +154,7 @@ _CONTROL_IN_NAME = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def unkeepable(value: str, allow_layout: bool) -> str | None:
-    """Why ``value`` cannot be stored and reloaded as written (a lone surrogate, a control character; tab and line
-    breaks allowed with ``allow_layout``), or ``None``."""
+    """Why ``value`` cannot be kept as written (a lone surrogate, a control character but layout's), or ``None``."""
     if (found := (_CONTROL_IN_TEXT if allow_layout else _CONTROL_IN_NAME).search(value)) is None:
         return lone_surrogate(value)
     where = "" if allow_layout else " (no tabs or line breaks either)"
@@ -186,9 +176,7 @@ def _text_problem(value: Any, need: str, allow_layout: bool = False) -> str | No
 def messages_problems(value: Any) -> list[FieldProblem]:
     """What is wrong with a conversation: a non-empty list of ``{"role", "content"}`` turns ending with the user's."""
     if not isinstance(value, (list, tuple)) or not value:
-        return [
-            ("messages", f'must be a non-empty list of turns {{"role": ..., "content": ...}}, got {type_name(value)}')
-        ]
+        return [("messages", f'must be a non-empty list of {{"role", "content"}} turns, got {type_name(value)}')]
     problems: list[FieldProblem] = []
     for i, turn in enumerate(value):
         where = f"messages[{i}]"
@@ -202,9 +190,7 @@ def messages_problems(value: Any) -> list[FieldProblem]:
         if message := _text_problem(turn.get("content"), "give the turn's text", allow_layout=True):
             problems.append((f"{where}.content", message))
     if isinstance(value[-1], Mapping) and value[-1].get("role") != "user":
-        problems.append(
-            (f"messages[{len(value) - 1}].role", "the last turn must be the user's: the model replies to it")
-        )
+        problems.append((f"messages[{len(value) - 1}].role", "the last turn must be the user's: the model answers it"))
     return problems
 
 
@@ -226,9 +212,7 @@ def _choice_problems(value: Any) -> list[str]:
         elif message := unkeepable(choice, allow_layout=True):
             problems.append(f"choice at index {i} {message}")
         elif choice in value[:i]:  # ties go to the lowest index, so the later copy could never be chosen
-            problems.append(
-                f"choice at index {i} repeats choice {value.index(choice)} ({shorten(choice)}); make every choice different"
-            )
+            problems.append(f"choice at index {i} repeats choice {value.index(choice)} ({shorten(choice)}); reword one")
     return problems
 
 
@@ -253,16 +237,11 @@ def _check_mc_answer(row: Mapping[str, Any], choices: Sequence[Any] | None) -> s
 def _never_extracted(answer: str, mode: Any) -> str | None:
     """Why no output could ever match ``answer`` under this extract mode, or ``None``."""
     if mode == "number" and normalize_number(answer) is None:
-        return (
-            f"{shorten(answer)} is not a number (of at most {MAX_NUMBER_DIGITS} digits written out), but "
-            "extract is 'number' (the last number of the output is compared with it); write the number, "
-            "or use another extract mode"
-        )
+        why = "but extract is 'number' (the output's last number is compared with it); write it, or use another mode"
+        return f"{shorten(answer)} is not a number of at most {MAX_NUMBER_DIGITS} digits written out, {why}"
     if mode == "letter" and not re.fullmatch(r"\(?[A-Za-z]\)?", answer.strip()):
-        return (
-            f"{shorten(answer)} is not a single letter, but extract is 'letter' (a choice letter such as "
-            "'B' is compared with it); write the letter, or use another extract mode"
-        )
+        why = "but extract is 'letter' (a choice letter such as 'B' is compared with it); write it, or use another mode"
+        return f"{shorten(answer)} is not a single letter, {why}"
     return None
 
 
@@ -304,7 +283,7 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     # None counts as absent for optional fields: Arrow-backed datasets pad missing keys with None.
     optional = ("choices", "category", "extract", "check", "group", "messages", "tools", "arguments_match")
     present = {k: v for k, v in row.items() if not (k in optional and v is None)}
-    kind = ProbeKind.of(has_check="check" in present, has_choices="choices" in present, has_tools="tools" in present)
+    kind = ProbeKind.of(present)
     texts = {"id": "give every probe a unique string id"}
     if "messages" not in present:
         texts["question"] = "give the full prompt text (or, for a conversation, 'messages')"
@@ -355,25 +334,19 @@ def parse_row(row: Mapping[str, Any]) -> Probe | list[FieldProblem]:
     if problems:
         return problems
 
+    simple = ("id", "category", "extract", "group", "check", "arguments_match")
+    given = {k: copy.deepcopy(present[k]) for k in simple if k in present}
     messages = tuple(dict(m) for m in present["messages"]) if "messages" in present else None
-    tools = tuple(copy.deepcopy(dict(t)) for t in present["tools"]) if "tools" in present else None
     answer = present.get("answer")
     if kind is ProbeKind.TOOL_CALL:
         answer = {"name": answer["name"], "arguments": copy.deepcopy(dict(answer.get("arguments", {})))}
-    elif kind is ProbeKind.MULTIPLE_CHOICE:
-        answer = int(answer)
     return Probe(
-        id=present["id"],
+        **given,
         question=messages[-1]["content"] if messages else present["question"],
         messages=messages,
-        answer=answer,
-        tools=tools,
-        arguments_match=present.get("arguments_match"),
+        answer=int(answer) if kind is ProbeKind.MULTIPLE_CHOICE else answer,
+        tools=tuple(copy.deepcopy(dict(t)) for t in present["tools"]) if "tools" in present else None,
         choices=tuple(present["choices"]) if kind is ProbeKind.MULTIPLE_CHOICE else None,
-        category=present.get("category", "all"),
-        extract=present.get("extract"),
-        group=present.get("group"),
-        check=copy.deepcopy(present["check"]) if "check" in present else None,
         meta={k: v for k, v in present.items() if k not in PROBE_FIELDS},
     )
 
@@ -394,17 +367,12 @@ class RowCollector(Rows[Probe]):
                 message = f"group {shorten(group)} has this probe alone; a group is one question in two or more "
                 self.problem(self._first_seen[probes[0].id], "group", message + "wordings: add one, or drop 'group'")
             elif other := next((p for p in probes if p.category != probes[0].category), None):
-                message = (
-                    f"group {shorten(group)} is in category {shorten(probes[0].category)} (probe "
-                    f"{shorten(probes[0].id)}) and here in {shorten(other.category)}; a question's wordings share one"
-                )
-                self.problem(self._first_seen[other.id], "group", message)
+                first = f"in category {shorten(probes[0].category)} (probe {shorten(probes[0].id)})"
+                message = f"and here in {shorten(other.category)}; a question's wordings share one category"
+                self.problem(self._first_seen[other.id], "group", f"group {shorten(group)} is {first} {message}")
         probes = super().finish()
         long = [len(p.question) for p in probes if len(p.question) > LONG_QUESTION]
         if long:  # one warning for them all
-            logger.warning(
-                f"{self.source}: {len(long)} question(s) are longer than {LONG_QUESTION} characters (the longest "
-                f"{max(long)}): more than a model sees; each is cut from the left to what the model can see before it "
-                "is tokenized"
-            )
+            why = f"(the longest {max(long)}), more than a model sees: each is cut from the left to what it can see"
+            logger.warning(f"{self.source}: {len(long)} question(s) are longer than {LONG_QUESTION} characters {why}")
         return probes

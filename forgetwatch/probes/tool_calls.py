@@ -34,9 +34,7 @@ def tools_problems(tools: Any) -> list[tuple[str, str]]:
     problems = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
-            problems.append(
-                (f"tools[{i}]", f"a tool schema must be a JSON object, got {type_name(tool)} {shorten(tool)}")
-            )
+            problems.append((f"tools[{i}]", f"must be a JSON object, got {type_name(tool)} {shorten(tool)}"))
         elif not isinstance(tool_name(tool), str) or not tool_name(tool):
             problems.append((f"tools[{i}]", 'has no name: give {"type": "function", "function": {"name": ...}}'))
     return problems
