@@ -119,8 +119,7 @@ class TrainKL:
         max_seconds: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.max_rows, self.top_k = max_rows, top_k
-        self.max_seconds, self.clock = max_seconds, clock
+        self.max_rows, self.top_k, self.max_seconds, self.clock = max_rows, top_k, max_seconds, clock
         self.base: BaseDistribution | None = None
         self.tokens: list[list[int]] = []
         self.starts: list[int] = []
