@@ -118,8 +118,7 @@ def from_flat_keys(
     parts: dict[str, Any] = {}
     for name, group in [("", ForgetWatchConfig), *GROUPS.items()]:
         try:
-            given = {key: value for key, value in data.items() if key in group.model_fields and key not in GROUPS}
-            parts[name] = group(**given)
+            parts[name] = group(**{k: v for k, v in data.items() if k in group.model_fields and k not in GROUPS})
         except ConfigError as err:
             found += [p._replace(source=source, line=lines.get(p.key)) for p in err.errors]
     if found:

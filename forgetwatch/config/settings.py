@@ -36,8 +36,8 @@ class ConfigError(InputError):
     """Invalid settings: one line per problem (``train.yaml: line 3: key 'eval_step': ...``); ``errors`` holds them."""
 
 
-def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None = None) -> list[Problem]:
-    """A pydantic error as one problem per key, with the key's line (a union's branches each say why: joined)."""
+def problems(err: ValidationError, source: str) -> list[Problem]:
+    """A pydantic error as one problem per key (a union's branches each say why: joined); the caller adds lines."""
     found: dict[str | None, tuple[list[str], Any]] = {}
     for e in err.errors(include_url=False):
         key = str(e["loc"][0]) if e["loc"] else None
@@ -46,7 +46,7 @@ def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None 
         inner = f"item {', '.join(inside)}: " if inside else ""
         found.setdefault(key, ([], e["input"]))[0].append(inner + message)
     return [
-        Problem(source, (lines or {}).get(key), key, f"{' or '.join(dict.fromkeys(said))}; given {describe(given)}")
+        Problem(source, None, key, f"{' or '.join(dict.fromkeys(said))}; given {describe(given)}")
         for key, (said, given) in found.items()
     ]
 

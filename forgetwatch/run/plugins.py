@@ -22,12 +22,10 @@ from forgetwatch.store.write import RunStore
 
 @runtime_checkable
 class Kept(Protocol):
-    """A plug-in whose figures and state the watch keeps: ``name`` keys them (in each history record and in
-    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside with the
-    watch's own by a fresh run)."""
+    """A plug-in whose figures and state the watch keeps (:meth:`~forgetwatch.Watch.keep`)."""
 
-    name: str
-    files: tuple[str, ...]
+    name: str  # keys them, in each history record and in Watch.state_dict()
+    files: tuple[str, ...]  # what it keeps in the run's folder (set aside with the watch's own by a fresh run)
 
     def metrics(self) -> dict[str, float]:
         """Its figures since the last evaluation, logged beside the evaluation's (``replay/loss``, ...)."""
