@@ -71,8 +71,7 @@ def _seconds(value: Any) -> float | None:
 
 
 def failure(err: Exception) -> tuple[str, Exception | None]:
-    """What a warning says of a failure to score, and the traceback it shows: none for the model's own fault (NaN
-    outputs, said in full), the whole one for any other (a bug of ours or of a user's callable: worth a report)."""
+    """A scoring failure's warning and traceback: none for NaN outputs (the model's fault), else the whole one."""
     if isinstance(err, NonFiniteScoresError):
         return str(err), None
     return f"scoring failed ({type(err).__name__}: {err})", err
@@ -638,8 +637,7 @@ class Watch:
     def _base(
         self, model: torch.nn.Module, step: int, kept: Mapping[str, Any], aside: Path | None
     ) -> tuple[Answers, float | None]:
-        """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all. On
-        resume the run directory's snapshot must have the ``kept`` keys; a cached one, this model's."""
+        """The base answers (on resume the snapshot with the ``kept`` keys), and the seconds scoring took (or None)."""
         given, resumed = self._base_given, step > 0
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
@@ -681,8 +679,7 @@ class Watch:
         return answers, cost
 
     def _restore_history(self, step: int, loaded: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-        """The history up to ``step`` (the file cut there, by rank 0 for all), and the stop rule's streaks: kept in
-        the state, else counted again over the history."""
+        """The history cut at ``step`` (by rank 0, for all), and the stop rule's streaks, kept or counted again."""
         base = self.base_answers
         records = self._ranks.share_from_rank_zero(
             lambda: self._store.resume_history(step, probes=len(base), fingerprint=base.probe_fingerprint)

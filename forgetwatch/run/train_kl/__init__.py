@@ -174,8 +174,7 @@ class TrainKL:
         self.source = given.source
 
     def _affordable(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> int:
-        """How many rows the base can be measured on within ``max_seconds``, timed on a seeded eighth (at most
-        :data:`MIN_ROWS`: the scorer's batches of long rows would cost more than the limit on a CPU)."""
+        """How many rows fit in ``max_seconds``, timed on a seeded eighth (at most MIN_ROWS: long rows cost much)."""
         rows = len(given.rows)
         if self.max_seconds is None or rows <= MIN_ROWS:
             return rows
