@@ -24,7 +24,7 @@ from forgetwatch.config.settings import (
     Scoring,
     Settings,
     Share,
-    _path_problem,
+    checked_path,
     unknown_keyword,
 )
 from forgetwatch.config.yaml_files import read_settings
@@ -46,9 +46,7 @@ def _probes(value: Any) -> str | LmEvalProbes | None:
     value = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(value, str):
         raise ValueError("expected a probe file path, or lm-eval tasks as {lm_eval: [...], ...}")
-    if message := _path_problem(value):
-        raise ValueError(message)
-    return value
+    return checked_path(value)
 
 
 class ForgetWatchConfig(Settings):
@@ -95,17 +93,11 @@ class ForgetWatchConfig(Settings):
 
     def check_categories(self, categories: Sequence[str]) -> None:
         """Refuse per-category thresholds and groups for categories the probes lack (a typo would switch them off)."""
-        problems = []
-        for key, named in (
-            ("category_max_forgetting", self.monitor.category_max_forgetting),
-            ("category_map", self.output.category_map),
-        ):
-            if unknown := sorted(set(named) - set(categories)):
-                message = (
-                    f"names categories the probes do not have: {', '.join(map(repr, unknown))}; "
-                    f"they have {', '.join(map(repr, categories))}"
-                )
-                problems.append(Problem("ForgetWatchCallback", None, key, message))
+        have, problems = ", ".join(map(repr, categories)), []
+        for key, group in (("category_max_forgetting", self.monitor), ("category_map", self.output)):
+            if unknown := sorted(set(getattr(group, key)) - set(categories)):
+                said = f"names categories the probes do not have: {', '.join(map(repr, unknown))}; they have {have}"
+                problems.append(Problem("ForgetWatchCallback", None, key, said))
         if problems:
             raise ConfigError(problems)
 
@@ -125,8 +117,7 @@ def from_flat_keys(
     parts: dict[str, Any] = {}
     for name, group in [("", ForgetWatchConfig), *GROUPS.items()]:
         try:
-            given = {key: value for key, value in data.items() if key in group.model_fields and key not in GROUPS}
-            parts[name] = group(**given)
+            parts[name] = group(**{k: v for k, v in data.items() if k in group.model_fields and k not in GROUPS})
         except ConfigError as err:
             found += [p._replace(source=source, line=lines.get(p.key)) for p in err.errors]
     if found:

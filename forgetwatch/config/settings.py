@@ -36,8 +36,8 @@ class ConfigError(InputError):
     """Invalid settings: one line per problem (``train.yaml: line 3: key 'eval_step': ...``); ``errors`` holds them."""
 
 
-def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None = None) -> list[Problem]:
-    """A pydantic error as one problem per key, with the key's line (a union's branches each say why: joined)."""
+def problems(err: ValidationError, source: str) -> list[Problem]:
+    """A pydantic error as one problem per key (a union's branches each say why: joined); the caller adds lines."""
     found: dict[str | None, tuple[list[str], Any]] = {}
     for e in err.errors(include_url=False):
         key = str(e["loc"][0]) if e["loc"] else None
@@ -46,7 +46,7 @@ def problems(err: ValidationError, source: str, lines: Mapping[str, int] | None 
         inner = f"item {', '.join(inside)}: " if inside else ""
         found.setdefault(key, ([], e["input"]))[0].append(inner + message)
     return [
-        Problem(source, (lines or {}).get(key), key, f"{' or '.join(dict.fromkeys(said))}; given {describe(given)}")
+        Problem(source, None, key, f"{' or '.join(dict.fromkeys(said))}; given {describe(given)}")
         for key, (said, given) in found.items()
     ]
 
@@ -84,33 +84,29 @@ class Settings(BaseModel):
             raise ConfigError(problems(err, type(self).__name__)) from None
 
 
-def _checked(rule: Any) -> AfterValidator:
-    """A check as a validator: ``rule(value)`` returns why the value cannot work, or None."""
-
-    def check(value: Any) -> Any:
-        if message := rule(value):
-            raise ValueError(message)
-        return value
-
-    return AfterValidator(check)
-
-
-def _path_problem(value: str) -> str | None:
+def checked_path(value: str) -> str:
+    """``value`` as a path setting, or a ``ValueError`` saying why no file system takes it."""
     if not value.strip():
-        return "a path cannot be empty; give the path, or remove the key"
+        raise ValueError("a path cannot be empty; give the path, or remove the key")
     if "\0" in value:  # no file system takes one: open() and mkdir() raise, late
-        return f"a path has no NUL character; this one has one at character {value.index(chr(0))}"
-    return None
+        raise ValueError(f"a path has no NUL character; this one has one at character {value.index(chr(0))}")
+    return value
+
+
+def _category(value: str) -> str:
+    if message := check_category(value):  # the probes' own rule for a category's name
+        raise ValueError(message)
+    return value
 
 
 #: A file system path: a non-empty string (or an os.PathLike).
 FilePath = Annotated[
-    str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v), _checked(_path_problem)
+    str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v), AfterValidator(checked_path)
 ]
 Count = Annotated[int, Field(ge=1, le=MAX_INT)]  # a whole number (not a bool) of at least 1
 Tokens = Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)]  # of a response
 Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a rate, 0 to 1: a fraction, not a percentage
-Category = Annotated[str, _checked(check_category)]  # the probes' own rule for a category's name
+Category = Annotated[str, AfterValidator(_category)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]  # valid Unicode: a strict str's rule
 
 
@@ -132,13 +128,13 @@ class FrozenDict(dict):  # type: ignore[type-arg]
 Frozen = AfterValidator(FrozenDict)
 
 
-def _temperature(value: float) -> str | None:
+def _temperature(value: float) -> float:
     if 0 < value < MIN_TEMPERATURE:
-        return (
+        raise ValueError(
             f"a temperature is 0 or at least {MIN_TEMPERATURE:g}: sampling this cold is greedy decoding, and divides "
             "the logits past what floats hold; write 0 for greedy answers, or a temperature such as 0.6"
         )
-    return None
+    return value
 
 
 def _batch_size(value: Any) -> int | str:
@@ -173,7 +169,7 @@ class Scoring(Settings):
     """Compute a prompt prefix many probes share once per evaluation, read from the KV cache: same answers, faster."""
     precision: Literal["weights", "autocast"] = "weights"
     """"weights" (their dtype, autocast off: answers equal lm-eval's) or "autocast" (faster; rounding flips answers)."""
-    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False), _checked(_temperature)] = 0.0
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_temperature)] = 0.0
     """Generation's temperature: 0 decodes greedily; 0.01 or more samples, each answer with its own seed."""
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     """Sampling draws from the smallest set of tokens whose probability reaches this (0 < x <= 1)."""

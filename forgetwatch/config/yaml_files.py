@@ -69,8 +69,7 @@ def _loaded(text: str, source: str) -> tuple[Any, list[int]]:
 
 
 def _refuse_what_no_setting_needs(events: Iterable[Event], source: str) -> list[int]:
-    """Refuse, before anything is built, what would explode (aliases), run deep, or hold more than a setting can;
-    return each top-level key's line."""
+    """Each top-level key's line; refuses first what would explode (aliases), run deep, or not fit a setting."""
     depth, key, at_key = 0, None, True  # key: the top-level key above each node; at_key: the next one is a key
     lines = []
     for event in events:

@@ -22,12 +22,10 @@ from forgetwatch.store.write import RunStore
 
 @runtime_checkable
 class Kept(Protocol):
-    """A plug-in whose figures and state the watch keeps: ``name`` keys them (in each history record and in
-    :meth:`~forgetwatch.Watch.state_dict`), ``files`` are those it keeps in the run's folder (set aside with the
-    watch's own by a fresh run)."""
+    """A plug-in whose figures and state the watch keeps (:meth:`~forgetwatch.Watch.keep`)."""
 
-    name: str
-    files: tuple[str, ...]
+    name: str  # keys them, in each history record and in Watch.state_dict()
+    files: tuple[str, ...]  # what it keeps in the run's folder (set aside with the watch's own by a fresh run)
 
     def metrics(self) -> dict[str, float]:
         """Its figures since the last evaluation, logged beside the evaluation's (``replay/loss``, ...)."""
@@ -38,33 +36,19 @@ class Kept(Protocol):
 
 @dataclass(frozen=True)
 class RunView:
-    """A started run as a plug-in sees it, read-only (:attr:`~forgetwatch.Watch.view`).
+    """A started run as a plug-in sees it, read-only (:attr:`~forgetwatch.Watch.view`)."""
 
-    Attributes:
-        ranks: the run's processes (rank 0 writes the files).
-        scorer: the run's :class:`~forgetwatch.Scorer` of its probes (its tokenizer, batches and ``settings``).
-        store: the run's files, in its directory (``None``: nothing is kept); a resumed run reads back its own there.
-        base_answers: the base model's answers.
-        step: the step training began (or resumed) at.
-        records: the history up to ``step``, as its records.
-        last_report: the last evaluation's report up to ``step`` (``None``: none yet).
-        base: ``"adapter_disabled"``, a ``base=`` file, or ``None``: what the base is.
-        states: each kept plug-in's state given to :meth:`~forgetwatch.Watch.load_state_dict`, by name.
-        sharded: whether the model is sharded over the ranks (ZeRO-3, FSDP).
-        tell: hands a plug-in's :class:`~forgetwatch.results.events.Ending` to the run's loggers and console.
-    """
-
-    ranks: Ranks
-    scorer: Any
-    store: RunStore | None = None
+    ranks: Ranks  # the run's processes (rank 0 writes the files)
+    scorer: Any  # the run's Scorer of its probes (its tokenizer, batches and settings)
+    store: RunStore | None = None  # the run's files (None: nothing kept); a resumed run reads back its own there
     base_answers: Any = None
-    step: int = 0
-    records: Sequence[Mapping[str, Any]] = ()
-    last_report: TransitionReport | None = None
-    base: Any = None
-    states: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    sharded: bool = False
-    tell: Callable[[Ending], None] = lambda ending: None
+    step: int = 0  # the step training began (or resumed) at
+    records: Sequence[Mapping[str, Any]] = ()  # the history up to step, as its records
+    last_report: TransitionReport | None = None  # the last evaluation's report up to step
+    base: Any = None  # "adapter_disabled", a base= file, or None: what the base is
+    states: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # load_state_dict's, by plug-in name
+    sharded: bool = False  # whether the model is sharded over the ranks (ZeRO-3, FSDP)
+    tell: Callable[[Ending], None] = lambda ending: None  # a plug-in's Ending to the run's loggers and console
     _made_by: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     @property

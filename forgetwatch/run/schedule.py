@@ -9,8 +9,6 @@ from collections.abc import Callable
 
 from forgetwatch.common.text import pct
 
-Agree = Callable[[list[int]], list[int]]
-
 
 class EverySteps:
     """Evaluate every ``n`` optimizer steps, and say what that costs (:meth:`pace`)."""
@@ -67,7 +65,7 @@ class Budget:
         max_overhead: float = 0.05,
         clock: Callable[[], float] = time.perf_counter,
         reserve: int = 0,
-        agree: Agree = list,
+        agree: Callable[[list[int]], list[int]] = list,
     ):
         self.max_overhead, self.reserve, self.clock, self.agree = max_overhead, reserve, clock, agree
         self._zero: float | None = None  # the clock's reading, less the monitoring time, when training began

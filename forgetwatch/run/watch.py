@@ -50,10 +50,6 @@ __all__ = ["Watch"]
 
 logger = logging.getLogger("forgetwatch")
 
-#: what :meth:`Watch.state_dict` writes and :meth:`Watch.load_state_dict` reads back
-STATE_FORMAT = "forgetwatch.watch"
-STATE_VERSION = 3
-
 
 class _State(BaseModel):
     """:meth:`Watch.state_dict`'s shape, checked on load."""
@@ -75,8 +71,7 @@ def _seconds(value: Any) -> float | None:
 
 
 def failure(err: Exception) -> tuple[str, Exception | None]:
-    """What a warning says of a failure to score, and the traceback it shows: none for the model's own fault (NaN
-    outputs, said in full), the whole one for any other (a bug of ours or of a user's callable: worth a report)."""
+    """A scoring failure's warning and traceback: none for NaN outputs (the model's fault), else the whole one."""
     if isinstance(err, NonFiniteScoresError):
         return str(err), None
     return f"scoring failed ({type(err).__name__}: {err})", err
@@ -272,17 +267,13 @@ class Watch:
             )
         if step > 0 and not loaded and self._writes:
             logger.warning(
-                "forgetwatch: resuming at step %d without a forgetwatch state (a checkpoint saved without it, or no "
-                "load_state_dict()): going on from the history in %s, cut at step %d",
-                step,
-                self._store.dir,
-                step,
+                f"forgetwatch: resuming at step {step} without a forgetwatch state (a checkpoint saved without it, or "
+                f"no load_state_dict()): going on from the history in {self._store.dir}, cut at step {step}"
             )
         return loaded, step
 
     def _prepare(self, model: torch.nn.Module, tokenizer: Any, output_dir: str | os.PathLike[str] | None) -> None:
-        """The settings checked again, the probes' scorer for this model (a probe it cannot score fails here), and the
-        run's folder (not yet taken)."""
+        """The settings checked again, the scorer for this model (a probe it cannot score fails here), the store."""
         self._ranks = Ranks.all()
         # rank 0 writes, and reads what a resume needs for all ranks (so nodes need not share storage)
         self._writes = self._ranks.index == 0
@@ -347,12 +338,10 @@ class Watch:
         if self._max_steps and (projected is not None or self.history):  # once: would only the final one run?
             if self._writes and not self.history and projected > self._max_steps:
                 logger.warning(
-                    "forgetwatch: this run (%d steps) is too short for max_overhead=%s to allow an "
-                    "evaluation before the end (the first would come at about step %d), so only the "
-                    "final evaluation will run; pass eval_steps=N to evaluate every N steps regardless",
-                    self._max_steps,
-                    self.config.monitor.max_overhead,
-                    projected,
+                    f"forgetwatch: this run ({self._max_steps} steps) is too short for max_overhead="
+                    f"{self.config.monitor.max_overhead} to allow an evaluation before the end (the first would come "
+                    f"at about step {projected}), so only the final evaluation will run; pass eval_steps=N to "
+                    "evaluate every N steps regardless"
                 )
             self._max_steps = None
         return False
@@ -384,9 +373,7 @@ class Watch:
             report = with_trajectory_metrics(self.compare(answers), trajectory)
         except Exception as err:  # noqa: BLE001 - monitoring never stops training: said loudly, skipped
             self._skipped = step
-            spent = self._clock() - began
-            self._schedule.evaluated(step, spent)
-            self.monitoring_seconds += spent
+            self._spent(step, began)
             if self._writes:
                 what, trace = failure(err)
                 logger.warning(
@@ -427,12 +414,14 @@ class Watch:
         )
         self._sinks.on_evaluation(evaluation)
         self._last = evaluation
-        # all of it is monitoring cost: scoring, files and logs (the user's hook and sinks are not)
+        self._spent(step, began)  # all of it is monitoring cost: scoring, files, logs (not the user's sinks)
+        self._user_sinks.on_evaluation(self._theirs(evaluation))
+        return evaluation
+
+    def _spent(self, step: int, began: float) -> None:
         spent = self._clock() - began
         self._schedule.evaluated(step, spent)
         self.monitoring_seconds += spent
-        self._user_sinks.on_evaluation(self._theirs(evaluation))
-        return evaluation
 
     def _logged_report(self, answers: Answers, report: TransitionReport, trajectory: Trajectory) -> TransitionReport:
         """``report`` as logged: by category group where the run has groups, the logged categories only."""
@@ -451,14 +440,12 @@ class Watch:
                 f"Watch.evaluate(step={step!r}): a step is a whole number (int), the optimizer steps the "
                 f"weights have had; got {type(step).__name__}"
             )
-        step, last = int(step), self.history[-1][0] if self.history else None
-        if step < self._began_at or (last is not None and step < last):
-            since = f"this run began at step {self._began_at}"
-            if last is not None and last >= self._began_at:
-                since = f"the last evaluation was at step {last}"
+        step, last = int(step), self.history[-1][0] if self.history else -1
+        if step < max(self._began_at, last):
+            since = ("the last evaluation was", last) if last >= self._began_at else ("this run began", self._began_at)
             raise ValueError(
-                f"Watch.evaluate(step={step}): steps do not go backwards, and {since}; pass the optimizer "
-                "steps the weights have had (a trainer's global step)"
+                f"Watch.evaluate(step={step}): steps do not go backwards, and {since[0]} at step {since[1]}; pass the "
+                "optimizer steps the weights have had (a trainer's global step)"
             )
         return step
 
@@ -537,8 +524,8 @@ class Watch:
         streaks, the base snapshot's keys and each kept plug-in's state; the run's files stay in ``output_dir``."""
         meta = self.base_answers.meta if self.base_answers is not None else {}
         return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
+            "format": "forgetwatch.watch",
+            "version": 3,
             "step": self._step,
             "evaluations": len(self.history),
             "schedule": self._schedule.state_dict(),
@@ -650,8 +637,7 @@ class Watch:
     def _base(
         self, model: torch.nn.Module, step: int, kept: Mapping[str, Any], aside: Path | None
     ) -> tuple[Answers, float | None]:
-        """The base answers, and the seconds scoring them took (``None``: loaded); rank 0 finds them for all. On
-        resume the run directory's snapshot must have the ``kept`` keys; a cached one, this model's."""
+        """The base answers (on resume the snapshot with the ``kept`` keys), and the seconds scoring took (or None)."""
         given, resumed = self._base_given, step > 0
         keys = {"model_key": model_key(model)}
         if given is None and not resumed:  # a cached snapshot must be of these very weights
@@ -693,21 +679,16 @@ class Watch:
         return answers, cost
 
     def _restore_history(self, step: int, loaded: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-        """The history up to ``step`` (the file cut there, by rank 0 for all), and the stop rule's streaks: kept in
-        the state, else counted again over the history."""
+        """The history cut at ``step`` (by rank 0, for all), and the stop rule's streaks, kept or counted again."""
         base = self.base_answers
         records = self._ranks.share_from_rank_zero(
             lambda: self._store.resume_history(step, probes=len(base), fingerprint=base.probe_fingerprint)
         )
         if loaded and len(records) < loaded.get("evaluations", 0) and self._writes:
             logger.warning(
-                "forgetwatch: resuming at step %d, but %s holds %d of the run's %d evaluations up to it (deleted or "
-                "damaged?): the trajectory and the report lack the others; the base snapshot is intact, so the "
-                "figures stay right",
-                step,
-                self._store.history_path,
-                len(records),
-                loaded["evaluations"],
+                f"forgetwatch: resuming at step {step}, but {self._store.history_path} holds {len(records)} of the "
+                f"run's {loaded['evaluations']} evaluations up to it (deleted or damaged?): the trajectory and the "
+                "report lack the others; the base snapshot is intact, so the figures stay right"
             )
         run = Run(self._store.dir, base, records)  # each record's report, made once
         self.history, self.trajectory = run.history, run.trajectory

@@ -119,8 +119,7 @@ class TrainKL:
         max_seconds: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.max_rows, self.top_k = max_rows, top_k
-        self.max_seconds, self.clock = max_seconds, clock
+        self.max_rows, self.top_k, self.max_seconds, self.clock = max_rows, top_k, max_seconds, clock
         self.base: BaseDistribution | None = None
         self.tokens: list[list[int]] = []
         self.starts: list[int] = []
@@ -156,12 +155,9 @@ class TrainKL:
             n = run.ranks.from_rank_zero([n])[0]  # rank 0's clock decides for all
             if n < len(given.rows) and run.writes:
                 logger.info(
-                    "forgetwatch: %s is measured on %d of %d training rows (a seeded sample): the base's distribution "
-                    "on all would take longer than its %.1f s (a quarter of what scoring the probes took)",
-                    _NAME,
-                    n,
-                    len(given.rows),
-                    self.max_seconds,
+                    f"forgetwatch: {_NAME} is measured on {n} of {len(given.rows)} training rows (a seeded sample): "
+                    f"the base's distribution on all would take longer than its {self.max_seconds:.1f} s (a quarter "
+                    "of what scoring the probes took)"
                 )
             rows = as_train_rows(given, n)
             measured, why = _everywhere(run, lambda: self._measured(model, run, rows, self._key(model, run, given)))
@@ -178,8 +174,7 @@ class TrainKL:
         self.source = given.source
 
     def _affordable(self, model: torch.nn.Module, run: RunView, given: TrainRows) -> int:
-        """How many rows the base can be measured on within ``max_seconds``, timed on a seeded eighth (at most
-        :data:`MIN_ROWS`: the scorer's batches of long rows would cost more than the limit on a CPU)."""
+        """How many rows fit in ``max_seconds``, timed on a seeded eighth (at most MIN_ROWS: long rows cost much)."""
         rows = len(given.rows)
         if self.max_seconds is None or rows <= MIN_ROWS:
             return rows
@@ -276,12 +271,11 @@ class TrainKL:
         why = "; ".join(found["rejected"])
         if found["kept"] is None:
             if run.writes:
+                why = why or f"none in {', '.join(str(p.parent) for p in paths)}"
                 logger.warning(
-                    "forgetwatch: %s is off for this resumed run: it needs the base model's distribution on the "
-                    "training rows, kept when the run began, and no copy can serve (%s); it is never measured "
-                    "again from the moved weights",
-                    _NAME,
-                    why or f"none in {', '.join(str(p.parent) for p in paths)}",
+                    f"forgetwatch: {_NAME} is off for this resumed run: it needs the base model's distribution on the "
+                    f"training rows, kept when the run began, and no copy can serve ({why}); it is never measured "
+                    "again from the moved weights"
                 )
             return
         if why and run.writes:

@@ -118,8 +118,7 @@ def _sequence_reader(
             if example.get("assistant_masks") is not None:
                 masks.append(_ints(example["assistant_masks"]))
             targets = [all(bits) for bits in zip(*masks, strict=False)] if masks else [True] * len(ids)
-        end = min(len(ids), len(targets))
-        end = min(end, _first_sequence_end(example, end))
+        end = min(len(ids), len(targets), _first_sequence_end(example, len(ids)))
         begin = 0
         if example.get(attention_key) is not None:  # padding stored in the row: drop it at either end
             attended = [i for i, bit in enumerate(_ints(example[attention_key])[:end]) if bit]
