@@ -18,8 +18,7 @@ from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
 from forgetwatch.cli.merge import parse_alphas
 from forgetwatch.common.files import atomic_write, check_replaceable_folder, strict_dumps
-from forgetwatch.common.problems import InputError
-from forgetwatch.common.text import first_line
+from forgetwatch.common.problems import InputError, as_input_error
 from forgetwatch.config import ConfigError
 from forgetwatch.config.settings import Count, Scoring, Share, problems
 from forgetwatch.config.yaml_files import read_value
@@ -42,8 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _typed(annotation: Any) -> Callable[[str], Any]:
-    """An argparse type: the text read as a YAML value (``32``, ``auto``, ``null``, ``[a, b]``), checked as
-    ``annotation`` (a pydantic type) checks it."""
+    """An argparse type: the text read as a YAML value (``32``, ``auto``, ``[a, b]``), checked as pydantic checks it."""
     adapter = TypeAdapter(annotation, config=ConfigDict(strict=True))
 
     def parse(text: str) -> Any:
@@ -63,8 +61,7 @@ NO_FLAG = ("precision",)
 
 
 def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
-    """A flag for each of :class:`~forgetwatch.Scoring`'s fields (``--max-new-tokens N``, ``--chat-template`` /
-    ``--no-chat-template``) with the type, check, default and help it declares."""
+    """A flag for each of :class:`~forgetwatch.Scoring`'s fields, with the type, default and help it declares."""
     for name, field in Scoring.model_fields.items():
         if name in NO_FLAG or (names is not None and name not in names):
             continue
@@ -79,20 +76,15 @@ def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | Non
 
 
 def _target_options(parser: argparse.ArgumentParser, required: bool) -> None:
-    """What the training was for, as merge and select measure it."""
     target = parser.add_mutually_exclusive_group(required=required)
     target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for (accuracy)")
-    target.add_argument(
-        "--target-texts",
-        metavar="FILE",
-        help="held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line",
-    )
+    texts = "held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line"
+    target.add_argument("--target-texts", metavar="FILE", help=texts)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
-    )
+    about = "Watch a language model forget: per-sample transitions on a probe set."
+    parser = _Parser(prog="forgetwatch", description=about)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     count, share, what = _typed(Count), _typed(Share), "model directory, .gguf file or hub id"
 
@@ -100,23 +92,19 @@ def _parser() -> argparse.ArgumentParser:
     loading.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     dtype = "weights' dtype (default: as saved; float32 for a GGUF file)"
     loading.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help=dtype)
-    loading.add_argument(
-        "--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own; select: the base's)"
-    )
+    tokenizer = "tokenizer to use (default: each model's own; select: the base's)"
+    loading.add_argument("--tokenizer", metavar="PATH", help=tokenizer)
 
     scoring = argparse.ArgumentParser(add_help=False, parents=[loading])
     which = scoring.add_mutually_exclusive_group(required=True)
     which.add_argument("--probes", metavar="FILE", help="probe set (JSONL)")
+    tasks = "lm-eval task, group or tag names: probes built and scored as lm-eval does"
     which.add_argument(
-        "--lm-eval-tasks",
-        nargs="+",
-        metavar="TASK",
-        help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
+        "--lm-eval-tasks", nargs="+", metavar="TASK", help=f"{tasks} (pip install 'forgetwatch[lm-eval]')"
     )
     lm = "with --lm-eval-tasks:"
-    scoring.add_argument(
-        "--num-fewshot", type=_typed(NonNegativeInt), metavar="N", help=f"{lm} few-shot examples per prompt"
-    )
+    fewshot = f"{lm} few-shot examples per prompt"
+    scoring.add_argument("--num-fewshot", type=_typed(NonNegativeInt), metavar="N", help=fewshot)
     scoring.add_argument("--limit", type=count, metavar="N", help=f"{lm} the first N documents of each task")
     scoring.add_argument("--include-path", metavar="DIR", help=f"{lm} a folder of your own task YAMLs")
     _scoring_flags(scoring)
@@ -141,17 +129,15 @@ def _parser() -> argparse.ArgumentParser:
     _target_options(mrg, required=True)
     alphas = f"FROM:TO:STEP or A,B,... (default 0:1:0.1; at most {MAX_ALPHAS}, 0 and 1 always in)"
     mrg.add_argument("--alphas", type=parse_alphas, default=list(ALPHAS), metavar="A", help=alphas)
-    mrg.add_argument(
-        "--keep", type=share, default=0.9, metavar="SHARE", help="share of the target's gain to keep (default 0.9)"
-    )
+    keep = "share of the target's gain to keep (default 0.9)"
+    mrg.add_argument("--keep", type=share, default=0.9, metavar="SHARE", help=keep)
     layers = "also revert one group of layers at a time to the base (N blocks a group; default 1)"
     mrg.add_argument("--by-layer", nargs="?", const=1, default=0, type=count, metavar="N", help=layers)
     mrg.add_argument("--out", required=True, metavar="DIR", help="sweep.csv, sweep.json and merged/ go here")
     mrg.set_defaults(run=_merge)
 
-    sel = sub.add_parser(
-        "select", parents=[loading], help="the saved checkpoint on the front of forgetting against training loss"
-    )
+    front = "the saved checkpoint on the front of forgetting against training loss"
+    sel = sub.add_parser("select", parents=[loading], help=front)
     sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
     keep = "the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)"
     sel.add_argument("--keep", type=share, default=0.9, metavar="SHARE", help=keep)
@@ -175,16 +161,14 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
     demo.add_argument("--steps", type=count, metavar="N", help="post-training steps (default 60; --real: 40)")
-    demo.add_argument(
-        "--eval-steps", type=count, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
-    )
+    every = "score the probes every N steps (default 5; --real: 10)"
+    demo.add_argument("--eval-steps", type=count, metavar="N", help=every)
     which_demo = demo.add_mutually_exclusive_group()  # one demo at a time
-    which_demo.add_argument(
-        "--real",
-        action="store_true",
-        help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
-        '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)',
+    real = (
+        "the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
+        '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)'
     )
+    which_demo.add_argument("--real", action="store_true", help=real)
     replay = "probes on half the facts, a replay pool of the other half: the run without and with replay side by side"
     which_demo.add_argument("--replay", action="store_true", help=replay)
     demo.set_defaults(run=_demo)
@@ -221,13 +205,11 @@ def _plugin_path(args: argparse.Namespace) -> int:
     return 0
 
 
+@as_input_error(ImportError)
 def _llamafactory(args: argparse.Namespace) -> int:
     from forgetwatch.integrations.llamafactory import run
 
-    try:
-        run(args.config, args.overrides)
-    except ImportError as err:
-        raise InputError(str(err)) from err
+    run(args.config, args.overrides)
     return 0
 
 
@@ -320,29 +302,24 @@ def _select(args: argparse.Namespace) -> int:
     return run_select(args, (base, tokenizer, load))
 
 
+@as_input_error(ImportError)
 def _demo(args: argparse.Namespace) -> int:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    try:
-        if args.real:
-            given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
-            run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
-        else:
-            run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
-    except ImportError as err:
-        raise InputError(str(err)) from err
+    if args.real:
+        given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
+        run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
+    else:
+        run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from forgetwatch.page.html import write_report
-    from forgetwatch.results.history import HistoryError
 
     _check_writable("--out", Path(args.out).absolute().parent)
-    try:
+    with as_input_error(FileNotFoundError, ImportError, ValueError):  # a HistoryError is a ValueError
         out = write_report(args.runs, args.out, top=args.top)
-    except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     print(f"wrote {out}")
     return 0
 
@@ -375,17 +352,11 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
             raise InputError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise InputError(f"--include-path {args.include_path}: no such folder")
-    try:
+    with as_input_error(ImportError):  # lm-eval is not installed; errors in its tasks are InputErrors
+        tasks = dict(num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path)
         return ProbeSet.from_lm_eval(
-            args.lm_eval_tasks,
-            num_fewshot=args.num_fewshot,
-            limit=args.limit,
-            include_path=args.include_path,
-            apply_chat_template=args.chat_template,
-            tokenizer=tokenizer,
+            args.lm_eval_tasks, **tasks, apply_chat_template=args.chat_template, tokenizer=tokenizer
         )
-    except ImportError as err:  # lm-eval is not installed; errors in its tasks are InputErrors
-        raise InputError(str(err)) from err
 
 
 def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common.problems import InputError
+from forgetwatch.common.problems import InputError, as_input_error
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
@@ -46,10 +46,8 @@ def read_target(args: argparse.Namespace) -> Any:
     from forgetwatch.probes import ProbeSet
 
     if args.target_texts:
-        try:
+        with as_input_error(OSError, ValueError, prefix="--target-texts "):
             return read_texts(args.target_texts)
-        except (OSError, ValueError) as err:
-            raise InputError(f"--target-texts {first_line(err)}") from None
     try:
         return ProbeSet.from_jsonl(args.target_probes)
     except FileNotFoundError:
@@ -66,10 +64,8 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
     if load is not None:
         measure, start, kind = _target_measure(args, *load)
         higher = kind == "accuracy"
-    try:
+    with as_input_error(FileNotFoundError, HistoryError):
         rows = saved_checkpoints(args.run_dir, measure, higher)
-    except (FileNotFoundError, HistoryError) as err:
-        raise InputError(first_line(err)) from err
     print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {kind:>10}  front")
     for r in rows:
         forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
@@ -93,10 +89,8 @@ def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, lo
     from forgetwatch.cli.checkpoints import locate
     from forgetwatch.merge.sweep import Target, checked_target
 
-    try:
+    with as_input_error(TypeError, ValueError):
         target = checked_target(read_target(args))
-    except (TypeError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     base = load(base_ckpt)
     meter = Target(base, tokenizer, target, Scoring(batch_size=args.batch_size), max_length=1024)
     start = meter(base)
@@ -126,12 +120,10 @@ def run_merge(
         base, tuned = None, load_adapter(load(base_ckpt), args.adapter, f"--adapter {args.adapter}")
     else:
         base, tuned = load(base_ckpt), load(tuned_ckpt[0][0])
-    try:
+    with as_input_error(TypeError, ValueError):
         sweep = merge_sweep(
             base, tuned, tokenizer, probes, target=target, alphas=args.alphas, by_layer=args.by_layer, scoring=scoring
         )
-    except (TypeError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     best = sweep.best(args.keep)
     print(sweep.summary(args.keep))
     if sweep.layers:
