@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forgetwatch`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        return args.run(args)
+        args.run(args)  # a command that returns has succeeded
+        return 0
     except (InputError, AnswersMismatchError) as err:
         # the user's input (a foreign library reading it, as lm-eval loading tasks, is wrapped where it is
         # called): one message, exit 2; any other exception is a bug and keeps its traceback
@@ -198,22 +199,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _plugin_path(args: argparse.Namespace) -> int:
+def _plugin_path(args: argparse.Namespace) -> None:
     from forgetwatch.integrations.swift import PLUGIN_FILE
 
     print(PLUGIN_FILE)
-    return 0
 
 
 @as_input_error(ImportError)
-def _llamafactory(args: argparse.Namespace) -> int:
+def _llamafactory(args: argparse.Namespace) -> None:
     from forgetwatch.integrations.llamafactory import run
 
     run(args.config, args.overrides)
-    return 0
 
 
-def _probes(args: argparse.Namespace) -> int:
+def _probes(args: argparse.Namespace) -> None:
     note = (
         "A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
         "with ProbeSet.from_hf (see the README)."
@@ -222,15 +221,14 @@ def _probes(args: argparse.Namespace) -> int:
         sys.stdout.write(starter_path(args.starter).read_text(encoding="utf-8"))
         sys.stdout.flush()
         print(f"forgetwatch: {STARTERS[args.starter]}. {note}", file=sys.stderr)
-        return 0
+        return
     out = Path(args.out)
     _check_writable("--out", out.parent)
     write_starter(args.starter, out)
     print(f"wrote {out}: {STARTERS[args.starter]}.\n{note}")
-    return 0
 
 
-def _evaluate(args: argparse.Namespace) -> int:
+def _evaluate(args: argparse.Namespace) -> None:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise InputError(f"--out {args.out}: answers are written as .json or .npz")
     probes, [(model, tokenizer)], _ = _inputs(args, Path(args.out).parent, ("--model", args.model))
@@ -239,10 +237,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
     for line in lm_eval_lines(answers):
         print(line)
-    return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
+def _compare(args: argparse.Namespace) -> None:
     from forgetwatch.results.metrics import compare
     from forgetwatch.results.report import write_samples_csv
 
@@ -271,25 +268,22 @@ def _compare(args: argparse.Namespace) -> int:
         with atomic_write(out / "summary.json") as f:
             f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
-    return 0
 
 
-def _merge(args: argparse.Namespace) -> int:
+def _merge(args: argparse.Namespace) -> None:
     from forgetwatch.cli.merge import run_merge
 
     named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise InputError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
     _check_out_folder(Path(args.out))
-    try:
+    with as_input_error(FileExistsError, prefix="--out: "):
         check_replaceable_folder(Path(args.out) / MERGED)  # the chosen model goes there
-    except FileExistsError as err:
-        raise InputError(f"--out: {err}") from err
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
-    return run_merge(args, prepared, probes, _scoring(args), _loader(args))
+    run_merge(args, prepared, probes, _scoring(args), _loader(args))
 
 
-def _select(args: argparse.Namespace) -> int:
+def _select(args: argparse.Namespace) -> None:
     from forgetwatch.cli.merge import run_select
 
     target = args.target_probes or args.target_texts
@@ -299,11 +293,11 @@ def _select(args: argparse.Namespace) -> int:
         return run_select(args, None)  # the logged training loss is the target
     load = _loader(args)  # --device checked before the base loads
     [(base, tokenizer)] = _prepare(args, ("--base", args.base))
-    return run_select(args, (base, tokenizer, load))
+    run_select(args, (base, tokenizer, load))
 
 
 @as_input_error(ImportError)
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> None:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
     if args.real:
@@ -311,17 +305,15 @@ def _demo(args: argparse.Namespace) -> int:
         run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
     else:
         run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
-    return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> None:
     from forgetwatch.page.html import write_report
 
     _check_writable("--out", Path(args.out).absolute().parent)
     with as_input_error(FileNotFoundError, ImportError, ValueError):  # a HistoryError is a ValueError
         out = write_report(args.runs, args.out, top=args.top)
     print(f"wrote {out}")
-    return 0
 
 
 def _inputs(

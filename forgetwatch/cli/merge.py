@@ -54,7 +54,7 @@ def read_target(args: argparse.Namespace) -> Any:
         raise InputError(f"--target-probes {args.target_probes}: no such file") from None
 
 
-def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> int:
+def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> None:
     """The run's checkpoints, forgetting against the target (``load``: the base, its tokenizer and a loader, when a
     target is measured on each; else the logged training loss), and the one to take."""
     from forgetwatch.merge.checkpoints import choose, saved_checkpoints
@@ -80,12 +80,10 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
         )
     base = "" if start is None else f" (the base: {start:.4f})"
     print(f"take {chosen.path}: forgetting {chosen.forgetting:.1%}, {kind} {chosen.target:.4f}{base}")
-    return 0
 
 
 def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, load: Any) -> tuple[Any, float, str]:
-    """A function measuring the target on a checkpoint folder (full weights, or an adapter on the base), the base's
-    figure and what it is."""
+    """A measure of the target on a checkpoint folder (weights, or an adapter on the base), the base's figure, its kind."""
     from forgetwatch.cli.checkpoints import locate
     from forgetwatch.merge.sweep import Target, checked_target
 
@@ -109,7 +107,7 @@ def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, lo
 
 def run_merge(
     args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes: Any, scoring: Scoring, load: Any
-) -> int:
+) -> None:
     """Sweep, print the table, write ``sweep.csv``, ``sweep.json`` and the chosen model to ``--out``/merged."""
     from forgetwatch.merge import merge_sweep
 
@@ -150,7 +148,6 @@ def run_merge(
         print(f"(no sweep.html: {first_line(err)})")
     what = "adapter, rescaled" if args.adapter else "model"
     print(f"\nwrote {out}/: {' '.join(written)} merged/ (the {what} at alpha {best:g})")
-    return 0
 
 
 def load_adapter(base: Any, folder: str | Path, label: str) -> Any:

@@ -162,8 +162,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     @staticmethod
     def _origin(args: Args, state: State) -> Path | None:
-        """The run directory of the checkpoint resumed from, when the arguments name it (ms-swift resumes into a new
-        output folder)."""
+        """The run directory resumed from, when the arguments name it (ms-swift resumes into a new output folder)."""
         given = getattr(args, "resume_from_checkpoint", None)
         return Path(given).parent / SUBDIR if state.global_step > 0 and isinstance(given, str) and given else None
 
