@@ -1,5 +1,4 @@
-"""A tiny offline world: made-up facts, a BPE tokenizer trained in-process and a small Llama, for the tests, the
-benchmarks and the demo (nothing downloaded)."""
+"""A tiny offline world (made-up facts, a BPE tokenizer, a small Llama) for the tests, benchmarks and demo."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``forgetwatch`` command line: ``evaluate``, ``compare``, ``report``, ``probes``, ``demo``, ``plugin-path`` and
-``llamafactory`` (``forgetwatch COMMAND --help``); input errors are one line, exit code 2."""
+"""The ``forgetwatch`` command (``forgetwatch COMMAND --help``): input errors are one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -244,8 +243,6 @@ def _compare(args: argparse.Namespace) -> None:
     from forgetwatch.results.report import write_samples_csv
 
     out = Path(args.out) if args.out else None
-    if out is not None:
-        _check_out_folder(out)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     named = [] if base_is_answers else [("--base", args.base)]
     probes, prepared, base = _inputs(args, out, *named, ("--model", args.model), base_answers=base_is_answers)
@@ -276,7 +273,6 @@ def _merge(args: argparse.Namespace) -> None:
     named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise InputError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
-    _check_out_folder(Path(args.out))
     with as_input_error(FileExistsError, prefix="--out: "):
         check_replaceable_folder(Path(args.out) / MERGED)  # the chosen model goes there
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
@@ -380,16 +376,12 @@ def _scoring(args: argparse.Namespace) -> Scoring:
         raise InputError(f"--{(problem.key or '').replace('_', '-')}: {problem.message}") from err
 
 
-def _check_out_folder(out: Path) -> None:
-    """``--out`` a folder to write into: one there, or none yet (not a file, nor a link to nowhere)."""
-    if out.is_symlink() and not out.exists():
-        raise InputError(f"--out {out}: a link to {os.readlink(out)}, which does not exist; give a folder")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-
-
 def _check_writable(flag: str, directory: Path) -> None:
-    """Fail before scoring, not after, when results could not be written."""
+    """Fail before scoring, not after, when results could not be written into ``directory`` (a file, a dead link)."""
+    if directory.is_symlink() and not directory.exists():
+        raise InputError(f"{flag} {directory}: a link to {os.readlink(directory)}, which does not exist; give a folder")
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{flag} {directory}: exists and is not a directory")
     existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise InputError(f"{flag}: cannot write into {directory}")

@@ -1,5 +1,4 @@
-"""``forgetwatch demo``: a tiny model learns made-up facts, then TRL's SFT post-trains it on arithmetic while the
-callback watches; on a CPU, nothing downloaded."""
+"""``forgetwatch demo``: a tiny model learns made-up facts, then TRL's SFT on arithmetic makes it forget (CPU only)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``forgetwatch merge``: the base and a tuned checkpoint interpolated per α, the α that keeps the target's gain with the
-least forgetting chosen, and that model written."""
+"""``forgetwatch merge`` and ``select``: the α or checkpoint that keeps the target's gain with the least forgetting."""
 
 from __future__ import annotations
 

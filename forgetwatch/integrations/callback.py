@@ -1,5 +1,4 @@
-"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch` and the
-plug-ins beside it (replay, a merge)."""
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a Watch and its plug-ins (replay, merge)."""
 
 from __future__ import annotations
 

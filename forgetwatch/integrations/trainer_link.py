@@ -1,6 +1,5 @@
-"""The transformers ``Trainer`` as a callback sees it, through public routes only: the objects every event hands it,
-and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" and "Resume"); the sinks that log
-forgetwatch's figures through it, at the step they were measured."""
+"""The transformers ``Trainer`` as a callback sees it, through public routes only (why: docs/trainer.md, "Logging" and
+"Resume"), and the sinks that log forgetwatch's figures through it, at the step they were measured."""
 
 from __future__ import annotations
 

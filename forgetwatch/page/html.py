@@ -1,5 +1,4 @@
-"""``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs: curves, behaviour
-drift, heatmaps by category, survival, and tables of forgotten, flickering and at-risk probes."""
+"""``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs."""
 
 from __future__ import annotations
 
