@@ -79,9 +79,8 @@ class ToyWorld:
         pairs = ((rng.randrange(100), rng.randrange(100)) for _ in range(n))
         return [f"Compute {a} plus {b}. The sum is {a + b}." for a, b in pairs]
 
-    def replay_split(self, unrelated: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Probe rows on one half of the known countries, and pool rows with the other half's facts (plus
-        ``unrelated`` arithmetic): a pool disjoint from the probes."""
+    def replay_split(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Probe rows on one half of the known countries, and pool rows with the other half's facts (disjoint)."""
         half = len(self.known) // 2
         probed = {c.name for c in self.known[:half]}
         probes = [r for r in self.probe_records() if r["id"].split("/", 1)[1] in probed]
@@ -89,10 +88,6 @@ class ToyWorld:
             {"id": f"{kind}/{c.name}", "text": line, "category": kind}
             for c in self.known[half:]
             for kind, line in zip(("capitals", "colors", "rivers"), self.fact_lines(c))
-        ]
-        pool += [
-            {"id": f"other/{i}", "text": t, "category": "all"}
-            for i, t in enumerate(self.distraction_texts(n=unrelated, seed=self.seed + 99))
         ]
         return probes, pool
 
