@@ -341,9 +341,9 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise InputError(f"--include-path {args.include_path}: no such folder")
     with as_input_error(ImportError):  # lm-eval is not installed; errors in its tasks are InputErrors
-        tasks = dict(num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path)
+        options = dict(num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path)
         return ProbeSet.from_lm_eval(
-            args.lm_eval_tasks, **tasks, apply_chat_template=args.chat_template, tokenizer=tokenizer
+            args.lm_eval_tasks, **options, apply_chat_template=args.chat_template, tokenizer=tokenizer
         )
 
 

@@ -113,12 +113,9 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
     """What can be found wrong before loading: the checkpoint's own code (``auto_map``), damaged GGUF or weight files."""
-    for ckpt, name in dict.fromkeys(
-        [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
-    ):
-        doc = _json(ckpt, name)
-        if doc is not None:
-            _refuse_own_code(ckpt, name, doc)
+    read = [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
+    for ckpt, name in dict.fromkeys(read):
+        _refuse_own_code(ckpt, name, _json(ckpt, name) or {})
     for ckpt in [c for c in dict.fromkeys((model, tokenizer)) if c.gguf]:
         try:
             from gguf import GGUFReader

@@ -142,12 +142,9 @@ class FrameworkSettings:
     def describe(self, framework: str) -> str:
         """The plugin's first console line: it loaded, and what it will do."""
         config = self.config
-        what = (
-            f"lm-eval: {', '.join(config.probes.tasks)}" if isinstance(config.probes, LmEvalProbes) else config.probes
-        )
-        steps = config.eval_steps
+        probes, steps, limit = config.probes, config.eval_steps, config.max_forgetting
+        what = f"lm-eval: {', '.join(probes.tasks)}" if isinstance(probes, LmEvalProbes) else probes
         when = f"every {steps} steps" if steps else f"within a {config.monitor.max_overhead:.0%} time budget"
-        limit = config.max_forgetting
         stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
         replay = f", replaying {len(self.replay.pool)} rows" if self.replay is not None else ""
         merge = ", merging with the base at the end" if self.merge is not None else ""
