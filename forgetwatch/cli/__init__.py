@@ -21,6 +21,7 @@ from forgetwatch.common.problems import InputError, as_input_error
 from forgetwatch.config import ConfigError
 from forgetwatch.config.settings import Count, Scoring, Share, problems
 from forgetwatch.config.yaml_files import read_value
+from forgetwatch.integrations.swift import PLUGIN_FILE
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -174,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
 
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
     path.add_argument("framework", choices=["swift"], help="swift: for ms-swift's --external_plugins")
-    path.set_defaults(run=_plugin_path)
+    path.set_defaults(run=lambda args: print(PLUGIN_FILE))
     lmf = sub.add_parser("llamafactory", help="run LLaMA-Factory's training (llamafactory-cli train) with forgetwatch")
     lmf.add_argument("config", metavar="CONFIG", help="LLaMA-Factory's YAML/JSON, with forgetwatch_<key> settings")
     lmf.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="overrides, as llamafactory-cli")
@@ -196,12 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
-
-
-def _plugin_path(args: argparse.Namespace) -> None:
-    from forgetwatch.integrations.swift import PLUGIN_FILE
-
-    print(PLUGIN_FILE)
 
 
 @as_input_error(ImportError)
