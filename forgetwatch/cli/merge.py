@@ -82,7 +82,7 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> N
 
 
 def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, load: Any) -> tuple[Any, float, str]:
-    """A measure of the target on a checkpoint folder (weights, or an adapter on the base), the base's figure, its kind."""
+    """A measure of the target on a checkpoint folder (weights, or an adapter on the base), the base's figure, kind."""
     from forgetwatch.cli.checkpoints import locate
     from forgetwatch.merge.sweep import Target, checked_target
 
