@@ -1,5 +1,4 @@
-"""A tiny offline world: made-up facts, a BPE tokenizer trained in-process and a small Llama, for the tests, the
-benchmarks and the demo (nothing downloaded)."""
+"""A tiny offline world (made-up facts, a BPE tokenizer, a small Llama) for the tests, benchmarks and demo."""
 
 from __future__ import annotations
 
@@ -80,9 +79,8 @@ class ToyWorld:
         pairs = ((rng.randrange(100), rng.randrange(100)) for _ in range(n))
         return [f"Compute {a} plus {b}. The sum is {a + b}." for a, b in pairs]
 
-    def replay_split(self, unrelated: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Probe rows on one half of the known countries, and pool rows with the other half's facts (plus
-        ``unrelated`` arithmetic): a pool disjoint from the probes."""
+    def replay_split(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Probe rows on one half of the known countries, and pool rows with the other half's facts (disjoint)."""
         half = len(self.known) // 2
         probed = {c.name for c in self.known[:half]}
         probes = [r for r in self.probe_records() if r["id"].split("/", 1)[1] in probed]
@@ -90,10 +88,6 @@ class ToyWorld:
             {"id": f"{kind}/{c.name}", "text": line, "category": kind}
             for c in self.known[half:]
             for kind, line in zip(("capitals", "colors", "rivers"), self.fact_lines(c))
-        ]
-        pool += [
-            {"id": f"other/{i}", "text": t, "category": "all"}
-            for i, t in enumerate(self.distraction_texts(n=unrelated, seed=self.seed + 99))
         ]
         return probes, pool
 
@@ -176,10 +170,11 @@ class ToyWorld:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             special_tokens=["<pad>", "<s>", "</s>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            initial_alphabet=alphabet,
             show_progress=False,
         )
         corpus = [line for c in self.countries for line in self.fact_lines(c)]
@@ -198,25 +193,14 @@ class ToyWorld:
         from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(self.seed if seed is None else seed)
-        common = dict(
-            vocab_size=len(tokenizer),
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        ids = {f"{token}_token_id": getattr(tokenizer, f"{token}_token_id") for token in ("bos", "eos", "pad")}
+        common = dict(vocab_size=len(tokenizer), **ids)
         if arch == "gpt2":
-            cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
-            return GPT2LMHeadModel(cfg)
-        cfg = LlamaConfig(
-            hidden_size=hidden,
-            intermediate_size=hidden * 2,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            **common,
+            return GPT2LMHeadModel(GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common))
+        sizes = dict(
+            intermediate_size=hidden * 2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256
         )
-        return LlamaForCausalLM(cfg)
+        return LlamaForCausalLM(LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, **sizes, **common))
 
     def base_and_tuned(self, base_steps: int = 200, tuned_steps: int = 40):
         """``(tokenizer, base, tuned)``: a model that learned the facts, and a copy post-trained on

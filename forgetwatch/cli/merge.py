@@ -1,5 +1,4 @@
-"""``forgetwatch merge``: the base and a tuned checkpoint interpolated per α, the α that keeps the target's gain with the
-least forgetting chosen, and that model written."""
+"""``forgetwatch merge`` and ``select``: the α or checkpoint that keeps the target's gain with the least forgetting."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from forgetwatch.common.problems import InputError
+from forgetwatch.common.problems import InputError, as_input_error
 from forgetwatch.common.text import first_line, shorten
 from forgetwatch.config.settings import Scoring
 from forgetwatch.merge.sweep import MAX_ALPHAS, checked_alphas, read_texts
@@ -46,17 +45,15 @@ def read_target(args: argparse.Namespace) -> Any:
     from forgetwatch.probes import ProbeSet
 
     if args.target_texts:
-        try:
+        with as_input_error(OSError, ValueError, prefix="--target-texts "):
             return read_texts(args.target_texts)
-        except (OSError, ValueError) as err:
-            raise InputError(f"--target-texts {first_line(err)}") from None
     try:
         return ProbeSet.from_jsonl(args.target_probes)
     except FileNotFoundError:
         raise InputError(f"--target-probes {args.target_probes}: no such file") from None
 
 
-def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> int:
+def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> None:
     """The run's checkpoints, forgetting against the target (``load``: the base, its tokenizer and a loader, when a
     target is measured on each; else the logged training loss), and the one to take."""
     from forgetwatch.merge.checkpoints import choose, saved_checkpoints
@@ -66,10 +63,8 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
     if load is not None:
         measure, start, kind = _target_measure(args, *load)
         higher = kind == "accuracy"
-    try:
+    with as_input_error(FileNotFoundError, HistoryError):
         rows = saved_checkpoints(args.run_dir, measure, higher)
-    except (FileNotFoundError, HistoryError) as err:
-        raise InputError(first_line(err)) from err
     print(f"{'checkpoint':>16}  {'forgotten':>9}  {'forgetting':>10}  {kind:>10}  front")
     for r in rows:
         forgetting = "-" if r.forgetting is None else f"{r.forgetting:.1%}"
@@ -84,19 +79,15 @@ def run_select(args: argparse.Namespace, load: tuple[Any, Any, Any] | None) -> i
         )
     base = "" if start is None else f" (the base: {start:.4f})"
     print(f"take {chosen.path}: forgetting {chosen.forgetting:.1%}, {kind} {chosen.target:.4f}{base}")
-    return 0
 
 
 def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, load: Any) -> tuple[Any, float, str]:
-    """A function measuring the target on a checkpoint folder (full weights, or an adapter on the base), the base's
-    figure and what it is."""
+    """A measure of the target on a checkpoint folder (weights, or an adapter on the base), the base's figure, kind."""
     from forgetwatch.cli.checkpoints import locate
     from forgetwatch.merge.sweep import Target, checked_target
 
-    try:
+    with as_input_error(TypeError, ValueError):
         target = checked_target(read_target(args))
-    except (TypeError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     base = load(base_ckpt)
     meter = Target(base, tokenizer, target, Scoring(batch_size=args.batch_size), max_length=1024)
     start = meter(base)
@@ -115,7 +106,7 @@ def _target_measure(args: argparse.Namespace, base_ckpt: Any, tokenizer: Any, lo
 
 def run_merge(
     args: argparse.Namespace, prepared: list[tuple[Any, Any]], probes: Any, scoring: Scoring, load: Any
-) -> int:
+) -> None:
     """Sweep, print the table, write ``sweep.csv``, ``sweep.json`` and the chosen model to ``--out``/merged."""
     from forgetwatch.merge import merge_sweep
 
@@ -126,12 +117,10 @@ def run_merge(
         base, tuned = None, load_adapter(load(base_ckpt), args.adapter, f"--adapter {args.adapter}")
     else:
         base, tuned = load(base_ckpt), load(tuned_ckpt[0][0])
-    try:
+    with as_input_error(TypeError, ValueError):
         sweep = merge_sweep(
             base, tuned, tokenizer, probes, target=target, alphas=args.alphas, by_layer=args.by_layer, scoring=scoring
         )
-    except (TypeError, ValueError) as err:
-        raise InputError(first_line(err)) from err
     best = sweep.best(args.keep)
     print(sweep.summary(args.keep))
     if sweep.layers:
@@ -158,7 +147,6 @@ def run_merge(
         print(f"(no sweep.html: {first_line(err)})")
     what = "adapter, rescaled" if args.adapter else "model"
     print(f"\nwrote {out}/: {' '.join(written)} merged/ (the {what} at alpha {best:g})")
-    return 0
 
 
 def load_adapter(base: Any, folder: str | Path, label: str) -> Any:

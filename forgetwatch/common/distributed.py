@@ -1,5 +1,4 @@
-"""What crosses ranks, as numbers or JSON (never pickled), the same on every rank; one process touches no
-``torch.distributed``."""
+"""What crosses ranks, as numbers or JSON (never pickled); one process touches no ``torch.distributed``."""
 
 from __future__ import annotations
 

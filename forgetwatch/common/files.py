@@ -1,5 +1,4 @@
-"""Files written atomically (a reader sees the old file or the new, never half) and as strict JSON; npz files read
-without trusting their headers."""
+"""Files written atomically (the old or the new, never half) and as strict JSON; npz read without trusting headers."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from forgetwatch.common.text import shorten
+from forgetwatch.common.text import first_line, shorten
 
 MAX_REPORTED = 20  # most problems one error lists; the rest are counted in a last line
 
@@ -37,6 +38,15 @@ class InputError(ValueError):
         super().__init__(
             errors if isinstance(errors, str) else "\n".join(p.render(unit, self.noun) for p in self.errors)
         )
+
+
+@contextlib.contextmanager
+def as_input_error(*types: type[BaseException], prefix: str = "") -> Iterator[None]:
+    """The block's (or decorated function's) exceptions of ``types`` raised as an InputError of their first line."""
+    try:
+        yield
+    except types as err:
+        raise InputError(prefix + first_line(err)) from err
 
 
 class Problems:

@@ -1,5 +1,4 @@
-"""Rows from a JSONL file (read in bounded chunks, each line strict JSON) or from records, validated one by one,
-with one error listing every problem."""
+"""Rows from a JSONL file (bounded reads, strict JSON) or from records, validated; one error lists every problem."""
 
 from __future__ import annotations
 

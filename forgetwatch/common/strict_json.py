@@ -47,9 +47,8 @@ def loads(text: str) -> Any:
 
 
 def nests_within(text: str, limit: int, start: int = 0) -> bool:
-    """Whether the JSON value at ``start`` nests lists and objects at most ``limit`` deep, read as a JSON parser
-    reads it (strings skipped) up to where it ends: what to check before ``json`` parses text a model wrote, since
-    the parser recurses once a level (a few thousand "[" exhaust the stack).
+    """Whether the JSON value at ``start`` nests at most ``limit`` deep (strings skipped): checked before ``json``,
+    which recurses once a level, parses text a model wrote.
 
     Example:
         >>> nests_within('{"a": ["[[[["]}', 2), nests_within("[" * 3000, 100)

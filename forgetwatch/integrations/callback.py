@@ -1,5 +1,4 @@
-"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a :class:`~forgetwatch.Watch` and the
-plug-ins beside it (replay, a merge)."""
+"""ForgetWatchCallback: a transformers / TRL trainer's events, adapted to a Watch and its plug-ins (replay, merge)."""
 
 from __future__ import annotations
 
@@ -162,8 +161,7 @@ class ForgetWatchCallback(TrainerCallback):
 
     @staticmethod
     def _origin(args: Args, state: State) -> Path | None:
-        """The run directory of the checkpoint resumed from, when the arguments name it (ms-swift resumes into a new
-        output folder)."""
+        """The run directory resumed from, when the arguments name it (ms-swift resumes into a new output folder)."""
         given = getattr(args, "resume_from_checkpoint", None)
         return Path(given).parent / SUBDIR if state.global_step > 0 and isinstance(given, str) and given else None
 

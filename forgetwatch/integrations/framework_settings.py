@@ -87,15 +87,17 @@ class FrameworkSettings:
         def located(path: Any) -> Any:  # from the file that names it, as the paths in a forgetwatch_config file are
             return path if folder is None else resolved_path(path, folder)
 
+        def problem(name: str, message: str) -> None:
+            problems.append(Problem(source, None, named(name), message))
+
         for name in [name for name in given if name not in NAMES]:
             match = did_you_mean(name, NAMES)
-            hint = f" (did you mean {named(match)!r}?)" if match else ""
-            problems.append(Problem(source, None, named(name), f"unknown key{hint}; fix or remove it"))
+            problem(name, f"unknown key{f' (did you mean {named(match)!r}?)' if match else ''}; fix or remove it")
             del given[name]
         config_path, replay_path = given.pop("config", None), given.pop("replay", None)
         for name, value in (("config", config_path), ("replay", replay_path)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                problems.append(Problem(source, None, named(name), f"expected a file path, got {describe(value)}"))
+                problem(name, f"expected a file path, got {describe(value)}")
         replay_options = {}
         for name in ReplayOptions.model_fields:
             if (value := given.pop(f"replay_{name}", None)) is not None:
@@ -103,14 +105,13 @@ class FrameworkSettings:
                     checked_options(**{name: value})
                     replay_options[name] = value
                 except ValueError as err:  # a ConfigError, or a retired value
-                    message = err.errors[0].message if isinstance(err, ConfigError) else str(err)
-                    problems.append(Problem(source, None, named(f"replay_{name}"), message))
+                    problem(f"replay_{name}", err.errors[0].message if isinstance(err, ConfigError) else str(err))
         if replay_options and replay_path is None:
-            message = f"replay options need a pool: set {named('replay')} to a replay pool file"
-            problems.append(Problem(source, None, named(f"replay_{next(iter(replay_options))}"), message))
+            pool = f"replay options need a pool: set {named('replay')} to a replay pool file"
+            problem(f"replay_{next(iter(replay_options))}", pool)
         merge = _merge_at_end({name: given.pop(f"merge_{name}") for name in MERGE if f"merge_{name}" in given}, located)
         if isinstance(merge, Problem):
-            problems.append(Problem(source, None, named(merge.key), merge.message))
+            problem(merge.key, merge.message)
             merge = None
         if isinstance(given.get("probes"), list):  # lm-eval task names
             given["probes"] = {"lm_eval": given["probes"]}
@@ -141,12 +142,9 @@ class FrameworkSettings:
     def describe(self, framework: str) -> str:
         """The plugin's first console line: it loaded, and what it will do."""
         config = self.config
-        what = (
-            f"lm-eval: {', '.join(config.probes.tasks)}" if isinstance(config.probes, LmEvalProbes) else config.probes
-        )
-        steps = config.eval_steps
+        probes, steps, limit = config.probes, config.eval_steps, config.max_forgetting
+        what = f"lm-eval: {', '.join(probes.tasks)}" if isinstance(probes, LmEvalProbes) else probes
         when = f"every {steps} steps" if steps else f"within a {config.monitor.max_overhead:.0%} time budget"
-        limit = config.max_forgetting
         stop = f", stopping above {limit:.1%} forgetting" if limit is not None else ""
         replay = f", replaying {len(self.replay.pool)} rows" if self.replay is not None else ""
         merge = ", merging with the base at the end" if self.merge is not None else ""
@@ -157,8 +155,7 @@ class FrameworkSettings:
 
 
 def _merge_at_end(given: dict[str, Any], located: Callable[[Any], Any]) -> MergeAtEnd | Problem | None:
-    """The merge_* settings as a MergeAtEnd (the target's file where ``located`` says), or the problem with them (its
-    key without the prefix)."""
+    """The merge_* settings as a MergeAtEnd, or the problem with them (its key without the prefix)."""
     if not given:
         return None
     targets = [f"merge_{name}" for name in ("target_texts", "target_probes") if name in given]

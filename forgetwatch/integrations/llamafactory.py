@@ -32,6 +32,5 @@ def run(config: str, overrides: Sequence[str] = ()) -> None:
     settings = FrameworkSettings.from_keys(args, config, config_file=config)
     if main_process():
         say(settings.describe("LLaMA-Factory"))
-    for key in [key for key in args if key.startswith(KEY_PREFIX)]:
-        del args[key]
-    run_exp(args=args, callbacks=[settings.callback()])
+    theirs = {key: value for key, value in args.items() if not key.startswith(KEY_PREFIX)}
+    run_exp(args=theirs, callbacks=[settings.callback()])

@@ -1,6 +1,5 @@
-"""The transformers ``Trainer`` as a callback sees it, through public routes only: the objects every event hands it,
-and with ``trainer=`` its ``callback_handler`` (why: docs/trainer.md, "Logging" and "Resume"); the sinks that log
-forgetwatch's figures through it, at the step they were measured."""
+"""The transformers ``Trainer`` as a callback sees it, through public routes only (why: docs/trainer.md, "Logging" and
+"Resume"), and the sinks that log forgetwatch's figures through it, at the step they were measured."""
 
 from __future__ import annotations
 
@@ -134,30 +133,28 @@ class TrainerLink:
 
 
 class TrainerLog:
-    """A sink: each event's metrics through ``link``, to every integration but those of classes named in ``skip``;
-    on every rank, as ``Trainer.log`` runs (the integrations write on the main process only)."""
+    """A sink, on every rank as ``Trainer.log`` runs (the integrations write on the main process only): each event's
+    metrics through ``link`` while the integrations are open, to all but those of classes named in ``skip``."""
+
+    all_ranks = True
 
     def __init__(self, link: TrainerLink, skip: tuple[str, ...] = ()):
         self.link, self.skip = link, skip
 
-    def on_base(self, snapshot: BaseSnapshot) -> None:
-        if snapshot.metrics:
-            self.link.emit(snapshot.metrics, self.skip)
+    def _log(self, event: BaseSnapshot | Evaluation | Ending) -> None:
+        if self.link.open and event.metrics:
+            self.link.emit(event.metrics, self.skip)
 
-    def on_evaluation(self, evaluation: Evaluation) -> None:
-        self.link.emit(evaluation.metrics, self.skip)
-
-    def on_ending(self, ending: Ending) -> None:
-        self.link.emit(ending.metrics, self.skip)
+    on_base = on_evaluation = on_ending = _log
 
 
 class WhileTraining(Sinks):
     """Forwards sinks' events only while the trainer's integrations are open (after training they may be closed:
-    the history file keeps the figures); ``all_ranks`` as for a sink."""
+    the history file keeps the figures)."""
 
-    def __init__(self, link: TrainerLink, *sinks: Any, all_ranks: bool = False):
+    def __init__(self, link: TrainerLink, *sinks: Any):
         super().__init__(sinks)
-        self.link, self.all_ranks = link, all_ranks
+        self.link = link
 
     def _call(self, event: str, payload: Any) -> None:
         if self.link.open:
@@ -171,5 +168,4 @@ def trainer_sinks(link: TrainerLink, probes: ProbeSet, rows: int) -> list[Any]:
     board = link.integration("TensorBoardCallback")  # its writer is the trainer's (or forgetwatch's own)
     tensorboard = TensorBoardText(probes, lambda: board.tb_writer, rows) if board else None
     rank_zero = WhileTraining(link, *(s for s in (wandb, tensorboard) if s))
-    log = TrainerLog(link, skip=("WandbCallback",) if wandb else ())
-    return [rank_zero, WhileTraining(link, log, all_ranks=True)]
+    return [rank_zero, TrainerLog(link, skip=("WandbCallback",) if wandb else ())]

@@ -1,5 +1,4 @@
-"""``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs: curves, behaviour
-drift, heatmaps by category, survival, and tables of forgotten, flickering and at-risk probes."""
+"""``forgetwatch report``: one self-contained HTML page (Plotly, offline) of one or more runs."""
 
 from __future__ import annotations
 
@@ -119,18 +118,13 @@ def _sweep(sweep: dict[str, Any], name: str) -> dict[str, Any]:
     rows, best = sweep["rows"], sweep["best"]
     alphas = [r["alpha"] for r in rows]
     forgetting = [r["forgetting"] if r["forgetting_adjusted"] is None else r["forgetting_adjusted"] for r in rows]
-    chosen = alphas.index(best)
+    label = f"chosen: alpha {best:g}, keeping {sweep['keep']:.0%} of the gain"
+    chosen = _line([best], [forgetting[alphas.index(best)]], label, "black", "solid")
+    chosen |= {"mode": "markers", "marker": {"size": 14, "symbol": "star", "color": "black"}}
     data = [
         _line(alphas, forgetting, "forgetting (chance-adjusted where it applies)", _COLORS[0], "solid"),
         _line(alphas, [r["gain"] for r in rows], "share of the target's gain kept", _COLORS[1], "dash"),
-        {
-            "type": "scatter",
-            "mode": "markers",
-            "x": [best],
-            "y": [forgetting[chosen]],
-            "name": f"chosen: alpha {best:g}, keeping {sweep['keep']:.0%} of the gain",
-            "marker": {"size": 14, "symbol": "star", "color": "black"},
-        },
+        chosen,
     ]
     for line in data:
         line["hovertemplate"] = "alpha %{x}: %{y:.1%}<extra></extra>"
@@ -244,27 +238,14 @@ def _group_forgetting(run: Run, categories: list[str]) -> list[float | None]:
 
 
 def _heatmap(run: Run, rows: dict[str, list[float | None]], what: str) -> dict[str, Any]:
-    labels = list(rows)
-    return {
-        "data": [
-            {
-                "type": "heatmap",
-                "z": list(rows.values()),
-                "x": [str(s) for s in run.steps],
-                "y": labels,
-                "colorscale": "Reds",
-                "zmin": 0,
-                "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"},
-                "hovertemplate": "step %{x}<br>%{y}: %{z:.1%}<extra></extra>",
-            }
-        ],
-        # the left margin grows to the longest name ("high_school_government_and_politics")
-        "layout": _layout(f"Forgetting by {what} ({run.name})", "", height=170 + 28 * len(labels))
-        | {
-            "xaxis": {"title": {"text": "training step"}, "type": "category"},
-            "yaxis": {"type": "category", "automargin": True},
-        },
-    }
+    heatmap = {"type": "heatmap", "z": list(rows.values()), "x": [str(s) for s in run.steps], "y": list(rows)}
+    heatmap |= {"colorscale": "Reds", "zmin": 0, "colorbar": {"title": {"text": "forgetting"}, "tickformat": ".1~%"}}
+    heatmap["hovertemplate"] = "step %{x}<br>%{y}: %{z:.1%}<extra></extra>"
+    # the left margin grows to the longest name ("high_school_government_and_politics")
+    layout = _layout(f"Forgetting by {what} ({run.name})", "", height=170 + 28 * len(rows))
+    layout["xaxis"]["type"] = "category"
+    layout["yaxis"] = {"type": "category", "automargin": True}
+    return {"data": [heatmap], "layout": layout}
 
 
 def _behaviour(runs: list[Run]) -> dict[str, Any]:
@@ -280,13 +261,8 @@ def _behaviour(runs: list[Run]) -> dict[str, Any]:
             if name != "refusals" and not any(now[1] + base[1]):
                 continue  # a feature no response ever had
             traces += [_line(*now, f"{prefix}{name}", c, "solid"), _line(*base, f"{prefix}{name} (base)", c, "dot")]
-        ratio = _line(
-            *_curve(run, "length_ratio_words"),
-            f"{prefix}length in words vs the base",
-            "#333" if len(runs) == 1 else color,
-            "dash",
-            "y2",
-        )
+        words, ink = _curve(run, "length_ratio_words"), "#333" if len(runs) == 1 else color
+        ratio = _line(*words, f"{prefix}length in words vs the base", ink, "dash", "y2")
         ratio["hovertemplate"] = ratio["hovertemplate"].replace("%{y:.1%}", "%{y:.2f}×")
         traces.append(ratio)
     layout = _layout("Behaviour drift: what the responses look like, by training step", "share of responses")
@@ -311,18 +287,18 @@ def _probe_tables(run: Run, top: int) -> str:
     events, flips = t.forgetting_events(), (t.correct[:, 1:] != t.correct[:, :-1]).sum(axis=1)
     wrong_for = np.cumprod(~t.correct[:, ::-1], axis=1).sum(axis=1)  # evaluations wrong, counted from the last
     last_risk = set(run.history[-1][1].at_risk_ids) if run.history else set()
+    forgotten = np.flatnonzero((events > 0) & ~t.correct[:, -1]).tolist()
+    regained = np.flatnonzero(t.regained()).tolist()
     tables = [
         (
-            sorted(
-                np.flatnonzero((events > 0) & ~t.correct[:, -1]).tolist(), key=lambda i: (-events[i], -wrong_for[i])
-            ),
+            sorted(forgotten, key=lambda i: (-events[i], -wrong_for[i])),
             "Forgotten most often, and wrong now",
             "Probes with a forgetting event (right at one evaluation, wrong at the next) that are wrong at the last "
             "evaluation; most events first, then those wrong the longest",
             "no probe is forgotten now",
         ),
         (
-            sorted(np.flatnonzero(t.regained()).tolist(), key=lambda i: (-flips[i], -events[i])),
+            sorted(regained, key=lambda i: (-flips[i], -events[i])),
             "Flickering: forgotten, then right again",
             "Probes that went right → wrong → right at least once; most flips (changes between right and wrong) "
             "first. One wrong again at the last evaluation is in both tables",

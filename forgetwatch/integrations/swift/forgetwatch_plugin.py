@@ -1,5 +1,4 @@
-"""ms-swift's ``--external_plugins`` file: registers ``--callbacks forgetwatch`` (see
-:mod:`forgetwatch.integrations.swift`)."""
+"""ms-swift's ``--external_plugins`` file: registers ``--callbacks forgetwatch``."""
 
 from swift.callbacks import callbacks_map
 
