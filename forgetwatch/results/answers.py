@@ -182,12 +182,12 @@ class Answers:
                 return "another model" if key == "model_key" else "other weights"
         return None
 
-    def check_compatible(self, other: Answers, what: str = "answers") -> None:
+    def check_compatible(self, other: Answers) -> None:
         """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way."""
         if problem := other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids):
             raise AnswersMismatchError(
-                f"these {what} were computed for {problem}; evaluate both models on the same probe file with the same "
-                "options"
+                f"these answers were computed for {problem}; evaluate both models on the same probe file with the "
+                "same options"
             )
 
     def check_probes(self, probes: Any) -> None:
