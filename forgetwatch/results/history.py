@@ -177,7 +177,7 @@ _Figure = Annotated[float, Strict(), AllowInfNan(False)] | None
 _COUNT = _typed(Annotated[int, Strict(), Field(ge=0)], "a whole number 0 or more", required=True)
 _TEXT = _typed(StrictStr, "text")
 #: What a report's field other than a count holds, by the end of its name (``None`` always allowed).
-_SHAPES = {
+_SHAPES: dict[str, tuple[Any, str]] = {
     "by_category": (dict[str, dict[str, Any]], "a JSON object by category"),
     "_ids": (list[StrictStr], "a list of probe ids"),
     "_groups": (list[StrictStr], "a list of group names"),

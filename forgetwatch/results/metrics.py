@@ -304,8 +304,8 @@ def compare(
     positions: dict[str, list[int]] = {}
     for i, cat in enumerate(base.categories if categories is None else categories):
         positions.setdefault(cat, []).append(i)
-    signals = [drift_signal(a) for a in (base, current)]
-    risky = at_risk(base.correct, current.correct, *signals, base.n_choices, at_risk_share, at_risk_floor)
+    before, after = drift_signal(base), drift_signal(current)
+    risky = at_risk(base.correct, current.correct, before, after, base.n_choices, at_risk_share, at_risk_floor)
     measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
     by_category = {
         cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, measured)

@@ -20,6 +20,7 @@ from forgetwatch.results.trajectory import Trajectory
 logger = logging.getLogger("forgetwatch")
 
 FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin", "events so far")
+FLIPS = "forgetwatch/flips"  # the key of the table of flips; the other: "forgetwatch/probes"
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
 
 
@@ -80,7 +81,7 @@ class _Tables:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         rows = flip_rows(evaluation, self.limit)
-        self._guarded(self.kind, self._add, "forgetwatch/flips", FLIP_COLUMNS, rows, evaluation.step)
+        self._guarded(self.kind, self._add, FLIPS, FLIP_COLUMNS, rows, evaluation.step)
 
     def on_end(self, trajectory: Trajectory) -> None:
         rows = probe_rows(self.probes, trajectory, self.limit)
@@ -115,8 +116,7 @@ class TensorBoardText(_Tables):
 
     def _add(self, key: str, columns: Sequence[str], rows: list[list[Any]], step: int) -> None:
         if (writer := self.writer()) is not None:
-            flipped = rows or columns is PROBE_COLUMNS
-            writer.add_text(key, markdown(columns, rows) if flipped else "no probe flipped", step)
+            writer.add_text(key, markdown(columns, rows) if rows or key != FLIPS else "no probe flipped", step)
 
 
 STEP_KEY = "train/global_step"
@@ -151,7 +151,7 @@ class WandbSection(_Tables):
         if (run := current_run()) is None:
             return
         wandb = importlib.import_module("wandb")
-        if columns is PROBE_COLUMNS:
+        if key != FLIPS:
             table = wandb.Table(columns=list(columns), data=rows)
         else:
             if self._flips is None:
