@@ -169,7 +169,10 @@ class Answers:
             problem = _ids_differ(self.ids, ids)
             if problem:
                 return f"other probe ids ({problem})"
-        mine, theirs = _comparable_scoring(self.scoring), _comparable_scoring(scoring or {})
+        # batch size and device change speed, not answers
+        mine, theirs = (
+            {k: v for k, v in s.items() if k not in ("batch_size", "device")} for s in (self.scoring, scoring or {})
+        )
         if scoring is not None and mine != theirs:
             if mine.pop("precision", None) != theirs.pop("precision", None) and mine == theirs:
                 return (
@@ -301,11 +304,6 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
     if len(have) != len(want) and not parts:
         parts.append(f"{len(have)} ids for {len(want)} probes, some repeated")
     return "; ".join(parts) or "the same ids in another order"
-
-
-def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
-    # batch size and device change speed, not answers
-    return {k: v for k, v in scoring.items() if k not in ("batch_size", "device")}
 
 
 def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str = "") -> list[str]:
