@@ -11,8 +11,7 @@ from typing import Any
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.sinks import Sinks
-from forgetwatch.sinks.tables import TensorBoardText
-from forgetwatch.sinks.wandb import WandbSection
+from forgetwatch.sinks.tables import TensorBoardText, WandbSection
 
 logger = logging.getLogger("forgetwatch")
 

@@ -169,7 +169,10 @@ class Answers:
             problem = _ids_differ(self.ids, ids)
             if problem:
                 return f"other probe ids ({problem})"
-        mine, theirs = _comparable_scoring(self.scoring), _comparable_scoring(scoring or {})
+        # batch size and device change speed, not answers
+        mine, theirs = (
+            {k: v for k, v in s.items() if k not in ("batch_size", "device")} for s in (self.scoring, scoring or {})
+        )
         if scoring is not None and mine != theirs:
             if mine.pop("precision", None) != theirs.pop("precision", None) and mine == theirs:
                 return (
@@ -182,12 +185,12 @@ class Answers:
                 return "another model" if key == "model_key" else "other weights"
         return None
 
-    def check_compatible(self, other: Answers, what: str = "answers") -> None:
+    def check_compatible(self, other: Answers) -> None:
         """Raise :class:`AnswersMismatchError` unless ``other`` covers the same probes, scored the same way."""
         if problem := other.mismatch(fingerprint=self.probe_fingerprint, scoring=self.scoring, ids=self.ids):
             raise AnswersMismatchError(
-                f"these {what} were computed for {problem}; evaluate both models on the same probe file with the same "
-                "options"
+                f"these answers were computed for {problem}; evaluate both models on the same probe file with the "
+                "same options"
             )
 
     def check_probes(self, probes: Any) -> None:
@@ -301,11 +304,6 @@ def _ids_differ(have: Sequence[str], want: Sequence[str]) -> str | None:
     if len(have) != len(want) and not parts:
         parts.append(f"{len(have)} ids for {len(want)} probes, some repeated")
     return "; ".join(parts) or "the same ids in another order"
-
-
-def _comparable_scoring(scoring: Mapping[str, Any]) -> dict[str, Any]:
-    # batch size and device change speed, not answers
-    return {k: v for k, v in scoring.items() if k not in ("batch_size", "device")}
 
 
 def _differences(these: Mapping[str, Any], asked: Mapping[str, Any], within: str = "") -> list[str]:

@@ -9,10 +9,11 @@ import dataclasses
 import math
 import os
 import zlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AllowInfNan, BaseModel, Field, Strict, StrictStr, ValidationError, create_model
 
 from forgetwatch.common import strict_json
 from forgetwatch.common.text import describe
@@ -87,9 +88,7 @@ def decode_column(
     column: Any, probes: int | None = None, fingerprint: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """A record's column back as ``(correct, signal)``, checked to hold ``probes`` probes of ``fingerprint``."""
-    _need(column, isinstance(column, Mapping), "a JSON object", "columns")
-    for key in ("probes", "correct", "signal"):
-        _field(column, key, lambda v: isinstance(v, str), "text", "columns.")
+    _check(_Column, column, "columns")
     if fingerprint is not None and column["probes"] != fingerprint:
         raise HistoryError(
             f"written for another probe set (fingerprint {column['probes']!r}, these probes "
@@ -149,68 +148,66 @@ def parse_record(line: bytes, probes: int | None = None, fingerprint: str | None
         raise HistoryError(err.why, err.where or None) from None
     except ValueError as err:  # JSONDecodeError
         raise HistoryError(f"not valid JSON ({getattr(err, 'msg', err)})") from None
-    _need(record, isinstance(record, dict), "a JSON object")
-    _field(record, "step", lambda v: _is_int(v) and v >= 0, "a whole number 0 or more")
-    report = _field(record, "report", lambda v: isinstance(v, dict), "a JSON object")
-    _check_report(report, "report.")
-    for cat, child in report.get("by_category", {}).items():
-        _check_report(child, f"report.by_category.{cat}.")
-    for key in ("stop", "trigger"):
-        if key in record:
-            _field(record, key, lambda v: isinstance(v, str), "text")
+    _check(_Record, record, "")
+    _check_report(record["report"], "report")
+    for cat, child in (record["report"].get("by_category") or {}).items():
+        _check_report(child, f"report.by_category.{cat}")
     if "columns" in record:
         decode_column(record["columns"], probes, fingerprint)
     return record
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _check_report(report: dict[str, Any], where: str) -> None:
+    _check(_Report, report, where)
+    if (total := sum(report[name] for name in _COUNTS[1:])) != report["n"]:
+        raise HistoryError(f"forgotten + gained + kept + never = {total}, not n = {report['n']}", f"{where}.n")
 
 
-def _is_figure(value: Any) -> bool:
-    return value is None or _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+def _shaped(name: str) -> Any:
+    kind, want = next(shape for end, shape in _SHAPES.items() if name.endswith(end))
+    return _typed(kind | None, want)
 
 
-_FIELDS = TransitionReport.__dataclass_fields__
-#: What a report's field other than a count holds, by the end of its name.
-_SHAPES = {
-    "by_category": (
-        lambda v: isinstance(v, dict) and all(isinstance(c, dict) for c in v.values()),
-        "a JSON object by category",
-    ),
-    "_ids": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of probe ids"),
-    "_groups": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of group names"),
-    "_ci": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_figure, v)), "[low, high] (numbers or null)"),
-    "behaviour": (lambda v: isinstance(v, dict) and all(map(_is_figure, v.values())), "figures' numbers or null"),
-    "agreement": (
-        lambda v: isinstance(v, list) and all(isinstance(d, dict) and all(map(_is_figure, d.values())) for d in v),
-        "a list of the seeds' figures (numbers or null)",
-    ),
-    "": (_is_figure, "a number or null"),
+def _typed(kind: Any, want: str, required: bool = False) -> Any:
+    """A model field of type ``kind``; ``want``: what a wrong value is told it must be."""
+    return (kind, Field(... if required else None, description=want))
+
+
+_Figure = Annotated[float, Strict(), AllowInfNan(False)] | None
+_COUNT = _typed(Annotated[int, Strict(), Field(ge=0)], "a whole number 0 or more", required=True)
+_TEXT = _typed(StrictStr, "text")
+#: What a report's field other than a count holds, by the end of its name (``None`` always allowed).
+_SHAPES: dict[str, tuple[Any, str]] = {
+    "by_category": (dict[str, dict[str, Any]], "a JSON object by category"),
+    "_ids": (list[StrictStr], "a list of probe ids"),
+    "_groups": (list[StrictStr], "a list of group names"),
+    "_ci": (tuple[_Figure, _Figure], "[low, high] (numbers or null)"),
+    "behaviour": (dict[str, _Figure], "figures' numbers or null"),
+    "agreement": (list[dict[str, _Figure]], "a list of the seeds' figures (numbers or null)"),
+    "": (_Figure, "a number or null"),
 }
+_Report = create_model(
+    "_Report",
+    **{name: _shaped(name) for name in sorted(TransitionReport.__dataclass_fields__.keys() - set(_COUNTS))},
+    **dict.fromkeys(_COUNTS, _COUNT),  # checked last, as their sum is
+)
+_Record = create_model(
+    "_Record", step=_COUNT, report=_typed(dict[str, Any], "a JSON object", required=True), stop=_TEXT, trigger=_TEXT
+)
+_Column = create_model("_Column", **dict.fromkeys(("probes", "correct", "signal"), _typed(StrictStr, "text", True)))
 
 
-def _check_report(report: Mapping[str, Any], where: str) -> None:
-    for name in sorted(report.keys() & _FIELDS.keys() - set(_COUNTS)):
-        if report[name] is not None:
-            _field(report, name, *next(shape for end, shape in _SHAPES.items() if name.endswith(end)), where)
-    for name in _COUNTS:
-        _field(report, name, lambda v: _is_int(v) and v >= 0, "a whole number 0 or more", where)
-    if sum(report[name] for name in _COUNTS[1:]) != report["n"]:
-        raise HistoryError(
-            f"forgotten + gained + kept + never = {sum(report[k] for k in _COUNTS[1:])}, not n = {report['n']}",
-            f"{where}n",
-        )
-
-
-def _field(data: Mapping[str, Any], key: str, ok: Callable[[Any], bool], want: str, where: str = "") -> Any:
-    """``data[key]``, or a :class:`HistoryError` naming the field ``where + key``: missing, or not ``want``."""
-    if key not in data:
-        raise HistoryError("missing", where + key)
-    _need(data[key], ok(data[key]), want, where + key)
-    return data[key]
-
-
-def _need(value: Any, ok: bool, want: str, field: str | None = None) -> None:
-    if not ok:
-        raise HistoryError(f"must be {want}, got {describe(value)}", field)
+def _check(model: type[BaseModel], data: Any, where: str) -> None:
+    """A :class:`HistoryError` naming ``where`` and the first field of ``data`` that ``model`` refuses, if any."""
+    try:
+        model.model_validate(data)
+    except ValidationError as err:
+        loc = err.errors()[0]["loc"]
+        if not loc:  # not an object at all
+            raise HistoryError(f"must be a JSON object, got {describe(data)}", where or None) from None
+        name = str(loc[0])
+        field = f"{where}.{name}" if where else name
+        if name not in data:
+            raise HistoryError("missing", field) from None
+        want = model.model_fields[name].description
+        raise HistoryError(f"must be {want}, got {describe(data[name])}", field) from None

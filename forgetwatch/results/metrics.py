@@ -19,13 +19,6 @@ from forgetwatch.results.report import TransitionReport
 Z95 = 1.959963984540054
 
 
-class Transitions(NamedTuple):
-    n00: int
-    n01: int
-    n10: int
-    n11: int
-
-
 class ChanceAdjusted(NamedTuple):
     forgetting_adjusted: float
     backward_transfer_adjusted: float
@@ -44,10 +37,11 @@ def _ratio(x: float, n: float) -> float:
     return float(x) / float(n) if n else math.nan
 
 
-def transition_counts(before: ArrayLike, after: ArrayLike) -> Transitions:
-    """Count the transitions between per-sample correctness before and after."""
+def transition_counts(before: ArrayLike, after: ArrayLike) -> tuple[int, int, int, int]:
+    """Count the transitions between per-sample correctness before and after: ``(n00, n01, n10, n11)``."""
     b, a = _pair(before, after)
-    return Transitions(*(int(np.count_nonzero(x)) for x in (~b & ~a, ~b & a, b & ~a, b & a)))
+    n00, n01, n10, n11 = (int(np.count_nonzero(x)) for x in (~b & ~a, ~b & a, b & ~a, b & a))
+    return n00, n01, n10, n11
 
 
 def chance_adjusted(before: ArrayLike, after: ArrayLike, k: ArrayLike) -> ChanceAdjusted:
@@ -135,6 +129,11 @@ def margins(gold_logprob: ArrayLike, choice_logprobs: Sequence[ArrayLike], norma
             others = lps[lps != gold[i]] if np.count_nonzero(lps == gold[i]) == 1 else lps
             out[i] = gold[i] - others.max()
     return out
+
+
+def drift_signal(answers: Answers) -> np.ndarray:
+    """:func:`margins` of ``answers``, under their own scoring."""
+    return margins(answers.gold_logprob, answers.choice_logprobs, answers.scoring.get("normalize") == "chars")
 
 
 def at_risk(
@@ -239,7 +238,7 @@ def _report(
     by_category: dict[str, TransitionReport] | None = None,
 ) -> TransitionReport:
     before, after = base.correct[idx], current.correct[idx]
-    t = transition_counts(before, after)
+    n00, n01, n10, n11 = transition_counts(before, after)
     n = len(idx)
     agreed: dict[str, Any] = {}
     if base.samples_correct is not None and current.samples_correct is not None:  # sampled: the seeds' agreement
@@ -251,20 +250,20 @@ def _report(
         agreed.update(robust_figures([base.groups[i] for i in idx], before, after))
     return TransitionReport(
         n=n,
-        forgotten=t.n10,
-        gained=t.n01,
-        kept=t.n11,
-        never=t.n00,
-        accuracy_before=_ratio(t.n10 + t.n11, n),
-        accuracy_after=_ratio(t.n01 + t.n11, n),
-        forgetting=_ratio(t.n10, n),
-        backward_transfer=_ratio(t.n01, n),
+        forgotten=n10,
+        gained=n01,
+        kept=n11,
+        never=n00,
+        accuracy_before=_ratio(n10 + n11, n),
+        accuracy_after=_ratio(n01 + n11, n),
+        forgetting=_ratio(n10, n),
+        backward_transfer=_ratio(n01, n),
         **chance_adjusted(before, after, base.n_choices[idx])._asdict(),
-        forgetting_relative=_ratio(t.n10, t.n10 + t.n11),
-        backward_transfer_relative=_ratio(t.n01, t.n00 + t.n01),
-        forgetting_ci=wilson_interval(t.n10, n),
-        backward_transfer_ci=wilson_interval(t.n01, n),
-        mcnemar_p=mcnemar_exact(t.n01, t.n10),
+        forgetting_relative=_ratio(n10, n10 + n11),
+        backward_transfer_relative=_ratio(n01, n00 + n01),
+        forgetting_ci=wilson_interval(n10, n),
+        backward_transfer_ci=wilson_interval(n01, n),
+        mcnemar_p=mcnemar_exact(n01, n10),
         logprob_drop=logprob_drop(base.gold_logprob[idx], current.gold_logprob[idx], before),
         choice_kl=choice_kl([base.choice_logprobs[i] for i in idx], [current.choice_logprobs[i] for i in idx]),
         forgotten_ids=[base.ids[i] for i in idx[before & ~after]],
@@ -305,16 +304,8 @@ def compare(
     positions: dict[str, list[int]] = {}
     for i, cat in enumerate(base.categories if categories is None else categories):
         positions.setdefault(cat, []).append(i)
-    normalized = base.scoring.get("normalize") == "chars"
-    risky = at_risk(
-        base.correct,
-        current.correct,
-        margins(base.gold_logprob, base.choice_logprobs, normalized),
-        margins(current.gold_logprob, current.choice_logprobs, normalized),
-        base.n_choices,
-        at_risk_share,
-        at_risk_floor,
-    )
+    before, after = drift_signal(base), drift_signal(current)
+    risky = at_risk(base.correct, current.correct, before, after, base.n_choices, at_risk_share, at_risk_floor)
     measured = [measure(a.outputs, refusal_detector, count_tokens) for a in (base, current)]
     by_category = {
         cat: _report(base, current, np.array(positions[cat], dtype=np.int64), risky, measured)

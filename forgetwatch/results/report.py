@@ -7,6 +7,7 @@ import math
 import numbers
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,13 +142,7 @@ class TransitionReport:
         Example:
             >>> report.to_csv("transitions.csv")  # doctest: +SKIP
         """
-        path = Path(path)
-        with atomic_write(path) as f:
-            writer = _csv_writer(f, ROW_COLUMNS)
-            writer.writeheader()
-            for row in self.rows():
-                writer.writerow({k: _csv_value(v) for k, v in row.items()})
-        return path
+        return _write_csv(path, ROW_COLUMNS, self.rows())
 
     def summary(self) -> str:
         """A plain-text table, one row for ``overall`` then one per category.
@@ -190,50 +185,44 @@ class TransitionReport:
             )
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
 
 def write_samples_csv(base: Answers, current: Answers, path: str | os.PathLike[str], probes: Any = None) -> Path:
     """Write one CSV row per sample (:data:`SAMPLE_COLUMNS`), atomically; question and answer from ``probes``."""
     base.check_compatible(current)
+    return _write_csv(path, SAMPLE_COLUMNS, (_sample_row(base, current, i, probes) for i in range(len(base))))
+
+
+def _sample_row(base: Answers, current: Answers, i: int, probes: Any) -> dict[str, Any]:
+    probe = probes[i] if probes is not None else None
+    row = {
+        "id": base.ids[i],
+        "category": base.categories[i],
+        "question": probe.question if probe else None,
+        "answer": probe.answer_text if probe else None,
+        "transition": f"{int(base.correct[i])}->{int(current.correct[i])}",
+    }
+    for answers, when in ((base, "before"), (current, "after")):
+        predicted, choice = answers.predicted[i], bool(answers.n_choices[i])
+        row |= {
+            f"correct_{when}": int(answers.correct[i]),
+            f"predicted_{when}": chosen_text(predicted, probe.choices if probe else None) if choice else predicted,
+            f"choice_index_{when}": int(predicted) if choice and isinstance(predicted, numbers.Integral) else "",
+            f"output_{when}": answers.outputs[i],
+            f"gold_logprob_{when}": float(answers.gold_logprob[i]),
+        }
+    return row
+
+
+def _write_csv(path: str | os.PathLike[str], columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> Path:
     path = Path(path)
     with atomic_write(path) as f:
-        writer = _csv_writer(f, SAMPLE_COLUMNS)
+        # every text cell quoted: a "\r" inside an id would otherwise end the row early
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
         writer.writeheader()
-        for i, sample_id in enumerate(base.ids):
-            probe = probes[i] if probes is not None else None
-            before, after = _sample_cells(base, i, probe, "before"), _sample_cells(current, i, probe, "after")
-            writer.writerow(
-                {
-                    "id": _csv_value(sample_id),
-                    "category": _csv_value(base.categories[i]),
-                    "question": _csv_value(probe.question if probe else None),
-                    "answer": _csv_value(probe.answer_text if probe else None),
-                    "transition": f"{before['correct_before']}->{after['correct_after']}",
-                    **before,
-                    **after,
-                }
-            )
+        writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in rows)
     return path
-
-
-def _sample_cells(answers: Answers, i: int, probe: Any, when: str) -> dict[str, Any]:
-    predicted, choice = answers.predicted[i], bool(answers.n_choices[i])
-    return {
-        f"correct_{when}": int(answers.correct[i]),
-        f"predicted_{when}": _csv_value(
-            chosen_text(predicted, probe.choices if probe else None) if choice else predicted
-        ),
-        f"choice_index_{when}": int(predicted) if choice and isinstance(predicted, numbers.Integral) else "",
-        f"output_{when}": _csv_value(answers.outputs[i]),
-        f"gold_logprob_{when}": _csv_value(float(answers.gold_logprob[i])),
-    }
-
-
-def _csv_writer(f: Any, columns: tuple[str, ...]) -> csv.DictWriter:
-    # every text cell quoted: a "\r" inside an id would otherwise end the row early
-    return csv.DictWriter(f, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
 
 
 def _csv_value(v: Any) -> Any:

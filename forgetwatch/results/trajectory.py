@@ -12,7 +12,7 @@ from numpy.typing import ArrayLike
 
 from forgetwatch.results.answers import Answers
 from forgetwatch.results.history import decode_column, encode_column
-from forgetwatch.results.metrics import margins
+from forgetwatch.results.metrics import drift_signal
 from forgetwatch.results.report import TransitionReport
 
 
@@ -49,7 +49,7 @@ class Trajectory:
     def plus(self, step: int, answers: Answers) -> Trajectory:
         """A new trajectory: this one and an evaluation's column (answers aligned with :attr:`ids`)."""
         # the signal at float16's precision, as the history stores it: a resumed run shows the same numbers
-        signal = _signal(answers).astype(np.float16)
+        signal = drift_signal(answers).astype(np.float32).astype(np.float16)
         correct, signal = np.column_stack([self.correct, answers.correct]), np.column_stack([self.signal, signal])
         return Trajectory(self.ids, self.categories, [*self.steps, step], correct, signal, self.fingerprint)
 
@@ -108,7 +108,7 @@ class Trajectory:
     def from_history(cls, base: Answers, records: Sequence[Mapping[str, Any]]) -> Trajectory:
         """The trajectory of a run from its base answers and history records (a record without a column: from its
         ids, no signal); a column of another probe set raises a ``HistoryError`` naming the field."""
-        steps, correct, signal = [0], [base.correct], [_signal(base)]
+        steps, correct, signal = [0], [base.correct], [drift_signal(base).astype(np.float32)]
         for record in records:
             if (column := record.get("columns")) is not None:
                 right, margin = decode_column(column, len(base), base.probe_fingerprint)
@@ -136,8 +136,3 @@ def with_trajectory_metrics(
         for cat, child in report.by_category.items()
     }
     return dataclasses.replace(report, by_category=children, **trajectory.metrics())
-
-
-def _signal(answers: Answers) -> np.ndarray:
-    normalized = answers.scoring.get("normalize") == "chars"
-    return margins(answers.gold_logprob, answers.choice_logprobs, normalized).astype(np.float32)

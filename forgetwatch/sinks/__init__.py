@@ -8,10 +8,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partialmethod
 from typing import Any, Protocol, runtime_checkable
 
 from forgetwatch.common.text import first_line
-from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
+from forgetwatch.results.events import BaseSnapshot, Evaluation
 from forgetwatch.results.history import history_record
 from forgetwatch.results.report import TransitionReport
 from forgetwatch.results.trajectory import Trajectory
@@ -41,18 +42,6 @@ class Sinks:
     def __init__(self, sinks: Iterable[Any] = (), *, seconds: Callable[[], float | None] = lambda: None):
         self.sinks = list(sinks)
         self.seconds = seconds
-
-    def on_base(self, snapshot: BaseSnapshot) -> None:
-        self._call("on_base", snapshot)
-
-    def on_evaluation(self, evaluation: Evaluation) -> None:
-        self._call("on_evaluation", evaluation)
-
-    def on_end(self, trajectory: Trajectory) -> None:
-        self._call("on_end", trajectory)
-
-    def on_ending(self, ending: Ending) -> None:
-        self._call("on_ending", ending)
 
     def _call(self, event: str, payload: Any) -> None:
         seconds = self.seconds()
@@ -84,6 +73,11 @@ class Sinks:
                     type(err).__name__,
                     first_line(err),
                 )
+
+    on_base = partialmethod(_call, "on_base")
+    on_evaluation = partialmethod(_call, "on_evaluation")
+    on_end = partialmethod(_call, "on_end")
+    on_ending = partialmethod(_call, "on_ending")
 
 
 def _run(method: Any, payload: Any, outcome: list[Exception | None]) -> None:
@@ -125,10 +119,8 @@ class HistoryFile:
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         e = evaluation
-        columns = e.trajectory.column()
-        record = history_record(
-            e.step, e.report, time=time.time(), seconds=e.seconds, trigger=e.trigger, stop=e.stop, columns=columns
-        )
+        record = history_record(e.step, e.report, time=time.time(), seconds=e.seconds, trigger=e.trigger, stop=e.stop)
+        record["columns"] = e.trajectory.column()
         for name, kept in e.kept.items():  # each kept plug-in's figures and state, under its name
             record[name] = {**kept["metrics"], **kept["state"]}
         if e.drift:

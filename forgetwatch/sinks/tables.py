@@ -1,9 +1,11 @@
-"""The tables W&B and TensorBoard show (the probes that flipped, and each probe's trajectory), TensorBoard's as
-text; a dashboard's write that fails warns once, and that kind of write stops."""
+"""The tables W&B and TensorBoard show (the probes that flipped, and each probe's trajectory), and W&B's figures in
+a section of their own; a dashboard's write that fails warns once, and that kind of write stops."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,12 +14,13 @@ import numpy as np
 from forgetwatch.common.text import first_line
 from forgetwatch.probes import ProbeSet
 from forgetwatch.results.answers import Answers, chosen_text
-from forgetwatch.results.events import Evaluation
+from forgetwatch.results.events import BaseSnapshot, Ending, Evaluation
 from forgetwatch.results.trajectory import Trajectory
 
 logger = logging.getLogger("forgetwatch")
 
 FLIP_COLUMNS = ("step", "id", "category", "question", "answer", "base", "now", "transition", "margin", "events so far")
+FLIPS = "forgetwatch/flips"  # the key of the table of flips; the other: "forgetwatch/probes"
 PROBE_COLUMNS = ("id", "category", "question", "answer", "events", "first forgotten", "right at each evaluation")
 
 
@@ -66,48 +69,102 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
 
 
-class Guard:
-    """Runs a dashboard's writes: the first failure of each ``kind`` warns, and that kind is left alone from then
-    on."""
+class _Tables:
+    """A dashboard's two tables: each evaluation's flips and, at the end, every probe's trajectory (``limit``: most
+    rows of each), written by ``_add``; the first failure of each kind of write warns, and that kind stops."""
 
-    def __init__(self) -> None:
-        self.broken: set[str] = set()
+    kind = ""
 
-    def __call__(self, kind: str, write: Callable[[], Any]) -> Any:
-        """What ``write()`` returned, or ``None`` when it failed or ``kind`` failed before."""
-        if kind in self.broken:
-            return None
+    def __init__(self, probes: ProbeSet, limit: int = 500):
+        self.probes, self.limit = probes, limit
+        self._broken: set[str] = set()
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        rows = flip_rows(evaluation, self.limit)
+        self._guarded(self.kind, self._add, FLIPS, FLIP_COLUMNS, rows, evaluation.step)
+
+    def on_end(self, trajectory: Trajectory) -> None:
+        rows = probe_rows(self.probes, trajectory, self.limit)
+        self._guarded(self.kind, self._add, "forgetwatch/probes", PROBE_COLUMNS, rows, int(trajectory.steps[-1]))
+
+    def _add(self, key: str, columns: Sequence[str], rows: list[list[Any]], step: int) -> None:
+        raise NotImplementedError
+
+    def _guarded(self, kind: str, write: Callable[..., Any], *args: Any) -> None:
+        if kind in self._broken:
+            return
         try:
-            return write()
+            write(*args)
         except Exception as err:  # noqa: BLE001 - a dashboard that fails must not end training
-            self.broken.add(kind)
+            self._broken.add(kind)
             logger.warning(
                 "forgetwatch: writing %s failed (%s: %s); no more of it this run, training goes on",
                 kind,
                 type(err).__name__,
                 first_line(err),
             )
-            return None
 
 
-class TensorBoardText:
+class TensorBoardText(_Tables):
     """Adds the tables as markdown to ``writer()`` (``None`` while there is none)."""
 
+    kind = "tensorboard"
+
     def __init__(self, probes: ProbeSet, writer: Callable[[], Any], limit: int = 500):
-        self.probes, self.writer, self.limit = probes, writer, limit
-        self._guard = Guard()
+        super().__init__(probes, limit)
+        self.writer = writer
+
+    def _add(self, key: str, columns: Sequence[str], rows: list[list[Any]], step: int) -> None:
+        if (writer := self.writer()) is not None:
+            writer.add_text(key, markdown(columns, rows) if rows or key != FLIPS else "no probe flipped", step)
+
+
+STEP_KEY = "train/global_step"
+
+
+def current_run() -> Any:
+    return getattr(sys.modules.get("wandb"), "run", None)
+
+
+class WandbSection(_Tables):
+    """Writes to the process's active W&B run, if any: the figures in a section of their own against
+    ``train/global_step`` (the trainer's ``WandbCallback`` would log them under ``train/``), and the tables."""
+
+    kind = "wandb tables"
+
+    def __init__(self, probes: ProbeSet, limit: int = 500):
+        super().__init__(probes, limit)
+        self._flips: Any = None  # the incremental table, grown at each evaluation
+        self._defined = False
+
+    def on_base(self, snapshot: BaseSnapshot) -> None:
+        self._guarded("wandb scalars", self._scalars, snapshot.metrics, snapshot.step)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        rows = flip_rows(evaluation, self.limit)
-        self._text("forgetwatch/flips", markdown(FLIP_COLUMNS, rows) if rows else "no probe flipped", evaluation.step)
+        self._guarded("wandb scalars", self._scalars, evaluation.metrics, evaluation.step)
+        super().on_evaluation(evaluation)
 
-    def on_end(self, trajectory: Trajectory) -> None:
-        rows = probe_rows(self.probes, trajectory, self.limit)
-        self._text("forgetwatch/probes", markdown(PROBE_COLUMNS, rows), int(trajectory.steps[-1]))
+    def on_ending(self, ending: Ending) -> None:
+        self._guarded("wandb scalars", self._scalars, ending.metrics, ending.step)
 
-    def _text(self, tag: str, text: str, step: int) -> None:
-        def add() -> None:
-            if (writer := self.writer()) is not None:
-                writer.add_text(tag, text, step)
+    def _add(self, key: str, columns: Sequence[str], rows: list[list[Any]], step: int) -> None:
+        if (run := current_run()) is None:
+            return
+        wandb = importlib.import_module("wandb")
+        if key != FLIPS:
+            table = wandb.Table(columns=list(columns), data=rows)
+        else:
+            if self._flips is None:
+                self._flips = wandb.Table(columns=list(columns), log_mode="INCREMENTAL")
+            for row in rows:
+                self._flips.add_data(*row)
+            table = self._flips
+        run.log({key: table, STEP_KEY: step})
 
-        self._guard("tensorboard", add)
+    def _scalars(self, values: dict[str, float], step: int) -> None:
+        if (run := current_run()) is None or not values:
+            return
+        if not self._defined:
+            run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
+            self._defined = True
+        run.log({**values, STEP_KEY: step})
