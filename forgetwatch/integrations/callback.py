@@ -218,7 +218,7 @@ class ForgetWatchCallback(TrainerCallback):
             try:
                 report = watch.measure(model)  # scored afresh, outside the run's history
             except Exception as err:  # noqa: BLE001 - a failure of ours never stops the trainer's evaluation
-                if watch.writes:
+                if watch.view.writes:
                     what, trace = failure(err)
                     logger.warning("forgetwatch: %s; no forgetwatch metrics for this evaluation", what, exc_info=trace)
                 return
