@@ -283,7 +283,6 @@ def test_evaluation_after_training_scores_the_current_weights(toy, train_data, t
     assert [step for step, _ in cb.history] == [30]  # not part of the run's history
 
 
-
 def test_a_failed_evaluation_after_training_is_a_warning_and_the_trainer_s_metrics_stay(
     toy, train_data, tmp_path, warned
 ):
@@ -296,6 +295,7 @@ def test_a_failed_evaluation_after_training_is_a_warning_and_the_trainer_s_metri
     assert "eval_loss" in metrics and not any("forgetwatch" in key for key in metrics)
     assert len(warned("no forgetwatch metrics for this evaluation")) == 1
     assert [step for step, _ in cb.history] == [30]
+
 
 class NanAt(TrainerCallback):
     """The weights turn NaN once training reaches ``step`` (a diverged run), before forgetwatch looks."""
