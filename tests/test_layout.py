@@ -24,6 +24,7 @@ LAYERS = [
     "run",
     "replay",
     "merge",
+    "attribution",
     "integrations",
     "page",
     "cli",
@@ -113,8 +114,8 @@ def test_no_modules_import_each_other():
     assert circles(module_imports()) == []
 
 
-@pytest.mark.parametrize("plug_in", ["replay", "merge"])
-def test_repairs_are_plug_ins_the_monitor_never_imports(plug_in):
+@pytest.mark.parametrize("plug_in", ["replay", "merge", "attribution"])
+def test_plug_ins_beside_the_monitor_are_never_imported_by_it(plug_in):
     allowed = (f"forgetwatch.{plug_in}", "forgetwatch.integrations", "forgetwatch.cli")
     importers = {
         module
