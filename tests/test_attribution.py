@@ -38,6 +38,9 @@ def test_each_rows_captured_gradient_is_its_own_gradient_projected(toy, dims):
     vocabulary, hidden = model.get_output_embeddings().weight.shape
     generator = torch.Generator().manual_seed(3)
     p_out, p_in = projection(dims[0], vocabulary, generator), projection(dims[1], hidden, generator)
+    if dims[0] > vocabulary:  # exact: no projection
+        assert p_out is None and p_in is None
+        p_out, p_in = torch.eye(vocabulary), torch.eye(hidden)
     assert captured.shape == (3, p_out.shape[0] * p_in.shape[0]) and grads.dim == captured.shape[1]
     for row, text in zip(captured, TEXTS):
         expected = (p_out @ own_head_gradient(model, toy.tokenizer, text) @ p_in.T).flatten()

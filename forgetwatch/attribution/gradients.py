@@ -13,12 +13,17 @@ from collections.abc import Iterator
 import torch
 
 
-def projection(rows: int, columns: int, generator: torch.Generator) -> torch.Tensor:
-    """A Gaussian ``rows × columns`` projection that keeps inner products in expectation; the identity (exact) when
-    ``rows`` is at least ``columns``."""
+def projection(rows: int, columns: int, generator: torch.Generator) -> torch.Tensor | None:
+    """A Gaussian ``rows × columns`` projection that keeps inner products in expectation; ``None`` (exact: no
+    projection) when ``rows`` is at least ``columns``."""
     if rows >= columns:
-        return torch.eye(columns)
+        return None
     return torch.randn(rows, columns, generator=generator) / rows**0.5
+
+
+def _projected(x: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
+    x = x.float()  # float32: bf16 training keeps exact-enough directions
+    return x if p is None else x @ p.to(x.device).T
 
 
 class HeadGradients:
@@ -49,7 +54,7 @@ class HeadGradients:
         generator = torch.Generator().manual_seed(seed)
         self._p_out = projection(out_dim, vocabulary, generator)
         self._p_in = projection(in_dim, hidden, generator)
-        self.dim = self._p_out.shape[0] * self._p_in.shape[0]
+        self.dim = min(out_dim, vocabulary) * min(in_dim, hidden)
         self._on = False
         self._parts: list[torch.Tensor] = []
         self._handle = head.register_forward_hook(self._forward)
@@ -66,11 +71,10 @@ class HeadGradients:
     def _forward(self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         if not self._on or not output.requires_grad:  # no backward will come (no_grad, an evaluation)
             return
-        p_out, p_in = (p.to(output.device) for p in (self._p_out, self._p_in))
-        kept = inputs[0].detach().float() @ p_in.T  # float32: bf16 training keeps exact-enough directions
+        kept = _projected(inputs[0].detach(), self._p_in)
 
         def backward(grad: torch.Tensor) -> None:
-            self._parts.append(torch.einsum("btk,btl->bkl", grad.float() @ p_out.T, kept).flatten(1).cpu())
+            self._parts.append(torch.einsum("btk,btl->bkl", _projected(grad, self._p_out), kept).flatten(1).cpu())
 
         output.register_hook(backward)
 
