@@ -42,13 +42,6 @@ import warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from forgetwatch import ProbeSet, evaluate  # noqa: E402
-from forgetwatch.attribution import HeadGradients, RowGradients  # noqa: E402
-from forgetwatch.toy import ToyWorld  # noqa: E402
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,6 +61,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.seeds, args.epochs, args.pretrain_steps, args.neutral, args.planted = 1, 2, 30, 40, 4
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # before the slow imports below: --help and mistakes answer at once
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from forgetwatch import ProbeSet, evaluate  # noqa: E402
+from forgetwatch.attribution import HeadGradients, RowGradients  # noqa: E402
+from forgetwatch.toy import ToyWorld  # noqa: E402
 
 
 def planted_world(seed: int, args: argparse.Namespace):
