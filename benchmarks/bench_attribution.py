@@ -218,8 +218,14 @@ def one_seed(seed: int, args: argparse.Namespace) -> dict:
     # which other rows pushed: there the planted row is not the cause, and ranking it low is right)
     to_planted = [r for r, pid in zip(head, hit) if records[pid]["chosen"] == (records[pid]["answer"] + 1) % 4]
     k = len(planted)
-    total = sum(by_probe.values(), torch.zeros(len(store.keys)))
-    top = {int(store.keys[i]) for i in torch.argsort(total, descending=True)[:k].tolist()}
+    # each forgotten probe's most harmful row in turn, then each one's second, ...: k rows (a sum over the probes
+    # would favour rows that rehearse other facts, whose removal makes those facts forgotten)
+    rankings = [torch.argsort(harm, descending=True).tolist() for harm in by_probe.values()]
+    top: set[int] = set()
+    for depth in range(len(store.keys)):
+        for ranking in rankings:
+            if len(top) < k:
+                top.add(int(store.keys[ranking[depth]]))
     drawn = set(random.Random(seed + 5).sample(range(len(rows)), k))
     kept_top = forgotten(
         train(base, tokenizer, rows, seed, args, keep=set(range(len(rows))) - top)[0], tokenizer, probes, before
@@ -239,6 +245,8 @@ def one_seed(seed: int, args: argparse.Namespace) -> dict:
         "top_k_planted": len(top & set(planted.values())),
         "forgotten_without_top_k": len(kept_top),
         "forgotten_without_random_k": len(kept_random),
+        "planted_forgotten_without_top_k": len(set(kept_top) & set(planted)),
+        "planted_forgotten_without_random_k": len(set(kept_random) & set(planted)),
         "train_seconds_captured": captured_s,
         "train_seconds_plain": plain_s,
     }
