@@ -202,7 +202,8 @@ def rank_of(harm: torch.Tensor, row: int) -> int:
 
 def one_seed(seed: int, args: argparse.Namespace) -> dict:
     tokenizer, base, probes, before, records, rows, planted = planted_world(seed, args)
-    store = RowGradients(args.out_dim * args.in_dim)
+    vocabulary, hidden = base.get_output_embeddings().weight.shape  # exact where a dimension allows
+    store = RowGradients(min(args.out_dim, vocabulary) * min(args.in_dim, hidden))
     model, captured_s, checkpoints, lr = train(base, tokenizer, rows, seed, args, capture=store)
     _, plain_s, _, _ = train(base, tokenizer, rows, seed, args)
     lost = forgotten(model, tokenizer, probes, before, records)

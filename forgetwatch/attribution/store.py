@@ -35,23 +35,25 @@ class RowGradients:
         """Add a batch's unit vectors, one per key (a key twice in a batch: both visits count)."""
         if len(keys) != len(vectors):
             raise ValueError(f"{len(keys)} row keys for {len(vectors)} gradients")
-        new = [k for k in dict.fromkeys(keys) if k not in self._index and k not in self.uncaptured]
-        room = max(self.max_rows - len(self.keys), 0)
-        self.uncaptured.update(new[room:])
-        for key in new[:room]:
-            self._index[key] = len(self.keys)
-            self.keys.append(key)
-        grown = len(self.keys) - len(self._sums)
-        if grown:
-            self._sums = torch.cat([self._sums, torch.zeros(grown, self.dim)])
-        for key, vector in zip(keys, vectors.float()):
-            if key in self._index:
-                self._sums[self._index[key]] += vector
+        for key in keys:
+            if key not in self._index and key not in self.uncaptured:
+                if len(self.keys) < self.max_rows:
+                    self._index[key] = len(self.keys)
+                    self.keys.append(key)
+                else:
+                    self.uncaptured.add(key)
+        if len(self.keys) > len(self._sums):  # room doubles: a copy now and then, not one per new batch
+            grown = torch.zeros(min(max(2 * len(self._sums), len(self.keys)), self.max_rows), self.dim)
+            grown[: len(self._sums)] = self._sums
+            self._sums = grown
+        kept = [i for i, key in enumerate(keys) if key in self._index]
+        rows = torch.tensor([self._index[keys[i]] for i in kept], dtype=torch.long)
+        self._sums.index_add_(0, rows, vectors[kept].float())
 
     def harm(self, query: torch.Tensor) -> torch.Tensor:
         """Each kept row's harm to a probe whose loss has gradient ``query``: −Σ_visits cos(query, row gradient). A
         descent step on a row moves the probe's loss by −lr·⟨query, row gradient⟩, so harm > 0 raised it."""
-        return -(self._sums @ torch.nn.functional.normalize(query.float(), dim=0))
+        return -(self._sums[: len(self.keys)] @ torch.nn.functional.normalize(query.float(), dim=0))
 
     def top(self, query: torch.Tensor, k: int) -> list[tuple[str, float]]:
         """The ``k`` rows that raised the probe's loss most, most harmful first, with their harm."""
@@ -61,7 +63,7 @@ class RowGradients:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the kept rows to an ``.npz`` (no pickle)."""
-        np.savez(path, keys=np.array(self.keys, dtype=str), sums=self._sums.numpy())
+        np.savez(path, keys=np.array(self.keys, dtype=str), sums=self._sums[: len(self.keys)].numpy())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_rows: int = 100_000) -> RowGradients:
